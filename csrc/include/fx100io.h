@@ -1,0 +1,229 @@
+/*
+ * fx100io public C API.
+ *
+ * Conventions (liburing style): every function returns an int (or documented
+ * type); >= 0 is success or a count, < 0 is -errno.  Nothing reports through
+ * the global errno.  Objects are opaque and are used by one thread at a time
+ * unless a comment says otherwise.
+ */
+#ifndef FX100IO_H
+#define FX100IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ CRC32C */
+
+/*
+ * CRC32C (Castagnoli), chainable: fx_crc32c(0, "123456789", 9) == 0xE3069283
+ * and fx_crc32c(fx_crc32c(0, a, n), b, m) == crc of a followed by b.
+ * Uses SSE4.2 when the CPU has it, a table otherwise.  Thread-safe.
+ */
+uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* ------------------------------------------------------- extent allocator */
+
+struct fx_alloc;
+
+/*
+ * Allocator of [base, base+size) in units of `align` (a power of two).
+ * Lengths are rounded up to `align`.  -EINVAL (bad align, base not aligned),
+ * -ENOMEM.
+ */
+int fx_alloc_create(uint64_t base, uint64_t size, uint32_t align,
+                    struct fx_alloc **out);
+void fx_alloc_destroy(struct fx_alloc *a);
+/* Best fit.  -EINVAL (len 0), -ENOSPC (no free extent large enough). */
+int fx_alloc_alloc(struct fx_alloc *a, uint64_t len, uint64_t *off);
+/* Return an extent.  -EINVAL if it is out of range, unaligned or not fully
+ * allocated (double free). Adjacent free extents are merged. */
+int fx_alloc_free(struct fx_alloc *a, uint64_t off, uint64_t len);
+/* Mark an extent used (index replay).  -EINVAL out of range/unaligned,
+ * -EEXIST if any part of it is already used. */
+int fx_alloc_reserve(struct fx_alloc *a, uint64_t off, uint64_t len);
+uint64_t fx_alloc_free_bytes(const struct fx_alloc *a);
+uint64_t fx_alloc_largest_free(const struct fx_alloc *a);
+/* Number of free extents (fragmentation gauge). */
+uint64_t fx_alloc_free_extents(const struct fx_alloc *a);
+
+/* ---------------------------------------------------- index log encoding */
+
+/*
+ * The chunk store's on-device index is a log of segments.  A segment is
+ * written with one block-aligned write and is valid only as a whole (its CRC
+ * covers header and payload), so a torn write drops the whole batch.
+ *
+ * Segment header (64 bytes, little endian):
+ *   u64 magic FX_SEG_MAGIC; u64 generation; u64 seq; u32 payload_len;
+ *   u32 nrecs; u32 crc (of header with crc=0, then payload); u8 pad[28]
+ * Record (8-byte aligned, 32 + key_len rounded up to 8):
+ *   u8 type; u8 flags; u16 key_len; u32 data_crc; u64 off; u64 len;
+ *   u32 dev; u32 reserved; u8 key[key_len]; zero pad
+ */
+#define FX_SEG_MAGIC 0x3130474553584646ULL /* "FFXSEG01" */
+#define FX_SEG_HDR_SIZE 64
+#define FX_REC_HDR_SIZE 32
+#define FX_KEY_MAX 1024
+
+enum fx_rec_type { FX_REC_PUT = 1, FX_REC_DEL = 2 };
+
+struct fx_index_rec {
+	uint8_t type;
+	uint8_t flags;
+	uint16_t key_len;
+	uint32_t data_crc;
+	uint64_t off;
+	uint64_t len;
+	uint32_t dev;
+	const uint8_t *key; /* on decode: points into the decoded buffer */
+};
+
+/* Encoded size of one record with this key length. */
+size_t fx_index_rec_size(unsigned key_len);
+/*
+ * Encode header + records into out (zeroing the tail up to the returned
+ * size).  Returns the segment size in bytes (header + payload, not padded
+ * to a block).  -EINVAL (key_len 0 or > FX_KEY_MAX, bad type), -ENOSPC.
+ */
+int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq,
+                            const struct fx_index_rec *recs, unsigned n,
+                            void *out, size_t cap);
+/*
+ * Decode the segment at buf.  On success fills *seq, up to max records into
+ * recs, *nrecs, and returns the segment size in bytes.  Returns 0 when the
+ * bytes are not a segment of this generation (end of log: zeros, stale
+ * data, other generation); -EBADMSG when magic and generation match but the
+ * CRC or a length is wrong (torn write: also end of log); -ENOSPC if more
+ * than max records.  Never reads outside [buf, buf+len).
+ */
+int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation,
+                            uint64_t *seq, struct fx_index_rec *recs,
+                            unsigned max, unsigned *nrecs);
+
+/* ------------------------------------------------------------ buffer pool */
+
+struct fx_pool;
+
+#define FX_POOL_REQUIRE_PINNED 0x1 /* fail with -ENOMEM/-EPERM if mlock fails */
+#define FX_POOL_NO_HUGE 0x2        /* do not try huge pages */
+
+/*
+ * Anonymous mmap (MAP_POPULATE, 2 MiB huge pages when available), mlock'ed,
+ * and published so that every io_uring queue registers it as fixed buffers
+ * on first use.  Thread-safe.  -EINVAL (size 0), -ENOMEM, -EPERM/-EAGAIN
+ * (mlock refused, only with FX_POOL_REQUIRE_PINNED), -ENOSPC (too many pools).
+ */
+int fx_pool_create(uint64_t size, unsigned flags, struct fx_pool **out);
+void fx_pool_destroy(struct fx_pool *p);
+void *fx_pool_base(const struct fx_pool *p);
+uint64_t fx_pool_size(const struct fx_pool *p);
+/* 1 if mlock succeeded, 0 otherwise. */
+int fx_pool_pinned(const struct fx_pool *p);
+/* 1 if backed by huge pages. */
+int fx_pool_huge(const struct fx_pool *p);
+
+/* -------------------------------------------------- devices and queues */
+
+enum fx_op { FX_OP_READ = 0, FX_OP_WRITE = 1, FX_OP_FLUSH = 2 };
+
+/* One I/O request.  addr must stay valid until its completion is reaped. */
+struct fx_req {
+	uint64_t tag; /* returned in the completion */
+	void *addr;
+	uint64_t len;
+	uint64_t off;
+	uint8_t op; /* enum fx_op */
+};
+
+/* One completion record for every request (DESIGN rule 3). */
+struct fx_cqe {
+	uint64_t tag;
+	int64_t res;     /* bytes transferred, or -errno */
+	uint16_t status; /* raw NVMe status (SC | SCT << 8 | DNR << 14), 0 if none */
+};
+
+struct fx_dev_opts {
+	int direct;   /* use O_DIRECT (1, default in Python) or the page cache */
+	int readonly;
+	int create;   /* create the file if missing */
+	uint64_t size; /* grow a regular file to at least this size (0: keep) */
+};
+
+#define FX_CAP_DIRECT 0x1     /* O_DIRECT in use: aligned I/O bypasses cache */
+#define FX_CAP_FIXED_BUF 0x2  /* queues use registered buffers */
+#define FX_CAP_BLOCKDEV 0x4   /* target is a block device */
+#define FX_CAP_FLUSH 0x8      /* FX_OP_FLUSH makes writes durable */
+
+struct fx_dev_info {
+	uint64_t size;       /* bytes */
+	uint32_t block_size; /* logical block size: alignment for direct I/O */
+	uint32_t caps;       /* FX_CAP_* */
+};
+
+struct fx_queue_opts {
+	uint32_t depth;  /* pieces in flight (ring entries); default 64 */
+	uint32_t max_io; /* split requests into pieces of at most this; 1 MiB */
+	uint32_t slots;  /* requests accepted before submit says -EAGAIN; 4096 */
+};
+
+/* Ring features a queue ended up with (for logs and tests). */
+#define FX_RING_SINGLE_ISSUER 0x1
+#define FX_RING_DEFER_TASKRUN 0x2
+#define FX_RING_COOP_TASKRUN 0x4
+#define FX_RING_REG_RING_FD 0x8
+#define FX_RING_FIXED_FILES 0x10
+#define FX_RING_FIXED_BUFS 0x20
+
+struct fx_dev;
+struct fx_queue;
+
+/*
+ * Open a device.  transport: "file" (io_uring) or "psync" (pread/pwrite,
+ * for where io_uring is unavailable).  target: a path.
+ * -ENOENT, -EACCES, -EROFS, -EINVAL (unknown transport), -ENOTSUP (direct I/O
+ * not supported by the filesystem), -ENOSPC (cannot grow the file), -errno of
+ * open/fstat/ioctl.  fx_dev may be shared by threads; each thread makes its
+ * own queue.
+ */
+int fx_dev_open(const char *transport, const char *target,
+                const struct fx_dev_opts *opts, struct fx_dev **out);
+void fx_dev_info(const struct fx_dev *d, struct fx_dev_info *info);
+/* Close the device; all its queues must be destroyed first. */
+void fx_dev_close(struct fx_dev *d);
+
+/*
+ * Create a queue on a device; use it from one thread.  -ENOMEM, -ENOSYS or
+ * -EPERM (io_uring unavailable: seccomp, kernel.io_uring_disabled), -errno of
+ * io_uring_setup.
+ */
+int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts,
+                    struct fx_queue **out);
+void fx_queue_destroy(struct fx_queue *q);
+/*
+ * Queue requests and submit what fits in the ring.  Returns how many
+ * requests were accepted (<= n); fewer than n (possibly 0) when the request
+ * slots are full: reap and retry.  -EINVAL (bad op/len/offset).
+ */
+int fx_queue_submit(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
+/* Non-blocking: move finished requests into out.  Returns the count. */
+int fx_queue_reap(struct fx_queue *q, struct fx_cqe *out, unsigned max);
+/*
+ * Block until at least min requests are ready to reap, or timeout_ms passes
+ * (-ETIME; < 0 waits forever).  -EINTR if a signal arrived.
+ */
+int fx_queue_wait(struct fx_queue *q, unsigned min, int timeout_ms);
+/* A pollable fd (eventfd) that becomes readable when completions arrive. */
+int fx_queue_fd(const struct fx_queue *q);
+/* Requests accepted and not yet reaped. */
+unsigned fx_queue_pending(const struct fx_queue *q);
+/* FX_RING_* flags. */
+unsigned fx_queue_features(const struct fx_queue *q);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

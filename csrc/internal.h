@@ -1,0 +1,89 @@
+/*
+ * Internal interfaces shared by the C core's files.  Not installed, not part
+ * of the public API.
+ */
+#ifndef FX100IO_INTERNAL_H
+#define FX100IO_INTERNAL_H
+
+#include <liburing.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "fx100io.h"
+
+/* ------------------------------------------------------------------ ring */
+
+/* Registered-buffer slots per ring.  A pool takes one slot per GiB (the
+ * kernel caps one fixed buffer at 1 GiB), so this bounds registered memory
+ * at 64 GiB per process; beyond that I/O still works, unregistered. */
+#define FX_BUF_SLOTS 64
+#define FX_BUF_SLOT_MAX (1ULL << 30)
+
+struct fx_ring {
+	struct io_uring uring;
+	int efd;           /* eventfd registered with the ring */
+	unsigned features; /* FX_RING_* */
+	/* generation of the pool slot installed in each fixed-buffer slot;
+	 * 0 = nothing installed, UINT32_MAX = installing failed, stop trying */
+	uint32_t installed[FX_BUF_SLOTS];
+};
+
+/*
+ * Set up a ring with the best flags this kernel accepts (SINGLE_ISSUER +
+ * DEFER_TASKRUN, else COOP_TASKRUN, else none), a registered ring fd, an
+ * eventfd and a sparse fixed-buffer table.  -ENOSYS/-EPERM when io_uring is
+ * unavailable, -ENOMEM, -errno of io_uring_setup.
+ */
+int fx_ring_init(struct fx_ring *r, unsigned entries);
+void fx_ring_exit(struct fx_ring *r);
+/* Fixed-buffer index covering [addr, addr+len), installing the pool slot in
+ * this ring on first use; -1 when the range is not in a registered pool. */
+int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len);
+/* Run deferred completions (DEFER_TASKRUN) and clear the eventfd. */
+void fx_ring_flush_events(struct fx_ring *r);
+
+/* ------------------------------------------------------------ buffer pool */
+
+/* Slot of the registry that holds [addr, addr+len) and that slot's iovec and
+ * generation; -1 if none.  Thread-safe. */
+int fx_pool_lookup(const void *addr, uint64_t len, struct iovec *iov,
+                   uint32_t *gen);
+
+/* ------------------------------------------------------------- transport */
+
+/*
+ * A transport plugs in through one const ops table (DESIGN rule 1).  Generic
+ * code calls only through it; capabilities are FX_CAP_* flags.
+ */
+struct fx_transport_ops {
+	const char *name;
+	int (*dev_open)(const struct fx_transport_ops *ops, const char *target,
+	                const struct fx_dev_opts *opts, struct fx_dev **out);
+	void (*dev_close)(struct fx_dev *d);
+	int (*queue_create)(struct fx_dev *d, const struct fx_queue_opts *opts,
+	                    struct fx_queue **out);
+	void (*queue_destroy)(struct fx_queue *q);
+	int (*queue_submit)(struct fx_queue *q, const struct fx_req *reqs,
+	                    unsigned n);
+	int (*queue_reap)(struct fx_queue *q, struct fx_cqe *out, unsigned max);
+	int (*queue_wait)(struct fx_queue *q, unsigned min, int timeout_ms);
+	int (*queue_fd)(const struct fx_queue *q);
+	unsigned (*queue_pending)(const struct fx_queue *q);
+	unsigned (*queue_features)(const struct fx_queue *q);
+};
+
+/* Every transport's device and queue start with these headers. */
+struct fx_dev {
+	const struct fx_transport_ops *ops;
+	struct fx_dev_info info;
+};
+
+struct fx_queue {
+	const struct fx_transport_ops *ops;
+	struct fx_dev *dev;
+};
+
+extern const struct fx_transport_ops fx_transport_file;
+extern const struct fx_transport_ops fx_transport_psync;
+
+#endif

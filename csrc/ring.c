@@ -1,0 +1,128 @@
+/*
+ * io_uring setup with a runtime feature probe, and lazy installation of
+ * buffer-pool slots as fixed buffers.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Flag sets to try, best first.  Older kernels reject unknown setup flags
+ * with -EINVAL, so each step drops what the previous kernel generation
+ * lacked.  SUBMIT_ALL keeps a batch going past one bad request. */
+static const struct {
+	unsigned setup;
+	unsigned features;
+} probe_order[] = {
+	{IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
+	     IORING_SETUP_DEFER_TASKRUN,
+	 FX_RING_SINGLE_ISSUER | FX_RING_DEFER_TASKRUN},
+	{IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
+	     IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+	 FX_RING_SINGLE_ISSUER | FX_RING_COOP_TASKRUN},
+	{IORING_SETUP_COOP_TASKRUN, FX_RING_COOP_TASKRUN},
+	{0, 0},
+};
+
+int fx_ring_init(struct fx_ring *r, unsigned entries)
+{
+	struct io_uring_params p;
+	size_t first = 0;
+	int ret = -EINVAL;
+
+	memset(r, 0, sizeof(*r));
+	r->efd = -1;
+	/* FX100IO_RING_SETUP=plain forces the fallback path, so tests can
+	 * cover it on kernels that have every feature. */
+	const char *force = getenv("FX100IO_RING_SETUP");
+	if (force && strcmp(force, "plain") == 0)
+		first = sizeof(probe_order) / sizeof(probe_order[0]) - 1;
+
+	for (size_t i = first; i < sizeof(probe_order) / sizeof(probe_order[0]);
+	     i++) {
+		memset(&p, 0, sizeof(p));
+		p.flags = probe_order[i].setup;
+		ret = io_uring_queue_init_params(entries, &r->uring, &p);
+		if (ret == 0) {
+			r->features = probe_order[i].features;
+			break;
+		}
+		if (ret != -EINVAL)
+			return ret; /* ENOSYS, EPERM, ENOMEM: no flag set helps */
+	}
+	if (ret < 0)
+		return ret;
+
+	if (io_uring_register_ring_fd(&r->uring) == 1)
+		r->features |= FX_RING_REG_RING_FD;
+
+	r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (r->efd < 0) {
+		ret = -errno;
+		io_uring_queue_exit(&r->uring);
+		return ret;
+	}
+	ret = io_uring_register_eventfd(&r->uring, r->efd);
+	if (ret < 0) {
+		close(r->efd);
+		io_uring_queue_exit(&r->uring);
+		return ret;
+	}
+	/* A sparse table lets pools be installed on first use, so a ring
+	 * created before a pool still uses it as fixed buffers. */
+	if (io_uring_register_buffers_sparse(&r->uring, FX_BUF_SLOTS) == 0)
+		r->features |= FX_RING_FIXED_BUFS;
+	return 0;
+}
+
+void fx_ring_exit(struct fx_ring *r)
+{
+	io_uring_queue_exit(&r->uring);
+	if (r->efd >= 0)
+		close(r->efd);
+	r->efd = -1;
+}
+
+int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len)
+{
+	struct iovec iov;
+	uint32_t gen;
+	__u64 tag = 0;
+
+	if (!(r->features & FX_RING_FIXED_BUFS))
+		return -1;
+	int slot = fx_pool_lookup(addr, len, &iov, &gen);
+	if (slot < 0)
+		return -1;
+	if (r->installed[slot] == gen)
+		return slot;
+	if (r->installed[slot] == UINT32_MAX)
+		return -1;
+	/* Replacing a slot drops the old pool's pages from this ring. */
+	if (io_uring_register_buffers_update_tag(&r->uring, slot, &iov, &tag,
+	                                         1) != 1) {
+		/* Usually RLIMIT_MEMLOCK; the pool's pinned flag tells the
+		 * user why.  Plain reads stay correct. */
+		r->installed[slot] = UINT32_MAX;
+		return -1;
+	}
+	r->installed[slot] = gen;
+	return slot;
+}
+
+void fx_ring_flush_events(struct fx_ring *r)
+{
+	uint64_t v;
+
+	/* Clear first: a completion racing with the reap re-arms the fd and
+	 * costs one spurious wake-up, never a lost one. */
+	if (read(r->efd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: nothing was signalled */
+	}
+	if (r->features & FX_RING_DEFER_TASKRUN)
+		io_uring_get_events(&r->uring);
+}

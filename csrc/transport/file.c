@@ -1,0 +1,608 @@
+/*
+ * The file transport: regular files and block devices (including namespaces
+ * the kernel attached over NVMe-oF), read and written through io_uring.
+ *
+ * A request is cut into pieces of at most max_io bytes and at most `depth`
+ * pieces are in flight; the rest wait in a FIFO.  With O_DIRECT, the part of
+ * a request that is block aligned (address, offset and length) goes to the
+ * O_DIRECT descriptor; anything unaligned (a chunk's last partial block, a
+ * caller's unaligned buffer) goes to a second, buffered descriptor of the
+ * same file, which the kernel keeps coherent with direct I/O.  This keeps
+ * every request correct without bounce buffers and leaves the fast path to
+ * aligned buffers such as BufferPool's.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../internal.h"
+#include "file_dev.h"
+
+/* ------------------------------------------------------------- device */
+
+static int open_fd(const char *path, int flags)
+{
+	int fd = open(path, flags | O_CLOEXEC, 0644);
+	return fd < 0 ? -errno : fd;
+}
+
+int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
+                     const struct fx_dev_opts *o, struct fx_dev **out)
+{
+	struct file_dev *d;
+	struct stat st;
+	int acc = o->readonly ? O_RDONLY : O_RDWR;
+	int ret;
+
+	if (!path[0])
+		return -EINVAL;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->base.ops = ops;
+	d->fd_direct = -1;
+	d->fd_buffered = open_fd(path, acc | (o->create ? O_CREAT : 0));
+	if (d->fd_buffered < 0) {
+		ret = d->fd_buffered;
+		free(d);
+		return ret;
+	}
+	if (fstat(d->fd_buffered, &st) < 0) {
+		ret = -errno;
+		goto fail;
+	}
+	if (S_ISBLK(st.st_mode)) {
+		uint64_t bytes = 0;
+		int lbs = 0;
+		if (ioctl(d->fd_buffered, BLKGETSIZE64, &bytes) < 0 ||
+		    ioctl(d->fd_buffered, BLKSSZGET, &lbs) < 0) {
+			ret = -errno;
+			goto fail;
+		}
+		d->base.info.size = bytes;
+		d->base.info.block_size = (uint32_t)lbs;
+		d->base.info.caps |= FX_CAP_BLOCKDEV;
+	} else if (S_ISREG(st.st_mode)) {
+		/* 4 KiB satisfies the direct-I/O alignment of every Linux
+		 * filesystem and block size. */
+		d->base.info.block_size = 4096;
+		if (o->size > (uint64_t)st.st_size) {
+			if (o->readonly) {
+				ret = -EROFS;
+				goto fail;
+			}
+			/* Reserve the blocks now: a full disk is reported at
+			 * create, not as a failed put later. */
+			if (fallocate(d->fd_buffered, 0, 0, (off_t)o->size) < 0) {
+				ret = -errno;
+				if (ret == -EOPNOTSUPP &&
+				    ftruncate(d->fd_buffered, (off_t)o->size) == 0)
+					ret = 0;
+				else {
+					/* Give back what a partial fallocate took. */
+					if (ftruncate(d->fd_buffered, st.st_size)) {
+					}
+					goto fail;
+				}
+			}
+			st.st_size = (off_t)o->size;
+		}
+		d->base.info.size = (uint64_t)st.st_size;
+	} else {
+		ret = -EINVAL; /* directories, sockets, character devices */
+		goto fail;
+	}
+	d->base.info.caps |= FX_CAP_FLUSH;
+	if (o->direct) {
+		d->fd_direct = open_fd(path, acc | O_DIRECT);
+		if (d->fd_direct == -EINVAL) {
+			ret = -ENOTSUP; /* this filesystem has no O_DIRECT */
+			goto fail;
+		}
+		if (d->fd_direct < 0) {
+			ret = d->fd_direct;
+			goto fail;
+		}
+		d->base.info.caps |= FX_CAP_DIRECT;
+	}
+	*out = &d->base;
+	return 0;
+fail:
+	if (d->fd_direct >= 0)
+		close(d->fd_direct);
+	close(d->fd_buffered);
+	free(d);
+	return ret;
+}
+
+void fx_file_dev_close(struct fx_dev *dev)
+{
+	struct file_dev *d = (struct file_dev *)dev;
+
+	if (d->fd_direct >= 0)
+		close(d->fd_direct);
+	close(d->fd_buffered);
+	free(d);
+}
+
+/* ----------------------------------------------- requests and pieces */
+
+int fx_reqs_init(struct req_table *t, unsigned slots)
+{
+	t->nslots = slots;
+	t->reqs = calloc(slots, sizeof(*t->reqs));
+	t->free = malloc(slots * sizeof(*t->free));
+	t->done = malloc(slots * sizeof(*t->done));
+	t->fifo = malloc(slots * sizeof(*t->fifo));
+	if (!t->reqs || !t->free || !t->done || !t->fifo) {
+		fx_reqs_fini(t);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < slots; i++)
+		t->free[i] = slots - 1 - i;
+	t->nfree = slots;
+	return 0;
+}
+
+void fx_reqs_fini(struct req_table *t)
+{
+	free(t->reqs);
+	free(t->free);
+	free(t->done);
+	free(t->fifo);
+	memset(t, 0, sizeof(*t));
+}
+
+/* Validate a caller's request before it takes a slot. */
+int fx_req_check(const struct fx_dev *d, const struct fx_req *r)
+{
+	if (r->op > FX_OP_FLUSH)
+		return -EINVAL;
+	if (r->op == FX_OP_FLUSH)
+		return 0;
+	if (!r->addr && r->len)
+		return -EFAULT;
+	if (r->len > (uint64_t)SSIZE_MAX || r->off > (uint64_t)LLONG_MAX ||
+	    r->len > (uint64_t)LLONG_MAX - r->off)
+		return -EINVAL;
+	(void)d;
+	return 0;
+}
+
+/* Take a slot for a request; the caller has checked nfree > 0. */
+uint32_t fx_req_take(struct req_table *t, const struct fx_req *src)
+{
+	uint32_t i = t->free[--t->nfree];
+	struct req *r = &t->reqs[i];
+
+	memset(r, 0, sizeof(*r));
+	r->tag = src->tag;
+	r->op = src->op;
+	r->addr = src->addr;
+	r->len = src->len;
+	r->off = src->off;
+	t->pending++;
+	return i;
+}
+
+/* Finish a request: record its completion and free its slot. */
+void fx_req_complete(struct req_table *t, uint32_t i)
+{
+	struct req *r = &t->reqs[i];
+	struct fx_cqe *c = &t->done[(t->done_head + t->ndone) % t->nslots];
+
+	c->tag = r->tag;
+	c->res = r->err ? r->err : (int64_t)r->done;
+	c->status = 0;
+	t->ndone++;
+	t->free[t->nfree++] = i;
+}
+
+int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max)
+{
+	unsigned n = 0;
+
+	while (n < max && t->ndone) {
+		out[n++] = t->done[t->done_head];
+		t->done_head = (t->done_head + 1) % t->nslots;
+		t->ndone--;
+		t->pending--;
+	}
+	return (int)n;
+}
+
+/* ------------------------------------------------------ io_uring queue */
+
+struct piece {
+	uint32_t req;
+	uint8_t fdi; /* 0: direct, 1: buffered */
+	char *addr;
+	uint64_t len;
+	uint64_t off;
+};
+
+struct file_queue {
+	struct fx_queue base;
+	struct fx_ring ring;
+	int fds[2];      /* fd per fdi, -1 if absent */
+	int fixed_files; /* fds are registered at fixed index = fdi */
+	uint32_t bs;
+	uint32_t depth;
+	uint32_t max_io;
+	struct req_table t;
+	struct piece *pieces;
+	uint32_t *free_pieces;
+	uint32_t nfree_pieces;
+	unsigned unsubmitted; /* SQEs prepared but not yet submitted */
+};
+
+static unsigned fifo_len(const struct req_table *t) { return t->nfifo; }
+
+static void fifo_push(struct req_table *t, uint32_t i)
+{
+	t->fifo[(t->fifo_head + t->nfifo) % t->nslots] = i;
+	t->nfifo++;
+}
+
+/* Prepare one SQE for piece pi. */
+static void prep_piece(struct file_queue *q, uint32_t pi)
+{
+	struct piece *p = &q->pieces[pi];
+	struct req *r = &q->t.reqs[p->req];
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring.uring);
+	int fd = q->fixed_files ? p->fdi : q->fds[p->fdi];
+
+	if (!sqe) {
+		/* Cannot happen: pieces in flight never exceed ring size.
+		 * Submitting frees SQ space if it ever does. */
+		io_uring_submit(&q->ring.uring);
+		q->unsubmitted = 0;
+		sqe = io_uring_get_sqe(&q->ring.uring);
+	}
+	if (r->op == FX_OP_FLUSH) {
+		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+	} else {
+		int bi = fx_ring_buf_index(&q->ring, p->addr, p->len);
+		/* One piece never exceeds max_io (a uint32), so the
+		 * narrowing below is exact. */
+		unsigned len = (unsigned)p->len;
+		if (r->op == FX_OP_READ) {
+			if (bi >= 0)
+				io_uring_prep_read_fixed(sqe, fd, p->addr, len,
+				                         p->off, bi);
+			else
+				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
+		} else {
+			if (bi >= 0)
+				io_uring_prep_write_fixed(sqe, fd, p->addr, len,
+				                          p->off, bi);
+			else
+				io_uring_prep_write(sqe, fd, p->addr, len,
+				                    p->off);
+		}
+	}
+	if (q->fixed_files)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data64(sqe, pi);
+	q->unsubmitted++;
+}
+
+/* Cut the next piece of request i.  Returns 0 when nothing is left. */
+static int cut_piece(struct file_queue *q, uint32_t i, struct piece *p)
+{
+	struct req *r = &q->t.reqs[i];
+
+	if (r->op == FX_OP_FLUSH) {
+		if (r->issued)
+			return 0;
+		r->issued = 1;
+		p->req = i;
+		p->fdi = q->fds[1] >= 0 ? 1 : 0;
+		p->addr = NULL;
+		p->len = 0;
+		p->off = 0;
+		return 1;
+	}
+	if (r->issued >= r->len || r->err || r->eof)
+		return 0;
+	uint64_t mask = q->bs - 1;
+	/* The O_DIRECT part is the aligned prefix of an aligned request. */
+	uint64_t direct_end = 0;
+	if (q->fds[0] >= 0 && !((uintptr_t)r->addr & mask) && !(r->off & mask))
+		direct_end = r->len & ~mask;
+	uint64_t end = r->issued < direct_end ? direct_end : r->len;
+	uint64_t n = end - r->issued;
+	if (n > q->max_io)
+		n = q->max_io;
+	p->req = i;
+	p->fdi = r->issued < direct_end ? 0 : 1;
+	p->addr = r->addr + r->issued;
+	p->len = n;
+	p->off = r->off + r->issued;
+	r->issued += n;
+	return 1;
+}
+
+/* Move work from the FIFO into free pieces and SQEs. */
+static void issue(struct file_queue *q)
+{
+	struct req_table *t = &q->t;
+
+	while (q->nfree_pieces && fifo_len(t)) {
+		uint32_t i = t->fifo[t->fifo_head];
+		uint32_t pi = q->free_pieces[q->nfree_pieces - 1];
+		if (!cut_piece(q, i, &q->pieces[pi])) {
+			/* fully issued: leave the FIFO */
+			t->fifo_head = (t->fifo_head + 1) % t->nslots;
+			t->nfifo--;
+			continue;
+		}
+		q->nfree_pieces--;
+		t->reqs[i].inflight++;
+		prep_piece(q, pi);
+	}
+}
+
+static void flush_sqes(struct file_queue *q)
+{
+	if (q->unsubmitted) {
+		int ret = io_uring_submit(&q->ring.uring);
+		if (ret >= 0)
+			q->unsubmitted = 0;
+		/* On -EAGAIN/-EBUSY the SQEs stay queued in the ring and the
+		 * next submit or wait pushes them. */
+	}
+}
+
+static void maybe_complete(struct file_queue *q, uint32_t i)
+{
+	struct req *r = &q->t.reqs[i];
+
+	if (r->inflight)
+		return;
+	if (r->op == FX_OP_FLUSH ? r->issued != 0
+	                         : (r->issued >= r->len || r->err || r->eof))
+		fx_req_complete(&q->t, i);
+}
+
+/* Account one CQE. */
+static void on_cqe(struct file_queue *q, uint32_t pi, int res)
+{
+	struct piece *p = &q->pieces[pi];
+	struct req *r = &q->t.reqs[p->req];
+	uint32_t i = p->req;
+
+	if (res == -EAGAIN || res == -EINTR) {
+		prep_piece(q, pi); /* transient: the same piece again */
+		return;
+	}
+	if (res < 0) {
+		if (!r->err)
+			r->err = res;
+	} else if (r->op != FX_OP_FLUSH) {
+		uint64_t got = (uint64_t)res;
+		r->done += got;
+		if (got < p->len) {
+			if (got == 0) {
+				if (r->op == FX_OP_READ)
+					r->eof = 1; /* past end of file */
+				else if (!r->err)
+					r->err = -EIO;
+			} else {
+				/* Short transfer: resubmit the rest. */
+				p->addr += got;
+				p->off += got;
+				p->len -= got;
+				prep_piece(q, pi);
+				return;
+			}
+		}
+	}
+	r->inflight--;
+	q->free_pieces[q->nfree_pieces++] = pi;
+	maybe_complete(q, i);
+}
+
+static int process_cqes(struct file_queue *q)
+{
+	struct io_uring_cqe *cqes[64];
+	int total = 0;
+	unsigned n;
+
+	do {
+		n = io_uring_peek_batch_cqe(&q->ring.uring, cqes, 64);
+		for (unsigned k = 0; k < n; k++)
+			on_cqe(q, (uint32_t)cqes[k]->user_data, cqes[k]->res);
+		io_uring_cq_advance(&q->ring.uring, n);
+		total += (int)n;
+	} while (n == 64);
+	if (total) {
+		issue(q);
+		flush_sqes(q);
+	}
+	return total;
+}
+
+static int fq_submit(struct fx_queue *base, const struct fx_req *reqs,
+                     unsigned n)
+{
+	struct file_queue *q = (struct file_queue *)base;
+	unsigned k;
+
+	/* Validate everything first: a bad request rejects the batch
+	 * before any of it is queued. */
+	for (k = 0; k < n; k++) {
+		int ret = fx_req_check(base->dev, &reqs[k]);
+		if (ret < 0)
+			return ret;
+	}
+	for (k = 0; k < n && q->t.nfree; k++) {
+		uint32_t i = fx_req_take(&q->t, &reqs[k]);
+		if (reqs[k].op != FX_OP_FLUSH && reqs[k].len == 0)
+			fx_req_complete(&q->t, i);
+		else
+			fifo_push(&q->t, i);
+	}
+	issue(q);
+	flush_sqes(q);
+	return (int)k;
+}
+
+static int fq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
+{
+	struct file_queue *q = (struct file_queue *)base;
+
+	fx_ring_flush_events(&q->ring);
+	process_cqes(q);
+	return fx_reqs_pop_done(&q->t, out, max);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int fq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
+{
+	struct file_queue *q = (struct file_queue *)base;
+	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : -1;
+
+	if (min > q->t.pending)
+		min = q->t.pending; /* never wait for what was not asked */
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts, *tsp = NULL;
+		int ret;
+
+		process_cqes(q);
+		if (q->t.ndone >= min)
+			return (int)q->t.ndone;
+		if (deadline >= 0) {
+			int64_t left = deadline - now_ms();
+			if (left <= 0)
+				return -ETIME;
+			ts.tv_sec = left / 1000;
+			ts.tv_nsec = (left % 1000) * 1000000;
+			tsp = &ts;
+		}
+		ret = io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1,
+		                                       tsp, NULL);
+		if (ret >= 0)
+			q->unsubmitted = 0;
+		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN &&
+		    ret != -EBUSY)
+			return ret;
+		if (ret == -EINTR)
+			return -EINTR;
+	}
+}
+
+static int fq_fd(const struct fx_queue *base)
+{
+	return ((const struct file_queue *)base)->ring.efd;
+}
+
+static unsigned fq_pending(const struct fx_queue *base)
+{
+	return ((const struct file_queue *)base)->t.pending;
+}
+
+static unsigned fq_features(const struct fx_queue *base)
+{
+	const struct file_queue *q = (const struct file_queue *)base;
+	return q->ring.features | (q->fixed_files ? FX_RING_FIXED_FILES : 0);
+}
+
+static void fq_destroy(struct fx_queue *base)
+{
+	struct file_queue *q = (struct file_queue *)base;
+
+	/* Pieces still in flight would write into buffers that the caller
+	 * is about to free: wait for them first. */
+	while (q->nfree_pieces < q->depth) {
+		struct io_uring_cqe *cqe;
+		flush_sqes(q);
+		if (io_uring_wait_cqe(&q->ring.uring, &cqe) < 0)
+			break;
+		unsigned n = 0, head;
+		io_uring_for_each_cqe(&q->ring.uring, head, cqe) {
+			q->nfree_pieces++;
+			n++;
+		}
+		io_uring_cq_advance(&q->ring.uring, n);
+	}
+	fx_ring_exit(&q->ring);
+	fx_reqs_fini(&q->t);
+	free(q->pieces);
+	free(q->free_pieces);
+	free(q);
+}
+
+static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
+                     struct fx_queue **out)
+{
+	struct file_dev *d = (struct file_dev *)dev;
+	struct file_queue *q = calloc(1, sizeof(*q));
+	int ret;
+
+	if (!q)
+		return -ENOMEM;
+	q->base.ops = dev->ops;
+	q->base.dev = dev;
+	q->fds[0] = d->fd_direct;
+	q->fds[1] = d->fd_buffered;
+	q->bs = dev->info.block_size;
+	q->depth = o->depth;
+	q->max_io = o->max_io;
+	ret = fx_reqs_init(&q->t, o->slots);
+	if (ret < 0) {
+		free(q);
+		return ret;
+	}
+	q->pieces = calloc(o->depth, sizeof(*q->pieces));
+	q->free_pieces = malloc(o->depth * sizeof(*q->free_pieces));
+	if (!q->pieces || !q->free_pieces) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t k = 0; k < o->depth; k++)
+		q->free_pieces[k] = o->depth - 1 - k;
+	q->nfree_pieces = o->depth;
+	ret = fx_ring_init(&q->ring, o->depth);
+	if (ret < 0)
+		goto fail;
+	if (io_uring_register_files(&q->ring.uring, q->fds, 2) == 0)
+		q->fixed_files = 1;
+	*out = &q->base;
+	return 0;
+fail:
+	fx_reqs_fini(&q->t);
+	free(q->pieces);
+	free(q->free_pieces);
+	free(q);
+	return ret;
+}
+
+const struct fx_transport_ops fx_transport_file = {
+	.name = "file",
+	.dev_open = fx_file_dev_open,
+	.dev_close = fx_file_dev_close,
+	.queue_create = fq_create,
+	.queue_destroy = fq_destroy,
+	.queue_submit = fq_submit,
+	.queue_reap = fq_reap,
+	.queue_wait = fq_wait,
+	.queue_fd = fq_fd,
+	.queue_pending = fq_pending,
+	.queue_features = fq_features,
+};

@@ -1,0 +1,415 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin binding of the C core: convert arguments, call C without the GIL,
+raise from the return code.  No policy lives here."""
+
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
+                             PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS)
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+from libc.stdint cimport uintptr_t
+
+from fx100io.errors import error_from_errno
+
+OP_READ = FX_OP_READ
+OP_WRITE = FX_OP_WRITE
+OP_FLUSH = FX_OP_FLUSH
+REC_PUT = FX_REC_PUT
+REC_DEL = FX_REC_DEL
+KEY_MAX = FX_KEY_MAX
+SEG_HDR_SIZE = FX_SEG_HDR_SIZE
+
+RING_FEATURES = {
+    0x1: "single_issuer", 0x2: "defer_taskrun", 0x4: "coop_taskrun",
+    0x8: "registered_ring_fd", 0x10: "fixed_files", 0x20: "fixed_buffers",
+}
+
+cdef int check(long long rc, str what) except -1:
+    if rc < 0:
+        raise error_from_errno(<int>-rc, what)
+    return 0
+
+
+def buffer_address(obj, bint writable):
+    """(address, nbytes) of a contiguous buffer.  The caller keeps obj (a
+    memoryview, which holds the export) alive while the address is used."""
+    cdef Py_buffer view
+    cdef int flags = PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
+    PyObject_GetBuffer(obj, &view, flags)
+    addr = <uintptr_t>view.buf
+    n = view.len
+    PyBuffer_Release(&view)
+    return addr, n
+
+
+def crc32c(obj, unsigned int crc=0):
+    """CRC32C of any contiguous buffer, chained from crc; the GIL is
+    released for the computation."""
+    cdef Py_buffer view
+    cdef uint32_t out
+    PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            out = fx_crc32c(crc, view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+cdef class Allocator:
+    """Extent allocator (csrc/alloc.c)."""
+    cdef fx_alloc *a
+
+    def __cinit__(self, uint64_t base, uint64_t size, uint32_t align):
+        check(fx_alloc_create(base, size, align, &self.a), "allocator")
+
+    def __dealloc__(self):
+        if self.a != NULL:
+            fx_alloc_destroy(self.a)
+
+    def alloc(self, uint64_t length):
+        """Offset of a new extent, or None when no free extent fits."""
+        cdef uint64_t off = 0
+        rc = fx_alloc_alloc(self.a, length, &off)
+        if rc == -28:  # ENOSPC: the caller decides whether to evict
+            return None
+        check(rc, "allocate extent")
+        return off
+
+    def free(self, uint64_t off, uint64_t length):
+        check(fx_alloc_free(self.a, off, length), "free extent")
+
+    def reserve(self, uint64_t off, uint64_t length):
+        check(fx_alloc_reserve(self.a, off, length), "reserve extent")
+
+    @property
+    def free_bytes(self):
+        return fx_alloc_free_bytes(self.a)
+
+    @property
+    def largest_free(self):
+        return fx_alloc_largest_free(self.a)
+
+    @property
+    def free_extents(self):
+        return fx_alloc_free_extents(self.a)
+
+
+def encode_segment(uint64_t generation, uint64_t seq, list recs):
+    """Encode index records [(type, key, dev, off, len, crc), ...] as one
+    segment; returns bytes."""
+    cdef unsigned n = len(recs)
+    cdef fx_index_rec *c = <fx_index_rec *>malloc(max(n, 1) * sizeof(fx_index_rec))
+    cdef size_t cap = FX_SEG_HDR_SIZE
+    cdef bytes out
+    cdef int64_t rc
+    if c == NULL:
+        raise MemoryError()
+    keys = []
+    try:
+        for i, (typ, key, dev, off, length, crc) in enumerate(recs):
+            if not isinstance(key, bytes):
+                raise TypeError("index keys are bytes")
+            keys.append(key)
+            c[i].type = typ
+            c[i].flags = 0
+            c[i].key_len = len(key) if len(key) <= 0xffff else 0
+            c[i].data_crc = crc
+            c[i].off = off
+            c[i].len = length
+            c[i].dev = dev
+            c[i].key = <const uint8_t *>(<char *>key)
+            cap += fx_index_rec_size(len(key))
+        out = bytes(cap)
+        rc = fx_index_seg_encode(generation, seq, c, n, <char *>out, cap)
+        check(rc, "encode index segment")
+        return out[:rc]
+    finally:
+        free(c)
+
+
+def decode_segment(buf, size_t offset, uint64_t generation):
+    """Decode the segment at buf[offset:].  Returns (size, seq, records)
+    with size 0 at the end of the log (or a torn segment: size -1)."""
+    cdef Py_buffer view
+    cdef uint64_t seq = 0
+    cdef unsigned nrecs = 0
+    cdef unsigned cap = 4096
+    cdef fx_index_rec *c
+    cdef int64_t rc
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        if offset >= <size_t>view.len:
+            return 0, 0, []
+        while True:
+            c = <fx_index_rec *>malloc(cap * sizeof(fx_index_rec))
+            if c == NULL:
+                raise MemoryError()
+            try:
+                rc = fx_index_seg_decode(<char *>view.buf + offset, view.len - offset,
+                                         generation, &seq, c, cap, &nrecs)
+                if rc == -28:  # more records than cap: retry bigger
+                    cap *= 4
+                    continue
+                if rc == -74:  # EBADMSG: torn or corrupt segment
+                    return -1, 0, []
+                check(rc, "decode index segment")
+                recs = [(c[i].type, (<char *>c[i].key)[:c[i].key_len], c[i].dev,
+                         c[i].off, c[i].len, c[i].data_crc) for i in range(nrecs)]
+                return rc, seq, recs
+            finally:
+                free(c)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef class Pool:
+    """Pinned memory (csrc/bufpool.c).  Exposes the whole mapping through
+    the buffer protocol; sub-allocation happens in Python."""
+    cdef fx_pool *p
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, uint64_t size, bint require_pinned=False, bint huge=True):
+        cdef unsigned flags = (FX_POOL_REQUIRE_PINNED if require_pinned else 0) | \
+            (0 if huge else FX_POOL_NO_HUGE)
+        cdef int rc
+        with nogil:
+            rc = fx_pool_create(size, flags, &self.p)
+        check(rc, "pin buffer pool")
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            fx_pool_destroy(self.p)
+
+    @property
+    def address(self):
+        return <uintptr_t>fx_pool_base(self.p)
+
+    @property
+    def size(self):
+        return fx_pool_size(self.p)
+
+    @property
+    def pinned(self):
+        return bool(fx_pool_pinned(self.p))
+
+    @property
+    def huge(self):
+        return bool(fx_pool_huge(self.p))
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = <Py_ssize_t>fx_pool_size(self.p)
+        self.strides[0] = 1
+        view.buf = fx_pool_base(self.p)
+        view.obj = self
+        view.len = self.shape[0]
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = "B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef class Region:
+    """A slice of a Pool that owns its extent: numpy arrays made from it
+    keep it (and the pool) alive, and the extent returns to the pool's
+    allocator when the last view is gone."""
+    cdef object pool
+    cdef object release
+    cdef uintptr_t addr
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+    cdef uint64_t off
+    cdef uint64_t length
+
+    def __cinit__(self, Pool pool, uint64_t off, uint64_t length, release):
+        self.pool = pool
+        self.release = release
+        self.off = off
+        self.length = length
+        self.addr = <uintptr_t>fx_pool_base(pool.p) + off
+
+    def __dealloc__(self):
+        if self.release is not None:
+            self.release(self.off, self.length)
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = <Py_ssize_t>self.length
+        self.strides[0] = 1
+        view.buf = <void *>self.addr
+        view.obj = self
+        view.len = self.shape[0]
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = "B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef class Dev:
+    """An open device (csrc/transport.c)."""
+    cdef fx_dev *d
+    cdef readonly str transport
+    cdef readonly str target
+
+    def __cinit__(self, str transport, str target, bint direct=True,
+                  bint readonly=False, bint create=False, uint64_t size=0):
+        cdef fx_dev_opts o
+        cdef int rc
+        memset(&o, 0, sizeof(o))
+        o.direct = direct
+        o.readonly = readonly
+        o.create = create
+        o.size = size
+        t = transport.encode()
+        p = target.encode()
+        cdef const char *tp = t
+        cdef const char *pp = p
+        with nogil:
+            rc = fx_dev_open(tp, pp, &o, &self.d)
+        self.transport = transport
+        self.target = target
+        check(rc, target)
+
+    def close(self):
+        if self.d != NULL:
+            fx_dev_close(self.d)
+            self.d = NULL
+
+    def __dealloc__(self):
+        self.close()
+
+    cdef fx_dev_info info(self):
+        cdef fx_dev_info i
+        if self.d == NULL:
+            raise error_from_errno(9, self.target)  # EBADF: closed
+        fx_dev_get_info(self.d, &i)
+        return i
+
+    @property
+    def size(self):
+        return self.info().size
+
+    @property
+    def block_size(self):
+        return self.info().block_size
+
+    @property
+    def caps(self):
+        return self.info().caps
+
+
+cdef class Queue:
+    """One submission/completion queue on a device; use from one thread."""
+    cdef fx_queue *q
+    cdef Dev dev
+    cdef fx_cqe *cqes
+    cdef unsigned ncqes
+
+    def __cinit__(self, Dev dev, unsigned depth=64, unsigned max_io=1 << 20,
+                  unsigned slots=4096):
+        cdef fx_queue_opts o
+        cdef int rc
+        if dev.d == NULL:
+            raise error_from_errno(9, dev.target)
+        o.depth = depth
+        o.max_io = max_io
+        o.slots = slots
+        self.ncqes = 256
+        self.cqes = <fx_cqe *>malloc(self.ncqes * sizeof(fx_cqe))
+        if self.cqes == NULL:
+            raise MemoryError()
+        with nogil:
+            rc = fx_queue_create(dev.d, &o, &self.q)
+        check(rc, f"create {dev.transport} queue on {dev.target}")
+        self.dev = dev
+
+    def close(self):
+        if self.q != NULL:
+            with nogil:
+                fx_queue_destroy(self.q)
+            self.q = NULL
+
+    def __dealloc__(self):
+        if self.q != NULL:
+            fx_queue_destroy(self.q)
+        free(self.cqes)
+
+    @property
+    def fd(self):
+        return fx_queue_fd(self.q)
+
+    @property
+    def pending(self):
+        return fx_queue_pending(self.q) if self.q != NULL else 0
+
+    @property
+    def features(self):
+        cdef unsigned f = fx_queue_features(self.q)
+        return [name for bit, name in RING_FEATURES.items() if f & bit]
+
+    def submit(self, list reqs):
+        """Queue [(op, addr, len, off, tag), ...]; returns how many were
+        accepted (fewer when the request slots are full)."""
+        cdef unsigned n = len(reqs)
+        cdef fx_req *c
+        cdef int rc
+        if self.q == NULL:
+            raise error_from_errno(9, self.dev.target)
+        if n == 0:
+            return 0
+        c = <fx_req *>malloc(n * sizeof(fx_req))
+        if c == NULL:
+            raise MemoryError()
+        try:
+            for i, (op, addr, length, off, tag) in enumerate(reqs):
+                c[i].op = op
+                c[i].addr = <void *><uintptr_t>addr
+                c[i].len = length
+                c[i].off = off
+                c[i].tag = tag
+            with nogil:
+                rc = fx_queue_submit(self.q, c, n)
+            check(rc, f"submit to {self.dev.target}")
+            return rc
+        finally:
+            free(c)
+
+    def reap(self):
+        """Finished requests as [(tag, res, status), ...]; never blocks."""
+        cdef int n
+        out = []
+        if self.q == NULL:
+            return out
+        while True:
+            n = fx_queue_reap(self.q, self.cqes, self.ncqes)
+            check(n, f"reap {self.dev.target}")
+            for i in range(n):
+                out.append((self.cqes[i].tag, self.cqes[i].res, self.cqes[i].status))
+            if <unsigned>n < self.ncqes:
+                return out
+
+    def wait(self, unsigned min_done=1, int timeout_ms=-1):
+        """Block (without the GIL) until min_done requests are ready to
+        reap; returns False on timeout."""
+        cdef int rc
+        if self.q == NULL:
+            raise error_from_errno(9, self.dev.target)
+        with nogil:
+            rc = fx_queue_wait(self.q, min_done, timeout_ms)
+        if rc == -62:  # ETIME
+            return False
+        check(rc, f"wait for {self.dev.target}")
+        return True
