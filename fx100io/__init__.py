@@ -1,1 +1,8 @@
 """fx100io: io_uring and NVMe-oF I/O engine and KV-cache chunk store."""
+
+from fx100io import errors
+from fx100io.device import Device, open_device
+from fx100io.pool import BufferPool
+
+__all__ = ["BufferPool", "Device", "open_device", "errors"]
+__version__ = "0.1.0"

@@ -1,0 +1,134 @@
+"""Completions into asyncio without threads (DESIGN rule 4).
+
+A :class:`QueueDriver` owns one C queue, used by one thread.  Each request
+gets a tag; its waiter (an asyncio future, or a holder for blocking calls)
+and the memoryview that keeps its buffer alive are kept until the completion
+is reaped.  Async callers are woken through the queue's eventfd and
+``loop.add_reader``; blocking callers wait in C without the GIL.  Either way
+one reap dispatches every finished request, whoever asked for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fx100io import _core
+
+#: One request: (op, memoryview or None, address, length, offset)
+Request = tuple[int, Any, int, int, int]
+#: One completion: (res, status): bytes or -errno, and the raw NVMe status
+Completion = tuple[int, int]
+
+
+class QueueDriver:
+    def __init__(self, queue: _core.Queue):
+        self.queue = queue
+        self.fd = queue.fd
+        self._waiters: dict[int, Any] = {}
+        self._keep: dict[int, Any] = {}
+        self._backlog: list[tuple[int, int, int, int, int]] = []
+        self._next_tag = 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiters)
+
+    # -- plumbing -------------------------------------------------------
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch the eventfd from this loop (a thread may switch loops, as
+        pytest-asyncio and asyncio.run do)."""
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.fd)
+        loop.add_reader(self.fd, self._on_ready)
+        self._loop = loop
+
+    def detach(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.remove_reader(self.fd)
+            except RuntimeError:
+                pass  # the loop is closing in another thread
+        self._loop = None
+
+    def _queue(self, reqs: list[Request], make_waiter: Any) -> list[Any]:
+        waiters = []
+        for op, keep, addr, length, off in reqs:
+            tag = self._next_tag
+            self._next_tag += 1
+            w = make_waiter()
+            self._waiters[tag] = w
+            if keep is not None:
+                self._keep[tag] = keep
+            self._backlog.append((op, addr, length, off, tag))
+            waiters.append(w)
+        self._drain_backlog()
+        return waiters
+
+    def _drain_backlog(self) -> None:
+        """Hand waiting requests to C; what does not fit (all request slots
+        taken) waits for the next reap (DESIGN rule 5)."""
+        while self._backlog:
+            try:
+                n = self.queue.submit(self._backlog)
+            except OSError as e:
+                # C validates a batch before queueing any of it: fail the
+                # whole backlog rather than leave waiters hanging.
+                failed, self._backlog = self._backlog, []
+                for *_, tag in failed:
+                    self._resolve(tag, e)
+                return
+            if n == 0:
+                return
+            del self._backlog[:n]
+
+    def _resolve(self, tag: int, result: Any) -> None:
+        w = self._waiters.pop(tag, None)
+        self._keep.pop(tag, None)
+        if w is None:
+            return
+        if isinstance(w, asyncio.Future):
+            if not w.cancelled():
+                if isinstance(result, BaseException):
+                    w.set_exception(result)
+                else:
+                    w.set_result(result)
+        else:
+            w.append(result)
+
+    def _reap(self) -> None:
+        for tag, res, status in self.queue.reap():
+            self._resolve(tag, (res, status))
+        self._drain_backlog()
+
+    def _on_ready(self) -> None:
+        self._reap()
+
+    # -- the two ways in ------------------------------------------------
+    def submit(self, reqs: list[Request]) -> list[asyncio.Future]:
+        """Queue requests; returns one future per request with (res, status)."""
+        loop = asyncio.get_running_loop()
+        self._attach(loop)
+        futs = self._queue(reqs, loop.create_future)
+        # psync completes inside submit; io_uring may have too: the eventfd
+        # wakes the loop either way, but reaping now saves a loop turn.
+        self._reap()
+        return futs
+
+    def run_blocking(self, reqs: list[Request]) -> list[Completion]:
+        """Submit and wait (the GIL released) until all of reqs finished."""
+        holders = self._queue(reqs, list)
+        self._reap()
+        for h in holders:
+            while not h:
+                self.queue.wait(1, -1)
+                self._reap()
+        out = []
+        for h in holders:
+            if isinstance(h[0], BaseException):
+                raise h[0]
+            out.append(h[0])
+        return out

@@ -1,0 +1,278 @@
+"""open_device(uri) -> Device: the same API for files, block devices and,
+later, NVMe-oF namespaces reached from userspace."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from fx100io import _core
+from fx100io.aio import Completion, QueueDriver, Request
+from fx100io.errors import (
+    DeviceClosedError,
+    DirectIONotSupportedError,
+    InvalidArgumentError,
+    IoUringUnavailableError,
+    ReadOnlyBufferError,
+    UnsupportedTransportError,
+    error_from_errno,
+    error_from_status,
+)
+
+log = logging.getLogger("fx100io")
+
+ENGINES = ("io_uring", "psync", "auto")
+DEFAULT_QUEUE_DEPTH = 64
+DEFAULT_MAX_IO = 1 << 20
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """(scheme, target) of a device URI; plain paths are files."""
+    if not isinstance(uri, str) or not uri:
+        raise InvalidArgumentError(22, f"device URI must be a non-empty str, got {uri!r}")
+    if "://" not in uri:
+        return "file", uri
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidArgumentError(22, "file:// URIs name a local path (file:///path)", uri)
+        return "file", unquote(parts.path)
+    if parts.scheme in ("nvme+tcp", "nvme+rdma"):
+        raise UnsupportedTransportError(
+            95, f"the {parts.scheme} transport is not in this build yet", uri)
+    raise UnsupportedTransportError(
+        22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path or /dev/...)", uri)
+
+
+def io_uring_refusal_reason() -> str:
+    """Why io_uring_setup was refused, in words a user can act on."""
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            level = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        level = 0
+    if level:
+        return (f"io_uring is disabled by sysctl kernel.io_uring_disabled={level}; "
+                "set it to 0, or open the device with engine='psync' (or 'auto')")
+    return ("io_uring_setup was refused, most likely by a seccomp filter (Docker's default "
+            "profile blocks io_uring); allow io_uring_setup/enter/register, or open the device "
+            "with engine='psync' (or 'auto')")
+
+
+class Device:
+    """A block-addressable device.  Use :func:`open_device`.
+
+    Every async method has a ``_blocking`` twin callable from any thread.
+    Each thread gets its own queue (io_uring rings are single-issuer), made
+    on first use.
+    """
+
+    def __init__(self, uri: str, *, direct: bool | str = "auto", readonly: bool = False,
+                 create: bool = False, size: int | None = None, engine: str = "io_uring",
+                 queue_depth: int = DEFAULT_QUEUE_DEPTH, max_io: int = DEFAULT_MAX_IO,
+                 slots: int = 4096):
+        scheme, target = parse_uri(uri)
+        if engine not in ENGINES:
+            raise InvalidArgumentError(22, f"engine must be one of {ENGINES}, got {engine!r}")
+        if direct not in (True, False, "auto"):
+            raise InvalidArgumentError(22, f"direct must be True, False or 'auto', got {direct!r}")
+        for name, v in (("queue_depth", queue_depth), ("max_io", max_io), ("slots", slots)):
+            if not isinstance(v, int) or v <= 0:
+                raise InvalidArgumentError(22, f"{name} must be a positive int, got {v!r}")
+        if size is not None and (not isinstance(size, int) or size < 0):
+            raise InvalidArgumentError(22, f"size must be a non-negative int, got {size!r}")
+        self.uri = uri
+        self.target = target
+        self._qopts = (queue_depth, max_io, slots)
+        self._local = threading.local()
+        self._drivers: weakref.WeakSet[QueueDriver] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
+
+        transport = "psync" if engine == "psync" else "file"
+        self._dev = self._open(transport, target, direct, readonly, create, size or 0)
+        self.engine = "psync" if transport == "psync" else "io_uring"
+        try:
+            self._driver()  # surface io_uring trouble at open, not at first I/O
+        except IoUringUnavailableError:
+            if engine != "auto":
+                self._dev.close()
+                raise
+            log.warning("fx100io: %s; falling back to the psync engine for %s",
+                        io_uring_refusal_reason(), target)
+            self._dev.close()
+            self._dev = self._open("psync", target, direct, readonly, False, 0)
+            self.engine = "psync"
+            self._driver()
+
+    @staticmethod
+    def _open(transport: str, target: str, direct: bool | str, readonly: bool,
+              create: bool, size: int) -> _core.Dev:
+        try:
+            return _core.Dev(transport, target, direct is not False, readonly, create, size)
+        except DirectIONotSupportedError:
+            if direct is True:
+                raise DirectIONotSupportedError(
+                    95, "the filesystem does not support O_DIRECT; use direct=False or 'auto'",
+                    target) from None
+            log.warning("fx100io: %s does not support O_DIRECT; using the page cache", target)
+            return _core.Dev(transport, target, False, readonly, create, size)
+
+    # -- properties ------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return int(self._dev.size)
+
+    @property
+    def block_size(self) -> int:
+        """Alignment (offset, length, address) of the zero-copy O_DIRECT path."""
+        return int(self._dev.block_size)
+
+    @property
+    def direct(self) -> bool:
+        return bool(self._dev.caps & 0x1)
+
+    @property
+    def is_block_device(self) -> bool:
+        return bool(self._dev.caps & 0x4)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def features(self) -> list[str]:
+        """io_uring features the calling thread's queue ended up with."""
+        return list(self._driver().queue.features)
+
+    # -- queues ------------------------------------------------------------
+    def _driver(self) -> QueueDriver:
+        d = getattr(self._local, "driver", None)
+        if d is not None:
+            return d
+        if self._closed:
+            raise DeviceClosedError(9, "device is closed", self.target)
+        depth, max_io, slots = self._qopts
+        try:
+            q = _core.Queue(self._dev, depth, max_io, slots)
+        except OSError as e:
+            if e.errno in (1, 38):  # EPERM, ENOSYS from io_uring_setup
+                raise IoUringUnavailableError(e.errno, io_uring_refusal_reason(), self.target) from e
+            raise
+        d = QueueDriver(q)
+        self._local.driver = d
+        with self._lock:
+            self._drivers.add(d)
+        return d
+
+    def _request(self, op: int, offset: int, buf: Any) -> Request:
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgumentError(22, f"offset must be a non-negative int, got {offset!r}")
+        if op == _core.OP_FLUSH:
+            return (op, None, 0, 0, 0)
+        try:
+            mv = memoryview(buf)
+        except TypeError:
+            raise InvalidArgumentError(
+                22, f"expected a buffer (bytes-like, numpy array), got {type(buf).__name__}") from None
+        if op == _core.OP_READ and mv.readonly:
+            raise ReadOnlyBufferError(30, "cannot read into a read-only buffer", self.target)
+        if not mv.contiguous:
+            raise InvalidArgumentError(22, "buffer must be contiguous", self.target)
+        addr, n = _core.buffer_address(mv, op == _core.OP_READ)
+        return (op, mv, addr, n, offset)
+
+    def _check(self, req: Request, done: Completion) -> int:
+        res, status = done
+        if status:
+            raise error_from_status(status, f"{self.target} offset {req[4]}")
+        if res < 0:
+            raise error_from_errno(-res, f"{self.target} offset {req[4]}")
+        return res
+
+    # -- async API ---------------------------------------------------------
+    async def submit(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
+        """Run [(op, offset, buf), ...] concurrently; (res, status) each, in order."""
+        rs = [self._request(op, off, buf) for op, off, buf in reqs]
+        futs = self._driver().submit(rs)
+        return [await f for f in futs]
+
+    async def read_into(self, offset: int, buf: Any) -> int:
+        """Read len(buf) bytes at offset into buf; returns bytes read (short at end)."""
+        r = self._request(_core.OP_READ, offset, buf)
+        (f,) = self._driver().submit([r])
+        return self._check(r, await f)
+
+    async def write_from(self, offset: int, buf: Any) -> int:
+        r = self._request(_core.OP_WRITE, offset, buf)
+        (f,) = self._driver().submit([r])
+        return self._check(r, await f)
+
+    async def flush(self) -> None:
+        """Make completed writes durable (fdatasync)."""
+        r = self._request(_core.OP_FLUSH, 0, None)
+        (f,) = self._driver().submit([r])
+        self._check(r, await f)
+
+    # -- blocking twins ------------------------------------------------------
+    def submit_blocking(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
+        rs = [self._request(op, off, buf) for op, off, buf in reqs]
+        return self._driver().run_blocking(rs)
+
+    def read_into_blocking(self, offset: int, buf: Any) -> int:
+        r = self._request(_core.OP_READ, offset, buf)
+        return self._check(r, self._driver().run_blocking([r])[0])
+
+    def write_from_blocking(self, offset: int, buf: Any) -> int:
+        r = self._request(_core.OP_WRITE, offset, buf)
+        return self._check(r, self._driver().run_blocking([r])[0])
+
+    def flush_blocking(self) -> None:
+        r = self._request(_core.OP_FLUSH, 0, None)
+        self._check(r, self._driver().run_blocking([r])[0])
+
+    # -- lifetime ------------------------------------------------------------
+    def close(self) -> None:
+        """Close every thread's queue, then the device.  Requests still in
+        flight are waited for by the C core before their ring goes away."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            drivers = list(self._drivers)
+        for d in drivers:
+            d.detach()
+            d.queue.close()
+        self._local = threading.local()
+        self._dev.close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Device:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"
+        return f"Device({self.uri!r}, engine={self.engine}, {state})"
+
+
+def open_device(uri: str, **opts: Any) -> Device:
+    """Open a device by URI: ``file:///path``, ``/path``, ``/dev/loop3``.
+
+    Options: direct ("auto": O_DIRECT when the filesystem has it; True:
+    require it; False: page cache), readonly, create and size (create or grow
+    a file), engine ("io_uring", "psync", or "auto": io_uring, else psync
+    with a warning), queue_depth (pieces in flight per thread, 64), max_io
+    (bytes per piece, 1 MiB), slots (requests queued per thread, 4096).
+    """
+    return Device(os.fspath(uri) if isinstance(uri, os.PathLike) else uri, **opts)
