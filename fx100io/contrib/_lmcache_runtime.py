@@ -1,0 +1,161 @@
+"""The plugin's runtime plumbing: one event loop for all store I/O, bounded waits, and a
+circuit breaker that turns a failing device into cache misses.
+
+Why one loop: the ChunkStore's async API completes requests through an eventfd reader
+on the loop that issued them, so every read and write goes through the loop LMCache
+gives the plugin (the StorageManager's), and threads that need a result block on a
+future instead of issuing I/O themselves.
+
+Why no cancellation on timeout: a read or write that is still in the kernel keeps
+using its buffer. Handing that MemoryObj back to LMCache's allocator would let the
+late completion scribble over someone else's KV cache, so a timed-out request keeps
+its buffers until it really finishes, and only then releases them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any, Awaitable, Callable, Optional, TypeVar
+
+T = TypeVar("T")
+
+logger = logging.getLogger("fx100io.contrib.lmcache")
+
+
+class TimedOut(Exception):
+    """A store request did not finish within the plugin's timeout_s."""
+
+
+class Breaker:
+    """Trips on a device error and keeps the plugin answering 'miss' for a while.
+
+    LMCache treats a miss as 'recompute', which is exactly what a serving engine should
+    do while storage is broken; retrying every request against a dead target would
+    instead add a timeout to each one.
+    """
+
+    def __init__(self, retry_after_s: float) -> None:
+        self._retry_after_s = retry_after_s
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._reason: Optional[str] = None
+        self.trips = 0
+
+    def usable(self) -> bool:
+        with self._lock:
+            if self._reason is None:
+                return True
+            if time.monotonic() < self._down_until:
+                return False
+            logger.warning("fx100io: retrying the store after %s", self._reason)
+            self._reason = None
+            return True
+
+    def trip(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            first = self._reason is None
+            self._reason = f"{what} failed: {exc!r}"
+            self._down_until = time.monotonic() + self._retry_after_s
+            self.trips += 1
+        if first:
+            logger.error(
+                "fx100io: %s failed (%r); the plugin reports misses for %.1fs so LMCache "
+                "recomputes instead of waiting on the device",
+                what,
+                exc,
+                self._retry_after_s,
+            )
+        else:
+            logger.debug("fx100io: %s failed again: %r", what, exc)
+
+
+class LoopRunner:
+    """Runs coroutines on the plugin's loop, owning a private one if LMCache gave none."""
+
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop]) -> None:
+        self._own_thread: Optional[threading.Thread] = None
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            self._own_thread = threading.Thread(
+                target=loop.run_forever, name="fx100io-lmcache-loop", daemon=True
+            )
+            self._own_thread.start()
+        self.loop = loop
+
+    def on_loop_thread(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
+
+    def alive(self) -> bool:
+        if self.loop.is_closed():
+            return False
+        if self._own_thread is not None:
+            return self._own_thread.is_alive()
+        return self.loop.is_running()
+
+    def submit(self, coro: Awaitable[T]) -> "concurrent.futures.Future[T]":
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def call(
+        self,
+        coro: Awaitable[T],
+        wait_s: float,
+        on_abandon: Optional[Callable[[T], None]] = None,
+    ) -> T:
+        """Block the calling thread on a coroutine run on the loop.
+
+        The coroutines bound their own I/O; ``wait_s`` only guards against a wedged
+        loop. If we give up, ``on_abandon`` receives the late result so it can free
+        whatever the coroutine produced.
+        """
+        future = self.submit(coro)
+        try:
+            return future.result(timeout=wait_s)
+        except concurrent.futures.TimeoutError:
+            if on_abandon is not None:
+                def late(f: "concurrent.futures.Future[T]") -> None:
+                    if not f.cancelled() and f.exception() is None:
+                        on_abandon(f.result())
+                future.add_done_callback(late)
+            raise TimedOut(f"event loop did not answer within {wait_s:.1f}s") from None
+
+    def stop(self) -> None:
+        if self._own_thread is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._own_thread.join(timeout=5)
+            if not self._own_thread.is_alive():
+                self.loop.close()
+
+
+async def bounded(
+    awaitable: Awaitable[T],
+    timeout_s: float,
+    on_late: Optional[Callable[[], None]] = None,
+) -> T:
+    """Await a store request for at most timeout_s, without cancelling it.
+
+    On timeout, raises TimedOut and arranges for ``on_late`` to run once the request
+    finally completes (successfully or not), which is when its buffers are free.
+    """
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if done:
+        return task.result()
+
+    def finished(t: "asyncio.Future[T]") -> None:
+        if not t.cancelled():
+            t.exception()  # mark retrieved; the failure was already reported as a timeout
+        if on_late is not None:
+            try:
+                on_late()
+            except Exception:  # noqa: BLE001 - a cleanup error must not kill the loop
+                logger.exception("fx100io: releasing buffers of a late request failed")
+
+    task.add_done_callback(finished)
+    raise TimedOut(f"store request still running after {timeout_s:.1f}s")

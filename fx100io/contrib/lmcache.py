@@ -1,0 +1,722 @@
+"""LMCache storage plugin backed by an fx100io ChunkStore.
+
+Load it from an LMCache config (see fx100io/contrib/LMCACHE.md)::
+
+    storage_plugins: ["fx100io"]
+    extra_config:
+      storage_plugin.fx100io.module_path: fx100io.contrib.lmcache
+      storage_plugin.fx100io.class_name: FX100ioBackend
+      storage_plugin.fx100io.devices: "file:///var/lib/fx100io/kv.img"
+      storage_plugin.fx100io.size: "64G"
+
+The plugin has no storage logic of its own: it maps LMCache keys to store keys,
+remembers enough to rebuild a MemoryObj (a small record per chunk, stored beside the
+data, so a new engine over the same devices finds everything), and moves bytes between
+the store and the MemoryObj buffers that LMCache's LocalCPUBackend allocates. Reads land
+in those buffers directly; nothing is staged through Python bytes.
+
+Failure policy: a device error or a request that outlives ``timeout_s`` is logged and
+turned into misses (LMCache then recomputes); the plugin stays down for
+``retry_after_s`` and then tries the store again. A broken config raises at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterable, List, Optional, Sequence
+
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from . import _lmcache_codec as codec
+from ._lmcache_config import PluginConfigError, PluginOptions, file_path, parse_options, should_create
+from ._lmcache_runtime import Breaker, LoopRunner, TimedOut, bounded
+
+logger = logging.getLogger("fx100io.contrib.lmcache")
+if not logger.handlers and not logging.getLogger().handlers:
+    # LMCache configures only its own loggers, so without this our INFO lines (what was
+    # opened, what failed) would vanish inside a vLLM process.
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("[%(asctime)s] fx100io %(levelname)s: %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+
+__all__ = ["FX100ioBackend", "PluginConfigError", "PluginStartError"]
+
+# Records of recently seen chunks stay in memory so a warm engine reads each chunk
+# once; the bound keeps a large store's index out of RAM.
+_RECORD_CACHE_ENTRIES = 1 << 16
+
+
+class PluginStartError(RuntimeError):
+    """The configured devices could not be opened or formatted."""
+
+
+class FX100ioBackend(StoragePluginInterface):
+    """LMCache StoragePluginInterface over fx100io.ChunkStore."""
+
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: Any = None,
+        metadata: Any = None,
+        local_cpu_backend: Any = None,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+    ) -> None:
+        super().__init__(
+            dst_device=dst_device,
+            config=config,
+            metadata=metadata,
+            local_cpu_backend=local_cpu_backend,
+            loop=loop,
+        )
+        try:
+            self._start(config, metadata, loop)
+        except Exception as exc:
+            # LMCache's loader logs one short line and drops the plugin, leaving a
+            # server that silently never hits storage. Say it loudly, then raise.
+            logger.critical(
+                "fx100io LMCache plugin NOT loaded: %s. LMCache will run WITHOUT the "
+                "fx100io storage tier. Fix the storage_plugin.<name>.* keys in "
+                "extra_config (see fx100io/contrib/LMCACHE.md).",
+                exc,
+            )
+            raise
+
+    # ------------------------------------------------------------------ setup
+
+    def _start(self, config: Any, metadata: Any, loop: Optional[asyncio.AbstractEventLoop]) -> None:
+        if config is None:
+            raise PluginConfigError("LMCache passed no config to the plugin")
+        self._closed = False
+        self._lock = threading.Lock()
+        self._inflight: dict[CacheEngineKey, MemoryObj] = {}
+        self._put_futures: set[concurrent.futures.Future] = set()
+        self._pins: dict[CacheEngineKey, int] = {}
+        self._records: "collections.OrderedDict[str, codec.ChunkRecord]" = collections.OrderedDict()
+        self._warned: set[str] = set()
+
+        self.options: PluginOptions = parse_options(
+            getattr(config, "storage_plugins", None),
+            getattr(config, "extra_config", None),
+            type(self).__name__,
+            worker_id=int(getattr(metadata, "worker_id", 0) or 0),
+            world_size=int(getattr(metadata, "world_size", 1) or 1),
+        )
+        self._breaker = Breaker(self.options.retry_after_s)
+        self._store = self._open_store(self.options)
+        try:
+            self._runner = LoopRunner(loop)
+            self._register_pool()
+        except Exception:
+            self._store.close()
+            raise
+        if self.local_cpu_backend is None:
+            logger.warning(
+                "fx100io: no LocalCPUBackend (scheduler role?): lookups work, loads return "
+                "misses because there is no pinned pool to read into"
+            )
+        logger.info("fx100io LMCache plugin %r ready: %s", self.options.name, self.options.describe())
+
+    @staticmethod
+    def _open_store(options: PluginOptions) -> Any:
+        try:
+            import fx100io
+        except ImportError as exc:
+            raise PluginStartError(
+                f"cannot import fx100io's core ({exc}); build it with `pip install -e .` in "
+                "the fx100io checkout"
+            ) from exc
+        create = should_create(options)
+        if create:
+            for uri in options.devices:
+                path = file_path(uri)
+                if path is None:
+                    continue
+                if options.size is None:
+                    raise PluginConfigError(
+                        f"storage_plugin.{options.name}.size is required to create {path} "
+                        "on first use (e.g. size: \"64G\")"
+                    )
+                parent = os.path.dirname(path)
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+        uris: Any = list(options.devices) if len(options.devices) > 1 else options.devices[0]
+        try:
+            store = fx100io.ChunkStore(
+                uris,
+                create=create,
+                size=options.size if create else None,
+                direct=options.direct,
+                queue_depth=options.queue_depth,
+                capacity=options.capacity,
+            )
+        except Exception as exc:
+            action = "format" if create else "open"
+            hint = ""
+            if not create and options.create == "never":
+                hint = " (create: never, so nothing is formatted; use create: auto for files)"
+            raise PluginStartError(
+                f"could not {action} {', '.join(options.devices)}: {exc!r}{hint}"
+            ) from exc
+        logger.info(
+            "fx100io: %s store on %s", "formatted new" if create else "opened existing",
+            ", ".join(options.devices),
+        )
+        return store
+
+    def _register_pool(self) -> None:
+        """Hand LMCache's pinned pool to io_uring as fixed buffers when the core can.
+
+        Every MemoryObj LMCache allocates lives inside this one pool, so registering it
+        once lets every read and write skip per-request page pinning in the kernel.
+        """
+        if not self.options.register_buffers or self.local_cpu_backend is None:
+            return
+        register = getattr(self._store, "register_buffers", None)
+        pool = getattr(self.local_cpu_backend.get_memory_allocator(), "buffer", None)
+        if register is None or not isinstance(pool, torch.Tensor) or pool.device.type != "cpu":
+            logger.info(
+                "fx100io: LMCache's pinned pool is not registered with io_uring (%s); reads "
+                "still land in the MemoryObj buffers directly",
+                "this fx100io build has no register_buffers" if register is None
+                else "no CPU pool tensor found",
+            )
+            return
+        view = memoryview(pool.view(torch.uint8).numpy())
+        try:
+            register([view])
+        except Exception as exc:  # noqa: BLE001 - an unregistered pool still works
+            logger.warning("fx100io: registering LMCache's pinned pool failed (%r); continuing without", exc)
+            return
+        logger.info("fx100io: registered LMCache's pinned pool (%d MiB) with io_uring", view.nbytes >> 20)
+
+    # --------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _names(key: CacheEngineKey) -> tuple[str, str, str]:
+        text = codec.lmcache_key_text(key)
+        return text, codec.data_key(text), codec.record_key(text)
+
+    def _usable(self) -> bool:
+        return not self._closed and self._breaker.usable()
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        errors = sys.modules.get("fx100io.errors")
+        full = getattr(errors, "DeviceFullError", None) if errors else None
+        if full is not None and isinstance(exc, full):
+            # A full device is not a broken one: reads keep working.
+            self._warn_once("full", "fx100io: device full, chunk not stored (%r)", exc)
+            return
+        if isinstance(exc, (OSError, TimedOut)):
+            self._breaker.trip(what, exc)
+        else:
+            logger.error("fx100io: %s raised unexpectedly", what, exc_info=exc)
+            self._breaker.trip(what, exc)
+
+    def _warn_once(self, tag: str, msg: str, *args: Any) -> None:
+        if tag in self._warned:
+            logger.debug(msg, *args)
+            return
+        self._warned.add(tag)
+        logger.warning(msg, *args)
+
+    def _remember(self, record: codec.ChunkRecord) -> None:
+        with self._lock:
+            self._records[record.key_text] = record
+            self._records.move_to_end(record.key_text)
+            while len(self._records) > _RECORD_CACHE_ENTRIES:
+                self._records.popitem(last=False)
+
+    def _forget(self, key_text: str) -> None:
+        with self._lock:
+            self._records.pop(key_text, None)
+
+    def _wait_s(self) -> float:
+        # Coroutines bound each of their (at most two) store requests by timeout_s;
+        # this only catches a loop that stopped answering at all.
+        return 2 * self.options.timeout_s + 5.0
+
+    @staticmethod
+    def _release(objs: Iterable[Optional[MemoryObj]]) -> None:
+        for obj in objs:
+            if obj is not None:
+                obj.ref_count_down()
+
+    # ------------------------------------------------------------- lookups
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if not self._usable():
+            return False
+        _, dkey, rkey = self._names(key)
+        try:
+            # The record is written in the same batch as the data; both must be there.
+            hit = bool(self._store.contains(dkey)) and bool(self._store.contains(rkey))
+        except Exception as exc:  # noqa: BLE001 - any failure is a miss
+            self._failed("contains", exc)
+            return False
+        if hit and pin:
+            self._pin(key)
+        return hit
+
+    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        hits = 0
+        for key in keys:
+            if not self.contains(key, pin):
+                break
+            hits += 1
+        return hits
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
+    ) -> int:
+        if not keys or not self._usable():
+            return 0
+        names: list[str] = []
+        for key in keys:
+            _, dkey, rkey = self._names(key)
+            names += [dkey, rkey]
+        try:
+            present = await bounded(self._store.batch_exists(names), self.options.timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("batch_exists", exc)
+            return 0
+        hits = int(present) // 2  # a chunk counts only with both its data and record
+        if pin:
+            for key in keys[:hits]:
+                self._pin(key)
+        return hits
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return key in self._inflight
+
+    # ------------------------------------------------------------------ pins
+
+    def _pin(self, key: CacheEngineKey) -> None:
+        with self._lock:
+            self._pins[key] = self._pins.get(key, 0) + 1
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        if not self.contains(key):
+            return False
+        self._pin(key)
+        return True
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            count = self._pins.get(key, 0)
+            if count <= 0:
+                return False
+            if count == 1:
+                del self._pins[key]
+            else:
+                self._pins[key] = count - 1
+            return True
+
+    def is_pinned(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return self._pins.get(key, 0) > 0
+
+    # ------------------------------------------------------------------ puts
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+    ) -> Optional[List[concurrent.futures.Future]]:
+        batch = self._claim_puts(keys, objs)
+        if not batch:
+            return None
+        try:
+            future = self._runner.submit(self._put_batch(batch, on_complete_callback))
+        except RuntimeError as exc:  # the loop is closed: nothing will ever write these
+            self._finish_puts(batch)
+            self._failed("put", exc)
+            return None
+        with self._lock:
+            self._put_futures.add(future)
+        future.add_done_callback(self._put_done)
+        return [future]
+
+    async def async_batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+    ) -> None:
+        batch = self._claim_puts(keys, objs)
+        if batch:
+            await self._put_batch(batch, on_complete_callback)
+
+    def _claim_puts(
+        self, keys: Sequence[CacheEngineKey], objs: Sequence[MemoryObj]
+    ) -> list[tuple[CacheEngineKey, MemoryObj, codec.ChunkRecord, str, str]]:
+        """Pick the keys worth writing and take a reference on their buffers.
+
+        The StorageManager drops its own reference right after this call returns, so
+        each MemoryObj we keep needs ref_count_up until its write completes.
+        """
+        if not self._usable():
+            return []
+        batch = []
+        for key, obj in zip(keys, objs):
+            text, dkey, rkey = self._names(key)
+            with self._lock:
+                if key in self._inflight:
+                    continue
+                self._inflight[key] = obj
+            try:
+                stored = self._store.contains(dkey) and self._store.contains(rkey)
+            except Exception as exc:  # noqa: BLE001
+                with self._lock:
+                    self._inflight.pop(key, None)
+                self._failed("contains", exc)
+                self._finish_puts(batch)
+                return []
+            if stored:
+                with self._lock:
+                    self._inflight.pop(key, None)
+                continue
+            obj.ref_count_up()
+            batch.append((key, obj, codec.record_for(text, obj), dkey, rkey))
+        return batch
+
+    async def _put_batch(
+        self,
+        batch: list[tuple[CacheEngineKey, MemoryObj, codec.ChunkRecord, str, str]],
+        callback: Optional[Callable[[CacheEngineKey], None]],
+    ) -> int:
+        # Data and records go in one batch: the store writes them in parallel and a
+        # chunk only counts as present when both landed (see contains).
+        names = [d for _, _, _, d, _ in batch] + [r for _, _, _, _, r in batch]
+        bufs: list[Any] = [obj.byte_array for _, obj, _, _, _ in batch]
+        bufs += [record.encode() for _, _, record, _, _ in batch]
+        late = False
+        try:
+            await bounded(
+                self._store.batch_put(names, bufs),
+                self.options.timeout_s,
+                on_late=lambda: self._finish_puts(batch),
+            )
+        except TimedOut as exc:
+            late = True
+            self._failed(f"put of {len(batch)} chunks", exc)
+            return 0
+        except Exception as exc:  # noqa: BLE001
+            self._failed(f"put of {len(batch)} chunks", exc)
+            return 0
+        finally:
+            if not late:
+                self._finish_puts(batch)
+        for key, _, record, _, _ in batch:
+            self._remember(record)
+            if callback is not None:
+                try:
+                    callback(key)
+                except Exception:  # noqa: BLE001 - LMCache's contract: log and go on
+                    logger.exception("fx100io: on_complete_callback failed for %s", key)
+        return len(batch)
+
+    def _finish_puts(self, batch: Iterable[tuple[CacheEngineKey, MemoryObj, Any, Any, Any]]) -> None:
+        for key, obj, _, _, _ in batch:
+            with self._lock:
+                self._inflight.pop(key, None)
+            obj.ref_count_down()
+
+    def _put_done(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._put_futures.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("fx100io: put task crashed", exc_info=future.exception())
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every submitted put has finished; True if none is left."""
+        with self._lock:
+            pending = list(self._put_futures)
+        if not pending:
+            return True
+        _, not_done = concurrent.futures.wait(pending, timeout=timeout)
+        return not not_done
+
+    # ------------------------------------------------------------------ gets
+
+    async def _read_records(self, keys: Sequence[CacheEngineKey]) -> list[Optional[codec.ChunkRecord]]:
+        """Records for keys, from memory when possible, else one parallel store read."""
+        out: list[Optional[codec.ChunkRecord]] = []
+        want: list[tuple[int, str, str]] = []
+        for i, key in enumerate(keys):
+            text, _, rkey = self._names(key)
+            with self._lock:
+                record = self._records.get(text)
+            out.append(record)
+            if record is None:
+                want.append((i, text, rkey))
+        if not want:
+            return out
+        names, bufs, slots = [], [], []
+        for i, text, rkey in want:
+            size = self._store.chunk_size(rkey)
+            if size is None or not 0 < size <= codec.MAX_RECORD:
+                continue
+            names.append(rkey)
+            bufs.append(bytearray(size))
+            slots.append((i, text))
+        if not names:
+            return out
+        hits = await bounded(self._store.batch_get(names, bufs), self.options.timeout_s)
+        for (i, text), hit, buf in zip(slots, hits, bufs):
+            if not hit:
+                continue
+            try:
+                record = codec.ChunkRecord.decode(buf, text)
+            except codec.RecordError as exc:
+                self._warn_once("record", "fx100io: ignoring unreadable record for %s: %s", text, exc)
+                continue
+            self._remember(record)
+            out[i] = record
+        return out
+
+    def _allocate(self, records: Sequence[Optional[codec.ChunkRecord]], busy_loop: bool) -> list[Optional[MemoryObj]]:
+        """A MemoryObj per present chunk, until the first one LMCache cannot allocate.
+
+        LMCache only uses a hit prefix, so after one failure the rest would be thrown
+        away anyway; stopping keeps the pool free for the chunks that matter.
+        """
+        objs: list[Optional[MemoryObj]] = []
+        for record in records:
+            if record is None or self.local_cpu_backend is None:
+                objs.append(None)
+                continue
+            try:
+                shapes = [torch.Size(s) for s in record.shapes]
+                dtypes = [codec.dtype_from_name(torch, d) for d in record.dtypes]
+                fmt = MemoryFormat[record.fmt]
+            except (KeyError, codec.RecordError) as exc:
+                self._warn_once("record", "fx100io: record for %s unusable: %r", record.key_text, exc)
+                objs.append(None)
+                continue
+            obj = self.local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=busy_loop)
+            if obj is None:
+                self._warn_once("alloc", "fx100io: LMCache's CPU pool is full; loading fewer chunks")
+                objs += [None] * (len(records) - len(objs))
+                break
+            size = obj.get_size()
+            if record.nbytes < size:
+                obj.set_used_size(record.nbytes)
+            elif record.nbytes > size:
+                logger.warning("fx100io: record says %d bytes, LMCache allocated %d; skipping", record.nbytes, size)
+                obj.ref_count_down()
+                obj = None
+            objs.append(obj)
+        return objs
+
+    async def _read_data(
+        self,
+        keys: Sequence[CacheEngineKey],
+        records: Sequence[Optional[codec.ChunkRecord]],
+        objs: list[Optional[MemoryObj]],
+    ) -> list[Optional[MemoryObj]]:
+        """Fill the allocated MemoryObjs from the store; misses come back as None."""
+        idx = []
+        try:
+            for i, (key, record, obj) in enumerate(zip(keys, records, objs)):
+                if obj is None or record is None:
+                    continue
+                _, dkey, _ = self._names(key)
+                if self._store.chunk_size(dkey) != record.nbytes:
+                    # Data missing (evicted) or from another write: reading it would
+                    # hand LMCache a half-filled buffer.
+                    obj.ref_count_down()
+                    objs[i] = None
+                    continue
+                idx.append((i, dkey))
+        except BaseException:
+            self._release(objs)
+            objs[:] = [None] * len(objs)
+            raise
+        if not idx:
+            return objs
+        reading = [objs[i] for i, _ in idx]
+        try:
+            hits = await bounded(
+                self._store.batch_get([d for _, d in idx], [o.byte_array for o in reading]),
+                self.options.timeout_s,
+                # Still in flight: the buffers go back to LMCache only once the reads end.
+                on_late=lambda: self._release(reading),
+            )
+        except TimedOut:
+            for i, _ in idx:
+                objs[i] = None
+            raise
+        except BaseException:
+            for i, _ in idx:
+                objs[i] = None
+            self._release(reading)
+            raise
+        for (i, _), hit in zip(idx, hits):
+            obj = objs[i]
+            if not hit:
+                obj.ref_count_down()
+                objs[i] = None
+                continue
+            positions = records[i].cached_positions
+            if positions is not None:
+                obj.metadata.cached_positions = torch.tensor(positions, dtype=torch.long)
+        return objs
+
+    async def _load_async(self, keys: Sequence[CacheEngineKey]) -> list[Optional[MemoryObj]]:
+        records = await self._read_records(keys)
+        # On the loop thread LMCache's busy loop would stall our own put completions.
+        objs = self._allocate(records, busy_loop=False)
+        return await self._read_data(keys, records, objs)
+
+    def _load_blocking(self, keys: Sequence[CacheEngineKey]) -> list[Optional[MemoryObj]]:
+        if not keys or not self._usable() or self.local_cpu_backend is None:
+            return [None] * len(keys)
+        if self._runner.on_loop_thread() or not self._runner.alive():
+            # Cannot block the loop on itself; nothing sensible to wait for either.
+            self._warn_once("loopget", "fx100io: blocking get on the plugin's loop thread; reporting misses")
+            return [None] * len(keys)
+        try:
+            records = self._runner.call(self._read_records(keys), self._wait_s())
+        except Exception as exc:  # noqa: BLE001
+            self._failed("record read", exc)
+            return [None] * len(keys)
+        # Allocate on the caller's thread: LMCache may wait here for puts to free memory,
+        # and those puts complete on the loop.
+        objs = self._allocate(records, busy_loop=False)
+        try:
+            return self._runner.call(
+                self._read_data(keys, records, list(objs)),
+                self._wait_s(),
+                on_abandon=self._release,
+            )
+        except Exception as exc:  # noqa: BLE001
+            self._failed("read", exc)
+            return [None] * len(keys)
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return self._load_blocking([key])[0]
+
+    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        return self._load_blocking(keys)
+
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[CacheEngineKey], transfer_spec: Any = None
+    ) -> list[MemoryObj]:
+        """The async-loading path: a prefix of loaded chunks, all read in parallel."""
+        if not keys or not self._usable() or self.local_cpu_backend is None:
+            return []
+        try:
+            objs = await self._load_async(keys)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("prefetch", exc)
+            return []
+        prefix: list[MemoryObj] = []
+        for n, obj in enumerate(objs):
+            if obj is None:
+                self._release(objs[n + 1:])
+                break
+            prefix.append(obj)
+        return prefix
+
+    # --------------------------------------------------------------- removal
+
+    async def _delete(self, names: Sequence[str]) -> list[Any]:
+        return await bounded(
+            asyncio.gather(*(self._store.delete(n) for n in names), return_exceptions=True),
+            self.options.timeout_s,
+        )
+
+    def _removable(self, keys: Sequence[CacheEngineKey], force: bool) -> list[CacheEngineKey]:
+        chosen = []
+        with self._lock:
+            for key in keys:
+                if self._pins.get(key, 0) > 0:
+                    if not force:
+                        continue
+                    del self._pins[key]  # a forced remove abandons the lookup's pins
+                chosen.append(key)
+        return chosen
+
+    def batched_remove(self, keys: list[CacheEngineKey], force: bool = True) -> int:
+        if self._closed:
+            return 0
+        chosen = self._removable(keys, force)
+        present = [k for k in chosen if self.contains(k)]
+        if not present:
+            return 0
+        names: list[str] = []
+        for key in present:
+            text, dkey, rkey = self._names(key)
+            self._forget(text)
+            names += [rkey, dkey]  # record first: a half-removed chunk reads as absent
+        try:
+            if self._runner.on_loop_thread() or not self._runner.alive():
+                results = [self._store.delete_blocking(n) for n in names]
+            else:
+                results = self._runner.call(self._delete(names), self._wait_s())
+        except Exception as exc:  # noqa: BLE001
+            self._failed("remove", exc)
+            return 0
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self._failed("remove", errors[0])
+        # Every key here was present a moment ago; count those whose data delete went through.
+        return sum(1 for r in results[1::2] if not isinstance(r, BaseException))
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        return self.batched_remove([key], force=force) == 1
+
+    # ------------------------------------------------------------ lifecycle
+
+    def get_allocator_backend(self) -> Any:
+        return self.local_cpu_backend
+
+    def touch_cache(self) -> None:
+        # Recency lives in the store (it sees every read); nothing to replay here.
+        return None
+
+    def stats(self) -> dict:
+        with self._lock:
+            mine = {
+                "inflight_puts": len(self._inflight),
+                "pinned_keys": len(self._pins),
+                "cached_records": len(self._records),
+            }
+        mine["breaker_trips"] = self._breaker.trips
+        try:
+            mine["store"] = self._store.stats()
+        except Exception as exc:  # noqa: BLE001
+            mine["store"] = repr(exc)
+        return mine
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if not self._runner.on_loop_thread() and self._runner.alive():
+            # Finish what LMCache already handed us: those chunks were promised durable.
+            if not self.flush(timeout=self._wait_s()):
+                logger.warning("fx100io: closing with puts still in flight")
+        self._closed = True
+        try:
+            self._store.close()
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("fx100io: closing the store failed: %r", exc)
+        self._runner.stop()
+        logger.info("fx100io LMCache plugin %r closed", self.options.name)
+
+    def __str__(self) -> str:
+        return type(self).__name__
