@@ -1,0 +1,199 @@
+/*
+ * CRC32C (Castagnoli).
+ *
+ * NVMe/TCP digests and the chunk store's data and index checksums all run
+ * through here, so large buffers must go at memory speed.  The SSE4.2 crc32
+ * instruction has a latency of about three cycles but can start one per
+ * cycle, so a single dependency chain wastes two thirds of it: large buffers
+ * are cut into three equal lanes whose CRCs run interleaved and are then
+ * joined with a "shift by n zero bytes" operator (linear over GF(2), so four
+ * 256-entry tables per lane length do it without carry-less multiply).
+ * Without SSE4.2 (or off x86-64) a slicing-by-8 table does the work.
+ *
+ * All internal state is the raw reflected CRC register (no pre/post
+ * inversion), which is what the crc32 instruction computes; fx_crc32c()
+ * applies the inversions once so calls chain.
+ */
+#include "fx100io.h"
+
+#include <pthread.h>
+#include <string.h>
+
+/* Castagnoli polynomial 0x1EDC6F41, bit-reflected. */
+#define POLY 0x82f63b78u
+
+/*
+ * Per-lane lengths of the three-lane loop.  LONG_LANE amortises the combine
+ * (a few table loads) over 24 KiB; SHORT_LANE keeps buffers of a few KiB
+ * (PDUs, index segments) off the latency-bound single-lane loop.  Both must
+ * be multiples of 8.
+ */
+#define LONG_LANE 8192
+#define SHORT_LANE 256
+
+static uint32_t slice_tab[8][256];
+static uint32_t shift_long[4][256];
+static uint32_t shift_short[4][256];
+#if defined(__x86_64__) && !defined(FX_CRC32C_NO_HW)
+static int have_sse42;
+#endif
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static inline uint32_t load_le32(const unsigned char *p)
+{
+	/* byte loads keep the table path endian-neutral; gcc fuses them */
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+/* Advance the raw register over n zero bytes (init-time only: O(n)). */
+static uint32_t zeros_slow(uint32_t crc, size_t n)
+{
+	while (n--)
+		crc = slice_tab[0][crc & 0xff] ^ (crc >> 8);
+	return crc;
+}
+
+/*
+ * Tables for "crc followed by n zero bytes".  That map is linear, so it is
+ * fixed by the images of the 32 single-bit registers; each table entry is
+ * the XOR of the images of its set bits.
+ */
+static void build_shift(uint32_t tab[4][256], size_t n)
+{
+	uint32_t basis[32];
+
+	for (int j = 0; j < 32; j++)
+		basis[j] = zeros_slow(1u << j, n);
+	for (int k = 0; k < 4; k++) {
+		tab[k][0] = 0;
+		for (unsigned b = 1; b < 256; b++) {
+			unsigned low = b & -b;
+
+			tab[k][b] = tab[k][b ^ low] ^
+				    basis[8 * k + __builtin_ctz(low)];
+		}
+	}
+}
+
+static inline uint32_t shift(uint32_t tab[4][256], uint32_t crc)
+{
+	return tab[0][crc & 0xff] ^ tab[1][(crc >> 8) & 0xff] ^
+	       tab[2][(crc >> 16) & 0xff] ^ tab[3][crc >> 24];
+}
+
+static void crc_init(void)
+{
+	for (unsigned i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (int k = 0; k < 8; k++)
+			c = (c >> 1) ^ (POLY & -(c & 1));
+		slice_tab[0][i] = c;
+	}
+	/* slice_tab[k][b]: byte b followed by k zero bytes */
+	for (unsigned i = 0; i < 256; i++)
+		for (int k = 1; k < 8; k++)
+			slice_tab[k][i] = (slice_tab[k - 1][i] >> 8) ^
+					  slice_tab[0][slice_tab[k - 1][i] & 0xff];
+	build_shift(shift_long, LONG_LANE);
+	build_shift(shift_short, SHORT_LANE);
+#if defined(__x86_64__) && !defined(FX_CRC32C_NO_HW)
+	/* may run before libgcc's constructor when called from another one */
+	__builtin_cpu_init();
+	have_sse42 = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t len)
+{
+	while (len >= 8) {
+		uint32_t lo = crc ^ load_le32(p);
+		uint32_t hi = load_le32(p + 4);
+
+		crc = slice_tab[7][lo & 0xff] ^ slice_tab[6][(lo >> 8) & 0xff] ^
+		      slice_tab[5][(lo >> 16) & 0xff] ^ slice_tab[4][lo >> 24] ^
+		      slice_tab[3][hi & 0xff] ^ slice_tab[2][(hi >> 8) & 0xff] ^
+		      slice_tab[1][(hi >> 16) & 0xff] ^ slice_tab[0][hi >> 24];
+		p += 8;
+		len -= 8;
+	}
+	while (len--)
+		crc = slice_tab[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+	return crc;
+}
+
+#if defined(__x86_64__) && !defined(FX_CRC32C_NO_HW)
+static inline uint64_t load64(const unsigned char *p)
+{
+	uint64_t v;
+
+	/* x86 is little endian and tolerates unaligned loads; memcpy keeps
+	 * the compiler's aliasing rules happy */
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/*
+ * One round of three lanes of `lane` bytes each.  Lanes 1 and 2 start from
+ * a zero register; by linearity crc(c0, A|B|C) = shift2(c0 over A) ^
+ * shift1(crc(0, B)) ^ crc(0, C), computed as two shift-and-xor steps.
+ */
+__attribute__((target("sse4.2"))) static inline uint64_t
+three_lanes(uint64_t c0, const unsigned char *p, size_t lane,
+	    uint32_t tab[4][256])
+{
+	uint64_t c1 = 0, c2 = 0;
+
+	for (size_t i = 0; i < lane; i += 8) {
+		c0 = __builtin_ia32_crc32di(c0, load64(p + i));
+		c1 = __builtin_ia32_crc32di(c1, load64(p + lane + i));
+		c2 = __builtin_ia32_crc32di(c2, load64(p + 2 * lane + i));
+	}
+	c0 = shift(tab, (uint32_t)c0) ^ (uint32_t)c1;
+	return shift(tab, (uint32_t)c0) ^ (uint32_t)c2;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t
+crc_hw(uint32_t crc, const unsigned char *p, size_t len)
+{
+	uint64_t c = crc;
+
+	/* aligned 8-byte loads never straddle a cache line */
+	while (len && ((uintptr_t)p & 7)) {
+		c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+		len--;
+	}
+	while (len >= 3 * LONG_LANE) {
+		c = three_lanes(c, p, LONG_LANE, shift_long);
+		p += 3 * LONG_LANE;
+		len -= 3 * LONG_LANE;
+	}
+	while (len >= 3 * SHORT_LANE) {
+		c = three_lanes(c, p, SHORT_LANE, shift_short);
+		p += 3 * SHORT_LANE;
+		len -= 3 * SHORT_LANE;
+	}
+	while (len >= 8) {
+		c = __builtin_ia32_crc32di(c, load64(p));
+		p += 8;
+		len -= 8;
+	}
+	while (len--)
+		c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+	return (uint32_t)c;
+}
+#endif
+
+uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	const unsigned char *p = buf;
+
+	(void)pthread_once(&init_once, crc_init);
+	crc = ~crc;
+#if defined(__x86_64__) && !defined(FX_CRC32C_NO_HW)
+	if (have_sse42)
+		return ~crc_hw(crc, p, len);
+#endif
+	return ~crc_sw(crc, p, len);
+}
