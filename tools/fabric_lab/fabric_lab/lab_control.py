@@ -1,0 +1,189 @@
+"""Start, stop and inspect the lab: the operations behind lab.py and the pytest fixture.
+
+Every change happens under the lab lock and ends with the state file describing reality:
+after start() the target answers an ICReq at the recorded endpoint; after stop() no QEMU of
+this lab runs and its namespace is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from datetime import datetime, timezone
+
+from . import guest_console, initramfs, lab_paths, lab_state, networking, qemu_vm, target_probe
+from .lab_config import DISCOVERY_NQN, LabConfig
+
+DEFAULT_BOOT_TIMEOUT = 600.0  # TCG on a busy 2-core CI runner; a quiet machine needs ~10 s
+
+
+class LabError(RuntimeError):
+    """The lab could not be started, reached or stopped; the message says why."""
+
+
+def boot_timeout() -> float:
+    return float(os.environ.get("FX100IO_LAB_BOOT_TIMEOUT", DEFAULT_BOOT_TIMEOUT))
+
+
+def _files() -> qemu_vm.RunFiles:
+    return qemu_vm.RunFiles(lab_paths.run_dir())
+
+
+def config_of(state: dict) -> LabConfig:
+    return LabConfig.from_dict(state["config"])
+
+
+def is_running(state: dict | None) -> bool:
+    return bool(state) and qemu_vm.is_lab_qemu(state["pid"], _files()) and (
+        config_of(state).net != "netns" or networking.netns_exists(config_of(state).netns))
+
+
+def probe(state: dict, timeout: float = 10.0) -> dict:
+    """ICReq/ICResp with the running target from where initiators run."""
+    config = config_of(state)
+    netns = config.netns if config.net == "netns" and not networking.in_netns(config.netns) else None
+    return target_probe.icreq_handshake(state["host"], state["port"], netns, timeout)
+
+
+def _new_state(config: LabConfig, pid: int, image: initramfs.GuestImage, boot_seconds: float) -> dict:
+    host, port = config.endpoint()
+    return {
+        "pid": pid,
+        "host": host,
+        "port": port,
+        "net": config.net,
+        "netns": config.netns if config.net == "netns" else None,
+        "guest_ip": config.guest_ip,
+        "discovery_nqn": DISCOVERY_NQN,
+        "allowed_host_nqn": config.allowed_host_nqn(),
+        "rdma": {"traddr": config.guest_ip, "trsvcid": config.rdma_port} if config.rdma else None,
+        "kernel_package": image.kernel_package,
+        "kernel_release": image.kernel_release,
+        "boot_seconds": round(boot_seconds, 1),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_dir": str(lab_paths.run_dir()),
+        "console_socket": str(_files().console_socket),
+        "config": config.to_dict(),
+    }
+
+
+def _cleanup(config: LabConfig | None, pid: int | None, log) -> None:
+    """Stop a lab's QEMU and remove its namespace, whatever state they are in."""
+    files = _files()
+    if pid is None and files.pid_file.exists():
+        try:
+            pid = int(files.pid_file.read_text().strip())
+        except ValueError:
+            pid = None
+    if pid is not None:
+        qemu_vm.stop(pid, files, log)
+    if config is not None and config.net == "netns":
+        networking.remove(config)
+    for leftover in (files.pid_file, files.console_socket, files.qmp_socket,
+                     files.boot_initramfs):
+        leftover.unlink(missing_ok=True)
+    for image in files.dir.glob("*.img"):
+        image.unlink()
+    lab_state.remove()
+
+
+def start(config: LabConfig, log=print) -> dict:
+    """Start the lab with config, or return the running one if it has the same config."""
+    config.validate()
+    with lab_state.locked():
+        state = lab_state.read()
+        if is_running(state):
+            if config_of(state).to_dict() != config.to_dict():
+                raise LabError("the fabric lab is already running with another config; "
+                               "run `lab.py stop` first")
+            return state
+        if state is not None:
+            log("fabric lab: cleaning up a lab that did not stop cleanly")
+            _cleanup(config_of(state), state.get("pid"), log)
+        elif config.net == "netns" and networking.netns_exists(config.netns):
+            _cleanup(config, None, log)
+        if config.net == "netns":
+            reason = networking.why_netns_unusable()
+            if reason:
+                raise LabError(f"cannot use the netns network: {reason}")
+
+        image = initramfs.build(log=log)
+        files = _files()
+        files.dir.mkdir(parents=True, exist_ok=True)
+        initramfs.boot_initramfs(image, config.guest_setup_script(), files.boot_initramfs)
+        drives = qemu_vm.create_drive_images(config, files)
+        cmd = qemu_vm.command_line(config, image, files, drives)
+        pid = None
+        try:
+            if config.net == "netns":
+                networking.create(config)
+            started = time.monotonic()
+            pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files)
+            log(f"fabric lab: QEMU pid {pid} booting {image.kernel_release} (TCG)")
+            qemu_vm.wait_ready(pid, files, boot_timeout(), log)
+            state = _new_state(config, pid, image, time.monotonic() - started)
+            _wait_reachable(state)
+            state["boot_seconds"] = round(time.monotonic() - started, 1)
+        except BaseException:
+            _cleanup(config, pid, log)
+            raise
+        lab_state.write(state)
+        return state
+
+
+def _wait_reachable(state: dict, seconds: float = 60.0) -> None:
+    """The guest printed READY; wait until its listener answers (ARP and the link settle)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            probe(state, timeout=5.0)
+            return
+        except (OSError, ValueError) as err:
+            if time.monotonic() > deadline:
+                raise LabError(f"guest is up but {state['host']}:{state['port']} does not answer "
+                               f"an NVMe/TCP ICReq: {err}") from None
+            time.sleep(0.5)
+
+
+def stop(log=print) -> bool:
+    """Stop the lab; return False if nothing was running. Never leaves QEMU or the netns."""
+    with lab_state.locked():
+        state = lab_state.read()
+        config = config_of(state) if state else LabConfig.default()
+        was_running = is_running(state)
+        _cleanup(config, state["pid"] if state else None, log)
+        return was_running
+
+
+def status() -> dict | None:
+    """The running lab's state plus a live probe result, or None if it is not running."""
+    state = lab_state.read()
+    if not is_running(state):
+        return None
+    try:
+        state["probe"] = probe(state)
+    except (OSError, ValueError) as err:
+        state["probe"] = {"error": str(err)}
+    return state
+
+
+def exec_in_lab(command: list[str], state: dict) -> int:
+    """Run command where initiators belong (inside the netns), telling it where the lab is."""
+    config = config_of(state)
+    env = dict(os.environ, FX100IO_LAB_STATE=str(lab_paths.state_file()))
+    prefix = networking.exec_prefix(config)
+    if prefix and networking.in_netns(config.netns):
+        prefix = []
+    if not command:
+        command = [os.environ.get("SHELL", "/bin/sh")]
+    if shutil.which(command[0]) is None and not os.path.exists(command[0]):
+        raise LabError(f"command not found: {command[0]}")
+    return subprocess.run(prefix + command, env=env, check=False).returncode
+
+
+def guest_command(state: dict, command: str, timeout: float = 120.0) -> tuple[int, str]:
+    """Run a shell command inside the guest (for in-guest initiators and debugging)."""
+    with lab_state.locked():
+        return guest_console.run(_files().console_socket, command, timeout)
