@@ -85,6 +85,10 @@ class UnsupportedTransportError(InvalidArgumentError):
     """The URI names a transport this build does not have."""
 
 
+class BlockingCallInLoopError(Fx100ioError, RuntimeError):
+    """A *_blocking method was called from a running event loop."""
+
+
 class FxTimeoutError(Fx100ioError, TimeoutError):
     """An operation did not finish in time."""
 

@@ -1,0 +1,119 @@
+"""On-device layout of a ChunkStore member device.
+
+::
+
+    0            superblock (one 4 KiB block)
+    index_off    index half A: header block, then log segments
+    +index_half  index half B: the same; the valid header with the higher
+                 generation is the live half, the other receives compactions
+    data_off     data extents (block aligned)
+
+The superblock is written last when formatting, so a device whose format was
+interrupted is not mistaken for a store.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+
+from fx100io import _core
+from fx100io.errors import InvalidArgumentError, NotAStoreError
+
+BLOCK = 4096
+SB_MAGIC = b"FX100IO\x00STORE\x00v1"
+SB_FMT = "<16sII Q 16s II QQ QQ Q"
+SB_CRC_AT = struct.calcsize(SB_FMT)
+IDX_MAGIC = b"FXIDXHDR"
+IDX_FMT = "<8sQ"
+VERSION = 1
+MIN_INDEX_HALF = 1 << 20
+MAX_INDEX_HALF = 128 << 20
+
+
+def align_up(n: int, a: int = BLOCK) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass
+class Superblock:
+    block_size: int
+    dev_size: int
+    set_id: bytes
+    dev_index: int
+    ndevs: int
+    index_off: int
+    index_half: int
+    data_off: int
+    data_size: int
+    created_ns: int
+
+    def encode(self) -> bytes:
+        body = struct.pack(SB_FMT, SB_MAGIC, VERSION, self.block_size, self.dev_size, self.set_id,
+                           self.dev_index, self.ndevs, self.index_off, self.index_half,
+                           self.data_off, self.data_size, self.created_ns)
+        body += struct.pack("<I", _core.crc32c(body))
+        return body.ljust(BLOCK, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes, target: str) -> Superblock:
+        if raw[:16] != SB_MAGIC:
+            raise NotAStoreError(
+                22, "no fx100io store on this device (pass create=True to format it)", target)
+        body = raw[:SB_CRC_AT]
+        (crc,) = struct.unpack_from("<I", raw, SB_CRC_AT)
+        if crc != _core.crc32c(body):
+            raise NotAStoreError(74, "the store's superblock is corrupt (checksum mismatch)", target)
+        (_, version, bs, dev_size, set_id, idx, ndevs, ioff, ihalf, doff, dsize,
+         created) = struct.unpack(SB_FMT, body)
+        if version != VERSION:
+            raise NotAStoreError(22, f"store format version {version} is not supported", target)
+        return cls(bs, dev_size, set_id, idx, ndevs, ioff, ihalf, doff, dsize, created)
+
+
+def plan(dev_size: int, block_size: int, dev_index: int, ndevs: int, set_id: bytes,
+         index_half: int | None, target: str) -> Superblock:
+    """Choose the layout of a device being formatted."""
+    bs = max(block_size, BLOCK)
+    if index_half is None:
+        # About 1/512 of the device: room for ~10^5 chunk records per MiB
+        # of chunks per GiB, and a compaction only every few thousand puts.
+        index_half = min(MAX_INDEX_HALF, max(MIN_INDEX_HALF, dev_size // 512))
+    index_half = align_up(index_half, bs)
+    index_off = bs
+    data_off = index_off + 2 * index_half
+    data_size = (dev_size - data_off) // bs * bs
+    if data_size < bs:
+        raise InvalidArgumentError(
+            28, f"device of {dev_size} bytes is too small for a store "
+            f"(needs more than {data_off} bytes)", target)
+    return Superblock(bs, dev_size, set_id, dev_index, ndevs, index_off, index_half,
+                      data_off, data_size, time.time_ns())
+
+
+def new_set_id() -> bytes:
+    return uuid.uuid4().bytes
+
+
+def new_generation() -> int:
+    """A random first generation, so the segments of an earlier store on
+    the same device can never pass for this one's."""
+    return int.from_bytes(os.urandom(6), "little") + 1
+
+
+def encode_index_header(generation: int) -> bytes:
+    body = struct.pack(IDX_FMT, IDX_MAGIC, generation)
+    return (body + struct.pack("<I", _core.crc32c(body))).ljust(BLOCK, b"\0")
+
+
+def decode_index_header(raw: bytes) -> int | None:
+    """Generation of a valid index half header, else None."""
+    n = struct.calcsize(IDX_FMT)
+    magic, gen = struct.unpack_from(IDX_FMT, raw)
+    (crc,) = struct.unpack_from("<I", raw, n)
+    if magic != IDX_MAGIC or crc != _core.crc32c(raw[:n]):
+        return None
+    return int(gen)

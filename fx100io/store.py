@@ -1,0 +1,601 @@
+"""ChunkStore: keys to extents on one or more devices, with a CRC32C per
+chunk, an on-device index that survives restarts and crashes, LRU eviction
+under a capacity limit, and striping across devices by key hash.
+
+Durability protocol of a put (per device):
+  1. evicted chunks whose space is reused: DEL records written and flushed
+     before any of their blocks is overwritten;
+  2. chunk data written, then flushed;
+  3. PUT records (extent + CRC) appended to the index log, then flushed.
+A put returns only after 3, so after a crash every acknowledged chunk is
+found; a chunk whose put did not return has no durable record (absent) or a
+complete one.  The CRC catches whatever a device corrupts: a mismatch is a
+miss and a logged corruption event, never data.
+
+Index log appends and compactions of one device are serialised by that
+device's commit lock and are done with blocking I/O on the calling thread:
+one small write and a flush, so ordering needs no cross-thread machinery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from fx100io import _core, layout
+from fx100io.device import Device, open_device
+from fx100io.errors import (
+    BlockingCallInLoopError,
+    BufferTooSmallError,
+    DeviceFullError,
+    InvalidArgumentError,
+    KeyTooLongError,
+    NotAStoreError,
+    ReadOnlyBufferError,
+    StoreClosedError,
+    error_from_errno,
+)
+from fx100io.pool import aligned_array
+
+log = logging.getLogger("fx100io")
+
+KEY_MAX = _core.KEY_MAX
+#: Records per index segment: a segment is written as one block-aligned
+#: write, so keep it well under the index half.
+SEGMENT_RECORDS = 2048
+READ, WRITE, FLUSH = _core.OP_READ, _core.OP_WRITE, _core.OP_FLUSH
+
+
+@dataclass(eq=False)
+class Entry:
+    key: bytes
+    dev: int
+    off: int
+    length: int
+    crc: int
+    seq: int
+    readers: int = 0
+    dead: bool = False  # superseded/deleted while being read: free on last reader
+
+
+@dataclass(eq=False)
+class Member:
+    """One device of the store and its share of the index."""
+    dev: Device
+    sb: layout.Superblock
+    alloc: _core.Allocator
+    generation: int
+    half: int  # live index half (0 or 1)
+    tail: int  # next segment offset within the live half
+    seq: int
+    capacity: int
+    used: int = 0
+    lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
+    commit_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def half_off(self, half: int) -> int:
+        return self.sb.index_off + half * self.sb.index_half
+
+
+def normalize_key(key: Any) -> bytes:
+    if isinstance(key, str):
+        k = key.encode()
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        k = bytes(key)
+    else:
+        raise InvalidArgumentError(22, f"keys are str or bytes, got {type(key).__name__}")
+    if not 0 < len(k) <= KEY_MAX:
+        raise KeyTooLongError(22, f"key must be 1 to {KEY_MAX} bytes, got {len(k)}")
+    return k
+
+
+_tls = threading.local()
+
+
+def run_blocking(coro: Any) -> Any:
+    """Run a coroutine to completion on this thread's private event loop:
+    the blocking twins share the async code and its queue per thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise BlockingCallInLoopError(
+            35, "a *_blocking method was called from a running event loop; await the async "
+            "method instead")
+    loop = getattr(_tls, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _tls.loop = asyncio.new_event_loop()
+    return loop.run_until_complete(coro)
+
+
+class ChunkStore:
+    """A persistent key -> chunk store over one device or several (striped).
+
+    ``ChunkStore(uris, create=False, size=None, **opts)``: ``create=True``
+    formats the devices (files are created or grown to ``size`` bytes);
+    otherwise an existing store is opened and its chunks are found again.
+
+    Options: capacity (bytes of chunk data kept before LRU eviction; default
+    all of the data area), index_size (bytes per index half, default about
+    1/512 of a device), and the device options of :func:`open_device`
+    (direct, engine, queue_depth, max_io).
+    """
+
+    def __init__(self, uris: str | Sequence[str], create: bool = False, size: int | None = None,
+                 *, capacity: int | None = None, index_size: int | None = None, **opts: Any):
+        uri_list = [uris] if isinstance(uris, str) else list(uris)
+        if not uri_list:
+            raise InvalidArgumentError(22, "ChunkStore needs at least one device URI")
+        if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
+            raise InvalidArgumentError(22, f"capacity must be a positive int, got {capacity!r}")
+        self._mu = threading.RLock()
+        self._entries: dict[bytes, Entry] = {}
+        self._closed = False
+        self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, evictions=0,
+                              deletes=0, bytes_written=0, bytes_read=0, compactions=0)
+        devices: list[Device] = []
+        try:
+            for u in uri_list:
+                devices.append(open_device(u, create=create, size=size if create else None, **opts))
+            if create:
+                self._members = self._format(devices, uri_list, index_size)
+            else:
+                self._members = self._load(devices, uri_list)
+        except BaseException:
+            for d in devices:
+                d.close()
+            raise
+        per_dev = None if capacity is None else capacity // len(self._members)
+        for m in self._members:
+            m.capacity = m.sb.data_size if per_dev is None else min(per_dev, m.sb.data_size)
+
+    # ------------------------------------------------------------ format/load
+    def _format(self, devices: list[Device], uris: list[str],
+                index_size: int | None) -> list[Member]:
+        set_id = layout.new_set_id()
+        members = []
+        for i, d in enumerate(devices):
+            sb = layout.plan(d.size, d.block_size, i, len(devices), set_id, index_size, uris[i])
+            gen = layout.new_generation()
+            # Both halves invalid first, then half 0 live, superblock last.
+            blank = aligned_array(layout.BLOCK)
+            d.write_from_blocking(sb.index_off + sb.index_half, blank)
+            d.write_from_blocking(sb.index_off + layout.BLOCK, blank)
+            hdr = aligned_array(layout.BLOCK)
+            hdr[:] = memoryview(layout.encode_index_header(gen))
+            d.write_from_blocking(sb.index_off, hdr)
+            d.flush_blocking()
+            raw = aligned_array(layout.BLOCK)
+            raw[:] = memoryview(sb.encode())
+            d.write_from_blocking(0, raw)
+            d.flush_blocking()
+            members.append(Member(d, sb, self._new_alloc(sb), gen, 0, layout.BLOCK, 0,
+                                  sb.data_size))
+        return members
+
+    @staticmethod
+    def _new_alloc(sb: layout.Superblock) -> _core.Allocator:
+        return _core.Allocator(sb.data_off, sb.data_size, sb.block_size)
+
+    def _load(self, devices: list[Device], uris: list[str]) -> list[Member]:
+        sbs = []
+        for d, u in zip(devices, uris):
+            raw = aligned_array(layout.BLOCK)
+            d.read_into_blocking(0, raw)
+            sbs.append(layout.Superblock.decode(raw.tobytes(), u))
+        set_id, ndevs = sbs[0].set_id, sbs[0].ndevs
+        for sb, u in zip(sbs, uris):
+            if sb.set_id != sbs[0].set_id:
+                raise NotAStoreError(22, "device belongs to a different store than "
+                                     f"{uris[0]}", u)
+        if ndevs != len(devices) or sorted(sb.dev_index for sb in sbs) != list(range(ndevs)):
+            raise NotAStoreError(22, f"the store has {ndevs} devices; {len(devices)} given "
+                                 "(pass every device of the store)", uris[0])
+        order = sorted(range(len(devices)), key=lambda i: sbs[i].dev_index)
+        members = [self._replay(devices[i], sbs[i], uris[i]) for i in order]
+        del set_id
+        return members
+
+    def _replay(self, d: Device, sb: layout.Superblock, uri: str) -> Member:
+        gens = []
+        for half in (0, 1):
+            raw = aligned_array(layout.BLOCK)
+            d.read_into_blocking(sb.index_off + half * sb.index_half, raw)
+            g = layout.decode_index_header(raw.tobytes())
+            if g is not None:
+                gens.append((g, half))
+        if not gens:
+            raise NotAStoreError(74, "both index headers of the store are corrupt", uri)
+        gen, half = max(gens)
+        log_buf = aligned_array(sb.index_half)
+        d.read_into_blocking(sb.index_off + half * sb.index_half, log_buf)
+        pos, last_seq = layout.BLOCK, None
+        found: dict[bytes, Entry] = {}
+        while pos < sb.index_half:
+            size, seq, recs = _core.decode_segment(log_buf, pos, gen)
+            if size <= 0 or (last_seq is not None and seq != last_seq + 1):
+                break  # end of log, or a torn segment from an interrupted put
+            for typ, key, _dev, off, length, crc in recs:
+                if typ == _core.REC_PUT:
+                    found[key] = Entry(key, sb.dev_index, off, length, crc, seq)
+                else:
+                    found.pop(key, None)
+            last_seq = seq
+            pos += layout.align_up(size, sb.block_size)
+        m = Member(d, sb, self._new_alloc(sb), gen, half, pos, last_seq or 0, sb.data_size)
+        for e in sorted(found.values(), key=lambda e: e.seq):
+            if e.length:
+                try:
+                    m.alloc.reserve(e.off, e.length)
+                except OSError:
+                    log.error("fx100io: %s: chunk %r overlaps another; dropped", uri, e.key)
+                    continue
+            m.used += layout.align_up(e.length, sb.block_size)
+            m.lru[e.key] = e
+            self._entries[e.key] = e
+        return m
+
+    # ------------------------------------------------------------- helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(9, "ChunkStore is closed")
+
+    def _member_of(self, key: bytes) -> Member:
+        return self._members[_core.crc32c(key) % len(self._members)]
+
+    def _write_index(self, m: Member, half: int, pos: int, data: bytes) -> None:
+        buf = aligned_array(layout.align_up(len(data), m.sb.block_size))
+        buf[:len(data)] = memoryview(data)
+        m.dev.write_from_blocking(m.half_off(half) + pos, buf)
+
+    def _commit(self, m: Member, recs: list[tuple], apply: Any = None) -> None:
+        """Append records to m's index log durably; then, still under the
+        commit lock, apply them to memory (so a compaction never misses a
+        record that is in the log)."""
+        with m.commit_lock:
+            for i in range(0, len(recs), SEGMENT_RECORDS):
+                group = recs[i:i + SEGMENT_RECORDS]
+                seg = _core.encode_segment(m.generation, m.seq + 1, group)
+                need = layout.align_up(len(seg), m.sb.block_size)
+                if m.tail + need > m.sb.index_half:
+                    self._compact(m, extra=need)
+                    seg = _core.encode_segment(m.generation, m.seq + 1, group)
+                self._write_index(m, m.half, m.tail, seg)
+                m.seq += 1
+                m.tail += need
+            m.dev.flush_blocking()
+            if apply is not None:
+                apply(m.seq)
+
+    def _compact(self, m: Member, extra: int) -> None:
+        """Write the live records into the other index half and switch to it
+        (called with m.commit_lock held)."""
+        with self._mu:
+            live = [(_core.REC_PUT, e.key, m.sb.dev_index, e.off, e.length, e.crc)
+                    for e in m.lru.values()]
+        new_half, new_gen = 1 - m.half, m.generation + 1
+        pos, seq = layout.BLOCK, m.seq
+        for i in range(0, len(live), SEGMENT_RECORDS):
+            seq += 1
+            seg = _core.encode_segment(new_gen, seq, live[i:i + SEGMENT_RECORDS])
+            need = layout.align_up(len(seg), m.sb.block_size)
+            if pos + need + extra > m.sb.index_half:
+                raise DeviceFullError(
+                    28, f"the store's index is full ({len(live)} chunks); format with a larger "
+                    "index_size", m.dev.target)
+            self._write_index(m, new_half, pos, seg)
+            pos += need
+        if pos + extra > m.sb.index_half:
+            raise DeviceFullError(28, "the store's index is full; format with a larger index_size",
+                                  m.dev.target)
+        m.dev.flush_blocking()
+        self._write_index(m, new_half, 0, layout.encode_index_header(new_gen))
+        m.dev.flush_blocking()
+        m.half, m.generation, m.tail, m.seq = new_half, new_gen, pos, seq
+        self._counters["compactions"] += 1
+
+    def _release(self, m: Member, e: Entry) -> None:
+        """Give e's extent back (with self._mu held), or defer it to its last reader."""
+        if e.readers:
+            e.dead = True
+            return
+        if e.length:
+            m.alloc.free(e.off, e.length)
+        m.used -= layout.align_up(e.length, m.sb.block_size)
+
+    # ------------------------------------------------------------------ put
+    def _allocate(self, m: Member, length: int, taken: list) -> int:
+        """Extent for length bytes on m, evicting least recently used chunks
+        (their DEL records made durable before their space is reused)."""
+        need = layout.align_up(length, m.sb.block_size)
+        if need > m.capacity:
+            raise DeviceFullError(28, f"a chunk of {length} bytes exceeds the store's capacity "
+                                  f"per device ({m.capacity} bytes)", m.dev.target)
+        while True:
+            with self._mu:
+                if m.used + need <= m.capacity:
+                    off = m.alloc.alloc(length) if length else 0
+                    if off is not None:
+                        m.used += need
+                        taken.append((m, off, length))
+                        return off
+                victims = []
+                freed = 0
+                for e in list(m.lru.values()):
+                    if freed >= need and m.used - freed + need <= m.capacity:
+                        break
+                    if e.readers:
+                        continue
+                    victims.append(e)
+                    freed += layout.align_up(e.length, m.sb.block_size)
+                if not victims:
+                    raise DeviceFullError(
+                        28, f"no space for a chunk of {length} bytes: every chunk is in use",
+                        m.dev.target)
+                for e in victims:
+                    del m.lru[e.key]
+                    if self._entries.get(e.key) is e:
+                        del self._entries[e.key]
+            self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, 0, 0, 0) for e in victims])
+            with self._mu:
+                for e in victims:
+                    self._release(m, e)
+                self._counters["evictions"] += len(victims)
+
+    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
+        """Store each buffer under its key, durably; replaces existing chunks."""
+        self._check_open()
+        if len(keys) != len(bufs):
+            raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
+        items = []
+        for k, b in zip(keys, bufs):
+            try:
+                mv = memoryview(b)
+            except TypeError:
+                raise InvalidArgumentError(
+                    22, f"expected a buffer, got {type(b).__name__}") from None
+            if not mv.contiguous:
+                raise InvalidArgumentError(22, "buffers must be contiguous")
+            items.append((normalize_key(k), mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv))
+        if not items:
+            return
+        taken: list = []
+        try:
+            placed = [(key, mv, self._member_of(key)) for key, mv in items]
+            offs = [self._allocate(m, mv.nbytes, taken) for key, mv, m in placed]
+            # Submit every write, then checksum while the device works.
+            futs = {}
+            for (key, mv, m), off in zip(placed, offs):
+                if mv.nbytes:
+                    futs.setdefault(id(m), (m, []))[1].append((WRITE, off, mv))
+            started = [(m, m.dev.start(reqs), reqs) for m, reqs in futs.values()]
+            crcs = [_core.crc32c(mv) for key, mv, m in placed]
+            for m, fs, reqs in started:
+                for f, (_op, off, mv) in zip(fs, reqs):
+                    res, _status = await f
+                    if res < 0:
+                        raise error_from_errno(-res, f"{m.dev.target}: write chunk at {off}")
+            for m, _fs, _reqs in started:
+                await m.dev.flush()
+            by_member: dict[int, tuple[Member, list]] = {}
+            for (key, mv, m), off, crc in zip(placed, offs, crcs):
+                by_member.setdefault(id(m), (m, []))[1].append((key, off, mv.nbytes, crc))
+            for m, rows in by_member.values():
+                recs = [(_core.REC_PUT, key, m.sb.dev_index, off, n, crc) for key, off, n, crc in rows]
+                self._commit(m, recs, lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq))
+                taken = [t for t in taken if t[0] is not m]
+        except BaseException:
+            with self._mu:
+                for m, off, length in taken:
+                    if length:
+                        m.alloc.free(off, length)
+                    m.used -= layout.align_up(length, m.sb.block_size)
+            raise
+        with self._mu:
+            self._counters["puts"] += len(items)
+            self._counters["bytes_written"] += sum(mv.nbytes for _, mv in items)
+
+    def _apply_puts(self, m: Member, rows: list, seq: int) -> None:
+        with self._mu:
+            for key, off, n, crc in rows:
+                old = self._entries.get(key)
+                e = Entry(key, m.sb.dev_index, off, n, crc, seq)
+                self._entries[key] = e
+                if old is not None:
+                    om = self._members[old.dev]
+                    om.lru.pop(key, None)
+                    self._release(om, old)
+                m.lru[key] = e
+
+    # ------------------------------------------------------------------ get
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+        """Fill each buffer with its key's chunk; True where found and intact."""
+        self._check_open()
+        if len(keys) != len(bufs):
+            raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
+        mvs = []
+        for b in bufs:
+            try:
+                mv = memoryview(b)
+            except TypeError:
+                raise InvalidArgumentError(
+                    22, f"expected a buffer, got {type(b).__name__}") from None
+            if mv.readonly:
+                raise ReadOnlyBufferError(30, "cannot read a chunk into a read-only buffer")
+            if not mv.contiguous:
+                raise InvalidArgumentError(22, "buffers must be contiguous")
+            mvs.append(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv)
+        nkeys = [normalize_key(k) for k in keys]
+        hits: list[Entry | None] = []
+        with self._mu:
+            for key, mv in zip(nkeys, mvs):
+                e = self._entries.get(key)
+                if e is not None and mv.nbytes < e.length:
+                    raise BufferTooSmallError(
+                        22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
+                        f"{e.length} bytes under key {key!r}")
+                hits.append(e)
+            for e in hits:
+                if e is not None:
+                    e.readers += 1
+                    self._members[e.dev].lru.move_to_end(e.key, last=True)
+        out = [False] * len(nkeys)
+        try:
+            groups: dict[int, list] = {}
+            for i, (e, mv) in enumerate(zip(hits, mvs)):
+                if e is None:
+                    continue
+                if e.length == 0:
+                    out[i] = True
+                    continue
+                groups.setdefault(e.dev, []).append((i, e, mv[:e.length]))
+            started = []
+            for dev, rows in groups.items():
+                m = self._members[dev]
+                fs = m.dev.start([(READ, e.off, view) for _i, e, view in rows])
+                started.append((m, fs, rows))
+            corrupt = []
+            for m, fs, rows in started:
+                for f, (i, e, view) in zip(fs, rows):
+                    res, _status = await f
+                    if res != e.length:
+                        why = (error_from_errno(-res, m.dev.target) if res < 0
+                               else f"short read {res} of {e.length}")
+                        log.error("fx100io: read of chunk %r failed: %s", e.key, why)
+                        continue
+                    if _core.crc32c(view) != e.crc:
+                        log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
+                                  "check; dropping it", e.key, m.dev.target, e.off)
+                        corrupt.append((m, e))
+                        continue
+                    out[i] = True
+        finally:
+            with self._mu:
+                for e in hits:
+                    if e is not None:
+                        e.readers -= 1
+                        if e.dead and not e.readers:
+                            self._release(self._members[e.dev], e)
+                nhit = sum(out)
+                self._counters["gets"] += len(nkeys)
+                self._counters["hits"] += nhit
+                self._counters["misses"] += len(nkeys) - nhit
+                self._counters["bytes_read"] += sum(e.length for e, ok in zip(hits, out) if ok and e)
+        for m, e in corrupt:
+            self._counters["corruptions"] += 1
+            self._drop(m, e)
+        return out
+
+    def _drop(self, m: Member, e: Entry) -> bool:
+        with self._mu:
+            if self._entries.get(e.key) is not e:
+                return False
+            del self._entries[e.key]
+            m.lru.pop(e.key, None)
+        try:
+            self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, 0, 0, 0)])
+        finally:
+            with self._mu:
+                self._release(m, e)
+        return True
+
+    # --------------------------------------------------------------- others
+    async def batch_exists(self, keys: Iterable[Any]) -> int:
+        """How many leading keys are present (the prefix hit count)."""
+        self._check_open()
+        n = 0
+        with self._mu:
+            for k in keys:
+                if normalize_key(k) not in self._entries:
+                    break
+                n += 1
+        return n
+
+    def contains(self, key: Any) -> bool:
+        self._check_open()
+        return normalize_key(key) in self._entries
+
+    def chunk_size(self, key: Any) -> int | None:
+        """Size in bytes of the chunk under key, or None."""
+        self._check_open()
+        e = self._entries.get(normalize_key(key))
+        return None if e is None else e.length
+
+    def keys(self) -> list[bytes]:
+        self._check_open()
+        with self._mu:
+            return list(self._entries)
+
+    async def delete(self, key: Any) -> bool:
+        """Remove a chunk durably; False if it was not there."""
+        self._check_open()
+        k = normalize_key(key)
+        e = self._entries.get(k)
+        if e is None:
+            return False
+        ok = self._drop(self._members[e.dev], e)
+        if ok:
+            self._counters["deletes"] += 1
+        return ok
+
+    def stats(self) -> dict[str, Any]:
+        with self._mu:
+            s: dict[str, Any] = dict(self._counters)
+            s["chunks"] = len(self._entries)
+            s["bytes_used"] = sum(m.used for m in self._members)
+            s["capacity"] = sum(m.capacity for m in self._members)
+            s["devices"] = [
+                dict(uri=m.dev.uri, chunks=len(m.lru), used=m.used, capacity=m.capacity,
+                     free_extents=int(m.alloc.free_extents), engine=m.dev.engine,
+                     direct=m.dev.direct, index_generation=m.generation)
+                for m in self._members]
+            return s
+
+    # ----------------------------------------------------------- blocking twins
+    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
+        return run_blocking(self.batch_put(keys, bufs))
+
+    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+        return run_blocking(self.batch_get(keys, bufs))
+
+    def batch_exists_blocking(self, keys: Iterable[Any]) -> int:
+        return run_blocking(self.batch_exists(keys))
+
+    def delete_blocking(self, key: Any) -> bool:
+        return run_blocking(self.delete(key))
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Close the devices.  Every put that returned is already durable."""
+        if self._closed:
+            return
+        self._closed = True
+        for m in self._members:
+            m.dev.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> ChunkStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ChunkStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        uris = [m.dev.uri for m in self._members] if not self._closed else "closed"
+        return f"ChunkStore({uris}, chunks={len(self._entries)})"
+
