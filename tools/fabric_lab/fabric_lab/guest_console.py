@@ -22,8 +22,10 @@ def run(console_socket: Path, command: str, timeout: float = 120.0) -> tuple[int
     """Run command in the guest's shell; return (exit status, output with \\r removed)."""
     tag = uuid.uuid4().hex[:12]
     begin, end = f"FXBEGIN{tag}", f"FXEND{tag}"
-    line = (f"echo FX''BEGIN{tag}; {command}\n"
-            f"echo FX''END{tag} $?\n")
+    # stdin from /dev/null: the shell reads its commands from the console, a command reading
+    # stdin would swallow the ones after it. The extra echo ends output lacking a newline.
+    line = (f"echo FX''BEGIN{tag}; {{ {command}\n}} </dev/null; rc=$?; echo; "
+            f"echo FX''END{tag} $rc\n")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as console:
         console.settimeout(1.0)
         try:
@@ -38,7 +40,7 @@ def run(console_socket: Path, command: str, timeout: float = 120.0) -> tuple[int
             match = pattern.search(received)
             if match:
                 output = match.group(1).decode(errors="replace").replace("\r", "")
-                return int(match.group(2)), output
+                return int(match.group(2)), output[:-1]
             if time.monotonic() > deadline:
                 raise GuestCommandError(f"guest command timed out after {timeout:.0f} s: {command}\n"
                                         f"console so far:\n{received.decode(errors='replace')[-2000:]}")

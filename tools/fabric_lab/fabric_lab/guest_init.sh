@@ -16,9 +16,11 @@ MARK="FX100IO-LAB:"
 NVMET=/sys/kernel/config/nvmet
 
 console_shell() {
-    # PID 1 must never exit (the kernel would panic), so serve the console forever.
+    # PID 1 must never exit (the kernel would panic), so serve the console forever. The shell
+    # reads a pipe, not the tty, so it is non-interactive: no prompt and no line-editing escape
+    # codes mixed into the output that lab.py guest parses (the tty still echoes input).
     while true; do
-        setsid sh -c 'exec sh </dev/ttyS0 >/dev/ttyS0 2>&1'
+        setsid sh -c 'cat /dev/ttyS0 | sh >/dev/ttyS0 2>&1'
         sleep 1
     done
 }

@@ -231,8 +231,12 @@ def boot_initramfs(image: GuestImage, setup_script: str, destination: Path) -> P
     overlay = destination.with_name(destination.name + ".overlay.cpio")
     try:
         _write_cpio(overlay_root, overlay, compress=False)
+        base = image.initramfs.read_bytes()
         with open(destination, "wb") as out:
-            out.write(image.initramfs.read_bytes())
+            out.write(base)
+            # The kernel only recognises an uncompressed cpio header at a 4-byte aligned
+            # offset; it skips the zero padding between archives.
+            out.write(b"\0" * (-len(base) % 4))
             out.write(overlay.read_bytes())
     finally:
         shutil.rmtree(overlay_root, ignore_errors=True)
