@@ -1,0 +1,7 @@
+"""python -m fx100io.bench ... (same as `fx100io bench ...`)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

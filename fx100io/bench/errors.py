@@ -1,0 +1,10 @@
+"""The one exception type of the bench CLI.
+
+A BenchError carries a message meant for the user (it names the option or
+file at fault); main() prints it and exits 1 without a traceback.  Anything
+else escaping is a bug and keeps its traceback.
+"""
+
+
+class BenchError(Exception):
+    """Bad input or a failed job, reported as one line, exit code 1."""

@@ -1,0 +1,315 @@
+"""Latency histograms, per-direction counters, bandwidth series and CPU use.
+
+Latencies go into a log-linear histogram (128 linear sub-buckets per power
+of two, so any reported percentile is within 0.8% of the true sample) rather
+than a list of every sample: a long time_based run at a million IOPS would
+otherwise hold gigabytes.  The hot path only appends to an array; numpy
+buckets the samples in batches, which keeps Python work per I/O tiny.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUB_BITS = 7
+SUB = 1 << SUB_BITS  # linear sub-buckets per power of two
+EXACT = 2 * SUB  # values below this are stored exactly
+NBUCKETS = EXACT + (64 - SUB_BITS - 1) * SUB
+FLUSH_EVERY = 1 << 15
+
+
+def bucket_index(values: np.ndarray) -> np.ndarray:
+    """Histogram bucket of each latency (ns, non-negative int64)."""
+    v = np.asarray(values, dtype=np.int64)
+    idx = v.copy()
+    big = v >= EXACT
+    if big.any():
+        vb = v[big]
+        # frexp's exponent is the bit length for integers below 2**53.
+        _, bitlen = np.frexp(vb.astype(np.float64))
+        shift = bitlen.astype(np.int64) - (SUB_BITS + 1)
+        top = vb >> shift  # in [SUB, 2*SUB)
+        idx[big] = EXACT + (shift - 1) * SUB + (top - SUB)
+    return idx
+
+
+def bucket_value(idx: np.ndarray) -> np.ndarray:
+    """Representative (midpoint) latency of each bucket index."""
+    i = np.asarray(idx, dtype=np.int64)
+    out = i.copy()
+    big = i >= EXACT
+    if big.any():
+        ib = i[big] - EXACT
+        shift = ib // SUB + 1
+        top = ib % SUB + SUB
+        low = top << shift
+        out[big] = low + ((np.int64(1) << shift) >> 1)
+    return out
+
+
+class DirStats:
+    """Counters and latency distribution of one direction (read or write)."""
+
+    def __init__(self) -> None:
+        self.ios = 0
+        self.bytes = 0
+        self.short_ios = 0
+        self.counts = np.zeros(NBUCKETS, dtype=np.int64)
+        self.n = 0
+        self.min_ns = 0
+        self.max_ns = 0
+        self.sum_ns = 0
+        self.sumsq = 0.0
+        self._pending = array("q")
+
+    # -- hot path
+    def add(self, lat_ns: int, nbytes: int) -> None:
+        self.ios += 1
+        self.bytes += nbytes
+        self._pending.append(lat_ns)
+        if len(self._pending) >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        v = np.frombuffer(self._pending, dtype=np.int64).copy()
+        self._pending = array("q")
+        v[v < 0] = 0
+        np.add.at(self.counts, bucket_index(v), 1)
+        vmin, vmax = int(v.min()), int(v.max())
+        self.min_ns = vmin if self.n == 0 else min(self.min_ns, vmin)
+        self.max_ns = max(self.max_ns, vmax)
+        self.n += len(v)
+        self.sum_ns += int(v.sum())
+        vf = v.astype(np.float64)
+        self.sumsq += float(np.dot(vf, vf))
+
+    # -- summaries
+    @property
+    def mean_ns(self) -> float:
+        self.flush()
+        return self.sum_ns / self.n if self.n else 0.0
+
+    @property
+    def stdev_ns(self) -> float:
+        """Sample standard deviation (n-1), as fio reports."""
+        self.flush()
+        if self.n < 2:
+            return 0.0
+        var = (self.sumsq - self.sum_ns * self.sum_ns / self.n) / (self.n - 1)
+        return math.sqrt(max(var, 0.0))
+
+    def percentiles(self, pcts: tuple[float, ...]) -> dict[float, int]:
+        """Nearest-rank percentiles, bucket midpoints clamped to [min, max]."""
+        self.flush()
+        if self.n == 0:
+            return {p: 0 for p in pcts}
+        cum = np.cumsum(self.counts)
+        out = {}
+        for p in pcts:
+            rank = max(1, math.ceil(p / 100.0 * self.n))
+            idx = int(np.searchsorted(cum, rank))
+            val = int(bucket_value(np.array([idx]))[0])
+            out[p] = min(max(val, self.min_ns), self.max_ns)
+        return out
+
+    def fraction_below(self, bounds_ns: list[int]) -> list[float]:
+        """Share of I/Os (percent) in (previous bound, bound] for each bound."""
+        self.flush()
+        if self.n == 0:
+            return [0.0] * len(bounds_ns)
+        values = bucket_value(np.arange(NBUCKETS))
+        cum = []
+        for b in bounds_ns:
+            cum.append(int(self.counts[values <= b].sum()))
+        out = []
+        prev = 0
+        for c in cum:
+            out.append(100.0 * (c - prev) / self.n)
+            prev = c
+        return out
+
+    def histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """(latency ns, count) of the non-empty buckets, for plotting."""
+        self.flush()
+        nz = np.nonzero(self.counts)[0]
+        return bucket_value(nz), self.counts[nz]
+
+    def merge(self, other: DirStats) -> None:
+        self.flush()
+        other.flush()
+        self.ios += other.ios
+        self.bytes += other.bytes
+        self.short_ios += other.short_ios
+        if other.n:
+            self.min_ns = other.min_ns if self.n == 0 else min(self.min_ns, other.min_ns)
+            self.max_ns = max(self.max_ns, other.max_ns)
+        self.counts += other.counts
+        self.n += other.n
+        self.sum_ns += other.sum_ns
+        self.sumsq += other.sumsq
+
+    def __getstate__(self) -> dict:
+        self.flush()
+        state = self.__dict__.copy()
+        state["_pending"] = b""
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["_pending"] = array("q")
+        self.__dict__.update(state)
+
+
+class Series:
+    """Cumulative bytes and I/Os per direction, sampled every ``interval_ns``.
+
+    It feeds the live status line, fio's bw_min/max/mean (fio samples every
+    500 ms by default) and the bandwidth-over-time plot.
+    """
+
+    def __init__(self, interval_ns: int = 100_000_000) -> None:
+        self.interval_ns = interval_ns
+        self.t_ns: list[int] = []
+        self.rbytes: list[int] = []
+        self.wbytes: list[int] = []
+        self.rios: list[int] = []
+        self.wios: list[int] = []
+
+    def sample(self, t_ns: int, r: DirStats, w: DirStats) -> None:
+        self.t_ns.append(t_ns)
+        self.rbytes.append(r.bytes)
+        self.wbytes.append(w.bytes)
+        self.rios.append(r.ios)
+        self.wios.append(w.ios)
+
+    def windows(self, window_ns: int, which: str) -> tuple[list[float], list[float]]:
+        """(KiB/s, IOPS) per full window of ``window_ns`` for 'read'/'write'."""
+        b = self.rbytes if which == "read" else self.wbytes
+        n = self.rios if which == "read" else self.wios
+        bw: list[float] = []
+        iops: list[float] = []
+        last_t, last_b, last_n = 0, 0, 0
+        for t, cb, cn in zip(self.t_ns, b, n):
+            if t - last_t >= window_ns:
+                dt = (t - last_t) / 1e9
+                bw.append((cb - last_b) / 1024 / dt)
+                iops.append((cn - last_n) / dt)
+                last_t, last_b, last_n = t, cb, cn
+        return bw, iops
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"min": 0, "max": 0, "mean": 0.0, "dev": 0.0, "samples": 0}
+    mean = sum(values) / len(values)
+    dev = math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return {"min": min(values), "max": max(values), "mean": mean, "dev": dev, "samples": len(values)}
+
+
+# -------------------------------------------------------------------- CPU
+
+
+@dataclass
+class Rusage:
+    """Process CPU and scheduling counters (getrusage of this process)."""
+
+    utime: float
+    stime: float
+    ctx: int
+    majf: int
+    minf: int
+
+    @classmethod
+    def now(cls) -> Rusage:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(r.ru_utime, r.ru_stime, r.ru_nvcsw + r.ru_nivcsw, r.ru_majflt, r.ru_minflt)
+
+    def __sub__(self, o: Rusage) -> Rusage:
+        return Rusage(
+            self.utime - o.utime, self.stime - o.stime, self.ctx - o.ctx, self.majf - o.majf, self.minf - o.minf
+        )
+
+
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def read_proc_stat() -> dict[str, int]:
+    """The aggregate 'cpu' line of /proc/stat in clock ticks ({} if unreadable)."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu "):
+                    parts = [int(x) for x in line.split()[1:]]
+                    return dict(zip(_STAT_FIELDS, parts + [0] * (len(_STAT_FIELDS) - len(parts))))
+    except OSError:
+        pass
+    return {}
+
+
+@dataclass
+class SystemCpu:
+    """Machine-wide CPU over the run, in percent of all CPUs.
+
+    getrusage misses work io_uring does in kernel threads (io-wq, SQPOLL) and
+    in interrupt context, so we also report /proc/stat deltas for the run.
+    """
+
+    usr: float = 0.0
+    sys: float = 0.0
+    irq: float = 0.0
+    softirq: float = 0.0
+    iowait: float = 0.0
+    idle: float = 0.0
+    steal: float = 0.0
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    @property
+    def busy(self) -> float:
+        return self.usr + self.sys + self.irq + self.softirq + self.steal
+
+    @property
+    def busy_cpus(self) -> float:
+        return self.busy / 100.0 * self.cpus
+
+    @classmethod
+    def between(cls, a: dict[str, int], b: dict[str, int]) -> SystemCpu:
+        if not a or not b:
+            return cls()
+        d = {k: b.get(k, 0) - a.get(k, 0) for k in _STAT_FIELDS}
+        total = sum(d.values())
+        if total <= 0:
+            return cls()
+
+        def pct(*keys: str) -> float:
+            return 100.0 * sum(d[k] for k in keys) / total
+
+        return cls(
+            usr=pct("user", "nice"),
+            sys=pct("system"),
+            irq=pct("irq"),
+            softirq=pct("softirq"),
+            iowait=pct("iowait"),
+            idle=pct("idle"),
+            steal=pct("steal"),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "usr": self.usr,
+            "sys": self.sys,
+            "irq": self.irq,
+            "softirq": self.softirq,
+            "iowait": self.iowait,
+            "idle": self.idle,
+            "steal": self.steal,
+            "busy": self.busy,
+            "cpus": self.cpus,
+            "busy_cpus": self.busy_cpus,
+        }

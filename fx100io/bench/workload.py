@@ -1,0 +1,364 @@
+"""The block workload of one job instance: fio's read/write/rand*/rw/randrw.
+
+Concurrency model: a job instance is one process (see runner.py); inside it
+``iodepth`` asyncio tasks each own one pinned buffer and keep one
+read_into/write_from in flight, so the job has iodepth I/Os outstanding, as
+fio's iodepth means.  The psync engine is synchronous (as fio's sync engines
+are): it runs one blocking I/O at a time and iodepth has no effect.
+
+Latency is taken around the awaited call, from just before submission to the
+completion being seen by the loop; it is fio's "lat" (slat + clat).  The core
+does not expose the submit instant separately, so we report that number as
+clat too and leave slat empty (N = 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from . import verify as verifymod
+from .errors import BenchError
+from .options import Job
+from .pattern import AccessPattern
+from .progress import DONE, RAMP, RUNNING, SETUP, VERIFYING, NullSlot
+from .results import DEPTH_BOUNDS, JobResult, depth_bucket
+from .stats import DirStats, Rusage, Series
+from .targets import Target, drop_page_cache, open_target
+from .verify import VerifyLog
+
+TICK_NS = 100_000_000
+
+
+class Phase:
+    """Counters one run of the I/O loop fills (measured, ramp or verify)."""
+
+    def __init__(self) -> None:
+        self.read = DirStats()
+        self.write = DirStats()
+        self.series = Series(TICK_NS)
+        self.depth_counts = [0] * len(DEPTH_BOUNDS)
+        self.start_ns = 0
+        self.end_ns = 0
+
+
+class IoLoop:
+    """Drives one target through an access pattern, async or blocking."""
+
+    def __init__(self, job: Job, target: Target, bufs: list[np.ndarray], progress: Any) -> None:
+        self.job = job
+        self.target = target
+        self.dev = target.device
+        self.bufs = bufs
+        self.progress = progress
+        self.bs = job.bs
+        self.verify_log = VerifyLog() if job.verify else None
+        # Verify bookkeeping: which blocks this job wrote (checked on read in
+        # mixed jobs and read back at the end), and which are in flight so a
+        # read never races a write of the same block.
+        self.written: bytearray | None = None
+        if job.verify and job.writes:
+            self.written = bytearray((target.region_len // job.bs + 7) // 8)
+        self.busy: dict[int, asyncio.Event] = {}
+        self.seq = 0
+        self.check_all_reads = job.rw in ("read", "randread")
+
+    # ------------------------------------------------------------ helpers
+
+    def _mark_written(self, off: int) -> None:
+        if self.written is None:
+            return
+        i = (off - self.target.region_start) // self.bs
+        self.written[i >> 3] |= 1 << (i & 7)
+
+    def _was_written(self, off: int) -> bool:
+        if self.written is None:
+            return False
+        i = (off - self.target.region_start) // self.bs
+        return bool(self.written[i >> 3] & (1 << (i & 7)))
+
+    def written_offsets(self) -> Iterator[tuple[int, bool]]:
+        """(offset, True) for every block written, in offset order."""
+        if self.written is None:
+            return iter(())
+        bits = np.unpackbits(np.frombuffer(bytes(self.written), dtype=np.uint8), bitorder="little")
+        idx = np.nonzero(bits)[0]
+        offs = (idx.astype(np.int64) * self.bs + self.target.region_start).tolist()
+        return ((o, True) for o in offs)
+
+    def _io_error(self, what: str, off: int, err: BaseException) -> BenchError:
+        return BenchError(f"job {self.job.name!r}: {what} of {self.bs} bytes at offset {off} on {self.target.uri} failed: {err}")
+
+    # ------------------------------------------------------------ async
+
+    def run_async(self, ios: Iterable[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool = False) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._run_async(iter(ios), phase, end_ns, verify_only))
+        finally:
+            loop.close()
+
+    async def _run_async(self, it: Iterator[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool) -> None:
+        dev = self.dev
+        bs = self.bs
+        clock = time.monotonic_ns
+        rstats, wstats = phase.read, phase.write
+        depth_counts = phase.depth_counts
+        vlog = self.verify_log
+        verify_on = vlog is not None
+        progress = self.progress
+        state = {"inflight": 0, "stop": False, "next_tick": 0}
+        phase.start_ns = start = clock()
+        state["next_tick"] = start + TICK_NS
+        phase.series.sample(0, rstats, wstats)
+
+        def tick(now: int) -> None:
+            phase.series.sample(now - start, rstats, wstats)
+            progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (now - start) // 1_000_000)
+            state["next_tick"] = now + TICK_NS
+            if progress.stop_requested:
+                state["stop"] = True
+
+        async def worker(buf: np.ndarray) -> None:
+            for off, is_read in it:
+                if state["stop"]:
+                    return
+                if verify_on:
+                    # Never let two I/Os to one block overlap: a read could
+                    # see half a write and report a false corruption.
+                    while off in self.busy:
+                        await self.busy[off].wait()
+                    ev = self.busy[off] = asyncio.Event()
+                    if not is_read:
+                        self.seq += 1
+                        verifymod.stamp(buf, off, bs, self.seq)
+                depth = state["inflight"] = state["inflight"] + 1
+                depth_counts[depth_bucket(depth)] += 1
+                t0 = clock()
+                try:
+                    if is_read:
+                        n = await dev.read_into(off, buf)
+                    else:
+                        n = await dev.write_from(off, buf)
+                except OSError as e:
+                    raise self._io_error("read" if is_read else "write", off, e) from None
+                t1 = clock()
+                state["inflight"] -= 1
+                if n is None:
+                    n = bs
+                if n <= 0:
+                    raise self._io_error("read" if is_read else "write", off, EOFError(f"returned {n}"))
+                stats = rstats if is_read else wstats
+                stats.add(t1 - t0, n)
+                if n != bs:
+                    stats.short_ios += 1
+                if verify_on:
+                    assert vlog is not None
+                    if is_read:
+                        if verify_only or self.check_all_reads or self._was_written(off):
+                            vlog.record(off, bs, verifymod.check(buf, off, bs))
+                    else:
+                        self._mark_written(off)
+                    del self.busy[off]
+                    ev.set()
+                if t1 >= state["next_tick"]:
+                    tick(t1)
+                if end_ns is not None and t1 >= end_ns:
+                    state["stop"] = True
+                    return
+
+        tasks = [asyncio.ensure_future(worker(b)) for b in self.bufs]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            phase.end_ns = clock()
+            tick(phase.end_ns)
+
+    # ------------------------------------------------------------ blocking
+
+    def run_blocking(self, ios: Iterable[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool = False) -> None:
+        dev = self.dev
+        bs = self.bs
+        buf = self.bufs[0]
+        clock = time.monotonic_ns
+        rstats, wstats = phase.read, phase.write
+        vlog = self.verify_log
+        verify_on = vlog is not None
+        progress = self.progress
+        phase.start_ns = start = clock()
+        next_tick = start + TICK_NS
+        phase.series.sample(0, rstats, wstats)
+        read, write = dev.read_into_blocking, dev.write_from_blocking
+        try:
+            for off, is_read in ios:
+                if verify_on and not is_read:
+                    self.seq += 1
+                    verifymod.stamp(buf, off, bs, self.seq)
+                phase.depth_counts[0] += 1
+                t0 = clock()
+                try:
+                    n = read(off, buf) if is_read else write(off, buf)
+                except OSError as e:
+                    raise self._io_error("read" if is_read else "write", off, e) from None
+                t1 = clock()
+                if n is None:
+                    n = bs
+                if n <= 0:
+                    raise self._io_error("read" if is_read else "write", off, EOFError(f"returned {n}"))
+                stats = rstats if is_read else wstats
+                stats.add(t1 - t0, n)
+                if n != bs:
+                    stats.short_ios += 1
+                if verify_on:
+                    assert vlog is not None
+                    if is_read:
+                        if verify_only or self.check_all_reads or self._was_written(off):
+                            vlog.record(off, bs, verifymod.check(buf, off, bs))
+                    else:
+                        self._mark_written(off)
+                if t1 >= next_tick:
+                    phase.series.sample(t1 - start, rstats, wstats)
+                    progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (t1 - start) // 1_000_000)
+                    next_tick = t1 + TICK_NS
+                    if progress.stop_requested:
+                        break
+                if end_ns is not None and t1 >= end_ns:
+                    break
+        finally:
+            phase.end_ns = clock()
+            phase.series.sample(phase.end_ns - start, rstats, wstats)
+            progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000)
+
+    def run(self, ios: Iterable[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool = False) -> None:
+        if self.job.ioengine == "psync":
+            self.run_blocking(ios, phase, end_ns, verify_only)
+        else:
+            self.run_async(ios, phase, end_ns, verify_only)
+
+
+# ---------------------------------------------------------------- the job
+
+
+def _buffers(job: Job, count: int) -> tuple[Any, list[np.ndarray]]:
+    import fx100io
+
+    pool = fx100io.BufferPool(job.bs * count)
+    bufs = [pool.alloc(job.bs) for _ in range(count)]
+    if job.writes or job.verify:
+        # Random payload, made once: fio also fills write buffers with random
+        # data by default, so compressing or deduplicating devices are not
+        # flattered by zeros.
+        rng = np.random.default_rng(job.seed)
+        for b in bufs:
+            b[:] = rng.integers(0, 256, size=job.bs, dtype=np.uint8)
+    return pool, bufs
+
+
+def layout(loop: IoLoop, job: Job, target: Target) -> None:
+    """Write the region once before a read job on a new or grown file (fio's
+    "Laying out IO file"), with verify headers when --verify is on."""
+    nblocks = target.region_len // job.bs
+    ios = AccessPattern(target.region_start, nblocks, job.bs, False, True, 0.0, job.seed, 1)
+    # Layout blocks are not "written by the job": keep them out of the
+    # verify read-back so it covers only what the measured phase wrote.
+    saved_written, loop.written = loop.written, None
+    try:
+        loop.run(ios, Phase(), None)
+    finally:
+        loop.written = saved_written
+
+
+def run_block_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[[], None] | None = None) -> JobResult:
+    """Run one instance of a block job and return its measurements.
+
+    ``start_gate`` is called once setup (open, buffers, layout) is done, so
+    every job of a run starts its clock together; it blocks on the runner's
+    barrier.  Raises BenchError for setup problems (nothing measured yet);
+    an I/O error during the run comes back as JobResult.error.
+    """
+    progress = progress or NullSlot()
+    progress.set_state(SETUP)
+    depth = 1 if job.ioengine == "psync" else job.iodepth
+    result = JobResult(job, clone, os.getpid())
+    if job.ioengine == "psync" and job.iodepth > 1:
+        result.engine_note = f"psync is synchronous: one I/O at a time (iodepth={job.iodepth} has no effect)"
+    target = open_target(job, queue_depth=max(depth, 1))
+    try:
+        result.target_uri = target.uri
+        result.target_size = target.size
+        result.block_size = target.block_size
+        result.region = (target.region_start, target.region_len)
+        pool, bufs = _buffers(job, depth)
+        loop = IoLoop(job, target, bufs, progress)
+        if target.created and job.reads:
+            layout(loop, job, target)
+        if target.path and not job.direct and job.invalidate:
+            drop_page_cache(target.path)
+        if start_gate is not None:
+            start_gate()
+        nblocks = target.region_len // job.bs
+
+        def pattern(passes: int | None, seed_offset: int = 0) -> AccessPattern:
+            return AccessPattern(
+                target.region_start,
+                nblocks,
+                job.bs,
+                job.is_random,
+                job.random_map,
+                job.read_fraction,
+                job.seed + seed_offset,
+                passes,
+            )
+
+        ru0 = Rusage.now()
+        try:
+            if job.ramp_ns:
+                progress.set_state(RAMP)
+                # Ramp I/O is real but unrecorded; it wraps so a short region
+                # does not end the ramp early.
+                loop.run(pattern(None, 1), Phase(), time.monotonic_ns() + job.ramp_ns)
+            progress.set_state(RUNNING)
+            phase = Phase()
+            passes = None if job.time_based else job.loops
+            end_ns = time.monotonic_ns() + job.runtime_ns if job.runtime_ns else None
+            try:
+                loop.run(pattern(passes), phase, end_ns)
+            finally:
+                result.read, result.write = phase.read, phase.write
+                result.series = [phase.series]
+                result.runtime_ns = max(phase.end_ns - phase.start_ns, 1)
+                result.depth_counts = phase.depth_counts
+            result.rusage = Rusage.now() - ru0
+            if job.verify:
+                progress.set_state(VERIFYING)
+                if loop.written is not None:
+                    loop.run(loop.written_offsets(), Phase(), None, verify_only=True)
+                result.verify = loop.verify_log
+                if loop.verify_log is not None and loop.verify_log.errors:
+                    result.error = 84  # EILSEQ, what fio reports for verify failures
+                    result.error_msg = (
+                        f"verify failed: {loop.verify_log.errors} of {loop.verify_log.blocks} blocks bad; first: "
+                        + loop.verify_log.failures[0]
+                    )
+        except BenchError as e:
+            result.rusage = Rusage.now() - ru0
+            result.error = 5  # EIO
+            result.error_msg = str(e)
+            result.verify = loop.verify_log
+        del bufs
+        pool.close()
+    finally:
+        target.close()
+        progress.set_state(DONE)
+    result.end_time = time.time()
+    return result
+
