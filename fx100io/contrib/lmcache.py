@@ -246,6 +246,15 @@ class FX100ioBackend(StoragePluginInterface):
         return 2 * self.options.timeout_s + 5.0
 
     @staticmethod
+    def _view(obj: MemoryObj) -> memoryview:
+        """The MemoryObj's own bytes as a plain 'B' buffer, no copy.
+
+        LMCache builds byte_array from a ctypes array, whose memoryview format is '<B';
+        casting is free and gives every buffer consumer the format it expects.
+        """
+        return memoryview(obj.byte_array).cast("B")
+
+    @staticmethod
     def _release(objs: Iterable[Optional[MemoryObj]]) -> None:
         for obj in objs:
             if obj is not None:
@@ -401,7 +410,7 @@ class FX100ioBackend(StoragePluginInterface):
         # Data and records go in one batch: the store writes them in parallel and a
         # chunk only counts as present when both landed (see contains).
         names = [d for _, _, _, d, _ in batch] + [r for _, _, _, _, r in batch]
-        bufs: list[Any] = [obj.byte_array for _, obj, _, _, _ in batch]
+        bufs: list[Any] = [self._view(obj) for _, obj, _, _, _ in batch]
         bufs += [record.encode() for _, _, record, _, _ in batch]
         late = False
         try:
@@ -551,7 +560,7 @@ class FX100ioBackend(StoragePluginInterface):
         reading = [objs[i] for i, _ in idx]
         try:
             hits = await bounded(
-                self._store.batch_get([d for _, d in idx], [o.byte_array for o in reading]),
+                self._store.batch_get([d for _, d in idx], [self._view(o) for o in reading]),
                 self.options.timeout_s,
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),
