@@ -120,6 +120,7 @@ _BY_ERRNO: dict[int, type[Fx100ioError]] = {
     _errno.EIO: DeviceIOError,
     _errno.EBADF: DeviceClosedError,
     _errno.EINVAL: InvalidArgumentError,
+    _errno.EISDIR: InvalidArgumentError,
     _errno.EFAULT: InvalidArgumentError,
     _errno.ENOTSUP: DirectIONotSupportedError,
     _errno.ETIMEDOUT: FxTimeoutError,

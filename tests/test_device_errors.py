@@ -1,0 +1,199 @@
+"""Bad input and hostile environments give specific exceptions and lose nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fx100io
+from fx100io import errors
+from conftest import chunk_bytes, run_python
+
+
+def test_missing_device(tmp_path):
+    with pytest.raises(errors.DeviceNotFoundError) as ei:
+        fx100io.open_device(str(tmp_path / "nope.img"))
+    assert isinstance(ei.value, FileNotFoundError)
+    assert "nope.img" in str(ei.value)
+
+
+def test_bad_uris_and_options(tmp_file):
+    with pytest.raises(errors.UnsupportedTransportError):
+        fx100io.open_device("s3://bucket/x")
+    with pytest.raises(errors.InvalidArgumentError):
+        fx100io.open_device("")
+    with pytest.raises(errors.InvalidArgumentError):
+        fx100io.open_device(str(tmp_file), create=True, size=1 << 20, engine="spdk")
+    with pytest.raises(errors.InvalidArgumentError):
+        fx100io.open_device(str(tmp_file), create=True, size=1 << 20, queue_depth=0)
+    with pytest.raises(errors.InvalidArgumentError):
+        fx100io.open_device(str(tmp_path_dir(tmp_file)))  # a directory
+
+
+def tmp_path_dir(p: Path) -> Path:
+    return p.parent
+
+
+def test_read_only_and_bad_buffers(tmp_file):
+    with fx100io.open_device(str(tmp_file), create=True, size=1 << 20) as dev:
+        dev.write_from_blocking(0, b"x" * 4096)
+        with pytest.raises(errors.ReadOnlyBufferError):
+            dev.read_into_blocking(0, b"\0" * 4096)
+        with pytest.raises(errors.InvalidArgumentError):
+            dev.read_into_blocking(-1, bytearray(10))
+        with pytest.raises(errors.InvalidArgumentError):
+            dev.read_into_blocking(0, 12345)
+        with pytest.raises(errors.InvalidArgumentError):
+            dev.read_into_blocking(0, np.zeros((64, 64), dtype=np.uint8)[:, ::2])
+        back = bytearray(4096)
+        dev.read_into_blocking(0, back)
+        assert back == b"x" * 4096  # nothing lost
+
+
+def test_closed_device(tmp_file):
+    dev = fx100io.open_device(str(tmp_file), create=True, size=1 << 20)
+    dev.close()
+    with pytest.raises(errors.DeviceClosedError):
+        dev.read_into_blocking(0, bytearray(10))
+
+
+def test_read_only_device(tmp_file):
+    with fx100io.open_device(str(tmp_file), create=True, size=1 << 20) as dev:
+        dev.write_from_blocking(0, b"y" * 4096)
+    os.chmod(tmp_file, 0o444)
+    with fx100io.open_device(str(tmp_file), readonly=True) as dev:
+        with pytest.raises(errors.Fx100ioError):
+            dev.write_from_blocking(0, b"z" * 4096)
+        out = bytearray(4096)
+        dev.read_into_blocking(0, out)
+        assert out == b"y" * 4096
+
+
+def test_full_device(tmp_path):
+    """A filesystem that runs out of space: the write fails with
+    DeviceFullError and what was written before stays intact."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+    try:
+        with pytest.raises(errors.DeviceFullError):
+            fx100io.open_device(str(mnt / "big.img"), create=True, size=64 << 20)
+        with fx100io.open_device(str(mnt / "d.img"), create=True, size=0) as dev:
+            first = chunk_bytes("first", 1 << 20)
+            dev.write_from_blocking(0, first)
+            with pytest.raises(errors.DeviceFullError):
+                dev.write_from_blocking(1 << 20, chunk_bytes("second", 4 << 20))
+            back = np.empty(1 << 20, dtype=np.uint8)
+            dev.read_into_blocking(0, back)
+            assert np.array_equal(back, first)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_filesystem_without_o_direct(tmp_path):
+    """ramfs has no O_DIRECT: direct=True says so, 'auto' falls back."""
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount ramfs here: {r.stderr.strip()}")
+    try:
+        path = str(mnt / "x.img")
+        with pytest.raises(errors.DirectIONotSupportedError) as ei:
+            fx100io.open_device(path, create=True, size=1 << 20, direct=True)
+        assert "O_DIRECT" in str(ei.value)
+        with fx100io.open_device(path, create=True, size=1 << 20) as dev:
+            assert not dev.direct
+            dev.write_from_blocking(0, b"abc" * 1000)
+            out = bytearray(3000)
+            dev.read_into_blocking(0, out)
+            assert out == b"abc" * 1000
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+IO_URING_SYSCTL = "/proc/sys/kernel/io_uring_disabled"
+
+
+def test_io_uring_disabled_is_named_and_psync_works(tmp_file):
+    """With kernel.io_uring_disabled=2 the error names the sysctl, and the
+    psync engine ('auto' too) stays correct."""
+    try:
+        old = Path(IO_URING_SYSCTL).read_text().strip()
+        Path(IO_URING_SYSCTL).write_text("2")
+    except OSError as e:
+        pytest.skip(f"cannot set {IO_URING_SYSCTL} here: {e}")
+    try:
+        code = f"""
+import fx100io, numpy as np
+from fx100io import errors
+try:
+    fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20)
+except errors.IoUringUnavailableError as e:
+    assert "io_uring_disabled" in str(e), str(e)
+    assert isinstance(e, PermissionError)
+else:
+    raise SystemExit("io_uring opened although disabled")
+for engine in ("psync", "auto"):
+    dev = fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20, engine=engine)
+    assert dev.engine == "psync"
+    data = np.random.default_rng(1).integers(0, 256, 300000, dtype=np.uint8)
+    dev.write_from_blocking(4096, data)
+    out = np.empty_like(data)
+    dev.read_into_blocking(4096, out)
+    assert np.array_equal(out, data)
+    dev.close()
+print("ok")
+"""
+        assert run_python(code).stdout.strip() == "ok"
+    finally:
+        Path(IO_URING_SYSCTL).write_text(old)
+
+
+DROP_IPC_LOCK = """
+import ctypes, os, resource, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PR_CAPBSET_DROP, CAP_IPC_LOCK = 24, 14
+if libc.prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0:
+    raise SystemExit("prctl failed")
+resource.setrlimit(resource.RLIMIT_MEMLOCK, (1 << 20, 1 << 20))
+# exec so the kernel recomputes capabilities without CAP_IPC_LOCK
+os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]] + sys.argv[2:])
+"""
+
+
+def test_memory_that_cannot_be_pinned(tmp_file):
+    """Without CAP_IPC_LOCK and with a 1 MiB RLIMIT_MEMLOCK: require_pinned
+    raises PinnedMemoryError; otherwise the pool works unpinned and I/O
+    through it stays correct."""
+    inner = f"""
+import logging, fx100io, numpy as np
+from fx100io import errors
+logging.basicConfig()
+try:
+    fx100io.BufferPool(16 << 20, require_pinned=True)
+except errors.PinnedMemoryError as e:
+    assert isinstance(e, MemoryError) and "RLIMIT_MEMLOCK" in str(e), str(e)
+else:
+    raise SystemExit("pinned although the limit forbids it")
+pool = fx100io.BufferPool(16 << 20)
+assert not pool.pinned
+buf = pool.alloc(8 << 20)
+buf[:] = np.random.default_rng(2).integers(0, 256, 8 << 20, dtype=np.uint8)
+dev = fx100io.open_device({str(tmp_file)!r}, create=True, size=16 << 20)
+dev.write_from_blocking(0, buf)
+out = pool.alloc(8 << 20)
+dev.read_into_blocking(0, out)
+assert np.array_equal(out, buf)
+print("ok")
+"""
+    p = run_python(DROP_IPC_LOCK, inner)
+    assert p.stdout.strip() == "ok"
+    assert "RLIMIT_MEMLOCK" in p.stderr  # logged once
