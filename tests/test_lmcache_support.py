@@ -77,6 +77,8 @@ def make_config(devices: str, *, async_loading: bool = False, layerwise: bool = 
                 cpu_gb: float = 0.05, **opts: Any) -> Any:
     return LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK,
+        # Keep the short last chunk too: its own shape must survive the round trip.
+        save_unfull_chunk=True,
         local_cpu=True,
         max_local_cpu_size=cpu_gb,
         storage_plugins=[PLUGIN],
