@@ -55,7 +55,7 @@ def bw_windows(series: list[Series], which: str) -> tuple[list[float], list[floa
 
 def dir_json(r: JobResult, which: str, group_bw_kib: float | None = None) -> dict[str, Any]:
     d: DirStats = r.read if which == "read" else r.write
-    runtime_ms = r.runtime_ns // 1_000_000 if d.ios else 0
+    runtime_ms = r.runtime_for(which) // 1_000_000 if d.ios else 0
     # fio divides by whole milliseconds; a sub-millisecond run still moved
     # bytes, so count it as 1 ms rather than report nothing.
     div = max(runtime_ms, 1) if d.ios else 0
@@ -208,7 +208,7 @@ def group_bandwidths(results: list[JobResult]) -> dict[str, float]:
     out = {}
     for which in ("read", "write"):
         total = sum(getattr(r, which).bytes for r in results)
-        longest = max((r.runtime_ns for r in results if getattr(r, which).ios), default=0)
+        longest = max((r.runtime_for(which) for r in results if getattr(r, which).ios), default=0)
         out[which] = total / 1024 / (longest / 1e9) if longest else 0.0
     return out
 

@@ -18,10 +18,18 @@ def header(jobs: list[Job]) -> str:
     """What fio prints before the run: one line per job, then the version."""
     lines = []
     for job in jobs:
+        if job.kv is not None:
+            kv = job.kv
+            chunk = kv.model.chunk_bytes(kv.chunk_tokens)
+            lines.append(
+                f"{job.name}: (g=0): kv-model={kv.model.name}, chunk={kv.chunk_tokens} tokens "
+                f"({fmt_bytes_bin(chunk)}), prompt={kv.prompt_tokens} tokens, ioengine={job.ioengine}, "
+                f"kv-concurrency={kv.concurrency}"
+            )
+            continue
         b = f"{job.bs}B-{job.bs}B"
-        what = f"kv-model={job.kv.model.name}" if job.kv else f"rw={job.rw}"
         lines.append(
-            f"{job.name}: (g=0): {what}, bs=(R) {b}, (W) {b}, (T) {b}, ioengine={job.ioengine}, iodepth={job.iodepth}"
+            f"{job.name}: (g=0): rw={job.rw}, bs=(R) {b}, (W) {b}, (T) {b}, ioengine={job.ioengine}, iodepth={job.iodepth}"
         )
     lines.append(f"fx100io-{version()} bench")
     n = sum(j.numjobs for j in jobs)
@@ -70,7 +78,7 @@ def _percentile_lines(d: DirStats, pcts: tuple[float, ...], label: str = "clat p
 
 def _dir_block(r: JobResult, which: str) -> list[str]:
     d = r.read if which == "read" else r.write
-    runtime_ms = max(r.runtime_ns // 1_000_000, 1)
+    runtime_ms = max(r.runtime_for(which) // 1_000_000, 1)
     bw = d.bytes * 1000 / runtime_ms
     iops = d.ios * 1000 / runtime_ms
     lines = [
@@ -149,10 +157,11 @@ def job_block(r: JobResult) -> str:
             f"  system cpu   : usr={s.usr:.2f}%, sys={s.sys:.2f}%, irq={s.irq:.2f}%, softirq={s.softirq:.2f}%, "
             f"iowait={s.iowait:.2f}% of {s.cpus} CPUs ({s.busy_cpus:.2f} CPUs busy, whole machine)"
         )
-    total = sum(r.depth_counts) or 1
-    lines.append(
-        "  IO depths    : " + ", ".join(f"{k}={100.0 * c / total:.1f}%" for k, c in zip(DEPTH_KEYS, r.depth_counts))
-    )
+    total = sum(r.depth_counts)
+    if total:
+        lines.append(
+            "  IO depths    : " + ", ".join(f"{k}={100.0 * c / total:.1f}%" for k, c in zip(DEPTH_KEYS, r.depth_counts))
+        )
     lines.append(
         f"     issued rwts: total={r.read.ios},{r.write.ios},0,0 short={r.read.short_ios},{r.write.short_ios},0,0 "
         "dropped=0,0,0,0"
@@ -172,7 +181,7 @@ def group_block(results: list[JobResult]) -> str:
         if not rs:
             continue
         total = sum(getattr(r, which).bytes for r in rs)
-        runs = [max(r.runtime_ns // 1_000_000, 1) for r in rs]
+        runs = [max(r.runtime_for(which) // 1_000_000, 1) for r in rs]
         per = [getattr(r, which).bytes * 1000 / rt for r, rt in zip(rs, runs)]
         agg = total * 1000 / max(runs)
         lines.append(
@@ -185,7 +194,7 @@ def group_block(results: list[JobResult]) -> str:
 
 
 def render(outcome: RunOutcome, results: list[JobResult], jobs: list[Job]) -> str:
-    parts = [header(jobs), ""]
+    parts = [header(jobs)]
     for r in results:
         parts.append(job_block(r))
     parts.append(group_block(outcome.results))

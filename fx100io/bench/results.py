@@ -45,6 +45,12 @@ class JobResult:
     system_cpu: SystemCpu | None = None  # filled in by the runner for the whole run
     jobs_merged: int = 1
     cpu_runtime_ns: int = 0  # job time CPU percentages divide by (0: runtime_ns)
+    # Phases with their own clocks (the KV workload stores, then loads):
+    # bandwidth of a direction divides by its phase, not the whole job.
+    dir_runtime_ns: dict[str, int] = field(default_factory=dict)
+
+    def runtime_for(self, which: str) -> int:
+        return self.dir_runtime_ns.get(which, self.runtime_ns)
 
     @property
     def name(self) -> str:
@@ -67,6 +73,8 @@ def group_results(results: list[JobResult]) -> list[JobResult]:
         merged.write.merge(r.write)
         # Group bandwidth is total bytes over the longest job, as in fio.
         merged.runtime_ns = max(merged.runtime_ns, r.runtime_ns)
+        for which, ns in r.dir_runtime_ns.items():
+            merged.dir_runtime_ns[which] = max(merged.dir_runtime_ns.get(which, 0), ns)
         cpu_runtime_ns += r.runtime_ns
         ru = r.rusage
         merged.rusage = Rusage(

@@ -61,7 +61,7 @@ class DirStats:
         self.bytes = 0
         self.short_ios = 0
         self.counts = np.zeros(NBUCKETS, dtype=np.int64)
-        self.n = 0
+        self._n = 0
         self.min_ns = 0
         self.max_ns = 0
         self.sum_ns = 0
@@ -84,37 +84,43 @@ class DirStats:
         v[v < 0] = 0
         np.add.at(self.counts, bucket_index(v), 1)
         vmin, vmax = int(v.min()), int(v.max())
-        self.min_ns = vmin if self.n == 0 else min(self.min_ns, vmin)
+        self.min_ns = vmin if self._n == 0 else min(self.min_ns, vmin)
         self.max_ns = max(self.max_ns, vmax)
-        self.n += len(v)
+        self._n += len(v)
         self.sum_ns += int(v.sum())
         vf = v.astype(np.float64)
         self.sumsq += float(np.dot(vf, vf))
 
     # -- summaries
     @property
+    def n(self) -> int:
+        """Latency samples recorded (equals ios)."""
+        self.flush()
+        return self._n
+
+    @property
     def mean_ns(self) -> float:
         self.flush()
-        return self.sum_ns / self.n if self.n else 0.0
+        return self.sum_ns / self._n if self._n else 0.0
 
     @property
     def stdev_ns(self) -> float:
         """Sample standard deviation (n-1), as fio reports."""
         self.flush()
-        if self.n < 2:
+        if self._n < 2:
             return 0.0
-        var = (self.sumsq - self.sum_ns * self.sum_ns / self.n) / (self.n - 1)
+        var = (self.sumsq - self.sum_ns * self.sum_ns / self._n) / (self._n - 1)
         return math.sqrt(max(var, 0.0))
 
     def percentiles(self, pcts: tuple[float, ...]) -> dict[float, int]:
         """Nearest-rank percentiles, bucket midpoints clamped to [min, max]."""
         self.flush()
-        if self.n == 0:
+        if self._n == 0:
             return {p: 0 for p in pcts}
         cum = np.cumsum(self.counts)
         out = {}
         for p in pcts:
-            rank = max(1, math.ceil(p / 100.0 * self.n))
+            rank = max(1, math.ceil(p / 100.0 * self._n))
             idx = int(np.searchsorted(cum, rank))
             val = int(bucket_value(np.array([idx]))[0])
             out[p] = min(max(val, self.min_ns), self.max_ns)
@@ -123,7 +129,7 @@ class DirStats:
     def fraction_below(self, bounds_ns: list[int]) -> list[float]:
         """Share of I/Os (percent) in (previous bound, bound] for each bound."""
         self.flush()
-        if self.n == 0:
+        if self._n == 0:
             return [0.0] * len(bounds_ns)
         values = bucket_value(np.arange(NBUCKETS))
         cum = []
@@ -132,7 +138,7 @@ class DirStats:
         out = []
         prev = 0
         for c in cum:
-            out.append(100.0 * (c - prev) / self.n)
+            out.append(100.0 * (c - prev) / self._n)
             prev = c
         return out
 
@@ -148,11 +154,11 @@ class DirStats:
         self.ios += other.ios
         self.bytes += other.bytes
         self.short_ios += other.short_ios
-        if other.n:
-            self.min_ns = other.min_ns if self.n == 0 else min(self.min_ns, other.min_ns)
+        if other._n:
+            self.min_ns = other.min_ns if self._n == 0 else min(self.min_ns, other.min_ns)
             self.max_ns = max(self.max_ns, other.max_ns)
         self.counts += other.counts
-        self.n += other.n
+        self._n += other._n
         self.sum_ns += other.sum_ns
         self.sumsq += other.sumsq
 
