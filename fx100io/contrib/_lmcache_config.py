@@ -22,6 +22,7 @@ DEFAULT_PLUGIN_NAME = "fx100io"
 MODULE_PATH = "fx100io.contrib.lmcache"
 
 CREATE_MODES = ("auto", "never", "always")
+ENGINES = ("auto", "io_uring", "psync")
 
 # Keys we understand; anything else under our prefix is a typo worth reporting.
 KNOWN_KEYS = frozenset(
@@ -34,6 +35,7 @@ KNOWN_KEYS = frozenset(
         "queue_depth",
         "direct",
         "o_direct",
+        "engine",
         "capacity",
         "host_nqn",
         "timeout_s",
@@ -60,7 +62,8 @@ class PluginOptions:
     size: Optional[int]
     create: str
     queue_depth: int
-    direct: bool
+    direct: Any  # True, False or "auto"
+    engine: str
     capacity: Optional[int]
     host_nqn: Optional[str]
     timeout_s: float
@@ -71,7 +74,8 @@ class PluginOptions:
         """One log line that says what the plugin was asked to open."""
         return (
             f"devices={','.join(self.devices)} size={self.size} create={self.create} "
-            f"queue_depth={self.queue_depth} direct={self.direct} capacity={self.capacity} "
+            f"queue_depth={self.queue_depth} direct={self.direct} engine={self.engine} "
+            f"capacity={self.capacity} "
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
             f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers}"
         )
@@ -111,6 +115,16 @@ def parse_bool(value: Any, what: str, default: bool) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise PluginConfigError(f"{what}: expected true or false, got {value!r}")
+
+
+def parse_direct(value: Any, what: str) -> Any:
+    """O_DIRECT: true (required), false (page cache) or auto (when the filesystem has it)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_bool(value, what, default="auto")  # type: ignore[arg-type]
+    except PluginConfigError:
+        raise PluginConfigError(f"{what}: expected true, false or auto, got {value!r}") from None
 
 
 def _parse_number(value: Any, what: str, default: float, minimum: float, integer: bool) -> Any:
@@ -247,13 +261,22 @@ def parse_options(
         raise PluginConfigError(f"{prefix}direct and {prefix}o_direct are the same option; set one")
     direct_key = "o_direct" if "o_direct" in ours else "direct"
 
+    engine = str(ours.get("engine", "auto")).strip().lower()
+    if engine not in ENGINES:
+        raise PluginConfigError(
+            f"{prefix}engine: expected one of {list(ENGINES)}, got {ours.get('engine')!r} ('auto' "
+            "uses io_uring and falls back to plain pread/pwrite, with a warning, where io_uring "
+            "is disabled)"
+        )
+
     return PluginOptions(
         name=name,
         devices=tuple(devices),
         size=parse_size(ours.get("size"), prefix + "size"),
         create=create,
         queue_depth=_parse_number(ours.get("queue_depth"), prefix + "queue_depth", 64, 1, True),
-        direct=parse_bool(ours.get(direct_key), prefix + direct_key, True),
+        direct=parse_direct(ours.get(direct_key), prefix + direct_key),
+        engine=engine,
         capacity=parse_size(ours.get("capacity"), prefix + "capacity"),
         host_nqn=None if host_nqn is None else str(host_nqn),
         timeout_s=float(_parse_number(ours.get("timeout_s"), prefix + "timeout_s", 30.0, 0.001, False)),

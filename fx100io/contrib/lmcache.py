@@ -156,6 +156,7 @@ class FX100ioBackend(StoragePluginInterface):
                 create=create,
                 size=options.size if create else None,
                 direct=options.direct,
+                engine=options.engine,
                 queue_depth=options.queue_depth,
                 capacity=options.capacity,
             )
@@ -672,11 +673,16 @@ class FX100ioBackend(StoragePluginInterface):
             text, dkey, rkey = self._names(key)
             self._forget(text)
             names += [rkey, dkey]  # record first: a half-removed chunk reads as absent
+        if not self._runner.alive():
+            self._warn_once("loopdown", "fx100io: LMCache's event loop is gone; cannot remove chunks")
+            return 0
+        if self._runner.on_loop_thread():
+            # Cannot wait for the loop from the loop: the deletes run right after us.
+            task = self._runner.loop.create_task(self._delete(names))
+            task.add_done_callback(self._delete_done)
+            return len(present)
         try:
-            if self._runner.on_loop_thread() or not self._runner.alive():
-                results = [self._store.delete_blocking(n) for n in names]
-            else:
-                results = self._runner.call(self._delete(names), self._wait_s())
+            results = self._runner.call(self._delete(names), self._wait_s())
         except Exception as exc:  # noqa: BLE001
             self._failed("remove", exc)
             return 0
@@ -685,6 +691,14 @@ class FX100ioBackend(StoragePluginInterface):
             self._failed("remove", errors[0])
         # Every key here was present a moment ago; count those whose data delete went through.
         return sum(1 for r in results[1::2] if not isinstance(r, BaseException))
+
+    def _delete_done(self, task: "asyncio.Task[list[Any]]") -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        failures = [exc] if exc is not None else [r for r in task.result() if isinstance(r, BaseException)]
+        if failures:
+            self._failed("remove", failures[0])
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
         return self.batched_remove([key], force=force) == 1
