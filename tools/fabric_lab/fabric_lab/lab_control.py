@@ -89,48 +89,57 @@ def _cleanup(config: LabConfig | None, pid: int | None, log) -> None:
     lab_state.remove()
 
 
-def start(config: LabConfig, log=print) -> dict:
-    """Start the lab with config, or return the running one if it has the same config."""
+def start(config: LabConfig, log=print, owner: str = "cli") -> dict:
+    """Start the lab with config, or return the running one if it has the same config.
+
+    owner is recorded in the state: the pytest fixture stops only labs it started itself.
+    """
     config.validate()
     with lab_state.locked():
-        state = lab_state.read()
-        if is_running(state):
-            if config_of(state).to_dict() != config.to_dict():
-                raise LabError("the fabric lab is already running with another config; "
-                               "run `lab.py stop` first")
-            return state
-        if state is not None:
-            log("fabric lab: cleaning up a lab that did not stop cleanly")
-            _cleanup(config_of(state), state.get("pid"), log)
-        elif config.net == "netns" and networking.netns_exists(config.netns):
-            _cleanup(config, None, log)
-        if config.net == "netns":
-            reason = networking.why_netns_unusable()
-            if reason:
-                raise LabError(f"cannot use the netns network: {reason}")
+        return start_locked(config, log, owner)
 
-        image = initramfs.build(log=log)
-        files = _files()
-        files.dir.mkdir(parents=True, exist_ok=True)
-        initramfs.boot_initramfs(image, config.guest_setup_script(), files.boot_initramfs)
-        drives = qemu_vm.create_drive_images(config, files)
-        cmd = qemu_vm.command_line(config, image, files, drives)
-        pid = None
-        try:
-            if config.net == "netns":
-                networking.create(config)
-            started = time.monotonic()
-            pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files)
-            log(f"fabric lab: QEMU pid {pid} booting {image.kernel_release} (TCG)")
-            qemu_vm.wait_ready(pid, files, boot_timeout(), log)
-            state = _new_state(config, pid, image, time.monotonic() - started)
-            _wait_reachable(state)
-            state["boot_seconds"] = round(time.monotonic() - started, 1)
-        except BaseException:
-            _cleanup(config, pid, log)
-            raise
-        lab_state.write(state)
+
+def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
+    """start() for callers that already hold the lab lock."""
+    state = lab_state.read()
+    if is_running(state):
+        if config_of(state).to_dict() != config.to_dict():
+            raise LabError("the fabric lab is already running with another config; "
+                           "run `lab.py stop` first")
         return state
+    if state is not None:
+        log("fabric lab: cleaning up a lab that did not stop cleanly")
+        _cleanup(config_of(state), state.get("pid"), log)
+    elif config.net == "netns" and networking.netns_exists(config.netns):
+        _cleanup(config, None, log)
+    if config.net == "netns":
+        reason = networking.why_netns_unusable()
+        if reason:
+            raise LabError(f"cannot use the netns network: {reason}")
+
+    image = initramfs.build(log=log)
+    files = _files()
+    files.dir.mkdir(parents=True, exist_ok=True)
+    initramfs.boot_initramfs(image, config.guest_setup_script(), files.boot_initramfs)
+    drives = qemu_vm.create_drive_images(config, files)
+    cmd = qemu_vm.command_line(config, image, files, drives)
+    pid = None
+    try:
+        if config.net == "netns":
+            networking.create(config)
+        started = time.monotonic()
+        pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files)
+        log(f"fabric lab: QEMU pid {pid} booting {image.kernel_release} (TCG)")
+        qemu_vm.wait_ready(pid, files, boot_timeout(), log)
+        state = _new_state(config, pid, image, time.monotonic() - started)
+        state["owner"] = owner
+        _wait_reachable(state)
+        state["boot_seconds"] = round(time.monotonic() - started, 1)
+    except BaseException:
+        _cleanup(config, pid, log)
+        raise
+    lab_state.write(state)
+    return state
 
 
 def _wait_reachable(state: dict, seconds: float = 60.0) -> None:
@@ -150,11 +159,16 @@ def _wait_reachable(state: dict, seconds: float = 60.0) -> None:
 def stop(log=print) -> bool:
     """Stop the lab; return False if nothing was running. Never leaves QEMU or the netns."""
     with lab_state.locked():
-        state = lab_state.read()
-        config = config_of(state) if state else LabConfig.default()
-        was_running = is_running(state)
-        _cleanup(config, state["pid"] if state else None, log)
-        return was_running
+        return stop_locked(log)
+
+
+def stop_locked(log=print) -> bool:
+    """stop() for callers that already hold the lab lock."""
+    state = lab_state.read()
+    config = config_of(state) if state else LabConfig.default()
+    was_running = is_running(state)
+    _cleanup(config, state["pid"] if state else None, log)
+    return was_running
 
 
 def status() -> dict | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 from .lab_config import LabConfig
@@ -108,11 +109,12 @@ def enter_netns(name: str) -> None:
     """Move the calling thread (and threads it starts later) into the named namespace.
 
     Used by the pytest fixture when the test process was not started with `lab.py exec`.
-    setns() only moves the calling thread, so this refuses in a multi-threaded process:
-    other threads would silently stay outside and their connections would fail oddly.
+    setns() only moves the calling thread, so this refuses while other Python threads run:
+    they would silently stay outside and their connections would fail oddly. Native helper
+    threads (numpy's BLAS pool) are tolerated; they open no sockets.
     """
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        raise NetworkError(f"cannot enter netns {name} from a process with {threads} threads; "
-                           f"run it under `lab.py exec -- ...` instead")
+    others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    if others:
+        raise NetworkError(f"cannot move this process into netns {name}: threads {others} "
+                           f"would stay outside; run it under `lab.py exec -- ...` instead")
     enter_netns_thread(name)

@@ -1,0 +1,206 @@
+"""pytest plugin: the `fabric_lab` fixture, a real Linux NVMe-oF target in a QEMU guest.
+
+Load it with `-p lab_fixture` (tests/ on sys.path), `pytest_plugins = ["lab_fixture"]` in the
+root conftest.py, or `from lab_fixture import fabric_lab` in a test module.
+
+The fixture uses the lab the test command started (`lab.py run -- python3 -m pytest ...`),
+or starts one itself and stops it when the last pytest process using it is done (so
+pytest-xdist workers share one lab). When the lab runs in its network namespace and this
+process is not inside it yet, the fixture moves the process there (lo is up in it, so
+loopback tests keep working). It skips only where the lab cannot run at all (not Linux, no
+QEMU and no way to install it, FX100IO_LAB=off); a lab that should start but fails is an error.
+
+Environment: FX100IO_LAB=off (skip lab tests), FX100IO_LAB_NET=netns|user,
+FX100IO_LAB_KEEP=1 (leave a self-started lab running), FX100IO_LAB_DIR, FX100IO_LAB_STATE,
+FX100IO_LAB_BOOT_TIMEOUT (seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_LAB_TOOLS = Path(__file__).resolve().parents[1] / "tools" / "fabric_lab"
+if str(_LAB_TOOLS) not in sys.path:
+    sys.path.insert(0, str(_LAB_TOOLS))
+
+from fabric_lab import host_tools, lab_control, lab_paths, lab_state, networking  # noqa: E402
+from fabric_lab.lab_config import LabConfig, LabConfigError  # noqa: E402
+
+
+@dataclass(frozen=True)
+class LabNamespace:
+    nsid: int
+    block_size: int
+    size_bytes: int
+    backend: str  # brd | null_blk | nvme (QEMU-emulated drive)
+
+
+@dataclass(frozen=True)
+class LabSubsystem:
+    nqn: str
+    namespaces: tuple[LabNamespace, ...]
+    allow_any_host: bool
+    allowed_hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FabricLab:
+    """Where the lab's target listens and what it exports."""
+
+    host: str
+    port: int
+    subsystems: tuple[LabSubsystem, ...]
+    allowed_host_nqn: str  # admitted by every subsystem, allow-listed ones included
+    discovery_nqn: str
+    guest_ip: str
+    net: str  # "netns" or "user"
+    netns: str | None
+    rdma_port: int | None  # NVMe/RDMA port on guest_ip (reachable only inside the guest)
+    kernel_release: str
+    state: dict
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def subsystem(self, name: str) -> LabSubsystem:
+        """The subsystem whose NQN is name or ends with it (e.g. "lab-ram")."""
+        for sub in self.subsystems:
+            if sub.nqn == name or sub.nqn.endswith(name):
+                return sub
+        raise KeyError(f"no lab subsystem {name!r}; have {[s.nqn for s in self.subsystems]}")
+
+    def guest(self, command: str, timeout: float = 120.0) -> tuple[int, str]:
+        """Run a shell command inside the guest; returns (exit status, output)."""
+        return lab_control.guest_command(self.state, command, timeout)
+
+
+def _lab_from_state(state: dict) -> FabricLab:
+    config = LabConfig.from_dict(state["config"])
+    subsystems = tuple(
+        LabSubsystem(
+            nqn=sub.nqn,
+            namespaces=tuple(LabNamespace(ns.nsid, ns.block_size, ns.size_mib * 2**20, ns.backend)
+                             for ns in sub.namespaces),
+            allow_any_host=sub.allow_any_host,
+            allowed_hosts=tuple(sub.allowed_hosts))
+        for sub in config.subsystems)
+    return FabricLab(
+        host=state["host"], port=state["port"], subsystems=subsystems,
+        allowed_host_nqn=state["allowed_host_nqn"], discovery_nqn=state["discovery_nqn"],
+        guest_ip=state["guest_ip"], net=state["net"], netns=state["netns"],
+        rdma_port=state["rdma"]["trsvcid"] if state.get("rdma") else None,
+        kernel_release=state["kernel_release"], state=state)
+
+
+def _why_lab_cannot_run() -> str | None:
+    """A reason to skip, only for machines where the lab truly cannot run."""
+    if os.environ.get("FX100IO_LAB", "").lower() in ("0", "off", "no", "false"):
+        return "fabric lab disabled by FX100IO_LAB=off"
+    if not sys.platform.startswith("linux"):
+        return "the fabric lab needs Linux"
+    missing = host_tools.missing_packages()
+    if missing and (os.geteuid() != 0 or host_tools.find_command("apt-get") is None):
+        return (f"fabric lab needs Debian packages {missing}, and this user cannot install "
+                f"them (sudo apt-get install -y {' '.join(missing)})")
+    return None
+
+
+def _default_config() -> LabConfig:
+    config = LabConfig.default()
+    wanted = os.environ.get("FX100IO_LAB_NET")
+    if wanted:
+        config.net = wanted
+    elif networking.why_netns_unusable():
+        # Without root or /dev/net/tun the slower user-mode path still gives a real target.
+        config.net = "user"
+    config.validate()
+    return config
+
+
+# One lab per process, however many modules import the fixture (each import would otherwise
+# make its own session fixture and start or stop the lab twice).
+_session: dict = {}
+
+
+def _users_dir() -> Path:
+    return lab_paths.run_dir() / "pytest-users"
+
+
+def _live_users() -> list[Path]:
+    users = []
+    for marker in _users_dir().glob("*"):
+        if marker.name.isdigit() and Path(f"/proc/{marker.name}").exists():
+            users.append(marker)
+        else:
+            marker.unlink(missing_ok=True)  # a pytest process that died without cleanup
+    return users
+
+
+def _acquire() -> FabricLab:
+    reason = _why_lab_cannot_run()
+    if reason and not lab_control.is_running(lab_state.read()):
+        pytest.skip(reason)
+    try:
+        config = _default_config()
+    except LabConfigError as err:
+        pytest.fail(f"fabric lab config: {err}", pytrace=False)
+    problem = None
+    try:
+        with lab_state.locked():
+            # Registered under the same lock as start/stop, so a finishing pytest process
+            # cannot stop the lab between our start and our registration.
+            _users_dir().mkdir(parents=True, exist_ok=True)
+            (_users_dir() / str(os.getpid())).touch()
+            state = lab_state.read()
+            if not lab_control.is_running(state):
+                state = lab_control.start_locked(config, log=_log, owner="pytest")
+    except (RuntimeError, OSError) as err:
+        problem = f"fabric lab did not start: {err}"
+    if problem is None:
+        lab = _lab_from_state(state)
+        if lab.net == "netns" and not networking.in_netns(lab.netns):
+            try:
+                networking.enter_netns(lab.netns)
+            except (networking.NetworkError, OSError) as err:
+                problem = f"cannot join the lab's network namespace: {err}"
+    if problem is not None:
+        # Outside the except blocks, so the report is the message, not a chained traceback.
+        _release()
+        pytest.fail(problem, pytrace=False)
+    return lab
+
+
+def _release() -> None:
+    with lab_state.locked():
+        (_users_dir() / str(os.getpid())).unlink(missing_ok=True)
+        state = lab_state.read()
+        if (state and state.get("owner") == "pytest" and not _live_users()
+                and os.environ.get("FX100IO_LAB_KEEP") != "1"):
+            lab_control.stop_locked(log=_log)
+
+
+def _log(message: str) -> None:
+    # Boot progress is useful in CI logs; pytest shows stderr of failing setups.
+    print(message, file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session")
+def fabric_lab() -> FabricLab:
+    """The running fabric lab (started on demand); see the module docstring."""
+    if "lab" not in _session:
+        _session["lab"] = _acquire()
+        _session["users"] = 0
+    _session["users"] += 1
+    try:
+        yield _session["lab"]
+    finally:
+        _session["users"] -= 1
+        if _session["users"] == 0:
+            del _session["lab"]
+            _release()
