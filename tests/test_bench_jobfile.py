@@ -1,0 +1,106 @@
+"""fio job files: [global] inheritance, flags, comments, includes, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fx100io.bench.errors import BenchError
+from fx100io.bench.jobfile import read_jobfile
+from fx100io.bench.options import parse_cli, resolve_job
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_globals_apply_to_jobs_after_them(tmp_path: Path) -> None:
+    f = write(
+        tmp_path / "a.fio",
+        """
+; a comment
+# another
+[global]
+ioengine=io_uring
+bs=64k
+direct=1
+filename=/tmp/target
+
+[seq-read]
+rw=read
+iodepth=16
+
+[global]
+bs=1m
+
+[rand-write]
+rw=randwrite
+time_based
+runtime=2
+""",
+    )
+    jobs = [resolve_job(r) for r in read_jobfile(f)]
+    assert [j.name for j in jobs] == ["seq-read", "rand-write"]
+    a, b = jobs
+    assert a.bs == 65536 and a.iodepth == 16 and a.direct and a.rw == "read"
+    assert b.bs == 1 << 20 and b.time_based and b.runtime_ns == 2_000_000_000 and b.rw == "randwrite"
+    assert a.filename == b.filename == "/tmp/target"
+    assert a.shown == {"ioengine": "io_uring", "bs": "64k", "direct": "1", "filename": "/tmp/target", "rw": "read", "iodepth": "16"}
+
+
+def test_env_expansion_and_include(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FXB_DEPTH", "32")
+    write(tmp_path / "common.fio", "[global]\nbs=8k\nfilename=/tmp/t\n")
+    f = write(tmp_path / "main.fio", "include common.fio\n[j]\niodepth=${FXB_DEPTH}\n")
+    (job,) = [resolve_job(r) for r in read_jobfile(f)]
+    assert job.iodepth == 32 and job.bs == 8192
+
+
+def test_unset_env_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FXB_NOPE", raising=False)
+    f = write(tmp_path / "a.fio", "[j]\nfilename=${FXB_NOPE}\n")
+    with pytest.raises(BenchError, match=r"a.fio:2: environment variable \$\{FXB_NOPE\} is not set"):
+        read_jobfile(f)
+
+
+def test_unknown_option_names_file_and_line(tmp_path: Path) -> None:
+    f = write(tmp_path / "bad.fio", "[global]\nbs=4k\n\n[j]\nfilename=/x\niodpeth=4\n")
+    with pytest.raises(BenchError, match=r"unknown option 'iodpeth' in .*bad.fio:6 \(did you mean iodepth\?\)"):
+        read_jobfile(f)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("bs=4k\n[j]\n", "appears before any \\[section\\]"),
+        ("[global]\nbs=4k\n", "defines no job"),
+        ("[j\nbs=4k\n", "malformed section header"),
+        ("[j]\nbs\n", "option 'bs' needs a value"),
+        ("[j]\noutput-format=json\n", "is a command-line option"),
+    ],
+)
+def test_malformed_job_files(tmp_path: Path, text: str, message: str) -> None:
+    f = write(tmp_path / "m.fio", text)
+    with pytest.raises(BenchError, match=message):
+        read_jobfile(f)
+
+
+def test_missing_job_file() -> None:
+    with pytest.raises(BenchError, match="job file '/nonexistent/x.fio' not found"):
+        read_jobfile("/nonexistent/x.fio")
+
+
+def test_command_line_overrides_job_file(tmp_path: Path) -> None:
+    f = write(tmp_path / "a.fio", "[global]\nfilename=/tmp/t\n[j]\nrw=read\niodepth=4\n")
+    cfg = parse_cli(["--iodepth=64", f, "--output-format=json"], read_jobfile)
+    (job,) = [resolve_job(r) for r in cfg.jobs]
+    assert job.iodepth == 64 and job.rw == "read"
+    assert cfg.output_formats == ("json",)
+
+
+def test_name_option_renames_the_section(tmp_path: Path) -> None:
+    f = write(tmp_path / "a.fio", "[section]\nname=renamed\nfilename=/x\n")
+    (raw,) = read_jobfile(f)
+    assert raw.name == "renamed"
