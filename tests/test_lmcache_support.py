@@ -58,13 +58,14 @@ __all__ = [
 ]
 
 
-def plugin_extra(devices: str, **opts: Any) -> dict:
+def plugin_extra(devices: Optional[str], **opts: Any) -> dict:
     extra = {
         f"storage_plugin.{PLUGIN}.module_path": "fx100io.contrib.lmcache",
         f"storage_plugin.{PLUGIN}.class_name": "FX100ioBackend",
         f"storage_plugin.{PLUGIN}.devices": devices,
         f"storage_plugin.{PLUGIN}.size": "64M",
     }
+    opts.setdefault("devices", devices)
     for key, value in opts.items():
         if value is None:
             extra.pop(f"storage_plugin.{PLUGIN}.{key}", None)
@@ -73,7 +74,7 @@ def plugin_extra(devices: str, **opts: Any) -> dict:
     return extra
 
 
-def make_config(devices: str, *, async_loading: bool = False, layerwise: bool = False,
+def make_config(devices: Optional[str], *, async_loading: bool = False, layerwise: bool = False,
                 cpu_gb: float = 0.05, **opts: Any) -> Any:
     return LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK,
