@@ -1,0 +1,274 @@
+"""ChunkStore on real files and loop devices: round trips, persistence,
+eviction, striping, compaction, corruption, and every bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import fx100io
+from fx100io import errors
+from conftest import chunk_bytes, run_python
+
+SIZES = [1, 4095, 4096, 4097, 1 << 20, (14 << 20) + 123, 64 << 20]
+
+
+def fill(keys, sizes):
+    return [chunk_bytes(k, n) for k, n in zip(keys, sizes)]
+
+
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+def test_round_trip_and_reopen_in_new_process(tmp_file, engine):
+    keys = [f"chunk-{n}" for n in SIZES]
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=256 << 20, engine=engine) as st:
+        st.batch_put_blocking(keys, fill(keys, SIZES))
+        outs = [np.zeros(n, dtype=np.uint8) for n in SIZES]
+        assert st.batch_get_blocking(keys, outs) == [True] * len(keys)
+        for o, k, n in zip(outs, keys, SIZES):
+            assert np.array_equal(o, chunk_bytes(k, n))
+    code = f"""
+import fx100io, numpy as np, sys
+sys.path.insert(0, "tests")
+from conftest import chunk_bytes
+st = fx100io.ChunkStore({str(tmp_file)!r}, engine={engine!r})
+sizes = {SIZES!r}
+keys = [f"chunk-{{n}}" for n in sizes]
+pool = fx100io.BufferPool(sum(sizes) + len(sizes) * 8192)
+outs = [pool.alloc(n) for n in sizes]
+assert st.batch_get_blocking(keys, outs) == [True] * len(keys)
+for o, k, n in zip(outs, keys, sizes):
+    assert np.array_equal(o, chunk_bytes(k, n)), k
+assert st.chunk_size(keys[-1]) == sizes[-1]
+print(st.stats()["chunks"])
+"""
+    assert run_python(code).stdout.strip() == str(len(SIZES))
+
+
+def test_bytes_and_str_keys_and_zero_length(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
+        st.batch_put_blocking([b"\x00\xffbin", "utf8-é", "empty"],
+                              [b"abc", bytearray(b"defg"), b""])
+        out = [bytearray(3), bytearray(4), bytearray(0)]
+        assert st.batch_get_blocking([b"\x00\xffbin", "utf8-é".encode(), "empty"], out) == [True] * 3
+        assert out[:2] == [b"abc", b"defg"]
+        assert st.contains("empty") and not st.contains("missing")
+
+
+def test_overwrite_and_delete_survive_reopen(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=32 << 20) as st:
+        st.batch_put_blocking(["a", "b"], [b"1" * 5000, b"2" * 5000])
+        st.batch_put_blocking(["a"], [b"3" * 7000])
+        assert st.delete_blocking("b") is True
+        assert st.delete_blocking("b") is False
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        out = bytearray(7000)
+        assert st.batch_get_blocking(["a", "b"], [out, bytearray(5000)]) == [True, False]
+        assert out == b"3" * 7000
+        assert st.stats()["chunks"] == 1
+
+
+def test_batch_exists_counts_prefix(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
+        st.batch_put_blocking(["p0", "p1", "p3"], [b"x"] * 3)
+        assert st.batch_exists_blocking(["p0", "p1", "p2", "p3"]) == 2
+        assert st.batch_exists_blocking(["p9", "p0"]) == 0
+        assert asyncio.run(st.batch_exists([])) == 0
+
+
+def test_many_concurrent_batches_one_loop(tmp_file):
+    size = 256 << 10
+
+    async def go(st):
+        async def one(t):
+            keys = [f"t{t}-{i}" for i in range(4)]
+            await st.batch_put(keys, fill(keys, [size] * 4))
+            outs = [np.empty(size, np.uint8) for _ in keys]
+            hits = await st.batch_get(keys, outs)
+            return hits == [True] * 4 and all(
+                np.array_equal(o, chunk_bytes(k, size)) for o, k in zip(outs, keys))
+        return await asyncio.gather(*(one(t) for t in range(32)))
+
+    async def main():
+        async with fx100io.ChunkStore(str(tmp_file), create=True, size=128 << 20) as st:
+            return await go(st)
+
+    results = asyncio.run(main())
+    assert results == [True] * 32
+
+
+def test_blocking_from_four_threads(tmp_file):
+    size = 1 << 20
+    st = fx100io.ChunkStore(str(tmp_file), create=True, size=256 << 20)
+    bad = []
+
+    def worker(t):
+        try:
+            for r in range(6):
+                keys = [f"w{t}-{r}-{i}" for i in range(3)]
+                st.batch_put_blocking(keys, fill(keys, [size] * 3))
+                outs = [np.empty(size, np.uint8) for _ in keys]
+                if st.batch_get_blocking(keys, outs) != [True] * 3:
+                    bad.append(("miss", t, r))
+                for o, k in zip(outs, keys):
+                    if not np.array_equal(o, chunk_bytes(k, size)):
+                        bad.append(("bytes", k))
+        except Exception as e:
+            bad.append(e)
+
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    st.close()
+    assert bad == []
+    with fx100io.ChunkStore(str(tmp_file)) as st2:
+        assert st2.stats()["chunks"] == 4 * 6 * 3
+
+
+def test_blocking_twin_inside_event_loop_is_refused(tmp_file):
+    async def go(st):
+        with pytest.raises(errors.BlockingCallInLoopError):
+            st.batch_exists_blocking(["x"])
+
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
+        asyncio.run(go(st))
+
+
+def test_loop_device_store(loop_device):
+    keys = [f"L{i}" for i in range(6)]
+    sizes = [(3 << 20) + i * 1000 for i in range(6)]
+    with fx100io.ChunkStore(loop_device, create=True) as st:
+        assert st.stats()["devices"][0]["direct"]
+        st.batch_put_blocking(keys, fill(keys, sizes))
+    with fx100io.ChunkStore(loop_device) as st:
+        outs = [np.empty(n, np.uint8) for n in sizes]
+        assert st.batch_get_blocking(keys, outs) == [True] * 6
+        assert all(np.array_equal(o, chunk_bytes(k, n)) for o, k, n in zip(outs, keys, sizes))
+
+
+def test_lru_eviction_under_capacity(tmp_file):
+    size = 1 << 20
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20,
+                            capacity=3 * size) as st:
+        st.batch_put_blocking(["e0", "e1", "e2"], fill(["e0", "e1", "e2"], [size] * 3))
+        # touch e0 so e1 is the least recently used
+        assert st.batch_get_blocking(["e0"], [np.empty(size, np.uint8)]) == [True]
+        st.batch_put_blocking(["e3"], fill(["e3"], [size]))
+        assert not st.contains("e1")
+        assert all(st.contains(k) for k in ("e0", "e2", "e3"))
+        assert st.stats()["evictions"] == 1
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        assert sorted(st.keys()) == [b"e0", b"e2", b"e3"]
+        outs = [np.empty(size, np.uint8) for _ in range(3)]
+        assert st.batch_get_blocking(["e0", "e2", "e3"], outs) == [True] * 3
+        assert np.array_equal(outs[2], chunk_bytes("e3", size))
+
+
+def test_striped_over_three_devices(tmp_path):
+    uris = [f"file://{tmp_path}/s{i}.img" for i in range(3)]
+    keys = [f"k{i}" for i in range(30)]
+    sizes = [100_000 + 7 * i for i in range(30)]
+    with fx100io.ChunkStore(uris, create=True, size=32 << 20) as st:
+        st.batch_put_blocking(keys, fill(keys, sizes))
+        per_dev = [d["chunks"] for d in st.stats()["devices"]]
+        assert sum(per_dev) == 30 and min(per_dev) > 0
+    # any order of the same devices works; a missing one is refused
+    with fx100io.ChunkStore(list(reversed(uris))) as st:
+        outs = [np.empty(n, np.uint8) for n in sizes]
+        assert st.batch_get_blocking(keys, outs) == [True] * 30
+        assert all(np.array_equal(o, chunk_bytes(k, n)) for o, k, n in zip(outs, keys, sizes))
+    with pytest.raises(errors.NotAStoreError, match="3 devices"):
+        fx100io.ChunkStore(uris[:2])
+
+
+def test_index_compaction_keeps_everything(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20,
+                            index_size=64 << 10) as st:
+        for r in range(40):  # one segment block per put: forces compactions
+            st.batch_put_blocking([f"c{r % 12}"], [chunk_bytes(f"v{r}", 5000)])
+        s = st.stats()
+        assert s["compactions"] >= 2 and s["chunks"] == 12
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        for i in range(12):
+            last = max(r for r in range(40) if r % 12 == i)
+            out = np.empty(5000, np.uint8)
+            assert st.batch_get_blocking([f"c{i}"], [out]) == [True]
+            assert np.array_equal(out, chunk_bytes(f"v{last}", 5000))
+
+
+def test_index_full_is_a_clear_error(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20,
+                            index_size=16 << 10) as st:
+        with pytest.raises(errors.DeviceFullError, match="index"):
+            for i in range(200):
+                st.batch_put_blocking([f"{i:0>900}"], [b"z"])
+        n = st.stats()["chunks"]
+        assert n > 0
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        assert st.stats()["chunks"] == n
+
+
+def test_flipped_byte_is_detected(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=32 << 20) as st:
+        st.batch_put_blocking(["good", "bad"], fill(["good", "bad"], [70000, 70000]))
+        off = st._entries[b"bad"].off
+    with open(tmp_file, "r+b") as f:
+        f.seek(off + 12345)
+        b = f.read(1)
+        f.seek(off + 12345)
+        f.write(bytes([b[0] ^ 0x40]))
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        outs = [np.empty(70000, np.uint8), np.empty(70000, np.uint8)]
+        assert st.batch_get_blocking(["good", "bad"], outs) == [True, False]
+        assert np.array_equal(outs[0], chunk_bytes("good", 70000))
+        assert st.stats()["corruptions"] == 1
+        assert not st.contains("bad")  # dropped, never served
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        assert not st.contains("bad") and st.contains("good")
+
+
+def test_bad_inputs_raise_and_corrupt_nothing(tmp_file):
+    st = fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20, capacity=4 << 20)
+    st.batch_put_blocking(["keep"], [b"K" * 10000])
+    with pytest.raises(errors.BufferTooSmallError):
+        st.batch_get_blocking(["keep"], [bytearray(9999)])
+    with pytest.raises(errors.ReadOnlyBufferError):
+        st.batch_get_blocking(["keep"], [b"\0" * 10000])
+    with pytest.raises(errors.KeyTooLongError):
+        st.batch_put_blocking(["x" * 1025], [b"1"])
+    with pytest.raises(errors.KeyTooLongError):
+        st.batch_put_blocking([""], [b"1"])
+    with pytest.raises(errors.InvalidArgumentError):
+        st.batch_put_blocking([123], [b"1"])
+    with pytest.raises(errors.InvalidArgumentError):
+        st.batch_put_blocking(["a", "b"], [b"1"])
+    with pytest.raises(errors.InvalidArgumentError):
+        st.batch_put_blocking(["a"], [object()])
+    with pytest.raises(errors.DeviceFullError):
+        st.batch_put_blocking(["huge"], [np.zeros(5 << 20, np.uint8)])
+    out = bytearray(10000)
+    assert st.batch_get_blocking(["keep"], [out]) == [True] and out == b"K" * 10000
+    assert sorted(st.keys()) == [b"keep"]
+    st.close()
+    with pytest.raises(errors.StoreClosedError):
+        st.batch_get_blocking(["keep"], [out])
+    with pytest.raises(errors.StoreClosedError):
+        st.contains("keep")
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(errors.DeviceNotFoundError):
+        fx100io.ChunkStore(str(tmp_path / "absent.img"))
+    junk = tmp_path / "junk.img"
+    junk.write_bytes(b"not a store" * 1000)
+    with pytest.raises(errors.NotAStoreError, match="create=True"):
+        fx100io.ChunkStore(str(junk))
+    assert junk.read_bytes() == b"not a store" * 1000  # untouched
+    with pytest.raises(errors.InvalidArgumentError, match="too small"):
+        fx100io.ChunkStore(str(tmp_path / "tiny.img"), create=True, size=64 << 10)
+    with pytest.raises(errors.InvalidArgumentError):
+        fx100io.ChunkStore([], create=True, size=1 << 20)
