@@ -95,14 +95,14 @@ class IoLoop:
 
     # ------------------------------------------------------------ async
 
-    def run_async(self, ios: Iterable[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool = False) -> None:
+    def run_async(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool = False) -> None:
         loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(self._run_async(iter(ios), phase, end_ns, verify_only))
+            loop.run_until_complete(self._run_async(iter(ios), phase, duration_ns, verify_only))
         finally:
             loop.close()
 
-    async def _run_async(self, it: Iterator[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool) -> None:
+    async def _run_async(self, it: Iterator[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool) -> None:
         dev = self.dev
         bs = self.bs
         clock = time.monotonic_ns
@@ -113,6 +113,7 @@ class IoLoop:
         progress = self.progress
         state = {"inflight": 0, "stop": False, "next_tick": 0}
         phase.start_ns = start = clock()
+        end_ns = start + duration_ns if duration_ns else None
         state["next_tick"] = start + TICK_NS
         phase.series.sample(0, rstats, wstats)
 
@@ -185,7 +186,7 @@ class IoLoop:
 
     # ------------------------------------------------------------ blocking
 
-    def run_blocking(self, ios: Iterable[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool = False) -> None:
+    def run_blocking(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool = False) -> None:
         dev = self.dev
         bs = self.bs
         buf = self.bufs[0]
@@ -195,6 +196,7 @@ class IoLoop:
         verify_on = vlog is not None
         progress = self.progress
         phase.start_ns = start = clock()
+        end_ns = start + duration_ns if duration_ns else None
         next_tick = start + TICK_NS
         phase.series.sample(0, rstats, wstats)
         read, write = dev.read_into_blocking, dev.write_from_blocking
@@ -238,11 +240,12 @@ class IoLoop:
             phase.series.sample(phase.end_ns - start, rstats, wstats)
             progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000)
 
-    def run(self, ios: Iterable[tuple[int, bool]], phase: Phase, end_ns: int | None, verify_only: bool = False) -> None:
+    def run(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool = False) -> None:
+        """Issue ``ios`` until they run out or ``duration_ns`` has passed."""
         if self.job.ioengine == "psync":
-            self.run_blocking(ios, phase, end_ns, verify_only)
+            self.run_blocking(ios, phase, duration_ns, verify_only)
         else:
-            self.run_async(ios, phase, end_ns, verify_only)
+            self.run_async(ios, phase, duration_ns, verify_only)
 
 
 # ---------------------------------------------------------------- the job
@@ -325,13 +328,12 @@ def run_block_job(job: Job, clone: int, progress: Any = None, start_gate: Callab
                 progress.set_state(RAMP)
                 # Ramp I/O is real but unrecorded; it wraps so a short region
                 # does not end the ramp early.
-                loop.run(pattern(None, 1), Phase(), time.monotonic_ns() + job.ramp_ns)
+                loop.run(pattern(None, 1), Phase(), job.ramp_ns)
             progress.set_state(RUNNING)
             phase = Phase()
             passes = None if job.time_based else job.loops
-            end_ns = time.monotonic_ns() + job.runtime_ns if job.runtime_ns else None
             try:
-                loop.run(pattern(passes), phase, end_ns)
+                loop.run(pattern(passes), phase, job.runtime_ns)
             finally:
                 result.read, result.write = phase.read, phase.write
                 result.series = [phase.series]
