@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""fx100io against fio's io_uring engine on the same file or block device.
+
+Interleaved rounds, O_DIRECT everywhere, the peer measured in the same run:
+  fio       io_uring, fixedbufs, registerfiles, 1 MiB reads, iodepth 32
+  device    fx100io Device.read_into, 1 MiB reads, 32 in flight (BufferPool)
+  fio-32m   io_uring, fixedbufs, registerfiles, 32 MiB reads, iodepth 32
+  store     ChunkStore.batch_get, 32 MiB chunks, 32 per batch (CRC checked)
+Prints GB/s per round, medians, and the ratios to fio.
+
+  python3 tools/bench_vs_fio.py [--target PATH_OR_DEV] [--gib 2] [--rounds 5]
+
+The target is formatted as a ChunkStore (its contents are destroyed).
+Default: a 2.5 GiB file under /var/tmp (the machine's disk, not tmpfs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import fx100io
+
+MiB = 1 << 20
+CHUNK = 32 * MiB
+
+
+def fio_read(target: str, offset: int, size: int, bs: int, iodepth: int) -> float:
+    cmd = ["fio", "--name=peer", f"--filename={target}", "--rw=read", f"--bs={bs}",
+           f"--iodepth={iodepth}", "--ioengine=io_uring", "--fixedbufs", "--registerfiles",
+           "--direct=1", f"--offset={offset}", f"--size={size}", "--output-format=json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    job = json.loads(p.stdout)["jobs"][0]["read"]
+    return job["bw_bytes"] / 1e9
+
+
+def device_read(target: str, offset: int, size: int, bs: int, inflight: int) -> float:
+    async def run() -> float:
+        with fx100io.open_device(target, queue_depth=inflight) as dev:
+            pool = fx100io.BufferPool(bs * inflight)
+            bufs = [pool.alloc(bs) for _ in range(inflight)]
+            nblocks = size // bs
+            next_block = 0
+
+            async def worker(buf: np.ndarray) -> int:
+                nonlocal next_block
+                moved = 0
+                while next_block < nblocks:
+                    i = next_block
+                    next_block += 1
+                    moved += await dev.read_into(offset + i * bs, buf)
+                return moved
+
+            t = time.perf_counter()
+            moved = sum(await asyncio.gather(*(worker(b) for b in bufs)))
+            dt = time.perf_counter() - t
+            assert moved == nblocks * bs
+            return moved / dt / 1e9
+
+    return asyncio.run(run())
+
+
+def store_get(target: str, keys: list[str], bufs: list[np.ndarray], batch: int) -> float:
+    async def run() -> float:
+        with fx100io.ChunkStore(target, queue_depth=64) as st:
+            t = time.perf_counter()
+            for i in range(0, len(keys), batch):
+                hits = await st.batch_get(keys[i:i + batch], bufs[:batch])
+                assert all(hits), "benchmark chunks missing"
+            dt = time.perf_counter() - t
+            return len(keys) * CHUNK / dt / 1e9
+
+    return asyncio.run(run())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="/var/tmp/fx100io-bench.img",
+                    help="file or block device (destroyed)")
+    ap.add_argument("--gib", type=float, default=2.0, help="GiB of chunks to read per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    if shutil.which("fio") is None:
+        sys.exit("fio is not installed: apt-get install fio")
+
+    nchunks = max(32, int(args.gib * 1024) // 32 // 32 * 32)
+    size = nchunks * CHUNK
+    is_blk = args.target.startswith("/dev/")
+    print(f"target {args.target}: {nchunks} chunks of 32 MiB ({size / 2**30:.1f} GiB), "
+          f"{args.rounds} interleaved rounds", flush=True)
+    st = fx100io.ChunkStore(args.target, create=True,
+                            size=None if is_blk else size + 512 * MiB)
+    pool = fx100io.BufferPool(32 * CHUNK)
+    bufs = [pool.alloc(CHUNK) for _ in range(32)]
+    keys = [f"bench-{i}" for i in range(nchunks)]
+    rng = np.random.default_rng(0)
+    for i in range(0, nchunks, 32):
+        for b in bufs:
+            b[:] = rng.integers(0, 256, CHUNK, dtype=np.uint8)
+        st.batch_put_blocking(keys[i:i + 32], bufs)
+    data_off = min(e.off for e in st._entries.values())
+    st.close()
+
+    results: dict[str, list[float]] = {"fio 1M qd32": [], "device 1M x32": [],
+                                       "fio 32M qd32": [], "store batch_get 32M x32": []}
+    for r in range(args.rounds):
+        row = {
+            "fio 1M qd32": fio_read(args.target, data_off, size, MiB, 32),
+            "device 1M x32": device_read(args.target, data_off, size, MiB, 32),
+            "fio 32M qd32": fio_read(args.target, data_off, size, CHUNK, 32),
+            "store batch_get 32M x32": store_get(args.target, keys, bufs, 32),
+        }
+        for k, v in row.items():
+            results[k].append(v)
+        print(f"round {r + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    fio_best = max(med["fio 1M qd32"], med["fio 32M qd32"])
+    print("\n| path | median GB/s | ratio |")
+    print("|---|---|---|")
+    print(f"| fio io_uring 1 MiB, qd32 | {med['fio 1M qd32']:.2f} | 1.00 |")
+    print(f"| fx100io device 1 MiB, 32 in flight | {med['device 1M x32']:.2f} | "
+          f"{med['device 1M x32'] / med['fio 1M qd32']:.2f}x fio 1M |")
+    print(f"| fio io_uring 32 MiB, qd32 | {med['fio 32M qd32']:.2f} | "
+          f"{med['fio 32M qd32'] / med['fio 1M qd32']:.2f} |")
+    print(f"| fx100io ChunkStore.batch_get 32 MiB x32 | {med['store batch_get 32M x32']:.2f} | "
+          f"{med['store batch_get 32M x32'] / fio_best:.2f}x best fio |")
+    if not is_blk and os.path.exists(args.target):
+        os.unlink(args.target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
