@@ -346,3 +346,60 @@ def test_worker_placeholder_gives_each_worker_its_own_device(tmp_path):
         assert os.path.exists(tmp_path / "kv-1-of-2.img")
     finally:
         manager.close()
+
+
+def test_striped_file_devices(tmp_path):
+    devices = f"file://{tmp_path}/a.img,file://{tmp_path}/b.img"
+    keys = keys_for(range(1000, 1012))
+    first = make_storage_manager(make_config(devices))
+    try:
+        expected = put_chunks(first, keys)
+        assert plugin_of(first).flush(30)
+        per_device = [d["chunks"] for d in plugin_of(first).stats()["store"]["devices"]]
+        assert len(per_device) == 2 and all(n > 0 for n in per_device)  # spread over both
+    finally:
+        first.close()
+    second = make_storage_manager(make_config(devices))
+    try:
+        got = plugin_of(second).batched_get_blocking(keys)
+        for obj, want in zip(got, expected):
+            assert obj is not None and torch.equal(obj_bytes(obj), want)
+            obj.ref_count_down()
+    finally:
+        second.close()
+
+
+def test_blank_block_device_is_formatted_once_then_reopened(loop_device):
+    """create: auto on a brand-new (all-zero) disk formats it; a restart finds the chunks."""
+    config = make_config(loop_device, size=None)
+    keys = keys_for([1101, 1102])
+    first = make_storage_manager(config)
+    try:
+        expected = put_chunks(first, keys)
+        assert plugin_of(first).flush(30)
+    finally:
+        first.close()
+    second = make_storage_manager(make_config(loop_device, size=None))
+    try:
+        got = plugin_of(second).batched_get_blocking(keys)
+        for obj, want in zip(got, expected):
+            assert obj is not None and torch.equal(obj_bytes(obj), want)
+            obj.ref_count_down()
+    finally:
+        second.close()
+
+
+def test_preallocated_zero_file_is_formatted(tmp_path):
+    img = tmp_path / "kv.img"
+    with open(img, "wb") as f:
+        f.truncate(32 << 20)  # e.g. made with `truncate -s` or fallocate beforehand
+    manager = make_storage_manager(make_config(f"file://{img}", size=None))
+    try:
+        keys = keys_for([1201])
+        (want,) = put_chunks(manager, keys)
+        cold_cpu_tier(manager)
+        (obj,) = plugin_of(manager).batched_get_blocking(keys)
+        assert torch.equal(obj_bytes(obj), want)
+        obj.ref_count_down()
+    finally:
+        manager.close()

@@ -299,7 +299,9 @@ def should_create(options: PluginOptions) -> bool:
     if options.create == "never":
         return False
     paths = [file_path(uri) for uri in options.devices]
-    if any(p is None for p in paths):
+    if any(p is None or p.startswith("/dev/") for p in paths):
+        # Block devices and fabric namespaces are not created by us; a blank one is
+        # formatted after opening finds no store on it (see is_blank).
         return False
     fresh = [not os.path.exists(p) or (os.path.isfile(p) and os.path.getsize(p) == 0) for p in paths]
     if all(fresh):
@@ -312,3 +314,24 @@ def should_create(options: PluginOptions) -> bool:
             "to start over)"
         )
     return False
+
+
+# How much of a device must read as zeros before 'auto' treats it as blank.
+BLANK_PROBE = 1 << 20
+
+
+def is_blank(uri: str) -> bool:
+    """True if a local device or file starts with BLANK_PROBE zero bytes (or is empty).
+
+    Lets 'create: auto' format a brand-new disk while never touching one that holds
+    anything, not even data of another program.
+    """
+    path = file_path(uri)
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(BLANK_PROBE)
+    except OSError:
+        return False
+    return not head.strip(b"\0")

@@ -37,7 +37,14 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from . import _lmcache_codec as codec
-from ._lmcache_config import PluginConfigError, PluginOptions, file_path, parse_options, should_create
+from ._lmcache_config import (
+    PluginConfigError,
+    PluginOptions,
+    file_path,
+    is_blank,
+    parse_options,
+    should_create,
+)
 from ._lmcache_runtime import Breaker, LoopRunner, TimedOut, bounded
 
 logger = logging.getLogger("fx100io.contrib.lmcache")
@@ -139,8 +146,8 @@ class FX100ioBackend(StoragePluginInterface):
         if create:
             for uri in options.devices:
                 path = file_path(uri)
-                if path is None:
-                    continue
+                if path is None or (os.path.exists(path) and not os.path.isfile(path)):
+                    continue  # block devices and fabric namespaces bring their own size
                 if options.size is None:
                     raise PluginConfigError(
                         f"storage_plugin.{options.name}.size is required to create {path} "
@@ -150,23 +157,39 @@ class FX100ioBackend(StoragePluginInterface):
                 if parent:
                     os.makedirs(parent, exist_ok=True)
         uris: Any = list(options.devices) if len(options.devices) > 1 else options.devices[0]
-        try:
-            store = fx100io.ChunkStore(
+
+        def open_store(fmt: bool) -> Any:
+            return fx100io.ChunkStore(
                 uris,
-                create=create,
-                size=options.size if create else None,
+                create=fmt,
+                size=options.size if fmt else None,
                 direct=options.direct,
                 engine=options.engine,
                 queue_depth=options.queue_depth,
                 capacity=options.capacity,
             )
+
+        try:
+            try:
+                store = open_store(create)
+            except fx100io.errors.NotAStoreError:
+                # A brand-new disk has no store yet; 'auto' formats it only if it is
+                # blank, so a device holding anything else is never overwritten.
+                if create or options.create != "auto" or not all(is_blank(u) for u in options.devices):
+                    raise
+                logger.warning("fx100io: %s blank, formatting it", ", ".join(options.devices))
+                create = True
+                store = open_store(True)
         except Exception as exc:
             action = "format" if create else "open"
             hint = ""
-            if not create and options.create == "never":
-                hint = " (create: never, so nothing is formatted; use create: auto for files)"
+            if isinstance(exc, fx100io.errors.NotAStoreError):
+                hint = (" (it holds something that is not an fx100io store and is not blank; "
+                        "create: always would erase it)")
+            elif not create and options.create == "never":
+                hint = " (create: never, so nothing is formatted; use create: auto)"
             raise PluginStartError(
-                f"could not {action} {', '.join(options.devices)}: {exc!r}{hint}"
+                f"could not {action} {', '.join(options.devices)}: {exc}{hint}"
             ) from exc
         logger.info(
             "fx100io: %s store on %s", "formatted new" if create else "opened existing",
