@@ -170,6 +170,10 @@ class StallingStore:
         await self.gate.wait()
         return await self._real.batch_get(keys, bufs)
 
+    async def batch_put(self, keys, bufs):
+        await self.gate.wait()
+        return await self._real.batch_put(keys, bufs)
+
     def open_gate(self):
         self._loop.call_soon_threadsafe(self.gate.set)
 
@@ -245,3 +249,53 @@ def test_stalled_prefetch_answers_the_scheduler(device):
         backend._store.open_gate()
     finally:
         destroy_engine(engine)
+
+
+def test_lmcache_frees_its_pool_only_after_our_writes_finish(device):
+    """StorageManager.close() frees the CPU pool before closing plugins: it must wait."""
+    import threading
+
+    manager = make_storage_manager(make_config(device, timeout_s="0.5"))
+    backend = plugin_of(manager)
+    stalling = StallingStore(backend._store, manager.loop)
+    backend._store = stalling
+    meta = manager.storage_backends["LocalCPUBackend"].metadata
+    key = CacheEngineKey(MODEL, 1, 0, 77, torch.bfloat16)
+    obj = manager.allocate(meta.get_shapes(CHUNK), meta.get_dtypes())
+    want = fill_obj(obj, 77)
+    manager.batched_put([key], [obj])
+    assert backend.flush(10)  # the put timed out (breaker) but its write is still pending
+    allocator = manager.storage_backends["LocalCPUBackend"].get_memory_allocator()
+
+    closer = threading.Thread(target=manager.close)
+    closer.start()
+    time.sleep(0.5)
+    assert not allocator._unregistered  # LMCache's pool is still there: our write holds it
+    stalling.open_gate()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert allocator._unregistered  # freed once the write ended
+
+    again = make_storage_manager(make_config(device))
+    try:
+        (got,) = plugin_of(again).batched_get_blocking([key])
+        assert got is not None and torch.equal(obj_bytes(got), want)  # and the write was whole
+        got.ref_count_down()
+    finally:
+        again.close()
+
+
+def test_pool_left_allocated_if_the_device_never_answers(device):
+    manager = make_storage_manager(make_config(device, timeout_s="0.2"))
+    backend = plugin_of(manager)
+    stalling = StallingStore(backend._store, manager.loop)
+    backend._store = stalling
+    meta = manager.storage_backends["LocalCPUBackend"].metadata
+    obj = manager.allocate(meta.get_shapes(CHUNK), meta.get_dtypes())
+    fill_obj(obj, 1)
+    manager.batched_put([CacheEngineKey(MODEL, 1, 0, 78, torch.bfloat16)], [obj])
+    allocator = manager.storage_backends["LocalCPUBackend"].get_memory_allocator()
+    with LogCapture() as logs:
+        manager.close()  # bounded: about 2 x max(timeout_s, 1s)
+    assert not allocator._unregistered
+    assert "leaving the pool allocated" in logs.text(logging.ERROR)

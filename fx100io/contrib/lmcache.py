@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 import torch
@@ -110,6 +111,10 @@ class FX100ioBackend(StoragePluginInterface):
         self._pins: dict[CacheEngineKey, int] = {}
         self._records: "collections.OrderedDict[str, codec.ChunkRecord]" = collections.OrderedDict()
         self._warned: set[str] = set()
+        # Store requests that still use LMCache buffers, counted until the I/O really
+        # ends (a timed-out request keeps counting): LMCache must not free its pool first.
+        self._io_cond = threading.Condition()
+        self._io_pending = 0
 
         self.options: PluginOptions = parse_options(
             getattr(config, "storage_plugins", None),
@@ -123,6 +128,7 @@ class FX100ioBackend(StoragePluginInterface):
         try:
             self._runner = LoopRunner(loop)
             self._register_pool()
+            self._guard_pool_release()
         except Exception:
             self._store.close()
             raise
@@ -201,27 +207,59 @@ class FX100ioBackend(StoragePluginInterface):
         """Hand LMCache's pinned pool to io_uring as fixed buffers when the core can.
 
         Every MemoryObj LMCache allocates lives inside this one pool, so registering it
-        once lets every read and write skip per-request page pinning in the kernel.
+        once would let every read and write skip per-request page pinning. The core
+        registers only pools it allocated itself so far; when it grows
+        ``fx100io.register_memory(buffer)`` for outside memory, this starts using it.
         """
         if not self.options.register_buffers or self.local_cpu_backend is None:
             return
-        register = getattr(self._store, "register_buffers", None)
+        import fx100io
+
+        register = getattr(fx100io, "register_memory", None)
         pool = getattr(self.local_cpu_backend.get_memory_allocator(), "buffer", None)
         if register is None or not isinstance(pool, torch.Tensor) or pool.device.type != "cpu":
             logger.info(
-                "fx100io: LMCache's pinned pool is not registered with io_uring (%s); reads "
+                "fx100io: LMCache's CPU pool is not registered with io_uring (%s); reads "
                 "still land in the MemoryObj buffers directly",
-                "this fx100io build has no register_buffers" if register is None
+                "this fx100io build cannot register outside memory" if register is None
                 else "no CPU pool tensor found",
             )
             return
         view = memoryview(pool.view(torch.uint8).numpy())
         try:
-            register([view])
+            register(view)
         except Exception as exc:  # noqa: BLE001 - an unregistered pool still works
-            logger.warning("fx100io: registering LMCache's pinned pool failed (%r); continuing without", exc)
+            logger.warning("fx100io: registering LMCache's CPU pool failed (%r); continuing without", exc)
             return
-        logger.info("fx100io: registered LMCache's pinned pool (%d MiB) with io_uring", view.nbytes >> 20)
+        logger.info("fx100io: registered LMCache's CPU pool (%d MiB) with io_uring", view.nbytes >> 20)
+
+    def _guard_pool_release(self) -> None:
+        """Make LMCache wait for our I/O before it frees its CPU pool.
+
+        StorageManager.close() closes LocalCPUBackend, which frees the pool, before it
+        closes plugins. Writes still reading a MemoryObj, or reads still filling one,
+        would then touch freed memory. Its close is wrapped (on this instance only) to
+        drain our requests first; if the device never answers, the pool is left
+        allocated, which at shutdown costs nothing and corrupts nothing.
+        """
+        backend = self.local_cpu_backend
+        if backend is None:
+            return
+        original_close = backend.close
+        plugin = weakref.ref(self)
+
+        def close_after_fx100io_io() -> None:
+            me = plugin()
+            if me is not None and not me._quiesce():
+                logger.error(
+                    "fx100io: device requests still use LMCache's CPU pool after %.1fs; "
+                    "leaving the pool allocated rather than freeing memory under them",
+                    me._quiesce_s(),
+                )
+                return
+            original_close()
+
+        backend.close = close_after_fx100io_io
 
     # --------------------------------------------------------------- helpers
 
@@ -263,6 +301,33 @@ class FX100ioBackend(StoragePluginInterface):
     def _forget(self, key_text: str) -> None:
         with self._lock:
             self._records.pop(key_text, None)
+
+    def _tracked(self, awaitable: Any) -> Any:
+        """Count a store request that uses LMCache buffers until it really finishes."""
+        with self._io_cond:
+            self._io_pending += 1
+
+        async def run() -> Any:
+            try:
+                return await awaitable
+            finally:
+                with self._io_cond:
+                    self._io_pending -= 1
+                    self._io_cond.notify_all()
+
+        return run()
+
+    def _quiesce_s(self) -> float:
+        return 2 * max(self.options.timeout_s, 1.0)
+
+    def _quiesce(self) -> bool:
+        """Wait for submitted puts and for every request using LMCache memory."""
+        if self._runner.on_loop_thread():
+            return self._io_pending == 0
+        deadline = self._quiesce_s()
+        self.flush(timeout=deadline)
+        with self._io_cond:
+            return self._io_cond.wait_for(lambda: self._io_pending == 0, timeout=deadline)
 
     def _wait_s(self) -> float:
         # Coroutines bound each of their (at most two) store requests by timeout_s;
@@ -439,7 +504,7 @@ class FX100ioBackend(StoragePluginInterface):
         late = False
         try:
             await bounded(
-                self._store.batch_put(names, bufs),
+                self._tracked(self._store.batch_put(names, bufs)),
                 self.options.timeout_s,
                 on_late=lambda: self._finish_puts(batch),
             )
@@ -584,7 +649,7 @@ class FX100ioBackend(StoragePluginInterface):
         reading = [objs[i] for i, _ in idx]
         try:
             hits = await bounded(
-                self._store.batch_get([d for _, d in idx], [self._view(o) for o in reading]),
+                self._tracked(self._store.batch_get([d for _, d in idx], [self._view(o) for o in reading])),
                 self.options.timeout_s,
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),
