@@ -108,6 +108,8 @@ class IoLoop:
         clock = time.monotonic_ns
         rstats, wstats = phase.read, phase.write
         depth_counts = phase.depth_counts
+        # Bucket of each possible depth, looked up rather than computed per I/O.
+        bucket_of = [depth_bucket(d) for d in range(len(self.bufs) + 2)]
         vlog = self.verify_log
         verify_on = vlog is not None
         progress = self.progress
@@ -138,7 +140,7 @@ class IoLoop:
                         self.seq += 1
                         verifymod.stamp(buf, off, bs, self.seq)
                 depth = state["inflight"] = state["inflight"] + 1
-                depth_counts[depth_bucket(depth)] += 1
+                depth_counts[bucket_of[depth]] += 1
                 t0 = clock()
                 try:
                     if is_read:
