@@ -17,15 +17,29 @@ TOOL = REPO / "tools" / "compare_fio"
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install fio)")
 def test_compare_fio_table_and_json(tmp_path: Path) -> None:
     jf = tmp_path / "job.fio"
-    jf.write_text(f"[global]\nfilename={tmp_path / 't.img'}\nsize=1m\nbs=4k\n\n[r]\nrw=randread\niodepth=4\nioengine=libaio\n")
-    p = subprocess.run([sys.executable, str(TOOL), str(jf), "--repeat=1"], capture_output=True, text=True, timeout=120)
+    jf.write_text(
+        f"[global]\nfilename={tmp_path / 't.img'}\nsize=1m\nbs=4k\n\n[r]\nrw=randread\niodepth=4\nioengine=libaio\n"
+    )
+    p = subprocess.run(
+        [sys.executable, str(TOOL), str(jf), "--repeat=1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert "fio ioengine=io_uring" in lines[0]
     row = next(line for line in lines if line.startswith("read IOPS"))
     assert len(row.split()) == 5  # metric (2 words), fio, fx100io, ratio
     assert float(row.split()[-1]) > 0
-    p = subprocess.run([sys.executable, str(TOOL), str(jf), "--repeat=1", "--json"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(TOOL), str(jf), "--repeat=1", "--json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     # Same job, same size: both tools moved 1 MiB of 4 KiB reads.
@@ -37,6 +51,12 @@ def test_compare_fio_table_and_json(tmp_path: Path) -> None:
 def test_compare_fio_refuses_bad_job_files(tmp_path: Path) -> None:
     jf = tmp_path / "bad.fio"
     jf.write_text("[j]\nfilename=/tmp/x\nbogus=1\n")
-    p = subprocess.run([sys.executable, str(TOOL), str(jf), "--repeat=1", "--fio=/bin/true"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, str(TOOL), str(jf), "--repeat=1", "--fio=/bin/true"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 1
     assert "unknown option 'bogus'" in p.stderr and "Traceback" not in p.stderr

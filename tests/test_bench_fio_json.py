@@ -22,7 +22,9 @@ from fx100io.bench import cli
 
 FIO = shutil.which("fio")
 
-pytestmark = pytest.mark.skipif(FIO is None, reason="fio is not installed (apt-get install fio); it is the reference")
+pytestmark = pytest.mark.skipif(
+    FIO is None, reason="fio is not installed (apt-get install fio); it is the reference"
+)
 
 # Keys fio has that we leave out, and why:
 #  iodepth_submit / iodepth_complete: how many I/Os each submit / reap call
@@ -38,7 +40,9 @@ JOBS = {
 
 
 def run_fio(jobfile: Path) -> dict[str, Any]:
-    p = subprocess.run([FIO, "--output-format=json", str(jobfile)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [FIO, "--output-format=json", str(jobfile)], check=False, capture_output=True, text=True, timeout=60
+    )
     if p.returncode != 0 and "io_uring" in p.stderr:
         pytest.skip(f"fio cannot use io_uring here: {p.stderr.strip()[:200]}")
     assert p.returncode == 0, p.stderr
@@ -64,7 +68,9 @@ def shape(doc: Any, prefix: str = "") -> dict[str, str]:
         for v in doc[:1]:
             out.update(shape(v, prefix + "[]"))
     else:
-        out[prefix] = "number" if isinstance(doc, (int, float)) and not isinstance(doc, bool) else type(doc).__name__
+        out[prefix] = (
+            "number" if isinstance(doc, (int, float)) and not isinstance(doc, bool) else type(doc).__name__
+        )
     return out
 
 
@@ -76,7 +82,9 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, dic
         docs = []
         for tool in ("fio", "fx"):
             jf = base / f"{name}.{tool}.fio"
-            jf.write_text(f"[global]\nioengine=io_uring\nfilename={base / (name + '.' + tool + '.img')}\n\n[{name}]\n{body}")
+            jf.write_text(
+                f"[global]\nioengine=io_uring\nfilename={base / (name + '.' + tool + '.img')}\n\n[{name}]\n{body}"
+            )
             docs.append(run_fio(jf) if tool == "fio" else run_ours(jf))
         out[name] = (docs[0], docs[1])
     return out
@@ -89,7 +97,9 @@ def test_same_fields_and_types(pairs: dict, name: str) -> None:
     our_shape = shape(ours["jobs"][0])
     missing = sorted(k for k in fio_shape if k not in our_shape and k.split("/")[1] not in NOT_MEASURED)
     assert missing == [], f"fio has fields we lack: {missing}"
-    wrong_type = sorted((k, fio_shape[k], our_shape[k]) for k in fio_shape if k in our_shape and fio_shape[k] != our_shape[k])
+    wrong_type = sorted(
+        (k, fio_shape[k], our_shape[k]) for k in fio_shape if k in our_shape and fio_shape[k] != our_shape[k]
+    )
     assert wrong_type == []
     for key in ("jobs", "timestamp", "timestamp_ms", "time", "fio version", "disk_util"):
         assert key in ours

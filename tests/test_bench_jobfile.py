@@ -47,7 +47,14 @@ runtime=2
     assert a.bs == 65536 and a.iodepth == 16 and a.direct and a.rw == "read"
     assert b.bs == 1 << 20 and b.time_based and b.runtime_ns == 2_000_000_000 and b.rw == "randwrite"
     assert a.filename == b.filename == "/tmp/target"
-    assert a.shown == {"ioengine": "io_uring", "bs": "64k", "direct": "1", "filename": "/tmp/target", "rw": "read", "iodepth": "16"}
+    assert a.shown == {
+        "ioengine": "io_uring",
+        "bs": "64k",
+        "direct": "1",
+        "filename": "/tmp/target",
+        "rw": "read",
+        "iodepth": "16",
+    }
 
 
 def test_env_expansion_and_include(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +74,9 @@ def test_unset_env_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_unknown_option_names_file_and_line(tmp_path: Path) -> None:
     f = write(tmp_path / "bad.fio", "[global]\nbs=4k\n\n[j]\nfilename=/x\niodpeth=4\n")
-    with pytest.raises(BenchError, match=r"unknown option 'iodpeth' in .*bad.fio:6 \(did you mean iodepth\?\)"):
+    with pytest.raises(
+        BenchError, match=r"unknown option 'iodpeth' in .*bad.fio:6 \(did you mean iodepth\?\)"
+    ):
         read_jobfile(f)
 
 

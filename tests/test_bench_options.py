@@ -126,13 +126,17 @@ def test_cli_nameless_job_gets_a_default_name() -> None:
 
 
 def test_cli_run_level_options() -> None:
-    cfg = parse_cli(["--name=a", "--filename=/x", "--output-format=json,normal", "--output=/tmp/o", "--eta=never"])
+    cfg = parse_cli(
+        ["--name=a", "--filename=/x", "--output-format=json,normal", "--output=/tmp/o", "--eta=never"]
+    )
     assert cfg.output_formats == ("json", "normal")
     assert cfg.output == "/tmp/o" and cfg.eta == "never"
 
 
 def test_cli_flags_without_value() -> None:
-    cfg = parse_cli(["--name=a", "--filename=/x", "--time_based", "--runtime=1", "--direct", "--group_reporting"])
+    cfg = parse_cli(
+        ["--name=a", "--filename=/x", "--time_based", "--runtime=1", "--direct", "--group_reporting"]
+    )
     job = resolve_job(cfg.jobs[0])
     assert job.time_based and job.direct and job.group_reporting
 
@@ -201,7 +205,9 @@ def test_missing_filename() -> None:
 
 
 def test_resolve_aliases_and_defaults() -> None:
-    job = resolve_job(raw(readwrite="randrw", rwmixwrite="30", blocksize="64k", ioengine="sync", buffered="0"))
+    job = resolve_job(
+        raw(readwrite="randrw", rwmixwrite="30", blocksize="64k", ioengine="sync", buffered="0")
+    )
     assert job.rw == "randrw" and job.rwmixread == 70 and job.bs == 65536
     assert job.ioengine == "psync" and job.direct
     assert job.percentiles[0] == 1.0 and job.percentiles[-1] == 99.99  # fio's default list

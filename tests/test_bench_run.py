@@ -47,7 +47,16 @@ def bench_json(*argv: str, expect_rc: int = 0) -> dict:
 
 def test_write_job_bytes_counted_equal_bytes_moved(tmp_path: Path) -> None:
     f = tmp_path / "w.img"
-    doc = bench_json("--name=w", f"--filename={f}", "--rw=randwrite", "--bs=4k", "--size=1m", "--iodepth=8", "--direct=1", "--verify=crc32c")
+    doc = bench_json(
+        "--name=w",
+        f"--filename={f}",
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=1m",
+        "--iodepth=8",
+        "--direct=1",
+        "--verify=crc32c",
+    )
     w = doc["jobs"][0]["write"]
     assert (w["io_bytes"], w["total_ios"], w["io_kbytes"]) == (MiB, 256, 1024)
     assert doc["jobs"][0]["read"]["io_bytes"] == 0
@@ -64,7 +73,9 @@ def test_write_job_bytes_counted_equal_bytes_moved(tmp_path: Path) -> None:
 def test_read_job_bytes_counted_equal_bytes_moved(tmp_path: Path) -> None:
     f = tmp_path / "r.img"
     # A new file is laid out first (with verify headers), like fio does.
-    doc = bench_json("--name=r", f"--filename={f}", "--rw=read", "--bs=16k", "--size=2m", "--iodepth=4", "--verify=crc32c")
+    doc = bench_json(
+        "--name=r", f"--filename={f}", "--rw=read", "--bs=16k", "--size=2m", "--iodepth=4", "--verify=crc32c"
+    )
     job = doc["jobs"][0]
     r = job["read"]
     assert (r["io_bytes"], r["total_ios"]) == (2 * MiB, 128)
@@ -76,13 +87,23 @@ def test_read_job_bytes_counted_equal_bytes_moved(tmp_path: Path) -> None:
 
 def test_verify_catches_a_corrupted_block(tmp_path: Path) -> None:
     f = tmp_path / "c.img"
-    bench_json("--name=w", f"--filename={f}", "--rw=write", "--bs=4k", "--size=512k", "--verify=crc32c", "--direct=1")
+    bench_json(
+        "--name=w", f"--filename={f}", "--rw=write", "--bs=4k", "--size=512k", "--verify=crc32c", "--direct=1"
+    )
     with open(f, "r+b") as fh:  # one flipped bit in block 37's payload
         fh.seek(37 * 4096 + 1000)
         b = fh.read(1)
         fh.seek(37 * 4096 + 1000)
         fh.write(bytes([b[0] ^ 0x10]))
-    rc, out, err = bench("--name=r", f"--filename={f}", "--rw=randread", "--bs=4k", "--verify=crc32c", "--iodepth=4", "--output-format=json")
+    rc, out, err = bench(
+        "--name=r",
+        f"--filename={f}",
+        "--rw=randread",
+        "--bs=4k",
+        "--verify=crc32c",
+        "--iodepth=4",
+        "--output-format=json",
+    )
     assert rc == 1
     assert f"offset {37 * 4096}" in err and "crc32c mismatch" in err
     assert "Traceback" not in err
@@ -142,7 +163,17 @@ def test_short_job_on_every_transport(transport: str, tmp_path: Path, request: p
 
 def test_time_based_runs_for_runtime_after_ramp(tmp_path: Path) -> None:
     f = tmp_path / "t.img"
-    doc = bench_json("--name=t", f"--filename={f}", "--size=1m", "--rw=read", "--bs=4k", "--time_based", "--runtime=400ms", "--ramp_time=200ms", "--iodepth=2")
+    doc = bench_json(
+        "--name=t",
+        f"--filename={f}",
+        "--size=1m",
+        "--rw=read",
+        "--bs=4k",
+        "--time_based",
+        "--runtime=400ms",
+        "--ramp_time=200ms",
+        "--iodepth=2",
+    )
     r = doc["jobs"][0]["read"]
     assert 400 <= r["runtime"] <= 700
     assert r["io_bytes"] > MiB  # wrapped around the 1 MiB region
@@ -173,11 +204,11 @@ direct=1
 iodepth=4
 
 [reader]
-filename={tmp_path / 'a.img'}
+filename={tmp_path / "a.img"}
 rw=read
 
 [writer]
-filename={tmp_path / 'b.img'}
+filename={tmp_path / "b.img"}
 rw=randwrite
 """
     )
@@ -190,16 +221,36 @@ rw=randwrite
 
 def test_normal_output_and_output_file(tmp_path: Path) -> None:
     out = tmp_path / "report.txt"
-    rc, stdout, err = bench("--name=t", f"--filename={tmp_path / 't.img'}", "--size=1m", "--rw=randrw", "--bs=4k", f"--output={out}")
+    rc, stdout, err = bench(
+        "--name=t",
+        f"--filename={tmp_path / 't.img'}",
+        "--size=1m",
+        "--rw=randrw",
+        "--bs=4k",
+        f"--output={out}",
+    )
     assert rc == 0, err
     assert stdout == ""
     text = out.read_text()
-    for expected in ("t: (groupid=0, jobs=1): err= 0", "read: IOPS=", "write: IOPS=", "clat percentiles (", "99.00th=[", "cpu          : usr=", "system cpu   :", "Run status group 0 (all jobs):", "READ: bw=", "WRITE: bw="):
+    for expected in (
+        "t: (groupid=0, jobs=1): err= 0",
+        "read: IOPS=",
+        "write: IOPS=",
+        "clat percentiles (",
+        "99.00th=[",
+        "cpu          : usr=",
+        "system cpu   :",
+        "Run status group 0 (all jobs):",
+        "READ: bw=",
+        "WRITE: bw=",
+    ):
         assert expected in text, expected
 
 
 def test_both_formats(tmp_path: Path) -> None:
-    rc, out, err = bench("--name=t", f"--filename={tmp_path / 't.img'}", "--size=256k", "--output-format=normal,json")
+    rc, out, err = bench(
+        "--name=t", f"--filename={tmp_path / 't.img'}", "--size=256k", "--output-format=normal,json"
+    )
     assert rc == 0, err
     text, _, rest = out.partition("\n{")
     assert "read: IOPS=" in text
@@ -212,11 +263,24 @@ def test_bad_input_fails_clearly_in_a_subprocess(tmp_path: Path) -> None:
     for argv, message in (
         (["--name=t", "--filename=/tmp/x", "--bogus=1"], "unknown option '--bogus'"),
         (["--name=t", "--filename=/nonexistent-dir/x"], "does not exist; give --size"),
-        (["--name=t", f"--filename={tmp_path / 'x'}", "--size=1m", "--bs=1000", "--direct=1"], "--bs=1000: must be a multiple"),
-        (["--name=t", f"--filename={small}", "--size=50%", "--offset=8k", "--rw=write"], "is at or past the end"),
+        (
+            ["--name=t", f"--filename={tmp_path / 'x'}", "--size=1m", "--bs=1000", "--direct=1"],
+            "--bs=1000: must be a multiple",
+        ),
+        (
+            ["--name=t", f"--filename={small}", "--size=50%", "--offset=8k", "--rw=write"],
+            "is at or past the end",
+        ),
         (["--name=t", f"--filename={small}", "--size=1k"], "--size=1024 is smaller than --bs=4096"),
     ):
-        p = subprocess.run([sys.executable, "-m", "fx100io.bench", *argv], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-m", "fx100io.bench", *argv],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=str(REPO),
+            timeout=60,
+        )
         assert p.returncode == 1, (argv, p.stderr)
         assert message in p.stderr, (argv, p.stderr)
         assert "Traceback" not in p.stderr
@@ -226,7 +290,14 @@ def test_console_entry_point_if_wired() -> None:
     """`python -m fx100io bench` once the core's CLI routes to bench.main."""
     if not (REPO / "fx100io" / "__main__.py").exists() and not (REPO / "fx100io" / "cli.py").exists():
         pytest.skip("fx100io's top-level CLI (fx100io/cli.py, __main__.py) is not in this checkout yet")
-    p = subprocess.run([sys.executable, "-m", "fx100io", "bench", "--help"], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "fx100io", "bench", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert "usage: fx100io bench" in p.stdout
 
@@ -254,7 +325,14 @@ def test_kv_workload_custom_model(tmp_path: Path) -> None:
 
 def test_kv_workload_named_model(tmp_path: Path) -> None:
     f = tmp_path / "kv7b.store"
-    rc, out, err = bench("--name=q", f"--filename={f}", "--kv-model=qwen2.5-7b", "--kv-prompt-tokens=512", "--kv-prompts=1", "--kv-buffer=32m")
+    rc, out, err = bench(
+        "--name=q",
+        f"--filename={f}",
+        "--kv-model=qwen2.5-7b",
+        "--kv-prompt-tokens=512",
+        "--kv-prompts=1",
+        "--kv-buffer=32m",
+    )
     assert rc == 0, err
     assert "model=qwen2.5-7b, chunk=256 tokens = 14.0MiB" in out
     assert "time to load a 512-token prefix" in out
@@ -262,7 +340,14 @@ def test_kv_workload_named_model(tmp_path: Path) -> None:
 
 
 def test_status_line_when_forced(tmp_path: Path) -> None:
-    rc, _, err = bench("--name=s", f"--filename={tmp_path / 's.img'}", "--size=1m", "--time_based", "--runtime=1300ms", "--eta=always")
+    rc, _, err = bench(
+        "--name=s",
+        f"--filename={tmp_path / 's.img'}",
+        "--size=1m",
+        "--time_based",
+        "--runtime=1300ms",
+        "--eta=always",
+    )
     assert rc == 0
     assert "Jobs: 1 (f=1): [R(1)]" in err and "IOPS][eta" in err
 
@@ -275,7 +360,9 @@ def test_quiet_when_not_a_terminal(tmp_path: Path) -> None:
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is the optional [plot] extra")
     png = tmp_path / "p.png"
-    rc, _, err = bench("--name=p", f"--filename={tmp_path / 'p.img'}", "--size=1m", "--rw=randrw", f"--plot={png}")
+    rc, _, err = bench(
+        "--name=p", f"--filename={tmp_path / 'p.img'}", "--size=1m", "--rw=randrw", f"--plot={png}"
+    )
     assert rc == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

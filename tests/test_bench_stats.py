@@ -92,7 +92,20 @@ def test_time_based_pattern_wraps() -> None:
 
 def test_depth_buckets_follow_fio() -> None:
     # fio: "16= covers depths from 16 to 31"
-    assert [depth_bucket(d) for d in (1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64, 1000)] == [0, 1, 1, 2, 2, 3, 4, 4, 5, 5, 6, 6]
+    assert [depth_bucket(d) for d in (1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64, 1000)] == [
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        4,
+        4,
+        5,
+        5,
+        6,
+        6,
+    ]
 
 
 def test_crc32c_check_value() -> None:
@@ -112,7 +125,16 @@ def test_verify_header_catches_flip_and_misplacement() -> None:
 
 def test_system_cpu_from_proc_stat_deltas() -> None:
     a = {"user": 100, "nice": 0, "system": 50, "idle": 800, "iowait": 0, "irq": 0, "softirq": 50, "steal": 0}
-    b = {"user": 150, "nice": 10, "system": 90, "idle": 900, "iowait": 20, "irq": 10, "softirq": 70, "steal": 0}
+    b = {
+        "user": 150,
+        "nice": 10,
+        "system": 90,
+        "idle": 900,
+        "iowait": 20,
+        "irq": 10,
+        "softirq": 70,
+        "steal": 0,
+    }
     s = SystemCpu.between(a, b)
     assert s.usr == pytest.approx(24.0)  # (50 user + 10 nice) of 250 ticks
     assert s.sys == pytest.approx(16.0)

@@ -18,7 +18,7 @@ import sys
 
 from .errors import BenchError
 
-__all__ = ["main", "BenchError"]
+__all__ = ["BenchError", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ the same value: crc32c(b"123456789") == 0xE3069283.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _POLY = 0x82F63B78  # Castagnoli, reflected
 

@@ -42,7 +42,7 @@ def _lines(path: str, depth: int = 0) -> list[tuple[str, int, str]]:
     out: list[tuple[str, int, str]] = []
     for lineno, text in enumerate(raw, 1):
         stripped = text.strip()
-        if stripped.startswith("include ") or stripped.startswith("include\t"):
+        if stripped.startswith(("include ", "include\t")):
             target = stripped[len("include") :].strip()
             if not os.path.isabs(target):
                 target = os.path.join(os.path.dirname(path) or ".", target)

@@ -23,7 +23,8 @@ import asyncio
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,9 @@ def open_store(job: Job, plan: KvPlan) -> Any:
         raise BenchError(f"job {job.name!r}: cannot create a ChunkStore on {job.filename}: {e}") from None
 
 
-def run_kv_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[[], None] | None = None) -> JobResult:
+def run_kv_job(
+    job: Job, clone: int, progress: Any = None, start_gate: Callable[[], None] | None = None
+) -> JobResult:
     assert job.kv is not None
     progress = progress or NullSlot()
     progress.set_state(SETUP)
@@ -138,7 +141,9 @@ def run_kv_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[
     try:
         pool_bytes = max(kv.buffer_bytes, plan.concurrency * plan.window * plan.chunk_bytes)
         pool = fx.BufferPool(pool_bytes)
-        bufsets = [[pool.alloc(plan.chunk_bytes) for _ in range(plan.window)] for _ in range(plan.concurrency)]
+        bufsets = [
+            [pool.alloc(plan.chunk_bytes) for _ in range(plan.window)] for _ in range(plan.concurrency)
+        ]
         rng = np.random.default_rng(job.seed)
         for bufs in bufsets:
             for b in bufs:
@@ -160,7 +165,9 @@ def run_kv_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[
                 drop_page_cache(path)
             if job.verify:
                 progress.set_state(VERIFYING)
-            load_deadline = time.monotonic_ns() + job.runtime_ns if job.time_based and job.runtime_ns else deadline
+            load_deadline = (
+                time.monotonic_ns() + job.runtime_ns if job.time_based and job.runtime_ns else deadline
+            )
             runner.run(runner.load_phase(stored, load_deadline))
             result.dir_runtime_ns["read"] = runner.load_ns
         except OSError as e:
@@ -177,10 +184,14 @@ def run_kv_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[
         result.verify = runner.vlog
         if runner.vlog is not None and runner.vlog.errors and not result.error:
             result.error = 84
-            result.error_msg = f"verify failed: {runner.vlog.errors} chunks bad; first: {runner.vlog.failures[0]}"
+            result.error_msg = (
+                f"verify failed: {runner.vlog.errors} chunks bad; first: {runner.vlog.failures[0]}"
+            )
         if runner.misses and not result.error:
             result.error = 61  # ENODATA: a stored chunk did not come back
-            result.error_msg = f"{runner.misses} stored chunks were not found (or failed the store's CRC) on load"
+            result.error_msg = (
+                f"{runner.misses} stored chunks were not found (or failed the store's CRC) on load"
+            )
         st = store.stats()
         info = plan.as_dict(job, kv)
         info.update(
@@ -210,7 +221,9 @@ def run_kv_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[
 
 
 class _KvRunner:
-    def __init__(self, job: Job, clone: int, plan: KvPlan, store: Any, bufsets: list[list[Any]], progress: Any) -> None:
+    def __init__(
+        self, job: Job, clone: int, plan: KvPlan, store: Any, bufsets: list[list[Any]], progress: Any
+    ) -> None:
         self.job = job
         self.clone = clone
         self.plan = plan
@@ -240,7 +253,9 @@ class _KvRunner:
     def _tick(self, now: int) -> None:
         if now >= self.next_tick:
             self.series.sample(now - self.t0, self.read, self.write)
-            self.progress.update(self.read.bytes, self.write.bytes, self.read.ios, self.write.ios, (now - self.t0) // 1_000_000)
+            self.progress.update(
+                self.read.bytes, self.write.bytes, self.read.ios, self.write.ios, (now - self.t0) // 1_000_000
+            )
             self.next_tick = now + TICK_NS
             if self.progress.stop_requested:
                 self.stop = True

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .errors import BenchError
 from .sizes import (
@@ -82,7 +82,9 @@ _SPECS = [
     OptionSpec("ramp_time", "time", "run this long before measuring", "0"),
     OptionSpec("direct", "bool", "O_DIRECT (bypass the page cache); fio's default is 0", "0", flag=True),
     OptionSpec("buffered", "bool", "inverse of --direct"),
-    OptionSpec("invalidate", "bool", "drop the file's page cache before the job (files only)", "1", flag=True),
+    OptionSpec(
+        "invalidate", "bool", "drop the file's page cache before the job (files only)", "1", flag=True
+    ),
     OptionSpec(
         "verify",
         "choice",
@@ -107,7 +109,9 @@ _SPECS = [
         "0",
         flag=True,
     ),
-    OptionSpec("percentile_list", "percentiles", "clat percentiles to report, colon separated", DEFAULT_PERCENTILES),
+    OptionSpec(
+        "percentile_list", "percentiles", "clat percentiles to report, colon separated", DEFAULT_PERCENTILES
+    ),
     OptionSpec("kb_base", "int", "1024 (fio's default: 4k = 4096, 1ki = 1000) or 1000 (SI)", "1024"),
     OptionSpec("group_reporting", "bool", "report numjobs clones as one job", "0", flag=True),
     # ---- KV-cache workload
@@ -121,7 +125,9 @@ _SPECS = [
     OptionSpec("kv-heads", "int", "custom model: KV heads"),
     OptionSpec("kv-head-dim", "int", "custom model: head dimension"),
     OptionSpec("kv-dtype", "str", "custom model: bf16, fp16, fp32, fp8", "bf16"),
-    OptionSpec("kv-mla", "bool", "custom model: one latent vector per token (MLA), not K and V", "0", flag=True),
+    OptionSpec(
+        "kv-mla", "bool", "custom model: one latent vector per token (MLA), not K and V", "0", flag=True
+    ),
     OptionSpec("kv-chunk-tokens", "int", "tokens per stored chunk", "256"),
     OptionSpec("kv-prompt-tokens", "int", "tokens per prompt (prefix) loaded as a whole", "32768"),
     OptionSpec("kv-prompts", "int", "distinct prompts stored (default: --size / prompt bytes, else 4)"),
@@ -137,8 +143,17 @@ _SPECS = [
         FORMAT_CHOICES,
         run_level=True,
     ),
-    OptionSpec("eta", "choice", "live status line: auto (on a terminal), always, never", "auto", ETA_CHOICES, run_level=True),
-    OptionSpec("plot", "str", "write a PNG with the latency histogram and bandwidth over time", run_level=True),
+    OptionSpec(
+        "eta",
+        "choice",
+        "live status line: auto (on a terminal), always, never",
+        "auto",
+        ETA_CHOICES,
+        run_level=True,
+    ),
+    OptionSpec(
+        "plot", "str", "write a PNG with the latency histogram and bandwidth over time", run_level=True
+    ),
 ]
 
 OPTIONS: dict[str, OptionSpec] = {s.name: s for s in _SPECS}
@@ -155,7 +170,9 @@ def canonical(name: str) -> str:
 
 def unknown_option_error(name: str, where: str, prefix: str = "--") -> BenchError:
     """'unknown option ...' naming what the user wrote, with a near match if any."""
-    candidates = difflib.get_close_matches(name.lower().replace("_", "-"), [n.replace("_", "-") for n in OPTIONS], n=1, cutoff=0.75)
+    candidates = difflib.get_close_matches(
+        name.lower().replace("_", "-"), [n.replace("_", "-") for n in OPTIONS], n=1, cutoff=0.75
+    )
     hint = f" (did you mean {prefix}{canonical(candidates[0])}?)" if candidates else ""
     return BenchError(f"unknown option {where}{hint}; see 'fx100io bench --help'")
 
@@ -456,7 +473,9 @@ def resolve_job(raw: RawJob) -> Job:
         v["bs"] = v["blocksize"]
     bs_text = get("bs")
     if "," in bs_text or ":" in bs_text or "-" in bs_text.strip().lstrip("-"):
-        raise BenchError(f"--bs: per-direction or ranged block sizes ({bs_text!r}) are not supported; give one size")
+        raise BenchError(
+            f"--bs: per-direction or ranged block sizes ({bs_text!r}) are not supported; give one size"
+        )
     bs = parse_size(bs_text, "bs", kb_base)
     if bs <= 0:
         raise BenchError(f"--bs: must be positive, not {bs_text!r}")
@@ -503,7 +522,9 @@ def resolve_job(raw: RawJob) -> Job:
     filename = v.get("filename")
     kv = _resolve_kv(raw, v, kb_base)
     if not filename:
-        raise BenchError(f"job {raw.name!r} ({raw.origin}): --filename is required (a file, block device or URI)")
+        raise BenchError(
+            f"job {raw.name!r} ({raw.origin}): --filename is required (a file, block device or URI)"
+        )
     if ioengine in ("nvme+tcp", "nvme+rdma") and not filename.startswith(ioengine + "://"):
         raise BenchError(f"--ioengine={ioengine}: --filename must be a {ioengine}:// URI, not {filename!r}")
     for scheme in ("nvme+tcp", "nvme+rdma"):
@@ -569,7 +590,9 @@ def _resolve_kv(raw: RawJob, v: dict[str, str | None], kb_base: int) -> KvSpec |
     elif name in KV_MODELS:
         for k in custom_keys + ("kv-dtype", "kv-mla"):
             if k in raw.values:
-                raise BenchError(f"--{k}: conflicts with --kv-model={name}; use --kv-model=custom to give the shape")
+                raise BenchError(
+                    f"--{k}: conflicts with --kv-model={name}; use --kv-model=custom to give the shape"
+                )
         model = KV_MODELS[name]
     else:
         raise BenchError(f"--kv-model: unknown model {name!r} (choose {', '.join(KV_MODELS)} or custom)")

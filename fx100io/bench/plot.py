@@ -14,7 +14,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise BenchError("--plot needs matplotlib: pip install 'fx100io[plot]' (or pip install matplotlib)") from None
+        raise BenchError(
+            "--plot needs matplotlib: pip install 'fx100io[plot]' (or pip install matplotlib)"
+        ) from None
 
 
 def plot(results: list[JobResult], path: str) -> None:
@@ -33,7 +35,9 @@ def plot(results: list[JobResult], path: str) -> None:
                 ax_lat.step(values / 1000.0, 100.0 * counts / d.n, where="mid", label=f"{r.name} {which}")
         if r.kv_load is not None and r.kv_load.n:
             values, counts = r.kv_load.histogram()
-            ax_lat.step(values / 1000.0, 100.0 * counts / r.kv_load.n, where="mid", label=f"{r.name} prefix load")
+            ax_lat.step(
+                values / 1000.0, 100.0 * counts / r.kv_load.n, where="mid", label=f"{r.name} prefix load"
+            )
         for i, s in enumerate(r.series):
             suffix = f".{i}" if len(r.series) > 1 else ""
             for which, cum in (("read", s.rbytes), ("write", s.wbytes)):

@@ -74,7 +74,9 @@ def dir_json(r: JobResult, which: str, group_bw_kib: float | None = None) -> dic
         "short_ios": d.short_ios,
         "drop_ios": 0,
         "slat_ns": _empty_lat(),
-        "clat_ns": dict(_lat_block(d), percentile={f"{p:f}": v for p, v in d.percentiles(r.job.percentiles).items()}),
+        "clat_ns": dict(
+            _lat_block(d), percentile={f"{p:f}": v for p, v in d.percentiles(r.job.percentiles).items()}
+        ),
         "lat_ns": _lat_block(d),
         "bw_min": int(bws["min"]),
         "bw_max": int(bws["max"]),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from .options import Job
-from .report_json import BW_WINDOW_NS, cpu_percent, combined, latency_buckets, version
+from .report_json import bw_windows, combined, cpu_percent, latency_buckets, version
 from .results import DEPTH_KEYS, JobResult
 from .runner import RunOutcome
 from .sizes import fmt_bytes_bin, fmt_bytes_dec, fmt_count
@@ -67,7 +67,7 @@ def _percentile_lines(d: DirStats, pcts: tuple[float, ...], label: str = "clat p
     for name, factor in (("usec", 1000), ("msec", 1_000_000)):
         if top / div >= 10000:
             unit, div = name, factor
-    cells = [f"{p:5.2f}th=[{int(round(v / div)):5d}]" for p, v in values.items()]
+    cells = [f"{p:5.2f}th=[{round(v / div):5d}]" for p, v in values.items()]
     lines = [f"    {label} ({unit}):"]
     for i in range(0, len(cells), 4):
         row = ", ".join(cells[i : i + 4])
@@ -88,8 +88,8 @@ def _dir_block(r: JobResult, which: str) -> list[str]:
     if d.n:
         lines.append(_lat_line("clat", d))
         lines += _percentile_lines(d, r.job.percentiles)
-    bws = summary(sum((s.windows(BW_WINDOW_NS, which)[0] for s in r.series), []))
-    iopss = summary(sum((s.windows(BW_WINDOW_NS, which)[1] for s in r.series), []))
+    bw_samples, iops_samples = bw_windows(r.series, which)
+    bws, iopss = summary(bw_samples), summary(iops_samples)
     if bws["samples"]:
         lines.append(
             f"   bw (  KiB/s): min={int(bws['min'])}, max={int(bws['max'])}, avg={bws['mean']:.2f}, "
@@ -150,7 +150,9 @@ def job_block(r: JobResult) -> str:
     if both.n:
         lines += _lat_dist_lines(both)
     usr, sys = cpu_percent(r)
-    lines.append(f"  cpu          : usr={usr:.2f}%, sys={sys:.2f}%, ctx={r.rusage.ctx}, majf={r.rusage.majf}, minf={r.rusage.minf}")
+    lines.append(
+        f"  cpu          : usr={usr:.2f}%, sys={sys:.2f}%, ctx={r.rusage.ctx}, majf={r.rusage.majf}, minf={r.rusage.minf}"
+    )
     if r.system_cpu is not None:
         s = r.system_cpu
         lines.append(
@@ -160,7 +162,8 @@ def job_block(r: JobResult) -> str:
     total = sum(r.depth_counts)
     if total:
         lines.append(
-            "  IO depths    : " + ", ".join(f"{k}={100.0 * c / total:.1f}%" for k, c in zip(DEPTH_KEYS, r.depth_counts))
+            "  IO depths    : "
+            + ", ".join(f"{k}={100.0 * c / total:.1f}%" for k, c in zip(DEPTH_KEYS, r.depth_counts))
         )
     lines.append(
         f"     issued rwts: total={r.read.ios},{r.write.ios},0,0 short={r.read.short_ios},{r.write.short_ios},0,0 "
@@ -168,7 +171,9 @@ def job_block(r: JobResult) -> str:
     )
     if r.verify is not None:
         v = r.verify
-        lines.append(f"  verify       : crc32c, {v.blocks} blocks ({fmt_bytes_bin(v.bytes)}) checked, {v.errors} bad")
+        lines.append(
+            f"  verify       : crc32c, {v.blocks} blocks ({fmt_bytes_bin(v.bytes)}) checked, {v.errors} bad"
+        )
         for f in v.failures:
             lines.append(f"     bad block : {f}")
     return "\n".join(lines) + "\n"
@@ -199,4 +204,3 @@ def render(outcome: RunOutcome, results: list[JobResult], jobs: list[Job]) -> st
         parts.append(job_block(r))
     parts.append(group_block(outcome.results))
     return "\n".join(parts)
-

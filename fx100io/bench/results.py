@@ -100,7 +100,11 @@ def group_results(results: list[JobResult]) -> list[JobResult]:
         merged.jobs_merged += 1
         merged.end_time = max(merged.end_time, r.end_time)
     merged.kv = _merge_kv([r.kv for r in results if r.kv is not None], merged.runtime_ns)
-    merged.target_uri, merged.target_size, merged.block_size = first.target_uri, first.target_size, first.block_size
+    merged.target_uri, merged.target_size, merged.block_size = (
+        first.target_uri,
+        first.target_size,
+        first.block_size,
+    )
     merged.region = first.region
     merged.system_cpu = first.system_cpu
     # CPU percentages stay "per job" (total CPU time over total job time),

@@ -16,8 +16,9 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import BenchError
 from .options import Job
@@ -86,7 +87,9 @@ class _StopOnSigint:
             signal.signal(signal.SIGINT, self.old)
 
 
-def run_jobs(jobs: list[Job], on_start: Callable[[SharedProgress, list[tuple[Job, int]]], Any] | None = None) -> RunOutcome:
+def run_jobs(
+    jobs: list[Job], on_start: Callable[[SharedProgress, list[tuple[Job, int]]], Any] | None = None
+) -> RunOutcome:
     """Run every (job, clone) instance; ``on_start`` starts the status line
     once the jobs are released and returns an object with ``stop()``."""
     instances = [(job, clone) for job in jobs for clone in range(job.numjobs)]
@@ -127,7 +130,11 @@ def _run_processes(
     conns = []
     for i, (job, clone) in enumerate(instances):
         parent_end, child_end = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(job, clone, i, progress, barrier, child_end), name=f"fx100io-bench-{job.name}.{clone}")
+        p = ctx.Process(
+            target=_child,
+            args=(job, clone, i, progress, barrier, child_end),
+            name=f"fx100io-bench-{job.name}.{clone}",
+        )
         p.start()
         child_end.close()
         procs.append(p)
@@ -152,7 +159,10 @@ def _run_processes(
                 i = sentinels[r]
                 if i not in replies and not conns[i].poll():
                     code = procs[i].exitcode
-                    replies[i] = ("crash", f"job {instances[i][0].name!r} died (exit code {code}) without a result")
+                    replies[i] = (
+                        "crash",
+                        f"job {instances[i][0].name!r} died (exit code {code}) without a result",
+                    )
 
     try:
         try:
@@ -183,4 +193,3 @@ def _first_failure(replies: dict[int, tuple[str, Any]]) -> str | None:
             if replies[i][0] == kind:
                 return str(replies[i][1])
     return None
-

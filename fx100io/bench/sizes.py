@@ -15,7 +15,7 @@ from .errors import BenchError
 
 _PREFIX_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 
-_SIZE_RE = re.compile(r"^\s*(0x[0-9a-f]+|\d+(?:\.\d*)?|\.\d+)\s*([kmgtpe]?)(i?)(b?)\s*$", re.I)
+_SIZE_RE = re.compile(r"^\s*(0x[0-9a-f]+|\d+(?:\.\d*)?|\.\d+)\s*([kmgtpe]?)(i?)(b?)\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str, option: str = "size", kb_base: int = 1024) -> int:
@@ -43,7 +43,7 @@ def parse_size(text: str, option: str = "size", kb_base: int = 1024) -> int:
     if isinstance(result, float):
         if not math.isfinite(result):
             raise BenchError(f"--{option}: size {text!r} is out of range")
-        result = int(round(result))
+        result = round(result)
     return int(result)
 
 
@@ -79,7 +79,7 @@ _TIME_UNITS_NS = {
     "d": 86400 * 1_000_000_000,
 }
 
-_TIME_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.I)
+_TIME_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def parse_time_ns(text: str, option: str) -> int:
@@ -88,7 +88,7 @@ def parse_time_ns(text: str, option: str) -> int:
     unit = m.group(2).lower() if m else None
     if not m or unit not in _TIME_UNITS_NS:
         raise BenchError(f"--{option}: cannot parse time {text!r} (examples: 10, 10s, 500ms, 2m)")
-    return int(round(float(m.group(1)) * _TIME_UNITS_NS[unit]))
+    return round(float(m.group(1)) * _TIME_UNITS_NS[unit])
 
 
 def parse_bool(text: str | None, option: str) -> bool:
@@ -140,12 +140,12 @@ def num2str(value: float, base: int = 1000, unit: str = "", maxlen: int = 4) -> 
         idx += 1
     if idx == 0:
         return f"{int(v)}{unit}"
-    int_digits = len(str(int(round(v))))
+    int_digits = len(str(round(v)))
     if int_digits > maxlen and idx < len(prefixes) - 1:
         # Rounding widened it (9999.7k): one more step down in scale.
         v /= base
         idx += 1
-        int_digits = len(str(int(round(v))))
+        int_digits = len(str(round(v)))
     # Spend the width left over on decimals (fio prints "4.00MiB", "67.9k");
     # rounding can carry into a new digit (9.997 -> "10.00"), so re-check.
     decimals = max(0, maxlen - int_digits - 1)

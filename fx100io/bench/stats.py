@@ -239,7 +239,11 @@ class Rusage:
 
     def __sub__(self, o: Rusage) -> Rusage:
         return Rusage(
-            self.utime - o.utime, self.stime - o.stime, self.ctx - o.ctx, self.majf - o.majf, self.minf - o.minf
+            self.utime - o.utime,
+            self.stime - o.stime,
+            self.ctx - o.ctx,
+            self.majf - o.majf,
+            self.minf - o.minf,
         )
 
 

@@ -14,7 +14,20 @@ import time
 from typing import Any, TextIO
 
 from .options import Job
-from .progress import DONE, ELAPSED_MS, RAMP, RBYTES, RIOS, RUNNING, SETUP, STATE, VERIFYING, WBYTES, WIOS, SharedProgress
+from .progress import (
+    DONE,
+    ELAPSED_MS,
+    RAMP,
+    RBYTES,
+    RIOS,
+    RUNNING,
+    SETUP,
+    STATE,
+    VERIFYING,
+    WBYTES,
+    WIOS,
+    SharedProgress,
+)
 from .sizes import fmt_bytes_bin, fmt_count
 
 _RW_LETTER = {"read": "R", "randread": "r", "write": "W", "randwrite": "w", "rw": "M", "randrw": "m"}
@@ -42,7 +55,12 @@ def fraction_done(job: Job, slot: list[int]) -> float | None:
     return max(parts) if parts else None
 
 
-def format_line(instances: list[tuple[Job, int]], slots: list[list[int]], rates: tuple[float, float, float, float], elapsed_s: float) -> str:
+def format_line(
+    instances: list[tuple[Job, int]],
+    slots: list[list[int]],
+    rates: tuple[float, float, float, float],
+    elapsed_s: float,
+) -> str:
     letters: dict[str, int] = {}
     order: list[str] = []
     for (job, _), slot in zip(instances, slots):
@@ -58,7 +76,9 @@ def format_line(instances: list[tuple[Job, int]], slots: list[list[int]], rates:
     rbw, wbw, riops, wiops = rates
     line = f"Jobs: {running} (f={running}): [{','.join(f'{k}({letters[k]})' for k in order)}]"
     line += f"[{pct:.1f}%]" if pct is not None else "[-.-%]"
-    line += f"[r={fmt_bytes_bin(rbw)}/s,w={fmt_bytes_bin(wbw)}/s][r={fmt_count(riops)},w={fmt_count(wiops)} IOPS]"
+    line += (
+        f"[r={fmt_bytes_bin(rbw)}/s,w={fmt_bytes_bin(wbw)}/s][r={fmt_count(riops)},w={fmt_count(wiops)} IOPS]"
+    )
     if pct and pct > 0:
         eta = max(0.0, elapsed_s * (100.0 - pct) / pct)
         line += f"[eta {int(eta) // 60:02d}m:{int(eta) % 60:02d}s]"
@@ -68,7 +88,13 @@ def format_line(instances: list[tuple[Job, int]], slots: list[list[int]], rates:
 
 
 class StatusLine:
-    def __init__(self, progress: SharedProgress, instances: list[tuple[Job, int]], stream: TextIO | None = None, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        progress: SharedProgress,
+        instances: list[tuple[Job, int]],
+        stream: TextIO | None = None,
+        interval: float = 1.0,
+    ) -> None:
         self.progress = progress
         self.instances = instances
         self.stream = stream or sys.stderr

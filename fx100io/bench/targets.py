@@ -94,14 +94,20 @@ def open_target(job: Job, queue_depth: int) -> Target:
                 try:
                     os.truncate(path, needed)
                 except OSError as e:
-                    raise BenchError(f"job {job.name!r}: cannot extend {path} to {needed} bytes: {e.strerror}") from None
+                    raise BenchError(
+                        f"job {job.name!r}: cannot extend {path} to {needed} bytes: {e.strerror}"
+                    ) from None
                 created = True
         else:
-            raise BenchError(f"job {job.name!r}: --filename={job.filename} is neither a file nor a block device")
+            raise BenchError(
+                f"job {job.name!r}: --filename={job.filename} is neither a file nor a block device"
+            )
     try:
         device = fx.open_device(job.filename, **kwargs)
     except OSError as e:
-        raise BenchError(f"job {job.name!r}: cannot open {job.filename} with ioengine={job.ioengine}: {e}") from None
+        raise BenchError(
+            f"job {job.name!r}: cannot open {job.filename} with ioengine={job.ioengine}: {e}"
+        ) from None
 
     try:
         size = int(device.size)
@@ -125,7 +131,9 @@ def resolve_region(job: Job, dev_size: int, block_size: int) -> tuple[int, int]:
     else:
         size = job.size
     if offset >= dev_size:
-        raise BenchError(f"job {job.name!r}: --offset={offset} is at or past the end of {job.filename} ({dev_size} bytes)")
+        raise BenchError(
+            f"job {job.name!r}: --offset={offset} is at or past the end of {job.filename} ({dev_size} bytes)"
+        )
     if offset + size > dev_size:
         raise BenchError(
             f"job {job.name!r}: --offset + --size = {offset + size} bytes runs past the end of "
@@ -133,9 +141,13 @@ def resolve_region(job: Job, dev_size: int, block_size: int) -> tuple[int, int]:
         )
     if job.direct or job.ioengine in ("nvme+tcp", "nvme+rdma"):
         if job.bs % block_size:
-            raise BenchError(f"--bs={job.bs}: must be a multiple of the target's block size {block_size} for direct I/O")
+            raise BenchError(
+                f"--bs={job.bs}: must be a multiple of the target's block size {block_size} for direct I/O"
+            )
         if offset % block_size:
-            raise BenchError(f"--offset={offset}: must be a multiple of the target's block size {block_size} for direct I/O")
+            raise BenchError(
+                f"--offset={offset}: must be a multiple of the target's block size {block_size} for direct I/O"
+            )
     length = size - size % job.bs
     if length == 0:
         raise BenchError(f"job {job.name!r}: --size={size} is smaller than --bs={job.bs}; nothing to do")

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -91,18 +92,28 @@ class IoLoop:
         return ((o, True) for o in offs)
 
     def _io_error(self, what: str, off: int, err: BaseException) -> BenchError:
-        return BenchError(f"job {self.job.name!r}: {what} of {self.bs} bytes at offset {off} on {self.target.uri} failed: {err}")
+        return BenchError(
+            f"job {self.job.name!r}: {what} of {self.bs} bytes at offset {off} on {self.target.uri} failed: {err}"
+        )
 
     # ------------------------------------------------------------ async
 
-    def run_async(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool = False) -> None:
+    def run_async(
+        self,
+        ios: Iterable[tuple[int, bool]],
+        phase: Phase,
+        duration_ns: int | None,
+        verify_only: bool = False,
+    ) -> None:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._run_async(iter(ios), phase, duration_ns, verify_only))
         finally:
             loop.close()
 
-    async def _run_async(self, it: Iterator[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool) -> None:
+    async def _run_async(
+        self, it: Iterator[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool
+    ) -> None:
         dev = self.dev
         bs = self.bs
         clock = time.monotonic_ns
@@ -188,7 +199,13 @@ class IoLoop:
 
     # ------------------------------------------------------------ blocking
 
-    def run_blocking(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool = False) -> None:
+    def run_blocking(
+        self,
+        ios: Iterable[tuple[int, bool]],
+        phase: Phase,
+        duration_ns: int | None,
+        verify_only: bool = False,
+    ) -> None:
         dev = self.dev
         bs = self.bs
         buf = self.bufs[0]
@@ -231,7 +248,9 @@ class IoLoop:
                         self._mark_written(off)
                 if t1 >= next_tick:
                     phase.series.sample(t1 - start, rstats, wstats)
-                    progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (t1 - start) // 1_000_000)
+                    progress.update(
+                        rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (t1 - start) // 1_000_000
+                    )
                     next_tick = t1 + TICK_NS
                     if progress.stop_requested:
                         break
@@ -240,9 +259,17 @@ class IoLoop:
         finally:
             phase.end_ns = clock()
             phase.series.sample(phase.end_ns - start, rstats, wstats)
-            progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000)
+            progress.update(
+                rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000
+            )
 
-    def run(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool = False) -> None:
+    def run(
+        self,
+        ios: Iterable[tuple[int, bool]],
+        phase: Phase,
+        duration_ns: int | None,
+        verify_only: bool = False,
+    ) -> None:
         """Issue ``ios`` until they run out or ``duration_ns`` has passed."""
         if self.job.ioengine == "psync":
             self.run_blocking(ios, phase, duration_ns, verify_only)
@@ -282,7 +309,9 @@ def layout(loop: IoLoop, job: Job, target: Target) -> None:
         loop.written = saved_written
 
 
-def run_block_job(job: Job, clone: int, progress: Any = None, start_gate: Callable[[], None] | None = None) -> JobResult:
+def run_block_job(
+    job: Job, clone: int, progress: Any = None, start_gate: Callable[[], None] | None = None
+) -> JobResult:
     """Run one instance of a block job and return its measurements.
 
     ``start_gate`` is called once setup (open, buffers, layout) is done, so
@@ -365,4 +394,3 @@ def run_block_job(job: Job, clone: int, progress: Any = None, start_gate: Callab
         progress.set_state(DONE)
     result.end_time = time.time()
     return result
-
