@@ -299,3 +299,39 @@ def test_pool_left_allocated_if_the_device_never_answers(device):
         manager.close()  # bounded: about 2 x max(timeout_s, 1s)
     assert not allocator._unregistered
     assert "leaving the pool allocated" in logs.text(logging.ERROR)
+
+
+def test_a_second_process_on_the_same_device_is_refused(device, tmp_path):
+    """Two workers given one device would overwrite each other's chunks: fail at start."""
+    import subprocess
+    import sys
+    import textwrap
+
+    holder = make_storage_manager(make_config(device))
+    try:
+        plugin_of(holder)
+        child = textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            from test_lmcache_support import make_config, make_metadata
+            from fx100io.contrib.lmcache import FX100ioBackend, PluginStartError
+            try:
+                FX100ioBackend(config=make_config({device!r}), metadata=make_metadata())
+            except PluginStartError as exc:
+                print("REFUSED", exc)
+            """
+        )
+        out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                             timeout=240)
+        assert "REFUSED" in out.stdout and "in use by another process" in out.stdout, out.stderr[-3000:]
+        assert "{worker_id}" in out.stdout  # and says how to fix it
+    finally:
+        holder.close()
+
+
+def test_missing_block_device_is_reported_not_created(tmp_path):
+    config = make_config("/dev/fx100io-test-no-such-disk", size=None)
+    with pytest.raises(PluginStartError, match="could not open"):
+        FX100ioBackend(config=config, metadata=make_metadata())
+    assert not os.path.exists("/dev/fx100io-test-no-such-disk")

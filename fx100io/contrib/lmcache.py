@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import errno
+import fcntl
 import logging
 import os
 import sys
@@ -124,13 +126,21 @@ class FX100ioBackend(StoragePluginInterface):
             world_size=int(getattr(metadata, "world_size", 1) or 1),
         )
         self._breaker = Breaker(self.options.retry_after_s)
-        self._store = self._open_store(self.options)
+        create = should_create(self.options)
+        self._prepare_files(self.options, create)
+        self._device_locks = self._lock_devices(self.options, create)
+        try:
+            self._store = self._open_store(self.options, create)
+        except Exception:
+            self._unlock_devices()
+            raise
         try:
             self._runner = LoopRunner(loop)
             self._register_pool()
             self._guard_pool_release()
         except Exception:
             self._store.close()
+            self._unlock_devices()
             raise
         if self.local_cpu_backend is None:
             logger.warning(
@@ -140,7 +150,66 @@ class FX100ioBackend(StoragePluginInterface):
         logger.info("fx100io LMCache plugin %r ready: %s", self.options.name, self.options.describe())
 
     @staticmethod
-    def _open_store(options: PluginOptions) -> Any:
+    def _prepare_files(options: PluginOptions, create: bool) -> None:
+        """Before formatting: every file device needs a size and an existing folder."""
+        if not create:
+            return
+        for uri in options.devices:
+            path = file_path(uri)
+            if path is None or path.startswith("/dev/") or (os.path.exists(path) and not os.path.isfile(path)):
+                continue  # block devices and fabric namespaces bring their own size
+            if options.size is None:
+                raise PluginConfigError(
+                    f"storage_plugin.{options.name}.size is required to create {path} "
+                    "on first use (e.g. size: \"64G\")"
+                )
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+
+    @staticmethod
+    def _lock_devices(options: PluginOptions, create: bool) -> list[int]:
+        """Claim each local device for this process, or fail at start.
+
+        A store's index lives in the memory of the process that opened it, so two
+        processes on one device (typically two tensor-parallel workers given the same
+        path) would overwrite each other's chunks. A POSIX lock makes the second one
+        fail loudly instead. Files that do not exist yet are created empty first (they
+        are about to be formatted; an empty file is still 'fresh' to create: auto).
+        """
+        fds: list[int] = []
+        try:
+            for uri in options.devices:
+                path = file_path(uri)
+                if path is None:
+                    continue
+                if not os.path.exists(path) and (not create or path.startswith("/dev/")):
+                    continue  # nothing to lock; opening will say it is missing
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fds.append(fd)
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    raise PluginStartError(
+                        f"{path} is in use by another process; give each worker its own "
+                        f"device, e.g. storage_plugin.{options.name}.devices: "
+                        "\"file:///var/lib/fx100io/kv-{worker_id}.img\""
+                    ) from None
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def _unlock_devices(self) -> None:
+        for fd in getattr(self, "_device_locks", []):
+            os.close(fd)  # closing drops the POSIX lock
+        self._device_locks = []
+
+    @staticmethod
+    def _open_store(options: PluginOptions, create: bool) -> Any:
         try:
             import fx100io
         except ImportError as exc:
@@ -148,20 +217,6 @@ class FX100ioBackend(StoragePluginInterface):
                 f"cannot import fx100io's core ({exc}); build it with `pip install -e .` in "
                 "the fx100io checkout"
             ) from exc
-        create = should_create(options)
-        if create:
-            for uri in options.devices:
-                path = file_path(uri)
-                if path is None or (os.path.exists(path) and not os.path.isfile(path)):
-                    continue  # block devices and fabric namespaces bring their own size
-                if options.size is None:
-                    raise PluginConfigError(
-                        f"storage_plugin.{options.name}.size is required to create {path} "
-                        "on first use (e.g. size: \"64G\")"
-                    )
-                parent = os.path.dirname(path)
-                if parent:
-                    os.makedirs(parent, exist_ok=True)
         uris: Any = list(options.devices) if len(options.devices) > 1 else options.devices[0]
 
         def open_store(fmt: bool) -> Any:
@@ -827,6 +882,7 @@ class FX100ioBackend(StoragePluginInterface):
         except Exception as exc:  # noqa: BLE001
             logger.warning("fx100io: closing the store failed: %r", exc)
         self._runner.stop()
+        self._unlock_devices()
         logger.info("fx100io LMCache plugin %r closed", self.options.name)
 
     def __str__(self) -> str:
