@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -376,3 +378,42 @@ def test_offset_and_percent_size(tmp_path: Path) -> None:
     assert job["fx100io"]["region_offset"] == MiB and job["fx100io"]["region_bytes"] == 2 * MiB
     assert job["write"]["io_bytes"] == 2 * MiB
     assert os.path.getsize(f) == 4 * MiB
+
+
+@pytest.mark.parametrize("numjobs", [1, 2])
+def test_ctrl_c_stops_jobs_and_still_reports(tmp_path: Path, numjobs: int) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "fx100io.bench",
+        "--name=c",
+        f"--filename={tmp_path / 'c.img'}",
+        "--size=1m",
+    ]
+    argv += [
+        "--time_based",
+        "--runtime=30",
+        f"--numjobs={numjobs}",
+        "--group_reporting",
+        "--output-format=json",
+    ]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    job = json.loads(out)["jobs"][0]
+    assert job["read"]["io_bytes"] > 0
+    assert job["read"]["runtime"] < 10_000  # stopped early, not after 30 s
+
+
+def test_setup_failure_in_one_of_several_jobs(tmp_path: Path) -> None:
+    rc, _, err = bench(
+        "--size=1m",
+        "--name=good",
+        f"--filename={tmp_path / 'g.img'}",
+        "--name=bad",
+        f"--filename={tmp_path / 'no-such-dir' / 'b.img'}",
+    )
+    assert rc == 1
+    assert "bad" in err and "Traceback" not in err
