@@ -1,0 +1,37 @@
+"""The `fx100io` command: one subcommand per job."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: fx100io <command> [options]
+
+commands:
+  demo     put and get KV-sized chunks in a local file-backed store, print throughput
+  bench    fio-like microbenchmark (fio's options, job files and output formats)
+
+`fx100io <command> --help` for a command's options."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = args[0], args[1:]
+    try:
+        if cmd == "demo":
+            from fx100io.demo import main as demo
+            return demo(rest)
+        if cmd == "bench":
+            from fx100io.bench import main as bench
+            return bench(rest)
+    except OSError as e:  # fx100io errors are OSErrors with a clear message
+        print(f"fx100io {cmd}: {e}", file=sys.stderr)
+        return 1
+    print(f"fx100io: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what fx100io needs on Debian 12 (root) and builds it in place.
+# Idempotent: packages already present are not touched.  Used by `make demo`
+# and by tools/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+need=()
+for p in liburing-dev fio gcc make util-linux pkg-config; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+"$PY" -m pip install --quiet --disable-pip-version-check numpy "Cython>=3.0" setuptools wheel \
+  pytest pytest-asyncio
+# --no-build-isolation: build against the Cython just installed, offline-friendly
+"$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e .
+"$PY" -c "import fx100io; print('setup: fx100io', fx100io.__version__, 'built')"
