@@ -30,8 +30,17 @@ def options(plugins=("fx100io",), worker_id=0, world_size=1, **keys):
 
 @pytest.mark.parametrize(
     "text, size",
-    [("64G", 64 << 30), ("512MiB", 512 << 20), ("1.5T", int(1.5 * (1 << 40))), ("4096", 4096),
-     (8192, 8192), ("2 gb", 2 << 30), ("10k", 10 << 10), (None, None), ("", None)],
+    [
+        ("64G", 64 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5T", int(1.5 * (1 << 40))),
+        ("4096", 4096),
+        (8192, 8192),
+        ("2 gb", 2 << 30),
+        ("10k", 10 << 10),
+        (None, None),
+        ("", None),
+    ],
 )
 def test_sizes(text, size):
     assert parse_size(text, "size") == size
@@ -149,6 +158,7 @@ def test_create_auto_refuses_a_half_present_stripe(tmp_path):
 
 # ------------------------------------------------------------------ naming
 
+
 def test_store_names_keep_distinct_keys_apart():
     lm = pytest.importorskip("lmcache.utils", reason="lmcache is not installed: run tools/install_lmcache.sh")
     import torch
@@ -181,8 +191,9 @@ def test_records_round_trip_and_reject_damage():
 
     from fx100io.contrib import _lmcache_codec as codec
 
-    rec = codec.ChunkRecord("Ci/m@1@0@7@bfloat16", 6144, "KV_2LTD", ((2, 4, 16, 24),),
-                            ("bfloat16",), (0, 1, 2))
+    rec = codec.ChunkRecord(
+        "Ci/m@1@0@7@bfloat16", 6144, "KV_2LTD", ((2, 4, 16, 24),), ("bfloat16",), (0, 1, 2)
+    )
     blob = rec.encode()
     assert codec.ChunkRecord.decode(blob, rec.key_text) == rec
     assert codec.dtype_from_name(torch, "bfloat16") is torch.bfloat16

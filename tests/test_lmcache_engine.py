@@ -10,7 +10,6 @@ target in a later issue; these tests use file devices.
 from __future__ import annotations
 
 import pytest
-
 from test_lmcache_support import (
     CHUNK,
     LookupRecorder,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -19,15 +20,15 @@ lmcache = pytest.importorskip(
     reason="lmcache is not installed: run tools/install_lmcache.sh (CPU-only recipe)",
 )
 
-import torch  # noqa: E402  (lmcache pulls torch in; import after the skip)
-from lmcache.utils import CacheEngineKey, LayerCacheEngineKey  # noqa: E402
-from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
-from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
-from lmcache.v1.event_manager import EventManager  # noqa: E402
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noqa: E402
-from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
-from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
-from lmcache.v1.storage_backend.storage_manager import StorageManager  # noqa: E402
+import torch
+from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
+from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.event_manager import EventManager
+from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 PLUGIN = "fx100io"
 MODEL = "fx/test-model"
@@ -42,23 +43,23 @@ HIDDEN = HEADS * HEAD_SIZE
 
 __all__ = [
     "CacheEngineKey",
-    "LayerCacheEngineKey",
-    "MemoryFormat",
     "CpuConnector",
+    "LayerCacheEngineKey",
+    "LogCapture",
     "LookupRecorder",
-    "make_config",
-    "make_metadata",
-    "make_storage_manager",
-    "make_engine",
+    "MemoryFormat",
     "destroy_engine",
     "fill_obj",
+    "make_config",
+    "make_engine",
+    "make_metadata",
+    "make_storage_manager",
     "plugin_of",
     "wait_until",
-    "LogCapture",
 ]
 
 
-def plugin_extra(devices: Optional[str], **opts: Any) -> dict:
+def plugin_extra(devices: str | None, **opts: Any) -> dict:
     extra = {
         f"storage_plugin.{PLUGIN}.module_path": "fx100io.contrib.lmcache",
         f"storage_plugin.{PLUGIN}.class_name": "FX100ioBackend",
@@ -74,8 +75,14 @@ def plugin_extra(devices: Optional[str], **opts: Any) -> dict:
     return extra
 
 
-def make_config(devices: Optional[str], *, async_loading: bool = False, layerwise: bool = False,
-                cpu_gb: float = 0.05, **opts: Any) -> Any:
+def make_config(
+    devices: str | None,
+    *,
+    async_loading: bool = False,
+    layerwise: bool = False,
+    cpu_gb: float = 0.05,
+    **opts: Any,
+) -> Any:
     return LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK,
         # Keep the short last chunk too: its own shape must survive the round trip.
@@ -102,7 +109,7 @@ def make_metadata(worker_id: int = 0, world_size: int = 1, dtype: torch.dtype = 
     )
 
 
-def make_storage_manager(config: Any, metadata: Optional[Any] = None) -> Any:
+def make_storage_manager(config: Any, metadata: Any | None = None) -> Any:
     return StorageManager(config, metadata or make_metadata(), EventManager())
 
 
@@ -167,8 +174,9 @@ class CpuConnector(GPUConnectorInterface):
         for obj, start, end in zip(memory_objs, starts, ends):
             self.from_gpu(obj, start, end, **kwargs)
 
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None,
-                       **kwargs: Any) -> None:
+    def batched_to_gpu(
+        self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any
+    ) -> None:
         for obj, start, end in zip(memory_objs, starts, ends):
             self.to_gpu(obj, start, end, **kwargs)
 
@@ -195,7 +203,7 @@ class LookupRecorder:
 _engine_ids = iter(range(1_000_000))
 
 
-def make_engine(config: Any, metadata: Optional[Any] = None, **post_init: Any) -> Any:
+def make_engine(config: Any, metadata: Any | None = None, **post_init: Any) -> Any:
     instance_id = f"fx100io-test-{next(_engine_ids)}"
     engine = LMCacheEngineBuilder.get_or_create(
         instance_id,
@@ -242,7 +250,7 @@ class LogCapture(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
-    def __enter__(self) -> "LogCapture":
+    def __enter__(self) -> LogCapture:  # noqa: PYI034 - py3.10 has no typing.Self
         self._logger.addHandler(self)
         return self
 

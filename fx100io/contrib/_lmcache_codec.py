@@ -20,7 +20,8 @@ import dataclasses
 import hashlib
 import json
 import struct
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # Version tag in every store key: a future incompatible layout gets new names
 # instead of misreading old chunks.
@@ -79,7 +80,7 @@ class ChunkRecord:
     fmt: str  # MemoryFormat member name
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]  # torch dtype names without the "torch." prefix
-    cached_positions: Optional[tuple[int, ...]] = None
+    cached_positions: tuple[int, ...] | None = None
 
     def encode(self) -> bytes:
         payload = json.dumps(
@@ -89,16 +90,14 @@ class ChunkRecord:
                 "fmt": self.fmt,
                 "shapes": [list(s) for s in self.shapes],
                 "dtypes": list(self.dtypes),
-                "cached_positions": None
-                if self.cached_positions is None
-                else list(self.cached_positions),
+                "cached_positions": None if self.cached_positions is None else list(self.cached_positions),
             },
             separators=(",", ":"),
         ).encode("utf-8")
         return _HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(payload)) + payload
 
     @classmethod
-    def decode(cls, blob: bytes | memoryview, expect_key_text: str) -> "ChunkRecord":
+    def decode(cls, blob: bytes | memoryview, expect_key_text: str) -> ChunkRecord:
         blob = bytes(blob)
         if len(blob) < _HEADER.size:
             raise RecordError("record shorter than its header")
@@ -110,7 +109,7 @@ class ChunkRecord:
         if _HEADER.size + length > len(blob):
             raise RecordError("record truncated")
         try:
-            doc = json.loads(blob[_HEADER.size:_HEADER.size + length])
+            doc = json.loads(blob[_HEADER.size : _HEADER.size + length])
             record = cls(
                 key_text=str(doc["key"]),
                 nbytes=int(doc["nbytes"]),

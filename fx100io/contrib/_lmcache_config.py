@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # The plugin name the README documents; used when the config does not point at us.
@@ -59,13 +60,13 @@ class PluginConfigError(ValueError):
 class PluginOptions:
     name: str
     devices: tuple[str, ...]
-    size: Optional[int]
+    size: int | None
     create: str
     queue_depth: int
     direct: Any  # True, False or "auto"
     engine: str
-    capacity: Optional[int]
-    host_nqn: Optional[str]
+    capacity: int | None
+    host_nqn: str | None
     timeout_s: float
     retry_after_s: float
     register_buffers: bool
@@ -81,7 +82,7 @@ class PluginOptions:
         )
 
 
-def parse_size(value: Any, what: str) -> Optional[int]:
+def parse_size(value: Any, what: str) -> int | None:
     """'64G', '512MiB', '1.5T', 4096 -> bytes (binary units, as disk tools use)."""
     if value is None or value == "":
         return None
@@ -130,12 +131,12 @@ def parse_direct(value: Any, what: str) -> Any:
 def _parse_number(value: Any, what: str, default: float, minimum: float, integer: bool) -> Any:
     if value is None or value == "":
         return default
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool):  # YAML 'yes' is not a count
+        raise PluginConfigError(f"{what}: expected {kind}, got {value!r}")
     try:
-        if isinstance(value, bool):
-            raise ValueError
         number = int(str(value)) if integer else float(value)
     except ValueError:
-        kind = "an integer" if integer else "a number"
         raise PluginConfigError(f"{what}: expected {kind}, got {value!r}") from None
     if number < minimum:
         raise PluginConfigError(f"{what}: must be >= {minimum}, got {value!r}")
@@ -178,7 +179,7 @@ def _expand(uri: str, worker_id: int, world_size: int) -> str:
         ) from None
 
 
-def _with_host_nqn(uri: str, host_nqn: Optional[str]) -> str:
+def _with_host_nqn(uri: str, host_nqn: str | None) -> str:
     """Carry the host NQN to fabric URIs as a query parameter the device layer reads."""
     parts = urlsplit(uri)
     if host_nqn is None or parts.scheme not in _FABRIC_SCHEMES:
@@ -198,7 +199,7 @@ def _check_uri(uri: str) -> None:
     )
 
 
-def file_path(uri: str) -> Optional[str]:
+def file_path(uri: str) -> str | None:
     """The local path behind a file:// or plain-path URI, else None."""
     if uri.startswith("/"):
         return uri
@@ -210,7 +211,7 @@ def file_path(uri: str) -> Optional[str]:
 
 def parse_options(
     storage_plugins: Any,
-    extra_config: Optional[Mapping[str, Any]],
+    extra_config: Mapping[str, Any] | None,
     class_name: str,
     worker_id: int = 0,
     world_size: int = 1,
@@ -218,7 +219,7 @@ def parse_options(
     extra = dict(extra_config or {})
     name = find_plugin_name(storage_plugins, extra, class_name)
     prefix = f"storage_plugin.{name}."
-    ours = {k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)}
+    ours = {k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)}
 
     unknown = sorted(set(ours) - KNOWN_KEYS)
     if unknown:

@@ -19,7 +19,8 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class Breaker:
         self._retry_after_s = retry_after_s
         self._lock = threading.Lock()
         self._down_until = 0.0
-        self._reason: Optional[str] = None
+        self._reason: str | None = None
         self.trips = 0
 
     def usable(self) -> bool:
@@ -76,8 +77,8 @@ class Breaker:
 class LoopRunner:
     """Runs coroutines on the plugin's loop, owning a private one if LMCache gave none."""
 
-    def __init__(self, loop: Optional[asyncio.AbstractEventLoop]) -> None:
-        self._own_thread: Optional[threading.Thread] = None
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._own_thread: threading.Thread | None = None
         if loop is None:
             loop = asyncio.new_event_loop()
             self._own_thread = threading.Thread(
@@ -99,14 +100,14 @@ class LoopRunner:
             return self._own_thread.is_alive()
         return self.loop.is_running()
 
-    def submit(self, coro: Awaitable[T]) -> "concurrent.futures.Future[T]":
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
 
     def call(
         self,
         coro: Awaitable[T],
         wait_s: float,
-        on_abandon: Optional[Callable[[T], None]] = None,
+        on_abandon: Callable[[T], None] | None = None,
     ) -> T:
         """Block the calling thread on a coroutine run on the loop.
 
@@ -119,9 +120,11 @@ class LoopRunner:
             return future.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:
             if on_abandon is not None:
-                def late(f: "concurrent.futures.Future[T]") -> None:
+
+                def late(f: concurrent.futures.Future[T]) -> None:
                     if not f.cancelled() and f.exception() is None:
                         on_abandon(f.result())
+
                 future.add_done_callback(late)
             raise TimedOut(f"event loop did not answer within {wait_s:.1f}s") from None
 
@@ -136,7 +139,7 @@ class LoopRunner:
 async def bounded(
     awaitable: Awaitable[T],
     timeout_s: float,
-    on_late: Optional[Callable[[], None]] = None,
+    on_late: Callable[[], None] | None = None,
 ) -> T:
     """Await a store request for at most timeout_s, without cancelling it.
 
@@ -148,13 +151,13 @@ async def bounded(
     if done:
         return task.result()
 
-    def finished(t: "asyncio.Future[T]") -> None:
+    def finished(t: asyncio.Future[T]) -> None:
         if not t.cancelled():
             t.exception()  # mark retrieved; the failure was already reported as a timeout
         if on_late is not None:
             try:
                 on_late()
-            except Exception:  # noqa: BLE001 - a cleanup error must not kill the loop
+            except Exception:
                 logger.exception("fx100io: releasing buffers of a late request failed")
 
     task.add_done_callback(finished)

@@ -32,7 +32,8 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from lmcache.utils import CacheEngineKey
@@ -79,7 +80,7 @@ class FX100ioBackend(StoragePluginInterface):
         config: Any = None,
         metadata: Any = None,
         local_cpu_backend: Any = None,
-        loop: Optional[asyncio.AbstractEventLoop] = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(
             dst_device=dst_device,
@@ -103,7 +104,7 @@ class FX100ioBackend(StoragePluginInterface):
 
     # ------------------------------------------------------------------ setup
 
-    def _start(self, config: Any, metadata: Any, loop: Optional[asyncio.AbstractEventLoop]) -> None:
+    def _start(self, config: Any, metadata: Any, loop: asyncio.AbstractEventLoop | None) -> None:
         if config is None:
             raise PluginConfigError("LMCache passed no config to the plugin")
         self._closed = False
@@ -111,7 +112,7 @@ class FX100ioBackend(StoragePluginInterface):
         self._inflight: dict[CacheEngineKey, MemoryObj] = {}
         self._put_futures: set[concurrent.futures.Future] = set()
         self._pins: dict[CacheEngineKey, int] = {}
-        self._records: "collections.OrderedDict[str, codec.ChunkRecord]" = collections.OrderedDict()
+        self._records: collections.OrderedDict[str, codec.ChunkRecord] = collections.OrderedDict()
         self._warned: set[str] = set()
         # Store requests that still use LMCache buffers, counted until the I/O really
         # ends (a timed-out request keeps counting): LMCache must not free its pool first.
@@ -156,12 +157,16 @@ class FX100ioBackend(StoragePluginInterface):
             return
         for uri in options.devices:
             path = file_path(uri)
-            if path is None or path.startswith("/dev/") or (os.path.exists(path) and not os.path.isfile(path)):
+            if (
+                path is None
+                or path.startswith("/dev/")
+                or (os.path.exists(path) and not os.path.isfile(path))
+            ):
                 continue  # block devices and fabric namespaces bring their own size
             if options.size is None:
                 raise PluginConfigError(
                     f"storage_plugin.{options.name}.size is required to create {path} "
-                    "on first use (e.g. size: \"64G\")"
+                    'on first use (e.g. size: "64G")'
                 )
             parent = os.path.dirname(path)
             if parent:
@@ -195,7 +200,7 @@ class FX100ioBackend(StoragePluginInterface):
                     raise PluginStartError(
                         f"{path} is in use by another process; give each worker its own "
                         f"device, e.g. storage_plugin.{options.name}.devices: "
-                        "\"file:///var/lib/fx100io/kv-{worker_id}.img\""
+                        '"file:///var/lib/fx100io/kv-{worker_id}.img"'
                     ) from None
         except BaseException:
             for fd in fds:
@@ -245,15 +250,16 @@ class FX100ioBackend(StoragePluginInterface):
             action = "format" if create else "open"
             hint = ""
             if isinstance(exc, fx100io.errors.NotAStoreError):
-                hint = (" (it holds something that is not an fx100io store and is not blank; "
-                        "create: always would erase it)")
+                hint = (
+                    " (it holds something that is not an fx100io store and is not blank; "
+                    "create: always would erase it)"
+                )
             elif not create and options.create == "never":
                 hint = " (create: never, so nothing is formatted; use create: auto)"
-            raise PluginStartError(
-                f"could not {action} {', '.join(options.devices)}: {exc}{hint}"
-            ) from exc
+            raise PluginStartError(f"could not {action} {', '.join(options.devices)}: {exc}{hint}") from exc
         logger.info(
-            "fx100io: %s store on %s", "formatted new" if create else "opened existing",
+            "fx100io: %s store on %s",
+            "formatted new" if create else "opened existing",
             ", ".join(options.devices),
         )
         return store
@@ -276,7 +282,8 @@ class FX100ioBackend(StoragePluginInterface):
             logger.info(
                 "fx100io: LMCache's CPU pool is not registered with io_uring (%s); reads "
                 "still land in the MemoryObj buffers directly",
-                "this fx100io build cannot register outside memory" if register is None
+                "this fx100io build cannot register outside memory"
+                if register is None
                 else "no CPU pool tensor found",
             )
             return
@@ -399,7 +406,7 @@ class FX100ioBackend(StoragePluginInterface):
         return memoryview(obj.byte_array).cast("B")
 
     @staticmethod
-    def _release(objs: Iterable[Optional[MemoryObj]]) -> None:
+    def _release(objs: Iterable[MemoryObj | None]) -> None:
         for obj in objs:
             if obj is not None:
                 obj.ref_count_down()
@@ -420,7 +427,7 @@ class FX100ioBackend(StoragePluginInterface):
             self._pin(key)
         return hit
 
-    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
         hits = 0
         for key in keys:
             if not self.contains(key, pin):
@@ -429,7 +436,7 @@ class FX100ioBackend(StoragePluginInterface):
         return hits
 
     async def batched_async_contains(
-        self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
+        self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False
     ) -> int:
         if not keys or not self._usable():
             return 0
@@ -484,10 +491,10 @@ class FX100ioBackend(StoragePluginInterface):
     def batched_submit_put_task(
         self,
         keys: Sequence[CacheEngineKey],
-        objs: List[MemoryObj],
+        objs: list[MemoryObj],
         transfer_spec: Any = None,
-        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
-    ) -> Optional[List[concurrent.futures.Future]]:
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> list[concurrent.futures.Future] | None:
         batch = self._claim_puts(keys, objs)
         if not batch:
             return None
@@ -505,9 +512,9 @@ class FX100ioBackend(StoragePluginInterface):
     async def async_batched_submit_put_task(
         self,
         keys: Sequence[CacheEngineKey],
-        objs: List[MemoryObj],
+        objs: list[MemoryObj],
         transfer_spec: Any = None,
-        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
     ) -> None:
         batch = self._claim_puts(keys, objs)
         if batch:
@@ -549,7 +556,7 @@ class FX100ioBackend(StoragePluginInterface):
     async def _put_batch(
         self,
         batch: list[tuple[CacheEngineKey, MemoryObj, codec.ChunkRecord, str, str]],
-        callback: Optional[Callable[[CacheEngineKey], None]],
+        callback: Callable[[CacheEngineKey], None] | None,
     ) -> int:
         # Data and records go in one batch: the store writes them in parallel and a
         # chunk only counts as present when both landed (see contains).
@@ -578,7 +585,7 @@ class FX100ioBackend(StoragePluginInterface):
             if callback is not None:
                 try:
                     callback(key)
-                except Exception:  # noqa: BLE001 - LMCache's contract: log and go on
+                except Exception:
                     logger.exception("fx100io: on_complete_callback failed for %s", key)
         return len(batch)
 
@@ -594,7 +601,7 @@ class FX100ioBackend(StoragePluginInterface):
         if not future.cancelled() and future.exception() is not None:
             logger.error("fx100io: put task crashed", exc_info=future.exception())
 
-    def flush(self, timeout: Optional[float] = None) -> bool:
+    def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted put has finished; True if none is left."""
         with self._lock:
             pending = list(self._put_futures)
@@ -605,9 +612,9 @@ class FX100ioBackend(StoragePluginInterface):
 
     # ------------------------------------------------------------------ gets
 
-    async def _read_records(self, keys: Sequence[CacheEngineKey]) -> list[Optional[codec.ChunkRecord]]:
+    async def _read_records(self, keys: Sequence[CacheEngineKey]) -> list[codec.ChunkRecord | None]:
         """Records for keys, from memory when possible, else one parallel store read."""
-        out: list[Optional[codec.ChunkRecord]] = []
+        out: list[codec.ChunkRecord | None] = []
         want: list[tuple[int, str, str]] = []
         for i, key in enumerate(keys):
             text, _, rkey = self._names(key)
@@ -641,13 +648,15 @@ class FX100ioBackend(StoragePluginInterface):
             out[i] = record
         return out
 
-    def _allocate(self, records: Sequence[Optional[codec.ChunkRecord]], busy_loop: bool) -> list[Optional[MemoryObj]]:
+    def _allocate(
+        self, records: Sequence[codec.ChunkRecord | None], busy_loop: bool
+    ) -> list[MemoryObj | None]:
         """A MemoryObj per present chunk, until the first one LMCache cannot allocate.
 
         LMCache only uses a hit prefix, so after one failure the rest would be thrown
         away anyway; stopping keeps the pool free for the chunks that matter.
         """
-        objs: list[Optional[MemoryObj]] = []
+        objs: list[MemoryObj | None] = []
         for record in records:
             if record is None or self.local_cpu_backend is None:
                 objs.append(None)
@@ -669,7 +678,9 @@ class FX100ioBackend(StoragePluginInterface):
             if record.nbytes < size:
                 obj.set_used_size(record.nbytes)
             elif record.nbytes > size:
-                logger.warning("fx100io: record says %d bytes, LMCache allocated %d; skipping", record.nbytes, size)
+                logger.warning(
+                    "fx100io: record says %d bytes, LMCache allocated %d; skipping", record.nbytes, size
+                )
                 obj.ref_count_down()
                 obj = None
             objs.append(obj)
@@ -678,9 +689,9 @@ class FX100ioBackend(StoragePluginInterface):
     async def _read_data(
         self,
         keys: Sequence[CacheEngineKey],
-        records: Sequence[Optional[codec.ChunkRecord]],
-        objs: list[Optional[MemoryObj]],
-    ) -> list[Optional[MemoryObj]]:
+        records: Sequence[codec.ChunkRecord | None],
+        objs: list[MemoryObj | None],
+    ) -> list[MemoryObj | None]:
         """Fill the allocated MemoryObjs from the store; misses come back as None."""
         idx = []
         try:
@@ -729,13 +740,13 @@ class FX100ioBackend(StoragePluginInterface):
                 obj.metadata.cached_positions = torch.tensor(positions, dtype=torch.long)
         return objs
 
-    async def _load_async(self, keys: Sequence[CacheEngineKey]) -> list[Optional[MemoryObj]]:
+    async def _load_async(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
         records = await self._read_records(keys)
         # On the loop thread LMCache's busy loop would stall our own put completions.
         objs = self._allocate(records, busy_loop=False)
         return await self._read_data(keys, records, objs)
 
-    def _load_blocking(self, keys: Sequence[CacheEngineKey]) -> list[Optional[MemoryObj]]:
+    def _load_blocking(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
         if not keys or not self._usable() or self.local_cpu_backend is None:
             return [None] * len(keys)
         if self._runner.on_loop_thread() or not self._runner.alive():
@@ -760,10 +771,10 @@ class FX100ioBackend(StoragePluginInterface):
             self._failed("read", exc)
             return [None] * len(keys)
 
-    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         return self._load_blocking([key])[0]
 
-    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
         return self._load_blocking(keys)
 
     async def batched_get_non_blocking(
@@ -780,7 +791,7 @@ class FX100ioBackend(StoragePluginInterface):
         prefix: list[MemoryObj] = []
         for n, obj in enumerate(objs):
             if obj is None:
-                self._release(objs[n + 1:])
+                self._release(objs[n + 1 :])
                 break
             prefix.append(obj)
         return prefix
@@ -835,7 +846,7 @@ class FX100ioBackend(StoragePluginInterface):
         # Every key here was present a moment ago; count those whose data delete went through.
         return sum(1 for r in results[1::2] if not isinstance(r, BaseException))
 
-    def _delete_done(self, task: "asyncio.Task[list[Any]]") -> None:
+    def _delete_done(self, task: asyncio.Task[list[Any]]) -> None:
         if task.cancelled():
             return
         exc = task.exception()
@@ -872,10 +883,10 @@ class FX100ioBackend(StoragePluginInterface):
     def close(self) -> None:
         if self._closed:
             return
-        if not self._runner.on_loop_thread() and self._runner.alive():
-            # Finish what LMCache already handed us: those chunks were promised durable.
-            if not self.flush(timeout=self._wait_s()):
-                logger.warning("fx100io: closing with puts still in flight")
+        # Finish what LMCache already handed us: those chunks were promised durable.
+        draining = not self._runner.on_loop_thread() and self._runner.alive()
+        if draining and not self.flush(timeout=self._wait_s()):
+            logger.warning("fx100io: closing with puts still in flight")
         self._closed = True
         try:
             self._store.close()
