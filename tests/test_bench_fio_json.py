@@ -29,7 +29,6 @@ pytestmark = pytest.mark.skipif(
 # Keys fio has that we leave out, and why:
 #  iodepth_submit / iodepth_complete: how many I/Os each submit / reap call
 #    carried happens inside the core, which does not report it.
-#  disk_util entries: per-disk counters of the block layer (empty list here).
 NOT_MEASURED = {"iodepth_submit", "iodepth_complete"}
 
 JOBS = {
@@ -104,6 +103,10 @@ def test_same_fields_and_types(pairs: dict, name: str) -> None:
     for key in ("jobs", "timestamp", "timestamp_ms", "time", "fio version", "disk_util"):
         assert key in ours
         assert type(ours[key]) is type(fio_doc[key])
+    # Disk stats: the same disk, with fio's fields, when fio found one.
+    if fio_doc["disk_util"]:
+        assert [d["name"] for d in ours["disk_util"]] == [d["name"] for d in fio_doc["disk_util"]]
+        assert set(fio_doc["disk_util"][0]) <= set(ours["disk_util"][0])
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))

@@ -417,3 +417,20 @@ def test_setup_failure_in_one_of_several_jobs(tmp_path: Path) -> None:
     )
     assert rc == 1
     assert "bad" in err and "Traceback" not in err
+
+
+def test_disk_saw_at_least_the_bytes_we_counted(tmp_path: Path) -> None:
+    """Direct I/O reaches the disk: its /proc/diskstats counters over the run
+    (shared with anything else writing to that disk) cover our io_bytes."""
+    doc = bench_json(
+        "--name=d", f"--filename={tmp_path / 'd.img'}", "--size=2m", "--bs=64k", "--rw=write", "--direct=1"
+    )
+    if not doc["disk_util"]:
+        pytest.skip(f"{tmp_path} is not on a block device (tmpfs/overlay): no disk stats to compare")
+    (disk,) = doc["disk_util"]
+    assert disk["write_ios"] >= 32
+    assert disk["write_bytes"] >= doc["jobs"][0]["write"]["io_bytes"] == 2 * MiB
+    doc = bench_json(
+        "--name=d", f"--filename={tmp_path / 'd.img'}", "--size=2m", "--bs=64k", "--rw=read", "--direct=1"
+    )
+    assert doc["disk_util"][0]["read_bytes"] >= doc["jobs"][0]["read"]["io_bytes"] == 2 * MiB

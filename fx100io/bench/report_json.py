@@ -224,7 +224,7 @@ def build(outcome: RunOutcome, results: list[JobResult]) -> dict[str, Any]:
         "timestamp_ms": int(now * 1000),
         "time": time.ctime(now),
         "jobs": [job_json(r, gbw) for r in results],
-        "disk_util": [],
+        "disk_util": [d.as_dict() for d in outcome.disk_util],
         "system_cpu": outcome.system_cpu.as_dict(),
         "fx100io": {"version": version(), "elapsed_s": outcome.elapsed_s},
     }

@@ -203,4 +203,12 @@ def render(outcome: RunOutcome, results: list[JobResult], jobs: list[Job]) -> st
     for r in results:
         parts.append(job_block(r))
     parts.append(group_block(outcome.results))
+    if outcome.disk_util:
+        lines = ["Disk stats (read/write):"]
+        for d in outcome.disk_util:
+            lines.append(
+                f"  {d.name}: ios={d.read_ios}/{d.write_ios}, merge={d.read_merges}/{d.write_merges}, "
+                f"ticks={d.read_ticks}/{d.write_ticks}, in_queue={d.in_queue}, util={d.util:.2f}%"
+            )
+        parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)

@@ -17,9 +17,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .diskstats import DiskUtil, disks_of, diskutil_between, read_diskstats
 from .errors import BenchError
 from .options import Job
 from .progress import SharedProgress
@@ -33,6 +34,7 @@ class RunOutcome:
     system_cpu: SystemCpu
     started: float  # wall clock when the jobs were released
     elapsed_s: float
+    disk_util: list[DiskUtil] = field(default_factory=list)
 
 
 def run_one(job: Job, clone: int, slot: Any, gate: Callable[[], None] | None) -> JobResult:
@@ -98,6 +100,9 @@ def run_jobs(
     marks: dict[str, Any] = {}
 
     def released() -> None:
+        # Targets exist by now (setup created them), so their disks are known.
+        marks["disks"] = disks_of([job.filename for job in jobs])
+        marks["disk0"] = read_diskstats()
         marks["stat0"] = read_proc_stat()
         marks["t0"] = time.monotonic()
         marks["wall0"] = time.time()
@@ -115,11 +120,13 @@ def run_jobs(
             if status is not None:
                 status.stop()
     stat1 = read_proc_stat()
+    disk1 = read_diskstats()
     elapsed = time.monotonic() - marks.get("t0", time.monotonic())
     syscpu = SystemCpu.between(marks.get("stat0", {}), stat1)
+    disks = diskutil_between(marks.get("disks", []), marks.get("disk0", {}), disk1, elapsed * 1000)
     for r in results:
         r.system_cpu = syscpu
-    return RunOutcome(results, syscpu, marks.get("wall0", time.time()), elapsed)
+    return RunOutcome(results, syscpu, marks.get("wall0", time.time()), elapsed, disks)
 
 
 def _run_processes(
