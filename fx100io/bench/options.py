@@ -272,7 +272,7 @@ def parse_cli(argv: list[str], read_jobfile: Callable[[str], list[RawJob]] | Non
     for job in cli_jobs:
         merged = dict(cli_global)
         merged.update(job.values)
-        job.shown = dict(merged)
+        job.shown = {"name": job.name, **merged}  # fio echoes --name among the job options
         job.values = merged
     jobs = file_jobs + cli_jobs
     if not jobs and cli_global:
