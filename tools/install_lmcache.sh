@@ -23,7 +23,19 @@ DEPS=(
   requests numba transformers cryptography
 )
 
-pip_install() { "$PY" -m pip install --quiet "$@"; }
+# pip's resolver lists every dependency lmcache declares but we skip on purpose (CUDA
+# packages, servers); those lines are expected here and would only hide real errors.
+pip_install() {
+  local log
+  log="$(mktemp)"
+  if ! "$PY" -m pip install --quiet --root-user-action=ignore "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  grep -v -e "^lmcache [0-9.]* requires " -e "dependency resolver does not currently" "$log" >&2 || true
+  rm -f "$log"
+}
 
 have_version() {  # have_version DIST VERSION-PREFIX: true if DIST is installed at that version
   "$PY" - "$1" "$2" <<'PYEOF'
