@@ -110,6 +110,7 @@ class AccessPattern:
                 perm = FeistelPermutation(self.nblocks, self.seed + 7919 * pass_no)
             for first in range(0, self.nblocks, BATCH):
                 count = min(BATCH, self.nblocks - first)
+                blocks: np.ndarray
                 if not self.random:
                     blocks = np.arange(first, first + count, dtype=np.int64)
                 elif perm is not None:

@@ -159,7 +159,7 @@ def _run_processes(
             if r in pending:
                 i = pending[r]
                 try:
-                    replies[i] = r.recv()
+                    replies[i] = conns[i].recv()
                 except EOFError:
                     replies[i] = ("crash", f"job {instances[i][0].name!r} exited without a result")
             elif r in sentinels:
