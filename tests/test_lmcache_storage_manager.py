@@ -405,3 +405,44 @@ def test_preallocated_zero_file_is_formatted(tmp_path):
         obj.ref_count_down()
     finally:
         manager.close()
+
+
+def test_a_hot_chunk_survives_capacity_eviction(device):
+    """Loads keep a chunk's record as fresh as its data in the store's LRU.
+
+    Otherwise the tiny record of a chunk read from memory-cached metadata would age and
+    be evicted first, and the hot chunk would vanish from lookups.
+    """
+    manager = make_storage_manager(make_config(device, capacity="120K"))
+    try:
+        backend = plugin_of(manager)
+        hot = keys_for([1300])
+        (want,) = put_chunks(manager, hot)
+        assert backend.flush(30)
+        for n in range(30):
+            put_chunks(manager, keys_for([1400 + n]), seed0=n)
+            assert backend.flush(30)
+            obj = backend.get_blocking(hot[0])
+            assert obj is not None, f"hot chunk lost after {n + 1} more puts"
+            assert torch.equal(obj_bytes(obj), want)
+            obj.ref_count_down()
+        assert backend.stats()["store"]["evictions"] > 0  # the store did evict
+        assert backend.contains(hot[0])
+        assert not backend.contains(keys_for([1400])[0])  # the coldest ones went
+    finally:
+        manager.close()
+
+
+def test_a_record_that_no_longer_matches_is_a_miss(sm):
+    from fx100io.contrib import _lmcache_codec as codec
+
+    backend = plugin_of(sm)
+    (key,) = keys_for([1500])
+    put_chunks(sm, [key])
+    assert backend.flush(30)
+    obj = backend.get_blocking(key)  # the record is now cached in memory
+    obj.ref_count_down()
+    text = codec.lmcache_key_text(key)
+    other = codec.ChunkRecord(text, 6144, "KV_2LTD", ((2, 4, 16, 24),), ("float16",))
+    backend._store.batch_put_blocking([codec.record_key(text)], [other.encode()])
+    assert backend.get_blocking(key) is None  # the cached record disagrees with the device

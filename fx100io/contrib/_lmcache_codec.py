@@ -81,6 +81,9 @@ class ChunkRecord:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]  # torch dtype names without the "torch." prefix
     cached_positions: tuple[int, ...] | None = None
+    # Set on a record just read from the store (not stored, not compared): its chunk
+    # needs no second record read in the same load.
+    fresh: bool = dataclasses.field(default=False, compare=False)
 
     def encode(self) -> bytes:
         payload = json.dumps(

@@ -31,6 +31,10 @@ class TimedOut(Exception):
     """A store request did not finish within the plugin's timeout_s."""
 
 
+class LoopGone(RuntimeError):
+    """The loop is closed: a coroutine handed to it will never run."""
+
+
 class Breaker:
     """Trips on a device error and keeps the plugin answering 'miss' for a while.
 
@@ -115,7 +119,12 @@ class LoopRunner:
         loop. If we give up, ``on_abandon`` receives the late result so it can free
         whatever the coroutine produced.
         """
-        future = self.submit(coro)
+        try:
+            future = self.submit(coro)
+        except RuntimeError as exc:
+            if hasattr(coro, "close"):
+                coro.close()  # never ran: its cleanup is the caller's
+            raise LoopGone(str(exc)) from exc
         try:
             return future.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -49,7 +50,7 @@ from ._lmcache_config import (
     parse_options,
     should_create,
 )
-from ._lmcache_runtime import Breaker, LoopRunner, TimedOut, bounded
+from ._lmcache_runtime import Breaker, LoopGone, LoopRunner, TimedOut, bounded
 
 logger = logging.getLogger("fx100io.contrib.lmcache")
 if not logger.handlers and not logging.getLogger().handlers:
@@ -613,7 +614,11 @@ class FX100ioBackend(StoragePluginInterface):
     # ------------------------------------------------------------------ gets
 
     async def _read_records(self, keys: Sequence[CacheEngineKey]) -> list[codec.ChunkRecord | None]:
-        """Records for keys, from memory when possible, else one parallel store read."""
+        """Records for keys, from memory when possible, else one parallel store read.
+
+        Records read from the store here are marked fresh, so the data read that follows
+        does not read them again (see _read_data).
+        """
         out: list[codec.ChunkRecord | None] = []
         want: list[tuple[int, str, str]] = []
         for i, key in enumerate(keys):
@@ -645,7 +650,7 @@ class FX100ioBackend(StoragePluginInterface):
                 self._warn_once("record", "fx100io: ignoring unreadable record for %s: %s", text, exc)
                 continue
             self._remember(record)
-            out[i] = record
+            out[i] = dataclasses.replace(record, fresh=True)
         return out
 
     def _allocate(
@@ -692,20 +697,36 @@ class FX100ioBackend(StoragePluginInterface):
         records: Sequence[codec.ChunkRecord | None],
         objs: list[MemoryObj | None],
     ) -> list[MemoryObj | None]:
-        """Fill the allocated MemoryObjs from the store; misses come back as None."""
+        """Fill the allocated MemoryObjs from the store; misses come back as None.
+
+        Records known from memory are read again in the same parallel batch (a few KiB
+        next to MiBs of data): that checks they still describe the data, and it keeps
+        them as recently used as their data in the store's LRU, so capacity eviction
+        does not drop the record of a hot chunk and make the chunk invisible.
+        """
         idx = []
+        rec_names: list[str] = []
+        rec_bufs: list[bytearray] = []
+        rec_of: list[int] = []
         try:
             for i, (key, record, obj) in enumerate(zip(keys, records, objs)):
                 if obj is None or record is None:
                     continue
-                _, dkey, _ = self._names(key)
+                text, dkey, rkey = self._names(key)
                 if self._store.chunk_size(dkey) != record.nbytes:
                     # Data missing (evicted) or from another write: reading it would
                     # hand LMCache a half-filled buffer.
                     obj.ref_count_down()
                     objs[i] = None
+                    self._forget(text)
                     continue
                 idx.append((i, dkey))
+                if not record.fresh:
+                    size = self._store.chunk_size(rkey)
+                    if size is not None and 0 < size <= codec.MAX_RECORD:
+                        rec_names.append(rkey)
+                        rec_bufs.append(bytearray(size))
+                        rec_of.append(i)
         except BaseException:
             self._release(objs)
             objs[:] = [None] * len(objs)
@@ -713,9 +734,11 @@ class FX100ioBackend(StoragePluginInterface):
         if not idx:
             return objs
         reading = [objs[i] for i, _ in idx]
+        names = [d for _, d in idx] + rec_names
+        bufs: list[Any] = [self._view(o) for o in reading] + rec_bufs
         try:
-            hits = await bounded(
-                self._tracked(self._store.batch_get([d for _, d in idx], [self._view(o) for o in reading])),
+            all_hits = await bounded(
+                self._tracked(self._store.batch_get(names, bufs)),
                 self.options.timeout_s,
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),
@@ -729,7 +752,17 @@ class FX100ioBackend(StoragePluginInterface):
                 objs[i] = None
             self._release(reading)
             raise
-        for (i, _), hit in zip(idx, hits):
+        hits = dict(zip((i for i, _ in idx), all_hits[: len(idx)]))
+        for i, hit, buf in zip(rec_of, all_hits[len(idx) :], rec_bufs):
+            record = records[i]
+            try:
+                same = hit and codec.ChunkRecord.decode(buf, record.key_text) == record
+            except codec.RecordError:
+                same = False
+            if not same:
+                hits[i] = False  # the chunk changed or lost its record: not ours to serve
+                self._forget(record.key_text)
+        for i, hit in hits.items():
             obj = objs[i]
             if not hit:
                 obj.ref_count_down()
@@ -767,7 +800,11 @@ class FX100ioBackend(StoragePluginInterface):
                 self._wait_s(),
                 on_abandon=self._release,
             )
-        except Exception as exc:  # noqa: BLE001
+        except LoopGone as exc:
+            self._release(objs)  # the read never started, so the buffers are still ours
+            self._failed("read", exc)
+            return [None] * len(keys)
+        except Exception as exc:  # noqa: BLE001 - the coroutine released what it held
             self._failed("read", exc)
             return [None] * len(keys)
 
