@@ -140,3 +140,17 @@ def test_system_cpu_from_proc_stat_deltas() -> None:
     assert s.sys == pytest.approx(16.0)
     assert s.idle == pytest.approx(40.0)
     assert s.busy == pytest.approx(100.0 - 40.0 - 8.0)
+
+
+def test_percentile_table_picks_the_unit_that_keeps_digits() -> None:
+    from fx100io.bench.report_normal import _percentile_lines
+
+    d = DirStats()
+    for v in [300_000] * 99 + [24_000_000]:  # 300 us typical, one 24 ms outlier
+        d.add(v, 4096)
+    lines = _percentile_lines(d, (50.0, 99.99))
+    assert lines[0].endswith("(usec):")
+    assert "50.00th=[  300]" in lines[1] and "99.99th=[" in lines[1]
+    d2 = DirStats()
+    d2.add(5_000, 1)
+    assert _percentile_lines(d2, (50.0,))[0].endswith("(nsec):")

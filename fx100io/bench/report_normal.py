@@ -63,9 +63,9 @@ def _percentile_lines(d: DirStats, pcts: tuple[float, ...], label: str = "clat p
     values = d.percentiles(pcts)
     top = max(values.values()) if values else 0
     unit, div = "nsec", 1
-    # Scale until the largest value fits in 5 digits, as fio's table does.
+    # The smallest unit in which the largest value fits the 5-digit column.
     for name, factor in (("usec", 1000), ("msec", 1_000_000)):
-        if top / div >= 10000:
+        if top / div >= 100_000:
             unit, div = name, factor
     cells = [f"{p:5.2f}th=[{round(v / div):5d}]" for p, v in values.items()]
     lines = [f"    {label} ({unit}):"]
