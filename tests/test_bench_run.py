@@ -126,6 +126,7 @@ def test_verify_catches_a_misplaced_block(tmp_path: Path) -> None:
 
 def _transports() -> list:
     params = [pytest.param("io_uring", id="io_uring-file"), pytest.param("psync", id="psync-file")]
+    params.append(pytest.param("file-uri", id="io_uring-file-uri"))
     params.append(pytest.param("loop", id="io_uring-loop-blockdev"))
     params.append(pytest.param("nvme+tcp", id="nvme+tcp"))
     params.append(pytest.param("nvme+rdma", id="nvme+rdma"))
@@ -146,6 +147,8 @@ def test_short_job_on_every_transport(transport: str, tmp_path: Path, request: p
     if transport == "loop":
         dev = request.getfixturevalue("loop_device")
         args += [f"--filename={dev}", "--size=4m", "--ioengine=io_uring"]
+    elif transport == "file-uri":
+        args += [f"--filename=file://{tmp_path / 't.img'}", "--size=4m"]
     else:
         args += [f"--filename={tmp_path / 't.img'}", "--size=4m", f"--ioengine={transport}"]
     doc = bench_json("--name=t", *args)
