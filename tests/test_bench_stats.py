@@ -154,3 +154,26 @@ def test_percentile_table_picks_the_unit_that_keeps_digits() -> None:
     d2 = DirStats()
     d2.add(5_000, 1)
     assert _percentile_lines(d2, (50.0,))[0].endswith("(nsec):")
+
+
+def test_bandwidth_windows_cover_only_the_moving_phase() -> None:
+    from fx100io.bench.stats import Series
+
+    r, w = DirStats(), DirStats()
+    s = Series()
+    t = 0
+    s.sample(0, r, w)  # phases start with a sample at t=0, as the workload does
+    for _ in range(10):  # 1 s of writes at 1 MiB per 100 ms, no reads
+        w.bytes += 1 << 20
+        w.ios += 1
+        t += 100_000_000
+        s.sample(t, r, w)
+    for _ in range(10):  # then 1 s of reads
+        r.bytes += 2 << 20
+        r.ios += 2
+        t += 100_000_000
+        s.sample(t, r, w)
+    wbw, _ = s.windows(500_000_000, "write")
+    rbw, riops = s.windows(500_000_000, "read")
+    assert wbw == [10240.0, 10240.0]  # KiB/s; no zero windows from the read phase
+    assert rbw == [20480.0, 20480.0] and riops == [20.0, 20.0]

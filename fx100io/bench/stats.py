@@ -201,8 +201,17 @@ class Series:
         n = self.rios if which == "read" else self.wios
         bw: list[float] = []
         iops: list[float] = []
-        last_t, last_b, last_n = 0, 0, 0
-        for t, cb, cn in zip(self.t_ns, b, n):
+        # Only the span where this direction moved: the KV workload writes in
+        # one phase and reads in the next, and the idle phase is not a
+        # 0 KiB/s sample of the other direction.
+        moving = [i for i in range(1, len(b)) if b[i] != b[i - 1]]
+        if not moving:
+            return bw, iops
+        first, last = moving[0] - 1, moving[-1]
+        last_t, last_b, last_n = self.t_ns[first], b[first], n[first]
+        for t, cb, cn in zip(
+            self.t_ns[first + 1 : last + 1], b[first + 1 : last + 1], n[first + 1 : last + 1]
+        ):
             if t - last_t >= window_ns:
                 dt = (t - last_t) / 1e9
                 bw.append((cb - last_b) / 1024 / dt)
