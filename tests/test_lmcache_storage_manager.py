@@ -446,3 +446,87 @@ def test_a_record_that_no_longer_matches_is_a_miss(sm):
     other = codec.ChunkRecord(text, 6144, "KV_2LTD", ((2, 4, 16, 24),), ("float16",))
     backend._store.batch_put_blocking([codec.record_key(text)], [other.encode()])
     assert backend.get_blocking(key) is None  # the cached record disagrees with the device
+
+
+class CountingStore:
+    """The real store, counting the batches the plugin hands it."""
+
+    def __init__(self, real):
+        self._real = real
+        self.get_batches: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    async def batch_get(self, keys, bufs):
+        self.get_batches.append(len(keys))
+        return await self._real.batch_get(keys, bufs)
+
+
+def test_a_load_is_one_parallel_batch(sm):
+    """N chunks go to the store as one batch (all reads in flight at once), not N calls."""
+    backend = plugin_of(sm)
+    keys = keys_for(range(1600, 1608))
+    expected = put_chunks(sm, keys)
+    assert backend.flush(30)
+    backend._records.clear()  # as after a restart
+    counting = CountingStore(backend._store)
+    backend._store = counting
+
+    got = backend.batched_get_blocking(keys)  # cold: the records, then the data
+    assert counting.get_batches == [8, 8]
+    got_warm = backend.batched_get_blocking(keys)  # warm: data and records together
+    assert counting.get_batches == [8, 8, 16]
+    for obj, obj2, want in zip(got, got_warm, expected):
+        assert torch.equal(obj_bytes(obj), want) and torch.equal(obj_bytes(obj2), want)
+        obj.ref_count_down()
+        obj2.ref_count_down()
+
+
+def test_async_lookup_and_prefetch_with_layerwise_keys(device):
+    """StorageManager.async_lookup_and_prefetch over per-layer keys (keys_per_chunk > 1)."""
+    from test_lmcache_support import LookupRecorder
+
+    layers = 4
+    chunks = [CacheEngineKey(MODEL, 1, 0, h, torch.bfloat16) for h in (-1700, 1701)]
+    layer_keys = [k for c in chunks for k in c.split_layers(layers)]
+    writer = make_storage_manager(make_config(device, layerwise=True))
+    try:
+        cpu = writer.storage_backends["LocalCPUBackend"]
+        objs, expected = [], []
+        for i, _ in enumerate(layer_keys):
+            obj = cpu.allocate(torch.Size([CHUNK, 2, 24]), torch.bfloat16, MemoryFormat.KV_T2D)
+            expected.append(fill_obj(obj, 1700 + i))
+            objs.append(obj)
+        writer.batched_put(layer_keys, objs)
+        assert plugin_of(writer).flush(30)
+    finally:
+        writer.close()
+
+    recorder = LookupRecorder()
+    from lmcache.v1.event_manager import EventManager, EventType
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+    events = EventManager()
+    manager = StorageManager(
+        make_config(device, layerwise=True, async_loading=True),
+        make_metadata(),
+        events,
+        async_lookup_server=recorder,
+    )
+    try:
+        asyncio.run_coroutine_threadsafe(
+            manager.async_lookup_and_prefetch(
+                "layer-lookup", layer_keys, [0, CHUNK, 2 * CHUNK], keys_per_chunk=layers
+            ),
+            manager.loop,
+        ).result(30)
+        assert recorder.wait("layer-lookup") == 2 * CHUNK
+        tiers = events.get_event_future(EventType.LOADING, "layer-lookup").result()  # done: answered
+        loaded = [pair for tier in tiers for pair in tier]
+        assert [k for k, _ in loaded] == layer_keys
+        for (_, obj), want in zip(loaded, expected):
+            assert torch.equal(obj_bytes(obj), want)
+            obj.ref_count_down()
+    finally:
+        manager.close()
