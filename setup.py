@@ -65,7 +65,7 @@ setup(
     description="io_uring and NVMe-oF I/O engine and KV-cache chunk store for LLM serving",
     python_requires=">=3.10",
     packages=find_packages(include=["fx100io", "fx100io.*"]),
-    package_data={"fx100io": ["py.typed", "*.pyi", "*.pxd"]},
+    package_data={"fx100io": ["py.typed", "*.pyi", "*.pxd", "*.pxi"]},
     libraries=[c_core],
     ext_modules=cythonize([core], compiler_directives={"language_level": "3"}),
     install_requires=["numpy"],

@@ -413,3 +413,7 @@ cdef class Queue:
             return False
         check(rc, f"wait for {self.dev.target}")
         return True
+
+
+include "_fabric.pxi"
+include "_target.pxi"

@@ -9,6 +9,7 @@ USAGE = """usage: fx100io <command> [options]
 commands:
   demo     put and get KV-sized chunks in a local file-backed store, print throughput
   bench    fio-like microbenchmark (fio's options, job files and output formats)
+  target   serve files and block devices as an NVMe/TCP target
 
 `fx100io <command> --help` for a command's options."""
 
@@ -23,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "demo":
             from fx100io.demo import main as demo
             return demo(rest)
+        if cmd == "target":
+            from fx100io.target_cli import main as target
+            return target(rest)
         if cmd == "bench":
             from fx100io.bench import main as bench
             return bench(rest)

@@ -1,0 +1,1 @@
+# Binding of our NVMe/TCP target (csrc/target/); included by _core.pyx.
