@@ -530,3 +530,26 @@ def test_async_lookup_and_prefetch_with_layerwise_keys(device):
             obj.ref_count_down()
     finally:
         manager.close()
+
+
+def test_the_cpu_pool_is_offered_for_registration(device, monkeypatch):
+    """When the core can register outside memory, the plugin hands it LMCache's whole pool.
+
+    The core has no such call yet, so a recorder stands in for it; without one, the
+    other tests run the unregistered path.
+    """
+    import numpy as np
+
+    import fx100io
+
+    offered = []
+    monkeypatch.setattr(fx100io, "register_memory", offered.append, raising=False)
+    manager = make_storage_manager(make_config(device))
+    try:
+        pool = manager.storage_backends["LocalCPUBackend"].get_memory_allocator().buffer
+        assert len(offered) == 1
+        view = offered[0]
+        assert view.nbytes == pool.numel()
+        assert np.frombuffer(view, dtype=np.uint8).ctypes.data == pool.data_ptr()
+    finally:
+        manager.close()
