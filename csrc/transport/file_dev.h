@@ -1,11 +1,12 @@
 /*
  * What the file transport's two engines (io_uring and psync) share: the
- * device (descriptors) and the table of caller requests.
+ * device and its descriptors.
  */
 #ifndef FX100IO_FILE_DEV_H
 #define FX100IO_FILE_DEV_H
 
 #include "../internal.h"
+#include "../reqs.h"
 
 struct file_dev {
 	struct fx_dev base;
@@ -16,41 +17,5 @@ struct file_dev {
 int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
                      const struct fx_dev_opts *o, struct fx_dev **out);
 void fx_file_dev_close(struct fx_dev *dev);
-
-/* One caller request, tracked until its completion is reaped. */
-struct req {
-	uint64_t tag;
-	char *addr;
-	uint64_t len;
-	uint64_t off;
-	uint64_t issued; /* bytes handed to pieces so far */
-	uint64_t done;   /* bytes transferred */
-	int err;         /* first error, 0 if none */
-	uint32_t inflight;
-	uint8_t op;
-	uint8_t eof;
-};
-
-/* Slab of requests (DESIGN rule 5: user_data is an index, never a pointer),
- * a FIFO of requests with bytes left to issue, and a ring of finished ones
- * waiting to be reaped. */
-struct req_table {
-	struct req *reqs;
-	uint32_t *free;
-	uint32_t nfree;
-	uint32_t nslots;
-	uint32_t *fifo;
-	uint32_t fifo_head, nfifo;
-	struct fx_cqe *done;
-	uint32_t done_head, ndone;
-	uint32_t pending; /* accepted and not reaped */
-};
-
-int fx_reqs_init(struct req_table *t, unsigned slots);
-void fx_reqs_fini(struct req_table *t);
-int fx_req_check(const struct fx_dev *d, const struct fx_req *r);
-uint32_t fx_req_take(struct req_table *t, const struct fx_req *src);
-void fx_req_complete(struct req_table *t, uint32_t i);
-int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max);
 
 #endif

@@ -1,0 +1,107 @@
+/*
+ * The request table shared by every queue implementation.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "reqs.h"
+
+
+int fx_reqs_init(struct req_table *t, unsigned slots)
+{
+	t->nslots = slots;
+	t->reqs = calloc(slots, sizeof(*t->reqs));
+	t->free = malloc(slots * sizeof(*t->free));
+	t->done = malloc(slots * sizeof(*t->done));
+	t->fifo = malloc(slots * sizeof(*t->fifo));
+	if (!t->reqs || !t->free || !t->done || !t->fifo) {
+		fx_reqs_fini(t);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < slots; i++)
+		t->free[i] = slots - 1 - i;
+	t->nfree = slots;
+	return 0;
+}
+
+void fx_reqs_fini(struct req_table *t)
+{
+	free(t->reqs);
+	free(t->free);
+	free(t->done);
+	free(t->fifo);
+	memset(t, 0, sizeof(*t));
+}
+
+/* Validate a caller's request before it takes a slot. */
+int fx_req_check(const struct fx_dev *d, const struct fx_req *r)
+{
+	if (r->op > FX_OP_FLUSH)
+		return -EINVAL;
+	if (r->op == FX_OP_FLUSH)
+		return 0;
+	if (!r->addr && r->len)
+		return -EFAULT;
+	if (r->len > (uint64_t)SSIZE_MAX || r->off > (uint64_t)LLONG_MAX ||
+	    r->len > (uint64_t)LLONG_MAX - r->off)
+		return -EINVAL;
+	(void)d;
+	return 0;
+}
+
+/* Take a slot for a request; the caller has checked nfree > 0. */
+uint32_t fx_req_take(struct req_table *t, const struct fx_req *src)
+{
+	uint32_t i = t->free[--t->nfree];
+	struct req *r = &t->reqs[i];
+
+	memset(r, 0, sizeof(*r));
+	r->tag = src->tag;
+	r->op = src->op;
+	r->addr = src->addr;
+	r->len = src->len;
+	r->off = src->off;
+	t->pending++;
+	return i;
+}
+
+void fx_req_complete_status(struct req_table *t, uint32_t i, uint16_t status)
+{
+	struct req *r = &t->reqs[i];
+	struct fx_cqe *c = &t->done[(t->done_head + t->ndone) % t->nslots];
+
+	c->tag = r->tag;
+	c->res = r->err ? r->err : (int64_t)r->done;
+	c->status = status;
+	t->ndone++;
+	t->free[t->nfree++] = i;
+}
+
+/* Finish a request: record its completion and free its slot. */
+void fx_req_complete(struct req_table *t, uint32_t i)
+{
+	fx_req_complete_status(t, i, 0);
+}
+
+void fx_reqs_fifo_push(struct req_table *t, uint32_t i)
+{
+	t->fifo[(t->fifo_head + t->nfifo) % t->nslots] = i;
+	t->nfifo++;
+}
+
+int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max)
+{
+	unsigned n = 0;
+
+	while (n < max && t->ndone) {
+		out[n++] = t->done[t->done_head];
+		t->done_head = (t->done_head + 1) % t->nslots;
+		t->ndone--;
+		t->pending--;
+	}
+	return (int)n;
+}

@@ -1,0 +1,48 @@
+/*
+ * The table of caller requests every queue keeps: a slab (DESIGN rule 5:
+ * user_data is an index, never a pointer), a FIFO of requests with bytes
+ * left to issue, and a ring of finished ones waiting to be reaped.
+ */
+#ifndef FX100IO_REQS_H
+#define FX100IO_REQS_H
+
+#include "internal.h"
+
+/* One caller request, tracked until its completion is reaped. */
+struct req {
+	uint64_t tag;
+	char *addr;
+	uint64_t len;
+	uint64_t off;
+	uint64_t issued; /* bytes handed to pieces so far */
+	uint64_t done;   /* bytes transferred */
+	int err;         /* first error, 0 if none */
+	uint32_t inflight;
+	uint8_t op;
+	uint8_t eof;
+};
+
+struct req_table {
+	struct req *reqs;
+	uint32_t *free;
+	uint32_t nfree;
+	uint32_t nslots;
+	uint32_t *fifo;
+	uint32_t fifo_head, nfifo;
+	struct fx_cqe *done;
+	uint32_t done_head, ndone;
+	uint32_t pending; /* accepted and not reaped */
+};
+
+int fx_reqs_init(struct req_table *t, unsigned slots);
+void fx_reqs_fini(struct req_table *t);
+int fx_req_check(const struct fx_dev *d, const struct fx_req *r);
+uint32_t fx_req_take(struct req_table *t, const struct fx_req *src);
+void fx_req_complete(struct req_table *t, uint32_t i);
+int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max);
+
+void fx_reqs_fifo_push(struct req_table *t, uint32_t i);
+/* Finish request i with status (raw NVMe status field, 0 if none). */
+void fx_req_complete_status(struct req_table *t, uint32_t i, uint16_t status);
+
+#endif
