@@ -7,7 +7,9 @@
  * lengths in a header from the network are checked here once, and code
  * further on may then size reads from them.
  */
+#ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
+#endif
 #include "tcp_pdu.h"
 
 #include <errno.h>
