@@ -22,9 +22,10 @@ def run(console_socket: Path, command: str, timeout: float = 120.0) -> tuple[int
     """Run command in the guest's shell; return (exit status, output with \\r removed)."""
     tag = uuid.uuid4().hex[:12]
     begin, end = f"FXBEGIN{tag}", f"FXEND{tag}"
-    # stdin from /dev/null: the shell reads its commands from the console, a command reading
-    # stdin would swallow the ones after it. The extra echo ends output lacking a newline.
-    line = (f"echo FX''BEGIN{tag}; {{ {command}\n}} </dev/null; rc=$?; echo; "
+    # A subshell, so `exit` or `cd` in command cannot end or change the console shell; stdin
+    # from /dev/null, since that shell reads its commands from the console and a command
+    # reading stdin would swallow the ones after it. The extra echo ends output lacking a newline.
+    line = (f"echo FX''BEGIN{tag}; ( {command}\n) </dev/null; rc=$?; echo; "
             f"echo FX''END{tag} $rc\n")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as console:
         console.settimeout(1.0)

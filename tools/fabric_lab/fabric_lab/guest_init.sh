@@ -19,8 +19,11 @@ console_shell() {
     # PID 1 must never exit (the kernel would panic), so serve the console forever. The shell
     # reads a pipe, not the tty, so it is non-interactive: no prompt and no line-editing escape
     # codes mixed into the output that lab.py guest parses (the tty still echoes input).
+    # The pipe is fed by `read`, line by line: busybox cat copies with sendfile, which holds
+    # a line back until more input arrives.
     while true; do
-        setsid sh -c 'cat /dev/ttyS0 | sh >/dev/ttyS0 2>&1'
+        setsid sh -c 'while IFS= read -r line; do printf "%s\n" "$line"; done </dev/ttyS0 |
+            sh >/dev/ttyS0 2>&1'
         sleep 1
     done
 }
@@ -96,8 +99,11 @@ lab_null_blk_disk() {
     mkdir "$dir" || lab_fail "mkdir $dir"
     echo "$2" > "$dir/size" && echo "$3" > "$dir/blocksize" &&
         echo 1 > "$dir/memory_backed" && echo 1 > "$dir/power" || lab_fail "configure null_blk $1"
-    LAB_DEVICE=/dev/nullb$(cat "$dir/index")
-    wait_for 10 -b "$LAB_DEVICE" || lab_fail "null_blk $1 made no $LAB_DEVICE"
+    # 6.1 names configfs-made disks after their configfs directory; older kernels nullb<index>.
+    for LAB_DEVICE in "/dev/$1" "/dev/nullb$(cat "$dir/index")" ""; do
+        wait_for 5 -b "$LAB_DEVICE" && break
+    done
+    [ -n "$LAB_DEVICE" ] || lab_fail "null_blk $1 made neither /dev/$1 nor /dev/nullb<index>"
 }
 
 lab_nvme_disk() {
@@ -147,7 +153,8 @@ lab_namespace() {
 
 lab_rxe() {
     # lab_rxe NETDEV: soft-RoCE on the guest NIC, so nvmet-rdma has an RDMA device to bind to.
-    load ib_uverbs rdma_ucm rdma_rxe nvmet-rdma
+    # rxe computes its ICRC with the crypto API's "crc32", which it does not depend on.
+    load crc32_generic crc32-pclmul ib_uverbs rdma_ucm rdma_rxe nvmet-rdma
     rdma link add rxe0 type rxe netdev "$1" || lab_fail "rdma link add rxe0 on $1"
     lab_step "rdma rxe0 on $1"
 }

@@ -27,7 +27,8 @@ BUILD_FORMAT = 3
 # nvme-rdma) and 9p shared folders, so later issues need no rebuild just to load them.
 GUEST_MODULES = (
     "configfs", "virtio_pci", "virtio_net", "virtio_blk",
-    "crc32c_generic", "crc32c-intel", "crct10dif_generic", "crct10dif-pclmul",
+    "crc32c_generic", "crc32c-intel", "crc32_generic", "crc32-pclmul",
+    "crct10dif_generic", "crct10dif-pclmul",
     "crc64_rocksoft_generic",
     "nvme", "nvme-core", "nvme-fabrics", "nvme-tcp", "nvme-rdma",
     "nvmet", "nvmet-tcp", "nvmet-rdma",
