@@ -69,22 +69,17 @@ uint32_t fx_req_take(struct req_table *t, const struct fx_req *src)
 	return i;
 }
 
-void fx_req_complete_status(struct req_table *t, uint32_t i, uint16_t status)
+/* Finish a request: record its completion and free its slot. */
+void fx_req_complete(struct req_table *t, uint32_t i)
 {
 	struct req *r = &t->reqs[i];
 	struct fx_cqe *c = &t->done[(t->done_head + t->ndone) % t->nslots];
 
 	c->tag = r->tag;
 	c->res = r->err ? r->err : (int64_t)r->done;
-	c->status = status;
+	c->status = r->status;
 	t->ndone++;
 	t->free[t->nfree++] = i;
-}
-
-/* Finish a request: record its completion and free its slot. */
-void fx_req_complete(struct req_table *t, uint32_t i)
-{
-	fx_req_complete_status(t, i, 0);
 }
 
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i)

@@ -20,6 +20,7 @@ struct req {
 	uint32_t inflight;
 	uint8_t op;
 	uint8_t eof;
+	uint16_t status; /* raw NVMe status field of the first failed command */
 };
 
 struct req_table {
@@ -42,7 +43,5 @@ void fx_req_complete(struct req_table *t, uint32_t i);
 int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max);
 
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i);
-/* Finish request i with status (raw NVMe status field, 0 if none). */
-void fx_req_complete_status(struct req_table *t, uint32_t i, uint16_t status);
 
 #endif

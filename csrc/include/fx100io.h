@@ -157,6 +157,8 @@ struct fx_dev_opts {
 #define FX_CAP_FIXED_BUF 0x2  /* queues use registered buffers */
 #define FX_CAP_BLOCKDEV 0x4   /* target is a block device */
 #define FX_CAP_FLUSH 0x8      /* FX_OP_FLUSH makes writes durable */
+#define FX_CAP_ALIGNED_ONLY 0x10 /* offsets and lengths must be block multiples */
+#define FX_CAP_READONLY 0x20  /* opened read-only */
 
 struct fx_dev_info {
 	uint64_t size;       /* bytes */
