@@ -81,7 +81,7 @@ class FabricLab:
 
 
 def _lab_from_state(state: dict) -> FabricLab:
-    config = LabConfig.from_dict(state["config"])
+    config = lab_control.config_of(state)
     subsystems = tuple(
         LabSubsystem(
             nqn=sub.nqn,

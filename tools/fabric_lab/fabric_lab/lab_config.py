@@ -84,7 +84,9 @@ class LabConfig:
         ])
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LabConfig":
+    def from_dict(cls, data: dict, validate: bool = True) -> "LabConfig":
+        """Build a config from JSON data. validate=False is for the state of a lab that is
+        already running: it must stay stoppable even if the rules changed since it started."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -99,7 +101,8 @@ class LabConfig:
             except TypeError as err:
                 raise LabConfigError(f"subsystems[{i}]: {err}") from None
         config = cls(subsystems=subsystems, **values)
-        config.validate()
+        if validate:
+            config.validate()
         return config
 
     @classmethod
@@ -142,6 +145,12 @@ class LabConfig:
             raise LabConfigError("rdma_port and tcp_port must differ")
         if not self.subsystems:
             raise LabConfigError("the lab needs at least one subsystem")
+        brd_sizes = {ns.size_mib for sub in self.subsystems for ns in sub.namespaces
+                     if ns.backend == "brd"}
+        if len(brd_sizes) > 1:
+            # brd makes all its disks at module load with one rd_size.
+            raise LabConfigError(f"brd namespaces must all have one size (have {sorted(brd_sizes)}"
+                                 " MiB); use backend null_blk for RAM disks of other sizes")
         seen_nqns = set()
         for sub in self.subsystems:
             self._validate_subsystem(sub)
@@ -196,7 +205,7 @@ class LabConfig:
         return [(sub, ns) for sub in self.subsystems for ns in sub.namespaces]
 
     def ram_disk_mib(self) -> int:
-        """Guest RAM taken by RAM disks. brd makes all its disks as large as the largest."""
+        """Guest RAM taken by RAM disks (all brd disks have one size, see validate)."""
         brd = [ns.size_mib for _, ns in self.all_namespaces() if ns.backend == "brd"]
         null_blk = [ns.size_mib for _, ns in self.all_namespaces() if ns.backend == "null_blk"]
         return (max(brd) * len(brd) if brd else 0) + sum(null_blk)

@@ -32,7 +32,7 @@ def _files() -> qemu_vm.RunFiles:
 
 
 def config_of(state: dict) -> LabConfig:
-    return LabConfig.from_dict(state["config"])
+    return LabConfig.from_dict(state["config"], validate=False)
 
 
 def is_running(state: dict | None) -> bool:
