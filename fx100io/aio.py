@@ -30,6 +30,7 @@ class QueueDriver:
         self._backlog: list[tuple[int, int, int, int, int]] = []
         self._next_tag = 1
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_scheduled = False
 
     @property
     def busy(self) -> bool:
@@ -65,7 +66,6 @@ class QueueDriver:
                 self._keep[tag] = keep
             self._backlog.append((op, addr, length, off, tag))
             waiters.append(w)
-        self._drain_backlog()
         return waiters
 
     def _drain_backlog(self) -> None:
@@ -109,18 +109,29 @@ class QueueDriver:
 
     # -- the two ways in ------------------------------------------------
     def submit(self, reqs: list[Request]) -> list[asyncio.Future]:
-        """Queue requests; returns one future per request with (res, status)."""
+        """Queue requests; returns one future per request with (res, status).
+
+        The hand-over to C happens once per event-loop turn, so the many
+        small submissions of concurrent tasks share one io_uring_enter."""
         loop = asyncio.get_running_loop()
         self._attach(loop)
         futs = self._queue(reqs, loop.create_future)
-        # psync completes inside submit; io_uring may have too: the eventfd
-        # wakes the loop either way, but reaping now saves a loop turn.
-        self._reap()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         return futs
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._drain_backlog()
+        # psync completes inside submit, io_uring sometimes too: reaping now
+        # saves a wake-up through the eventfd.
+        self._reap()
 
     def run_blocking(self, reqs: list[Request]) -> list[Completion]:
         """Submit and wait (the GIL released) until all of reqs finished."""
         holders = self._queue(reqs, list)
+        self._drain_backlog()
         self._reap()
         for h in holders:
             while not h:

@@ -11,7 +11,7 @@ import weakref
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from fx100io import _core
+from fx100io import _core, fabric_uri
 from fx100io.aio import Completion, QueueDriver, Request
 from fx100io.errors import (
     DeviceClosedError,
@@ -32,7 +32,8 @@ DEFAULT_MAX_IO = 1 << 20
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    """(scheme, target) of a device URI; plain paths are files."""
+    """(scheme, target) of a device URI; plain paths are files.  For
+    nvme+tcp the target is the C transport's key=value form."""
     if not isinstance(uri, str) or not uri:
         raise InvalidArgumentError(22, f"device URI must be a non-empty str, got {uri!r}")
     if "://" not in uri:
@@ -42,11 +43,14 @@ def parse_uri(uri: str) -> tuple[str, str]:
         if parts.netloc not in ("", "localhost"):
             raise InvalidArgumentError(22, "file:// URIs name a local path (file:///path)", uri)
         return "file", unquote(parts.path)
-    if parts.scheme in ("nvme+tcp", "nvme+rdma"):
+    if parts.scheme == "nvme+tcp":
+        return "nvme+tcp", fabric_uri.to_transport_target(uri)
+    if parts.scheme == "nvme+rdma":
         raise UnsupportedTransportError(
-            95, f"the {parts.scheme} transport is not in this build yet", uri)
+            95, "the nvme+rdma transport is not in this build yet", uri)
     raise UnsupportedTransportError(
-        22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path or /dev/...)", uri)
+        22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path, /dev/... "
+        "or nvme+tcp://host:port/subnqn)", uri)
 
 
 def io_uring_refusal_reason() -> str:
@@ -94,9 +98,15 @@ class Device:
         self._lock = threading.Lock()
         self._closed = False
 
-        transport = "psync" if engine == "psync" else "file"
+        if scheme == "file":
+            transport = "psync" if engine == "psync" else "file"
+        elif engine == "psync":
+            raise InvalidArgumentError(22, f"engine='psync' is for files and block devices, not {scheme}")
+        else:
+            transport = scheme
         self._dev = self._open(transport, target, direct, readonly, create, size or 0)
         self.engine = "psync" if transport == "psync" else "io_uring"
+        self.transport = transport
         try:
             self._driver()  # surface io_uring trouble at open, not at first I/O
         except IoUringUnavailableError:
@@ -113,6 +123,8 @@ class Device:
     @staticmethod
     def _open(transport: str, target: str, direct: bool | str, readonly: bool,
               create: bool, size: int) -> _core.Dev:
+        if transport == "nvme+tcp":
+            return fabric_uri.open_fabric_dev(transport, target, readonly)
         try:
             return _core.Dev(transport, target, direct is not False, readonly, create, size)
         except DirectIONotSupportedError:
@@ -140,6 +152,11 @@ class Device:
     @property
     def is_block_device(self) -> bool:
         return bool(self._dev.caps & 0x4)
+
+    @property
+    def aligned_only(self) -> bool:
+        """Offsets and lengths must be multiples of block_size (NVMe-oF)."""
+        return bool(self._dev.caps & 0x10)
 
     @property
     def closed(self) -> bool:
@@ -184,6 +201,10 @@ class Device:
         if not mv.contiguous:
             raise InvalidArgumentError(22, "buffer must be contiguous", self.target)
         addr, n = _core.buffer_address(mv, op == _core.OP_READ)
+        if self.aligned_only and (offset | n) % self.block_size:
+            raise InvalidArgumentError(
+                22, f"{self.transport} moves whole blocks: offset {offset} and length {n} must be "
+                f"multiples of {self.block_size}", self.uri)
         return (op, mv, addr, n, offset)
 
     def _check(self, req: Request, done: Completion) -> int:

@@ -300,6 +300,32 @@ class ChunkStore:
         m.half, m.generation, m.tail, m.seq = new_half, new_gen, pos, seq
         self._counters["compactions"] += 1
 
+    @staticmethod
+    def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
+        """The I/Os that move mv at off.  Devices that move whole blocks only
+        (NVMe-oF) get the last partial block through a zero-padded bounce
+        block: the extent owns that whole block, so padding is safe here.
+        For reads, fixup(total) copies the tail in and returns the bytes that
+        belong to the chunk."""
+        bs = m.dev.block_size
+        n = mv.nbytes
+        if not m.dev.aligned_only or n % bs == 0:
+            return [(op, off, mv)], None
+        head, rem = n - n % bs, n % bs
+        tail = aligned_array(bs)
+        parts = [(op, off, mv[:head])] if head else []
+        parts.append((op, off + head, tail))
+        if op == WRITE:
+            tail[:rem] = mv[head:]
+            return parts, None
+
+        def fixup(total: int) -> int:
+            if total < n:
+                return total
+            mv[head:] = tail[:rem]
+            return n
+        return parts, fixup
+
     def _release(self, m: Member, e: Entry) -> None:
         """Give e's extent back (with self._mu held), or defer it to its last reader."""
         if e.readers:
@@ -370,10 +396,10 @@ class ChunkStore:
             placed = [(key, mv, self._member_of(key)) for key, mv in items]
             offs = [self._allocate(m, mv.nbytes, taken) for key, mv, m in placed]
             # Submit every write, then checksum while the device works.
-            futs = {}
+            futs: dict[int, tuple[Member, list]] = {}
             for (key, mv, m), off in zip(placed, offs):
                 if mv.nbytes:
-                    futs.setdefault(id(m), (m, []))[1].append((WRITE, off, mv))
+                    futs.setdefault(id(m), (m, []))[1].extend(self._io_parts(m, WRITE, off, mv)[0])
             started = [(m, m.dev.start(reqs), reqs) for m, reqs in futs.values()]
             crcs = [_core.crc32c(mv) for key, mv, m in placed]
             for m, fs, reqs in started:
@@ -458,23 +484,28 @@ class ChunkStore:
             started = []
             for dev, rows in groups.items():
                 m = self._members[dev]
-                fs = m.dev.start([(READ, e.off, view) for _i, e, view in rows])
-                started.append((m, fs, rows))
+                for i, e, view in rows:
+                    parts, fixup = self._io_parts(m, READ, e.off, view)
+                    started.append((m, i, e, view, m.dev.start(parts), fixup))
             corrupt = []
-            for m, fs, rows in started:
-                for f, (i, e, view) in zip(fs, rows):
-                    res, _status = await f
-                    if res != e.length:
-                        why = (error_from_errno(-res, m.dev.target) if res < 0
-                               else f"short read {res} of {e.length}")
-                        log.error("fx100io: read of chunk %r failed: %s", e.key, why)
-                        continue
-                    if _core.crc32c(view) != e.crc:
-                        log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
-                                  "check; dropping it", e.key, m.dev.target, e.off)
-                        corrupt.append((m, e))
-                        continue
-                    out[i] = True
+            for m, i, e, view, fs, fixup in started:
+                res = 0
+                for f in fs:
+                    r, _status = await f
+                    res = r if r < 0 or res < 0 else res + r
+                if fixup is not None and res >= 0:
+                    res = fixup(res)
+                if res != e.length:
+                    why = (error_from_errno(-res, m.dev.target) if res < 0
+                           else f"short read {res} of {e.length}")
+                    log.error("fx100io: read of chunk %r failed: %s", e.key, why)
+                    continue
+                if _core.crc32c(view) != e.crc:
+                    log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
+                              "check; dropping it", e.key, m.dev.target, e.off)
+                    corrupt.append((m, e))
+                    continue
+                out[i] = True
         finally:
             with self._mu:
                 for e in hits:
