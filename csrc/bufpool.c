@@ -22,6 +22,7 @@ struct fx_pool {
 	int huge;
 	int slot0;  /* first registry slot, -1 when not registered */
 	int nslots;
+	int external; /* fx_pool_wrap: the memory is the caller's */
 };
 
 static struct {
@@ -147,6 +148,27 @@ int fx_pool_create(uint64_t size, unsigned flags, struct fx_pool **out)
 	return 0;
 }
 
+int fx_pool_wrap(void *addr, uint64_t size, struct fx_pool **out)
+{
+	struct fx_pool *p;
+
+	if (!addr || size == 0)
+		return -EINVAL;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->base = addr;
+	p->size = p->map_size = size;
+	p->external = 1;
+	registry_publish(p);
+	if (p->slot0 < 0) {
+		free(p);
+		return -ENOSPC;
+	}
+	*out = p;
+	return 0;
+}
+
 void fx_pool_destroy(struct fx_pool *p)
 {
 	if (!p)
@@ -158,7 +180,8 @@ void fx_pool_destroy(struct fx_pool *p)
 	/* Rings that installed these slots keep the pages pinned until they
 	 * replace the slot or exit; the kernel holds its own references, so
 	 * unmapping here is safe. */
-	munmap(p->base, p->map_size);
+	if (!p->external)
+		munmap(p->base, p->map_size);
 	free(p);
 }
 

@@ -3,8 +3,8 @@
 from fx100io import errors
 from fx100io.device import Device, open_device
 from fx100io.fabric_uri import discover, host_identity
-from fx100io.pool import BufferPool
+from fx100io.pool import BufferPool, RegisteredMemory, register_memory
 from fx100io.store import ChunkStore
 
-__all__ = ["BufferPool", "ChunkStore", "Device", "discover", "host_identity", "open_device", "errors"]
+__all__ = ["BufferPool", "ChunkStore", "RegisteredMemory", "register_memory", "Device", "discover", "host_identity", "open_device", "errors"]
 __version__ = "0.1.0"

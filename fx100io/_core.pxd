@@ -47,6 +47,7 @@ cdef extern from "fx100io.h" nogil:
         FX_POOL_REQUIRE_PINNED
         FX_POOL_NO_HUGE
     int fx_pool_create(uint64_t size, unsigned flags, fx_pool **out)
+    int fx_pool_wrap(void *addr, uint64_t size, fx_pool **out)
     void fx_pool_destroy(fx_pool *p)
     void *fx_pool_base(const fx_pool *p)
     uint64_t fx_pool_size(const fx_pool *p)

@@ -216,6 +216,40 @@ cdef class Pool:
         pass
 
 
+cdef class Registration:
+    """Outside memory published as fixed buffers (fx_pool_wrap).  Holds the
+    buffer export so the memory cannot go away while registered."""
+    cdef fx_pool *p
+    cdef object view
+
+    def __cinit__(self, obj):
+        cdef Py_buffer b
+        PyObject_GetBuffer(obj, &b, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        try:
+            check(fx_pool_wrap(b.buf, <uint64_t>b.len, &self.p), "register memory")
+        finally:
+            PyBuffer_Release(&b)
+        self.view = memoryview(obj)
+
+    def close(self):
+        if self.p != NULL:
+            fx_pool_destroy(self.p)
+            self.p = NULL
+        self.view = None
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            fx_pool_destroy(self.p)
+
+    @property
+    def address(self):
+        return <uintptr_t>fx_pool_base(self.p) if self.p != NULL else 0
+
+    @property
+    def size(self):
+        return fx_pool_size(self.p) if self.p != NULL else 0
+
+
 cdef class Region:
     """A slice of a Pool that owns its extent: numpy arrays made from it
     keep it (and the pool) alive, and the extent returns to the pool's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +111,44 @@ class BufferPool:
     def __repr__(self) -> str:
         return (f"BufferPool(size={self.size}, pinned={self.pinned}, "
                 f"huge_pages={self.huge_pages}, free={self.free_bytes})")
+
+
+_registrations: set = set()
+
+
+class RegisteredMemory:
+    """Handle of :func:`register_memory`; ``close()`` unregisters."""
+
+    def __init__(self, reg: _core.Registration):
+        self._reg = reg
+
+    @property
+    def size(self) -> int:
+        return int(self._reg.size)
+
+    def close(self) -> None:
+        _registrations.discard(self)
+        self._reg.close()
+
+    def __enter__(self) -> RegisteredMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def register_memory(buf: Any) -> RegisteredMemory:
+    """Register memory fx100io did not allocate (for example LMCache's
+    pinned CPU pool) so that reads and writes into any part of it use
+    io_uring fixed buffers.  The memory is kept referenced until
+    ``close()``.  Ranges outside registered memory keep working unregistered."""
+    try:
+        reg = _core.Registration(buf)
+    except BufferError:
+        raise InvalidArgumentError(22, "register_memory needs a writable contiguous buffer") from None
+    handle = RegisteredMemory(reg)
+    _registrations.add(handle)
+    return handle
 
 
 def aligned_array(n: int, alignment: int = ALIGNMENT) -> np.ndarray:

@@ -164,3 +164,22 @@ assert np.array_equal(out, data)
 print("ok")
 """
     assert run_python(code, env={"FX100IO_RING_SETUP": "plain"}).stdout.strip() == "ok"
+
+
+def test_register_outside_memory(tmp_file):
+    """Memory fx100io did not allocate (another library's pool) can be
+    registered; I/O into it stays exact before, during and after."""
+    outside = np.zeros(4 << 20, dtype=np.uint8)
+    data = chunk_bytes("outside", 1 << 20)
+    with fx100io.open_device(str(tmp_file), create=True, size=4 << 20) as dev:
+        dev.write_from_blocking(0, data)
+        with fx100io.register_memory(outside) as reg:
+            assert reg.size == outside.nbytes
+            view = outside[8192:8192 + (1 << 20)]
+            assert dev.read_into_blocking(0, view) == 1 << 20
+            assert np.array_equal(view, data)
+        outside[:] = 0
+        assert dev.read_into_blocking(0, outside[:1 << 20]) == 1 << 20
+        assert np.array_equal(outside[:1 << 20], data)
+    with pytest.raises(errors.InvalidArgumentError):
+        fx100io.register_memory(b"read-only bytes")

@@ -118,6 +118,13 @@ struct fx_pool;
  * (mlock refused, only with FX_POOL_REQUIRE_PINNED), -ENOSPC (too many pools).
  */
 int fx_pool_create(uint64_t size, unsigned flags, struct fx_pool **out);
+/*
+ * Publish memory the caller owns (e.g. another library's pinned pool) so
+ * queues register it as fixed buffers.  It is neither mapped, locked nor
+ * freed here; it must stay valid until fx_pool_destroy.  -EINVAL (NULL or
+ * size 0), -ENOMEM, -ENOSPC (registry full).
+ */
+int fx_pool_wrap(void *addr, uint64_t size, struct fx_pool **out);
 void fx_pool_destroy(struct fx_pool *p);
 void *fx_pool_base(const struct fx_pool *p);
 uint64_t fx_pool_size(const struct fx_pool *p);
