@@ -37,6 +37,10 @@ class DeviceFullError(Fx100ioError):
     """No space left: on the device, in the store's capacity, or in its index."""
 
 
+class DeviceBusyError(Fx100ioError):
+    """The device is in use by another ChunkStore (in this or another process)."""
+
+
 class DeviceIOError(Fx100ioError):
     """The device failed an I/O (EIO and friends)."""
 
@@ -118,6 +122,7 @@ _BY_ERRNO: dict[int, type[Fx100ioError]] = {
     _errno.EDQUOT: DeviceFullError,
     _errno.EFBIG: DeviceFullError,
     _errno.EIO: DeviceIOError,
+    _errno.EBUSY: DeviceBusyError,
     _errno.EBADF: DeviceClosedError,
     _errno.EINVAL: InvalidArgumentError,
     _errno.EISDIR: InvalidArgumentError,

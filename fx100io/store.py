@@ -20,7 +20,9 @@ one small write and a flush, so ordering needs no cross-thread machinery.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from fx100io.device import Device, open_device
 from fx100io.errors import (
     BlockingCallInLoopError,
     BufferTooSmallError,
+    DeviceBusyError,
     DeviceFullError,
     InvalidArgumentError,
     KeyTooLongError,
@@ -140,9 +143,11 @@ class ChunkStore:
         self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, evictions=0,
                               deletes=0, bytes_written=0, bytes_read=0, compactions=0)
         devices: list[Device] = []
+        self._locks: list[int] = []
         try:
             for u in uri_list:
                 devices.append(open_device(u, create=create, size=size if create else None, **opts))
+                self._lock_device(devices[-1])
             if create:
                 self._members = self._format(devices, uri_list, index_size)
             else:
@@ -150,10 +155,31 @@ class ChunkStore:
         except BaseException:
             for d in devices:
                 d.close()
+            self._unlock_devices()
             raise
         per_dev = None if capacity is None else capacity // len(self._members)
         for m in self._members:
             m.capacity = m.sb.data_size if per_dev is None else min(per_dev, m.sb.data_size)
+
+    def _lock_device(self, d: Device) -> None:
+        """One store per device: the index lives in this process's memory, so
+        a second writer would corrupt it.  flock() is released by the kernel
+        when the process dies, so a crash never leaves a device locked."""
+        if d.transport not in ("file", "psync"):
+            return  # remote namespaces: the target owns exclusivity
+        fd = os.open(d.target, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise DeviceBusyError(16, "device is in use by another ChunkStore (close it first, "
+                                  "or give each process its own device)", d.uri) from None
+        self._locks.append(fd)
+
+    def _unlock_devices(self) -> None:
+        for fd in self._locks:
+            os.close(fd)  # closing drops the flock
+        self._locks = []
 
     # ------------------------------------------------------------ format/load
     def _format(self, devices: list[Device], uris: list[str],
@@ -609,6 +635,7 @@ class ChunkStore:
         self._closed = True
         for m in self._members:
             m.dev.close()
+        self._unlock_devices()
 
     @property
     def closed(self) -> bool:

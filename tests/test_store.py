@@ -272,3 +272,14 @@ def test_open_errors(tmp_path):
         fx100io.ChunkStore(str(tmp_path / "tiny.img"), create=True, size=64 << 10)
     with pytest.raises(errors.InvalidArgumentError):
         fx100io.ChunkStore([], create=True, size=1 << 20)
+
+
+def test_second_store_on_same_device_is_refused(tmp_file):
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
+        st.batch_put_blocking(["x"], [b"1234"])
+        with pytest.raises(errors.DeviceBusyError):
+            fx100io.ChunkStore(str(tmp_file))
+        p = run_python(f"import fx100io; fx100io.ChunkStore({str(tmp_file)!r})", check=False)
+        assert p.returncode != 0 and "in use by another ChunkStore" in p.stderr
+    with fx100io.ChunkStore(str(tmp_file)) as st:  # free again once closed
+        assert st.contains("x")
