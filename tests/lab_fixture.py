@@ -1,7 +1,7 @@
 """pytest plugin: the `fabric_lab` fixture, a real Linux NVMe-oF target in a QEMU guest.
 
-Load it with `-p lab_fixture` (tests/ on sys.path), `pytest_plugins = ["lab_fixture"]` in the
-root conftest.py, or `from lab_fixture import fabric_lab` in a test module.
+Load it with `pytest_plugins = ["lab_fixture"]` in a test module or in the top-level
+tests/conftest.py (tests/ must be on sys.path, as pytest's default import mode arranges).
 
 The fixture uses the lab the test command started (`lab.py run -- python3 -m pytest ...`),
 or starts one itself and stops it when the last pytest process using it is done (so
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,8 @@ _LAB_TOOLS = Path(__file__).resolve().parents[1] / "tools" / "fabric_lab"
 if str(_LAB_TOOLS) not in sys.path:
     sys.path.insert(0, str(_LAB_TOOLS))
 
-from fabric_lab import host_tools, lab_control, lab_paths, lab_state, networking  # noqa: E402
-from fabric_lab.lab_config import LabConfig, LabConfigError  # noqa: E402
+from fabric_lab import host_tools, lab_control, lab_paths, lab_state, networking
+from fabric_lab.lab_config import LabConfig, LabConfigError
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,8 @@ def _default_config() -> LabConfig:
     return config
 
 
-# One lab per process, however many modules import the fixture (each import would otherwise
-# make its own session fixture and start or stop the lab twice).
+# One lab per process, even if the fixture function ends up registered more than once (a
+# module importing it directly gets its own fixture definition, which would start it twice).
 _session: dict = {}
 
 
@@ -151,6 +152,7 @@ def _acquire() -> FabricLab:
     except LabConfigError as err:
         pytest.fail(f"fabric lab config: {err}", pytrace=False)
     problem = None
+    state: dict | None = None
     try:
         with lab_state.locked():
             # Registered under the same lock as start/stop, so a finishing pytest process
@@ -158,13 +160,13 @@ def _acquire() -> FabricLab:
             _users_dir().mkdir(parents=True, exist_ok=True)
             (_users_dir() / str(os.getpid())).touch()
             state = lab_state.read()
-            if not lab_control.is_running(state):
+            if state is None or not lab_control.is_running(state):
                 state = lab_control.start_locked(config, log=_log, owner="pytest")
     except (RuntimeError, OSError) as err:
         problem = f"fabric lab did not start: {err}"
-    if problem is None:
+    if problem is None and state is not None:
         lab = _lab_from_state(state)
-        if lab.net == "netns" and not networking.in_netns(lab.netns):
+        if lab.netns is not None and not networking.in_netns(lab.netns):
             try:
                 networking.enter_netns(lab.netns)
             except (networking.NetworkError, OSError) as err:
@@ -191,7 +193,7 @@ def _log(message: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def fabric_lab() -> FabricLab:
+def fabric_lab() -> Iterator[FabricLab]:
     """The running fabric lab (started on demand); see the module docstring."""
     if "lab" not in _session:
         _session["lab"] = _acquire()

@@ -17,7 +17,9 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lab_fixture import fabric_lab  # noqa: E402,F401  (the fixture, also loadable as a plugin)
+# The fixture comes from the lab_fixture plugin (a conftest may load it too; loading twice is
+# harmless).
+pytest_plugins = ["lab_fixture"]
 
 pytestmark = pytest.mark.lab
 
@@ -103,7 +105,7 @@ class AdminQueue:
         """Read PDUs until this command's CapsuleResp; return (dword0|dword1<<32, data)."""
         data = bytearray()
         while True:
-            pdu_type, flags, hlen, pdo, plen = CH.unpack(_recv_exact(self.sock, 8))
+            pdu_type, flags, _hlen, pdo, plen = CH.unpack(_recv_exact(self.sock, 8))
             body = _recv_exact(self.sock, plen - 8)
             if pdu_type == C2H_DATA:
                 cccid, datao, datal = struct.unpack_from("<H2xII", body, 0)
@@ -237,9 +239,9 @@ def test_namespaces_have_configured_block_size_and_capacity(fabric_lab):
 
 def test_loopback_works_inside_the_lab_network(fabric_lab):
     # The whole suite may run inside the lab's netns; loopback tests must still work there.
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        with socket.create_connection(server.getsockname(), timeout=5) as client:
-            peer, _ = server.accept()
-            with peer:
-                client.sendall(b"ping")
-                assert _recv_exact(peer, 4) == b"ping"
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname(), timeout=5) as client:
+        peer, _ = server.accept()
+        with peer:
+            client.sendall(b"ping")
+            assert _recv_exact(peer, 4) == b"ping"

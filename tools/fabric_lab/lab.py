@@ -23,8 +23,8 @@ from pathlib import Path
 # Run as a script: make the fabric_lab package next to this file importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fabric_lab import initramfs, lab_control, lab_paths  # noqa: E402
-from fabric_lab.lab_config import LabConfig, LabConfigError  # noqa: E402
+from fabric_lab import initramfs, lab_control, lab_paths
+from fabric_lab.lab_config import LabConfig, LabConfigError
 
 
 def log(message: str) -> None:
@@ -95,7 +95,7 @@ def command_status(args: argparse.Namespace) -> int:
 
 def _running_state() -> dict:
     state = lab_control.lab_state.read()
-    if not lab_control.is_running(state):
+    if state is None or not lab_control.is_running(state):
         raise lab_control.LabError("the fabric lab is not running; start it with "
                                    "`python3 tools/fabric_lab/lab.py start`")
     return state

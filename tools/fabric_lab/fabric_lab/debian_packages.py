@@ -17,6 +17,12 @@ from . import lab_paths
 _KERNEL_PACKAGE = re.compile(r"^linux-image-6\.1\.0-(\d+)-amd64$")
 
 
+def _abi(package: str) -> int:
+    """The ABI number NN of linux-image-6.1.0-NN-amd64 (for "newest" comparisons)."""
+    match = _KERNEL_PACKAGE.match(package)
+    return int(match.group(1)) if match else -1
+
+
 class DebianPackageError(RuntimeError):
     """A package could not be found, downloaded or unpacked."""
 
@@ -44,7 +50,7 @@ def newest_kernel_package() -> str:
         raise DebianPackageError(
             "no linux-image-6.1.0-*-amd64 package known to apt; this needs Debian bookworm "
             "package lists (apt-get update) or FX100IO_LAB_KERNEL=linux-image-6.1.0-NN-amd64")
-    return max(names, key=lambda n: int(_KERNEL_PACKAGE.match(n).group(1)))
+    return max(names, key=_abi)
 
 
 def cached_kernel_packages() -> list[str]:
@@ -54,7 +60,7 @@ def cached_kernel_packages() -> list[str]:
         name = deb.name.split("_", 1)[0]
         if _KERNEL_PACKAGE.match(name):
             found.add(name)
-    return sorted(found, key=lambda n: int(_KERNEL_PACKAGE.match(n).group(1)))
+    return sorted(found, key=_abi)
 
 
 def candidate_version(package: str) -> str | None:

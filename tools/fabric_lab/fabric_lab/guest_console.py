@@ -36,7 +36,7 @@ def run(console_socket: Path, command: str, timeout: float = 120.0) -> tuple[int
         console.sendall(line.encode())
         received = b""
         deadline = time.monotonic() + timeout
-        pattern = re.compile(rf"^{begin}\r?\n(.*?)^{end} (\d+)\r?$".encode(), re.S | re.M)
+        pattern = re.compile(rf"^{begin}\r?\n(.*?)^{end} (\d+)\r?$".encode(), re.DOTALL | re.MULTILINE)
         while True:
             match = pattern.search(received)
             if match:
@@ -47,7 +47,7 @@ def run(console_socket: Path, command: str, timeout: float = 120.0) -> tuple[int
                                         f"console so far:\n{received.decode(errors='replace')[-2000:]}")
             try:
                 chunk = console.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not chunk:
                 raise GuestCommandError("guest console closed the connection")

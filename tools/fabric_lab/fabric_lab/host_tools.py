@@ -59,10 +59,10 @@ def ensure_host_tools(log=print) -> None:
     log(f"fabric lab: installing host packages: {' '.join(packages)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
-    if subprocess.run(install, env=env, stdout=sys.stderr).returncode != 0:
+    if subprocess.run(install, env=env, stdout=sys.stderr, check=False).returncode != 0:
         # A fresh container often has no package lists yet; refresh once and retry.
         subprocess.run(["apt-get", "update"], env=env, stdout=sys.stderr, check=False)
-        if subprocess.run(install, env=env, stdout=sys.stderr).returncode != 0:
+        if subprocess.run(install, env=env, stdout=sys.stderr, check=False).returncode != 0:
             raise HostToolsError(f"apt-get install {' '.join(packages)} failed (see output above)")
     still_missing = missing_packages()
     if still_missing:

@@ -217,10 +217,22 @@ def build(force: bool = False, log=print) -> GuestImage:
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _prune_cache(keep=out, kernel_deb=kernel_deb, busybox_deb=busybox_deb)
     size_mib = (out / "initramfs.cpio.gz").stat().st_size / 2**20
     log(f"fabric lab: built {out.name}: {module_count} modules, initramfs {size_mib:.1f} MiB, "
         f"{time.monotonic() - started:.1f} s")
     return GuestImage(out / "vmlinuz", out / "initramfs.cpio.gz", release, kernel_package)
+
+
+def _prune_cache(keep: Path, kernel_deb: Path, busybox_deb: Path) -> None:
+    """Drop superseded images and .debs so the cache does not grow with every kernel update.
+    A running lab is unaffected: QEMU read its kernel and initramfs when it started."""
+    for old in lab_paths.build_cache_dir().iterdir():
+        if old != keep and ".tmp" not in old.name:
+            shutil.rmtree(old, ignore_errors=True)
+    for deb in lab_paths.debs_dir().glob("*.deb"):
+        if deb not in (kernel_deb, busybox_deb):
+            deb.unlink(missing_ok=True)
 
 
 def boot_initramfs(image: GuestImage, setup_script: str, destination: Path) -> Path:

@@ -72,7 +72,7 @@ class LabConfig:
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
-    def default(cls) -> "LabConfig":
+    def default(cls) -> LabConfig:
         """The lab the tests expect: one RAM-disk subsystem open to all, one NVMe-drive
         subsystem with 4096-byte blocks behind a host allow-list."""
         return cls(subsystems=[
@@ -84,7 +84,7 @@ class LabConfig:
         ])
 
     @classmethod
-    def from_dict(cls, data: dict, validate: bool = True) -> "LabConfig":
+    def from_dict(cls, data: dict, validate: bool = True) -> LabConfig:
         """Build a config from JSON data. validate=False is for the state of a lab that is
         already running: it must stay stoppable even if the rules changed since it started."""
         known = {f.name for f in dataclasses.fields(cls)}
@@ -106,7 +106,7 @@ class LabConfig:
         return config
 
     @classmethod
-    def load(cls, path: Path) -> "LabConfig":
+    def load(cls, path: Path) -> LabConfig:
         """Read a JSON config file. Keys not given keep their defaults; a file without
         "subsystems" gets the default subsystems."""
         try:

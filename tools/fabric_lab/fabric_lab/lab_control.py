@@ -36,8 +36,10 @@ def config_of(state: dict) -> LabConfig:
 
 
 def is_running(state: dict | None) -> bool:
-    return bool(state) and qemu_vm.is_lab_qemu(state["pid"], _files()) and (
-        config_of(state).net != "netns" or networking.netns_exists(config_of(state).netns))
+    if not state or not qemu_vm.is_lab_qemu(state["pid"], _files()):
+        return False
+    config = config_of(state)
+    return config.net != "netns" or networking.netns_exists(config.netns)
 
 
 def probe(state: dict, timeout: float = 10.0) -> dict:
@@ -102,7 +104,7 @@ def start(config: LabConfig, log=print, owner: str = "cli") -> dict:
 def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
     """start() for callers that already hold the lab lock."""
     state = lab_state.read()
-    if is_running(state):
+    if state is not None and is_running(state):
         if config_of(state).to_dict() != config.to_dict():
             raise LabError("the fabric lab is already running with another config; "
                            "run `lab.py stop` first")
@@ -174,7 +176,7 @@ def stop_locked(log=print) -> bool:
 def status() -> dict | None:
     """The running lab's state plus a live probe result, or None if it is not running."""
     state = lab_state.read()
-    if not is_running(state):
+    if state is None or not is_running(state):
         return None
     try:
         state["probe"] = probe(state)

@@ -84,8 +84,8 @@ def command_line(config: LabConfig, image: GuestImage, files: RunFiles,
         "-smp", str(config.guest_cpus), "-m", str(config.memory_mib()),
         "-kernel", str(image.kernel), "-initrd", str(files.boot_initramfs),
         "-append", KERNEL_ARGS,
-        "-chardev", f"socket,id=console,path={files.console_socket},server=on,wait=off,"
-                    f"logfile={files.console_log},logappend=off",
+        "-chardev", (f"socket,id=console,path={files.console_socket},server=on,wait=off,"
+                     f"logfile={files.console_log},logappend=off"),
         "-serial", "chardev:console",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
         "-netdev", netdev,
@@ -94,8 +94,9 @@ def command_line(config: LabConfig, image: GuestImage, files: RunFiles,
     ]
     for serial, ns, path in drives:
         cmd += ["-drive", f"file={path},if=none,id={serial},format=raw,cache=unsafe",
-                "-device", f"nvme,serial={serial},drive={serial},"
-                           f"logical_block_size={ns.block_size},physical_block_size={ns.block_size}"]
+                "-device", (f"nvme,serial={serial},drive={serial},"
+                            f"logical_block_size={ns.block_size},"
+                            f"physical_block_size={ns.block_size}")]
     return cmd
 
 

@@ -29,7 +29,7 @@ def _socket_in_netns(netns: str | None) -> socket.socket:
         try:
             networking.enter_netns_thread(netns)
             result["socket"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        except Exception as err:  # reported to the caller below
+        except (OSError, networking.NetworkError) as err:  # re-raised in the caller
             result["error"] = err
 
     thread = threading.Thread(target=create, name="fabric-lab-netns-socket")
