@@ -85,5 +85,6 @@ struct fx_queue {
 
 extern const struct fx_transport_ops fx_transport_file;
 extern const struct fx_transport_ops fx_transport_psync;
+extern const struct fx_transport_ops fx_transport_tcp;
 
 #endif

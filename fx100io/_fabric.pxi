@@ -1,1 +1,75 @@
 # Binding of the NVMe-oF control path (csrc/fabric.c): discovery; included by _core.pyx.
+from libc.stdint cimport uint8_t as _u8, uint16_t as _u16, uint32_t as _u32
+
+cdef extern from "fabric.h" nogil:
+    struct fx_nvmf_addr:
+        char host[256]
+        char port[16]
+    struct fx_nvmf_params:
+        char hostnqn[256]
+        _u8 hostid[16]
+        char subnqn[256]
+        int hdgst
+        int ddgst
+        _u32 kato_ms
+        int timeout_ms
+    struct nvmf_disc_log_entry:
+        _u8 trtype
+        _u8 adrfam
+        _u8 subtype
+        _u8 treq
+        _u16 portid
+        _u16 cntlid
+        char trsvcid[32]
+        char subnqn[256]
+        char traddr[256]
+    int fx_nvmf_discover(const fx_nvmf_addr *a, const fx_nvmf_params *p,
+                         nvmf_disc_log_entry **entries, _u32 *n, _u16 *status)
+
+from libc.string cimport strncpy as _strncpy
+
+_TRTYPES = {1: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
+_SUBTYPES = {1: "discovery-referral", 2: "nvme", 3: "discovery"}
+_ADRFAMS = {1: "ipv4", 2: "ipv6", 3: "ib", 4: "fc"}
+
+
+cdef str _fixed(const char *p, size_t n):
+    return p[:n].split(b"\0", 1)[0].decode("ascii", "replace").strip()
+
+
+def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000):
+    """Raw discovery (see fx100io.fabric_uri.discover)."""
+    cdef fx_nvmf_addr a
+    cdef fx_nvmf_params p
+    cdef nvmf_disc_log_entry *e = NULL
+    cdef _u32 n = 0
+    cdef _u16 status = 0
+    cdef int rc
+    memset(&a, 0, sizeof(a))
+    memset(&p, 0, sizeof(p))
+    hb, pb, nb = host.encode(), port.encode(), hostnqn.encode()
+    if len(hb) >= 256 or len(pb) >= 16 or len(nb) >= 256 or len(hostid) != 32:
+        raise error_from_errno(22, "discover: bad host, port, host NQN or host ID")
+    _strncpy(a.host, hb, 255)
+    _strncpy(a.port, pb, 15)
+    _strncpy(p.hostnqn, nb, 255)
+    raw = bytes.fromhex(hostid)
+    for i in range(16):
+        p.hostid[i] = raw[i]
+    p.timeout_ms = timeout_ms
+    with nogil:
+        rc = fx_nvmf_discover(&a, &p, &e, &n, &status)
+    check(rc, f"discover nvme+tcp://{host}:{port}")
+    out = []
+    try:
+        for i in range(n):
+            out.append(dict(
+                trtype=_TRTYPES.get(e[i].trtype, str(e[i].trtype)),
+                adrfam=_ADRFAMS.get(e[i].adrfam, str(e[i].adrfam)),
+                subtype=_SUBTYPES.get(e[i].subtype, str(e[i].subtype)),
+                portid=e[i].portid, cntlid=e[i].cntlid,
+                trsvcid=_fixed(e[i].trsvcid, 32), traddr=_fixed(e[i].traddr, 256),
+                subnqn=_fixed(e[i].subnqn, 256)))
+    finally:
+        free(e)
+    return out

@@ -111,7 +111,7 @@ def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
     nqn, hid = host_identity()
     q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     try:
-        return _core.discover(  # type: ignore[attr-defined]parts.hostname, str(parts.port or DEFAULT_PORT),
+        return _core.discover(parts.hostname, str(parts.port or DEFAULT_PORT),
                               q.get("hostnqn", nqn), q.get("hostid", hid), timeout_ms)
     except OSError as e:
         raise error_from_errno(e.errno or 5, uri) from None

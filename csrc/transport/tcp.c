@@ -1,0 +1,1225 @@
+/*
+ * The NVMe/TCP transport: a namespace of a remote NVMe-oF controller, read
+ * and written from userspace over io_uring sockets.
+ *
+ * The device owns the controller (admin queue and keep alive, fabric.c).
+ * Each fx_queue (one per thread) connects `queues` I/O queues of its own,
+ * each a TCP connection driven by one io_uring ring.  Per connection there
+ * is always one recv in flight and at most one sendmsg, so the byte stream
+ * stays ordered without locks.
+ *
+ * Receive is a small state machine: the 24-byte PDU header (+ digest) into
+ * a header buffer, then C2HData payload straight into the caller's buffer
+ * (the one copy: socket -> destination), then the data digest.  Every
+ * length and id in a PDU is checked before it is used; a bad PDU, a digest
+ * mismatch, a dropped connection or a command past its deadline takes the
+ * connection down and fails its commands with a clear errno.  The next
+ * submit reconnects (re-opening the controller if it is gone).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../fabric.h"
+#include "../internal.h"
+#include "../reqs.h"
+#include "../tcp_pdu.h"
+
+#define RX_HDR_MAX (24 + NVME_TCP_DIGEST_LEN)
+#define TX_BATCH 16 /* send items per sendmsg */
+#define CID_SLOT_BITS 10
+#define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
+#define RECONNECT_BACKOFF_MS 200
+#define TICK_MS 100
+
+enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3 };
+#define UD(conn, kind) (((uint64_t)(conn) << 8) | (kind))
+
+/* --------------------------------------------------------------- device */
+
+struct tcp_dev {
+	struct fx_dev base;
+	struct fx_nvmf_addr addr;
+	struct fx_nvmf_params params;
+	pthread_mutex_t lock; /* ctrl (re)open and the qid map */
+	struct fx_nvmf_ctrl *ctrl;
+	uint32_t nsid;
+	uint32_t queues;   /* I/O connections per fx_queue */
+	uint32_t max_xfer; /* bytes per NVMe command */
+	int io_timeout_ms;
+	uint8_t *qid_used; /* [1..ctrl->io_queues] */
+	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
+};
+
+static int parse_kv(struct tcp_dev *d, const char *target)
+{
+	char *copy = strdup(target), *save = NULL;
+	if (!copy)
+		return -ENOMEM;
+	d->nsid = 1;
+	d->queues = 1;
+	d->params.kato_ms = 30000;
+	d->params.timeout_ms = 10000;
+	d->io_timeout_ms = 30000;
+	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *eq = strchr(line, '=');
+		if (!eq)
+			continue;
+		*eq = 0;
+		const char *k = line, *v = eq + 1;
+		if (!strcmp(k, "host"))
+			snprintf(d->addr.host, sizeof(d->addr.host), "%s", v);
+		else if (!strcmp(k, "port"))
+			snprintf(d->addr.port, sizeof(d->addr.port), "%s", v);
+		else if (!strcmp(k, "subnqn"))
+			snprintf(d->params.subnqn, sizeof(d->params.subnqn), "%s", v);
+		else if (!strcmp(k, "hostnqn"))
+			snprintf(d->params.hostnqn, sizeof(d->params.hostnqn), "%s", v);
+		else if (!strcmp(k, "hostid") && strlen(v) == 32) {
+			for (int i = 0; i < 16; i++) {
+				unsigned b;
+				if (sscanf(v + 2 * i, "%2x", &b) != 1)
+					break;
+				d->params.hostid[i] = (uint8_t)b;
+			}
+		} else if (!strcmp(k, "nsid"))
+			d->nsid = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "queues"))
+			d->queues = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "hdgst"))
+			d->params.hdgst = atoi(v) != 0;
+		else if (!strcmp(k, "ddgst"))
+			d->params.ddgst = atoi(v) != 0;
+		else if (!strcmp(k, "kato_ms"))
+			d->params.kato_ms = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "connect_timeout_ms"))
+			d->params.timeout_ms = atoi(v);
+		else if (!strcmp(k, "io_timeout_ms"))
+			d->io_timeout_ms = atoi(v);
+		else if (!strcmp(k, "max_xfer"))
+			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
+	}
+	free(copy);
+	if (!d->addr.host[0] || !d->addr.port[0] || !d->params.subnqn[0] ||
+	    !d->params.hostnqn[0] || d->nsid == 0 || d->queues == 0 || d->queues > 64 ||
+	    d->io_timeout_ms <= 0 || d->params.timeout_ms <= 0)
+		return -EINVAL;
+	return 0;
+}
+
+/* Open (or re-open) the controller; called with d->lock held. */
+static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
+{
+	struct fx_nvmf_ctrl *c = NULL;
+	/* Enough I/O queues for several threads' queues. */
+	uint16_t want = (uint16_t)(d->queues * 8 < 64 ? d->queues * 8 : 64);
+	int ret = fx_nvmf_ctrl_open(&d->addr, &d->params, want, &c, status);
+	if (ret < 0)
+		return ret;
+	uint64_t nsze = 0;
+	uint32_t lba = 0;
+	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
+	if (ret < 0) {
+		fx_nvmf_ctrl_close(c);
+		return ret;
+	}
+	if (d->ctrl) {
+		if (lba != d->base.info.block_size || nsze * lba != d->base.info.size) {
+			/* A different namespace behind the same name: do not
+			 * write to it as if it were the old one. */
+			fx_nvmf_ctrl_close(c);
+			return -ESTALE;
+		}
+		fx_nvmf_ctrl_close(d->ctrl);
+	}
+	free(d->qid_used);
+	d->qid_used = calloc((size_t)c->io_queues + 1, 1);
+	if (!d->qid_used) {
+		fx_nvmf_ctrl_close(c);
+		d->ctrl = NULL;
+		return -ENOMEM;
+	}
+	d->ctrl = c;
+	d->ctrl_epoch++;
+	d->base.info.size = nsze * lba;
+	d->base.info.block_size = lba;
+	uint32_t cap = d->max_xfer ? d->max_xfer : (1u << 20);
+	if (c->mdts_bytes && c->mdts_bytes < cap)
+		cap = c->mdts_bytes;
+	d->max_xfer = cap & ~(lba - 1);
+	return 0;
+}
+
+static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
+                        const struct fx_dev_opts *o, struct fx_dev **out)
+{
+	struct tcp_dev *d = calloc(1, sizeof(*d));
+	uint16_t status = 0;
+	int ret;
+
+	if (!d)
+		return -ENOMEM;
+	d->base.ops = ops;
+	pthread_mutex_init(&d->lock, NULL);
+	ret = parse_kv(d, target);
+	if (ret == 0) {
+		pthread_mutex_lock(&d->lock);
+		ret = ctrl_open_locked(d, &status);
+		pthread_mutex_unlock(&d->lock);
+	}
+	if (ret < 0) {
+		pthread_mutex_destroy(&d->lock);
+		free(d);
+		return ret;
+	}
+	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY | (o->readonly ? FX_CAP_READONLY : 0);
+	*out = &d->base;
+	return 0;
+}
+
+static void tcp_dev_close(struct fx_dev *dev)
+{
+	struct tcp_dev *d = (struct tcp_dev *)dev;
+
+	if (d->ctrl)
+		fx_nvmf_ctrl_close(d->ctrl);
+	free(d->qid_used);
+	pthread_mutex_destroy(&d->lock);
+	free(d);
+}
+
+static int take_qid(struct tcp_dev *d)
+{
+	for (uint16_t q = 1; d->ctrl && q <= d->ctrl->io_queues; q++)
+		if (!d->qid_used[q]) {
+			d->qid_used[q] = 1;
+			return q;
+		}
+	return -EBUSY;
+}
+
+/* ----------------------------------------------------------- connections */
+
+struct cmd {
+	uint8_t busy;
+	uint8_t gen;
+	uint8_t opcode;
+	uint8_t failed;
+	uint32_t req;   /* request slot */
+	char *data;
+	uint32_t len;
+	uint32_t received; /* C2HData bytes so far */
+	uint64_t slba;
+	int64_t deadline;
+};
+
+struct send_item {
+	struct send_item *next;
+	struct iovec iov[4];
+	int niov;
+	uint8_t hdr[72 + NVME_TCP_DIGEST_LEN];
+	uint8_t ddgst[NVME_TCP_DIGEST_LEN];
+};
+
+enum conn_state { CONN_DOWN, CONN_LIVE, CONN_DRAINING };
+enum rx_state { RX_HDR, RX_PAD, RX_DATA, RX_DDGST };
+
+static const char *conn_state_str(enum conn_state s)
+{
+	switch (s) {
+	case CONN_DOWN: return "down";
+	case CONN_LIVE: return "live";
+	case CONN_DRAINING: return "draining";
+	}
+	return "?";
+}
+
+struct tcp_queue;
+
+struct conn {
+	struct tcp_queue *q;
+	unsigned idx;
+	struct fx_nvmf_conn nc;
+	enum conn_state state;
+	int err;            /* why it went down */
+	int64_t retry_at;   /* earliest reconnect */
+	uint32_t epoch;     /* controller epoch it was connected under */
+	int recv_busy, send_busy;
+	struct cmd *cmds;
+	uint16_t ncmds;
+	uint16_t *free_cmds;
+	uint16_t nfree;
+	/* receive */
+	enum rx_state rx;
+	uint8_t rxhdr[RX_HDR_MAX];
+	uint8_t rxpad[256];
+	unsigned rx_have, rx_need;
+	struct cmd *rx_cmd;
+	uint32_t rx_datao, rx_datal;
+	uint8_t rx_flags;
+	uint8_t rx_dg[NVME_TCP_DIGEST_LEN];
+	/* send */
+	struct send_item *tx_head, *tx_tail;
+	struct send_item *tx_out[TX_BATCH];
+	int ntx_out;
+	struct iovec tx_iov[TX_BATCH * 4];
+	struct msghdr tx_msg;
+};
+
+struct tcp_queue {
+	struct fx_queue base;
+	struct fx_ring ring;
+	struct tcp_dev *dev;
+	struct conn *conns;
+	unsigned nconns;
+	unsigned rr;
+	uint32_t depth; /* commands in flight per connection */
+	struct req_table t;
+	int tick_armed;
+	struct __kernel_timespec tick;
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct io_uring_sqe *get_sqe(struct tcp_queue *q)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring.uring);
+	if (!sqe) {
+		io_uring_submit(&q->ring.uring);
+		sqe = io_uring_get_sqe(&q->ring.uring);
+	}
+	return sqe;
+}
+
+static void arm_recv(struct conn *c)
+{
+	struct io_uring_sqe *sqe;
+	void *dst;
+	unsigned len;
+
+	switch (c->rx) {
+	case RX_HDR:
+		dst = c->rxhdr + c->rx_have;
+		len = c->rx_need - c->rx_have;
+		break;
+	case RX_PAD:
+		dst = c->rxpad + c->rx_have;
+		len = c->rx_need - c->rx_have;
+		break;
+	case RX_DATA:
+		/* Straight into the caller's buffer: the only copy. */
+		dst = c->rx_cmd->data + c->rx_datao + c->rx_have;
+		len = c->rx_need - c->rx_have;
+		break;
+	default:
+		dst = c->rx_dg + c->rx_have;
+		len = c->rx_need - c->rx_have;
+		break;
+	}
+	sqe = get_sqe(c->q);
+	if (!sqe)
+		return;
+	io_uring_prep_recv(sqe, c->nc.fd, dst, len, MSG_WAITALL);
+	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_RECV));
+	c->recv_busy = 1;
+}
+
+static void rx_expect_header(struct conn *c)
+{
+	c->rx = RX_HDR;
+	c->rx_have = 0;
+	c->rx_need = 24 + (c->nc.hdgst ? NVME_TCP_DIGEST_LEN : 0);
+	c->rx_cmd = NULL;
+}
+
+static void free_tx(struct conn *c)
+{
+	for (int i = 0; i < c->ntx_out; i++)
+		free(c->tx_out[i]);
+	c->ntx_out = 0;
+	while (c->tx_head) {
+		struct send_item *n = c->tx_head->next;
+		free(c->tx_head);
+		c->tx_head = n;
+	}
+	c->tx_tail = NULL;
+}
+
+static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t bytes,
+                        uint16_t status);
+
+/* Take a connection down: in-flight I/O finishes (shutdown makes the
+ * kernel end our recv/send promptly); commands fail once nothing in the
+ * kernel still points at their buffers. */
+static void conn_fail(struct conn *c, int err)
+{
+	if (c->state != CONN_LIVE)
+		return;
+	c->state = CONN_DRAINING;
+	c->err = err;
+	shutdown(c->nc.fd, SHUT_RDWR);
+}
+
+static void conn_finish_drain(struct conn *c)
+{
+	struct tcp_queue *q = c->q;
+
+	if (c->state != CONN_DRAINING || c->recv_busy || c->send_busy)
+		return;
+	for (uint16_t i = 0; i < c->ncmds; i++) {
+		struct cmd *m = &c->cmds[i];
+		if (!m->busy)
+			continue;
+		m->busy = 0;
+		c->free_cmds[c->nfree++] = i;
+		req_account(q, m->req, c->err, 0, 0);
+	}
+	free_tx(c);
+	fx_nvmf_conn_close(&c->nc);
+	c->nc.fd = -1;
+	c->state = CONN_DOWN;
+	c->retry_at = now_ms(); /* the next submit may reconnect at once */
+	pthread_mutex_lock(&q->dev->lock);
+	if (c->nc.qid && q->dev->qid_used && c->epoch == q->dev->ctrl_epoch)
+		q->dev->qid_used[c->nc.qid] = 0;
+	pthread_mutex_unlock(&q->dev->lock);
+	c->nc.qid = 0;
+}
+
+/* --------------------------------------------------------------- sending */
+
+static void kick_send(struct conn *c)
+{
+	struct io_uring_sqe *sqe;
+	int n = 0;
+
+	if (c->send_busy || !c->tx_head || c->state != CONN_LIVE)
+		return;
+	c->ntx_out = 0;
+	while (c->tx_head && c->ntx_out < TX_BATCH) {
+		struct send_item *it = c->tx_head;
+		c->tx_head = it->next;
+		for (int k = 0; k < it->niov; k++)
+			c->tx_iov[n++] = it->iov[k];
+		c->tx_out[c->ntx_out++] = it;
+	}
+	if (!c->tx_head)
+		c->tx_tail = NULL;
+	memset(&c->tx_msg, 0, sizeof(c->tx_msg));
+	c->tx_msg.msg_iov = c->tx_iov;
+	c->tx_msg.msg_iovlen = (size_t)n;
+	sqe = get_sqe(c->q);
+	if (!sqe)
+		return;
+	io_uring_prep_sendmsg(sqe, c->nc.fd, &c->tx_msg, MSG_NOSIGNAL);
+	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_SEND));
+	c->send_busy = 1;
+}
+
+static void queue_item(struct conn *c, struct send_item *it)
+{
+	it->next = NULL;
+	if (c->tx_tail)
+		c->tx_tail->next = it;
+	else
+		c->tx_head = it;
+	c->tx_tail = it;
+}
+
+/* Account a sendmsg completion: drop what went out, resend the rest. */
+static void on_send(struct conn *c, int res)
+{
+	c->send_busy = 0;
+	if (res < 0) {
+		if (res == -EAGAIN || res == -EINTR) {
+			/* rebuild the same batch and retry */
+		} else {
+			for (int i = 0; i < c->ntx_out; i++)
+				free(c->tx_out[i]);
+			c->ntx_out = 0;
+			conn_fail(c, res == -EPIPE ? -ECONNRESET : res);
+			return;
+		}
+		res = 0;
+	}
+	size_t left = (size_t)res;
+	size_t i = 0;
+	while (i < c->tx_msg.msg_iovlen && left >= c->tx_iov[i].iov_len) {
+		left -= c->tx_iov[i].iov_len;
+		i++;
+	}
+	if (i == c->tx_msg.msg_iovlen) {
+		for (int k = 0; k < c->ntx_out; k++)
+			free(c->tx_out[k]);
+		c->ntx_out = 0;
+		kick_send(c);
+		return;
+	}
+	/* Short send: resend the remaining iovecs, items stay owned. */
+	c->tx_iov[i].iov_base = (char *)c->tx_iov[i].iov_base + left;
+	c->tx_iov[i].iov_len -= left;
+	memmove(c->tx_iov, c->tx_iov + i, (c->tx_msg.msg_iovlen - i) * sizeof(struct iovec));
+	c->tx_msg.msg_iovlen -= i;
+	if (c->state != CONN_LIVE)
+		return;
+	struct io_uring_sqe *sqe = get_sqe(c->q);
+	if (!sqe)
+		return;
+	io_uring_prep_sendmsg(sqe, c->nc.fd, &c->tx_msg, MSG_NOSIGNAL);
+	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_SEND));
+	c->send_busy = 1;
+}
+
+static void put_ddgst(uint8_t *out, const void *data, uint32_t len)
+{
+	uint32_t crc = fx_crc32c(0, data, len);
+	memcpy(out, &crc, 4);
+}
+
+/* Queue a CapsuleCmd for command m (with in-capsule data when it fits). */
+static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
+{
+	struct tcp_dev *d = c->q->dev;
+	struct send_item *it = calloc(1, sizeof(*it));
+	if (!it)
+		return -ENOMEM;
+	uint32_t incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
+	int incapsule = m->opcode == NVME_CMD_WRITE && m->len <= incap_max && m->len > 0;
+	uint32_t datalen = incapsule ? m->len : 0;
+	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)it->hdr;
+	unsigned pdo = fx_tcp_hdr_init(h, NVME_TCP_CMD, datalen, c->nc.hdgst, c->nc.ddgst,
+	                               c->nc.cpda);
+	if (pdo > sizeof(it->hdr)) {
+		free(it); /* a controller alignment we do not pad for */
+		return -EPROTO;
+	}
+	struct nvme_sqe *s = (struct nvme_sqe *)(it->hdr + 8);
+	s->opcode = m->opcode;
+	s->flags = NVME_CMD_SGL_METABUF;
+	s->cid = cid;
+	s->nsid = d->nsid;
+	if (m->opcode != NVME_CMD_FLUSH) {
+		uint32_t nlb = m->len / d->base.info.block_size;
+		s->cdw10 = (uint32_t)m->slba;
+		s->cdw11 = (uint32_t)(m->slba >> 32);
+		s->cdw12 = nlb - 1;
+	}
+	s->dptr.length = m->len;
+	s->dptr.type = incapsule ? NVME_SGL_DATA_BLOCK_OFFSET : NVME_SGL_TRANSPORT_DATA_BLOCK;
+	s->dptr.addr = incapsule ? d->ctrl->icdoff : 0;
+	unsigned hl = 72;
+	if (c->nc.hdgst) {
+		uint32_t dg = fx_tcp_hdgst(it->hdr, 72);
+		memcpy(it->hdr + 72, &dg, 4);
+		hl += 4;
+	}
+	it->iov[0].iov_base = it->hdr;
+	it->iov[0].iov_len = hl;
+	it->niov = 1;
+	if (incapsule) {
+		/* pdo == hl as we never pad (cpda 0 is what targets send);
+		 * a target asking for padding gets it from the zeroed tail. */
+		if (pdo > hl) {
+			it->iov[0].iov_len = pdo;
+		}
+		it->iov[it->niov].iov_base = m->data;
+		it->iov[it->niov++].iov_len = m->len;
+		if (c->nc.ddgst) {
+			put_ddgst(it->ddgst, m->data, m->len);
+			it->iov[it->niov].iov_base = it->ddgst;
+			it->iov[it->niov++].iov_len = 4;
+		}
+	}
+	queue_item(c, it);
+	return 0;
+}
+
+/* Answer an R2T with H2CData PDUs of at most maxh2cdata bytes. */
+static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, uint32_t off,
+                    uint32_t len)
+{
+	uint32_t maxd = c->nc.maxh2cdata ? c->nc.maxh2cdata : len;
+	while (len) {
+		uint32_t n = len < maxd ? len : maxd;
+		struct send_item *it = calloc(1, sizeof(*it));
+		if (!it)
+			return -ENOMEM;
+		struct nvme_tcp_data_pdu *p = (struct nvme_tcp_data_pdu *)it->hdr;
+		unsigned pdo = fx_tcp_hdr_init(&p->hdr, NVME_TCP_H2C_DATA, n, c->nc.hdgst,
+		                               c->nc.ddgst, c->nc.cpda);
+		if (pdo > sizeof(it->hdr)) {
+			free(it);
+			return -EPROTO;
+		}
+		p->cccid = cid;
+		p->ttag = ttag;
+		p->datao = off;
+		p->datal = n;
+		if (n == len)
+			p->hdr.flags |= NVME_TCP_F_DATA_LAST;
+		unsigned hl = 24;
+		if (c->nc.hdgst) {
+			uint32_t dg = fx_tcp_hdgst(it->hdr, 24);
+			memcpy(it->hdr + 24, &dg, 4);
+			hl += 4;
+		}
+		it->iov[0].iov_base = it->hdr;
+		it->iov[0].iov_len = pdo > hl ? pdo : hl;
+		it->iov[1].iov_base = m->data + off;
+		it->iov[1].iov_len = n;
+		it->niov = 2;
+		if (c->nc.ddgst) {
+			put_ddgst(it->ddgst, m->data + off, n);
+			it->iov[2].iov_base = it->ddgst;
+			it->iov[2].iov_len = 4;
+			it->niov = 3;
+		}
+		queue_item(c, it);
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- receiving */
+
+static struct cmd *find_cmd(struct conn *c, uint16_t cid)
+{
+	unsigned slot = cid & CID_SLOT_MASK;
+	if (slot >= c->ncmds)
+		return NULL;
+	struct cmd *m = &c->cmds[slot];
+	if (!m->busy || m->gen != (cid >> CID_SLOT_BITS))
+		return NULL;
+	return m;
+}
+
+static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
+{
+	uint32_t ri = m->req;
+	uint64_t bytes = (err || status) ? 0 : m->len;
+	m->busy = 0;
+	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
+	req_account(c->q, ri, err, bytes, status);
+}
+
+/* A full header is in rxhdr: check it and decide what to read next. */
+static int on_header(struct conn *c)
+{
+	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)c->rxhdr;
+	int need = fx_tcp_pdu_check(h, 1, c->nc.hdgst, c->nc.ddgst, UINT32_MAX);
+
+	if (need < 0 || h->hlen != 24)
+		return -EPROTO;
+	if (c->nc.hdgst) {
+		uint32_t got, want = fx_tcp_hdgst(c->rxhdr, 24);
+		memcpy(&got, c->rxhdr + 24, 4);
+		if (got != want)
+			return -EBADMSG;
+	}
+	unsigned hl = 24 + (c->nc.hdgst ? 4 : 0);
+	switch (h->type) {
+	case NVME_TCP_RSP: {
+		if (h->plen != hl)
+			return -EPROTO;
+		struct nvme_cqe *cqe = (struct nvme_cqe *)(c->rxhdr + 8);
+		struct cmd *m = find_cmd(c, cqe->cid);
+		if (!m)
+			return -EPROTO; /* unknown command id */
+		uint16_t sf = NVME_STATUS_FIELD(cqe->status);
+		if (!sf && m->opcode == NVME_CMD_READ && m->received != m->len)
+			cmd_done(c, m, -EPROTO, 0); /* success with missing data */
+		else
+			cmd_done(c, m, sf ? -EIO : 0, sf);
+		rx_expect_header(c);
+		return 0;
+	}
+	case NVME_TCP_C2H_DATA: {
+		struct nvme_tcp_data_pdu *p = (struct nvme_tcp_data_pdu *)c->rxhdr;
+		struct cmd *m = find_cmd(c, p->cccid);
+		uint32_t dd = c->nc.ddgst ? 4 : 0;
+		if (!m || m->opcode != NVME_CMD_READ)
+			return -EPROTO;
+		/* Data in order and inside the command's buffer, and the PDU's
+		 * lengths consistent: nothing is written outside it. */
+		if (p->datao != m->received || p->datal == 0 || p->datal > m->len ||
+		    p->datao > m->len - p->datal || h->pdo < hl ||
+		    (uint64_t)h->pdo + p->datal + dd != h->plen)
+			return -EPROTO;
+		c->rx_cmd = m;
+		c->rx_datao = p->datao;
+		c->rx_datal = p->datal;
+		c->rx_flags = h->flags;
+		c->rx_have = 0;
+		if (h->pdo > hl) {
+			c->rx = RX_PAD;
+			c->rx_need = h->pdo - hl;
+			if (c->rx_need > sizeof(c->rxpad))
+				return -EPROTO;
+		} else {
+			c->rx = RX_DATA;
+			c->rx_need = p->datal;
+		}
+		return 0;
+	}
+	case NVME_TCP_R2T: {
+		struct nvme_tcp_r2t_pdu *p = (struct nvme_tcp_r2t_pdu *)c->rxhdr;
+		struct cmd *m = find_cmd(c, p->cccid);
+		if (h->plen != hl || !m || m->opcode != NVME_CMD_WRITE || p->r2tl == 0 ||
+		    p->r2tl > m->len || p->r2to > m->len - p->r2tl)
+			return -EPROTO;
+		int ret = send_h2c(c, m, p->cccid, p->ttag, p->r2to, p->r2tl);
+		if (ret < 0)
+			return ret;
+		kick_send(c);
+		rx_expect_header(c);
+		return 0;
+	}
+	case NVME_TCP_C2H_TERM:
+		return -ECONNABORTED; /* the controller ended the connection */
+	default:
+		return -EPROTO;
+	}
+}
+
+static int on_data_complete(struct conn *c)
+{
+	struct cmd *m = c->rx_cmd;
+	if (c->nc.ddgst) {
+		uint32_t got, want = fx_crc32c(0, m->data + c->rx_datao, c->rx_datal);
+		memcpy(&got, c->rx_dg, 4);
+		if (got != want)
+			return -EBADMSG; /* never hand back bytes that failed */
+	}
+	m->received += c->rx_datal;
+	if ((c->rx_flags & NVME_TCP_F_DATA_SUCCESS) && (c->rx_flags & NVME_TCP_F_DATA_LAST)) {
+		if (m->received != m->len)
+			return -EPROTO;
+		cmd_done(c, m, 0, 0); /* no CapsuleResp follows */
+	}
+	rx_expect_header(c);
+	return 0;
+}
+
+static void on_recv(struct conn *c, int res)
+{
+	int ret = 0;
+
+	c->recv_busy = 0;
+	if (c->state != CONN_LIVE) {
+		conn_finish_drain(c);
+		return;
+	}
+	if (res == -EAGAIN || res == -EINTR || res == -ENOBUFS) {
+		arm_recv(c);
+		return;
+	}
+	if (res <= 0) {
+		conn_fail(c, res == 0 ? -ECONNRESET : res);
+		conn_finish_drain(c);
+		return;
+	}
+	c->rx_have += (unsigned)res;
+	if (c->rx_have < c->rx_need) {
+		arm_recv(c);
+		return;
+	}
+	switch (c->rx) {
+	case RX_HDR:
+		ret = on_header(c);
+		break;
+	case RX_PAD:
+		c->rx = RX_DATA;
+		c->rx_have = 0;
+		c->rx_need = c->rx_datal;
+		break;
+	case RX_DATA:
+		if (c->nc.ddgst) {
+			c->rx = RX_DDGST;
+			c->rx_have = 0;
+			c->rx_need = 4;
+		} else {
+			ret = on_data_complete(c);
+		}
+		break;
+	case RX_DDGST:
+		ret = on_data_complete(c);
+		break;
+	}
+	if (ret < 0) {
+		conn_fail(c, ret);
+		conn_finish_drain(c);
+		return;
+	}
+	arm_recv(c);
+}
+
+/* -------------------------------------------------------------- requests */
+
+static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t bytes,
+                        uint16_t status)
+{
+	struct req *r = &q->t.reqs[ri];
+	if (err && !r->err)
+		r->err = err;
+	if (status && !r->status)
+		r->status = status;
+	r->done += bytes;
+	r->inflight--;
+	int all_issued = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
+	if (!r->inflight && (all_issued || r->err))
+		fx_req_complete(&q->t, ri);
+}
+
+static int conn_connect(struct conn *c)
+{
+	struct tcp_queue *q = c->q;
+	struct tcp_dev *d = q->dev;
+	uint16_t status = 0;
+	int qid, ret;
+	uint32_t epoch;
+
+	pthread_mutex_lock(&d->lock);
+	if (!d->ctrl || d->ctrl->ka_failed) {
+		ret = ctrl_open_locked(d, &status);
+		if (ret < 0) {
+			pthread_mutex_unlock(&d->lock);
+			return ret;
+		}
+	}
+	qid = take_qid(d);
+	uint16_t cntlid = d->ctrl ? d->ctrl->cntlid : 0;
+	uint16_t sqsize = d->ctrl ? d->ctrl->io_sqsize : 0;
+	epoch = d->ctrl_epoch;
+	pthread_mutex_unlock(&d->lock);
+	if (qid < 0)
+		return qid;
+	ret = fx_nvmf_tcp_connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid, &c->nc,
+	                          &status);
+	if (ret == -ENOENT || ret == -EIO) {
+		/* The controller is gone (target restarted, KATO expired):
+		 * open a new one and try once more with its cntlid. */
+		pthread_mutex_lock(&d->lock);
+		if (d->ctrl_epoch == epoch && d->qid_used)
+			d->qid_used[qid] = 0;
+		ret = ctrl_open_locked(d, &status);
+		qid = ret < 0 ? ret : take_qid(d);
+		cntlid = d->ctrl ? d->ctrl->cntlid : 0;
+		sqsize = d->ctrl ? d->ctrl->io_sqsize : 0;
+		epoch = d->ctrl_epoch;
+		pthread_mutex_unlock(&d->lock);
+		if (qid < 0)
+			return qid;
+		ret = fx_nvmf_tcp_connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid,
+		                          &c->nc, &status);
+	}
+	if (ret < 0) {
+		pthread_mutex_lock(&d->lock);
+		if (d->ctrl_epoch == epoch && d->qid_used)
+			d->qid_used[qid] = 0;
+		pthread_mutex_unlock(&d->lock);
+		return ret;
+	}
+	c->epoch = epoch;
+	c->state = CONN_LIVE;
+	c->err = 0;
+	rx_expect_header(c);
+	arm_recv(c);
+	return 0;
+}
+
+/* A live connection with a free command slot, reconnecting if needed. */
+static struct conn *pick_conn(struct tcp_queue *q, int *err)
+{
+	int64_t now = now_ms();
+	*err = -ENOTCONN;
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
+		if (c->state == CONN_DOWN && now >= c->retry_at) {
+			int ret = conn_connect(c);
+			if (ret < 0) {
+				c->retry_at = now + RECONNECT_BACKOFF_MS;
+				c->err = ret;
+			}
+		}
+		if (c->state == CONN_LIVE && c->nfree) {
+			q->rr = (unsigned)((c - q->conns) + 1) % q->nconns;
+			return c;
+		}
+		if (c->state == CONN_LIVE || c->state == CONN_DRAINING)
+			*err = 0; /* busy, not broken: wait */
+		else if (c->err)
+			*err = c->err;
+	}
+	return NULL;
+}
+
+static void arm_tick(struct tcp_queue *q)
+{
+	if (q->tick_armed)
+		return;
+	struct io_uring_sqe *sqe = get_sqe(q);
+	if (!sqe)
+		return;
+	q->tick.tv_sec = 0;
+	q->tick.tv_nsec = TICK_MS * 1000000LL;
+	io_uring_prep_timeout(sqe, &q->tick, 0, 0);
+	io_uring_sqe_set_data64(sqe, UD(0, UD_TICK));
+	q->tick_armed = 1;
+}
+
+/* Turn queued requests into commands while connections have room. */
+static void issue(struct tcp_queue *q)
+{
+	struct req_table *t = &q->t;
+	struct tcp_dev *d = q->dev;
+
+	while (t->nfifo) {
+		uint32_t ri = t->fifo[t->fifo_head];
+		struct req *r = &t->reqs[ri];
+		int done_issuing = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
+		if (done_issuing || r->err) {
+			t->fifo_head = (t->fifo_head + 1) % t->nslots;
+			t->nfifo--;
+			continue;
+		}
+		int err;
+		struct conn *c = pick_conn(q, &err);
+		if (!c) {
+			if (err) {
+				/* Nothing can carry it now: fail fast with why. */
+				r->err = err;
+				t->fifo_head = (t->fifo_head + 1) % t->nslots;
+				t->nfifo--;
+				if (!r->inflight)
+					fx_req_complete(t, ri);
+				continue;
+			}
+			break; /* connections busy: wait for completions */
+		}
+		uint16_t slot = c->free_cmds[--c->nfree];
+		struct cmd *m = &c->cmds[slot];
+		m->busy = 1;
+		m->gen = (uint8_t)((m->gen + 1) & ((1u << (16 - CID_SLOT_BITS)) - 1));
+		m->req = ri;
+		m->received = 0;
+		m->failed = 0;
+		m->deadline = now_ms() + d->io_timeout_ms;
+		if (r->op == FX_OP_FLUSH) {
+			m->opcode = NVME_CMD_FLUSH;
+			m->data = NULL;
+			m->len = 0;
+			m->slba = 0;
+			r->issued = 1;
+		} else {
+			uint64_t n = r->len - r->issued;
+			if (n > d->max_xfer)
+				n = d->max_xfer;
+			m->opcode = r->op == FX_OP_READ ? NVME_CMD_READ : NVME_CMD_WRITE;
+			m->data = r->addr + r->issued;
+			m->len = (uint32_t)n;
+			m->slba = (r->off + r->issued) / d->base.info.block_size;
+			r->issued += n;
+		}
+		r->inflight++;
+		uint16_t cid = (uint16_t)((m->gen << CID_SLOT_BITS) | slot);
+		int sret = send_capsule(c, m, cid);
+		if (sret < 0) {
+			cmd_done(c, m, sret, 0);
+			continue;
+		}
+		kick_send(c);
+	}
+	for (unsigned k = 0; k < q->nconns; k++)
+		if (q->conns[k].nfree < q->conns[k].ncmds) {
+			arm_tick(q);
+			break;
+		}
+}
+
+/* Fail commands past their deadline (the controller stopped answering). */
+static void check_deadlines(struct tcp_queue *q)
+{
+	int64_t now = now_ms();
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct conn *c = &q->conns[k];
+		if (c->state != CONN_LIVE)
+			continue;
+		for (uint16_t i = 0; i < c->ncmds; i++)
+			if (c->cmds[i].busy && c->cmds[i].deadline <= now) {
+				conn_fail(c, -ETIMEDOUT);
+				break;
+			}
+	}
+}
+
+static int process_cqes(struct tcp_queue *q)
+{
+	struct io_uring_cqe *cqes[64];
+	int total = 0;
+	unsigned n;
+
+	do {
+		n = io_uring_peek_batch_cqe(&q->ring.uring, cqes, 64);
+		for (unsigned k = 0; k < n; k++) {
+			uint64_t ud = cqes[k]->user_data;
+			int res = cqes[k]->res;
+			unsigned kind = ud & 0xff, ci = (unsigned)(ud >> 8);
+			if (kind == UD_TICK) {
+				q->tick_armed = 0;
+				check_deadlines(q);
+			} else if (ci < q->nconns) {
+				struct conn *c = &q->conns[ci];
+				if (kind == UD_RECV)
+					on_recv(c, res);
+				else if (kind == UD_SEND)
+					on_send(c, res);
+				conn_finish_drain(c);
+			}
+		}
+		io_uring_cq_advance(&q->ring.uring, n);
+		total += (int)n;
+	} while (n == 64);
+	if (total)
+		issue(q);
+	io_uring_submit(&q->ring.uring);
+	return total;
+}
+
+static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned n)
+{
+	struct tcp_queue *q = (struct tcp_queue *)base;
+	uint64_t bs = q->dev->base.info.block_size;
+	unsigned k;
+
+	for (k = 0; k < n; k++) {
+		int ret = fx_req_check(base->dev, &reqs[k]);
+		if (ret < 0)
+			return ret;
+		/* NVMe moves whole blocks: the layer above pads (the store)
+		 * or is told clearly (the device API). */
+		if (reqs[k].op != FX_OP_FLUSH && ((reqs[k].off | reqs[k].len) & (bs - 1)))
+			return -EINVAL;
+		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
+			return -EROFS;
+	}
+	for (k = 0; k < n && q->t.nfree; k++) {
+		uint32_t i = fx_req_take(&q->t, &reqs[k]);
+		if (reqs[k].op != FX_OP_FLUSH && reqs[k].len == 0)
+			fx_req_complete(&q->t, i);
+		else
+			fx_reqs_fifo_push(&q->t, i);
+	}
+	issue(q);
+	io_uring_submit(&q->ring.uring);
+	return (int)k;
+}
+
+static int tq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
+{
+	struct tcp_queue *q = (struct tcp_queue *)base;
+
+	fx_ring_flush_events(&q->ring);
+	process_cqes(q);
+	return fx_reqs_pop_done(&q->t, out, max);
+}
+
+static int tq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
+{
+	struct tcp_queue *q = (struct tcp_queue *)base;
+	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : -1;
+
+	if (min > q->t.pending)
+		min = q->t.pending;
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts, *tsp = NULL;
+		process_cqes(q);
+		if (q->t.ndone >= min)
+			return (int)q->t.ndone;
+		if (deadline >= 0) {
+			int64_t left = deadline - now_ms();
+			if (left <= 0)
+				return -ETIME;
+			ts.tv_sec = left / 1000;
+			ts.tv_nsec = (left % 1000) * 1000000;
+			tsp = &ts;
+		}
+		int ret = io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1, tsp, NULL);
+		if (ret == -EINTR)
+			return -EINTR;
+		if (ret < 0 && ret != -ETIME && ret != -EAGAIN && ret != -EBUSY)
+			return ret;
+	}
+}
+
+static int tq_fd(const struct fx_queue *base)
+{
+	return ((const struct tcp_queue *)base)->ring.efd;
+}
+
+static unsigned tq_pending(const struct fx_queue *base)
+{
+	return ((const struct tcp_queue *)base)->t.pending;
+}
+
+static unsigned tq_features(const struct fx_queue *base)
+{
+	return ((const struct tcp_queue *)base)->ring.features;
+}
+
+static void tq_destroy(struct fx_queue *base)
+{
+	struct tcp_queue *q = (struct tcp_queue *)base;
+
+	for (unsigned k = 0; k < q->nconns; k++)
+		conn_fail(&q->conns[k], -ECANCELED);
+	/* Wait (bounded) until the kernel has let go of every buffer. */
+	int64_t until = now_ms() + 5000;
+	for (;;) {
+		int busy = 0;
+		for (unsigned k = 0; k < q->nconns; k++) {
+			conn_finish_drain(&q->conns[k]);
+			busy |= q->conns[k].recv_busy | q->conns[k].send_busy;
+		}
+		if (!busy || now_ms() > until)
+			break;
+		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = 50000000};
+		io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1, &ts, NULL);
+		unsigned n = 0, head;
+		io_uring_for_each_cqe(&q->ring.uring, head, cqe) {
+			uint64_t ud = cqe->user_data;
+			unsigned kind = ud & 0xff, ci = (unsigned)(ud >> 8);
+			if (ci < q->nconns && kind == UD_RECV)
+				q->conns[ci].recv_busy = 0;
+			else if (ci < q->nconns && kind == UD_SEND)
+				q->conns[ci].send_busy = 0;
+			n++;
+		}
+		io_uring_cq_advance(&q->ring.uring, n);
+	}
+	fx_ring_exit(&q->ring);
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct conn *c = &q->conns[k];
+		free_tx(c);
+		if (c->state != CONN_DOWN && c->nc.fd >= 0)
+			fx_nvmf_conn_close(&c->nc);
+		if (c->nc.qid) {
+			pthread_mutex_lock(&q->dev->lock);
+			if (q->dev->qid_used && c->epoch == q->dev->ctrl_epoch)
+				q->dev->qid_used[c->nc.qid] = 0;
+			pthread_mutex_unlock(&q->dev->lock);
+		}
+		free(c->cmds);
+		free(c->free_cmds);
+	}
+	free(q->conns);
+	fx_reqs_fini(&q->t);
+	free(q);
+}
+
+static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct fx_queue **out)
+{
+	struct tcp_dev *d = (struct tcp_dev *)dev;
+	struct tcp_queue *q = calloc(1, sizeof(*q));
+	int ret;
+
+	if (!q)
+		return -ENOMEM;
+	q->base.ops = dev->ops;
+	q->base.dev = dev;
+	q->dev = d;
+	q->nconns = d->queues;
+	ret = fx_reqs_init(&q->t, o->slots);
+	if (ret < 0) {
+		free(q);
+		return ret;
+	}
+	q->conns = calloc(q->nconns, sizeof(*q->conns));
+	if (!q->conns) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	pthread_mutex_lock(&d->lock);
+	uint32_t sq = d->ctrl ? (uint32_t)d->ctrl->io_sqsize + 1 : 32;
+	pthread_mutex_unlock(&d->lock);
+	/* One slot short of the queue size: a full SQ is an error on the
+	 * target side, and the CID space has CID_SLOT_BITS for the slot. */
+	uint32_t per = o->depth < sq - 1 ? o->depth : sq - 1;
+	if (per > CID_SLOT_MASK + 1)
+		per = CID_SLOT_MASK + 1;
+	if (per == 0)
+		per = 1;
+	q->depth = per;
+	/* recv + send per connection and the tick, with room to spare. */
+	ret = fx_ring_init(&q->ring, 4 * q->nconns + 8);
+	if (ret < 0)
+		goto fail;
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct conn *c = &q->conns[k];
+		c->q = q;
+		c->idx = k;
+		c->nc.fd = -1;
+		c->ncmds = (uint16_t)per;
+		c->cmds = calloc(per, sizeof(*c->cmds));
+		c->free_cmds = malloc(per * sizeof(*c->free_cmds));
+		if (!c->cmds || !c->free_cmds) {
+			ret = -ENOMEM;
+			goto fail_ring;
+		}
+		for (uint32_t i = 0; i < per; i++)
+			c->free_cmds[i] = (uint16_t)(per - 1 - i);
+		c->nfree = (uint16_t)per;
+		ret = conn_connect(c);
+		if (ret < 0)
+			goto fail_ring;
+	}
+	io_uring_submit(&q->ring.uring);
+	*out = &q->base;
+	return 0;
+fail_ring:
+	for (unsigned k = 0; k < q->nconns; k++)
+		conn_fail(&q->conns[k], ret);
+	tq_destroy(&q->base);
+	return ret;
+fail:
+	if (q->conns) {
+		for (unsigned k = 0; k < q->nconns; k++) {
+			free(q->conns[k].cmds);
+			free(q->conns[k].free_cmds);
+		}
+		free(q->conns);
+	}
+	fx_reqs_fini(&q->t);
+	free(q);
+	return ret;
+}
+
+const struct fx_transport_ops fx_transport_tcp = {
+	.name = "nvme+tcp",
+	.dev_open = tcp_dev_open,
+	.dev_close = tcp_dev_close,
+	.queue_create = tq_create,
+	.queue_destroy = tq_destroy,
+	.queue_submit = tq_submit,
+	.queue_reap = tq_reap,
+	.queue_wait = tq_wait,
+	.queue_fd = tq_fd,
+	.queue_pending = tq_pending,
+	.queue_features = tq_features,
+};
+
+/* For logs: a connection's state in words (DESIGN rule 7). */
+const char *fx_tcp_conn_state_str(int s) { return conn_state_str((enum conn_state)s); }
