@@ -11,6 +11,15 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
 tools/setup.sh
+# Peers the tests talk to or decode with: tshark (an independent NVMe/TCP
+# dissector), iperf3 (benchmarks), matplotlib (bench --plot), ruff/mypy.
+need=()
+for p in tshark iperf3; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check matplotlib
 tools/install_lmcache.sh "$PY"
 
 # `run` starts the lab if it is not running, runs the command in the lab's
