@@ -237,6 +237,24 @@ def test_namespaces_have_configured_block_size_and_capacity(fabric_lab):
             queue.close()
 
 
+def test_guest_console_reads_the_target_config(fabric_lab):
+    status, output = fabric_lab.guest("cat /sys/kernel/config/nvmet/ports/1/addr_trsvcid")
+    assert (status, output.strip()) == (0, "4420")
+    status, _ = fabric_lab.guest("exit 3")
+    assert status == 3
+
+
+def test_rdma_port_listens_on_soft_roce(fabric_lab):
+    if fabric_lab.rdma_port is None:
+        pytest.skip("lab started without --rdma")
+    status, links = fabric_lab.guest("rdma link")
+    assert status == 0 and "state ACTIVE" in links
+    status, trtype = fabric_lab.guest("cat /sys/kernel/config/nvmet/ports/2/addr_trtype")
+    assert trtype.strip() == "rdma"
+    _, log = fabric_lab.guest("dmesg | grep nvmet_rdma")
+    assert f"enabling port 2 ({fabric_lab.guest_ip}:{fabric_lab.rdma_port})" in log
+
+
 def test_loopback_works_inside_the_lab_network(fabric_lab):
     # The whole suite may run inside the lab's netns; loopback tests must still work there.
     with socket.create_server(("127.0.0.1", 0)) as server, \

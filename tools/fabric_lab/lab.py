@@ -64,7 +64,9 @@ def print_endpoint(state: dict) -> None:
 
 
 def command_build(args: argparse.Namespace) -> int:
-    image = initramfs.build(force=args.force, log=log)
+    # Under the lab lock: a build prunes superseded images, which a concurrent start may use.
+    with lab_control.lab_state.locked():
+        image = initramfs.build(force=args.force, log=log)
     print(f"kernel {image.kernel}\ninitramfs {image.initramfs}")
     return 0
 

@@ -16,6 +16,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import lab_paths
+
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 DEFAULT_HOST_NQN = "nqn.2026-11.io.fx100:lab-host"
 RAM_SUBSYSTEM_NQN = "nqn.2026-11.io.fx100:lab-ram"
@@ -56,7 +58,7 @@ class Subsystem:
 class LabConfig:
     subsystems: list[Subsystem] = field(default_factory=list)
     net: str = "netns"
-    netns: str = "fx100io-lab"
+    netns: str = field(default_factory=lab_paths.default_netns_name)
     tap: str = "fxlab0"
     host_ip: str = "10.88.0.1"
     guest_ip: str = "10.88.0.2"
@@ -119,6 +121,13 @@ class LabConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def same_target_as(self, other: LabConfig) -> bool:
+        """True if both configs build the same lab; the namespace name is only where it runs."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        mine.pop("netns")
+        theirs.pop("netns")
+        return mine == theirs
 
     # ---- checks -------------------------------------------------------------------------
 

@@ -105,19 +105,17 @@ def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
     """start() for callers that already hold the lab lock."""
     state = lab_state.read()
     if state is not None and is_running(state):
-        if config_of(state).to_dict() != config.to_dict():
+        if not config_of(state).same_target_as(config):
             raise LabError("the fabric lab is already running with another config; "
                            "run `lab.py stop` first")
         return state
-    if state is not None:
-        log("fabric lab: cleaning up a lab that did not stop cleanly")
-        _cleanup(config_of(state), state.get("pid"), log)
-    elif config.net == "netns" and networking.netns_exists(config.netns):
-        _cleanup(config, None, log)
     if config.net == "netns":
         reason = networking.why_netns_unusable()
         if reason:
             raise LabError(f"cannot use the netns network: {reason}")
+    if state is not None:
+        log("fabric lab: cleaning up a lab that did not stop cleanly")
+        _cleanup(config_of(state), state.get("pid"), log)
 
     image = initramfs.build(log=log)
     files = _files()

@@ -6,6 +6,7 @@ CI can cache it as one folder.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -39,6 +40,14 @@ def state_file() -> Path:
     """The running lab's description; $FX100IO_LAB_STATE wins so tests can point at any lab."""
     override = os.environ.get("FX100IO_LAB_STATE")
     return Path(override) if override else run_dir() / "state.json"
+
+
+def default_netns_name() -> str:
+    """The lab's network namespace name, unique per lab directory: several checkouts (or
+    FX100IO_LAB_DIR labs) on one machine each get their own namespace and never remove
+    another's. Addresses can repeat, since each namespace is a separate network."""
+    digest = hashlib.sha256(str(lab_dir()).encode()).hexdigest()[:8]
+    return f"fx100io-lab-{digest}"
 
 
 def lock_file() -> Path:

@@ -39,9 +39,10 @@ def netns_exists(name: str) -> bool:
 def why_netns_unusable() -> str | None:
     """None if this process can build the fast path, else the reason (for skips and errors)."""
     if os.geteuid() != 0:
-        return "network namespaces and tap devices need root (use net=user instead)"
+        return ("network namespaces and tap devices need root (use --net user, "
+                "or FX100IO_LAB_NET=user)")
     if not os.path.exists("/dev/net/tun"):
-        return "/dev/net/tun is missing (use net=user instead)"
+        return "/dev/net/tun is missing (use --net user, or FX100IO_LAB_NET=user)"
     return None
 
 
@@ -52,6 +53,10 @@ def create(config: LabConfig) -> None:
         raise NetworkError(reason)
     name = config.netns
     if netns_exists(name):
+        users = pids_in_netns(name)
+        if users:
+            raise NetworkError(f"network namespace {name} is in use by pids {users} (a lab of "
+                               "another directory with the same netns name?); not touching it")
         # Left over from a lab that did not stop cleanly: start from a known state.
         remove(config)
     _ip("netns", "add", name)
@@ -64,6 +69,12 @@ def create(config: LabConfig) -> None:
     except NetworkError:
         remove(config)
         raise
+
+
+def pids_in_netns(name: str) -> list[int]:
+    """Processes living in the named namespace (empty for a stale one)."""
+    result = _ip("netns", "pids", name, check=False)
+    return [int(pid) for pid in result.stdout.split() if pid.isdigit()]
 
 
 def remove(config: LabConfig) -> None:
