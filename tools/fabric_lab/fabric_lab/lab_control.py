@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 from . import guest_console, initramfs, lab_paths, lab_state, networking, qemu_vm, target_probe
 from .lab_config import DISCOVERY_NQN, LabConfig
@@ -27,8 +28,10 @@ def boot_timeout() -> float:
     return float(os.environ.get("FX100IO_LAB_BOOT_TIMEOUT", DEFAULT_BOOT_TIMEOUT))
 
 
-def _files() -> qemu_vm.RunFiles:
-    return qemu_vm.RunFiles(lab_paths.run_dir())
+def _files(state: dict | None = None) -> qemu_vm.RunFiles:
+    """The run files of state's lab (which may live elsewhere, via FX100IO_LAB_STATE), else
+    of this lab directory."""
+    return qemu_vm.RunFiles(Path(state["run_dir"]) if state else lab_paths.run_dir())
 
 
 def config_of(state: dict) -> LabConfig:
@@ -36,7 +39,7 @@ def config_of(state: dict) -> LabConfig:
 
 
 def is_running(state: dict | None) -> bool:
-    if not state or not qemu_vm.is_lab_qemu(state["pid"], _files()):
+    if not state or not qemu_vm.is_lab_qemu(state["pid"], _files(state)):
         return False
     config = config_of(state)
     return config.net != "netns" or networking.netns_exists(config.netns)
@@ -186,7 +189,8 @@ def status() -> dict | None:
 def exec_in_lab(command: list[str], state: dict) -> int:
     """Run command where initiators belong (inside the netns), telling it where the lab is."""
     config = config_of(state)
-    env = dict(os.environ, FX100IO_LAB_STATE=str(lab_paths.state_file()))
+    env = dict(os.environ, FX100IO_LAB_STATE=str(lab_paths.state_file()),
+               FX100IO_LAB_DIR=str(lab_paths.lab_dir()))
     prefix = networking.exec_prefix(config)
     if prefix and networking.in_netns(config.netns):
         prefix = []
@@ -200,4 +204,4 @@ def exec_in_lab(command: list[str], state: dict) -> int:
 def guest_command(state: dict, command: str, timeout: float = 120.0) -> tuple[int, str]:
     """Run a shell command inside the guest (for in-guest initiators and debugging)."""
     with lab_state.locked():
-        return guest_console.run(_files().console_socket, command, timeout)
+        return guest_console.run(_files(state).console_socket, command, timeout)
