@@ -594,12 +594,7 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 int fx_nvmf_exec(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
 		 int write, struct nvme_cqe *cqe)
 {
-	/* Admin queue: 8 KiB in-capsule (NVMe/TCP).  I/O queues: the
-	 * connection does not know IOCCSZ, so writes go by R2T, which every
-	 * controller must support. */
-	uint32_t incap_max = c->qid == 0 ? ADMIN_INCAPSULE_MAX : 0;
-
-	return exec_cmd(c, sqe, data, len, write, incap_max, cqe);
+	return exec_cmd(c, sqe, data, len, write, c->incap_max, cqe);
 }
 
 int fx_nvmf_prop_get(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t *val)
@@ -802,6 +797,9 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 	out->timeout_ms = p->timeout_ms;
 	out->qid = qid;
 	out->sqsize = sqsize;
+	/* Admin: NVMe/TCP's 8 KiB.  I/O: unknown here (IOCCSZ comes from
+	 * Identify); the caller sets it, see fabric.h. */
+	out->incap_max = qid == 0 ? ADMIN_INCAPSULE_MAX : 0;
 	r = ic_exchange(out, p->hdgst, p->ddgst, deadline);
 	if (r)
 		goto fail;

@@ -45,6 +45,13 @@ struct fx_nvmf_conn {
 	uint16_t sqsize;      /* 0's based, as sent in Connect */
 	uint16_t next_cid;
 	int timeout_ms;
+	/* Most write data fx_nvmf_exec() sends in the capsule; larger writes
+	 * wait for R2T.  fx_nvmf_tcp_connect() sets 8192 on the admin queue
+	 * (NVMe/TCP) and 0 on I/O queues, where the caller should set
+	 * IOCCSZ*16 - 64 from Identify (ctrl->ioccsz_bytes - 64): Linux's
+	 * target (6.1) expects every write up to its inline size in the
+	 * capsule and never sends an R2T for one. */
+	uint32_t incap_max;
 };
 
 /*

@@ -272,6 +272,10 @@ int main(int argc, char **argv)
 	printf("I/O queue 1: cntlid %u hdgst %d ddgst %d maxh2cdata %u\n", q.cntlid, q.hdgst,
 	       q.ddgst, q.maxh2cdata);
 	CHECK_EQ(q.cntlid, c->cntlid);
+	/* Writes up to IOCCSZ go in the capsule (Linux's target sends no R2T
+	 * for them); larger ones by R2T/H2CData. */
+	q.incap_max = c->ioccsz_bytes > 64 ? c->ioccsz_bytes - 64 : 0;
+	printf("  in-capsule writes up to %u bytes\n", q.incap_max);
 
 	uint64_t seed = test_seed() ^ (uint64_t)bs ^ (uint64_t)p.hdgst << 8 ^ (uint64_t)p.ddgst << 9;
 	uint64_t base = nsze / 2; /* away from any partition table */
@@ -279,19 +283,33 @@ int main(int argc, char **argv)
 	write_read_check(&q, nsid, base, 1, bs, &seed);
 	write_read_check(&q, nsid, base + 1, 8, bs, &seed);
 	write_read_check(&q, nsid, base + 9, 8192 / bs + 1, bs, &seed);
+	/* just above the capsule: the smallest write that goes by R2T */
+	if (q.incap_max)
+		write_read_check(&q, nsid, base + 32, q.incap_max / bs + 1, bs, &seed);
 
-	/* Large: more than one H2CData PDU per R2T where MAXH2CDATA allows,
-	 * and a tail that is not a multiple of it. */
-	uint64_t big = (uint64_t)q.maxh2cdata * 2 + 3 * bs;
+	/* Large: one R2T for all of it.  4 MiB at most: Linux's target (6.1)
+	 * refuses longer commands (status 0x400f, Data SGL Length Invalid)
+	 * although it reports MDTS 0, so larger ones are the caller's to
+	 * split, as for any MDTS. */
+	uint64_t big = 4u << 20;
 
-	if (big > (8u << 20) + 3 * bs)
-		big = (8u << 20) + 3 * bs;
+	if (getenv("FX_TEST_BIG"))
+		big = strtoull(getenv("FX_TEST_BIG"), NULL, 0);
+	if (q.maxh2cdata && big > q.maxh2cdata)
+		big = q.maxh2cdata;
 	if (c->mdts_bytes && big > c->mdts_bytes)
 		big = c->mdts_bytes;
 	big -= big % bs;
-	if (big / bs > 65536)
-		big = 65536ull * bs;
 	write_read_check(&q, nsid, base + 64, (uint32_t)(big / bs), bs, &seed);
+
+	/* Several H2CData PDUs per R2T with a short last one: MAXH2CDATA is
+	 * a maximum, so sending 64 KiB PDUs is legal and exercises the split
+	 * against the real target. */
+	uint32_t saved = q.maxh2cdata;
+
+	q.maxh2cdata = 65536;
+	write_read_check(&q, nsid, base + 64, (uint32_t)((1u << 20) / bs + 3), bs, &seed);
+	q.maxh2cdata = saved;
 
 	/* Past the end: the NVMe status comes back, the queue stays usable. */
 	uint8_t one[4096];
@@ -301,9 +319,11 @@ int main(int argc, char **argv)
 	       (unsigned long long)nsze, r, errno_name(-r), cqe.status >> 1,
 	       NVME_SCT(cqe.status >> 1), NVME_SC(cqe.status >> 1),
 	       (cqe.status >> 1) & NVME_DNR ? " dnr" : "");
+	/* Linux's bdev backend answers Internal Error (0x06), a strict target
+	 * LBA Out of Range (0x80): either way an NVMe status, not a broken
+	 * connection. */
 	CHECK_EQ(r, -EIO);
-	CHECK_EQ(NVME_SCT(cqe.status >> 1), 0);
-	CHECK_EQ(NVME_SC(cqe.status >> 1), NVME_SC_LBA_RANGE);
+	CHECK(cqe.status >> 1 != 0);
 	write_read_check(&q, nsid, base, 2, bs, &seed);
 
 	/* ---- keep alive */
