@@ -101,6 +101,11 @@ class FxConnectionError(Fx100ioError, ConnectionResetError):
     """A fabric connection dropped."""
 
 
+class FxProtocolError(Fx100ioError):
+    """The peer broke the protocol: a malformed PDU or a digest mismatch.
+    The connection was closed; the next request reconnects."""
+
+
 class NvmeStatusError(Fx100ioError):
     """An NVMe command completed with an error status."""
 
@@ -133,6 +138,12 @@ _BY_ERRNO: dict[int, type[Fx100ioError]] = {
     _errno.ECONNRESET: FxConnectionError,
     _errno.EPIPE: FxConnectionError,
     _errno.ECONNREFUSED: FxConnectionError,
+    _errno.ECONNABORTED: FxConnectionError,
+    _errno.ENOTCONN: FxConnectionError,
+    _errno.EHOSTUNREACH: FxConnectionError,
+    _errno.ENETUNREACH: FxConnectionError,
+    _errno.EPROTO: FxProtocolError,
+    _errno.EBADMSG: FxProtocolError,
 }
 
 

@@ -1,0 +1,51 @@
+"""Start `fx100io target` as a real subprocess on loopback for a test."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+from conftest import REPO
+
+
+@contextlib.contextmanager
+def serve(namespaces: list[str], nqn: str, *extra: str, port: int = 0,
+          block_size: int = 512) -> Iterator[tuple[str, int, subprocess.Popen]]:
+    """Yield (host, port, process) once the target prints its endpoint."""
+    cmd = [sys.executable, "-m", "fx100io", "target", "--listen", f"127.0.0.1:{port}",
+           "--nqn", nqn, "--block-size", str(block_size), "-q", *extra]
+    for ns in namespaces:
+        cmd += ["--namespace", ns]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        line = p.stdout.readline() if p.stdout else ""
+        if "listening on nvme+tcp://" not in line:
+            err = p.stderr.read() if p.stderr else ""
+            raise AssertionError(f"target did not start: {line!r} {err[-2000:]}")
+        hostport = line.split("nvme+tcp://", 1)[1].split("/", 1)[0]
+        host, _, port_s = hostport.rpartition(":")
+        yield host, int(port_s), p
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def wait_port_free(port: int, seconds: float = 5.0) -> None:
+    import socket
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        with socket.socket() as s:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                time.sleep(0.1)
