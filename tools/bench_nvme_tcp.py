@@ -59,7 +59,7 @@ def iperf3(streams: int, seconds: int = 3) -> float:
 def start_target(path: str, port: int) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen",
                           f"127.0.0.1:{port}", "--nqn", NQN, "--namespace", path,
-                          "--block-size", "4096"],
+                          "--block-size", "4096", "-q"],
                          stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline() if p.stdout else ""
     if "listening" not in line:
