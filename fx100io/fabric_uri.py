@@ -58,8 +58,9 @@ def parse(uri: str) -> dict[str, str]:
     for key, values in parse_qs(parts.query, keep_blank_values=True).items():
         v = values[-1]
         if key in INT_OPTIONS:
-            if not v.isdigit() or int(v) <= 0:
-                raise InvalidArgumentError(22, f"URI option {key} must be a positive integer", uri)
+            if not v.isdigit() or (int(v) == 0 and key != "kato_ms"):
+                raise InvalidArgumentError(22, f"URI option {key} must be a positive integer"
+                                           " (kato_ms: 0 turns keep alive off)", uri)
             opts[INT_OPTIONS[key]] = v
         elif key in BOOL_OPTIONS:
             if v not in ("0", "1", "true", "false"):
