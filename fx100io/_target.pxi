@@ -1,1 +1,95 @@
 # Binding of our NVMe/TCP target (csrc/target/); included by _core.pyx.
+
+import os as _os
+
+cdef extern from "target/target.h" nogil:
+    struct fx_target:
+        pass
+    struct fx_target_config:
+        const char *host
+        const char *port
+        const char *subnqn
+        const char **ns_paths
+        unsigned n_ns
+        const char **allow_hosts
+        unsigned n_allow
+        uint32_t block_size
+        uint32_t max_io_queues
+        uint32_t fault_drop_after
+        uint32_t fault_delay_ms
+        uint32_t fault_corrupt_ddgst
+        int verbose
+        int quiet
+    int fx_target_create(const fx_target_config *cfg, fx_target **out)
+    int fx_target_port(const fx_target *t)
+    int fx_target_run(fx_target *t)
+    void fx_target_stop(fx_target *t)
+    void fx_target_stop_all()
+    void fx_target_destroy(fx_target *t)
+
+
+def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int block_size=512,
+                 allow_hosts=(), unsigned int max_io_queues=0, unsigned int fault_drop_after=0,
+                 unsigned int fault_delay_ms=0, unsigned int fault_corrupt_ddgst=0,
+                 bint verbose=False, bint quiet=False, ready=None):
+    """Serve namespaces (paths of files or block devices) as NVMe/TCP subsystem
+    subnqn on host:port until target_stop() (from another thread or a signal
+    handler).  ready(port) is called once the socket listens (port "0" picks
+    a free one).  Blocks without the GIL; returns 0."""
+    cdef fx_target_config cfg
+    cdef fx_target *t = NULL
+    cdef const char **paths = NULL
+    cdef const char **allow = NULL
+    cdef int rc
+    keep = [host.encode(), port.encode(), subnqn.encode()]
+    ns_b = [_os.fsencode(p) for p in namespaces]
+    allow_b = [h.encode() for h in allow_hosts]
+    if not ns_b:
+        raise error_from_errno(22, "target: no namespaces")
+    memset(&cfg, 0, sizeof(cfg))
+    paths = <const char **>malloc(len(ns_b) * sizeof(char *))
+    allow = <const char **>malloc((len(allow_b) or 1) * sizeof(char *))
+    try:
+        if paths == NULL or allow == NULL:
+            raise MemoryError()
+        for i, b in enumerate(ns_b):
+            paths[i] = b
+        for i, b in enumerate(allow_b):
+            allow[i] = b
+        cfg.host = keep[0]
+        cfg.port = keep[1]
+        cfg.subnqn = keep[2]
+        cfg.ns_paths = paths
+        cfg.n_ns = len(ns_b)
+        cfg.allow_hosts = allow
+        cfg.n_allow = len(allow_b)
+        cfg.block_size = block_size
+        cfg.max_io_queues = max_io_queues
+        cfg.fault_drop_after = fault_drop_after
+        cfg.fault_delay_ms = fault_delay_ms
+        cfg.fault_corrupt_ddgst = fault_corrupt_ddgst
+        cfg.verbose = verbose
+        cfg.quiet = quiet
+        with nogil:
+            rc = fx_target_create(&cfg, &t)
+        check(rc, f"target on {host}:{port}")
+        try:
+            if ready is not None:
+                ready(fx_target_port(t))
+            with nogil:
+                rc = fx_target_run(t)
+        finally:
+            with nogil:
+                fx_target_destroy(t)
+        check(rc, "target")
+    finally:
+        free(paths)
+        free(allow)
+    return 0
+
+
+def target_stop():
+    """Make every running target_serve() return (safe from any thread and
+    from a Python signal handler)."""
+    with nogil:
+        fx_target_stop_all()

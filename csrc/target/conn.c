@@ -1,0 +1,956 @@
+/*
+ * One NVMe/TCP connection (queue) of the target: a thread reading PDUs in
+ * order from a blocking socket and answering each command before reading the
+ * next PDU, except writes whose data we fetch with R2T: those wait in a table
+ * indexed by the transfer tag while other commands go on, because a host may
+ * pipeline more capsules behind a write before our R2T reaches it.
+ *
+ * Every length from the wire is checked (fx_tcp_pdu_check() for the common
+ * header, then the type's own fields) before it sizes a read or a copy; a
+ * broken or hostile PDU ends the connection with a C2HTermReq, never with an
+ * access outside our buffers.  Data digest errors are not fatal: the data has
+ * been consumed, so the stream is still in step, and the command fails with
+ * Transient Transport Error for the host to retry.
+ *
+ * Reads stream: without a data digest the whole transfer is one C2HData PDU
+ * whose payload goes from the page cache to the socket with sendfile(); with
+ * a digest, FX_TGT_CHUNK pieces are pread, digested and sent.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "fx100io.h"
+#include "tcp_pdu.h"
+#include "tgt.h"
+
+/* Largest header we read: ICReq (128) + header digest, with room to spare. */
+#define HDR_BUF 160
+
+const char *tgt_conn_state_str(enum tgt_conn_state s)
+{
+	switch (s) {
+	case TGT_CONN_WAIT_ICREQ:
+		return "wait-icreq";
+	case TGT_CONN_WAIT_CONNECT:
+		return "wait-connect";
+	case TGT_CONN_LIVE:
+		return "live";
+	case TGT_CONN_CLOSING:
+		return "closing";
+	}
+	return "?";
+}
+
+/* ------------------------------------------------------------ socket I/O */
+
+static int recv_all(struct tgt_conn *c, void *buf, size_t n)
+{
+	uint8_t *p = buf;
+
+	while (n) {
+		ssize_t r = recv(c->fd, p, n, MSG_WAITALL);
+
+		if (r > 0) {
+			p += r;
+			n -= (size_t)r;
+		} else if (r == 0) {
+			return -ECONNRESET;
+		} else if (errno != EINTR) {
+			return -errno;
+		}
+	}
+	return 0;
+}
+
+static int discard(struct tgt_conn *c, size_t n)
+{
+	uint8_t tmp[256];
+
+	while (n) {
+		size_t k = n < sizeof(tmp) ? n : sizeof(tmp);
+		int ret = recv_all(c, tmp, k);
+
+		if (ret)
+			return ret;
+		n -= k;
+	}
+	return 0;
+}
+
+static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
+{
+	struct msghdr m;
+
+	while (cnt > 0) {
+		ssize_t r;
+
+		memset(&m, 0, sizeof(m));
+		m.msg_iov = iov;
+		m.msg_iovlen = (size_t)cnt;
+		r = sendmsg(c->fd, &m, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		while (cnt > 0 && (size_t)r >= iov->iov_len) {
+			r -= (ssize_t)iov->iov_len;
+			iov++;
+			cnt--;
+		}
+		if (cnt > 0) {
+			iov->iov_base = (uint8_t *)iov->iov_base + r;
+			iov->iov_len -= (size_t)r;
+		}
+	}
+	return 0;
+}
+
+/* Count a PDU we finished sending; --fault-drop-after ends the connection
+ * right after the Nth one, as a crashed or unplugged target would. */
+static int pdu_sent(struct tgt_conn *c)
+{
+	struct fx_target *t = c->t;
+
+	c->pdus_sent++;
+	if (t->fault_drop_after && c->pdus_sent >= t->fault_drop_after) {
+		tgt_log(t, "%s: fault injection: dropping the connection after %u PDUs", c->peer,
+		        c->pdus_sent);
+		shutdown(c->fd, SHUT_RDWR);
+		return -ECONNABORTED;
+	}
+	return 0;
+}
+
+/* Header digest and zero padding up to pdo after a header built in b. */
+static unsigned head_finish(struct tgt_conn *c, uint8_t *b, unsigned hlen, unsigned pdo)
+{
+	unsigned n = hlen;
+
+	if (c->hdgst) {
+		uint32_t d = fx_tcp_hdgst(b, hlen);
+
+		memcpy(b + n, &d, 4);
+		n += 4;
+	}
+	if (pdo > n) {
+		memset(b + n, 0, pdo - n);
+		n = pdo;
+	}
+	return n;
+}
+
+static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1)
+{
+	uint8_t b[HDR_BUF];
+	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)b;
+	struct nvme_cqe cqe;
+	struct iovec iov;
+	int ret;
+
+	fx_tcp_hdr_init(h, NVME_TCP_RSP, 0, c->hdgst, c->ddgst, c->hpda);
+	memset(&cqe, 0, sizeof(cqe));
+	cqe.dw0 = dw0;
+	cqe.dw1 = dw1;
+	cqe.sqhd = c->sqhd;
+	cqe.sqid = c->qid;
+	cqe.cid = cid;
+	cqe.status = (uint16_t)(sf << 1); /* phase tag 0: fabrics have no CQ memory */
+	memcpy(b + sizeof(*h), &cqe, sizeof(cqe));
+	iov.iov_base = b;
+	iov.iov_len = head_finish(c, b, h->hlen, 0);
+	if (c->t->verbose && sf)
+		tgt_log(c->t, "%s qid %u: cid %u status sct %u sc 0x%02x%s", c->peer, c->qid, cid,
+		        NVME_SCT(sf), NVME_SC(sf), (sf & NVME_DNR) ? " dnr" : "");
+	ret = send_iov(c, &iov, 1, 0);
+	return ret ? ret : pdu_sent(c);
+}
+
+/* Build a C2HData header for len bytes at datao into b; returns its size. */
+static unsigned c2h_head(struct tgt_conn *c, uint8_t *b, uint16_t cid, uint32_t datao,
+                         uint32_t len, int last)
+{
+	struct nvme_tcp_data_pdu *d = (struct nvme_tcp_data_pdu *)b;
+	unsigned pdo = fx_tcp_hdr_init(&d->hdr, NVME_TCP_C2H_DATA, len, c->hdgst, c->ddgst, c->hpda);
+
+	d->cccid = cid;
+	d->ttag = 0;
+	d->datao = datao;
+	d->datal = len;
+	memset(d->rsvd, 0, sizeof(d->rsvd));
+	if (last)
+		d->hdr.flags |= NVME_TCP_F_DATA_LAST;
+	return head_finish(c, b, sizeof(*d), pdo);
+}
+
+static uint32_t c2h_ddgst(struct tgt_conn *c, const void *data, uint32_t len)
+{
+	uint32_t crc = fx_crc32c(0, data, len);
+	uint32_t n = c->t->fault_corrupt_ddgst;
+
+	c->c2h_sent++;
+	if (n && c->c2h_sent % n == 0) {
+		tgt_log(c->t, "%s: fault injection: corrupting the data digest of C2HData #%u",
+		        c->peer, c->c2h_sent);
+		crc ^= 0xFFFFFFFFu;
+	}
+	return crc;
+}
+
+/* One C2HData PDU carrying a buffer. */
+static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void *data,
+                    uint32_t len, int last)
+{
+	uint8_t b[HDR_BUF];
+	struct iovec iov[3];
+	uint32_t crc = 0;
+	int n = 2, ret;
+
+	iov[0].iov_base = b;
+	iov[0].iov_len = c2h_head(c, b, cid, datao, len, last);
+	iov[1].iov_base = (void *)data;
+	iov[1].iov_len = len;
+	if (c->ddgst) {
+		crc = c2h_ddgst(c, data, len);
+		iov[2].iov_base = &crc;
+		iov[2].iov_len = 4;
+		n = 3;
+	} else {
+		c->c2h_sent++;
+	}
+	ret = send_iov(c, iov, n, 0);
+	return ret ? ret : pdu_sent(c);
+}
+
+static int send_c2h_buf(struct tgt_conn *c, uint16_t cid, const uint8_t *data, uint32_t len)
+{
+	uint32_t off = 0;
+
+	while (off < len) {
+		uint32_t n = len - off < FX_TGT_CHUNK ? len - off : FX_TGT_CHUNK;
+		int ret = send_c2h(c, cid, off, data + off, n, off + n == len);
+
+		if (ret)
+			return ret;
+		off += n;
+	}
+	return 0;
+}
+
+static int send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t len)
+{
+	uint8_t b[HDR_BUF];
+	struct nvme_tcp_r2t_pdu *r = (struct nvme_tcp_r2t_pdu *)b;
+	struct iovec iov;
+	int ret;
+
+	fx_tcp_hdr_init(&r->hdr, NVME_TCP_R2T, 0, c->hdgst, c->ddgst, c->hpda);
+	r->cccid = cid;
+	r->ttag = ttag;
+	r->r2to = 0;
+	r->r2tl = len;
+	memset(r->rsvd, 0, sizeof(r->rsvd));
+	iov.iov_base = b;
+	iov.iov_len = head_finish(c, b, sizeof(*r), 0);
+	ret = send_iov(c, &iov, 1, 0);
+	return ret ? ret : pdu_sent(c);
+}
+
+/*
+ * End the connection for a fatal transport error: C2HTermReq with the fatal
+ * error status, the field's byte offset (FEI) and up to 152 bytes of the
+ * offending header, then the caller closes.  Returns -EPROTO.
+ */
+static int term(struct tgt_conn *c, const uint8_t *hdr, unsigned hdr_len, uint16_t fes,
+                uint32_t fei, const char *why)
+{
+	uint8_t b[sizeof(struct nvme_tcp_term_pdu) + 152];
+	struct nvme_tcp_term_pdu *p = (struct nvme_tcp_term_pdu *)b;
+	unsigned copy = hdr_len < 152 ? hdr_len : 152;
+	struct iovec iov;
+
+	tgt_log(c->t, "%s qid %u: %s; sending C2HTermReq (fes %u) and closing", c->peer, c->qid,
+	        why, fes);
+	memset(b, 0, sizeof(*p));
+	fx_tcp_hdr_init(&p->hdr, NVME_TCP_C2H_TERM, 0, 0, 0, 0);
+	p->hdr.plen = (uint32_t)(sizeof(*p) + copy);
+	p->fes = fes;
+	p->feil = (uint16_t)(fei & 0xFFFF);
+	p->feiu = (uint16_t)(fei >> 16);
+	memcpy(b + sizeof(*p), hdr, copy);
+	iov.iov_base = b;
+	iov.iov_len = sizeof(*p) + copy;
+	send_iov(c, &iov, 1, 0);
+	c->state = TGT_CONN_CLOSING;
+	return -EPROTO;
+}
+
+/* Which field of a header fx_tcp_pdu_check() refused (FEI: its byte offset). */
+static uint32_t bad_field(const struct nvme_tcp_hdr *h, int hdgst)
+{
+	unsigned hl = fx_tcp_pdu_hlen(h->type);
+
+	if (!hl || h->type == NVME_TCP_ICRESP || h->type == NVME_TCP_C2H_TERM ||
+	    h->type == NVME_TCP_RSP || h->type == NVME_TCP_C2H_DATA || h->type == NVME_TCP_R2T)
+		return offsetof(struct nvme_tcp_hdr, type);
+	if (h->hlen != hl)
+		return offsetof(struct nvme_tcp_hdr, hlen);
+	if (!!(h->flags & NVME_TCP_F_HDGST) != !!hdgst && h->type != NVME_TCP_ICREQ)
+		return offsetof(struct nvme_tcp_hdr, flags);
+	if (h->pdo && h->plen > hl && h->pdo < hl)
+		return offsetof(struct nvme_tcp_hdr, pdo);
+	return offsetof(struct nvme_tcp_hdr, plen);
+}
+
+/* ------------------------------------------------------------ file I/O */
+
+static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
+
+		if (r > 0)
+			got += (size_t)r;
+		else if (r == 0)
+			break; /* the file shrank under us */
+		else if (errno != EINTR)
+			return got ? (ssize_t)got : -errno;
+	}
+	return (ssize_t)got;
+}
+
+static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+	size_t put = 0;
+
+	while (put < n) {
+		ssize_t r = pwrite(fd, (const uint8_t *)buf + put, n - put, (off_t)(off + put));
+
+		if (r > 0)
+			put += (size_t)r;
+		else if (r == 0)
+			return -EIO;
+		else if (errno != EINTR)
+			return -errno;
+	}
+	return 0;
+}
+
+static int sock_errno(int e)
+{
+	return e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ETIMEDOUT || e == EBADF ||
+	       e == ESHUTDOWN;
+}
+
+/*
+ * Send len bytes of ns at byte offset off as C2HData.  Returns the status for
+ * the CapsuleResp (0, or Unrecovered Read Error when the file failed us: the
+ * data PDUs are then zero-filled so the stream stays well formed), or a
+ * negative errno when the connection broke.
+ */
+static int send_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off,
+                     uint32_t len)
+{
+	uint32_t sent = 0;
+	uint16_t sf = 0;
+	int ret;
+
+	if (!c->ddgst) {
+		/* One PDU; the payload goes page cache -> socket. */
+		uint8_t b[HDR_BUF];
+		struct iovec iov;
+		off_t o = (off_t)off;
+
+		iov.iov_base = b;
+		iov.iov_len = c2h_head(c, b, cid, 0, len, 1);
+		ret = send_iov(c, &iov, 1, 1);
+		if (ret)
+			return ret;
+		c->c2h_sent++;
+		while (sent < len) {
+			ssize_t r = sendfile(c->fd, ns->fd, &o, len - sent);
+
+			if (r > 0) {
+				sent += (uint32_t)r;
+				continue;
+			}
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r < 0 && sock_errno(errno))
+				return -errno;
+			break; /* EOF, a read error, or no sendfile here: pread below */
+		}
+		while (sent < len) {
+			uint32_t n = len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
+			ssize_t got = pread_full(ns->fd, c->chunk, n, off + sent);
+
+			if (got < (ssize_t)n) {
+				memset(c->chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
+				sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
+			}
+			iov.iov_base = c->chunk;
+			iov.iov_len = n;
+			ret = send_iov(c, &iov, 1, sent + n < len);
+			if (ret)
+				return ret;
+			sent += n;
+		}
+		ret = pdu_sent(c);
+		return ret ? ret : sf;
+	}
+
+	while (sent < len) {
+		uint32_t n = len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
+		ssize_t got = pread_full(ns->fd, c->chunk, n, off + sent);
+
+		if (got < (ssize_t)n) {
+			memset(c->chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
+			sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
+		}
+		ret = send_c2h(c, cid, sent, c->chunk, n, sent + n == len);
+		if (ret)
+			return ret;
+		sent += n;
+	}
+	return sf;
+}
+
+/* -------------------------------------------------------------- commands */
+
+static struct tgt_ns *find_ns(struct fx_target *t, uint32_t nsid)
+{
+	return nsid >= 1 && nsid <= t->n_ns ? &t->ns[nsid - 1] : NULL;
+}
+
+/* Validate an I/O Read/Write/Write Zeroes range: ns, byte offset, bytes. */
+static uint16_t io_range(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns **ns,
+                         uint64_t *off, uint32_t *len, int data)
+{
+	struct fx_target *t = c->t;
+	uint64_t slba = (uint64_t)sqe->cdw10 | ((uint64_t)sqe->cdw11 << 32);
+	uint64_t nlb = (uint64_t)(sqe->cdw12 & 0xFFFF) + 1;
+
+	*ns = find_ns(t, sqe->nsid);
+	if (!*ns)
+		return TGT_SF_DNR(0, TGT_SC_INVALID_NS);
+	if (slba >= (*ns)->nsze || nlb > (*ns)->nsze - slba)
+		return TGT_SF_DNR(0, NVME_SC_LBA_RANGE);
+	if (data && (nlb << t->lba_shift) > FX_TGT_MAX_XFER)
+		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
+	*off = slba << t->lba_shift;
+	*len = (uint32_t)(nlb << t->lba_shift);
+	return 0;
+}
+
+static uint16_t flush_ns(struct fx_target *t, uint32_t nsid)
+{
+	if (nsid == 0xFFFFFFFFu) {
+		for (unsigned i = 0; i < t->n_ns; i++)
+			if (fdatasync(t->ns[i].fd) < 0 && errno != EINVAL)
+				return TGT_SF(2, TGT_SC_WRITE_FAULT);
+		return 0;
+	}
+	struct tgt_ns *ns = find_ns(t, nsid);
+
+	if (!ns)
+		return TGT_SF_DNR(0, TGT_SC_INVALID_NS);
+	if (fdatasync(ns->fd) < 0 && errno != EINVAL)
+		return TGT_SF(2, TGT_SC_WRITE_FAULT);
+	return 0;
+}
+
+static uint16_t write_zeroes(struct tgt_conn *c, struct tgt_ns *ns, uint64_t off, uint32_t len)
+{
+	/* Both files and block devices take ZERO_RANGE (KEEP_SIZE is what
+	 * a block device insists on); fall back to writing zeros. */
+	if (fallocate(ns->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+		return 0;
+	memset(c->chunk, 0, FX_TGT_CHUNK);
+	for (uint32_t done = 0; done < len;) {
+		uint32_t n = len - done < FX_TGT_CHUNK ? len - done : FX_TGT_CHUNK;
+
+		if (pwrite_full(ns->fd, c->chunk, n, off + done) < 0)
+			return TGT_SF(2, TGT_SC_WRITE_FAULT);
+		done += n;
+	}
+	return 0;
+}
+
+static int r2t_alloc(struct tgt_conn *c)
+{
+	if (!c->r2t_nfree)
+		return -1;
+	return c->r2t_free[--c->r2t_nfree];
+}
+
+static void r2t_release(struct tgt_conn *c, unsigned idx)
+{
+	struct tgt_r2t *s = &c->r2t[idx];
+
+	free(s->buf);
+	memset(s, 0, sizeof(*s));
+	c->r2t_free[c->r2t_nfree++] = (uint16_t)idx;
+}
+
+/* Fetch a command's data with R2T: I/O writes go to ns as they arrive,
+ * anything else is collected in a buffer and executed when complete. */
+static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t len,
+                     struct tgt_ns *ns, uint64_t off)
+{
+	int idx = r2t_alloc(c);
+	struct tgt_r2t *s;
+
+	if (idx < 0) /* more commands outstanding than any queue may hold */
+		return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+	s = &c->r2t[idx];
+	s->active = 1;
+	s->sqe = *sqe;
+	s->len = len;
+	s->done = 0;
+	s->ns = ns;
+	s->off = off;
+	if (!ns) {
+		s->buf = malloc(len);
+		if (!s->buf) {
+			r2t_release(c, (unsigned)idx);
+			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+		}
+	}
+	return send_r2t(c, sqe->cid, (uint16_t)idx, len);
+}
+
+/* Run a Fabrics or admin command whose data (if any) is all here. */
+static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t *data,
+                     uint32_t data_len)
+{
+	struct tgt_req r;
+	uint16_t sf;
+	int ret;
+
+	memset(&r, 0, sizeof(r));
+	r.sqe = sqe;
+	r.data = data;
+	r.data_len = data_len;
+	r.sgl_len = sqe->dptr.length;
+	r.out = c->abuf;
+	if (sqe->opcode == NVME_FABRICS_OPCODE)
+		sf = tgt_exec_fabrics(c, &r);
+	else
+		sf = tgt_exec_admin(c, &r);
+	if (r.hold)
+		return 0;
+	if (!sf && r.out_len) {
+		uint32_t n = r.out_len < r.sgl_len ? r.out_len : r.sgl_len;
+
+		if (n) {
+			ret = send_c2h_buf(c, sqe->cid, c->abuf, n);
+			if (ret)
+				return ret;
+		}
+	}
+	ret = send_resp(c, sqe->cid, sf, r.dw0, r.dw1);
+	if (ret)
+		return ret;
+	if (r.close_after) {
+		c->state = TGT_CONN_CLOSING;
+		return -ECONNABORTED;
+	}
+	return 0;
+}
+
+static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t *icd,
+                  uint32_t icd_len, int incapsule)
+{
+	struct fx_target *t = c->t;
+	uint32_t slen = sqe->dptr.length;
+	struct tgt_ns *ns;
+	uint64_t off;
+	uint32_t len;
+	uint16_t sf;
+	int ret;
+
+	switch (sqe->opcode) {
+	case NVME_CMD_READ:
+		sf = io_range(c, sqe, &ns, &off, &len, 1);
+		if (!sf && (incapsule || slen < len))
+			sf = TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
+		if (sf)
+			return send_resp(c, sqe->cid, sf, 0, 0);
+		ret = send_read(c, sqe->cid, ns, off, len);
+		if (ret < 0)
+			return ret;
+		return send_resp(c, sqe->cid, (uint16_t)ret, 0, 0);
+
+	case NVME_CMD_WRITE:
+		sf = io_range(c, sqe, &ns, &off, &len, 1);
+		if (!sf && slen < len)
+			sf = TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
+		if (!sf && incapsule && icd_len < len)
+			sf = TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
+		if (sf)
+			return send_resp(c, sqe->cid, sf, 0, 0);
+		if (!incapsule)
+			return start_r2t(c, sqe, len, ns, off);
+		if (pwrite_full(ns->fd, icd, len, off) < 0)
+			sf = TGT_SF(2, TGT_SC_WRITE_FAULT);
+		else if ((sqe->cdw12 & (1u << 30)) && fdatasync(ns->fd) < 0) /* FUA */
+			sf = TGT_SF(2, TGT_SC_WRITE_FAULT);
+		return send_resp(c, sqe->cid, sf, 0, 0);
+
+	case NVME_CMD_FLUSH:
+		return send_resp(c, sqe->cid, flush_ns(t, sqe->nsid), 0, 0);
+
+	case NVME_CMD_WRITE_ZEROES:
+		sf = io_range(c, sqe, &ns, &off, &len, 0);
+		if (!sf)
+			sf = write_zeroes(c, ns, off, len);
+		return send_resp(c, sqe->cid, sf, 0, 0);
+
+	default:
+		return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_INVALID_OPCODE), 0, 0);
+	}
+}
+
+/* Data direction of a command: opcode bits 1:0 (for Fabrics, fctype's). */
+static unsigned xfer_dir(const struct nvme_sqe *sqe)
+{
+	if (sqe->opcode == NVME_FABRICS_OPCODE)
+		return ((const uint8_t *)sqe)[4] & 3;
+	return sqe->opcode & 3;
+}
+
+static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t *icd,
+                      uint32_t icd_len, int icd_bad)
+{
+	struct fx_target *t = c->t;
+	const struct nvme_sgl_desc *sgl = &sqe->dptr;
+	int fabrics = sqe->opcode == NVME_FABRICS_OPCODE;
+	unsigned dir = xfer_dir(sqe);
+	const uint8_t *data = NULL;
+	uint32_t data_len = 0;
+	int incapsule = 0;
+
+	if (t->verbose)
+		tgt_log(t, "%s qid %u: cid %u opcode 0x%02x%s nsid %u sgl type 0x%02x len %u", c->peer,
+		        c->qid, sqe->cid, sqe->opcode, fabrics ? " (fabrics)" : "", sqe->nsid, sgl->type,
+		        sgl->length);
+	if (t->fault_delay_ms)
+		usleep(t->fault_delay_ms * 1000u);
+
+	/* Fabrics commands carry SGLs (PSDT 01b); fused operations are not
+	 * supported. */
+	if ((sqe->flags & 0xC0) != NVME_CMD_SGL_METABUF || (sqe->flags & 0x03))
+		return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_INVALID_FIELD), 0, 0);
+	if (icd_bad)
+		return send_resp(c, sqe->cid, TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT), 0, 0);
+
+	if (sgl->length) {
+		if (sgl->type == NVME_SGL_DATA_BLOCK_OFFSET) {
+			/* In-capsule data: only host-to-controller, and the
+			 * descriptor's offset/length must lie in what came. */
+			if (dir != 1)
+				return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_TYPE), 0, 0);
+			if (sgl->addr > icd_len || sgl->length > icd_len - sgl->addr)
+				return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_OFFSET), 0,
+				                 0);
+			data = icd + sgl->addr;
+			data_len = sgl->length;
+			incapsule = 1;
+		} else if (sgl->type != NVME_SGL_TRANSPORT_DATA_BLOCK) {
+			return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_TYPE), 0, 0);
+		}
+	}
+
+	if (c->state == TGT_CONN_WAIT_CONNECT &&
+	    !(fabrics && ((const uint8_t *)sqe)[4] == NVMF_FCTYPE_CONNECT))
+		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR), 0, 0);
+
+	if (fabrics || c->qid == 0) {
+		/* Data that did not come in the capsule is fetched first. */
+		if (dir == 1 && sgl->length && !incapsule) {
+			if (sgl->length > FX_TGT_ADMIN_BUF)
+				return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
+			return start_r2t(c, sqe, sgl->length, NULL, 0);
+		}
+		return run_admin(c, sqe, data, data_len);
+	}
+	return io_cmd(c, sqe, data, data_len, incapsule);
+}
+
+/* --------------------------------------------------------------- PDUs */
+
+static int on_icreq(struct tgt_conn *c, uint8_t *hb)
+{
+	const struct nvme_tcp_icreq_pdu *q = (const struct nvme_tcp_icreq_pdu *)hb;
+	struct nvme_tcp_icresp_pdu p;
+	struct iovec iov;
+	int ret;
+
+	if (q->pfv != 0)
+		return term(c, hb, sizeof(*q), NVME_TCP_FES_UNSUPPORTED_PARAM,
+		            offsetof(struct nvme_tcp_icreq_pdu, pfv), "ICReq asks for an unknown PDU format");
+	if (q->hpda > 31)
+		return term(c, hb, sizeof(*q), NVME_TCP_FES_INVALID_PDU_HDR,
+		            offsetof(struct nvme_tcp_icreq_pdu, hpda), "ICReq HPDA out of range");
+	memset(&p, 0, sizeof(p));
+	fx_tcp_hdr_init(&p.hdr, NVME_TCP_ICRESP, 0, 0, 0, 0);
+	p.pfv = 0;
+	p.cpda = 0; /* we take data at any dword offset */
+	p.digest = q->digest & (NVME_TCP_HDGST_ENABLE | NVME_TCP_DDGST_ENABLE);
+	p.maxdata = FX_TGT_MAXH2CDATA;
+	iov.iov_base = &p;
+	iov.iov_len = sizeof(p);
+	ret = send_iov(c, &iov, 1, 0);
+	if (ret)
+		return ret;
+	c->hpda = q->hpda;
+	c->hdgst = !!(p.digest & NVME_TCP_HDGST_ENABLE);
+	c->ddgst = !!(p.digest & NVME_TCP_DDGST_ENABLE);
+	c->state = TGT_CONN_WAIT_CONNECT;
+	return pdu_sent(c);
+}
+
+/* Receive a PDU's data field into buf: skip the pad up to pdo, read datal
+ * bytes and check the data digest.  *bad = 1 on a digest mismatch. */
+static int recv_data(struct tgt_conn *c, const struct nvme_tcp_hdr *h, unsigned have,
+                     uint8_t *buf, uint32_t datal, int *bad)
+{
+	int ret;
+
+	*bad = 0;
+	ret = discard(c, h->pdo - have);
+	if (ret)
+		return ret;
+	ret = recv_all(c, buf, datal);
+	if (ret)
+		return ret;
+	if (h->flags & NVME_TCP_F_DDGST) {
+		uint32_t d;
+
+		ret = recv_all(c, &d, 4);
+		if (ret)
+			return ret;
+		if (d != fx_crc32c(0, buf, datal)) {
+			*bad = 1;
+			tgt_log(c->t, "%s qid %u: data digest error (failing the command)", c->peer, c->qid);
+		}
+	}
+	return 0;
+}
+
+static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
+{
+	const struct nvme_tcp_hdr *h = (const struct nvme_tcp_hdr *)hb;
+	struct nvme_sqe sqe;
+	uint32_t icd_len = 0;
+	int bad = 0, ret;
+
+	if (h->plen > have) {
+		unsigned dd = (h->flags & NVME_TCP_F_DDGST) ? 4 : 0;
+
+		/* fx_tcp_pdu_check() made have <= pdo < plen - dd */
+		icd_len = h->plen - h->pdo - dd;
+		if (icd_len > FX_TGT_ICD_MAX)
+			return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
+			            offsetof(struct nvme_tcp_hdr, plen), "in-capsule data larger than IOCCSZ");
+		ret = recv_data(c, h, have, c->icd, icd_len, &bad);
+		if (ret)
+			return ret;
+	}
+	memcpy(&sqe, hb + sizeof(*h), sizeof(sqe));
+	c->sqhd = (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u);
+	if (c->ctrl)
+		atomic_store(&c->ctrl->last_cmd_ms, tgt_now_ms());
+	return on_command(c, &sqe, c->icd, icd_len, bad);
+}
+
+static int finish_r2t(struct tgt_conn *c, unsigned idx)
+{
+	struct tgt_r2t *s = &c->r2t[idx];
+	struct nvme_sqe sqe = s->sqe;
+	uint16_t sf = s->err;
+	int ret;
+
+	if (s->ns) {
+		if (!sf && (sqe.cdw12 & (1u << 30)) && fdatasync(s->ns->fd) < 0) /* FUA */
+			sf = TGT_SF(2, TGT_SC_WRITE_FAULT);
+		r2t_release(c, idx);
+		return send_resp(c, sqe.cid, sf, 0, 0);
+	}
+	if (sf) {
+		r2t_release(c, idx);
+		return send_resp(c, sqe.cid, sf, 0, 0);
+	}
+	/* Admin/Fabrics data: run the command on the collected buffer. */
+	uint8_t *buf = s->buf;
+	uint32_t len = s->len;
+
+	s->buf = NULL;
+	r2t_release(c, idx);
+	ret = run_admin(c, &sqe, buf, len);
+	free(buf);
+	return ret;
+}
+
+static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
+{
+	const struct nvme_tcp_data_pdu *d = (const struct nvme_tcp_data_pdu *)hb;
+	unsigned dd = (d->hdr.flags & NVME_TCP_F_DDGST) ? 4 : 0;
+	uint32_t datal = d->hdr.plen - d->hdr.pdo - dd; /* > 0: checked */
+	struct tgt_r2t *s;
+	int bad, ret;
+
+	if (d->datal != datal)
+		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
+		            offsetof(struct nvme_tcp_data_pdu, datal), "H2CData DATAL disagrees with PLEN");
+	if (datal > FX_TGT_MAXH2CDATA)
+		return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
+		            offsetof(struct nvme_tcp_data_pdu, datal), "H2CData larger than MAXH2CDATA");
+	if (d->ttag > FX_TGT_MQES || !c->r2t[d->ttag].active)
+		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
+		            offsetof(struct nvme_tcp_data_pdu, ttag), "H2CData for no R2T of ours");
+	s = &c->r2t[d->ttag];
+	if (s->sqe.cid != d->cccid)
+		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
+		            offsetof(struct nvme_tcp_data_pdu, cccid), "H2CData CCCID does not match its R2T");
+	if (d->datao != s->done || datal > s->len - s->done)
+		return term(c, hb, have, NVME_TCP_FES_DATA_OUT_OF_RANGE,
+		            offsetof(struct nvme_tcp_data_pdu, datao), "H2CData outside the R2T's range");
+
+	ret = recv_data(c, &d->hdr, have, s->buf ? s->buf + s->done : c->chunk, datal, &bad);
+	if (ret)
+		return ret;
+	if (bad && !s->err)
+		s->err = TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT);
+	if (s->ns && !s->err && pwrite_full(s->ns->fd, c->chunk, datal, s->off + s->done) < 0)
+		s->err = TGT_SF(2, TGT_SC_WRITE_FAULT);
+	s->done += datal;
+	if (s->done == s->len)
+		return finish_r2t(c, d->ttag);
+	return 0;
+}
+
+static uint32_t max_plen(uint8_t type)
+{
+	/* Header + digest + the most pad a pdo byte can express + data + digest */
+	switch (type) {
+	case NVME_TCP_CMD:
+		return 255 + FX_TGT_ICD_MAX + 4;
+	case NVME_TCP_H2C_DATA:
+		return 255 + FX_TGT_MAXH2CDATA + 4;
+	default: /* ICReq (exactly 128) and TermReq (header + 152) */
+		return sizeof(struct nvme_tcp_term_pdu) + 152;
+	}
+}
+
+static int recv_pdu(struct tgt_conn *c)
+{
+	uint8_t hb[HDR_BUF] __attribute__((aligned(8)));
+	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)hb;
+	int n, ret;
+
+	ret = recv_all(c, hb, sizeof(*h));
+	if (ret)
+		return ret;
+
+	if (h->type == NVME_TCP_H2C_TERM) {
+		struct nvme_tcp_term_pdu *p = (struct nvme_tcp_term_pdu *)hb;
+
+		if (h->hlen == sizeof(*p) && h->plen >= sizeof(*p) &&
+		    recv_all(c, hb + sizeof(*h), sizeof(*p) - sizeof(*h)) == 0)
+			tgt_log(c->t, "%s qid %u: host terminated the connection (H2CTermReq fes %u)",
+			        c->peer, c->qid, p->fes);
+		else
+			tgt_log(c->t, "%s qid %u: host terminated the connection", c->peer, c->qid);
+		c->state = TGT_CONN_CLOSING;
+		return -ECONNRESET;
+	}
+	if ((c->state == TGT_CONN_WAIT_ICREQ) != (h->type == NVME_TCP_ICREQ))
+		return term(c, hb, sizeof(*h), NVME_TCP_FES_PDU_SEQ_ERR, 0,
+		            c->state == TGT_CONN_WAIT_ICREQ ? "first PDU is not an ICReq"
+		                                            : "second ICReq");
+	n = fx_tcp_pdu_check(h, 0, c->hdgst, c->ddgst, max_plen(h->type));
+	if (n < 0) {
+		uint32_t fei = bad_field(h, c->hdgst);
+		int too_long = fei == offsetof(struct nvme_tcp_hdr, plen) && h->plen > max_plen(h->type) &&
+		               (h->type == NVME_TCP_CMD || h->type == NVME_TCP_H2C_DATA);
+
+		return term(c, hb, sizeof(*h),
+		            too_long ? NVME_TCP_FES_DATA_LIMIT_EXCEEDED : NVME_TCP_FES_INVALID_PDU_HDR, fei,
+		            "malformed PDU header");
+	}
+	if ((unsigned)n > sizeof(hb)) /* cannot happen: hlen <= 128 */
+		return term(c, hb, sizeof(*h), NVME_TCP_FES_INVALID_PDU_HDR, 2, "header too long");
+	ret = recv_all(c, hb + sizeof(*h), (size_t)n - sizeof(*h));
+	if (ret)
+		return ret;
+	if (h->flags & NVME_TCP_F_HDGST) {
+		uint32_t want = fx_tcp_hdgst(hb, h->hlen), got;
+
+		memcpy(&got, hb + h->hlen, 4);
+		if (got != want)
+			return term(c, hb, h->hlen, NVME_TCP_FES_HDR_DIGEST_ERR, 0, "header digest error");
+	}
+	switch (h->type) {
+	case NVME_TCP_ICREQ:
+		return on_icreq(c, hb);
+	case NVME_TCP_CMD:
+		return on_capsule(c, hb, (unsigned)n);
+	case NVME_TCP_H2C_DATA:
+		return on_h2c_data(c, hb, (unsigned)n);
+	default:
+		return term(c, hb, (unsigned)n, NVME_TCP_FES_INVALID_PDU_HDR, 0, "unexpected PDU type");
+	}
+}
+
+void *tgt_conn_main(void *arg)
+{
+	struct tgt_conn *c = arg;
+	struct fx_target *t = c->t;
+	int ret = -ENOMEM;
+
+	c->state = TGT_CONN_WAIT_ICREQ;
+	c->icd = malloc(FX_TGT_ICD_MAX);
+	c->chunk = malloc(FX_TGT_CHUNK);
+	c->abuf = malloc(FX_TGT_ADMIN_BUF);
+	c->r2t = calloc(FX_TGT_MQES + 1, sizeof(*c->r2t));
+	c->r2t_free = calloc(FX_TGT_MQES + 1, sizeof(*c->r2t_free));
+	if (c->icd && c->chunk && c->abuf && c->r2t && c->r2t_free) {
+		for (unsigned i = 0; i <= FX_TGT_MQES; i++)
+			c->r2t_free[i] = (uint16_t)(FX_TGT_MQES - i); /* hand out tag 0 first */
+		c->r2t_nfree = FX_TGT_MQES + 1;
+		if (t->verbose)
+			tgt_log(t, "%s: connected", c->peer);
+		do
+			ret = recv_pdu(c);
+		while (ret == 0);
+	}
+	if (ret != -ECONNRESET && ret != -EPROTO && ret != -ECONNABORTED && !t->stop)
+		tgt_log(t, "%s qid %u: connection ended: %s", c->peer, c->qid, strerror(-ret));
+	else if (t->verbose)
+		tgt_log(t, "%s qid %u: closed (%s)", c->peer, c->qid, tgt_conn_state_str(c->state));
+	c->state = TGT_CONN_CLOSING;
+	/* Give the queue back before the host can see the close, so that it
+	 * may reconnect the same qid at once. */
+	tgt_conn_detach(c);
+	shutdown(c->fd, SHUT_RDWR);
+	if (c->r2t)
+		for (unsigned i = 0; i <= FX_TGT_MQES; i++)
+			free(c->r2t[i].buf);
+	free(c->r2t);
+	free(c->r2t_free);
+	free(c->icd);
+	free(c->chunk);
+	free(c->abuf);
+	atomic_store(&c->done, 1);
+	return NULL;
+}

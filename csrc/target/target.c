@@ -1,0 +1,652 @@
+/*
+ * The target's outer shell: configuration and namespaces, the listening
+ * socket, one thread per accepted connection, the controller registry (Fabrics
+ * dynamic controller model: the admin Connect creates a controller, I/O
+ * Connects join it by cntlid) and the keep-alive timer.
+ *
+ * Threads: the caller of fx_target_run() accepts, reaps finished connection
+ * threads and checks KATO every 100 ms; each connection thread owns its
+ * socket's reads and writes.  A connection's fd is closed only by the
+ * listener after joining its thread, so other threads may shutdown() it
+ * (keep-alive expiry, controller reset, stop) without racing a reuse of the
+ * descriptor number.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tgt.h"
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fx_target *g_targets;
+
+void tgt_log(const struct fx_target *t, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (t && t->quiet)
+		return;
+	flockfile(stderr);
+	fputs("fx100io target: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	funlockfile(stderr);
+}
+
+uint64_t tgt_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+const char *tgt_ctrl_state_str(enum tgt_ctrl_state s)
+{
+	switch (s) {
+	case TGT_CTRL_DISABLED:
+		return "disabled";
+	case TGT_CTRL_READY:
+		return "ready";
+	case TGT_CTRL_SHUTDOWN:
+		return "shut down";
+	case TGT_CTRL_DEAD:
+		return "dead";
+	}
+	return "?";
+}
+
+/* FNV-1a: namespace identifiers only need to be stable and distinct. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* NGUID and UUID from (subsystem NQN, nsid, path): the same namespace keeps
+ * its identity across restarts, which is what hosts (Linux multipath, udev
+ * by-id links) key on. */
+static void ns_ids(const char *subnqn, struct tgt_ns *ns)
+{
+	uint64_t h[4];
+
+	for (int i = 0; i < 4; i++) {
+		uint64_t v = 0xcbf29ce484222325ull ^ (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull;
+
+		v = fnv1a(v, subnqn, strlen(subnqn));
+		v = fnv1a(v, &ns->nsid, sizeof(ns->nsid));
+		v = fnv1a(v, ns->path, strlen(ns->path));
+		h[i] = v;
+	}
+	memcpy(ns->nguid, &h[0], 16);
+	memcpy(ns->uuid, &h[2], 16);
+	ns->uuid[6] = (uint8_t)((ns->uuid[6] & 0x0f) | 0x40); /* RFC 4122 version 4 ... */
+	ns->uuid[8] = (uint8_t)((ns->uuid[8] & 0x3f) | 0x80); /* ... variant 1 */
+}
+
+static int open_ns(struct fx_target *t, struct tgt_ns *ns, const char *path, uint32_t nsid)
+{
+	struct stat st;
+	uint64_t bytes;
+	int ret;
+
+	ns->nsid = nsid;
+	ns->fd = -1;
+	ns->path = strdup(path);
+	if (!ns->path)
+		return -ENOMEM;
+	/* Buffered I/O: the page cache makes sendfile() possible for reads
+	 * and the host's Flush becomes fdatasync(). */
+	ns->fd = open(path, O_RDWR | O_CLOEXEC);
+	if (ns->fd < 0) {
+		ret = -errno;
+		tgt_log(t, "cannot open namespace %u %s: %s", nsid, path, strerror(-ret));
+		return ret;
+	}
+	if (fstat(ns->fd, &st) < 0)
+		return -errno;
+	if (S_ISBLK(st.st_mode)) {
+		if (ioctl(ns->fd, BLKGETSIZE64, &bytes) < 0)
+			return -errno;
+		ns->is_bdev = 1;
+	} else if (S_ISREG(st.st_mode)) {
+		bytes = (uint64_t)st.st_size;
+	} else {
+		tgt_log(t, "namespace %u %s is neither a regular file nor a block device", nsid, path);
+		return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+	}
+	ns->nsze = bytes >> t->lba_shift; /* a partial last block is not served */
+	if (ns->nsze == 0) {
+		tgt_log(t, "namespace %u %s is smaller than one %u-byte block", nsid, path,
+		        t->block_size);
+		return -EINVAL;
+	}
+	ns_ids(t->subnqn, ns);
+	return 0;
+}
+
+static int do_listen(struct fx_target *t, const char *host, const char *port)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	int fd = -1, ret = -EADDRNOTAVAIL, one = 1;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	ret = getaddrinfo(host && host[0] ? host : NULL, port && port[0] ? port : "4420", &hints,
+	                  &res);
+	if (ret != 0) {
+		tgt_log(t, "cannot resolve listen address %s:%s: %s", host ? host : "", port ? port : "",
+		        gai_strerror(ret));
+		return ret == EAI_SERVICE ? -EINVAL : -EADDRNOTAVAIL;
+	}
+	ret = -EADDRNOTAVAIL;
+	for (ai = res; ai; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+		            ai->ai_protocol);
+		if (fd < 0) {
+			ret = -errno;
+			continue;
+		}
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0)
+			break;
+		ret = -errno;
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return ret; /* the caller names the address with the error */
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+		if (ss.ss_family == AF_INET)
+			t->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+		else if (ss.ss_family == AF_INET6)
+			t->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	}
+	t->lfd = fd;
+	return 0;
+}
+
+static void target_free(struct fx_target *t)
+{
+	for (unsigned i = 0; i < t->n_ns; i++) {
+		if (t->ns[i].fd >= 0)
+			close(t->ns[i].fd);
+		free(t->ns[i].path);
+	}
+	free(t->ns);
+	for (unsigned i = 0; i < t->n_allow; i++)
+		free(t->allow[i]);
+	free(t->allow);
+	if (t->lfd >= 0)
+		close(t->lfd);
+	if (t->wake[0] >= 0)
+		close(t->wake[0]);
+	if (t->wake[1] >= 0)
+		close(t->wake[1]);
+	pthread_mutex_destroy(&t->lock);
+	free(t);
+}
+
+int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
+{
+	struct fx_target *t;
+	int ret;
+
+	*out = NULL;
+	if (!cfg || !cfg->subnqn || !cfg->n_ns || !cfg->ns_paths)
+		return -EINVAL;
+	if (cfg->block_size != 512 && cfg->block_size != 4096)
+		return -EINVAL;
+	if (strlen(cfg->subnqn) == 0 || strlen(cfg->subnqn) >= NVMF_NQN_SIZE ||
+	    strcmp(cfg->subnqn, NVMF_DISCOVERY_NQN) == 0)
+		return -EINVAL;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->lfd = -1;
+	t->wake[0] = t->wake[1] = -1;
+	pthread_mutex_init(&t->lock, NULL);
+	snprintf(t->subnqn, sizeof(t->subnqn), "%s", cfg->subnqn);
+	t->block_size = cfg->block_size;
+	t->lba_shift = cfg->block_size == 4096 ? 12 : 9;
+	t->max_io_queues = cfg->max_io_queues ? cfg->max_io_queues : FX_TGT_DEFAULT_IO_QUEUES;
+	if (t->max_io_queues > 0xFFFE)
+		t->max_io_queues = 0xFFFE;
+	t->fault_drop_after = cfg->fault_drop_after;
+	t->fault_delay_ms = cfg->fault_delay_ms;
+	t->fault_corrupt_ddgst = cfg->fault_corrupt_ddgst;
+	t->verbose = cfg->verbose;
+	t->quiet = cfg->quiet;
+	t->next_cntlid = 1;
+
+	/* Serial number: 16 hex digits of the subsystem NQN's hash, so every
+	 * controller of the subsystem reports the same one. */
+	{
+		char sn[21];
+		uint64_t h = fnv1a(0xcbf29ce484222325ull, t->subnqn, strlen(t->subnqn));
+
+		snprintf(sn, sizeof(sn), "%016llx    ", (unsigned long long)h);
+		memcpy(t->serial, sn, 20);
+	}
+
+	t->ns = calloc(cfg->n_ns, sizeof(*t->ns));
+	if (!t->ns) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	for (unsigned i = 0; i < cfg->n_ns; i++)
+		t->ns[i].fd = -1;
+	t->n_ns = cfg->n_ns;
+	for (unsigned i = 0; i < cfg->n_ns; i++) {
+		ret = open_ns(t, &t->ns[i], cfg->ns_paths[i], i + 1);
+		if (ret < 0)
+			goto fail;
+	}
+	if (cfg->n_allow) {
+		t->allow = calloc(cfg->n_allow, sizeof(char *));
+		if (!t->allow) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		for (unsigned i = 0; i < cfg->n_allow; i++) {
+			if (strlen(cfg->allow_hosts[i]) >= NVMF_NQN_SIZE) {
+				ret = -EINVAL;
+				goto fail;
+			}
+			t->allow[i] = strdup(cfg->allow_hosts[i]);
+			if (!t->allow[i]) {
+				ret = -ENOMEM;
+				goto fail;
+			}
+			t->n_allow++;
+		}
+	}
+	if (pipe2(t->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
+		ret = -errno;
+		goto fail;
+	}
+	ret = do_listen(t, cfg->host, cfg->port);
+	if (ret < 0)
+		goto fail;
+
+	pthread_mutex_lock(&g_lock);
+	t->next_global = g_targets;
+	g_targets = t;
+	pthread_mutex_unlock(&g_lock);
+	*out = t;
+	return 0;
+fail:
+	target_free(t);
+	return ret;
+}
+
+int fx_target_port(const struct fx_target *t)
+{
+	return t->port;
+}
+
+void fx_target_stop(struct fx_target *t)
+{
+	ssize_t r;
+
+	t->stop = 1;
+	r = write(t->wake[1], "s", 1); /* a full pipe already wakes the listener */
+	(void)r;
+}
+
+void fx_target_stop_all(void)
+{
+	pthread_mutex_lock(&g_lock);
+	for (struct fx_target *t = g_targets; t; t = t->next_global)
+		fx_target_stop(t);
+	pthread_mutex_unlock(&g_lock);
+}
+
+int tgt_host_allowed(const struct fx_target *t, const char *hostnqn)
+{
+	if (!t->n_allow)
+		return 1;
+	for (unsigned i = 0; i < t->n_allow; i++)
+		if (strcmp(t->allow[i], hostnqn) == 0)
+			return 1;
+	return 0;
+}
+
+/* --------------------------------------------------------- controllers */
+
+static struct tgt_ctrl *find_ctrl_locked(struct fx_target *t, uint16_t cntlid)
+{
+	for (struct tgt_ctrl *c = t->ctrls; c; c = c->next)
+		if (c->cntlid == cntlid)
+			return c;
+	return NULL;
+}
+
+struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *hostnqn,
+                              const uint8_t hostid[16], uint32_t kato_ms)
+{
+	struct fx_target *t = conn->t;
+	struct tgt_ctrl *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->qid_used = calloc(t->max_io_queues + 1u, 1);
+	if (!c->qid_used) {
+		free(c);
+		return NULL;
+	}
+	c->t = t;
+	c->discovery = discovery;
+	snprintf(c->hostnqn, sizeof(c->hostnqn), "%s", hostnqn);
+	memcpy(c->hostid, hostid, 16);
+	c->kato_ms = kato_ms;
+	c->state = TGT_CTRL_DISABLED;
+	c->wce = 1;
+	c->refs = 1;
+	atomic_store(&c->last_cmd_ms, tgt_now_ms());
+
+	pthread_mutex_lock(&t->lock);
+	/* Dynamic controller model: any free ID in 1..0xFFEF. */
+	for (unsigned tries = 0; tries < 0xFFEF; tries++) {
+		uint16_t id = t->next_cntlid;
+
+		t->next_cntlid = (uint16_t)(id >= 0xFFEF ? 1 : id + 1);
+		if (!find_ctrl_locked(t, id)) {
+			c->cntlid = id;
+			break;
+		}
+	}
+	if (!c->cntlid) {
+		pthread_mutex_unlock(&t->lock);
+		free(c->qid_used);
+		free(c);
+		return NULL;
+	}
+	c->next = t->ctrls;
+	t->ctrls = c;
+	conn->ctrl = c;
+	conn->qid = 0;
+	pthread_mutex_unlock(&t->lock);
+	return c;
+}
+
+uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *hostnqn,
+                            uint16_t qid, uint32_t *ipo_attr)
+{
+	struct fx_target *t = conn->t;
+	struct tgt_ctrl *c;
+	uint16_t sf = 0;
+	unsigned limit;
+
+	pthread_mutex_lock(&t->lock);
+	c = find_ctrl_locked(t, cntlid);
+	if (!c || c->discovery || c->state == TGT_CTRL_DEAD) {
+		*ipo_attr = offsetof(struct nvmf_connect_data, cntlid); /* IATTR 0: in the data */
+		sf = TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_PARAM);
+		goto out;
+	}
+	if (strcmp(c->hostnqn, hostnqn) != 0) {
+		*ipo_attr = offsetof(struct nvmf_connect_data, hostnqn);
+		sf = TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_PARAM);
+		goto out;
+	}
+	limit = c->io_queues ? c->io_queues : t->max_io_queues;
+	if (qid > limit) {
+		*ipo_attr = (1u << 16) | offsetof(struct nvmf_connect_cmd, qid); /* IATTR 1: SQE */
+		sf = TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_PARAM);
+		goto out;
+	}
+	if (c->qid_used[qid] || c->state != TGT_CTRL_READY) {
+		sf = TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR);
+		goto out;
+	}
+	c->qid_used[qid] = 1;
+	c->refs++;
+	conn->ctrl = c;
+	conn->qid = qid;
+out:
+	pthread_mutex_unlock(&t->lock);
+	return sf;
+}
+
+void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
+{
+	for (struct tgt_conn *c = t->conns; c; c = c->next)
+		if (c->ctrl == ctrl && c->qid != 0)
+			shutdown(c->fd, SHUT_RDWR);
+}
+
+static void ctrl_kill_all_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
+{
+	for (struct tgt_conn *c = t->conns; c; c = c->next)
+		if (c->ctrl == ctrl)
+			shutdown(c->fd, SHUT_RDWR);
+}
+
+void tgt_ctrl_flush_all(struct fx_target *t)
+{
+	for (unsigned i = 0; i < t->n_ns; i++)
+		fdatasync(t->ns[i].fd);
+}
+
+void tgt_conn_detach(struct tgt_conn *conn)
+{
+	struct fx_target *t = conn->t;
+	struct tgt_ctrl *c;
+
+	pthread_mutex_lock(&t->lock);
+	c = conn->ctrl;
+	if (!c) {
+		pthread_mutex_unlock(&t->lock);
+		return;
+	}
+	conn->ctrl = NULL;
+	if (conn->qid == 0) {
+		/* The admin queue is the controller: without it the host
+		 * cannot even keep it alive, so its I/O queues go too. */
+		if (c->state != TGT_CTRL_DEAD)
+			c->state = TGT_CTRL_DEAD;
+		tgt_ctrl_kill_io_locked(t, c);
+	} else if (conn->qid <= t->max_io_queues) {
+		c->qid_used[conn->qid] = 0;
+	}
+	if (--c->refs == 0) {
+		struct tgt_ctrl **pp = &t->ctrls;
+
+		while (*pp && *pp != c)
+			pp = &(*pp)->next;
+		if (*pp)
+			*pp = c->next;
+		free(c->qid_used);
+		free(c);
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+static void check_kato(struct fx_target *t)
+{
+	uint64_t now = tgt_now_ms();
+
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_ctrl *c = t->ctrls; c; c = c->next) {
+		if (c->state == TGT_CTRL_DEAD || !c->kato_ms)
+			continue;
+		if (now - atomic_load(&c->last_cmd_ms) <= c->kato_ms)
+			continue;
+		tgt_log(t, "controller %u (host %s): no command within KATO %u ms, dropping it",
+		        c->cntlid, c->hostnqn, c->kato_ms);
+		c->state = TGT_CTRL_DEAD;
+		ctrl_kill_all_locked(t, c);
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* --------------------------------------------------------- connections */
+
+static void conn_free(struct tgt_conn *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c);
+}
+
+/* Join and free finished connections (all of them when wait_all). */
+static void reap(struct fx_target *t, int wait_all)
+{
+	for (;;) {
+		struct tgt_conn *victim = NULL, **pp;
+
+		pthread_mutex_lock(&t->lock);
+		for (pp = &t->conns; *pp; pp = &(*pp)->next) {
+			if (wait_all || atomic_load(&(*pp)->done)) {
+				victim = *pp;
+				*pp = victim->next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&t->lock);
+		if (!victim)
+			return;
+		if (victim->thread_started)
+			pthread_join(victim->thread, NULL);
+		conn_free(victim);
+	}
+}
+
+static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
+{
+	struct tgt_conn *c = calloc(1, sizeof(*c));
+	int one = 1;
+	char host[64] = "?", serv[16] = "?";
+
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->t = t;
+	c->fd = fd;
+	/* Responses are small and latency-bound; bulk data is pushed with
+	 * MSG_MORE / sendfile, so Nagle would only add delay. */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), serv, sizeof(serv),
+	            NI_NUMERICHOST | NI_NUMERICSERV);
+	snprintf(c->peer, sizeof(c->peer), "%s%s%s:%s", ss->ss_family == AF_INET6 ? "[" : "", host,
+	         ss->ss_family == AF_INET6 ? "]" : "", serv);
+	{
+		struct sockaddr_storage ls;
+		socklen_t ll = sizeof(ls);
+
+		if (getsockname(fd, (struct sockaddr *)&ls, &ll) == 0) {
+			c->local_family = ls.ss_family;
+			getnameinfo((struct sockaddr *)&ls, ll, c->local_addr, sizeof(c->local_addr), NULL,
+			            0, NI_NUMERICHOST);
+		}
+	}
+	pthread_mutex_lock(&t->lock);
+	c->next = t->conns;
+	t->conns = c;
+	if (pthread_create(&c->thread, NULL, tgt_conn_main, c) == 0) {
+		c->thread_started = 1;
+	} else {
+		tgt_log(t, "cannot start a thread for %s", c->peer);
+		atomic_store(&c->done, 1);
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+int fx_target_run(struct fx_target *t)
+{
+	int ret = 0;
+
+	while (!t->stop) {
+		struct pollfd p[2] = {{.fd = t->lfd, .events = POLLIN}, {.fd = t->wake[0], .events = POLLIN}};
+		int n = poll(p, 2, 100);
+
+		if (n < 0 && errno != EINTR) {
+			ret = -errno;
+			break;
+		}
+		if (n > 0 && (p[1].revents & POLLIN)) {
+			char b[64];
+
+			while (read(t->wake[0], b, sizeof(b)) > 0)
+				;
+		}
+		if (n > 0 && (p[0].revents & POLLIN)) {
+			for (;;) {
+				struct sockaddr_storage ss;
+				socklen_t sl = sizeof(ss);
+				int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+
+				if (fd >= 0) {
+					start_conn(t, fd, &ss);
+					continue;
+				}
+				if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+					tgt_log(t, "accept: %s (will retry)", strerror(errno));
+					usleep(50 * 1000);
+				}
+				break; /* EAGAIN, ECONNABORTED, EINTR, ... */
+			}
+		}
+		reap(t, 0);
+		check_kato(t);
+	}
+
+	/* Stop: refuse new connections, end the live ones, wait for them. */
+	close(t->lfd);
+	t->lfd = -1;
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_conn *c = t->conns; c; c = c->next)
+		shutdown(c->fd, SHUT_RDWR);
+	pthread_mutex_unlock(&t->lock);
+	reap(t, 1);
+	tgt_ctrl_flush_all(t);
+	return ret;
+}
+
+void fx_target_destroy(struct fx_target *t)
+{
+	struct fx_target **pp;
+
+	if (!t)
+		return;
+	pthread_mutex_lock(&g_lock);
+	for (pp = &g_targets; *pp; pp = &(*pp)->next_global) {
+		if (*pp == t) {
+			*pp = t->next_global;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g_lock);
+	/* run() normally reaped everything; a target never run has no conns. */
+	reap(t, 1);
+	target_free(t);
+}

@@ -1,0 +1,63 @@
+/*
+ * fx100io's NVMe/TCP target: serves files and block devices as namespaces of
+ * one NVM subsystem, plus the discovery subsystem, to any NVMe/TCP host (our
+ * own initiator, Linux's nvme-tcp, SPDK).  It is a test, benchmark and
+ * container target: one thread per connection on blocking sockets, so every
+ * queue is a simple in-order state machine and the kernel does the
+ * scheduling.
+ *
+ * Life cycle: fx_target_create() opens the namespaces and binds the listening
+ * socket (so the caller can report the real port before serving),
+ * fx_target_run() accepts and serves until fx_target_stop(), then closes
+ * every connection and returns; fx_target_destroy() frees.
+ */
+#ifndef FX100IO_TARGET_H
+#define FX100IO_TARGET_H
+
+#include <stdint.h>
+
+struct fx_target;
+
+struct fx_target_config {
+	const char *host;      /* listen address (literal or name), e.g. "127.0.0.1", "::" */
+	const char *port;      /* service; "0" picks a free port (see fx_target_port) */
+	const char *subnqn;    /* our NVM subsystem's NQN */
+	const char *const *ns_paths; /* namespace i+1 is ns_paths[i]: file or block device */
+	unsigned n_ns;
+	const char *const *allow_hosts; /* host NQNs allowed to connect; n_allow 0 = any */
+	unsigned n_allow;
+	uint32_t block_size;   /* 512 or 4096 */
+	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
+	/* fault injection for tests; 0 = off */
+	uint32_t fault_drop_after;   /* close a connection after it sent this many PDUs */
+	uint32_t fault_delay_ms;     /* sleep before answering each command */
+	uint32_t fault_corrupt_ddgst; /* corrupt the data digest of every Nth C2HData of a connection */
+	int verbose;           /* 0: errors and connects to stderr; 1: also every command */
+	int quiet;             /* no log lines at all (benchmarks) */
+};
+
+/*
+ * Validate cfg, open the namespaces (read-write), bind and listen.
+ * -EINVAL (bad config: no namespaces, bad block size, NQN too long, a
+ * namespace smaller than one block), -ENOENT/-EACCES/-EISDIR (a namespace),
+ * -EADDRINUSE/-EADDRNOTAVAIL (listen address), -ENOMEM.
+ */
+int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out);
+
+/* The port actually bound (useful with port "0"). */
+int fx_target_port(const struct fx_target *t);
+
+/* Serve until fx_target_stop(); closes all connections before returning.
+ * 0, or -errno of accept when the listening socket fails. */
+int fx_target_run(struct fx_target *t);
+
+/* Ask fx_target_run() to return (any thread; async-signal-safe). */
+void fx_target_stop(struct fx_target *t);
+
+/* Stop every target created in this process that is not yet destroyed
+ * (for a binding that does not keep the handle at hand). */
+void fx_target_stop_all(void);
+
+void fx_target_destroy(struct fx_target *t);
+
+#endif

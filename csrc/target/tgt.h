@@ -1,0 +1,192 @@
+/*
+ * Internals of the NVMe/TCP target shared by target.c (listener, controller
+ * registry, keep-alive timer), conn.c (one connection's PDU state machine and
+ * the I/O path) and admin.c (Fabrics and admin commands, Identify and log
+ * page contents).  Not installed.
+ */
+#ifndef FX100IO_TARGET_TGT_H
+#define FX100IO_TARGET_TGT_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "fx100io/nvme.h"
+#include "target.h"
+
+/* Limits we advertise.  MDTS is in units of the 4 KiB minimum page: 2^10
+ * pages = 4 MiB per command, so a 14-80 MiB KV chunk is a handful of
+ * commands, while a connection never buffers more than FX_TGT_CHUNK. */
+#define FX_TGT_MDTS 10
+#define FX_TGT_MAX_XFER (4096u << FX_TGT_MDTS)
+#define FX_TGT_MQES 1023u        /* 0's based: 1024-entry queues */
+#define FX_TGT_ICD_MAX 16384u    /* in-capsule data per command (IOCCSZ) */
+#define FX_TGT_MAXH2CDATA 131072u /* bytes per H2CData PDU (ICResp) */
+#define FX_TGT_CHUNK 262144u     /* C2HData PDU size when we must touch the data */
+#define FX_TGT_ADMIN_BUF 65536u  /* largest admin data transfer (log pages) */
+#define FX_TGT_AERL 3u           /* 0's based: up to 4 outstanding AERs */
+#define FX_TGT_DEFAULT_IO_QUEUES 64u
+#define FX_TGT_KAS 10u           /* keep alive granularity, 100 ms units */
+
+/* Status field helpers (SC bits 0-7, SCT bits 8-10, DNR bit 14). */
+#define TGT_SF(sct, sc) ((uint16_t)(((sct) << 8) | (sc)))
+#define TGT_SF_DNR(sct, sc) ((uint16_t)(TGT_SF(sct, sc) | NVME_DNR))
+#define TGT_SC_INVALID_NS 0x0B
+#define TGT_SC_CMD_SEQ_ERROR 0x0C
+#define TGT_SC_SGL_INVALID_DATA 0x0F
+#define TGT_SC_TRANSIENT_TRANSPORT 0x22
+#define TGT_SC_AER_LIMIT 0x05        /* SCT 1 */
+#define TGT_SC_WRITE_FAULT 0x80      /* SCT 2 */
+#define TGT_SC_UNRECOVERED_READ 0x81 /* SCT 2 */
+
+struct tgt_ns {
+	uint32_t nsid;
+	int fd;
+	int is_bdev;
+	char *path;
+	uint64_t nsze; /* blocks */
+	uint8_t nguid[16];
+	uint8_t uuid[16];
+};
+
+enum tgt_ctrl_state {
+	TGT_CTRL_DISABLED, /* connected, CC.EN = 0 */
+	TGT_CTRL_READY,    /* CC.EN = 1, CSTS.RDY = 1 */
+	TGT_CTRL_SHUTDOWN, /* CC.SHN written, CSTS.SHST = complete */
+	TGT_CTRL_DEAD,     /* admin queue gone or keep alive expired */
+};
+const char *tgt_ctrl_state_str(enum tgt_ctrl_state s);
+
+struct tgt_ctrl {
+	struct fx_target *t;
+	struct tgt_ctrl *next;
+	uint16_t cntlid;
+	int discovery;
+	char hostnqn[NVMF_NQN_SIZE];
+	uint8_t hostid[16];
+	unsigned refs;          /* connections using it; under t->lock */
+	/* under t->lock: */
+	enum tgt_ctrl_state state;
+	uint32_t cc;
+	uint32_t csts;
+	uint16_t io_queues;     /* granted by Set Features (count, not 0's based); 0: not yet */
+	uint8_t *qid_used;      /* [max_io_queues + 1] */
+	uint32_t kato_ms;
+	uint32_t aec;           /* Asynchronous Event Configuration (stored only) */
+	uint32_t wce;           /* volatile write cache enable */
+	_Atomic uint64_t last_cmd_ms; /* for KATO: any command on any of its queues */
+};
+
+enum tgt_conn_state {
+	TGT_CONN_WAIT_ICREQ,
+	TGT_CONN_WAIT_CONNECT,
+	TGT_CONN_LIVE,
+	TGT_CONN_CLOSING,
+};
+const char *tgt_conn_state_str(enum tgt_conn_state s);
+
+/* A write (or a Fabrics/admin command with data) waiting for H2CData after
+ * our R2T; the transfer tag is its index in the connection's table. */
+struct tgt_r2t {
+	int active;
+	struct nvme_sqe sqe;
+	uint32_t len;      /* bytes the R2T asked for (the command's data) */
+	uint32_t done;     /* bytes received so far, in order */
+	struct tgt_ns *ns; /* I/O write: data goes straight to ns at off */
+	uint64_t off;
+	uint8_t *buf;      /* admin/Fabrics: data collected here (len bytes) */
+	uint16_t err;      /* status to report once all data is in (digest error, write fault) */
+};
+
+struct tgt_conn {
+	struct fx_target *t;
+	struct tgt_conn *next;
+	int fd;
+	pthread_t thread;
+	int thread_started;
+	atomic_int done;    /* thread finished; the listener joins and frees */
+	char peer[80];
+	char local_addr[64]; /* address the host reached us at (discovery traddr) */
+	int local_family;
+	enum tgt_conn_state state;
+	int hdgst, ddgst;
+	uint8_t hpda;
+	struct tgt_ctrl *ctrl; /* set under t->lock */
+	uint16_t qid;
+	uint16_t sqsize;    /* 0's based */
+	uint16_t sqhd;
+	uint32_t pdus_sent;
+	uint32_t c2h_sent;
+	unsigned aers;      /* Async Event Requests held (never answered: no events) */
+	uint8_t *icd;       /* in-capsule data (FX_TGT_ICD_MAX) */
+	uint8_t *chunk;     /* data staging (FX_TGT_CHUNK >= FX_TGT_MAXH2CDATA) */
+	uint8_t *abuf;      /* admin data out (FX_TGT_ADMIN_BUF) */
+	struct tgt_r2t *r2t; /* [FX_TGT_MQES + 1] */
+	uint16_t *r2t_free;
+	unsigned r2t_nfree;
+};
+
+struct fx_target {
+	struct fx_target *next_global;
+	pthread_mutex_t lock;
+	char subnqn[NVMF_NQN_SIZE];
+	struct tgt_ns *ns;
+	unsigned n_ns;
+	char **allow;
+	unsigned n_allow;
+	uint32_t block_size;
+	unsigned lba_shift;
+	uint32_t max_io_queues;
+	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
+	int verbose, quiet;
+	uint8_t serial[20];
+	int lfd;
+	int port;
+	int wake[2];        /* self-pipe: fx_target_stop() wakes the listener */
+	volatile sig_atomic_t stop;
+	struct tgt_conn *conns;  /* under lock */
+	struct tgt_ctrl *ctrls;  /* under lock */
+	uint16_t next_cntlid;
+};
+
+/* A command as the executors see it. */
+struct tgt_req {
+	const struct nvme_sqe *sqe;
+	const uint8_t *data;  /* host-to-controller data, data_len bytes (NULL: none) */
+	uint32_t data_len;
+	uint32_t sgl_len;     /* the host's buffer for controller-to-host data */
+	uint8_t *out;         /* controller-to-host data goes here ... */
+	uint32_t out_len;     /* ... this many bytes (set by the executor) */
+	uint32_t dw0, dw1;    /* CQE result */
+	int hold;             /* no response now (Async Event Request) */
+	int close_after;      /* Disconnect: close the queue after answering */
+};
+
+void tgt_log(const struct fx_target *t, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+uint64_t tgt_now_ms(void);
+
+/* admin.c */
+uint16_t tgt_exec_fabrics(struct tgt_conn *c, struct tgt_req *r);
+uint16_t tgt_exec_admin(struct tgt_conn *c, struct tgt_req *r);
+
+/* target.c: controller registry */
+int tgt_host_allowed(const struct fx_target *t, const char *hostnqn);
+/* Admin Connect: a new controller owned by conn (conn->ctrl, qid 0); NULL when
+ * out of memory or controller IDs. */
+struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *hostnqn,
+                              const uint8_t hostid[16], uint32_t kato_ms);
+/* I/O Connect: join controller cntlid as queue qid.  0, or a status field
+ * (with *ipo_attr the Connect Invalid Parameters dw0). */
+uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *hostnqn,
+                            uint16_t qid, uint32_t *ipo_attr);
+void tgt_conn_detach(struct tgt_conn *c);
+/* Shut the sockets of a controller's I/O queues (reset, keep-alive expiry). */
+void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl);
+void tgt_ctrl_flush_all(struct fx_target *t);
+
+/* conn.c */
+void *tgt_conn_main(void *arg);
+
+#endif

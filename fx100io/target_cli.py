@@ -1,0 +1,175 @@
+"""`fx100io target`: serve files and block devices as an NVMe/TCP target.
+
+    fx100io target --listen 127.0.0.1:4420 --nqn nqn.2024-01.io.fx100io:kv \\
+        --namespace /dev/shm/ns1.img [--namespace /dev/nvme0n1 ...]
+
+The C target (csrc/target/) runs in a worker thread without the GIL; the main
+thread only waits, so SIGINT/SIGTERM reach Python's handlers, which stop the
+target; connections are closed and written data is flushed before exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import stat
+import sys
+import threading
+
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+DEFAULT_NQN = "nqn.2024-01.io.fx100io:target"
+DEFAULT_PORT = 4420
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"fx100io target: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="fx100io target",
+        description="Serve files and block devices as NVMe/TCP namespaces (with a discovery "
+        "subsystem) to any NVMe/TCP host: fx100io's initiator, Linux nvme-tcp, SPDK.",
+    )
+    p.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", metavar="HOST:PORT",
+                   help="address to listen on (IPv6 as [::1]:4420; port 0 picks a free one; "
+                   f"default 0.0.0.0:{DEFAULT_PORT})")
+    p.add_argument("--nqn", default=DEFAULT_NQN, help=f"subsystem NQN (default {DEFAULT_NQN})")
+    p.add_argument("--namespace", action="append", default=[], metavar="PATH", required=True,
+                   help="file or block device to serve; repeat for namespaces 1, 2, ...")
+    p.add_argument("--block-size", type=int, choices=(512, 4096), default=512,
+                   help="logical block size of every namespace (default 512)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NQN",
+                   help="host NQN allowed to connect; repeatable (default: any host)")
+    p.add_argument("--max-io-queues", type=int, default=64, metavar="N",
+                   help="I/O queues granted per controller (default 64)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every command")
+    p.add_argument("-q", "--quiet", action="store_true", help="no log lines (benchmarks)")
+    f = p.add_argument_group("fault injection (tests)")
+    f.add_argument("--fault-drop-after", type=int, default=0, metavar="N",
+                   help="close each connection after it sent N PDUs")
+    f.add_argument("--fault-delay-ms", type=int, default=0, metavar="MS",
+                   help="delay each command's response by MS milliseconds")
+    f.add_argument("--fault-corrupt-ddgst", type=int, default=0, metavar="N",
+                   help="corrupt the data digest of every Nth C2HData PDU of a connection")
+    return p
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[V6]:PORT', 'HOST' or ':PORT' -> (host, port)."""
+    host, port = text, str(DEFAULT_PORT)
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"--listen {text!r}: missing ']'")
+        host, rest = text[1:end], text[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"--listen {text!r}: expected [HOST]:PORT")
+            port = rest[1:]
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    elif text.count(":") > 1:
+        raise ValueError(f"--listen {text!r}: write IPv6 addresses as [ADDR]:PORT")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: port must be 0..65535")
+    return host or "0.0.0.0", int(port)
+
+
+def _check_nqn(nqn: str, what: str) -> None:
+    if not nqn.startswith("nqn.") or len(nqn.encode()) > 223:
+        raise ValueError(f"{what} {nqn!r} is not an NQN (nqn.YYYY-MM.reverse.domain:name, "
+                         "at most 223 bytes)")
+
+
+def _check_namespace(path: str, block_size: int) -> None:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"--namespace {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"--namespace {path}: is a directory")
+    if stat.S_ISREG(st.st_mode) and st.st_size < block_size:
+        raise ValueError(f"--namespace {path}: {st.st_size} bytes is less than one "
+                         f"{block_size}-byte block")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        raise ValueError(f"--namespace {path}: neither a regular file nor a block device")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise ValueError(f"--namespace {path}: needs read and write permission")
+
+
+def endpoint(host: str, port: int, nqn: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"nvme+tcp://{shown}:{port}/{nqn}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        host, port = parse_listen(args.listen)
+        _check_nqn(args.nqn, "--nqn")
+        if args.nqn == DISCOVERY_NQN:
+            raise ValueError("--nqn: the discovery NQN is served anyway; name your subsystem")
+        for h in args.allow_host:
+            _check_nqn(h, "--allow-host")
+        for path in args.namespace:
+            _check_namespace(path, args.block_size)
+        for opt in ("max_io_queues", "fault_drop_after", "fault_delay_ms", "fault_corrupt_ddgst"):
+            if getattr(args, opt) < 0:
+                raise ValueError(f"--{opt.replace('_', '-')} must not be negative")
+        if not 1 <= args.max_io_queues <= 65534:
+            raise ValueError("--max-io-queues must be 1..65534")
+    except ValueError as e:
+        print(f"fx100io target: error: {e}", file=sys.stderr)
+        return 2
+
+    from fx100io import _core
+
+    result: dict[str, BaseException | None] = {"error": None}
+    stop = threading.Event()
+
+    def ready(bound_port: int) -> None:
+        print(f"listening on {endpoint(host, bound_port, args.nqn)}", flush=True)
+
+    def serve() -> None:
+        try:
+            _core.target_serve(host, str(port), args.nqn, args.namespace,
+                               block_size=args.block_size, allow_hosts=args.allow_host,
+                               max_io_queues=args.max_io_queues,
+                               fault_drop_after=args.fault_drop_after,
+                               fault_delay_ms=args.fault_delay_ms,
+                               fault_corrupt_ddgst=args.fault_corrupt_ddgst,
+                               verbose=args.verbose, quiet=args.quiet, ready=ready)
+        except BaseException as e:  # reported by the main thread
+            result["error"] = e
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+        _core.target_stop()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    worker = threading.Thread(target=serve, name="fx100io-target", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+            if stop.is_set():
+                _core.target_stop()  # again: a signal may beat the target's start
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    err = result["error"]
+    if err is not None:
+        if isinstance(err, OSError):
+            print(f"fx100io target: {err}", file=sys.stderr)
+            return 1
+        raise err
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
