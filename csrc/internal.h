@@ -81,6 +81,7 @@ struct fx_dev {
 struct fx_queue {
 	const struct fx_transport_ops *ops;
 	struct fx_dev *dev;
+	struct fx_queue_stats stats; /* kept by the transport */
 };
 
 extern const struct fx_transport_ops fx_transport_file;

@@ -93,3 +93,8 @@ unsigned fx_queue_features(const struct fx_queue *q)
 {
 	return q->ops->queue_features(q);
 }
+
+void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out)
+{
+	*out = q->stats;
+}

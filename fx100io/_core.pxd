@@ -104,3 +104,12 @@ cdef extern from "fx100io.h" nogil:
     int fx_queue_fd(const fx_queue *q)
     unsigned fx_queue_pending(const fx_queue *q)
     unsigned fx_queue_features(const fx_queue *q)
+    struct fx_queue_stats:
+        uint64_t ios
+        uint64_t bytes
+        uint64_t fixed_ios
+        uint64_t bytes_direct
+        uint64_t bytes_copied
+        uint64_t reconnects
+        uint64_t conn_errors
+    void fx_queue_get_stats "fx_queue_stats"(const fx_queue *q, fx_queue_stats *out)

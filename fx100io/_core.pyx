@@ -394,6 +394,16 @@ cdef class Queue:
         cdef unsigned f = fx_queue_features(self.q)
         return [name for bit, name in RING_FEATURES.items() if f & bit]
 
+    def stats(self):
+        """Counters of this queue (see struct fx_queue_stats)."""
+        cdef fx_queue_stats s
+        if self.q == NULL:
+            return {}
+        fx_queue_get_stats(self.q, &s)
+        return dict(ios=s.ios, bytes=s.bytes, fixed_ios=s.fixed_ios, bytes_direct=s.bytes_direct,
+                    bytes_copied=s.bytes_copied, reconnects=s.reconnects,
+                    conn_errors=s.conn_errors)
+
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were
         accepted (fewer when the request slots are full)."""

@@ -162,6 +162,12 @@ class Device:
     def closed(self) -> bool:
         return self._closed
 
+    def queue_stats(self) -> dict[str, int]:
+        """Counters of the calling thread's queue: ios, bytes, fixed_ios
+        (registered buffers used), bytes_direct / bytes_copied (where
+        received bytes went), reconnects, conn_errors."""
+        return dict(self._driver().queue.stats())
+
     def features(self) -> list[str]:
         """io_uring features the calling thread's queue ended up with."""
         return list(self._driver().queue.features)

@@ -34,6 +34,9 @@ def test_round_trip_pool_buffers(tmp_file, engine, size):
 
         out = asyncio.run(go())
         assert np.array_equal(out, data)
+        if engine == "io_uring" and size % 4096 == 0:
+            # pool memory is registered: the O_DIRECT reads used fixed buffers
+            assert dev.queue_stats()["fixed_ios"] > 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -176,8 +179,10 @@ def test_register_outside_memory(tmp_file):
         with fx100io.register_memory(outside) as reg:
             assert reg.size == outside.nbytes
             view = outside[8192:8192 + (1 << 20)]
+            before = dev.queue_stats()["fixed_ios"]
             assert dev.read_into_blocking(0, view) == 1 << 20
             assert np.array_equal(view, data)
+            assert dev.queue_stats()["fixed_ios"] > before  # READ_FIXED on outside memory
         outside[:] = 0
         assert dev.read_into_blocking(0, outside[:1 << 20]) == 1 << 20
         assert np.array_equal(outside[:1 << 20], data)

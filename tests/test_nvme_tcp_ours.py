@@ -45,8 +45,13 @@ def test_round_trip_and_backing_file(backing, block_size, digests):
             dev.write_from_blocking(3 * 4096, data)
             dev.flush_blocking()
             out = pool.alloc(5 << 20)
+            before = dev.queue_stats()
             assert dev.read_into_blocking(3 * 4096, out) == 5 << 20
             assert np.array_equal(out, data)
+            after = dev.queue_stats()
+            # one copy: every received byte went from the socket into `out`
+            assert after["bytes_direct"] - before["bytes_direct"] == 5 << 20
+            assert after["bytes_copied"] == 0
     # the target wrote through to its file
     with open(backing, "rb") as f:
         f.seek(3 * 4096)

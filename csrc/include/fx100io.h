@@ -232,6 +232,19 @@ unsigned fx_queue_pending(const struct fx_queue *q);
 /* FX_RING_* flags. */
 unsigned fx_queue_features(const struct fx_queue *q);
 
+/* Counters of one queue, so properties such as "registered buffers are
+ * used" and "received bytes land in the caller's buffer" can be checked. */
+struct fx_queue_stats {
+	uint64_t ios;          /* device I/Os issued (pieces, NVMe commands) */
+	uint64_t bytes;        /* bytes transferred */
+	uint64_t fixed_ios;    /* I/Os that used a registered (fixed) buffer */
+	uint64_t bytes_direct; /* received bytes placed straight in the caller's buffer */
+	uint64_t bytes_copied; /* received bytes copied in user space */
+	uint64_t reconnects;   /* connections re-made after a failure */
+	uint64_t conn_errors;  /* connections taken down by an error */
+};
+void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

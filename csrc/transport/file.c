@@ -179,6 +179,9 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
 	} else {
 		int bi = fx_ring_buf_index(&q->ring, p->addr, p->len);
+		q->base.stats.ios++;
+		if (bi >= 0)
+			q->base.stats.fixed_ios++;
 		/* One piece never exceeds max_io (a uint32), so the
 		 * narrowing below is exact. */
 		unsigned len = (unsigned)p->len;
@@ -298,6 +301,9 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 	} else if (r->op != FX_OP_FLUSH) {
 		uint64_t got = (uint64_t)res;
 		r->done += got;
+		q->base.stats.bytes += got;
+		if (r->op == FX_OP_READ)
+			q->base.stats.bytes_direct += got; /* the kernel wrote the caller's buffer */
 		if (got < p->len) {
 			if (got == 0) {
 				if (r->op == FX_OP_READ)

@@ -28,9 +28,10 @@ static ssize_t xfer(int fd, int op, char *addr, size_t len, off_t off)
 }
 
 /* Do one range on one descriptor, looping over short transfers. */
-static int do_range(struct req *r, int fd, uint64_t from, uint64_t to)
+static int do_range(struct psync_queue *q, struct req *r, int fd, uint64_t from, uint64_t to)
 {
 	while (from < to && !r->eof) {
+		q->base.stats.ios++;
 		ssize_t got = xfer(fd, r->op, r->addr + from, to - from,
 		                   (off_t)(r->off + from));
 		if (got < 0) {
@@ -45,6 +46,7 @@ static int do_range(struct req *r, int fd, uint64_t from, uint64_t to)
 		}
 		r->done += (uint64_t)got;
 		from += (uint64_t)got;
+		q->base.stats.bytes += (uint64_t)got;
 	}
 	return 0;
 }
@@ -61,9 +63,9 @@ static void run(struct psync_queue *q, struct req *r)
 	uint64_t mask = q->bs - 1, direct_end = 0;
 	if (q->fds[0] >= 0 && !((uintptr_t)r->addr & mask) && !(r->off & mask))
 		direct_end = r->len & ~mask;
-	int ret = do_range(r, q->fds[0], 0, direct_end);
+	int ret = do_range(q, r, q->fds[0], 0, direct_end);
 	if (ret == 0)
-		ret = do_range(r, q->fds[1], direct_end, r->len);
+		ret = do_range(q, r, q->fds[1], direct_end, r->len);
 	r->err = ret;
 }
 

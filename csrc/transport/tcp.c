@@ -250,6 +250,7 @@ struct conn {
 	int err;            /* why it went down */
 	int64_t retry_at;   /* earliest reconnect */
 	uint32_t epoch;     /* controller epoch it was connected under */
+	int ever_connected;
 	int recv_busy, send_busy;
 	struct cmd *cmds;
 	uint16_t ncmds;
@@ -368,6 +369,8 @@ static void conn_fail(struct conn *c, int err)
 		return;
 	c->state = CONN_DRAINING;
 	c->err = err;
+	if (err != -ECANCELED)
+		c->q->base.stats.conn_errors++;
 	shutdown(c->nc.fd, SHUT_RDWR);
 }
 
@@ -609,6 +612,8 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 {
 	uint32_t ri = m->req;
 	uint64_t bytes = (err || status) ? 0 : m->len;
+	c->q->base.stats.ios++;
+	c->q->base.stats.bytes += bytes;
 	m->busy = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	req_account(c->q, ri, err, bytes, status);
@@ -703,6 +708,7 @@ static int on_data_complete(struct conn *c)
 			return -EBADMSG; /* never hand back bytes that failed */
 	}
 	m->received += c->rx_datal;
+	c->q->base.stats.bytes_direct += c->rx_datal; /* recv wrote the caller's buffer */
 	if ((c->rx_flags & NVME_TCP_F_DATA_SUCCESS) && (c->rx_flags & NVME_TCP_F_DATA_LAST)) {
 		if (m->received != m->len)
 			return -EPROTO;
@@ -831,6 +837,9 @@ static int conn_connect(struct conn *c)
 		pthread_mutex_unlock(&d->lock);
 		return ret;
 	}
+	if (c->ever_connected)
+		q->base.stats.reconnects++;
+	c->ever_connected = 1;
 	c->epoch = epoch;
 	c->state = CONN_LIVE;
 	c->err = 0;
