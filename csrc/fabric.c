@@ -526,9 +526,11 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 				/* No CapsuleResp follows: only valid on the last
 				 * PDU of a complete transfer. */
 				if (!last || rcvd != len) {
-					plog("qid %u: C2HData SUCCESS before the end of the "
-					     "data (%u of %u bytes)",
-					     c->qid, rcvd, len);
+					plog("qid %u: C2HData SUCCESS %s (%u of %u bytes)",
+					     c->qid,
+					     last ? "before the end of the data"
+						  : "without LAST_PDU",
+					     rcvd, len);
 					return proto_fail(c, NVME_TCP_FES_INVALID_PDU_HDR, 1,
 							  h.raw, h.ch.hlen);
 				}

@@ -1,0 +1,900 @@
+/*
+ * fabric.c's handling of what a controller sends, against a scripted peer:
+ * the things the Linux target in the fabric lab (test_fabric) never does on
+ * purpose.  Malformed or out-of-range PDUs must fail with -EPROTO without a
+ * byte written outside the caller's buffer, a TermReq must end the command
+ * with a clear errno, digests must be checked, deadlines must hold, and
+ * ICResp/Connect answers must map to the documented errnos.
+ *
+ * fx_nvmf_exec runs over a socketpair; fx_nvmf_tcp_connect over TCP on
+ * 127.0.0.1 (no other network).
+ */
+#include "fabric.h"
+#include "tcp_pdu.h"
+#include "check.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fx100io.h"
+
+#define GUARD 64
+#define GUARD_BYTE 0xa5
+
+struct peer {
+	int fd;
+	int hdgst, ddgst;
+	/* the command the host sent */
+	struct nvme_sqe sqe;
+	uint8_t incap[65536];
+	uint32_t incap_len;
+	/* what the host sent after the peer's script ended */
+	int term_fes; /* -1: no H2CTermReq seen */
+	/* per-case knobs */
+	uint32_t len;
+	const uint8_t *expect; /* write data the host should send */
+	int ok;
+};
+
+typedef void (*script_fn)(struct peer *p);
+
+static void p_send(struct peer *p, const void *b, size_t n)
+{
+	const uint8_t *q = b;
+
+	while (n) {
+		ssize_t k = send(p->fd, q, n, MSG_NOSIGNAL);
+
+		if (k <= 0)
+			return; /* host went away: the case checks the result */
+		q += k;
+		n -= (size_t)k;
+	}
+}
+
+static int p_recv(struct peer *p, void *b, size_t n)
+{
+	uint8_t *q = b;
+
+	while (n) {
+		ssize_t k = recv(p->fd, q, n, 0);
+
+		if (k <= 0)
+			return -1;
+		q += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* Send a PDU whose type-specific header fields are already in hdr; the
+ * common header is (re)built here unless raw.  corrupt: 1 header digest,
+ * 2 data digest. */
+static void p_pdu(struct peer *p, void *hdr, uint8_t type, const void *data, uint32_t dlen,
+		  uint8_t extra_flags, int corrupt)
+{
+	struct nvme_tcp_hdr *h = hdr;
+	unsigned hlen = fx_tcp_pdu_hlen(type);
+	unsigned pdo = fx_tcp_hdr_init(h, type, dlen, p->hdgst, p->ddgst, 0);
+	uint8_t out[256];
+	unsigned n = 0;
+
+	h->flags |= extra_flags;
+	memcpy(out, hdr, hlen);
+	n = hlen;
+	if (h->flags & NVME_TCP_F_HDGST) {
+		uint32_t d = fx_tcp_hdgst(hdr, hlen) ^ (corrupt == 1 ? 1u : 0u);
+
+		memcpy(out + n, &d, 4);
+		n += 4;
+	}
+	if (dlen)
+		while (n < pdo)
+			out[n++] = 0;
+	p_send(p, out, n);
+	if (dlen) {
+		p_send(p, data, dlen);
+		if (h->flags & NVME_TCP_F_DDGST) {
+			uint32_t d = fx_crc32c(0, data, dlen) ^ (corrupt == 2 ? 1u : 0u);
+
+			p_send(p, &d, 4);
+		}
+	}
+}
+
+/* Receive one host PDU: header bytes into hdr, data into data.  Returns the
+ * data length, or -1 at EOF. */
+static int p_recv_pdu(struct peer *p, uint8_t *hdr, uint8_t *data, uint32_t max)
+{
+	static uint8_t tmp[1 << 20];
+	struct nvme_tcp_hdr *h = (void *)hdr;
+
+	if (p_recv(p, hdr, 8))
+		return -1;
+	CHECK(h->plen >= 8 && h->plen - 8 <= sizeof(tmp));
+	if (p_recv(p, tmp, h->plen - 8))
+		return -1;
+	memcpy(hdr + 8, tmp, h->hlen - 8u);
+	if (h->type == NVME_TCP_H2C_TERM)
+		return 0;
+	unsigned hd = (h->flags & NVME_TCP_F_HDGST) ? 4 : 0;
+	unsigned dd = (h->flags & NVME_TCP_F_DDGST) ? 4 : 0;
+
+	if (hd) {
+		uint32_t got;
+
+		memcpy(&got, tmp + h->hlen - 8, 4);
+		CHECK_EQ(got, fx_tcp_hdgst(hdr, h->hlen));
+	}
+	if (h->plen == h->hlen + hd)
+		return 0;
+	uint32_t dl = h->plen - h->pdo - dd;
+
+	CHECK(dl <= max);
+	memcpy(data, tmp + h->pdo - 8, dl);
+	if (dd) {
+		uint32_t got;
+
+		memcpy(&got, tmp + h->pdo - 8 + dl, 4);
+		CHECK_EQ(got, fx_crc32c(0, data, dl));
+	}
+	return (int)dl;
+}
+
+static void p_rsp(struct peer *p, uint16_t cid, uint16_t sf, uint32_t dw0)
+{
+	uint8_t pdu[24];
+	struct nvme_cqe cqe;
+
+	memset(pdu, 0, sizeof(pdu));
+	memset(&cqe, 0, sizeof(cqe));
+	cqe.cid = cid;
+	cqe.status = (uint16_t)(sf << 1);
+	cqe.dw0 = dw0;
+	memcpy(pdu + 8, &cqe, sizeof(cqe));
+	p_pdu(p, pdu, NVME_TCP_RSP, NULL, 0, 0, 0);
+}
+
+static void p_c2h(struct peer *p, uint16_t cccid, uint32_t datao, const void *data, uint32_t datal,
+		  uint8_t flags, int corrupt)
+{
+	struct nvme_tcp_data_pdu d;
+
+	memset(&d, 0, sizeof(d));
+	d.cccid = cccid;
+	d.datao = datao;
+	d.datal = datal;
+	p_pdu(p, &d, NVME_TCP_C2H_DATA, data, datal, flags, corrupt);
+}
+
+static void p_r2t(struct peer *p, uint16_t cccid, uint16_t ttag, uint32_t r2to, uint32_t r2tl)
+{
+	struct nvme_tcp_r2t_pdu r;
+
+	memset(&r, 0, sizeof(r));
+	r.cccid = cccid;
+	r.ttag = ttag;
+	r.r2to = r2to;
+	r.r2tl = r2tl;
+	p_pdu(p, &r, NVME_TCP_R2T, NULL, 0, 0, 0);
+}
+
+static uint8_t pattern[1 << 20];
+
+/* ------------------------------------------------------------ scripts */
+
+static void s_read_ok(struct peer *p)
+{
+	uint32_t half = p->len / 2;
+
+	p_c2h(p, p->sqe.cid, 0, pattern, half, 0, 0);
+	p_c2h(p, p->sqe.cid, half, pattern + half, p->len - half, NVME_TCP_F_DATA_LAST, 0);
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+static void s_read_success_flag(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len,
+	      NVME_TCP_F_DATA_LAST | NVME_TCP_F_DATA_SUCCESS, 0);
+}
+
+static void s_success_without_last(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len, NVME_TCP_F_DATA_SUCCESS, 0);
+}
+
+static void s_c2h_past_end(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len + 16, NVME_TCP_F_DATA_LAST, 0);
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+static void s_c2h_offset_past_end(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, p->len - 8, pattern, 16, NVME_TCP_F_DATA_LAST, 0);
+}
+
+static void s_c2h_gap(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, 512, 0, 0);
+	p_c2h(p, p->sqe.cid, 1024, pattern, 512, NVME_TCP_F_DATA_LAST, 0);
+}
+
+static void s_c2h_wrong_cid(struct peer *p)
+{
+	p_c2h(p, (uint16_t)(p->sqe.cid + 1), 0, pattern, p->len, NVME_TCP_F_DATA_LAST, 0);
+}
+
+static void s_c2h_after_last(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, 512, NVME_TCP_F_DATA_LAST, 0);
+	p_c2h(p, p->sqe.cid, 512, pattern, 512, NVME_TCP_F_DATA_LAST, 0);
+}
+
+static void s_short_then_success(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len / 2, NVME_TCP_F_DATA_LAST, 0);
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+static void s_rsp_wrong_cid(struct peer *p)
+{
+	p_rsp(p, (uint16_t)(p->sqe.cid ^ 0x100), 0, 0);
+}
+
+static void s_rsp_error(struct peer *p)
+{
+	p_rsp(p, p->sqe.cid, NVME_DNR | NVME_SC_LBA_RANGE, 0);
+}
+
+static void s_term_proto(struct peer *p)
+{
+	struct nvme_tcp_term_pdu t;
+	uint8_t pdu[24 + 24];
+
+	memset(&t, 0, sizeof(t));
+	fx_tcp_hdr_init(&t.hdr, NVME_TCP_C2H_TERM, 0, 0, 0, 0);
+	t.hdr.plen = sizeof(pdu);
+	t.fes = NVME_TCP_FES_INVALID_PDU_HDR;
+	t.feil = 3;
+	memcpy(pdu, &t, sizeof(t));
+	memset(pdu + 24, 0x11, 24);
+	p_send(p, pdu, sizeof(pdu));
+	shutdown(p->fd, SHUT_WR);
+}
+
+static void s_term_other(struct peer *p)
+{
+	struct nvme_tcp_term_pdu t;
+
+	memset(&t, 0, sizeof(t));
+	fx_tcp_hdr_init(&t.hdr, NVME_TCP_C2H_TERM, 0, 0, 0, 0);
+	t.fes = 0x7f;
+	p_send(p, &t, sizeof(t));
+	shutdown(p->fd, SHUT_WR);
+}
+
+static void s_bad_hdgst(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len, NVME_TCP_F_DATA_LAST, 1);
+}
+
+static void s_bad_ddgst(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len, NVME_TCP_F_DATA_LAST, 2);
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+static void s_icresp_midway(struct peer *p)
+{
+	struct nvme_tcp_icresp_pdu ic;
+
+	memset(&ic, 0, sizeof(ic));
+	fx_tcp_hdr_init(&ic.hdr, NVME_TCP_ICRESP, 0, 0, 0, 0);
+	ic.maxdata = 65536;
+	p_send(p, &ic, sizeof(ic));
+}
+
+static void s_huge_plen(struct peer *p)
+{
+	struct nvme_tcp_data_pdu d;
+
+	memset(&d, 0, sizeof(d));
+	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 1, 0, 0, 0);
+	d.hdr.plen = 0x7fffffff;
+	d.cccid = p->sqe.cid;
+	d.datal = 0x7fffffff - 24;
+	p_send(p, &d, sizeof(d));
+}
+
+static void s_close_midway(struct peer *p)
+{
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len / 2, 0, 0);
+	shutdown(p->fd, SHUT_WR);
+}
+
+static void s_silent(struct peer *p)
+{
+	(void)p;
+}
+
+/* Write by R2T: the host must answer with H2CData covering exactly the
+ * requested range, split at maxh2cdata, LAST on the final PDU. */
+static void s_write_r2t(struct peer *p)
+{
+	uint8_t hdr[160];
+	static uint8_t got[1 << 20];
+	uint32_t off = 0;
+
+	p_r2t(p, p->sqe.cid, 7, 0, p->len);
+	p->ok = 1;
+	while (off < p->len) {
+		int n = p_recv_pdu(p, hdr, got + off, p->len - off);
+		struct nvme_tcp_data_pdu *d = (void *)hdr;
+
+		if (n <= 0 || d->hdr.type != NVME_TCP_H2C_DATA || d->cccid != p->sqe.cid ||
+		    d->ttag != 7 || d->datao != off || d->datal != (uint32_t)n || n > 1000) {
+			p->ok = 0;
+			return;
+		}
+		off += (uint32_t)n;
+		if (!!(d->hdr.flags & NVME_TCP_F_DATA_LAST) != (off == p->len)) {
+			p->ok = 0;
+			return;
+		}
+	}
+	if (memcmp(got, p->expect, p->len))
+		p->ok = 0;
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+/* Two R2Ts for halves of the data, second half first. */
+static void s_write_two_r2t(struct peer *p)
+{
+	uint8_t hdr[160];
+	static uint8_t got[1 << 20];
+	uint32_t half = p->len / 2;
+
+	p->ok = 1;
+	p_r2t(p, p->sqe.cid, 1, half, p->len - half);
+	for (uint32_t off = half; off < p->len;) {
+		int n = p_recv_pdu(p, hdr, got + off, p->len - off);
+
+		if (n <= 0) {
+			p->ok = 0;
+			return;
+		}
+		off += (uint32_t)n;
+	}
+	p_r2t(p, p->sqe.cid, 2, 0, half);
+	for (uint32_t off = 0; off < half;) {
+		int n = p_recv_pdu(p, hdr, got + off, half - off);
+
+		if (n <= 0) {
+			p->ok = 0;
+			return;
+		}
+		off += (uint32_t)n;
+	}
+	if (memcmp(got, p->expect, p->len))
+		p->ok = 0;
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+static void s_r2t_past_end(struct peer *p)
+{
+	p_r2t(p, p->sqe.cid, 1, p->len - 512, 1024);
+}
+
+static void s_r2t_zero(struct peer *p)
+{
+	p_r2t(p, p->sqe.cid, 1, 0, 0);
+}
+
+static void s_r2t_for_read(struct peer *p)
+{
+	p_r2t(p, p->sqe.cid, 1, 0, p->len);
+}
+
+static void s_incap_write(struct peer *p)
+{
+	p->ok = p->incap_len == p->len && !memcmp(p->incap, p->expect, p->len) &&
+		p->sqe.dptr.type == NVME_SGL_DATA_BLOCK_OFFSET && p->sqe.dptr.length == p->len;
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+static void s_incap_then_r2t(struct peer *p)
+{
+	p_r2t(p, p->sqe.cid, 1, 0, p->len);
+}
+
+/* ----------------------------------------------------------- harness */
+
+struct run {
+	struct peer p;
+	script_fn fn;
+};
+
+static void *peer_main(void *arg)
+{
+	struct run *r = arg;
+	struct peer *p = &r->p;
+	uint8_t hdr[160];
+	int n = p_recv_pdu(p, hdr, p->incap, sizeof(p->incap));
+
+	if (n >= 0) {
+		CHECK_EQ(hdr[0], NVME_TCP_CMD);
+		memcpy(&p->sqe, hdr + 8, sizeof(p->sqe));
+		p->incap_len = (uint32_t)n;
+		r->fn(p);
+	}
+	/* Drain until the host closes, noting any H2CTermReq. */
+	for (;;) {
+		static uint8_t sink[1 << 20];
+
+		n = p_recv_pdu(p, hdr, sink, sizeof(sink));
+		if (n < 0)
+			break;
+		if (hdr[0] == NVME_TCP_H2C_TERM)
+			p->term_fes = ((struct nvme_tcp_term_pdu *)hdr)->fes;
+	}
+	return NULL;
+}
+
+struct case_opts {
+	int hdgst, ddgst, write;
+	uint32_t len, incap_max, maxh2c;
+	int timeout_ms;
+};
+
+static int run_case(const char *name, script_fn fn, struct case_opts o, uint8_t *buf,
+		    struct nvme_cqe *cqe, int *term_fes, int *peer_ok)
+{
+	int sv[2];
+	struct run r;
+	pthread_t th;
+	struct fx_nvmf_conn c;
+	struct nvme_sqe sqe;
+
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	memset(&r, 0, sizeof(r));
+	r.p.fd = sv[1];
+	r.p.hdgst = o.hdgst;
+	r.p.ddgst = o.ddgst;
+	r.p.term_fes = -1;
+	r.p.len = o.len;
+	r.p.expect = pattern;
+	r.fn = fn;
+	memset(&c, 0, sizeof(c));
+	c.fd = sv[0];
+	c.hdgst = o.hdgst;
+	c.ddgst = o.ddgst;
+	c.qid = 1;
+	c.next_cid = 0x2a;
+	c.maxh2cdata = o.maxh2c ? o.maxh2c : 1 << 20;
+	c.timeout_ms = o.timeout_ms ? o.timeout_ms : 3000;
+	c.incap_max = o.incap_max;
+	memset(&sqe, 0, sizeof(sqe));
+	sqe.opcode = o.write ? NVME_CMD_WRITE : NVME_CMD_READ;
+	sqe.nsid = 1;
+
+	CHECK_EQ(pthread_create(&th, NULL, peer_main, &r), 0);
+	if (o.write)
+		memcpy(buf, pattern, o.len);
+	int ret = fx_nvmf_exec(&c, &sqe, buf, o.len, o.write, cqe);
+
+	/* a second command on a connection that failed must fail too */
+	if (ret == -EPROTO || ret == -ECONNRESET || ret == -ETIMEDOUT) {
+		struct nvme_sqe s2;
+		struct nvme_cqe c2;
+
+		memset(&s2, 0, sizeof(s2));
+		s2.opcode = NVME_ADMIN_KEEP_ALIVE;
+		CHECK(fx_nvmf_exec(&c, &s2, NULL, 0, 0, &c2) < 0);
+	}
+	fx_nvmf_conn_close(&c);
+	pthread_join(th, NULL);
+	close(sv[1]);
+	if (term_fes)
+		*term_fes = r.p.term_fes;
+	if (peer_ok)
+		*peer_ok = r.p.ok;
+	printf("  %-36s -> %d (%s)%s\n", name, ret, ret ? strerror(-ret) : "ok",
+	       r.p.term_fes >= 0 ? " [H2CTermReq sent]" : "");
+	return ret;
+}
+
+static void guard_ok(const uint8_t *buf, uint32_t len)
+{
+	for (uint32_t i = 0; i < GUARD; i++)
+		CHECK_EQ(buf[len + i], GUARD_BYTE);
+}
+
+static void test_exec(void)
+{
+	static uint8_t buf[(1 << 20) + GUARD];
+	struct nvme_cqe cqe;
+	int fes, ok;
+	const uint32_t L = 4096;
+	struct case_opts rd = {.len = L};
+	struct case_opts wr = {.len = 3000, .write = 1, .maxh2c = 1000};
+
+	printf("fx_nvmf_exec against a scripted controller:\n");
+#define FRESH() memset(buf, GUARD_BYTE, sizeof(buf))
+
+	for (int hd = 0; hd <= 1; hd++)
+		for (int dd = 0; dd <= 1; dd++) {
+			struct case_opts o = rd;
+
+			o.hdgst = hd;
+			o.ddgst = dd;
+			FRESH();
+			CHECK_EQ(run_case("read, two C2HData + CapsuleResp", s_read_ok, o, buf, &cqe,
+					  NULL, NULL),
+				 0);
+			CHECK(memcmp(buf, pattern, L) == 0);
+			guard_ok(buf, L);
+			CHECK_EQ(cqe.cid, 0x2a);
+
+			o = wr;
+			o.hdgst = hd;
+			o.ddgst = dd;
+			FRESH();
+			CHECK_EQ(run_case("write, R2T, 3 H2CData", s_write_r2t, o, buf, &cqe, NULL,
+					  &ok),
+				 0);
+			CHECK(ok);
+		}
+
+	FRESH();
+	CHECK_EQ(run_case("read, C2HData SUCCESS, no resp", s_read_success_flag, rd, buf, &cqe,
+			  NULL, NULL),
+		 0);
+	CHECK(memcmp(buf, pattern, L) == 0);
+	CHECK_EQ(cqe.cid, 0x2a);
+	CHECK_EQ(cqe.status, 0);
+
+	FRESH();
+	CHECK_EQ(run_case("SUCCESS without LAST", s_success_without_last, rd, buf, &cqe, NULL,
+			  NULL),
+		 -EPROTO);
+
+	FRESH();
+	CHECK_EQ(run_case("C2HData longer than the buffer", s_c2h_past_end, rd, buf, &cqe, &fes,
+			  NULL),
+		 -EPROTO);
+	guard_ok(buf, L);
+	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
+
+	FRESH();
+	CHECK_EQ(run_case("C2HData offset past the end", s_c2h_offset_past_end, rd, buf, &cqe,
+			  &fes, NULL),
+		 -EPROTO);
+	guard_ok(buf, L);
+	for (uint32_t i = 0; i < L; i++)
+		CHECK_EQ(buf[i], GUARD_BYTE); /* nothing landed at all */
+
+	FRESH();
+	CHECK_EQ(run_case("C2HData with a gap", s_c2h_gap, rd, buf, &cqe, NULL, NULL), -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("C2HData for another command", s_c2h_wrong_cid, rd, buf, &cqe, &fes,
+			  NULL),
+		 -EPROTO);
+	CHECK_EQ(fes, NVME_TCP_FES_PDU_SEQ_ERR);
+	FRESH();
+	CHECK_EQ(run_case("C2HData after LAST_PDU", s_c2h_after_last, rd, buf, &cqe, NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("success after half the data", s_short_then_success, rd, buf, &cqe,
+			  NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("CapsuleResp for another cid", s_rsp_wrong_cid, rd, buf, &cqe, NULL,
+			  NULL),
+		 -EPROTO);
+
+	FRESH();
+	CHECK_EQ(run_case("NVMe error status", s_rsp_error, rd, buf, &cqe, &fes, NULL), -EIO);
+	CHECK_EQ(NVME_STATUS_FIELD(cqe.status), NVME_DNR | NVME_SC_LBA_RANGE);
+	CHECK_EQ(fes, -1); /* not a transport error */
+
+	FRESH();
+	CHECK_EQ(run_case("C2HTermReq (invalid header)", s_term_proto, rd, buf, &cqe, NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("C2HTermReq (unknown FES)", s_term_other, rd, buf, &cqe, NULL, NULL),
+		 -ECONNRESET);
+
+	{
+		struct case_opts o = rd;
+
+		o.hdgst = 1;
+		FRESH();
+		CHECK_EQ(run_case("header digest mismatch", s_bad_hdgst, o, buf, &cqe, &fes, NULL),
+			 -EPROTO);
+		CHECK_EQ(fes, NVME_TCP_FES_HDR_DIGEST_ERR);
+		o.hdgst = 0;
+		o.ddgst = 1;
+		FRESH();
+		CHECK_EQ(run_case("data digest mismatch", s_bad_ddgst, o, buf, &cqe, &fes, NULL),
+			 -EIO);
+		CHECK_EQ(NVME_STATUS_FIELD(cqe.status), NVME_SC_DATA_XFER_ERROR);
+		CHECK_EQ(fes, -1); /* the stream itself is fine */
+	}
+
+	FRESH();
+	CHECK_EQ(run_case("ICResp during a command", s_icresp_midway, rd, buf, &cqe, NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("plen 2 GiB", s_huge_plen, rd, buf, &cqe, &fes, NULL), -EPROTO);
+	CHECK_EQ(fes, NVME_TCP_FES_INVALID_PDU_HDR);
+	guard_ok(buf, L);
+	FRESH();
+	CHECK_EQ(run_case("controller closes midway", s_close_midway, rd, buf, &cqe, NULL, NULL),
+		 -ECONNRESET);
+	{
+		struct case_opts o = rd;
+
+		o.timeout_ms = 200;
+		FRESH();
+		CHECK_EQ(run_case("controller silent (200 ms)", s_silent, o, buf, &cqe, NULL, NULL),
+			 -ETIMEDOUT);
+	}
+
+	{
+		struct case_opts o = wr;
+
+		o.len = 4096;
+		o.maxh2c = 600;
+		FRESH();
+		CHECK_EQ(run_case("write, two R2Ts out of order", s_write_two_r2t, o, buf, &cqe,
+				  NULL, &ok),
+			 0);
+		CHECK(ok);
+	}
+	FRESH();
+	CHECK_EQ(run_case("R2T past the end", s_r2t_past_end, wr, buf, &cqe, &fes, NULL),
+		 -EPROTO);
+	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
+	FRESH();
+	CHECK_EQ(run_case("R2T of length 0", s_r2t_zero, wr, buf, &cqe, NULL, NULL), -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("R2T for a read", s_r2t_for_read, rd, buf, &cqe, NULL, NULL), -EPROTO);
+	for (int dd = 0; dd <= 1; dd++) {
+		struct case_opts o = wr;
+
+		o.incap_max = 8192;
+		o.ddgst = dd;
+		FRESH();
+		CHECK_EQ(run_case("write in-capsule", s_incap_write, o, buf, &cqe, NULL, &ok), 0);
+		CHECK(ok);
+	}
+	{
+		struct case_opts o = wr;
+
+		o.incap_max = 8192;
+		FRESH();
+		CHECK_EQ(run_case("R2T for an in-capsule write", s_incap_then_r2t, o, buf, &cqe,
+				  NULL, NULL),
+			 -EPROTO);
+	}
+#undef FRESH
+}
+
+/* ------------------------------------------------ connect over loopback */
+
+struct ctl {
+	int lfd;
+	/* ICResp */
+	uint16_t pfv;
+	uint8_t digest, cpda;
+	uint32_t maxdata;
+	int send_term; /* C2HTermReq instead of ICResp */
+	/* Connect response */
+	uint16_t sf;
+	uint16_t cntlid;
+	/* seen */
+	int connect_ok;
+	uint8_t asked;
+};
+
+static void *ctl_main(void *arg)
+{
+	struct ctl *t = arg;
+	struct peer p;
+	int fd = accept(t->lfd, NULL, NULL);
+
+	CHECK(fd >= 0);
+	memset(&p, 0, sizeof(p));
+	p.fd = fd;
+
+	struct nvme_tcp_icreq_pdu req;
+
+	if (p_recv(&p, &req, sizeof(req)))
+		goto out;
+	CHECK_EQ(req.hdr.type, NVME_TCP_ICREQ);
+	CHECK_EQ(req.hdr.plen, 128);
+	CHECK_EQ(req.pfv, 0);
+	CHECK_EQ(req.hpda, 0);
+	CHECK_EQ(req.maxr2t, 0);
+	t->asked = req.digest;
+	if (t->send_term) {
+		struct nvme_tcp_term_pdu term;
+
+		memset(&term, 0, sizeof(term));
+		fx_tcp_hdr_init(&term.hdr, NVME_TCP_C2H_TERM, 0, 0, 0, 0);
+		term.fes = NVME_TCP_FES_UNSUPPORTED_PARAM;
+		p_send(&p, &term, sizeof(term));
+		goto out;
+	}
+	struct nvme_tcp_icresp_pdu ic;
+
+	memset(&ic, 0, sizeof(ic));
+	fx_tcp_hdr_init(&ic.hdr, NVME_TCP_ICRESP, 0, 0, 0, 0);
+	ic.pfv = t->pfv;
+	ic.cpda = t->cpda;
+	ic.digest = t->digest;
+	ic.maxdata = t->maxdata;
+	p_send(&p, &ic, sizeof(ic));
+	p.hdgst = !!(t->digest & 1);
+	p.ddgst = !!(t->digest & 2);
+
+	uint8_t hdr[160];
+	static uint8_t data[4096];
+	int n = p_recv_pdu(&p, hdr, data, sizeof(data));
+
+	if (n < 0)
+		goto out;
+	struct nvmf_connect_cmd cc;
+	struct nvmf_connect_data cd;
+
+	memcpy(&cc, hdr + 8, sizeof(cc));
+	memcpy(&cd, data, sizeof(cd));
+	/* In-capsule data must start where cpda puts it. */
+	unsigned align = (t->cpda + 1u) * 4;
+
+	t->connect_ok = n == 1024 && cc.opcode == 0x7f && cc.fctype == 1 && cc.qid == 0 &&
+			cc.sqsize == 31 && cc.kato == 4000 && cc.dptr.type == 0x01 &&
+			cc.dptr.length == 1024 && cc.dptr.addr == 0 &&
+			((struct nvme_tcp_hdr *)hdr)->pdo % align == 0 && cd.cntlid == 0xffff &&
+			!strcmp(cd.hostnqn, "nqn.2014-08.io.fx100:test-host") &&
+			!strcmp(cd.subsysnqn, "nqn.2014-08.io.fx100:test-sub") &&
+			cd.hostid[0] == 0x42;
+	p_rsp(&p, cc.cid, t->sf, t->cntlid);
+	/* wait for the host to close */
+	while (p_recv_pdu(&p, hdr, data, sizeof(data)) >= 0)
+		;
+out:
+	close(fd);
+	return NULL;
+}
+
+static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd,
+			struct fx_nvmf_conn *c, uint16_t *status, struct ctl *seen)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	struct fx_nvmf_addr a;
+	struct fx_nvmf_params p;
+	pthread_t th;
+
+	t.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(t.lfd >= 0);
+	CHECK_EQ(bind(t.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	CHECK_EQ(listen(t.lfd, 1), 0);
+	CHECK_EQ(getsockname(t.lfd, (struct sockaddr *)&sa, &sl), 0);
+	memset(&a, 0, sizeof(a));
+	memset(&p, 0, sizeof(p));
+	snprintf(a.host, sizeof(a.host), "127.0.0.1");
+	snprintf(a.port, sizeof(a.port), "%u", ntohs(sa.sin_port));
+	snprintf(p.hostnqn, sizeof(p.hostnqn), "nqn.2014-08.io.fx100:test-host");
+	snprintf(p.subnqn, sizeof(p.subnqn), "nqn.2014-08.io.fx100:test-sub");
+	p.hostid[0] = 0x42;
+	p.hdgst = want_hd;
+	p.ddgst = want_dd;
+	p.kato_ms = 4000;
+	p.timeout_ms = 3000;
+	CHECK_EQ(pthread_create(&th, NULL, ctl_main, &t), 0);
+	int r = fx_nvmf_tcp_connect(&a, &p, 0, 31, 0xffff, c, status);
+
+	if (!r)
+		fx_nvmf_conn_close(c);
+	pthread_join(th, NULL);
+	close(t.lfd);
+	*seen = t;
+	printf("  %-36s -> %d (%s) status 0x%x\n", name, r, r ? strerror(-r) : "ok", *status);
+	return r;
+}
+
+static void test_connect(void)
+{
+	struct fx_nvmf_conn c;
+	uint16_t st;
+	struct ctl seen;
+	struct ctl good = {.maxdata = 65536, .cntlid = 7};
+	struct ctl t;
+
+	printf("fx_nvmf_tcp_connect against a scripted controller on 127.0.0.1:\n");
+	CHECK_EQ(connect_case("good", good, 0, 0, &c, &st, &seen), 0);
+	CHECK(seen.connect_ok);
+	CHECK_EQ(c.cntlid, 7);
+	CHECK_EQ(c.maxh2cdata, 65536);
+	CHECK_EQ(c.incap_max, 8192);
+	CHECK_EQ(seen.asked, 0);
+
+	t = good;
+	t.digest = 3;
+	t.cpda = 3; /* in-capsule Connect data at a 16-byte boundary */
+	CHECK_EQ(connect_case("digests granted, cpda 3", t, 1, 1, &c, &st, &seen), 0);
+	CHECK(seen.connect_ok);
+	CHECK_EQ(seen.asked, 3);
+	CHECK(c.hdgst && c.ddgst);
+	CHECK_EQ(c.cpda, 3);
+
+	t = good;
+	t.digest = 1;
+	CHECK_EQ(connect_case("asked both, granted header only", t, 1, 1, &c, &st, &seen), 0);
+	CHECK(c.hdgst && !c.ddgst);
+
+	t = good;
+	t.digest = 2;
+	CHECK_EQ(connect_case("digest granted, not asked", t, 1, 0, &c, &st, &seen), -EPROTO);
+	t = good;
+	t.pfv = 1;
+	CHECK_EQ(connect_case("ICResp pfv 1", t, 0, 0, &c, &st, &seen), -EPROTO);
+	t = good;
+	t.maxdata = 2048;
+	CHECK_EQ(connect_case("ICResp maxh2cdata 2048", t, 0, 0, &c, &st, &seen), -EPROTO);
+	t = good;
+	t.cpda = 32;
+	CHECK_EQ(connect_case("ICResp cpda 32", t, 0, 0, &c, &st, &seen), -EPROTO);
+	t = good;
+	t.send_term = 1;
+	CHECK_EQ(connect_case("C2HTermReq instead of ICResp", t, 0, 0, &c, &st, &seen), -EPROTO);
+
+	t = good;
+	t.sf = NVME_DNR | 0x100 | NVME_SC_CONNECT_INVALID_HOST;
+	CHECK_EQ(connect_case("Connect: host not allowed", t, 0, 0, &c, &st, &seen), -EACCES);
+	CHECK_EQ(st, t.sf);
+	t.sf = NVME_DNR | 0x100 | NVME_SC_CONNECT_INVALID_PARAM;
+	CHECK_EQ(connect_case("Connect: no such subsystem", t, 0, 0, &c, &st, &seen), -ENOENT);
+	CHECK_EQ(st, t.sf);
+	t.sf = 0x100 | NVME_SC_CONNECT_CTRL_BUSY;
+	CHECK_EQ(connect_case("Connect: controller busy", t, 0, 0, &c, &st, &seen), -EIO);
+	CHECK_EQ(st, t.sf);
+	t.sf = NVME_SC_INTERNAL;
+	CHECK_EQ(connect_case("Connect: internal error", t, 0, 0, &c, &st, &seen), -EIO);
+	CHECK_EQ(st, NVME_SC_INTERNAL);
+	CHECK_EQ(c.fd, -1);
+
+	/* Nothing listening: refused, fast. */
+	{
+		struct fx_nvmf_addr a = {.host = "127.0.0.1", .port = "1"};
+		struct fx_nvmf_params p;
+
+		memset(&p, 0, sizeof(p));
+		snprintf(p.hostnqn, sizeof(p.hostnqn), "nqn.2014-08.io.fx100:h");
+		snprintf(p.subnqn, sizeof(p.subnqn), "nqn.2014-08.io.fx100:s");
+		p.timeout_ms = 2000;
+		CHECK_EQ(fx_nvmf_tcp_connect(&a, &p, 0, 31, 0xffff, &c, &st), -ECONNREFUSED);
+		p.subnqn[0] = 0;
+		CHECK_EQ(fx_nvmf_tcp_connect(&a, &p, 0, 31, 0xffff, &c, &st), -EINVAL);
+	}
+}
+
+int main(void)
+{
+	uint64_t s = test_seed();
+
+	for (size_t i = 0; i < sizeof(pattern); i++)
+		pattern[i] = (uint8_t)test_rand(&s);
+	test_exec();
+	test_connect();
+	printf("test_nvmf_exec: ok\n");
+	return 0;
+}
