@@ -887,6 +887,290 @@ static void test_connect(void)
 	}
 }
 
+/* ------------------------------------- controller open, keep alive, discovery */
+
+/* A minimal admin controller: enough for fx_nvmf_ctrl_open, ns_info, close
+ * and discovery, with knobs to fail keep alive and churn the discovery
+ * log's generation counter. */
+struct mini {
+	int lfd;
+	int ka_fail_after;   /* answer keep alive with an error after this many (-1: never) */
+	int genctr_changes;  /* header reads whose GENCTR differs from the previous */
+	uint32_t numrec;
+	/* seen */
+	int ka_count, hdr_reads, shn_seen, conns;
+	uint32_t cc;
+};
+
+static void mini_log(struct mini *m, uint8_t *out, uint64_t off, uint32_t len, uint64_t genctr)
+{
+	uint32_t total = 1024 * (1 + m->numrec);
+
+	for (uint32_t i = 0; i < len; i++) {
+		uint64_t o = off + i;
+		uint8_t b = 0;
+
+		if (o < 1024) {
+			struct nvmf_disc_log_hdr h;
+
+			memset(&h, 0, sizeof(h));
+			h.genctr = genctr;
+			h.numrec = m->numrec;
+			b = ((uint8_t *)&h)[o];
+		} else if (o < total) {
+			uint32_t rec = (uint32_t)(o / 1024 - 1), at = (uint32_t)(o % 1024);
+			struct nvmf_disc_log_entry e;
+
+			memset(&e, 0, sizeof(e));
+			e.trtype = NVMF_TRTYPE_TCP;
+			e.adrfam = NVMF_ADRFAM_IPV4;
+			e.subtype = NVMF_SUBTYPE_NVME;
+			e.portid = (uint16_t)rec;
+			snprintf(e.trsvcid, sizeof(e.trsvcid), "4420");
+			snprintf(e.traddr, sizeof(e.traddr), "127.0.0.1");
+			snprintf(e.subnqn, sizeof(e.subnqn), "nqn.2014-08.io.fx100:sub%u", rec);
+			b = ((uint8_t *)&e)[at];
+		}
+		out[i] = b;
+	}
+}
+
+static void *mini_main(void *arg)
+{
+	struct mini *m = arg;
+	static uint8_t data[1 << 16], hdr[160];
+	uint64_t genctr = 100;
+
+	for (;;) {
+		int fd = accept(m->lfd, NULL, NULL);
+
+		if (fd < 0)
+			return NULL;
+		m->conns++;
+		struct peer p;
+		struct nvme_tcp_icreq_pdu req;
+		struct nvme_tcp_icresp_pdu ic;
+
+		memset(&p, 0, sizeof(p));
+		p.fd = fd;
+		if (p_recv(&p, &req, sizeof(req))) {
+			close(fd);
+			continue;
+		}
+		memset(&ic, 0, sizeof(ic));
+		fx_tcp_hdr_init(&ic.hdr, NVME_TCP_ICRESP, 0, 0, 0, 0);
+		ic.maxdata = 65536;
+		ic.digest = req.digest;
+		p_send(&p, &ic, sizeof(ic));
+		p.hdgst = !!(req.digest & 1);
+		p.ddgst = !!(req.digest & 2);
+		m->cc = 0;
+
+		while (p_recv_pdu(&p, hdr, data, sizeof(data)) >= 0) {
+			struct nvme_sqe q;
+
+			if (hdr[0] != NVME_TCP_CMD)
+				break;
+			memcpy(&q, hdr + 8, sizeof(q));
+			if (q.opcode == NVME_FABRICS_OPCODE) {
+				struct nvmf_property_cmd pc;
+
+				memcpy(&pc, &q, sizeof(pc));
+				if (pc.fctype == NVMF_FCTYPE_CONNECT) {
+					p_rsp(&p, q.cid, 0, 5);
+				} else if (pc.fctype == NVMF_FCTYPE_PROP_GET) {
+					uint64_t v = 0;
+
+					if (pc.offset == NVME_REG_CAP)
+						v = 1023 | (2ULL << 24); /* MQES 1024, TO 1 s, MPSMIN 4K */
+					else if (pc.offset == NVME_REG_VS)
+						v = 0x10400;
+					else if (pc.offset == NVME_REG_CC)
+						v = m->cc;
+					else if (pc.offset == NVME_REG_CSTS)
+						v = ((m->cc & 1) ? NVME_CSTS_RDY : 0) |
+						    ((m->cc >> 14 & 3) ? NVME_CSTS_SHST_CMPLT : 0);
+					struct nvme_cqe cqe;
+					uint8_t pdu[24];
+
+					memset(pdu, 0, sizeof(pdu));
+					memset(&cqe, 0, sizeof(cqe));
+					cqe.cid = q.cid;
+					cqe.dw0 = (uint32_t)v;
+					cqe.dw1 = (uint32_t)(v >> 32);
+					memcpy(pdu + 8, &cqe, sizeof(cqe));
+					p_pdu(&p, pdu, NVME_TCP_RSP, NULL, 0, 0, 0);
+				} else if (pc.fctype == NVMF_FCTYPE_PROP_SET) {
+					if (pc.offset == NVME_REG_CC) {
+						m->cc = (uint32_t)pc.value;
+						if (m->cc >> 14 & 3)
+							m->shn_seen = 1;
+					}
+					p_rsp(&p, q.cid, 0, 0);
+				} else {
+					p_rsp(&p, q.cid, NVME_SC_INVALID_OPCODE, 0);
+				}
+			} else if (q.opcode == NVME_ADMIN_IDENTIFY) {
+				memset(data, 0, 4096);
+				if (q.cdw10 == NVME_ID_CNS_CTRL) {
+					data[NVME_IDC_MDTS] = 1; /* 8 KiB */
+					data[NVME_IDC_IOCCSZ] = 4;
+					data[NVME_IDC_NN] = 1;
+					data[NVME_IDC_MAXCMD] = 32;
+				} else if (q.nsid == 1) {
+					data[NVME_IDNS_NSZE] = 0xe8; /* 1000 */
+					data[NVME_IDNS_NSZE + 1] = 0x03;
+					data[NVME_IDNS_NLBAF] = 1;
+					data[NVME_IDNS_FLBAS] = 0x11; /* format 1, high bits ignored */
+					data[NVME_IDNS_LBAF + 2] = 9;
+					data[NVME_IDNS_LBAF + 4 + 2] = 12;
+				}
+				p_c2h(&p, q.cid, 0, data, 4096, NVME_TCP_F_DATA_LAST, 0);
+				p_rsp(&p, q.cid, 0, 0);
+			} else if (q.opcode == NVME_ADMIN_SET_FEATURES) {
+				p_rsp(&p, q.cid, 0, 3 | 3 << 16);
+			} else if (q.opcode == NVME_ADMIN_KEEP_ALIVE) {
+				m->ka_count++;
+				int fail = m->ka_fail_after >= 0 && m->ka_count > m->ka_fail_after;
+
+				p_rsp(&p, q.cid, fail ? NVME_SC_INTERNAL : 0, 0);
+			} else if (q.opcode == NVME_ADMIN_GET_LOG_PAGE) {
+				uint32_t numd = (q.cdw10 >> 16 | q.cdw11 << 16) + 1;
+				uint64_t off = q.cdw12 | (uint64_t)q.cdw13 << 32;
+				uint32_t len = numd * 4;
+
+				CHECK_EQ(q.cdw10 & 0xff, NVME_LOG_DISCOVERY);
+				CHECK(len <= 8192); /* MDTS */
+				if (off == 0 && m->genctr_changes > 0) {
+					genctr++;
+					m->genctr_changes--;
+				}
+				if (off == 0)
+					m->hdr_reads++;
+				mini_log(m, data, off, len, genctr);
+				p_c2h(&p, q.cid, 0, data, len, NVME_TCP_F_DATA_LAST, 0);
+				p_rsp(&p, q.cid, 0, 0);
+			} else {
+				p_rsp(&p, q.cid, NVME_SC_INVALID_OPCODE, 0);
+			}
+		}
+		close(fd);
+	}
+}
+
+static void mini_start(struct mini *m, pthread_t *th, struct fx_nvmf_addr *a,
+		       struct fx_nvmf_params *p)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+
+	m->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(m->lfd >= 0);
+	CHECK_EQ(bind(m->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	CHECK_EQ(listen(m->lfd, 4), 0);
+	CHECK_EQ(getsockname(m->lfd, (struct sockaddr *)&sa, &sl), 0);
+	memset(a, 0, sizeof(*a));
+	memset(p, 0, sizeof(*p));
+	snprintf(a->host, sizeof(a->host), "127.0.0.1");
+	snprintf(a->port, sizeof(a->port), "%u", ntohs(sa.sin_port));
+	snprintf(p->hostnqn, sizeof(p->hostnqn), "nqn.2014-08.io.fx100:test-host");
+	snprintf(p->subnqn, sizeof(p->subnqn), "nqn.2014-08.io.fx100:sub0");
+	p->timeout_ms = 3000;
+	CHECK_EQ(pthread_create(th, NULL, mini_main, m), 0);
+}
+
+static void mini_stop(struct mini *m, pthread_t th)
+{
+	shutdown(m->lfd, SHUT_RDWR); /* wakes accept() */
+	pthread_join(th, NULL);
+	close(m->lfd);
+}
+
+static void test_ctrl(void)
+{
+	struct mini m;
+	pthread_t th;
+	struct fx_nvmf_addr a;
+	struct fx_nvmf_params p;
+	struct fx_nvmf_ctrl *c;
+	uint16_t st;
+	uint64_t nsze;
+	uint32_t bs;
+
+	printf("controller open / keep alive / close against a scripted admin controller:\n");
+	memset(&m, 0, sizeof(m));
+	m.ka_fail_after = 3;
+	mini_start(&m, &th, &a, &p);
+	p.kato_ms = 300; /* keep alive every 100 ms */
+	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 8, &c, &st), 0);
+	CHECK_EQ(c->cntlid, 5);
+	CHECK_EQ(c->vs, 0x10400);
+	CHECK_EQ(c->mdts_bytes, 8192);
+	CHECK_EQ(c->ioccsz_bytes, 64);
+	CHECK_EQ(c->nn, 1);
+	CHECK_EQ(c->io_queues, 4);
+	CHECK_EQ(c->io_sqsize, 31); /* MAXCMD 32 */
+	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), 0);
+	CHECK_EQ(nsze, 1000);
+	CHECK_EQ(bs, 4096);
+	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 2, &nsze, &bs), -ENODEV);
+	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 0, &nsze, &bs), -EINVAL);
+	/* three keep alives succeed, the fourth fails: the controller is lost */
+	for (int i = 0; i < 100 && !__atomic_load_n(&c->ka_failed, __ATOMIC_ACQUIRE); i++)
+		usleep(20000);
+	printf("  keep alives sent: %d, ka_failed %d\n", m.ka_count, c->ka_failed);
+	CHECK_EQ(m.ka_count, 4);
+	CHECK_EQ(c->ka_failed, 1);
+	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), -ECONNRESET);
+	fx_nvmf_ctrl_close(c);
+	CHECK_EQ(m.shn_seen, 0); /* nothing to shut down on a lost controller */
+
+	/* a healthy controller is shut down on close */
+	m.ka_fail_after = -1;
+	m.ka_count = 0;
+	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 1, &c, &st), 0);
+	usleep(250000);
+	CHECK(m.ka_count >= 1);
+	CHECK_EQ(c->ka_failed, 0);
+	fx_nvmf_ctrl_close(c);
+	CHECK_EQ(m.shn_seen, 1);
+	printf("  close: CC.SHN written, CSTS.SHST seen\n");
+
+	/* discovery: 20 records need three 8 KiB (MDTS) reads; GENCTR moves
+	 * twice, so the log is read three times */
+	struct nvmf_disc_log_entry *e;
+	uint32_t n;
+
+	m.numrec = 20;
+	m.genctr_changes = 3;
+	m.hdr_reads = 0;
+	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), 0);
+	printf("  discovery: %u records after %d header reads\n", n, m.hdr_reads);
+	CHECK_EQ(n, 20);
+	CHECK_EQ(m.hdr_reads, 4);
+	for (uint32_t i = 0; i < n; i++) {
+		char want[64];
+
+		snprintf(want, sizeof(want), "nqn.2014-08.io.fx100:sub%u", i);
+		CHECK(!strcmp(e[i].subnqn, want));
+		CHECK_EQ(e[i].portid, i);
+		CHECK_EQ(e[i].trtype, NVMF_TRTYPE_TCP);
+	}
+	free(e);
+
+	m.numrec = 0;
+	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), 0);
+	CHECK_EQ(n, 0);
+	free(e);
+
+	m.numrec = 2;
+	m.genctr_changes = 1000; /* never settles */
+	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), -EAGAIN);
+	CHECK(e == NULL);
+	printf("  discovery with a log that never settles: -EAGAIN\n");
+	mini_stop(&m, th);
+}
+
 int main(void)
 {
 	uint64_t s = test_seed();
@@ -895,6 +1179,7 @@ int main(void)
 		pattern[i] = (uint8_t)test_rand(&s);
 	test_exec();
 	test_connect();
+	test_ctrl();
 	printf("test_nvmf_exec: ok\n");
 	return 0;
 }
