@@ -55,6 +55,7 @@ struct tcp_dev {
 	int io_timeout_ms;
 	uint8_t *qid_used; /* [1..ctrl->io_queues] */
 	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
+	uint16_t next_qid;   /* round-robin cursor of take_qid */
 };
 
 static int parse_kv(struct tcp_dev *d, const char *target)
@@ -194,13 +195,19 @@ static void tcp_dev_close(struct fx_dev *dev)
 	free(d);
 }
 
+/* Next free qid after the last one handed out: a qid just released may
+ * still be torn down on the target side, so it is reused last. */
 static int take_qid(struct tcp_dev *d)
 {
-	for (uint16_t q = 1; d->ctrl && q <= d->ctrl->io_queues; q++)
+	uint16_t n = d->ctrl ? d->ctrl->io_queues : 0;
+	for (uint16_t k = 0; k < n; k++) {
+		uint16_t q = (uint16_t)((d->next_qid + k) % n + 1);
 		if (!d->qid_used[q]) {
 			d->qid_used[q] = 1;
+			d->next_qid = q % n;
 			return q;
 		}
+	}
 	return -EBUSY;
 }
 
@@ -788,64 +795,84 @@ static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t byte
 		fx_req_complete(&q->t, ri);
 }
 
+/* Is the controller behind d still there?  Asks it (CSTS over the admin
+ * queue) rather than guessing from one failed Connect, because re-opening
+ * a controller tears down every thread's queues on it. */
+static int ctrl_alive_locked(struct tcp_dev *d)
+{
+	struct fx_nvmf_ctrl *c = d->ctrl;
+	uint64_t csts = 0;
+	int ret;
+
+	if (!c || c->ka_failed)
+		return 0;
+	pthread_mutex_lock(&c->lock);
+	ret = fx_nvmf_prop_get(&c->admin, NVME_REG_CSTS, 0, &csts);
+	pthread_mutex_unlock(&c->lock);
+	return ret == 0 && (csts & NVME_CSTS_RDY) && !(csts & NVME_CSTS_CFS);
+}
+
+static void release_qid(struct tcp_dev *d, int qid, uint32_t epoch)
+{
+	pthread_mutex_lock(&d->lock);
+	if (d->ctrl_epoch == epoch && d->qid_used && qid > 0)
+		d->qid_used[qid] = 0;
+	pthread_mutex_unlock(&d->lock);
+}
+
 static int conn_connect(struct conn *c)
 {
 	struct tcp_queue *q = c->q;
 	struct tcp_dev *d = q->dev;
 	uint16_t status = 0;
-	int qid, ret;
-	uint32_t epoch;
+	int ret = -ENOTCONN;
 
-	pthread_mutex_lock(&d->lock);
-	if (!d->ctrl || d->ctrl->ka_failed) {
-		ret = ctrl_open_locked(d, &status);
-		if (ret < 0) {
-			pthread_mutex_unlock(&d->lock);
-			return ret;
-		}
-	}
-	qid = take_qid(d);
-	uint16_t cntlid = d->ctrl ? d->ctrl->cntlid : 0;
-	uint16_t sqsize = d->ctrl ? d->ctrl->io_sqsize : 0;
-	epoch = d->ctrl_epoch;
-	pthread_mutex_unlock(&d->lock);
-	if (qid < 0)
-		return qid;
-	ret = fx_nvmf_tcp_connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid, &c->nc,
-	                          &status);
-	if (ret == -ENOENT || ret == -EIO) {
-		/* The controller is gone (target restarted, KATO expired):
-		 * open a new one and try once more with its cntlid. */
+	/* A few qids: one refused Connect (a qid the target has not torn
+	 * down yet) should cost a retry, not the controller. */
+	for (int attempt = 0; attempt < 4; attempt++) {
 		pthread_mutex_lock(&d->lock);
-		if (d->ctrl_epoch == epoch && d->qid_used)
-			d->qid_used[qid] = 0;
-		ret = ctrl_open_locked(d, &status);
-		qid = ret < 0 ? ret : take_qid(d);
-		cntlid = d->ctrl ? d->ctrl->cntlid : 0;
-		sqsize = d->ctrl ? d->ctrl->io_sqsize : 0;
-		epoch = d->ctrl_epoch;
+		if (!d->ctrl || d->ctrl->ka_failed) {
+			ret = ctrl_open_locked(d, &status);
+			if (ret < 0) {
+				pthread_mutex_unlock(&d->lock);
+				return ret;
+			}
+		}
+		int qid = take_qid(d);
+		uint16_t cntlid = d->ctrl->cntlid;
+		uint16_t sqsize = d->ctrl->io_sqsize;
+		uint32_t epoch = d->ctrl_epoch;
 		pthread_mutex_unlock(&d->lock);
 		if (qid < 0)
 			return qid;
 		ret = fx_nvmf_tcp_connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid,
 		                          &c->nc, &status);
-	}
-	if (ret < 0) {
+		if (ret == 0) {
+			if (c->ever_connected)
+				q->base.stats.reconnects++;
+			c->ever_connected = 1;
+			c->epoch = epoch;
+			c->state = CONN_LIVE;
+			c->err = 0;
+			rx_expect_header(c);
+			arm_recv(c);
+			return 0;
+		}
+		release_qid(d, qid, epoch);
+		if (ret != -ENOENT && ret != -EIO)
+			return ret; /* refused, unreachable, timed out: nothing to retry now */
 		pthread_mutex_lock(&d->lock);
-		if (d->ctrl_epoch == epoch && d->qid_used)
-			d->qid_used[qid] = 0;
+		if (d->ctrl_epoch == epoch && !ctrl_alive_locked(d)) {
+			/* The target forgot the controller (restart, KATO expiry). */
+			ret = ctrl_open_locked(d, &status);
+			if (ret < 0) {
+				pthread_mutex_unlock(&d->lock);
+				return ret;
+			}
+		}
 		pthread_mutex_unlock(&d->lock);
-		return ret;
 	}
-	if (c->ever_connected)
-		q->base.stats.reconnects++;
-	c->ever_connected = 1;
-	c->epoch = epoch;
-	c->state = CONN_LIVE;
-	c->err = 0;
-	rx_expect_header(c);
-	arm_recv(c);
-	return 0;
+	return ret;
 }
 
 /* A live connection with a free command slot, reconnecting if needed. */
