@@ -438,9 +438,16 @@ out:
 
 void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
 {
-	for (struct tgt_conn *c = t->conns; c; c = c->next)
-		if (c->ctrl == ctrl && c->qid != 0)
-			shutdown(c->fd, SHUT_RDWR);
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		if (c->ctrl != ctrl || c->qid == 0 || c->qid_released)
+			continue;
+		shutdown(c->fd, SHUT_RDWR);
+		/* Free the qid now: after a reset the host reconnects its
+		 * queues at once, maybe before this thread has noticed. */
+		if (c->qid <= t->max_io_queues)
+			ctrl->qid_used[c->qid] = 0;
+		c->qid_released = 1;
+	}
 }
 
 static void ctrl_kill_all_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
@@ -474,7 +481,7 @@ void tgt_conn_detach(struct tgt_conn *conn)
 		if (c->state != TGT_CTRL_DEAD)
 			c->state = TGT_CTRL_DEAD;
 		tgt_ctrl_kill_io_locked(t, c);
-	} else if (conn->qid <= t->max_io_queues) {
+	} else if (!conn->qid_released && conn->qid <= t->max_io_queues) {
 		c->qid_used[conn->qid] = 0;
 	}
 	if (--c->refs == 0) {

@@ -114,6 +114,7 @@ struct tgt_conn {
 	uint8_t hpda;
 	struct tgt_ctrl *ctrl; /* set under t->lock */
 	uint16_t qid;
+	int qid_released;   /* a controller reset already freed qid (under t->lock) */
 	uint16_t sqsize;    /* 0's based */
 	uint16_t sqhd;
 	uint32_t pdus_sent;
