@@ -113,11 +113,10 @@ class BufferPool:
                 f"huge_pages={self.huge_pages}, free={self.free_bytes})")
 
 
-_registrations: set = set()
-
-
 class RegisteredMemory:
-    """Handle of :func:`register_memory`; ``close()`` unregisters."""
+    """Handle of :func:`register_memory`.  The registration lasts as long as
+    the handle: ``close()`` it (or drop it) before the memory's owner frees
+    the memory, or queues would keep using the old pages."""
 
     def __init__(self, reg: _core.Registration):
         self._reg = reg
@@ -127,7 +126,6 @@ class RegisteredMemory:
         return int(self._reg.size)
 
     def close(self) -> None:
-        _registrations.discard(self)
         self._reg.close()
 
     def __enter__(self) -> RegisteredMemory:
@@ -140,15 +138,16 @@ class RegisteredMemory:
 def register_memory(buf: Any) -> RegisteredMemory:
     """Register memory fx100io did not allocate (for example LMCache's
     pinned CPU pool) so that reads and writes into any part of it use
-    io_uring fixed buffers.  The memory is kept referenced until
-    ``close()``.  Ranges outside registered memory keep working unregistered."""
+    io_uring fixed buffers.  Python references to buf are held while
+    registered, but memory freed by other means (a C allocator) must be
+    unregistered first: keep the returned handle and ``close()`` it before
+    the owner frees the memory.  Ranges outside registered memory keep
+    working, unregistered."""
     try:
         reg = _core.Registration(buf)
     except BufferError:
         raise InvalidArgumentError(22, "register_memory needs a writable contiguous buffer") from None
-    handle = RegisteredMemory(reg)
-    _registrations.add(handle)
-    return handle
+    return RegisteredMemory(reg)
 
 
 def aligned_array(n: int, alignment: int = ALIGNMENT) -> np.ndarray:

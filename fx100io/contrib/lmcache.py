@@ -290,7 +290,10 @@ class FX100ioBackend(StoragePluginInterface):
             return
         view = memoryview(pool.view(torch.uint8).numpy())
         try:
-            register(view)
+            # Kept, and closed before LMCache frees the pool (see
+            # _guard_pool_release): a registration outliving its memory
+            # would make later I/O land in the old pages.
+            self._pool_registration = register(view)
         except Exception as exc:  # noqa: BLE001 - an unregistered pool still works
             logger.warning("fx100io: registering LMCache's CPU pool failed (%r); continuing without", exc)
             return
@@ -320,9 +323,17 @@ class FX100ioBackend(StoragePluginInterface):
                     me._quiesce_s(),
                 )
                 return
+            if me is not None:
+                me._unregister_pool()
             original_close()
 
         backend.close = close_after_fx100io_io
+
+    def _unregister_pool(self) -> None:
+        reg = getattr(self, "_pool_registration", None)
+        self._pool_registration = None
+        if reg is not None:
+            reg.close()
 
     # --------------------------------------------------------------- helpers
 
@@ -931,6 +942,7 @@ class FX100ioBackend(StoragePluginInterface):
             logger.warning("fx100io: closing the store failed: %r", exc)
         self._runner.stop()
         self._unlock_devices()
+        self._unregister_pool()
         logger.info("fx100io LMCache plugin %r closed", self.options.name)
 
     def __str__(self) -> str:
