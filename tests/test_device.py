@@ -188,3 +188,21 @@ def test_register_outside_memory(tmp_file):
         assert np.array_equal(outside[:1 << 20], data)
     with pytest.raises(errors.InvalidArgumentError):
         fx100io.register_memory(b"read-only bytes")
+
+
+def test_registration_ends_with_its_handle(tmp_file):
+    """A registration must not outlive its handle: memory freed by its owner
+    afterwards may be mapped again elsewhere, and a stale registration would
+    send reads to the old pages."""
+    import gc
+    mem = np.zeros(1 << 20, dtype=np.uint8)
+    with fx100io.open_device(str(tmp_file), create=True, size=1 << 20) as dev:
+        reg = fx100io.register_memory(mem)
+        before = dev.queue_stats()["fixed_ios"]
+        dev.read_into_blocking(0, mem)
+        assert dev.queue_stats()["fixed_ios"] > before
+        del reg
+        gc.collect()
+        before = dev.queue_stats()["fixed_ios"]
+        dev.read_into_blocking(0, mem)
+        assert dev.queue_stats()["fixed_ios"] == before  # no longer registered
