@@ -60,6 +60,15 @@ mount -t configfs configfs /sys/kernel/config || lab_fail "mount configfs"
 # request_module by alias; loading the providers first avoids depending on alias lookup.
 load virtio_pci virtio_net crc32c_generic crc32c-intel crct10dif_generic crc64_rocksoft_generic
 load nvme nvmet nvmet-tcp
+# The kernel initiator, for `nvme connect` in the guest against targets on the host side:
+# nvme-cli opens /dev/nvme-fabrics, which devtmpfs only shows once nvme-fabrics is loaded.
+load nvme-fabrics nvme-tcp
+# nvme-cli's default host identity. Without these files it derives one from the DMI product
+# UUID, which QEMU leaves all zeros, so every guest would present the same host NQN.
+mkdir -p /etc/nvme
+uuid=$(cat /proc/sys/kernel/random/uuid)
+echo "nqn.2014-08.org.nvmexpress:uuid:$uuid" > /etc/nvme/hostnqn
+echo "$uuid" > /etc/nvme/hostid
 
 # ---- helpers called by /lab/setup.sh -------------------------------------------------------
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from . import debian_packages, host_tools, lab_paths
 
 # Bump when the layout of the built image changes, so old caches are not reused.
-BUILD_FORMAT = 3
+BUILD_FORMAT = 4
 
 # Top-level modules; their dependencies come from modules.dep. Beyond the TCP target this
 # covers the RDMA port (rdma_rxe, nvmet-rdma), the in-guest kernel initiator (nvme-tcp,
@@ -40,6 +40,15 @@ GUEST_MODULES = (
 # Host binaries (from Debian packages the lab installs) copied into the guest with the
 # shared libraries they link: busybox has no `rdma`, which soft-RoCE setup needs.
 GUEST_HOST_BINARIES = ("rdma",)
+
+# Debian packages unpacked (dpkg -x, never installed) to give the guest the kernel initiator's
+# userspace: nvme-cli for `nvme discover/connect/disconnect` against targets on the host side.
+# Only the files below and the shared libraries they need go into the image (the .debs also
+# carry man pages, udev rules and systemd units the guest has no use for).
+GUEST_PACKAGES = ("nvme-cli", "libnvme1", "libjson-c5")
+GUEST_PACKAGE_BINARIES = ("usr/sbin/nvme",)
+# nvme-cli reads /etc/nvme (hostnqn, hostid, discovery.conf); guest_init.sh writes the rest.
+GUEST_PACKAGE_FILES = ("etc/nvme/discovery.conf",)
 
 GUEST_INIT = lab_paths.PACKAGE_DIR / "guest_init.sh"
 
@@ -68,10 +77,14 @@ def _run(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
-def _cache_key(kernel_deb: Path, busybox_deb: Path) -> str:
+def _cache_key(kernel_deb: Path, busybox_deb: Path, package_debs: list[Path]) -> str:
     digest = hashlib.sha256()
     digest.update(f"format={BUILD_FORMAT}\n".encode())
     digest.update(f"kernel={kernel_deb.name}\nbusybox={busybox_deb.name}\n".encode())
+    # The .deb file names carry the package versions, so an update of any of them rebuilds.
+    digest.update(("packages=" + ",".join(deb.name for deb in package_debs) + "\n").encode())
+    digest.update(("package_files=" + ",".join(GUEST_PACKAGE_BINARIES + GUEST_PACKAGE_FILES)
+                   + "\n").encode())
     digest.update(("modules=" + ",".join(GUEST_MODULES) + "\n").encode())
     digest.update(GUEST_INIT.read_bytes())
     for binary in GUEST_HOST_BINARIES:
@@ -106,18 +119,38 @@ def _module_closure(modules_dir: Path) -> list[str]:
     return sorted(wanted)
 
 
-def _copy_with_libraries(binary: str, root: Path) -> None:
-    """Copy a host binary and the shared libraries ldd resolves for it into root."""
-    source = host_tools.find_command(binary)
-    if source is None:
-        raise InitramfsError(f"host command {binary} is missing (install iproute2)")
-    files = [Path(source)]
-    ldd = _run(["ldd", source], f"ldd {source}")
+def _file_stamp(path: Path) -> str:
+    """Size and mtime of a host file, to notice when a host library the image copied changed."""
+    st = os.stat(path)
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def _copy_with_libraries(source: Path, root: Path, host_files: dict[str, str],
+                         tree: Path | None = None) -> None:
+    """Copy an executable into root with the shared libraries ldd resolves for it.
+
+    tree: an unpacked package tree that source lies in; its library directories are searched
+    first, so its libraries keep their place (tree/usr/lib/x -> root/usr/lib/x). Libraries that
+    only the host has (libc, zlib, libcrypto, ...) come from the host; host_files records them
+    with their stamps, so the cached image is rebuilt when one of them changes.
+    """
+    env = dict(os.environ)
+    if tree is not None:
+        lib_dirs = [str(d) for d in (tree / "lib", tree / "usr/lib",
+                                     tree / "lib/x86_64-linux-gnu",
+                                     tree / "usr/lib/x86_64-linux-gnu") if d.is_dir()]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
+    # ldd only loads the objects (LD_TRACE_LOADED_OBJECTS); it does not run Debian's binary.
+    ldd = _run(["ldd", str(source)], f"ldd {source}", env=env)
+    files = [source]
     for line in ldd.stdout.splitlines():
         parts = line.split()
         # "libx.so => /lib/.../libx.so (0x..)" or "/lib64/ld-linux-x86-64.so.2 (0x..)"
         if "=>" in parts and len(parts) > parts.index("=>") + 1:
             candidate = parts[parts.index("=>") + 1]
+            if candidate == "not":
+                raise InitramfsError(f"{source} needs {parts[0]}, found neither in its "
+                                     "packages nor on the host")
         elif parts and parts[0].startswith("/"):
             candidate = parts[0]
         else:
@@ -125,8 +158,14 @@ def _copy_with_libraries(binary: str, root: Path) -> None:
         if candidate.startswith("/"):
             files.append(Path(candidate))
     for path in files:
-        target = root / path.relative_to("/")
+        if tree is not None and path.is_relative_to(tree):
+            relative = path.relative_to(tree)
+        else:
+            relative = path.relative_to("/")
+            host_files[str(path.resolve())] = _file_stamp(path.resolve())
+        target = root / relative
         target.parent.mkdir(parents=True, exist_ok=True)
+        # The loader looks libraries up by soname, so the resolved file under that name suffices.
         shutil.copy2(path.resolve(), target)
 
 
@@ -147,7 +186,8 @@ def _write_cpio(root: Path, output: Path, compress: bool) -> None:
     output.write_bytes(data)
 
 
-def _stage_root(kernel_tree: Path, busybox_tree: Path, release: str, root: Path) -> int:
+def _stage_root(kernel_tree: Path, busybox_tree: Path, packages_tree: Path, release: str,
+                root: Path, host_files: dict[str, str]) -> int:
     for directory in ("bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "run",
                       "etc", "lab", "lib/modules"):
         (root / directory).mkdir(parents=True, exist_ok=True)
@@ -170,7 +210,15 @@ def _stage_root(kernel_tree: Path, busybox_tree: Path, release: str, root: Path)
             shutil.copy2(source_modules / meta, target_modules / meta)
     _run(["depmod", "-b", str(root), release], "depmod for the initramfs")
     for binary in GUEST_HOST_BINARIES:
-        _copy_with_libraries(binary, root)
+        source = host_tools.find_command(binary)
+        if source is None:
+            raise InitramfsError(f"host command {binary} is missing (install iproute2)")
+        _copy_with_libraries(Path(source), root, host_files)
+    for relative in GUEST_PACKAGE_BINARIES:
+        _copy_with_libraries(packages_tree / relative, root, host_files, tree=packages_tree)
+    for relative in GUEST_PACKAGE_FILES:
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(packages_tree / relative, root / relative)
     shutil.copy2(GUEST_INIT, root / "init")
     os.chmod(root / "init", 0o755)
     return len(closure)
@@ -182,12 +230,15 @@ def build(force: bool = False, log=print) -> GuestImage:
     kernel_package = debian_packages.newest_kernel_package()
     kernel_deb = debian_packages.download(kernel_package, log)
     busybox_deb = debian_packages.download("busybox-static", log)
-    out = lab_paths.build_cache_dir() / _cache_key(kernel_deb, busybox_deb)
+    package_debs = [debian_packages.download(package, log) for package in GUEST_PACKAGES]
+    out = lab_paths.build_cache_dir() / _cache_key(kernel_deb, busybox_deb, package_debs)
     manifest = out / "manifest.json"
     if manifest.exists() and not force:
         info = json.loads(manifest.read_text())
-        return GuestImage(out / "vmlinuz", out / "initramfs.cpio.gz", info["kernel_release"],
-                          info["kernel_package"])
+        if _host_files_unchanged(info.get("host_files", {})):
+            return GuestImage(out / "vmlinuz", out / "initramfs.cpio.gz",
+                              info["kernel_release"], info["kernel_package"])
+        log("fabric lab: host libraries copied into the guest image changed; rebuilding")
     started = time.monotonic()
     log(f"fabric lab: building guest image for {kernel_package} in {out}")
     work = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -195,43 +246,60 @@ def build(force: bool = False, log=print) -> GuestImage:
     try:
         debian_packages.unpack(kernel_deb, work / "kernel")
         debian_packages.unpack(busybox_deb, work / "busybox")
+        for deb in package_debs:
+            debian_packages.unpack(deb, work / "packages")
         releases = sorted(p.name for p in (work / "kernel/lib/modules").iterdir())
         if len(releases) != 1:
             raise InitramfsError(f"{kernel_deb.name} holds module trees {releases}, expected one")
         release = releases[0]
         # The .deb ships no modules.dep (its postinst makes it); make one to resolve deps.
         _run(["depmod", "-b", str(work / "kernel"), release], "depmod for the kernel package")
-        module_count = _stage_root(work / "kernel", work / "busybox", release, work / "root")
+        host_files: dict[str, str] = {}
+        module_count = _stage_root(work / "kernel", work / "busybox", work / "packages", release,
+                                   work / "root", host_files)
         _write_cpio(work / "root", work / "initramfs.cpio.gz", compress=True)
         shutil.copy2(work / "kernel/boot" / f"vmlinuz-{release}", work / "vmlinuz")
         (work / "manifest.json").write_text(json.dumps({
             "kernel_package": kernel_package, "kernel_deb": kernel_deb.name,
-            "busybox_deb": busybox_deb.name, "kernel_release": release,
+            "busybox_deb": busybox_deb.name, "package_debs": [deb.name for deb in package_debs],
+            "kernel_release": release, "host_files": host_files,
             "modules": module_count, "build_seconds": round(time.monotonic() - started, 1),
         }, indent=2) + "\n")
         # Keep only what boots; the unpacked trees are large and cheap to recreate.
         shutil.rmtree(work / "kernel")
         shutil.rmtree(work / "busybox")
+        shutil.rmtree(work / "packages")
         shutil.rmtree(work / "root")
         shutil.rmtree(out, ignore_errors=True)
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _prune_cache(keep=out, kernel_deb=kernel_deb, busybox_deb=busybox_deb)
+    _prune_cache(keep=out, debs=[kernel_deb, busybox_deb, *package_debs])
     size_mib = (out / "initramfs.cpio.gz").stat().st_size / 2**20
     log(f"fabric lab: built {out.name}: {module_count} modules, initramfs {size_mib:.1f} MiB, "
         f"{time.monotonic() - started:.1f} s")
     return GuestImage(out / "vmlinuz", out / "initramfs.cpio.gz", release, kernel_package)
 
 
-def _prune_cache(keep: Path, kernel_deb: Path, busybox_deb: Path) -> None:
+def _host_files_unchanged(host_files: dict[str, str]) -> bool:
+    """True if every host file a cached image copied still has the stamp it had then."""
+    for path, stamp in host_files.items():
+        try:
+            if _file_stamp(Path(path)) != stamp:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _prune_cache(keep: Path, debs: list[Path]) -> None:
     """Drop superseded images and .debs so the cache does not grow with every kernel update.
     A running lab is unaffected: QEMU read its kernel and initramfs when it started."""
     for old in lab_paths.build_cache_dir().iterdir():
         if old != keep and ".tmp" not in old.name:
             shutil.rmtree(old, ignore_errors=True)
     for deb in lab_paths.debs_dir().glob("*.deb"):
-        if deb not in (kernel_deb, busybox_deb):
+        if deb not in debs:
             deb.unlink(missing_ok=True)
 
 
