@@ -91,7 +91,8 @@ class BufferPool:
                 f"({self.free_bytes} bytes free)"
             )
         region = _core.Region(self._pool, off, n, self._release)
-        return np.frombuffer(region, dtype=np.uint8)
+        # Region exports the buffer protocol; numpy's stubs only list builtins.
+        return np.frombuffer(region, dtype=np.uint8)  # type: ignore[call-overload]
 
     def _release(self, off: int, n: int) -> None:
         with self._lock:

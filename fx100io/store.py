@@ -25,8 +25,9 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from fx100io import _core, layout
 from fx100io.device import Device, open_device
@@ -339,7 +340,7 @@ class ChunkStore:
             return [(op, off, mv)], None
         head, rem = n - n % bs, n % bs
         tail = aligned_array(bs)
-        parts = [(op, off, mv[:head])] if head else []
+        parts: list[tuple[int, int, Any]] = [(op, off, mv[:head])] if head else []
         parts.append((op, off + head, tail))
         if op == WRITE:
             tail[:rem] = mv[head:]
@@ -348,7 +349,7 @@ class ChunkStore:
         def fixup(total: int) -> int:
             if total < n:
                 return total
-            mv[head:] = tail[:rem]
+            mv[head:] = tail[:rem].tobytes()  # under one block
             return n
         return parts, fixup
 
@@ -377,7 +378,7 @@ class ChunkStore:
                         m.used += need
                         taken.append((m, off, length))
                         return off
-                victims = []
+                victims: list[Entry] = []
                 freed = 0
                 for e in list(m.lru.values()):
                     if freed >= need and m.used - freed + need <= m.capacity:
@@ -390,11 +391,11 @@ class ChunkStore:
                     raise DeviceFullError(
                         28, f"no space for a chunk of {length} bytes: every chunk is in use",
                         m.dev.target)
-                for e in victims:
-                    del m.lru[e.key]
-                    if self._entries.get(e.key) is e:
-                        del self._entries[e.key]
-            self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, 0, 0, 0) for e in victims])
+                for victim in victims:
+                    del m.lru[victim.key]
+                    if self._entries.get(victim.key) is victim:
+                        del self._entries[victim.key]
+            self._commit(m, [(_core.REC_DEL, v.key, m.sb.dev_index, 0, 0, 0) for v in victims])
             with self._mu:
                 for e in victims:
                     self._release(m, e)
@@ -420,16 +421,16 @@ class ChunkStore:
         taken: list = []
         try:
             placed = [(key, mv, self._member_of(key)) for key, mv in items]
-            offs = [self._allocate(m, mv.nbytes, taken) for key, mv, m in placed]
+            offs = [self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
             # Submit every write, then checksum while the device works.
             futs: dict[int, tuple[Member, list]] = {}
-            for (key, mv, m), off in zip(placed, offs):
+            for (_key, mv, m), off in zip(placed, offs):
                 if mv.nbytes:
                     futs.setdefault(id(m), (m, []))[1].extend(self._io_parts(m, WRITE, off, mv)[0])
             started = [(m, m.dev.start(reqs), reqs) for m, reqs in futs.values()]
-            crcs = [_core.crc32c(mv) for key, mv, m in placed]
+            crcs = [_core.crc32c(mv) for _key, mv, _m in placed]
             for m, fs, reqs in started:
-                for f, (_op, off, mv) in zip(fs, reqs):
+                for f, (_op, off, _mv) in zip(fs, reqs):
                     res, _status = await f
                     if res < 0:
                         raise error_from_errno(-res, f"{m.dev.target}: write chunk at {off}")

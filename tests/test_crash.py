@@ -14,9 +14,9 @@ import sys
 import time
 
 import numpy as np
+from conftest import REPO, chunk_bytes
 
 import fx100io
-from conftest import REPO, chunk_bytes
 
 WRITER = r"""
 import sys, os
@@ -58,7 +58,7 @@ def test_sigkill_twenty_times(tmp_path):
             acked = [ln.strip() for ln in f if ln.strip()]
         total_acked = len(acked)
         with fx100io.ChunkStore(path) as st:
-            keys = set(k.decode() for k in st.keys())
+            keys = {k.decode() for k in st.keys()}
             lost = [k for k in acked if k not in keys]
             assert not lost, f"run {run}: acknowledged chunks lost: {lost[:5]}"
             for key in keys:

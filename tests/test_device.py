@@ -7,10 +7,10 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import chunk_bytes
 
 import fx100io
 from fx100io import errors
-from conftest import chunk_bytes
 
 ENGINES = ["io_uring", "psync"]
 

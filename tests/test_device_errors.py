@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import chunk_bytes, run_python
 
 import fx100io
 from fx100io import errors
-from conftest import chunk_bytes, run_python
 
 
 def test_missing_device(tmp_path):

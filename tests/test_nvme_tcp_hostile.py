@@ -8,10 +8,10 @@ import time
 
 import numpy as np
 import pytest
+from evil_target import SCENARIOS, EvilTarget
 
 import fx100io
 from fx100io import errors
-from evil_target import SCENARIOS, EvilTarget
 
 GUARD = 64 << 10
 

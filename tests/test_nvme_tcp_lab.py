@@ -6,10 +6,10 @@ import asyncio
 
 import numpy as np
 import pytest
+from conftest import chunk_bytes
 
 import fx100io
 from fx100io import errors
-from conftest import chunk_bytes
 
 pytest_plugins = ["lab_fixture"]
 pytestmark = pytest.mark.lab

@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import chunk_bytes
+from target_process import serve, wait_port_free
 
 import fx100io
 from fx100io import errors
-from conftest import chunk_bytes
-from target_process import serve, wait_port_free
 
 NQN = "nqn.2026-11.io.fx100:test"
 

@@ -8,10 +8,10 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import chunk_bytes, run_python
 
 import fx100io
 from fx100io import errors
-from conftest import chunk_bytes, run_python
 
 SIZES = [1, 4095, 4096, 4097, 1 << 20, (14 << 20) + 123, 64 << 20]
 
