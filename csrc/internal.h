@@ -67,9 +67,6 @@ struct fx_transport_ops {
 	                    unsigned n);
 	int (*queue_reap)(struct fx_queue *q, struct fx_cqe *out, unsigned max);
 	int (*queue_wait)(struct fx_queue *q, unsigned min, int timeout_ms);
-	int (*queue_fd)(const struct fx_queue *q);
-	unsigned (*queue_pending)(const struct fx_queue *q);
-	unsigned (*queue_features)(const struct fx_queue *q);
 };
 
 /* Every transport's device and queue start with these headers. */
@@ -78,11 +75,29 @@ struct fx_dev {
 	struct fx_dev_info info;
 };
 
+struct req_table;
+
+/* What every queue exposes; transports fill these in at create time, so the
+ * dispatcher answers fd/pending/features/stats without an op each. */
 struct fx_queue {
 	const struct fx_transport_ops *ops;
 	struct fx_dev *dev;
+	struct req_table *reqs;      /* the transport's request table */
+	int poll_fd;                 /* eventfd that signals completions */
+	unsigned features;           /* FX_RING_* */
 	struct fx_queue_stats stats; /* kept by the transport */
 };
+
+/* Monotonic milliseconds. */
+int64_t fx_now_ms(void);
+
+/*
+ * The blocking wait of ring-driven queues: run process(q) (reap CQEs, issue
+ * more work) and sleep in the ring until at least min requests are done or
+ * timeout_ms passes (-ETIME; < 0 waits forever).  -EINTR on a signal.
+ */
+int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
+                      void (*process)(struct fx_queue *q), unsigned min, int timeout_ms);
 
 extern const struct fx_transport_ops fx_transport_file;
 extern const struct fx_transport_ops fx_transport_psync;

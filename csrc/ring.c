@@ -9,7 +9,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include "internal.h"
+#include "reqs.h"
 
 /* Flag sets to try, best first.  Older kernels reject unknown setup flags
  * with -EINVAL, so each step drops what the previous kernel generation
@@ -125,4 +128,41 @@ void fx_ring_flush_events(struct fx_ring *r)
 	}
 	if (r->features & FX_RING_DEFER_TASKRUN)
 		io_uring_get_events(&r->uring);
+}
+
+int64_t fx_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
+                      void (*process)(struct fx_queue *q), unsigned min, int timeout_ms)
+{
+	int64_t deadline = timeout_ms >= 0 ? fx_now_ms() + timeout_ms : -1;
+
+	if (min > q->reqs->pending)
+		min = q->reqs->pending; /* never wait for what was not asked */
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts, *tsp = NULL;
+
+		process(q);
+		if (q->reqs->ndone >= min)
+			return (int)q->reqs->ndone;
+		if (deadline >= 0) {
+			int64_t left = deadline - fx_now_ms();
+			if (left <= 0)
+				return -ETIME;
+			ts.tv_sec = left / 1000;
+			ts.tv_nsec = (left % 1000) * 1000000;
+			tsp = &ts;
+		}
+		int ret = io_uring_submit_and_wait_timeout(&r->uring, &cqe, 1, tsp, NULL);
+		if (ret == -EINTR)
+			return -EINTR;
+		if (ret < 0 && ret != -ETIME && ret != -EAGAIN && ret != -EBUSY)
+			return ret;
+	}
 }

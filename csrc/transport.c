@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "reqs.h"
 
 static const struct fx_transport_ops *const transports[] = {
 	&fx_transport_file,
@@ -82,17 +83,11 @@ int fx_queue_wait(struct fx_queue *q, unsigned min, int timeout_ms)
 	return q->ops->queue_wait(q, min, timeout_ms);
 }
 
-int fx_queue_fd(const struct fx_queue *q) { return q->ops->queue_fd(q); }
+int fx_queue_fd(const struct fx_queue *q) { return q->poll_fd; }
 
-unsigned fx_queue_pending(const struct fx_queue *q)
-{
-	return q->ops->queue_pending(q);
-}
+unsigned fx_queue_pending(const struct fx_queue *q) { return q->reqs->pending; }
 
-unsigned fx_queue_features(const struct fx_queue *q)
-{
-	return q->ops->queue_features(q);
-}
+unsigned fx_queue_features(const struct fx_queue *q) { return q->features; }
 
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out)
 {

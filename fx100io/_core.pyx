@@ -162,6 +162,26 @@ def decode_segment(buf, size_t offset, uint64_t generation):
         PyBuffer_Release(&view)
 
 
+cdef int _export_bytes(Py_buffer *view, object owner, void *buf, Py_ssize_t n,
+                       Py_ssize_t *shape, Py_ssize_t *strides) except -1:
+    """Fill view as a writable 1-D uint8 buffer of n bytes at buf; shape and
+    strides are the owner's storage (they must outlive the view)."""
+    shape[0] = n
+    strides[0] = 1
+    view.buf = buf
+    view.obj = owner
+    view.len = n
+    view.readonly = 0
+    view.itemsize = 1
+    view.format = "B"
+    view.ndim = 1
+    view.shape = shape
+    view.strides = strides
+    view.suboffsets = NULL
+    view.internal = NULL
+    return 0
+
+
 cdef class Pool:
     """Pinned memory (csrc/bufpool.c).  Exposes the whole mapping through
     the buffer protocol; sub-allocation happens in Python."""
@@ -198,19 +218,8 @@ cdef class Pool:
         return bool(fx_pool_huge(self.p))
 
     def __getbuffer__(self, Py_buffer *view, int flags):
-        self.shape[0] = <Py_ssize_t>fx_pool_size(self.p)
-        self.strides[0] = 1
-        view.buf = fx_pool_base(self.p)
-        view.obj = self
-        view.len = self.shape[0]
-        view.readonly = 0
-        view.itemsize = 1
-        view.format = "B"
-        view.ndim = 1
-        view.shape = self.shape
-        view.strides = self.strides
-        view.suboffsets = NULL
-        view.internal = NULL
+        _export_bytes(view, self, fx_pool_base(self.p), <Py_ssize_t>fx_pool_size(self.p),
+                      self.shape, self.strides)
 
     def __releasebuffer__(self, Py_buffer *view):
         pass
@@ -274,19 +283,8 @@ cdef class Region:
             self.release(self.off, self.length)
 
     def __getbuffer__(self, Py_buffer *view, int flags):
-        self.shape[0] = <Py_ssize_t>self.length
-        self.strides[0] = 1
-        view.buf = <void *>self.addr
-        view.obj = self
-        view.len = self.shape[0]
-        view.readonly = 0
-        view.itemsize = 1
-        view.format = "B"
-        view.ndim = 1
-        view.shape = self.shape
-        view.strides = self.strides
-        view.suboffsets = NULL
-        view.internal = NULL
+        _export_bytes(view, self, <void *>self.addr, <Py_ssize_t>self.length,
+                      self.shape, self.strides)
 
     def __releasebuffer__(self, Py_buffer *view):
         pass

@@ -379,62 +379,18 @@ static int fq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
 	return fx_reqs_pop_done(&q->t, out, max);
 }
 
-static int64_t now_ms(void)
+static void fq_process(struct fx_queue *base)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	struct file_queue *q = (struct file_queue *)base;
+	process_cqes(q);
+	/* A wait that submitted SQEs has flushed them. */
+	q->unsubmitted = 0;
 }
 
 static int fq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 {
-	struct file_queue *q = (struct file_queue *)base;
-	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : -1;
-
-	if (min > q->t.pending)
-		min = q->t.pending; /* never wait for what was not asked */
-	for (;;) {
-		struct io_uring_cqe *cqe;
-		struct __kernel_timespec ts, *tsp = NULL;
-		int ret;
-
-		process_cqes(q);
-		if (q->t.ndone >= min)
-			return (int)q->t.ndone;
-		if (deadline >= 0) {
-			int64_t left = deadline - now_ms();
-			if (left <= 0)
-				return -ETIME;
-			ts.tv_sec = left / 1000;
-			ts.tv_nsec = (left % 1000) * 1000000;
-			tsp = &ts;
-		}
-		ret = io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1,
-		                                       tsp, NULL);
-		if (ret >= 0)
-			q->unsubmitted = 0;
-		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN &&
-		    ret != -EBUSY)
-			return ret;
-		if (ret == -EINTR)
-			return -EINTR;
-	}
-}
-
-static int fq_fd(const struct fx_queue *base)
-{
-	return ((const struct file_queue *)base)->ring.efd;
-}
-
-static unsigned fq_pending(const struct fx_queue *base)
-{
-	return ((const struct file_queue *)base)->t.pending;
-}
-
-static unsigned fq_features(const struct fx_queue *base)
-{
-	const struct file_queue *q = (const struct file_queue *)base;
-	return q->ring.features | (q->fixed_files ? FX_RING_FIXED_FILES : 0);
+	return fx_ring_wait_done(base, &((struct file_queue *)base)->ring, fq_process, min,
+	                         timeout_ms);
 }
 
 static void fq_destroy(struct fx_queue *base)
@@ -497,6 +453,9 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
 		goto fail;
 	if (io_uring_register_files(&q->ring.uring, q->fds, 2) == 0)
 		q->fixed_files = 1;
+	q->base.reqs = &q->t;
+	q->base.poll_fd = q->ring.efd;
+	q->base.features = q->ring.features | (q->fixed_files ? FX_RING_FIXED_FILES : 0);
 	*out = &q->base;
 	return 0;
 fail:
@@ -516,7 +475,4 @@ const struct fx_transport_ops fx_transport_file = {
 	.queue_submit = fq_submit,
 	.queue_reap = fq_reap,
 	.queue_wait = fq_wait,
-	.queue_fd = fq_fd,
-	.queue_pending = fq_pending,
-	.queue_features = fq_features,
 };

@@ -111,22 +111,6 @@ static int pq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 	return (int)((struct psync_queue *)base)->t.ndone;
 }
 
-static int pq_fd(const struct fx_queue *base)
-{
-	return ((const struct psync_queue *)base)->efd;
-}
-
-static unsigned pq_pending(const struct fx_queue *base)
-{
-	return ((const struct psync_queue *)base)->t.pending;
-}
-
-static unsigned pq_features(const struct fx_queue *base)
-{
-	(void)base;
-	return 0;
-}
-
 static void pq_destroy(struct fx_queue *base)
 {
 	struct psync_queue *q = (struct psync_queue *)base;
@@ -162,6 +146,8 @@ static int pq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
 		free(q);
 		return ret;
 	}
+	q->base.reqs = &q->t;
+	q->base.poll_fd = q->efd;
 	*out = &q->base;
 	return 0;
 }
@@ -175,7 +161,4 @@ const struct fx_transport_ops fx_transport_psync = {
 	.queue_submit = pq_submit,
 	.queue_reap = pq_reap,
 	.queue_wait = pq_wait,
-	.queue_fd = pq_fd,
-	.queue_pending = pq_pending,
-	.queue_features = pq_features,
 };

@@ -293,12 +293,7 @@ struct tcp_queue {
 	struct __kernel_timespec tick;
 };
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#define now_ms fx_now_ms
 
 static struct io_uring_sqe *get_sqe(struct tcp_queue *q)
 {
@@ -1071,48 +1066,15 @@ static int tq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
 	return fx_reqs_pop_done(&q->t, out, max);
 }
 
+static void tq_process(struct fx_queue *base)
+{
+	process_cqes((struct tcp_queue *)base);
+}
+
 static int tq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 {
-	struct tcp_queue *q = (struct tcp_queue *)base;
-	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : -1;
-
-	if (min > q->t.pending)
-		min = q->t.pending;
-	for (;;) {
-		struct io_uring_cqe *cqe;
-		struct __kernel_timespec ts, *tsp = NULL;
-		process_cqes(q);
-		if (q->t.ndone >= min)
-			return (int)q->t.ndone;
-		if (deadline >= 0) {
-			int64_t left = deadline - now_ms();
-			if (left <= 0)
-				return -ETIME;
-			ts.tv_sec = left / 1000;
-			ts.tv_nsec = (left % 1000) * 1000000;
-			tsp = &ts;
-		}
-		int ret = io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1, tsp, NULL);
-		if (ret == -EINTR)
-			return -EINTR;
-		if (ret < 0 && ret != -ETIME && ret != -EAGAIN && ret != -EBUSY)
-			return ret;
-	}
-}
-
-static int tq_fd(const struct fx_queue *base)
-{
-	return ((const struct tcp_queue *)base)->ring.efd;
-}
-
-static unsigned tq_pending(const struct fx_queue *base)
-{
-	return ((const struct tcp_queue *)base)->t.pending;
-}
-
-static unsigned tq_features(const struct fx_queue *base)
-{
-	return ((const struct tcp_queue *)base)->ring.features;
+	return fx_ring_wait_done(base, &((struct tcp_queue *)base)->ring, tq_process, min,
+	                         timeout_ms);
 }
 
 static void tq_destroy(struct fx_queue *base)
@@ -1177,6 +1139,7 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->base.ops = dev->ops;
 	q->base.dev = dev;
 	q->dev = d;
+	q->base.reqs = &q->t;
 	q->nconns = d->queues;
 	ret = fx_reqs_init(&q->t, o->slots);
 	if (ret < 0) {
@@ -1223,6 +1186,8 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 			goto fail_ring;
 	}
 	io_uring_submit(&q->ring.uring);
+	q->base.poll_fd = q->ring.efd;
+	q->base.features = q->ring.features;
 	*out = &q->base;
 	return 0;
 fail_ring:
@@ -1252,9 +1217,6 @@ const struct fx_transport_ops fx_transport_tcp = {
 	.queue_submit = tq_submit,
 	.queue_reap = tq_reap,
 	.queue_wait = tq_wait,
-	.queue_fd = tq_fd,
-	.queue_pending = tq_pending,
-	.queue_features = tq_features,
 };
 
 /* For logs: a connection's state in words (DESIGN rule 7). */
