@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,7 @@ class Host:
         self.maxh2cdata = 0
         self.cntlid = None
         self.qid = 0
+        self.record: list[bytes] | None = None  # PDUs sent, when a list
 
     def close(self) -> None:
         self.sock.close()
@@ -155,6 +157,8 @@ class Host:
         out += data
         if dd:
             out += struct.pack("<I", crc32c(data) ^ (1 if bad_ddgst else 0))
+        if self.record is not None:
+            self.record.append(bytes(out))
         self.sock.sendall(out)
 
     # --- connection set-up
@@ -324,6 +328,7 @@ class Target:
     def __init__(self, proc: subprocess.Popen, port: int, paths: list[Path], bs: int):
         self.proc, self.port, self.paths, self.bs = proc, port, paths, bs
         self.stderr = ""
+        self.log: Any = None
 
     def stop(self, sig: int = signal.SIGINT) -> int:
         if self.proc.poll() is None:
@@ -333,7 +338,8 @@ class Target:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             rc = self.proc.wait()
-        self.stderr = self.proc.stderr.read() if self.proc.stderr else ""
+        self.log.seek(0)
+        self.stderr = self.log.read().decode(errors="replace")
         return rc
 
 
@@ -354,16 +360,20 @@ def start_target(tmp_path):
                 "--nqn", NQN, "--block-size", str(bs)]
         for p in paths:
             args += ["--namespace", str(p)]
-        proc = subprocess.Popen(args + list(extra), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+        # stderr to a file: an undrained pipe would block the target's logging
+        log = open(tmp_path / f"target{len(started)}.log", "w+b")
+        proc = subprocess.Popen(args + list(extra), stdout=subprocess.PIPE, stderr=log,
+                                text=True, cwd=str(REPO))
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if ready else ""
         m = re.fullmatch(r"listening on nvme\+tcp://127\.0\.0\.1:(\d+)/(\S+)\n", line)
         if not m:
             proc.kill()
-            raise AssertionError(f"no listening line: {line!r} {proc.stderr.read()}")
+            log.seek(0)
+            raise AssertionError(f"no listening line: {line!r} {log.read()!r}")
         assert m.group(2) == NQN
         t = Target(proc, int(m.group(1)), paths, bs)
+        t.log = log
         started.append(t)
         return t
 
@@ -1076,8 +1086,9 @@ def test_tshark_decodes_our_pdus_without_malformed_packets(start_target, tmp_pat
         pytest.skip("capturing on lo needs root")
     t = start_target(sizes=(4 << 20,))
     pcap = tmp_path / "nvme.pcap"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # (ASan runs)
     cap = subprocess.Popen(["tshark", "-i", "lo", "-f", f"tcp port {t.port}", "-w", str(pcap)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 20
         err = ""
@@ -1106,7 +1117,7 @@ def test_tshark_decodes_our_pdus_without_malformed_packets(start_target, tmp_pat
     decode = ["tshark", "-r", str(pcap), "-d", f"tcp.port=={t.port},nvme-tcp",
               "-o", "nvme-tcp.check_hdgst:TRUE", "-o", "nvme-tcp.check_ddgst:TRUE"]
     pdus = subprocess.run(decode + ["-T", "fields", "-e", "nvme-tcp.type"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     assert pdus.returncode == 0, pdus.stderr
     types = {int(x) for line in pdus.stdout.split() for x in line.split(",") if x}
     assert {ICREQ, ICRESP, CMD, RSP, C2H_DATA, R2T, H2C_DATA} <= types, (types, pcap.stat())
@@ -1114,10 +1125,64 @@ def test_tshark_decodes_our_pdus_without_malformed_packets(start_target, tmp_pat
     bad = subprocess.run(decode + ["-Y", "_ws.malformed || (_ws.expert.severity >= warning"
                                    " && !tcp.analysis.flags) || nvme-tcp.hdgst.status == 0"
                                    " || nvme-tcp.ddgst.status == 0"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 0 and bad.stdout.strip() == "", bad.stdout[:3000]
     # wireshark checked the digests too: some were there to check
     dg = subprocess.run(decode + ["-Y", "nvme-tcp.type == 7 && nvme-tcp.hdgst.status == 1"
                                   " && nvme-tcp.ddgst.status == 1"],
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=120, env=env)
     assert dg.stdout.strip(), "no C2HData with both digests checked good"
+
+
+# ----------------------------------------------------------------- fuzz
+
+def _valid_session(port: int, hdgst: bool, ddgst: bool) -> list[bytes]:
+    """The PDUs of a valid admin + I/O session as the host would send them,
+    recorded from our host (one recording per digest setting)."""
+    h = Host(port, hdgst, ddgst)
+    h.record = []
+    h.icreq()
+    assert h.connect(0).ok
+    h.enable()
+    h.identify(1)
+    h.set_queues(1)
+    h.get_log(0x02, 64)
+    h.close()
+    return h.record
+
+
+def test_fuzzed_pdus_never_crash_the_target(start_target):
+    import random
+
+    t = start_target(sizes=(1 << 20,))
+    rng = random.Random(1234)
+    sessions = [_valid_session(t.port, hd, dd) for hd, dd in ((0, 0), (1, 1))]
+    for i in range(int(os.environ.get("FX100IO_FUZZ_ITERATIONS", "300"))):
+        pdus = list(rng.choice(sessions))
+        k = rng.randrange(len(pdus))
+        b = bytearray(pdus[k])
+        for _ in range(rng.randint(1, 4)):
+            what = rng.random()
+            if what < 0.6 and b:
+                pos = rng.randrange(min(len(b), 80)) if rng.random() < 0.7 else rng.randrange(len(b))
+                b[pos] = rng.randrange(256)
+            elif what < 0.8:
+                b = b[:rng.randrange(len(b) + 1)]
+            else:
+                b += os.urandom(rng.randint(1, 64))
+        pdus[k] = bytes(b)
+        s = socket.create_connection(("127.0.0.1", t.port))
+        s.settimeout(0.05)
+        try:
+            s.sendall(b"".join(pdus))
+            while s.recv(65536):
+                pass
+        except (socket.timeout, ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            s.close()
+        assert t.proc.poll() is None, f"target died at iteration {i}"
+    a = admin(t.port)
+    q = io_queue(t.port, a.cntlid, 1)
+    data = rand_blocks(8, 512)
+    assert q.write(3, data, 512).ok and q.read(3, 8, 512)[1] == data

@@ -63,6 +63,7 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 	struct fx_target *t = c->t;
 	const struct nvmf_connect_cmd *cmd = (const struct nvmf_connect_cmd *)r->sqe;
 	struct nvmf_connect_data d;
+	char hp[NVMF_NQN_SIZE], sp[NVMF_NQN_SIZE]; /* printable copies for logs */
 	int discovery;
 	uint16_t sf;
 
@@ -77,17 +78,17 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		return invalid_param(r, 0, offsetof(struct nvmf_connect_data, subsysnqn));
 	if (!memchr(d.hostnqn, 0, sizeof(d.hostnqn)) || !d.hostnqn[0])
 		return invalid_param(r, 0, offsetof(struct nvmf_connect_data, hostnqn));
+	tgt_printable(hp, sizeof(hp), d.hostnqn);
+	tgt_printable(sp, sizeof(sp), d.subsysnqn);
 	discovery = strcmp(d.subsysnqn, NVMF_DISCOVERY_NQN) == 0;
 	if (!discovery && strcmp(d.subsysnqn, t->subnqn) != 0) {
-		tgt_log(t, "%s: host %s asked for unknown subsystem %s", c->peer, d.hostnqn,
-		        d.subsysnqn);
+		tgt_log(t, "%s: host %s asked for unknown subsystem %s", c->peer, hp, sp);
 		return invalid_param(r, 0, offsetof(struct nvmf_connect_data, subsysnqn));
 	}
 	if (cmd->sqsize == 0 || cmd->sqsize > FX_TGT_MQES)
 		return invalid_param(r, 1, offsetof(struct nvmf_connect_cmd, sqsize));
 	if (!discovery && !tgt_host_allowed(t, d.hostnqn)) {
-		tgt_log(t, "%s: host %s is not allowed to connect to %s", c->peer, d.hostnqn,
-		        t->subnqn);
+		tgt_log(t, "%s: host %s is not allowed to connect to %s", c->peer, hp, t->subnqn);
 		return TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_HOST);
 	}
 	if (cmd->qid == 0) {
@@ -102,7 +103,7 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 			return TGT_SF(1, NVME_SC_CONNECT_CTRL_BUSY);
 		r->dw0 = ctrl->cntlid;
 		tgt_log(t, "%s: host %s connected to %s: controller %u, KATO %u ms, %s%s", c->peer,
-		        d.hostnqn, d.subsysnqn, ctrl->cntlid, cmd->kato,
+		        hp, sp, ctrl->cntlid, cmd->kato,
 		        c->hdgst ? "header digest" : "no header digest",
 		        c->ddgst ? ", data digest" : "");
 	} else {

@@ -57,6 +57,16 @@ uint64_t tgt_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+const char *tgt_printable(char *buf, size_t n, const char *s)
+{
+	size_t i = 0;
+
+	for (; s[i] && i + 1 < n; i++)
+		buf[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+	buf[i] = 0;
+	return buf;
+}
+
 const char *tgt_ctrl_state_str(enum tgt_ctrl_state s)
 {
 	switch (s) {
@@ -507,8 +517,10 @@ static void check_kato(struct fx_target *t)
 			continue;
 		if (now - atomic_load(&c->last_cmd_ms) <= c->kato_ms)
 			continue;
+		char h[NVMF_NQN_SIZE];
+
 		tgt_log(t, "controller %u (host %s): no command within KATO %u ms, dropping it",
-		        c->cntlid, c->hostnqn, c->kato_ms);
+		        c->cntlid, tgt_printable(h, sizeof(h), c->hostnqn), c->kato_ms);
 		c->state = TGT_CTRL_DEAD;
 		ctrl_kill_all_locked(t, c);
 	}

@@ -167,6 +167,9 @@ struct tgt_req {
 void tgt_log(const struct fx_target *t, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 uint64_t tgt_now_ms(void);
+/* s made safe to log (NQNs come from the wire): non-printable bytes become
+ * '?'; returns buf. */
+const char *tgt_printable(char *buf, size_t n, const char *s);
 
 /* admin.c */
 uint16_t tgt_exec_fabrics(struct tgt_conn *c, struct tgt_req *r);
