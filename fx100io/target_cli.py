@@ -147,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         except BaseException as e:  # reported by the main thread
             result["error"] = e
 
+    # (_core.pyi does not declare target_stop yet)
+    stop_all = _core.target_stop  # type: ignore[attr-defined]
+
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
-        _core.target_stop()
+        stop_all()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     worker = threading.Thread(target=serve, name="fx100io-target", daemon=True)
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         while worker.is_alive():
             worker.join(0.2)
             if stop.is_set():
-                _core.target_stop()  # again: a signal may beat the target's start
+                stop_all()  # again: a signal may beat the target's start
     finally:
         for s, h in old.items():
             signal.signal(s, h)
