@@ -639,9 +639,12 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	uint32_t data_len = 0;
 	int incapsule = 0;
 
-	if (t->verbose)
-		tgt_log(t, "%s qid %u: cid %u opcode 0x%02x%s nsid %u sgl type 0x%02x len %u", c->peer,
-		        c->qid, sqe->cid, sqe->opcode, fabrics ? " (fabrics)" : "", sqe->nsid, sgl->type,
+	if (t->verbose && fabrics)
+		tgt_log(t, "%s qid %u: cid %u fabrics fctype 0x%02x sgl type 0x%02x len %u", c->peer,
+		        c->qid, sqe->cid, ((const uint8_t *)sqe)[4], sgl->type, sgl->length);
+	else if (t->verbose)
+		tgt_log(t, "%s qid %u: cid %u opcode 0x%02x nsid %u cdw10 0x%x sgl type 0x%02x len %u",
+		        c->peer, c->qid, sqe->cid, sqe->opcode, sqe->nsid, sqe->cdw10, sgl->type,
 		        sgl->length);
 	if (t->fault_delay_ms)
 		usleep(t->fault_delay_ms * 1000u);

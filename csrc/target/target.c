@@ -586,6 +586,12 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 			c->local_family = ls.ss_family;
 			getnameinfo((struct sockaddr *)&ls, ll, c->local_addr, sizeof(c->local_addr), NULL,
 			            0, NI_NUMERICHOST);
+			/* An IPv4 host reaching a "::" listener: advertise the
+			 * IPv4 address it used, not the mapped form. */
+			if (strncmp(c->local_addr, "::ffff:", 7) == 0 && strchr(c->local_addr, '.')) {
+				memmove(c->local_addr, c->local_addr + 7, strlen(c->local_addr + 7) + 1);
+				c->local_family = AF_INET;
+			}
 		}
 	}
 	pthread_mutex_lock(&t->lock);
