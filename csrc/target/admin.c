@@ -199,10 +199,12 @@ static uint16_t prop_set(struct tgt_conn *c, struct tgt_req *r)
 	} else {
 		ctrl->csts &= ~(3u << 2);
 	}
-	if (t->verbose || before != ctrl->state)
-		tgt_log(t, "controller %u: CC 0x%08x -> %s", ctrl->cntlid, v,
-		        tgt_ctrl_state_str(ctrl->state));
+	enum tgt_ctrl_state after = ctrl->state;
+
 	pthread_mutex_unlock(&t->lock);
+	/* (logged outside the lock: a slow stderr must not stall other queues) */
+	if (t->verbose || before != after)
+		tgt_log(t, "controller %u: CC 0x%08x -> %s", ctrl->cntlid, v, tgt_ctrl_state_str(after));
 	return 0;
 }
 

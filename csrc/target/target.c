@@ -510,6 +510,12 @@ void tgt_conn_detach(struct tgt_conn *conn)
 static void check_kato(struct fx_target *t)
 {
 	uint64_t now = tgt_now_ms();
+	struct {
+		uint16_t cntlid;
+		uint32_t kato_ms;
+		char host[NVMF_NQN_SIZE];
+	} gone[4];
+	unsigned n = 0, more = 0;
 
 	pthread_mutex_lock(&t->lock);
 	for (struct tgt_ctrl *c = t->ctrls; c; c = c->next) {
@@ -517,14 +523,24 @@ static void check_kato(struct fx_target *t)
 			continue;
 		if (now - atomic_load(&c->last_cmd_ms) <= c->kato_ms)
 			continue;
-		char h[NVMF_NQN_SIZE];
-
-		tgt_log(t, "controller %u (host %s): no command within KATO %u ms, dropping it",
-		        c->cntlid, tgt_printable(h, sizeof(h), c->hostnqn), c->kato_ms);
 		c->state = TGT_CTRL_DEAD;
 		ctrl_kill_all_locked(t, c);
+		if (n < 4) {
+			gone[n].cntlid = c->cntlid;
+			gone[n].kato_ms = c->kato_ms;
+			tgt_printable(gone[n].host, sizeof(gone[n].host), c->hostnqn);
+			n++;
+		} else {
+			more++;
+		}
 	}
 	pthread_mutex_unlock(&t->lock);
+	/* (logged outside the lock: a slow stderr must not stall other queues) */
+	for (unsigned i = 0; i < n; i++)
+		tgt_log(t, "controller %u (host %s): no command within KATO %u ms, dropped it",
+		        gone[i].cntlid, gone[i].host, gone[i].kato_ms);
+	if (more)
+		tgt_log(t, "%u more controllers dropped for keep alive timeout", more);
 }
 
 /* --------------------------------------------------------- connections */
@@ -597,13 +613,13 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 	pthread_mutex_lock(&t->lock);
 	c->next = t->conns;
 	t->conns = c;
-	if (pthread_create(&c->thread, NULL, tgt_conn_main, c) == 0) {
+	if (pthread_create(&c->thread, NULL, tgt_conn_main, c) == 0)
 		c->thread_started = 1;
-	} else {
-		tgt_log(t, "cannot start a thread for %s", c->peer);
-		atomic_store(&c->done, 1);
-	}
+	else
+		atomic_store(&c->done, 1); /* reaped (and closed) on the next turn */
 	pthread_mutex_unlock(&t->lock);
+	if (!c->thread_started)
+		tgt_log(t, "cannot start a thread for %s", c->peer);
 }
 
 int fx_target_run(struct fx_target *t)
