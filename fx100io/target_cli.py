@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             result["error"] = e
 
     # (_core.pyi does not declare target_stop yet)
-    stop_all = _core.target_stop  # type: ignore[attr-defined]
+    stop_all = _core.target_stop
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
