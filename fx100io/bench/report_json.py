@@ -120,7 +120,7 @@ def combined(r: JobResult) -> DirStats:
 
 
 def latency_buckets(d: DirStats) -> dict[str, dict[str, float]]:
-    ns = d.fraction_below([b for b in LAT_NS_BOUNDS])
+    ns = d.fraction_below(list(LAT_NS_BOUNDS))
     us = d.fraction_below([b * 1000 for b in LAT_US_BOUNDS])
     ms = d.fraction_below([b * 1_000_000 for b in LAT_MS_BOUNDS] + [1 << 62])
     # fraction_below counts from zero each time; the us and ms tables start

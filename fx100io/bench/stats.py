@@ -116,7 +116,7 @@ class DirStats:
         """Nearest-rank percentiles, bucket midpoints clamped to [min, max]."""
         self.flush()
         if self._n == 0:
-            return {p: 0 for p in pcts}
+            return dict.fromkeys(pcts, 0)
         cum = np.cumsum(self.counts)
         out = {}
         for p in pcts:
