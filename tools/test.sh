@@ -24,6 +24,6 @@ tools/install_lmcache.sh "$PY"
 
 # `run` starts the lab if it is not running, runs the command in the lab's
 # network namespace (loopback is up there too), and stops what it started.
-"$PY" tools/fabric_lab/lab.py run -- "$PY" -m pytest -q -ra tests "$@"
+"$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra tests "$@"
 
 tools/asan_suite.sh
