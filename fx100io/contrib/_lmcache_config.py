@@ -322,17 +322,42 @@ BLANK_PROBE = 1 << 20
 
 
 def is_blank(uri: str) -> bool:
-    """True if a local device or file starts with BLANK_PROBE zero bytes (or is empty).
+    """True if a device starts with BLANK_PROBE zero bytes (or is an empty file).
 
-    Lets 'create: auto' format a brand-new disk while never touching one that holds
-    anything, not even data of another program.
+    Lets 'create: auto' format a brand-new disk or NVMe-oF namespace while never
+    touching one that holds anything, not even data of another program. Any doubt
+    (the device cannot be read) counts as not blank.
     """
     path = file_path(uri)
     if path is None:
-        return False
+        return _fabric_is_blank(uri)
     try:
         with open(path, "rb") as f:
             head = f.read(BLANK_PROBE)
     except OSError:
+        return False
+    return not head.strip(b"\0")
+
+
+def _fabric_is_blank(uri: str) -> bool:
+    """Read the head of a remote namespace through fx100io itself.
+
+    A fabric namespace is only reachable through our own initiator, so this is the
+    one place here that needs fx100io's core; it is imported only for fabric URIs.
+    """
+    if urlsplit(uri).scheme not in _FABRIC_SCHEMES:
+        return False
+    try:
+        import fx100io
+
+        with fx100io.open_device(uri, readonly=True) as dev:
+            size = min(BLANK_PROBE, dev.size)
+            size -= size % dev.block_size  # NVMe reads whole blocks
+            if size <= 0:
+                return False
+            head = bytearray(size)
+            if dev.read_into_blocking(0, head) != size:
+                return False
+    except Exception:  # noqa: BLE001 - unreadable is not blank; opening will report why
         return False
     return not head.strip(b"\0")

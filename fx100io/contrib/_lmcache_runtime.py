@@ -104,6 +104,16 @@ class LoopRunner:
             return self._own_thread.is_alive()
         return self.loop.is_running()
 
+    def wait_running(self, timeout_s: float) -> bool:
+        """True once the loop runs; LMCache starts its loop's thread just before it
+        builds the backends, so the loop may be a moment away from running."""
+        deadline = time.monotonic() + timeout_s
+        while not self.alive():
+            if self.loop.is_closed() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
 
