@@ -60,8 +60,10 @@ int fx_ring_init(struct fx_ring *r, unsigned entries)
 	if (ret < 0)
 		return ret;
 
-	if (io_uring_register_ring_fd(&r->uring) == 1)
-		r->features |= FX_RING_REG_RING_FD;
+	/* No io_uring_register_ring_fd(): a registered ring fd is held by the
+	 * registering thread, so a ring closed from another thread (Device.close
+	 * while a worker thread still lives) would keep its files open until
+	 * that thread exits. */
 
 	r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (r->efd < 0) {
@@ -160,8 +162,8 @@ int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
 			tsp = &ts;
 		}
 		int ret = io_uring_submit_and_wait_timeout(&r->uring, &cqe, 1, tsp, NULL);
-		if (ret == -EINTR)
-			return -EINTR;
+		if (ret == -EINTR || ret == -EEXIST)
+			return ret; /* EEXIST: not the ring's thread (SINGLE_ISSUER) */
 		if (ret < 0 && ret != -ETIME && ret != -EAGAIN && ret != -EBUSY)
 			return ret;
 	}

@@ -200,3 +200,46 @@ print("ok")
     p = run_python(DROP_IPC_LOCK, inner)
     assert p.stdout.strip() == "ok"
     assert "RLIMIT_MEMLOCK" in p.stderr  # logged once
+
+
+def test_close_from_another_thread_releases_the_file(tmp_path):
+    """Device.close() from one thread while a worker thread that used the
+    device is still alive: the file is released at once (its filesystem can
+    be unmounted) and the worker's next call fails cleanly."""
+    import threading
+    import time
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        dev = fx100io.open_device(str(mnt / "d.img"), create=True, size=4 << 20)
+        used, release, after = threading.Event(), threading.Event(), []
+
+        def worker():
+            dev.write_from_blocking(0, b"w" * 4096)
+            used.set()
+            release.wait(10)
+            try:
+                dev.read_into_blocking(0, bytearray(4096))
+            except Exception as e:
+                after.append(e)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        assert used.wait(10)
+        dev.close()
+        # the kernel tears a closed ring down asynchronously: allow it a moment
+        for _ in range(30):
+            um = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+            if um.returncode == 0:
+                break
+            time.sleep(0.1)
+        release.set()
+        t.join(10)
+        assert um.returncode == 0, um.stderr  # no ring kept the file open
+        assert len(after) == 1 and isinstance(after[0], errors.DeviceClosedError)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

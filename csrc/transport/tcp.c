@@ -1095,7 +1095,11 @@ static void tq_destroy(struct fx_queue *base)
 			break;
 		struct io_uring_cqe *cqe;
 		struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = 50000000};
-		io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1, &ts, NULL);
+		/* Only the ring's own thread can reap (SINGLE_ISSUER): from any
+		 * other, skip the wait; shutdown() has ended the socket I/O and
+		 * closing the ring cancels what is left. */
+		if (io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1, &ts, NULL) == -EEXIST)
+			break;
 		unsigned n = 0, head;
 		io_uring_for_each_cqe(&q->ring.uring, head, cqe) {
 			uint64_t ud = cqe->user_data;
