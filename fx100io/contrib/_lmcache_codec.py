@@ -100,7 +100,7 @@ class ChunkRecord:
         return _HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(payload)) + payload
 
     @classmethod
-    def decode(cls, blob: bytes | memoryview, expect_key_text: str) -> ChunkRecord:
+    def decode(cls, blob: bytes | bytearray | memoryview, expect_key_text: str) -> ChunkRecord:
         blob = bytes(blob)
         if len(blob) < _HEADER.size:
             raise RecordError("record shorter than its header")

@@ -304,7 +304,8 @@ def should_create(options: PluginOptions) -> bool:
         # Block devices and fabric namespaces are not created by us; a blank one is
         # formatted after opening finds no store on it (see is_blank).
         return False
-    fresh = [not os.path.exists(p) or (os.path.isfile(p) and os.path.getsize(p) == 0) for p in paths]
+    local = [p for p in paths if p is not None]  # all of them: checked just above
+    fresh = [not os.path.exists(p) or (os.path.isfile(p) and os.path.getsize(p) == 0) for p in local]
     if all(fresh):
         return True
     if any(fresh):

@@ -321,7 +321,7 @@ class FX100ioBackend(StoragePluginInterface):
                 else "no CPU pool tensor found",
             )
             return
-        view = memoryview(pool.view(torch.uint8).numpy())
+        view = pool.view(torch.uint8).numpy().data  # a memoryview of the pool
         try:
             # Kept, and closed before LMCache frees the pool (see
             # _guard_pool_release): a registration outliving its memory
@@ -575,7 +575,7 @@ class FX100ioBackend(StoragePluginInterface):
         """
         if not self._usable():
             return []
-        batch = []
+        batch: list[Any] = []
         for key, obj in zip(keys, objs):
             text, dkey, rkey = self._names(key)
             with self._lock:
@@ -799,6 +799,7 @@ class FX100ioBackend(StoragePluginInterface):
         hits = dict(zip((i for i, _ in idx), all_hits[: len(idx)]))
         for i, hit, buf in zip(rec_of, all_hits[len(idx) :], rec_bufs):
             record = records[i]
+            assert record is not None  # rec_of lists only slots that have a record
             try:
                 same = hit and codec.ChunkRecord.decode(buf, record.key_text) == record
             except codec.RecordError:
@@ -808,11 +809,13 @@ class FX100ioBackend(StoragePluginInterface):
                 self._forget(record.key_text)
         for i, hit in hits.items():
             obj = objs[i]
+            rec = records[i]
+            assert obj is not None and rec is not None  # idx lists only filled slots
             if not hit:
                 obj.ref_count_down()
                 objs[i] = None
                 continue
-            positions = records[i].cached_positions
+            positions = rec.cached_positions
             if positions is not None:
                 obj.metadata.cached_positions = torch.tensor(positions, dtype=torch.long)
         return objs
@@ -955,10 +958,12 @@ class FX100ioBackend(StoragePluginInterface):
                 "cached_records": len(self._records),
             }
         mine["breaker_trips"] = self._breaker.trips
+        store_stats: Any
         try:
-            mine["store"] = self._store.stats()
+            store_stats = self._store.stats()
         except Exception as exc:  # noqa: BLE001
-            mine["store"] = repr(exc)
+            store_stats = repr(exc)
+        mine["store"] = store_stats
         return mine
 
     def close(self) -> None:
