@@ -306,7 +306,11 @@ class ChunkStore:
         with self._mu:
             live = [(_core.REC_PUT, e.key, m.sb.dev_index, e.off, e.length, e.crc)
                     for e in m.lru.values()]
-        new_half, new_gen = 1 - m.half, m.generation + 1
+        # A random step, not +1: a compaction cut short by a crash leaves
+        # segments of generation g+k in the other half; the next attempt
+        # must not reuse g+k, or replay could chain into that leftover.
+        new_half = 1 - m.half
+        new_gen = m.generation + 1 + int.from_bytes(os.urandom(2), "little")
         pos, seq = layout.BLOCK, m.seq
         for i in range(0, len(live), SEGMENT_RECORDS):
             seq += 1

@@ -42,13 +42,14 @@ while True:
 def test_sigkill_twenty_times(tmp_path):
     path = str(tmp_path / "crash.img")
     acks = str(tmp_path / "acks.txt")
-    # 2 GiB of room for < 256 KiB chunks: no eviction, so nothing acknowledged
-    # may disappear; a small index (1 MiB halves) makes kills land in compactions too
-    fx100io.ChunkStore(path, create=True, size=2 << 30, index_size=1 << 20).close()
+    # Small chunks (< 64 KiB) in 2 GiB: no eviction (checked below), so nothing
+    # acknowledged may disappear; 4 MiB index halves fill every ~1000 puts, so
+    # kills also land inside compactions.
+    fx100io.ChunkStore(path, create=True, size=2 << 30, index_size=4 << 20).close()
     rng = random.Random(1234)
     total_acked = 0
     for run in range(20):
-        p = subprocess.Popen([sys.executable, "-c", WRITER, path, str(run), acks, str(256 << 10)],
+        p = subprocess.Popen([sys.executable, "-c", WRITER, path, str(run), acks, str(64 << 10)],
                              cwd=str(REPO), stderr=subprocess.PIPE)
         time.sleep(rng.uniform(0.3, 1.2))
         p.send_signal(signal.SIGKILL)
@@ -57,6 +58,9 @@ def test_sigkill_twenty_times(tmp_path):
         with open(acks) as f:
             acked = [ln.strip() for ln in f if ln.strip()]
         total_acked = len(acked)
+        # keys end in their size: the test's premise (no capacity eviction) holds
+        stored = sum(int(k.rsplit("/", 1)[1]) + 4096 for k in set(acked))
+        assert stored < (2 << 30) - (16 << 20), "premise broken: the writer filled the store"
         with fx100io.ChunkStore(path) as st:
             keys = {k.decode() for k in st.keys()}
             lost = [k for k in acked if k not in keys]
