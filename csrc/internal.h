@@ -98,6 +98,10 @@ int64_t fx_now_ms(void);
  */
 int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
                       void (*process)(struct fx_queue *q), unsigned min, int timeout_ms);
+/* The non-blocking reap of ring-driven queues: clear the eventfd, run
+ * process(q), hand out up to max finished requests. */
+int fx_ring_reap(struct fx_queue *q, struct fx_ring *r, void (*process)(struct fx_queue *q),
+                 struct fx_cqe *out, unsigned max);
 
 extern const struct fx_transport_ops fx_transport_file;
 extern const struct fx_transport_ops fx_transport_psync;

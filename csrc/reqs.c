@@ -100,3 +100,17 @@ int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max)
 	}
 	return (int)n;
 }
+
+unsigned fx_reqs_accept(struct req_table *t, const struct fx_req *reqs, unsigned n)
+{
+	unsigned k;
+
+	for (k = 0; k < n && t->nfree; k++) {
+		uint32_t i = fx_req_take(t, &reqs[k]);
+		if (reqs[k].op != FX_OP_FLUSH && reqs[k].len == 0)
+			fx_req_complete(t, i);
+		else
+			fx_reqs_fifo_push(t, i);
+	}
+	return k;
+}

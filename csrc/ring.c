@@ -168,3 +168,11 @@ int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
 			return ret;
 	}
 }
+
+int fx_ring_reap(struct fx_queue *q, struct fx_ring *r, void (*process)(struct fx_queue *q),
+                 struct fx_cqe *out, unsigned max)
+{
+	fx_ring_flush_events(r);
+	process(q);
+	return fx_reqs_pop_done(q->reqs, out, max);
+}

@@ -358,33 +358,21 @@ static int fq_submit(struct fx_queue *base, const struct fx_req *reqs,
 		if (ret < 0)
 			return ret;
 	}
-	for (k = 0; k < n && q->t.nfree; k++) {
-		uint32_t i = fx_req_take(&q->t, &reqs[k]);
-		if (reqs[k].op != FX_OP_FLUSH && reqs[k].len == 0)
-			fx_req_complete(&q->t, i);
-		else
-			fx_reqs_fifo_push(&q->t, i);
-	}
+	k = fx_reqs_accept(&q->t, reqs, n);
 	issue(q);
 	flush_sqes(q);
 	return (int)k;
-}
-
-static int fq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
-{
-	struct file_queue *q = (struct file_queue *)base;
-
-	fx_ring_flush_events(&q->ring);
-	process_cqes(q);
-	return fx_reqs_pop_done(&q->t, out, max);
 }
 
 static void fq_process(struct fx_queue *base)
 {
 	struct file_queue *q = (struct file_queue *)base;
 	process_cqes(q);
-	/* A wait that submitted SQEs has flushed them. */
-	q->unsubmitted = 0;
+}
+
+static int fq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
+{
+	return fx_ring_reap(base, &((struct file_queue *)base)->ring, fq_process, out, max);
 }
 
 static int fq_wait(struct fx_queue *base, unsigned min, int timeout_ms)

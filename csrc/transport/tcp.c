@@ -1045,30 +1045,20 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
 			return -EROFS;
 	}
-	for (k = 0; k < n && q->t.nfree; k++) {
-		uint32_t i = fx_req_take(&q->t, &reqs[k]);
-		if (reqs[k].op != FX_OP_FLUSH && reqs[k].len == 0)
-			fx_req_complete(&q->t, i);
-		else
-			fx_reqs_fifo_push(&q->t, i);
-	}
+	k = fx_reqs_accept(&q->t, reqs, n);
 	issue(q);
 	io_uring_submit(&q->ring.uring);
 	return (int)k;
 }
 
-static int tq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
-{
-	struct tcp_queue *q = (struct tcp_queue *)base;
-
-	fx_ring_flush_events(&q->ring);
-	process_cqes(q);
-	return fx_reqs_pop_done(&q->t, out, max);
-}
-
 static void tq_process(struct fx_queue *base)
 {
 	process_cqes((struct tcp_queue *)base);
+}
+
+static int tq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
+{
+	return fx_ring_reap(base, &((struct tcp_queue *)base)->ring, tq_process, out, max);
 }
 
 static int tq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
