@@ -15,20 +15,9 @@ import numpy as np
 
 from fx100io.pool import BufferPool
 from fx100io.store import ChunkStore
+from fx100io.units import parse_size
 
 MiB = 1 << 20
-
-
-def parse_size(text: str) -> int:
-    """'32M', '32MiB', '4G', '4096' -> bytes (binary units)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower()
-    for suffix in ("ib", "b"):
-        if t.endswith(suffix) and len(t) > len(suffix) and t[-len(suffix) - 1] in units:
-            t = t[: -len(suffix)]
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
 
 
 async def run(path: str, size: int, chunk: int, count: int, batch: int) -> None:

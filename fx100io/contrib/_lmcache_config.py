@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from fx100io import units
 
 # The plugin name the README documents; used when the config does not point at us.
 DEFAULT_PLUGIN_NAME = "fx100io"
@@ -45,8 +46,6 @@ KNOWN_KEYS = frozenset(
     }
 )
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 # URI schemes that reach an NVMe-oF target from userspace; only they take a host NQN.
 _FABRIC_SCHEMES = ("nvme+tcp", "nvme+rdma")
@@ -88,16 +87,13 @@ def parse_size(value: Any, what: str) -> int | None:
         return None
     if isinstance(value, bool):
         raise PluginConfigError(f"{what}: expected a size such as '64G', got {value!r}")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = _SIZE_RE.match(str(value))
-        if not m:
-            raise PluginConfigError(
-                f"{what}: cannot read {value!r} as a size; use bytes or a number with "
-                "K, M, G, T (binary units), e.g. '64G'"
-            )
-        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    try:
+        n = units.parse_size(value)
+    except ValueError:
+        raise PluginConfigError(
+            f"{what}: cannot read {value!r} as a size; use bytes or a number with "
+            "K, M, G, T (binary units), e.g. '64G'"
+        ) from None
     if n <= 0:
         raise PluginConfigError(f"{what}: size must be positive, got {value!r}")
     return n
