@@ -251,19 +251,27 @@ class ChunkStore:
             for typ, key, _dev, off, length, crc in recs:
                 if typ == _core.REC_PUT:
                     found[key] = Entry(key, sb.dev_index, off, length, crc, seq)
-                else:
-                    found.pop(key, None)
+                elif key in found and (found[key].off, found[key].length) == (off, length):
+                    # A DEL names the version it removes: a DEL logged after a
+                    # newer PUT of the same key (eviction racing a put) must
+                    # not remove that newer, acknowledged chunk.
+                    del found[key]
             last_seq = seq
             pos += layout.align_up(size, sb.block_size)
         m = Member(d, sb, self._new_alloc(sb), gen, half, pos, last_seq or 0, sb.data_size)
-        for e in sorted(found.values(), key=lambda e: e.seq):
+        # Newest first: if two records claim the same blocks, the later put is
+        # the one whose data is there.
+        kept = []
+        for e in sorted(found.values(), key=lambda e: e.seq, reverse=True):
             if e.length:
                 try:
                     m.alloc.reserve(e.off, e.length)
                 except OSError:
-                    log.error("fx100io: %s: chunk %r overlaps another; dropped", uri, e.key)
+                    log.error("fx100io: %s: chunk %r overlaps a newer one; dropped", uri, e.key)
                     continue
             m.used += layout.align_up(e.length, sb.block_size)
+            kept.append(e)
+        for e in reversed(kept):  # LRU order: oldest first
             m.lru[e.key] = e
             self._entries[e.key] = e
         return m
@@ -399,7 +407,8 @@ class ChunkStore:
                     del m.lru[victim.key]
                     if self._entries.get(victim.key) is victim:
                         del self._entries[victim.key]
-            self._commit(m, [(_core.REC_DEL, v.key, m.sb.dev_index, 0, 0, 0) for v in victims])
+            self._commit(m, [(_core.REC_DEL, v.key, m.sb.dev_index, v.off, v.length, 0)
+                             for v in victims])
             with self._mu:
                 for e in victims:
                     self._release(m, e)
@@ -423,6 +432,7 @@ class ChunkStore:
         if not items:
             return
         taken: list = []
+        started: list = []
         try:
             placed = [(key, mv, self._member_of(key)) for key, mv in items]
             offs = [self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
@@ -435,7 +445,8 @@ class ChunkStore:
             crcs = [_core.crc32c(mv) for _key, mv, _m in placed]
             for m, fs, reqs in started:
                 for f, (_op, off, _mv) in zip(fs, reqs):
-                    res, _status = await f
+                    # shield: a cancelled put must still see its writes end
+                    res, _status = await asyncio.shield(f)
                     if res < 0:
                         raise error_from_errno(-res, f"{m.dev.target}: write chunk at {off}")
             for m, _fs, _reqs in started:
@@ -448,6 +459,12 @@ class ChunkStore:
                 self._commit(m, recs, lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq))
                 taken = [t for t in taken if t[0] is not m]
         except BaseException:
+            # Writes already handed to the kernel still land; their extents
+            # may be reused only after they have (cancelling the await does
+            # not cancel the I/O).
+            pending = [f for _m, fs, _r in started for f in fs if not f.done()]
+            if pending:
+                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
             with self._mu:
                 for m, off, length in taken:
                     if length:
@@ -560,11 +577,12 @@ class ChunkStore:
                 return False
             del self._entries[e.key]
             m.lru.pop(e.key, None)
-        try:
-            self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, 0, 0, 0)])
-        finally:
-            with self._mu:
-                self._release(m, e)
+        # If the DEL does not reach the log, the extent stays allocated (a
+        # leak until restart): reusing it while the log still points at it
+        # would let a crash resurrect the old record over new data.
+        self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, e.off, e.length, 0)])
+        with self._mu:
+            self._release(m, e)
         return True
 
     # --------------------------------------------------------------- others

@@ -206,3 +206,16 @@ def test_registration_ends_with_its_handle(tmp_file):
         before = dev.queue_stats()["fixed_ios"]
         dev.read_into_blocking(0, mem)
         assert dev.queue_stats()["fixed_ios"] == before  # no longer registered
+
+
+def test_psync_more_requests_than_slots(tmp_file):
+    """psync completes inside submit: it must still never accept more than
+    its completion ring holds (a batch larger than `slots`)."""
+    data = chunk_bytes("slots", 10 * 4096)
+    with fx100io.open_device(str(tmp_file), create=True, size=1 << 20, engine="psync",
+                             slots=4) as dev:
+        dev.write_from_blocking(0, data)
+        outs = [bytearray(4096) for _ in range(10)]
+        done = dev.submit_blocking([(fx100io._core.OP_READ, i * 4096, o) for i, o in enumerate(outs)])
+        assert [res for res, _ in done] == [4096] * 10
+        assert b"".join(outs) == data.tobytes()

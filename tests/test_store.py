@@ -283,3 +283,18 @@ def test_second_store_on_same_device_is_refused(tmp_file):
         assert p.returncode != 0 and "in use by another ChunkStore" in p.stderr
     with fx100io.ChunkStore(str(tmp_file)) as st:  # free again once closed
         assert st.contains("x")
+
+
+def test_stale_del_does_not_remove_a_newer_put(tmp_file):
+    """An eviction racing a put of the same key can log DEL after the newer
+    PUT; the DEL names the version it removes, so replay keeps the new one."""
+    from fx100io import _core
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
+        st.batch_put_blocking(["k"], [b"old" * 2000])
+        old = st._entries[b"k"]
+        st.batch_put_blocking(["k"], [b"new" * 3000])
+        m = st._members[0]
+        st._commit(m, [(_core.REC_DEL, b"k", 0, old.off, old.length, 0)])  # the late DEL
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        out = bytearray(9000)
+        assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"new" * 3000

@@ -81,7 +81,10 @@ static int pq_submit(struct fx_queue *base, const struct fx_req *reqs,
 		if (ret < 0)
 			return ret;
 	}
-	for (k = 0; k < n && q->t.nfree; k++) {
+	/* Each request completes here and frees its slot at once, so the
+	 * free count never runs out: bound by what the done ring can hold
+	 * until the caller reaps. */
+	for (k = 0; k < n && q->t.pending < q->t.nslots; k++) {
 		uint32_t i = fx_req_take(&q->t, &reqs[k]);
 		run(q, &q->t.reqs[i]);
 		fx_req_complete(&q->t, i);

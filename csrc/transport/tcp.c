@@ -153,6 +153,8 @@ static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 	uint32_t cap = d->max_xfer ? d->max_xfer : (1u << 20);
 	if (c->mdts_bytes && c->mdts_bytes < cap)
 		cap = c->mdts_bytes;
+	if ((uint64_t)cap > 65536ull * lba) /* NLB is a 16-bit field */
+		cap = 65536u * lba;
 	d->max_xfer = cap & ~(lba - 1);
 	return 0;
 }
@@ -222,12 +224,14 @@ struct cmd {
 	char *data;
 	uint32_t len;
 	uint32_t received; /* C2HData bytes so far */
+	uint16_t sends;    /* queued send items that point into data */
 	uint64_t slba;
 	int64_t deadline;
 };
 
 struct send_item {
 	struct send_item *next;
+	struct cmd *cmd; /* whose data it carries, or NULL */
 	struct iovec iov[4];
 	int niov;
 	uint8_t hdr[72 + NVME_TCP_DIGEST_LEN];
@@ -257,6 +261,10 @@ struct conn {
 	int err;            /* why it went down */
 	int64_t retry_at;   /* earliest reconnect */
 	uint32_t epoch;     /* controller epoch it was connected under */
+	/* copied from the controller at connect: another thread may re-open
+	 * (and free) d->ctrl while this connection sends */
+	uint32_t incap_max;
+	uint16_t icdoff;
 	int ever_connected;
 	int recv_busy, send_busy;
 	struct cmd *cmds;
@@ -465,8 +473,11 @@ static void on_send(struct conn *c, int res)
 		i++;
 	}
 	if (i == c->tx_msg.msg_iovlen) {
-		for (int k = 0; k < c->ntx_out; k++)
+		for (int k = 0; k < c->ntx_out; k++) {
+			if (c->tx_out[k]->cmd)
+				c->tx_out[k]->cmd->sends--;
 			free(c->tx_out[k]);
+		}
 		c->ntx_out = 0;
 		kick_send(c);
 		return;
@@ -499,7 +510,7 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	struct send_item *it = calloc(1, sizeof(*it));
 	if (!it)
 		return -ENOMEM;
-	uint32_t incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
+	uint32_t incap_max = c->incap_max;
 	int incapsule = m->opcode == NVME_CMD_WRITE && m->len <= incap_max && m->len > 0;
 	uint32_t datalen = incapsule ? m->len : 0;
 	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)it->hdr;
@@ -522,7 +533,7 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	}
 	s->dptr.length = m->len;
 	s->dptr.type = incapsule ? NVME_SGL_DATA_BLOCK_OFFSET : NVME_SGL_TRANSPORT_DATA_BLOCK;
-	s->dptr.addr = incapsule ? d->ctrl->icdoff : 0;
+	s->dptr.addr = incapsule ? c->icdoff : 0;
 	unsigned hl = 72;
 	if (c->nc.hdgst) {
 		uint32_t dg = fx_tcp_hdgst(it->hdr, 72);
@@ -540,6 +551,8 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 		}
 		it->iov[it->niov].iov_base = m->data;
 		it->iov[it->niov++].iov_len = m->len;
+		it->cmd = m;
+		m->sends++;
 		if (c->nc.ddgst) {
 			put_ddgst(it->ddgst, m->data, m->len);
 			it->iov[it->niov].iov_base = it->ddgst;
@@ -584,6 +597,8 @@ static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, 
 		it->iov[1].iov_base = m->data + off;
 		it->iov[1].iov_len = n;
 		it->niov = 2;
+		it->cmd = m;
+		m->sends++;
 		if (c->nc.ddgst) {
 			put_ddgst(it->ddgst, m->data + off, n);
 			it->iov[2].iov_base = it->ddgst;
@@ -644,6 +659,11 @@ static int on_header(struct conn *c)
 		struct cmd *m = find_cmd(c, cqe->cid);
 		if (!m)
 			return -EPROTO; /* unknown command id */
+		if (m->sends)
+			/* Completed while its data is still being sent: the
+			 * caller could free the buffer under the send.  Only a
+			 * broken target does this; the drain waits the send out. */
+			return -EPROTO;
 		uint16_t sf = NVME_STATUS_FIELD(cqe->status);
 		if (!sf && m->opcode == NVME_CMD_READ && m->received != m->len)
 			cmd_done(c, m, -EPROTO, 0); /* success with missing data */
@@ -836,6 +856,8 @@ static int conn_connect(struct conn *c)
 		int qid = take_qid(d);
 		uint16_t cntlid = d->ctrl->cntlid;
 		uint16_t sqsize = d->ctrl->io_sqsize;
+		c->incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
+		c->icdoff = d->ctrl->icdoff;
 		uint32_t epoch = d->ctrl_epoch;
 		pthread_mutex_unlock(&d->lock);
 		if (qid < 0)
@@ -945,6 +967,7 @@ static void issue(struct tcp_queue *q)
 		m->gen = (uint8_t)((m->gen + 1) & ((1u << (16 - CID_SLOT_BITS)) - 1));
 		m->req = ri;
 		m->received = 0;
+		m->sends = 0;
 		m->failed = 0;
 		m->deadline = now_ms() + d->io_timeout_ms;
 		if (r->op == FX_OP_FLUSH) {
