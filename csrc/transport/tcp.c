@@ -225,6 +225,8 @@ struct cmd {
 	uint32_t len;
 	uint32_t received; /* C2HData bytes so far */
 	uint16_t sends;    /* queued send items that point into data */
+	uint8_t rsp_seen;  /* response arrived while sends were pending */
+	uint16_t rsp_status;
 	uint64_t slba;
 	int64_t deadline;
 };
@@ -369,6 +371,7 @@ static void free_tx(struct conn *c)
 
 static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t bytes,
                         uint16_t status);
+static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status);
 
 /* Take a connection down: in-flight I/O finishes (shutdown makes the
  * kernel end our recv/send promptly); commands fail once nothing in the
@@ -474,9 +477,10 @@ static void on_send(struct conn *c, int res)
 	}
 	if (i == c->tx_msg.msg_iovlen) {
 		for (int k = 0; k < c->ntx_out; k++) {
-			if (c->tx_out[k]->cmd)
-				c->tx_out[k]->cmd->sends--;
+			struct cmd *m = c->tx_out[k]->cmd;
 			free(c->tx_out[k]);
+			if (m && --m->sends == 0 && m->rsp_seen)
+				cmd_done(c, m, m->rsp_status ? -EIO : 0, m->rsp_status);
 		}
 		c->ntx_out = 0;
 		kick_send(c);
@@ -659,11 +663,15 @@ static int on_header(struct conn *c)
 		struct cmd *m = find_cmd(c, cqe->cid);
 		if (!m)
 			return -EPROTO; /* unknown command id */
-		if (m->sends)
-			/* Completed while its data is still being sent: the
-			 * caller could free the buffer under the send.  Only a
-			 * broken target does this; the drain waits the send out. */
-			return -EPROTO;
+		if (m->sends) {
+			/* The response can be reaped before our own send's
+			 * completion: finish the command only when no send
+			 * points into the caller's buffer any more. */
+			m->rsp_seen = 1;
+			m->rsp_status = NVME_STATUS_FIELD(cqe->status);
+			rx_expect_header(c);
+			return 0;
+		}
 		uint16_t sf = NVME_STATUS_FIELD(cqe->status);
 		if (!sf && m->opcode == NVME_CMD_READ && m->received != m->len)
 			cmd_done(c, m, -EPROTO, 0); /* success with missing data */
@@ -968,6 +976,7 @@ static void issue(struct tcp_queue *q)
 		m->req = ri;
 		m->received = 0;
 		m->sends = 0;
+		m->rsp_seen = 0;
 		m->failed = 0;
 		m->deadline = now_ms() + d->io_timeout_ms;
 		if (r->op == FX_OP_FLUSH) {
