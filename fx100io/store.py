@@ -258,6 +258,7 @@ class ChunkStore:
                     del found[key]
             last_seq = seq
             pos += layout.align_up(size, sb.block_size)
+        self._scrub_after_tail(d, sb, half, gen, pos, log_buf)
         m = Member(d, sb, self._new_alloc(sb), gen, half, pos, last_seq or 0, sb.data_size)
         # Newest first: if two records claim the same blocks, the later put is
         # the one whose data is there.
@@ -275,6 +276,24 @@ class ChunkStore:
             m.lru[e.key] = e
             self._entries[e.key] = e
         return m
+
+    @staticmethod
+    def _scrub_after_tail(d: Device, sb: layout.Superblock, half: int, gen: int, pos: int,
+                          log_buf: Any) -> None:
+        """Erase segment headers of this generation found after the log's
+        tail (what a torn multi-segment commit leaves).  Otherwise a later
+        commit ending where such a leftover starts would let a future replay
+        chain into it (same generation, next sequence number) and resurrect
+        records of a put that never returned.  Older generations cannot
+        chain, so they are left alone."""
+        bs = sb.block_size
+        blank = None
+        for p in range(pos, sb.index_half, bs):
+            if _core.decode_segment(log_buf, p, gen)[0] != 0:
+                blank = blank if blank is not None else aligned_array(bs)
+                d.write_from_blocking(sb.index_off + half * sb.index_half + p, blank)
+        if blank is not None:
+            d.flush_blocking()
 
     # ------------------------------------------------------------- helpers
     def _check_open(self) -> None:
