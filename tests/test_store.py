@@ -304,8 +304,7 @@ def test_leftover_segment_after_tail_is_not_chained(tmp_file):
     """A torn multi-segment commit can leave an intact segment of the same
     generation after the tail; reopening erases it, so a later commit that
     ends just before it cannot make replay chain into it."""
-    from fx100io import _core
-    from fx100io import layout
+    from fx100io import _core, layout
     with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
         st.batch_put_blocking(["a"], [b"A" * 100])
         m = st._members[0]
