@@ -20,7 +20,7 @@ SEG_HDR_SIZE = FX_SEG_HDR_SIZE
 
 RING_FEATURES = {
     0x1: "single_issuer", 0x2: "defer_taskrun", 0x4: "coop_taskrun",
-    0x8: "registered_ring_fd", 0x10: "fixed_files", 0x20: "fixed_buffers",
+    0x10: "fixed_files", 0x20: "fixed_buffers",
 }
 
 cdef int check(long long rc, str what) except -1:

@@ -183,7 +183,6 @@ struct fx_queue_opts {
 #define FX_RING_SINGLE_ISSUER 0x1
 #define FX_RING_DEFER_TASKRUN 0x2
 #define FX_RING_COOP_TASKRUN 0x4
-#define FX_RING_REG_RING_FD 0x8
 #define FX_RING_FIXED_FILES 0x10
 #define FX_RING_FIXED_BUFS 0x20
 

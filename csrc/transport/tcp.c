@@ -219,7 +219,6 @@ struct cmd {
 	uint8_t busy;
 	uint8_t gen;
 	uint8_t opcode;
-	uint8_t failed;
 	uint32_t req;   /* request slot */
 	char *data;
 	uint32_t len;
@@ -242,16 +241,6 @@ struct send_item {
 
 enum conn_state { CONN_DOWN, CONN_LIVE, CONN_DRAINING };
 enum rx_state { RX_HDR, RX_PAD, RX_DATA, RX_DDGST };
-
-static const char *conn_state_str(enum conn_state s)
-{
-	switch (s) {
-	case CONN_DOWN: return "down";
-	case CONN_LIVE: return "live";
-	case CONN_DRAINING: return "draining";
-	}
-	return "?";
-}
 
 struct tcp_queue;
 
@@ -977,7 +966,6 @@ static void issue(struct tcp_queue *q)
 		m->received = 0;
 		m->sends = 0;
 		m->rsp_seen = 0;
-		m->failed = 0;
 		m->deadline = now_ms() + d->io_timeout_ms;
 		if (r->op == FX_OP_FLUSH) {
 			m->opcode = NVME_CMD_FLUSH;
@@ -1245,5 +1233,3 @@ const struct fx_transport_ops fx_transport_tcp = {
 	.queue_wait = tq_wait,
 };
 
-/* For logs: a connection's state in words (DESIGN rule 7). */
-const char *fx_tcp_conn_state_str(int s) { return conn_state_str((enum conn_state)s); }
