@@ -88,6 +88,13 @@ struct fx_queue {
 	struct fx_queue_stats stats; /* kept by the transport */
 };
 
+/* ---------------------------------------------------------------- crc32c */
+
+/* The raw CRC32C register (no pre/post inversion) after len more bytes. */
+uint32_t fx_crc32c_raw(uint32_t reg, const void *buf, size_t len);
+/* The raw register advanced over nbytes zero bytes. */
+uint32_t fx_crc32c_shift(uint32_t reg, uint64_t nbytes);
+
 /* Monotonic milliseconds. */
 int64_t fx_now_ms(void);
 

@@ -40,10 +40,10 @@ void fx_reqs_fini(struct req_table *t)
 /* Validate a caller's request before it takes a slot. */
 int fx_req_check(const struct fx_dev *d, const struct fx_req *r)
 {
-	if (r->op > FX_OP_FLUSH)
+	if (r->op > FX_OP_FLUSH || (r->flags & ~FX_REQ_CRC32C))
 		return -EINVAL;
 	if (r->op == FX_OP_FLUSH)
-		return 0;
+		return r->flags ? -EINVAL : 0;
 	if (!r->addr && r->len)
 		return -EFAULT;
 	if (r->len > (uint64_t)SSIZE_MAX || r->off > (uint64_t)LLONG_MAX ||
@@ -62,6 +62,7 @@ uint32_t fx_req_take(struct req_table *t, const struct fx_req *src)
 	memset(r, 0, sizeof(*r));
 	r->tag = src->tag;
 	r->op = src->op;
+	r->flags = src->flags;
 	r->addr = src->addr;
 	r->len = src->len;
 	r->off = src->off;
@@ -78,8 +79,21 @@ void fx_req_complete(struct req_table *t, uint32_t i)
 	c->tag = r->tag;
 	c->res = r->err ? r->err : (int64_t)r->done;
 	c->status = r->status;
+	c->crc32c = 0;
+	if ((r->flags & FX_REQ_CRC32C) && !r->err && r->done == r->len)
+		/* the inversions of a standard CRC, applied once for the whole:
+		 * crc = ~(raw(M) ^ ~0 advanced over len bytes) */
+		c->crc32c = ~(r->crc_raw ^ fx_crc32c_shift(0xffffffffu, r->len));
 	t->ndone++;
 	t->free[t->nfree++] = i;
+}
+
+void fx_req_crc_add(struct req *r, const char *p, uint64_t n)
+{
+	if (!(r->flags & FX_REQ_CRC32C) || !n)
+		return;
+	uint64_t end = (uint64_t)(p - r->addr) + n;
+	r->crc_raw ^= fx_crc32c_shift(fx_crc32c_raw(0, p, n), r->len - end);
 }
 
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i)

@@ -19,8 +19,14 @@ struct req {
 	int err;         /* first error, 0 if none */
 	uint32_t inflight;
 	uint8_t op;
+	uint8_t flags;   /* FX_REQ_* */
 	uint8_t eof;
 	uint16_t status; /* raw NVMe status field of the first failed command */
+	/* FX_REQ_CRC32C: XOR of every finished range's raw CRC, each shifted
+	 * to where it ends in the request (order-free: pieces land in any
+	 * order); crc_pending counts ranges a transport has yet to add */
+	uint32_t crc_raw;
+	uint32_t crc_pending;
 };
 
 struct req_table {
@@ -46,5 +52,9 @@ int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max);
 unsigned fx_reqs_accept(struct req_table *t, const struct fx_req *reqs, unsigned n);
 
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i);
+
+/* Add the bytes [p, p+n) of request r (moved, so in the caller's buffer) to
+ * its CRC32C; a no-op without FX_REQ_CRC32C. */
+void fx_req_crc_add(struct req *r, const char *p, uint64_t n);
 
 #endif

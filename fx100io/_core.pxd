@@ -4,6 +4,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
 cdef extern from "fx100io.h" nogil:
     uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len)
+    uint32_t fx_crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
 
     struct fx_alloc:
         pass
@@ -56,6 +57,7 @@ cdef extern from "fx100io.h" nogil:
 
     enum:
         FX_OP_READ
+        FX_REQ_CRC32C
         FX_OP_WRITE
         FX_OP_FLUSH
 
@@ -65,11 +67,13 @@ cdef extern from "fx100io.h" nogil:
         uint64_t len
         uint64_t off
         uint8_t op
+        uint8_t flags
 
     struct fx_cqe:
         uint64_t tag
         int64_t res
         uint16_t status
+        uint32_t crc32c
 
     struct fx_dev_opts:
         int direct

@@ -13,6 +13,9 @@ from fx100io.errors import error_from_errno
 OP_READ = FX_OP_READ
 OP_WRITE = FX_OP_WRITE
 OP_FLUSH = FX_OP_FLUSH
+#: OR into OP_READ / OP_WRITE: the completion also carries the CRC32C of the
+#: request's bytes, computed piece by piece as the pieces land (FX_REQ_CRC32C).
+OP_CRC32C = FX_REQ_CRC32C << 8
 REC_PUT = FX_REC_PUT
 REC_DEL = FX_REC_DEL
 KEY_MAX = FX_KEY_MAX
@@ -53,6 +56,11 @@ def crc32c(obj, unsigned int crc=0):
     finally:
         PyBuffer_Release(&view)
     return out
+
+
+def crc32c_combine(unsigned int crc1, unsigned int crc2, unsigned long long len2):
+    """CRC32C of a followed by b, from crc32c(a), crc32c(b) and len(b)."""
+    return fx_crc32c_combine(crc1, crc2, len2)
 
 
 cdef class Allocator:
@@ -404,7 +412,8 @@ cdef class Queue:
 
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were
-        accepted (fewer when the request slots are full)."""
+        accepted (fewer when the request slots are full).  op may carry
+        OP_CRC32C."""
         cdef unsigned n = len(reqs)
         cdef fx_req *c
         cdef int rc
@@ -417,7 +426,8 @@ cdef class Queue:
             raise MemoryError()
         try:
             for i, (op, addr, length, off, tag) in enumerate(reqs):
-                c[i].op = op
+                c[i].op = op & 0xff
+                c[i].flags = op >> 8
                 c[i].addr = <void *><uintptr_t>addr
                 c[i].len = length
                 c[i].off = off
@@ -430,7 +440,8 @@ cdef class Queue:
             free(c)
 
     def reap(self):
-        """Finished requests as [(tag, res, status), ...]; never blocks."""
+        """Finished requests as [(tag, res, status, crc32c), ...]; never
+        blocks.  crc32c is 0 unless the request asked for it (OP_CRC32C)."""
         cdef int n
         out = []
         if self.q == NULL:
@@ -439,7 +450,8 @@ cdef class Queue:
             n = fx_queue_reap(self.q, self.cqes, self.ncqes)
             check(n, f"reap {self.dev.target}")
             for i in range(n):
-                out.append((self.cqes[i].tag, self.cqes[i].res, self.cqes[i].status))
+                out.append((self.cqes[i].tag, self.cqes[i].res, self.cqes[i].status,
+                            self.cqes[i].crc32c))
             if <unsigned>n < self.ncqes:
                 return out
 

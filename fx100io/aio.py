@@ -15,10 +15,12 @@ from typing import Any
 
 from fx100io import _core
 
-#: One request: (op, memoryview or None, address, length, offset)
+#: One request: (op, memoryview or None, address, length, offset); op may
+#: carry _core.OP_CRC32C
 Request = tuple[int, Any, int, int, int]
-#: One completion: (res, status): bytes or -errno, and the raw NVMe status
-Completion = tuple[int, int]
+#: One completion: (res, status): bytes or -errno, and the raw NVMe status;
+#: (res, status, crc32c) for a request that asked for the data's CRC32C
+Completion = tuple[int, ...]
 
 
 class QueueDriver:
@@ -27,6 +29,7 @@ class QueueDriver:
         self.fd = queue.fd
         self._waiters: dict[int, Any] = {}
         self._keep: dict[int, Any] = {}
+        self._want_crc: set[int] = set()
         self._backlog: list[tuple[int, int, int, int, int]] = []
         self._next_tag = 1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -64,6 +67,8 @@ class QueueDriver:
             self._waiters[tag] = w
             if keep is not None:
                 self._keep[tag] = keep
+            if op & _core.OP_CRC32C:
+                self._want_crc.add(tag)
             self._backlog.append((op, addr, length, off, tag))
             waiters.append(w)
         return waiters
@@ -88,6 +93,7 @@ class QueueDriver:
     def _resolve(self, tag: int, result: Any) -> None:
         w = self._waiters.pop(tag, None)
         self._keep.pop(tag, None)
+        self._want_crc.discard(tag)
         if w is None:
             return
         if isinstance(w, asyncio.Future):
@@ -100,8 +106,9 @@ class QueueDriver:
             w.append(result)
 
     def _reap(self) -> None:
-        for tag, res, status in self.queue.reap():
-            self._resolve(tag, (res, status))
+        want_crc = self._want_crc
+        for tag, res, status, crc in self.queue.reap():
+            self._resolve(tag, (res, status, crc) if tag in want_crc else (res, status))
         self._drain_backlog()
 
     def _on_ready(self) -> None:

@@ -195,18 +195,19 @@ class Device:
     def _request(self, op: int, offset: int, buf: Any) -> Request:
         if not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(22, f"offset must be a non-negative int, got {offset!r}")
-        if op == _core.OP_FLUSH:
+        base_op = op & ~_core.OP_CRC32C
+        if base_op == _core.OP_FLUSH:
             return (op, None, 0, 0, 0)
         try:
             mv = memoryview(buf)
         except TypeError:
             raise InvalidArgumentError(
                 22, f"expected a buffer (bytes-like, numpy array), got {type(buf).__name__}") from None
-        if op == _core.OP_READ and mv.readonly:
+        if base_op == _core.OP_READ and mv.readonly:
             raise ReadOnlyBufferError(30, "cannot read into a read-only buffer", self.target)
         if not mv.contiguous:
             raise InvalidArgumentError(22, "buffer must be contiguous", self.target)
-        addr, n = _core.buffer_address(mv, op == _core.OP_READ)
+        addr, n = _core.buffer_address(mv, base_op == _core.OP_READ)
         if self.aligned_only and (offset | n) % self.block_size:
             raise InvalidArgumentError(
                 22, f"{self.transport} moves whole blocks: offset {offset} and length {n} must be "
@@ -214,7 +215,7 @@ class Device:
         return (op, mv, addr, n, offset)
 
     def _check(self, req: Request, done: Completion) -> int:
-        res, status = done
+        res, status = done[0], done[1]
         if status:
             raise error_from_status(status, f"{self.target} offset {req[4]}")
         if res < 0:
@@ -230,7 +231,8 @@ class Device:
 
     def start(self, reqs: list[tuple[int, int, Any]]) -> list[asyncio.Future]:
         """Submit [(op, offset, buf), ...] now; one future of (res, status)
-        each.  Lets a caller overlap CPU work (checksums) with the I/O."""
+        each, (res, status, crc32c) for an op or'ed with OP_CRC32C.  Lets a
+        caller overlap its own work with the I/O."""
         return self._driver().submit([self._request(op, off, buf) for op, off, buf in reqs])
 
     async def read_into(self, offset: int, buf: Any) -> int:

@@ -52,6 +52,7 @@ KEY_MAX = _core.KEY_MAX
 #: write, so keep it well under the index half.
 SEGMENT_RECORDS = 2048
 READ, WRITE, FLUSH = _core.OP_READ, _core.OP_WRITE, _core.OP_FLUSH
+CRC = _core.OP_CRC32C
 
 
 @dataclass(eq=False)
@@ -360,18 +361,19 @@ class ChunkStore:
 
     @staticmethod
     def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
-        """The I/Os that move mv at off.  Devices that move whole blocks only
-        (NVMe-oF) get the last partial block through a zero-padded bounce
-        block: the extent owns that whole block, so padding is safe here.
-        For reads, fixup(total) copies the tail in and returns the bytes that
-        belong to the chunk."""
+        """The I/Os that move mv at off, the first asking for its CRC32C
+        (computed in C as its pieces land).  Devices that move whole blocks
+        only (NVMe-oF) get the last partial block through a zero-padded
+        bounce block: the extent owns that whole block, so padding is safe
+        here.  For reads, fixup(total) copies the tail in and returns the
+        bytes that belong to the chunk."""
         bs = m.dev.block_size
         n = mv.nbytes
         if not m.dev.aligned_only or n % bs == 0:
-            return [(op, off, mv)], None
+            return [(op | CRC, off, mv)], None
         head, rem = n - n % bs, n % bs
         tail = aligned_array(bs)
-        parts: list[tuple[int, int, Any]] = [(op, off, mv[:head])] if head else []
+        parts: list[tuple[int, int, Any]] = [(op | CRC, off, mv[:head])] if head else []
         parts.append((op, off + head, tail))
         if op == WRITE:
             tail[:rem] = mv[head:]
@@ -383,6 +385,18 @@ class ChunkStore:
             mv[head:] = tail[:rem].tobytes()  # under one block
             return n
         return parts, fixup
+
+    @staticmethod
+    def _chunk_crc(m: Member, mv: memoryview, done: list) -> int:
+        """The CRC32C of mv from the completions of its _io_parts: the first
+        part's comes from C; a bounced tail (under one block) is summed here
+        over the bytes that belong to the chunk, and the two are joined."""
+        n = mv.nbytes
+        head = n - n % m.dev.block_size if m.dev.aligned_only else n
+        if head == n:
+            return done[0][2]
+        tail_crc = _core.crc32c(mv[head:])
+        return _core.crc32c_combine(done[0][2], tail_crc, n - head) if head else tail_crc
 
     def _release(self, m: Member, e: Entry) -> None:
         """Give e's extent back (with self._mu held), or defer it to its last reader."""
@@ -455,20 +469,23 @@ class ChunkStore:
         try:
             placed = [(key, mv, self._member_of(key)) for key, mv in items]
             offs = [self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
-            # Submit every write, then checksum while the device works.
-            futs: dict[int, tuple[Member, list]] = {}
-            for (_key, mv, m), off in zip(placed, offs):
+            # Every write at once; each chunk's CRC32C is computed in C as its
+            # pieces leave, while the device works on the rest.
+            for i, ((_key, mv, m), off) in enumerate(zip(placed, offs)):
                 if mv.nbytes:
-                    futs.setdefault(id(m), (m, []))[1].extend(self._io_parts(m, WRITE, off, mv)[0])
-            started = [(m, m.dev.start(reqs), reqs) for m, reqs in futs.values()]
-            crcs = [_core.crc32c(mv) for _key, mv, _m in placed]
-            for m, fs, reqs in started:
-                for f, (_op, off, _mv) in zip(fs, reqs):
+                    parts = self._io_parts(m, WRITE, off, mv)[0]
+                    started.append((m, i, mv, m.dev.start(parts), parts))
+            crcs = [0] * len(placed)  # an empty chunk's CRC32C is 0
+            for m, i, mv, fs, parts in started:
+                done = []
+                for f, (_op, off, _b) in zip(fs, parts):
                     # shield: a cancelled put must still see its writes end
-                    res, _status = await asyncio.shield(f)
-                    if res < 0:
-                        raise error_from_errno(-res, f"{m.dev.target}: write chunk at {off}")
-            for m, _fs, _reqs in started:
+                    done.append(await asyncio.shield(f))
+                    if done[-1][0] < 0:
+                        raise error_from_errno(-done[-1][0], f"{m.dev.target}: write chunk at {off}")
+                crcs[i] = self._chunk_crc(m, mv, done)
+            members = {id(m): m for m, *_ in started}
+            for m in members.values():
                 await m.dev.flush()
             by_member: dict[int, tuple[Member, list]] = {}
             for (key, mv, m), off, crc in zip(placed, offs, crcs):
@@ -481,7 +498,7 @@ class ChunkStore:
             # Writes already handed to the kernel still land; their extents
             # may be reused only after they have (cancelling the await does
             # not cancel the I/O).
-            pending = [f for _m, fs, _r in started for f in fs if not f.done()]
+            pending = [f for *_, fs, _parts in started for f in fs if not f.done()]
             if pending:
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
             with self._mu:
@@ -557,8 +574,10 @@ class ChunkStore:
             corrupt = []
             for m, i, e, view, fs, fixup in started:
                 res = 0
+                done = []
                 for f in fs:
-                    r, _status = await f
+                    done.append(await f)
+                    r = done[-1][0]
                     res = r if r < 0 or res < 0 else res + r
                 if fixup is not None and res >= 0:
                     res = fixup(res)
@@ -567,7 +586,7 @@ class ChunkStore:
                            else f"short read {res} of {e.length}")
                     log.error("fx100io: read of chunk %r failed: %s", e.key, why)
                     continue
-                if _core.crc32c(view) != e.crc:
+                if self._chunk_crc(m, view, done) != e.crc:
                     log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
                               "check; dropping it", e.key, m.dev.target, e.off)
                     corrupt.append((m, e))

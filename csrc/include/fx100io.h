@@ -24,6 +24,12 @@ extern "C" {
  * Uses SSE4.2 when the CPU has it, a table otherwise.  Thread-safe.
  */
 uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
+/*
+ * The CRC32C of a followed by b, from crc1 = crc of a, crc2 = crc of b and
+ * len2 = the length of b: lets pieces be checksummed apart (in any order,
+ * as they land) and joined without touching the bytes again.
+ */
+uint32_t fx_crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
 
 /* ------------------------------------------------------- extent allocator */
 
@@ -137,13 +143,23 @@ int fx_pool_huge(const struct fx_pool *p);
 
 enum fx_op { FX_OP_READ = 0, FX_OP_WRITE = 1, FX_OP_FLUSH = 2 };
 
+/*
+ * Request flags.  FX_REQ_CRC32C: also compute the CRC32C of the request's
+ * bytes, piece by piece as each piece lands (reads) or leaves (writes), on
+ * the thread that reaps, while later pieces are still on the wire; the
+ * result comes back in fx_cqe.crc32c.  Saves a second pass over the buffer
+ * and hides the checksum behind the I/O.
+ */
+#define FX_REQ_CRC32C 0x1
+
 /* One I/O request.  addr must stay valid until its completion is reaped. */
 struct fx_req {
 	uint64_t tag; /* returned in the completion */
 	void *addr;
 	uint64_t len;
 	uint64_t off;
-	uint8_t op; /* enum fx_op */
+	uint8_t op;    /* enum fx_op */
+	uint8_t flags; /* FX_REQ_* */
 };
 
 /* One completion record for every request (DESIGN rule 3). */
@@ -151,6 +167,8 @@ struct fx_cqe {
 	uint64_t tag;
 	int64_t res;     /* bytes transferred, or -errno */
 	uint16_t status; /* raw NVMe status (SC | SCT << 8 | DNR << 14), 0 if none */
+	/* with FX_REQ_CRC32C and res == len: CRC32C of the len bytes; else 0 */
+	uint32_t crc32c;
 };
 
 struct fx_dev_opts {

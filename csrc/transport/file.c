@@ -156,6 +156,17 @@ struct file_queue {
 	uint32_t *free_pieces;
 	uint32_t nfree_pieces;
 	unsigned unsubmitted; /* SQEs prepared but not yet submitted */
+	/* Ranges moved by the CQEs of this pass whose request wants its
+	 * CRC32C: checksummed after the freed pieces are re-issued, so the
+	 * device works on the next pieces while this thread checksums. */
+	struct crc_work *work;
+	uint32_t nwork;
+};
+
+struct crc_work {
+	uint32_t req;
+	uint32_t len; /* at most one piece, which max_io bounds */
+	char *addr;
 };
 
 static unsigned fifo_len(const struct req_table *t) { return t->nfifo; }
@@ -277,11 +288,26 @@ static void maybe_complete(struct file_queue *q, uint32_t i)
 {
 	struct req *r = &q->t.reqs[i];
 
-	if (r->inflight)
+	if (r->inflight || r->crc_pending)
 		return;
 	if (r->op == FX_OP_FLUSH ? r->issued != 0
 	                         : (r->issued >= r->len || r->err || r->eof))
 		fx_req_complete(&q->t, i);
+}
+
+/* Checksum the ranges the last CQEs moved; completes their requests when
+ * nothing else is outstanding. */
+static void run_crc_work(struct file_queue *q)
+{
+	for (uint32_t k = 0; k < q->nwork; k++) {
+		struct crc_work *w = &q->work[k];
+		struct req *r = &q->t.reqs[w->req];
+
+		fx_req_crc_add(r, w->addr, w->len);
+		r->crc_pending--;
+		maybe_complete(q, w->req);
+	}
+	q->nwork = 0;
 }
 
 /* Account one CQE. */
@@ -302,6 +328,12 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		uint64_t got = (uint64_t)res;
 		r->done += got;
 		q->base.stats.bytes += got;
+		if ((r->flags & FX_REQ_CRC32C) && got) {
+			if (q->nwork == q->depth)
+				run_crc_work(q); /* a piece has one SQE in flight: not reached */
+			q->work[q->nwork++] = (struct crc_work){ i, (uint32_t)got, p->addr };
+			r->crc_pending++;
+		}
 		if (r->op == FX_OP_READ)
 			q->base.stats.bytes_direct += got; /* the kernel wrote the caller's buffer */
 		if (got < p->len) {
@@ -341,6 +373,7 @@ static int process_cqes(struct file_queue *q)
 	if (total) {
 		issue(q);
 		flush_sqes(q);
+		run_crc_work(q);
 	}
 	return total;
 }
@@ -403,6 +436,7 @@ static void fq_destroy(struct fx_queue *base)
 	fx_reqs_fini(&q->t);
 	free(q->pieces);
 	free(q->free_pieces);
+	free(q->work);
 	free(q);
 }
 
@@ -429,7 +463,8 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
 	}
 	q->pieces = calloc(o->depth, sizeof(*q->pieces));
 	q->free_pieces = malloc(o->depth * sizeof(*q->free_pieces));
-	if (!q->pieces || !q->free_pieces) {
+	q->work = malloc(o->depth * sizeof(*q->work));
+	if (!q->pieces || !q->free_pieces || !q->work) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -450,6 +485,7 @@ fail:
 	fx_reqs_fini(&q->t);
 	free(q->pieces);
 	free(q->free_pieces);
+	free(q->work);
 	free(q);
 	return ret;
 }

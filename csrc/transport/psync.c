@@ -44,6 +44,7 @@ static int do_range(struct psync_queue *q, struct req *r, int fd, uint64_t from,
 				return -EIO;
 			r->eof = 1;
 		}
+		fx_req_crc_add(r, r->addr + from, (uint64_t)got);
 		r->done += (uint64_t)got;
 		from += (uint64_t)got;
 		q->base.stats.bytes += (uint64_t)got;

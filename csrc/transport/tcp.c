@@ -624,6 +624,8 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 	uint64_t bytes = (err || status) ? 0 : m->len;
 	c->q->base.stats.ios++;
 	c->q->base.stats.bytes += bytes;
+	/* the data is in the caller's buffer (reads) or sent (writes) */
+	fx_req_crc_add(&c->q->t.reqs[ri], m->data, bytes);
 	m->busy = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	req_account(c->q, ri, err, bytes, status);

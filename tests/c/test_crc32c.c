@@ -164,6 +164,53 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/*
+ * fx_crc32c_combine joins the CRCs of two parts into the CRC of both, for
+ * every split of random buffers (short ones exhaustively), empty parts
+ * included; and a shift over a huge zero run agrees with shifting in steps
+ * (the O(log n) power path against the linear definition).
+ */
+static void test_combine(uint64_t *rng)
+{
+	enum { LEN = 3000 };
+	uint8_t *buf = malloc(LEN);
+
+	CHECK(buf);
+	for (size_t i = 0; i < LEN; i++)
+		buf[i] = (uint8_t)test_rand(rng);
+	for (size_t len = 0; len <= 300; len++)
+		for (size_t cut = 0; cut <= len; cut++)
+			CHECK_EQ(fx_crc32c_combine(fx_crc32c(0, buf, cut),
+						   fx_crc32c(0, buf + cut, len - cut),
+						   len - cut),
+				 fx_crc32c(0, buf, len));
+	for (int k = 0; k < 200; k++) {
+		size_t cut = test_rand(rng) % (LEN + 1);
+
+		CHECK_EQ(fx_crc32c_combine(fx_crc32c(0, buf, cut),
+					   fx_crc32c(0, buf + cut, LEN - cut), LEN - cut),
+			 fx_crc32c(0, buf, LEN));
+	}
+	/* a zero-length second part changes nothing */
+	CHECK_EQ(fx_crc32c_combine(0xdeadbeef, 0, 0), 0xdeadbeef);
+	/* crc of zeros: combining 1 MiB of zero bytes in 1 KiB steps against
+	 * one combine over the whole MiB */
+	uint8_t zeros[1024] = {0};
+	uint32_t zc = fx_crc32c(0, zeros, sizeof(zeros)), step = 0x12345678;
+	for (int i = 0; i < 1024; i++)
+		step = fx_crc32c_combine(step, zc, sizeof(zeros));
+	uint32_t whole = 0x12345678;
+	for (int i = 0; i < 1024; i++)
+		whole = fx_crc32c(whole, zeros, sizeof(zeros));
+	CHECK_EQ(step, whole);
+	/* 2^40 bytes: associativity of the power path (a|b|c two ways) */
+	uint64_t big = 1ULL << 40;
+	uint32_t a = 0x1111, b = 0x2222, c = 0x3333;
+	CHECK_EQ(fx_crc32c_combine(fx_crc32c_combine(a, b, big), c, 7),
+		 fx_crc32c_combine(a, fx_crc32c_combine(b, c, 7), big + 7));
+	free(buf);
+}
+
 static void bench(void)
 {
 	static const size_t sizes[] = { 4096, 65536, 1u << 20, 64u << 20 };
@@ -212,6 +259,7 @@ int main(void)
 	test_lane_boundaries(&rng);
 	test_random_large(&rng);
 	test_chaining(&rng);
+	test_combine(&rng);
 	bench();
 	printf("test_crc32c: ok\n");
 	return 0;
