@@ -92,6 +92,8 @@ struct fx_queue {
 
 /* The raw CRC32C register (no pre/post inversion) after len more bytes. */
 uint32_t fx_crc32c_raw(uint32_t reg, const void *buf, size_t len);
+/* Which implementation runs: "avx512-vpclmulqdq", "sse4.2" or "table". */
+const char *fx_crc32c_impl(void);
 /* The raw register advanced over nbytes zero bytes. */
 uint32_t fx_crc32c_shift(uint32_t reg, uint64_t nbytes);
 

@@ -59,6 +59,7 @@ def test_defaults():
     assert (o.size, o.create, o.queue_depth, o.direct, o.engine) == (None, "auto", 64, "auto", "auto")
     assert (o.capacity, o.host_nqn, o.timeout_s, o.retry_after_s) == (None, None, 30.0, 10.0)
     assert o.register_buffers is True
+    assert o.max_io is None  # the core's default
 
 
 def test_all_keys_and_yaml_types():
@@ -67,6 +68,7 @@ def test_all_keys_and_yaml_types():
         size="64G",
         create="never",
         queue_depth=128,  # YAML gives ints and bools, env/JSON gives strings: both work
+        max_io="4M",
         o_direct=False,
         engine="psync",
         capacity="1T",
@@ -78,6 +80,7 @@ def test_all_keys_and_yaml_types():
     assert (o.size, o.capacity) == (64 << 30, 1 << 40)
     assert (o.create, o.queue_depth, o.direct, o.engine) == ("never", 128, False, "psync")
     assert (o.timeout_s, o.retry_after_s, o.register_buffers) == (2.5, 0.0, False)
+    assert o.max_io == 4 << 20
 
 
 def test_the_plugin_finds_its_own_name():
@@ -125,6 +128,8 @@ def test_host_nqn_goes_to_fabric_uris_only():
         ({"devices": "/x.img,/x.img"}, "listed twice"),
         ({"devices": "/x.img,,/y.img"}, "empty entry"),
         ({"queue_depth": "deep"}, "expected an integer"),
+        ({"max_io": "1000"}, "max_io: expected a multiple of 4KiB"),
+        ({"max_io": "2G"}, "max_io: expected a multiple of 4KiB"),
         ({"timeout_s": "0"}, "timeout_s: must be >="),
         ({"direct": "1", "o_direct": "0"}, "same option"),
         ({"capacity": "lots"}, "capacity"),

@@ -35,6 +35,7 @@ KNOWN_KEYS = frozenset(
         "size",
         "create",
         "queue_depth",
+        "max_io",
         "direct",
         "o_direct",
         "engine",
@@ -62,6 +63,7 @@ class PluginOptions:
     size: int | None
     create: str
     queue_depth: int
+    max_io: int | None
     direct: Any  # True, False or "auto"
     engine: str
     capacity: int | None
@@ -74,7 +76,8 @@ class PluginOptions:
         """One log line that says what the plugin was asked to open."""
         return (
             f"devices={','.join(self.devices)} size={self.size} create={self.create} "
-            f"queue_depth={self.queue_depth} direct={self.direct} engine={self.engine} "
+            f"queue_depth={self.queue_depth} max_io={self.max_io or 'default'} "
+            f"direct={self.direct} engine={self.engine} "
             f"capacity={self.capacity} "
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
             f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers}"
@@ -137,6 +140,15 @@ def _parse_number(value: Any, what: str, default: float, minimum: float, integer
     if number < minimum:
         raise PluginConfigError(f"{what}: must be >= {minimum}, got {value!r}")
     return number
+
+
+def _parse_max_io(value: Any, what: str) -> int | None:
+    """Bytes per I/O piece: a size, a multiple of 4 KiB from 4 KiB to 1 GiB; None keeps
+    the core's default."""
+    n = parse_size(value, what)
+    if n is not None and (n < 4096 or n > 1 << 30 or n % 4096):
+        raise PluginConfigError(f"{what}: expected a multiple of 4KiB between 4KiB and 1GiB, got {value!r}")
+    return n
 
 
 def find_plugin_name(storage_plugins: Any, extra_config: Mapping[str, Any], class_name: str) -> str:
@@ -272,6 +284,7 @@ def parse_options(
         size=parse_size(ours.get("size"), prefix + "size"),
         create=create,
         queue_depth=_parse_number(ours.get("queue_depth"), prefix + "queue_depth", 64, 1, True),
+        max_io=_parse_max_io(ours.get("max_io"), prefix + "max_io"),
         direct=parse_direct(ours.get(direct_key), prefix + direct_key),
         engine=engine,
         capacity=parse_size(ours.get("capacity"), prefix + "capacity"),
