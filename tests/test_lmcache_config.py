@@ -56,10 +56,10 @@ def test_defaults():
     o = options()
     assert o.name == "fx100io"
     assert o.devices == ("file:///tmp/fx/kv.img",)
-    assert (o.size, o.create, o.queue_depth, o.direct, o.engine) == (None, "auto", 64, "auto", "auto")
+    assert (o.size, o.create, o.queue_depth, o.direct, o.engine) == (None, "auto", 16, "auto", "auto")
     assert (o.capacity, o.host_nqn, o.timeout_s, o.retry_after_s) == (None, None, 30.0, 10.0)
     assert o.register_buffers is True
-    assert o.max_io is None  # the core's default
+    assert o.max_io == 4 << 20
 
 
 def test_all_keys_and_yaml_types():

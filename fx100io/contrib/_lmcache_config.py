@@ -63,7 +63,7 @@ class PluginOptions:
     size: int | None
     create: str
     queue_depth: int
-    max_io: int | None
+    max_io: int
     direct: Any  # True, False or "auto"
     engine: str
     capacity: int | None
@@ -76,7 +76,7 @@ class PluginOptions:
         """One log line that says what the plugin was asked to open."""
         return (
             f"devices={','.join(self.devices)} size={self.size} create={self.create} "
-            f"queue_depth={self.queue_depth} max_io={self.max_io or 'default'} "
+            f"queue_depth={self.queue_depth} max_io={self.max_io} "
             f"direct={self.direct} engine={self.engine} "
             f"capacity={self.capacity} "
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
@@ -142,11 +142,12 @@ def _parse_number(value: Any, what: str, default: float, minimum: float, integer
     return number
 
 
-def _parse_max_io(value: Any, what: str) -> int | None:
-    """Bytes per I/O piece: a size, a multiple of 4 KiB from 4 KiB to 1 GiB; None keeps
-    the core's default."""
+def _parse_max_io(value: Any, what: str) -> int:
+    """Bytes per I/O piece: a size, a multiple of 4 KiB from 4 KiB to 1 GiB."""
     n = parse_size(value, what)
-    if n is not None and (n < 4096 or n > 1 << 30 or n % 4096):
+    if n is None:
+        return 4 << 20
+    if n < 4096 or n > 1 << 30 or n % 4096:
         raise PluginConfigError(f"{what}: expected a multiple of 4KiB between 4KiB and 1GiB, got {value!r}")
     return n
 
@@ -283,7 +284,10 @@ def parse_options(
         devices=tuple(devices),
         size=parse_size(ours.get("size"), prefix + "size"),
         create=create,
-        queue_depth=_parse_number(ours.get("queue_depth"), prefix + "queue_depth", 64, 1, True),
+        # 16 pieces of 4 MiB in flight: on the fast device this beat 64 x 1 MiB by
+        # about 5% in cold prefix loads (fewer, larger requests for the loop driver),
+        # and tied on the virtio disk (tools/bench_lmcache).
+        queue_depth=_parse_number(ours.get("queue_depth"), prefix + "queue_depth", 16, 1, True),
         max_io=_parse_max_io(ours.get("max_io"), prefix + "max_io"),
         direct=parse_direct(ours.get(direct_key), prefix + direct_key),
         engine=engine,

@@ -259,7 +259,6 @@ class FX100ioBackend(StoragePluginInterface):
         uris: Any = list(options.devices) if len(options.devices) > 1 else options.devices[0]
 
         def open_store(fmt: bool) -> Any:
-            tuning = {} if options.max_io is None else {"max_io": options.max_io}
             return fx100io.ChunkStore(
                 uris,
                 create=fmt,
@@ -268,7 +267,7 @@ class FX100ioBackend(StoragePluginInterface):
                 engine=options.engine,
                 queue_depth=options.queue_depth,
                 capacity=options.capacity,
-                **tuning,
+                max_io=options.max_io,
             )
 
         try:
