@@ -180,7 +180,8 @@ static void crc_init(void)
 	/* may run before libgcc's constructor when called from another one */
 	__builtin_cpu_init();
 	have_sse42 = __builtin_cpu_supports("sse4.2");
-	have_vpclmul = have_sse42 && __builtin_cpu_supports("avx512f") &&
+	have_vpclmul = have_sse42 && __builtin_cpu_supports("pclmul") &&
+		       __builtin_cpu_supports("avx512f") &&
 		       __builtin_cpu_supports("vpclmulqdq");
 	const char *want = getenv("FX100IO_CRC32C");
 	if (want && !strcmp(want, "table"))

@@ -119,7 +119,10 @@ unsigned fx_reqs_accept(struct req_table *t, const struct fx_req *reqs, unsigned
 {
 	unsigned k;
 
-	for (k = 0; k < n && t->nfree; k++) {
+	/* pending, not only nfree: an empty request completes here and gives
+	 * its slot back at once, but its completion still takes a place in the
+	 * done ring until it is reaped */
+	for (k = 0; k < n && t->nfree && t->pending < t->nslots; k++) {
 		uint32_t i = fx_req_take(t, &reqs[k]);
 		if (reqs[k].op != FX_OP_FLUSH && reqs[k].len == 0)
 			fx_req_complete(t, i);

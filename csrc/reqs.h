@@ -47,8 +47,9 @@ int fx_req_check(const struct fx_dev *d, const struct fx_req *r);
 uint32_t fx_req_take(struct req_table *t, const struct fx_req *src);
 void fx_req_complete(struct req_table *t, uint32_t i);
 int fx_reqs_pop_done(struct req_table *t, struct fx_cqe *out, unsigned max);
-/* Take up to n checked requests (as many as there are free slots): empty
- * ones complete at once, the rest join the FIFO.  Returns how many. */
+/* Take up to n checked requests (as many as there are free slots and room
+ * for their completions): empty ones complete at once, the rest join the
+ * FIFO.  Returns how many. */
 unsigned fx_reqs_accept(struct req_table *t, const struct fx_req *reqs, unsigned n);
 
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i);

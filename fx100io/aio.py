@@ -107,9 +107,16 @@ class QueueDriver:
 
     def _reap(self) -> None:
         want_crc = self._want_crc
-        for tag, res, status, crc in self.queue.reap():
-            self._resolve(tag, (res, status, crc) if tag in want_crc else (res, status))
-        self._drain_backlog()
+        while True:
+            for tag, res, status, crc in self.queue.reap():
+                self._resolve(tag, (res, status, crc) if tag in want_crc else (res, status))
+            waiting = len(self._backlog)
+            self._drain_backlog()
+            if len(self._backlog) == waiting:
+                return
+            # Requests just handed over may have finished inside submit (empty
+            # ones, psync) without a wake-up through the eventfd: reap again.
+            # Each turn hands over at least one request, so this ends.
 
     def _on_ready(self) -> None:
         self._reap()

@@ -219,3 +219,17 @@ def test_psync_more_requests_than_slots(tmp_file):
         done = dev.submit_blocking([(fx100io._core.OP_READ, i * 4096, o) for i, o in enumerate(outs)])
         assert [res for res, _ in done] == [4096] * 10
         assert b"".join(outs) == data.tobytes()
+
+
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+def test_empty_requests_beyond_slots_each_complete_once(tmp_file, engine):
+    """An empty request completes at accept time and frees its slot at once;
+    a batch of them larger than `slots` must still wait for room in the
+    completion ring rather than overwrite completions not yet reaped."""
+    with fx100io.open_device(str(tmp_file), create=True, size=1 << 20, engine=engine,
+                             slots=2) as dev:
+        reqs = [(fx100io._core.OP_READ, 0, bytearray(0)) for _ in range(5)]
+        reqs.append((fx100io._core.OP_READ, 0, bytearray(512)))
+        # async with a deadline: a lost completion fails the test instead of hanging it
+        done = asyncio.run(asyncio.wait_for(dev.submit(reqs), 10))
+        assert done == [(0, 0)] * 5 + [(512, 0)]
