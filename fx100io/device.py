@@ -252,6 +252,17 @@ class Device:
         (f,) = self._driver().submit([r])
         self._check(r, await f)
 
+    def raw_queue(self) -> _core.Queue:
+        """The calling thread's C queue, for a caller that drives submission
+        and completion itself and cannot pay for a future per I/O (``fx100io
+        bench`` at small block sizes).  ``submit([(op, addr, len, off, tag),
+        ...])`` returns how many it accepted, ``wait(n, ms)`` blocks without the
+        GIL, ``reap()`` returns ``[(tag, res, status, crc32c), ...]``.  Keep each
+        buffer alive until its completion is reaped, and use no other I/O call
+        of this device on this thread while such requests are outstanding: it
+        would reap their completions."""
+        return self._driver().queue
+
     # -- blocking twins ------------------------------------------------------
     def submit_blocking(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
         rs = [self._request(op, off, buf) for op, off, buf in reqs]
