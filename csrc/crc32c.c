@@ -122,17 +122,20 @@ static uint32_t gf2_mulmod(uint32_t a, uint32_t b)
 #define POW2_TERMS 67
 static uint32_t pow2[POW2_TERMS]; /* x^(2^k) mod P, filled by crc_init */
 
+/* reg * x^(n * 2^k) mod P: the product of pow2[k + j] over the set bits j of n */
+static uint32_t mul_xpow(uint32_t reg, uint64_t n, int k)
+{
+	for (; n; k++, n >>= 1)
+		if (n & 1)
+			reg = gf2_mulmod(pow2[k], reg);
+	return reg;
+}
 
 #if defined(__x86_64__) && !defined(FX_CRC32C_NO_HW)
 /* x^n mod P */
 static uint32_t xpow(uint64_t n)
 {
-	uint32_t p = 1u << 31; /* x^0 */
-
-	for (int k = 0; n; k++, n >>= 1)
-		if (n & 1)
-			p = gf2_mulmod(pow2[k], p);
-	return p;
+	return mul_xpow(1u << 31 /* x^0 */, n, 0);
 }
 
 /*
@@ -388,11 +391,7 @@ uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len)
 uint32_t fx_crc32c_shift(uint32_t reg, uint64_t nbytes)
 {
 	(void)pthread_once(&init_once, crc_init);
-	/* x^(8 n) = product of x^(2^(k+3)) over the set bits k of n */
-	for (int k = 3; nbytes; k++, nbytes >>= 1)
-		if (nbytes & 1)
-			reg = gf2_mulmod(pow2[k], reg);
-	return reg;
+	return mul_xpow(reg, nbytes, 3); /* x^(8 n) = x^(n 2^3) */
 }
 
 /*

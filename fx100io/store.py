@@ -367,11 +367,12 @@ class ChunkStore:
         bounce block: the extent owns that whole block, so padding is safe
         here.  For reads, fixup(total) copies the tail in and returns the
         bytes that belong to the chunk."""
-        bs = m.dev.block_size
         n = mv.nbytes
-        if not m.dev.aligned_only or n % bs == 0:
+        head = ChunkStore._bounced_head(m, n)
+        if head == n:
             return [(op | CRC, off, mv)], None
-        head, rem = n - n % bs, n % bs
+        bs = m.dev.block_size
+        rem = n - head
         tail = aligned_array(bs)
         parts: list[tuple[int, int, Any]] = [(op | CRC, off, mv[:head])] if head else []
         parts.append((op, off + head, tail))
@@ -387,12 +388,18 @@ class ChunkStore:
         return parts, fixup
 
     @staticmethod
+    def _bounced_head(m: Member, n: int) -> int:
+        """Bytes of an n-byte chunk moved in place; the rest (under one block)
+        goes through a bounce block on devices that move whole blocks only."""
+        return n - n % m.dev.block_size if m.dev.aligned_only else n
+
+    @staticmethod
     def _chunk_crc(m: Member, mv: memoryview, done: list) -> int:
         """The CRC32C of mv from the completions of its _io_parts: the first
         part's comes from C; a bounced tail (under one block) is summed here
         over the bytes that belong to the chunk, and the two are joined."""
         n = mv.nbytes
-        head = n - n % m.dev.block_size if m.dev.aligned_only else n
+        head = ChunkStore._bounced_head(m, n)
         if head == n:
             return done[0][2]
         tail_crc = _core.crc32c(mv[head:])
@@ -480,9 +487,10 @@ class ChunkStore:
                 done = []
                 for f, (_op, off, _b) in zip(fs, parts):
                     # shield: a cancelled put must still see its writes end
-                    done.append(await asyncio.shield(f))
-                    if done[-1][0] < 0:
-                        raise error_from_errno(-done[-1][0], f"{m.dev.target}: write chunk at {off}")
+                    completion = await asyncio.shield(f)
+                    if completion[0] < 0:
+                        raise error_from_errno(-completion[0], f"{m.dev.target}: write chunk at {off}")
+                    done.append(completion)
                 crcs[i] = self._chunk_crc(m, mv, done)
             members = {id(m): m for m, *_ in started}
             for m in members.values():
@@ -574,10 +582,8 @@ class ChunkStore:
             corrupt = []
             for m, i, e, view, fs, fixup in started:
                 res = 0
-                done = []
-                for f in fs:
-                    done.append(await f)
-                    r = done[-1][0]
+                done = [await f for f in fs]
+                for r, *_ in done:
                     res = r if r < 0 or res < 0 else res + r
                 if fixup is not None and res >= 0:
                     res = fixup(res)

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
+from fio_peer import fio_read  # tools/, this script's folder
 
 import fx100io
 
@@ -34,13 +33,8 @@ MiB = 1 << 20
 CHUNK = 32 * MiB
 
 
-def fio_read(target: str, offset: int, size: int, bs: int, iodepth: int) -> float:
-    cmd = ["fio", "--name=peer", f"--filename={target}", "--rw=read", f"--bs={bs}",
-           f"--iodepth={iodepth}", "--ioengine=io_uring", "--fixedbufs", "--registerfiles",
-           "--direct=1", f"--offset={offset}", f"--size={size}", "--output-format=json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    job = json.loads(p.stdout)["jobs"][0]["read"]
-    return job["bw_bytes"] / 1e9
+def fio_gbs(target: str, offset: int, size: int, bs: int, iodepth: int) -> float:
+    return fio_read(target, size, bs, iodepth, offset)[1] / 1e9
 
 
 def device_read(target: str, offset: int, size: int, bs: int, inflight: int) -> float:
@@ -114,9 +108,9 @@ def main() -> int:
                                        "fio 32M qd32": [], "store batch_get 32M x32": []}
     for r in range(args.rounds):
         row = {
-            "fio 1M qd32": fio_read(args.target, data_off, size, MiB, 32),
+            "fio 1M qd32": fio_gbs(args.target, data_off, size, MiB, 32),
             "device 1M x32": device_read(args.target, data_off, size, MiB, 32),
-            "fio 32M qd32": fio_read(args.target, data_off, size, CHUNK, 32),
+            "fio 32M qd32": fio_gbs(args.target, data_off, size, CHUNK, 32),
             "store batch_get 32M x32": store_get(args.target, keys, bufs, 32),
         }
         for k, v in row.items():

@@ -10,9 +10,9 @@ psync engine is synchronous (as fio's sync engines are): it runs one blocking
 I/O at a time and iodepth has no effect.
 
 Latency is taken from just before submission to the completion being seen;
-it is fio's "lat" (slat + clat).  The core
-does not expose the submit instant separately, so we report that number as
-clat too and leave slat empty (N = 0).
+it is fio's "lat" (slat + clat).  The core does not expose the submit
+instant separately, so we report that number as clat too and leave slat
+empty (N = 0).
 """
 
 from __future__ import annotations
@@ -203,7 +203,8 @@ class IoLoop:
     # ------------------------------------------------------------ direct
 
     def run_direct(self, ios: Iterable[tuple[int, bool]], phase: Phase, duration_ns: int | None) -> None:
-        """Keep one I/O per buffer in flight through the raw C queue."""
+        """Keep one I/O per buffer in flight through the raw C queue (no
+        verify bookkeeping: jobs with --verify take the async path)."""
         from fx100io import _core
         from fx100io.errors import error_from_errno, error_from_status
 
@@ -278,7 +279,6 @@ class IoLoop:
                         wstats.add(t1 - t0, res)
                         if res != bs:
                             wstats.short_ios += 1
-                        self._mark_written(off)
                 if t1 >= next_tick:
                     phase.series.sample(t1 - start, rstats, wstats)
                     progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (t1 - start) // 1_000_000)

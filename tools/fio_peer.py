@@ -1,0 +1,24 @@
+"""fio as the peer of the benchmark scripts in this folder: sequential O_DIRECT
+reads through io_uring with registered buffers and files.
+
+Registered, as the engines under test use them: without them fio pins and
+faults in a fresh buffer per I/O, which for 32 MiB reads on a RAM-backed
+device alone costs it 3x at iodepth 32 and would make a poor yardstick.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+
+def fio_read(path: str, size: int, bs: str | int, iodepth: int, offset: int = 0) -> tuple[int, int]:
+    """(bytes read, bytes per second) of one fio sequential read job, by fio's own clock."""
+    cmd = ["fio", "--name=peer", f"--filename={path}", "--rw=read", f"--bs={bs}",
+           f"--iodepth={iodepth}", "--ioengine=io_uring", "--fixedbufs", "--registerfiles",
+           "--direct=1", f"--offset={offset}", f"--size={size}", "--output-format=json"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
+    job = json.loads(p.stdout)["jobs"][0]["read"]
+    return job["io_bytes"], job["bw_bytes"]
