@@ -157,6 +157,64 @@ print("ok")
         Path(IO_URING_SYSCTL).write_text(old)
 
 
+# A seccomp filter that fails io_uring_setup with EPERM, as Docker's default
+# profile does, installed by the child itself (no_new_privs + a classic BPF
+# program through prctl), so this runs on every kernel with seccomp.
+SECCOMP_DENY_IO_URING = """
+import ctypes, os, platform, struct
+NR_IO_URING_SETUP = 425                      # same number on x86_64 and aarch64
+ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[platform.machine()]
+LD, JEQ, RET = 0x20, 0x15, 0x06              # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+ALLOW, ERRNO, KILL = 0x7FFF0000, 0x00050000, 0x80000000
+EPERM = 1
+prog = [(LD, 0, 0, 4), (JEQ, 1, 0, ARCH), (RET, 0, 0, KILL),
+        (LD, 0, 0, 0), (JEQ, 0, 1, NR_IO_URING_SETUP), (RET, 0, 0, ERRNO | EPERM),
+        (RET, 0, 0, ALLOW)]
+raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+buf = ctypes.create_string_buffer(raw)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(prog), ctypes.addressof(buf))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0, ctypes.get_errno()   # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+"""
+
+
+def test_io_uring_refused_by_seccomp_is_named_and_psync_works(tmp_file):
+    """Under a seccomp filter that denies io_uring_setup (a container's
+    default), opening with io_uring says why and what to do; psync and
+    'auto' stay correct.  Runs on every kernel: the filter is our own."""
+    code = SECCOMP_DENY_IO_URING + f"""
+import fx100io, numpy as np
+from fx100io import errors
+try:
+    fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20)
+except errors.IoUringUnavailableError as e:
+    assert "seccomp" in str(e) and "psync" in str(e), str(e)
+    assert isinstance(e, PermissionError)
+else:
+    raise SystemExit("io_uring opened although seccomp denies io_uring_setup")
+for engine in ("psync", "auto"):
+    dev = fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20, engine=engine)
+    assert dev.engine == "psync"
+    data = np.random.default_rng(2).integers(0, 256, 300000, dtype=np.uint8)
+    dev.write_from_blocking(8192, data)
+    dev.flush_blocking()
+    out = np.empty_like(data)
+    dev.read_into_blocking(8192, out)
+    assert np.array_equal(out, data)
+    dev.close()
+with fx100io.ChunkStore({str(tmp_file) + ".store"!r}, create=True, size=64 << 20,
+                        engine="auto") as st:
+    st.batch_put_blocking(["k"], [b"x" * 5000])
+    out = bytearray(5000)
+    assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"x" * 5000
+print("ok")
+"""
+    assert run_python(code).stdout.strip() == "ok"
+
+
 DROP_IPC_LOCK = """
 import ctypes, os, resource, sys
 libc = ctypes.CDLL(None, use_errno=True)
