@@ -3,8 +3,8 @@
 A CPU-tensor connector stands in for vLLM's GPU KV cache, so every retrieved token's
 KV can be compared byte for byte with what was stored.
 
-The nvme+tcp variant (a device served by fx100io's own NVMe/TCP target) comes with the
-target in a later issue; these tests use file devices.
+These tests use file devices; the same engine over nvme+tcp (a namespace served by
+fx100io's own NVMe/TCP target) is in test_lmcache_nvme_tcp.py.
 """
 
 from __future__ import annotations

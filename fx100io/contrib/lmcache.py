@@ -1,6 +1,7 @@
 """LMCache storage plugin backed by an fx100io ChunkStore.
 
-Load it from an LMCache config (see fx100io/contrib/LMCACHE.md)::
+Load it from an LMCache config (every key is documented in README.md, section
+"LMCache storage plugin")::
 
     storage_plugins: ["fx100io"]
     extra_config:
@@ -98,7 +99,8 @@ class FX100ioBackend(StoragePluginInterface):
             logger.critical(
                 "fx100io LMCache plugin NOT loaded: %s. LMCache will run WITHOUT the "
                 "fx100io storage tier. Fix the storage_plugin.<name>.* keys in "
-                "extra_config (see fx100io/contrib/LMCACHE.md).",
+                "extra_config (every key is documented in fx100io's README.md, section "
+                "'LMCache storage plugin').",
                 exc,
             )
             raise
@@ -303,9 +305,8 @@ class FX100ioBackend(StoragePluginInterface):
         """Hand LMCache's pinned pool to io_uring as fixed buffers when the core can.
 
         Every MemoryObj LMCache allocates lives inside this one pool, so registering it
-        once would let every read and write skip per-request page pinning. The core
-        registers only pools it allocated itself so far; when it grows
-        ``fx100io.register_memory(buffer)`` for outside memory, this starts using it.
+        once (``fx100io.register_memory``) lets every read and write skip per-request page
+        pinning. Builds without ``register_memory`` leave the pool unregistered and say so.
         """
         if not self.options.register_buffers or self.local_cpu_backend is None:
             return
