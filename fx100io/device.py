@@ -1,5 +1,6 @@
-"""open_device(uri) -> Device: the same API for files, block devices and,
-later, NVMe-oF namespaces reached from userspace."""
+"""open_device(uri) -> Device: the same API for files, block devices
+(kernel-attached NVMe-oF namespaces included) and NVMe/TCP namespaces reached
+from userspace."""
 
 from __future__ import annotations
 
