@@ -106,6 +106,7 @@ class EvilTarget:
         self.cc = 0
         self._stop = False
         self._lock = threading.Lock()
+        self._tls = threading.local()   # per connection: capsules not served yet
         self._t = threading.Thread(target=self._accept, daemon=True)
         self._t.start()
 
@@ -162,9 +163,14 @@ class EvilTarget:
                 c.sendall(CH.pack(ICRESP, 0, 128, 0, 128) +
                           struct.pack("<HBBI", 0, 0, 0, self.maxh2cdata) + bytes(112))
                 qid = None
+                # capsules that arrived while a write's H2CData was awaited
+                self._tls.pending = []
                 while True:
-                    t, _f, hlen, pdo, plen = CH.unpack(_recv_exact(c, 8))
-                    rest = _recv_exact(c, plen - 8)
+                    if self._tls.pending:
+                        t, pdo, rest = self._tls.pending.pop(0)
+                    else:
+                        t, _f, hlen, pdo, plen = CH.unpack(_recv_exact(c, 8))
+                        rest = _recv_exact(c, plen - 8)
                     if t != CMD:
                         return
                     sqe = rest[:64]
@@ -242,6 +248,9 @@ class EvilTarget:
         while len(got) < want:
             t, _f, _hlen, pdo, plen = CH.unpack(_recv_exact(c, 8))
             rest = _recv_exact(c, plen - 8)
+            if t == CMD:    # the host pipelines commands: serve it later
+                self._tls.pending.append((t, pdo, rest))
+                continue
             if t != H2C_DATA:
                 raise ConnectionError(f"expected H2CData, got type {t}")
             cccid, _ttag, _datao, datal = struct.unpack_from("<HHII", rest, 0)

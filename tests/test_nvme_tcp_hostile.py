@@ -135,6 +135,8 @@ def test_icdoff_nonzero_is_honoured():
             back = np.zeros(4096, np.uint8)
             dev.read_into_blocking(0, back)
             assert (back == data).all()
+            # we place in-capsule data only at ICDOFF 0: here the write went by R2T
+            assert evil.incapsule_writes == 0 and evil.r2t_writes == 1
         finally:
             dev.close()
     finally:
@@ -143,7 +145,7 @@ def test_icdoff_nonzero_is_honoured():
 
 @pytest.mark.parametrize("knobs", [
     {"nsze": 1 << 60, "lbads": 12},   # nsze * block size overflows 64 bits
-    {"lbads": 21},                    # 2 MiB blocks: more than one 1 MiB transfer
+    {"lbads": 21, "mdts": 8},         # 2 MiB blocks, MDTS 1 MiB: no block fits a command
     {"lbads": 13, "mdts": 1},         # 8 KiB blocks, MDTS 8 KiB with 4 KiB pages: fine
 ])
 def test_namespace_geometry(knobs):
