@@ -16,7 +16,9 @@
  * connection down and fails its commands with a clear errno.  The next
  * submit reconnects (re-opening the controller if it is gone).
  */
+#ifndef _GNU_SOURCE /* the C tests and fuzzers pass -D_GNU_SOURCE */
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
