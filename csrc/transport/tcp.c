@@ -1177,6 +1177,9 @@ static int process_cqes(struct tcp_queue *q)
 		io_uring_cq_advance(&q->ring.uring, n);
 		total += (int)n;
 	} while (n == 64);
+	/* recvs and sends first: a short ring must not go to new work or
+	 * the tick while a live connection has no recv in flight */
+	resume(q);
 	if (total)
 		issue(q);
 	resume(q);
@@ -1202,6 +1205,7 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 			return -EROFS;
 	}
 	k = fx_reqs_accept(&q->t, reqs, n);
+	resume(q);
 	issue(q);
 	resume(q);
 	ring_submit(q);
