@@ -146,6 +146,13 @@ static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 	uint64_t nsze = 0;
 	uint32_t lba = 0;
 	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
+	if (ret == 0 && !xfer_size(d->max_xfer, c->mdts_bytes, lba)) {
+		fprintf(stderr,
+		        "fx100io: nvme+tcp: nsid %u: blocks of %u bytes exceed the controller's "
+		        "largest transfer (MDTS %u bytes)\n",
+		        d->nsid, lba, c->mdts_bytes);
+		ret = -EPROTO;
+	}
 	if (ret < 0) {
 		fx_nvmf_ctrl_close(c);
 		return ret;
@@ -190,13 +197,6 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 		pthread_mutex_lock(&d->lock);
 		ret = ctrl_open_locked(d, &status);
 		pthread_mutex_unlock(&d->lock);
-	}
-	if (ret == 0 && d->max_xfer == 0) {
-		fprintf(stderr,
-		        "fx100io: nvme+tcp: nsid %u: blocks of %u bytes exceed the controller's "
-		        "largest transfer (MDTS %u bytes)\n",
-		        d->nsid, d->base.info.block_size, d->ctrl->mdts_bytes);
-		ret = -EPROTO;
 	}
 	if (ret == 0 && d->ctrl->icdoff)
 		fprintf(stderr,
