@@ -449,6 +449,24 @@ static void test_submit_fails(void)
 	keep("submit-fails", &s);
 }
 
+/* Every command past its deadline: the first tick takes the connection
+ * down and every request fails with -ETIMEDOUT, even with sends queued. */
+static void test_deadline(void)
+{
+	struct stream s;
+
+	st_init(&s, 0x40);
+	st_send(&s);
+	st_tick(&s);
+	run(&s, "commands past their deadline");
+	for (unsigned i = 0; i < H_NREQ; i++)
+		CHECK_EQ(H.reqs[i].res, -ETIMEDOUT);
+	CHECK_EQ(H.c->state, CONN_DOWN);
+	printf(" all requests: %s\n", strerror(ETIMEDOUT));
+	h_teardown();
+	keep("deadline", &s);
+}
+
 static void replay(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -490,6 +508,7 @@ int main(int argc, char **argv)
 	test_good();
 	test_write_rules();
 	test_submit_fails();
+	test_deadline();
 	if (argc == 3 && !strcmp(argv[1], "--write-seeds")) {
 		for (unsigned i = 0; i < nseeds; i++) {
 			char path[4096];

@@ -11,8 +11,9 @@
  * SQEs tcp.c prepares and posting their CQEs.  So a recv writes where tcp.c
  * asked, a sendmsg reads the iovecs tcp.c gave, and ASan sees both.
  *
- * Input: byte 0 picks digests, MAXH2CDATA, a one-entry SQ (tcp.c must cope
- * with io_uring_get_sqe returning NULL) and a ring whose submit fails; then
+ * Input: byte 0 picks digests (bits 0-1), MAXH2CDATA (4096 << bits 2-3), a
+ * one-entry SQ (0x10: tcp.c must cope with io_uring_get_sqe returning NULL),
+ * a ring whose submit fails (0x20) and deadlines already passed (0x40); then
  * a sequence of steps:
  *   op & 3 == 0: (next byte + 1) bytes, taken from the input, arrive on
  *                the socket; tcp.c's recvs get them as they ask
@@ -308,7 +309,8 @@ static void h_setup(uint8_t cfg)
 	H.d.nsid = 1;
 	H.d.queues = 1;
 	H.d.max_xfer = H_MAX_XFER;
-	H.d.io_timeout_ms = 1 << 30;
+	/* 0x40: every command is already past its deadline at the first tick */
+	H.d.io_timeout_ms = (cfg & 0x40) ? 0 : 1 << 30;
 	pthread_mutex_init(&H.d.lock, NULL);
 
 	struct tcp_queue *q = calloc(1, sizeof(*q));
