@@ -464,10 +464,11 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 	/* Largest PDU this command can legally bring: a data PDU with all
 	 * of len, header, digests and the widest padding pdo allows. */
 	uint32_t max_plen = len > UINT32_MAX - 512 ? UINT32_MAX : len + 512;
-	uint32_t rcvd = 0, sent = 0;
-	int last = 0, ddgst_bad = 0;
+	struct fx_tcp_xfer x;
+	int ddgst_bad = 0;
 	union rx_hdr h;
 
+	fx_tcp_xfer_init(&x, len, write, incap != 0);
 	for (;;) {
 		int n = recv_hdr(c, &h, max_plen, deadline);
 
@@ -479,28 +480,26 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 			uint32_t dd = (h.ch.flags & NVME_TCP_F_DDGST) ? NVME_TCP_DIGEST_LEN : 0;
 			uint32_t payload = h.ch.plen - h.ch.pdo - dd;
 
-			if (h.data.cccid != cid || write || last) {
-				plog("qid %u: unexpected C2HData (cccid %u, cid %u, %s%s)", c->qid,
-				     h.data.cccid, cid, write ? "write command" : "read",
-				     last ? ", after LAST_PDU" : "");
+			if (h.data.cccid != cid) {
+				plog("qid %u: C2HData for cid %u, waiting for %u", c->qid,
+				     h.data.cccid, cid);
 				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
 						  h.ch.hlen);
 			}
-			/* Data must arrive in order and stay inside the buffer:
-			 * checking datao == bytes so far also catches gaps and
-			 * duplicates, so success means every byte was written. */
-			if (h.data.datal != payload || h.data.datao != rcvd ||
-			    (uint64_t)h.data.datao + h.data.datal > len) {
-				plog("qid %u: C2HData out of range (datao %u datal %u, payload "
-				     "%u, expected offset %u, length %u)",
-				     c->qid, h.data.datao, h.data.datal, payload, rcvd, len);
-				return proto_fail(c, NVME_TCP_FES_DATA_OUT_OF_RANGE,
-						  offsetof(struct nvme_tcp_data_pdu, datao), h.raw,
-						  h.ch.hlen);
+			/* In order and inside the buffer (tcp_pdu.c's rule), so
+			 * success means every byte was written exactly once. */
+			if (fx_tcp_xfer_c2h(&x, &h.data, dd != 0) < 0) {
+				plog("qid %u: cid %u: %s (datao %u datal %u, payload %u, %u of %u "
+				     "bytes so far)",
+				     c->qid, cid, x.why, h.data.datao, h.data.datal, payload,
+				     x.received, len);
+				return proto_fail(c, x.fes, x.fei, h.raw, h.ch.hlen);
 			}
+			uint32_t at = x.received;
+
 			r = recv_discard(c->fd, h.ch.pdo - (uint32_t)n, deadline);
 			if (!r)
-				r = recv_full(c->fd, buf + rcvd, payload, deadline);
+				r = recv_full(c->fd, buf + at, payload, deadline);
 			if (r)
 				return conn_fail(c, r);
 			if (dd) {
@@ -509,31 +508,18 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 				r = recv_full(c->fd, &got, sizeof(got), deadline);
 				if (r)
 					return conn_fail(c, r);
-				if (got != fx_crc32c(0, buf + rcvd, payload)) {
+				if (got != fx_crc32c(0, buf + at, payload)) {
 					/* The stream is intact; only this data is bad.
 					 * Finish the command, then fail it like Linux
 					 * does (Data Transfer Error). */
 					plog("qid %u: data digest mismatch (cid %u datao %u "
 					     "datal %u)",
-					     c->qid, cid, rcvd, payload);
+					     c->qid, cid, at, payload);
 					ddgst_bad = 1;
 				}
 			}
-			rcvd += payload;
-			if (h.ch.flags & NVME_TCP_F_DATA_LAST)
-				last = 1;
-			if (h.ch.flags & NVME_TCP_F_DATA_SUCCESS) {
-				/* No CapsuleResp follows: only valid on the last
-				 * PDU of a complete transfer. */
-				if (!last || rcvd != len) {
-					plog("qid %u: C2HData SUCCESS %s (%u of %u bytes)",
-					     c->qid,
-					     last ? "before the end of the data"
-						  : "without LAST_PDU",
-					     rcvd, len);
-					return proto_fail(c, NVME_TCP_FES_INVALID_PDU_HDR, 1,
-							  h.raw, h.ch.hlen);
-				}
+			if (fx_tcp_xfer_c2h_done(&x, &h.data)) {
+				/* SUCCESS: no CapsuleResp follows. */
 				cqe->cid = cid;
 				cqe->sqid = c->qid;
 				if (ddgst_bad) {
@@ -545,21 +531,23 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 			break;
 		}
 		case NVME_TCP_R2T:
-			if (h.r2t.cccid != cid || !write || incap || h.r2t.r2tl == 0 ||
-			    (uint64_t)h.r2t.r2to + h.r2t.r2tl > len) {
+			if (h.r2t.cccid != cid ||
+			    fx_tcp_xfer_r2t(&x, h.r2t.r2to, h.r2t.r2tl) < 0) {
 				plog("qid %u: bad R2T (cccid %u cid %u r2to %u r2tl %u, %s of %u "
-				     "bytes%s)",
+				     "bytes%s): %s",
 				     c->qid, h.r2t.cccid, cid, h.r2t.r2to, h.r2t.r2tl,
 				     write ? "write" : "read", len,
-				     incap ? " sent in-capsule" : "");
-				return proto_fail(c, NVME_TCP_FES_DATA_OUT_OF_RANGE,
-						  offsetof(struct nvme_tcp_r2t_pdu, r2to), h.raw,
-						  h.ch.hlen);
+				     incap ? " sent in-capsule" : "",
+				     h.r2t.cccid != cid ? "unknown command" : x.why);
+				if (h.r2t.cccid != cid)
+					return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
+							  h.ch.hlen);
+				return proto_fail(c, x.fes, x.fei, h.raw, h.ch.hlen);
 			}
 			r = send_h2c(c, cid, h.r2t.ttag, buf, h.r2t.r2to, h.r2t.r2tl, deadline);
 			if (r)
 				return r;
-			sent += h.r2t.r2tl;
+			fx_tcp_xfer_r2t_sent(&x);
 			break;
 		case NVME_TCP_RSP:
 			*cqe = h.rsp.cqe;
@@ -569,22 +557,20 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
 						  h.ch.hlen);
 			}
-			if (status_field(cqe) == 0) {
-				/* Success must mean the whole transfer happened:
-				 * otherwise the caller would trust stale bytes. */
-				if ((!write && rcvd != len) ||
-				    (write && !incap && sent < len)) {
-					plog("qid %u: success after %u of %u bytes (%s)", c->qid,
-					     write ? sent : rcvd, len, write ? "write" : "read");
-					return conn_fail(c, -EPROTO);
-				}
-				if (ddgst_bad) {
-					cqe->status = NVME_SC_DATA_XFER_ERROR << 1;
-					return -EIO;
-				}
-				return 0;
+			/* Success must mean the whole transfer happened:
+			 * otherwise the caller would trust stale bytes. */
+			if (fx_tcp_xfer_rsp(&x, status_field(cqe)) < 0) {
+				plog("qid %u: cid %u: %s (%u of %u bytes)", c->qid, cid, x.why,
+				     write ? x.sent : x.received, len);
+				return conn_fail(c, -EPROTO);
 			}
-			return -EIO;
+			if (status_field(cqe))
+				return -EIO;
+			if (ddgst_bad) {
+				cqe->status = NVME_SC_DATA_XFER_ERROR << 1;
+				return -EIO;
+			}
+			return 0;
 		default:
 			plog("qid %u: unexpected PDU type 0x%02x during a command", c->qid,
 			     h.ch.type);
@@ -957,12 +943,6 @@ static void *ka_main(void *arg)
 	return NULL;
 }
 
-/* Controller memory page size CAP.MPSMIN says it supports at least. */
-static uint64_t cap_page_size(uint64_t cap)
-{
-	return 4096ULL << ((cap >> 48) & 0xf);
-}
-
 static int ctrl_enable(struct fx_nvmf_ctrl *c)
 {
 	/* MPS = MPSMIN; 64-byte SQEs and 16-byte CQEs are what NVMe-oF
@@ -1006,13 +986,17 @@ static void parse_idctrl(struct fx_nvmf_ctrl *c)
 	if (mdts == 0) {
 		c->mdts_bytes = 0;
 	} else {
-		/* MDTS is a power of two in units of CAP.MPSMIN pages;
-		 * clamp what no uint32 length could use anyway. */
-		uint64_t b = mdts >= 40 ? (1ULL << 40) : cap_page_size(c->cap) << mdts;
+		/* MDTS is a power of two in units of CAP.MPSMIN pages (4 KiB
+		 * << 0..15); clamp what no uint32 length could use anyway,
+		 * before the shift could leave 64 bits. */
+		unsigned shift = 12 + (unsigned)((c->cap >> 48) & 0xf) + mdts;
 
-		c->mdts_bytes = b > 0x80000000ULL ? 0x80000000u : (uint32_t)b;
+		c->mdts_bytes = shift >= 31 ? 0x80000000u : (uint32_t)1 << shift;
 	}
-	c->ioccsz_bytes = le32_at(id + NVME_IDC_IOCCSZ) * 16;
+	/* IOCCSZ is in 16-byte units: a u32 times 16 can leave 32 bits. */
+	uint64_t ioccsz = (uint64_t)le32_at(id + NVME_IDC_IOCCSZ) * 16;
+
+	c->ioccsz_bytes = ioccsz > UINT32_MAX ? UINT32_MAX : (uint32_t)ioccsz;
 	c->icdoff = le16_at(id + NVME_IDC_ICDOFF);
 	c->nn = le32_at(id + NVME_IDC_NN);
 }
@@ -1138,6 +1122,13 @@ int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
 	if (fmt > id[NVME_IDNS_NLBAF] || lbads < 9 || lbads > 31) {
 		plog("nsid %u: unusable LBA format %u (NLBAF %u, LBADS %u)", nsid, fmt,
 		     id[NVME_IDNS_NLBAF], lbads);
+		r = -EPROTO;
+		goto out;
+	}
+	/* The byte size must fit the 64 bits everything above counts in. */
+	if (size > UINT64_MAX >> lbads) {
+		plog("nsid %u: unusable size: %llu blocks of %u bytes overflow 64 bits", nsid,
+		     (unsigned long long)size, 1u << lbads);
 		r = -EPROTO;
 		goto out;
 	}

@@ -50,7 +50,9 @@ struct fx_nvmf_conn {
 	 * (NVMe/TCP) and 0 on I/O queues, where the caller should set
 	 * IOCCSZ*16 - 64 from Identify (ctrl->ioccsz_bytes - 64): Linux's
 	 * target (6.1) expects every write up to its inline size in the
-	 * capsule and never sends an R2T for one. */
+	 * capsule and never sends an R2T for one.  The data goes at offset 0
+	 * of the capsule's data area: leave 0 on an I/O queue of a controller
+	 * whose ICDOFF is not 0. */
 	uint32_t incap_max;
 };
 
@@ -73,7 +75,8 @@ void fx_nvmf_conn_close(struct fx_nvmf_conn *c);
  * dptr, sends it (with in-capsule data for writes up to the capsule size,
  * otherwise R2T/H2CData), receives C2HData into data (reads) and the
  * CapsuleResp.  *cqe gets the completion.  -ETIMEDOUT, -ECONNRESET, -EPROTO
- * (bad PDU: the connection is unusable afterwards), -EIO (NVMe status not
+ * (bad PDU, or an R2T, C2HData or success the rules in tcp_pdu.h do not
+ * allow: the connection is unusable afterwards), -EIO (NVMe status not
  * success; see cqe->status).
  */
 int fx_nvmf_exec(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
@@ -96,8 +99,9 @@ struct fx_nvmf_ctrl {
 	uint32_t vs;
 	uint8_t idctrl[4096];
 	uint32_t mdts_bytes;   /* max data transfer size, 0 = unlimited */
-	uint32_t ioccsz_bytes; /* I/O command capsule size incl. the 64-byte SQE */
-	uint16_t icdoff;
+	uint32_t ioccsz_bytes; /* I/O command capsule size incl. the 64-byte SQE
+	                        * (IOCCSZ * 16, clamped to UINT32_MAX) */
+	uint16_t icdoff;       /* in-capsule data offset, 16-byte units */
 	uint32_t nn;
 	uint16_t io_queues;    /* granted by Set Features Number of Queues */
 	uint16_t io_sqsize;    /* 0's based queue size for I/O queues */
@@ -112,7 +116,9 @@ struct fx_nvmf_ctrl {
  */
 int fx_nvmf_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
                       uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status);
-/* Identify Namespace: size in blocks and block size.  -ENODEV (nsid not active). */
+/* Identify Namespace: size in blocks and block size (nsze * lba_size fits in
+ * 64 bits).  -ENODEV (nsid not active), -EPROTO (unusable LBA format or a size
+ * that overflows 64 bits). */
 int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
                          uint32_t *lba_size);
 /* Stop keep alive, shut the controller down (CC.SHN), close the admin queue. */

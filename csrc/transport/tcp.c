@@ -16,7 +16,9 @@
  * connection down and fails its commands with a clear errno.  The next
  * submit reconnects (re-opening the controller if it is gone).
  */
+#ifndef _GNU_SOURCE /* the C tests and fuzzers pass -D_GNU_SOURCE */
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -114,6 +116,24 @@ static int parse_kv(struct tcp_dev *d, const char *target)
 	return 0;
 }
 
+/*
+ * Bytes per NVMe command: the max_xfer asked for (default 1 MiB, at least one
+ * block) within MDTS and NLB's 16 bits, in whole blocks.  0 when MDTS does
+ * not allow even one block: such a namespace cannot be used at all.
+ */
+static uint32_t xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba)
+{
+	uint64_t cap = want ? want : (1u << 20);
+
+	if (cap < lba)
+		cap = lba;
+	if (mdts_bytes && mdts_bytes < cap)
+		cap = mdts_bytes;
+	if (cap > 65536ull * lba) /* NLB is a 16-bit field */
+		cap = 65536ull * lba;
+	return (uint32_t)(cap & ~(uint64_t)(lba - 1));
+}
+
 /* Open (or re-open) the controller; called with d->lock held. */
 static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 {
@@ -126,6 +146,13 @@ static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 	uint64_t nsze = 0;
 	uint32_t lba = 0;
 	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
+	if (ret == 0 && !xfer_size(d->max_xfer, c->mdts_bytes, lba)) {
+		fprintf(stderr,
+		        "fx100io: nvme+tcp: nsid %u: blocks of %u bytes exceed the controller's "
+		        "largest transfer (MDTS %u bytes)\n",
+		        d->nsid, lba, c->mdts_bytes);
+		ret = -EPROTO;
+	}
 	if (ret < 0) {
 		fx_nvmf_ctrl_close(c);
 		return ret;
@@ -148,14 +175,9 @@ static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 	}
 	d->ctrl = c;
 	d->ctrl_epoch++;
-	d->base.info.size = nsze * lba;
+	d->base.info.size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
 	d->base.info.block_size = lba;
-	uint32_t cap = d->max_xfer ? d->max_xfer : (1u << 20);
-	if (c->mdts_bytes && c->mdts_bytes < cap)
-		cap = c->mdts_bytes;
-	if ((uint64_t)cap > 65536ull * lba) /* NLB is a 16-bit field */
-		cap = 65536u * lba;
-	d->max_xfer = cap & ~(lba - 1);
+	d->max_xfer = xfer_size(d->max_xfer, c->mdts_bytes, lba);
 	return 0;
 }
 
@@ -176,7 +198,15 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 		ret = ctrl_open_locked(d, &status);
 		pthread_mutex_unlock(&d->lock);
 	}
+	if (ret == 0 && d->ctrl->icdoff)
+		fprintf(stderr,
+		        "fx100io: nvme+tcp: controller reports in-capsule data offset (ICDOFF) %u; "
+		        "writes go by R2T, never in the capsule\n",
+		        d->ctrl->icdoff);
 	if (ret < 0) {
+		if (d->ctrl)
+			fx_nvmf_ctrl_close(d->ctrl);
+		free(d->qid_used);
 		pthread_mutex_destroy(&d->lock);
 		free(d);
 		return ret;
@@ -222,8 +252,12 @@ struct cmd {
 	uint32_t req;   /* request slot */
 	char *data;
 	uint32_t len;
-	uint32_t received; /* C2HData bytes so far */
-	uint16_t sends;    /* queued send items that point into data */
+	struct fx_tcp_xfer x; /* what the PDU rules allow next (tcp_pdu.c) */
+	/* Queued send items that point into data.  At most the capsule plus
+	 * the H2CData of one R2T (fx_tcp_xfer_r2t allows one outstanding,
+	 * in order, inside the transfer), so it cannot wrap. */
+	uint32_t sends;
+	uint32_t r2t_items; /* H2CData items of the open R2T not yet sent */
 	uint8_t rsp_seen;  /* response arrived while sends were pending */
 	uint16_t rsp_status;
 	uint64_t slba;
@@ -233,6 +267,7 @@ struct cmd {
 struct send_item {
 	struct send_item *next;
 	struct cmd *cmd; /* whose data it carries, or NULL */
+	uint8_t h2c;     /* H2CData answering the command's open R2T */
 	struct iovec iov[4];
 	int niov;
 	uint8_t hdr[72 + NVME_TCP_DIGEST_LEN];
@@ -294,6 +329,9 @@ struct tcp_queue {
 
 #define now_ms fx_now_ms
 
+/* An SQE, submitting what is queued to make room if needed.  NULL when the
+ * ring still has none (its submit failed): the caller leaves its work queued
+ * and resume() arms it again; ring_submit() handles the error. */
 static struct io_uring_sqe *get_sqe(struct tcp_queue *q)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring.uring);
@@ -331,7 +369,7 @@ static void arm_recv(struct conn *c)
 	}
 	sqe = get_sqe(c->q);
 	if (!sqe)
-		return;
+		return; /* recv_busy stays 0: resume() arms it again */
 	io_uring_prep_recv(sqe, c->nc.fd, dst, len, MSG_WAITALL);
 	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_RECV));
 	c->recv_busy = 1;
@@ -404,29 +442,34 @@ static void conn_finish_drain(struct conn *c)
 
 /* --------------------------------------------------------------- sending */
 
+/* Send the batch in tx_out (what is left of it after a short send), or a new
+ * one from the queue.  The SQE comes first: without one nothing moves, so
+ * no item is ever dropped (resume() tries again). */
 static void kick_send(struct conn *c)
 {
 	struct io_uring_sqe *sqe;
-	int n = 0;
 
-	if (c->send_busy || !c->tx_head || c->state != CONN_LIVE)
+	if (c->send_busy || c->state != CONN_LIVE || (!c->ntx_out && !c->tx_head))
 		return;
-	c->ntx_out = 0;
-	while (c->tx_head && c->ntx_out < TX_BATCH) {
-		struct send_item *it = c->tx_head;
-		c->tx_head = it->next;
-		for (int k = 0; k < it->niov; k++)
-			c->tx_iov[n++] = it->iov[k];
-		c->tx_out[c->ntx_out++] = it;
-	}
-	if (!c->tx_head)
-		c->tx_tail = NULL;
-	memset(&c->tx_msg, 0, sizeof(c->tx_msg));
-	c->tx_msg.msg_iov = c->tx_iov;
-	c->tx_msg.msg_iovlen = (size_t)n;
 	sqe = get_sqe(c->q);
 	if (!sqe)
 		return;
+	if (!c->ntx_out) {
+		int n = 0;
+
+		while (c->tx_head && c->ntx_out < TX_BATCH) {
+			struct send_item *it = c->tx_head;
+			c->tx_head = it->next;
+			for (int k = 0; k < it->niov; k++)
+				c->tx_iov[n++] = it->iov[k];
+			c->tx_out[c->ntx_out++] = it;
+		}
+		if (!c->tx_head)
+			c->tx_tail = NULL;
+		memset(&c->tx_msg, 0, sizeof(c->tx_msg));
+		c->tx_msg.msg_iov = c->tx_iov;
+		c->tx_msg.msg_iovlen = (size_t)n;
+	}
 	io_uring_prep_sendmsg(sqe, c->nc.fd, &c->tx_msg, MSG_NOSIGNAL);
 	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_SEND));
 	c->send_busy = 1;
@@ -442,21 +485,22 @@ static void queue_item(struct conn *c, struct send_item *it)
 	c->tx_tail = it;
 }
 
+static int rsp_finish(struct conn *c, struct cmd *m, uint16_t sf);
+
 /* Account a sendmsg completion: drop what went out, resend the rest. */
 static void on_send(struct conn *c, int res)
 {
 	c->send_busy = 0;
 	if (res < 0) {
 		if (res == -EAGAIN || res == -EINTR) {
-			/* rebuild the same batch and retry */
-		} else {
-			for (int i = 0; i < c->ntx_out; i++)
-				free(c->tx_out[i]);
-			c->ntx_out = 0;
-			conn_fail(c, res == -EPIPE ? -ECONNRESET : res);
+			kick_send(c); /* the same batch again */
 			return;
 		}
-		res = 0;
+		for (int i = 0; i < c->ntx_out; i++)
+			free(c->tx_out[i]);
+		c->ntx_out = 0;
+		conn_fail(c, res == -EPIPE ? -ECONNRESET : res);
+		return;
 	}
 	size_t left = (size_t)res;
 	size_t i = 0;
@@ -465,13 +509,22 @@ static void on_send(struct conn *c, int res)
 		i++;
 	}
 	if (i == c->tx_msg.msg_iovlen) {
-		for (int k = 0; k < c->ntx_out; k++) {
-			struct cmd *m = c->tx_out[k]->cmd;
-			free(c->tx_out[k]);
-			if (m && --m->sends == 0 && m->rsp_seen)
-				cmd_done(c, m, m->rsp_status ? -EIO : 0, m->rsp_status);
-		}
+		int n = c->ntx_out;
+
 		c->ntx_out = 0;
+		for (int k = 0; k < n; k++) {
+			struct send_item *it = c->tx_out[k];
+			struct cmd *m = it->cmd;
+			int h2c = it->h2c;
+
+			free(it);
+			if (!m)
+				continue;
+			if (h2c && --m->r2t_items == 0)
+				fx_tcp_xfer_r2t_sent(&m->x);
+			if (--m->sends == 0 && m->rsp_seen && rsp_finish(c, m, m->rsp_status) < 0)
+				conn_fail(c, -EPROTO);
+		}
 		kick_send(c);
 		return;
 	}
@@ -480,14 +533,7 @@ static void on_send(struct conn *c, int res)
 	c->tx_iov[i].iov_len -= left;
 	memmove(c->tx_iov, c->tx_iov + i, (c->tx_msg.msg_iovlen - i) * sizeof(struct iovec));
 	c->tx_msg.msg_iovlen -= i;
-	if (c->state != CONN_LIVE)
-		return;
-	struct io_uring_sqe *sqe = get_sqe(c->q);
-	if (!sqe)
-		return;
-	io_uring_prep_sendmsg(sqe, c->nc.fd, &c->tx_msg, MSG_NOSIGNAL);
-	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_SEND));
-	c->send_busy = 1;
+	kick_send(c);
 }
 
 static void put_ddgst(uint8_t *out, const void *data, uint32_t len)
@@ -504,7 +550,11 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	if (!it)
 		return -ENOMEM;
 	uint32_t incap_max = c->incap_max;
-	int incapsule = m->opcode == NVME_CMD_WRITE && m->len <= incap_max && m->len > 0;
+	/* In-capsule data goes at offset 0 of the capsule's data area, which
+	 * is where it belongs only when ICDOFF is 0 (as NVMe/TCP targets
+	 * report); otherwise every write goes by R2T. */
+	int incapsule = c->icdoff == 0 && m->opcode == NVME_CMD_WRITE && m->len <= incap_max &&
+	                m->len > 0;
 	uint32_t datalen = incapsule ? m->len : 0;
 	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)it->hdr;
 	unsigned pdo = fx_tcp_hdr_init(h, NVME_TCP_CMD, datalen, c->nc.hdgst, c->nc.ddgst,
@@ -526,7 +576,8 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	}
 	s->dptr.length = m->len;
 	s->dptr.type = incapsule ? NVME_SGL_DATA_BLOCK_OFFSET : NVME_SGL_TRANSPORT_DATA_BLOCK;
-	s->dptr.addr = incapsule ? c->icdoff : 0;
+	s->dptr.addr = 0;
+	fx_tcp_xfer_init(&m->x, m->len, m->opcode == NVME_CMD_WRITE, incapsule);
 	unsigned hl = 72;
 	if (c->nc.hdgst) {
 		uint32_t dg = fx_tcp_hdgst(it->hdr, 72);
@@ -591,7 +642,9 @@ static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, 
 		it->iov[1].iov_len = n;
 		it->niov = 2;
 		it->cmd = m;
+		it->h2c = 1;
 		m->sends++;
+		m->r2t_items++;
 		if (c->nc.ddgst) {
 			put_ddgst(it->ddgst, m->data + off, n);
 			it->iov[2].iov_base = it->ddgst;
@@ -631,6 +684,30 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 	req_account(c->q, ri, err, bytes, status);
 }
 
+/* A PDU for command m broke tcp_pdu.c's rules: say which and why; the
+ * caller tears the connection down, which fails m with -EPROTO. */
+static int cmd_proto_err(struct conn *c, struct cmd *m, uint16_t cid, const char *what)
+{
+	fprintf(stderr, "fx100io: nvme+tcp: qid %u: cid %u: bad %s: %s (%s of %u bytes)\n",
+	        c->nc.qid, cid, what, m->x.why, m->x.write ? "write" : "read", m->len);
+	return -EPROTO;
+}
+
+/* A response (or its deferred effect) for m with status field sf: complete
+ * m if tcp_pdu.c's rule lets the response complete it, else fail it. */
+static int rsp_finish(struct conn *c, struct cmd *m, uint16_t sf)
+{
+	if (fx_tcp_xfer_rsp(&m->x, sf) < 0) {
+		int ret = cmd_proto_err(c, m, (uint16_t)((m->gen << CID_SLOT_BITS) |
+		                                         (m - c->cmds)),
+		                        "response");
+		cmd_done(c, m, ret, 0);
+		return ret;
+	}
+	cmd_done(c, m, sf ? -EIO : 0, sf);
+	return 0;
+}
+
 /* A full header is in rxhdr: check it and decide what to read next. */
 static int on_header(struct conn *c)
 {
@@ -652,37 +729,33 @@ static int on_header(struct conn *c)
 			return -EPROTO;
 		struct nvme_cqe *cqe = (struct nvme_cqe *)(c->rxhdr + 8);
 		struct cmd *m = find_cmd(c, cqe->cid);
-		if (!m)
-			return -EPROTO; /* unknown command id */
+		if (!m || m->rsp_seen)
+			return -EPROTO; /* unknown command id, or a second response */
+		uint16_t sf = NVME_STATUS_FIELD(cqe->status);
 		if (m->sends) {
 			/* The response can be reaped before our own send's
 			 * completion: finish the command only when no send
 			 * points into the caller's buffer any more. */
 			m->rsp_seen = 1;
-			m->rsp_status = NVME_STATUS_FIELD(cqe->status);
+			m->rsp_status = sf;
 			rx_expect_header(c);
 			return 0;
 		}
-		uint16_t sf = NVME_STATUS_FIELD(cqe->status);
-		if (!sf && m->opcode == NVME_CMD_READ && m->received != m->len)
-			cmd_done(c, m, -EPROTO, 0); /* success with missing data */
-		else
-			cmd_done(c, m, sf ? -EIO : 0, sf);
+		int ret = rsp_finish(c, m, sf);
+		if (ret < 0)
+			return ret;
 		rx_expect_header(c);
 		return 0;
 	}
 	case NVME_TCP_C2H_DATA: {
 		struct nvme_tcp_data_pdu *p = (struct nvme_tcp_data_pdu *)c->rxhdr;
 		struct cmd *m = find_cmd(c, p->cccid);
-		uint32_t dd = c->nc.ddgst ? 4 : 0;
-		if (!m || m->opcode != NVME_CMD_READ)
+		if (!m || m->rsp_seen)
 			return -EPROTO;
 		/* Data in order and inside the command's buffer, and the PDU's
 		 * lengths consistent: nothing is written outside it. */
-		if (p->datao != m->received || p->datal == 0 || p->datal > m->len ||
-		    p->datao > m->len - p->datal || h->pdo < hl ||
-		    (uint64_t)h->pdo + p->datal + dd != h->plen)
-			return -EPROTO;
+		if (fx_tcp_xfer_c2h(&m->x, p, c->nc.ddgst) < 0)
+			return cmd_proto_err(c, m, p->cccid, "C2HData");
 		c->rx_cmd = m;
 		c->rx_datao = p->datao;
 		c->rx_datal = p->datal;
@@ -702,9 +775,12 @@ static int on_header(struct conn *c)
 	case NVME_TCP_R2T: {
 		struct nvme_tcp_r2t_pdu *p = (struct nvme_tcp_r2t_pdu *)c->rxhdr;
 		struct cmd *m = find_cmd(c, p->cccid);
-		if (h->plen != hl || !m || m->opcode != NVME_CMD_WRITE || p->r2tl == 0 ||
-		    p->r2tl > m->len || p->r2to > m->len - p->r2tl)
+		if (h->plen != hl || !m || m->rsp_seen)
 			return -EPROTO;
+		/* tcp_pdu.c's rule: one outstanding, in order, no repeats,
+		 * inside the transfer; so what we queue is bounded by it. */
+		if (fx_tcp_xfer_r2t(&m->x, p->r2to, p->r2tl) < 0)
+			return cmd_proto_err(c, m, p->cccid, "R2T");
 		int ret = send_h2c(c, m, p->cccid, p->ttag, p->r2to, p->r2tl);
 		if (ret < 0)
 			return ret;
@@ -728,13 +804,14 @@ static int on_data_complete(struct conn *c)
 		if (got != want)
 			return -EBADMSG; /* never hand back bytes that failed */
 	}
-	m->received += c->rx_datal;
+	struct nvme_tcp_data_pdu p;
+	memset(&p, 0, sizeof(p));
+	p.hdr.flags = c->rx_flags;
+	p.datao = c->rx_datao;
+	p.datal = c->rx_datal;
 	c->q->base.stats.bytes_direct += c->rx_datal; /* recv wrote the caller's buffer */
-	if ((c->rx_flags & NVME_TCP_F_DATA_SUCCESS) && (c->rx_flags & NVME_TCP_F_DATA_LAST)) {
-		if (m->received != m->len)
-			return -EPROTO;
-		cmd_done(c, m, 0, 0); /* no CapsuleResp follows */
-	}
+	if (fx_tcp_xfer_c2h_done(&m->x, &p))
+		cmd_done(c, m, 0, 0); /* SUCCESS: no CapsuleResp follows */
 	rx_expect_header(c);
 	return 0;
 }
@@ -965,8 +1042,8 @@ static void issue(struct tcp_queue *q)
 		m->busy = 1;
 		m->gen = (uint8_t)((m->gen + 1) & ((1u << (16 - CID_SLOT_BITS)) - 1));
 		m->req = ri;
-		m->received = 0;
 		m->sends = 0;
+		m->r2t_items = 0;
 		m->rsp_seen = 0;
 		m->deadline = now_ms() + d->io_timeout_ms;
 		if (r->op == FX_OP_FLUSH) {
@@ -1017,6 +1094,62 @@ static void check_deadlines(struct tcp_queue *q)
 	}
 }
 
+/* Arm again what a missing SQE left idle: a live connection always has a
+ * recv in flight, queued sends go out, and commands in flight need the
+ * deadline tick. */
+static void resume(struct tcp_queue *q)
+{
+	int busy = 0;
+
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct conn *c = &q->conns[k];
+		if (c->state == CONN_LIVE && !c->recv_busy)
+			arm_recv(c);
+		kick_send(c);
+		busy |= c->nfree < c->ncmds;
+	}
+	if (busy)
+		arm_tick(q);
+}
+
+/* The ring refused our SQEs for good (e.g. -EEXIST: submitted from a thread
+ * other than its single issuer; -EBADF): take back what it never took,
+ * then fail every connection with that error, so each request completes
+ * with it instead of waiting forever for I/O that was never started. */
+static void ring_fail(struct tcp_queue *q, int err)
+{
+	struct io_uring_sq *sq = &q->ring.uring.sq;
+	unsigned head = io_uring_smp_load_acquire(sq->khead);
+
+	for (unsigned i = head; i != sq->sqe_tail; i++) {
+		uint64_t ud = sq->sqes[i & sq->ring_mask].user_data;
+		unsigned kind = ud & 0xff, ci = (unsigned)(ud >> 8);
+		if (kind == UD_TICK)
+			q->tick_armed = 0;
+		else if (ci < q->nconns && kind == UD_RECV)
+			q->conns[ci].recv_busy = 0;
+		else if (ci < q->nconns && kind == UD_SEND)
+			q->conns[ci].send_busy = 0;
+	}
+	io_uring_smp_store_release(sq->ktail, head);
+	sq->sqe_head = sq->sqe_tail = head;
+	fprintf(stderr, "fx100io: nvme+tcp: io_uring submit failed: %s\n", strerror(-err));
+	for (unsigned k = 0; k < q->nconns; k++) {
+		conn_fail(&q->conns[k], err);
+		conn_finish_drain(&q->conns[k]);
+	}
+}
+
+/* Submit what is queued.  A transient refusal (-EAGAIN, -EBUSY, -EINTR)
+ * leaves the SQEs in the ring for the next submit (every process and
+ * submit call makes one); anything else is ring_fail(). */
+static void ring_submit(struct tcp_queue *q)
+{
+	int ret = io_uring_submit(&q->ring.uring);
+	if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR)
+		ring_fail(q, ret);
+}
+
 static int process_cqes(struct tcp_queue *q)
 {
 	struct io_uring_cqe *cqes[64];
@@ -1044,9 +1177,13 @@ static int process_cqes(struct tcp_queue *q)
 		io_uring_cq_advance(&q->ring.uring, n);
 		total += (int)n;
 	} while (n == 64);
+	/* recvs and sends first: a short ring must not go to new work or
+	 * the tick while a live connection has no recv in flight */
+	resume(q);
 	if (total)
 		issue(q);
-	io_uring_submit(&q->ring.uring);
+	resume(q);
+	ring_submit(q);
 	return total;
 }
 
@@ -1068,8 +1205,10 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 			return -EROFS;
 	}
 	k = fx_reqs_accept(&q->t, reqs, n);
+	resume(q);
 	issue(q);
-	io_uring_submit(&q->ring.uring);
+	resume(q);
+	ring_submit(q);
 	return (int)k;
 }
 
@@ -1201,7 +1340,7 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		if (ret < 0)
 			goto fail_ring;
 	}
-	io_uring_submit(&q->ring.uring);
+	ring_submit(q);
 	q->base.poll_fd = q->ring.efd;
 	q->base.features = q->ring.features;
 	*out = &q->base;

@@ -386,6 +386,96 @@ static void s_write_two_r2t(struct peer *p)
 	p_rsp(p, p->sqe.cid, 0, 0);
 }
 
+/* Two R2Ts for halves of the data, in order. */
+static void s_write_two_r2t_in_order(struct peer *p)
+{
+	uint8_t hdr[160];
+	static uint8_t got[1 << 20];
+	uint32_t half = p->len / 2;
+
+	p->ok = 1;
+	p_r2t(p, p->sqe.cid, 1, 0, half);
+	for (uint32_t off = 0; off < half;) {
+		int n = p_recv_pdu(p, hdr, got + off, half - off);
+
+		if (n <= 0) {
+			p->ok = 0;
+			return;
+		}
+		off += (uint32_t)n;
+	}
+	p_r2t(p, p->sqe.cid, 2, half, p->len - half);
+	for (uint32_t off = half; off < p->len;) {
+		int n = p_recv_pdu(p, hdr, got + off, p->len - off);
+
+		if (n <= 0) {
+			p->ok = 0;
+			return;
+		}
+		off += (uint32_t)n;
+	}
+	if (memcmp(got, p->expect, p->len))
+		p->ok = 0;
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+/* Receive the H2CData answering an R2T of len bytes (content not checked). */
+static int p_take_h2c(struct peer *p, uint32_t len)
+{
+	uint8_t hdr[160];
+	static uint8_t sink[1 << 20];
+
+	for (uint32_t off = 0; off < len;) {
+		int n = p_recv_pdu(p, hdr, sink, sizeof(sink));
+
+		if (n <= 0 || hdr[0] != NVME_TCP_H2C_DATA)
+			return -1;
+		off += (uint32_t)n;
+	}
+	return 0;
+}
+
+/* The whole range requested again once it was sent. */
+static void s_r2t_repeat(struct peer *p)
+{
+	p_r2t(p, p->sqe.cid, 1, 0, p->len);
+	if (p_take_h2c(p, p->len) == 0)
+		p_r2t(p, p->sqe.cid, 2, 0, p->len);
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+/* Many R2Ts for the same range (each answer costs a full resend). */
+static void s_r2t_flood(struct peer *p)
+{
+	for (int i = 0; i < 200; i++)
+		p_r2t(p, p->sqe.cid, (uint16_t)i, 0, p->len);
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+/* Success after only half the data was requested. */
+static void s_write_early_success(struct peer *p)
+{
+	p_r2t(p, p->sqe.cid, 1, 0, p->len / 2);
+	if (p_take_h2c(p, p->len / 2) == 0)
+		p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+/* Success without asking for any of the data. */
+static void s_write_success_no_r2t(struct peer *p)
+{
+	p_rsp(p, p->sqe.cid, 0, 0);
+}
+
+/* r2to + r2tl wraps a u32. */
+static void s_r2t_wraps(struct peer *p)
+{
+	uint32_t half = p->len / 2;
+
+	p_r2t(p, p->sqe.cid, 1, 0, half);
+	if (p_take_h2c(p, half) == 0)
+		p_r2t(p, p->sqe.cid, 2, half, 0xffffffffu - half + 16);
+}
+
 static void s_r2t_past_end(struct peer *p)
 {
 	p_r2t(p, p->sqe.cid, 1, p->len - 512, 1024);
@@ -652,11 +742,35 @@ static void test_exec(void)
 		o.len = 4096;
 		o.maxh2c = 600;
 		FRESH();
-		CHECK_EQ(run_case("write, two R2Ts out of order", s_write_two_r2t, o, buf, &cqe,
-				  NULL, &ok),
+		CHECK_EQ(run_case("write, two R2Ts in order", s_write_two_r2t_in_order, o, buf,
+				  &cqe, NULL, &ok),
 			 0);
 		CHECK(ok);
+		/* R2Ts must ask for the data in order (tcp_pdu.c's rule) */
+		FRESH();
+		CHECK_EQ(run_case("write, two R2Ts out of order", s_write_two_r2t, o, buf, &cqe,
+				  NULL, NULL),
+			 -EPROTO);
 	}
+	FRESH();
+	CHECK_EQ(run_case("R2T repeating sent data", s_r2t_repeat, wr, buf, &cqe, &fes, NULL),
+		 -EPROTO);
+	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
+	FRESH();
+	CHECK_EQ(run_case("200 R2Ts for the same range", s_r2t_flood, wr, buf, &cqe, NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("write success after half the data", s_write_early_success, wr, buf,
+			  &cqe, NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("write success without an R2T", s_write_success_no_r2t, wr, buf, &cqe,
+			  NULL, NULL),
+		 -EPROTO);
+	FRESH();
+	CHECK_EQ(run_case("R2T whose end wraps 32 bits", s_r2t_wraps, wr, buf, &cqe, &fes, NULL),
+		 -EPROTO);
+	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
 	FRESH();
 	CHECK_EQ(run_case("R2T past the end", s_r2t_past_end, wr, buf, &cqe, &fes, NULL),
 		 -EPROTO);
@@ -897,6 +1011,10 @@ struct mini {
 	int ka_fail_after;   /* answer keep alive with an error after this many (-1: never) */
 	int genctr_changes;  /* header reads whose GENCTR differs from the previous */
 	uint32_t numrec;
+	/* identify/CAP overrides (0: the defaults below) */
+	unsigned mpsmin, mdts;
+	uint32_t ioccsz;
+	uint64_t nsze;
 	/* seen */
 	int ka_count, hdr_reads, shn_seen, conns;
 	uint32_t cc;
@@ -982,7 +1100,8 @@ static void *mini_main(void *arg)
 					uint64_t v = 0;
 
 					if (pc.offset == NVME_REG_CAP)
-						v = 1023 | (2ULL << 24); /* MQES 1024, TO 1 s, MPSMIN 4K */
+						v = 1023 | (2ULL << 24) | /* MQES 1024, TO 1 s */
+						    (uint64_t)m->mpsmin << 48; /* MPSMIN 4K */
 					else if (pc.offset == NVME_REG_VS)
 						v = 0x10400;
 					else if (pc.offset == NVME_REG_CC)
@@ -1013,13 +1132,16 @@ static void *mini_main(void *arg)
 			} else if (q.opcode == NVME_ADMIN_IDENTIFY) {
 				memset(data, 0, 4096);
 				if (q.cdw10 == NVME_ID_CNS_CTRL) {
-					data[NVME_IDC_MDTS] = 1; /* 8 KiB */
-					data[NVME_IDC_IOCCSZ] = 4;
+					data[NVME_IDC_MDTS] = (uint8_t)(m->mdts ? m->mdts : 1); /* 8 KiB */
+					uint32_t io = m->ioccsz ? m->ioccsz : 4;
+
+					memcpy(data + NVME_IDC_IOCCSZ, &io, 4);
 					data[NVME_IDC_NN] = 1;
 					data[NVME_IDC_MAXCMD] = 32;
 				} else if (q.nsid == 1) {
-					data[NVME_IDNS_NSZE] = 0xe8; /* 1000 */
-					data[NVME_IDNS_NSZE + 1] = 0x03;
+					uint64_t nsze = m->nsze ? m->nsze : 1000;
+
+					memcpy(data + NVME_IDNS_NSZE, &nsze, 8);
 					data[NVME_IDNS_NLBAF] = 1;
 					data[NVME_IDNS_FLBAS] = 0x11; /* format 1, high bits ignored */
 					data[NVME_IDNS_LBAF + 2] = 9;
@@ -1162,6 +1284,31 @@ static void test_ctrl(void)
 	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), 0);
 	CHECK_EQ(n, 0);
 	free(e);
+
+	/* Identify fields whose arithmetic can leave its width: MPSMIN 128 MiB
+	 * pages << MDTS 37 is 2^64 bytes (clamped, not wrapped to "no
+	 * limit"), IOCCSZ 2^28 units is 4 GiB (clamped, not wrapped to 0),
+	 * and 2^53 blocks of 4 KiB do not fit 64 bits (refused). */
+	m.mpsmin = 15;
+	m.mdts = 37;
+	m.ioccsz = 1u << 28;
+	m.nsze = 1ULL << 53;
+	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 1, &c, &st), 0);
+	CHECK_EQ(c->mdts_bytes, 0x80000000u);
+	CHECK_EQ(c->ioccsz_bytes, UINT32_MAX);
+	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), -EPROTO);
+	fx_nvmf_ctrl_close(c);
+	m.mpsmin = 0;
+	m.mdts = 3;
+	m.nsze = (1ULL << 52) - 1; /* the largest that fits with 4 KiB blocks */
+	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 1, &c, &st), 0);
+	CHECK_EQ(c->mdts_bytes, 32768);
+	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), 0);
+	CHECK_EQ(nsze, (1ULL << 52) - 1);
+	fx_nvmf_ctrl_close(c);
+	m.mdts = m.ioccsz = 0;
+	m.nsze = 0;
+	printf("  MDTS, IOCCSZ and namespace size overflows: clamped or refused\n");
 
 	m.numrec = 2;
 	m.genctr_changes = 1000; /* never settles */

@@ -272,6 +272,71 @@ static void test_fuzz(void)
 	CHECK(accepted > 0);
 }
 
+/* The per-command rules (fx_tcp_xfer_*) both initiators share. */
+static void test_xfer(void)
+{
+	struct fx_tcp_xfer x;
+	struct nvme_tcp_data_pdu d;
+
+	/* a write by R2T: in order, one outstanding, inside, no repeats */
+	fx_tcp_xfer_init(&x, 8192, 1, 0);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO); /* nothing requested yet */
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0x4002), 0);  /* an error status may end it */
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 4096), -EPROTO); /* skips data */
+	CHECK_EQ(x.fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 0), -EPROTO);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 8193), -EPROTO);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 4096), 0);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 4096), -EPROTO); /* first still open */
+	CHECK_EQ(x.fes, NVME_TCP_FES_R2T_LIMIT_EXCEEDED);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO);
+	fx_tcp_xfer_r2t_sent(&x);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 4096), -EPROTO); /* repeat */
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 0xfffff000u), -EPROTO); /* wraps 32 bits */
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO); /* half the data */
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 4096), 0);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO); /* requested, not sent yet */
+	fx_tcp_xfer_r2t_sent(&x);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), 0);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 8192, 1), -EPROTO); /* past the end */
+
+	/* in-capsule and read: no R2T at all */
+	fx_tcp_xfer_init(&x, 1024, 1, 1);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 1024), -EPROTO);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), 0);
+	fx_tcp_xfer_init(&x, 4096, 0, 0);
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 4096), -EPROTO);
+
+	/* a read: C2HData in order, inside, SUCCESS only with LAST at the end */
+	memset(&d, 0, sizeof(d));
+	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 1024, 0, 0, 0);
+	d.datal = 1024;
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO);
+	d.datao = 1024;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO); /* gap */
+	d.datao = 0;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 1), -EPROTO); /* plen has no digest */
+	d.hdr.flags |= NVME_TCP_F_DATA_SUCCESS | NVME_TCP_F_DATA_LAST;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO); /* SUCCESS before the end */
+	d.hdr.flags &= (uint8_t)~(NVME_TCP_F_DATA_SUCCESS | NVME_TCP_F_DATA_LAST);
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), 0);
+	CHECK_EQ(fx_tcp_xfer_c2h_done(&x, &d), 0);
+	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 3072, 0, 0, 0);
+	d.datao = 1024;
+	d.datal = 3072;
+	d.hdr.flags |= NVME_TCP_F_DATA_SUCCESS;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO); /* SUCCESS without LAST */
+	d.hdr.flags |= NVME_TCP_F_DATA_LAST;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), 0);
+	CHECK_EQ(fx_tcp_xfer_c2h_done(&x, &d), 1);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), 0);
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO); /* after LAST */
+	/* a C2HData for a write */
+	fx_tcp_xfer_init(&x, 4096, 1, 0);
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO);
+	printf("xfer rules: ok\n");
+}
+
 int main(void)
 {
 	test_hlen();
@@ -279,6 +344,7 @@ int main(void)
 	test_hdgst();
 	test_init_roundtrip();
 	test_fuzz();
+	test_xfer();
 	printf("test_tcp_pdu: ok\n");
 	return 0;
 }
