@@ -4,8 +4,8 @@
  * dynamic controller model: the admin Connect creates a controller, I/O
  * Connects join it by cntlid) and the keep-alive timer.
  *
- * Threads: the caller of fx_target_run() accepts (refusing connections over
- * the limit), reaps finished connection threads, and every 100 ms closes
+ * Threads: the caller of fx_target_run() accepts (at the connection limit,
+ * evicting one still in its handshake or refusing), reaps finished connection threads, and every 100 ms closes
  * connections past their handshake deadline and controllers past their KATO;
  * each connection thread owns its socket's reads and writes, which time out
  * when a host stalls (conn.c).  A connection's fd is closed only by the
@@ -722,27 +722,79 @@ int tgt_serve_fd(struct fx_target *t, int fd)
 	return 0;
 }
 
-/* Refuse a connection over the limit: close it at once, and say why in one
- * line per second at most (a flood must not become a flood of log lines). */
-static void refuse(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
+/* Say what the connection limit did, in one or two lines a second at most:
+ * a flood must not become a flood of log lines. */
+static void limit_notice(struct fx_target *t)
 {
 	uint64_t now = tgt_now_ms();
-	char peer[80];
 
-	close(fd);
-	if (t->refused_log_ms && now - t->refused_log_ms < 1000) {
-		t->refused_quiet++;
+	if (!t->lim_refused && !t->lim_evicted)
 		return;
+	if (t->lim_log_ms && now - t->lim_log_ms < 1000)
+		return;
+	if (t->lim_refused)
+		tgt_log(t, "refused %u connection%s (the last from %s): connection limit %u reached "
+		        "(--max-connections), every connection Connected or closing", t->lim_refused,
+		        t->lim_refused == 1 ? "" : "s", t->lim_peer, t->max_conns);
+	if (t->lim_evicted)
+		tgt_log(t, "closed %u connection%s still in their ICReq/Connect handshake, oldest first, "
+		        "to make room for new ones: connection limit %u reached (--max-connections)",
+		        t->lim_evicted, t->lim_evicted == 1 ? "" : "s", t->max_conns);
+	t->lim_log_ms = now;
+	t->lim_refused = t->lim_evicted = 0;
+}
+
+/*
+ * At the limit, a connection still in its handshake gives way to a new one,
+ * the oldest first, so that idle or half-open sockets cannot lock hosts out
+ * until their deadline; a Connected queue is never evicted.  Connections
+ * closed this way (or by the deadline) stay counted until their threads end,
+ * and at most FX_TGT_EVICT_SLACK of them may be on the way out: the number
+ * of connections never exceeds max_conns + FX_TGT_EVICT_SLACK.  1 when one
+ * was evicted.
+ */
+static int evict_pending(struct fx_target *t)
+{
+	struct tgt_conn *old = NULL;
+	unsigned dying = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		if (c->deadline_hit || atomic_load(&c->done))
+			dying++;
+		else if (!atomic_load(&c->live) && (!old || c->accepted_ms <= old->accepted_ms))
+			old = c; /* (the list is newest first) */
 	}
-	peer_name(ss, peer, sizeof(peer));
-	if (t->refused_quiet)
-		tgt_log(t, "refused connection from %s: connection limit %u reached (--max-connections); "
-		        "%u more refused since the last such line", peer, t->max_conns, t->refused_quiet);
-	else
-		tgt_log(t, "refused connection from %s: connection limit %u reached (--max-connections)",
-		        peer, t->max_conns);
-	t->refused_log_ms = now;
-	t->refused_quiet = 0;
+	if (old && dying < FX_TGT_EVICT_SLACK) {
+		shutdown(old->fd, SHUT_RDWR);
+		old->deadline_hit = 1;
+	} else {
+		old = NULL;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return old != NULL;
+}
+
+/* A new connection: served, served after evicting one still in its
+ * handshake, or refused (closed at once). */
+static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
+{
+	unsigned open;
+
+	pthread_mutex_lock(&t->lock);
+	open = t->n_conns;
+	pthread_mutex_unlock(&t->lock);
+	if (open < t->max_conns) {
+		start_conn(t, fd, ss);
+	} else if (evict_pending(t)) {
+		t->lim_evicted++;
+		start_conn(t, fd, ss);
+	} else {
+		close(fd);
+		t->lim_refused++;
+		peer_name(ss, t->lim_peer, sizeof(t->lim_peer));
+	}
+	limit_notice(t);
 }
 
 /* Close connections that did not complete ICReq and Connect in time: the
@@ -770,12 +822,7 @@ static void check_handshakes(struct fx_target *t)
 	else if (n)
 		tgt_log(t, "closed %u connections (%s, ...) that did not complete ICReq/Connect within "
 		        "%u ms", n, first, t->handshake_ms);
-	if (t->refused_quiet && now - t->refused_log_ms >= 1000) {
-		tgt_log(t, "refused %u more connections: connection limit %u reached (--max-connections)",
-		        t->refused_quiet, t->max_conns);
-		t->refused_log_ms = now;
-		t->refused_quiet = 0;
-	}
+	limit_notice(t); /* what the last second's flood left unsaid */
 }
 
 int fx_target_run(struct fx_target *t)
@@ -804,15 +851,7 @@ int fx_target_run(struct fx_target *t)
 				int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
 
 				if (fd >= 0) {
-					unsigned open;
-
-					pthread_mutex_lock(&t->lock);
-					open = t->n_conns;
-					pthread_mutex_unlock(&t->lock);
-					if (open >= t->max_conns)
-						refuse(t, fd, &ss);
-					else
-						start_conn(t, fd, &ss);
+					admit(t, fd, &ss);
 					continue;
 				}
 				if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {

@@ -32,7 +32,9 @@ struct fx_target_config {
 	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
 	/* Limits against hosts that are hostile, broken or gone; 0 = default.
 	 * max_connections (1024; fewer when the open files limit is lower):
-	 * connections beyond it are closed at once, with a log line.
+	 * at the limit, a new connection evicts the oldest one still in its
+	 * ICReq/Connect handshake, or when every one is Connected, is closed at
+	 * once; both with a log line.
 	 * handshake_timeout_ms (10000): a connection must complete ICReq and
 	 * Connect within this long of its accept, or it is closed.
 	 * stall_timeout_ms (30000): once a PDU has begun, its bytes must keep

@@ -33,6 +33,9 @@
 #define FX_TGT_DEFAULT_MAX_CONNS 1024u
 #define FX_TGT_DEFAULT_HANDSHAKE_MS 10000u
 #define FX_TGT_DEFAULT_STALL_MS 30000u
+/* Connections closed at the limit (or by their deadline) whose threads have
+ * not ended yet: at most this many on top of the limit. */
+#define FX_TGT_EVICT_SLACK 64u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -163,8 +166,10 @@ struct fx_target {
 	volatile sig_atomic_t stop;
 	struct tgt_conn *conns;  /* under lock */
 	unsigned n_conns;        /* in conns, finished or not; under lock */
-	uint64_t refused_log_ms; /* listener only: the last "refused" line ... */
-	unsigned refused_quiet;  /* ... and refusals since, not logged yet */
+	/* listener only: what the connection limit did since the last line */
+	uint64_t lim_log_ms;
+	unsigned lim_refused, lim_evicted;
+	char lim_peer[80];
 	struct tgt_ctrl *ctrls;  /* under lock */
 	uint16_t next_cntlid;
 };
