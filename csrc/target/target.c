@@ -784,6 +784,12 @@ static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss
 	pthread_mutex_lock(&t->lock);
 	open = t->n_conns;
 	pthread_mutex_unlock(&t->lock);
+	if (open >= t->max_conns) {
+		reap(t, 0); /* in a burst, some may have ended since the loop's reap */
+		pthread_mutex_lock(&t->lock);
+		open = t->n_conns;
+		pthread_mutex_unlock(&t->lock);
+	}
 	if (open < t->max_conns) {
 		start_conn(t, fd, ss);
 	} else if (evict_pending(t)) {
