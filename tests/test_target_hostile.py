@@ -348,3 +348,42 @@ def test_binding_takes_the_limits(backing):
         _core.target_stop()
         th.join(10)
     assert not th.is_alive()
+
+
+def test_admin_data_buffers_per_connection_are_bounded(backing, tmp_path):
+    """Admin and Fabrics commands whose data comes by R2T are collected in a
+    buffer each (up to 64 KiB): a host that asks for many and never sends
+    the data gets only a few; the rest fail at once (retryable)."""
+    with serve([backing], NQN, log=tmp_path / "target.log") as (_, port, proc):
+        a = admin(port, kato=0)
+        n = 40
+        cids = []
+        for _ in range(n):  # Set Features (Host Identifier), 64 KiB by R2T
+            cids.append(a.submit(sqe(0x09, cdw10=0x81), bytes(65536), incapsule=False))
+        r2ts, fails = [], 0
+        for _ in range(n):
+            p = a.recv_pdu()
+            if p.type == 9:  # R2T
+                cccid, ttag, r2to, r2tl = struct.unpack_from("<HHII", p.header, 8)
+                assert r2to == 0 and r2tl == 65536
+                r2ts.append((cccid, ttag))
+            else:
+                assert p.type == 5, p  # CapsuleResp: refused, retryable
+                status = struct.unpack_from("<H", p.header, 8 + 14)[0] >> 1
+                assert status & 0x7FF and not status & 0x4000, hex(status)
+                fails += 1
+        assert 1 <= len(r2ts) <= 8 and fails == n - len(r2ts), (len(r2ts), fails)
+        # the data for the first one comes: it completes; then a new one is taken
+        cccid, ttag = r2ts[0]
+        off = 0
+        while off < 65536:
+            k = min(a.maxh2cdata, 65536 - off)
+            last = 4 if off + k == 65536 else 0
+            a.send_pdu(6, struct.pack("<HHII4x", cccid, ttag, off, k), bytes(k), flags=last)
+            off += k
+        p = a.recv_pdu()
+        assert p.type == 5 and struct.unpack_from("<H", p.header, 8 + 12)[0] == cccid
+        cid = a.submit(sqe(0x09, cdw10=0x81), bytes(65536), incapsule=False)
+        p = a.recv_pdu()
+        assert p.type == 9 and struct.unpack_from("<H", p.header, 8)[0] == cid
+        assert proc.poll() is None

@@ -583,7 +583,10 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 {
 	struct tgt_r2t *s = &c->r2t[idx];
 
-	free(s->buf);
+	if (s->buf) {
+		free(s->buf);
+		c->r2t_bufs--;
+	}
 	memset(s, 0, sizeof(*s));
 	c->r2t_free[c->r2t_nfree++] = (uint16_t)idx;
 }
@@ -593,9 +596,14 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t len,
                      struct tgt_ns *ns, uint64_t off)
 {
-	int idx = r2t_alloc(c);
 	struct tgt_r2t *s;
+	int idx;
 
+	/* Collected data costs memory a host could pile up without ever
+	 * sending it: a few at a time (admin commands rarely overlap). */
+	if (!ns && c->r2t_bufs >= FX_TGT_R2T_BUFS)
+		return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+	idx = r2t_alloc(c);
 	if (idx < 0) /* more commands outstanding than any queue may hold */
 		return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 	s = &c->r2t[idx];
@@ -611,6 +619,7 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
+		c->r2t_bufs++;
 	}
 	return send_r2t(c, sqe->cid, (uint16_t)idx, len);
 }
@@ -892,6 +901,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 	uint32_t len = s->len;
 
 	s->buf = NULL;
+	c->r2t_bufs--;
 	r2t_release(c, idx);
 	ret = run_admin(c, &sqe, buf, len);
 	free(buf);

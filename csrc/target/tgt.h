@@ -25,6 +25,7 @@
 #define FX_TGT_MAXH2CDATA 131072u /* bytes per H2CData PDU (ICResp) */
 #define FX_TGT_CHUNK 262144u     /* C2HData PDU size when we must touch the data */
 #define FX_TGT_ADMIN_BUF 65536u  /* largest admin data transfer (log pages) */
+#define FX_TGT_R2T_BUFS 4u       /* admin/Fabrics data collections at once, per queue */
 #define FX_TGT_AERL 3u           /* 0's based: up to 4 outstanding AERs */
 #define FX_TGT_DEFAULT_IO_QUEUES 64u
 #define FX_TGT_KAS 10u           /* keep alive granularity, 100 ms units */
@@ -143,6 +144,7 @@ struct tgt_conn {
 	struct tgt_r2t *r2t; /* [r2t_n]: one per command the queue may hold */
 	uint16_t *r2t_free;
 	unsigned r2t_n, r2t_nfree;
+	unsigned r2t_bufs;  /* R2Ts whose data is collected in a buffer (admin, Fabrics) */
 };
 
 struct fx_target {
