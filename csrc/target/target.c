@@ -5,10 +5,11 @@
  * Connects join it by cntlid) and the keep-alive timer.
  *
  * Threads: the caller of fx_target_run() accepts (at the connection limit,
- * evicting one still in its handshake or refusing), reaps finished connection threads, and every 100 ms closes
- * connections past their handshake deadline and controllers past their KATO;
- * each connection thread owns its socket's reads and writes, which time out
- * when a host stalls (conn.c).  A connection's fd is closed only by the
+ * evicting one still in its handshake, or refusing), reaps finished
+ * connection threads, and every 100 ms closes connections past their
+ * handshake deadline and controllers past their KATO; each connection thread
+ * owns its socket's reads and writes, which time out when a host stalls
+ * (conn.c).  A connection's fd is closed only by the
  * listener after joining its thread, so other threads may shutdown() it
  * (keep-alive expiry, controller reset, stop) without racing a reuse of the
  * descriptor number.
