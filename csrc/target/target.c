@@ -852,7 +852,10 @@ int fx_target_run(struct fx_target *t)
 		}
 		reap(t, 0); /* first: finished connections free their slots */
 		if (n > 0 && (p[0].revents & POLLIN)) {
-			for (;;) {
+			/* A bounded burst: a flood must not keep the deadlines
+			 * and KATO below from being checked (poll returns at once
+			 * while the backlog is not empty). */
+			for (unsigned k = 0; k < 256; k++) {
 				struct sockaddr_storage ss;
 				socklen_t sl = sizeof(ss);
 				int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
