@@ -15,6 +15,9 @@ cdef extern from "target/target.h" nogil:
         unsigned n_allow
         uint32_t block_size
         uint32_t max_io_queues
+        uint32_t max_connections
+        uint32_t handshake_timeout_ms
+        uint32_t stall_timeout_ms
         uint32_t fault_drop_after
         uint32_t fault_delay_ms
         uint32_t fault_corrupt_ddgst
@@ -29,13 +32,20 @@ cdef extern from "target/target.h" nogil:
 
 
 def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int block_size=512,
-                 allow_hosts=(), unsigned int max_io_queues=0, unsigned int fault_drop_after=0,
+                 allow_hosts=(), unsigned int max_io_queues=0, unsigned int max_connections=0,
+                 unsigned int handshake_timeout_ms=0, unsigned int stall_timeout_ms=0,
+                 unsigned int fault_drop_after=0,
                  unsigned int fault_delay_ms=0, unsigned int fault_corrupt_ddgst=0,
                  bint verbose=False, bint quiet=False, ready=None):
     """Serve namespaces (paths of files or block devices) as NVMe/TCP subsystem
     subnqn on host:port until target_stop() (from another thread or a signal
     handler).  ready(port) is called once the socket listens (port "0" picks
-    a free one).  Blocks without the GIL; returns 0."""
+    a free one).  Blocks without the GIL; returns 0.
+
+    Limits (0: the default): max_connections (1024) open at once, more are
+    closed at once; handshake_timeout_ms (10000) from accept to a completed
+    ICReq and Connect; stall_timeout_ms (30000) without progress inside a PDU
+    or on a host that stopped reading."""
     cdef fx_target_config cfg
     cdef fx_target *t = NULL
     cdef const char **paths = NULL
@@ -65,6 +75,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.n_allow = len(allow_b)
         cfg.block_size = block_size
         cfg.max_io_queues = max_io_queues
+        cfg.max_connections = max_connections
+        cfg.handshake_timeout_ms = handshake_timeout_ms
+        cfg.stall_timeout_ms = stall_timeout_ms
         cfg.fault_drop_after = fault_drop_after
         cfg.fault_delay_ms = fault_delay_ms
         cfg.fault_corrupt_ddgst = fault_corrupt_ddgst

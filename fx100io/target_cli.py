@@ -47,6 +47,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="host NQN allowed to connect; repeatable (default: any host)")
     p.add_argument("--max-io-queues", type=int, default=64, metavar="N",
                    help="I/O queues granted per controller (default 64)")
+    lim = p.add_argument_group("limits against hostile, broken or vanished hosts")
+    lim.add_argument("--max-connections", type=int, default=1024, metavar="N",
+                     help="connections open at once; more are closed at once, with a log line "
+                     "(default 1024)")
+    lim.add_argument("--handshake-timeout-ms", type=int, default=10000, metavar="MS",
+                     help="close a connection that has not completed ICReq and Connect this "
+                     "long after it connected (default 10000)")
+    lim.add_argument("--stall-timeout-ms", type=int, default=30000, metavar="MS",
+                     help="close a connection whose host stops in the middle of a PDU, or stops "
+                     "reading what we send, for this long (default 30000); an idle Connected "
+                     "queue is not affected: its controller's KATO bounds it")
     p.add_argument("-v", "--verbose", action="store_true", help="log every command")
     p.add_argument("-q", "--quiet", action="store_true", help="no log lines (benchmarks)")
     f = p.add_argument_group("fault injection (tests)")
@@ -102,6 +113,22 @@ def _check_namespace(path: str, block_size: int) -> None:
         raise ValueError(f"--namespace {path}: needs read and write permission")
 
 
+def _raise_open_files_limit(connections: int) -> None:
+    """Each connection is a descriptor: lift the soft limit toward the hard
+    one so that --max-connections can be reached (the target lowers its limit
+    with a log line where it cannot)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = connections + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            if new > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
 def endpoint(host: str, port: int, nqn: str) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"nvme+tcp://{shown}:{port}/{nqn}"
@@ -123,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--{opt.replace('_', '-')} must not be negative")
         if not 1 <= args.max_io_queues <= 65534:
             raise ValueError("--max-io-queues must be 1..65534")
+        for opt in ("max_connections", "handshake_timeout_ms", "stall_timeout_ms"):
+            if not 1 <= getattr(args, opt) <= 0xFFFFFFFF:
+                raise ValueError(f"--{opt.replace('_', '-')} must be 1..4294967295")
     except ValueError as e:
         print(f"fx100io target: error: {e}", file=sys.stderr)
         return 2
 
+    _raise_open_files_limit(args.max_connections)
     from fx100io import _core
 
     result: dict[str, BaseException | None] = {"error": None}
@@ -140,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             _core.target_serve(host, str(port), args.nqn, args.namespace,
                                block_size=args.block_size, allow_hosts=args.allow_host,
                                max_io_queues=args.max_io_queues,
+                               max_connections=args.max_connections,
+                               handshake_timeout_ms=args.handshake_timeout_ms,
+                               stall_timeout_ms=args.stall_timeout_ms,
                                fault_drop_after=args.fault_drop_after,
                                fault_delay_ms=args.fault_delay_ms,
                                fault_corrupt_ddgst=args.fault_corrupt_ddgst,

@@ -7,23 +7,29 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from conftest import REPO
 
 
 @contextlib.contextmanager
 def serve(namespaces: list[str], nqn: str, *extra: str, port: int = 0,
-          block_size: int = 512) -> Iterator[tuple[str, int, subprocess.Popen]]:
-    """Yield (host, port, process) once the target prints its endpoint."""
+          block_size: int = 512,
+          log: Path | None = None) -> Iterator[tuple[str, int, subprocess.Popen]]:
+    """Yield (host, port, process) once the target prints its endpoint.
+
+    Quiet by default; with log, the target logs to that file instead (a file,
+    not a pipe: an undrained pipe would block the target's logging)."""
     cmd = [sys.executable, "-m", "fx100io", "target", "--listen", f"127.0.0.1:{port}",
-           "--nqn", nqn, "--block-size", str(block_size), "-q", *extra]
+           "--nqn", nqn, "--block-size", str(block_size), *([] if log else ["-q"]), *extra]
     for ns in namespaces:
         cmd += ["--namespace", ns]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    err_to = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 (closed below)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_to, text=True, cwd=str(REPO))
     try:
         line = p.stdout.readline() if p.stdout else ""
         if "listening on nvme+tcp://" not in line:
-            err = p.stderr.read() if p.stderr else ""
+            err = p.stderr.read() if p.stderr else (log.read_text() if log else "")
             raise AssertionError(f"target did not start: {line!r} {err[-2000:]}")
         hostport = line.split("nvme+tcp://", 1)[1].split("/", 1)[0]
         host, _, port_s = hostport.rpartition(":")
@@ -36,6 +42,8 @@ def serve(namespaces: list[str], nqn: str, *extra: str, port: int = 0,
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if log:
+            err_to.close()  # type: ignore[union-attr]
 
 
 def wait_port_free(port: int, seconds: float = 5.0) -> None:

@@ -12,6 +12,12 @@
  * been consumed, so the stream is still in step, and the command fails with
  * Transient Transport Error for the host to retry.
  *
+ * No thread waits forever on a host: the socket's receive and send timeouts
+ * (stall_ms, set once at accept) end the connection when a PDU stops half
+ * way or the host stops reading, while silence between PDUs is legal (the
+ * handshake deadline and the controller's KATO bound it; target.c enforces
+ * both).
+ *
  * Reads stream: without a data digest the whole transfer is one C2HData PDU
  * whose payload goes from the page cache to the socket with sendfile(); with
  * a digest, FX_TGT_CHUNK pieces are pread, digested and sent.
@@ -50,7 +56,17 @@ const char *tgt_conn_state_str(enum tgt_conn_state s)
 
 /* ------------------------------------------------------------ socket I/O */
 
-static int recv_all(struct tgt_conn *c, void *buf, size_t n)
+/* The receive timeout fired: legal between PDUs (idle_ok), the end of the
+ * connection inside one. */
+static int stalled(struct tgt_conn *c, const char *what)
+{
+	tgt_log(c->t, "%s qid %u: host stalled %s for %u ms; closing", c->peer, c->qid, what,
+	        c->t->stall_ms);
+	c->state = TGT_CONN_CLOSING;
+	return -ETIMEDOUT;
+}
+
+static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int idle_ok)
 {
 	uint8_t *p = buf;
 
@@ -60,13 +76,31 @@ static int recv_all(struct tgt_conn *c, void *buf, size_t n)
 		if (r > 0) {
 			p += r;
 			n -= (size_t)r;
+			idle_ok = 0;
 		} else if (r == 0) {
 			return -ECONNRESET;
+		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			if (!idle_ok)
+				return stalled(c, "in the middle of a PDU");
 		} else if (errno != EINTR) {
 			return -errno;
 		}
 	}
 	return 0;
+}
+
+static int recv_all(struct tgt_conn *c, void *buf, size_t n)
+{
+	return recv_bytes(c, buf, n, 0);
+}
+
+/* The send timeout fired: the host has not taken a byte for stall_ms. */
+static int send_stalled(struct tgt_conn *c)
+{
+	tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing", c->peer,
+	        c->qid, c->t->stall_ms);
+	c->state = TGT_CONN_CLOSING;
+	return -ETIMEDOUT;
 }
 
 static int discard(struct tgt_conn *c, size_t n)
@@ -98,6 +132,8 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 		if (r < 0) {
 			if (errno == EINTR)
 				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return send_stalled(c);
 			return -errno;
 		}
 		while (cnt > 0 && (size_t)r >= iov->iov_len) {
@@ -385,6 +421,8 @@ static int send_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64
 			}
 			if (r < 0 && errno == EINTR)
 				continue;
+			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return send_stalled(c);
 			if (r < 0 && sock_errno(errno))
 				return -errno;
 			break; /* EOF, a read error, or no sendfile here: pread below */
@@ -485,18 +523,70 @@ static uint16_t write_zeroes(struct tgt_conn *c, struct tgt_ns *ns, uint64_t off
 	return 0;
 }
 
+/* Make room for n transfer tags, keeping those in use.  Before Connect only
+ * the Connect's own data may need one; a Connected queue gets one per
+ * command it may hold (SQSIZE + 1). */
+static int r2t_table(struct tgt_conn *c, unsigned n)
+{
+	struct tgt_r2t *r;
+	uint16_t *f;
+
+	if (n <= c->r2t_n)
+		return 0;
+	r = calloc(n, sizeof(*r));
+	f = calloc(n, sizeof(*f));
+	if (!r || !f) {
+		free(r);
+		free(f);
+		return -ENOMEM;
+	}
+	if (c->r2t_n)
+		memcpy(r, c->r2t, c->r2t_n * sizeof(*r));
+	c->r2t_nfree = 0;
+	for (unsigned i = n; i-- > 0;) /* tag 0 is handed out first */
+		if (!r[i].active)
+			f[c->r2t_nfree++] = (uint16_t)i;
+	free(c->r2t);
+	free(c->r2t_free);
+	c->r2t = r;
+	c->r2t_free = f;
+	c->r2t_n = n;
+	return 0;
+}
+
 static int r2t_alloc(struct tgt_conn *c)
 {
+	if (!c->r2t_n && r2t_table(c, 1) < 0)
+		return -1;
 	if (!c->r2t_nfree)
 		return -1;
 	return c->r2t_free[--c->r2t_nfree];
+}
+
+/* Connect succeeded: the buffers a live queue needs, and no more handshake
+ * deadline. */
+static int go_live(struct tgt_conn *c)
+{
+	if (!c->chunk)
+		c->chunk = malloc(FX_TGT_CHUNK);
+	if (!c->abuf)
+		c->abuf = malloc(FX_TGT_ADMIN_BUF);
+	if (!c->chunk || !c->abuf || r2t_table(c, c->sqsize + 1u) < 0) {
+		tgt_log(c->t, "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
+		return -ENOMEM;
+	}
+	atomic_store(&c->live, 1);
+	return 0;
 }
 
 static void r2t_release(struct tgt_conn *c, unsigned idx)
 {
 	struct tgt_r2t *s = &c->r2t[idx];
 
-	free(s->buf);
+	if (s->buf) {
+		free(s->buf);
+		c->r2t_bufs--;
+	}
 	memset(s, 0, sizeof(*s));
 	c->r2t_free[c->r2t_nfree++] = (uint16_t)idx;
 }
@@ -506,9 +596,14 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t len,
                      struct tgt_ns *ns, uint64_t off)
 {
-	int idx = r2t_alloc(c);
 	struct tgt_r2t *s;
+	int idx;
 
+	/* Collected data costs memory a host could pile up without ever
+	 * sending it: a few at a time (admin commands rarely overlap). */
+	if (!ns && c->r2t_bufs >= FX_TGT_R2T_BUFS)
+		return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+	idx = r2t_alloc(c);
 	if (idx < 0) /* more commands outstanding than any queue may hold */
 		return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 	s = &c->r2t[idx];
@@ -524,6 +619,7 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
+		c->r2t_bufs++;
 	}
 	return send_r2t(c, sqe->cid, (uint16_t)idx, len);
 }
@@ -546,6 +642,11 @@ static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8
 		sf = tgt_exec_fabrics(c, &r);
 	else
 		sf = tgt_exec_admin(c, &r);
+	if (c->state == TGT_CONN_LIVE && !atomic_load(&c->live)) {
+		ret = go_live(c);
+		if (ret)
+			return ret;
+	}
 	if (r.hold)
 		return 0;
 	if (!sf && r.out_len) {
@@ -765,6 +866,8 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 		if (icd_len > FX_TGT_ICD_MAX)
 			return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
 			            offsetof(struct nvme_tcp_hdr, plen), "in-capsule data larger than IOCCSZ");
+		if (!c->icd && !(c->icd = malloc(FX_TGT_ICD_MAX)))
+			return -ENOMEM;
 		ret = recv_data(c, h, have, c->icd, icd_len, &bad);
 		if (ret)
 			return ret;
@@ -798,6 +901,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 	uint32_t len = s->len;
 
 	s->buf = NULL;
+	c->r2t_bufs--;
 	r2t_release(c, idx);
 	ret = run_admin(c, &sqe, buf, len);
 	free(buf);
@@ -818,7 +922,7 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	if (datal > FX_TGT_MAXH2CDATA)
 		return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
 		            offsetof(struct nvme_tcp_data_pdu, datal), "H2CData larger than MAXH2CDATA");
-	if (d->ttag > FX_TGT_MQES || !c->r2t[d->ttag].active)
+	if (d->ttag >= c->r2t_n || !c->r2t[d->ttag].active)
 		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
 		            offsetof(struct nvme_tcp_data_pdu, ttag), "H2CData for no R2T of ours");
 	s = &c->r2t[d->ttag];
@@ -861,7 +965,8 @@ static int recv_pdu(struct tgt_conn *c)
 	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)hb;
 	int n, ret;
 
-	ret = recv_all(c, hb, sizeof(*h));
+	/* Silence before a PDU is legal (see the top of this file). */
+	ret = recv_bytes(c, hb, sizeof(*h), 1);
 	if (ret)
 		return ret;
 
@@ -919,25 +1024,22 @@ void *tgt_conn_main(void *arg)
 {
 	struct tgt_conn *c = arg;
 	struct fx_target *t = c->t;
-	int ret = -ENOMEM;
+	int ret;
 
 	c->state = TGT_CONN_WAIT_ICREQ;
-	c->icd = malloc(FX_TGT_ICD_MAX);
-	c->chunk = malloc(FX_TGT_CHUNK);
-	c->abuf = malloc(FX_TGT_ADMIN_BUF);
-	c->r2t = calloc(FX_TGT_MQES + 1, sizeof(*c->r2t));
-	c->r2t_free = calloc(FX_TGT_MQES + 1, sizeof(*c->r2t_free));
-	if (c->icd && c->chunk && c->abuf && c->r2t && c->r2t_free) {
-		for (unsigned i = 0; i <= FX_TGT_MQES; i++)
-			c->r2t_free[i] = (uint16_t)(FX_TGT_MQES - i); /* hand out tag 0 first */
-		c->r2t_nfree = FX_TGT_MQES + 1;
-		if (t->verbose)
-			tgt_log(t, "%s: connected", c->peer);
-		do
-			ret = recv_pdu(c);
-		while (ret == 0);
-	}
-	if (ret != -ECONNRESET && ret != -EPROTO && ret != -ECONNABORTED && !t->stop)
+	if (t->verbose)
+		tgt_log(t, "%s: connected", c->peer);
+	do
+		ret = recv_pdu(c);
+	while (ret == 0);
+	/* (CLOSING: the reason was logged where it was found) */
+	if (ret == -ETIMEDOUT && !t->stop && c->state != TGT_CONN_CLOSING)
+		/* TCP gave up: keepalive probes or our data unacknowledged (or
+		 * refused by a zero window) for longer than the user timeout */
+		tgt_log(t, "%s qid %u: host stopped reading or vanished (nothing acknowledged for "
+		        "%u ms); closed", c->peer, c->qid, tgt_user_timeout_ms(t));
+	else if (ret != -ECONNRESET && ret != -EPROTO && ret != -ECONNABORTED && !t->stop &&
+	         c->state != TGT_CONN_CLOSING)
 		tgt_log(t, "%s qid %u: connection ended: %s", c->peer, c->qid, strerror(-ret));
 	else if (t->verbose)
 		tgt_log(t, "%s qid %u: closed (%s)", c->peer, c->qid, tgt_conn_state_str(c->state));
@@ -946,9 +1048,8 @@ void *tgt_conn_main(void *arg)
 	 * may reconnect the same qid at once. */
 	tgt_conn_detach(c);
 	shutdown(c->fd, SHUT_RDWR);
-	if (c->r2t)
-		for (unsigned i = 0; i <= FX_TGT_MQES; i++)
-			free(c->r2t[i].buf);
+	for (unsigned i = 0; i < c->r2t_n; i++)
+		free(c->r2t[i].buf);
 	free(c->r2t);
 	free(c->r2t_free);
 	free(c->icd);

@@ -4,9 +4,12 @@
  * dynamic controller model: the admin Connect creates a controller, I/O
  * Connects join it by cntlid) and the keep-alive timer.
  *
- * Threads: the caller of fx_target_run() accepts, reaps finished connection
- * threads and checks KATO every 100 ms; each connection thread owns its
- * socket's reads and writes.  A connection's fd is closed only by the
+ * Threads: the caller of fx_target_run() accepts (at the connection limit,
+ * evicting one still in its handshake, or refusing), reaps finished
+ * connection threads, and every 100 ms closes connections past their
+ * handshake deadline and controllers past their KATO; each connection thread
+ * owns its socket's reads and writes, which time out when a host stalls
+ * (conn.c).  A connection's fd is closed only by the
  * listener after joining its thread, so other threads may shutdown() it
  * (keep-alive expiry, controller reset, stop) without racing a reuse of the
  * descriptor number.
@@ -24,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -252,6 +256,10 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t->fault_drop_after = cfg->fault_drop_after;
 	t->fault_delay_ms = cfg->fault_delay_ms;
 	t->fault_corrupt_ddgst = cfg->fault_corrupt_ddgst;
+	t->max_conns = cfg->max_connections ? cfg->max_connections : FX_TGT_DEFAULT_MAX_CONNS;
+	t->handshake_ms = cfg->handshake_timeout_ms ? cfg->handshake_timeout_ms
+	                                            : FX_TGT_DEFAULT_HANDSHAKE_MS;
+	t->stall_ms = cfg->stall_timeout_ms ? cfg->stall_timeout_ms : FX_TGT_DEFAULT_STALL_MS;
 	t->verbose = cfg->verbose;
 	t->quiet = cfg->quiet;
 	t->next_cntlid = 1;
@@ -305,6 +313,21 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	ret = do_listen(t, cfg->host, cfg->port);
 	if (ret < 0)
 		goto fail;
+	/* Each connection is a descriptor: a limit above what the process may
+	 * open would turn into accept() failing with EMFILE in a loop. */
+	{
+		struct rlimit rl;
+		const rlim_t spare = 64; /* namespaces, listener, pipe, the caller's */
+
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+		    (rlim_t)t->max_conns + spare > rl.rlim_cur) {
+			uint32_t n = rl.rlim_cur > 2 * spare ? (uint32_t)(rl.rlim_cur - spare) : 16u;
+
+			tgt_log(t, "connection limit lowered from %u to %u by the open files limit %llu "
+			        "(ulimit -n)", t->max_conns, n, (unsigned long long)rl.rlim_cur);
+			t->max_conns = n;
+		}
+	}
 
 	pthread_mutex_lock(&g_lock);
 	t->next_global = g_targets;
@@ -555,45 +578,90 @@ static void conn_free(struct tgt_conn *c)
 /* Join and free finished connections (all of them when wait_all). */
 static void reap(struct fx_target *t, int wait_all)
 {
-	for (;;) {
-		struct tgt_conn *victim = NULL, **pp;
+	struct tgt_conn *victims = NULL, **pp;
 
-		pthread_mutex_lock(&t->lock);
-		for (pp = &t->conns; *pp; pp = &(*pp)->next) {
-			if (wait_all || atomic_load(&(*pp)->done)) {
-				victim = *pp;
-				*pp = victim->next;
-				break;
-			}
+	pthread_mutex_lock(&t->lock);
+	for (pp = &t->conns; *pp;) {
+		struct tgt_conn *c = *pp;
+
+		if (wait_all || atomic_load(&c->done)) {
+			*pp = c->next;
+			c->next = victims;
+			victims = c;
+			t->n_conns--;
+		} else {
+			pp = &c->next;
 		}
-		pthread_mutex_unlock(&t->lock);
-		if (!victim)
-			return;
-		if (victim->thread_started)
-			pthread_join(victim->thread, NULL);
-		conn_free(victim);
 	}
+	pthread_mutex_unlock(&t->lock);
+	while (victims) {
+		struct tgt_conn *c = victims;
+
+		victims = c->next;
+		if (c->thread_started)
+			pthread_join(c->thread, NULL);
+		conn_free(c);
+	}
+}
+
+static void peer_name(const struct sockaddr_storage *ss, char *out, size_t n)
+{
+	char host[64] = "?", serv[16] = "?";
+
+	getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), serv, sizeof(serv),
+	            NI_NUMERICHOST | NI_NUMERICSERV);
+	snprintf(out, n, "%s%s%s:%s", ss->ss_family == AF_INET6 ? "[" : "", host,
+	         ss->ss_family == AF_INET6 ? "]" : "", serv);
+}
+
+/* Socket options set once per connection, never per PDU.  The timeouts make
+ * a blocked recv/send return EAGAIN after stall_ms without progress (conn.c
+ * decides whether that silence is legal); keepalive probes and the user
+ * timeout find a peer that vanished without a FIN or RST, which would
+ * otherwise hold an idle queue whose controller has no KATO forever. */
+static void conn_sockopts(const struct fx_target *t, int fd)
+{
+	struct timeval tv = {.tv_sec = t->stall_ms / 1000, .tv_usec = (t->stall_ms % 1000) * 1000};
+	int one = 1, idle = (int)(t->stall_ms / 1000 ? t->stall_ms / 1000 : 1), cnt = 3;
+	unsigned user = tgt_user_timeout_ms(t);
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+	/* (the TCP ones fail harmlessly on a socketpair) */
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof(user));
+	/* Responses are small and latency-bound; bulk data is pushed with
+	 * MSG_MORE / sendfile, so Nagle would only add delay. */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static struct tgt_conn *conn_new(struct fx_target *t, int fd)
+{
+	struct tgt_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->t = t;
+	c->fd = fd;
+	c->accepted_ms = tgt_now_ms();
+	conn_sockopts(t, fd);
+	return c;
 }
 
 static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
 {
-	struct tgt_conn *c = calloc(1, sizeof(*c));
-	int one = 1;
-	char host[64] = "?", serv[16] = "?";
+	struct tgt_conn *c = conn_new(t, fd);
+	pthread_attr_t attr;
+	int attr_ok;
 
 	if (!c) {
 		close(fd);
 		return;
 	}
-	c->t = t;
-	c->fd = fd;
-	/* Responses are small and latency-bound; bulk data is pushed with
-	 * MSG_MORE / sendfile, so Nagle would only add delay. */
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), serv, sizeof(serv),
-	            NI_NUMERICHOST | NI_NUMERICSERV);
-	snprintf(c->peer, sizeof(c->peer), "%s%s%s:%s", ss->ss_family == AF_INET6 ? "[" : "", host,
-	         ss->ss_family == AF_INET6 ? "]" : "", serv);
+	peer_name(ss, c->peer, sizeof(c->peer));
 	{
 		struct sockaddr_storage ls;
 		socklen_t ll = sizeof(ls);
@@ -610,16 +678,158 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 			}
 		}
 	}
+	attr_ok = pthread_attr_init(&attr) == 0;
+	if (attr_ok)
+		pthread_attr_setstacksize(&attr, FX_TGT_THREAD_STACK);
 	pthread_mutex_lock(&t->lock);
 	c->next = t->conns;
 	t->conns = c;
-	if (pthread_create(&c->thread, NULL, tgt_conn_main, c) == 0)
+	t->n_conns++;
+	if (pthread_create(&c->thread, attr_ok ? &attr : NULL, tgt_conn_main, c) == 0)
 		c->thread_started = 1;
 	else
 		atomic_store(&c->done, 1); /* reaped (and closed) on the next turn */
 	pthread_mutex_unlock(&t->lock);
+	if (attr_ok)
+		pthread_attr_destroy(&attr);
 	if (!c->thread_started)
 		tgt_log(t, "cannot start a thread for %s", c->peer);
+}
+
+int tgt_serve_fd(struct fx_target *t, int fd)
+{
+	struct tgt_conn *c = conn_new(t, fd), **pp;
+
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	snprintf(c->peer, sizeof(c->peer), "fd %d", fd);
+	pthread_mutex_lock(&t->lock);
+	c->next = t->conns;
+	t->conns = c;
+	t->n_conns++;
+	pthread_mutex_unlock(&t->lock);
+	tgt_conn_main(c);
+	pthread_mutex_lock(&t->lock);
+	for (pp = &t->conns; *pp && *pp != c; pp = &(*pp)->next)
+		;
+	if (*pp) {
+		*pp = c->next;
+		t->n_conns--;
+	}
+	pthread_mutex_unlock(&t->lock);
+	conn_free(c);
+	return 0;
+}
+
+/* Say what the connection limit did, in one or two lines a second at most:
+ * a flood must not become a flood of log lines. */
+static void limit_notice(struct fx_target *t)
+{
+	uint64_t now = tgt_now_ms();
+
+	if (!t->lim_refused && !t->lim_evicted)
+		return;
+	if (t->lim_log_ms && now - t->lim_log_ms < 1000)
+		return;
+	if (t->lim_refused)
+		tgt_log(t, "refused %u connection%s (the last from %s): connection limit %u reached "
+		        "(--max-connections), every connection Connected or closing", t->lim_refused,
+		        t->lim_refused == 1 ? "" : "s", t->lim_peer, t->max_conns);
+	if (t->lim_evicted)
+		tgt_log(t, "closed %u connection%s still in their ICReq/Connect handshake, oldest first, "
+		        "to make room for new ones: connection limit %u reached (--max-connections)",
+		        t->lim_evicted, t->lim_evicted == 1 ? "" : "s", t->max_conns);
+	t->lim_log_ms = now;
+	t->lim_refused = t->lim_evicted = 0;
+}
+
+/*
+ * At the limit, a connection still in its handshake gives way to a new one,
+ * the oldest first, so that idle or half-open sockets cannot lock hosts out
+ * until their deadline; a Connected queue is never evicted.  Connections
+ * closed this way (or by the deadline) stay counted until their threads end,
+ * and at most FX_TGT_EVICT_SLACK of them may be on the way out: the number
+ * of connections never exceeds max_conns + FX_TGT_EVICT_SLACK.  1 when one
+ * was evicted.
+ */
+static int evict_pending(struct fx_target *t)
+{
+	struct tgt_conn *old = NULL;
+	unsigned dying = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		if (c->deadline_hit || atomic_load(&c->done))
+			dying++;
+		else if (!atomic_load(&c->live) && (!old || c->accepted_ms <= old->accepted_ms))
+			old = c; /* (the list is newest first) */
+	}
+	if (old && dying < FX_TGT_EVICT_SLACK) {
+		shutdown(old->fd, SHUT_RDWR);
+		old->deadline_hit = 1;
+	} else {
+		old = NULL;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return old != NULL;
+}
+
+/* A new connection: served, served after evicting one still in its
+ * handshake, or refused (closed at once). */
+static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
+{
+	unsigned open;
+
+	pthread_mutex_lock(&t->lock);
+	open = t->n_conns;
+	pthread_mutex_unlock(&t->lock);
+	if (open >= t->max_conns) {
+		reap(t, 0); /* in a burst, some may have ended since the loop's reap */
+		pthread_mutex_lock(&t->lock);
+		open = t->n_conns;
+		pthread_mutex_unlock(&t->lock);
+	}
+	if (open < t->max_conns) {
+		start_conn(t, fd, ss);
+	} else if (evict_pending(t)) {
+		t->lim_evicted++;
+		start_conn(t, fd, ss);
+	} else {
+		close(fd);
+		t->lim_refused++;
+		peer_name(ss, t->lim_peer, sizeof(t->lim_peer));
+	}
+	limit_notice(t);
+}
+
+/* Close connections that did not complete ICReq and Connect in time: the
+ * listener shuts their sockets, which ends their threads' receives. */
+static void check_handshakes(struct fx_target *t)
+{
+	uint64_t now = tgt_now_ms();
+	unsigned n = 0;
+	char first[80] = "";
+
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		if (c->deadline_hit || atomic_load(&c->live) || atomic_load(&c->done) ||
+		    now - c->accepted_ms < t->handshake_ms)
+			continue;
+		shutdown(c->fd, SHUT_RDWR);
+		c->deadline_hit = 1;
+		if (!n++)
+			snprintf(first, sizeof(first), "%s", c->peer);
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (n == 1)
+		tgt_log(t, "%s: no ICReq/Connect within %u ms of connecting, closed it", first,
+		        t->handshake_ms);
+	else if (n)
+		tgt_log(t, "closed %u connections (%s, ...) that did not complete ICReq/Connect within "
+		        "%u ms", n, first, t->handshake_ms);
+	limit_notice(t); /* what the last second's flood left unsaid */
 }
 
 int fx_target_run(struct fx_target *t)
@@ -640,14 +850,18 @@ int fx_target_run(struct fx_target *t)
 			while (read(t->wake[0], b, sizeof(b)) > 0)
 				;
 		}
+		reap(t, 0); /* first: finished connections free their slots */
 		if (n > 0 && (p[0].revents & POLLIN)) {
-			for (;;) {
+			/* A bounded burst: a flood must not keep the deadlines
+			 * and KATO below from being checked (poll returns at once
+			 * while the backlog is not empty). */
+			for (unsigned k = 0; k < 256; k++) {
 				struct sockaddr_storage ss;
 				socklen_t sl = sizeof(ss);
 				int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
 
 				if (fd >= 0) {
-					start_conn(t, fd, &ss);
+					admit(t, fd, &ss);
 					continue;
 				}
 				if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
@@ -657,7 +871,7 @@ int fx_target_run(struct fx_target *t)
 				break; /* EAGAIN, ECONNABORTED, EINTR, ... */
 			}
 		}
-		reap(t, 0);
+		check_handshakes(t);
 		check_kato(t);
 	}
 

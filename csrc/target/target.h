@@ -4,7 +4,9 @@
  * own initiator, Linux's nvme-tcp, SPDK).  It is a test, benchmark and
  * container target: one thread per connection on blocking sockets, so every
  * queue is a simple in-order state machine and the kernel does the
- * scheduling.
+ * scheduling.  Connections are bounded in number and must finish their
+ * handshake in time; no thread waits forever on a host that went silent in
+ * the middle of a PDU or stopped reading (see the limits below).
  *
  * Life cycle: fx_target_create() opens the namespaces and binds the listening
  * socket (so the caller can report the real port before serving),
@@ -28,6 +30,20 @@ struct fx_target_config {
 	unsigned n_allow;
 	uint32_t block_size;   /* 512 or 4096 */
 	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
+	/* Limits against hosts that are hostile, broken or gone; 0 = default.
+	 * max_connections (1024; fewer when the open files limit is lower):
+	 * at the limit, a new connection evicts the oldest one still in its
+	 * ICReq/Connect handshake, or when every one is Connected, is closed at
+	 * once; both with a log line.
+	 * handshake_timeout_ms (10000): a connection must complete ICReq and
+	 * Connect within this long of its accept, or it is closed.
+	 * stall_timeout_ms (30000): once a PDU has begun, its bytes must keep
+	 * coming, and a host must keep reading what we send; no progress for
+	 * this long closes the connection.  (A Connected queue may be silent
+	 * between PDUs as long as its controller lives: KATO bounds that.) */
+	uint32_t max_connections;
+	uint32_t handshake_timeout_ms;
+	uint32_t stall_timeout_ms;
 	/* fault injection for tests; 0 = off */
 	uint32_t fault_drop_after;   /* close a connection after it sent this many PDUs */
 	uint32_t fault_delay_ms;     /* sleep before answering each command */

@@ -25,9 +25,21 @@
 #define FX_TGT_MAXH2CDATA 131072u /* bytes per H2CData PDU (ICResp) */
 #define FX_TGT_CHUNK 262144u     /* C2HData PDU size when we must touch the data */
 #define FX_TGT_ADMIN_BUF 65536u  /* largest admin data transfer (log pages) */
+#define FX_TGT_R2T_BUFS 4u       /* admin/Fabrics data collections at once, per queue */
 #define FX_TGT_AERL 3u           /* 0's based: up to 4 outstanding AERs */
 #define FX_TGT_DEFAULT_IO_QUEUES 64u
 #define FX_TGT_KAS 10u           /* keep alive granularity, 100 ms units */
+/* Defaults of the limits that keep hostile or dead hosts from exhausting us
+ * (fx_target_config says what each bounds). */
+#define FX_TGT_DEFAULT_MAX_CONNS 1024u
+#define FX_TGT_DEFAULT_HANDSHAKE_MS 10000u
+#define FX_TGT_DEFAULT_STALL_MS 30000u
+/* Connections closed at the limit (or by their deadline) whose threads have
+ * not ended yet: at most this many on top of the limit. */
+#define FX_TGT_EVICT_SLACK 64u
+/* A connection thread needs a few KiB of stack (ASan builds some more):
+ * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
+#define FX_TGT_THREAD_STACK (512u << 10)
 
 /* Status field helpers (SC bits 0-7, SCT bits 8-10, DNR bit 14). */
 #define TGT_SF(sct, sc) ((uint16_t)(((sct) << 8) | (sc)))
@@ -106,6 +118,9 @@ struct tgt_conn {
 	pthread_t thread;
 	int thread_started;
 	atomic_int done;    /* thread finished; the listener joins and frees */
+	atomic_int live;    /* Connect done: no handshake deadline any more */
+	uint64_t accepted_ms;
+	int deadline_hit;   /* the listener shut it for the handshake deadline (under lock) */
 	char peer[80];
 	char local_addr[64]; /* address the host reached us at (discovery traddr) */
 	int local_family;
@@ -120,12 +135,16 @@ struct tgt_conn {
 	uint32_t pdus_sent;
 	uint32_t c2h_sent;
 	unsigned aers;      /* Async Event Requests held (never answered: no events) */
+	/* Buffers are allocated when first needed (icd, the R2T table) or once
+	 * the queue is Connected (chunk, abuf), so that a connection that never
+	 * gets that far costs a thread and a socket, not half a megabyte. */
 	uint8_t *icd;       /* in-capsule data (FX_TGT_ICD_MAX) */
 	uint8_t *chunk;     /* data staging (FX_TGT_CHUNK >= FX_TGT_MAXH2CDATA) */
 	uint8_t *abuf;      /* admin data out (FX_TGT_ADMIN_BUF) */
-	struct tgt_r2t *r2t; /* [FX_TGT_MQES + 1] */
+	struct tgt_r2t *r2t; /* [r2t_n]: one per command the queue may hold */
 	uint16_t *r2t_free;
-	unsigned r2t_nfree;
+	unsigned r2t_n, r2t_nfree;
+	unsigned r2t_bufs;  /* R2Ts whose data is collected in a buffer (admin, Fabrics) */
 };
 
 struct fx_target {
@@ -140,6 +159,7 @@ struct fx_target {
 	unsigned lba_shift;
 	uint32_t max_io_queues;
 	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
+	uint32_t max_conns, handshake_ms, stall_ms;
 	int verbose, quiet;
 	uint8_t serial[20];
 	int lfd;
@@ -147,6 +167,11 @@ struct fx_target {
 	int wake[2];        /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;
 	struct tgt_conn *conns;  /* under lock */
+	unsigned n_conns;        /* in conns, finished or not; under lock */
+	/* listener only: what the connection limit did since the last line */
+	uint64_t lim_log_ms;
+	unsigned lim_refused, lim_evicted;
+	char lim_peer[80];
 	struct tgt_ctrl *ctrls;  /* under lock */
 	uint16_t next_cntlid;
 };
@@ -163,6 +188,13 @@ struct tgt_req {
 	int hold;             /* no response now (Async Event Request) */
 	int close_after;      /* Disconnect: close the queue after answering */
 };
+
+/* TCP_USER_TIMEOUT of a connection: twice the stall timeout, so that a
+ * blocked send reports the stall itself when it can. */
+static inline uint32_t tgt_user_timeout_ms(const struct fx_target *t)
+{
+	return t->stall_ms > 0x7FFFFFFFu ? 0xFFFFFFFFu : 2 * t->stall_ms;
+}
 
 void tgt_log(const struct fx_target *t, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -189,6 +221,11 @@ void tgt_conn_detach(struct tgt_conn *c);
 /* Shut the sockets of a controller's I/O queues (reset, keep-alive expiry). */
 void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl);
 void tgt_ctrl_flush_all(struct fx_target *t);
+
+/* Serve one connected socket on the calling thread until it ends, as if
+ * accepted (takes fd; a harness that feeds a connection bytes, e.g. over a
+ * socketpair, without the listener).  0, or -ENOMEM. */
+int tgt_serve_fd(struct fx_target *t, int fd);
 
 /* conn.c */
 void *tgt_conn_main(void *arg);

@@ -1,0 +1,392 @@
+"""Our target (`fx100io target`) under hostile or broken hosts: connections
+that never speak, stop half way through the ICReq or never send Connect, a
+flood beyond the connection limit, a host that stalls in the middle of a PDU
+and one that stops reading.  None of them may exhaust the target's threads
+or descriptors, each is closed within its deadline, and a good host (our own
+initiator) is served with the right bytes all the while.  An idle but
+Connected queue is legal and is never reaped."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO, chunk_bytes
+from target_process import serve
+from test_target import CMD, ICREQ, NQN, Closed, Host, admin, io_queue, sqe
+
+import fx100io
+
+N_IDLE = 500
+
+
+@pytest.fixture
+def backing(tmp_path):
+    p = tmp_path / "ns1.img"
+    with open(p, "wb") as f:
+        f.write(os.urandom(16 << 20))
+    return str(p)
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled(fn, pid: int, want_at_most: int, seconds: float = 5.0) -> int:
+    """fn(pid) once it is <= want_at_most, or its last value after seconds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        v = fn(pid)
+        if v <= want_at_most or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)
+
+
+def closed_by_target(s: socket.socket, seconds: float) -> bool:
+    """Drain s: True once the target closed it (EOF or reset), False when it
+    is still open after seconds."""
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            s.settimeout(left)
+            if not s.recv(1 << 20):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def icreq_bytes() -> bytes:
+    return struct.pack("<BBBBI", ICREQ, 0, 128, 0, 128) + struct.pack("<HBBI", 0, 0, 0, 0) + \
+        bytes(112)
+
+
+def good_host_round_trip(port: int, tag: str, off: int = 7 * 4096) -> None:
+    """Our initiator: open, write 1 MiB, read it back byte for byte."""
+    uri = f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=2&io_timeout_ms=10000"
+    with fx100io.open_device(uri) as dev:
+        pool = fx100io.BufferPool(4 << 20)
+        data = pool.alloc(1 << 20)
+        data[:] = chunk_bytes(tag, 1 << 20)
+        dev.write_from_blocking(off, data)
+        out = pool.alloc(1 << 20)
+        assert dev.read_into_blocking(off, out) == 1 << 20
+        assert np.array_equal(out, data)
+
+
+def test_idle_and_half_open_connections_are_closed_and_a_good_host_is_served(backing, tmp_path):
+    deadline_s = 5.0
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--handshake-timeout-ms", str(int(deadline_s * 1000)),
+               log=log) as (_, port, proc):
+        base_threads, base_fds = threads(proc.pid), fds(proc.pid)
+        t0 = time.monotonic()
+        stale = [socket.create_connection(("127.0.0.1", port)) for _ in range(N_IDLE)]
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(icreq_bytes()[:64])  # half an ICReq, then nothing
+        no_connect = Host(port)
+        no_connect.icreq()  # a full ICReq/ICResp, then never a Connect
+        stale += [half, no_connect.sock]
+        # (the deadline runs from the target's accept, which may lag the
+        # client's connect by the accept backlog: bound it by the last one)
+        t_last = time.monotonic()
+
+        # While they are all held open, a good host is served.
+        good_host_round_trip(port, "while-flooded")
+        assert time.monotonic() - t0 < deadline_s - 0.5, "too slow to tell the deadline apart"
+        assert not any(closed_by_target(s, 0.001) for s in stale[::50]), "closed too early"
+        assert threads(proc.pid) <= base_threads + len(stale) + 8
+
+        # Each stale connection is closed by the target within its deadline.
+        slack = 3.0
+        for i, s in enumerate(stale):
+            assert closed_by_target(s, t_last + deadline_s + slack - time.monotonic()), \
+                f"stale connection {i} still open {deadline_s + slack:.0f} s after the flood"
+        for s in stale:
+            s.close()
+        # ... and what they held is given back.
+        assert settled(threads, proc.pid, base_threads) <= base_threads
+        assert settled(fds, proc.pid, base_fds) <= base_fds
+        good_host_round_trip(port, "after-the-flood", off=300 * 4096)
+        assert proc.poll() is None
+    text = log.read_text()
+    assert "ICReq/Connect" in text and f"{int(deadline_s * 1000)} ms" in text, text[-3000:]
+    # one summary line per sweep, not one line per connection
+    assert text.count("ICReq/Connect") < 50, text[-3000:]
+
+
+def test_connection_limit_refuses_at_once_with_one_log_line(backing, tmp_path):
+    """With every slot a Connected queue, a new connection is closed at
+    once, and the flood is told in a line or two, not one per connection."""
+    limit = 8
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--max-connections", str(limit), log=log) as (_, port, proc):
+        base_threads, base_fds = threads(proc.pid), fds(proc.pid)
+        a = admin(port, kato=0)
+        a.set_queues(limit - 1)
+        queues = [io_queue(port, a.cntlid, qid) for qid in range(1, limit)]
+        t0 = time.monotonic()
+        for _ in range(50):
+            s = socket.create_connection(("127.0.0.1", port))
+            assert closed_by_target(s, 2.0), "a connection over the limit was not refused"
+            s.close()
+        assert time.monotonic() - t0 < 10.0
+        assert threads(proc.pid) <= base_threads + limit
+        assert fds(proc.pid) <= base_fds + limit
+        # the Connected ones are all served
+        for i, q in enumerate(queues):
+            blk = os.urandom(512)
+            assert q.write(i, blk, 512).ok and q.read(i, 1, 512)[1] == blk
+        assert a.cmd(sqe(0x18))[0].ok
+        for q in queues:
+            q.close()
+        a.close()
+        time.sleep(0.5)  # once they are gone, good hosts get in again
+        good_host_round_trip(port, "after-the-limit")
+    text = log.read_text()
+    refused = [line for line in text.splitlines() if "refused" in line]
+    assert refused, text[-3000:]
+    assert f"limit {limit}" in refused[0] and "--max-connections" in refused[0], refused[0]
+    assert len(refused) <= 15, refused  # at most one a second
+
+
+def test_at_the_limit_handshakes_give_way_to_new_connections(backing, tmp_path):
+    """A flood of idle sockets beyond the limit cannot lock hosts out until
+    the handshake deadline: the oldest connection still in its handshake is
+    closed to make room, and Connected queues are never touched."""
+    limit = 16
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--max-connections", str(limit), log=log) as (_, port, proc):
+        base_threads, base_fds = threads(proc.pid), fds(proc.pid)
+        a = admin(port, kato=0)
+        q = io_queue(port, a.cntlid, 1)
+        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        # the flood evicted its own oldest members, not the Connected queues
+        for i, s in enumerate(flood[:100]):
+            assert closed_by_target(s, 5.0), f"flood connection {i} was not evicted"
+        blk = os.urandom(512)
+        assert q.write(9, blk, 512).ok and q.read(9, 1, 512)[1] == blk
+        # (the burst is over: those evicted are gone)
+        assert settled(threads, proc.pid, base_threads + limit) <= base_threads + limit
+        # a good host gets in (and its own connections are not evicted once
+        # Connected, while the flood goes on)
+        more: list[socket.socket] = []
+        with fx100io.open_device(f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=2") as dev:
+            more += [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+            pool = fx100io.BufferPool(1 << 20)
+            data = pool.alloc(256 << 10)
+            data[:] = chunk_bytes("evict", 256 << 10)
+            dev.write_from_blocking(1 << 20, data)
+            out = pool.alloc(256 << 10)
+            assert dev.read_into_blocking(1 << 20, out) == 256 << 10
+            assert np.array_equal(out, data)
+        assert a.cmd(sqe(0x18))[0].ok
+        assert threads(proc.pid) <= base_threads + limit + 64
+        assert fds(proc.pid) <= base_fds + limit + 64
+        for s in flood + more:
+            s.close()
+    text = log.read_text()
+    assert "to make room" in text and f"limit {limit}" in text, text[-3000:]
+    assert text.count("to make room") <= 15, text[-3000:]
+
+
+def test_idle_connected_queues_are_not_reaped(backing, tmp_path):
+    """Connected queues with no traffic (KATO 0 on the raw host; our initiator
+    keeps its controller alive) outlive every timeout of the target."""
+    with serve([backing], NQN, "--handshake-timeout-ms", "300", "--stall-timeout-ms", "300",
+               log=tmp_path / "target.log") as (_, port, proc):
+        a = admin(port, kato=0)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        uri = f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=1&io_timeout_ms=10000"
+        with fx100io.open_device(uri) as dev:
+            pool = fx100io.BufferPool(1 << 20)
+            data = pool.alloc(64 << 10)
+            data[:] = chunk_bytes("idle", 64 << 10)
+            dev.write_from_blocking(0, data)
+            time.sleep(2.0)  # > 6x each timeout, no traffic on q or a
+            blk = os.urandom(4096)
+            assert q.write(1000, blk, 512).ok  # (away from dev's 64 KiB at 0)
+            cqe, back = q.read(1000, 8, 512)
+            assert cqe.ok and back == blk
+            assert a.cmd(sqe(0x18))[0].ok
+            out = pool.alloc(64 << 10)
+            assert dev.read_into_blocking(0, out) == 64 << 10
+            assert np.array_equal(out, data)
+        assert proc.poll() is None
+
+
+def test_stall_in_the_middle_of_a_pdu_drops_only_that_queue(backing, tmp_path):
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--stall-timeout-ms", "500", log=log) as (_, port, proc):
+        a = admin(port, kato=0)
+        a.set_queues(2)
+        q = io_queue(port, a.cntlid, 1)
+        q.sock.sendall(struct.pack("<BBBBI", CMD, 0, 72, 0, 72) + bytes(20))  # 28 of 72 bytes
+        t0 = time.monotonic()
+        assert closed_by_target(q.sock, 4.0)
+        assert time.monotonic() - t0 >= 0.4
+        # the controller and its other queues go on
+        assert a.cmd(sqe(0x18))[0].ok
+        q2 = io_queue(port, a.cntlid, 2)
+        blk = os.urandom(512)
+        assert q2.write(5, blk, 512).ok and q2.read(5, 1, 512)[1] == blk
+        assert proc.poll() is None
+    assert "stalled" in log.read_text()
+
+
+def test_host_that_stops_reading_is_dropped(backing, tmp_path):
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--stall-timeout-ms", "1000", log=log) as (_, port, proc):
+        base_threads = threads(proc.pid)
+        a = admin(port, kato=0)
+        q = io_queue(port, a.cntlid, 1)
+        n, each = 20, 4 << 20
+        for i in range(n):  # 80 MiB of reads, and we read none of it
+            q.submit(sqe(0x02, nsid=1, cdw10=(i % 4) * 8192, cdw12=8191), data_in=each)
+        time.sleep(3.0)
+        got = 0
+        q.sock.settimeout(5.0)
+        try:
+            while True:
+                b = q.sock.recv(1 << 20)
+                if not b:
+                    break
+                got += len(b)
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            pytest.fail(f"the target still holds the connection ({got} bytes read)")
+        assert got < n * each
+        assert a.cmd(sqe(0x18))[0].ok  # the controller is fine
+        a.close()
+        q.close()
+        assert settled(threads, proc.pid, base_threads) <= base_threads
+    # (which of our send timeout and TCP's user timeout fires first depends on
+    # how the kernel trickles window updates: either way the queue is closed)
+    text = log.read_text()
+    assert "qid 1: host stopped reading" in text or "qid 1: connection ended" in text, text
+
+
+def test_a_write_whose_data_never_comes_holds_no_thread_forever(backing, tmp_path):
+    """A Connected queue that got our R2T and never sends the data is legal
+    (the host may be slow) while its controller lives; when the controller's
+    KATO expires, the queue goes with it."""
+    with serve([backing], NQN, "--stall-timeout-ms", "300",
+               log=tmp_path / "target.log") as (_, port, proc):
+        base_threads = threads(proc.pid)
+        a = admin(port, kato=1000)
+        q = io_queue(port, a.cntlid, 1)
+        q.submit(sqe(0x01, nsid=1, cdw12=63), bytes(64 * 512), incapsule=False)
+        assert q.recv_pdu().type == 9  # R2T, and we never answer it
+        for _ in range(3):
+            time.sleep(0.4)
+            assert a.cmd(sqe(0x18))[0].ok
+        # keep alive stops: KATO (1 s) expires, both queues are closed
+        for h in (a, q):
+            assert closed_by_target(h.sock, 5.0)
+        assert settled(threads, proc.pid, base_threads) <= base_threads
+        with pytest.raises((Closed, ConnectionResetError, BrokenPipeError)):
+            a.cmd(sqe(0x18))
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--max-connections", "0"], "--max-connections"),
+    (["--handshake-timeout-ms", "0"], "--handshake-timeout-ms"),
+    (["--stall-timeout-ms", "-5"], "--stall-timeout-ms"),
+])
+def test_cli_refuses_bad_limits(tmp_path, args, msg):
+    ns = tmp_path / "ns.img"
+    ns.write_bytes(bytes(1 << 20))
+    p = subprocess.run([sys.executable, "-m", "fx100io", "target", "--namespace", str(ns), *args],
+                       capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert p.returncode == 2, p
+    assert msg in p.stderr, p.stderr
+
+
+def test_binding_takes_the_limits(backing):
+    """target_serve(..., max_connections=, handshake_timeout_ms=,
+    stall_timeout_ms=): a connection that never sends ICReq is closed."""
+    import threading
+
+    from fx100io import _core
+
+    ports: list[int] = []
+    ready = threading.Event()
+
+    def run() -> None:
+        _core.target_serve("127.0.0.1", "0", NQN, [backing], quiet=True, max_connections=4,
+                           handshake_timeout_ms=300, stall_timeout_ms=300,
+                           ready=lambda p: (ports.append(p), ready.set()))
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    try:
+        assert ready.wait(10)
+        s = socket.create_connection(("127.0.0.1", ports[0]))
+        t0 = time.monotonic()
+        assert closed_by_target(s, 5.0)
+        assert 0.2 <= time.monotonic() - t0 < 3.0
+        s.close()
+        extra = [socket.create_connection(("127.0.0.1", ports[0])) for _ in range(6)]
+        time.sleep(0.3)
+        assert sum(closed_by_target(x, 0.5) for x in extra[4:]) == 2  # over the limit
+        for x in extra:
+            x.close()
+    finally:
+        _core.target_stop()
+        th.join(10)
+    assert not th.is_alive()
+
+
+def test_admin_data_buffers_per_connection_are_bounded(backing, tmp_path):
+    """Admin and Fabrics commands whose data comes by R2T are collected in a
+    buffer each (up to 64 KiB): a host that asks for many and never sends
+    the data gets only a few; the rest fail at once (retryable)."""
+    with serve([backing], NQN, log=tmp_path / "target.log") as (_, port, proc):
+        a = admin(port, kato=0)
+        n = 40
+        cids = []
+        for _ in range(n):  # Set Features (Host Identifier), 64 KiB by R2T
+            cids.append(a.submit(sqe(0x09, cdw10=0x81), bytes(65536), incapsule=False))
+        r2ts, fails = [], 0
+        for _ in range(n):
+            p = a.recv_pdu()
+            if p.type == 9:  # R2T
+                cccid, ttag, r2to, r2tl = struct.unpack_from("<HHII", p.header, 8)
+                assert r2to == 0 and r2tl == 65536
+                r2ts.append((cccid, ttag))
+            else:
+                assert p.type == 5, p  # CapsuleResp: refused, retryable
+                status = struct.unpack_from("<H", p.header, 8 + 14)[0] >> 1
+                assert status & 0x7FF and not status & 0x4000, hex(status)
+                fails += 1
+        assert 1 <= len(r2ts) <= 8 and fails == n - len(r2ts), (len(r2ts), fails)
+        # the data for the first one comes: it completes; then a new one is taken
+        cccid, ttag = r2ts[0]
+        off = 0
+        while off < 65536:
+            k = min(a.maxh2cdata, 65536 - off)
+            last = 4 if off + k == 65536 else 0
+            a.send_pdu(6, struct.pack("<HHII4x", cccid, ttag, off, k), bytes(k), flags=last)
+            off += k
+        p = a.recv_pdu()
+        assert p.type == 5 and struct.unpack_from("<H", p.header, 8 + 12)[0] == cccid
+        cid = a.submit(sqe(0x09, cdw10=0x81), bytes(65536), incapsule=False)
+        p = a.recv_pdu()
+        assert p.type == 9 and struct.unpack_from("<H", p.header, 8)[0] == cid
+        assert proc.poll() is None
