@@ -127,19 +127,23 @@ static int64_t decode_checked(const uint8_t *p, size_t len, uint64_t gen, uint64
 			FAIL("record %u overlaps record %u", i, i - 1);
 	}
 
-	/* a torn copy of it (one byte short) is never a segment */
-	copy = malloc((size_t)size);
+	/* a torn copy of it (one byte short, in a block of that size) is
+	 * never a segment */
+	copy = malloc((size_t)size - 1);
 	if (!copy)
 		abort();
 	memcpy(copy, p, (size_t)size - 1);
 	if (fx_index_seg_decode(copy, (size_t)size - 1, gen, NULL, NULL, 0, NULL) != -EBADMSG)
 		FAIL("truncated segment not reported as torn");
+	free(copy);
 	/* nor is it for another generation */
 	if (fx_index_seg_decode(p, len, gen + 1, NULL, NULL, 0, NULL) != 0)
 		FAIL("segment decodes under another generation");
 
 	/* round trip: encode(decode(x)) is as long and decodes the same */
-	enc = copy; /* size bytes: exactly enough */
+	enc = malloc((size_t)size); /* exactly enough */
+	if (!enc)
+		abort();
 	if (fx_index_seg_encode(gen, seq, recs, n, enc, (size_t)size - 1) != -ENOSPC)
 		FAIL("encode into a buffer one byte short did not fail");
 	size2 = fx_index_seg_encode(gen, seq, recs, n, enc, (size_t)size);
@@ -155,7 +159,7 @@ static int64_t decode_checked(const uint8_t *p, size_t len, uint64_t gen, uint64
 		if (!rec_equal(&recs[i], &recs2[i]))
 			FAIL("record %u differs after a round trip", i);
 	free(recs2);
-	free(copy);
+	free(enc);
 	free(recs);
 	*seq_out = seq;
 	return size;
