@@ -41,7 +41,8 @@ for name in "$@"; do
     failed=1
     result="FAILED rc=$rc"
     echo "-- fuzz_$name failed; the end of its log:"
-    grep -v '^#[0-9]' "$log" | tail -40
+    # the report: from the first error line, and where the input went
+    awk '/ERROR|^fuzz_|deadly signal|timeout after/ && !n {n=1} n && c++ < 40' "$log"
     ls -1 "$crashes" | sed "s|^|   crash input: tests/fuzz/$crashes/|"
   fi
   rows+=("$(printf '%-14s %6s %12s %8s %6s %6s  %s' "$name" "$secs" "${units:-?}" \
