@@ -1,7 +1,8 @@
 # The two commands of the README.  Everything else is in tools/.
 PY ?= python3
 
-.PHONY: demo test asan bench-fio ctest
+.PHONY: demo test asan bench-fio ctest fuzz fuzz-replay
+FUZZ_SECONDS ?= 60
 
 # The main job: a local file-backed store, KV-sized chunks, throughput.
 demo:
@@ -20,3 +21,11 @@ ctest:
 
 bench-fio:
 	$(PY) tools/bench_vs_fio.py
+
+# The coverage-guided fuzzers (tests/fuzz), each for FUZZ_SECONDS; installs clang.
+fuzz:
+	tools/fuzz.sh $(FUZZ_SECONDS)
+
+# Their corpora (seeds and regression inputs) once each, built with gcc.
+fuzz-replay:
+	$(MAKE) -s -C tests/fuzz replay

@@ -1178,36 +1178,26 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c)
 
 /* --------------------------------------------------------- discovery */
 
-int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-		     struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status)
+int fx_nvmf_disc_log_read(fx_nvmf_get_log_fn get_log, void *ctx,
+			  struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status,
+			  const char **why)
 {
-	struct fx_nvmf_params dp = *p;
-	struct fx_nvmf_ctrl *c;
 	struct nvmf_disc_log_hdr *hdr;
 	struct nvmf_disc_log_entry *e = NULL;
 	int r;
 
 	*entries = NULL;
 	*n = 0;
-	if (status)
-		*status = 0;
-	memset(dp.subnqn, 0, sizeof(dp.subnqn));
-	memcpy(dp.subnqn, NVMF_DISCOVERY_NQN, sizeof(NVMF_DISCOVERY_NQN));
-	/* One short exchange: no keep-alive needed. */
-	dp.kato_ms = 0;
+	if (why)
+		*why = NULL;
 	hdr = malloc(sizeof(*hdr));
 	if (!hdr)
 		return -ENOMEM;
-	r = fx_nvmf_ctrl_open(a, &dp, 0, &c, status);
-	if (r) {
-		free(hdr);
-		return r;
-	}
 
 	r = -EAGAIN; /* the log kept changing under us */
 	for (int tries = 0; tries < DISC_RETRIES; tries++) {
 		uint64_t genctr, numrec;
-		int rr = get_log(c, NVME_LOG_DISCOVERY, 0, hdr, sizeof(*hdr), status);
+		int rr = get_log(ctx, 0, hdr, sizeof(*hdr), status);
 
 		if (rr) {
 			r = rr;
@@ -1216,8 +1206,8 @@ int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *
 		genctr = hdr->genctr;
 		numrec = hdr->numrec;
 		if (hdr->recfmt != 0 || numrec > DISC_MAX_RECORDS) {
-			plog("discovery log: unusable header (recfmt %u, %llu records)",
-			     hdr->recfmt, (unsigned long long)numrec);
+			if (why)
+				*why = hdr->recfmt ? "record format not 0" : "too many records";
 			r = -EPROTO;
 			break;
 		}
@@ -1229,15 +1219,14 @@ int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *
 				r = -ENOMEM;
 				break;
 			}
-			rr = get_log(c, NVME_LOG_DISCOVERY, sizeof(*hdr), e,
-				     (uint32_t)(numrec * sizeof(*e)), status);
+			rr = get_log(ctx, sizeof(*hdr), e, (uint32_t)(numrec * sizeof(*e)), status);
 			if (rr) {
 				r = rr;
 				break;
 			}
 			/* Entries are only consistent with the header if the
 			 * generation did not move while we read them. */
-			rr = get_log(c, NVME_LOG_DISCOVERY, 0, hdr, sizeof(*hdr), status);
+			rr = get_log(ctx, 0, hdr, sizeof(*hdr), status);
 			if (rr) {
 				r = rr;
 				break;
@@ -1253,6 +1242,36 @@ int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *
 	}
 	free(e);
 	free(hdr);
+	return r;
+}
+
+static int disc_get_log(void *ctrl, uint64_t off, void *buf, uint32_t len, uint16_t *status)
+{
+	return get_log(ctrl, NVME_LOG_DISCOVERY, off, buf, len, status);
+}
+
+int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+		     struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status)
+{
+	struct fx_nvmf_params dp = *p;
+	struct fx_nvmf_ctrl *c;
+	const char *why;
+	int r;
+
+	*entries = NULL;
+	*n = 0;
+	if (status)
+		*status = 0;
+	memset(dp.subnqn, 0, sizeof(dp.subnqn));
+	memcpy(dp.subnqn, NVMF_DISCOVERY_NQN, sizeof(NVMF_DISCOVERY_NQN));
+	/* One short exchange: no keep-alive needed. */
+	dp.kato_ms = 0;
+	r = fx_nvmf_ctrl_open(a, &dp, 0, &c, status);
+	if (r)
+		return r;
+	r = fx_nvmf_disc_log_read(disc_get_log, c, entries, n, status, &why);
+	if (why)
+		plog("discovery log: unusable header (%s)", why);
 	fx_nvmf_ctrl_close(c);
 	return r;
 }

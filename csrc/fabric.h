@@ -132,4 +132,21 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c);
 int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
                      struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status);
 
+/*
+ * The discovery log reader fx_nvmf_discover() uses, on any source of log
+ * bytes: get_log(ctx, off, buf, len, status) reads len bytes of the log at
+ * offset off into buf (0 or -errno).  Reads the header, then NUMREC
+ * entries, then the header again, and starts over while GENCTR or NUMREC
+ * moved.  On success *entries (malloc'ed, NULL when *n is 0) holds *n
+ * entries exactly as the controller sent them: the string fields are
+ * fixed-width and need not end in a NUL.  -EPROTO: header unusable (record
+ * format not 0, or more records than we accept; *why says which), -EAGAIN:
+ * the log never settled, -ENOMEM, or what get_log returned.
+ */
+typedef int (*fx_nvmf_get_log_fn)(void *ctx, uint64_t off, void *buf, uint32_t len,
+                                  uint16_t *status);
+int fx_nvmf_disc_log_read(fx_nvmf_get_log_fn get_log, void *ctx,
+                          struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status,
+                          const char **why);
+
 #endif

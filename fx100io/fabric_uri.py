@@ -8,13 +8,17 @@ machine's stable identity, see :func:`host_identity`), kato_ms (keep alive
 timeout, 30000), connect_timeout_ms (10000), io_timeout_ms (a command with
 no answer for this long fails and its connection is re-made, 30000),
 max_xfer (bytes per NVMe command, 1 MiB, capped by the controller's MDTS).
+hostid may be written as a UUID.  A value the transport could not take
+exactly as written (an NQN over 223 bytes, a number out of range, control
+characters) is refused with InvalidArgumentError, never cut or wrapped.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from fx100io import _core
 from fx100io.errors import InvalidArgumentError, error_from_errno
@@ -44,24 +48,66 @@ def host_identity() -> tuple[str, str]:
     return env_nqn or f"{NQN_PREFIX}{u}", (env_id or u.hex).replace("-", "")
 
 
-def parse(uri: str) -> dict[str, str]:
-    """Parse an nvme+tcp URI into the transport's options (all strings)."""
-    parts = urlsplit(uri)
+# What the C transport's fields hold (parse_kv in csrc/transport/tcp.c):
+# anything longer or larger would be cut or wrap silently there.
+HOST_MAX = 255  # bytes
+NQN_MAX = 223  # bytes: the NVMe limit on an NQN
+INT_RANGES = {"ns": (1, 0xFFFFFFFE),  # 0xFFFFFFFF is the broadcast NSID
+              "queues": (1, 64), "kato_ms": (0, 0xFFFFFFFF),
+              "connect_timeout_ms": (1, 0x7FFFFFFF), "io_timeout_ms": (1, 0x7FFFFFFF),
+              "max_xfer": (1, 0xFFFFFFFF)}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _text(what: str, value: str, limit: int, uri: str) -> str:
+    """A string option as the C side will read it: one line, no NUL, fits."""
+    if not value or len(value.encode()) > limit or _CONTROL.search(value):
+        raise InvalidArgumentError(22, f"{what} must be 1 to {limit} bytes without control "
+                                   "characters", uri)
+    return value
+
+
+def _hostid(value: str, uri: str) -> str:
+    hid = value.replace("-", "").lower()
+    if not re.fullmatch(r"[0-9a-f]{32}", hid):
+        raise InvalidArgumentError(22, "hostid must be 32 hex digits (a UUID)", uri)
+    return hid
+
+
+def _endpoint(uri: str) -> tuple[SplitResult, str, str]:
+    """The URI's parts, host and port, checked."""
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        raise InvalidArgumentError(22, "malformed URI (bad port or IPv6 address)", uri) from None
     if not parts.hostname:
         raise InvalidArgumentError(22, "nvme+tcp URI needs a host: nvme+tcp://HOST:PORT/SUBNQN", uri)
-    try:
-        port = parts.port or DEFAULT_PORT
-    except ValueError:
-        raise InvalidArgumentError(22, "bad port in URI", uri) from None
+    if port == 0:
+        raise InvalidArgumentError(22, "bad port in URI (1..65535)", uri)
+    host = _text("the host", parts.hostname, HOST_MAX, uri)
+    return parts, host, str(port or DEFAULT_PORT)
+
+
+def parse(uri: str) -> dict[str, str]:
+    """Parse an nvme+tcp URI into the transport's options (all strings).
+    Raises InvalidArgumentError for anything the transport could not take
+    exactly as written."""
+    parts, host, port = _endpoint(uri)
     subnqn = unquote(parts.path.lstrip("/"))
-    opts = {"host": parts.hostname, "port": str(port), "subnqn": subnqn}
+    if subnqn:
+        _text("the subsystem NQN", subnqn, NQN_MAX, uri)
+    opts = {"host": host, "port": port, "subnqn": subnqn}
     for key, values in parse_qs(parts.query, keep_blank_values=True).items():
         v = values[-1]
         if key in INT_OPTIONS:
-            if not v.isdigit() or (int(v) == 0 and key != "kato_ms"):
-                raise InvalidArgumentError(22, f"URI option {key} must be a positive integer"
-                                           " (kato_ms: 0 turns keep alive off)", uri)
-            opts[INT_OPTIONS[key]] = v
+            lo, hi = INT_RANGES[key]
+            # [0-9], not str.isdigit(): that also takes "²" and other scripts' digits
+            if not re.fullmatch(r"[0-9]{1,20}", v) or not lo <= int(v) <= hi:
+                raise InvalidArgumentError(22, f"URI option {key} must be an integer in "
+                                           f"{lo}..{hi}" + (" (0 turns keep alive off)"
+                                                            if key == "kato_ms" else ""), uri)
+            opts[INT_OPTIONS[key]] = str(int(v))
         elif key in BOOL_OPTIONS:
             if v not in ("0", "1", "true", "false"):
                 raise InvalidArgumentError(22, f"URI option {key} must be 0 or 1", uri)
@@ -73,10 +119,8 @@ def parse(uri: str) -> dict[str, str]:
                                        f"{', '.join(sorted([*INT_OPTIONS, *BOOL_OPTIONS, *STR_OPTIONS]))})",
                                        uri)
     nqn, hid = host_identity()
-    opts.setdefault("hostnqn", nqn)
-    opts.setdefault("hostid", hid)
-    if len(opts["hostid"]) != 32:
-        raise InvalidArgumentError(22, "hostid must be 32 hex digits", uri)
+    opts["hostnqn"] = _text("the host NQN", opts.get("hostnqn", nqn), NQN_MAX, uri)
+    opts["hostid"] = _hostid(opts.get("hostid", hid), uri)
     return opts
 
 
@@ -102,17 +146,24 @@ def open_fabric_dev(transport: str, target: str, readonly: bool) -> _core.Dev:
         raise err from None
 
 
+def discovery_target(uri: str) -> tuple[str, str, str, str]:
+    """(host, port, host NQN, host ID) of a discovery URI
+    nvme+tcp://HOST[:PORT][?hostnqn=...&hostid=...], checked as parse() does."""
+    if not uri.startswith("nvme+tcp://"):
+        raise InvalidArgumentError(22, "discover() takes nvme+tcp://HOST[:PORT]", uri)
+    parts, host, port = _endpoint(uri)
+    nqn, hid = host_identity()
+    q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return (host, port, _text("the host NQN", q.get("hostnqn", nqn), NQN_MAX, uri),
+            _hostid(q.get("hostid", hid), uri))
+
+
 def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
     """The discovery log of nvme+tcp://HOST[:PORT]: one dict per entry with
     subnqn, traddr, trsvcid (port), trtype ("tcp", "rdma"), adrfam, subtype
     ("nvme", "discovery", ...), portid, cntlid."""
-    parts = urlsplit(uri)
-    if parts.scheme != "nvme+tcp" or not parts.hostname:
-        raise InvalidArgumentError(22, "discover() takes nvme+tcp://HOST[:PORT]", uri)
-    nqn, hid = host_identity()
-    q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    host, port, hostnqn, hostid = discovery_target(uri)
     try:
-        return _core.discover(parts.hostname, str(parts.port or DEFAULT_PORT),
-                              q.get("hostnqn", nqn), q.get("hostid", hid), timeout_ms)
+        return _core.discover(host, port, hostnqn, hostid, timeout_ms)
     except OSError as e:
         raise error_from_errno(e.errno or 5, uri) from None
