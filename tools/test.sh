@@ -4,7 +4,8 @@
 # packages, the real lmcache package), builds fx100io, boots the fabric lab
 # (the Linux NVMe-oF target in a QEMU guest, inside a network namespace this
 # script makes), runs pytest inside that namespace, stops the lab, and then
-# runs the core suite again against an ASan+UBSan build, then ruff and mypy.
+# runs the core suite again against an ASan+UBSan build, runs each fuzzer for
+# 60 s (FUZZ_SECONDS), then ruff and mypy.
 # Extra arguments go to pytest (e.g. tools/test.sh -k store).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-"$PY" -m pip install --quiet --disable-pip-version-check matplotlib ruff mypy
+"$PY" -m pip install --quiet --disable-pip-version-check matplotlib ruff mypy hypothesis
 tools/install_lmcache.sh "$PY"
 
 # `run` starts the lab if it is not running, runs the command in the lab's
@@ -27,6 +28,11 @@ tools/install_lmcache.sh "$PY"
 "$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra tests "$@"
 
 tools/asan_suite.sh
+
+# Coverage-guided fuzzers (tests/fuzz: index segments, discovery log, target
+# string, the initiator's and the target's PDU receive paths), 60 s each;
+# tools/fuzz.sh installs clang 14 + libFuzzer if missing.
+tools/fuzz.sh "${FUZZ_SECONDS:-60}"
 
 # House style (DESIGN rule 12): lint and type-check the Python.
 "$PY" -m ruff check .
