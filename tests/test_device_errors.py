@@ -122,6 +122,39 @@ def test_filesystem_without_o_direct(tmp_path):
 IO_URING_SYSCTL = "/proc/sys/kernel/io_uring_disabled"
 
 
+def refused_then_psync(path, why: str) -> str:
+    """Child code: opening with io_uring fails with IoUringUnavailableError
+    whose message says `why` and the way out; psync and 'auto' (devices and
+    a store) stay correct."""
+    return f"""
+import fx100io, numpy as np
+from fx100io import errors
+try:
+    fx100io.open_device({str(path)!r}, create=True, size=1 << 20)
+except errors.IoUringUnavailableError as e:
+    assert {why!r} in str(e) and "psync" in str(e), str(e)
+    assert isinstance(e, PermissionError)
+else:
+    raise SystemExit("io_uring opened although refused")
+for engine in ("psync", "auto"):
+    dev = fx100io.open_device({str(path)!r}, create=True, size=1 << 20, engine=engine)
+    assert dev.engine == "psync"
+    data = np.random.default_rng(1).integers(0, 256, 300000, dtype=np.uint8)
+    dev.write_from_blocking(4096, data)
+    dev.flush_blocking()
+    out = np.empty_like(data)
+    dev.read_into_blocking(4096, out)
+    assert np.array_equal(out, data)
+    dev.close()
+with fx100io.ChunkStore({str(path) + ".store"!r}, create=True, size=64 << 20,
+                        engine="auto") as st:
+    st.batch_put_blocking(["k"], [b"x" * 5000])
+    out = bytearray(5000)
+    assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"x" * 5000
+print("ok")
+"""
+
+
 def test_io_uring_disabled_is_named_and_psync_works(tmp_file):
     """With kernel.io_uring_disabled=2 the error names the sysctl, and the
     psync engine ('auto' too) stays correct."""
@@ -131,28 +164,7 @@ def test_io_uring_disabled_is_named_and_psync_works(tmp_file):
     except OSError as e:
         pytest.skip(f"cannot set {IO_URING_SYSCTL} here: {e}")
     try:
-        code = f"""
-import fx100io, numpy as np
-from fx100io import errors
-try:
-    fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20)
-except errors.IoUringUnavailableError as e:
-    assert "io_uring_disabled" in str(e), str(e)
-    assert isinstance(e, PermissionError)
-else:
-    raise SystemExit("io_uring opened although disabled")
-for engine in ("psync", "auto"):
-    dev = fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20, engine=engine)
-    assert dev.engine == "psync"
-    data = np.random.default_rng(1).integers(0, 256, 300000, dtype=np.uint8)
-    dev.write_from_blocking(4096, data)
-    out = np.empty_like(data)
-    dev.read_into_blocking(4096, out)
-    assert np.array_equal(out, data)
-    dev.close()
-print("ok")
-"""
-        assert run_python(code).stdout.strip() == "ok"
+        assert run_python(refused_then_psync(tmp_file, "io_uring_disabled")).stdout.strip() == "ok"
     finally:
         Path(IO_URING_SYSCTL).write_text(old)
 
@@ -185,33 +197,7 @@ def test_io_uring_refused_by_seccomp_is_named_and_psync_works(tmp_file):
     """Under a seccomp filter that denies io_uring_setup (a container's
     default), opening with io_uring says why and what to do; psync and
     'auto' stay correct.  Runs on every kernel: the filter is our own."""
-    code = SECCOMP_DENY_IO_URING + f"""
-import fx100io, numpy as np
-from fx100io import errors
-try:
-    fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20)
-except errors.IoUringUnavailableError as e:
-    assert "seccomp" in str(e) and "psync" in str(e), str(e)
-    assert isinstance(e, PermissionError)
-else:
-    raise SystemExit("io_uring opened although seccomp denies io_uring_setup")
-for engine in ("psync", "auto"):
-    dev = fx100io.open_device({str(tmp_file)!r}, create=True, size=1 << 20, engine=engine)
-    assert dev.engine == "psync"
-    data = np.random.default_rng(2).integers(0, 256, 300000, dtype=np.uint8)
-    dev.write_from_blocking(8192, data)
-    dev.flush_blocking()
-    out = np.empty_like(data)
-    dev.read_into_blocking(8192, out)
-    assert np.array_equal(out, data)
-    dev.close()
-with fx100io.ChunkStore({str(tmp_file) + ".store"!r}, create=True, size=64 << 20,
-                        engine="auto") as st:
-    st.batch_put_blocking(["k"], [b"x" * 5000])
-    out = bytearray(5000)
-    assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"x" * 5000
-print("ok")
-"""
+    code = SECCOMP_DENY_IO_URING + refused_then_psync(tmp_file, "seccomp")
     assert run_python(code).stdout.strip() == "ok"
 
 
