@@ -98,6 +98,21 @@ def normalize_key(key: Any) -> bytes:
     return k
 
 
+def apply_records(state: dict[bytes, Any], recs: Iterable[tuple], make: Any) -> None:
+    """Apply index records to a key -> entry map, in log order: the one
+    rule replay and compaction share.  make(key, off, length, crc) builds
+    the entry of a PUT.  A DEL names the version it removes: a DEL logged
+    after a newer PUT of the same key (an eviction racing a put) must not
+    remove that newer, acknowledged chunk."""
+    for typ, key, _dev, off, length, crc in recs:
+        if typ == _core.REC_PUT:
+            state[key] = make(key, off, length, crc)
+        else:
+            cur = state.get(key)
+            if cur is not None and (cur.off, cur.length) == (off, length):
+                del state[key]
+
+
 _tls = threading.local()
 
 
@@ -249,14 +264,9 @@ class ChunkStore:
             size, seq, recs = _core.decode_segment(log_buf, pos, gen)
             if size <= 0 or (last_seq is not None and seq != last_seq + 1):
                 break  # end of log, or a torn segment from an interrupted put
-            for typ, key, _dev, off, length, crc in recs:
-                if typ == _core.REC_PUT:
-                    found[key] = Entry(key, sb.dev_index, off, length, crc, seq)
-                elif key in found and (found[key].off, found[key].length) == (off, length):
-                    # A DEL names the version it removes: a DEL logged after a
-                    # newer PUT of the same key (eviction racing a put) must
-                    # not remove that newer, acknowledged chunk.
-                    del found[key]
+            apply_records(found, recs,
+                          lambda key, off, length, crc, seq=seq: Entry(key, sb.dev_index, off,
+                                                                      length, crc, seq))
             last_seq = seq
             pos += layout.align_up(size, sb.block_size)
         self._scrub_after_tail(d, sb, half, gen, pos, log_buf)
@@ -312,52 +322,62 @@ class ChunkStore:
     def _commit(self, m: Member, recs: list[tuple], apply: Any = None) -> None:
         """Append records to m's index log durably; then, still under the
         commit lock, apply them to memory (so a compaction never misses a
-        record that is in the log)."""
+        record that is in the log).
+
+        A commit that does not fit after the log's tail is folded into a
+        compaction instead: the new half is written with the live records
+        and this commit's applied, so no record of it is ever written to the
+        half that is being abandoned."""
         with m.commit_lock:
-            for i in range(0, len(recs), SEGMENT_RECORDS):
-                group = recs[i:i + SEGMENT_RECORDS]
-                seg = _core.encode_segment(m.generation, m.seq + 1, group)
-                need = layout.align_up(len(seg), m.sb.block_size)
-                if m.tail + need > m.sb.index_half:
-                    self._compact(m, extra=need)
-                    seg = _core.encode_segment(m.generation, m.seq + 1, group)
-                self._write_index(m, m.half, m.tail, seg)
-                m.seq += 1
-                m.tail += need
-            m.dev.flush_blocking()
+            segs = [_core.encode_segment(m.generation, m.seq + 1 + j, recs[i:i + SEGMENT_RECORDS])
+                    for j, i in enumerate(range(0, len(recs), SEGMENT_RECORDS))]
+            need = sum(layout.align_up(len(seg), m.sb.block_size) for seg in segs)
+            if m.tail + need > m.sb.index_half:
+                self._compact(m, recs)
+            else:
+                for seg in segs:
+                    self._write_index(m, m.half, m.tail, seg)
+                    m.seq += 1
+                    m.tail += layout.align_up(len(seg), m.sb.block_size)
+                m.dev.flush_blocking()
             if apply is not None:
                 apply(m.seq)
 
-    def _compact(self, m: Member, extra: int) -> None:
-        """Write the live records into the other index half and switch to it
-        (called with m.commit_lock held)."""
+    def _compact(self, m: Member, pending: list[tuple]) -> None:
+        """Write the live records, with the pending commit's records applied,
+        into the other index half and switch to it (called with
+        m.commit_lock held).  Nothing changes, on the device or in memory,
+        unless all of it fits."""
         with self._mu:
-            live = [(_core.REC_PUT, e.key, m.sb.dev_index, e.off, e.length, e.crc)
-                    for e in m.lru.values()]
+            state = {e.key: e for e in m.lru.values()}
+        apply_records(state, pending,
+                      lambda key, off, length, crc: Entry(key, m.sb.dev_index, off, length, crc, 0))
+        live = [(_core.REC_PUT, e.key, m.sb.dev_index, e.off, e.length, e.crc)
+                for e in state.values()]
         # A random step, not +1: a compaction cut short by a crash leaves
         # segments of generation g+k in the other half; the next attempt
         # must not reuse g+k, or replay could chain into that leftover.
         new_half = 1 - m.half
         new_gen = m.generation + 1 + int.from_bytes(os.urandom(2), "little")
-        pos, seq = layout.BLOCK, m.seq
-        for i in range(0, len(live), SEGMENT_RECORDS):
-            seq += 1
-            seg = _core.encode_segment(new_gen, seq, live[i:i + SEGMENT_RECORDS])
-            need = layout.align_up(len(seg), m.sb.block_size)
-            if pos + need + extra > m.sb.index_half:
-                raise DeviceFullError(
-                    28, f"the store's index is full ({len(live)} chunks); format with a larger "
-                    "index_size", m.dev.target)
+        segs = [_core.encode_segment(new_gen, m.seq + 1 + j, live[i:i + SEGMENT_RECORDS])
+                for j, i in enumerate(range(0, len(live), SEGMENT_RECORDS))]
+        need = sum(layout.align_up(len(seg), m.sb.block_size) for seg in segs)
+        if layout.BLOCK + need > m.sb.index_half:
+            raise DeviceFullError(
+                28, f"the store's index is full: {len(live)} chunks need {need} bytes of index "
+                f"after compaction ({len(pending)} records of this commit included), and an "
+                f"index half holds {m.sb.index_half - layout.BLOCK}; store fewer chunks per "
+                "batch or format with a larger index_size", m.dev.target)
+        pos = layout.BLOCK
+        for seg in segs:
             self._write_index(m, new_half, pos, seg)
-            pos += need
-        if pos + extra > m.sb.index_half:
-            raise DeviceFullError(28, "the store's index is full; format with a larger index_size",
-                                  m.dev.target)
+            pos += layout.align_up(len(seg), m.sb.block_size)
         m.dev.flush_blocking()
         self._write_index(m, new_half, 0, layout.encode_index_header(new_gen))
         m.dev.flush_blocking()
-        m.half, m.generation, m.tail, m.seq = new_half, new_gen, pos, seq
-        self._counters["compactions"] += 1
+        m.half, m.generation, m.tail, m.seq = new_half, new_gen, pos, m.seq + len(segs)
+        with self._mu:
+            self._counters["compactions"] += 1
 
     @staticmethod
     def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:

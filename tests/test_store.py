@@ -316,3 +316,66 @@ def test_leftover_segment_after_tail_is_not_chained(tmp_file):
         st.batch_put_blocking(["b"], [b"B" * 100])  # lands right before the leftover
     with fx100io.ChunkStore(str(tmp_file)) as st:
         assert sorted(st.keys()) == [b"a", b"b"]
+
+
+def _value(key: str, rnd: int) -> bytes:
+    return f"{key}@{rnd}".encode().ljust(24, b".")
+
+
+@pytest.mark.parametrize("nkeys", [2500, 3100, 3700, 4300])
+def test_multi_segment_commit_survives_the_compaction_it_triggers(tmp_file, nkeys):
+    """A commit larger than one segment whose later segment triggers a
+    compaction: its earlier segments must reach the new index half, or a
+    reopen serves the previous version of those keys.  A few one-block
+    commits first shift where the rounds fall in the log, and the store is
+    reopened after each of three compactions, so a later group triggers at
+    least one of them for every key count here."""
+    keys = [f"key-{i:05d}" for i in range(nkeys)]
+    path = str(tmp_file)
+    fx100io.ChunkStore(path, create=True, size=64 << 20, index_size=1 << 20).close()
+    pad = [f"pad-{i}" for i in range(9)]
+    with fx100io.ChunkStore(path) as st:
+        for k in pad:
+            st.batch_put_blocking([k], [_value(k, 0)])
+    rnd, seen = 0, 0
+    while seen < 3:
+        assert rnd < 200, "the index never compacted"
+        with fx100io.ChunkStore(path) as st:
+            while True:
+                rnd += 1
+                before = st.stats()["compactions"]
+                st.batch_put_blocking(keys, [_value(k, rnd) for k in keys])
+                if st.stats()["compactions"] > before:
+                    seen += 1
+                    break
+        with fx100io.ChunkStore(path) as st:
+            outs = [bytearray(24) for _ in keys + pad]
+            assert st.batch_get_blocking(keys + pad, outs) == [True] * (nkeys + len(pad))
+            stale = [k for k, o in zip(keys, outs) if bytes(o) != _value(k, rnd)]
+            assert not stale, (f"after compaction {seen}: {len(stale)} of {nkeys} keys read "
+                               f"an older value, e.g. {stale[:3]}")
+            assert [bytes(o) for o in outs[nkeys:]] == [_value(k, 0) for k in pad]
+
+
+def test_commit_larger_than_the_index_is_refused_whole(tmp_file):
+    """A batch whose records cannot fit in an index half even right after a
+    compaction fails with DeviceFullError and leaves no trace: the chunks
+    stored before are intact, none of the batch is visible (now or after a
+    reopen), and its space is given back."""
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=64 << 20, index_size=64 << 10) as st:
+        old = [f"old-{i}" for i in range(20)]
+        st.batch_put_blocking(old, [_value(k, 1) for k in old])
+        used = st.stats()["bytes_used"]
+        big = [f"big-{i:05d}" for i in range(1500)] + old[:5]  # ~72 KiB of records
+        with pytest.raises(errors.DeviceFullError, match="index"):
+            st.batch_put_blocking(big, [_value(k, 2) for k in big])
+        assert st.stats()["bytes_used"] == used
+        assert sorted(st.keys()) == sorted(k.encode() for k in old)
+        st.batch_put_blocking(["after"], [_value("after", 3)])  # still usable
+    with fx100io.ChunkStore(path) as st:
+        keys = old + ["after"]
+        outs = [bytearray(24) for _ in keys]
+        assert st.batch_get_blocking(keys, outs) == [True] * len(keys)
+        assert [bytes(o) for o in outs] == [_value(k, 1) for k in old] + [_value("after", 3)]
+        assert not st.contains("big-00000")
