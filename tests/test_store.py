@@ -304,14 +304,15 @@ def test_leftover_segment_after_tail_is_not_chained(tmp_file):
     """A torn multi-segment commit can leave an intact segment of the same
     generation after the tail; reopening erases it, so a later commit that
     ends just before it cannot make replay chain into it."""
-    from fx100io import _core, layout
+    from fx100io import _core
+    from fx100io.store import layout
     with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
         st.batch_put_blocking(["a"], [b"A" * 100])
         m = st._members[0]
         # forge the leftover: the segment that would follow the next commit
-        ghost = _core.encode_segment(m.generation, m.seq + 2,
+        ghost = _core.encode_segment(m.log.generation, m.log.seq + 2,
                                      [(_core.REC_PUT, b"ghost", 0, m.sb.data_off, 4096, 0)])
-        st._write_index(m, m.half, m.tail + layout.BLOCK, ghost)
+        m.log.write_at(m.log.half, m.log.tail + layout.BLOCK, ghost)
     with fx100io.ChunkStore(str(tmp_file)) as st:
         st.batch_put_blocking(["b"], [b"B" * 100])  # lands right before the leftover
     with fx100io.ChunkStore(str(tmp_file)) as st:

@@ -20,21 +20,15 @@ one small write and a flush, so ordering needs no cross-thread machinery.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
-import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from fx100io import _core, layout
+from fx100io import _core
 from fx100io.device import Device, open_device
 from fx100io.errors import (
-    BlockingCallInLoopError,
     BufferTooSmallError,
-    DeviceBusyError,
     DeviceFullError,
     InvalidArgumentError,
     KeyTooLongError,
@@ -44,46 +38,17 @@ from fx100io.errors import (
     error_from_errno,
 )
 from fx100io.pool import aligned_array
+from fx100io.store import layout
+from fx100io.store.flock import lock_device, unlock
+from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
+from fx100io.store.loop import run_blocking
+from fx100io.store.space import Entry, Member
 
 log = logging.getLogger("fx100io")
 
 KEY_MAX = _core.KEY_MAX
-#: Records per index segment: a segment is written as one block-aligned
-#: write, so keep it well under the index half.
-SEGMENT_RECORDS = 2048
 READ, WRITE, FLUSH = _core.OP_READ, _core.OP_WRITE, _core.OP_FLUSH
 CRC = _core.OP_CRC32C
-
-
-@dataclass(eq=False)
-class Entry:
-    key: bytes
-    dev: int
-    off: int
-    length: int
-    crc: int
-    seq: int
-    readers: int = 0
-    dead: bool = False  # superseded/deleted while being read: free on last reader
-
-
-@dataclass(eq=False)
-class Member:
-    """One device of the store and its share of the index."""
-    dev: Device
-    sb: layout.Superblock
-    alloc: _core.Allocator
-    generation: int
-    half: int  # live index half (0 or 1)
-    tail: int  # next segment offset within the live half
-    seq: int
-    capacity: int
-    used: int = 0
-    lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
-    commit_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def half_off(self, half: int) -> int:
-        return self.sb.index_off + half * self.sb.index_half
 
 
 def normalize_key(key: Any) -> bytes:
@@ -96,42 +61,6 @@ def normalize_key(key: Any) -> bytes:
     if not 0 < len(k) <= KEY_MAX:
         raise KeyTooLongError(22, f"key must be 1 to {KEY_MAX} bytes, got {len(k)}")
     return k
-
-
-def apply_records(state: dict[bytes, Any], recs: Iterable[tuple], make: Any) -> None:
-    """Apply index records to a key -> entry map, in log order: the one
-    rule replay and compaction share.  make(key, off, length, crc) builds
-    the entry of a PUT.  A DEL names the version it removes: a DEL logged
-    after a newer PUT of the same key (an eviction racing a put) must not
-    remove that newer, acknowledged chunk."""
-    for typ, key, _dev, off, length, crc in recs:
-        if typ == _core.REC_PUT:
-            state[key] = make(key, off, length, crc)
-        else:
-            cur = state.get(key)
-            if cur is not None and (cur.off, cur.length) == (off, length):
-                del state[key]
-
-
-_tls = threading.local()
-
-
-def run_blocking(coro: Any) -> Any:
-    """Run a coroutine to completion on this thread's private event loop:
-    the blocking twins share the async code and its queue per thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        coro.close()
-        raise BlockingCallInLoopError(
-            35, "a *_blocking method was called from a running event loop; await the async "
-            "method instead")
-    loop = getattr(_tls, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = _tls.loop = asyncio.new_event_loop()
-    return loop.run_until_complete(coro)
 
 
 class ChunkStore:
@@ -158,13 +87,15 @@ class ChunkStore:
         self._entries: dict[bytes, Entry] = {}
         self._closed = False
         self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, evictions=0,
-                              deletes=0, bytes_written=0, bytes_read=0, compactions=0)
+                              deletes=0, bytes_written=0, bytes_read=0)
         devices: list[Device] = []
         self._locks: list[int] = []
         try:
             for u in uri_list:
                 devices.append(open_device(u, create=create, size=size if create else None, **opts))
-                self._lock_device(devices[-1])
+                fd = lock_device(devices[-1])
+                if fd is not None:
+                    self._locks.append(fd)
             if create:
                 self._members = self._format(devices, uri_list, index_size)
             else:
@@ -172,31 +103,11 @@ class ChunkStore:
         except BaseException:
             for d in devices:
                 d.close()
-            self._unlock_devices()
+            unlock(self._locks)
             raise
         per_dev = None if capacity is None else capacity // len(self._members)
         for m in self._members:
             m.capacity = m.sb.data_size if per_dev is None else min(per_dev, m.sb.data_size)
-
-    def _lock_device(self, d: Device) -> None:
-        """One store per device: the index lives in this process's memory, so
-        a second writer would corrupt it.  flock() is released by the kernel
-        when the process dies, so a crash never leaves a device locked."""
-        if d.transport not in ("file", "psync"):
-            return  # remote namespaces: the target owns exclusivity
-        fd = os.open(d.target, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise DeviceBusyError(16, "device is in use by another ChunkStore (close it first, "
-                                  "or give each process its own device)", d.uri) from None
-        self._locks.append(fd)
-
-    def _unlock_devices(self) -> None:
-        for fd in self._locks:
-            os.close(fd)  # closing drops the flock
-        self._locks = []
 
     # ------------------------------------------------------------ format/load
     def _format(self, devices: list[Device], uris: list[str],
@@ -205,26 +116,15 @@ class ChunkStore:
         members = []
         for i, d in enumerate(devices):
             sb = layout.plan(d.size, d.block_size, i, len(devices), set_id, index_size, uris[i])
-            gen = layout.new_generation()
-            # Both halves invalid first, then half 0 live, superblock last.
-            blank = aligned_array(layout.BLOCK)
-            d.write_from_blocking(sb.index_off + sb.index_half, blank)
-            d.write_from_blocking(sb.index_off + layout.BLOCK, blank)
-            hdr = aligned_array(layout.BLOCK)
-            hdr[:] = memoryview(layout.encode_index_header(gen))
-            d.write_from_blocking(sb.index_off, hdr)
-            d.flush_blocking()
+            # Both index halves first, superblock last: a device whose
+            # format was interrupted is not mistaken for a store.
+            index = IndexLog.format(d, sb)
             raw = aligned_array(layout.BLOCK)
             raw[:] = memoryview(sb.encode())
             d.write_from_blocking(0, raw)
             d.flush_blocking()
-            members.append(Member(d, sb, self._new_alloc(sb), gen, 0, layout.BLOCK, 0,
-                                  sb.data_size))
+            members.append(Member(d, sb, index, sb.data_size))
         return members
-
-    @staticmethod
-    def _new_alloc(sb: layout.Superblock) -> _core.Allocator:
-        return _core.Allocator(sb.data_off, sb.data_size, sb.block_size)
 
     def _load(self, devices: list[Device], uris: list[str]) -> list[Member]:
         sbs = []
@@ -232,7 +132,7 @@ class ChunkStore:
             raw = aligned_array(layout.BLOCK)
             d.read_into_blocking(0, raw)
             sbs.append(layout.Superblock.decode(raw.tobytes(), u))
-        set_id, ndevs = sbs[0].set_id, sbs[0].ndevs
+        ndevs = sbs[0].ndevs
         for sb, u in zip(sbs, uris):
             if sb.set_id != sbs[0].set_id:
                 raise NotAStoreError(22, "device belongs to a different store than "
@@ -240,71 +140,14 @@ class ChunkStore:
         if ndevs != len(devices) or sorted(sb.dev_index for sb in sbs) != list(range(ndevs)):
             raise NotAStoreError(22, f"the store has {ndevs} devices; {len(devices)} given "
                                  "(pass every device of the store)", uris[0])
-        order = sorted(range(len(devices)), key=lambda i: sbs[i].dev_index)
-        members = [self._replay(devices[i], sbs[i], uris[i]) for i in order]
-        del set_id
+        members = []
+        for i in sorted(range(len(devices)), key=lambda i: sbs[i].dev_index):
+            index, found = IndexLog.open(devices[i], sbs[i])
+            m = Member(devices[i], sbs[i], index, sbs[i].data_size)
+            for e in m.adopt(found):
+                self._entries[e.key] = e
+            members.append(m)
         return members
-
-    def _replay(self, d: Device, sb: layout.Superblock, uri: str) -> Member:
-        gens = []
-        for half in (0, 1):
-            raw = aligned_array(layout.BLOCK)
-            d.read_into_blocking(sb.index_off + half * sb.index_half, raw)
-            g = layout.decode_index_header(raw.tobytes())
-            if g is not None:
-                gens.append((g, half))
-        if not gens:
-            raise NotAStoreError(74, "both index headers of the store are corrupt", uri)
-        gen, half = max(gens)
-        log_buf = aligned_array(sb.index_half)
-        d.read_into_blocking(sb.index_off + half * sb.index_half, log_buf)
-        pos, last_seq = layout.BLOCK, None
-        found: dict[bytes, Entry] = {}
-        while pos < sb.index_half:
-            size, seq, recs = _core.decode_segment(log_buf, pos, gen)
-            if size <= 0 or (last_seq is not None and seq != last_seq + 1):
-                break  # end of log, or a torn segment from an interrupted put
-            apply_records(found, recs,
-                          lambda key, off, length, crc, seq=seq: Entry(key, sb.dev_index, off,
-                                                                      length, crc, seq))
-            last_seq = seq
-            pos += layout.align_up(size, sb.block_size)
-        self._scrub_after_tail(d, sb, half, gen, pos, log_buf)
-        m = Member(d, sb, self._new_alloc(sb), gen, half, pos, last_seq or 0, sb.data_size)
-        # Newest first: if two records claim the same blocks, the later put is
-        # the one whose data is there.
-        kept = []
-        for e in sorted(found.values(), key=lambda e: e.seq, reverse=True):
-            if e.length:
-                try:
-                    m.alloc.reserve(e.off, e.length)
-                except OSError:
-                    log.error("fx100io: %s: chunk %r overlaps a newer one; dropped", uri, e.key)
-                    continue
-            m.used += layout.align_up(e.length, sb.block_size)
-            kept.append(e)
-        for e in reversed(kept):  # LRU order: oldest first
-            m.lru[e.key] = e
-            self._entries[e.key] = e
-        return m
-
-    @staticmethod
-    def _scrub_after_tail(d: Device, sb: layout.Superblock, half: int, gen: int, pos: int,
-                          log_buf: Any) -> None:
-        """Erase segment headers of this generation found after the log's
-        tail (what a torn multi-segment commit leaves).  Otherwise a later
-        commit ending where such a leftover starts would let a future replay
-        chain into it (same generation, next sequence number) and resurrect
-        records of a put that never returned.  Older generations cannot
-        chain, so they are left alone."""
-        bs = sb.block_size
-        blank = None
-        for p in range(pos, sb.index_half, bs):
-            if _core.decode_segment(log_buf, p, gen)[0] != 0:
-                blank = blank if blank is not None else aligned_array(bs)
-                d.write_from_blocking(sb.index_off + half * sb.index_half + p, blank)
-        if blank is not None:
-            d.flush_blocking()
 
     # ------------------------------------------------------------- helpers
     def _check_open(self) -> None:
@@ -314,70 +157,14 @@ class ChunkStore:
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
-    def _write_index(self, m: Member, half: int, pos: int, data: bytes) -> None:
-        buf = aligned_array(layout.align_up(len(data), m.sb.block_size))
-        buf[:len(data)] = memoryview(data)
-        m.dev.write_from_blocking(m.half_off(half) + pos, buf)
+    def _commit(self, m: Member, recs: list[Record], apply: Any = None) -> int:
+        """Append records to m's index log durably, then apply them to
+        memory (see IndexLog.commit)."""
+        return m.log.commit(recs, lambda: self._live(m), apply)
 
-    def _commit(self, m: Member, recs: list[tuple], apply: Any = None) -> None:
-        """Append records to m's index log durably; then, still under the
-        commit lock, apply them to memory (so a compaction never misses a
-        record that is in the log).
-
-        A commit that does not fit after the log's tail is folded into a
-        compaction instead: the new half is written with the live records
-        and this commit's applied, so no record of it is ever written to the
-        half that is being abandoned."""
-        with m.commit_lock:
-            segs = [_core.encode_segment(m.generation, m.seq + 1 + j, recs[i:i + SEGMENT_RECORDS])
-                    for j, i in enumerate(range(0, len(recs), SEGMENT_RECORDS))]
-            need = sum(layout.align_up(len(seg), m.sb.block_size) for seg in segs)
-            if m.tail + need > m.sb.index_half:
-                self._compact(m, recs)
-            else:
-                for seg in segs:
-                    self._write_index(m, m.half, m.tail, seg)
-                    m.seq += 1
-                    m.tail += layout.align_up(len(seg), m.sb.block_size)
-                m.dev.flush_blocking()
-            if apply is not None:
-                apply(m.seq)
-
-    def _compact(self, m: Member, pending: list[tuple]) -> None:
-        """Write the live records, with the pending commit's records applied,
-        into the other index half and switch to it (called with
-        m.commit_lock held).  Nothing changes, on the device or in memory,
-        unless all of it fits."""
+    def _live(self, m: Member) -> list[Entry]:
         with self._mu:
-            state = {e.key: e for e in m.lru.values()}
-        apply_records(state, pending,
-                      lambda key, off, length, crc: Entry(key, m.sb.dev_index, off, length, crc, 0))
-        live = [(_core.REC_PUT, e.key, m.sb.dev_index, e.off, e.length, e.crc)
-                for e in state.values()]
-        # A random step, not +1: a compaction cut short by a crash leaves
-        # segments of generation g+k in the other half; the next attempt
-        # must not reuse g+k, or replay could chain into that leftover.
-        new_half = 1 - m.half
-        new_gen = m.generation + 1 + int.from_bytes(os.urandom(2), "little")
-        segs = [_core.encode_segment(new_gen, m.seq + 1 + j, live[i:i + SEGMENT_RECORDS])
-                for j, i in enumerate(range(0, len(live), SEGMENT_RECORDS))]
-        need = sum(layout.align_up(len(seg), m.sb.block_size) for seg in segs)
-        if layout.BLOCK + need > m.sb.index_half:
-            raise DeviceFullError(
-                28, f"the store's index is full: {len(live)} chunks need {need} bytes of index "
-                f"after compaction ({len(pending)} records of this commit included), and an "
-                f"index half holds {m.sb.index_half - layout.BLOCK}; store fewer chunks per "
-                "batch or format with a larger index_size", m.dev.target)
-        pos = layout.BLOCK
-        for seg in segs:
-            self._write_index(m, new_half, pos, seg)
-            pos += layout.align_up(len(seg), m.sb.block_size)
-        m.dev.flush_blocking()
-        self._write_index(m, new_half, 0, layout.encode_index_header(new_gen))
-        m.dev.flush_blocking()
-        m.half, m.generation, m.tail, m.seq = new_half, new_gen, pos, m.seq + len(segs)
-        with self._mu:
-            self._counters["compactions"] += 1
+            return list(m.lru.values())
 
     @staticmethod
     def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
@@ -425,40 +212,20 @@ class ChunkStore:
         tail_crc = _core.crc32c(mv[head:])
         return _core.crc32c_combine(done[0][2], tail_crc, n - head) if head else tail_crc
 
-    def _release(self, m: Member, e: Entry) -> None:
-        """Give e's extent back (with self._mu held), or defer it to its last reader."""
-        if e.readers:
-            e.dead = True
-            return
-        if e.length:
-            m.alloc.free(e.off, e.length)
-        m.used -= layout.align_up(e.length, m.sb.block_size)
-
     # ------------------------------------------------------------------ put
     def _allocate(self, m: Member, length: int, taken: list) -> int:
         """Extent for length bytes on m, evicting least recently used chunks
         (their DEL records made durable before their space is reused)."""
-        need = layout.align_up(length, m.sb.block_size)
-        if need > m.capacity:
+        if m.blocks(length) > m.capacity:
             raise DeviceFullError(28, f"a chunk of {length} bytes exceeds the store's capacity "
                                   f"per device ({m.capacity} bytes)", m.dev.target)
         while True:
             with self._mu:
-                if m.used + need <= m.capacity:
-                    off = m.alloc.alloc(length) if length else 0
-                    if off is not None:
-                        m.used += need
-                        taken.append((m, off, length))
-                        return off
-                victims: list[Entry] = []
-                freed = 0
-                for e in list(m.lru.values()):
-                    if freed >= need and m.used - freed + need <= m.capacity:
-                        break
-                    if e.readers:
-                        continue
-                    victims.append(e)
-                    freed += layout.align_up(e.length, m.sb.block_size)
+                off = m.take(length)
+                if off is not None:
+                    taken.append((m, off, length))
+                    return off
+                victims = m.victims(length)
                 if not victims:
                     raise DeviceFullError(
                         28, f"no space for a chunk of {length} bytes: every chunk is in use",
@@ -467,11 +234,11 @@ class ChunkStore:
                     del m.lru[victim.key]
                     if self._entries.get(victim.key) is victim:
                         del self._entries[victim.key]
-            self._commit(m, [(_core.REC_DEL, v.key, m.sb.dev_index, v.off, v.length, 0)
+            self._commit(m, [Record(REC_DEL, v.key, m.index, v.off, v.length, 0)
                              for v in victims])
             with self._mu:
                 for e in victims:
-                    self._release(m, e)
+                    m.release(e)
                 self._counters["evictions"] += len(victims)
 
     async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
@@ -519,7 +286,7 @@ class ChunkStore:
             for (key, mv, m), off, crc in zip(placed, offs, crcs):
                 by_member.setdefault(id(m), (m, []))[1].append((key, off, mv.nbytes, crc))
             for m, rows in by_member.values():
-                recs = [(_core.REC_PUT, key, m.sb.dev_index, off, n, crc) for key, off, n, crc in rows]
+                recs = [Record(REC_PUT, key, m.index, off, n, crc) for key, off, n, crc in rows]
                 self._commit(m, recs, lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq))
                 taken = [t for t in taken if t[0] is not m]
         except BaseException:
@@ -531,9 +298,7 @@ class ChunkStore:
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
             with self._mu:
                 for m, off, length in taken:
-                    if length:
-                        m.alloc.free(off, length)
-                    m.used -= layout.align_up(length, m.sb.block_size)
+                    m.give_back(off, length)
             raise
         with self._mu:
             self._counters["puts"] += len(items)
@@ -543,12 +308,12 @@ class ChunkStore:
         with self._mu:
             for key, off, n, crc in rows:
                 old = self._entries.get(key)
-                e = Entry(key, m.sb.dev_index, off, n, crc, seq)
+                e = Entry(key, m.index, off, n, crc, seq)
                 self._entries[key] = e
                 if old is not None:
                     om = self._members[old.dev]
                     om.lru.pop(key, None)
-                    self._release(om, old)
+                    om.release(old)
                 m.lru[key] = e
 
     # ------------------------------------------------------------------ get
@@ -624,7 +389,7 @@ class ChunkStore:
                     if e is not None:
                         e.readers -= 1
                         if e.dead and not e.readers:
-                            self._release(self._members[e.dev], e)
+                            self._members[e.dev].release(e)
                 nhit = sum(out)
                 self._counters["gets"] += len(nkeys)
                 self._counters["hits"] += nhit
@@ -644,9 +409,9 @@ class ChunkStore:
         # If the DEL does not reach the log, the extent stays allocated (a
         # leak until restart): reusing it while the log still points at it
         # would let a crash resurrect the old record over new data.
-        self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, e.off, e.length, 0)])
+        self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)])
         with self._mu:
-            self._release(m, e)
+            m.release(e)
         return True
 
     # --------------------------------------------------------------- others
@@ -691,13 +456,14 @@ class ChunkStore:
     def stats(self) -> dict[str, Any]:
         with self._mu:
             s: dict[str, Any] = dict(self._counters)
+            s["compactions"] = sum(m.log.compactions for m in self._members)
             s["chunks"] = len(self._entries)
             s["bytes_used"] = sum(m.used for m in self._members)
             s["capacity"] = sum(m.capacity for m in self._members)
             s["devices"] = [
                 dict(uri=m.dev.uri, chunks=len(m.lru), used=m.used, capacity=m.capacity,
                      free_extents=int(m.alloc.free_extents), engine=m.dev.engine,
-                     direct=m.dev.direct, index_generation=m.generation)
+                     direct=m.dev.direct, index_generation=m.log.generation)
                 for m in self._members]
             return s
 
@@ -722,7 +488,7 @@ class ChunkStore:
         self._closed = True
         for m in self._members:
             m.dev.close()
-        self._unlock_devices()
+        unlock(self._locks)
 
     @property
     def closed(self) -> bool:
