@@ -294,7 +294,8 @@ def test_stale_del_does_not_remove_a_newer_put(tmp_file):
         old = st._entries[b"k"]
         st.batch_put_blocking(["k"], [b"new" * 3000])
         m = st._members[0]
-        st._commit(m, [(_core.REC_DEL, b"k", 0, old.off, old.length, 0)])  # the late DEL
+        m.log.commit([(_core.REC_DEL, b"k", 0, old.off, old.length, 0)],  # the late DEL
+                     lambda: st._live(m))
     with fx100io.ChunkStore(str(tmp_file)) as st:
         out = bytearray(9000)
         assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"new" * 3000

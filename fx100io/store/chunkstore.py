@@ -12,9 +12,13 @@ found; a chunk whose put did not return has no durable record (absent) or a
 complete one.  The CRC catches whatever a device corrupts: a mismatch is a
 miss and a logged corruption event, never data.
 
-Index log appends and compactions of one device are serialised by that
-device's commit lock and are done with blocking I/O on the calling thread:
-one small write and a flush, so ordering needs no cross-thread machinery.
+Each step is awaited before the next starts.  The index log I/O of 1 and 3
+(appends, and compactions that can rewrite a whole index half) runs on the
+device's index thread (IndexLog.commit_async), never on the caller's event
+loop; the log's lock serialises every commit and compaction of one device,
+and the data writes of 2 are complete before the commit's writes are issued.
+A flush makes every completed write of the device durable, whichever thread
+issued it.
 """
 
 from __future__ import annotations
@@ -157,10 +161,10 @@ class ChunkStore:
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
-    def _commit(self, m: Member, recs: list[Record], apply: Any = None) -> int:
+    async def _commit(self, m: Member, recs: list[Record], apply: Any = None) -> int:
         """Append records to m's index log durably, then apply them to
-        memory (see IndexLog.commit)."""
-        return m.log.commit(recs, lambda: self._live(m), apply)
+        memory, off the event loop (see IndexLog.commit_async)."""
+        return await m.log.commit_async(recs, lambda: self._live(m), apply)
 
     def _live(self, m: Member) -> list[Entry]:
         with self._mu:
@@ -213,7 +217,7 @@ class ChunkStore:
         return _core.crc32c_combine(done[0][2], tail_crc, n - head) if head else tail_crc
 
     # ------------------------------------------------------------------ put
-    def _allocate(self, m: Member, length: int, taken: list) -> int:
+    async def _allocate(self, m: Member, length: int, taken: list) -> int:
         """Extent for length bytes on m, evicting least recently used chunks
         (their DEL records made durable before their space is reused)."""
         if m.blocks(length) > m.capacity:
@@ -234,12 +238,19 @@ class ChunkStore:
                     del m.lru[victim.key]
                     if self._entries.get(victim.key) is victim:
                         del self._entries[victim.key]
-            self._commit(m, [Record(REC_DEL, v.key, m.index, v.off, v.length, 0)
-                             for v in victims])
-            with self._mu:
-                for e in victims:
-                    m.release(e)
-                self._counters["evictions"] += len(victims)
+            await self._commit(m, [Record(REC_DEL, v.key, m.index, v.off, v.length, 0)
+                                   for v in victims],
+                               lambda _seq, victims=victims: self._evicted(m, victims))
+
+    def _evicted(self, m: Member, victims: list[Entry]) -> None:
+        """Their DEL records are durable: their space may be reused.  (If
+        the commit fails, they stay allocated, a leak until the next open:
+        reusing blocks the log still points at could let a crash resurrect
+        an old record over new data.)"""
+        with self._mu:
+            for e in victims:
+                m.release(e)
+            self._counters["evictions"] += len(victims)
 
     async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
         """Store each buffer under its key, durably; replaces existing chunks."""
@@ -262,7 +273,7 @@ class ChunkStore:
         started: list = []
         try:
             placed = [(key, mv, self._member_of(key)) for key, mv in items]
-            offs = [self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
+            offs = [await self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
             # Every write at once; each chunk's CRC32C is computed in C as its
             # pieces leave, while the device works on the rest.
             for i, ((_key, mv, m), off) in enumerate(zip(placed, offs)):
@@ -287,8 +298,9 @@ class ChunkStore:
                 by_member.setdefault(id(m), (m, []))[1].append((key, off, mv.nbytes, crc))
             for m, rows in by_member.values():
                 recs = [Record(REC_PUT, key, m.index, off, n, crc) for key, off, n, crc in rows]
-                self._commit(m, recs, lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq))
-                taken = [t for t in taken if t[0] is not m]
+                await self._commit(m, recs,
+                                   lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq,
+                                                                                taken))
         except BaseException:
             # Writes already handed to the kernel still land; their extents
             # may be reused only after they have (cancelling the await does
@@ -304,8 +316,12 @@ class ChunkStore:
             self._counters["puts"] += len(items)
             self._counters["bytes_written"] += sum(mv.nbytes for _, mv in items)
 
-    def _apply_puts(self, m: Member, rows: list, seq: int) -> None:
+    def _apply_puts(self, m: Member, rows: list, seq: int, taken: list) -> None:
+        """Point the keys at their new extents, now owned by their entries
+        (so no longer the put's to give back if it fails or is cancelled
+        later)."""
         with self._mu:
+            taken[:] = [t for t in taken if t[0] is not m]
             for key, off, n, crc in rows:
                 old = self._entries.get(key)
                 e = Entry(key, m.index, off, n, crc, seq)
@@ -397,10 +413,10 @@ class ChunkStore:
                 self._counters["bytes_read"] += sum(e.length for e, ok in zip(hits, out) if ok and e)
         for m, e in corrupt:
             self._counters["corruptions"] += 1
-            self._drop(m, e)
+            await self._drop(m, e)
         return out
 
-    def _drop(self, m: Member, e: Entry) -> bool:
+    async def _drop(self, m: Member, e: Entry) -> bool:
         with self._mu:
             if self._entries.get(e.key) is not e:
                 return False
@@ -409,10 +425,13 @@ class ChunkStore:
         # If the DEL does not reach the log, the extent stays allocated (a
         # leak until restart): reusing it while the log still points at it
         # would let a crash resurrect the old record over new data.
-        self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)])
+        await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)],
+                           lambda _seq: self._release(m, e))
+        return True
+
+    def _release(self, m: Member, e: Entry) -> None:
         with self._mu:
             m.release(e)
-        return True
 
     # --------------------------------------------------------------- others
     async def batch_exists(self, keys: Iterable[Any]) -> int:
@@ -448,7 +467,7 @@ class ChunkStore:
         e = self._entries.get(k)
         if e is None:
             return False
-        ok = self._drop(self._members[e.dev], e)
+        ok = await self._drop(self._members[e.dev], e)
         if ok:
             self._counters["deletes"] += 1
         return ok
@@ -486,6 +505,8 @@ class ChunkStore:
         if self._closed:
             return
         self._closed = True
+        for m in self._members:
+            m.log.close()  # commits already queued finish first
         for m in self._members:
             m.dev.close()
         unlock(self._locks)

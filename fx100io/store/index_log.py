@@ -18,15 +18,19 @@ Callers give the log the current live records (a callback: the log keeps no
 copy of the index) and an ``apply`` callback run after the records are
 durable and before the next commit may start, so a compaction never misses a
 record that is already in the log.  Every commit and compaction of one log
-is serialised by ``IndexLog.lock``; all I/O is blocking, on the calling
-thread (ChunkStore calls it from its index thread, off the event loop).
+is serialised by ``IndexLog.lock``.  Its I/O is blocking: :meth:`commit`
+runs on the calling thread, :meth:`commit_async` on the log's own thread,
+so that an event loop keeps running while a compaction rewrites up to a
+whole index half (DESIGN rule 14).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from fx100io import _core
@@ -93,6 +97,8 @@ class IndexLog:
         self.seq = seq  # sequence number of the last segment in the log
         self.compactions = 0
         self.lock = threading.Lock()
+        self._thread: ThreadPoolExecutor | None = None
+        self._thread_mu = threading.Lock()
 
     # ------------------------------------------------------------ lifetime
     @classmethod
@@ -191,6 +197,48 @@ class IndexLog:
                 apply(self.seq)
             return self.seq
 
+    async def commit_async(self, recs: Sequence[Sequence], live: Callable[[], Iterable[Any]],
+                           apply: Callable[[int], None] | None = None) -> int:
+        """:meth:`commit` on the log's own thread; the caller's event loop
+        runs meanwhile.  Commits of every caller still go through the one
+        lock, in the order they take it, so the durability protocol's
+        ordering holds: whatever the caller awaited before (its data writes
+        and their flush) is complete before this commit's writes are issued,
+        and this commit is durable before the await returns.
+
+        A commit that has started is never abandoned: if the caller is
+        cancelled, the await still waits for the commit's end (apply done
+        or the error raised) and only then raises CancelledError, so the
+        caller's cleanup never races a commit that may yet succeed."""
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._executor(), self.commit, recs, live, apply)
+        cancelled = False
+        while True:
+            try:
+                seq = await asyncio.shield(fut)
+                break
+            except asyncio.CancelledError:
+                if fut.cancelled():
+                    raise
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError()
+        return seq
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._thread_mu:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="fx100io-index")
+            return self._thread
+
+    def close(self) -> None:
+        """Stop the log's thread once the commits queued on it are done."""
+        with self._thread_mu:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.shutdown(wait=True)
+
     def compact(self, live: Callable[[], Iterable[Any]]) -> None:
         """Rewrite the live entries into the other half and switch to it."""
         with self.lock:
@@ -201,29 +249,39 @@ class IndexLog:
         (with self.lock held).  Nothing changes unless all of it fits."""
         state = {e.key: e for e in live()}
         apply_records(state, pending, lambda k, o, n, c: Live(k, o, n, c, 0))
-        dev_index = self.sb.dev_index
-        recs = [Record(REC_PUT, e.key, dev_index, e.off, e.length, e.crc)
-                for e in state.values()]
+        entries = list(state.values())
+        del state
         # A random step, not +1: a compaction cut short by a crash leaves
         # segments of generation g+k in the other half; the next attempt
         # must not reuse g+k, or replay could chain into that leftover.
         new_half = 1 - self.half
         new_gen = self.generation + 1 + int.from_bytes(os.urandom(2), "little")
-        segs, need = self._encode(new_gen, self.seq + 1, recs)
-        room = self.sb.index_half - layout.BLOCK
-        if need > room:
-            raise DeviceFullError(
-                28, f"the store's index is full: {len(recs)} chunks need {need} bytes of index "
-                f"even after compaction ({len(pending)} records of this commit included), and "
-                f"an index half holds {room}; store fewer chunks per batch or format with a "
-                "larger index_size", self.dev.target)
-        pos = layout.BLOCK
-        for seg in segs:
+        dev_index = self.sb.dev_index
+        room = self.sb.index_half
+        pos, nsegs = layout.BLOCK, 0
+        # One segment at a time, its records made just before: a compaction
+        # of a large index then holds few Python objects at once (no garbage
+        # collection of the whole heap with the GIL held, which would stall
+        # the caller's event loop), and segments written into the half that
+        # is not live yet are harmless if it turns out not to fit.
+        for i in range(0, len(entries), SEGMENT_RECORDS):
+            seg = _core.encode_segment(
+                new_gen, self.seq + 1 + nsegs,
+                [(REC_PUT, e.key, dev_index, e.off, e.length, e.crc)
+                 for e in entries[i:i + SEGMENT_RECORDS]])
+            size = layout.align_up(len(seg), self.sb.block_size)
+            if pos + size > room:
+                raise DeviceFullError(
+                    28, f"the store's index is full: {len(entries)} chunks do not fit in an "
+                    f"index half of {room} bytes even after compaction ({len(pending)} records "
+                    "of this commit included); store fewer chunks per batch or format with a "
+                    "larger index_size", self.dev.target)
             self.write_at(new_half, pos, seg)
-            pos += layout.align_up(len(seg), self.sb.block_size)
+            pos += size
+            nsegs += 1
         self.dev.flush_blocking()
         self.write_at(new_half, 0, layout.encode_index_header(new_gen))
         self.dev.flush_blocking()
         self.half, self.generation, self.tail = new_half, new_gen, pos
-        self.seq += len(segs)
+        self.seq += nsegs
         self.compactions += 1
