@@ -381,3 +381,55 @@ def test_commit_larger_than_the_index_is_refused_whole(tmp_file):
         assert st.batch_get_blocking(keys, outs) == [True] * len(keys)
         assert [bytes(o) for o in outs] == [_value(k, 1) for k in old] + [_value("after", 3)]
         assert not st.contains("big-00000")
+
+
+class _LockedCounters(dict):
+    """Counters that refuse a change made without the store's lock."""
+
+    def __init__(self, st, counters):
+        super().__init__(counters)
+        self.st = st
+        self.unlocked: list[str] = []
+
+    def __setitem__(self, key, value):
+        if not self.st._mu._is_owned():
+            self.unlocked.append(key)
+        super().__setitem__(key, value)
+
+
+def test_stats_counters_change_under_the_lock(tmp_file):
+    """Every counter update holds the store's lock (a += from two threads
+    without it can lose updates), and the counts add up with four threads
+    putting, reading, deleting and hitting a corrupt chunk at once."""
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=64 << 20, capacity=40 << 20) as st:
+        st.batch_put_blocking(["bad"], [b"B" * 8192])
+        off = st._entries[b"bad"].off
+    with open(path, "r+b") as f:
+        f.seek(off + 100)
+        f.write(b"X")
+    st = fx100io.ChunkStore(path, capacity=40 << 20)
+    st._counters = _LockedCounters(st, st._counters)
+    errs = []
+
+    def worker(t):
+        try:
+            for i in range(25):
+                k = f"t{t}-{i}"
+                st.batch_put_blocking([k], [b"v" * 4096])
+                assert st.batch_get_blocking([k], [bytearray(4096)]) == [True]
+                assert st.delete_blocking(k) is True
+        except Exception as e:  # pragma: no cover - reported below
+            errs.append(e)
+
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in ths:
+        th.start()
+    assert st.batch_get_blocking(["bad"], [bytearray(8192)]) == [False]
+    for th in ths:
+        th.join()
+    s = st.stats()
+    st.close()
+    assert errs == []
+    assert st._counters.unlocked == []
+    assert (s["puts"], s["gets"], s["hits"], s["deletes"], s["corruptions"]) == (100, 101, 100, 100, 1)

@@ -412,7 +412,7 @@ class ChunkStore:
                 self._counters["misses"] += len(nkeys) - nhit
                 self._counters["bytes_read"] += sum(e.length for e, ok in zip(hits, out) if ok and e)
         for m, e in corrupt:
-            self._counters["corruptions"] += 1
+            self._count(corruptions=1)
             await self._drop(m, e)
         return out
 
@@ -469,8 +469,13 @@ class ChunkStore:
             return False
         ok = await self._drop(self._members[e.dev], e)
         if ok:
-            self._counters["deletes"] += 1
+            self._count(deletes=1)
         return ok
+
+    def _count(self, **deltas: int) -> None:
+        with self._mu:
+            for name, n in deltas.items():
+                self._counters[name] += n
 
     def stats(self) -> dict[str, Any]:
         with self._mu:
