@@ -433,3 +433,44 @@ def test_stats_counters_change_under_the_lock(tmp_file):
     assert errs == []
     assert st._counters.unlocked == []
     assert (s["puts"], s["gets"], s["hits"], s["deletes"], s["corruptions"]) == (100, 101, 100, 100, 1)
+
+
+def test_truncated_store_file_is_refused(tmp_file):
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=128 << 20) as st:
+        st.batch_put_blocking(["a", "b"], [b"A" * 70000, b"B" * 70000])
+    for size in (64 << 20, (128 << 20) - 4096):
+        with open(path, "r+b") as f:
+            f.truncate(size)
+        with pytest.raises(errors.NotAStoreError, match="truncated file or shrunk device") as ei:
+            fx100io.ChunkStore(path)
+        if size == 64 << 20:
+            assert "the device is 64 MiB but the store was formatted for 128 MiB" in str(ei.value)
+    with open(path, "r+b") as f:  # grown back (or a grown device): fine
+        f.truncate(256 << 20)
+    with fx100io.ChunkStore(path) as st:
+        out = bytearray(70000)
+        assert st.batch_get_blocking(["a"], [out]) == [True] and out == b"A" * 70000
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("block_size", 3000, "power of two"),
+    ("data_off", 12345 * 4096, "data area starts"),
+    ("index_half", 4096, "index half"),
+    ("data_size", 1 << 40, "past the end"),
+    ("dev_index", 3, "device 3 of a store of 1"),
+])
+def test_superblock_geometry_is_checked(tmp_file, field, value, why):
+    """A superblock with a valid checksum whose layout is impossible is
+    refused with a clear error before anything is replayed."""
+    import dataclasses
+
+    from fx100io.store import layout
+    path = str(tmp_file)
+    fx100io.ChunkStore(path, create=True, size=32 << 20).close()
+    with open(path, "r+b") as f:
+        sb = layout.Superblock.decode(f.read(layout.BLOCK), path)
+        f.seek(0)
+        f.write(dataclasses.replace(sb, **{field: value}).encode())
+    with pytest.raises(errors.NotAStoreError, match=why):
+        fx100io.ChunkStore(path)

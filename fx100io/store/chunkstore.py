@@ -135,7 +135,9 @@ class ChunkStore:
         for d, u in zip(devices, uris):
             raw = aligned_array(layout.BLOCK)
             d.read_into_blocking(0, raw)
-            sbs.append(layout.Superblock.decode(raw.tobytes(), u))
+            sb = layout.Superblock.decode(raw.tobytes(), u)
+            layout.check_geometry(sb, d.size, d.block_size, u)
+            sbs.append(sb)
         ndevs = sbs[0].ndevs
         for sb, u in zip(sbs, uris):
             if sb.set_id != sbs[0].set_id:
