@@ -474,3 +474,37 @@ def test_superblock_geometry_is_checked(tmp_file, field, value, why):
         f.write(dataclasses.replace(sb, **{field: value}).encode())
     with pytest.raises(errors.NotAStoreError, match=why):
         fx100io.ChunkStore(path)
+
+
+def test_failed_del_commit_keeps_the_chunks(tmp_file, monkeypatch):
+    """When the DEL records of an eviction or a delete cannot be written,
+    the operation fails and the chunks stay as they were: still listed and
+    readable, now and after a reopen (their records are still in the log)."""
+    from fx100io.store.index_log import REC_DEL, IndexLog
+    real = IndexLog.commit
+
+    def no_dels(self, recs, live, apply=None):
+        if all(r[0] == REC_DEL for r in recs):
+            raise errors.DeviceIOError(5, "injected: index write failed")
+        return real(self, recs, live, apply)
+
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=32 << 20, capacity=3 * 8192) as st:
+        keys = ["a", "b", "c"]
+        st.batch_put_blocking(keys, [_value(k, 1) * 300 for k in keys])  # 2 blocks each
+        monkeypatch.setattr(IndexLog, "commit", no_dels)
+        with pytest.raises(errors.DeviceIOError, match="injected"):
+            st.batch_put_blocking(["d"], [_value("d", 1) * 300])  # must evict "a"
+        with pytest.raises(errors.DeviceIOError, match="injected"):
+            st.delete_blocking("b")
+        monkeypatch.setattr(IndexLog, "commit", real)
+        assert sorted(st.keys()) == [b"a", b"b", b"c"]
+        outs = [bytearray(7200) for _ in keys]
+        assert st.batch_get_blocking(keys, outs) == [True] * 3
+        assert [bytes(o) for o in outs] == [_value(k, 1) * 300 for k in keys]
+        assert st.stats()["bytes_used"] == 3 * 8192
+        st.batch_put_blocking(["d"], [_value("d", 2) * 300])  # works again, evicting one
+        assert len(st.keys()) == 3 and st.contains("d")
+        kept = sorted(st.keys())
+    with fx100io.ChunkStore(path) as st:
+        assert sorted(st.keys()) == kept

@@ -240,15 +240,39 @@ class ChunkStore:
                     del m.lru[victim.key]
                     if self._entries.get(victim.key) is victim:
                         del self._entries[victim.key]
-            await self._commit(m, [Record(REC_DEL, v.key, m.index, v.off, v.length, 0)
-                                   for v in victims],
-                               lambda _seq, victims=victims: self._evicted(m, victims))
+            await self._commit_dels(m, victims, self._evicted)
+
+    async def _commit_dels(self, m: Member, gone: list[Entry], done: Any,
+                           restore: bool = True) -> None:
+        """Log DEL records for entries already taken out of the index; once
+        they are durable, done(m, gone).  If the commit fails, the entries
+        still hold their extents (reusing blocks the log points at could let
+        a crash resurrect an old record over new data) and, unless restore
+        is False, go back into the index as the oldest chunks, where the
+        key was not stored again meanwhile: the log still has them, so they
+        are still the store's."""
+        applied: list[int] = []
+
+        def apply(seq: int) -> None:
+            applied.append(seq)
+            done(m, gone)
+        try:
+            await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)
+                                   for e in gone], apply)
+        except BaseException:
+            if restore and not applied:
+                with self._mu:
+                    for e in reversed(gone):
+                        if e.key not in self._entries:
+                            self._entries[e.key] = e
+                            m.lru[e.key] = e
+                            m.lru.move_to_end(e.key, last=False)
+                        else:  # superseded meanwhile: only its extent is left
+                            m.release(e)
+            raise
 
     def _evicted(self, m: Member, victims: list[Entry]) -> None:
-        """Their DEL records are durable: their space may be reused.  (If
-        the commit fails, they stay allocated, a leak until the next open:
-        reusing blocks the log still points at could let a crash resurrect
-        an old record over new data.)"""
+        """Their DEL records are durable: their space may be reused."""
         with self._mu:
             for e in victims:
                 m.release(e)
@@ -415,25 +439,23 @@ class ChunkStore:
                 self._counters["bytes_read"] += sum(e.length for e, ok in zip(hits, out) if ok and e)
         for m, e in corrupt:
             self._count(corruptions=1)
-            await self._drop(m, e)
+            await self._drop(m, e, corrupt=True)
         return out
 
-    async def _drop(self, m: Member, e: Entry) -> bool:
+    async def _drop(self, m: Member, e: Entry, corrupt: bool = False) -> bool:
         with self._mu:
             if self._entries.get(e.key) is not e:
                 return False
             del self._entries[e.key]
             m.lru.pop(e.key, None)
-        # If the DEL does not reach the log, the extent stays allocated (a
-        # leak until restart): reusing it while the log still points at it
-        # would let a crash resurrect the old record over new data.
-        await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)],
-                           lambda _seq: self._release(m, e))
+        # A corrupt chunk stays out of the index even if its DEL is lost.
+        await self._commit_dels(m, [e], self._released, restore=not corrupt)
         return True
 
-    def _release(self, m: Member, e: Entry) -> None:
+    def _released(self, m: Member, gone: list[Entry]) -> None:
         with self._mu:
-            m.release(e)
+            for e in gone:
+                m.release(e)
 
     # --------------------------------------------------------------- others
     async def batch_exists(self, keys: Iterable[Any]) -> int:
