@@ -6,7 +6,10 @@ Durability protocol of a put (per device):
   1. evicted chunks whose space is reused: DEL records written and flushed
      before any of their blocks is overwritten;
   2. chunk data written, then flushed;
-  3. PUT records (extent + CRC) appended to the index log, then flushed.
+  3. PUT records (extent + CRC) appended to the index log, then flushed;
+     a commit that does not fit after the log's tail is folded into a
+     compaction instead, so it is durable whole in the new index half or
+     not at all, never split between the halves (see index_log).
 A put returns only after 3, so after a crash every acknowledged chunk is
 found; a chunk whose put did not return has no durable record (absent) or a
 complete one.  The CRC catches whatever a device corrupts: a mismatch is a
