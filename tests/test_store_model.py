@@ -20,6 +20,7 @@ asked; the test here is a bounded, derandomized run.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import pytest
 from conftest import REPO
@@ -66,13 +68,38 @@ while True:
     need = sum(blocks(len(v)) for v in vals)
     may_evict = int(s["bytes_used"] + need > s["capacity"] // len(paths))
     out.write(f"T {i} {size} {may_evict} {' '.join(keys)}\n"); out.flush()
-    st.batch_put_blocking(keys, vals)
-    out.write(f"A {i} {st.stats()['evictions']}\n"); out.flush()
+    try:
+        st.batch_put_blocking(keys, vals)
+    except fx100io.errors.DeviceFullError:  # e.g. a tiny index that is full
+        out.write(f"F {i} {st.stats()['evictions']}\n"); out.flush()
+    else:
+        out.write(f"A {i} {st.stats()['evictions']}\n"); out.flush()
     i += 1
 """
 
 
+def logged(f):
+    """Record each step; on the first failure of an example, print the
+    steps and the error as they happened (a replay of a failure that
+    depends on the killed writer's timing may go differently)."""
+    @functools.wraps(f)
+    def step(self, **kw):
+        self.history.append(f"{f.__name__}({', '.join(f'{k}={v!r}' for k, v in kw.items())})")
+        try:
+            return f(self, **kw)
+        except BaseException:
+            if self.report_first_failure and not self.reported:
+                self.reported = True
+                print("first failure of this example, after these steps:\n  "
+                      + "\n  ".join(self.history) + "\n" + traceback.format_exc(),
+                      file=sys.stderr, flush=True)
+            raise
+    return step
+
+
 class StoreModel(RuleBasedStateMachine):
+    report_first_failure = False  # tools/soak_store.py turns it on
+
     def __init__(self):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="fx100io-model-")
@@ -81,11 +108,14 @@ class StoreModel(RuleBasedStateMachine):
         self.may_evict: set[str] = set()
         self.version = 0
         self.kills = 0
+        self.history: list[str] = []
+        self.reported = False
 
     # ------------------------------------------------------------ setup
     @initialize(ndevs=st.sampled_from([1, 1, 2]),
                 index=st.sampled_from(["tiny", "small", "normal"]),
                 capacity=st.sampled_from([None, 48 * BLOCK, 400 * BLOCK]))
+    @logged
     def setup(self, ndevs, index, capacity):
         self.paths = [os.path.join(self.dir, f"d{i}.img") for i in range(ndevs)]
         self.capacity = capacity
@@ -102,7 +132,7 @@ class StoreModel(RuleBasedStateMachine):
     def teardown(self):
         try:
             if self.store is not None and not self.store.closed:
-                self.check_all()
+                logged(StoreModel.check_all)(self)
                 self.store.close()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -174,12 +204,14 @@ class StoreModel(RuleBasedStateMachine):
     # ------------------------------------------------------------ rules
     @precondition(lambda self: self.store is not None)
     @rule(key=st.sampled_from(SMALL_KEYS), size=st.sampled_from(SIZES))
+    @logged
     def put(self, key, size):
         self.put_many([key], size)
 
     @precondition(lambda self: self.store is not None)
     @rule(start=st.integers(0, 6000), n=st.one_of(st.integers(1, 40), st.integers(1, 5000)),
           size=st.sampled_from([0, 1, 100]), small=st.booleans())
+    @logged
     def batch_put(self, start, n, size, small):
         keys = [f"b{(start + i) % 6000}" for i in range(n)]
         if small:  # overlap the keys the other rules use
@@ -188,12 +220,14 @@ class StoreModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.store is not None)
     @rule(start=st.integers(0, 6000), n=st.integers(2049, 5000), size=st.sampled_from([0, 1]))
+    @logged
     def batch_put_several_segments(self, start, n, size):
         """A commit of more than one index segment (SEGMENT_RECORDS each)."""
         self.put_many([f"b{(start + i) % 6000}" for i in range(n)], size)
 
     @precondition(lambda self: self.store is not None)
     @rule(key=st.one_of(st.sampled_from(SMALL_KEYS), st.integers(0, 6000).map(lambda i: f"b{i}")))
+    @logged
     def delete(self, key):
         existed = self.store.delete_blocking(key)
         ok = self.allowed(key)
@@ -204,11 +238,13 @@ class StoreModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.store is not None)
     @rule(keys=st.lists(st.sampled_from(SMALL_KEYS), min_size=1, max_size=6))
+    @logged
     def get(self, keys):
         self.read(list(dict.fromkeys(keys)))
 
     @precondition(lambda self: self.store is not None)
     @rule(keys=st.lists(st.sampled_from(SMALL_KEYS), min_size=0, max_size=6))
+    @logged
     def exists(self, keys):
         n = self.store.batch_exists_blocking(keys)
         assert 0 <= n <= len(keys)
@@ -219,6 +255,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.store is not None)
     @rule()
+    @logged
     def reopen(self):
         self.store.close()
         self.store = fx100io.ChunkStore(self.paths, **self.opts)
@@ -226,6 +263,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.store is not None)
     @rule(delay=st.floats(0.0, 0.4), seed=st.integers(0, 1000))
+    @logged
     def killed_writer(self, delay, seed):
         self.store.close()  # the writer needs the devices' locks
         self.kills += 1
@@ -263,6 +301,16 @@ class StoreModel(RuleBasedStateMachine):
                 for k in keys:
                     self.model[k] = {vals[k]}
                     self.may_evict.discard(k)
+                pending = None
+            elif f[0] == "F":  # the put failed and said so
+                assert pending is not None
+                keys, vals, _ = pending
+                if int(f[2]) > evictions:
+                    evictions = int(f[2])
+                    self.mark_evictable()
+                if len(self.paths) > 1:  # one device's commit may have gone through
+                    for k in keys:
+                        self.model.setdefault(k, {None}).add(vals[k])
                 pending = None
         if pending is not None:  # killed inside this put: either outcome, per key
             keys, vals, may_evict = pending

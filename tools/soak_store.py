@@ -30,7 +30,7 @@ from test_store_model import StoreModel, model_settings
 
 
 def run_one(seed: int, examples: int, steps: int) -> None:
-    machine = type("StoreModelSoak", (StoreModel,), {})
+    machine = type("StoreModelSoak", (StoreModel,), {"report_first_failure": True})
     hyp_seed(seed)(machine)
     run_state_machine_as_test(machine, settings=model_settings(
         max_examples=examples, stateful_step_count=steps, derandomize=False))
