@@ -191,3 +191,27 @@ def test_failure_inside_a_compaction_keeps_the_old_half(h, monkeypatch):
     assert x.replay() == x.expected() == {b"a": (0, 100, 7), b"b": (4096, 100, 7)}
     x.log.compact(x.live)
     assert x.replay() == x.expected()
+
+
+def test_failed_append_is_never_replayed(h, monkeypatch):
+    """A commit whose write fails after part of it reached the device must
+    not come back: the next commit compacts into the other half instead of
+    appending after the partial segments (which a later flush would make
+    durable, and a replay would then apply)."""
+    monkeypatch.setattr(index_log, "SEGMENT_RECORDS", 1)
+    x = h()
+    x.commit([put("k", 0, crc=1)])
+    real = x.log.write_at
+    calls = []
+
+    def second_fails(half, pos, data):
+        calls.append(pos)
+        if len(calls) == 2:
+            raise errors.Fx100ioError(5, "injected")
+        real(half, pos, data)
+    monkeypatch.setattr(x.log, "write_at", second_fails)
+    with pytest.raises(errors.Fx100ioError, match="injected"):
+        x.log.commit([put("k", 4096, crc=2), put("j", 8192)], x.live)  # not applied
+    monkeypatch.setattr(x.log, "write_at", real)
+    x.commit([put("other", 12288)])
+    assert x.replay() == x.expected() == {b"k": (0, 100, 1), b"other": (12288, 100, 7)}

@@ -98,6 +98,7 @@ class IndexLog:
         self.compactions = 0
         self.lock = threading.Lock()
         self._thread: ThreadPoolExecutor | None = None
+        self._tainted = False  # the live half's tail holds a failed commit
         self._thread_mu = threading.Lock()
 
     # ------------------------------------------------------------ lifetime
@@ -185,14 +186,21 @@ class IndexLog:
         in a freshly compacted half."""
         with self.lock:
             segs, need = self._encode(self.generation, self.seq + 1, recs)
-            if self.tail + need > self.sb.index_half:
+            if self._tainted or self.tail + need > self.sb.index_half:
                 self._compact(live, recs)
             else:
-                for seg in segs:
-                    self.write_at(self.half, self.tail, seg)
-                    self.seq += 1
-                    self.tail += layout.align_up(len(seg), self.sb.block_size)
-                self.dev.flush_blocking()
+                try:
+                    for seg in segs:
+                        self.write_at(self.half, self.tail, seg)
+                        self.seq += 1
+                        self.tail += layout.align_up(len(seg), self.sb.block_size)
+                    self.dev.flush_blocking()
+                except BaseException:
+                    # Part of this failed commit may be on the device, and a
+                    # later flush could make it durable: never append after
+                    # it; the next commit moves to a fresh half.
+                    self._tainted = True
+                    raise
             if apply is not None:
                 apply(self.seq)
             return self.seq
@@ -284,4 +292,5 @@ class IndexLog:
         self.dev.flush_blocking()
         self.half, self.generation, self.tail = new_half, new_gen, pos
         self.seq += nsegs
+        self._tainted = False
         self.compactions += 1
