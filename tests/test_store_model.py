@@ -1,9 +1,11 @@
 """ChunkStore against a plain dict, as a Hypothesis state machine.
 
 Rules: put, batch_put of 1..5000 keys, delete, get, exists, close + reopen,
-and a writer process killed with SIGKILL at a random moment; each example
-runs on a store with a tiny or a normal index (frequent compactions or
-none), with or without a small capacity (evictions), on one device or two.
+batches of more than one index segment, and a writer process killed with
+SIGKILL at a random moment; each example runs on a store with a tiny index
+(a compaction every few puts, big batches refused), a small one (batches of
+several segments that trigger compactions) or a normal one, with or
+without a small capacity (evictions), on one device or two.
 
 The model maps each key to the set of values it may hold: one value once
 a put was acknowledged, more when a put was cut short (the killed writer's
