@@ -90,7 +90,8 @@ def logged(f):
         self.history.append(f"{f.__name__}({', '.join(f'{k}={v!r}' for k, v in kw.items())})")
         try:
             return f(self, **kw)
-        except BaseException:
+        except BaseException as exc:
+            type(self).last_failure = exc
             if self.report_first_failure and not self.reported:
                 self.reported = True
                 print("first failure of this example, after these steps:\n  "
@@ -102,6 +103,7 @@ def logged(f):
 
 class StoreModel(RuleBasedStateMachine):
     report_first_failure = False  # tools/soak_store.py turns it on
+    last_failure: BaseException | None = None
 
     def __init__(self):
         super().__init__()

@@ -28,12 +28,26 @@ from hypothesis import seed as hyp_seed
 from hypothesis.stateful import run_state_machine_as_test
 from test_store_model import StoreModel, model_settings
 
+from fx100io.errors import IoUringUnavailableError
+
 
 def run_one(seed: int, examples: int, steps: int) -> None:
-    machine = type("StoreModelSoak", (StoreModel,), {"report_first_failure": True})
-    hyp_seed(seed)(machine)
-    run_state_machine_as_test(machine, settings=model_settings(
-        max_examples=examples, stateful_step_count=steps, derandomize=False))
+    """One round; retried (up to 3 times) when io_uring was refused: that is
+    the machine, not the store (a test elsewhere on the same machine can
+    set kernel.io_uring_disabled for a moment)."""
+    for attempt in range(4):
+        machine = type("StoreModelSoak", (StoreModel,), {"report_first_failure": True})
+        hyp_seed(seed)(machine)
+        try:
+            run_state_machine_as_test(machine, settings=model_settings(
+                max_examples=examples, stateful_step_count=steps, derandomize=False))
+            return
+        except Exception:
+            if attempt == 3 or not isinstance(machine.last_failure, IoUringUnavailableError):
+                raise
+            print(f"seed {seed}: io_uring was refused while it ran ({machine.last_failure}); "
+                  "not a store failure: rerunning the round in 5 s", flush=True)
+            time.sleep(5)
 
 
 def main() -> int:
