@@ -294,7 +294,8 @@ def test_stale_del_does_not_remove_a_newer_put(tmp_file):
         old = st._entries[b"k"]
         st.batch_put_blocking(["k"], [b"new" * 3000])
         m = st._members[0]
-        st._commit(m, [(_core.REC_DEL, b"k", 0, old.off, old.length, 0)])  # the late DEL
+        m.log.commit([(_core.REC_DEL, b"k", 0, old.off, old.length, 0)],  # the late DEL
+                     lambda: st._live(m))
     with fx100io.ChunkStore(str(tmp_file)) as st:
         out = bytearray(9000)
         assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"new" * 3000
@@ -304,15 +305,206 @@ def test_leftover_segment_after_tail_is_not_chained(tmp_file):
     """A torn multi-segment commit can leave an intact segment of the same
     generation after the tail; reopening erases it, so a later commit that
     ends just before it cannot make replay chain into it."""
-    from fx100io import _core, layout
+    from fx100io import _core
+    from fx100io.store import layout
     with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
         st.batch_put_blocking(["a"], [b"A" * 100])
         m = st._members[0]
         # forge the leftover: the segment that would follow the next commit
-        ghost = _core.encode_segment(m.generation, m.seq + 2,
+        ghost = _core.encode_segment(m.log.generation, m.log.seq + 2,
                                      [(_core.REC_PUT, b"ghost", 0, m.sb.data_off, 4096, 0)])
-        st._write_index(m, m.half, m.tail + layout.BLOCK, ghost)
+        m.log.write_at(m.log.half, m.log.tail + layout.BLOCK, ghost)
     with fx100io.ChunkStore(str(tmp_file)) as st:
         st.batch_put_blocking(["b"], [b"B" * 100])  # lands right before the leftover
     with fx100io.ChunkStore(str(tmp_file)) as st:
         assert sorted(st.keys()) == [b"a", b"b"]
+
+
+def _value(key: str, rnd: int) -> bytes:
+    return f"{key}@{rnd}".encode().ljust(24, b".")
+
+
+@pytest.mark.parametrize("nkeys", [2500, 3100, 3700, 4300])
+def test_multi_segment_commit_survives_the_compaction_it_triggers(tmp_file, nkeys):
+    """A commit larger than one segment whose later segment triggers a
+    compaction: its earlier segments must reach the new index half, or a
+    reopen serves the previous version of those keys.  A few one-block
+    commits first shift where the rounds fall in the log, and the store is
+    reopened after each of three compactions, so a later group triggers at
+    least one of them for every key count here."""
+    keys = [f"key-{i:05d}" for i in range(nkeys)]
+    path = str(tmp_file)
+    fx100io.ChunkStore(path, create=True, size=64 << 20, index_size=1 << 20).close()
+    pad = [f"pad-{i}" for i in range(9)]
+    with fx100io.ChunkStore(path) as st:
+        for k in pad:
+            st.batch_put_blocking([k], [_value(k, 0)])
+    rnd, seen = 0, 0
+    while seen < 3:
+        assert rnd < 200, "the index never compacted"
+        with fx100io.ChunkStore(path) as st:
+            while True:
+                rnd += 1
+                before = st.stats()["compactions"]
+                st.batch_put_blocking(keys, [_value(k, rnd) for k in keys])
+                if st.stats()["compactions"] > before:
+                    seen += 1
+                    break
+        with fx100io.ChunkStore(path) as st:
+            outs = [bytearray(24) for _ in keys + pad]
+            assert st.batch_get_blocking(keys + pad, outs) == [True] * (nkeys + len(pad))
+            stale = [k for k, o in zip(keys, outs) if bytes(o) != _value(k, rnd)]
+            assert not stale, (f"after compaction {seen}: {len(stale)} of {nkeys} keys read "
+                               f"an older value, e.g. {stale[:3]}")
+            assert [bytes(o) for o in outs[nkeys:]] == [_value(k, 0) for k in pad]
+
+
+def test_commit_larger_than_the_index_is_refused_whole(tmp_file):
+    """A batch whose records cannot fit in an index half even right after a
+    compaction fails with DeviceFullError and leaves no trace: the chunks
+    stored before are intact, none of the batch is visible (now or after a
+    reopen), and its space is given back."""
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=64 << 20, index_size=64 << 10) as st:
+        old = [f"old-{i}" for i in range(20)]
+        st.batch_put_blocking(old, [_value(k, 1) for k in old])
+        used = st.stats()["bytes_used"]
+        big = [f"big-{i:05d}" for i in range(1500)] + old[:5]  # ~72 KiB of records
+        with pytest.raises(errors.DeviceFullError, match="index"):
+            st.batch_put_blocking(big, [_value(k, 2) for k in big])
+        assert st.stats()["bytes_used"] == used
+        assert sorted(st.keys()) == sorted(k.encode() for k in old)
+        st.batch_put_blocking(["after"], [_value("after", 3)])  # still usable
+    with fx100io.ChunkStore(path) as st:
+        keys = old + ["after"]
+        outs = [bytearray(24) for _ in keys]
+        assert st.batch_get_blocking(keys, outs) == [True] * len(keys)
+        assert [bytes(o) for o in outs] == [_value(k, 1) for k in old] + [_value("after", 3)]
+        assert not st.contains("big-00000")
+
+
+class _LockedCounters(dict):
+    """Counters that refuse a change made without the store's lock."""
+
+    def __init__(self, st, counters):
+        super().__init__(counters)
+        self.st = st
+        self.unlocked: list[str] = []
+
+    def __setitem__(self, key, value):
+        if not self.st._mu._is_owned():
+            self.unlocked.append(key)
+        super().__setitem__(key, value)
+
+
+def test_stats_counters_change_under_the_lock(tmp_file):
+    """Every counter update holds the store's lock (a += from two threads
+    without it can lose updates), and the counts add up with four threads
+    putting, reading, deleting and hitting a corrupt chunk at once."""
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=64 << 20, capacity=40 << 20) as st:
+        st.batch_put_blocking(["bad"], [b"B" * 8192])
+        off = st._entries[b"bad"].off
+    with open(path, "r+b") as f:
+        f.seek(off + 100)
+        f.write(b"X")
+    st = fx100io.ChunkStore(path, capacity=40 << 20)
+    st._counters = _LockedCounters(st, st._counters)
+    errs = []
+
+    def worker(t):
+        try:
+            for i in range(25):
+                k = f"t{t}-{i}"
+                st.batch_put_blocking([k], [b"v" * 4096])
+                assert st.batch_get_blocking([k], [bytearray(4096)]) == [True]
+                assert st.delete_blocking(k) is True
+        except Exception as e:  # pragma: no cover - reported below
+            errs.append(e)
+
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in ths:
+        th.start()
+    assert st.batch_get_blocking(["bad"], [bytearray(8192)]) == [False]
+    for th in ths:
+        th.join()
+    s = st.stats()
+    st.close()
+    assert errs == []
+    assert st._counters.unlocked == []
+    assert (s["puts"], s["gets"], s["hits"], s["deletes"], s["corruptions"]) == (100, 101, 100, 100, 1)
+
+
+def test_truncated_store_file_is_refused(tmp_file):
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=128 << 20) as st:
+        st.batch_put_blocking(["a", "b"], [b"A" * 70000, b"B" * 70000])
+    for size in (64 << 20, (128 << 20) - 4096):
+        with open(path, "r+b") as f:
+            f.truncate(size)
+        with pytest.raises(errors.NotAStoreError, match="truncated file or shrunk device") as ei:
+            fx100io.ChunkStore(path)
+        if size == 64 << 20:
+            assert "the device is 64 MiB but the store was formatted for 128 MiB" in str(ei.value)
+    with open(path, "r+b") as f:  # grown back (or a grown device): fine
+        f.truncate(256 << 20)
+    with fx100io.ChunkStore(path) as st:
+        out = bytearray(70000)
+        assert st.batch_get_blocking(["a"], [out]) == [True] and out == b"A" * 70000
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("block_size", 3000, "power of two"),
+    ("data_off", 12345 * 4096, "data area starts"),
+    ("index_half", 4096, "index half"),
+    ("data_size", 1 << 40, "past the end"),
+    ("dev_index", 3, "device 3 of a store of 1"),
+])
+def test_superblock_geometry_is_checked(tmp_file, field, value, why):
+    """A superblock with a valid checksum whose layout is impossible is
+    refused with a clear error before anything is replayed."""
+    import dataclasses
+
+    from fx100io.store import layout
+    path = str(tmp_file)
+    fx100io.ChunkStore(path, create=True, size=32 << 20).close()
+    with open(path, "r+b") as f:
+        sb = layout.Superblock.decode(f.read(layout.BLOCK), path)
+        f.seek(0)
+        f.write(dataclasses.replace(sb, **{field: value}).encode())
+    with pytest.raises(errors.NotAStoreError, match=why):
+        fx100io.ChunkStore(path)
+
+
+def test_failed_del_commit_keeps_the_chunks(tmp_file, monkeypatch):
+    """When the DEL records of an eviction or a delete cannot be written,
+    the operation fails and the chunks stay as they were: still listed and
+    readable, now and after a reopen (their records are still in the log)."""
+    from fx100io.store.index_log import REC_DEL, IndexLog
+    real = IndexLog.commit
+
+    def no_dels(self, recs, live, apply=None):
+        if all(r[0] == REC_DEL for r in recs):
+            raise errors.DeviceIOError(5, "injected: index write failed")
+        return real(self, recs, live, apply)
+
+    path = str(tmp_file)
+    with fx100io.ChunkStore(path, create=True, size=32 << 20, capacity=3 * 8192) as st:
+        keys = ["a", "b", "c"]
+        st.batch_put_blocking(keys, [_value(k, 1) * 300 for k in keys])  # 2 blocks each
+        monkeypatch.setattr(IndexLog, "commit", no_dels)
+        with pytest.raises(errors.DeviceIOError, match="injected"):
+            st.batch_put_blocking(["d"], [_value("d", 1) * 300])  # must evict "a"
+        with pytest.raises(errors.DeviceIOError, match="injected"):
+            st.delete_blocking("b")
+        monkeypatch.setattr(IndexLog, "commit", real)
+        assert sorted(st.keys()) == [b"a", b"b", b"c"]
+        outs = [bytearray(7200) for _ in keys]
+        assert st.batch_get_blocking(keys, outs) == [True] * 3
+        assert [bytes(o) for o in outs] == [_value(k, 1) * 300 for k in keys]
+        assert st.stats()["bytes_used"] == 3 * 8192
+        st.batch_put_blocking(["d"], [_value("d", 2) * 300])  # works again, evicting one
+        assert len(st.keys()) == 3 and st.contains("d")
+        kept = sorted(st.keys())
+    with fx100io.ChunkStore(path) as st:
+        assert sorted(st.keys()) == kept

@@ -6,35 +6,36 @@ Durability protocol of a put (per device):
   1. evicted chunks whose space is reused: DEL records written and flushed
      before any of their blocks is overwritten;
   2. chunk data written, then flushed;
-  3. PUT records (extent + CRC) appended to the index log, then flushed.
+  3. PUT records (extent + CRC) appended to the index log, then flushed;
+     a commit that does not fit after the log's tail is folded into a
+     compaction instead, so it is durable whole in the new index half or
+     not at all, never split between the halves (see index_log).
 A put returns only after 3, so after a crash every acknowledged chunk is
 found; a chunk whose put did not return has no durable record (absent) or a
 complete one.  The CRC catches whatever a device corrupts: a mismatch is a
 miss and a logged corruption event, never data.
 
-Index log appends and compactions of one device are serialised by that
-device's commit lock and are done with blocking I/O on the calling thread:
-one small write and a flush, so ordering needs no cross-thread machinery.
+Each step is awaited before the next starts.  The index log I/O of 1 and 3
+(appends, and compactions that can rewrite a whole index half) runs on the
+device's index thread (IndexLog.commit_async), never on the caller's event
+loop; the log's lock serialises every commit and compaction of one device,
+and the data writes of 2 are complete before the commit's writes are issued.
+A flush makes every completed write of the device durable, whichever thread
+issued it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
-import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from fx100io import _core, layout
+from fx100io import _core
 from fx100io.device import Device, open_device
 from fx100io.errors import (
-    BlockingCallInLoopError,
     BufferTooSmallError,
-    DeviceBusyError,
     DeviceFullError,
     InvalidArgumentError,
     KeyTooLongError,
@@ -44,46 +45,17 @@ from fx100io.errors import (
     error_from_errno,
 )
 from fx100io.pool import aligned_array
+from fx100io.store import layout
+from fx100io.store.flock import lock_device, unlock
+from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
+from fx100io.store.loop import run_blocking
+from fx100io.store.space import Entry, Member
 
 log = logging.getLogger("fx100io")
 
 KEY_MAX = _core.KEY_MAX
-#: Records per index segment: a segment is written as one block-aligned
-#: write, so keep it well under the index half.
-SEGMENT_RECORDS = 2048
 READ, WRITE, FLUSH = _core.OP_READ, _core.OP_WRITE, _core.OP_FLUSH
 CRC = _core.OP_CRC32C
-
-
-@dataclass(eq=False)
-class Entry:
-    key: bytes
-    dev: int
-    off: int
-    length: int
-    crc: int
-    seq: int
-    readers: int = 0
-    dead: bool = False  # superseded/deleted while being read: free on last reader
-
-
-@dataclass(eq=False)
-class Member:
-    """One device of the store and its share of the index."""
-    dev: Device
-    sb: layout.Superblock
-    alloc: _core.Allocator
-    generation: int
-    half: int  # live index half (0 or 1)
-    tail: int  # next segment offset within the live half
-    seq: int
-    capacity: int
-    used: int = 0
-    lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
-    commit_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def half_off(self, half: int) -> int:
-        return self.sb.index_off + half * self.sb.index_half
 
 
 def normalize_key(key: Any) -> bytes:
@@ -96,27 +68,6 @@ def normalize_key(key: Any) -> bytes:
     if not 0 < len(k) <= KEY_MAX:
         raise KeyTooLongError(22, f"key must be 1 to {KEY_MAX} bytes, got {len(k)}")
     return k
-
-
-_tls = threading.local()
-
-
-def run_blocking(coro: Any) -> Any:
-    """Run a coroutine to completion on this thread's private event loop:
-    the blocking twins share the async code and its queue per thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        coro.close()
-        raise BlockingCallInLoopError(
-            35, "a *_blocking method was called from a running event loop; await the async "
-            "method instead")
-    loop = getattr(_tls, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = _tls.loop = asyncio.new_event_loop()
-    return loop.run_until_complete(coro)
 
 
 class ChunkStore:
@@ -143,13 +94,15 @@ class ChunkStore:
         self._entries: dict[bytes, Entry] = {}
         self._closed = False
         self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, evictions=0,
-                              deletes=0, bytes_written=0, bytes_read=0, compactions=0)
+                              deletes=0, bytes_written=0, bytes_read=0)
         devices: list[Device] = []
         self._locks: list[int] = []
         try:
             for u in uri_list:
                 devices.append(open_device(u, create=create, size=size if create else None, **opts))
-                self._lock_device(devices[-1])
+                fd = lock_device(devices[-1])
+                if fd is not None:
+                    self._locks.append(fd)
             if create:
                 self._members = self._format(devices, uri_list, index_size)
             else:
@@ -157,31 +110,11 @@ class ChunkStore:
         except BaseException:
             for d in devices:
                 d.close()
-            self._unlock_devices()
+            unlock(self._locks)
             raise
         per_dev = None if capacity is None else capacity // len(self._members)
         for m in self._members:
             m.capacity = m.sb.data_size if per_dev is None else min(per_dev, m.sb.data_size)
-
-    def _lock_device(self, d: Device) -> None:
-        """One store per device: the index lives in this process's memory, so
-        a second writer would corrupt it.  flock() is released by the kernel
-        when the process dies, so a crash never leaves a device locked."""
-        if d.transport not in ("file", "psync"):
-            return  # remote namespaces: the target owns exclusivity
-        fd = os.open(d.target, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise DeviceBusyError(16, "device is in use by another ChunkStore (close it first, "
-                                  "or give each process its own device)", d.uri) from None
-        self._locks.append(fd)
-
-    def _unlock_devices(self) -> None:
-        for fd in self._locks:
-            os.close(fd)  # closing drops the flock
-        self._locks = []
 
     # ------------------------------------------------------------ format/load
     def _format(self, devices: list[Device], uris: list[str],
@@ -190,34 +123,25 @@ class ChunkStore:
         members = []
         for i, d in enumerate(devices):
             sb = layout.plan(d.size, d.block_size, i, len(devices), set_id, index_size, uris[i])
-            gen = layout.new_generation()
-            # Both halves invalid first, then half 0 live, superblock last.
-            blank = aligned_array(layout.BLOCK)
-            d.write_from_blocking(sb.index_off + sb.index_half, blank)
-            d.write_from_blocking(sb.index_off + layout.BLOCK, blank)
-            hdr = aligned_array(layout.BLOCK)
-            hdr[:] = memoryview(layout.encode_index_header(gen))
-            d.write_from_blocking(sb.index_off, hdr)
-            d.flush_blocking()
+            # Both index halves first, superblock last: a device whose
+            # format was interrupted is not mistaken for a store.
+            index = IndexLog.format(d, sb)
             raw = aligned_array(layout.BLOCK)
             raw[:] = memoryview(sb.encode())
             d.write_from_blocking(0, raw)
             d.flush_blocking()
-            members.append(Member(d, sb, self._new_alloc(sb), gen, 0, layout.BLOCK, 0,
-                                  sb.data_size))
+            members.append(Member(d, sb, index, sb.data_size))
         return members
-
-    @staticmethod
-    def _new_alloc(sb: layout.Superblock) -> _core.Allocator:
-        return _core.Allocator(sb.data_off, sb.data_size, sb.block_size)
 
     def _load(self, devices: list[Device], uris: list[str]) -> list[Member]:
         sbs = []
         for d, u in zip(devices, uris):
             raw = aligned_array(layout.BLOCK)
             d.read_into_blocking(0, raw)
-            sbs.append(layout.Superblock.decode(raw.tobytes(), u))
-        set_id, ndevs = sbs[0].set_id, sbs[0].ndevs
+            sb = layout.Superblock.decode(raw.tobytes(), u)
+            layout.check_geometry(sb, d.size, d.block_size, u)
+            sbs.append(sb)
+        ndevs = sbs[0].ndevs
         for sb, u in zip(sbs, uris):
             if sb.set_id != sbs[0].set_id:
                 raise NotAStoreError(22, "device belongs to a different store than "
@@ -225,76 +149,14 @@ class ChunkStore:
         if ndevs != len(devices) or sorted(sb.dev_index for sb in sbs) != list(range(ndevs)):
             raise NotAStoreError(22, f"the store has {ndevs} devices; {len(devices)} given "
                                  "(pass every device of the store)", uris[0])
-        order = sorted(range(len(devices)), key=lambda i: sbs[i].dev_index)
-        members = [self._replay(devices[i], sbs[i], uris[i]) for i in order]
-        del set_id
+        members = []
+        for i in sorted(range(len(devices)), key=lambda i: sbs[i].dev_index):
+            index, found = IndexLog.open(devices[i], sbs[i])
+            m = Member(devices[i], sbs[i], index, sbs[i].data_size)
+            for e in m.adopt(found):
+                self._entries[e.key] = e
+            members.append(m)
         return members
-
-    def _replay(self, d: Device, sb: layout.Superblock, uri: str) -> Member:
-        gens = []
-        for half in (0, 1):
-            raw = aligned_array(layout.BLOCK)
-            d.read_into_blocking(sb.index_off + half * sb.index_half, raw)
-            g = layout.decode_index_header(raw.tobytes())
-            if g is not None:
-                gens.append((g, half))
-        if not gens:
-            raise NotAStoreError(74, "both index headers of the store are corrupt", uri)
-        gen, half = max(gens)
-        log_buf = aligned_array(sb.index_half)
-        d.read_into_blocking(sb.index_off + half * sb.index_half, log_buf)
-        pos, last_seq = layout.BLOCK, None
-        found: dict[bytes, Entry] = {}
-        while pos < sb.index_half:
-            size, seq, recs = _core.decode_segment(log_buf, pos, gen)
-            if size <= 0 or (last_seq is not None and seq != last_seq + 1):
-                break  # end of log, or a torn segment from an interrupted put
-            for typ, key, _dev, off, length, crc in recs:
-                if typ == _core.REC_PUT:
-                    found[key] = Entry(key, sb.dev_index, off, length, crc, seq)
-                elif key in found and (found[key].off, found[key].length) == (off, length):
-                    # A DEL names the version it removes: a DEL logged after a
-                    # newer PUT of the same key (eviction racing a put) must
-                    # not remove that newer, acknowledged chunk.
-                    del found[key]
-            last_seq = seq
-            pos += layout.align_up(size, sb.block_size)
-        self._scrub_after_tail(d, sb, half, gen, pos, log_buf)
-        m = Member(d, sb, self._new_alloc(sb), gen, half, pos, last_seq or 0, sb.data_size)
-        # Newest first: if two records claim the same blocks, the later put is
-        # the one whose data is there.
-        kept = []
-        for e in sorted(found.values(), key=lambda e: e.seq, reverse=True):
-            if e.length:
-                try:
-                    m.alloc.reserve(e.off, e.length)
-                except OSError:
-                    log.error("fx100io: %s: chunk %r overlaps a newer one; dropped", uri, e.key)
-                    continue
-            m.used += layout.align_up(e.length, sb.block_size)
-            kept.append(e)
-        for e in reversed(kept):  # LRU order: oldest first
-            m.lru[e.key] = e
-            self._entries[e.key] = e
-        return m
-
-    @staticmethod
-    def _scrub_after_tail(d: Device, sb: layout.Superblock, half: int, gen: int, pos: int,
-                          log_buf: Any) -> None:
-        """Erase segment headers of this generation found after the log's
-        tail (what a torn multi-segment commit leaves).  Otherwise a later
-        commit ending where such a leftover starts would let a future replay
-        chain into it (same generation, next sequence number) and resurrect
-        records of a put that never returned.  Older generations cannot
-        chain, so they are left alone."""
-        bs = sb.block_size
-        blank = None
-        for p in range(pos, sb.index_half, bs):
-            if _core.decode_segment(log_buf, p, gen)[0] != 0:
-                blank = blank if blank is not None else aligned_array(bs)
-                d.write_from_blocking(sb.index_off + half * sb.index_half + p, blank)
-        if blank is not None:
-            d.flush_blocking()
 
     # ------------------------------------------------------------- helpers
     def _check_open(self) -> None:
@@ -304,60 +166,14 @@ class ChunkStore:
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
-    def _write_index(self, m: Member, half: int, pos: int, data: bytes) -> None:
-        buf = aligned_array(layout.align_up(len(data), m.sb.block_size))
-        buf[:len(data)] = memoryview(data)
-        m.dev.write_from_blocking(m.half_off(half) + pos, buf)
+    async def _commit(self, m: Member, recs: list[Record], apply: Any = None) -> int:
+        """Append records to m's index log durably, then apply them to
+        memory, off the event loop (see IndexLog.commit_async)."""
+        return await m.log.commit_async(recs, lambda: self._live(m), apply)
 
-    def _commit(self, m: Member, recs: list[tuple], apply: Any = None) -> None:
-        """Append records to m's index log durably; then, still under the
-        commit lock, apply them to memory (so a compaction never misses a
-        record that is in the log)."""
-        with m.commit_lock:
-            for i in range(0, len(recs), SEGMENT_RECORDS):
-                group = recs[i:i + SEGMENT_RECORDS]
-                seg = _core.encode_segment(m.generation, m.seq + 1, group)
-                need = layout.align_up(len(seg), m.sb.block_size)
-                if m.tail + need > m.sb.index_half:
-                    self._compact(m, extra=need)
-                    seg = _core.encode_segment(m.generation, m.seq + 1, group)
-                self._write_index(m, m.half, m.tail, seg)
-                m.seq += 1
-                m.tail += need
-            m.dev.flush_blocking()
-            if apply is not None:
-                apply(m.seq)
-
-    def _compact(self, m: Member, extra: int) -> None:
-        """Write the live records into the other index half and switch to it
-        (called with m.commit_lock held)."""
+    def _live(self, m: Member) -> list[Entry]:
         with self._mu:
-            live = [(_core.REC_PUT, e.key, m.sb.dev_index, e.off, e.length, e.crc)
-                    for e in m.lru.values()]
-        # A random step, not +1: a compaction cut short by a crash leaves
-        # segments of generation g+k in the other half; the next attempt
-        # must not reuse g+k, or replay could chain into that leftover.
-        new_half = 1 - m.half
-        new_gen = m.generation + 1 + int.from_bytes(os.urandom(2), "little")
-        pos, seq = layout.BLOCK, m.seq
-        for i in range(0, len(live), SEGMENT_RECORDS):
-            seq += 1
-            seg = _core.encode_segment(new_gen, seq, live[i:i + SEGMENT_RECORDS])
-            need = layout.align_up(len(seg), m.sb.block_size)
-            if pos + need + extra > m.sb.index_half:
-                raise DeviceFullError(
-                    28, f"the store's index is full ({len(live)} chunks); format with a larger "
-                    "index_size", m.dev.target)
-            self._write_index(m, new_half, pos, seg)
-            pos += need
-        if pos + extra > m.sb.index_half:
-            raise DeviceFullError(28, "the store's index is full; format with a larger index_size",
-                                  m.dev.target)
-        m.dev.flush_blocking()
-        self._write_index(m, new_half, 0, layout.encode_index_header(new_gen))
-        m.dev.flush_blocking()
-        m.half, m.generation, m.tail, m.seq = new_half, new_gen, pos, seq
-        self._counters["compactions"] += 1
+            return list(m.lru.values())
 
     @staticmethod
     def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
@@ -405,40 +221,20 @@ class ChunkStore:
         tail_crc = _core.crc32c(mv[head:])
         return _core.crc32c_combine(done[0][2], tail_crc, n - head) if head else tail_crc
 
-    def _release(self, m: Member, e: Entry) -> None:
-        """Give e's extent back (with self._mu held), or defer it to its last reader."""
-        if e.readers:
-            e.dead = True
-            return
-        if e.length:
-            m.alloc.free(e.off, e.length)
-        m.used -= layout.align_up(e.length, m.sb.block_size)
-
     # ------------------------------------------------------------------ put
-    def _allocate(self, m: Member, length: int, taken: list) -> int:
+    async def _allocate(self, m: Member, length: int, taken: list) -> int:
         """Extent for length bytes on m, evicting least recently used chunks
         (their DEL records made durable before their space is reused)."""
-        need = layout.align_up(length, m.sb.block_size)
-        if need > m.capacity:
+        if m.blocks(length) > m.capacity:
             raise DeviceFullError(28, f"a chunk of {length} bytes exceeds the store's capacity "
                                   f"per device ({m.capacity} bytes)", m.dev.target)
         while True:
             with self._mu:
-                if m.used + need <= m.capacity:
-                    off = m.alloc.alloc(length) if length else 0
-                    if off is not None:
-                        m.used += need
-                        taken.append((m, off, length))
-                        return off
-                victims: list[Entry] = []
-                freed = 0
-                for e in list(m.lru.values()):
-                    if freed >= need and m.used - freed + need <= m.capacity:
-                        break
-                    if e.readers:
-                        continue
-                    victims.append(e)
-                    freed += layout.align_up(e.length, m.sb.block_size)
+                off = m.take(length)
+                if off is not None:
+                    taken.append((m, off, length))
+                    return off
+                victims = m.victims(length)
                 if not victims:
                     raise DeviceFullError(
                         28, f"no space for a chunk of {length} bytes: every chunk is in use",
@@ -447,12 +243,43 @@ class ChunkStore:
                     del m.lru[victim.key]
                     if self._entries.get(victim.key) is victim:
                         del self._entries[victim.key]
-            self._commit(m, [(_core.REC_DEL, v.key, m.sb.dev_index, v.off, v.length, 0)
-                             for v in victims])
-            with self._mu:
-                for e in victims:
-                    self._release(m, e)
-                self._counters["evictions"] += len(victims)
+            await self._commit_dels(m, victims, self._evicted)
+
+    async def _commit_dels(self, m: Member, gone: list[Entry], done: Any,
+                           restore: bool = True) -> None:
+        """Log DEL records for entries already taken out of the index; once
+        they are durable, done(m, gone).  If the commit fails, the entries
+        still hold their extents (reusing blocks the log points at could let
+        a crash resurrect an old record over new data) and, unless restore
+        is False, go back into the index as the oldest chunks, where the
+        key was not stored again meanwhile: the log still has them, so they
+        are still the store's."""
+        applied: list[int] = []
+
+        def apply(seq: int) -> None:
+            applied.append(seq)
+            done(m, gone)
+        try:
+            await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)
+                                   for e in gone], apply)
+        except BaseException:
+            if restore and not applied:
+                with self._mu:
+                    for e in reversed(gone):
+                        if e.key not in self._entries:
+                            self._entries[e.key] = e
+                            m.lru[e.key] = e
+                            m.lru.move_to_end(e.key, last=False)
+                        else:  # superseded meanwhile: only its extent is left
+                            m.release(e)
+            raise
+
+    def _evicted(self, m: Member, victims: list[Entry]) -> None:
+        """Their DEL records are durable: their space may be reused."""
+        with self._mu:
+            for e in victims:
+                m.release(e)
+            self._counters["evictions"] += len(victims)
 
     async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
         """Store each buffer under its key, durably; replaces existing chunks."""
@@ -475,7 +302,7 @@ class ChunkStore:
         started: list = []
         try:
             placed = [(key, mv, self._member_of(key)) for key, mv in items]
-            offs = [self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
+            offs = [await self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
             # Every write at once; each chunk's CRC32C is computed in C as its
             # pieces leave, while the device works on the rest.
             for i, ((_key, mv, m), off) in enumerate(zip(placed, offs)):
@@ -499,9 +326,10 @@ class ChunkStore:
             for (key, mv, m), off, crc in zip(placed, offs, crcs):
                 by_member.setdefault(id(m), (m, []))[1].append((key, off, mv.nbytes, crc))
             for m, rows in by_member.values():
-                recs = [(_core.REC_PUT, key, m.sb.dev_index, off, n, crc) for key, off, n, crc in rows]
-                self._commit(m, recs, lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq))
-                taken = [t for t in taken if t[0] is not m]
+                recs = [Record(REC_PUT, key, m.index, off, n, crc) for key, off, n, crc in rows]
+                await self._commit(m, recs,
+                                   lambda seq, m=m, rows=rows: self._apply_puts(m, rows, seq,
+                                                                                taken))
         except BaseException:
             # Writes already handed to the kernel still land; their extents
             # may be reused only after they have (cancelling the await does
@@ -511,24 +339,26 @@ class ChunkStore:
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
             with self._mu:
                 for m, off, length in taken:
-                    if length:
-                        m.alloc.free(off, length)
-                    m.used -= layout.align_up(length, m.sb.block_size)
+                    m.give_back(off, length)
             raise
         with self._mu:
             self._counters["puts"] += len(items)
             self._counters["bytes_written"] += sum(mv.nbytes for _, mv in items)
 
-    def _apply_puts(self, m: Member, rows: list, seq: int) -> None:
+    def _apply_puts(self, m: Member, rows: list, seq: int, taken: list) -> None:
+        """Point the keys at their new extents, now owned by their entries
+        (so no longer the put's to give back if it fails or is cancelled
+        later)."""
         with self._mu:
+            taken[:] = [t for t in taken if t[0] is not m]
             for key, off, n, crc in rows:
                 old = self._entries.get(key)
-                e = Entry(key, m.sb.dev_index, off, n, crc, seq)
+                e = Entry(key, m.index, off, n, crc, seq)
                 self._entries[key] = e
                 if old is not None:
                     om = self._members[old.dev]
                     om.lru.pop(key, None)
-                    self._release(om, old)
+                    om.release(old)
                 m.lru[key] = e
 
     # ------------------------------------------------------------------ get
@@ -604,30 +434,31 @@ class ChunkStore:
                     if e is not None:
                         e.readers -= 1
                         if e.dead and not e.readers:
-                            self._release(self._members[e.dev], e)
+                            self._members[e.dev].release(e)
                 nhit = sum(out)
                 self._counters["gets"] += len(nkeys)
                 self._counters["hits"] += nhit
                 self._counters["misses"] += len(nkeys) - nhit
                 self._counters["bytes_read"] += sum(e.length for e, ok in zip(hits, out) if ok and e)
         for m, e in corrupt:
-            self._counters["corruptions"] += 1
-            self._drop(m, e)
+            self._count(corruptions=1)
+            await self._drop(m, e, corrupt=True)
         return out
 
-    def _drop(self, m: Member, e: Entry) -> bool:
+    async def _drop(self, m: Member, e: Entry, corrupt: bool = False) -> bool:
         with self._mu:
             if self._entries.get(e.key) is not e:
                 return False
             del self._entries[e.key]
             m.lru.pop(e.key, None)
-        # If the DEL does not reach the log, the extent stays allocated (a
-        # leak until restart): reusing it while the log still points at it
-        # would let a crash resurrect the old record over new data.
-        self._commit(m, [(_core.REC_DEL, e.key, m.sb.dev_index, e.off, e.length, 0)])
-        with self._mu:
-            self._release(m, e)
+        # A corrupt chunk stays out of the index even if its DEL is lost.
+        await self._commit_dels(m, [e], self._released, restore=not corrupt)
         return True
+
+    def _released(self, m: Member, gone: list[Entry]) -> None:
+        with self._mu:
+            for e in gone:
+                m.release(e)
 
     # --------------------------------------------------------------- others
     async def batch_exists(self, keys: Iterable[Any]) -> int:
@@ -663,21 +494,27 @@ class ChunkStore:
         e = self._entries.get(k)
         if e is None:
             return False
-        ok = self._drop(self._members[e.dev], e)
+        ok = await self._drop(self._members[e.dev], e)
         if ok:
-            self._counters["deletes"] += 1
+            self._count(deletes=1)
         return ok
+
+    def _count(self, **deltas: int) -> None:
+        with self._mu:
+            for name, n in deltas.items():
+                self._counters[name] += n
 
     def stats(self) -> dict[str, Any]:
         with self._mu:
             s: dict[str, Any] = dict(self._counters)
+            s["compactions"] = sum(m.log.compactions for m in self._members)
             s["chunks"] = len(self._entries)
             s["bytes_used"] = sum(m.used for m in self._members)
             s["capacity"] = sum(m.capacity for m in self._members)
             s["devices"] = [
                 dict(uri=m.dev.uri, chunks=len(m.lru), used=m.used, capacity=m.capacity,
                      free_extents=int(m.alloc.free_extents), engine=m.dev.engine,
-                     direct=m.dev.direct, index_generation=m.generation)
+                     direct=m.dev.direct, index_generation=m.log.generation)
                 for m in self._members]
             return s
 
@@ -701,8 +538,10 @@ class ChunkStore:
             return
         self._closed = True
         for m in self._members:
+            m.log.close()  # commits already queued finish first
+        for m in self._members:
             m.dev.close()
-        self._unlock_devices()
+        unlock(self._locks)
 
     @property
     def closed(self) -> bool:

@@ -32,6 +32,7 @@ IDX_FMT = "<8sQ"
 VERSION = 1
 MIN_INDEX_HALF = 1 << 20
 MAX_INDEX_HALF = 128 << 20
+MAX_BLOCK = 1 << 20
 
 
 def align_up(n: int, a: int = BLOCK) -> int:
@@ -72,6 +73,48 @@ class Superblock:
         if version != VERSION:
             raise NotAStoreError(22, f"store format version {version} is not supported", target)
         return cls(bs, dev_size, set_id, idx, ndevs, ioff, ihalf, doff, dsize, created)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def check_geometry(sb: Superblock, dev_size: int, dev_block_size: int, target: str) -> None:
+    """Refuse a superblock whose layout does not fit the device it is on
+    (a truncated file, a shrunk device, or a superblock that a bug or a
+    forger wrote with a valid checksum): replaying such a store would read
+    and reuse blocks that are not there or not its own."""
+    def bad(why: str) -> NotAStoreError:
+        return NotAStoreError(22, f"the store's layout does not fit this device: {why}", target)
+
+    bs = sb.block_size
+    if bs < BLOCK or bs & (bs - 1) or bs > MAX_BLOCK:
+        raise bad(f"block size {bs} is not a power of two from {BLOCK} to {MAX_BLOCK}")
+    if bs % dev_block_size:
+        raise bad(f"the store's block size {bs} is not a multiple of the device's "
+                  f"{dev_block_size}")
+    if dev_size < sb.dev_size:
+        raise NotAStoreError(
+            22, f"the device is {_size(dev_size)} but the store was formatted for "
+            f"{_size(sb.dev_size)} (truncated file or shrunk device?)", target)
+    if not 0 <= sb.dev_index < sb.ndevs:
+        raise bad(f"device {sb.dev_index} of a store of {sb.ndevs} devices")
+    if sb.index_off < BLOCK or sb.index_off % bs:
+        raise bad(f"the index starts at {sb.index_off}, inside the superblock or unaligned")
+    if sb.index_half < 2 * bs or sb.index_half % bs:
+        raise bad(f"an index half of {sb.index_half} bytes is not a whole number of blocks "
+                  "with room for a header and a segment")
+    if sb.data_off != sb.index_off + 2 * sb.index_half:
+        raise bad(f"the data area starts at {sb.data_off}, not after the index "
+                  f"({sb.index_off + 2 * sb.index_half})")
+    if sb.data_size < bs or sb.data_size % bs:
+        raise bad(f"a data area of {sb.data_size} bytes is not a whole number of blocks")
+    if sb.data_off + sb.data_size > sb.dev_size:
+        raise bad(f"the data area ends at {sb.data_off + sb.data_size}, past the end of the "
+                  f"device it was formatted for ({sb.dev_size} bytes)")
 
 
 def plan(dev_size: int, block_size: int, dev_index: int, ndevs: int, set_id: bytes,

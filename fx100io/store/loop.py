@@ -1,0 +1,29 @@
+"""The event loop each thread's blocking calls run on."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from fx100io.errors import BlockingCallInLoopError
+
+_tls = threading.local()
+
+
+def run_blocking(coro: Any) -> Any:
+    """Run a coroutine to completion on this thread's private event loop:
+    the blocking twins share the async code and its queue per thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise BlockingCallInLoopError(
+            35, "a *_blocking method was called from a running event loop; await the async "
+            "method instead")
+    loop = getattr(_tls, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _tls.loop = asyncio.new_event_loop()
+    return loop.run_until_complete(coro)
