@@ -104,12 +104,41 @@ static int64_t deadline_in(int timeout_ms)
 	return now_ms() + (timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS);
 }
 
-static void sleep_ms(int ms)
+/* The calling thread's cancel eventfd (fx_nvmf_set_cancel_fd), -1: none.
+ * Per thread, so a connector thread's blocking connect can be cut short
+ * while the keep-alive threads and every other caller are unaffected. */
+static _Thread_local int cancel_fd = -1;
+
+void fx_nvmf_set_cancel_fd(int fd)
 {
+	cancel_fd = fd;
+}
+
+/* Sleep ms; -ECANCELED at once when the thread's cancel fd fires. */
+static int sleep_ms(int ms)
+{
+	if (cancel_fd >= 0) {
+		struct pollfd p = {.fd = cancel_fd, .events = POLLIN};
+		int64_t until = now_ms() + ms;
+
+		for (;;) {
+			int64_t left = until - now_ms();
+
+			if (left <= 0)
+				return 0;
+			int r = poll(&p, 1, (int)left);
+
+			if (r > 0)
+				return -ECANCELED;
+			if (r < 0 && errno != EINTR)
+				return 0;
+		}
+	}
 	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
 
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;
+	return 0;
 }
 
 static uint16_t le16_at(const uint8_t *p)
@@ -130,7 +159,8 @@ static uint64_t le64_at(const uint8_t *p)
 /* --------------------------------------------------------- socket I/O */
 
 /* Wait for ev on fd until the deadline.  POLLERR/POLLHUP count as ready:
- * the following send/recv reports the real error. */
+ * the following send/recv reports the real error.  -ECANCELED when the
+ * thread's cancel fd fires first. */
 static int wait_fd(int fd, short ev, int64_t deadline)
 {
 	for (;;) {
@@ -138,8 +168,8 @@ static int wait_fd(int fd, short ev, int64_t deadline)
 
 		if (left <= 0)
 			return -ETIMEDOUT;
-		struct pollfd p = {.fd = fd, .events = ev};
-		int r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+		struct pollfd p[2] = {{.fd = fd, .events = ev}, {.fd = cancel_fd, .events = POLLIN}};
+		int r = poll(p, cancel_fd >= 0 ? 2 : 1, left > INT_MAX ? INT_MAX : (int)left);
 
 		if (r < 0) {
 			if (errno == EINTR)
@@ -148,7 +178,9 @@ static int wait_fd(int fd, short ev, int64_t deadline)
 		}
 		if (r == 0)
 			return -ETIMEDOUT;
-		if (p.revents & POLLNVAL)
+		if (cancel_fd >= 0 && p[1].revents)
+			return -ECANCELED;
+		if (p[0].revents & POLLNVAL)
 			return -EBADF;
 		return 0;
 	}
@@ -243,7 +275,7 @@ static int recv_discard(int fd, size_t len, int64_t deadline)
 static int conn_fail(struct fx_nvmf_conn *c, int err)
 {
 	if (c->fd >= 0 && (err == -EPROTO || err == -ETIMEDOUT || err == -ECONNRESET ||
-			   err == -EPIPE))
+			   err == -EPIPE || err == -ECANCELED))
 		shutdown(c->fd, SHUT_RDWR);
 	return err;
 }
@@ -974,7 +1006,9 @@ static int ctrl_enable(struct fx_nvmf_ctrl *c)
 			return 0;
 		if (now_ms() >= deadline)
 			return -ETIMEDOUT;
-		sleep_ms(5);
+		/* CAP.TO can be minutes: a cancelled open must not wait it out. */
+		if (sleep_ms(5) < 0)
+			return -ECANCELED;
 	}
 }
 

@@ -71,6 +71,16 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 void fx_nvmf_conn_close(struct fx_nvmf_conn *c);
 
 /*
+ * Give the calling thread a cancel eventfd (-1: none): once it is readable,
+ * every network wait and CSTS.RDY poll that thread makes fails at once with
+ * -ECANCELED (a connection it was using is shut down, as after any stream
+ * error).  Other threads are unaffected.  A background connector sets it so
+ * that closing its queue cuts a connect or controller open short instead of
+ * waiting for connect_timeout_ms or CAP.TO.
+ */
+void fx_nvmf_set_cancel_fd(int fd);
+
+/*
  * Run one command synchronously on a connected queue: fills sqe->cid and
  * dptr, sends it (with in-capsule data for writes up to the capsule size,
  * otherwise R2T/H2CData), receives C2HData into data (reads) and the

@@ -7,10 +7,27 @@ hdgst / ddgst (header / data digests, 0), hostnqn and hostid (default: this
 machine's stable identity, see :func:`host_identity`), kato_ms (keep alive
 timeout, 30000), connect_timeout_ms (10000), io_timeout_ms (a command with
 no answer for this long fails and its connection is re-made, 30000),
-max_xfer (bytes per NVMe command, 1 MiB, capped by the controller's MDTS).
+max_xfer (bytes per NVMe command, 1 MiB, capped by the controller's MDTS),
+reconnect_ms (pause after a failed connect attempt, 200) and max_reconnects
+(failed connect attempts a waiting request sits through, 3).
 hostid may be written as a UUID.  A value the transport could not take
 exactly as written (an NQN over 223 bytes, a number out of range, control
 characters) is refused with InvalidArgumentError, never cut or wrapped.
+
+Lost connections: commands in flight on a connection that drops, or that
+get no answer within io_timeout_ms, fail (FxConnectionError, FxTimeoutError).
+The connection is then re-made in the background by a thread of the queue,
+never by the calling thread or the event loop: TCP connect, ICReq, Connect
+and, when the target forgot the controller, its full re-open.  One attempt
+runs at a time per queue, reconnect_ms apart after a failure, and only while
+requests want the connection.  A request submitted while no connection is
+live waits for one; it fails when max_reconnects attempts have failed since
+it began waiting, with the last attempt's error (FxConnectionError for a
+refused connect, FxTimeoutError when connect_timeout_ms ran out), or when
+io_timeout_ms has passed (FxTimeoutError), whichever comes first.
+max_reconnects=0 fails it at once (an attempt still starts, so a later
+request can succeed).  Closing the device cancels an attempt in progress and
+fails requests still waiting with DeviceClosedError.
 """
 
 from __future__ import annotations
@@ -29,7 +46,8 @@ _NAMESPACE = uuid.UUID("6f1c3e52-9a4b-4f0e-8d2a-f100d100f100")
 
 INT_OPTIONS = {"ns": "nsid", "queues": "queues", "kato_ms": "kato_ms",
                "connect_timeout_ms": "connect_timeout_ms", "io_timeout_ms": "io_timeout_ms",
-               "max_xfer": "max_xfer"}
+               "max_xfer": "max_xfer", "reconnect_ms": "reconnect_ms",
+               "max_reconnects": "max_reconnects"}
 BOOL_OPTIONS = ("hdgst", "ddgst")
 STR_OPTIONS = ("hostnqn", "hostid")
 
@@ -55,7 +73,9 @@ NQN_MAX = 223  # bytes: the NVMe limit on an NQN
 INT_RANGES = {"ns": (1, 0xFFFFFFFE),  # 0xFFFFFFFF is the broadcast NSID
               "queues": (1, 64), "kato_ms": (0, 0xFFFFFFFF),
               "connect_timeout_ms": (1, 0x7FFFFFFF), "io_timeout_ms": (1, 0x7FFFFFFF),
-              "max_xfer": (1, 0xFFFFFFFF)}
+              "max_xfer": (1, 0xFFFFFFFF),
+              # 0: no pause between attempts / fail at once while disconnected
+              "reconnect_ms": (0, 0x7FFFFFFF), "max_reconnects": (0, 0x7FFFFFFF)}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 

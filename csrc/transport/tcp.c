@@ -13,8 +13,18 @@
  * (the one copy: socket -> destination), then the data digest.  Every
  * length and id in a PDU is checked before it is used; a bad PDU, a digest
  * mismatch, a dropped connection or a command past its deadline takes the
- * connection down and fails its commands with a clear errno.  The next
- * submit reconnects (re-opening the controller if it is gone).
+ * connection down and fails its commands with a clear errno.
+ *
+ * Reconnecting never blocks the queue's thread (the event loop, for async
+ * callers): a connection that is down and needed is handed to the queue's
+ * connector thread, which does the TCP connect, ICReq, Connect and, when the
+ * controller is gone, its re-open, all blocking and without the GIL, then
+ * posts the connected socket to a slot and writes an eventfd that the ring
+ * polls.  The queue's thread adopts the socket when that poll completes, as
+ * it does every other completion.  One attempt runs at a time per queue,
+ * reconnect_ms apart after a failure.  While no connection is live a request
+ * waits until max_reconnects attempts have failed or io_timeout_ms has
+ * passed, then fails with the last attempt's error (or -ETIMEDOUT).
  */
 #ifndef _GNU_SOURCE /* the C tests and fuzzers pass -D_GNU_SOURCE */
 #define _GNU_SOURCE
@@ -24,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,10 +48,11 @@
 #define TX_BATCH 16 /* send items per sendmsg */
 #define CID_SLOT_BITS 10
 #define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
-#define RECONNECT_BACKOFF_MS 200
+#define RECONNECT_MS_DEFAULT 200 /* between failed connect attempts */
+#define MAX_RECONNECTS_DEFAULT 3 /* failed attempts a waiting request sits through */
 #define TICK_MS 100
 
-enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3 };
+enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4 };
 #define UD(conn, kind) (((uint64_t)(conn) << 8) | (kind))
 
 /* --------------------------------------------------------------- device */
@@ -49,12 +61,20 @@ struct tcp_dev {
 	struct fx_dev base;
 	struct fx_nvmf_addr addr;
 	struct fx_nvmf_params params;
-	pthread_mutex_t lock; /* ctrl (re)open and the qid map */
+	/* lock: the ctrl pointer, its epoch, the qid map and the geometry.
+	 * Held only for a few loads and stores, never across network I/O:
+	 * queue threads (the event loop) take it.  open_lock: controller
+	 * (re)opens and the liveness check, which wait on the network; only
+	 * dev_open and connector threads take it, before lock, never after. */
+	pthread_mutex_t lock;
+	pthread_mutex_t open_lock;
 	struct fx_nvmf_ctrl *ctrl;
 	uint32_t nsid;
 	uint32_t queues;   /* I/O connections per fx_queue */
 	uint32_t max_xfer; /* bytes per NVMe command */
 	int io_timeout_ms;
+	int reconnect_ms;   /* back-off after a failed connect attempt */
+	int max_reconnects; /* failed attempts before waiting requests fail */
 	uint8_t *qid_used; /* [1..ctrl->io_queues] */
 	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
 	uint16_t next_qid;   /* round-robin cursor of take_qid */
@@ -70,6 +90,8 @@ static int parse_kv(struct tcp_dev *d, const char *target)
 	d->params.kato_ms = 30000;
 	d->params.timeout_ms = 10000;
 	d->io_timeout_ms = 30000;
+	d->reconnect_ms = RECONNECT_MS_DEFAULT;
+	d->max_reconnects = MAX_RECONNECTS_DEFAULT;
 	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *eq = strchr(line, '=');
 		if (!eq)
@@ -105,13 +127,18 @@ static int parse_kv(struct tcp_dev *d, const char *target)
 			d->params.timeout_ms = atoi(v);
 		else if (!strcmp(k, "io_timeout_ms"))
 			d->io_timeout_ms = atoi(v);
+		else if (!strcmp(k, "reconnect_ms"))
+			d->reconnect_ms = atoi(v);
+		else if (!strcmp(k, "max_reconnects"))
+			d->max_reconnects = atoi(v);
 		else if (!strcmp(k, "max_xfer"))
 			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
 	}
 	free(copy);
 	if (!d->addr.host[0] || !d->addr.port[0] || !d->params.subnqn[0] ||
 	    !d->params.hostnqn[0] || d->nsid == 0 || d->queues == 0 || d->queues > 64 ||
-	    d->io_timeout_ms <= 0 || d->params.timeout_ms <= 0)
+	    d->io_timeout_ms <= 0 || d->params.timeout_ms <= 0 || d->reconnect_ms < 0 ||
+	    d->max_reconnects < 0)
 		return -EINVAL;
 	return 0;
 }
@@ -134,10 +161,11 @@ static uint32_t xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba)
 	return (uint32_t)(cap & ~(uint64_t)(lba - 1));
 }
 
-/* Open (or re-open) the controller; called with d->lock held. */
+/* Open (or re-open) the controller; called with d->open_lock held (not
+ * d->lock: this waits on the network, up to CAP.TO). */
 static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 {
-	struct fx_nvmf_ctrl *c = NULL;
+	struct fx_nvmf_ctrl *c = NULL, *old;
 	/* Enough I/O queues for several threads' queues. */
 	uint16_t want = (uint16_t)(d->queues * 8 < 64 ? d->queues * 8 : 64);
 	int ret = fx_nvmf_ctrl_open(&d->addr, &d->params, want, &c, status);
@@ -157,27 +185,33 @@ static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
 		fx_nvmf_ctrl_close(c);
 		return ret;
 	}
-	if (d->ctrl) {
-		if (lba != d->base.info.block_size || nsze * lba != d->base.info.size) {
-			/* A different namespace behind the same name: do not
-			 * write to it as if it were the old one. */
-			fx_nvmf_ctrl_close(c);
-			return -ESTALE;
-		}
-		fx_nvmf_ctrl_close(d->ctrl);
-	}
-	free(d->qid_used);
-	d->qid_used = calloc((size_t)c->io_queues + 1, 1);
-	if (!d->qid_used) {
+	uint8_t *used = calloc((size_t)c->io_queues + 1, 1);
+	if (!used) {
 		fx_nvmf_ctrl_close(c);
-		d->ctrl = NULL;
 		return -ENOMEM;
 	}
+	pthread_mutex_lock(&d->lock);
+	old = d->ctrl;
+	if (old && (lba != d->base.info.block_size || nsze * lba != d->base.info.size)) {
+		/* A different namespace behind the same name: do not
+		 * write to it as if it were the old one. */
+		pthread_mutex_unlock(&d->lock);
+		free(used);
+		fx_nvmf_ctrl_close(c);
+		return -ESTALE;
+	}
+	free(d->qid_used);
+	d->qid_used = used;
 	d->ctrl = c;
 	d->ctrl_epoch++;
 	d->base.info.size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
 	d->base.info.block_size = lba;
 	d->max_xfer = xfer_size(d->max_xfer, c->mdts_bytes, lba);
+	pthread_mutex_unlock(&d->lock);
+	/* Only open_lock holders use a ctrl pointer beyond d->lock, so the old
+	 * one is ours to close (its keep alive, its shutdown: network waits). */
+	if (old)
+		fx_nvmf_ctrl_close(old);
 	return 0;
 }
 
@@ -192,11 +226,12 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 		return -ENOMEM;
 	d->base.ops = ops;
 	pthread_mutex_init(&d->lock, NULL);
+	pthread_mutex_init(&d->open_lock, NULL);
 	ret = parse_kv(d, target);
 	if (ret == 0) {
-		pthread_mutex_lock(&d->lock);
+		pthread_mutex_lock(&d->open_lock);
 		ret = ctrl_open_locked(d, &status);
-		pthread_mutex_unlock(&d->lock);
+		pthread_mutex_unlock(&d->open_lock);
 	}
 	if (ret == 0 && d->ctrl->icdoff)
 		fprintf(stderr,
@@ -207,6 +242,7 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 		if (d->ctrl)
 			fx_nvmf_ctrl_close(d->ctrl);
 		free(d->qid_used);
+		pthread_mutex_destroy(&d->open_lock);
 		pthread_mutex_destroy(&d->lock);
 		free(d);
 		return ret;
@@ -223,6 +259,7 @@ static void tcp_dev_close(struct fx_dev *dev)
 	if (d->ctrl)
 		fx_nvmf_ctrl_close(d->ctrl);
 	free(d->qid_used);
+	pthread_mutex_destroy(&d->open_lock);
 	pthread_mutex_destroy(&d->lock);
 	free(d);
 }
@@ -274,10 +311,59 @@ struct send_item {
 	uint8_t ddgst[NVME_TCP_DIGEST_LEN];
 };
 
-enum conn_state { CONN_DOWN, CONN_LIVE, CONN_DRAINING };
+/* DOWN -> CONNECTING (the connector has it) -> LIVE -> DRAINING (kernel
+ * I/O still points at buffers) -> DOWN. */
+enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_LIVE, CONN_DRAINING };
 enum rx_state { RX_HDR, RX_PAD, RX_DATA, RX_DDGST };
 
+static const char *conn_state_str(enum conn_state st)
+{
+	switch (st) {
+	case CONN_DOWN:
+		return "down";
+	case CONN_CONNECTING:
+		return "connecting";
+	case CONN_LIVE:
+		return "live";
+	case CONN_DRAINING:
+		return "draining";
+	}
+	return "?";
+}
+
 struct tcp_queue;
+
+/* What one connect attempt hands back to the queue's thread. */
+struct cx_result {
+	struct fx_nvmf_conn nc; /* connected past Connect when err == 0 */
+	int err;
+	uint32_t epoch; /* controller epoch it was connected under */
+	uint32_t incap_max;
+	uint16_t icdoff;
+};
+
+enum cx_state { CX_IDLE, CX_BUSY, CX_DONE };
+
+/*
+ * The queue's connector thread, started on first need.  It touches nothing
+ * of the queue but this struct (under lock) and the device (under its own
+ * locks): the ring, the connections and the requests belong to the queue's
+ * thread, which hands it a job (state BUSY) and takes the result (DONE)
+ * after the wake_fd poll completes in its ring.
+ */
+struct connector {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	int started;
+	int stop;         /* written under lock, read atomically by the attempt */
+	int wake_fd;      /* eventfd the ring polls: a result is in the slot */
+	int ring_efd;     /* the queue's poll fd, written too (see cx_main) */
+	int cancel_fd;    /* eventfd: cuts the attempt in progress short */
+	enum cx_state state;
+	unsigned conn;    /* which connection the attempt is for */
+	struct cx_result res;
+};
 
 struct conn {
 	struct tcp_queue *q;
@@ -286,6 +372,7 @@ struct conn {
 	enum conn_state state;
 	int err;            /* why it went down */
 	int64_t retry_at;   /* earliest reconnect */
+	uint32_t fails;     /* connect attempts failed since it was last live */
 	uint32_t epoch;     /* controller epoch it was connected under */
 	/* copied from the controller at connect: another thread may re-open
 	 * (and free) d->ctrl while this connection sends */
@@ -325,6 +412,16 @@ struct tcp_queue {
 	struct req_table t;
 	int tick_armed;
 	struct __kernel_timespec tick;
+	/* reconnecting: everything here is the queue thread's, but cx */
+	struct connector cx;
+	int cx_busy;        /* an attempt is out (a conn is CONNECTING) */
+	int wake_armed;     /* the poll on cx.wake_fd is in the ring */
+	int starved;        /* requests wait for a connection */
+	uint32_t cx_fails;  /* failed attempts so far (monotonic) */
+	int64_t disc_at;    /* when requests began waiting for a connection; 0: not */
+	uint32_t disc_fails; /* cx_fails then */
+	int64_t *queued_at;   /* per request slot: when it was submitted */
+	uint32_t *fails_at;   /* per request slot: cx_fails then */
 };
 
 #define now_ms fx_now_ms
@@ -888,14 +985,16 @@ static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t byte
 
 /* Is the controller behind d still there?  Asks it (CSTS over the admin
  * queue) rather than guessing from one failed Connect, because re-opening
- * a controller tears down every thread's queues on it. */
+ * a controller tears down every thread's queues on it.  Called with
+ * d->open_lock held (the only lock under which d->ctrl is used past a
+ * load); waits up to connect_timeout_ms. */
 static int ctrl_alive_locked(struct tcp_dev *d)
 {
 	struct fx_nvmf_ctrl *c = d->ctrl;
 	uint64_t csts = 0;
 	int ret;
 
-	if (!c || c->ka_failed)
+	if (!c || __atomic_load_n(&c->ka_failed, __ATOMIC_ACQUIRE))
 		return 0;
 	pthread_mutex_lock(&c->lock);
 	ret = fx_nvmf_prop_get(&c->admin, NVME_REG_CSTS, 0, &csts);
@@ -911,87 +1010,355 @@ static void release_qid(struct tcp_dev *d, int qid, uint32_t epoch)
 	pthread_mutex_unlock(&d->lock);
 }
 
-static int conn_connect(struct conn *c)
+/* Take open_lock; a connector (x) being stopped gives up waiting for it,
+ * since another thread's controller open may hold it for CAP.TO. */
+static int lock_open(struct tcp_dev *d, struct connector *x)
 {
-	struct tcp_queue *q = c->q;
-	struct tcp_dev *d = q->dev;
+	if (!x) {
+		pthread_mutex_lock(&d->open_lock);
+		return 0;
+	}
+	for (;;) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 20 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		if (pthread_mutex_timedlock(&d->open_lock, &ts) == 0)
+			return 0;
+		if (__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE))
+			return -ECANCELED;
+	}
+}
+
+/*
+ * One connect attempt for an I/O queue of d, blocking: (re-open the
+ * controller if it is gone,) TCP connect, ICReq, Connect.  Touches no queue
+ * state, so it runs on a connector thread (x) or, at queue creation, on the
+ * caller's (x NULL).  The result goes to *res (res->err == 0: res->nc is
+ * connected and holds a qid of the controller at res->epoch).
+ */
+static void connect_once(struct tcp_dev *d, struct connector *x, struct cx_result *res)
+{
 	uint16_t status = 0;
 	int ret = -ENOTCONN;
 
+	memset(res, 0, sizeof(*res));
+	res->nc.fd = -1;
 	/* A few qids: one refused Connect (a qid the target has not torn
 	 * down yet) should cost a retry, not the controller. */
 	for (int attempt = 0; attempt < 4; attempt++) {
 		pthread_mutex_lock(&d->lock);
-		if (!d->ctrl || d->ctrl->ka_failed) {
-			ret = ctrl_open_locked(d, &status);
-			if (ret < 0) {
-				pthread_mutex_unlock(&d->lock);
-				return ret;
-			}
+		int gone = !d->ctrl || __atomic_load_n(&d->ctrl->ka_failed, __ATOMIC_ACQUIRE);
+		pthread_mutex_unlock(&d->lock);
+		if (gone) {
+			ret = lock_open(d, x);
+			if (ret < 0)
+				break;
+			/* another connector may have re-opened it meanwhile */
+			if (!d->ctrl || __atomic_load_n(&d->ctrl->ka_failed, __ATOMIC_ACQUIRE))
+				ret = ctrl_open_locked(d, &status);
+			pthread_mutex_unlock(&d->open_lock);
+			if (ret < 0)
+				break;
 		}
+		pthread_mutex_lock(&d->lock);
 		int qid = take_qid(d);
 		uint16_t cntlid = d->ctrl->cntlid;
 		uint16_t sqsize = d->ctrl->io_sqsize;
-		c->incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
-		c->icdoff = d->ctrl->icdoff;
+		res->incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
+		res->icdoff = d->ctrl->icdoff;
 		uint32_t epoch = d->ctrl_epoch;
 		pthread_mutex_unlock(&d->lock);
-		if (qid < 0)
-			return qid;
+		if (qid < 0) {
+			ret = qid;
+			break;
+		}
 		ret = fx_nvmf_tcp_connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid,
-		                          &c->nc, &status);
+		                          &res->nc, &status);
 		if (ret == 0) {
-			if (c->ever_connected)
-				q->base.stats.reconnects++;
-			c->ever_connected = 1;
-			c->epoch = epoch;
-			c->state = CONN_LIVE;
-			c->err = 0;
-			rx_expect_header(c);
-			arm_recv(c);
-			return 0;
+			res->epoch = epoch;
+			break;
 		}
 		release_qid(d, qid, epoch);
 		if (ret != -ENOENT && ret != -EIO)
-			return ret; /* refused, unreachable, timed out: nothing to retry now */
+			break; /* refused, unreachable, timed out: nothing to retry now */
+		int r2 = lock_open(d, x);
+		if (r2 < 0) {
+			ret = r2;
+			break;
+		}
 		pthread_mutex_lock(&d->lock);
-		if (d->ctrl_epoch == epoch && !ctrl_alive_locked(d)) {
+		int same = d->ctrl_epoch == epoch;
+		pthread_mutex_unlock(&d->lock);
+		int alive = 1;
+		if (same) {
+			/* The liveness check talks on the shared admin queue: a
+			 * cancel must not cut it (and so the controller) short. */
+			if (x)
+				fx_nvmf_set_cancel_fd(-1);
+			alive = ctrl_alive_locked(d);
+			if (x)
+				fx_nvmf_set_cancel_fd(x->cancel_fd);
+		}
+		if (!alive) {
 			/* The target forgot the controller (restart, KATO expiry). */
-			ret = ctrl_open_locked(d, &status);
-			if (ret < 0) {
-				pthread_mutex_unlock(&d->lock);
-				return ret;
+			int r3 = ctrl_open_locked(d, &status);
+			if (r3 < 0) {
+				pthread_mutex_unlock(&d->open_lock);
+				ret = r3;
+				break;
 			}
 		}
-		pthread_mutex_unlock(&d->lock);
+		pthread_mutex_unlock(&d->open_lock);
 	}
-	return ret;
+	if (ret < 0)
+		res->nc.fd = -1;
+	res->err = ret;
 }
 
-/* A live connection with a free command slot, reconnecting if needed. */
+static void *cx_main(void *arg)
+{
+	struct tcp_queue *q = arg;
+	struct connector *x = &q->cx;
+	struct cx_result res;
+
+	fx_nvmf_set_cancel_fd(x->cancel_fd);
+	pthread_mutex_lock(&x->lock);
+	for (;;) {
+		while (!x->stop && x->state != CX_BUSY)
+			pthread_cond_wait(&x->cond, &x->lock);
+		if (x->stop)
+			break;
+		pthread_mutex_unlock(&x->lock);
+		connect_once(q->dev, x, &res);
+		pthread_mutex_lock(&x->lock);
+		x->res = res;
+		x->state = CX_DONE;
+		/* wake_fd completes the ring's poll: that wakes a thread waiting
+		 * in the ring (blocking twins).  The ring's eventfd is written
+		 * directly as well: io_uring signals it for deferred task work
+		 * queued from inside an eventfd wake-up only by a deferred (RCU)
+		 * path, and kernels were seen to lose that signal, leaving an
+		 * asyncio reader asleep with work pending. */
+		uint64_t one = 1;
+		if (write(x->wake_fd, &one, sizeof(one)) < 0 ||
+		    write(x->ring_efd, &one, sizeof(one)) < 0) {
+			/* cannot fail short of a full counter: both are read on
+			 * every reap */
+		}
+	}
+	pthread_mutex_unlock(&x->lock);
+	return NULL;
+}
+
+static void arm_wake(struct tcp_queue *q)
+{
+	if (q->wake_armed)
+		return;
+	struct io_uring_sqe *sqe = get_sqe(q);
+	if (!sqe)
+		return;
+	io_uring_prep_poll_add(sqe, q->cx.wake_fd, POLLIN);
+	io_uring_sqe_set_data64(sqe, UD(0, UD_WAKE));
+	q->wake_armed = 1;
+}
+
+/* The connector's fds and thread, on first need (most queues never lose a
+ * connection). */
+static int cx_start_thread(struct tcp_queue *q)
+{
+	struct connector *x = &q->cx;
+	int ret;
+
+	if (x->started)
+		return 0;
+	if (x->wake_fd < 0)
+		x->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (x->cancel_fd < 0)
+		x->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (x->wake_fd < 0 || x->cancel_fd < 0)
+		return -errno;
+	x->ring_efd = q->ring.efd;
+	ret = pthread_create(&x->thread, NULL, cx_main, q);
+	if (ret)
+		return -ret;
+	x->started = 1;
+	return 0;
+}
+
+static void conn_adopt(struct conn *c, const struct cx_result *r)
+{
+	struct tcp_queue *q = c->q;
+
+	c->nc = r->nc;
+	c->epoch = r->epoch;
+	c->incap_max = r->incap_max;
+	c->icdoff = r->icdoff;
+	if (c->ever_connected) {
+		q->base.stats.reconnects++;
+		if (c->fails)
+			fprintf(stderr,
+			        "fx100io: nvme+tcp %s:%s: connection %u reconnected after %u failed "
+			        "attempts\n",
+			        q->dev->addr.host, q->dev->addr.port, c->idx, c->fails);
+	}
+	c->ever_connected = 1;
+	c->fails = 0;
+	c->state = CONN_LIVE;
+	c->err = 0;
+	q->disc_at = 0;
+	rx_expect_header(c);
+	arm_recv(c);
+}
+
+static void conn_connect_failed(struct conn *c, int err)
+{
+	struct tcp_queue *q = c->q;
+
+	c->state = CONN_DOWN;
+	c->err = err;
+	c->retry_at = now_ms() + q->dev->reconnect_ms;
+	q->cx_fails++;
+	if (c->fails++ == 0 && err != -ECANCELED)
+		fprintf(stderr,
+		        "fx100io: nvme+tcp %s:%s: connection %u %s: connect failed (%s); retrying "
+		        "every %d ms while requests wait\n",
+		        q->dev->addr.host, q->dev->addr.port, c->idx, conn_state_str(c->state),
+		        strerror(-err), q->dev->reconnect_ms);
+}
+
+/* Hand connection c to the connector; never blocks (one attempt at a time
+ * per queue). */
+static void cx_request(struct tcp_queue *q, struct conn *c)
+{
+	struct connector *x = &q->cx;
+
+	if (q->cx_busy)
+		return;
+	int ret = cx_start_thread(q);
+	if (ret < 0) {
+		conn_connect_failed(c, ret);
+		return;
+	}
+	pthread_mutex_lock(&x->lock);
+	x->conn = c->idx;
+	x->state = CX_BUSY;
+	pthread_cond_signal(&x->cond);
+	pthread_mutex_unlock(&x->lock);
+	c->state = CONN_CONNECTING;
+	q->cx_busy = 1;
+	arm_wake(q);
+}
+
+/* Adopt the connector's result, if there is one (every processing pass
+ * looks: the wake-ups only say when to look).  Returns 1 if it took one. */
+static int cx_collect(struct tcp_queue *q)
+{
+	struct connector *x = &q->cx;
+	struct cx_result res;
+
+	if (!q->cx_busy)
+		return 0;
+	pthread_mutex_lock(&x->lock);
+	int done = x->state == CX_DONE;
+	unsigned ci = x->conn;
+	if (done) {
+		res = x->res;
+		x->state = CX_IDLE;
+	}
+	pthread_mutex_unlock(&x->lock);
+	if (!done) {
+		arm_wake(q);
+		return 0;
+	}
+	q->cx_busy = 0;
+	struct conn *c = &q->conns[ci];
+	if (res.err == 0)
+		conn_adopt(c, &res);
+	else
+		conn_connect_failed(c, res.err);
+	return 1;
+}
+
+/* Stop the connector (cutting an attempt short) and drop a connection it
+ * made that nobody adopted.  Bounded: network waits end at the cancel; the
+ * liveness check and an old controller's close at connect_timeout_ms. */
+static void cx_stop(struct tcp_queue *q)
+{
+	struct connector *x = &q->cx;
+
+	if (x->started) {
+		pthread_mutex_lock(&x->lock);
+		__atomic_store_n(&x->stop, 1, __ATOMIC_RELEASE);
+		pthread_cond_signal(&x->cond);
+		pthread_mutex_unlock(&x->lock);
+		uint64_t one = 1;
+		if (write(x->cancel_fd, &one, sizeof(one)) < 0) {
+			/* the join still ends, at the attempt's own timeout */
+		}
+		pthread_join(x->thread, NULL);
+		x->started = 0;
+		if (x->state == CX_DONE && x->res.err == 0) {
+			release_qid(q->dev, x->res.nc.qid, x->res.epoch);
+			fx_nvmf_conn_close(&x->res.nc);
+		}
+		x->state = CX_IDLE;
+	}
+}
+
+/* A live connection with a free command slot.  Otherwise NULL and *err:
+ * 0 when requests should wait for completions (a connection is busy or
+ * draining), < 0 when no connection is live (the last error, -ENOTCONN
+ * when none is known).  A connection that is down and past its back-off is
+ * handed to the connector on the way. */
 static struct conn *pick_conn(struct tcp_queue *q, int *err)
 {
 	int64_t now = now_ms();
-	*err = -ENOTCONN;
+	int busy = 0, why = 0;
+
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
-		if (c->state == CONN_DOWN && now >= c->retry_at) {
-			int ret = conn_connect(c);
-			if (ret < 0) {
-				c->retry_at = now + RECONNECT_BACKOFF_MS;
-				c->err = ret;
-			}
-		}
+		if (c->state == CONN_DOWN && now >= c->retry_at)
+			cx_request(q, c);
 		if (c->state == CONN_LIVE && c->nfree) {
 			q->rr = (unsigned)((c - q->conns) + 1) % q->nconns;
 			return c;
 		}
 		if (c->state == CONN_LIVE || c->state == CONN_DRAINING)
-			*err = 0; /* busy, not broken: wait */
+			busy = 1; /* busy, not broken: wait */
 		else if (c->err)
-			*err = c->err;
+			why = c->err;
 	}
+	*err = busy ? 0 : why ? why : -ENOTCONN;
 	return NULL;
+}
+
+/*
+ * The policy for a request that no connection can carry: 0 to wait for the
+ * reconnect, else the errno to fail it with.  It waits until max_reconnects
+ * attempts have failed, and at most io_timeout_ms, both counted from when
+ * it was submitted or the queue began waiting, whichever is later.
+ */
+static int wait_for_conn(struct tcp_queue *q, uint32_t ri, int err)
+{
+	struct tcp_dev *d = q->dev;
+	int64_t now = now_ms();
+
+	if (!q->disc_at) {
+		q->disc_at = now;
+		q->disc_fails = q->cx_fails;
+	}
+	int64_t since = q->queued_at[ri] > q->disc_at ? q->queued_at[ri] : q->disc_at;
+	uint32_t base = q->fails_at[ri] - q->disc_fails < (1u << 31) ? q->fails_at[ri]
+	                                                             : q->disc_fails;
+	if (q->cx_fails - base >= (uint32_t)d->max_reconnects)
+		return err;
+	if (now - since >= d->io_timeout_ms)
+		return -ETIMEDOUT;
+	return 0;
 }
 
 static void arm_tick(struct tcp_queue *q)
@@ -1023,11 +1390,15 @@ static void issue(struct tcp_queue *q)
 			t->nfifo--;
 			continue;
 		}
-		int err;
+		int err, waiting = 0;
 		struct conn *c = pick_conn(q, &err);
+		if (!c && err) {
+			err = wait_for_conn(q, ri, err);
+			waiting = !err;
+		}
 		if (!c) {
 			if (err) {
-				/* Nothing can carry it now: fail fast with why. */
+				/* Nothing can carry it, per the policy: fail with why. */
 				r->err = err;
 				t->fifo_head = (t->fifo_head + 1) % t->nslots;
 				t->nfifo--;
@@ -1035,7 +1406,9 @@ static void issue(struct tcp_queue *q)
 					fx_req_complete(t, ri);
 				continue;
 			}
-			break; /* connections busy: wait for completions */
+			/* connections busy, or reconnecting: wait */
+			q->starved = waiting;
+			break;
 		}
 		uint16_t slot = c->free_cmds[--c->nfree];
 		struct cmd *m = &c->cmds[slot];
@@ -1070,6 +1443,14 @@ static void issue(struct tcp_queue *q)
 			continue;
 		}
 		kick_send(c);
+	}
+	if (!t->nfifo)
+		q->starved = 0;
+	/* The tick checks deadlines: of commands in flight, and of requests
+	 * waiting for a connection (whose back-off it also ends). */
+	if (q->starved) {
+		arm_tick(q);
+		return;
 	}
 	for (unsigned k = 0; k < q->nconns; k++)
 		if (q->conns[k].nfree < q->conns[k].ncmds) {
@@ -1165,6 +1546,12 @@ static int process_cqes(struct tcp_queue *q)
 			if (kind == UD_TICK) {
 				q->tick_armed = 0;
 				check_deadlines(q);
+			} else if (kind == UD_WAKE) {
+				uint64_t v;
+				q->wake_armed = 0;
+				if (read(q->cx.wake_fd, &v, sizeof(v)) < 0) {
+					/* EAGAIN: cleared by an earlier pass */
+				}
 			} else if (ci < q->nconns) {
 				struct conn *c = &q->conns[ci];
 				if (kind == UD_RECV)
@@ -1180,6 +1567,8 @@ static int process_cqes(struct tcp_queue *q)
 	/* recvs and sends first: a short ring must not go to new work or
 	 * the tick while a live connection has no recv in flight */
 	resume(q);
+	if (cx_collect(q))
+		total++; /* a connection came up (or failed): issue again */
 	if (total)
 		issue(q);
 	resume(q);
@@ -1204,8 +1593,16 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
 			return -EROFS;
 	}
+	uint32_t before = q->t.nfifo;
 	k = fx_reqs_accept(&q->t, reqs, n);
 	resume(q);
+	/* Stamp what joined the FIFO: the reconnect policy counts from here. */
+	int64_t now = now_ms();
+	for (uint32_t i = before; i < q->t.nfifo; i++) {
+		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
+		q->queued_at[ri] = now;
+		q->fails_at[ri] = q->cx_fails;
+	}
 	issue(q);
 	resume(q);
 	ring_submit(q);
@@ -1232,6 +1629,8 @@ static void tq_destroy(struct fx_queue *base)
 {
 	struct tcp_queue *q = (struct tcp_queue *)base;
 
+	/* First the connector: it may be making a connection for us. */
+	cx_stop(q);
 	for (unsigned k = 0; k < q->nconns; k++)
 		conn_fail(&q->conns[k], -ECANCELED);
 	/* Wait (bounded) until the kernel has let go of every buffer. */
@@ -1279,6 +1678,15 @@ static void tq_destroy(struct fx_queue *base)
 		free(c->free_cmds);
 	}
 	free(q->conns);
+	/* after the ring: its poll on wake_fd is gone with it */
+	if (q->cx.wake_fd >= 0)
+		close(q->cx.wake_fd);
+	if (q->cx.cancel_fd >= 0)
+		close(q->cx.cancel_fd);
+	pthread_cond_destroy(&q->cx.cond);
+	pthread_mutex_destroy(&q->cx.lock);
+	free(q->queued_at);
+	free(q->fails_at);
 	fx_reqs_fini(&q->t);
 	free(q);
 }
@@ -1296,13 +1704,20 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->dev = d;
 	q->base.reqs = &q->t;
 	q->nconns = d->queues;
+	pthread_mutex_init(&q->cx.lock, NULL);
+	pthread_cond_init(&q->cx.cond, NULL);
+	q->cx.wake_fd = q->cx.cancel_fd = -1;
 	ret = fx_reqs_init(&q->t, o->slots);
 	if (ret < 0) {
+		pthread_cond_destroy(&q->cx.cond);
+		pthread_mutex_destroy(&q->cx.lock);
 		free(q);
 		return ret;
 	}
 	q->conns = calloc(q->nconns, sizeof(*q->conns));
-	if (!q->conns) {
+	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
+	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
+	if (!q->conns || !q->queued_at || !q->fails_at) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -1336,9 +1751,14 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		for (uint32_t i = 0; i < per; i++)
 			c->free_cmds[i] = (uint16_t)(per - 1 - i);
 		c->nfree = (uint16_t)per;
-		ret = conn_connect(c);
+		/* At creation the caller waits (without the GIL): an open
+		 * that cannot connect fails here, with why. */
+		struct cx_result res;
+		connect_once(d, NULL, &res);
+		ret = res.err;
 		if (ret < 0)
 			goto fail_ring;
+		conn_adopt(c, &res);
 	}
 	ring_submit(q);
 	q->base.poll_fd = q->ring.efd;
@@ -1358,6 +1778,10 @@ fail:
 		}
 		free(q->conns);
 	}
+	free(q->queued_at);
+	free(q->fails_at);
+	pthread_cond_destroy(&q->cx.cond);
+	pthread_mutex_destroy(&q->cx.lock);
 	fx_reqs_fini(&q->t);
 	free(q);
 	return ret;
