@@ -324,9 +324,13 @@ cdef class Dev:
         check(rc, target)
 
     def close(self):
-        if self.d != NULL:
-            fx_dev_close(self.d)
+        # Without the GIL: closing a fabric controller may wait (bounded)
+        # for a target that stopped answering.
+        cdef fx_dev *d = self.d
+        if d != NULL:
             self.d = NULL
+            with nogil:
+                fx_dev_close(d)
 
     def __dealloc__(self):
         self.close()
@@ -383,8 +387,12 @@ cdef class Queue:
             self.q = NULL
 
     def __dealloc__(self):
+        # Without the GIL: a transport may wait (bounded) for its connector
+        # thread or the kernel to let go of buffers.
         if self.q != NULL:
-            fx_queue_destroy(self.q)
+            with nogil:
+                fx_queue_destroy(self.q)
+            self.q = NULL
         free(self.cqes)
 
     @property

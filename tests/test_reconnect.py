@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
+import socket
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -200,14 +203,38 @@ def test_frozen_target_does_not_stall_the_loop(backing):
             dev.close()
 
 
+@contextlib.contextmanager
+def black_hole(port: int) -> Iterator[None]:
+    """Hold the port with a listener whose accept queue is full: SYNs go
+    unanswered and a connect waits its timeout out, as with a target host
+    that is down or rebooting."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(0)
+    filler = socket.create_connection(("127.0.0.1", port))  # fills the queue
+    try:
+        with socket.socket() as probe:
+            probe.settimeout(0.3)
+            with pytest.raises(OSError):
+                probe.connect(("127.0.0.1", port))
+        yield
+    finally:
+        filler.close()
+        ls.close()
+
+
 def test_killed_and_restarted_target_does_not_stall_the_loop(backing):
-    """Refused connects fail requests with a connection error after
-    max_reconnects attempts; the restarted target (a new controller: full
-    re-open in the background) serves the same bytes."""
+    """The target is killed (refused connects: requests fail with a
+    connection error after max_reconnects attempts), its host then stops
+    answering SYNs (each attempt waits connect_timeout_ms: requests fail with
+    a timeout after io_timeout_ms), then it is restarted on the same port (a
+    new controller: full re-open in the background) and serves the same
+    bytes.  The loop never stalls."""
     path, data = backing
     cm = serve([path], NQN)
     host, port, proc = cm.__enter__()
-    dev = fx100io.open_device(dev_uri(host, port, io_timeout_ms=3000, connect_timeout_ms=3000,
+    dev = fx100io.open_device(dev_uri(host, port, io_timeout_ms=1000, connect_timeout_ms=3000,
                                       reconnect_ms=100, max_reconnects=3))
 
     async def main() -> None:
@@ -221,14 +248,28 @@ def test_killed_and_restarted_target_does_not_stall_the_loop(backing):
             await asyncio.to_thread(lambda: (proc.kill(), proc.wait()))
             with pytest.raises((errors.FxConnectionError, errors.FxTimeoutError)):
                 await _read(dev)
-            tk.phase("reads while down")
+            tk.phase("reads while refused")
             for _ in range(3):
                 t0 = time.monotonic()
-                with pytest.raises(errors.FxConnectionError):
+                with pytest.raises(errors.FxConnectionError) as ei:
                     await _read(dev)
+                assert ei.value.errno == errno.ECONNREFUSED
                 assert time.monotonic() - t0 < 2.0
-            tk.phase("restart")
             await asyncio.to_thread(cm.__exit__, None, None, None)
+            await asyncio.to_thread(wait_port_free, port)
+            tk.phase("reads while SYNs go unanswered")
+            hole = black_hole(port)
+            await asyncio.to_thread(hole.__enter__)  # its probe blocks
+            try:
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    with pytest.raises(errors.FxTimeoutError):
+                        await _read(dev)
+                    took = time.monotonic() - t0
+                    assert 0.8 < took < 2.5, took
+            finally:
+                hole.__exit__(None, None, None)
+            tk.phase("restart")
             await asyncio.to_thread(wait_port_free, port)
             cm = serve([path], NQN, port=port)
             await asyncio.to_thread(cm.__enter__)
@@ -302,7 +343,7 @@ def test_reconnect_ms_spaces_the_attempts(backing):
             with pytest.raises(errors.FxConnectionError) as ei:
                 dev.read_into_blocking(0, out)
             took = time.monotonic() - t0
-            assert ei.value.errno == 111  # ECONNREFUSED
+            assert ei.value.errno == errno.ECONNREFUSED
             # attempts at 0, 0.4 and 0.8 s: not before the second back-off
             assert 0.7 < took < 4.0, took
 
