@@ -381,10 +381,13 @@ cdef class Queue:
         self.dev = dev
 
     def close(self):
-        if self.q != NULL:
-            with nogil:
-                fx_queue_destroy(self.q)
+        # Cleared before the GIL is let go: a reap from another thread then
+        # sees a closed queue, never one being destroyed.
+        cdef fx_queue *q = self.q
+        if q != NULL:
             self.q = NULL
+            with nogil:
+                fx_queue_destroy(q)
 
     def __dealloc__(self):
         # Without the GIL: a transport may wait (bounded) for its connector

@@ -11,6 +11,7 @@ one reap dispatches every finished request, whoever asked for it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fx100io import _core
@@ -57,6 +58,40 @@ class QueueDriver:
             except RuntimeError:
                 pass  # the loop is closing in another thread
         self._loop = None
+
+    def abandon(self, make_exc: Callable[[], BaseException]) -> None:
+        """After the C queue was closed (it completes nothing more): fail
+        every request still waiting with make_exc(), so no caller awaits
+        forever (a request may be waiting for a reconnect).  Futures are
+        resolved on their loop's thread."""
+        waiters, self._waiters = self._waiters, {}
+        self._keep.clear()
+        self._want_crc.clear()
+        self._backlog.clear()
+        futs = [w for w in waiters.values() if isinstance(w, asyncio.Future)]
+        for w in waiters.values():
+            if not isinstance(w, asyncio.Future):
+                w.append(make_exc())
+        if not futs:
+            return
+        loop = futs[0].get_loop()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+
+        def fail() -> None:
+            for f in futs:
+                if not f.done():
+                    f.set_exception(make_exc())
+
+        if running is loop:
+            fail()
+        elif not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fail)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: nobody awaits these
 
     def _queue(self, reqs: list[Request], make_waiter: Any) -> list[Any]:
         waiters = []

@@ -284,7 +284,11 @@ class Device:
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
         """Close every thread's queue, then the device.  Requests still in
-        flight are waited for by the C core before their ring goes away."""
+        flight are waited for by the C core before their ring goes away;
+        requests not yet sent (waiting for a reconnect, or for a free slot)
+        fail with DeviceClosedError.  A reconnect in progress is cancelled.
+        Against a target that stopped answering, closing its controller
+        waits up to 2 s for the shutdown handshake."""
         if self._closed:
             return
         self._closed = True
@@ -293,6 +297,8 @@ class Device:
         for d in drivers:
             d.detach()
             d.queue.close()
+            d.abandon(lambda: DeviceClosedError(
+                9, "device closed before the request completed", self.target))
         self._local = threading.local()
         self._dev.close()
 

@@ -414,6 +414,35 @@ def test_close_while_reconnecting_to_a_frozen_target_is_prompt(backing):
             dev.close()
 
 
+def test_close_fails_requests_waiting_for_a_reconnect(backing):
+    """Requests that wait for a connection when the device is closed (here
+    io_timeout_ms is long and the target frozen) fail with
+    DeviceClosedError instead of leaving their callers awaiting forever."""
+    path, _ = backing
+    with serve([path], NQN) as (host, port, proc):
+        dev = fx100io.open_device(dev_uri(host, port, io_timeout_ms=800,
+                                          connect_timeout_ms=10000, kato_ms=60000))
+        try:
+            async def main() -> None:
+                await _read(dev)
+                freeze(proc)
+                with pytest.raises(errors.FxTimeoutError):
+                    await _read(dev)
+                # io_timeout_ms bounds only a wait that starts now: make the
+                # waiting requests outlive it by closing before it ends
+                tasks = [asyncio.ensure_future(_read(dev, i * BS)) for i in range(3)]
+                await asyncio.sleep(0.3)
+                assert not any(t.done() for t in tasks)
+                dev.close()  # on the loop's thread, as `async with` does
+                res = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+                assert all(isinstance(r, errors.DeviceClosedError) for r in res), res
+
+            asyncio.run(main())
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            dev.close()
+
+
 def test_uri_options_are_checked():
     from fx100io import fabric_uri
     opts = fabric_uri.parse("nvme+tcp://127.0.0.1:4420/nqn.x?reconnect_ms=50&max_reconnects=0")
