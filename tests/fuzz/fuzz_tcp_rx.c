@@ -324,6 +324,18 @@ static void h_setup(uint8_t cfg)
 	q->ring.efd = -1;
 	h_fake_ring(&q->ring.uring, (cfg & 0x10) ? 1 : H_SQ);
 	H_CHECK(fx_reqs_init(&q->t, 16) == 0);
+	/* as tq_create: the reconnect policy's per-request stamps, and no
+	 * connector yet.  A request that finds the connection down fails at
+	 * once (max_reconnects 0); the attempt it starts fails at once too
+	 * (no address), on a connector thread that h_teardown joins. */
+	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
+	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
+	H_CHECK(q->queued_at && q->fails_at);
+	q->cx.wake_fd = q->cx.cancel_fd = -1;
+	pthread_mutex_init(&q->cx.lock, NULL);
+	pthread_cond_init(&q->cx.cond, NULL);
+	pthread_mutex_init(&H.d.open_lock, NULL);
+	H.d.max_reconnects = 0;
 
 	struct conn *c = calloc(1, sizeof(*c));
 	H_CHECK(c);
@@ -395,6 +407,16 @@ static void h_teardown(void)
 {
 	struct tcp_queue *q = H.q;
 
+	cx_stop(q);
+	if (q->cx.wake_fd >= 0)
+		close(q->cx.wake_fd);
+	if (q->cx.cancel_fd >= 0)
+		close(q->cx.cancel_fd);
+	pthread_cond_destroy(&q->cx.cond);
+	pthread_mutex_destroy(&q->cx.lock);
+	pthread_mutex_destroy(&H.d.open_lock);
+	free(q->queued_at);
+	free(q->fails_at);
 	free_tx(H.c);
 	free(H.c->cmds);
 	free(H.c->free_cmds);
