@@ -21,6 +21,7 @@ import errno
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -362,10 +363,25 @@ def test_io_timeout_bounds_the_wait_for_a_connection(backing):
             try:
                 with pytest.raises(errors.FxTimeoutError):
                     dev.read_into_blocking(0, out)
+                ticks = [0]
+                stop = threading.Event()
+
+                def count() -> None:
+                    while not stop.wait(0.005):
+                        ticks[0] += 1
+
+                th = threading.Thread(target=count)
+                th.start()
                 t0 = time.monotonic()
-                with pytest.raises(errors.FxTimeoutError):
-                    dev.read_into_blocking(0, out)
-                assert 0.45 < time.monotonic() - t0 < 3.0
+                try:
+                    with pytest.raises(errors.FxTimeoutError):
+                        dev.read_into_blocking(0, out)
+                    took = time.monotonic() - t0
+                finally:
+                    stop.set()
+                    th.join()
+                assert 0.45 < took < 3.0, took
+                assert ticks[0] > 20  # another Python thread ran meanwhile
             finally:
                 os.kill(proc.pid, signal.SIGCONT)
             deadline = time.monotonic() + 20
