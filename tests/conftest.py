@@ -78,7 +78,8 @@ def loop_device_512(tmp_path: Path):
 # (FX100IO_LAB=off) stay skips.
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 INSTALLED_BY_TEST_COMMAND = ("losetup", "cannot attach a loop device", "tshark", "lmcache",
-                             "make/gcc", "fabric lab needs", "without --rdma", "user-mode")
+                             "make/gcc", "fabric lab needs", "without --rdma", "user-mode",
+                             "fio is not installed", "matplotlib", "hypothesis")
 
 
 def _skip_reason(rep) -> str:

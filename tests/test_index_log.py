@@ -188,9 +188,74 @@ def test_failure_inside_a_compaction_keeps_the_old_half(h, monkeypatch):
         x.log.compact(x.live)
     monkeypatch.undo()
     assert writes[-1] == 0
+    # The header's write failed: whether it landed is unknown, so the log
+    # takes no commit until a reopen has decided which half is live.
+    with pytest.raises(errors.DeviceIOError, match="in doubt"):
+        x.commit([put("c", 8192)])
     assert x.replay() == x.expected() == {b"a": (0, 100, 7), b"b": (4096, 100, 7)}
     x.log.compact(x.live)
+    x.commit([put("c", 8192)])
     assert x.replay() == x.expected()
+
+
+@pytest.mark.parametrize("fails", ["header-flush", "header-write-after-landing"])
+def test_compaction_failing_after_its_header_was_issued_loses_nothing(h, monkeypatch, fails):
+    """The header of the new half was written (or its write reported failed
+    after it landed) and the flush after it failed: replay may take the new
+    half.  No later commit may be acknowledged into either half, or it could
+    be lost (before: later commits went into the old half and a reopen
+    served the previous version of an overwritten key)."""
+    x = h(16 << 10)
+    x.commit([put("a", 0)])
+    x.commit([put("b", 4096)])
+    real_write, real_flush = x.log.write_at, x.dev.flush_blocking
+    header = {"written": False}
+
+    def write_at(half, pos, data):
+        real_write(half, pos, data)
+        if pos == 0:
+            header["written"] = True
+            if fails == "header-write-after-landing":
+                raise errors.Fx100ioError(5, "injected write error after landing")
+
+    def flush():
+        if header["written"]:
+            header["written"] = False
+            raise errors.Fx100ioError(5, "injected flush failure")
+        real_flush()
+    monkeypatch.setattr(x.log, "write_at", write_at)
+    monkeypatch.setattr(x.dev, "flush_blocking", flush)
+    with pytest.raises(errors.Fx100ioError, match="injected"):
+        x.log.compact(x.live)
+    monkeypatch.undo()
+    with pytest.raises(errors.DeviceIOError, match="in doubt"):
+        x.commit([put("a", 12288, crc=99)])
+    assert x.replay() == x.expected() == {b"a": (0, 100, 7), b"b": (4096, 100, 7)}
+    x.commit([put("c", 8192)])
+    x.commit([put("a", 12288, crc=99)])
+    assert x.replay() == x.expected()
+
+
+def test_a_retried_compaction_uses_a_newer_generation(h, monkeypatch):
+    """Leftover segments of a failed compaction carry its generation; a
+    retry in the same process always goes past it, so a retry can never
+    chain into them."""
+    x = h(16 << 10)
+    x.commit([put("a", 0)])
+    gens = []
+    real = x.log.write_at
+
+    def failing(half, pos, data):
+        if pos == 0:
+            raise errors.Fx100ioError(5, "injected")
+        real(half, pos, data)
+    for _ in range(20):
+        x.log._in_doubt = None  # a failed header write, retried without a reopen
+        monkeypatch.setattr(x.log, "write_at", failing)
+        with pytest.raises(errors.Fx100ioError):
+            x.log.compact(x.live)
+        gens.append(x.log._tried_gen)
+    assert gens == sorted(gens) and len(set(gens)) == len(gens)
 
 
 def test_failed_append_is_never_replayed(h, monkeypatch):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 import fx100io
 
 KEY = 1000  # bytes per key: ~1 KiB per index record
@@ -109,3 +111,73 @@ def test_cancelled_put_waits_for_its_commit(tmp_file, monkeypatch):
     with fx100io.ChunkStore(str(tmp_file)) as st:
         out = bytearray(5000)
         assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"V" * 5000
+
+
+def test_aclose_waits_for_queued_commits_off_the_loop(tmp_file, monkeypatch):
+    """`async with` / aclose(): closing waits for index commits already
+    queued (here a slow one), without stalling the event loop meanwhile; the
+    put that was running completes and is durable."""
+    from fx100io.store.index_log import IndexLog
+    real = IndexLog.commit
+
+    def slow_commit(self, recs, live, apply=None):
+        time.sleep(0.4)
+        return real(self, recs, live, apply)
+
+    async def main():
+        st = fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20)
+        monkeypatch.setattr(IndexLog, "commit", slow_commit)
+        put = asyncio.create_task(st.batch_put(["k"], [b"v" * 5000]))
+        await asyncio.sleep(0.1)  # the data is written; the commit sleeps on the index thread
+        gaps: list[float] = []
+        done = asyncio.Event()
+
+        async def ticker():
+            last = time.perf_counter()
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.03)
+        await st.aclose()
+        done.set()
+        await tick
+        await put
+        return max(gaps)
+
+    worst = asyncio.run(main())
+    monkeypatch.undo()
+    assert worst < 0.15, f"the event loop stalled {worst * 1000:.0f} ms in aclose()"
+    with fx100io.ChunkStore(str(tmp_file)) as st:
+        out = bytearray(5000)
+        assert st.batch_get_blocking(["k"], [out]) == [True] and out == b"v" * 5000
+
+
+def test_a_failed_put_leaves_no_unretrieved_errors(tmp_file):
+    """A put whose writes fail (the store closed under it) raises one error;
+    the failed writes' own futures are seen, so asyncio logs no 'exception
+    was never retrieved' for each of them."""
+    import gc
+    seen: list[str] = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, ctx: seen.append(ctx.get("message", "")))
+        st = fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20)
+        await st.batch_put(["a"], [b"x" * 4096])
+        t = asyncio.create_task(st.batch_put([f"k{i}" for i in range(200)],
+                                             [b"y" * 4096] * 200))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        st.close()
+        with pytest.raises(fx100io.errors.Fx100ioError):
+            await t
+        del t
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    gc.collect()
+    assert not [m for m in seen if "never retrieved" in m], seen[:3]

@@ -33,13 +33,13 @@ import time
 import traceback
 
 import pytest
-from conftest import REPO
+from conftest import IN_CI, REPO
 from store_model_values import BLOCK, SIZES, SMALL_KEYS, make_value
 
 import fx100io
 from fx100io import errors
 
-if os.environ.get("CI") != "true":  # in CI the test command installs it: missing is a failure
+if not IN_CI:  # in CI the test command installs it: missing is a failure
     pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

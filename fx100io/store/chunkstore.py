@@ -334,9 +334,13 @@ class ChunkStore:
             # Writes already handed to the kernel still land; their extents
             # may be reused only after they have (cancelling the await does
             # not cancel the I/O).
-            pending = [f for *_, fs, _parts in started for f in fs if not f.done()]
+            writes = [f for *_, fs, _parts in started for f in fs]
+            pending = [f for f in writes if not f.done()]
             if pending:
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+            for f in writes:  # their errors are this put's, raised below: mark them seen
+                if not f.cancelled():
+                    f.exception()
             with self._mu:
                 for m, off, length in taken:
                     m.give_back(off, length)
@@ -533,12 +537,30 @@ class ChunkStore:
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Close the devices.  Every put that returned is already durable."""
+        """Close the devices.  Every put that returned is already durable.
+        Index commits already queued finish first (up to a compaction): in
+        a running event loop use ``await store.aclose()`` (or ``async
+        with``), which waits for them off the loop."""
         if self._closed:
             return
         self._closed = True
+        self._close_logs()
+        self._close_devices()
+
+    async def aclose(self) -> None:
+        """:meth:`close` for coroutines: the wait for queued index commits
+        runs off the event loop."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(None, self._close_logs)
+        self._close_devices()
+
+    def _close_logs(self) -> None:
         for m in self._members:
             m.log.close()  # commits already queued finish first
+
+    def _close_devices(self) -> None:
         for m in self._members:
             m.dev.close()
         unlock(self._locks)
@@ -557,7 +579,7 @@ class ChunkStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()
 
     def __repr__(self) -> str:
         uris = [m.dev.uri for m in self._members] if not self._closed else "closed"

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from fx100io import _core
 from fx100io.device import Device
-from fx100io.errors import DeviceFullError, NotAStoreError
+from fx100io.errors import DeviceFullError, DeviceIOError, NotAStoreError, StoreClosedError
 from fx100io.pool import aligned_array
 from fx100io.store import layout
 
@@ -99,6 +99,12 @@ class IndexLog:
         self.lock = threading.Lock()
         self._thread: ThreadPoolExecutor | None = None
         self._tainted = False  # the live half's tail holds a failed commit
+        # Set when a compaction failed after its header write was issued: the
+        # switch may or may not be on the device, so which half replay will
+        # take is unknown, and any commit appended to either could be lost.
+        self._in_doubt: str | None = None
+        self._tried_gen = generation  # highest generation a compaction has used
+        self._closed = False
         self._thread_mu = threading.Lock()
 
     # ------------------------------------------------------------ lifetime
@@ -185,6 +191,12 @@ class IndexLog:
         changed on the device or in memory, when the commit cannot fit even
         in a freshly compacted half."""
         with self.lock:
+            if self._in_doubt:
+                raise DeviceIOError(
+                    5, f"the store's index is in doubt after a failed compaction "
+                    f"({self._in_doubt}); no change is accepted until the store is closed and "
+                    "reopened (reopening finds every change acknowledged before it)",
+                    self.dev.target)
             segs, need = self._encode(self.generation, self.seq + 1, recs)
             if self._tainted or self.tail + need > self.sb.index_half:
                 self._compact(live, recs)
@@ -235,6 +247,8 @@ class IndexLog:
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._thread_mu:
+            if self._closed:
+                raise StoreClosedError(9, "ChunkStore is closed")
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(max_workers=1,
                                                   thread_name_prefix="fx100io-index")
@@ -244,6 +258,7 @@ class IndexLog:
         """Stop the log's thread once the commits queued on it are done."""
         with self._thread_mu:
             thread, self._thread = self._thread, None
+            self._closed = True
         if thread is not None:
             thread.shutdown(wait=True)
 
@@ -261,9 +276,13 @@ class IndexLog:
         del state
         # A random step, not +1: a compaction cut short by a crash leaves
         # segments of generation g+k in the other half; the next attempt
-        # must not reuse g+k, or replay could chain into that leftover.
+        # must not reuse g+k, or replay could chain into that leftover.  In
+        # this process every attempt also goes past the last one tried, so a
+        # failed attempt's leftovers can never be chained into by a retry.
         new_half = 1 - self.half
-        new_gen = self.generation + 1 + int.from_bytes(os.urandom(2), "little")
+        new_gen = max(self.generation, self._tried_gen) + 1 + int.from_bytes(os.urandom(2),
+                                                                             "little")
+        self._tried_gen = new_gen
         dev_index = self.sb.dev_index
         room = self.sb.index_half
         pos, nsegs = layout.BLOCK, 0
@@ -288,8 +307,16 @@ class IndexLog:
             pos += size
             nsegs += 1
         self.dev.flush_blocking()
-        self.write_at(new_half, 0, layout.encode_index_header(new_gen))
-        self.dev.flush_blocking()
+        try:
+            self.write_at(new_half, 0, layout.encode_index_header(new_gen))
+            self.dev.flush_blocking()
+        except BaseException as exc:
+            # The header may have landed (a write reported failed, or a
+            # failed flush of a write the device kept): replay could take
+            # either half, so appending to either could lose what is
+            # acknowledged next.  Stop here; a reopen decides.
+            self._in_doubt = f"{type(exc).__name__}: {exc}"
+            raise
         self.half, self.generation, self.tail = new_half, new_gen, pos
         self.seq += nsegs
         self._tainted = False
