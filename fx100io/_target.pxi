@@ -18,11 +18,13 @@ cdef extern from "target/target.h" nogil:
         uint32_t max_connections
         uint32_t handshake_timeout_ms
         uint32_t stall_timeout_ms
+        uint32_t idle_timeout_ms
         uint32_t fault_drop_after
         uint32_t fault_delay_ms
         uint32_t fault_corrupt_ddgst
         int verbose
         int quiet
+    uint32_t FX_TARGET_IDLE_NEVER
     int fx_target_create(const fx_target_config *cfg, fx_target **out)
     int fx_target_port(const fx_target *t)
     int fx_target_run(fx_target *t)
@@ -34,6 +36,7 @@ cdef extern from "target/target.h" nogil:
 def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int block_size=512,
                  allow_hosts=(), unsigned int max_io_queues=0, unsigned int max_connections=0,
                  unsigned int handshake_timeout_ms=0, unsigned int stall_timeout_ms=0,
+                 unsigned int idle_timeout_ms=300000,
                  unsigned int fault_drop_after=0,
                  unsigned int fault_delay_ms=0, unsigned int fault_corrupt_ddgst=0,
                  bint verbose=False, bint quiet=False, ready=None):
@@ -44,8 +47,13 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
 
     Limits (0: the default): max_connections (1024) open at once, more are
     closed at once; handshake_timeout_ms (10000) from accept to a completed
-    ICReq and Connect; stall_timeout_ms (30000) without progress inside a PDU
-    or on a host that stopped reading."""
+    ICReq and Connect; stall_timeout_ms (30000) for a whole PDU from its first
+    byte, and without progress on a host that stopped reading;
+    idle_timeout_ms (300000 = 5 min; 0: never) of nothing received on a
+    Connected queue whose controller has keep alive off (KATO 0).  At the
+    connection limit a new connection evicts one still in its handshake, else
+    the longest idle KATO-0 queue idle for 1 s (or handshake_timeout_ms when
+    shorter), else it is closed."""
     cdef fx_target_config cfg
     cdef fx_target *t = NULL
     cdef const char **paths = NULL
@@ -78,6 +86,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.max_connections = max_connections
         cfg.handshake_timeout_ms = handshake_timeout_ms
         cfg.stall_timeout_ms = stall_timeout_ms
+        cfg.idle_timeout_ms = idle_timeout_ms if idle_timeout_ms else FX_TARGET_IDLE_NEVER
         cfg.fault_drop_after = fault_drop_after
         cfg.fault_delay_ms = fault_delay_ms
         cfg.fault_corrupt_ddgst = fault_corrupt_ddgst

@@ -49,15 +49,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="I/O queues granted per controller (default 64)")
     lim = p.add_argument_group("limits against hostile, broken or vanished hosts")
     lim.add_argument("--max-connections", type=int, default=1024, metavar="N",
-                     help="connections open at once; more are closed at once, with a log line "
-                     "(default 1024)")
+                     help="connections open at once (default 1024); at the limit a new one "
+                     "evicts the oldest still in its handshake, else the longest idle queue "
+                     "of a controller without keep alive (KATO 0) idle for 1 s or more, else "
+                     "it is closed at once; with a log line")
     lim.add_argument("--handshake-timeout-ms", type=int, default=10000, metavar="MS",
                      help="close a connection that has not completed ICReq and Connect this "
                      "long after it connected (default 10000)")
     lim.add_argument("--stall-timeout-ms", type=int, default=30000, metavar="MS",
-                     help="close a connection whose host stops in the middle of a PDU, or stops "
-                     "reading what we send, for this long (default 30000); an idle Connected "
-                     "queue is not affected: its controller's KATO bounds it")
+                     help="close a connection whose host does not complete a PDU within this "
+                     "long of its first byte, or stops reading what we send for this long "
+                     "(default 30000); silence between PDUs is bounded by the controller's "
+                     "KATO, or --idle-timeout-ms")
+    lim.add_argument("--idle-timeout-ms", type=int, default=300000, metavar="MS",
+                     help="close a Connected queue whose controller has keep alive off (KATO 0) "
+                     "once it has received nothing, with no command in progress, for this "
+                     "long (default 300000 = 5 min; 0 = never); controllers with a KATO are "
+                     "closed when their KATO expires instead")
     p.add_argument("-v", "--verbose", action="store_true", help="log every command")
     p.add_argument("-q", "--quiet", action="store_true", help="no log lines (benchmarks)")
     f = p.add_argument_group("fault injection (tests)")
@@ -153,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         for opt in ("max_connections", "handshake_timeout_ms", "stall_timeout_ms"):
             if not 1 <= getattr(args, opt) <= 0xFFFFFFFF:
                 raise ValueError(f"--{opt.replace('_', '-')} must be 1..4294967295")
+        if not 0 <= args.idle_timeout_ms <= 0xFFFFFFFF:
+            raise ValueError("--idle-timeout-ms must be 0..4294967295 (0: never)")
     except ValueError as e:
         print(f"fx100io target: error: {e}", file=sys.stderr)
         return 2
@@ -174,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                max_connections=args.max_connections,
                                handshake_timeout_ms=args.handshake_timeout_ms,
                                stall_timeout_ms=args.stall_timeout_ms,
+                               idle_timeout_ms=args.idle_timeout_ms,
                                fault_drop_after=args.fault_drop_after,
                                fault_delay_ms=args.fault_delay_ms,
                                fault_corrupt_ddgst=args.fault_corrupt_ddgst,

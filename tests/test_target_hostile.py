@@ -4,7 +4,10 @@ flood beyond the connection limit, a host that stalls in the middle of a PDU
 and one that stops reading.  None of them may exhaust the target's threads
 or descriptors, each is closed within its deadline, and a good host (our own
 initiator) is served with the right bytes all the while.  An idle but
-Connected queue is legal and is never reaped."""
+Connected queue is legal: its controller's KATO bounds it, or without a KATO
+the idle timeout (--idle-timeout-ms), and at the connection limit an idle
+queue without a KATO gives way to a new host.  A PDU must arrive whole within
+the stall timeout of its first byte."""
 
 from __future__ import annotations
 
@@ -130,15 +133,17 @@ def test_idle_and_half_open_connections_are_closed_and_a_good_host_is_served(bac
 
 
 def test_connection_limit_refuses_at_once_with_one_log_line(backing, tmp_path):
-    """With every slot a Connected queue, a new connection is closed at
+    """With every slot a Connected queue of a controller with a live keep
+    alive (idle or not: its KATO governs it), a new connection is closed at
     once, and the flood is told in a line or two, not one per connection."""
     limit = 8
     log = tmp_path / "target.log"
     with serve([backing], NQN, "--max-connections", str(limit), log=log) as (_, port, proc):
         base_threads, base_fds = threads(proc.pid), fds(proc.pid)
-        a = admin(port, kato=0)
+        a = admin(port, kato=30000)
         a.set_queues(limit - 1)
         queues = [io_queue(port, a.cntlid, qid) for qid in range(1, limit)]
+        time.sleep(1.3)  # idle past the grace after which a KATO-0 queue gives way
         t0 = time.monotonic()
         for _ in range(50):
             s = socket.create_connection(("127.0.0.1", port))
@@ -206,7 +211,8 @@ def test_at_the_limit_handshakes_give_way_to_new_connections(backing, tmp_path):
 
 def test_idle_connected_queues_are_not_reaped(backing, tmp_path):
     """Connected queues with no traffic (KATO 0 on the raw host; our initiator
-    keeps its controller alive) outlive every timeout of the target."""
+    keeps its controller alive) outlive the handshake and stall timeouts (the
+    idle timeout of a KATO-0 controller is 5 minutes by default)."""
     with serve([backing], NQN, "--handshake-timeout-ms", "300", "--stall-timeout-ms", "300",
                log=tmp_path / "target.log") as (_, port, proc):
         a = admin(port, kato=0)
@@ -308,6 +314,7 @@ def test_a_write_whose_data_never_comes_holds_no_thread_forever(backing, tmp_pat
     (["--max-connections", "0"], "--max-connections"),
     (["--handshake-timeout-ms", "0"], "--handshake-timeout-ms"),
     (["--stall-timeout-ms", "-5"], "--stall-timeout-ms"),
+    (["--idle-timeout-ms", "-1"], "--idle-timeout-ms"),
 ])
 def test_cli_refuses_bad_limits(tmp_path, args, msg):
     ns = tmp_path / "ns.img"
@@ -320,7 +327,8 @@ def test_cli_refuses_bad_limits(tmp_path, args, msg):
 
 def test_binding_takes_the_limits(backing):
     """target_serve(..., max_connections=, handshake_timeout_ms=,
-    stall_timeout_ms=): a connection that never sends ICReq is closed."""
+    stall_timeout_ms=, idle_timeout_ms=): a connection that never sends ICReq
+    is closed, and a silent KATO-0 controller's queue too."""
     import threading
 
     from fx100io import _core
@@ -330,7 +338,7 @@ def test_binding_takes_the_limits(backing):
 
     def run() -> None:
         _core.target_serve("127.0.0.1", "0", NQN, [backing], quiet=True, max_connections=4,
-                           handshake_timeout_ms=300, stall_timeout_ms=300,
+                           handshake_timeout_ms=300, stall_timeout_ms=300, idle_timeout_ms=500,
                            ready=lambda p: (ports.append(p), ready.set()))
 
     th = threading.Thread(target=run, daemon=True)
@@ -347,6 +355,11 @@ def test_binding_takes_the_limits(backing):
         assert sum(closed_by_target(x, 0.5) for x in extra[4:]) == 2  # over the limit
         for x in extra:
             x.close()
+        time.sleep(0.5)
+        a = admin(ports[0], kato=0)
+        t0 = time.monotonic()
+        assert closed_by_target(a.sock, 5.0)
+        assert 0.3 <= time.monotonic() - t0 < 3.0
     finally:
         _core.target_stop()
         th.join(10)
@@ -390,3 +403,108 @@ def test_admin_data_buffers_per_connection_are_bounded(backing, tmp_path):
         p = a.recv_pdu()
         assert p.type == 9 and struct.unpack_from("<H", p.header, 8)[0] == cid
         assert proc.poll() is None
+
+
+def test_at_the_limit_a_silent_kato0_host_gives_way_to_a_good_host(backing, tmp_path):
+    """A raw host with keep alive off (KATO 0) fills the connection limit and
+    goes silent: a good host still gets in (the longest idle KATO-0 queue is
+    closed for it), while a controller whose keep alive arrives keeps its
+    idle queues."""
+    limit = 6
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--max-connections", str(limit), log=log) as (_, port, proc):
+        kb = admin(port, kato=3000)  # KATO'd, keeps its controller alive below
+        kb.set_queues(1)
+        kq = io_queue(port, kb.cntlid, 1)
+        a = admin(port, kato=0)
+        a.set_queues(3)
+        silent = [a] + [io_queue(port, a.cntlid, qid) for qid in range(1, 4)]
+        for _ in range(4):  # > the 1 s grace; only kb speaks
+            time.sleep(0.4)
+            assert kb.cmd(sqe(0x18))[0].ok
+        good_host_round_trip(port, "evicts-the-silent")
+        assert sum(closed_by_target(h.sock, 2.0) for h in silent) >= 3
+        # the KATO'd controller and its idle queue were not touched
+        assert kb.cmd(sqe(0x18))[0].ok
+        blk = os.urandom(512)
+        assert kq.write(3, blk, 512).ok and kq.read(3, 1, 512)[1] == blk
+        assert proc.poll() is None
+    text = log.read_text()
+    lines = [ln for ln in text.splitlines() if "idle" in ln and "to make room" in ln]
+    assert lines and "KATO 0" in lines[0], text[-3000:]
+    assert len(lines) <= 5, lines
+
+
+def test_idle_kato0_connections_are_reaped_and_kato_hosts_are_not(backing, tmp_path):
+    """--idle-timeout-ms: Connected queues of a controller without keep alive
+    that receive nothing for that long are closed, in one log line per sweep;
+    a controller whose host sends keep alives keeps its idle I/O queue."""
+    idle_ms = 1000
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--idle-timeout-ms", str(idle_ms), log=log) as (_, port, proc):
+        base_threads = threads(proc.pid)
+        kb = admin(port, kato=1500)
+        kb.set_queues(1)
+        kq = io_queue(port, kb.cntlid, 1)
+        silent = []
+        for _ in range(3):
+            a = admin(port, kato=0)
+            a.set_queues(2)
+            silent += [a, io_queue(port, a.cntlid, 1), io_queue(port, a.cntlid, 2)]
+        t_last = time.monotonic()
+        assert not any(closed_by_target(h.sock, 0.001) for h in silent)
+        # a good host is served while they sit there
+        good_host_round_trip(port, "beside-the-idle")
+        slack = 1.5
+        reaped_at = []
+        for i, h in enumerate(silent):
+            assert closed_by_target(h.sock, t_last + idle_ms / 1000 + slack - time.monotonic()), \
+                f"silent connection {i} still open"
+            reaped_at.append(time.monotonic())
+        assert min(reaped_at) - t_last >= idle_ms / 1000 - 0.15, "reaped too early"
+        # the KATO'd host: keep alive on the admin queue only, I/O queue idle
+        for _ in range(8):  # 3.2 s > 3x the idle timeout
+            time.sleep(0.4)
+            assert kb.cmd(sqe(0x18))[0].ok
+        assert not closed_by_target(kq.sock, 0.001)
+        blk = os.urandom(512)
+        assert kq.write(11, blk, 512).ok and kq.read(11, 1, 512)[1] == blk
+        kb.close()
+        kq.close()
+        assert settled(threads, proc.pid, base_threads) <= base_threads
+        assert proc.poll() is None
+    text = log.read_text()
+    lines = [ln for ln in text.splitlines() if "--idle-timeout-ms" in ln]
+    assert lines and f"{idle_ms} ms" in lines[0] and "KATO 0" in lines[0], text[-3000:]
+    assert len(lines) <= 9, lines  # per sweep, not per connection (9 closed)
+
+
+def test_a_pdu_dripped_byte_by_byte_is_bounded_by_the_stall_timeout(backing, tmp_path):
+    """The stall timeout bounds a whole PDU from its first byte: a host that
+    sends a capsule header one byte every stall/3 is closed after about
+    stall_ms, and a normal host (1 MiB writes and reads) is unaffected."""
+    stall_ms = 600
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--stall-timeout-ms", str(stall_ms), log=log) as (_, port, proc):
+        a = admin(port, kato=0)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        hdr = struct.pack("<BBBBI", CMD, 0, 72, 0, 72) + bytes(64)
+        t0 = time.monotonic()
+        closed = False
+        for i in range(len(hdr)):
+            try:
+                q.sock.send(hdr[i:i + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if closed_by_target(q.sock, stall_ms / 3000):
+                closed = True
+                break
+        took = time.monotonic() - t0
+        assert closed, "a dripped PDU held the queue for 72 x stall/3"
+        assert stall_ms / 1000 - 0.1 <= took < stall_ms / 1000 + 1.0, took
+        good_host_round_trip(port, "after-the-drip")
+        assert a.cmd(sqe(0x18))[0].ok
+        assert proc.poll() is None
+    assert "stalled" in log.read_text()

@@ -12,11 +12,12 @@
  * been consumed, so the stream is still in step, and the command fails with
  * Transient Transport Error for the host to retry.
  *
- * No thread waits forever on a host: the socket's receive and send timeouts
- * (stall_ms, set once at accept) end the connection when a PDU stops half
- * way or the host stops reading, while silence between PDUs is legal (the
- * handshake deadline and the controller's KATO bound it; target.c enforces
- * both).
+ * No thread waits forever on a host: a PDU must arrive whole within stall_ms
+ * of its first byte (the receive timeout, lowered to what is left of that
+ * as the PDU drags on), and the send timeout (stall_ms, set once at accept)
+ * ends a connection whose host stops reading; silence between PDUs is legal
+ * (the handshake deadline, the controller's KATO, or without a KATO the idle
+ * timeout bound it; target.c enforces them).
  *
  * Reads stream: without a data digest the whole transfer is one C2HData PDU
  * whose payload goes from the page cache to the socket with sendfile(); with
@@ -56,32 +57,83 @@ const char *tgt_conn_state_str(enum tgt_conn_state s)
 
 /* ------------------------------------------------------------ socket I/O */
 
-/* The receive timeout fired: legal between PDUs (idle_ok), the end of the
- * connection inside one. */
-static int stalled(struct tgt_conn *c, const char *what)
+/* The PDU being received is not complete stall_ms after its first byte. */
+static int stalled(struct tgt_conn *c)
 {
-	tgt_log(c->t, "%s qid %u: host stalled %s for %u ms; closing", c->peer, c->qid, what,
-	        c->t->stall_ms);
+	tgt_log(c->t, "%s qid %u: host stalled in the middle of a PDU (not complete %u ms after "
+	        "its first byte); closing", c->peer, c->qid, c->t->stall_ms);
 	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
 }
 
-static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int idle_ok)
+static void set_rcvtimeo(struct tgt_conn *c, uint32_t ms)
+{
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+
+	if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
+		c->rcvtimeo_ms = ms;
+}
+
+/*
+ * Before a blocking receive inside a PDU: the time left to its deadline
+ * bounds the receive.  SO_RCVTIMEO is lowered only when it exceeds what is
+ * left by more than a sixteenth of stall_ms (a PDU may thus take up to
+ * 17/16 stall_ms), so a PDU that arrives at once costs no system call, and a
+ * slow one at most 16.  0, or -ETIMEDOUT past the deadline.
+ */
+static int pdu_time_left(struct tgt_conn *c)
+{
+	uint64_t now = tgt_now_ms();
+	uint64_t left;
+
+	if (now >= c->pdu_deadline_ms)
+		return stalled(c);
+	left = c->pdu_deadline_ms - now;
+	if (left + c->t->stall_ms / 16u < c->rcvtimeo_ms)
+		set_rcvtimeo(c, (uint32_t)(left ? left : 1));
+	return 0;
+}
+
+/*
+ * Receive n bytes.  start: they begin a PDU, and silence before its first
+ * byte is legal (the handshake deadline, KATO or the idle timeout bound it,
+ * in target.c); the receive timeout then only wakes us.  Once the first byte
+ * is here, the whole PDU must arrive within stall_ms of it: later receives
+ * (start 0) are bounded by that deadline, not by each one's progress, so a
+ * host dripping a byte now and then cannot hold the queue inside a PDU.
+ */
+static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 {
 	uint8_t *p = buf;
 
+	if (start) {
+		if (c->rcvtimeo_ms != c->t->stall_ms)
+			set_rcvtimeo(c, c->t->stall_ms);
+		atomic_store(&c->wait_since_ms, tgt_now_ms());
+	}
 	while (n) {
-		ssize_t r = recv(c->fd, p, n, MSG_WAITALL);
+		ssize_t r;
+		int ret;
 
+		if (!start && (ret = pdu_time_left(c)) != 0)
+			return ret;
+		/* (at the start, what is there: the first byte starts the clock) */
+		r = recv(c->fd, p, n, start ? 0 : MSG_WAITALL);
 		if (r > 0) {
 			p += r;
 			n -= (size_t)r;
-			idle_ok = 0;
+			if (start) {
+				uint64_t now = tgt_now_ms();
+
+				c->pdu_deadline_ms = now + c->t->stall_ms;
+				atomic_store(&c->wait_since_ms, 0);
+				start = 0;
+			}
 		} else if (r == 0) {
 			return -ECONNRESET;
 		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			if (!idle_ok)
-				return stalled(c, "in the middle of a PDU");
+			if (!start)
+				return stalled(c);
 		} else if (errno != EINTR) {
 			return -errno;
 		}

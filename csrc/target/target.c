@@ -5,14 +5,15 @@
  * Connects join it by cntlid) and the keep-alive timer.
  *
  * Threads: the caller of fx_target_run() accepts (at the connection limit,
- * evicting one still in its handshake, or refusing), reaps finished
- * connection threads, and every 100 ms closes connections past their
- * handshake deadline and controllers past their KATO; each connection thread
- * owns its socket's reads and writes, which time out when a host stalls
- * (conn.c).  A connection's fd is closed only by the
- * listener after joining its thread, so other threads may shutdown() it
- * (keep-alive expiry, controller reset, stop) without racing a reuse of the
- * descriptor number.
+ * evicting one still in its handshake or an idle queue without keep alive,
+ * or refusing), reaps finished connection threads, and every 100 ms closes
+ * connections past their handshake deadline, controllers past their KATO and
+ * queues of controllers without a KATO idle past the idle timeout; each
+ * connection thread owns its socket's reads and writes, which time out when
+ * a host stalls (conn.c).  A connection's fd is closed only by the listener
+ * after joining its thread, so other threads may shutdown() it (keep-alive
+ * expiry, controller reset, idle reaping, stop) without racing a reuse of
+ * the descriptor number.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -260,6 +261,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t->handshake_ms = cfg->handshake_timeout_ms ? cfg->handshake_timeout_ms
 	                                            : FX_TGT_DEFAULT_HANDSHAKE_MS;
 	t->stall_ms = cfg->stall_timeout_ms ? cfg->stall_timeout_ms : FX_TGT_DEFAULT_STALL_MS;
+	t->idle_ms = cfg->idle_timeout_ms == FX_TARGET_IDLE_NEVER ? 0
+	             : cfg->idle_timeout_ms                        ? cfg->idle_timeout_ms
+	                                                           : FX_TGT_DEFAULT_IDLE_MS;
 	t->verbose = cfg->verbose;
 	t->quiet = cfg->quiet;
 	t->next_cntlid = 1;
@@ -647,6 +651,7 @@ static struct tgt_conn *conn_new(struct fx_target *t, int fd)
 	c->t = t;
 	c->fd = fd;
 	c->accepted_ms = tgt_now_ms();
+	c->rcvtimeo_ms = t->stall_ms;
 	conn_sockopts(t, fd);
 	return c;
 }
@@ -723,26 +728,63 @@ int tgt_serve_fd(struct fx_target *t, int fd)
 	return 0;
 }
 
+/* How long a Connected queue of a controller without keep alive has been
+ * idle (under t->lock): received nothing and executed nothing since it began
+ * waiting for its next PDU; an admin queue also needs its controller to have
+ * had no command on any queue (closing it ends the controller).  0 when it
+ * is busy, not Connected, kept alive by a KATO, or already closing. */
+static uint64_t idle_age_locked(const struct tgt_conn *c, uint64_t now)
+{
+	uint64_t since = atomic_load(&c->wait_since_ms), last;
+
+	if (!since || !c->ctrl || c->ctrl->kato_ms || c->deadline_hit || !atomic_load(&c->live) ||
+	    atomic_load(&c->done) || now < since)
+		return 0;
+	if (c->qid == 0) {
+		last = atomic_load(&c->ctrl->last_cmd_ms);
+		if (last > since)
+			since = last;
+		if (now < since)
+			return 0;
+	}
+	return now - since;
+}
+
+/* At the limit, how long a queue without keep alive must have been idle
+ * before it gives way to a new connection: long beside the gap between a
+ * host's Connect and its first command (or between commands of a queue in
+ * use), short enough that a silent host locks new hosts out only briefly. */
+static uint32_t idle_grace_ms(const struct fx_target *t)
+{
+	return t->handshake_ms < FX_TGT_EVICT_IDLE_GRACE_MS ? t->handshake_ms
+	                                                     : FX_TGT_EVICT_IDLE_GRACE_MS;
+}
+
 /* Say what the connection limit did, in one or two lines a second at most:
  * a flood must not become a flood of log lines. */
 static void limit_notice(struct fx_target *t)
 {
 	uint64_t now = tgt_now_ms();
 
-	if (!t->lim_refused && !t->lim_evicted)
+	if (!t->lim_refused && !t->lim_evicted && !t->lim_idle_evicted)
 		return;
 	if (t->lim_log_ms && now - t->lim_log_ms < 1000)
 		return;
 	if (t->lim_refused)
 		tgt_log(t, "refused %u connection%s (the last from %s): connection limit %u reached "
-		        "(--max-connections), every connection Connected or closing", t->lim_refused,
+		        "(--max-connections), every connection busy, kept alive or closing", t->lim_refused,
 		        t->lim_refused == 1 ? "" : "s", t->lim_peer, t->max_conns);
 	if (t->lim_evicted)
 		tgt_log(t, "closed %u connection%s still in their ICReq/Connect handshake, oldest first, "
 		        "to make room for new ones: connection limit %u reached (--max-connections)",
 		        t->lim_evicted, t->lim_evicted == 1 ? "" : "s", t->max_conns);
+	if (t->lim_idle_evicted)
+		tgt_log(t, "closed %u idle Connected connection%s (controller keep alive off, KATO 0; "
+		        "nothing received for %u ms or more), longest idle first, to make room for new "
+		        "ones: connection limit %u reached (--max-connections)", t->lim_idle_evicted,
+		        t->lim_idle_evicted == 1 ? "" : "s", idle_grace_ms(t), t->max_conns);
 	t->lim_log_ms = now;
-	t->lim_refused = t->lim_evicted = 0;
+	t->lim_refused = t->lim_evicted = t->lim_idle_evicted = 0;
 }
 
 /*
@@ -776,8 +818,45 @@ static int evict_pending(struct fx_target *t)
 	return old != NULL;
 }
 
+/*
+ * At the limit with no handshake to evict: the Connected queue without keep
+ * alive that has been idle the longest, if for at least idle_grace_ms(), so
+ * that a host that Connects with KATO 0 and goes silent cannot hold every
+ * slot.  Queues that are busy or whose controller has a KATO (KATO expiry
+ * governs those) are never taken.  Same slack bound as evict_pending().
+ */
+static int evict_idle(struct fx_target *t)
+{
+	struct tgt_conn *old = NULL;
+	uint64_t now = tgt_now_ms(), best = 0;
+	unsigned dying = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		uint64_t age;
+
+		if (c->deadline_hit || atomic_load(&c->done)) {
+			dying++;
+			continue;
+		}
+		age = idle_age_locked(c, now);
+		if (age >= idle_grace_ms(t) && age > best) {
+			best = age;
+			old = c;
+		}
+	}
+	if (old && dying < FX_TGT_EVICT_SLACK) {
+		shutdown(old->fd, SHUT_RDWR);
+		old->deadline_hit = 1;
+	} else {
+		old = NULL;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return old != NULL;
+}
+
 /* A new connection: served, served after evicting one still in its
- * handshake, or refused (closed at once). */
+ * handshake or an idle one without keep alive, or refused (closed at once). */
 static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
 {
 	unsigned open;
@@ -795,6 +874,9 @@ static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss
 		start_conn(t, fd, ss);
 	} else if (evict_pending(t)) {
 		t->lim_evicted++;
+		start_conn(t, fd, ss);
+	} else if (evict_idle(t)) {
+		t->lim_idle_evicted++;
 		start_conn(t, fd, ss);
 	} else {
 		close(fd);
@@ -830,6 +912,32 @@ static void check_handshakes(struct fx_target *t)
 		tgt_log(t, "closed %u connections (%s, ...) that did not complete ICReq/Connect within "
 		        "%u ms", n, first, t->handshake_ms);
 	limit_notice(t); /* what the last second's flood left unsaid */
+}
+
+/* Close Connected queues of controllers without keep alive that have been
+ * idle for idle_ms (--idle-timeout-ms); one log line per sweep. */
+static void check_idle(struct fx_target *t)
+{
+	uint64_t now = tgt_now_ms();
+	unsigned n = 0;
+	char first[96] = "";
+
+	if (!t->idle_ms)
+		return;
+	pthread_mutex_lock(&t->lock);
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		if (idle_age_locked(c, now) < t->idle_ms)
+			continue;
+		shutdown(c->fd, SHUT_RDWR);
+		c->deadline_hit = 1;
+		if (!n++)
+			snprintf(first, sizeof(first), "%s qid %u", c->peer, c->qid);
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (n)
+		tgt_log(t, "closed %u idle connection%s (%s%s): controller keep alive off (KATO 0) and "
+		        "nothing received for %u ms (--idle-timeout-ms)", n, n == 1 ? "" : "s", first,
+		        n == 1 ? "" : ", ...", t->idle_ms);
 }
 
 int fx_target_run(struct fx_target *t)
@@ -873,6 +981,7 @@ int fx_target_run(struct fx_target *t)
 		}
 		check_handshakes(t);
 		check_kato(t);
+		check_idle(t);
 	}
 
 	/* Stop: refuse new connections, end the live ones, wait for them. */

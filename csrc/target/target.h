@@ -20,6 +20,8 @@
 
 struct fx_target;
 
+#define FX_TARGET_IDLE_NEVER 0xFFFFFFFFu
+
 struct fx_target_config {
 	const char *host;      /* listen address (literal or name), e.g. "127.0.0.1", "::" */
 	const char *port;      /* service; "0" picks a free port (see fx_target_port) */
@@ -33,17 +35,29 @@ struct fx_target_config {
 	/* Limits against hosts that are hostile, broken or gone; 0 = default.
 	 * max_connections (1024; fewer when the open files limit is lower):
 	 * at the limit, a new connection evicts the oldest one still in its
-	 * ICReq/Connect handshake, or when every one is Connected, is closed at
-	 * once; both with a log line.
+	 * ICReq/Connect handshake; failing that, the longest idle Connected
+	 * queue of a controller with keep alive off (KATO 0) that has been idle
+	 * for 1 s (or handshake_timeout_ms, when shorter); failing that (every
+	 * connection busy or kept alive), it is closed at once; each with a
+	 * log line.
 	 * handshake_timeout_ms (10000): a connection must complete ICReq and
 	 * Connect within this long of its accept, or it is closed.
-	 * stall_timeout_ms (30000): once a PDU has begun, its bytes must keep
-	 * coming, and a host must keep reading what we send; no progress for
-	 * this long closes the connection.  (A Connected queue may be silent
-	 * between PDUs as long as its controller lives: KATO bounds that.) */
+	 * stall_timeout_ms (30000): once a PDU's first byte has arrived, the
+	 * whole PDU (header, data, digests) must arrive within this long, and a
+	 * host must keep reading what we send (no progress for this long);
+	 * otherwise the connection is closed.  A Connected queue may be silent
+	 * between PDUs while its controller lives: KATO bounds that, or
+	 * idle_timeout_ms when the controller has no KATO.
+	 * idle_timeout_ms (300000; FX_TARGET_IDLE_NEVER: never): a Connected
+	 * queue whose controller has keep alive off (KATO 0) and that has
+	 * received nothing, with no command being executed or answered, for
+	 * this long is closed (one log line per sweep).  An admin queue counts
+	 * as busy while any queue of its controller gets commands.  Controllers
+	 * with a KATO are left to their KATO. */
 	uint32_t max_connections;
 	uint32_t handshake_timeout_ms;
 	uint32_t stall_timeout_ms;
+	uint32_t idle_timeout_ms;
 	/* fault injection for tests; 0 = off */
 	uint32_t fault_drop_after;   /* close a connection after it sent this many PDUs */
 	uint32_t fault_delay_ms;     /* sleep before answering each command */

@@ -34,6 +34,11 @@
 #define FX_TGT_DEFAULT_MAX_CONNS 1024u
 #define FX_TGT_DEFAULT_HANDSHAKE_MS 10000u
 #define FX_TGT_DEFAULT_STALL_MS 30000u
+#define FX_TGT_DEFAULT_IDLE_MS 300000u
+/* At the connection limit, a Connected queue of a controller without keep
+ * alive may be closed for a new connection once it has been idle this long
+ * (or the handshake timeout, when shorter; see evict_idle() in target.c). */
+#define FX_TGT_EVICT_IDLE_GRACE_MS 1000u
 /* Connections closed at the limit (or by their deadline) whose threads have
  * not ended yet: at most this many on top of the limit. */
 #define FX_TGT_EVICT_SLACK 64u
@@ -119,8 +124,14 @@ struct tgt_conn {
 	int thread_started;
 	atomic_int done;    /* thread finished; the listener joins and frees */
 	atomic_int live;    /* Connect done: no handshake deadline any more */
+	/* When the thread began waiting for the next PDU with nothing in hand
+	 * (0: it is inside a PDU or busy with a command): the idle reaper's
+	 * clock for queues whose controller has no keep alive. */
+	_Atomic uint64_t wait_since_ms;
+	uint64_t pdu_deadline_ms; /* the PDU being received must be complete by then */
+	uint32_t rcvtimeo_ms;     /* SO_RCVTIMEO now set on fd */
 	uint64_t accepted_ms;
-	int deadline_hit;   /* the listener shut it for the handshake deadline (under lock) */
+	int deadline_hit;   /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
 	char local_addr[64]; /* address the host reached us at (discovery traddr) */
 	int local_family;
@@ -160,6 +171,7 @@ struct fx_target {
 	uint32_t max_io_queues;
 	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
 	uint32_t max_conns, handshake_ms, stall_ms;
+	uint32_t idle_ms;        /* 0: never reap idle queues */
 	int verbose, quiet;
 	uint8_t serial[20];
 	int lfd;
@@ -170,7 +182,7 @@ struct fx_target {
 	unsigned n_conns;        /* in conns, finished or not; under lock */
 	/* listener only: what the connection limit did since the last line */
 	uint64_t lim_log_ms;
-	unsigned lim_refused, lim_evicted;
+	unsigned lim_refused, lim_evicted, lim_idle_evicted;
 	char lim_peer[80];
 	struct tgt_ctrl *ctrls;  /* under lock */
 	uint16_t next_cntlid;
