@@ -28,8 +28,9 @@ ME = f"hostnqn=nqn.2014-08.io.fx100:me&hostid={HOSTID}"
 STR_MAX = {"host": 255, "port": 15, "subnqn": 223, "hostnqn": 223}
 U32 = 2**32 - 1
 INT_MAX = {"nsid": U32 - 1, "queues": 64, "kato_ms": U32, "max_xfer": U32,
-           "connect_timeout_ms": 2**31 - 1, "io_timeout_ms": 2**31 - 1}
-INT_MIN = {"kato_ms": 0}
+           "connect_timeout_ms": 2**31 - 1, "io_timeout_ms": 2**31 - 1,
+           "reconnect_ms": 2**31 - 1, "max_reconnects": 2**31 - 1}
+INT_MIN = {"kato_ms": 0, "reconnect_ms": 0, "max_reconnects": 0}
 
 
 def check_contract(target: str) -> dict[str, str]:
