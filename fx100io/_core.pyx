@@ -5,6 +5,10 @@ raise from the return code.  No policy lives here."""
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
                              PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS)
 from libc.stdlib cimport malloc, free
+from posix.unistd cimport usleep
+
+cdef enum:
+    CLOSE_POLL_MS = 100  # how soon a blocked wait notices another thread closing its queue
 from libc.string cimport memset
 from libc.stdint cimport uintptr_t
 
@@ -361,6 +365,12 @@ cdef class Queue:
     cdef Dev dev
     cdef fx_cqe *cqes
     cdef unsigned ncqes
+    # Calls inside C without the GIL (submit, wait).  close() from another
+    # thread must not destroy the queue under them: it marks the queue
+    # closing (new calls raise DeviceClosedError, waits return within
+    # CLOSE_POLL_MS) and destroys it once the last of them has left.
+    cdef int users
+    cdef bint closing
 
     def __cinit__(self, Dev dev, unsigned depth=64, unsigned max_io=1 << 20,
                   unsigned slots=4096):
@@ -383,11 +393,22 @@ cdef class Queue:
     def close(self):
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
-        cdef fx_queue *q = self.q
+        cdef fx_queue *q
+        self.closing = True
+        while self.users > 0:  # another thread is inside submit or wait
+            with nogil:
+                usleep(1000)
+        q = self.q
         if q != NULL:
             self.q = NULL
             with nogil:
                 fx_queue_destroy(q)
+
+    cdef int _enter(self) except -1:
+        if self.q == NULL or self.closing:
+            raise error_from_errno(9, self.dev.target)
+        self.users += 1
+        return 0
 
     def __dealloc__(self):
         # Without the GIL: a transport may wait (bounded) for its connector
@@ -428,10 +449,9 @@ cdef class Queue:
         cdef unsigned n = len(reqs)
         cdef fx_req *c
         cdef int rc
-        if self.q == NULL:
-            raise error_from_errno(9, self.dev.target)
         if n == 0:
             return 0
+        self._enter()
         c = <fx_req *>malloc(n * sizeof(fx_req))
         if c == NULL:
             raise MemoryError()
@@ -448,6 +468,7 @@ cdef class Queue:
             check(rc, f"submit to {self.dev.target}")
             return rc
         finally:
+            self.users -= 1
             free(c)
 
     def reap(self):
@@ -468,12 +489,27 @@ cdef class Queue:
 
     def wait(self, unsigned min_done=1, int timeout_ms=-1):
         """Block (without the GIL) until min_done requests are ready to
-        reap; returns False on timeout."""
-        cdef int rc
-        if self.q == NULL:
+        reap; returns False on timeout.  Raises DeviceClosedError once
+        another thread is closing the queue (a wait with no timeout polls
+        for that every CLOSE_POLL_MS)."""
+        cdef int rc, step
+        cdef int left = timeout_ms
+        self._enter()
+        try:
+            while True:
+                step = CLOSE_POLL_MS if left < 0 or left > CLOSE_POLL_MS else left
+                with nogil:
+                    rc = fx_queue_wait(self.q, min_done, step)
+                if rc != -62 or self.closing:
+                    break
+                if left >= 0:
+                    left -= step
+                    if left <= 0:
+                        break
+        finally:
+            self.users -= 1
+        if self.closing:
             raise error_from_errno(9, self.dev.target)
-        with nogil:
-            rc = fx_queue_wait(self.q, min_done, timeout_ms)
         if rc == -62:  # ETIME
             return False
         check(rc, f"wait for {self.dev.target}")

@@ -466,3 +466,61 @@ def test_uri_options_are_checked():
     for bad in ("reconnect_ms=-1", "max_reconnects=x", "reconnect_ms="):
         with pytest.raises(errors.InvalidArgumentError):
             fabric_uri.parse(f"nvme+tcp://127.0.0.1:4420/nqn.x?{bad}")
+
+
+CLOSE_UNDER_A_BLOCKED_READER = r"""
+import os, signal, sys, threading, time
+import numpy as np
+sys.path.insert(0, "tests")
+from target_process import serve
+from test_reconnect import NQN, dev_uri, freeze
+import fx100io
+from fx100io import errors
+img, io_timeout_ms = sys.argv[1], int(sys.argv[2])
+with serve([img], NQN) as (host, port, proc):
+    dev = fx100io.open_device(dev_uri(host, port, io_timeout_ms=io_timeout_ms,
+                                      connect_timeout_ms=10000, kato_ms=60000))
+    res = {}
+    def reader():
+        out = np.zeros(65536, np.uint8)
+        dev.read_into_blocking(0, out)
+        freeze(proc)
+        for attempt in ("first", "second"):
+            try:
+                dev.read_into_blocking(0, out)
+                res[attempt] = "ok"
+            except Exception as e:
+                res[attempt] = type(e).__name__
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    time.sleep(1.0)
+    assert th.is_alive()
+    t0 = time.monotonic()
+    dev.close()
+    took = time.monotonic() - t0
+    th.join(10)
+    os.kill(proc.pid, signal.SIGCONT)
+    assert not th.is_alive(), "the reader still waits after close"
+    assert took < 5, took
+    assert res["second"] == "DeviceClosedError", res
+    assert res["first"] in ("DeviceClosedError", "FxTimeoutError"), res
+print("ok", res)
+"""
+
+
+@pytest.mark.parametrize("io_timeout_ms", [20000, 500], ids=["in-flight", "waiting-reconnect"])
+def test_close_from_another_thread_under_a_blocked_reader(tmp_path, io_timeout_ms):
+    """Device.close() from one thread while another waits in a blocking
+    read (a command in flight to a frozen target, or a request waiting for
+    the reconnect): the queue is not destroyed under the waiter (before:
+    a segfault); the waiter gets DeviceClosedError and close returns within
+    the controller's shutdown bound.  In a child, so a crash is a failure,
+    not the end of the suite."""
+    from conftest import run_python
+    img = tmp_path / "ns.img"
+    with open(img, "wb") as f:
+        f.truncate(16 << 20)
+    p = run_python(CLOSE_UNDER_A_BLOCKED_READER, str(img), str(io_timeout_ms), check=False,
+                   timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("ok"), (p.returncode, p.stdout,
+                                                             p.stderr[-3000:])
