@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import REPO, chunk_bytes
 from target_process import serve
-from test_target import CMD, ICREQ, NQN, Closed, Host, admin, io_queue, sqe
+from test_target import CMD, F_LAST, H2C_DATA, ICREQ, NQN, R2T, Closed, Host, admin, io_queue, sqe
 
 import fx100io
 
@@ -508,3 +508,29 @@ def test_a_pdu_dripped_byte_by_byte_is_bounded_by_the_stall_timeout(backing, tmp
         assert a.cmd(sqe(0x18))[0].ok
         assert proc.poll() is None
     assert "stalled" in log.read_text()
+
+
+def test_a_kato0_queue_waiting_for_write_data_is_not_idle(backing, tmp_path):
+    """A queue that sent an R2T is in the middle of a write: a KATO-0 host
+    that takes longer than --idle-timeout-ms to send the data keeps its
+    queue, and the write completes with the right bytes."""
+    idle_ms = 800
+    with serve([backing], NQN, "--idle-timeout-ms", str(idle_ms)) as (_, port, proc):
+        a = admin(port, kato=0)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        data = os.urandom(64 << 10)
+        cid = q.submit(sqe(0x01, nsid=1, cdw10=40, cdw12=len(data) // 512 - 1), data,
+                       incapsule=False)
+        p = q.recv_pdu()
+        assert p.type == R2T, p
+        cccid, ttag, r2to, r2tl = struct.unpack_from("<HHII", p.header, 8)
+        assert (cccid, r2to, r2tl) == (cid, 0, len(data))
+        time.sleep(idle_ms / 1000 * 3)  # the host is slow to send its data
+        assert not closed_by_target(q.sock, 0.001), "reaped while a write waited for its data"
+        q.send_pdu(H2C_DATA, struct.pack("<HHII4x", cid, ttag, 0, len(data)), data,
+                   flags=F_LAST)
+        cqe, _, _ = q.complete(cid, data)
+        assert cqe.ok
+        assert q.read(40, len(data) // 512, 512)[1] == data
+        assert proc.poll() is None

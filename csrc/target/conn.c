@@ -612,6 +612,7 @@ static int r2t_alloc(struct tgt_conn *c)
 		return -1;
 	if (!c->r2t_nfree)
 		return -1;
+	atomic_fetch_add(&c->r2t_busy, 1);
 	return c->r2t_free[--c->r2t_nfree];
 }
 
@@ -641,6 +642,7 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 	}
 	memset(s, 0, sizeof(*s));
 	c->r2t_free[c->r2t_nfree++] = (uint16_t)idx;
+	atomic_fetch_sub(&c->r2t_busy, 1);
 }
 
 /* Fetch a command's data with R2T: I/O writes go to ns as they arrive,

@@ -548,7 +548,10 @@ static void check_kato(struct fx_target *t)
 	for (struct tgt_ctrl *c = t->ctrls; c; c = c->next) {
 		if (c->state == TGT_CTRL_DEAD || !c->kato_ms)
 			continue;
-		if (now - atomic_load(&c->last_cmd_ms) <= c->kato_ms)
+		/* A command stored after now was read is newer than now:
+		 * alive (an unsigned now - last would wrap and kill it). */
+		uint64_t last = atomic_load(&c->last_cmd_ms);
+		if (last >= now || now - last <= c->kato_ms)
 			continue;
 		c->state = TGT_CTRL_DEAD;
 		ctrl_kill_all_locked(t, c);
@@ -733,14 +736,20 @@ int tgt_serve_fd(struct fx_target *t, int fd)
  * waiting for its next PDU; an admin queue also needs its controller to have
  * had no command on any queue (closing it ends the controller).  0 when it
  * is busy, not Connected, kept alive by a KATO, or already closing. */
-static uint64_t idle_age_locked(const struct tgt_conn *c, uint64_t now)
+static uint64_t idle_age_locked(const struct fx_target *t, const struct tgt_conn *c,
+                                uint64_t now)
 {
 	uint64_t since = atomic_load(&c->wait_since_ms), last;
 
 	if (!since || !c->ctrl || c->ctrl->kato_ms || c->deadline_hit || !atomic_load(&c->live) ||
-	    atomic_load(&c->done) || now < since)
+	    atomic_load(&c->done) || atomic_load(&c->r2t_busy) || now < since)
 		return 0;
 	if (c->qid == 0) {
+		/* A write of any queue waiting for its data keeps the
+		 * controller, and so its admin queue, busy. */
+		for (const struct tgt_conn *o = t->conns; o; o = o->next)
+			if (o->ctrl == c->ctrl && atomic_load(&o->r2t_busy))
+				return 0;
 		last = atomic_load(&c->ctrl->last_cmd_ms);
 		if (last > since)
 			since = last;
@@ -839,7 +848,7 @@ static int evict_idle(struct fx_target *t)
 			dying++;
 			continue;
 		}
-		age = idle_age_locked(c, now);
+		age = idle_age_locked(t, c, now);
 		if (age >= idle_grace_ms(t) && age > best) {
 			best = age;
 			old = c;
@@ -926,7 +935,7 @@ static void check_idle(struct fx_target *t)
 		return;
 	pthread_mutex_lock(&t->lock);
 	for (struct tgt_conn *c = t->conns; c; c = c->next) {
-		if (idle_age_locked(c, now) < t->idle_ms)
+		if (idle_age_locked(t, c, now) < t->idle_ms)
 			continue;
 		shutdown(c->fd, SHUT_RDWR);
 		c->deadline_hit = 1;

@@ -128,6 +128,9 @@ struct tgt_conn {
 	 * (0: it is inside a PDU or busy with a command): the idle reaper's
 	 * clock for queues whose controller has no keep alive. */
 	_Atomic uint64_t wait_since_ms;
+	/* R2Ts sent and still waiting for their data: the queue is in the
+	 * middle of a write, not idle, however long the host takes. */
+	atomic_uint r2t_busy;
 	uint64_t pdu_deadline_ms; /* the PDU being received must be complete by then */
 	uint32_t rcvtimeo_ms;     /* SO_RCVTIMEO now set on fd */
 	uint64_t accepted_ms;
