@@ -343,6 +343,11 @@ class ChunkStore:
                     f.exception()
             with self._mu:
                 for m, off, length in taken:
+                    if m.log.in_doubt:
+                        # A reopen may take the half that holds this put's
+                        # records (folded into the failed compaction): its
+                        # extents stay taken, so no other put overwrites them.
+                        continue
                     m.give_back(off, length)
             raise
         with self._mu:

@@ -245,6 +245,11 @@ class IndexLog:
             raise asyncio.CancelledError()
         return seq
 
+    @property
+    def in_doubt(self) -> bool:
+        """A compaction failed after its header write was issued."""
+        return self._in_doubt is not None
+
     def _executor(self) -> ThreadPoolExecutor:
         with self._thread_mu:
             if self._closed:
@@ -280,7 +285,7 @@ class IndexLog:
         # this process every attempt also goes past the last one tried, so a
         # failed attempt's leftovers can never be chained into by a retry.
         new_half = 1 - self.half
-        new_gen = max(self.generation, self._tried_gen) + 1 + int.from_bytes(os.urandom(2),
+        new_gen = max(self.generation, self._tried_gen) + 1 + int.from_bytes(os.urandom(4),
                                                                              "little")
         self._tried_gen = new_gen
         dev_index = self.sb.dev_index
