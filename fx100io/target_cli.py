@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="close a connection whose host does not complete a PDU within this "
                      "long of its first byte, or stops reading what we send for this long "
                      "(default 30000); silence between PDUs is bounded by the controller's "
-                     "KATO, or --idle-timeout-ms")
+                     "KATO, or --idle-timeout-ms.  A PDU is at most 128 KiB of data, so each "
+                     "queue needs at least 128 KiB per stall timeout (4.4 KB/s at the "
+                     "default): raise it for many queues over a slow link")
     lim.add_argument("--idle-timeout-ms", type=int, default=300000, metavar="MS",
                      help="close a Connected queue whose controller has keep alive off (KATO 0) "
                      "once it has received nothing, with no command in progress, for this "
