@@ -28,6 +28,33 @@ async def _fill_to_the_brim(st, keys):
         await st.batch_put(batch, [b""] * k)
 
 
+class Ticker:
+    """A 10 ms ticker on the running loop for the life of an ``async with``;
+    .worst is the largest gap between its ticks (how long the loop stalled)."""
+
+    async def __aenter__(self) -> Ticker:
+        self.gaps: list[float] = []
+        self._done = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._done.is_set():
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            self.gaps.append(now - last)
+            last = now
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done.set()
+        await self._task
+
+    @property
+    def worst(self) -> float:
+        return max(self.gaps, default=0.0)
+
+
 def test_compaction_does_not_block_the_event_loop(tmp_file):
     """A 10 ms ticker runs while a one-chunk batch_put triggers a compaction
     of ~62 MiB of index.  Committed on the loop thread, that compaction
@@ -48,27 +75,15 @@ def test_compaction_does_not_block_the_event_loop(tmp_file):
                 await st.batch_put(keys[i:i + 5000], [b""] * 5000)
             await _fill_to_the_brim(st, keys)
             before = st.stats()["compactions"]
-            gaps: list[float] = []
-            done = asyncio.Event()
-
-            async def ticker():
-                last = time.perf_counter()
-                while not done.is_set():
-                    await asyncio.sleep(0.01)
-                    now = time.perf_counter()
-                    gaps.append(now - last)
-                    last = now
-            tick = asyncio.create_task(ticker())
-            await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
-            await st.batch_put(["trigger"], [b"T"])
-            took = time.perf_counter() - t0
-            done.set()
-            await tick
+            async with Ticker() as ticker:
+                await asyncio.sleep(0.05)
+                t0 = time.perf_counter()
+                await st.batch_put(["trigger"], [b"T"])
+                took = time.perf_counter() - t0
             assert st.stats()["compactions"] == before + 1
             out = bytearray(1)
             assert await st.batch_get(["trigger"], [out]) == [True] and out == b"T"
-            return took, max(gaps)
+            return took, ticker.worst
 
     took, worst = asyncio.run(main())
     assert worst < 0.1 and worst < max(0.05, took / 4), (
@@ -129,23 +144,11 @@ def test_aclose_waits_for_queued_commits_off_the_loop(tmp_file, monkeypatch):
         monkeypatch.setattr(IndexLog, "commit", slow_commit)
         put = asyncio.create_task(st.batch_put(["k"], [b"v" * 5000]))
         await asyncio.sleep(0.1)  # the data is written; the commit sleeps on the index thread
-        gaps: list[float] = []
-        done = asyncio.Event()
-
-        async def ticker():
-            last = time.perf_counter()
-            while not done.is_set():
-                await asyncio.sleep(0.01)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-        tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.03)
-        await st.aclose()
-        done.set()
-        await tick
+        async with Ticker() as ticker:
+            await asyncio.sleep(0.03)
+            await st.aclose()
         await put
-        return max(gaps)
+        return ticker.worst
 
     worst = asyncio.run(main())
     monkeypatch.undo()
