@@ -796,6 +796,21 @@ static void limit_notice(struct fx_target *t)
 	t->lim_refused = t->lim_evicted = t->lim_idle_evicted = 0;
 }
 
+/* Shut the chosen victim of an eviction (its thread ends and the listener
+ * frees it), unless none was found or FX_TGT_EVICT_SLACK connections are
+ * already closing; then drop t->lock.  Returns whether one was shut. */
+static int shut_victim_unlock(struct fx_target *t, struct tgt_conn *victim, unsigned dying)
+{
+	int shut = victim && dying < FX_TGT_EVICT_SLACK;
+
+	if (shut) {
+		shutdown(victim->fd, SHUT_RDWR);
+		victim->deadline_hit = 1;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return shut;
+}
+
 /*
  * At the limit, a connection still in its handshake gives way to a new one,
  * the oldest first, so that idle or half-open sockets cannot lock hosts out
@@ -817,14 +832,7 @@ static int evict_pending(struct fx_target *t)
 		else if (!atomic_load(&c->live) && (!old || c->accepted_ms <= old->accepted_ms))
 			old = c; /* (the list is newest first) */
 	}
-	if (old && dying < FX_TGT_EVICT_SLACK) {
-		shutdown(old->fd, SHUT_RDWR);
-		old->deadline_hit = 1;
-	} else {
-		old = NULL;
-	}
-	pthread_mutex_unlock(&t->lock);
-	return old != NULL;
+	return shut_victim_unlock(t, old, dying);
 }
 
 /*
@@ -854,14 +862,7 @@ static int evict_idle(struct fx_target *t)
 			old = c;
 		}
 	}
-	if (old && dying < FX_TGT_EVICT_SLACK) {
-		shutdown(old->fd, SHUT_RDWR);
-		old->deadline_hit = 1;
-	} else {
-		old = NULL;
-	}
-	pthread_mutex_unlock(&t->lock);
-	return old != NULL;
+	return shut_victim_unlock(t, old, dying);
 }
 
 /* A new connection: served, served after evicting one still in its
