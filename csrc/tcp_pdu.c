@@ -1,6 +1,7 @@
 /*
  * NVMe/TCP PDU header rules (NVMe/TCP Transport 1.0, section 3.6), shared by
- * the initiator (fabric.c, transport/tcp.c) and our target (target/).
+ * the initiator (transport/tcp_ctrl.c, transport/tcp.c) and our target
+ * (target/).
  *
  * Everything here looks only at the 8-byte common header, so a receiver can
  * decide how many more bytes to read before it trusts anything else: the

@@ -41,8 +41,8 @@ unsigned fx_tcp_hdr_init(struct nvme_tcp_hdr *h, uint8_t type, uint32_t datalen,
 
 /*
  * What the PDU rules need to know about one command's data transfer.  Both
- * initiators keep one per command (fabric.c's blocking control path and
- * transport/tcp.c's io_uring data path) and ask the functions below before
+ * initiators keep one per command (transport/tcp_ctrl.c's blocking control
+ * path and transport/tcp.c's io_uring data path) and ask the functions below before
  * they act on an R2T, a C2HData or a response: one rule, one place
  * (DESIGN rule 13).  A function that refuses returns -EPROTO and leaves
  * why (for the log) and fes/fei (for an H2CTermReq) here; the caller fails

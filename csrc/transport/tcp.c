@@ -2,7 +2,7 @@
  * The NVMe/TCP transport: a namespace of a remote NVMe-oF controller, read
  * and written from userspace over io_uring sockets.
  *
- * The device owns the controller (admin queue and keep alive, fabric.c).
+ * The device owns the controller (admin queue and keep alive, nvmf/ctrl.c).
  * Each fx_queue (one per thread) connects `queues` I/O queues of its own,
  * each a TCP connection driven by one io_uring ring.  Per connection there
  * is always one recv in flight and at most one sendmsg, so the byte stream

@@ -5,8 +5,8 @@
  * little-endian hosts (x86-64, aarch64) and asserts sizes and offsets so a
  * layout mistake fails the build, not the wire.
  *
- * Shared by the initiator (csrc/fabric.c, csrc/transport/tcp.c) and our
- * target (csrc/target/).
+ * Shared by the initiator (csrc/nvmf/, csrc/transport/tcp_ctrl.c,
+ * csrc/transport/tcp.c) and our target (csrc/target/).
  */
 #ifndef FX100IO_NVME_H
 #define FX100IO_NVME_H

@@ -1,0 +1,118 @@
+/*
+ * What every NVMe-oF transport shares (see DESIGN.md, csrc/nvmf/): the
+ * addressing and connect parameters, the per-transport table the generic
+ * code drives queues through, and the helpers that build and decode the
+ * Fabrics commands (Connect, Property Get/Set) the same way on any fabric.
+ *
+ * Generic code (nvmf/ctrl.c, nvmf/discovery.c) never looks inside a queue:
+ * a queue is whatever the transport's connect filled in, handled as void *.
+ * Every function returns 0 or -errno, as fabric.h describes.
+ */
+#ifndef FX100IO_NVMF_NVMF_H
+#define FX100IO_NVMF_NVMF_H
+
+#include <stdint.h>
+
+#include "fx100io/nvme.h"
+
+struct fx_nvmf_addr {
+	char host[256]; /* IPv4/IPv6 literal or name (tests use literals) */
+	char port[16];  /* service, e.g. "4420" */
+};
+
+struct fx_nvmf_params {
+	char hostnqn[NVMF_NQN_SIZE];
+	uint8_t hostid[16];
+	char subnqn[NVMF_NQN_SIZE];
+	int hdgst;        /* ask for header digests */
+	int ddgst;        /* ask for data digests */
+	uint32_t kato_ms; /* keep alive timeout sent in Connect (admin) */
+	int timeout_ms;   /* per command / connect step */
+};
+
+/*
+ * One transport, as the generic controller code sees it.  Const and
+ * stateless: the state lives in the queue, opaque here.
+ *
+ * connect: bring queue qid up to a completed Fabrics Connect (qid 0: admin,
+ *   cntlid ignored; qid > 0: I/O queue of controller cntlid) into the
+ *   caller's storage q; *cntlid_out gets the controller id.  Errors as
+ *   fx_nvmf_tcp_connect in fabric.h.  On failure q holds nothing to close.
+ * exec: one command, synchronously (fx_nvmf_exec's contract).  timeout_ms
+ *   > 0 caps the wait below the queue's own timeout (close uses it so a
+ *   dead target cannot hold it for a full command timeout); 0: the queue's.
+ * shutdown: make the queue fail every later command at once, without
+ *   freeing it (keep alive uses it when the controller is lost, so no
+ *   waiter parses a stream that is out of step).  Safe while another
+ *   thread is in exec.
+ * close: release the queue (idempotent).
+ */
+struct fx_nvmf_transport {
+	const char *name;
+	int (*connect)(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+		       uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
+		       uint16_t *cntlid_out, uint16_t *status);
+	int (*exec)(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
+		    struct nvme_cqe *cqe, int timeout_ms);
+	void (*shutdown)(void *q);
+	void (*close)(void *q);
+};
+
+/* Default per-command timeout when params.timeout_ms is 0. */
+#define FX_NVMF_DEFAULT_TIMEOUT_MS 30000
+
+/* Log one line on stderr, prefixed "fx100io: nvmf: ". */
+void fx_nvmf_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int64_t fx_nvmf_now_ms(void);
+/* now + timeout_ms (FX_NVMF_DEFAULT_TIMEOUT_MS when <= 0) */
+int64_t fx_nvmf_deadline_in(int timeout_ms);
+/* The calling thread's cancel fd (fx_nvmf_set_cancel_fd), -1: none. */
+int fx_nvmf_cancel_fd(void);
+/* Sleep ms; -ECANCELED at once when the thread's cancel fd fires. */
+int fx_nvmf_sleep_ms(int ms);
+/*
+ * Give the calling thread a cancel eventfd (-1: none): once it is readable,
+ * every network wait and CSTS.RDY poll that thread makes fails at once with
+ * -ECANCELED (a connection it was using is shut down, as after any stream
+ * error).  Other threads are unaffected.  A background connector sets it so
+ * that closing its queue cuts a connect or controller open short instead of
+ * waiting for connect_timeout_ms or CAP.TO.
+ */
+void fx_nvmf_set_cancel_fd(int fd);
+
+static inline uint16_t fx_nvmf_le16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline uint32_t fx_nvmf_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t fx_nvmf_le64(const uint8_t *p)
+{
+	return (uint64_t)fx_nvmf_le32(p) | (uint64_t)fx_nvmf_le32(p + 4) << 32;
+}
+
+static inline uint16_t fx_nvmf_status_field(const struct nvme_cqe *cqe)
+{
+	return NVME_STATUS_FIELD(cqe->status);
+}
+
+/* Both NQNs present and NUL-terminated within NVMF_NQN_SIZE. */
+int fx_nvmf_nqn_ok(const char *nqn);
+/* The Fabrics Connect command and its 1024 bytes of data for queue qid
+ * (KATO only on the admin queue, which asks for any controller). */
+void fx_nvmf_connect_cmd(const struct fx_nvmf_params *p, uint16_t qid, uint16_t sqsize,
+			 uint16_t cntlid, struct nvme_sqe *sqe, struct nvmf_connect_data *cd);
+/* Errno for a failed Connect's status field (-EACCES, -ENOENT, -EIO). */
+int fx_nvmf_connect_errno(uint16_t sf);
+
+/* Property Get/Set on any transport's queue. */
+int fx_nvmf_q_prop_get(const struct fx_nvmf_transport *tr, void *q, uint32_t off, int size8,
+		       uint64_t *val, int timeout_ms);
+int fx_nvmf_q_prop_set(const struct fx_nvmf_transport *tr, void *q, uint32_t off, int size8,
+		       uint64_t val, int timeout_ms);
+
+#endif
