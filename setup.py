@@ -11,6 +11,7 @@ import sys
 
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_clib import build_clib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIB_DIRS = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
@@ -59,8 +60,22 @@ core = Extension(
     extra_link_args=ldflags,
 )
 
+class fresh_build_clib(build_clib):
+    """Build the C core's archive anew each time: `ar` only adds members, so
+    the object of a source file that was moved or deleted would stay in an
+    old archive and could shadow the new code at link time."""
+
+    def build_libraries(self, libraries):
+        for name, _info in libraries:
+            old = self.compiler.library_filename(name, output_dir=self.build_clib)
+            if os.path.exists(old):
+                os.remove(old)
+        super().build_libraries(libraries)
+
+
 setup(
     name="fx100io",
+    cmdclass={"build_clib": fresh_build_clib},
     version="0.1.0",
     description="io_uring and NVMe-oF I/O engine and KV-cache chunk store for LLM serving",
     python_requires=">=3.10",
