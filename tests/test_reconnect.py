@@ -130,6 +130,18 @@ class Ticker:
                             f"{ {p: round(w * 1000, 1) for p, w in self.raw.items()} }")
 
 
+async def _reads_time_out(dev, n: int = 3) -> float:
+    """n reads in a row each fail with FxTimeoutError after about
+    io_timeout_ms (1 s here); returns when the last one started."""
+    for _ in range(n):
+        t0 = time.monotonic()
+        with pytest.raises(errors.FxTimeoutError):
+            await _read(dev)
+        took = time.monotonic() - t0
+        assert 0.8 < took < 2.5, took
+    return t0
+
+
 async def _read(dev, off: int = 0) -> np.ndarray:
     out = np.zeros(BS, np.uint8)
     assert await dev.read_into(off, out) == BS
@@ -174,14 +186,9 @@ def test_frozen_target_does_not_stall_the_loop(backing):
                     await _read(dev)
                 assert time.monotonic() - t0 < 2.5
                 tk.phase("reads while reconnecting")
-                for _ in range(3):
-                    t0 = time.monotonic()
-                    # the connect attempt waits 3 s for ICResp; a request
-                    # waits io_timeout_ms at most, then fails
-                    with pytest.raises(errors.FxTimeoutError):
-                        await _read(dev)
-                    took = time.monotonic() - t0
-                    assert 0.8 < took < 2.5, took
+                # the connect attempt waits 3 s for ICResp; a request
+                # waits io_timeout_ms at most, then fails
+                t0 = await _reads_time_out(dev)
                 tk.phase("concurrent reads while reconnecting")
                 res = await asyncio.gather(*(_read(dev, i * BS) for i in range(4)),
                                            return_exceptions=True)
@@ -262,12 +269,7 @@ def test_killed_and_restarted_target_does_not_stall_the_loop(backing):
             hole = black_hole(port)
             await asyncio.to_thread(hole.__enter__)  # its probe blocks
             try:
-                for _ in range(3):
-                    t0 = time.monotonic()
-                    with pytest.raises(errors.FxTimeoutError):
-                        await _read(dev)
-                    took = time.monotonic() - t0
-                    assert 0.8 < took < 2.5, took
+                await _reads_time_out(dev)
             finally:
                 hole.__exit__(None, None, None)
             tk.phase("restart")

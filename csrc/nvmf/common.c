@@ -120,19 +120,27 @@ int fx_nvmf_connect_errno(uint16_t sf)
 	return -EIO;
 }
 
-int fx_nvmf_q_prop_get(const struct fx_nvmf_transport *tr, void *q, uint32_t off, int size8,
-		       uint64_t *val, int timeout_ms)
+/* A Property Get/Set capsule: 4- or 8-byte register at off (val for Set). */
+static void prop_cmd(struct nvme_sqe *sqe, uint8_t fctype, uint32_t off, int size8, uint64_t val)
 {
 	struct nvmf_property_cmd pc;
-	struct nvme_sqe sqe;
-	struct nvme_cqe cqe;
 
 	memset(&pc, 0, sizeof(pc));
 	pc.opcode = NVME_FABRICS_OPCODE;
-	pc.fctype = NVMF_FCTYPE_PROP_GET;
+	pc.fctype = fctype;
 	pc.attrib = size8 ? 1 : 0;
 	pc.offset = off;
-	memcpy(&sqe, &pc, sizeof(sqe));
+	pc.value = size8 ? val : (uint32_t)val;
+	memcpy(sqe, &pc, sizeof(*sqe));
+}
+
+int fx_nvmf_q_prop_get(const struct fx_nvmf_transport *tr, void *q, uint32_t off, int size8,
+		       uint64_t *val, int timeout_ms)
+{
+	struct nvme_sqe sqe;
+	struct nvme_cqe cqe;
+
+	prop_cmd(&sqe, NVMF_FCTYPE_PROP_GET, off, size8, 0);
 	int r = tr->exec(q, &sqe, NULL, 0, 0, &cqe, timeout_ms);
 
 	if (r)
@@ -144,16 +152,9 @@ int fx_nvmf_q_prop_get(const struct fx_nvmf_transport *tr, void *q, uint32_t off
 int fx_nvmf_q_prop_set(const struct fx_nvmf_transport *tr, void *q, uint32_t off, int size8,
 		       uint64_t val, int timeout_ms)
 {
-	struct nvmf_property_cmd pc;
 	struct nvme_sqe sqe;
 	struct nvme_cqe cqe;
 
-	memset(&pc, 0, sizeof(pc));
-	pc.opcode = NVME_FABRICS_OPCODE;
-	pc.fctype = NVMF_FCTYPE_PROP_SET;
-	pc.attrib = size8 ? 1 : 0;
-	pc.offset = off;
-	pc.value = size8 ? val : (uint32_t)val;
-	memcpy(&sqe, &pc, sizeof(sqe));
+	prop_cmd(&sqe, NVMF_FCTYPE_PROP_SET, off, size8, val);
 	return tr->exec(q, &sqe, NULL, 0, 0, &cqe, timeout_ms);
 }
