@@ -55,7 +55,7 @@ core = Extension(
     sources=["fx100io/_core.pyx"],
     include_dirs=["csrc/include", "csrc"],
     # fx100io_c first: static archives resolve left to right.
-    libraries=["fx100io_c"] + uring_libs + ["pthread"],
+    libraries=["fx100io_c"] + uring_libs + ["rdmacm", "ibverbs", "pthread"],
     extra_compile_args=[f for f in cflags if f not in ("-Werror", "-Wextra", "-std=c11")],
     extra_link_args=ldflags,
 )
