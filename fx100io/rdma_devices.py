@@ -145,10 +145,10 @@ def format_gid(raw: str) -> str:
     return a.compressed
 
 
-def sysfs_gids(dev: str, port: int, root: str = SYSFS_INFINIBAND) -> list[dict[str, Any]]:
+def sysfs_gids(dev: str, port: int, root: str | None = None) -> list[dict[str, Any]]:
     """The port's GID entries that are in use: index, gid, type ('RoCE v2', 'IB/RoCE v1'),
     netdev (None where sysfs does not tell)."""
-    base = os.path.join(root, dev, "ports", str(port))
+    base = os.path.join(root or SYSFS_INFINIBAND, dev, "ports", str(port))
     try:
         names = os.listdir(os.path.join(base, "gids"))
     except OSError:
@@ -179,9 +179,9 @@ def roce_v2_gid_index(gids: list[dict[str, Any]]) -> int | None:
     return int(v2[0]["index"]) if v2 else None
 
 
-def sysfs_device_names(root: str = SYSFS_INFINIBAND) -> list[str]:
+def sysfs_device_names(root: str | None = None) -> list[str]:
     try:
-        return sorted(os.listdir(root))
+        return sorted(os.listdir(root or SYSFS_INFINIBAND))
     except OSError:
         return []
 
@@ -194,7 +194,7 @@ def _guid(value: int) -> str:
     return ":".join(h[i:i + 4] for i in range(0, 16, 4))
 
 
-def _port(ctx: Any, name: str, port: int, root: str) -> dict[str, Any]:
+def _port(ctx: Any, name: str, port: int, root: str | None) -> dict[str, Any]:
     pa = ctx.query_port(port)
     gids = sysfs_gids(name, port, root)
     gid0: str | None = next((g["gid"] for g in gids if g["index"] == 0), None)
@@ -217,7 +217,7 @@ def _port(ctx: Any, name: str, port: int, root: str) -> dict[str, Any]:
     }
 
 
-def list_devices(root: str = SYSFS_INFINIBAND) -> list[dict[str, Any]]:
+def list_devices(root: str | None = None) -> list[dict[str, Any]]:
     """Every RDMA device with its ports (an empty list on a host without any).
     Raises PyverbsUnavailableError without pyverbs, RdmaDeviceError when a device
     exists but cannot be queried."""
