@@ -310,7 +310,9 @@ class Check:
             return False
         acc = decode_accept(data)
         res["crqsize"] = acc["crqsize"]
-        for state in (e.IBV_QPS_RTR, e.IBV_QPS_RTS):
+        # INIT again: only now (the REP in hand) does the CM grant remote read/write access
+        # and the responder resources the target's RDMA READs need; then RTR and RTS
+        for state in (e.IBV_QPS_INIT, e.IBV_QPS_RTR, e.IBV_QPS_RTS):
             qattr, mask = self.cmid.init_qp_attr(state)
             self.qp.modify(qattr, mask)
         self.cmid.establish()
