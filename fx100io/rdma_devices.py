@@ -49,6 +49,10 @@ NODE_TYPES = {-1: "unknown", 1: "CA", 2: "switch", 3: "router", 4: "RNIC", 5: "u
               6: "usNIC UDP", 7: "unspecified"}
 
 
+NO_PROVIDER = ("the kernel has this device but libibverbs does not list it: its userspace "
+               "provider is missing (Debian: ibverbs-providers)")
+
+
 class PyverbsUnavailableError(Fx100ioError):
     """pyverbs cannot be imported: the message names the package to install."""
 
@@ -258,6 +262,10 @@ def list_devices(root: str | None = None) -> list[dict[str, Any]]:
         finally:
             ctx.close()
         out.append(info)
+    listed = {d["name"] for d in out}
+    for name in sysfs_device_names(root):
+        if name not in listed:   # libibverbs leaves out a device whose provider it lacks
+            out.append({"name": name, "ports": [], "error": NO_PROVIDER})
     return out
 
 
@@ -272,6 +280,9 @@ def skip_reason() -> str | None:
         return NO_DEVICES
     if any(p["state"] == "ACTIVE" for d in devs for p in d["ports"]):
         return None
+    broken = [f"{d['name']}: {d['error']}" for d in devs if d.get("error")]
+    if broken:
+        return "; ".join(broken)
     states = ", ".join(f"{d['name']}/{p['port']} {p['state']}" for d in devs for p in d["ports"])
     return f"no RDMA device has an ACTIVE port ({states or 'no ports'})"
 
@@ -284,6 +295,9 @@ def format_normal(devs: list[dict[str, Any]]) -> str:
         return NO_DEVICES
     lines = []
     for d in devs:
+        if d.get("error"):
+            lines.append(f"{d['name']}: {d['error']}")
+            continue
         lines.append(f"{d['name']}: node GUID {d['node_guid']}, transport {d['transport']}, "
                      f"node type {d['node_type']}"
                      + (f", firmware {d['fw_ver']}" if d.get("fw_ver") else ""))

@@ -169,7 +169,7 @@ def import_pyverbs() -> None:
         sys.path.append(repo)
     try:
         from fx100io.rdma_devices import import_pyverbs as find
-    except ImportError:
+    except Exception:   # fx100io not built for this interpreter: the plain import
         try:
             import pyverbs  # noqa: F401
         except ImportError as ex:
@@ -221,7 +221,11 @@ class Check:
         self.connected = False
         from pyverbs.cmid import CMEventChannel
         before = _rdma_cm_fds()
-        self.channel = CMEventChannel()
+        try:
+            self.channel = CMEventChannel()
+        except Exception as ex:
+            raise CheckError(f"cannot open the RDMA CM ({ex}): no RDMA stack or device here "
+                             "(rdma_ucm module, /dev/infiniband/rdma_cm, `rdma link`)") from None
         # pyverbs 44 does not show the channel's fd: it is the rdma_cm file it opened
         fd = getattr(self.channel, "fd", None)
         if fd is None:

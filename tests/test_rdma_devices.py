@@ -265,3 +265,20 @@ def test_this_host_cli_without_rdma_devices():
         return
     assert rd.list_devices() == []
     assert (p.returncode, p.stdout, p.stderr) == (0, rd.NO_DEVICES + "\n", "")
+
+
+def test_device_without_userspace_provider_is_listed_with_the_reason(fresh, monkeypatch, tmp_path,
+                                                                      capsys):
+    dist = _fake_dist(tmp_path)
+    monkeypatch.setattr(rd, "DEBIAN_DIST_PACKAGES", str(dist))
+    _no_normal_import(monkeypatch)
+    rd.import_pyverbs()
+    import pyverbs.device as fake
+    monkeypatch.setattr(fake, "DEVICES", [])          # libibverbs lists nothing
+    root = _sysfs(tmp_path)                           # but the kernel has rxe0
+    monkeypatch.setattr(rd, "SYSFS_INFINIBAND", str(root))
+    assert rd.list_devices() == [{"name": "rxe0", "ports": [], "error": rd.NO_PROVIDER}]
+    assert "ibverbs-providers" in rd.NO_PROVIDER
+    assert rd.skip_reason() == f"rxe0: {rd.NO_PROVIDER}"
+    assert rd.main([]) == 0
+    assert capsys.readouterr().out == f"rxe0: {rd.NO_PROVIDER}\n"
