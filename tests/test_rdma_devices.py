@@ -282,3 +282,21 @@ def test_device_without_userspace_provider_is_listed_with_the_reason(fresh, monk
     assert rd.skip_reason() == f"rxe0: {rd.NO_PROVIDER}"
     assert rd.main([]) == 0
     assert capsys.readouterr().out == f"rxe0: {rd.NO_PROVIDER}\n"
+
+
+def test_cli_registers_rdma_devices(monkeypatch, capsys):
+    from fx100io import cli
+    assert cli.main(["--help"]) == 0
+    assert "rdma-devices" in capsys.readouterr().out
+
+    def missing():
+        raise rd.PyverbsUnavailableError(rd._missing("no module named 'pyverbs'"))
+    monkeypatch.setattr(rd, "list_devices", missing)
+    assert cli.main(["rdma-devices"]) == 2
+    assert "install Debian's python3-pyverbs" in capsys.readouterr().err
+    monkeypatch.setattr(rd, "list_devices", lambda: [])
+    assert cli.main(["rdma-devices", "-o", "normal"]) == 0
+    assert capsys.readouterr().out == rd.NO_DEVICES + "\n"
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["rdma-devices", "-o", "yaml"])
+    assert ei.value.code == 2
