@@ -18,17 +18,13 @@ import threading
 import numpy as np
 import pytest
 from conftest import chunk_bytes
+from guest_rdma import MiB, rdma_uri
 
 import fx100io
 from fx100io import errors
 
-MiB = 1 << 20
-
-
-def rdma_uri(lab, sub, **q) -> str:
-    q.setdefault("hostnqn", lab.allowed_host_nqn)
-    query = "&".join(f"{k}={v}" for k, v in q.items())
-    return f"nvme+rdma://{lab.host}:{lab.rdma_port}/{lab.subsystem(sub).nqn}?{query}"
+pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytestmark = pytest.mark.lab
 
 
 def test_discovery_over_rdma_lists_both_ports(rdma_lab):

@@ -12,6 +12,9 @@ import pytest
 
 from fx100io import rdma_devices
 
+pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytestmark = pytest.mark.lab
+
 REPO = Path(__file__).resolve().parents[2]
 C_CHECK = REPO / "tests" / "c" / "build" / "rdma_connect_check"
 
