@@ -445,7 +445,7 @@ int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn,
 	return done;
 }
 
-void fx_nvmf_cx_fini(struct fx_nvmf_connector *x)
+void fx_nvmf_cx_stop(struct fx_nvmf_connector *x)
 {
 	if (!x->q)
 		return;
@@ -464,6 +464,13 @@ void fx_nvmf_cx_fini(struct fx_nvmf_connector *x)
 	if (x->state == FX_CX_DONE && x->res.err == 0)
 		fx_nvmf_dev_close_io(x->dev, x->q, &x->res);
 	x->state = FX_CX_IDLE;
+}
+
+void fx_nvmf_cx_fini(struct fx_nvmf_connector *x)
+{
+	if (!x->q)
+		return;
+	fx_nvmf_cx_stop(x);
 	close(x->wake_fd);
 	close(x->cancel_fd);
 	pthread_cond_destroy(&x->cond);

@@ -116,8 +116,13 @@ int fx_nvmf_cx_request(struct fx_nvmf_connector *x, unsigned conn);
  * 0 while one runs or none was asked for. */
 int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn,
                        struct fx_nvmf_io_conn *res, void *q_out);
-/* Stop the thread (cutting an attempt short), close a result nobody took,
- * release everything. */
+/* Stop the thread (cutting an attempt short) and close a result nobody
+ * took; the fds stay open (a queue whose poll still watches wake_fd closes
+ * them with fx_nvmf_cx_fini once that poll is gone).  Never blocks past
+ * the attempt's cancel. */
+void fx_nvmf_cx_stop(struct fx_nvmf_connector *x);
+/* fx_nvmf_cx_stop, then release everything (no-op when init failed or
+ * never ran on zeroed storage). */
 void fx_nvmf_cx_fini(struct fx_nvmf_connector *x);
 
 #endif

@@ -41,6 +41,7 @@
 
 #include "../fabric.h"
 #include "../internal.h"
+#include "../nvmf/dev.h"
 #include "../reqs.h"
 #include "../tcp_pdu.h"
 
@@ -48,8 +49,6 @@
 #define TX_BATCH 16 /* send items per sendmsg */
 #define CID_SLOT_BITS 10
 #define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
-#define RECONNECT_MS_DEFAULT 200 /* between failed connect attempts */
-#define MAX_RECONNECTS_DEFAULT 3 /* failed attempts a waiting request sits through */
 #define TICK_MS 100
 
 enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4 };
@@ -57,196 +56,33 @@ enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4 };
 
 /* --------------------------------------------------------------- device */
 
+/* The URI options, the controller, the qid map and the connect attempts
+ * are nvmf/dev.c's (nd); what is here is how commands move. */
 struct tcp_dev {
 	struct fx_dev base;
-	struct fx_nvmf_addr addr;
-	struct fx_nvmf_params params;
-	/* lock: the ctrl pointer, its epoch, the qid map and the geometry.
-	 * Held only for a few loads and stores, never across network I/O:
-	 * queue threads (the event loop) take it.  open_lock: controller
-	 * (re)opens and the liveness check, which wait on the network; only
-	 * dev_open and connector threads take it, before lock, never after. */
-	pthread_mutex_t lock;
-	pthread_mutex_t open_lock;
-	struct fx_nvmf_ctrl *ctrl;
-	uint32_t nsid;
-	uint32_t queues;   /* I/O connections per fx_queue */
-	uint32_t max_xfer; /* bytes per NVMe command */
-	int io_timeout_ms;
-	int reconnect_ms;   /* back-off after a failed connect attempt */
-	int max_reconnects; /* failed attempts before waiting requests fail */
-	uint8_t *qid_used; /* [1..ctrl->io_queues] */
-	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
-	uint16_t next_qid;   /* round-robin cursor of take_qid */
+	struct fx_nvmf_dev nd;
 };
-
-static int parse_kv(struct tcp_dev *d, const char *target)
-{
-	char *copy = strdup(target), *save = NULL;
-	if (!copy)
-		return -ENOMEM;
-	d->nsid = 1;
-	d->queues = 1;
-	d->params.kato_ms = 30000;
-	d->params.timeout_ms = 10000;
-	d->io_timeout_ms = 30000;
-	d->reconnect_ms = RECONNECT_MS_DEFAULT;
-	d->max_reconnects = MAX_RECONNECTS_DEFAULT;
-	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		char *eq = strchr(line, '=');
-		if (!eq)
-			continue;
-		*eq = 0;
-		const char *k = line, *v = eq + 1;
-		if (!strcmp(k, "host"))
-			snprintf(d->addr.host, sizeof(d->addr.host), "%s", v);
-		else if (!strcmp(k, "port"))
-			snprintf(d->addr.port, sizeof(d->addr.port), "%s", v);
-		else if (!strcmp(k, "subnqn"))
-			snprintf(d->params.subnqn, sizeof(d->params.subnqn), "%s", v);
-		else if (!strcmp(k, "hostnqn"))
-			snprintf(d->params.hostnqn, sizeof(d->params.hostnqn), "%s", v);
-		else if (!strcmp(k, "hostid") && strlen(v) == 32) {
-			for (int i = 0; i < 16; i++) {
-				unsigned b;
-				if (sscanf(v + 2 * i, "%2x", &b) != 1)
-					break;
-				d->params.hostid[i] = (uint8_t)b;
-			}
-		} else if (!strcmp(k, "nsid"))
-			d->nsid = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "queues"))
-			d->queues = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "hdgst"))
-			d->params.hdgst = atoi(v) != 0;
-		else if (!strcmp(k, "ddgst"))
-			d->params.ddgst = atoi(v) != 0;
-		else if (!strcmp(k, "kato_ms"))
-			d->params.kato_ms = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "connect_timeout_ms"))
-			d->params.timeout_ms = atoi(v);
-		else if (!strcmp(k, "io_timeout_ms"))
-			d->io_timeout_ms = atoi(v);
-		else if (!strcmp(k, "reconnect_ms"))
-			d->reconnect_ms = atoi(v);
-		else if (!strcmp(k, "max_reconnects"))
-			d->max_reconnects = atoi(v);
-		else if (!strcmp(k, "max_xfer"))
-			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
-	}
-	free(copy);
-	if (!d->addr.host[0] || !d->addr.port[0] || !d->params.subnqn[0] ||
-	    !d->params.hostnqn[0] || d->nsid == 0 || d->queues == 0 || d->queues > 64 ||
-	    d->io_timeout_ms <= 0 || d->params.timeout_ms <= 0 || d->reconnect_ms < 0 ||
-	    d->max_reconnects < 0)
-		return -EINVAL;
-	return 0;
-}
-
-/*
- * Bytes per NVMe command: the max_xfer asked for (default 1 MiB, at least one
- * block) within MDTS and NLB's 16 bits, in whole blocks.  0 when MDTS does
- * not allow even one block: such a namespace cannot be used at all.
- */
-static uint32_t xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba)
-{
-	uint64_t cap = want ? want : (1u << 20);
-
-	if (cap < lba)
-		cap = lba;
-	if (mdts_bytes && mdts_bytes < cap)
-		cap = mdts_bytes;
-	if (cap > 65536ull * lba) /* NLB is a 16-bit field */
-		cap = 65536ull * lba;
-	return (uint32_t)(cap & ~(uint64_t)(lba - 1));
-}
-
-/* Open (or re-open) the controller; called with d->open_lock held (not
- * d->lock: this waits on the network, up to CAP.TO). */
-static int ctrl_open_locked(struct tcp_dev *d, uint16_t *status)
-{
-	struct fx_nvmf_ctrl *c = NULL, *old;
-	/* Enough I/O queues for several threads' queues. */
-	uint16_t want = (uint16_t)(d->queues * 8 < 64 ? d->queues * 8 : 64);
-	int ret = fx_nvmf_ctrl_open(&d->addr, &d->params, want, &c, status);
-	if (ret < 0)
-		return ret;
-	uint64_t nsze = 0;
-	uint32_t lba = 0;
-	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
-	if (ret == 0 && !xfer_size(d->max_xfer, c->mdts_bytes, lba)) {
-		fprintf(stderr,
-		        "fx100io: nvme+tcp: nsid %u: blocks of %u bytes exceed the controller's "
-		        "largest transfer (MDTS %u bytes)\n",
-		        d->nsid, lba, c->mdts_bytes);
-		ret = -EPROTO;
-	}
-	if (ret < 0) {
-		fx_nvmf_ctrl_close(c);
-		return ret;
-	}
-	uint8_t *used = calloc((size_t)c->io_queues + 1, 1);
-	if (!used) {
-		fx_nvmf_ctrl_close(c);
-		return -ENOMEM;
-	}
-	pthread_mutex_lock(&d->lock);
-	old = d->ctrl;
-	if (old && (lba != d->base.info.block_size || nsze * lba != d->base.info.size)) {
-		/* A different namespace behind the same name: do not
-		 * write to it as if it were the old one. */
-		pthread_mutex_unlock(&d->lock);
-		free(used);
-		fx_nvmf_ctrl_close(c);
-		return -ESTALE;
-	}
-	free(d->qid_used);
-	d->qid_used = used;
-	d->ctrl = c;
-	d->ctrl_epoch++;
-	d->base.info.size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
-	d->base.info.block_size = lba;
-	d->max_xfer = xfer_size(d->max_xfer, c->mdts_bytes, lba);
-	pthread_mutex_unlock(&d->lock);
-	/* Only open_lock holders use a ctrl pointer beyond d->lock, so the old
-	 * one is ours to close (its keep alive, its shutdown: network waits). */
-	if (old)
-		fx_nvmf_ctrl_close(old);
-	return 0;
-}
 
 static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
                         const struct fx_dev_opts *o, struct fx_dev **out)
 {
 	struct tcp_dev *d = calloc(1, sizeof(*d));
-	uint16_t status = 0;
 	int ret;
 
 	if (!d)
 		return -ENOMEM;
 	d->base.ops = ops;
-	pthread_mutex_init(&d->lock, NULL);
-	pthread_mutex_init(&d->open_lock, NULL);
-	ret = parse_kv(d, target);
-	if (ret == 0) {
-		pthread_mutex_lock(&d->open_lock);
-		ret = ctrl_open_locked(d, &status);
-		pthread_mutex_unlock(&d->open_lock);
-	}
-	if (ret == 0 && d->ctrl->icdoff)
-		fprintf(stderr,
-		        "fx100io: nvme+tcp: controller reports in-capsule data offset (ICDOFF) %u; "
-		        "writes go by R2T, never in the capsule\n",
-		        d->ctrl->icdoff);
+	ret = fx_nvmf_dev_init(&d->nd, &fx_nvmf_tcp_transport, "nvme+tcp", target,
+	                       &d->base.info);
 	if (ret < 0) {
-		if (d->ctrl)
-			fx_nvmf_ctrl_close(d->ctrl);
-		free(d->qid_used);
-		pthread_mutex_destroy(&d->open_lock);
-		pthread_mutex_destroy(&d->lock);
 		free(d);
 		return ret;
 	}
+	if (d->nd.ctrl->icdoff)
+		fprintf(stderr,
+		        "fx100io: nvme+tcp: controller reports in-capsule data offset (ICDOFF) %u; "
+		        "writes go by R2T, never in the capsule\n",
+		        d->nd.ctrl->icdoff);
 	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY | (o->readonly ? FX_CAP_READONLY : 0);
 	*out = &d->base;
 	return 0;
@@ -256,28 +92,8 @@ static void tcp_dev_close(struct fx_dev *dev)
 {
 	struct tcp_dev *d = (struct tcp_dev *)dev;
 
-	if (d->ctrl)
-		fx_nvmf_ctrl_close(d->ctrl);
-	free(d->qid_used);
-	pthread_mutex_destroy(&d->open_lock);
-	pthread_mutex_destroy(&d->lock);
+	fx_nvmf_dev_fini(&d->nd);
 	free(d);
-}
-
-/* Next free qid after the last one handed out: a qid just released may
- * still be torn down on the target side, so it is reused last. */
-static int take_qid(struct tcp_dev *d)
-{
-	uint16_t n = d->ctrl ? d->ctrl->io_queues : 0;
-	for (uint16_t k = 0; k < n; k++) {
-		uint16_t q = (uint16_t)((d->next_qid + k) % n + 1);
-		if (!d->qid_used[q]) {
-			d->qid_used[q] = 1;
-			d->next_qid = q % n;
-			return q;
-		}
-	}
-	return -EBUSY;
 }
 
 /* ----------------------------------------------------------- connections */
@@ -333,51 +149,18 @@ static const char *conn_state_str(enum conn_state st)
 
 struct tcp_queue;
 
-/* What one connect attempt hands back to the queue's thread. */
-struct cx_result {
-	struct fx_nvmf_conn nc; /* connected past Connect when err == 0 */
-	int err;
-	uint32_t epoch; /* controller epoch it was connected under */
-	uint32_t incap_max;
-	uint16_t icdoff;
-};
-
-enum cx_state { CX_IDLE, CX_BUSY, CX_DONE };
-
-/*
- * The queue's connector thread, started on first need.  It touches nothing
- * of the queue but this struct (under lock) and the device (under its own
- * locks): the ring, the connections and the requests belong to the queue's
- * thread, which hands it a job (state BUSY) and takes the result (DONE)
- * after the wake_fd poll completes in its ring.
- */
-struct connector {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	pthread_t thread;
-	int started;
-	int stop;         /* written under lock, read atomically by the attempt */
-	int wake_fd;      /* eventfd the ring polls: a result is in the slot */
-	int ring_efd;     /* the queue's poll fd, written too (see cx_main) */
-	int cancel_fd;    /* eventfd: cuts the attempt in progress short */
-	enum cx_state state;
-	unsigned conn;    /* which connection the attempt is for */
-	struct cx_result res;
-};
-
 struct conn {
 	struct tcp_queue *q;
 	unsigned idx;
 	struct fx_nvmf_conn nc;
+	/* qid, controller epoch, in-capsule size and ICDOFF of the live
+	 * connection, copied at connect: another thread may re-open (and
+	 * free) the controller while this connection sends */
+	struct fx_nvmf_io_conn io;
 	enum conn_state state;
 	int err;            /* why it went down */
 	int64_t retry_at;   /* earliest reconnect */
 	uint32_t fails;     /* connect attempts failed since it was last live */
-	uint32_t epoch;     /* controller epoch it was connected under */
-	/* copied from the controller at connect: another thread may re-open
-	 * (and free) d->ctrl while this connection sends */
-	uint32_t incap_max;
-	uint16_t icdoff;
 	int ever_connected;
 	int recv_busy, send_busy;
 	struct cmd *cmds;
@@ -412,8 +195,10 @@ struct tcp_queue {
 	struct req_table t;
 	int tick_armed;
 	struct __kernel_timespec tick;
-	/* reconnecting: everything here is the queue thread's, but cx */
-	struct connector cx;
+	/* reconnecting: everything here is the queue thread's, but cx (set up
+	 * on first need: most queues never lose a connection; cx.q is NULL
+	 * until then).  The ring polls cx.wake_fd (UD_WAKE). */
+	struct fx_nvmf_connector cx;
 	int cx_busy;        /* an attempt is out (a conn is CONNECTING) */
 	int wake_armed;     /* the poll on cx.wake_fd is in the ring */
 	int starved;        /* requests wait for a connection */
@@ -526,15 +311,11 @@ static void conn_finish_drain(struct conn *c)
 		req_account(q, m->req, c->err, 0, 0);
 	}
 	free_tx(c);
-	fx_nvmf_conn_close(&c->nc);
-	c->nc.fd = -1;
+	fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
 	c->state = CONN_DOWN;
 	c->retry_at = now_ms(); /* the next submit may reconnect at once */
-	pthread_mutex_lock(&q->dev->lock);
-	if (c->nc.qid && q->dev->qid_used && c->epoch == q->dev->ctrl_epoch)
-		q->dev->qid_used[c->nc.qid] = 0;
-	pthread_mutex_unlock(&q->dev->lock);
 	c->nc.qid = 0;
+	c->io.qid = 0;
 }
 
 /* --------------------------------------------------------------- sending */
@@ -646,11 +427,11 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	struct send_item *it = calloc(1, sizeof(*it));
 	if (!it)
 		return -ENOMEM;
-	uint32_t incap_max = c->incap_max;
+	uint32_t incap_max = c->io.incap_max;
 	/* In-capsule data goes at offset 0 of the capsule's data area, which
 	 * is where it belongs only when ICDOFF is 0 (as NVMe/TCP targets
 	 * report); otherwise every write goes by R2T. */
-	int incapsule = c->icdoff == 0 && m->opcode == NVME_CMD_WRITE && m->len <= incap_max &&
+	int incapsule = c->io.icdoff == 0 && m->opcode == NVME_CMD_WRITE && m->len <= incap_max &&
 	                m->len > 0;
 	uint32_t datalen = incapsule ? m->len : 0;
 	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)it->hdr;
@@ -664,7 +445,7 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	s->opcode = m->opcode;
 	s->flags = NVME_CMD_SGL_METABUF;
 	s->cid = cid;
-	s->nsid = d->nsid;
+	s->nsid = d->nd.nsid;
 	if (m->opcode != NVME_CMD_FLUSH) {
 		uint32_t nlb = m->len / d->base.info.block_size;
 		s->cdw10 = (uint32_t)m->slba;
@@ -983,177 +764,6 @@ static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t byte
 		fx_req_complete(&q->t, ri);
 }
 
-/* Is the controller behind d still there?  Asks it (CSTS over the admin
- * queue) rather than guessing from one failed Connect, because re-opening
- * a controller tears down every thread's queues on it.  Called with
- * d->open_lock held (the only lock under which d->ctrl is used past a
- * load); waits up to connect_timeout_ms. */
-static int ctrl_alive_locked(struct tcp_dev *d)
-{
-	struct fx_nvmf_ctrl *c = d->ctrl;
-	uint64_t csts = 0;
-	int ret;
-
-	if (!c || __atomic_load_n(&c->ka_failed, __ATOMIC_ACQUIRE))
-		return 0;
-	pthread_mutex_lock(&c->lock);
-	ret = fx_nvmf_prop_get(&c->admin, NVME_REG_CSTS, 0, &csts);
-	pthread_mutex_unlock(&c->lock);
-	return ret == 0 && (csts & NVME_CSTS_RDY) && !(csts & NVME_CSTS_CFS);
-}
-
-static void release_qid(struct tcp_dev *d, int qid, uint32_t epoch)
-{
-	pthread_mutex_lock(&d->lock);
-	if (d->ctrl_epoch == epoch && d->qid_used && qid > 0)
-		d->qid_used[qid] = 0;
-	pthread_mutex_unlock(&d->lock);
-}
-
-/* Take open_lock; a connector (x) being stopped gives up waiting for it,
- * since another thread's controller open may hold it for CAP.TO. */
-static int lock_open(struct tcp_dev *d, struct connector *x)
-{
-	if (!x) {
-		pthread_mutex_lock(&d->open_lock);
-		return 0;
-	}
-	for (;;) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 20 * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		if (pthread_mutex_timedlock(&d->open_lock, &ts) == 0)
-			return 0;
-		if (__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE))
-			return -ECANCELED;
-	}
-}
-
-/*
- * One connect attempt for an I/O queue of d, blocking: (re-open the
- * controller if it is gone,) TCP connect, ICReq, Connect.  Touches no queue
- * state, so it runs on a connector thread (x) or, at queue creation, on the
- * caller's (x NULL).  The result goes to *res (res->err == 0: res->nc is
- * connected and holds a qid of the controller at res->epoch).
- */
-static void connect_once(struct tcp_dev *d, struct connector *x, struct cx_result *res)
-{
-	uint16_t status = 0;
-	int ret = -ENOTCONN;
-
-	memset(res, 0, sizeof(*res));
-	res->nc.fd = -1;
-	/* A few qids: one refused Connect (a qid the target has not torn
-	 * down yet) should cost a retry, not the controller. */
-	for (int attempt = 0; attempt < 4; attempt++) {
-		pthread_mutex_lock(&d->lock);
-		int gone = !d->ctrl || __atomic_load_n(&d->ctrl->ka_failed, __ATOMIC_ACQUIRE);
-		pthread_mutex_unlock(&d->lock);
-		if (gone) {
-			ret = lock_open(d, x);
-			if (ret < 0)
-				break;
-			/* another connector may have re-opened it meanwhile */
-			if (!d->ctrl || __atomic_load_n(&d->ctrl->ka_failed, __ATOMIC_ACQUIRE))
-				ret = ctrl_open_locked(d, &status);
-			pthread_mutex_unlock(&d->open_lock);
-			if (ret < 0)
-				break;
-		}
-		pthread_mutex_lock(&d->lock);
-		int qid = take_qid(d);
-		uint16_t cntlid = d->ctrl->cntlid;
-		uint16_t sqsize = d->ctrl->io_sqsize;
-		res->incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
-		res->icdoff = d->ctrl->icdoff;
-		uint32_t epoch = d->ctrl_epoch;
-		pthread_mutex_unlock(&d->lock);
-		if (qid < 0) {
-			ret = qid;
-			break;
-		}
-		ret = fx_nvmf_tcp_connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid,
-		                          &res->nc, &status);
-		if (ret == 0) {
-			res->epoch = epoch;
-			break;
-		}
-		release_qid(d, qid, epoch);
-		if (ret != -ENOENT && ret != -EIO)
-			break; /* refused, unreachable, timed out: nothing to retry now */
-		int r2 = lock_open(d, x);
-		if (r2 < 0) {
-			ret = r2;
-			break;
-		}
-		pthread_mutex_lock(&d->lock);
-		int same = d->ctrl_epoch == epoch;
-		pthread_mutex_unlock(&d->lock);
-		int alive = 1;
-		if (same) {
-			/* The liveness check talks on the shared admin queue: a
-			 * cancel must not cut it (and so the controller) short. */
-			if (x)
-				fx_nvmf_set_cancel_fd(-1);
-			alive = ctrl_alive_locked(d);
-			if (x)
-				fx_nvmf_set_cancel_fd(x->cancel_fd);
-		}
-		if (!alive) {
-			/* The target forgot the controller (restart, KATO expiry). */
-			int r3 = ctrl_open_locked(d, &status);
-			if (r3 < 0) {
-				pthread_mutex_unlock(&d->open_lock);
-				ret = r3;
-				break;
-			}
-		}
-		pthread_mutex_unlock(&d->open_lock);
-	}
-	if (ret < 0)
-		res->nc.fd = -1;
-	res->err = ret;
-}
-
-static void *cx_main(void *arg)
-{
-	struct tcp_queue *q = arg;
-	struct connector *x = &q->cx;
-	struct cx_result res;
-
-	fx_nvmf_set_cancel_fd(x->cancel_fd);
-	pthread_mutex_lock(&x->lock);
-	for (;;) {
-		while (!x->stop && x->state != CX_BUSY)
-			pthread_cond_wait(&x->cond, &x->lock);
-		if (x->stop)
-			break;
-		pthread_mutex_unlock(&x->lock);
-		connect_once(q->dev, x, &res);
-		pthread_mutex_lock(&x->lock);
-		x->res = res;
-		x->state = CX_DONE;
-		/* wake_fd completes the ring's poll: that wakes a thread waiting
-		 * in the ring (blocking twins).  The ring's eventfd is written
-		 * directly as well: io_uring signals it for deferred task work
-		 * queued from inside an eventfd wake-up only by a deferred (RCU)
-		 * path, and kernels were seen to lose that signal, leaving an
-		 * asyncio reader asleep with work pending. */
-		uint64_t one = 1;
-		if (write(x->wake_fd, &one, sizeof(one)) < 0 ||
-		    write(x->ring_efd, &one, sizeof(one)) < 0) {
-			/* cannot fail short of a full counter: both are read on
-			 * every reap */
-		}
-	}
-	pthread_mutex_unlock(&x->lock);
-	return NULL;
-}
-
 static void arm_wake(struct tcp_queue *q)
 {
 	if (q->wake_armed)
@@ -1166,44 +776,22 @@ static void arm_wake(struct tcp_queue *q)
 	q->wake_armed = 1;
 }
 
-/* The connector's fds and thread, on first need (most queues never lose a
- * connection). */
-static int cx_start_thread(struct tcp_queue *q)
-{
-	struct connector *x = &q->cx;
-	int ret;
-
-	if (x->started)
-		return 0;
-	if (x->wake_fd < 0)
-		x->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (x->cancel_fd < 0)
-		x->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (x->wake_fd < 0 || x->cancel_fd < 0)
-		return -errno;
-	x->ring_efd = q->ring.efd;
-	ret = pthread_create(&x->thread, NULL, cx_main, q);
-	if (ret)
-		return -ret;
-	x->started = 1;
-	return 0;
-}
-
-static void conn_adopt(struct conn *c, const struct cx_result *r)
+/* Take a connection the connect attempt made (nc: connected past Connect,
+ * io: what dev_connect_io said of it). */
+static void conn_adopt(struct conn *c, const struct fx_nvmf_conn *nc,
+                       const struct fx_nvmf_io_conn *io)
 {
 	struct tcp_queue *q = c->q;
 
-	c->nc = r->nc;
-	c->epoch = r->epoch;
-	c->incap_max = r->incap_max;
-	c->icdoff = r->icdoff;
+	c->nc = *nc;
+	c->io = *io;
 	if (c->ever_connected) {
 		q->base.stats.reconnects++;
 		if (c->fails)
 			fprintf(stderr,
 			        "fx100io: nvme+tcp %s:%s: connection %u reconnected after %u failed "
 			        "attempts\n",
-			        q->dev->addr.host, q->dev->addr.port, c->idx, c->fails);
+			        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->fails);
 	}
 	c->ever_connected = 1;
 	c->fails = 0;
@@ -1220,34 +808,36 @@ static void conn_connect_failed(struct conn *c, int err)
 
 	c->state = CONN_DOWN;
 	c->err = err;
-	c->retry_at = now_ms() + q->dev->reconnect_ms;
+	c->retry_at = now_ms() + q->dev->nd.reconnect_ms;
 	q->cx_fails++;
 	if (c->fails++ == 0 && err != -ECANCELED)
 		fprintf(stderr,
 		        "fx100io: nvme+tcp %s:%s: connection %u %s: connect failed (%s); retrying "
 		        "every %d ms while requests wait\n",
-		        q->dev->addr.host, q->dev->addr.port, c->idx, conn_state_str(c->state),
-		        strerror(-err), q->dev->reconnect_ms);
+		        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, conn_state_str(c->state),
+		        strerror(-err), q->dev->nd.reconnect_ms);
 }
 
 /* Hand connection c to the connector; never blocks (one attempt at a time
- * per queue). */
+ * per queue).  Its thread and fds are made on first need; besides wake_fd
+ * (the ring's UD_WAKE poll) it writes the ring's eventfd directly too:
+ * io_uring signals that eventfd for deferred task work queued from inside
+ * an eventfd wake-up only by a deferred (RCU) path, and kernels were seen
+ * to lose that signal, leaving an asyncio reader asleep with work pending. */
 static void cx_request(struct tcp_queue *q, struct conn *c)
 {
-	struct connector *x = &q->cx;
+	int ret = 0;
 
 	if (q->cx_busy)
 		return;
-	int ret = cx_start_thread(q);
+	if (!q->cx.q)
+		ret = fx_nvmf_cx_init(&q->cx, &q->dev->nd, q->ring.efd);
+	if (ret == 0)
+		ret = fx_nvmf_cx_request(&q->cx, c->idx);
 	if (ret < 0) {
 		conn_connect_failed(c, ret);
 		return;
 	}
-	pthread_mutex_lock(&x->lock);
-	x->conn = c->idx;
-	x->state = CX_BUSY;
-	pthread_cond_signal(&x->cond);
-	pthread_mutex_unlock(&x->lock);
 	c->state = CONN_CONNECTING;
 	q->cx_busy = 1;
 	arm_wake(q);
@@ -1257,56 +847,23 @@ static void cx_request(struct tcp_queue *q, struct conn *c)
  * looks: the wake-ups only say when to look).  Returns 1 if it took one. */
 static int cx_collect(struct tcp_queue *q)
 {
-	struct connector *x = &q->cx;
-	struct cx_result res;
+	struct fx_nvmf_io_conn io;
+	struct fx_nvmf_conn nc;
+	unsigned ci;
 
 	if (!q->cx_busy)
 		return 0;
-	pthread_mutex_lock(&x->lock);
-	int done = x->state == CX_DONE;
-	unsigned ci = x->conn;
-	if (done) {
-		res = x->res;
-		x->state = CX_IDLE;
-	}
-	pthread_mutex_unlock(&x->lock);
-	if (!done) {
+	if (!fx_nvmf_cx_collect(&q->cx, &ci, &io, &nc)) {
 		arm_wake(q);
 		return 0;
 	}
 	q->cx_busy = 0;
 	struct conn *c = &q->conns[ci];
-	if (res.err == 0)
-		conn_adopt(c, &res);
+	if (io.err == 0)
+		conn_adopt(c, &nc, &io);
 	else
-		conn_connect_failed(c, res.err);
+		conn_connect_failed(c, io.err);
 	return 1;
-}
-
-/* Stop the connector (cutting an attempt short) and drop a connection it
- * made that nobody adopted.  Bounded: network waits end at the cancel; the
- * liveness check and an old controller's close at connect_timeout_ms. */
-static void cx_stop(struct tcp_queue *q)
-{
-	struct connector *x = &q->cx;
-
-	if (x->started) {
-		pthread_mutex_lock(&x->lock);
-		__atomic_store_n(&x->stop, 1, __ATOMIC_RELEASE);
-		pthread_cond_signal(&x->cond);
-		pthread_mutex_unlock(&x->lock);
-		uint64_t one = 1;
-		if (write(x->cancel_fd, &one, sizeof(one)) < 0) {
-			/* the join still ends, at the attempt's own timeout */
-		}
-		pthread_join(x->thread, NULL);
-		x->started = 0;
-		if (x->state == CX_DONE && x->res.err == 0) {
-			release_qid(q->dev, x->res.nc.qid, x->res.epoch);
-			fx_nvmf_conn_close(&x->res.nc);
-		}
-		x->state = CX_IDLE;
-	}
 }
 
 /* A live connection with a free command slot.  Otherwise NULL and *err:
@@ -1344,7 +901,7 @@ static struct conn *pick_conn(struct tcp_queue *q, int *err)
  */
 static int wait_for_conn(struct tcp_queue *q, uint32_t ri, int err)
 {
-	struct tcp_dev *d = q->dev;
+	struct fx_nvmf_dev *d = &q->dev->nd;
 	int64_t now = now_ms();
 
 	if (!q->disc_at) {
@@ -1418,7 +975,7 @@ static void issue(struct tcp_queue *q)
 		m->sends = 0;
 		m->r2t_items = 0;
 		m->rsp_seen = 0;
-		m->deadline = now_ms() + d->io_timeout_ms;
+		m->deadline = now_ms() + d->nd.io_timeout_ms;
 		if (r->op == FX_OP_FLUSH) {
 			m->opcode = NVME_CMD_FLUSH;
 			m->data = NULL;
@@ -1427,8 +984,8 @@ static void issue(struct tcp_queue *q)
 			r->issued = 1;
 		} else {
 			uint64_t n = r->len - r->issued;
-			if (n > d->max_xfer)
-				n = d->max_xfer;
+			if (n > d->nd.max_xfer)
+				n = d->nd.max_xfer;
 			m->opcode = r->op == FX_OP_READ ? NVME_CMD_READ : NVME_CMD_WRITE;
 			m->data = r->addr + r->issued;
 			m->len = (uint32_t)n;
@@ -1629,8 +1186,9 @@ static void tq_destroy(struct fx_queue *base)
 {
 	struct tcp_queue *q = (struct tcp_queue *)base;
 
-	/* First the connector: it may be making a connection for us. */
-	cx_stop(q);
+	/* First the connector: it may be making a connection for us (the
+	 * ring still polls its wake_fd, closed below once the ring is gone). */
+	fx_nvmf_cx_stop(&q->cx);
 	for (unsigned k = 0; k < q->nconns; k++)
 		conn_fail(&q->conns[k], -ECANCELED);
 	/* Wait (bounded) until the kernel has let go of every buffer. */
@@ -1666,25 +1224,16 @@ static void tq_destroy(struct fx_queue *base)
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct conn *c = &q->conns[k];
 		free_tx(c);
-		if (c->state != CONN_DOWN && c->nc.fd >= 0)
-			fx_nvmf_conn_close(&c->nc);
-		if (c->nc.qid) {
-			pthread_mutex_lock(&q->dev->lock);
-			if (q->dev->qid_used && c->epoch == q->dev->ctrl_epoch)
-				q->dev->qid_used[c->nc.qid] = 0;
-			pthread_mutex_unlock(&q->dev->lock);
-		}
+		/* (a DOWN one is closed and has no qid; one never set up has
+		 * a zeroed nc, fd 0 included) */
+		if (c->state != CONN_DOWN)
+			fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
 		free(c->cmds);
 		free(c->free_cmds);
 	}
 	free(q->conns);
 	/* after the ring: its poll on wake_fd is gone with it */
-	if (q->cx.wake_fd >= 0)
-		close(q->cx.wake_fd);
-	if (q->cx.cancel_fd >= 0)
-		close(q->cx.cancel_fd);
-	pthread_cond_destroy(&q->cx.cond);
-	pthread_mutex_destroy(&q->cx.lock);
+	fx_nvmf_cx_fini(&q->cx);
 	free(q->queued_at);
 	free(q->fails_at);
 	fx_reqs_fini(&q->t);
@@ -1703,14 +1252,9 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->base.dev = dev;
 	q->dev = d;
 	q->base.reqs = &q->t;
-	q->nconns = d->queues;
-	pthread_mutex_init(&q->cx.lock, NULL);
-	pthread_cond_init(&q->cx.cond, NULL);
-	q->cx.wake_fd = q->cx.cancel_fd = -1;
+	q->nconns = d->nd.queues;
 	ret = fx_reqs_init(&q->t, o->slots);
 	if (ret < 0) {
-		pthread_cond_destroy(&q->cx.cond);
-		pthread_mutex_destroy(&q->cx.lock);
 		free(q);
 		return ret;
 	}
@@ -1721,9 +1265,11 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		ret = -ENOMEM;
 		goto fail;
 	}
-	pthread_mutex_lock(&d->lock);
-	uint32_t sq = d->ctrl ? (uint32_t)d->ctrl->io_sqsize + 1 : 32;
-	pthread_mutex_unlock(&d->lock);
+	pthread_mutex_lock(&d->nd.lock);
+	uint32_t sq = d->nd.ctrl ? (uint32_t)d->nd.ctrl->io_sqsize + 1 : 32;
+	pthread_mutex_unlock(&d->nd.lock);
+	if (d->nd.qsize && d->nd.qsize < sq)
+		sq = d->nd.qsize; /* the I/O queues are connected that size */
 	/* One slot short of the queue size: a full SQ is an error on the
 	 * target side, and the CID space has CID_SLOT_BITS for the slot. */
 	uint32_t per = o->depth < sq - 1 ? o->depth : sq - 1;
@@ -1753,12 +1299,13 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		c->nfree = (uint16_t)per;
 		/* At creation the caller waits (without the GIL): an open
 		 * that cannot connect fails here, with why. */
-		struct cx_result res;
-		connect_once(d, NULL, &res);
-		ret = res.err;
+		struct fx_nvmf_io_conn io;
+		struct fx_nvmf_conn nc = {.fd = -1};
+		fx_nvmf_dev_connect_io(&d->nd, NULL, &nc, &io);
+		ret = io.err;
 		if (ret < 0)
 			goto fail_ring;
-		conn_adopt(c, &res);
+		conn_adopt(c, &nc, &io);
 	}
 	ring_submit(q);
 	q->base.poll_fd = q->ring.efd;
@@ -1780,8 +1327,6 @@ fail:
 	}
 	free(q->queued_at);
 	free(q->fails_at);
-	pthread_cond_destroy(&q->cx.cond);
-	pthread_mutex_destroy(&q->cx.lock);
 	fx_reqs_fini(&q->t);
 	free(q);
 	return ret;

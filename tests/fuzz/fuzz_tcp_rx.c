@@ -306,12 +306,15 @@ static void h_setup(uint8_t cfg)
 	memset(&H, 0, sizeof(H));
 	H.d.base.info.block_size = H_BLOCK;
 	H.d.base.info.size = 1 << 30;
-	H.d.nsid = 1;
-	H.d.queues = 1;
-	H.d.max_xfer = H_MAX_XFER;
+	H.d.nd.tr = &fx_nvmf_tcp_transport;
+	H.d.nd.label = "nvme+tcp";
+	H.d.nd.info = &H.d.base.info;
+	H.d.nd.nsid = 1;
+	H.d.nd.queues = 1;
+	H.d.nd.max_xfer = H_MAX_XFER;
 	/* 0x40: every command is already past its deadline at the first tick */
-	H.d.io_timeout_ms = (cfg & 0x40) ? 0 : 1 << 30;
-	pthread_mutex_init(&H.d.lock, NULL);
+	H.d.nd.io_timeout_ms = (cfg & 0x40) ? 0 : 1 << 30;
+	pthread_mutex_init(&H.d.nd.lock, NULL);
 
 	struct tcp_queue *q = calloc(1, sizeof(*q));
 	H_CHECK(q);
@@ -331,11 +334,8 @@ static void h_setup(uint8_t cfg)
 	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
 	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
 	H_CHECK(q->queued_at && q->fails_at);
-	q->cx.wake_fd = q->cx.cancel_fd = -1;
-	pthread_mutex_init(&q->cx.lock, NULL);
-	pthread_cond_init(&q->cx.cond, NULL);
-	pthread_mutex_init(&H.d.open_lock, NULL);
-	H.d.max_reconnects = 0;
+	pthread_mutex_init(&H.d.nd.open_lock, NULL);
+	H.d.nd.max_reconnects = 0;
 
 	struct conn *c = calloc(1, sizeof(*c));
 	H_CHECK(c);
@@ -343,10 +343,11 @@ static void h_setup(uint8_t cfg)
 	c->q = q;
 	c->nc.fd = -1; /* shutdown()/close() on it are harmless no-ops */
 	c->nc.qid = 1;
+	c->io.qid = 1; /* (no qid map: giving it back is a no-op) */
 	c->nc.hdgst = cfg & 1;
 	c->nc.ddgst = !!(cfg & 2);
 	c->nc.maxh2cdata = 4096u << ((cfg >> 2) & 3);
-	c->incap_max = H_INCAP;
+	c->io.incap_max = H_INCAP;
 	c->ncmds = H_NCMDS;
 	c->cmds = calloc(H_NCMDS, sizeof(*c->cmds));
 	c->free_cmds = malloc(H_NCMDS * sizeof(*c->free_cmds));
@@ -407,14 +408,8 @@ static void h_teardown(void)
 {
 	struct tcp_queue *q = H.q;
 
-	cx_stop(q);
-	if (q->cx.wake_fd >= 0)
-		close(q->cx.wake_fd);
-	if (q->cx.cancel_fd >= 0)
-		close(q->cx.cancel_fd);
-	pthread_cond_destroy(&q->cx.cond);
-	pthread_mutex_destroy(&q->cx.lock);
-	pthread_mutex_destroy(&H.d.open_lock);
+	fx_nvmf_cx_fini(&q->cx);
+	pthread_mutex_destroy(&H.d.nd.open_lock);
 	free(q->queued_at);
 	free(q->fails_at);
 	free_tx(H.c);
@@ -425,7 +420,7 @@ static void h_teardown(void)
 	free(q);
 	for (unsigned i = 0; i < H_NREQ; i++)
 		free(H.reqs[i].buf);
-	pthread_mutex_destroy(&H.d.lock);
+	pthread_mutex_destroy(&H.d.nd.lock);
 }
 
 /* Hand tcp.c what the socket holds, as much as each recv asks for. */
