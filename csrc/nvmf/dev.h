@@ -5,8 +5,9 @@
  * blocking connect attempt for an I/O queue, and the per-queue connector
  * thread that runs those attempts off the caller's thread (DESIGN rule 14).
  *
- * A transport's data path (transport/rdma.c) embeds struct fx_nvmf_dev in
- * its device and keeps only what is its own: how commands move.
+ * A transport's data path (transport/tcp.c, transport/rdma.c) embeds struct
+ * fx_nvmf_dev in its device and keeps only what is its own: how commands
+ * move.
  */
 #ifndef FX100IO_NVMF_DEV_H
 #define FX100IO_NVMF_DEV_H

@@ -17,7 +17,8 @@
  *
  * Reconnecting never blocks the queue's thread (the event loop, for async
  * callers): a connection that is down and needed is handed to the queue's
- * connector thread, which does the TCP connect, ICReq, Connect and, when the
+ * connector thread (nvmf/dev.c, as the URI options, the controller and the
+ * qid map), which does the TCP connect, ICReq, Connect and, when the
  * controller is gone, its re-open, all blocking and without the GIL, then
  * posts the connected socket to a slot and writes an eventfd that the ring
  * polls.  The queue's thread adopts the socket when that poll completes, as
