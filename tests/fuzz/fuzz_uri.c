@@ -1,18 +1,20 @@
-/* fuzz-excludes: transport/tcp.c */
+/* fuzz-excludes: nvmf/dev.c */
 /*
- * The NVMe/TCP device's target string (parse_kv in csrc/transport/tcp.c):
- * the "key=value" lines fx100io.fabric_uri.to_transport_target() makes of
- * an nvme+tcp:// URI.
+ * The NVMe-oF device's target string (parse_kv in csrc/nvmf/dev.c, which
+ * the nvme+tcp and nvme+rdma devices share): the "key=value" lines
+ * fx100io.fabric_uri.to_transport_target() makes of an nvme+tcp:// (or
+ * nvme+rdma://) URI.
  *
  * Any bytes: no crash, and an accepted target always has a host, port,
  * subsystem and host NQN (NUL-terminated in their fields), nsid > 0,
  * 1..64 queues and positive timeouts.  A well-formed target (what the
  * Python side promises to send: known keys, values without control bytes
- * that fit their fields, plain decimals in range, a 32-digit hex host ID)
+ * that fit their fields, plain decimals in range, a 32-digit hex host ID,
+ * a queue size of 0 or 2..4096)
  * must be accepted or refused exactly as a reference parser here says, and
  * accepted with exactly its values.
  */
-#include "transport/tcp.c"
+#include "nvmf/dev.c"
 
 #include <ctype.h>
 #include <limits.h>
@@ -27,7 +29,7 @@
 struct ref {
 	char host[256], port[16], subnqn[NVMF_NQN_SIZE], hostnqn[NVMF_NQN_SIZE];
 	uint8_t hostid[16];
-	unsigned long nsid, queues, kato_ms, max_xfer, connect_timeout_ms, io_timeout_ms;
+	unsigned long nsid, queues, qsize, kato_ms, max_xfer, connect_timeout_ms, io_timeout_ms;
 	int hdgst, ddgst;
 };
 
@@ -109,6 +111,8 @@ static int ref_parse(const char *s, struct ref *r)
 			ok = decimal(v, UINT32_MAX, &r->nsid);
 		else if (!strcmp(line, "queues"))
 			ok = decimal(v, UINT32_MAX, &r->queues);
+		else if (!strcmp(line, "qsize"))
+			ok = decimal(v, UINT32_MAX, &r->qsize);
 		else if (!strcmp(line, "kato_ms"))
 			ok = decimal(v, UINT32_MAX, &r->kato_ms);
 		else if (!strcmp(line, "max_xfer"))
@@ -131,13 +135,14 @@ static int ref_parse(const char *s, struct ref *r)
 static int ref_accepts(const struct ref *r)
 {
 	return r->host[0] && r->port[0] && r->subnqn[0] && r->hostnqn[0] && r->nsid &&
-	       r->queues >= 1 && r->queues <= 64 && r->connect_timeout_ms && r->io_timeout_ms;
+	       r->queues >= 1 && r->queues <= 64 && r->qsize != 1 && r->qsize <= 4096 &&
+	       r->connect_timeout_ms && r->io_timeout_ms;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *s = malloc(size + 1);
-	struct tcp_dev *d = calloc(1, sizeof(*d));
+	struct fx_nvmf_dev *d = calloc(1, sizeof(*d));
 	struct ref ref;
 	int r, wf;
 
@@ -153,10 +158,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		    !d->params.hostnqn[0] ||
 		    !memchr(d->params.hostnqn, 0, sizeof(d->params.hostnqn)))
 			FAIL("accepted without host, port, subsystem or host NQN");
-		if (d->nsid == 0 || d->queues == 0 || d->queues > 64 || d->io_timeout_ms <= 0 ||
-		    d->params.timeout_ms <= 0)
-			FAIL("accepted nsid %u, %u queues, timeouts %d/%d", d->nsid, d->queues,
-			     d->params.timeout_ms, d->io_timeout_ms);
+		if (d->nsid == 0 || d->queues == 0 || d->queues > 64 || d->qsize == 1 ||
+		    d->qsize > 4096 || d->io_timeout_ms <= 0 || d->params.timeout_ms <= 0)
+			FAIL("accepted nsid %u, %u queues of %u, timeouts %d/%d", d->nsid,
+			     d->queues, d->qsize, d->params.timeout_ms, d->io_timeout_ms);
 	} else if (r != -EINVAL) {
 		FAIL("parse_kv returned %d", r);
 	}
@@ -171,7 +176,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			FAIL("a string option differs from the target's text");
 		if (memcmp(ref.hostid, d->params.hostid, 16))
 			FAIL("hostid differs");
-		if (ref.nsid != d->nsid || ref.queues != d->queues ||
+		if (ref.nsid != d->nsid || ref.queues != d->queues || ref.qsize != d->qsize ||
 		    ref.kato_ms != d->params.kato_ms || ref.max_xfer != d->max_xfer ||
 		    ref.connect_timeout_ms != (unsigned long)d->params.timeout_ms ||
 		    ref.io_timeout_ms != (unsigned long)d->io_timeout_ms ||
