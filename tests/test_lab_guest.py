@@ -30,6 +30,16 @@ def _pattern(seed: str, size: int) -> bytes:
     return bytes(out[:size])
 
 
+def _needs(*packages: str) -> None:
+    """Skip if the host lacks a Debian package the guest userland takes from it (the lab
+    installs them when it can; see host_tools.USERLAND_FILES)."""
+    from fabric_lab import host_tools
+
+    missing = sorted(set(packages) & set(host_tools.missing_userland_packages()))
+    if missing:
+        pytest.skip(f"host packages {missing} are missing (apt-get install {' '.join(missing)})")
+
+
 def _ok(result: tuple[int, str]) -> str:
     status, output = result
     assert status == 0, output
@@ -123,6 +133,7 @@ def test_guest_run_that_outlives_its_timeout_is_killed(fabric_lab):
 def test_pyverbs_in_the_guest_lists_rxe_with_an_active_port(fabric_lab):
     if not fabric_lab.guest_has_rdma:
         pytest.skip("the lab runs without --rdma (no rxe0 in the guest)")
+    _needs("python3-pyverbs", "ibverbs-providers")
     # Debian's python3-pyverbs is built for Python 3.11; this interpreter imports it from
     # Debian's dist-packages when that directory is appended to sys.path.
     out = _ok(fabric_lab.guest_python(
@@ -137,6 +148,7 @@ def test_pyverbs_in_the_guest_lists_rxe_with_an_active_port(fabric_lab):
 
 
 def test_nvme_cli_and_fio_work_in_the_guest(fabric_lab):
+    _needs("nvme-cli", "fio")
     listing = json.loads(_ok(fabric_lab.guest_run("nvme list -o json")))
     serials = {dev.get("SerialNumber", "").strip() for dev in listing.get("Devices", [])}
     drives = [ns for sub in fabric_lab.subsystems for ns in sub.namespaces if ns.backend == "nvme"]
@@ -155,6 +167,7 @@ def test_kernel_rdma_initiator_round_trip_from_the_guest_userland(fabric_lab):
     target's RAM disk holds the same bytes."""
     if not fabric_lab.guest_has_rdma:
         pytest.skip("the lab runs without --rdma (no rxe0 in the guest)")
+    _needs("nvme-cli")
     sub = fabric_lab.subsystem("lab-ram")
     block = sub.namespaces[0].block_size
     offset_blocks = (250 << 20) // block  # far from where the other lab tests write

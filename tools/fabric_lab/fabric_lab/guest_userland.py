@@ -127,12 +127,22 @@ def _console(state: dict, command: str, timeout: float = 60.0) -> tuple[int, str
 
 def _local_run(command: str | Sequence[str], cwd: str, env: Mapping[str, str],
                timeout: float) -> tuple[int, str]:
-    """A guest run from inside the guest: an ordinary subprocess."""
+    """A guest run from inside the guest (a test run by guest_python): a subprocess, with the
+    same results as from the host: a shell's exit status, the process group killed on timeout."""
     shell = isinstance(command, str)
-    result = subprocess.run(command, shell=shell, cwd=cwd, env={**os.environ, **env},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    return result.returncode, result.stdout.decode(errors="replace")
+    with subprocess.Popen(command, shell=shell, cwd=cwd, env={**os.environ, **env},
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, start_new_session=True) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            output, _ = process.communicate()
+            raise GuestRunError(f"guest run timed out after {timeout:.0f} s: {command}\n"
+                                f"output so far:\n{output.decode(errors='replace')[-4000:]}"
+                                ) from None
+    status = process.returncode
+    return (128 - status if status < 0 else status), output.decode(errors="replace")
 
 
 def run(state: dict, command: str | Sequence[str], *, cwd: str | None = None,
