@@ -18,7 +18,9 @@ FX100IO_LAB_BOOT_TIMEOUT (seconds).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -244,6 +246,81 @@ def _release() -> None:
 def _log(message: str) -> None:
     # Boot progress is useful in CI logs; pytest shows stderr of failing setups.
     print(message, file=sys.stderr, flush=True)
+
+
+# ---- @pytest.mark.guest: tests that run inside the guest userland ---------------------------
+
+# Results of the guest pytest runs, one per test module: module path -> batch.
+_guest_batches: dict[str, dict] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "guest: runs inside the fabric lab's guest userland (tests/lab_fixture.py); "
+                   "the test takes the fabric_lab fixture")
+
+
+# Plugins the guest's pytest does without: under TCG, importing hypothesis alone takes longer
+# than the rest of pytest's start (27 s -> 10 s to collect tests/test_lab_guest.py).
+_GUEST_PYTEST_ARGS = "-p no:hypothesispytest -p no:benchmark -p no:anyio"
+
+
+def _guest_timeout() -> float:
+    return float(os.environ.get("FX100IO_LAB_GUEST_TIMEOUT", "1800"))
+
+
+def _run_guest_batch(item: pytest.Function, lab: FabricLab) -> dict:
+    """Run every guest-marked test of item's module in one pytest process in the guest."""
+    from fabric_lab import guest_pytest_report
+
+    items = [i for i in item.session.items
+             if i.path == item.path and i.get_closest_marker("guest") is not None]
+    report = lab.guest_scratch / f"pytest-{os.getpid()}-{len(_guest_batches)}.json"
+    env = {guest_pytest_report.REPORT_VARIABLE: str(report),
+           "PYTHONPATH": f"{lab_paths.REPO_ROOT}:{_LAB_TOOLS}"}
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+            "fabric_lab.guest_pytest_report",
+            *shlex.split(os.environ.get("FX100IO_LAB_GUEST_PYTEST_ARGS", _GUEST_PYTEST_ARGS)),
+            *(i.nodeid for i in items)]
+    try:
+        status, output = lab.guest_python(args, timeout=_guest_timeout(), env=env,
+                                          cwd=str(item.config.rootpath))
+    except guest_userland.GuestRunError as err:
+        status, output = -1, str(err)
+    try:
+        results = json.loads(report.read_text())
+    except (OSError, ValueError):
+        results = {}
+    report.unlink(missing_ok=True)
+    return {"results": results, "status": status, "output": output}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """On the host, a @pytest.mark.guest test is not called here: its module's guest tests
+    run in one pytest process in the guest (at the first of them), and each reports the
+    outcome it had there: passed, failed (with the guest's report), skipped or xfailed."""
+    if pyfuncitem.get_closest_marker("guest") is None or guest_userland.in_guest():
+        return None
+    lab = pyfuncitem.funcargs.get("fabric_lab")
+    if not isinstance(lab, FabricLab):
+        pytest.fail("a @pytest.mark.guest test must take the fabric_lab fixture", pytrace=False)
+    key = str(pyfuncitem.path)
+    if key not in _guest_batches:
+        _guest_batches[key] = _run_guest_batch(pyfuncitem, lab)
+    batch = _guest_batches[key]
+    result = batch["results"].get(pyfuncitem.nodeid)
+    if result is None:
+        pytest.fail(f"the guest pytest run (exit status {batch['status']}) reported nothing "
+                    f"for {pyfuncitem.nodeid}; its output ends:\n{batch['output'][-6000:]}",
+                    pytrace=False)
+    if result["outcome"] == "failed":
+        pytest.fail(f"failed in the guest:\n{result['message']}", pytrace=False)
+    if result["outcome"] == "skipped":
+        pytest.skip(f"in the guest: {result['message']}")
+    if result["outcome"] == "xfailed":
+        pytest.xfail(f"in the guest: {result['message']}")
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -212,3 +213,21 @@ echo done $dev
     finally:
         for name in ("rdma-pattern.bin", "rdma-back.bin", "ram-back.bin"):
             (scratch / name).unlink(missing_ok=True)
+
+
+@pytest.mark.guest
+def test_a_guest_marked_test_runs_in_the_guest(fabric_lab):
+    # The body runs in the guest (lab_fixture's pytest_pyfunc_call); the host reports its result.
+    assert os.environ.get("FX100IO_LAB_IN_GUEST") == "1"
+    assert os.uname().release == fabric_lab.kernel_release  # Debian's 6.1, not the host's
+    assert (fabric_lab.net, fabric_lab.host) == ("guest", fabric_lab.guest_ip)
+    assert fx100io.__file__ == str(CHECKOUT / "fx100io" / "__init__.py")
+
+
+@pytest.mark.guest
+def test_a_guest_marked_test_sees_the_rdma_device_nodes(fabric_lab):
+    if not fabric_lab.state.get("rdma"):
+        pytest.skip("the lab runs without --rdma (no rxe0 in the guest)")
+    assert os.path.exists("/dev/infiniband/uverbs0") and os.path.exists("/dev/infiniband/rdma_cm")
+    state = Path("/sys/class/infiniband/rxe0/ports/1/state").read_text()
+    assert "ACTIVE" in state
