@@ -28,6 +28,16 @@ def liburing_link_args():
     return ["uring"]
 
 
+def rdma_libs():
+    """libibverbs and librdmacm for the NVMe/RDMA transport (rdma-core); the
+    extension links them, so they must be there to build."""
+    for lib in ("ibverbs", "rdmacm"):
+        if not any(os.path.exists(os.path.join(d, f"lib{lib}.so")) for d in LIB_DIRS):
+            sys.exit(f"fx100io needs lib{lib}: apt-get install libibverbs-dev librdmacm-dev "
+                     "(see README.md)")
+    return ["rdmacm", "ibverbs"]
+
+
 c_sources = sorted(
     os.path.relpath(p, HERE)
     for p in glob.glob(os.path.join(HERE, "csrc", "**", "*.c"), recursive=True)
@@ -55,7 +65,7 @@ core = Extension(
     sources=["fx100io/_core.pyx"],
     include_dirs=["csrc/include", "csrc"],
     # fx100io_c first: static archives resolve left to right.
-    libraries=["fx100io_c"] + uring_libs + ["pthread"],
+    libraries=["fx100io_c"] + uring_libs + rdma_libs() + ["pthread"],
     extra_compile_args=[f for f in cflags if f not in ("-Werror", "-Wextra", "-std=c11")],
     extra_link_args=ldflags,
 )

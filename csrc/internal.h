@@ -115,5 +115,6 @@ int fx_ring_reap(struct fx_queue *q, struct fx_ring *r, void (*process)(struct f
 extern const struct fx_transport_ops fx_transport_file;
 extern const struct fx_transport_ops fx_transport_psync;
 extern const struct fx_transport_ops fx_transport_tcp;
+extern const struct fx_transport_ops fx_transport_rdma;
 
 #endif

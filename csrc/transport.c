@@ -12,6 +12,7 @@ static const struct fx_transport_ops *const transports[] = {
 	&fx_transport_file,
 	&fx_transport_psync,
 	&fx_transport_tcp,
+	&fx_transport_rdma,
 };
 
 int fx_dev_open(const char *transport, const char *target,

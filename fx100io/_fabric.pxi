@@ -23,8 +23,13 @@ cdef extern from "fabric.h" nogil:
         char trsvcid[32]
         char subnqn[256]
         char traddr[256]
-    int fx_nvmf_discover(const fx_nvmf_addr *a, const fx_nvmf_params *p,
-                         nvmf_disc_log_entry **entries, _u32 *n, _u16 *status)
+    struct fx_nvmf_transport:
+        pass
+    const fx_nvmf_transport fx_nvmf_tcp_transport
+    const fx_nvmf_transport fx_nvmf_rdma_transport
+    int fx_nvmf_discover_tr(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
+                            const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
+                            _u16 *status)
 
 from libc.string cimport strncpy as _strncpy
 
@@ -37,14 +42,22 @@ cdef str _fixed(const char *p, size_t n):
     return p[:n].split(b"\0", 1)[0].decode("ascii", "replace").strip()
 
 
-def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000):
-    """Raw discovery (see fx100io.fabric_uri.discover)."""
+def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
+             str transport="tcp"):
+    """Raw discovery over transport "tcp" or "rdma" (see fx100io.fabric_uri.discover)."""
+    cdef const fx_nvmf_transport *tr
     cdef fx_nvmf_addr a
     cdef fx_nvmf_params p
     cdef nvmf_disc_log_entry *e = NULL
     cdef _u32 n = 0
     cdef _u16 status = 0
     cdef int rc
+    if transport == "tcp":
+        tr = &fx_nvmf_tcp_transport
+    elif transport == "rdma":
+        tr = &fx_nvmf_rdma_transport
+    else:
+        raise error_from_errno(22, f"discover: unknown transport {transport!r}")
     memset(&a, 0, sizeof(a))
     memset(&p, 0, sizeof(p))
     hb, pb, nb = host.encode(), port.encode(), hostnqn.encode()
@@ -58,8 +71,8 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000):
         p.hostid[i] = raw[i]
     p.timeout_ms = timeout_ms
     with nogil:
-        rc = fx_nvmf_discover(&a, &p, &e, &n, &status)
-    check(rc, f"discover nvme+tcp://{host}:{port}")
+        rc = fx_nvmf_discover_tr(tr, &a, &p, &e, &n, &status)
+    check(rc, f"discover nvme+{transport}://{host}:{port}")
     out = []
     try:
         for i in range(n):

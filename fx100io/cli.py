@@ -10,6 +10,7 @@ commands:
   demo     put and get KV-sized chunks in a local file-backed store, print throughput
   bench    fio-like microbenchmark (fio's options, job files and output formats)
   target   serve files and block devices as an NVMe/TCP target
+  rdma-devices  list RDMA devices and ports (state, MTU, GIDs, netdev) through pyverbs
 
 `fx100io <command> --help` for a command's options."""
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "bench":
             from fx100io.bench import main as bench
             return bench(rest)
+        if cmd == "rdma-devices":
+            from fx100io.rdma_devices import main as rdma_devices
+            return rdma_devices(rest)
     except OSError as e:  # fx100io errors are OSErrors with a clear message
         print(f"fx100io {cmd}: {e}", file=sys.stderr)
         return 1

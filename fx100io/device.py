@@ -34,7 +34,7 @@ DEFAULT_MAX_IO = 1 << 20
 
 def parse_uri(uri: str) -> tuple[str, str]:
     """(scheme, target) of a device URI; plain paths are files.  For
-    nvme+tcp the target is the C transport's key=value form."""
+    NVMe-oF schemes the target is the C transport's key=value form."""
     if not isinstance(uri, str) or not uri:
         raise InvalidArgumentError(22, f"device URI must be a non-empty str, got {uri!r}")
     if "://" not in uri:
@@ -44,14 +44,11 @@ def parse_uri(uri: str) -> tuple[str, str]:
         if parts.netloc not in ("", "localhost"):
             raise InvalidArgumentError(22, "file:// URIs name a local path (file:///path)", uri)
         return "file", unquote(parts.path)
-    if parts.scheme == "nvme+tcp":
-        return "nvme+tcp", fabric_uri.to_transport_target(uri)
-    if parts.scheme == "nvme+rdma":
-        raise UnsupportedTransportError(
-            95, "the nvme+rdma transport is not in this build yet", uri)
+    if parts.scheme in fabric_uri.SCHEMES:
+        return parts.scheme, fabric_uri.to_transport_target(uri)
     raise UnsupportedTransportError(
-        22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path, /dev/... "
-        "or nvme+tcp://host:port/subnqn)", uri)
+        22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path, /dev/..., "
+        "nvme+tcp://host:port/subnqn or nvme+rdma://host:port/subnqn)", uri)
 
 
 def io_uring_refusal_reason() -> str:
@@ -124,7 +121,7 @@ class Device:
     @staticmethod
     def _open(transport: str, target: str, direct: bool | str, readonly: bool,
               create: bool, size: int) -> _core.Dev:
-        if transport == "nvme+tcp":
+        if transport in fabric_uri.SCHEMES:
             return fabric_uri.open_fabric_dev(transport, target, readonly)
         try:
             return _core.Dev(transport, target, direct is not False, readonly, create, size)

@@ -1,6 +1,7 @@
 """NVMe-oF device URIs and host identity.
 
 ``nvme+tcp://HOST:PORT/SUBNQN?ns=1&queues=4&hdgst=1&ddgst=1&hostnqn=...``
+``nvme+rdma://HOST:PORT/SUBNQN?ns=1&queues=4&qsize=128&hostnqn=...``
 
 Query options: ns (namespace id, 1), queues (I/O connections per thread, 1),
 hdgst / ddgst (header / data digests, 0), hostnqn and hostid (default: this
@@ -9,7 +10,9 @@ timeout, 30000), connect_timeout_ms (10000), io_timeout_ms (a command with
 no answer for this long fails and its connection is re-made, 30000),
 max_xfer (bytes per NVMe command, 1 MiB, capped by the controller's MDTS),
 reconnect_ms (pause after a failed connect attempt, 200) and max_reconnects
-(failed connect attempts a waiting request sits through, 3).
+(failed connect attempts a waiting request sits through, 3).  hdgst and
+ddgst are NVMe/TCP's; qsize (entries per I/O queue, at most what the
+controller allows; 128 by default) is NVMe/RDMA's.
 hostid may be written as a UUID.  A value the transport could not take
 exactly as written (an NQN over 223 bytes, a number out of range, control
 characters) is refused with InvalidArgumentError, never cut or wrapped.
@@ -47,8 +50,11 @@ _NAMESPACE = uuid.UUID("6f1c3e52-9a4b-4f0e-8d2a-f100d100f100")
 INT_OPTIONS = {"ns": "nsid", "queues": "queues", "kato_ms": "kato_ms",
                "connect_timeout_ms": "connect_timeout_ms", "io_timeout_ms": "io_timeout_ms",
                "max_xfer": "max_xfer", "reconnect_ms": "reconnect_ms",
-               "max_reconnects": "max_reconnects"}
+               "max_reconnects": "max_reconnects", "qsize": "qsize"}
 BOOL_OPTIONS = ("hdgst", "ddgst")
+SCHEMES = {"nvme+tcp": "tcp", "nvme+rdma": "rdma"}
+# options that only one transport has
+TRANSPORT_ONLY = {"hdgst": "nvme+tcp", "ddgst": "nvme+tcp", "qsize": "nvme+rdma"}
 STR_OPTIONS = ("hostnqn", "hostid")
 
 
@@ -75,7 +81,8 @@ INT_RANGES = {"ns": (1, 0xFFFFFFFE),  # 0xFFFFFFFF is the broadcast NSID
               "connect_timeout_ms": (1, 0x7FFFFFFF), "io_timeout_ms": (1, 0x7FFFFFFF),
               "max_xfer": (1, 0xFFFFFFFF),
               # 0: no pause between attempts / fail at once while disconnected
-              "reconnect_ms": (0, 0x7FFFFFFF), "max_reconnects": (0, 0x7FFFFFFF)}
+              "reconnect_ms": (0, 0x7FFFFFFF), "max_reconnects": (0, 0x7FFFFFFF),
+              "qsize": (2, 1024)}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -94,15 +101,26 @@ def _hostid(value: str, uri: str) -> str:
     return hid
 
 
+def scheme_of(uri: str) -> str:
+    """nvme+tcp or nvme+rdma; InvalidArgumentError for anything else."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme not in SCHEMES:
+        raise InvalidArgumentError(22, "an NVMe-oF URI starts with nvme+tcp:// or nvme+rdma://",
+                                   uri)
+    return scheme
+
+
 def _endpoint(uri: str) -> tuple[SplitResult, str, str]:
     """The URI's parts, host and port, checked."""
+    scheme = scheme_of(uri)
     try:
         parts = urlsplit(uri)
         port = parts.port
     except ValueError:
         raise InvalidArgumentError(22, "malformed URI (bad port or IPv6 address)", uri) from None
     if not parts.hostname:
-        raise InvalidArgumentError(22, "nvme+tcp URI needs a host: nvme+tcp://HOST:PORT/SUBNQN", uri)
+        raise InvalidArgumentError(22, f"{scheme} URI needs a host: {scheme}://HOST:PORT/SUBNQN",
+                                   uri)
     if port == 0:
         raise InvalidArgumentError(22, "bad port in URI (1..65535)", uri)
     host = _text("the host", parts.hostname, HOST_MAX, uri)
@@ -110,16 +128,20 @@ def _endpoint(uri: str) -> tuple[SplitResult, str, str]:
 
 
 def parse(uri: str) -> dict[str, str]:
-    """Parse an nvme+tcp URI into the transport's options (all strings).
-    Raises InvalidArgumentError for anything the transport could not take
-    exactly as written."""
+    """Parse an nvme+tcp or nvme+rdma URI into the transport's options (all
+    strings).  Raises InvalidArgumentError for anything the transport could
+    not take exactly as written."""
     parts, host, port = _endpoint(uri)
+    scheme = scheme_of(uri)
     subnqn = unquote(parts.path.lstrip("/"))
     if subnqn:
         _text("the subsystem NQN", subnqn, NQN_MAX, uri)
     opts = {"host": host, "port": port, "subnqn": subnqn}
     for key, values in parse_qs(parts.query, keep_blank_values=True).items():
         v = values[-1]
+        if TRANSPORT_ONLY.get(key, scheme) != scheme:
+            raise InvalidArgumentError(22, f"URI option {key} is for {TRANSPORT_ONLY[key]} "
+                                       f"URIs, not {scheme}", uri)
         if key in INT_OPTIONS:
             lo, hi = INT_RANGES[key]
             # [0-9], not str.isdigit(): that also takes "²" and other scripts' digits
@@ -147,14 +169,15 @@ def parse(uri: str) -> dict[str, str]:
 def to_transport_target(uri: str) -> str:
     opts = parse(uri)
     if not opts["subnqn"]:
-        raise InvalidArgumentError(22, "nvme+tcp URI needs a subsystem NQN as its path", uri)
+        raise InvalidArgumentError(22, f"{scheme_of(uri)} URI needs a subsystem NQN as its path",
+                                   uri)
     return "\n".join(f"{k}={v}" for k, v in opts.items())
 
 
 def open_fabric_dev(transport: str, target: str, readonly: bool) -> _core.Dev:
     """Open the C device; says which endpoint failed."""
     where = dict(line.split("=", 1) for line in target.split("\n"))
-    label = f"nvme+tcp://{where['host']}:{where['port']}/{where['subnqn']}"
+    label = f"{transport}://{where['host']}:{where['port']}/{where['subnqn']}"
     try:
         return _core.Dev(transport, target, False, readonly, False, 0)
     except OSError as e:
@@ -163,14 +186,22 @@ def open_fabric_dev(transport: str, target: str, readonly: bool) -> _core.Dev:
             err.strerror = f"the target does not allow host {where['hostnqn']}"
         elif e.errno == 2:
             err.strerror = "the target has no such subsystem (or refused the Connect parameters)"
+        elif e.errno == 19 and transport == "nvme+rdma":
+            err.strerror = ("no RDMA device reaches this address (this host has no RDMA stack, "
+                            "or no RDMA device on the route: see `fx100io rdma-devices`)")
+        elif e.errno == 111 and transport == "nvme+rdma":
+            err.strerror = ("the RDMA connection was refused (no NVMe/RDMA port there, or the "
+                            "target rejected the queue: the reason is logged)")
         raise err from None
 
 
 def discovery_target(uri: str) -> tuple[str, str, str, str]:
     """(host, port, host NQN, host ID) of a discovery URI
-    nvme+tcp://HOST[:PORT][?hostnqn=...&hostid=...], checked as parse() does."""
-    if not uri.startswith("nvme+tcp://"):
-        raise InvalidArgumentError(22, "discover() takes nvme+tcp://HOST[:PORT]", uri)
+    nvme+tcp://HOST[:PORT][?hostnqn=...&hostid=...] (or nvme+rdma://),
+    checked as parse() does."""
+    if not uri.startswith(("nvme+tcp://", "nvme+rdma://")):
+        raise InvalidArgumentError(22, "discover() takes nvme+tcp://HOST[:PORT] or "
+                                   "nvme+rdma://HOST[:PORT]", uri)
     parts, host, port = _endpoint(uri)
     nqn, hid = host_identity()
     q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -179,11 +210,16 @@ def discovery_target(uri: str) -> tuple[str, str, str, str]:
 
 
 def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
-    """The discovery log of nvme+tcp://HOST[:PORT]: one dict per entry with
-    subnqn, traddr, trsvcid (port), trtype ("tcp", "rdma"), adrfam, subtype
-    ("nvme", "discovery", ...), portid, cntlid."""
+    """The discovery log of nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]
+    (read over that transport): one dict per entry with subnqn, traddr,
+    trsvcid (port), trtype ("tcp", "rdma"), adrfam, subtype ("nvme",
+    "discovery", ...), portid, cntlid."""
     host, port, hostnqn, hostid = discovery_target(uri)
     try:
-        return _core.discover(host, port, hostnqn, hostid, timeout_ms)
+        return _core.discover(host, port, hostnqn, hostid, timeout_ms, SCHEMES[scheme_of(uri)])
     except OSError as e:
-        raise error_from_errno(e.errno or 5, uri) from None
+        err = error_from_errno(e.errno or 5, uri)
+        if e.errno == 19 and scheme_of(uri) == "nvme+rdma":
+            err.strerror = ("no RDMA device reaches this address (this host has no RDMA stack, "
+                            "or no RDMA device on the route: see `fx100io rdma-devices`)")
+        raise err from None

@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
 need=()
-for p in liburing-dev fio gcc make util-linux pkg-config; do
+# RDMA: the NVMe/RDMA transport links libibverbs/librdmacm (ibverbs-providers has
+# soft-RoCE's rxe); python3-pyverbs lists devices (fx100io rdma-devices)
+for p in liburing-dev fio gcc make util-linux pkg-config libibverbs-dev librdmacm-dev \
+    rdma-core ibverbs-providers python3-pyverbs; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -12,6 +12,7 @@
 
 #include "nvmf/nvmf.h"
 /* Only for the admin queue's storage below. */
+#include "transport/rdma_conn.h"
 #include "transport/tcp_ctrl.h"
 
 /* An open controller: admin queue, identify data, keep-alive thread. */
@@ -22,11 +23,12 @@ struct fx_nvmf_ctrl {
 	 * only as aq, through tr. */
 	const struct fx_nvmf_transport *tr;
 	void *aq;
-	/* Storage aq points at.  It has TCP's type because TCP is the only
-	 * transport so far and callers (tests, transport/tcp.c) read the
-	 * negotiated digests from it; a second transport turns this into a
-	 * union of the transports' queue types.  Generic code never reads it. */
-	struct fx_nvmf_conn admin;
+	/* Storage aq points at, one member per transport.  Tests read the
+	 * negotiated TCP parameters from admin; generic code never reads it. */
+	union {
+		struct fx_nvmf_conn admin;
+		struct fx_rdma_conn admin_rdma;
+	};
 	pthread_mutex_t lock; /* serialises admin commands (keep alive vs others) */
 	pthread_t ka_thread;
 	int ka_running;

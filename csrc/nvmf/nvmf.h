@@ -11,6 +11,7 @@
 #ifndef FX100IO_NVMF_NVMF_H
 #define FX100IO_NVMF_NVMF_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
@@ -46,9 +47,12 @@ struct fx_nvmf_params {
  *   waiter parses a stream that is out of step).  Safe while another
  *   thread is in exec.
  * close: release the queue (idempotent).
+ * queue_size: bytes of the storage a queue needs (the connect target);
+ *   a connected queue may be moved to other storage with memcpy.
  */
 struct fx_nvmf_transport {
 	const char *name;
+	size_t queue_size;
 	int (*connect)(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
 		       uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
 		       uint16_t *cntlid_out, uint16_t *status);

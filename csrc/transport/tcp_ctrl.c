@@ -760,6 +760,7 @@ static void tcp_q_close(void *q)
 
 const struct fx_nvmf_transport fx_nvmf_tcp_transport = {
 	.name = "tcp",
+	.queue_size = sizeof(struct fx_nvmf_conn),
 	.connect = tcp_q_connect,
 	.exec = tcp_q_exec,
 	.shutdown = tcp_q_shutdown,

@@ -1,0 +1,473 @@
+/*
+ * An NVMe-oF namespace as a device, on any transport (see nvmf/dev.h).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "nvmf/dev.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+static int parse_hostid(const char *v, uint8_t out[16])
+{
+	if (strlen(v) != 32)
+		return -EINVAL;
+	for (int i = 0; i < 16; i++) {
+		unsigned b;
+		if (sscanf(v + 2 * i, "%2x", &b) != 1)
+			return -EINVAL;
+		out[i] = (uint8_t)b;
+	}
+	return 0;
+}
+
+static int parse_kv(struct fx_nvmf_dev *d, const char *target)
+{
+	char *copy = strdup(target), *save = NULL;
+	int ret = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	d->nsid = 1;
+	d->queues = 1;
+	d->params.kato_ms = 30000;
+	d->params.timeout_ms = 10000;
+	d->io_timeout_ms = 30000;
+	d->reconnect_ms = FX_NVMF_RECONNECT_MS_DEFAULT;
+	d->max_reconnects = FX_NVMF_MAX_RECONNECTS_DEFAULT;
+	for (char *line = strtok_r(copy, "\n", &save); line && !ret;
+	     line = strtok_r(NULL, "\n", &save)) {
+		char *eq = strchr(line, '=');
+		if (!eq)
+			continue;
+		*eq = 0;
+		const char *k = line, *v = eq + 1;
+		if (!strcmp(k, "host"))
+			snprintf(d->addr.host, sizeof(d->addr.host), "%s", v);
+		else if (!strcmp(k, "port"))
+			snprintf(d->addr.port, sizeof(d->addr.port), "%s", v);
+		else if (!strcmp(k, "subnqn"))
+			snprintf(d->params.subnqn, sizeof(d->params.subnqn), "%s", v);
+		else if (!strcmp(k, "hostnqn"))
+			snprintf(d->params.hostnqn, sizeof(d->params.hostnqn), "%s", v);
+		else if (!strcmp(k, "hostid"))
+			ret = parse_hostid(v, d->params.hostid);
+		else if (!strcmp(k, "nsid"))
+			d->nsid = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "queues"))
+			d->queues = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "qsize"))
+			d->qsize = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "hdgst"))
+			d->params.hdgst = atoi(v) != 0;
+		else if (!strcmp(k, "ddgst"))
+			d->params.ddgst = atoi(v) != 0;
+		else if (!strcmp(k, "kato_ms"))
+			d->params.kato_ms = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "connect_timeout_ms"))
+			d->params.timeout_ms = atoi(v);
+		else if (!strcmp(k, "io_timeout_ms"))
+			d->io_timeout_ms = atoi(v);
+		else if (!strcmp(k, "reconnect_ms"))
+			d->reconnect_ms = atoi(v);
+		else if (!strcmp(k, "max_reconnects"))
+			d->max_reconnects = atoi(v);
+		else if (!strcmp(k, "max_xfer"))
+			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
+	}
+	free(copy);
+	if (ret || !d->addr.host[0] || !d->addr.port[0] || !d->params.subnqn[0] ||
+	    !d->params.hostnqn[0] || d->nsid == 0 || d->queues == 0 || d->queues > 64 ||
+	    d->qsize == 1 || d->qsize > 4096 || d->io_timeout_ms <= 0 ||
+	    d->params.timeout_ms <= 0 || d->reconnect_ms < 0 || d->max_reconnects < 0)
+		return -EINVAL;
+	return 0;
+}
+
+uint32_t fx_nvmf_xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba)
+{
+	uint64_t cap = want ? want : (1u << 20);
+
+	if (cap < lba)
+		cap = lba;
+	if (mdts_bytes && mdts_bytes < cap)
+		cap = mdts_bytes;
+	if (cap > 65536ull * lba) /* NLB is a 16-bit field */
+		cap = 65536ull * lba;
+	return (uint32_t)(cap & ~(uint64_t)(lba - 1));
+}
+
+/* Open (or re-open) the controller; called with open_lock held (not lock:
+ * this waits on the network, up to CAP.TO). */
+static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
+{
+	struct fx_nvmf_ctrl *c = NULL, *old;
+	/* Enough I/O queues for several threads' queues. */
+	uint16_t want = (uint16_t)(d->queues * 8 < 64 ? d->queues * 8 : 64);
+	int ret = fx_nvmf_ctrl_open_tr(d->tr, &d->addr, &d->params, want, &c, status);
+
+	if (ret < 0)
+		return ret;
+	uint64_t nsze = 0;
+	uint32_t lba = 0;
+	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
+	if (ret == 0 && !fx_nvmf_xfer_size(d->max_xfer, c->mdts_bytes, lba)) {
+		fprintf(stderr,
+		        "fx100io: %s: nsid %u: blocks of %u bytes exceed the controller's "
+		        "largest transfer (MDTS %u bytes)\n",
+		        d->label, d->nsid, lba, c->mdts_bytes);
+		ret = -EPROTO;
+	}
+	if (ret < 0) {
+		fx_nvmf_ctrl_close(c);
+		return ret;
+	}
+	uint8_t *used = calloc((size_t)c->io_queues + 1, 1);
+	if (!used) {
+		fx_nvmf_ctrl_close(c);
+		return -ENOMEM;
+	}
+	pthread_mutex_lock(&d->lock);
+	old = d->ctrl;
+	if (old && (lba != d->info->block_size || nsze * lba != d->info->size)) {
+		/* A different namespace behind the same name: never write
+		 * to it as if it were the old one. */
+		pthread_mutex_unlock(&d->lock);
+		free(used);
+		fx_nvmf_ctrl_close(c);
+		return -ESTALE;
+	}
+	free(d->qid_used);
+	d->qid_used = used;
+	d->ctrl = c;
+	d->ctrl_epoch++;
+	d->info->size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
+	d->info->block_size = lba;
+	d->max_xfer = fx_nvmf_xfer_size(d->max_xfer, c->mdts_bytes, lba);
+	pthread_mutex_unlock(&d->lock);
+	/* Only open_lock holders use a ctrl pointer beyond lock, so the old
+	 * one is ours to close. */
+	if (old)
+		fx_nvmf_ctrl_close(old);
+	return 0;
+}
+
+int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr,
+                     const char *label, const char *target, struct fx_dev_info *info)
+{
+	uint16_t status = 0;
+	int ret;
+
+	memset(d, 0, sizeof(*d));
+	d->tr = tr;
+	d->label = label;
+	d->info = info;
+	pthread_mutex_init(&d->lock, NULL);
+	pthread_mutex_init(&d->open_lock, NULL);
+	ret = parse_kv(d, target);
+	if (ret == 0) {
+		pthread_mutex_lock(&d->open_lock);
+		ret = ctrl_open_locked(d, &status);
+		pthread_mutex_unlock(&d->open_lock);
+	}
+	if (ret < 0)
+		fx_nvmf_dev_fini(d);
+	return ret;
+}
+
+void fx_nvmf_dev_fini(struct fx_nvmf_dev *d)
+{
+	if (d->ctrl)
+		fx_nvmf_ctrl_close(d->ctrl);
+	d->ctrl = NULL;
+	free(d->qid_used);
+	d->qid_used = NULL;
+	pthread_mutex_destroy(&d->open_lock);
+	pthread_mutex_destroy(&d->lock);
+}
+
+/* Next free qid after the last one handed out: a qid just released may
+ * still be torn down on the target side, so it is reused last. */
+static int take_qid(struct fx_nvmf_dev *d)
+{
+	uint16_t n = d->ctrl ? d->ctrl->io_queues : 0;
+
+	for (uint16_t k = 0; k < n; k++) {
+		uint16_t q = (uint16_t)((d->next_qid + k) % n + 1);
+		if (!d->qid_used[q]) {
+			d->qid_used[q] = 1;
+			d->next_qid = q % n;
+			return q;
+		}
+	}
+	return -EBUSY;
+}
+
+static void release_qid(struct fx_nvmf_dev *d, int qid, uint32_t epoch)
+{
+	pthread_mutex_lock(&d->lock);
+	if (d->ctrl_epoch == epoch && d->qid_used && qid > 0)
+		d->qid_used[qid] = 0;
+	pthread_mutex_unlock(&d->lock);
+}
+
+/* Is the controller still there?  Asks it (CSTS on the admin queue) rather
+ * than guessing from one refused Connect: re-opening tears down every
+ * thread's queues.  Called with open_lock held. */
+static int ctrl_alive_locked(struct fx_nvmf_dev *d)
+{
+	struct fx_nvmf_ctrl *c = d->ctrl;
+	uint64_t csts = 0;
+	int ret;
+
+	if (!c || __atomic_load_n(&c->ka_failed, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&c->lock);
+	ret = fx_nvmf_q_prop_get(c->tr, c->aq, NVME_REG_CSTS, 0, &csts, 0);
+	pthread_mutex_unlock(&c->lock);
+	return ret == 0 && (csts & NVME_CSTS_RDY) && !(csts & NVME_CSTS_CFS);
+}
+
+/* Take open_lock; give up when *stop is set (another thread's controller
+ * open may hold it for CAP.TO). */
+static int lock_open(struct fx_nvmf_dev *d, const int *stop)
+{
+	if (!stop) {
+		pthread_mutex_lock(&d->open_lock);
+		return 0;
+	}
+	for (;;) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 20 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		if (pthread_mutex_timedlock(&d->open_lock, &ts) == 0)
+			return 0;
+		if (__atomic_load_n(stop, __ATOMIC_ACQUIRE))
+			return -ECANCELED;
+	}
+}
+
+static int ctrl_gone(struct fx_nvmf_dev *d)
+{
+	return !d->ctrl || __atomic_load_n(&d->ctrl->ka_failed, __ATOMIC_ACQUIRE);
+}
+
+void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
+                            struct fx_nvmf_io_conn *res)
+{
+	uint16_t status = 0;
+	int ret = -ENOTCONN;
+
+	memset(res, 0, sizeof(*res));
+	/* A few qids: one refused Connect (a qid the target has not torn
+	 * down yet) should cost a retry, not the controller. */
+	for (int attempt = 0; attempt < 4; attempt++) {
+		pthread_mutex_lock(&d->lock);
+		int gone = ctrl_gone(d);
+		pthread_mutex_unlock(&d->lock);
+		if (gone) {
+			ret = lock_open(d, stop);
+			if (ret < 0)
+				break;
+			if (ctrl_gone(d)) /* nobody re-opened it meanwhile */
+				ret = ctrl_open_locked(d, &status);
+			pthread_mutex_unlock(&d->open_lock);
+			if (ret < 0)
+				break;
+		}
+		pthread_mutex_lock(&d->lock);
+		int qid = take_qid(d);
+		uint16_t cntlid = d->ctrl->cntlid;
+		uint16_t sqsize = d->ctrl->io_sqsize;
+		if (d->qsize && d->qsize - 1 < sqsize)
+			sqsize = (uint16_t)(d->qsize - 1);
+		res->incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
+		res->icdoff = d->ctrl->icdoff;
+		uint32_t epoch = d->ctrl_epoch;
+		pthread_mutex_unlock(&d->lock);
+		if (qid < 0) {
+			ret = qid;
+			break;
+		}
+		uint16_t got_cntlid = 0;
+		ret = d->tr->connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid, q,
+		                     &got_cntlid, &status);
+		if (ret == 0) {
+			res->epoch = epoch;
+			res->qid = (uint16_t)qid;
+			res->sqsize = sqsize;
+			break;
+		}
+		release_qid(d, qid, epoch);
+		if (ret != -ENOENT && ret != -EIO)
+			break; /* refused, unreachable, timed out: nothing to retry now */
+		int r2 = lock_open(d, stop);
+		if (r2 < 0) {
+			ret = r2;
+			break;
+		}
+		pthread_mutex_lock(&d->lock);
+		int same = d->ctrl_epoch == epoch;
+		pthread_mutex_unlock(&d->lock);
+		int alive = 1;
+		if (same) {
+			/* The check talks on the shared admin queue: a cancel
+			 * must not cut it (and so the controller) short. */
+			int cfd = fx_nvmf_cancel_fd();
+			fx_nvmf_set_cancel_fd(-1);
+			alive = ctrl_alive_locked(d);
+			fx_nvmf_set_cancel_fd(cfd);
+		}
+		if (!alive) {
+			/* The target forgot the controller (restart, KATO). */
+			int r3 = ctrl_open_locked(d, &status);
+			if (r3 < 0) {
+				pthread_mutex_unlock(&d->open_lock);
+				ret = r3;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&d->open_lock);
+	}
+	res->err = ret;
+}
+
+void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_io_conn *res)
+{
+	d->tr->close(q);
+	release_qid(d, res->qid, res->epoch);
+}
+
+/* ------------------------------------------------------------ connector */
+
+static void *cx_main(void *arg)
+{
+	struct fx_nvmf_connector *x = arg;
+	struct fx_nvmf_io_conn res;
+
+	fx_nvmf_set_cancel_fd(x->cancel_fd);
+	pthread_mutex_lock(&x->lock);
+	for (;;) {
+		while (!x->stop && x->state != FX_CX_BUSY)
+			pthread_cond_wait(&x->cond, &x->lock);
+		if (x->stop)
+			break;
+		pthread_mutex_unlock(&x->lock);
+		fx_nvmf_dev_connect_io(x->dev, &x->stop, x->q, &res);
+		pthread_mutex_lock(&x->lock);
+		x->res = res;
+		x->state = FX_CX_DONE;
+		uint64_t one = 1;
+		if (write(x->wake_fd, &one, sizeof(one)) < 0 ||
+		    (x->notify_fd >= 0 && write(x->notify_fd, &one, sizeof(one)) < 0)) {
+			/* only a full counter fails, and both are read on reap */
+		}
+	}
+	pthread_mutex_unlock(&x->lock);
+	return NULL;
+}
+
+int fx_nvmf_cx_init(struct fx_nvmf_connector *x, struct fx_nvmf_dev *d, int notify_fd)
+{
+	memset(x, 0, sizeof(*x));
+	x->dev = d;
+	x->notify_fd = notify_fd;
+	x->cancel_fd = -1;
+	x->q = calloc(1, d->tr->queue_size);
+	x->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (x->wake_fd >= 0)
+		x->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (!x->q || x->wake_fd < 0 || x->cancel_fd < 0) {
+		int err = !x->q ? -ENOMEM : -errno;
+		free(x->q);
+		if (x->wake_fd >= 0)
+			close(x->wake_fd);
+		x->q = NULL;
+		x->wake_fd = -1;
+		x->cancel_fd = -1;
+		return err;
+	}
+	pthread_mutex_init(&x->lock, NULL);
+	pthread_cond_init(&x->cond, NULL);
+	return 0;
+}
+
+int fx_nvmf_cx_request(struct fx_nvmf_connector *x, unsigned conn)
+{
+	int ret;
+
+	if (!x->started) {
+		ret = pthread_create(&x->thread, NULL, cx_main, x);
+		if (ret)
+			return -ret;
+		x->started = 1;
+	}
+	pthread_mutex_lock(&x->lock);
+	ret = x->state == FX_CX_IDLE ? 0 : -EBUSY;
+	if (!ret) {
+		x->conn = conn;
+		x->state = FX_CX_BUSY;
+		pthread_cond_signal(&x->cond);
+	}
+	pthread_mutex_unlock(&x->lock);
+	return ret;
+}
+
+int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn,
+                       struct fx_nvmf_io_conn *res, void *q_out)
+{
+	uint64_t v;
+	int done;
+
+	if (read(x->wake_fd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: nothing new, or read by an earlier pass */
+	}
+	pthread_mutex_lock(&x->lock);
+	done = x->state == FX_CX_DONE;
+	if (done) {
+		*conn = x->conn;
+		*res = x->res;
+		if (res->err == 0)
+			memcpy(q_out, x->q, x->dev->tr->queue_size);
+		x->state = FX_CX_IDLE;
+	}
+	pthread_mutex_unlock(&x->lock);
+	return done;
+}
+
+void fx_nvmf_cx_fini(struct fx_nvmf_connector *x)
+{
+	if (!x->q)
+		return;
+	if (x->started) {
+		pthread_mutex_lock(&x->lock);
+		__atomic_store_n(&x->stop, 1, __ATOMIC_RELEASE);
+		pthread_cond_signal(&x->cond);
+		pthread_mutex_unlock(&x->lock);
+		uint64_t one = 1;
+		if (write(x->cancel_fd, &one, sizeof(one)) < 0) {
+			/* the join still ends, at the attempt's own timeout */
+		}
+		pthread_join(x->thread, NULL);
+		x->started = 0;
+	}
+	if (x->state == FX_CX_DONE && x->res.err == 0)
+		fx_nvmf_dev_close_io(x->dev, x->q, &x->res);
+	x->state = FX_CX_IDLE;
+	close(x->wake_fd);
+	close(x->cancel_fd);
+	pthread_cond_destroy(&x->cond);
+	pthread_mutex_destroy(&x->lock);
+	free(x->q);
+	x->q = NULL;
+}

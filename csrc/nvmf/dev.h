@@ -1,0 +1,123 @@
+/*
+ * A namespace of a remote NVMe-oF controller as a device, on any transport
+ * (nvmf/dev.c): the URI options, the controller (opened, checked, re-opened
+ * when the target forgot it), the I/O queue ids handed to queues, one
+ * blocking connect attempt for an I/O queue, and the per-queue connector
+ * thread that runs those attempts off the caller's thread (DESIGN rule 14).
+ *
+ * A transport's data path (transport/rdma.c) embeds struct fx_nvmf_dev in
+ * its device and keeps only what is its own: how commands move.
+ */
+#ifndef FX100IO_NVMF_DEV_H
+#define FX100IO_NVMF_DEV_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "fx100io.h"
+#include "nvmf/ctrl.h"
+#include "nvmf/nvmf.h"
+
+#define FX_NVMF_RECONNECT_MS_DEFAULT 200 /* between failed connect attempts */
+#define FX_NVMF_MAX_RECONNECTS_DEFAULT 3 /* failed attempts a waiting request sits through */
+
+struct fx_nvmf_dev {
+	const struct fx_nvmf_transport *tr;
+	const char *label; /* the URI scheme, for logs: "nvme+rdma" */
+	struct fx_dev_info *info; /* the transport device's geometry, set here */
+	struct fx_nvmf_addr addr;
+	struct fx_nvmf_params params;
+	/* lock: ctrl, its epoch, the qid map and the geometry; held for a few
+	 * loads and stores, never across network I/O (queue threads take it).
+	 * open_lock: controller (re)opens and the liveness check, which wait
+	 * on the network; taken before lock, never after. */
+	pthread_mutex_t lock;
+	pthread_mutex_t open_lock;
+	struct fx_nvmf_ctrl *ctrl;
+	uint32_t nsid;
+	uint32_t queues;    /* I/O queues per fx_queue */
+	uint32_t qsize;     /* entries per I/O queue asked for (0: the controller's) */
+	uint32_t max_xfer;  /* bytes per NVMe command */
+	int io_timeout_ms;
+	int reconnect_ms;
+	int max_reconnects;
+	uint8_t *qid_used;  /* [1..ctrl->io_queues] */
+	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
+	uint16_t next_qid;
+};
+
+/*
+ * Parse target (the key=value lines fx100io/fabric_uri.py makes), open the
+ * controller over tr, read the namespace's geometry into *info.  On failure
+ * nothing is left to release.  -EINVAL (bad options), the transport's
+ * connect errors, -ENODEV (no such namespace), -EPROTO.
+ */
+int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr,
+                     const char *label, const char *target, struct fx_dev_info *info);
+void fx_nvmf_dev_fini(struct fx_nvmf_dev *d);
+
+/* What one connect attempt for an I/O queue hands back. */
+struct fx_nvmf_io_conn {
+	int err;            /* 0: the queue storage holds a connected queue */
+	uint32_t epoch;     /* controller epoch it was connected under */
+	uint32_t incap_max; /* in-capsule data allowed (IOCCSZ*16 - 64) */
+	uint16_t icdoff;
+	uint16_t qid;
+	uint16_t sqsize;    /* 0's based */
+};
+
+/*
+ * One blocking attempt to connect an I/O queue into q (dev->tr->queue_size
+ * bytes): re-opens the controller first when it is gone, retries a refused
+ * qid a few times, and re-opens a controller the target forgot.  *stop
+ * (NULL: never) cuts waits for another thread's controller open short; the
+ * calling thread's cancel fd (fx_nvmf_set_cancel_fd) cuts network waits.
+ */
+void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
+                            struct fx_nvmf_io_conn *res);
+/* Close a connected I/O queue and give its qid back. */
+void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_io_conn *res);
+
+/* Bytes per command: want (0: 1 MiB) within MDTS and NLB, whole blocks;
+ * 0 when not even one block fits. */
+uint32_t fx_nvmf_xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba);
+
+/* ------------------------------------------------------------ connector */
+
+enum fx_nvmf_cx_state { FX_CX_IDLE, FX_CX_BUSY, FX_CX_DONE };
+
+/*
+ * A queue's connector thread, started on first need.  The queue's thread
+ * hands it a job (request), and takes the result (collect) once wake_fd
+ * is readable; it touches nothing of the queue but this struct.
+ */
+struct fx_nvmf_connector {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	struct fx_nvmf_dev *dev;
+	int started;
+	int stop;
+	int wake_fd;   /* eventfd: a result is ready (the queue polls it) */
+	int notify_fd; /* written too when >= 0 (the queue's own poll fd) */
+	int cancel_fd; /* eventfd: cuts the attempt in progress short */
+	enum fx_nvmf_cx_state state;
+	unsigned conn; /* which of the queue's connections it is for */
+	struct fx_nvmf_io_conn res;
+	void *q;       /* the attempt's queue storage */
+};
+
+/* -ENOMEM or -errno of eventfd; wake_fd is valid afterwards. */
+int fx_nvmf_cx_init(struct fx_nvmf_connector *x, struct fx_nvmf_dev *d, int notify_fd);
+/* Start an attempt for connection conn (never blocks).  -EBUSY when one is
+ * out already; -errno when the thread cannot start. */
+int fx_nvmf_cx_request(struct fx_nvmf_connector *x, unsigned conn);
+/* 1 and the result (the queue moved into q_out) when an attempt finished,
+ * 0 while one runs or none was asked for. */
+int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn,
+                       struct fx_nvmf_io_conn *res, void *q_out);
+/* Stop the thread (cutting an attempt short), close a result nobody took,
+ * release everything. */
+void fx_nvmf_cx_fini(struct fx_nvmf_connector *x);
+
+#endif

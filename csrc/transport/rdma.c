@@ -1,0 +1,861 @@
+/*
+ * The NVMe/RDMA transport: a namespace of a remote NVMe-oF controller read
+ * and written from userspace over RDMA (librdmacm + libibverbs).
+ *
+ * The device owns the controller (nvmf/dev.c: admin queue over RDMA, keep
+ * alive, re-open).  Each fx_queue (one per thread) connects `queues` I/O
+ * queues of its own, each one RC queue pair (transport/rdma_conn.c).  A
+ * command is its 64-byte capsule sent by SEND; its data never passes
+ * through the capsule except small writes (in-capsule, up to IOCCSZ): the
+ * target RDMA-WRITEs read data and RDMA-READs write data straight from the
+ * caller's buffer, described by a keyed SGL whose key is the buffer pool's
+ * memory region (transport/rdma_mem.c).  Memory in no pool goes through a
+ * registered bounce buffer: a copy, counted in the queue's stats.
+ *
+ * A command slot is free again only when both its SEND completion and its
+ * response have arrived (the response may come first).  The queue's poll
+ * fd is an epoll set of every connection's completion channel and CM event
+ * channel, the connector's eventfd and a deadline timer: asyncio watches it
+ * with add_reader, blocking callers sleep in epoll_wait without the GIL.
+ *
+ * A failed connection (flush, disconnect, bad response, a deadline) is torn
+ * down at once, which stops the target touching our memory, and its
+ * commands fail; the queue's connector thread reconnects it in the
+ * background under the same policy as NVMe/TCP (reconnect_ms,
+ * max_reconnects, io_timeout_ms).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "nvmf/dev.h"
+#include "reqs.h"
+#include "transport/rdma_conn.h"
+
+#define CID_SLOT_BITS 8
+#define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
+#define TICK_MS 100
+#define BOUNCE_MAX 8 /* bounce buffers per queue (of max_xfer bytes each) */
+
+struct rdma_dev {
+	struct fx_dev base;
+	struct fx_nvmf_dev nd;
+};
+
+struct rcmd {
+	uint8_t busy;
+	uint8_t gen;
+	uint8_t sent;     /* SEND completion seen */
+	uint8_t rsp_seen; /* response seen */
+	uint8_t opcode;
+	uint16_t status;
+	int16_t bounce;   /* bounce buffer index, -1: the caller's memory */
+	uint32_t req;
+	char *data;
+	uint32_t len;
+	int64_t deadline;
+};
+
+enum rstate { R_DOWN, R_CONNECTING, R_LIVE };
+
+struct rconn {
+	struct rdma_queue *q;
+	unsigned idx;
+	struct fx_rdma_conn rc;
+	struct fx_nvmf_io_conn io; /* qid, epoch, in-capsule size of the live queue */
+	enum rstate state;
+	int err;
+	int64_t retry_at;
+	uint32_t fails;
+	int ever_connected;
+	uint16_t limit;   /* commands in flight at most: ours and the target's */
+	struct rcmd *cmds;
+	uint16_t ncmds;
+	uint16_t *free_cmds;
+	uint16_t nfree;
+};
+
+struct rdma_queue {
+	struct fx_queue base;
+	struct rdma_dev *dev;
+	struct rconn *conns;
+	unsigned nconns;
+	unsigned rr;
+	struct req_table t;
+	int epfd;
+	int timerfd;
+	int tick_on;
+	struct fx_nvmf_connector cx;
+	int cx_busy;
+	int starved;
+	uint32_t cx_fails;
+	int64_t disc_at;
+	uint32_t disc_fails;
+	int64_t *queued_at;
+	uint32_t *fails_at;
+	/* bounce buffers for memory in no pool, made on first need */
+	struct fx_rdma_pd *bpd;
+	char *bmem;
+	struct ibv_mr *bmr;
+	uint32_t bsize;
+	uint16_t bfree[BOUNCE_MAX];
+	uint16_t nbfree;
+};
+
+#define now_ms fx_now_ms
+
+/* ---------------------------------------------------------------- device */
+
+static int rdma_dev_open(const struct fx_transport_ops *ops, const char *target,
+                         const struct fx_dev_opts *o, struct fx_dev **out)
+{
+	struct rdma_dev *d = calloc(1, sizeof(*d));
+	int ret;
+
+	if (!d)
+		return -ENOMEM;
+	d->base.ops = ops;
+	ret = fx_nvmf_dev_init(&d->nd, &fx_nvmf_rdma_transport, "nvme+rdma", target,
+	                       &d->base.info);
+	if (ret < 0) {
+		free(d);
+		return ret;
+	}
+	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY | (o->readonly ? FX_CAP_READONLY : 0);
+	*out = &d->base;
+	return 0;
+}
+
+static void rdma_dev_close(struct fx_dev *dev)
+{
+	struct rdma_dev *d = (struct rdma_dev *)dev;
+
+	fx_nvmf_dev_fini(&d->nd);
+	free(d);
+}
+
+/* ---------------------------------------------------------------- bounce */
+
+/* A bounce buffer registered in pd, its index; -EAGAIN when all are in
+ * use (the command waits for one). */
+static int bounce_take(struct rdma_queue *q, struct fx_rdma_pd *pd)
+{
+	if (!q->bmem) {
+		uint32_t n = BOUNCE_MAX;
+		q->bsize = q->dev->nd.max_xfer;
+		q->bmem = aligned_alloc(4096, (size_t)n * q->bsize);
+		if (!q->bmem)
+			return -ENOMEM;
+		q->bmr = fx_rdma_reg(pd, q->bmem, (size_t)n * q->bsize);
+		if (!q->bmr) {
+			free(q->bmem);
+			q->bmem = NULL;
+			return -ENOMEM;
+		}
+		/* a reference of our own: the PD must outlive the MR */
+		fx_rdma_pd_hold(pd);
+		q->bpd = pd;
+		for (uint32_t i = 0; i < n; i++)
+			q->bfree[i] = (uint16_t)(n - 1 - i);
+		q->nbfree = (uint16_t)n;
+	}
+	if (q->bpd != pd)
+		return -EXDEV; /* queues of one fx_queue on two RDMA devices */
+	if (!q->nbfree)
+		return -EAGAIN;
+	return q->bfree[--q->nbfree];
+}
+
+static void bounce_put(struct rdma_queue *q, int16_t b)
+{
+	if (b >= 0)
+		q->bfree[q->nbfree++] = (uint16_t)b;
+}
+
+static void bounce_free(struct rdma_queue *q)
+{
+	if (q->bmr)
+		ibv_dereg_mr(q->bmr);
+	free(q->bmem);
+	fx_rdma_pd_put(q->bpd);
+	q->bmr = NULL;
+	q->bmem = NULL;
+	q->bpd = NULL;
+}
+
+/* -------------------------------------------------------------- requests */
+
+static void req_account(struct rdma_queue *q, uint32_t ri, int err, uint64_t bytes,
+                        uint16_t status)
+{
+	struct req *r = &q->t.reqs[ri];
+
+	if (err && !r->err)
+		r->err = err;
+	if (status && !r->status)
+		r->status = status;
+	r->done += bytes;
+	r->inflight--;
+	int all_issued = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
+	if (!r->inflight && (all_issued || r->err))
+		fx_req_complete(&q->t, ri);
+}
+
+/* A command is over (err 0 and status 0: its data moved): data out of the
+ * bounce buffer, the request accounted, the slot free. */
+static void cmd_done(struct rconn *c, struct rcmd *m, int err, uint16_t status)
+{
+	struct rdma_queue *q = c->q;
+	uint64_t bytes = 0;
+
+	if (!err && status)
+		err = -EIO;
+	if (!err) {
+		bytes = m->len;
+		if (m->opcode == NVME_CMD_READ && m->bounce >= 0) {
+			memcpy(m->data, q->bmem + (size_t)m->bounce * q->bsize, m->len);
+			q->base.stats.bytes_copied += m->len;
+		} else if (m->opcode == NVME_CMD_READ) {
+			q->base.stats.bytes_direct += m->len;
+		}
+		q->base.stats.bytes += m->len;
+		if (m->len)
+			fx_req_crc_add(&q->t.reqs[m->req], m->data, m->len);
+	}
+	bounce_put(q, m->bounce);
+	m->bounce = -1;
+	m->busy = 0;
+	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
+	req_account(q, m->req, err, bytes, status);
+}
+
+/* ----------------------------------------------------------- connections */
+
+static void ep_del(struct rdma_queue *q, struct rconn *c)
+{
+	epoll_ctl(q->epfd, EPOLL_CTL_DEL, c->rc.cch->fd, NULL);
+	epoll_ctl(q->epfd, EPOLL_CTL_DEL, c->rc.ech->fd, NULL);
+}
+
+static int ep_add(struct rdma_queue *q, int fd)
+{
+	struct epoll_event ev = {.events = EPOLLIN};
+
+	return epoll_ctl(q->epfd, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+}
+
+/* Take a live connection down: the queue pair goes first (so the target
+ * can no longer write into or read from any buffer), then every command on
+ * it fails with err. */
+static void conn_fail(struct rconn *c, int err)
+{
+	struct rdma_queue *q = c->q;
+
+	if (c->state != R_LIVE)
+		return;
+	if (err != -ECANCELED)
+		fprintf(stderr, "fx100io: nvme+rdma %s:%s: queue %u (qid %u) failed: %s\n",
+		        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->io.qid,
+		        strerror(-err));
+	ep_del(q, c);
+	fx_nvmf_dev_close_io(&q->dev->nd, &c->rc, &c->io);
+	c->state = R_DOWN;
+	c->err = err;
+	c->retry_at = now_ms();
+	q->base.stats.conn_errors++;
+	for (uint16_t i = 0; i < c->ncmds; i++)
+		if (c->cmds[i].busy)
+			cmd_done(c, &c->cmds[i], err, 0);
+}
+
+static int conn_adopt(struct rconn *c, const struct fx_nvmf_io_conn *io)
+{
+	struct rdma_queue *q = c->q;
+	int ret = fx_rdma_nonblocking(&c->rc);
+
+	if (!ret)
+		ret = ep_add(q, c->rc.cch->fd);
+	if (!ret) {
+		ret = ep_add(q, c->rc.ech->fd);
+		if (ret)
+			epoll_ctl(q->epfd, EPOLL_CTL_DEL, c->rc.cch->fd, NULL);
+	}
+	if (ret) {
+		fx_nvmf_dev_close_io(&q->dev->nd, &c->rc, io);
+		return ret;
+	}
+	c->io = *io;
+	/* In flight at most: our slots, the SQ (one entry short of full) and
+	 * what the controller said it can receive. */
+	uint32_t lim = c->ncmds;
+	if (lim > io->sqsize)
+		lim = io->sqsize ? io->sqsize : 1;
+	if (c->rc.crqsize && lim > c->rc.crqsize)
+		lim = c->rc.crqsize;
+	c->limit = (uint16_t)lim;
+	if (c->ever_connected) {
+		q->base.stats.reconnects++;
+		if (c->fails)
+			fprintf(stderr,
+			        "fx100io: nvme+rdma %s:%s: queue %u reconnected after %u failed "
+			        "attempts\n",
+			        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->fails);
+	}
+	c->ever_connected = 1;
+	c->fails = 0;
+	c->state = R_LIVE;
+	c->err = 0;
+	q->disc_at = 0;
+	return 0;
+}
+
+static void conn_connect_failed(struct rconn *c, int err)
+{
+	struct rdma_queue *q = c->q;
+
+	c->state = R_DOWN;
+	c->err = err;
+	c->retry_at = now_ms() + q->dev->nd.reconnect_ms;
+	q->cx_fails++;
+	if (c->fails++ == 0 && err != -ECANCELED)
+		fprintf(stderr,
+		        "fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s); retrying every "
+		        "%d ms while requests wait\n",
+		        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, strerror(-err),
+		        q->dev->nd.reconnect_ms);
+}
+
+/* Hand connection c to the connector; never blocks. */
+static void cx_request(struct rdma_queue *q, struct rconn *c)
+{
+	if (q->cx_busy)
+		return;
+	int ret = fx_nvmf_cx_request(&q->cx, c->idx);
+	if (ret < 0) {
+		conn_connect_failed(c, ret);
+		return;
+	}
+	c->state = R_CONNECTING;
+	q->cx_busy = 1;
+}
+
+/* Adopt the connector's result, if there is one.  1 if it took one. */
+static int cx_collect(struct rdma_queue *q)
+{
+	struct fx_nvmf_io_conn io;
+	struct fx_rdma_conn rc;
+	unsigned ci;
+
+	if (!q->cx_busy || !fx_nvmf_cx_collect(&q->cx, &ci, &io, &rc))
+		return 0;
+	q->cx_busy = 0;
+	struct rconn *c = &q->conns[ci];
+	if (io.err == 0) {
+		c->rc = rc;
+		int ret = conn_adopt(c, &io);
+		if (ret < 0)
+			conn_connect_failed(c, ret);
+	} else {
+		conn_connect_failed(c, io.err);
+	}
+	return 1;
+}
+
+/* A live connection with room for a command; else NULL and *err: 0 when
+ * requests should wait for completions, < 0 when no connection is live. */
+static struct rconn *pick_conn(struct rdma_queue *q, int *err)
+{
+	int64_t now = now_ms();
+	int busy = 0, why = 0;
+
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct rconn *c = &q->conns[(q->rr + k) % q->nconns];
+		if (c->state == R_DOWN && now >= c->retry_at)
+			cx_request(q, c);
+		if (c->state == R_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
+			q->rr = (unsigned)((c - q->conns) + 1) % q->nconns;
+			return c;
+		}
+		if (c->state == R_LIVE)
+			busy = 1;
+		else if (c->err)
+			why = c->err;
+	}
+	*err = busy ? 0 : why ? why : -ENOTCONN;
+	return NULL;
+}
+
+/* The same policy as NVMe/TCP for a request no connection can carry: wait
+ * for a reconnect until max_reconnects attempts failed or io_timeout_ms
+ * passed. */
+static int wait_for_conn(struct rdma_queue *q, uint32_t ri, int err)
+{
+	struct fx_nvmf_dev *d = &q->dev->nd;
+	int64_t now = now_ms();
+
+	if (!q->disc_at) {
+		q->disc_at = now;
+		q->disc_fails = q->cx_fails;
+	}
+	int64_t since = q->queued_at[ri] > q->disc_at ? q->queued_at[ri] : q->disc_at;
+	uint32_t base = q->fails_at[ri] - q->disc_fails < (1u << 31) ? q->fails_at[ri]
+	                                                             : q->disc_fails;
+	if (q->cx_fails - base >= (uint32_t)d->max_reconnects)
+		return err;
+	if (now - since >= d->io_timeout_ms)
+		return -ETIMEDOUT;
+	return 0;
+}
+
+/* Post command m's capsule (and in-capsule data).  0 or -errno (the
+ * connection is broken). */
+static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba)
+{
+	struct rdma_queue *q = c->q;
+	struct fx_nvmf_dev *d = &q->dev->nd;
+	uint16_t slot = (uint16_t)(m - c->cmds);
+	struct nvme_sqe *sqe = (struct nvme_sqe *)(c->rc.sqes + (size_t)slot * 64);
+	struct ibv_sge sge[2] = {{.addr = (uintptr_t)sqe, .length = 64, .lkey = c->rc.sqe_mr->lkey}};
+	struct ibv_send_wr wr = {
+		.wr_id = FX_RDMA_WR_SEND | slot,
+		.sg_list = sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *bad;
+	uint32_t lkey = 0, rkey = 0;
+	char *buf = m->data;
+
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = m->opcode;
+	sqe->cid = cid;
+	sqe->nsid = d->nsid;
+	if (m->len) {
+		uint32_t nlb = m->len / q->dev->base.info.block_size - 1;
+		sqe->cdw10 = (uint32_t)slba;
+		sqe->cdw11 = (uint32_t)(slba >> 32);
+		sqe->cdw12 = nlb;
+		if (fx_rdma_pool_keys(c->rc.pd, m->data, m->len, &lkey, &rkey) == 0) {
+			q->base.stats.fixed_ios++;
+		} else {
+			int b = bounce_take(q, c->rc.pd);
+			if (b < 0)
+				return b;
+			m->bounce = (int16_t)b;
+			buf = q->bmem + (size_t)b * q->bsize;
+			lkey = q->bmr->lkey;
+			rkey = q->bmr->rkey;
+			if (m->opcode == NVME_CMD_WRITE) {
+				memcpy(buf, m->data, m->len);
+				q->base.stats.bytes_copied += m->len;
+			}
+		}
+	}
+	if (m->opcode == NVME_CMD_WRITE && m->len <= c->io.incap_max && c->io.icdoff == 0) {
+		/* In-capsule: the data is the SEND's second piece. */
+		uint8_t *dp = (uint8_t *)&sqe->dptr;
+		memset(dp, 0, 16);
+		memcpy(dp + 8, &m->len, 4);
+		dp[15] = NVME_SGL_DATA_BLOCK_OFFSET;
+		sqe->flags = NVME_CMD_SGL_METABUF;
+		sge[1] = (struct ibv_sge){.addr = (uintptr_t)buf, .length = m->len, .lkey = lkey};
+		wr.num_sge = 2;
+	} else {
+		fx_rdma_keyed_sgl(sqe, m->len ? (uintptr_t)buf : 0, m->len, m->len ? rkey : 0);
+	}
+	int r = ibv_post_send(c->rc.qp, &wr, &bad);
+	return r ? -r : 0;
+}
+
+static void issue(struct rdma_queue *q)
+{
+	struct req_table *t = &q->t;
+	struct fx_nvmf_dev *d = &q->dev->nd;
+
+	while (t->nfifo) {
+		uint32_t ri = t->fifo[t->fifo_head];
+		struct req *r = &t->reqs[ri];
+		int done_issuing = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
+		if (done_issuing || r->err) {
+			t->fifo_head = (t->fifo_head + 1) % t->nslots;
+			t->nfifo--;
+			continue;
+		}
+		int err, waiting = 0;
+		struct rconn *c = pick_conn(q, &err);
+		if (!c && err) {
+			err = wait_for_conn(q, ri, err);
+			waiting = !err;
+		}
+		if (!c) {
+			if (err) {
+				r->err = err;
+				t->fifo_head = (t->fifo_head + 1) % t->nslots;
+				t->nfifo--;
+				if (!r->inflight)
+					fx_req_complete(t, ri);
+				continue;
+			}
+			q->starved = waiting;
+			break;
+		}
+		uint16_t slot = c->free_cmds[c->nfree - 1];
+		struct rcmd *m = &c->cmds[slot];
+		uint64_t slba = 0, n = 0;
+		m->gen = (uint8_t)(m->gen + 1);
+		m->req = ri;
+		m->sent = 0;
+		m->rsp_seen = 0;
+		m->status = 0;
+		m->bounce = -1;
+		m->deadline = now_ms() + d->io_timeout_ms;
+		if (r->op == FX_OP_FLUSH) {
+			m->opcode = NVME_CMD_FLUSH;
+			m->data = NULL;
+			m->len = 0;
+		} else {
+			n = r->len - r->issued;
+			if (n > d->max_xfer)
+				n = d->max_xfer;
+			m->opcode = r->op == FX_OP_READ ? NVME_CMD_READ : NVME_CMD_WRITE;
+			m->data = r->addr + r->issued;
+			m->len = (uint32_t)n;
+			slba = (r->off + r->issued) / q->dev->base.info.block_size;
+		}
+		uint16_t cid = (uint16_t)((m->gen << CID_SLOT_BITS) | slot);
+		int pret = post_cmd(c, m, cid, slba);
+		if (pret == -EAGAIN) {
+			/* every bounce buffer is in use: wait for one */
+			bounce_put(q, m->bounce);
+			m->bounce = -1;
+			break;
+		}
+		/* the slot is taken now, whatever happens to the command */
+		c->nfree--;
+		m->busy = 1;
+		if (r->op == FX_OP_FLUSH)
+			r->issued = 1;
+		else
+			r->issued += n;
+		r->inflight++;
+		q->base.stats.ios++;
+		if (pret < 0) {
+			if (pret == -ENOMEM || pret == -EXDEV) {
+				cmd_done(c, m, pret, 0);
+				continue;
+			}
+			conn_fail(c, pret);
+		}
+	}
+	if (!t->nfifo)
+		q->starved = 0;
+}
+
+/* One work completion of a live connection.  0, or the error that takes
+ * the connection down. */
+static int on_wc(struct rconn *c, const struct ibv_wc *wc)
+{
+	if (wc->status != IBV_WC_SUCCESS)
+		return wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO;
+	if (wc->wr_id & FX_RDMA_WR_SEND) {
+		uint32_t slot = (uint32_t)(wc->wr_id & 0xffff);
+		if (slot >= c->ncmds || !c->cmds[slot].busy || c->cmds[slot].sent)
+			return -EPROTO;
+		struct rcmd *m = &c->cmds[slot];
+		m->sent = 1;
+		if (m->rsp_seen)
+			cmd_done(c, m, 0, m->status);
+		return 0;
+	}
+	uint32_t idx = (uint32_t)wc->wr_id;
+	struct nvme_cqe resp;
+	if (idx >= c->rc.nrecv || wc->byte_len < sizeof(resp))
+		return -EPROTO;
+	memcpy(&resp, c->rc.rsps + (size_t)idx * 16, sizeof(resp));
+	int r = fx_rdma_post_recv(&c->rc, idx);
+	if (r)
+		return r;
+	uint32_t slot = resp.cid & CID_SLOT_MASK;
+	struct rcmd *m = slot < c->ncmds ? &c->cmds[slot] : NULL;
+	if (!m || !m->busy || m->rsp_seen || m->gen != (uint8_t)(resp.cid >> CID_SLOT_BITS)) {
+		fprintf(stderr,
+		        "fx100io: nvme+rdma: qid %u: response for command id 0x%x, which is not "
+		        "in flight\n",
+		        c->io.qid, resp.cid);
+		return -EPROTO;
+	}
+	m->rsp_seen = 1;
+	m->status = NVME_STATUS_FIELD(resp.status);
+	if (m->sent)
+		cmd_done(c, m, 0, m->status);
+	return 0;
+}
+
+/* Reap connection c's completions (and CM events) until none are left and
+ * its CQ is armed again. */
+static void conn_poll(struct rconn *c)
+{
+	int r = fx_rdma_cm_event_check(&c->rc);
+
+	for (int armed = 0; !r;) {
+		struct ibv_wc wc[32];
+		int n = ibv_poll_cq(c->rc.cq, 32, wc);
+		if (n < 0) {
+			r = -EIO;
+			break;
+		}
+		for (int i = 0; i < n && !r; i++)
+			r = on_wc(c, &wc[i]);
+		if (n > 0)
+			continue;
+		if (armed)
+			break;
+		/* empty: arm, then look once more for what came in between */
+		fx_rdma_cq_rearm(&c->rc);
+		armed = 1;
+	}
+	if (r)
+		conn_fail(c, r);
+}
+
+static void check_deadlines(struct rdma_queue *q)
+{
+	int64_t now = now_ms();
+
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct rconn *c = &q->conns[k];
+		if (c->state != R_LIVE)
+			continue;
+		for (uint16_t i = 0; i < c->ncmds; i++)
+			if (c->cmds[i].busy && c->cmds[i].deadline <= now) {
+				conn_fail(c, -ETIMEDOUT);
+				break;
+			}
+	}
+}
+
+/* The deadline timer runs while commands are in flight or requests wait
+ * for a connection. */
+static void set_tick(struct rdma_queue *q)
+{
+	int want = q->starved;
+
+	for (unsigned k = 0; k < q->nconns && !want; k++)
+		want = q->conns[k].nfree < q->conns[k].ncmds;
+	if (want == q->tick_on)
+		return;
+	struct itimerspec its = {0};
+	if (want) {
+		its.it_value.tv_nsec = TICK_MS * 1000000L;
+		its.it_interval.tv_nsec = TICK_MS * 1000000L;
+	}
+	if (timerfd_settime(q->timerfd, 0, &its, NULL) == 0)
+		q->tick_on = want;
+}
+
+static void process(struct fx_queue *base)
+{
+	struct rdma_queue *q = (struct rdma_queue *)base;
+	uint64_t v;
+
+	if (read(q->timerfd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+		check_deadlines(q);
+	cx_collect(q);
+	for (unsigned k = 0; k < q->nconns; k++)
+		if (q->conns[k].state == R_LIVE)
+			conn_poll(&q->conns[k]);
+	issue(q);
+	set_tick(q);
+}
+
+/* ------------------------------------------------------------ queue ops */
+
+static int rq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned n)
+{
+	struct rdma_queue *q = (struct rdma_queue *)base;
+	uint64_t bs = q->dev->base.info.block_size;
+	unsigned k;
+
+	for (k = 0; k < n; k++) {
+		int ret = fx_req_check(base->dev, &reqs[k]);
+		if (ret < 0)
+			return ret;
+		if (reqs[k].op != FX_OP_FLUSH && ((reqs[k].off | reqs[k].len) & (bs - 1)))
+			return -EINVAL;
+		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
+			return -EROFS;
+	}
+	uint32_t before = q->t.nfifo;
+	k = fx_reqs_accept(&q->t, reqs, n);
+	int64_t now = now_ms();
+	for (uint32_t i = before; i < q->t.nfifo; i++) {
+		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
+		q->queued_at[ri] = now;
+		q->fails_at[ri] = q->cx_fails;
+	}
+	issue(q);
+	set_tick(q);
+	return (int)k;
+}
+
+static int rq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
+{
+	process(base);
+	return fx_reqs_pop_done(base->reqs, out, max);
+}
+
+static int rq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
+{
+	struct rdma_queue *q = (struct rdma_queue *)base;
+	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : -1;
+
+	if (min > q->t.pending)
+		min = q->t.pending;
+	for (;;) {
+		struct epoll_event ev[8];
+		int wait = -1;
+
+		process(base);
+		if (q->t.ndone >= min)
+			return (int)q->t.ndone;
+		if (deadline >= 0) {
+			int64_t left = deadline - now_ms();
+			if (left <= 0)
+				return -ETIME;
+			wait = (int)left;
+		}
+		if (epoll_wait(q->epfd, ev, 8, wait) < 0 && errno == EINTR)
+			return -EINTR;
+	}
+}
+
+static void rq_destroy(struct fx_queue *base)
+{
+	struct rdma_queue *q = (struct rdma_queue *)base;
+
+	/* First the connector: it may be making a connection for us. */
+	if (q->cx.q)
+		fx_nvmf_cx_fini(&q->cx);
+	for (unsigned k = 0; q->conns && k < q->nconns; k++) {
+		struct rconn *c = &q->conns[k];
+		conn_fail(c, -ECANCELED);
+		free(c->cmds);
+		free(c->free_cmds);
+	}
+	free(q->conns);
+	bounce_free(q);
+	if (q->timerfd >= 0)
+		close(q->timerfd);
+	if (q->epfd >= 0)
+		close(q->epfd);
+	free(q->queued_at);
+	free(q->fails_at);
+	fx_reqs_fini(&q->t);
+	free(q);
+}
+
+static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct fx_queue **out)
+{
+	struct rdma_dev *d = (struct rdma_dev *)dev;
+	struct rdma_queue *q = calloc(1, sizeof(*q));
+	int ret;
+
+	if (!q)
+		return -ENOMEM;
+	q->base.ops = dev->ops;
+	q->base.dev = dev;
+	q->dev = d;
+	q->base.reqs = &q->t;
+	q->nconns = d->nd.queues;
+	q->epfd = epoll_create1(EPOLL_CLOEXEC);
+	q->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	ret = fx_reqs_init(&q->t, o->slots);
+	if (ret < 0) {
+		if (q->epfd >= 0)
+			close(q->epfd);
+		if (q->timerfd >= 0)
+			close(q->timerfd);
+		free(q);
+		return ret;
+	}
+	if (q->epfd < 0 || q->timerfd < 0) {
+		ret = -errno;
+		goto fail;
+	}
+	q->conns = calloc(q->nconns, sizeof(*q->conns));
+	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
+	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
+	if (!q->conns || !q->queued_at || !q->fails_at) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = ep_add(q, q->timerfd);
+	if (!ret)
+		ret = fx_nvmf_cx_init(&q->cx, &d->nd, -1);
+	if (!ret)
+		ret = ep_add(q, q->cx.wake_fd);
+	if (ret)
+		goto fail;
+	pthread_mutex_lock(&d->nd.lock);
+	uint32_t sq = d->nd.ctrl ? (uint32_t)d->nd.ctrl->io_sqsize + 1 : 32;
+	pthread_mutex_unlock(&d->nd.lock);
+	if (d->nd.qsize && d->nd.qsize < sq)
+		sq = d->nd.qsize;
+	uint32_t per = o->depth < sq - 1 ? o->depth : sq - 1;
+	if (per > CID_SLOT_MASK + 1)
+		per = CID_SLOT_MASK + 1;
+	if (per == 0)
+		per = 1;
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct rconn *c = &q->conns[k];
+		c->q = q;
+		c->idx = k;
+		c->ncmds = (uint16_t)per;
+		c->cmds = calloc(per, sizeof(*c->cmds));
+		c->free_cmds = malloc(per * sizeof(*c->free_cmds));
+		if (!c->cmds || !c->free_cmds) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		for (uint32_t i = 0; i < per; i++) {
+			c->free_cmds[i] = (uint16_t)(per - 1 - i);
+			c->cmds[i].bounce = -1;
+		}
+		c->nfree = (uint16_t)per;
+		/* At creation the caller waits (without the GIL): an open that
+		 * cannot connect fails here, with why. */
+		struct fx_nvmf_io_conn io;
+		fx_nvmf_dev_connect_io(&d->nd, NULL, &c->rc, &io);
+		ret = io.err;
+		if (!ret)
+			ret = conn_adopt(c, &io);
+		if (ret)
+			goto fail;
+	}
+	q->base.poll_fd = q->epfd;
+	q->base.features = 0;
+	*out = &q->base;
+	return 0;
+fail:
+	rq_destroy(&q->base);
+	return ret;
+}
+
+const struct fx_transport_ops fx_transport_rdma = {
+	.name = "nvme+rdma",
+	.dev_open = rdma_dev_open,
+	.dev_close = rdma_dev_close,
+	.queue_create = rq_create,
+	.queue_destroy = rq_destroy,
+	.queue_submit = rq_submit,
+	.queue_reap = rq_reap,
+	.queue_wait = rq_wait,
+};

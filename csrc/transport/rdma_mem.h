@@ -1,0 +1,42 @@
+/*
+ * Memory for NVMe/RDMA (transport/rdma_mem.c): one protection domain per
+ * RDMA device context, shared by every queue of the process on it, and the
+ * memory regions of the buffer pools registered in it once.
+ *
+ * A pool (fx_pool_create, or fx_pool_wrap for memory such as LMCache's) is
+ * registered on first use, slot by slot of the pool registry (1 GiB each),
+ * with local write and remote read and write access: the target RDMA-WRITEs
+ * read data straight into it and RDMA-READs write data from it.  A slot
+ * reused by a later pool (a new generation) is registered anew.  Memory in
+ * no pool has no key: the data path copies through a bounce buffer.
+ */
+#ifndef FX100IO_TRANSPORT_RDMA_MEM_H
+#define FX100IO_TRANSPORT_RDMA_MEM_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+struct fx_rdma_pd;
+
+/* The shared PD of ctx (allocated on first use; one reference more).
+ * NULL with errno set on failure. */
+struct fx_rdma_pd *fx_rdma_pd_get(struct ibv_context *ctx);
+/* One reference more on a PD the caller holds. */
+void fx_rdma_pd_hold(struct fx_rdma_pd *pd);
+void fx_rdma_pd_put(struct fx_rdma_pd *pd);
+struct ibv_pd *fx_rdma_pd_ibv(const struct fx_rdma_pd *pd);
+
+/*
+ * Keys for [addr, addr+len) when it lies in one slot of a registered pool:
+ * registers that slot in pd on first use.  0 on success; -ENOENT when the
+ * range is in no pool (use a bounce buffer); -errno of ibv_reg_mr.
+ * Thread-safe.
+ */
+int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
+                      uint32_t *rkey);
+
+/* Register private memory (bounce buffers, capsules) in pd; NULL and errno
+ * on failure. */
+struct ibv_mr *fx_rdma_reg(struct fx_rdma_pd *pd, void *addr, size_t len);
+
+#endif

@@ -1,0 +1,29 @@
+"""What the tests in tests/guest share.  They run inside the fabric lab's guest, where
+soft-RoCE gives an RDMA device; the host's test command runs them there with
+`lab.py guest -- python3 -m pytest tests/guest` (tools/test.sh).  The host's own pytest run
+does not collect this folder (tests/conftest.py): this host's kernel has no RDMA.
+
+A test module loads this file and the lab as plugins: `pytest_plugins = ["lab_fixture",
+"guest_rdma"]`, which gives it the `rdma_lab` fixture.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def rdma_lab(fabric_lab):
+    """The lab, seen from inside the guest, with its NVMe/RDMA port up."""
+    if fabric_lab.rdma_port is None:
+        pytest.fail("the lab runs without --rdma: start it with `lab.py start --rdma`",
+                    pytrace=False)
+    return fabric_lab
+
+
+def rdma_uri(lab, sub: str, **q) -> str:
+    q.setdefault("hostnqn", lab.allowed_host_nqn)
+    query = "&".join(f"{k}={v}" for k, v in q.items())
+    return f"nvme+rdma://{lab.host}:{lab.rdma_port}/{lab.subsystem(sub).nqn}?{query}"
