@@ -17,9 +17,12 @@ FX100IO_LAB_BOOT_TIMEOUT (seconds).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +32,7 @@ _LAB_TOOLS = Path(__file__).resolve().parents[1] / "tools" / "fabric_lab"
 if str(_LAB_TOOLS) not in sys.path:
     sys.path.insert(0, str(_LAB_TOOLS))
 
-from fabric_lab import host_tools, lab_control, lab_paths, lab_state, networking
+from fabric_lab import guest_userland, host_tools, lab_control, lab_paths, lab_state, networking
 from fabric_lab.lab_config import LabConfig, LabConfigError
 
 
@@ -59,7 +62,7 @@ class FabricLab:
     allowed_host_nqn: str  # admitted by every subsystem, allow-listed ones included
     discovery_nqn: str
     guest_ip: str
-    net: str  # "netns" or "user"
+    net: str  # "netns" or "user" (on the host), "guest" (in a guest run)
     netns: str | None
     rdma_port: int | None  # NVMe/RDMA port on guest_ip (reachable only inside the guest)
     kernel_release: str
@@ -77,8 +80,46 @@ class FabricLab:
         raise KeyError(f"no lab subsystem {name!r}; have {[s.nqn for s in self.subsystems]}")
 
     def guest(self, command: str, timeout: float = 120.0) -> tuple[int, str]:
-        """Run a shell command inside the guest; returns (exit status, output)."""
+        """Run a shell command in the guest's busybox initramfs (serial console); returns
+        (exit status, output). For Python, RDMA and host tools use guest_run."""
+        if guest_userland.in_guest():
+            return guest_userland.run(self.state, command, timeout=timeout)
         return lab_control.guest_command(self.state, command, timeout)
+
+    def guest_run(self, command: str | Sequence[str], timeout: float = 600.0,
+                  env: Mapping[str, str] | None = None,
+                  cwd: str | None = None) -> tuple[int, str]:
+        """Run command in the guest's userland: this host's root filesystem (read-only),
+        chroot'ed in the guest, with the guest's /dev (RDMA: /dev/infiniband), /sys, configfs
+        and a fresh tmpfs /tmp. command: a shell command line, or an argv list run without a
+        shell. cwd: default the checkout's root. env: added to the defaults (PATH with this
+        interpreter first, PYTHONPATH=<checkout>, PYTHONDONTWRITEBYTECODE=1,
+        FX100IO_LAB_IN_GUEST=1, FX100IO_LAB_STATE). Returns (exit status, stdout and stderr
+        merged). Writable: /tmp, /run, /dev/shm (the guest's) and guest_scratch."""
+        return guest_userland.run(self.state, command, cwd=cwd, env=env, timeout=timeout)
+
+    def guest_python(self, code_or_args: str | Sequence[str], timeout: float = 600.0,
+                     env: Mapping[str, str] | None = None,
+                     cwd: str | None = None) -> tuple[int, str]:
+        """Run this test process's interpreter in the guest userland: a string is code for
+        `-c`, a list its arguments (a script and its options, `-m pytest ...`)."""
+        args = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
+        return self.guest_run([sys.executable, *args], timeout=timeout, env=env, cwd=cwd)
+
+    @property
+    def guest_scratch(self) -> Path:
+        """A directory writable by guest runs, at the same path on the host (emptied when
+        the lab starts)."""
+        return Path(self.state["guest_share"])
+
+    @property
+    def guest_has_rdma(self) -> bool:
+        """True if the guest's soft-RoCE device rxe0 is there with an ACTIVE port 1 (the lab
+        was started with --rdma)."""
+        if not self.state.get("rdma"):
+            return False
+        status, output = self.guest("cat /sys/class/infiniband/rxe0/ports/1/state", timeout=60)
+        return status == 0 and "ACTIVE" in output
 
 
 def _lab_from_state(state: dict) -> FabricLab:
@@ -143,7 +184,20 @@ def _live_users() -> list[Path]:
     return users
 
 
+def _lab_in_guest() -> FabricLab:
+    """The lab as seen from a guest run (tests run with fabric_lab.guest_python): its state
+    file comes through the shared root; the target is the guest itself."""
+    state = lab_state.read()
+    if state is None:
+        pytest.fail(f"in the guest but no lab state at {lab_paths.state_file()}", pytrace=False)
+    config = lab_control.config_of(state)
+    return dataclasses.replace(_lab_from_state(state), host=config.guest_ip,
+                               port=config.tcp_port, net="guest", netns=None)
+
+
 def _acquire() -> FabricLab:
+    if guest_userland.in_guest():
+        return _lab_in_guest()
     reason = _why_lab_cannot_run()
     if reason and not lab_control.is_running(lab_state.read()):
         pytest.skip(reason)
@@ -179,6 +233,8 @@ def _acquire() -> FabricLab:
 
 
 def _release() -> None:
+    if guest_userland.in_guest():
+        return  # the lab belongs to the host
     with lab_state.locked():
         (_users_dir() / str(os.getpid())).unlink(missing_ok=True)
         state = lab_state.read()
@@ -190,6 +246,81 @@ def _release() -> None:
 def _log(message: str) -> None:
     # Boot progress is useful in CI logs; pytest shows stderr of failing setups.
     print(message, file=sys.stderr, flush=True)
+
+
+# ---- @pytest.mark.guest: tests that run inside the guest userland ---------------------------
+
+# Results of the guest pytest runs, one per test module: module path -> batch.
+_guest_batches: dict[str, dict] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "guest: runs inside the fabric lab's guest userland (tests/lab_fixture.py); "
+                   "the test takes the fabric_lab fixture")
+
+
+# Plugins the guest's pytest does without: under TCG, importing hypothesis alone takes longer
+# than the rest of pytest's start (27 s -> 10 s to collect tests/test_lab_guest.py).
+_GUEST_PYTEST_ARGS = "-p no:hypothesispytest -p no:benchmark -p no:anyio"
+
+
+def _guest_timeout() -> float:
+    return float(os.environ.get("FX100IO_LAB_GUEST_TIMEOUT", "1800"))
+
+
+def _run_guest_batch(item: pytest.Function, lab: FabricLab) -> dict:
+    """Run every guest-marked test of item's module in one pytest process in the guest."""
+    from fabric_lab import guest_pytest_report
+
+    items = [i for i in item.session.items
+             if i.path == item.path and i.get_closest_marker("guest") is not None]
+    report = lab.guest_scratch / f"pytest-{os.getpid()}-{len(_guest_batches)}.json"
+    env = {guest_pytest_report.REPORT_VARIABLE: str(report),
+           "PYTHONPATH": f"{lab_paths.REPO_ROOT}:{_LAB_TOOLS}"}
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+            "fabric_lab.guest_pytest_report",
+            *shlex.split(os.environ.get("FX100IO_LAB_GUEST_PYTEST_ARGS", _GUEST_PYTEST_ARGS)),
+            *(i.nodeid for i in items)]
+    try:
+        status, output = lab.guest_python(args, timeout=_guest_timeout(), env=env,
+                                          cwd=str(item.config.rootpath))
+    except guest_userland.GuestRunError as err:
+        status, output = -1, str(err)
+    try:
+        results = json.loads(report.read_text())
+    except (OSError, ValueError):
+        results = {}
+    report.unlink(missing_ok=True)
+    return {"results": results, "status": status, "output": output}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """On the host, a @pytest.mark.guest test is not called here: its module's guest tests
+    run in one pytest process in the guest (at the first of them), and each reports the
+    outcome it had there: passed, failed (with the guest's report), skipped or xfailed."""
+    if pyfuncitem.get_closest_marker("guest") is None or guest_userland.in_guest():
+        return None
+    lab = pyfuncitem.funcargs.get("fabric_lab")
+    if not isinstance(lab, FabricLab):
+        pytest.fail("a @pytest.mark.guest test must take the fabric_lab fixture", pytrace=False)
+    key = str(pyfuncitem.path)
+    if key not in _guest_batches:
+        _guest_batches[key] = _run_guest_batch(pyfuncitem, lab)
+    batch = _guest_batches[key]
+    result = batch["results"].get(pyfuncitem.nodeid)
+    if result is None:
+        pytest.fail(f"the guest pytest run (exit status {batch['status']}) reported nothing "
+                    f"for {pyfuncitem.nodeid}; its output ends:\n{batch['output'][-6000:]}",
+                    pytrace=False)
+    if result["outcome"] == "failed":
+        pytest.fail(f"failed in the guest:\n{result['message']}", pytrace=False)
+    if result["outcome"] == "skipped":
+        pytest.skip(f"in the guest: {result['message']}")
+    if result["outcome"] == "xfailed":
+        pytest.xfail(f"in the guest: {result['message']}")
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@
     python3 tools/fabric_lab/lab.py status [--json]
     python3 tools/fabric_lab/lab.py exec -- CMD...     # run CMD inside the lab's netns
     python3 tools/fabric_lab/lab.py run -- CMD...      # start if needed, exec, stop if we started
-    python3 tools/fabric_lab/lab.py guest -- CMD...    # run a shell command inside the guest
+    python3 tools/fabric_lab/lab.py guest -- CMD...    # run CMD in the guest's userland (chroot)
     python3 tools/fabric_lab/lab.py stop
 
 See tools/fabric_lab/README.md.
@@ -120,9 +120,29 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def command_guest(args: argparse.Namespace) -> int:
-    status, output = lab_control.guest_command(_running_state(), " ".join(args.command),
-                                               timeout=args.timeout)
-    sys.stdout.write(output)
+    state = _running_state()
+    if args.initramfs:
+        status, output = lab_control.guest_command(state, " ".join(args.command),
+                                                   timeout=args.timeout)
+        sys.stdout.write(output)
+        return status
+    if not args.command:
+        raise lab_control.LabError("guest: no command given")
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise lab_control.LabError(f"guest: --env wants NAME=VALUE, not {item!r}")
+        env[name] = value
+    # One argument is a shell command line; several are an argv, run without a shell.
+    command = args.command[0] if len(args.command) == 1 else args.command
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    status, _ = lab_control.guest_run(state, command, cwd=args.cwd or os.getcwd(), env=env,
+                                      timeout=args.timeout, on_output=show)
     return status
 
 
@@ -159,8 +179,17 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--keep", action="store_true", help="leave the lab running afterwards")
     run.add_argument("command", nargs=argparse.REMAINDER)
     run.set_defaults(func=command_run)
-    guest = commands.add_parser("guest", help="run a shell command inside the guest")
-    guest.add_argument("--timeout", type=float, default=120.0)
+    guest = commands.add_parser(
+        "guest", help="run a command inside the guest, in its userland (this host's root "
+                      "read-only, chroot'ed, with the guest's RDMA devices); one argument is a "
+                      "shell command line, several an argv")
+    guest.add_argument("--timeout", type=float, default=600.0)
+    guest.add_argument("--cwd", help="working directory in the guest (default: the current one)")
+    guest.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                       help="extra environment variable for the command (repeatable)")
+    guest.add_argument("--initramfs", action="store_true",
+                       help="run a shell command in the guest's busybox initramfs instead, "
+                            "through the serial console (no chroot)")
     guest.add_argument("command", nargs=argparse.REMAINDER)
     guest.set_defaults(func=command_guest)
     return top

@@ -183,6 +183,50 @@ lab_port_subsystem() {
         lab_fail "link $2 to port $1 (does the port's address bind?)"
 }
 
+lab_userland() {
+    # lab_userland SHARE_DIR CHECKOUT: the host's root filesystem (9p tag fxhostroot,
+    # read-only) at /host, made ready for `chroot /host`: the guest's own proc, sys, configfs
+    # and dev (devtmpfs, so /dev/infiniband/uverbs0 and rdma_cm appear), fresh tmpfs at /tmp,
+    # /run, /var/tmp and /dev/shm, the guest's /etc/nvme identity, CHECKOUT (9p tag
+    # fxcheckout, read-only) and SHARE_DIR (9p tag fxguestout, writable) at their own absolute
+    # paths. Not fatal: the target works without it, and guest runs report why.
+    if ! lab_userland_mount "$@" >/run/userland-error 2>&1; then
+        lab_step "guest userland unavailable: $(tail -n 1 /run/userland-error)"
+        return 0
+    fi
+    rm -f /run/userland-error
+    lab_step "guest userland: host root read-only at /host, $1 writable"
+}
+
+lab_userland_mount() {
+    # Each step stops the setup on failure (set -e does not apply inside an `if` condition).
+    modprobe 9pnet_virtio && modprobe 9p || return 1
+    mkdir -p /host
+    opts=trans=virtio,version=9p2000.L,msize=512000
+    # The host's system files (interpreter, libraries, tools) are cached in the guest (loose:
+    # never revalidated, so changes made on the host while the lab runs may go unseen); the
+    # checkout and the share below are not cached, so a rebuild on the host shows at once.
+    mount -t 9p -o "$opts,ro,cache=loose" fxhostroot /host || return 1
+    mount -t proc proc /host/proc &&
+        mount -t sysfs sysfs /host/sys &&
+        mount -t configfs configfs /host/sys/kernel/config &&
+        mount -t devtmpfs devtmpfs /host/dev &&
+        mkdir -p /host/dev/pts /host/dev/shm &&
+        mount -t devpts devpts /host/dev/pts || return 1
+    for dir in /host/tmp /host/run /host/var/tmp /host/dev/shm; do
+        [ -d "$dir" ] || continue
+        mount -t tmpfs -o mode=1777 tmpfs "$dir" || return 1
+    done
+    if [ -d /host/etc/nvme ]; then
+        mount -o bind /etc/nvme /host/etc/nvme || return 1
+    fi
+    # The checkout on its own too, so it is there even below /tmp; then the writable share.
+    # mkdir only succeeds (and is only needed) below the guest's tmpfs mounts.
+    mkdir -p "/host$2" "/host$1" 2>/dev/null
+    mount -t 9p -o "$opts,ro" fxcheckout "/host$2" || { echo "cannot mount the checkout at $2"; return 1; }
+    mount -t 9p -o "$opts" fxguestout "/host$1" || { echo "cannot mount the share at $1"; return 1; }
+}
+
 # ---- the configured target ----------------------------------------------------------------
 
 [ -f /lab/setup.sh ] || lab_fail "no /lab/setup.sh in the initramfs (start the lab with lab.py)"

@@ -29,6 +29,10 @@ NVME_SUBSYSTEM_NQN = "nqn.2026-11.io.fx100:lab-nvme"
 BACKENDS = ("brd", "null_blk", "nvme")
 BLOCK_SIZES = (512, 4096)
 NET_MODES = ("netns", "user")
+# Guest memory besides RAM disks: the kernel, page cache of the shared host root, tmpfs /tmp,
+# and the guest userland's processes (python + numpy + pytest take about 200 MiB; RDMA tests
+# register pinned buffers of tens of MiB; fio). TCG allocates it lazily on the host.
+BASE_GUEST_MEMORY_MIB = 1536
 
 _NQN_MAX = 223  # NVMe base spec: NQNs are at most 223 bytes
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -69,7 +73,8 @@ class LabConfig:
     rdma: bool = False
     rdma_port: int = 4421
     guest_cpus: int = 2
-    guest_memory_mib: int = 0  # 0 = enough for the RAM disks plus 768 MiB for the kernel
+    # 0 = the RAM disks plus BASE_GUEST_MEMORY_MIB for the kernel and the guest userland.
+    guest_memory_mib: int = 0
 
     # ---- construction -------------------------------------------------------------------
 
@@ -220,7 +225,7 @@ class LabConfig:
         return (max(brd) * len(brd) if brd else 0) + sum(null_blk)
 
     def memory_mib(self) -> int:
-        return self.guest_memory_mib or 768 + self.ram_disk_mib()
+        return self.guest_memory_mib or BASE_GUEST_MEMORY_MIB + self.ram_disk_mib()
 
     def nvme_drives(self) -> list[tuple[str, Namespace]]:
         """(serial, namespace) for each QEMU NVMe drive; the serial finds it in the guest."""

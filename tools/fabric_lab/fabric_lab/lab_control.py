@@ -14,7 +14,16 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import guest_console, initramfs, lab_paths, lab_state, networking, qemu_vm, target_probe
+from . import (
+    guest_console,
+    guest_userland,
+    initramfs,
+    lab_paths,
+    lab_state,
+    networking,
+    qemu_vm,
+    target_probe,
+)
 from .lab_config import DISCOVERY_NQN, LabConfig
 
 DEFAULT_BOOT_TIMEOUT = 600.0  # TCG on a busy 2-core CI runner; a quiet machine needs ~10 s
@@ -70,6 +79,7 @@ def _new_state(config: LabConfig, pid: int, image: initramfs.GuestImage, boot_se
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "run_dir": str(lab_paths.run_dir()),
         "console_socket": str(_files().console_socket),
+        "guest_share": str(_files().guest_share),
         "config": config.to_dict(),
     }
 
@@ -123,7 +133,9 @@ def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
     image = initramfs.build(log=log)
     files = _files()
     files.dir.mkdir(parents=True, exist_ok=True)
-    initramfs.boot_initramfs(image, config.guest_setup_script(), files.boot_initramfs)
+    guest_userland.prepare_share(files.guest_share)
+    setup = config.guest_setup_script() + guest_userland.setup_line(files.guest_share)
+    initramfs.boot_initramfs(image, setup, files.boot_initramfs)
     drives = qemu_vm.create_drive_images(config, files)
     cmd = qemu_vm.command_line(config, image, files, drives)
     pid = None
@@ -205,3 +217,11 @@ def guest_command(state: dict, command: str, timeout: float = 120.0) -> tuple[in
     """Run a shell command inside the guest (for in-guest initiators and debugging)."""
     with lab_state.locked():
         return guest_console.run(_files(state).console_socket, command, timeout)
+
+
+def guest_run(state: dict, command: str | list[str], *, cwd: str | None = None,
+              env: dict[str, str] | None = None, timeout: float = 600.0,
+              on_output=None) -> tuple[int, str]:
+    """Run command in the guest's userland (the host's root, chroot'ed; see guest_userland)."""
+    return guest_userland.run(state, command, cwd=cwd, env=env, timeout=timeout,
+                              on_output=on_output)

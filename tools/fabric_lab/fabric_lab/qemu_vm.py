@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import guest_userland
 from .initramfs import GuestImage
 from .lab_config import LabConfig, Namespace
 
@@ -39,6 +40,9 @@ class RunFiles:
         self.pid_file = run_dir / "qemu.pid"
         self.qemu_log = run_dir / "qemu.log"
         self.boot_initramfs = run_dir / "boot-initramfs.cpio.gz"
+        # Writable from the guest (9p) at this same absolute path: guest runs' scripts,
+        # output and exit status, and scratch space for guest commands.
+        self.guest_share = run_dir / "guest"
 
     def drive_image(self, serial: str) -> Path:
         return self.dir / f"{serial}.img"
@@ -92,6 +96,8 @@ def command_line(config: LabConfig, image: GuestImage, files: RunFiles,
         "-device", f"virtio-net-pci,netdev=net0,mac={GUEST_MAC}",
         "-pidfile", str(files.pid_file), "-daemonize",
     ]
+    # The guest userland: the host's root and the checkout read-only, the guest share writable.
+    cmd += guest_userland.qemu_arguments(files.guest_share)
     for serial, ns, path in drives:
         cmd += ["-drive", f"file={path},if=none,id={serial},format=raw,cache=unsafe",
                 "-device", (f"nvme,serial={serial},drive={serial},"
