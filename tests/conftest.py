@@ -110,7 +110,3 @@ def pytest_make_collect_report(collector):
     outcome = yield
     _fail_missing_dependency(outcome.get_result())
 
-
-# tests/guest runs inside the fabric lab's guest (RDMA: soft-RoCE there, none on this
-# host's kernel); the test command runs it there with `lab.py guest` (tools/test.sh).
-collect_ignore = [] if os.environ.get("FX100IO_LAB_IN_GUEST") else ["guest"]

@@ -23,6 +23,10 @@ fi
 "$PY" -m pip install --quiet --disable-pip-version-check matplotlib ruff mypy hypothesis
 tools/install_lmcache.sh "$PY"
 
+# tests/c programs that tests run against live targets (tests/guest runs
+# rdma_connect_check in the lab guest, where the checkout is read-only).
+make -C tests/c -s all
+
 # `run` starts the lab if it is not running, runs the command in the lab's
 # network namespace (loopback is up there too), and stops what it started.
 "$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra tests "$@"

@@ -1,7 +1,8 @@
-"""What the tests in tests/guest share.  They run inside the fabric lab's guest, where
-soft-RoCE gives an RDMA device; the host's test command runs them there with
-`lab.py guest -- python3 -m pytest tests/guest` (tools/test.sh).  The host's own pytest run
-does not collect this folder (tests/conftest.py): this host's kernel has no RDMA.
+"""What the tests in tests/guest share.  Their bodies run inside the fabric lab's guest,
+where soft-RoCE gives an RDMA device (this host's kernel has none): they are marked
+`@pytest.mark.guest`, and the lab plugin (tests/lab_fixture.py) runs each module's tests in
+one pytest process in the guest and reports each outcome on the host, so they count in the
+suite's totals like any other test.
 
 A test module loads this file and the lab as plugins: `pytest_plugins = ["lab_fixture",
 "guest_rdma"]`, which gives it the `rdma_lab` fixture.

@@ -17,7 +17,8 @@ from test_lmcache_support import (
 )
 
 pytest_plugins = ["lab_fixture", "guest_rdma"]
-pytestmark = pytest.mark.lab
+# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 NUM_TOKENS = 3 * CHUNK + 5
 

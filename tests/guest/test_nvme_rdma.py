@@ -1,8 +1,7 @@
 """Our NVMe/RDMA initiator against the real Linux target (nvmet-rdma over soft-RoCE).
 
-These run inside the lab guest (this host's kernel has no RDMA): the test command starts them
-with `lab.py guest -- python3 -m pytest tests/guest` (see tools/test.sh), where the guest's
-rxe0 device reaches the guest's own nvmet-rdma port.  Everything there runs under QEMU's
+Their bodies run inside the lab guest (this host's kernel has no RDMA; see guest_rdma.py),
+where the guest's rxe0 device reaches the guest's own nvmet-rdma port.  Everything there runs under QEMU's
 software emulation: these tests prove bytes and behaviour, not speed.
 """
 
@@ -24,7 +23,8 @@ import fx100io
 from fx100io import errors
 
 pytest_plugins = ["lab_fixture", "guest_rdma"]
-pytestmark = pytest.mark.lab
+# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 
 def test_discovery_over_rdma_lists_both_ports(rdma_lab):

@@ -13,7 +13,8 @@ import pytest
 from fx100io import rdma_devices
 
 pytest_plugins = ["lab_fixture", "guest_rdma"]
-pytestmark = pytest.mark.lab
+# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 REPO = Path(__file__).resolve().parents[2]
 C_CHECK = REPO / "tests" / "c" / "build" / "rdma_connect_check"

@@ -25,7 +25,8 @@ import fx100io
 from fx100io import errors
 
 pytest_plugins = ["lab_fixture", "guest_rdma"]
-pytestmark = pytest.mark.lab
+# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 NVMET = Path("/sys/kernel/config/nvmet")
 
