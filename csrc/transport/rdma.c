@@ -563,8 +563,13 @@ static void issue(struct rdma_queue *q)
  * the connection down. */
 static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 {
-	if (wc->status != IBV_WC_SUCCESS)
+	if (wc->status != IBV_WC_SUCCESS) {
+		if (wc->status != IBV_WC_WR_FLUSH_ERR)
+			fprintf(stderr, "fx100io: nvme+rdma: qid %u: %s %s\n", c->io.qid,
+			        wc->wr_id & FX_RDMA_WR_SEND ? "send" : "receive",
+			        ibv_wc_status_str(wc->status));
 		return wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO;
+	}
 	if (wc->wr_id & FX_RDMA_WR_SEND) {
 		uint32_t slot = (uint32_t)(wc->wr_id & 0xffff);
 		if (slot >= c->ncmds || !c->cmds[slot].busy || c->cmds[slot].sent)
@@ -700,6 +705,16 @@ static int rq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
 		q->queued_at[ri] = now;
 		q->fails_at[ri] = q->cx_fails;
+	}
+	/* An idle queue of a blocking caller has not looked at its fds since
+	 * its last call: a connection the target dropped meanwhile must be
+	 * seen before new commands go to it (they would fail, where a
+	 * reconnect can carry them).  One non-blocking epoll_wait says
+	 * whether anything is pending. */
+	struct epoll_event ev;
+	if (epoll_wait(q->epfd, &ev, 1, 0) > 0) {
+		process(base);
+		return (int)k;
 	}
 	issue(q);
 	set_tick(q);

@@ -418,8 +418,11 @@ int fx_rdma_cm_event_check(struct fx_rdma_conn *c)
 		enum rdma_cm_event_type t = ev->event;
 		rdma_ack_cm_event(ev);
 		if (t == RDMA_CM_EVENT_DISCONNECTED || t == RDMA_CM_EVENT_DEVICE_REMOVAL ||
-		    t == RDMA_CM_EVENT_TIMEWAIT_EXIT)
+		    t == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+			if (!r)
+				fx_nvmf_log("qid %u: %s", c->qid, rdma_event_str(t));
 			r = -ECONNRESET;
+		}
 	}
 	return r;
 }

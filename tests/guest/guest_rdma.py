@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-MiB = 1 << 20
-
 
 @pytest.fixture
 def rdma_lab(fabric_lab):
@@ -22,9 +20,3 @@ def rdma_lab(fabric_lab):
         pytest.fail("the lab runs without --rdma: start it with `lab.py start --rdma`",
                     pytrace=False)
     return fabric_lab
-
-
-def rdma_uri(lab, sub: str, **q) -> str:
-    q.setdefault("hostnqn", lab.allowed_host_nqn)
-    query = "&".join(f"{k}={v}" for k, v in q.items())
-    return f"nvme+rdma://{lab.host}:{lab.rdma_port}/{lab.subsystem(sub).nqn}?{query}"

@@ -4,7 +4,7 @@ the lab's nvmet-rdma namespace, reached from inside the guest over soft-RoCE."""
 from __future__ import annotations
 
 import pytest
-from guest_rdma import rdma_uri
+from rdma_uris import rdma_uri
 from test_lmcache_support import (
     CHUNK,
     cold_cpu_tier,

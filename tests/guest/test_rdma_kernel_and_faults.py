@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import chunk_bytes
-from guest_rdma import MiB, rdma_uri
+from rdma_uris import MiB, rdma_uri
 
 import fx100io
 from fx100io import errors

@@ -84,6 +84,9 @@ def guest_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
         "TMPDIR": "/tmp",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
+        # numba (LMCache's kernels) caches compiled code next to the package, which is
+        # read-only here: give it the guest's tmpfs
+        "NUMBA_CACHE_DIR": "/tmp/numba-cache",
         "PYTHONPATH": str(lab_paths.REPO_ROOT),
         IN_GUEST_VARIABLE: "1",
         "FX100IO_LAB_STATE": str(lab_paths.state_file()),
