@@ -169,14 +169,42 @@ int fx_pool_wrap(void *addr, uint64_t size, struct fx_pool **out)
 	return 0;
 }
 
+void (*fx_pool_release_hook)(int slot, uint32_t gen);
+
+int fx_pool_slot(int slot, struct iovec *iov, uint32_t *gen)
+{
+	int ret = -1;
+
+	if (slot < 0 || slot >= FX_BUF_SLOTS)
+		return -1;
+	pthread_mutex_lock(&registry.lock);
+	if (registry.slot[slot].gen) {
+		iov->iov_base = (void *)registry.slot[slot].base;
+		iov->iov_len = registry.slot[slot].len;
+		*gen = registry.slot[slot].gen;
+		ret = slot;
+	}
+	pthread_mutex_unlock(&registry.lock);
+	return ret;
+}
+
 void fx_pool_destroy(struct fx_pool *p)
 {
+	uint32_t gens[FX_BUF_SLOTS];
+
 	if (!p)
 		return;
 	pthread_mutex_lock(&registry.lock);
-	for (int k = 0; k < p->nslots; k++)
+	for (int k = 0; k < p->nslots; k++) {
+		gens[k] = registry.slot[p->slot0 + k].gen;
 		registry.slot[p->slot0 + k].gen = 0;
+	}
 	pthread_mutex_unlock(&registry.lock);
+	/* RDMA memory regions of these slots (transport/rdma_mem.c) go now:
+	 * they pin the pages and their keys would let a target write here. */
+	void (*hook)(int, uint32_t) = __atomic_load_n(&fx_pool_release_hook, __ATOMIC_ACQUIRE);
+	for (int k = 0; hook && k < p->nslots; k++)
+		hook(p->slot0 + k, gens[k]);
 	/* Rings that installed these slots keep the pages pinned until they
 	 * replace the slot or exit; the kernel holds its own references, so
 	 * unmapping here is safe. */

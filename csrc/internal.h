@@ -49,6 +49,12 @@ void fx_ring_flush_events(struct fx_ring *r);
 int fx_pool_lookup(const void *addr, uint64_t len, struct iovec *iov,
                    uint32_t *gen);
 
+/* Slot's iovec and generation when it holds a pool (its index), else -1. */
+int fx_pool_slot(int slot, struct iovec *iov, uint32_t *gen);
+/* Called by fx_pool_destroy for each slot it releases (with the generation
+ * the slot had), before the memory is unmapped; set by transport/rdma_mem.c. */
+extern void (*fx_pool_release_hook)(int slot, uint32_t gen);
+
 /* ------------------------------------------------------------- transport */
 
 /*

@@ -11,8 +11,8 @@ no answer for this long fails and its connection is re-made, 30000),
 max_xfer (bytes per NVMe command, 1 MiB, capped by the controller's MDTS),
 reconnect_ms (pause after a failed connect attempt, 200) and max_reconnects
 (failed connect attempts a waiting request sits through, 3).  hdgst and
-ddgst are NVMe/TCP's; qsize (entries per I/O queue, at most what the
-controller allows; 128 by default) is NVMe/RDMA's.
+ddgst are NVMe/TCP's; qsize (entries per I/O queue, 2..128, at most what
+the controller allows; the controller's limit by default) is NVMe/RDMA's.
 hostid may be written as a UUID.  A value the transport could not take
 exactly as written (an NQN over 223 bytes, a number out of range, control
 characters) is refused with InvalidArgumentError, never cut or wrapped.
@@ -82,7 +82,8 @@ INT_RANGES = {"ns": (1, 0xFFFFFFFE),  # 0xFFFFFFFF is the broadcast NSID
               "max_xfer": (1, 0xFFFFFFFF),
               # 0: no pause between attempts / fail at once while disconnected
               "reconnect_ms": (0, 0x7FFFFFFF), "max_reconnects": (0, 0x7FFFFFFF),
-              "qsize": (2, 1024)}
+              # Linux's NVMe/RDMA host and target stop at 128 entries; so do we
+              "qsize": (2, 128)}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -186,7 +187,7 @@ def open_fabric_dev(transport: str, target: str, readonly: bool) -> _core.Dev:
             err.strerror = f"the target does not allow host {where['hostnqn']}"
         elif e.errno == 2:
             err.strerror = "the target has no such subsystem (or refused the Connect parameters)"
-        elif e.errno == 19 and transport == "nvme+rdma":
+        elif e.errno == 6 and transport == "nvme+rdma":
             err.strerror = ("no RDMA device reaches this address (this host has no RDMA stack, "
                             "or no RDMA device on the route: see `fx100io rdma-devices`)")
         elif e.errno == 111 and transport == "nvme+rdma":
@@ -199,7 +200,7 @@ def discovery_target(uri: str) -> tuple[str, str, str, str]:
     """(host, port, host NQN, host ID) of a discovery URI
     nvme+tcp://HOST[:PORT][?hostnqn=...&hostid=...] (or nvme+rdma://),
     checked as parse() does."""
-    if not uri.startswith(("nvme+tcp://", "nvme+rdma://")):
+    if not uri.lower().startswith(("nvme+tcp://", "nvme+rdma://")):
         raise InvalidArgumentError(22, "discover() takes nvme+tcp://HOST[:PORT] or "
                                    "nvme+rdma://HOST[:PORT]", uri)
     parts, host, port = _endpoint(uri)
@@ -219,7 +220,7 @@ def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
         return _core.discover(host, port, hostnqn, hostid, timeout_ms, SCHEMES[scheme_of(uri)])
     except OSError as e:
         err = error_from_errno(e.errno or 5, uri)
-        if e.errno == 19 and scheme_of(uri) == "nvme+rdma":
+        if e.errno == 6 and scheme_of(uri) == "nvme+rdma":
             err.strerror = ("no RDMA device reaches this address (this host has no RDMA stack, "
                             "or no RDMA device on the route: see `fx100io rdma-devices`)")
         raise err from None

@@ -116,8 +116,12 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 		return ret;
 	uint64_t nsze = 0;
 	uint32_t lba = 0;
+	/* the controller's limit, and the transport's */
+	uint32_t mdts = c->mdts_bytes;
+	if (d->tr->max_xfer && (!mdts || d->tr->max_xfer < mdts))
+		mdts = d->tr->max_xfer;
 	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
-	if (ret == 0 && !fx_nvmf_xfer_size(d->max_xfer, c->mdts_bytes, lba)) {
+	if (ret == 0 && !fx_nvmf_xfer_size(d->max_xfer, mdts, lba)) {
 		fprintf(stderr,
 		        "fx100io: %s: nsid %u: blocks of %u bytes exceed the controller's "
 		        "largest transfer (MDTS %u bytes)\n",
@@ -149,7 +153,7 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	d->ctrl_epoch++;
 	d->info->size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
 	d->info->block_size = lba;
-	d->max_xfer = fx_nvmf_xfer_size(d->max_xfer, c->mdts_bytes, lba);
+	d->max_xfer = fx_nvmf_xfer_size(d->max_xfer, mdts, lba);
 	pthread_mutex_unlock(&d->lock);
 	/* Only open_lock holders use a ctrl pointer beyond lock, so the old
 	 * one is ours to close. */
@@ -292,6 +296,7 @@ void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
 		if (d->qsize && d->qsize - 1 < sqsize)
 			sqsize = (uint16_t)(d->qsize - 1);
 		res->incap_max = d->ctrl->ioccsz_bytes > 64 ? d->ctrl->ioccsz_bytes - 64 : 0;
+		res->max_xfer = d->max_xfer;
 		res->icdoff = d->ctrl->icdoff;
 		uint32_t epoch = d->ctrl_epoch;
 		pthread_mutex_unlock(&d->lock);

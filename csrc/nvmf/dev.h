@@ -62,6 +62,7 @@ struct fx_nvmf_io_conn {
 	int err;            /* 0: the queue storage holds a connected queue */
 	uint32_t epoch;     /* controller epoch it was connected under */
 	uint32_t incap_max; /* in-capsule data allowed (IOCCSZ*16 - 64) */
+	uint32_t max_xfer;  /* bytes per command under this controller */
 	uint16_t icdoff;
 	uint16_t qid;
 	uint16_t sqsize;    /* 0's based */

@@ -49,10 +49,13 @@ struct fx_nvmf_params {
  * close: release the queue (idempotent).
  * queue_size: bytes of the storage a queue needs (the connect target);
  *   a connected queue may be moved to other storage with memcpy.
+ * max_xfer: most bytes one command can move on this transport whatever
+ *   MDTS says (NVMe/RDMA: a keyed SGL's 24-bit length); 0: no limit.
  */
 struct fx_nvmf_transport {
 	const char *name;
 	size_t queue_size;
+	uint32_t max_xfer;
 	int (*connect)(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
 		       uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
 		       uint16_t *cntlid_out, uint16_t *status);

@@ -43,7 +43,8 @@
 #define CID_SLOT_BITS 8
 #define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
 #define TICK_MS 100
-#define BOUNCE_MAX 8 /* bounce buffers per queue (of max_xfer bytes each) */
+#define BOUNCE_MAX 8 /* bounce buffers per queue (of xfer bytes each) */
+#define BOUNCE_BYTES (8u << 20) /* ... and no more than this in all, but one */
 
 struct rdma_dev {
 	struct fx_dev base;
@@ -78,7 +79,8 @@ struct rconn {
 	int ever_connected;
 	uint16_t limit;   /* commands in flight at most: ours and the target's */
 	struct rcmd *cmds;
-	uint16_t ncmds;
+	uint16_t cmds_alloc; /* slots allocated */
+	uint16_t ncmds;      /* slots in use: no more than the queue's capsule slots */
 	uint16_t *free_cmds;
 	uint16_t nfree;
 };
@@ -90,6 +92,7 @@ struct rdma_queue {
 	unsigned nconns;
 	unsigned rr;
 	struct req_table t;
+	uint32_t xfer; /* bytes per command, fixed at creation (bounce buffer size) */
 	int epfd;
 	int timerfd;
 	int tick_on;
@@ -149,12 +152,18 @@ static void rdma_dev_close(struct fx_dev *dev)
 static int bounce_take(struct rdma_queue *q, struct fx_rdma_pd *pd)
 {
 	if (!q->bmem) {
-		uint32_t n = BOUNCE_MAX;
-		q->bsize = q->dev->nd.max_xfer;
+		q->bsize = q->xfer;
+		uint32_t n = BOUNCE_BYTES / q->bsize;
+		if (n > BOUNCE_MAX)
+			n = BOUNCE_MAX;
+		if (n == 0)
+			n = 1;
 		q->bmem = aligned_alloc(4096, (size_t)n * q->bsize);
 		if (!q->bmem)
 			return -ENOMEM;
-		q->bmr = fx_rdma_reg(pd, q->bmem, (size_t)n * q->bsize);
+		q->bmr = fx_rdma_reg(pd, q->bmem, (size_t)n * q->bsize,
+		                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+		                         IBV_ACCESS_REMOTE_WRITE);
 		if (!q->bmr) {
 			free(q->bmem);
 			q->bmem = NULL;
@@ -189,6 +198,20 @@ static void bounce_free(struct rdma_queue *q)
 	q->bmr = NULL;
 	q->bmem = NULL;
 	q->bpd = NULL;
+}
+
+/* The capsule slots a connection can use: its command slots, but never
+ * more than its queue pair has capsule buffers for (a controller re-opened
+ * with a smaller queue size gives fewer).  Only while nothing is in
+ * flight on it. */
+static void conn_fit_slots(struct rconn *c, uint32_t capsules)
+{
+	uint32_t n = c->cmds_alloc < capsules ? c->cmds_alloc : capsules;
+
+	c->ncmds = (uint16_t)n;
+	for (uint32_t i = 0; i < n; i++)
+		c->free_cmds[i] = (uint16_t)(n - 1 - i);
+	c->nfree = (uint16_t)n;
 }
 
 /* -------------------------------------------------------------- requests */
@@ -293,6 +316,7 @@ static int conn_adopt(struct rconn *c, const struct fx_nvmf_io_conn *io)
 		return ret;
 	}
 	c->io = *io;
+	conn_fit_slots(c, (uint32_t)io->sqsize + 1);
 	/* In flight at most: our slots, the SQ (one entry short of full) and
 	 * what the controller said it can receive. */
 	uint32_t lim = c->ncmds;
@@ -523,8 +547,10 @@ static void issue(struct rdma_queue *q)
 			m->len = 0;
 		} else {
 			n = r->len - r->issued;
-			if (n > d->max_xfer)
-				n = d->max_xfer;
+			if (n > q->xfer)
+				n = q->xfer;
+			if (c->io.max_xfer && n > c->io.max_xfer)
+				n = c->io.max_xfer;
 			m->opcode = r->op == FX_OP_READ ? NVME_CMD_READ : NVME_CMD_WRITE;
 			m->data = r->addr + r->issued;
 			m->len = (uint32_t)n;
@@ -608,8 +634,10 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
  * its CQ is armed again. */
 static void conn_poll(struct rconn *c)
 {
-	int r = fx_rdma_cm_event_check(&c->rc);
+	int r = 0;
 
+	/* completions first: responses (and their data) that arrived before a
+	 * disconnect are good */
 	for (int armed = 0; !r;) {
 		struct ibv_wc wc[32];
 		int n = ibv_poll_cq(c->rc.cq, 32, wc);
@@ -627,6 +655,8 @@ static void conn_poll(struct rconn *c)
 		fx_rdma_cq_rearm(&c->rc);
 		armed = 1;
 	}
+	if (!r)
+		r = fx_rdma_cm_event_check(&c->rc);
 	if (r)
 		conn_fail(c, r);
 }
@@ -821,6 +851,7 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		goto fail;
 	pthread_mutex_lock(&d->nd.lock);
 	uint32_t sq = d->nd.ctrl ? (uint32_t)d->nd.ctrl->io_sqsize + 1 : 32;
+	q->xfer = d->nd.max_xfer;
 	pthread_mutex_unlock(&d->nd.lock);
 	if (d->nd.qsize && d->nd.qsize < sq)
 		sq = d->nd.qsize;
@@ -833,7 +864,7 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		struct rconn *c = &q->conns[k];
 		c->q = q;
 		c->idx = k;
-		c->ncmds = (uint16_t)per;
+		c->cmds_alloc = c->ncmds = (uint16_t)per;
 		c->cmds = calloc(per, sizeof(*c->cmds));
 		c->free_cmds = malloc(per * sizeof(*c->free_cmds));
 		if (!c->cmds || !c->free_cmds) {
@@ -854,6 +885,10 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 			ret = conn_adopt(c, &io);
 		if (ret)
 			goto fail;
+		/* pools there are now: registered here, on the caller's thread,
+		 * rather than by the first I/O on the event loop */
+		if (k == 0)
+			fx_rdma_pd_register_pools(c->rc.pd);
 	}
 	q->base.poll_fd = q->epfd;
 	q->base.features = 0;

@@ -137,7 +137,7 @@ static int cm_wait(struct fx_rdma_conn *c, enum rdma_cm_event_type want, int64_t
 	case RDMA_CM_EVENT_CONNECT_ERROR:
 		return -ETIMEDOUT;
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
-		return -ENODEV;
+		return -ENXIO;
 	default:
 		return -ECONNRESET;
 	}
@@ -184,7 +184,7 @@ static int resolve(struct fx_rdma_conn *c, const struct fx_nvmf_addr *a, int tim
 	r = rdma_resolve_addr(c->id, NULL, ai->ai_addr, timeout_ms);
 	freeaddrinfo(ai);
 	if (r)
-		return errno == ENODEV || errno == EADDRNOTAVAIL ? -ENODEV : -errno;
+		return errno == ENODEV || errno == EADDRNOTAVAIL ? -ENXIO : -errno;
 	r = cm_wait(c, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, NULL, &st);
 	if (r)
 		return r;
@@ -227,8 +227,9 @@ static int make_qp(struct fx_rdma_conn *c)
 		return -ENOMEM;
 	memset(c->sqes, 0, (size_t)nsq * 64);
 	memset(c->rsps, 0, (size_t)c->nrecv * 16);
-	c->sqe_mr = fx_rdma_reg(c->pd, c->sqes, (size_t)nsq * 64);
-	c->rsp_mr = fx_rdma_reg(c->pd, c->rsps, (size_t)c->nrecv * 16);
+	/* capsules are only sent, responses only received: no remote access */
+	c->sqe_mr = fx_rdma_reg(c->pd, c->sqes, (size_t)nsq * 64, 0);
+	c->rsp_mr = fx_rdma_reg(c->pd, c->rsps, (size_t)c->nrecv * 16, IBV_ACCESS_LOCAL_WRITE);
 	if (!c->sqe_mr || !c->rsp_mr)
 		return errno ? -errno : -ENOMEM;
 	for (uint32_t i = 0; i < c->nrecv; i++) {
@@ -303,7 +304,7 @@ int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p
 	c->ech = rdma_create_event_channel();
 	if (!c->ech)
 		/* no /dev/infiniband/rdma_cm: this host has no RDMA stack */
-		return errno == ENOENT || errno == ENODEV || errno == ENXIO ? -ENODEV : -errno;
+		return errno == ENOENT || errno == ENODEV || errno == ENXIO ? -ENXIO : -errno;
 	r = set_nonblocking(c->ech->fd);
 	if (!r && rdma_create_id(c->ech, &c->id, c, RDMA_PS_TCP))
 		r = -errno;
@@ -443,11 +444,15 @@ static int conn_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 	int64_t deadline = fx_nvmf_deadline_in(to);
 	int sent = 0, got = 0, r = 0;
 
-	(void)write;
 	if (__atomic_load_n(&c->shut, __ATOMIC_ACQUIRE) || !c->qp)
 		return -ECONNRESET;
+	if (len > FX_RDMA_SGL_MAX)
+		return -EINVAL; /* one keyed SGL carries 24 bits of length */
 	if (len) {
-		mr = fx_rdma_reg(c->pd, data, len);
+		/* the target only reads what we send, only writes what we read */
+		mr = fx_rdma_reg(c->pd, data, len,
+		                 write ? IBV_ACCESS_REMOTE_READ
+		                       : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 		if (!mr)
 			return errno ? -errno : -ENOMEM;
 	}
@@ -525,6 +530,7 @@ static void conn_close(void *q)
 const struct fx_nvmf_transport fx_nvmf_rdma_transport = {
 	.name = "rdma",
 	.queue_size = sizeof(struct fx_rdma_conn),
+	.max_xfer = FX_RDMA_SGL_MAX,
 	.connect = conn_connect,
 	.exec = conn_exec,
 	.shutdown = conn_shutdown,

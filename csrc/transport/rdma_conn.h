@@ -20,6 +20,8 @@
 #include "transport/rdma_mem.h"
 
 #define FX_RDMA_WR_SEND (1ull << 32)
+/* Most bytes one keyed SGL data block descriptor describes (24-bit length). */
+#define FX_RDMA_SGL_MAX 0xFFFFFFu
 /* The NVMe/RDMA CM private data (NVMe/RDMA transport spec). */
 #define FX_RDMA_CM_PRIV_LEN 32
 
@@ -51,8 +53,8 @@ extern const struct fx_nvmf_transport fx_nvmf_rdma_transport;
  * CM connect (address, route, QP, the private data), then Fabrics Connect
  * (qid 0: admin, cntlid 0xFFFF).  Blocking, each step within
  * p->timeout_ms, cut short by the thread's cancel fd.  -EHOSTUNREACH /
- * -ENETUNREACH (no route or no RDMA device for the address), -ENODEV (no
- * RDMA device at all), -ECONNREFUSED (rejected: the reason is logged),
+ * -ENETUNREACH (no route), -ENXIO (no RDMA stack, or no RDMA device on the
+ * way to the address), -ECONNREFUSED (rejected: the reason is logged),
  * -ETIMEDOUT, -ECANCELED, -EACCES/-ENOENT/-EIO (Connect status), -ENOMEM.
  */
 int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,

@@ -2,10 +2,13 @@
  * Protection domains and pool memory regions for NVMe/RDMA (see rdma_mem.h).
  *
  * A process has few RDMA devices and few pools, so both live in small
- * arrays under one mutex: the lookup is a short scan, and a data-path
- * command takes the mutex once.  Memory regions stay registered until the
- * PD goes away or their pool slot is reused, as io_uring's fixed buffers
- * stay installed until their slot is replaced.
+ * arrays under one mutex: the lookup is a short scan.  Registering a slot
+ * (up to 1 GiB: ibv_reg_mr walks every page) is done without the mutex,
+ * and queues register every pool there is when they are created, on the
+ * caller's thread, so the data path rarely pays for it.  A registration
+ * that failed (RLIMIT_MEMLOCK in a pod, say) is remembered for that pool
+ * and said once, instead of being retried on every command.  A pool's
+ * regions go when the pool does (fx_pool_release_hook).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -14,16 +17,20 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #include "internal.h"
 
 #define MAX_PDS 8
 
-/* Remote read: the target reads write data; remote write: it writes read
- * data; local write: receives and bounce copies. */
+/* The target RDMA-READs write data from pool memory and RDMA-WRITEs read
+ * data into it; local write for bounce copies. */
 #define POOL_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
+
+enum slot_state { SLOT_NONE, SLOT_BUSY, SLOT_READY, SLOT_FAILED };
 
 struct fx_rdma_pd {
 	struct ibv_context *ctx;
@@ -31,18 +38,45 @@ struct fx_rdma_pd {
 	unsigned refs;
 	struct {
 		struct ibv_mr *mr;
-		uint32_t gen; /* pool generation the MR was made for */
+		uint32_t gen; /* pool generation the state is for */
+		enum slot_state state;
 	} slot[FX_BUF_SLOTS];
 };
 
 static pthread_mutex_t pds_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pds_cond = PTHREAD_COND_INITIALIZER; /* a SLOT_BUSY ended */
 static struct fx_rdma_pd pds[MAX_PDS];
+
+/* Drop slot s's region in pd (called with pds_lock held). */
+static void slot_drop(struct fx_rdma_pd *pd, int s)
+{
+	if (pd->slot[s].mr)
+		ibv_dereg_mr(pd->slot[s].mr);
+	pd->slot[s].mr = NULL;
+	pd->slot[s].gen = 0;
+	pd->slot[s].state = SLOT_NONE;
+}
+
+/* fx_pool_destroy: the pool in slot s (generation gen) is going away. */
+static void pool_released(int s, uint32_t gen)
+{
+	pthread_mutex_lock(&pds_lock);
+	for (int i = 0; i < MAX_PDS; i++) {
+		struct fx_rdma_pd *pd = &pds[i];
+		while (pd->refs && pd->slot[s].state == SLOT_BUSY)
+			pthread_cond_wait(&pds_cond, &pds_lock);
+		if (pd->refs && pd->slot[s].gen == gen)
+			slot_drop(pd, s);
+	}
+	pthread_mutex_unlock(&pds_lock);
+}
 
 struct fx_rdma_pd *fx_rdma_pd_get(struct ibv_context *ctx)
 {
 	struct fx_rdma_pd *free_one = NULL, *got = NULL;
 
 	pthread_mutex_lock(&pds_lock);
+	__atomic_store_n(&fx_pool_release_hook, pool_released, __ATOMIC_RELEASE);
 	for (int i = 0; i < MAX_PDS; i++) {
 		if (pds[i].refs && pds[i].ctx == ctx) {
 			got = &pds[i];
@@ -79,12 +113,8 @@ void fx_rdma_pd_put(struct fx_rdma_pd *pd)
 		return;
 	pthread_mutex_lock(&pds_lock);
 	if (--pd->refs == 0) {
-		for (int s = 0; s < FX_BUF_SLOTS; s++) {
-			if (pd->slot[s].mr)
-				ibv_dereg_mr(pd->slot[s].mr);
-			pd->slot[s].mr = NULL;
-			pd->slot[s].gen = 0;
-		}
+		for (int s = 0; s < FX_BUF_SLOTS; s++)
+			slot_drop(pd, s);
 		ibv_dealloc_pd(pd->pd);
 		pd->pd = NULL;
 		pd->ctx = NULL;
@@ -97,36 +127,76 @@ struct ibv_pd *fx_rdma_pd_ibv(const struct fx_rdma_pd *pd)
 	return pd->pd;
 }
 
+/* Slot s (its memory iov, generation gen) ready in pd: registered now if
+ * it is not yet; 0, or -ENOENT when registering it failed (now or before). */
+static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, uint32_t gen)
+{
+	pthread_mutex_lock(&pds_lock);
+	while (pd->slot[s].state == SLOT_BUSY)
+		pthread_cond_wait(&pds_cond, &pds_lock);
+	if (pd->slot[s].gen == gen && pd->slot[s].state != SLOT_NONE) {
+		int ret = pd->slot[s].state == SLOT_READY ? 0 : -ENOENT;
+		pthread_mutex_unlock(&pds_lock);
+		return ret;
+	}
+	/* A new pool in the slot (or the first use): the old region covers
+	 * memory that is gone. */
+	slot_drop(pd, s);
+	pd->slot[s].state = SLOT_BUSY;
+	pd->slot[s].gen = gen;
+	pthread_mutex_unlock(&pds_lock);
+
+	struct ibv_mr *mr = ibv_reg_mr(pd->pd, iov->iov_base, iov->iov_len, POOL_ACCESS);
+	int err = mr ? 0 : errno;
+
+	if (!mr)
+		fprintf(stderr,
+		        "fx100io: nvme+rdma: registering %zu bytes of pool memory failed (%s): I/O on "
+		        "it goes through bounce buffers (a copy); raise RLIMIT_MEMLOCK (ulimit -l)\n",
+		        iov->iov_len, strerror(err ? err : ENOMEM));
+	pthread_mutex_lock(&pds_lock);
+	pd->slot[s].mr = mr;
+	pd->slot[s].state = mr ? SLOT_READY : SLOT_FAILED;
+	pthread_cond_broadcast(&pds_cond);
+	pthread_mutex_unlock(&pds_lock);
+	return mr ? 0 : -ENOENT;
+}
+
 int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
                       uint32_t *rkey)
 {
 	struct iovec iov;
 	uint32_t gen;
 	int s = fx_pool_lookup(addr, len, &iov, &gen);
-	int ret = 0;
 
 	if (s < 0)
 		return -ENOENT;
+	int ret = slot_ensure(pd, s, &iov, gen);
+	if (ret)
+		return ret;
 	pthread_mutex_lock(&pds_lock);
-	if (pd->slot[s].gen != gen) {
-		/* First use of this slot here, or a new pool in it: the old
-		 * MR (if any) covers memory that is gone. */
-		if (pd->slot[s].mr)
-			ibv_dereg_mr(pd->slot[s].mr);
-		pd->slot[s].mr = ibv_reg_mr(pd->pd, iov.iov_base, iov.iov_len, POOL_ACCESS);
-		pd->slot[s].gen = pd->slot[s].mr ? gen : 0;
-		if (!pd->slot[s].mr)
-			ret = errno ? -errno : -ENOMEM;
-	}
-	if (ret == 0) {
+	/* re-checked: the pool may have gone (and its region) meanwhile */
+	if (pd->slot[s].gen == gen && pd->slot[s].state == SLOT_READY) {
 		*lkey = pd->slot[s].mr->lkey;
 		*rkey = pd->slot[s].mr->rkey;
+	} else {
+		ret = -ENOENT;
 	}
 	pthread_mutex_unlock(&pds_lock);
 	return ret;
 }
 
-struct ibv_mr *fx_rdma_reg(struct fx_rdma_pd *pd, void *addr, size_t len)
+void fx_rdma_pd_register_pools(struct fx_rdma_pd *pd)
 {
-	return ibv_reg_mr(pd->pd, addr, len, POOL_ACCESS);
+	for (int s = 0; s < FX_BUF_SLOTS; s++) {
+		struct iovec iov;
+		uint32_t gen;
+		if (fx_pool_slot(s, &iov, &gen) == s)
+			slot_ensure(pd, s, &iov, gen);
+	}
+}
+
+struct ibv_mr *fx_rdma_reg(struct fx_rdma_pd *pd, void *addr, size_t len, int access)
+{
+	return ibv_reg_mr(pd->pd, addr, len, access);
 }

@@ -7,8 +7,9 @@
  * registered on first use, slot by slot of the pool registry (1 GiB each),
  * with local write and remote read and write access: the target RDMA-WRITEs
  * read data straight into it and RDMA-READs write data from it.  A slot
- * reused by a later pool (a new generation) is registered anew.  Memory in
- * no pool has no key: the data path copies through a bounce buffer.
+ * reused by a later pool (a new generation) is registered anew, and a
+ * pool's regions are dropped when it is destroyed.  Memory in no pool has
+ * no key: the data path copies through a bounce buffer.
  */
 #ifndef FX100IO_TRANSPORT_RDMA_MEM_H
 #define FX100IO_TRANSPORT_RDMA_MEM_H
@@ -35,8 +36,13 @@ struct ibv_pd *fx_rdma_pd_ibv(const struct fx_rdma_pd *pd);
 int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
                       uint32_t *rkey);
 
-/* Register private memory (bounce buffers, capsules) in pd; NULL and errno
- * on failure. */
-struct ibv_mr *fx_rdma_reg(struct fx_rdma_pd *pd, void *addr, size_t len);
+/* Register every pool there is now in pd (queue creation does it, on the
+ * caller's thread, so first I/Os do not pay for it). */
+void fx_rdma_pd_register_pools(struct fx_rdma_pd *pd);
+
+/* Register private memory (bounce buffers, capsules, admin data) in pd
+ * with access (IBV_ACCESS_*: no more than it needs); NULL and errno on
+ * failure. */
+struct ibv_mr *fx_rdma_reg(struct fx_rdma_pd *pd, void *addr, size_t len, int access);
 
 #endif

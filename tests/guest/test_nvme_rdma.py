@@ -179,6 +179,12 @@ def test_host_not_allowed_and_unknown_subsystem(rdma_lab):
                             "nqn.2026-11.io.fx100:none")
 
 
+def test_a_missing_namespace_is_not_called_an_rdma_problem(rdma_lab):
+    with pytest.raises(errors.DeviceNotFoundError) as ei:
+        fx100io.open_device(rdma_uri(rdma_lab, "lab-ram", ns=9))
+    assert "RDMA" not in str(ei.value), str(ei.value)
+
+
 def test_no_rdma_port_there_is_a_clear_error(rdma_lab):
     """The TCP port speaks no RDMA CM: the connect is refused (or times out), clearly."""
     with pytest.raises(errors.Fx100ioError) as ei:
