@@ -168,6 +168,7 @@ struct conn {
 	uint16_t ncmds;
 	uint16_t *free_cmds;
 	uint16_t nfree;
+	uint16_t limit; /* in flight at most: slots, and the live queue's SQ less one */
 	/* receive */
 	enum rx_state rx;
 	uint8_t rxhdr[RX_HDR_MAX];
@@ -786,6 +787,9 @@ static void conn_adopt(struct conn *c, const struct fx_nvmf_conn *nc,
 
 	c->nc = *nc;
 	c->io = *io;
+	/* A controller re-opened with a smaller queue gets no more than its SQ
+	 * holds (one entry short of full). */
+	c->limit = io->sqsize && io->sqsize < c->ncmds ? io->sqsize : c->ncmds;
 	if (c->ever_connected) {
 		q->base.stats.reconnects++;
 		if (c->fails)
@@ -881,7 +885,7 @@ static struct conn *pick_conn(struct tcp_queue *q, int *err)
 		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
 		if (c->state == CONN_DOWN && now >= c->retry_at)
 			cx_request(q, c);
-		if (c->state == CONN_LIVE && c->nfree) {
+		if (c->state == CONN_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
 			q->rr = (unsigned)((c - q->conns) + 1) % q->nconns;
 			return c;
 		}

@@ -355,6 +355,7 @@ static void h_setup(uint8_t cfg)
 	for (unsigned i = 0; i < H_NCMDS; i++)
 		c->free_cmds[i] = (uint16_t)(H_NCMDS - 1 - i);
 	c->nfree = H_NCMDS;
+	c->limit = H_NCMDS;
 	c->state = CONN_LIVE;
 	c->ever_connected = 1;
 	rx_expect_header(c);
