@@ -475,17 +475,27 @@ cdef class Queue:
         """Finished requests as [(tag, res, status, crc32c), ...]; never
         blocks.  crc32c is 0 unless the request asked for it (OP_CRC32C)."""
         cdef int n
+        cdef fx_queue *q = self.q
+        cdef fx_cqe *cqes = self.cqes
+        cdef unsigned ncqes = self.ncqes
         out = []
-        if self.q == NULL:
+        if q == NULL or self.closing:
             return out
-        while True:
-            n = fx_queue_reap(self.q, self.cqes, self.ncqes)
-            check(n, f"reap {self.dev.target}")
-            for i in range(n):
-                out.append((self.cqes[i].tag, self.cqes[i].res, self.cqes[i].status,
-                            self.cqes[i].crc32c))
-            if <unsigned>n < self.ncqes:
-                return out
+        # Without the GIL (reaping may issue queued work, and an RDMA queue
+        # may register a pool's memory on first use), so counted as a user:
+        # a close from another thread waits for it.
+        self.users += 1
+        try:
+            while True:
+                with nogil:
+                    n = fx_queue_reap(q, cqes, ncqes)
+                check(n, f"reap {self.dev.target}")
+                for i in range(n):
+                    out.append((cqes[i].tag, cqes[i].res, cqes[i].status, cqes[i].crc32c))
+                if <unsigned>n < ncqes:
+                    return out
+        finally:
+            self.users -= 1
 
     def wait(self, unsigned min_done=1, int timeout_ms=-1):
         """Block (without the GIL) until min_done requests are ready to

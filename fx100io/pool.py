@@ -142,8 +142,10 @@ def register_memory(buf: Any) -> RegisteredMemory:
     io_uring fixed buffers.  Python references to buf are held while
     registered, but memory freed by other means (a C allocator) must be
     unregistered first: keep the returned handle and ``close()`` it before
-    the owner frees the memory.  Ranges outside registered memory keep
-    working, unregistered."""
+    the owner frees the memory, and after your I/O on it has finished (over
+    NVMe/RDMA, closing drops the memory's registration: a command still
+    using it fails, and takes its connection down with it).  Ranges outside
+    registered memory keep working, unregistered."""
     try:
         reg = _core.Registration(buf)
     except BufferError:

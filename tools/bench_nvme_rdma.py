@@ -8,7 +8,7 @@ soft-RoCE (rxe) connects both initiators to the guest's own nvmet-rdma port:
   kernel    `nvme connect -t rdma` to the same subsystem, then fio (io_uring, O_DIRECT) on
             the block device it makes
 
-Sequential 1 MiB reads and random 4 KiB reads, queue depth 32, each case run in turn for
+Sequential 1 MiB reads and random 4 KiB reads (--cases), queue depth 32 (--iodepth), each case run in turn for
 --seconds, --rounds times in a shuffled order; the median of each case is reported: GB/s,
 IOPS, and CPU seconds per GB.  CPU is counted twice: the benchmark process's own user+system
 time (what the initiator spends where it runs), and the whole guest's busy time from
@@ -67,8 +67,8 @@ def summarize(job: dict, busy: float) -> dict:
             "guest_cpu_per_gb": busy / gb}
 
 
-def common(rw: str, bs: str, seconds: int) -> list[str]:
-    return [f"--rw={rw}", f"--bs={bs}", "--iodepth=32", f"--size={SIZE}", "--direct=1",
+def common(rw: str, bs: str, seconds: int, iodepth: int) -> list[str]:
+    return [f"--rw={rw}", f"--bs={bs}", f"--iodepth={iodepth}", f"--size={SIZE}", "--direct=1",
             "--time_based", f"--runtime={seconds}", "--output-format=json", "--name=r"]
 
 
@@ -99,16 +99,17 @@ def in_guest(args: argparse.Namespace) -> int:
     blk = kernel_device(host, port, sub.nqn, hostnqn)
     try:
         runs: dict[tuple[str, str, str], list[dict]] = {}
-        order = [(who, rw, bs) for who in ("fx100io", "kernel") for rw, bs in CASES]
+        cases = [tuple(c.split(":")) for c in args.cases.split(",")]
+        order = [(who, rw, bs) for who in ("fx100io", "kernel") for rw, bs in cases]
         for rnd in range(args.rounds):
             random.Random(rnd).shuffle(order)
             for who, rw, bs in order:
                 if who == "fx100io":
                     argv = [sys.executable, "-m", "fx100io", "bench", "--ioengine=nvme+rdma",
-                            f"--filename={uri}", *common(rw, bs, args.seconds)]
+                            f"--filename={uri}", *common(rw, bs, args.seconds, args.iodepth)]
                 else:
                     argv = ["fio", "--ioengine=io_uring", f"--filename={blk}",
-                            *common(rw, bs, args.seconds)]
+                            *common(rw, bs, args.seconds, args.iodepth)]
                 job, busy = measure(argv)
                 runs.setdefault((who, rw, bs), []).append(summarize(job, busy))
                 print(f"  round {rnd + 1}: {who:8s} {rw:8s} {bs:3s} "
@@ -120,9 +121,10 @@ def in_guest(args: argparse.Namespace) -> int:
         return statistics.median(r[k] for r in runs[(who, rw, bs)])
 
     print("\nNVMe/RDMA over soft-RoCE in the lab guest (TCG: only the ratios mean anything)")
+    print(f"queue depth {args.iodepth}")
     print(f"{'case':14s} {'initiator':9s} {'MB/s':>8s} {'IOPS':>9s} {'proc CPU s/GB':>14s} "
           f"{'guest CPU s/GB':>15s}")
-    for rw, bs in CASES:
+    for rw, bs in cases:
         for who in ("fx100io", "kernel"):
             print(f"{rw + ' ' + bs:14s} {who:9s} {med(who, rw, bs, 'gbps') * 1000:8.1f} "
                   f"{med(who, rw, bs, 'iops'):9.0f} {med(who, rw, bs, 'proc_cpu_per_gb'):14.2f} "
@@ -140,6 +142,9 @@ def main() -> int:
     ap.add_argument("--lab", action="store_true", help="run the comparison in the lab guest")
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iodepth", type=int, default=32)
+    ap.add_argument("--cases", default=",".join(f"{rw}:{bs}" for rw, bs in CASES),
+                    help="comma-separated RW:BS cases (default: read:1m,randread:4k)")
     ap.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.in_guest:
@@ -156,7 +161,8 @@ def main() -> int:
         timeout = str(args.rounds * len(CASES) * 2 * (args.seconds + 40) + 120)
         return subprocess.run([sys.executable, str(LAB), "guest", "--timeout", timeout, "--",
                                sys.executable, str(Path(__file__).resolve()), "--in-guest",
-                               f"--seconds={args.seconds}", f"--rounds={args.rounds}"]).returncode
+                               f"--seconds={args.seconds}", f"--rounds={args.rounds}",
+                               f"--iodepth={args.iodepth}", f"--cases={args.cases}"]).returncode
     finally:
         if started:
             subprocess.run([sys.executable, str(LAB), "stop"])

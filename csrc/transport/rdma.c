@@ -611,9 +611,8 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 	if (idx >= c->rc.nrecv || wc->byte_len < sizeof(resp))
 		return -EPROTO;
 	memcpy(&resp, c->rc.rsps + (size_t)idx * 16, sizeof(resp));
+	/* the response is ours now (copied): its buffer goes back at once */
 	int r = fx_rdma_post_recv(&c->rc, idx);
-	if (r)
-		return r;
 	uint32_t slot = resp.cid & CID_SLOT_MASK;
 	struct rcmd *m = slot < c->ncmds ? &c->cmds[slot] : NULL;
 	if (!m || !m->busy || m->rsp_seen || m->gen != (uint8_t)(resp.cid >> CID_SLOT_BITS)) {
@@ -627,7 +626,7 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 	m->status = NVME_STATUS_FIELD(resp.status);
 	if (m->sent)
 		cmd_done(c, m, 0, m->status);
-	return 0;
+	return r; /* a failed re-post takes the connection down, after this response */
 }
 
 /* Reap connection c's completions (and CM events) until none are left and
@@ -645,8 +644,13 @@ static void conn_poll(struct rconn *c)
 			r = -EIO;
 			break;
 		}
-		for (int i = 0; i < n && !r; i++)
-			r = on_wc(c, &wc[i]);
+		/* the whole batch: a flushed SEND may come before a good
+		 * response; the first error takes the connection down after */
+		for (int i = 0; i < n; i++) {
+			int e = on_wc(c, &wc[i]);
+			if (e && !r)
+				r = e;
+		}
 		if (n > 0)
 			continue;
 		if (armed)
@@ -701,12 +705,15 @@ static void process(struct fx_queue *base)
 	struct rdma_queue *q = (struct rdma_queue *)base;
 	uint64_t v;
 
-	if (read(q->timerfd, &v, sizeof(v)) == (ssize_t)sizeof(v))
-		check_deadlines(q);
+	int tick = read(q->timerfd, &v, sizeof(v)) == (ssize_t)sizeof(v);
+
 	cx_collect(q);
 	for (unsigned k = 0; k < q->nconns; k++)
 		if (q->conns[k].state == R_LIVE)
 			conn_poll(&q->conns[k]);
+	/* after the completions: a response already here is not late */
+	if (tick)
+		check_deadlines(q);
 	issue(q);
 	set_tick(q);
 }

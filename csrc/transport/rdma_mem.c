@@ -21,10 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
 #define MAX_PDS 8
+#define RETRY_FAILED_MS 5000 /* a failed registration is tried again after this */
+#define LOG_EVERY_MS 10000   /* registration failures are said at most this often */
 
 /* The target RDMA-READs write data from pool memory and RDMA-WRITEs read
  * data into it; local write for bounce copies. */
@@ -36,16 +40,20 @@ struct fx_rdma_pd {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	unsigned refs;
+	pid_t pid; /* a forked child inherits the table but must not touch the
+	            * parent's regions: the uverbs fd is shared */
 	struct {
 		struct ibv_mr *mr;
 		uint32_t gen; /* pool generation the state is for */
 		enum slot_state state;
+		int64_t failed_at; /* SLOT_FAILED: when (ms) */
 	} slot[FX_BUF_SLOTS];
 };
 
 static pthread_mutex_t pds_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pds_cond = PTHREAD_COND_INITIALIZER; /* a SLOT_BUSY ended */
 static struct fx_rdma_pd pds[MAX_PDS];
+static int64_t last_log_ms = -LOG_EVERY_MS;
 
 /* Drop slot s's region in pd (called with pds_lock held). */
 static void slot_drop(struct fx_rdma_pd *pd, int s)
@@ -63,6 +71,8 @@ static void pool_released(int s, uint32_t gen)
 	pthread_mutex_lock(&pds_lock);
 	for (int i = 0; i < MAX_PDS; i++) {
 		struct fx_rdma_pd *pd = &pds[i];
+		if (pd->refs && pd->pid != getpid())
+			continue;
 		while (pd->refs && pd->slot[s].state == SLOT_BUSY)
 			pthread_cond_wait(&pds_cond, &pds_lock);
 		if (pd->refs && pd->slot[s].gen == gen)
@@ -89,6 +99,7 @@ struct fx_rdma_pd *fx_rdma_pd_get(struct ibv_context *ctx)
 		free_one->pd = ibv_alloc_pd(ctx);
 		if (free_one->pd) {
 			free_one->ctx = ctx;
+			free_one->pid = getpid();
 			got = free_one;
 		}
 	} else if (!got) {
@@ -113,9 +124,10 @@ void fx_rdma_pd_put(struct fx_rdma_pd *pd)
 		return;
 	pthread_mutex_lock(&pds_lock);
 	if (--pd->refs == 0) {
-		for (int s = 0; s < FX_BUF_SLOTS; s++)
+		for (int s = 0; s < FX_BUF_SLOTS && pd->pid == getpid(); s++)
 			slot_drop(pd, s);
-		ibv_dealloc_pd(pd->pd);
+		if (pd->pid == getpid())
+			ibv_dealloc_pd(pd->pd);
 		pd->pd = NULL;
 		pd->ctx = NULL;
 	}
@@ -131,13 +143,25 @@ struct ibv_pd *fx_rdma_pd_ibv(const struct fx_rdma_pd *pd)
  * it is not yet; 0, or -ENOENT when registering it failed (now or before). */
 static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, uint32_t gen)
 {
+	struct iovec now;
+	uint32_t now_gen;
+
 	pthread_mutex_lock(&pds_lock);
 	while (pd->slot[s].state == SLOT_BUSY)
 		pthread_cond_wait(&pds_cond, &pds_lock);
-	if (pd->slot[s].gen == gen && pd->slot[s].state != SLOT_NONE) {
+	if (pd->slot[s].gen == gen && (pd->slot[s].state == SLOT_READY ||
+	                               (pd->slot[s].state == SLOT_FAILED &&
+	                                fx_now_ms() - pd->slot[s].failed_at < RETRY_FAILED_MS))) {
 		int ret = pd->slot[s].state == SLOT_READY ? 0 : -ENOENT;
 		pthread_mutex_unlock(&pds_lock);
 		return ret;
+	}
+	/* The pool may have gone since the caller looked (its release hook
+	 * found nothing to drop then): register only what is still there.
+	 * pds_lock -> the registry's lock is the one order both are taken in. */
+	if (fx_pool_slot(s, &now, &now_gen) != s || now_gen != gen) {
+		pthread_mutex_unlock(&pds_lock);
+		return -ENOENT;
 	}
 	/* A new pool in the slot (or the first use): the old region covers
 	 * memory that is gone. */
@@ -147,15 +171,23 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 	pthread_mutex_unlock(&pds_lock);
 
 	struct ibv_mr *mr = ibv_reg_mr(pd->pd, iov->iov_base, iov->iov_len, POOL_ACCESS);
-	int err = mr ? 0 : errno;
+	int err = mr ? 0 : errno ? errno : ENOMEM;
 
-	if (!mr)
-		fprintf(stderr,
-		        "fx100io: nvme+rdma: registering %zu bytes of pool memory failed (%s): I/O on "
-		        "it goes through bounce buffers (a copy); raise RLIMIT_MEMLOCK (ulimit -l)\n",
-		        iov->iov_len, strerror(err ? err : ENOMEM));
 	pthread_mutex_lock(&pds_lock);
+	if (!mr && fx_now_ms() - last_log_ms >= LOG_EVERY_MS) {
+		last_log_ms = fx_now_ms();
+		fprintf(stderr,
+		        "fx100io: nvme+rdma: registering %zu bytes of pool memory for RDMA failed (%s)%s; "
+		        "I/O on it goes through bounce buffers (a copy) and registering is retried "
+		        "every %d s\n",
+		        iov->iov_len, strerror(err),
+		        err == ENOMEM || err == EAGAIN || err == EPERM
+		                ? ": raise RLIMIT_MEMLOCK (ulimit -l) for pinned memory"
+		                : "",
+		        RETRY_FAILED_MS / 1000);
+	}
 	pd->slot[s].mr = mr;
+	pd->slot[s].failed_at = fx_now_ms();
 	pd->slot[s].state = mr ? SLOT_READY : SLOT_FAILED;
 	pthread_cond_broadcast(&pds_cond);
 	pthread_mutex_unlock(&pds_lock);

@@ -789,7 +789,7 @@ static void conn_adopt(struct conn *c, const struct fx_nvmf_conn *nc,
 	c->io = *io;
 	/* A controller re-opened with a smaller queue gets no more than its SQ
 	 * holds (one entry short of full). */
-	c->limit = io->sqsize && io->sqsize < c->ncmds ? io->sqsize : c->ncmds;
+	c->limit = io->sqsize < c->ncmds ? (io->sqsize ? io->sqsize : 1) : c->ncmds;
 	if (c->ever_connected) {
 		q->base.stats.reconnects++;
 		if (c->fails)
