@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "nvmf/nvmf.h"
 
 #define MAX_PDS 8
 #define RETRY_FAILED_MS 5000 /* a failed registration is tried again after this */
@@ -151,7 +152,7 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 		pthread_cond_wait(&pds_cond, &pds_lock);
 	if (pd->slot[s].gen == gen && (pd->slot[s].state == SLOT_READY ||
 	                               (pd->slot[s].state == SLOT_FAILED &&
-	                                fx_now_ms() - pd->slot[s].failed_at < RETRY_FAILED_MS))) {
+	                                fx_nvmf_now_ms() - pd->slot[s].failed_at < RETRY_FAILED_MS))) {
 		int ret = pd->slot[s].state == SLOT_READY ? 0 : -ENOENT;
 		pthread_mutex_unlock(&pds_lock);
 		return ret;
@@ -174,8 +175,8 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 	int err = mr ? 0 : errno ? errno : ENOMEM;
 
 	pthread_mutex_lock(&pds_lock);
-	if (!mr && fx_now_ms() - last_log_ms >= LOG_EVERY_MS) {
-		last_log_ms = fx_now_ms();
+	if (!mr && fx_nvmf_now_ms() - last_log_ms >= LOG_EVERY_MS) {
+		last_log_ms = fx_nvmf_now_ms();
 		fprintf(stderr,
 		        "fx100io: nvme+rdma: registering %zu bytes of pool memory for RDMA failed (%s)%s; "
 		        "I/O on it goes through bounce buffers (a copy) and registering is retried "
@@ -187,7 +188,7 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 		        RETRY_FAILED_MS / 1000);
 	}
 	pd->slot[s].mr = mr;
-	pd->slot[s].failed_at = fx_now_ms();
+	pd->slot[s].failed_at = fx_nvmf_now_ms();
 	pd->slot[s].state = mr ? SLOT_READY : SLOT_FAILED;
 	pthread_cond_broadcast(&pds_cond);
 	pthread_mutex_unlock(&pds_lock);
