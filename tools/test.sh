@@ -4,7 +4,8 @@
 # packages, the real lmcache package), builds fx100io, boots the fabric lab
 # (the Linux NVMe-oF target in a QEMU guest, inside a network namespace this
 # script makes), runs pytest inside that namespace, stops the lab, and then
-# runs the core suite again against an ASan+UBSan build, runs each fuzzer for
+# runs the core suite again against an ASan+UBSan build (and the RDMA tests
+# under it, in the lab guest), runs each fuzzer for
 # 60 s (FUZZ_SECONDS), then ruff and mypy.
 # Extra arguments go to pytest (e.g. tools/test.sh -k store).
 set -euo pipefail
@@ -32,6 +33,8 @@ make -C tests/c -s all
 "$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra tests "$@"
 
 tools/asan_suite.sh
+# The NVMe/RDMA tests (tests/guest) under ASan+UBSan too, in the lab guest.
+tools/asan_guest.sh
 
 # Coverage-guided fuzzers (tests/fuzz: index segments, discovery log, target
 # string, the initiator's and the target's PDU receive paths), 60 s each;
