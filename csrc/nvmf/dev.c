@@ -353,6 +353,52 @@ void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_i
 	release_qid(d, res->qid, res->epoch);
 }
 
+/* ---------------------------------------------------------- wait policy */
+
+int fx_nvmf_waits_init(struct fx_nvmf_waits *w, uint32_t nslots)
+{
+	memset(w, 0, sizeof(*w));
+	w->queued_at = calloc(nslots, sizeof(*w->queued_at));
+	w->fails_at = calloc(nslots, sizeof(*w->fails_at));
+	if (!w->queued_at || !w->fails_at) {
+		fx_nvmf_waits_fini(w);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void fx_nvmf_waits_fini(struct fx_nvmf_waits *w)
+{
+	free(w->queued_at);
+	free(w->fails_at);
+	w->queued_at = NULL;
+	w->fails_at = NULL;
+}
+
+void fx_nvmf_waits_stamp(struct fx_nvmf_waits *w, uint32_t ri, int64_t now)
+{
+	w->queued_at[ri] = now;
+	w->fails_at[ri] = w->cx_fails;
+}
+
+int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, uint32_t ri,
+                        int err, int64_t now)
+{
+	if (!w->disc_at) {
+		w->disc_at = now;
+		w->disc_fails = w->cx_fails;
+	}
+	int64_t since = w->queued_at[ri] > w->disc_at ? w->queued_at[ri] : w->disc_at;
+	/* attempts counted from the later of the two (wrap-safe) */
+	uint32_t base = w->fails_at[ri] - w->disc_fails < (1u << 31) ? w->fails_at[ri]
+	                                                             : w->disc_fails;
+	if (w->cx_fails - base >= (uint32_t)d->max_reconnects)
+		return err;
+	if (now - since >= d->io_timeout_ms)
+		return -ETIMEDOUT;
+	return 0;
+}
+
 /* ------------------------------------------------------------ connector */
 
 static void *cx_main(void *arg)

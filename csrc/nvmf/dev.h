@@ -84,6 +84,42 @@ void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_i
  * 0 when not even one block fits. */
 uint32_t fx_nvmf_xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba);
 
+/* ---------------------------------------------------------- wait policy */
+
+/*
+ * What a queue does with a request no connection can carry (DESIGN rule 13):
+ * it waits for a reconnect until max_reconnects attempts have failed or
+ * io_timeout_ms has passed, both counted from when it was submitted or the
+ * queue began waiting, whichever is later.  The same for every transport.
+ */
+struct fx_nvmf_waits {
+	uint32_t cx_fails;   /* failed connect attempts so far (monotonic) */
+	int64_t disc_at;     /* when requests began waiting; 0: not waiting */
+	uint32_t disc_fails; /* cx_fails then */
+	int64_t *queued_at;  /* per request slot: when it was submitted */
+	uint32_t *fails_at;  /* per request slot: cx_fails then */
+};
+
+/* -ENOMEM */
+int fx_nvmf_waits_init(struct fx_nvmf_waits *w, uint32_t nslots);
+void fx_nvmf_waits_fini(struct fx_nvmf_waits *w);
+/* Request slot ri was just submitted: the policy counts from now. */
+void fx_nvmf_waits_stamp(struct fx_nvmf_waits *w, uint32_t ri, int64_t now);
+/* 0: request ri waits for a connection; else the errno to fail it with
+ * (err, the last attempt's error, or -ETIMEDOUT). */
+int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, uint32_t ri,
+                        int err, int64_t now);
+/* A connection came up: nothing waits any more. */
+static inline void fx_nvmf_waits_connected(struct fx_nvmf_waits *w)
+{
+	w->disc_at = 0;
+}
+/* A connect attempt failed. */
+static inline void fx_nvmf_waits_attempt_failed(struct fx_nvmf_waits *w)
+{
+	w->cx_fails++;
+}
+
 /* ------------------------------------------------------------ connector */
 
 enum fx_nvmf_cx_state { FX_CX_IDLE, FX_CX_BUSY, FX_CX_DONE };

@@ -99,11 +99,7 @@ struct rdma_queue {
 	struct fx_nvmf_connector cx;
 	int cx_busy;
 	int starved;
-	uint32_t cx_fails;
-	int64_t disc_at;
-	uint32_t disc_fails;
-	int64_t *queued_at;
-	uint32_t *fails_at;
+	struct fx_nvmf_waits waits; /* requests waiting for a connection */
 	/* bounce buffers for memory in no pool, made on first need */
 	struct fx_rdma_pd *bpd;
 	char *bmem;
@@ -337,7 +333,7 @@ static int conn_adopt(struct rconn *c, const struct fx_nvmf_io_conn *io)
 	c->fails = 0;
 	c->state = R_LIVE;
 	c->err = 0;
-	q->disc_at = 0;
+	fx_nvmf_waits_connected(&q->waits);
 	return 0;
 }
 
@@ -348,7 +344,7 @@ static void conn_connect_failed(struct rconn *c, int err)
 	c->state = R_DOWN;
 	c->err = err;
 	c->retry_at = now_ms() + q->dev->nd.reconnect_ms;
-	q->cx_fails++;
+	fx_nvmf_waits_attempt_failed(&q->waits);
 	if (c->fails++ == 0 && err != -ECANCELED)
 		fprintf(stderr,
 		        "fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s); retrying every "
@@ -422,21 +418,7 @@ static struct rconn *pick_conn(struct rdma_queue *q, int *err)
  * passed. */
 static int wait_for_conn(struct rdma_queue *q, uint32_t ri, int err)
 {
-	struct fx_nvmf_dev *d = &q->dev->nd;
-	int64_t now = now_ms();
-
-	if (!q->disc_at) {
-		q->disc_at = now;
-		q->disc_fails = q->cx_fails;
-	}
-	int64_t since = q->queued_at[ri] > q->disc_at ? q->queued_at[ri] : q->disc_at;
-	uint32_t base = q->fails_at[ri] - q->disc_fails < (1u << 31) ? q->fails_at[ri]
-	                                                             : q->disc_fails;
-	if (q->cx_fails - base >= (uint32_t)d->max_reconnects)
-		return err;
-	if (now - since >= d->io_timeout_ms)
-		return -ETIMEDOUT;
-	return 0;
+	return fx_nvmf_waits_check(&q->waits, &q->dev->nd, ri, err, now_ms());
 }
 
 /* Post command m's capsule (and in-capsule data).  0 or -errno (the
@@ -740,8 +722,7 @@ static int rq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	int64_t now = now_ms();
 	for (uint32_t i = before; i < q->t.nfifo; i++) {
 		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
-		q->queued_at[ri] = now;
-		q->fails_at[ri] = q->cx_fails;
+		fx_nvmf_waits_stamp(&q->waits, ri, now);
 	}
 	/* An idle queue of a blocking caller has not looked at its fds since
 	 * its last call: a connection the target dropped meanwhile must be
@@ -808,8 +789,7 @@ static void rq_destroy(struct fx_queue *base)
 		close(q->timerfd);
 	if (q->epfd >= 0)
 		close(q->epfd);
-	free(q->queued_at);
-	free(q->fails_at);
+	fx_nvmf_waits_fini(&q->waits);
 	fx_reqs_fini(&q->t);
 	free(q);
 }
@@ -843,9 +823,7 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		goto fail;
 	}
 	q->conns = calloc(q->nconns, sizeof(*q->conns));
-	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
-	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
-	if (!q->conns || !q->queued_at || !q->fails_at) {
+	if (!q->conns || fx_nvmf_waits_init(&q->waits, q->t.nslots) < 0) {
 		ret = -ENOMEM;
 		goto fail;
 	}

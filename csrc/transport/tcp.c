@@ -204,11 +204,7 @@ struct tcp_queue {
 	int cx_busy;        /* an attempt is out (a conn is CONNECTING) */
 	int wake_armed;     /* the poll on cx.wake_fd is in the ring */
 	int starved;        /* requests wait for a connection */
-	uint32_t cx_fails;  /* failed attempts so far (monotonic) */
-	int64_t disc_at;    /* when requests began waiting for a connection; 0: not */
-	uint32_t disc_fails; /* cx_fails then */
-	int64_t *queued_at;   /* per request slot: when it was submitted */
-	uint32_t *fails_at;   /* per request slot: cx_fails then */
+	struct fx_nvmf_waits waits; /* requests waiting for a connection */
 };
 
 #define now_ms fx_now_ms
@@ -802,7 +798,7 @@ static void conn_adopt(struct conn *c, const struct fx_nvmf_conn *nc,
 	c->fails = 0;
 	c->state = CONN_LIVE;
 	c->err = 0;
-	q->disc_at = 0;
+	fx_nvmf_waits_connected(&q->waits);
 	rx_expect_header(c);
 	arm_recv(c);
 }
@@ -814,7 +810,7 @@ static void conn_connect_failed(struct conn *c, int err)
 	c->state = CONN_DOWN;
 	c->err = err;
 	c->retry_at = now_ms() + q->dev->nd.reconnect_ms;
-	q->cx_fails++;
+	fx_nvmf_waits_attempt_failed(&q->waits);
 	if (c->fails++ == 0 && err != -ECANCELED)
 		fprintf(stderr,
 		        "fx100io: nvme+tcp %s:%s: connection %u %s: connect failed (%s); retrying "
@@ -906,21 +902,7 @@ static struct conn *pick_conn(struct tcp_queue *q, int *err)
  */
 static int wait_for_conn(struct tcp_queue *q, uint32_t ri, int err)
 {
-	struct fx_nvmf_dev *d = &q->dev->nd;
-	int64_t now = now_ms();
-
-	if (!q->disc_at) {
-		q->disc_at = now;
-		q->disc_fails = q->cx_fails;
-	}
-	int64_t since = q->queued_at[ri] > q->disc_at ? q->queued_at[ri] : q->disc_at;
-	uint32_t base = q->fails_at[ri] - q->disc_fails < (1u << 31) ? q->fails_at[ri]
-	                                                             : q->disc_fails;
-	if (q->cx_fails - base >= (uint32_t)d->max_reconnects)
-		return err;
-	if (now - since >= d->io_timeout_ms)
-		return -ETIMEDOUT;
-	return 0;
+	return fx_nvmf_waits_check(&q->waits, &q->dev->nd, ri, err, now_ms());
 }
 
 static void arm_tick(struct tcp_queue *q)
@@ -1162,8 +1144,7 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	int64_t now = now_ms();
 	for (uint32_t i = before; i < q->t.nfifo; i++) {
 		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
-		q->queued_at[ri] = now;
-		q->fails_at[ri] = q->cx_fails;
+		fx_nvmf_waits_stamp(&q->waits, ri, now);
 	}
 	issue(q);
 	resume(q);
@@ -1239,8 +1220,7 @@ static void tq_destroy(struct fx_queue *base)
 	free(q->conns);
 	/* after the ring: its poll on wake_fd is gone with it */
 	fx_nvmf_cx_fini(&q->cx);
-	free(q->queued_at);
-	free(q->fails_at);
+	fx_nvmf_waits_fini(&q->waits);
 	fx_reqs_fini(&q->t);
 	free(q);
 }
@@ -1264,9 +1244,7 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		return ret;
 	}
 	q->conns = calloc(q->nconns, sizeof(*q->conns));
-	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
-	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
-	if (!q->conns || !q->queued_at || !q->fails_at) {
+	if (!q->conns || fx_nvmf_waits_init(&q->waits, q->t.nslots) < 0) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -1330,8 +1308,7 @@ fail:
 		}
 		free(q->conns);
 	}
-	free(q->queued_at);
-	free(q->fails_at);
+	fx_nvmf_waits_fini(&q->waits);
 	fx_reqs_fini(&q->t);
 	free(q);
 	return ret;

@@ -331,9 +331,7 @@ static void h_setup(uint8_t cfg)
 	 * connector yet.  A request that finds the connection down fails at
 	 * once (max_reconnects 0); the attempt it starts fails at once too
 	 * (no address), on a connector thread that h_teardown joins. */
-	q->queued_at = calloc(q->t.nslots, sizeof(*q->queued_at));
-	q->fails_at = calloc(q->t.nslots, sizeof(*q->fails_at));
-	H_CHECK(q->queued_at && q->fails_at);
+	H_CHECK(fx_nvmf_waits_init(&q->waits, q->t.nslots) == 0);
 	pthread_mutex_init(&H.d.nd.open_lock, NULL);
 	H.d.nd.max_reconnects = 0;
 
@@ -411,8 +409,7 @@ static void h_teardown(void)
 
 	fx_nvmf_cx_fini(&q->cx);
 	pthread_mutex_destroy(&H.d.nd.open_lock);
-	free(q->queued_at);
-	free(q->fails_at);
+	fx_nvmf_waits_fini(&q->waits);
 	free_tx(H.c);
 	free(H.c->cmds);
 	free(H.c->free_cmds);
