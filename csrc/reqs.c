@@ -96,6 +96,46 @@ void fx_req_crc_add(struct req *r, const char *p, uint64_t n)
 	r->crc_raw ^= fx_crc32c_shift(fx_crc32c_raw(0, p, n), r->len - end);
 }
 
+int64_t fx_reqs_fifo_next(struct req_table *t)
+{
+	while (t->nfifo) {
+		uint32_t ri = t->fifo[t->fifo_head];
+		struct req *r = &t->reqs[ri];
+		if (!fx_req_all_issued(r) && !r->err)
+			return ri;
+		t->fifo_head = (t->fifo_head + 1) % t->nslots;
+		t->nfifo--;
+	}
+	return -1;
+}
+
+void fx_reqs_fifo_fail_head(struct req_table *t, int err)
+{
+	uint32_t ri = t->fifo[t->fifo_head];
+	struct req *r = &t->reqs[ri];
+
+	r->err = err;
+	t->fifo_head = (t->fifo_head + 1) % t->nslots;
+	t->nfifo--;
+	if (!r->inflight)
+		fx_req_complete(t, ri);
+}
+
+void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes,
+                       uint16_t status)
+{
+	struct req *r = &t->reqs[ri];
+
+	if (err && !r->err)
+		r->err = err;
+	if (status && !r->status)
+		r->status = status;
+	r->done += bytes;
+	r->inflight--;
+	if (!r->inflight && (fx_req_all_issued(r) || r->err))
+		fx_req_complete(t, ri);
+}
+
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i)
 {
 	t->fifo[(t->fifo_head + t->nfifo) % t->nslots] = i;

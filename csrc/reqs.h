@@ -54,6 +54,26 @@ unsigned fx_reqs_accept(struct req_table *t, const struct fx_req *reqs, unsigned
 
 void fx_reqs_fifo_push(struct req_table *t, uint32_t i);
 
+/* Every byte of r (its one command, for a flush) has gone to a command. */
+static inline int fx_req_all_issued(const struct req *r)
+{
+	return r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
+}
+
+/* The request at the FIFO's head that still has bytes to issue, after
+ * dropping those that have none left or failed; -1 when there is none.
+ * It stays at the head until fully issued or failed. */
+int64_t fx_reqs_fifo_next(struct req_table *t);
+
+/* Fail the head request with err (nothing can carry it): off the FIFO, and
+ * complete at once unless pieces of it are still in flight. */
+void fx_reqs_fifo_fail_head(struct req_table *t, int err);
+
+/* One piece (command) of request ri is over: err/status (first ones win)
+ * and bytes moved; completes the request when it was its last. */
+void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes,
+                       uint16_t status);
+
 /* Add the bytes [p, p+n) of request r (moved, so in the caller's buffer) to
  * its CRC32C; a no-op without FX_REQ_CRC32C. */
 void fx_req_crc_add(struct req *r, const char *p, uint64_t n);

@@ -212,21 +212,6 @@ static void conn_fit_slots(struct rconn *c, uint32_t capsules)
 
 /* -------------------------------------------------------------- requests */
 
-static void req_account(struct rdma_queue *q, uint32_t ri, int err, uint64_t bytes,
-                        uint16_t status)
-{
-	struct req *r = &q->t.reqs[ri];
-
-	if (err && !r->err)
-		r->err = err;
-	if (status && !r->status)
-		r->status = status;
-	r->done += bytes;
-	r->inflight--;
-	int all_issued = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
-	if (!r->inflight && (all_issued || r->err))
-		fx_req_complete(&q->t, ri);
-}
 
 /* A command is over (err 0 and status 0: its data moved): data out of the
  * bounce buffer, the request accounted, the slot free. */
@@ -253,7 +238,7 @@ static void cmd_done(struct rconn *c, struct rcmd *m, int err, uint16_t status)
 	m->bounce = -1;
 	m->busy = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
-	req_account(q, m->req, err, bytes, status);
+	fx_req_piece_done(&q->t, m->req, err, bytes, status);
 }
 
 /* ----------------------------------------------------------- connections */
@@ -486,15 +471,9 @@ static void issue(struct rdma_queue *q)
 	struct req_table *t = &q->t;
 	struct fx_nvmf_dev *d = &q->dev->nd;
 
-	while (t->nfifo) {
-		uint32_t ri = t->fifo[t->fifo_head];
+	for (int64_t next; (next = fx_reqs_fifo_next(t)) >= 0;) {
+		uint32_t ri = (uint32_t)next;
 		struct req *r = &t->reqs[ri];
-		int done_issuing = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
-		if (done_issuing || r->err) {
-			t->fifo_head = (t->fifo_head + 1) % t->nslots;
-			t->nfifo--;
-			continue;
-		}
 		int err, waiting = 0;
 		struct rconn *c = pick_conn(q, &err);
 		if (!c && err) {
@@ -503,11 +482,7 @@ static void issue(struct rdma_queue *q)
 		}
 		if (!c) {
 			if (err) {
-				r->err = err;
-				t->fifo_head = (t->fifo_head + 1) % t->nslots;
-				t->nfifo--;
-				if (!r->inflight)
-					fx_req_complete(t, ri);
+				fx_reqs_fifo_fail_head(t, err);
 				continue;
 			}
 			q->starved = waiting;

@@ -276,8 +276,6 @@ static void free_tx(struct conn *c)
 	c->tx_tail = NULL;
 }
 
-static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t bytes,
-                        uint16_t status);
 static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status);
 
 /* Take a connection down: in-flight I/O finishes (shutdown makes the
@@ -306,7 +304,7 @@ static void conn_finish_drain(struct conn *c)
 			continue;
 		m->busy = 0;
 		c->free_cmds[c->nfree++] = i;
-		req_account(q, m->req, c->err, 0, 0);
+		fx_req_piece_done(&q->t, m->req, c->err, 0, 0);
 	}
 	free_tx(c);
 	fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
@@ -557,7 +555,7 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 	fx_req_crc_add(&c->q->t.reqs[ri], m->data, bytes);
 	m->busy = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
-	req_account(c->q, ri, err, bytes, status);
+	fx_req_piece_done(&c->q->t, ri, err, bytes, status);
 }
 
 /* A PDU for command m broke tcp_pdu.c's rules: say which and why; the
@@ -747,20 +745,6 @@ static void on_recv(struct conn *c, int res)
 
 /* -------------------------------------------------------------- requests */
 
-static void req_account(struct tcp_queue *q, uint32_t ri, int err, uint64_t bytes,
-                        uint16_t status)
-{
-	struct req *r = &q->t.reqs[ri];
-	if (err && !r->err)
-		r->err = err;
-	if (status && !r->status)
-		r->status = status;
-	r->done += bytes;
-	r->inflight--;
-	int all_issued = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
-	if (!r->inflight && (all_issued || r->err))
-		fx_req_complete(&q->t, ri);
-}
 
 static void arm_wake(struct tcp_queue *q)
 {
@@ -925,15 +909,9 @@ static void issue(struct tcp_queue *q)
 	struct req_table *t = &q->t;
 	struct tcp_dev *d = q->dev;
 
-	while (t->nfifo) {
-		uint32_t ri = t->fifo[t->fifo_head];
+	for (int64_t next; (next = fx_reqs_fifo_next(t)) >= 0;) {
+		uint32_t ri = (uint32_t)next;
 		struct req *r = &t->reqs[ri];
-		int done_issuing = r->op == FX_OP_FLUSH ? r->issued != 0 : r->issued >= r->len;
-		if (done_issuing || r->err) {
-			t->fifo_head = (t->fifo_head + 1) % t->nslots;
-			t->nfifo--;
-			continue;
-		}
 		int err, waiting = 0;
 		struct conn *c = pick_conn(q, &err);
 		if (!c && err) {
@@ -943,11 +921,7 @@ static void issue(struct tcp_queue *q)
 		if (!c) {
 			if (err) {
 				/* Nothing can carry it, per the policy: fail with why. */
-				r->err = err;
-				t->fifo_head = (t->fifo_head + 1) % t->nslots;
-				t->nfifo--;
-				if (!r->inflight)
-					fx_req_complete(t, ri);
+				fx_reqs_fifo_fail_head(t, err);
 				continue;
 			}
 			/* connections busy, or reconnecting: wait */
