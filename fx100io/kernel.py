@@ -47,6 +47,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -186,10 +187,13 @@ def _split_query(uri: str) -> tuple[str, dict[str, str], dict[str, str]]:
     given: dict[str, str] = {}
     secrets: dict[str, str] = {}
     kept: builtins.list[tuple[str, str]] = []
+    # a secret is base64: its "+" is a plus, never a form-encoded space (nvme gen-dhchap-key's
+    # output pasted into a URI as it is)
+    literal = dict(parse_qsl(parts.query.replace("+", "%2B"), keep_blank_values=True))
     for k, v in parse_qsl(parts.query, keep_blank_values=True):
         given[k] = v
         if k in SECRET_KEYS:
-            secrets[k] = _check_secret(k, v, uri)
+            secrets[k] = _check_secret(k, literal[k], uri)
         elif k not in USERSPACE_ONLY:
             kept.append((k, v))
     return urlunsplit(parts._replace(query=urlencode(kept, safe=":@/"))), given, secrets
@@ -407,14 +411,16 @@ def _namespaces_of(name: str) -> dict[int, str]:
         dev = DEVDIR / block
         if _read(SYSFS / "block" / block / "size") in ("", "0"):
             continue
-        try:
-            import stat
-            if not stat.S_ISBLK(os.stat(dev).st_mode):
-                continue
-        except OSError:
-            continue
-        out[nsid] = str(dev)
+        if _is_block_device(dev):
+            out[nsid] = str(dev)
     return out
+
+
+def _is_block_device(path: Path) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def controllers(*, all_transports: bool = False) -> builtins.list[Controller]:
@@ -561,8 +567,11 @@ class _KernelLog:
                 break
             if not rec:
                 break
-            text = rec.decode(errors="replace")
-            lines.append(text.split(";", 1)[-1].split("\n", 1)[0])
+            # a record is "prio,seq,usec,flags;message\n" and continuation lines that start
+            # with a space (key=value pairs)
+            for line in rec.decode(errors="replace").splitlines():
+                if line and not line.startswith(" "):
+                    lines.append(line.split(";", 1)[-1])
         return "\n".join(lines)
 
     def close(self) -> None:
