@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -115,6 +116,7 @@ class Target:
     nsid: int = 1
     options: tuple[tuple[str, str], ...] = ()  # (nvme-cli option, value or "") in order
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    hostid_given: bool = True  # False: the default, which may yield to the kernel's (in_use_hostid)
 
     def argv(self, nvme: str = NVME_CLI) -> builtins.list[str]:
         """``nvme connect`` without secrets (they go in a config file)."""
@@ -259,7 +261,24 @@ def target_of(uri: str, **opts: Any) -> Target:
             fabric_uri._text(k, str(v), fabric_uri.HOST_MAX, redact(uri))
             options.append((opt, str(v)))
     return Target(transport, p["host"], p["port"], p["subnqn"], hostnqn, hostid,
-                  int(p.get("nsid", "1")), tuple(options), secrets)
+                  int(p.get("nsid", "1")), tuple(options), secrets, "hostid" in given)
+
+
+def in_use_hostid(hostnqn: str) -> str | None:
+    """The host ID the kernel's controllers of host NQN hostnqn carry, if any: Linux 6.12
+    refuses a connect with a known host NQN and another host ID ("found same hostnqn ... but
+    different hostid", EINVAL), so a default host ID yields to the one in use."""
+    for c in controllers():
+        if c.hostnqn == hostnqn and c.hostid:
+            return c.hostid
+    return None
+
+
+def _settle_hostid(t: Target) -> Target:
+    if t.hostid_given:
+        return t
+    hid = in_use_hostid(t.hostnqn)
+    return dataclasses.replace(t, hostid=hid) if hid and hid != t.hostid else t
 
 
 # ------------------------------------------------------------------ sysfs
@@ -587,15 +606,29 @@ def classify_connect_failure(t: Target, stderr: str, kmsg: str, module_loaded: b
     said = " ".join(stderr.split())
     mine = "\n".join(line for line in kmsg.splitlines()
                      if t.subnqn in line or t.hostnqn in line or "nvme nvme" in line
-                     or "no handler found" in line or "auth" in line.lower())
+                     or "no handler found" in line or "auth" in line.lower()
+                     or "nvme_fabrics" in line)
     low = mine.lower()
     if "is not allowed" in mine or "not allowed" in low and t.hostnqn in mine:
         e: Fx100ioError = DevicePermissionError(
             errno.EACCES, f"the target does not allow host {t.hostnqn} on this subsystem", where)
-    elif "authentication" in low or "dhchap" in low or "auth" in said.lower():
+    elif "required key not available" in said.lower() or ": no key" in low:
+        e = DevicePermissionError(errno.EACCES, f"the target requires DH-HMAC-CHAP "
+                                  f"authentication of host {t.hostnqn} and no secret was given "
+                                  "(dhchap_secret)", where)
+    elif "controller authentication failed" in low:
+        e = DevicePermissionError(errno.EACCES, "the controller failed DH-HMAC-CHAP "
+                                  "authentication: its reply does not match dhchap_ctrl_secret",
+                                  where)
+    elif "authentication" in low or "key was rejected" in said.lower():
         e = DevicePermissionError(errno.EACCES, "DH-HMAC-CHAP authentication with the target "
-                                  f"failed for host {t.hostnqn} (kernel: "
-                                  f"{_last_line(mine, 'auth')})", where)
+                                  f"failed for host {t.hostnqn} (wrong dhchap_secret?; kernel: "
+                                  f"{_last_line(mine, 'auth') or said})", where)
+    elif "but different hostid" in mine:
+        e = InvalidArgumentError(errno.EINVAL, f"the kernel already knows host {t.hostnqn} with "
+                                 f"another host ID than {t.hostid} (kernel: "
+                                 f"{_last_line(mine, 'different hostid')}); give that hostid, "
+                                 "or leave hostid out to use it", where)
     elif "invalid data parameter" in low and "subsysnqn" in low or "invalid subsystem" in low:
         e = DeviceNotFoundError(errno.ENOENT, f"the target has no subsystem {t.subnqn} (or not "
                                 "on this port)", where)
@@ -710,6 +743,7 @@ def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = D
 def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Controller:
     nvme = _nvme_cli()
     _check_kernel(t.transport)
+    t = _settle_hostid(t)
     module_loaded = _module_loaded(t.transport)
     before = {c.name for c in controllers()}
     klog = _KernelLog()
@@ -800,7 +834,8 @@ def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> builtins.list[dic
     dnqn, did = default_host_identity()
     hostnqn = fabric_uri._text("the host NQN", q["hostnqn"], fabric_uri.NQN_MAX, uri) \
         if "hostnqn" in q else dnqn
-    hostid = _uuid_form(fabric_uri._hostid(q["hostid"], uri)) if "hostid" in q else did
+    hostid = _uuid_form(fabric_uri._hostid(q["hostid"], uri)) if "hostid" in q else \
+        in_use_hostid(hostnqn) or did
     transport = fabric_uri.SCHEMES[scheme]
     nvme = _nvme_cli()
     _check_kernel(transport)

@@ -281,13 +281,51 @@ def test_connect_failures_map_to_clear_errors(fake_nvme, name, dmesg, uri, exc, 
     assert kernel.list() == []
 
 
-def test_authentication_failure_is_a_permission_error(fake_nvme):
-    # 6.12's initiator logs "qid 0: authentication failed" (6.1 has no authentication)
-    fake_nvme.play(connect={"stderr": cap("connect-no-subsys.err"), "rc": 1,
-                            "kmsg": ["nvme nvme3: qid 0: authentication failed"]})
-    with pytest.raises(errors.DevicePermissionError, match="authentication .* failed") as ei:
-        kernel.connect(f"{URI}&dhchap_secret={SECRET}")
-    assert SECRET not in str(ei.value)
+AUTH = "nqn.2026-11.io.fx100:lab-auth"
+AUTH_URI = f"nvme+tcp://10.88.0.2/{AUTH}?hostnqn=nqn.2026-11.io.fx100:lab-auth-host"
+
+
+@pytest.mark.parametrize("name,uri,match", [
+    # captured on 6.12 (the 6.1 lab kernel has no authentication)
+    ("connect-auth-wrong", f"{AUTH_URI}&dhchap_secret={SECRET}", "authentication with the target failed"),
+    ("connect-auth-rdma-wrong", f"{AUTH_URI}&dhchap_secret={SECRET}".replace("tcp://10.88.0.2/", "rdma://10.88.0.2:4421/"),
+     "authentication with the target failed"),
+    ("connect-auth-none", AUTH_URI, "requires DH-HMAC-CHAP authentication .* no secret was given"),
+    ("connect-auth-bidir-wrong-ctrl",
+     f"nvme+tcp://10.88.0.2/{AUTH}?hostnqn=nqn.2026-11.io.fx100:lab-auth-bidir"
+     f"&dhchap_secret={SECRET}&dhchap_ctrl_secret={CTRL_SECRET}",
+     "controller failed DH-HMAC-CHAP authentication"),
+])
+@pytest.mark.parametrize("with_kmsg", [True, False])
+def test_authentication_failures_are_permission_errors(fake_nvme, name, uri, match, with_kmsg):
+    dmesg = f"6.12/dmesg-{name.removeprefix('connect-')}.txt" if with_kmsg else None
+    fake_nvme.play(**failing(f"6.12/{name}", dmesg))
+    if not with_kmsg and "bidir" in name:
+        match = "authentication with the target failed"  # nvme-cli's words alone
+    with pytest.raises(errors.DevicePermissionError, match=match) as ei:
+        kernel.connect(uri)
+    assert SECRET not in str(ei.value) and CTRL_SECRET not in str(ei.value)
+    assert kernel.list() == []
+
+
+def test_a_host_nqn_the_kernel_knows_keeps_its_host_id(fake_nvme, fake_sys):
+    """6.12 refuses a known host NQN with another host ID (captured: 6.12/dmesg-no-subsys.txt):
+    a default host ID yields to the one in use; a given one that differs is a clear error."""
+    sysfs, _ = fake_sys
+    d = sysfs / "class" / "nvme" / "nvme4"
+    d.mkdir()
+    for k, v in {**NVME3, "hostid": HID, "subsysnqn": NV}.items():
+        (d / k).write_text(v)
+    fake_nvme.play(**failing("6.12/connect-no-subsys", "6.12/dmesg-no-subsys.txt"))
+    with pytest.raises(errors.InvalidArgumentError, match="already knows host .* another host ID"):
+        kernel.connect(f"nvme+tcp://10.88.0.2/{RAM}?hostnqn={HOST}&hostid=d60d019b-fe7d-4aa0-81f6-783e65f548a9")
+    assert fake_nvme.calls()[-1]["argv"][12] == "d60d019b-fe7d-4aa0-81f6-783e65f548a9"
+    with pytest.raises(errors.InvalidArgumentError):
+        kernel.connect(f"nvme+tcp://10.88.0.2/{RAM}?hostnqn={HOST}")
+    assert fake_nvme.calls()[-1]["argv"][11:13] == ["--hostid", HID]  # the one in use
+    fake_nvme.play(discover={"stdout": cap("discover-tcp.out")})
+    kernel.discover(f"nvme+tcp://10.88.0.2?hostnqn={HOST}")
+    assert fake_nvme.calls()[-1]["argv"][-3:] == ["--hostid", HID, "--output-format=json"]
 
 
 def test_a_failed_connect_leaves_no_controller_behind(fake_nvme):

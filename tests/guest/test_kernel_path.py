@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -225,30 +226,64 @@ def test_a_secret_on_a_kernel_without_authentication_is_refused(lab):
     assert attached(nqn) == []
 
 
-def test_authentication_against_nvmet(lab):
-    """With a kernel that has DH-HMAC-CHAP on both sides: a host key on nvmet's host entry,
-    the right secret attaches, a wrong one is a DevicePermissionError, nothing left behind."""
+def _auth_lab(lab):
     if not _target_has_auth():
-        pytest.skip("the lab kernel's nvmet has no in-band authentication (CONFIG_NVME_TARGET_AUTH"
-                    " off, as in Debian's 6.1)")
-    host = "nqn.2026-11.io.fx100:kernel-auth-host"
-    sub = lab.subsystem("lab-nvme")
-    hdir, link = NVMET / "hosts" / host, NVMET / "subsystems" / sub.nqn / "allowed_hosts" / host
-    hdir.mkdir()
+        pytest.skip("the lab kernel has no NVMe in-band authentication (Debian's 6.1: "
+                    "CONFIG_NVME_AUTH and CONFIG_NVME_TARGET_AUTH off)")
     try:
-        (hdir / "dhchap_key").write_text(SECRET)
-        link.symlink_to(hdir)
-        with kernel.connect(uri(lab, "tcp", "lab-nvme", hostnqn=host, dhchap_secret=SECRET)) as c:
-            assert Path(f"/sys/class/nvme/{c.name}/dhchap_secret").read_text().strip() == SECRET
-            assert c.namespaces
+        return lab.subsystem("lab-auth")
+    except (KeyError, LookupError):
+        pytest.skip("the lab has no lab-auth subsystem")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rdma"])
+def test_authenticated_connect_and_a_wrong_secret(lab, transport):
+    """DH-HMAC-CHAP against nvmet's lab-auth subsystem through the kernel: the right host
+    secret attaches (the kernel holds it), a wrong one and none at all are
+    DevicePermissionErrors, bidirectional authentication with the controller's key works and
+    a wrong controller key fails; nothing is left attached."""
+    sub = _auth_lab(lab)
+    (host, hk), (bidir, bk) = sorted(sub.host_keys.items(), key=lambda kv: bool(kv[1].ctrl_key))
+    assert not hk.ctrl_key and bk.ctrl_key
+
+    def auri(hostnqn, **q):
+        port = lab.rdma_port if transport == "rdma" else lab.port
+        query = "&".join(f"{k}={quote(v, safe=':')}" for k, v in {"hostnqn": hostnqn, **q}.items())
+        return f"nvme+{transport}://{lab.host}:{port}/{sub.nqn}?{query}"
+
+    with kernel.connect(auri(host, dhchap_secret=hk.key)) as c:
+        assert Path(f"/sys/class/nvme/{c.name}/dhchap_secret").read_text().strip() == hk.key
+        (path,) = c.namespaces
+        assert int(Path(f"/sys/block/{os.path.basename(path)}/size").read_text()) * 512 == \
+            sub.namespaces[0].size_bytes
+    assert attached(sub.nqn) == []
+    with kernel.connect(auri(bidir, dhchap_secret=bk.key, dhchap_ctrl_secret=bk.ctrl_key)) as c:
+        assert Path(f"/sys/class/nvme/{c.name}/dhchap_ctrl_secret").read_text().strip() == \
+            bk.ctrl_key
+        assert c.namespaces
+    assert attached(sub.nqn) == []
+    wrong = OTHER if hk.key != OTHER else SECRET
+    for u in (auri(host, dhchap_secret=wrong), auri(bidir, dhchap_secret=bk.key,
+                                                   dhchap_ctrl_secret=hk.key)):
+        with pytest.raises(errors.DevicePermissionError, match="authentication") as ei:
+            kernel.connect(u)
+        assert wrong not in str(ei.value) and bk.key not in str(ei.value)
         assert attached(sub.nqn) == []
-        for transport in ("tcp", "rdma"):
-            with pytest.raises(errors.DevicePermissionError) as ei:
-                kernel.connect(uri(lab, transport, "lab-nvme", hostnqn=host, dhchap_secret=OTHER))
-            assert OTHER not in str(ei.value)
-            assert attached(sub.nqn) == []
-    finally:
-        if link.is_symlink():
-            link.unlink()
-        if hdir.exists():
-            hdir.rmdir()
+    with pytest.raises(errors.DevicePermissionError) as ei:
+        kernel.connect(auri(host))
+    print("no secret:", ei.value)
+    assert attached(sub.nqn) == []
+
+
+def test_chunkstore_on_an_authenticated_kernel_attachment(lab):
+    sub = _auth_lab(lab)
+    host, hk = next((h, k) for h, k in sub.host_keys.items() if not k.ctrl_key)
+    u = (f"nvme+tcp://{lab.host}:{lab.port}/{sub.nqn}?hostnqn={host}&dhchap_secret={hk.key}")
+    data = chunk_bytes("auth-kernel", 1 * MiB)
+    with fx100io.ChunkStore(u, create=True, path="kernel") as st:
+        assert "***" in st._members[0].dev.uri and hk.key not in repr(st)
+        st.batch_put_blocking(["k"], [data])
+    with fx100io.ChunkStore(u, path="kernel") as st:
+        out = np.zeros_like(data)
+        assert st.batch_get_blocking(["k"], [out]) == [True] and np.array_equal(out, data)
+    assert attached(sub.nqn) == []

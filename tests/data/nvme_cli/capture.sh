@@ -98,4 +98,35 @@ run disconnect-none nvme disconnect -n $NV
 run disconnect-d-none nvme disconnect -d nvme99
 run list-after nvme list -o json
 ls /sys/class/nvme-subsystem/ >"$out/subsys-after.ls"
+# DH-HMAC-CHAP (a kernel with NVMe in-band authentication and the lab's lab-auth subsystem)
+AUTH=nqn.2026-11.io.fx100:lab-auth
+AH=nqn.2026-11.io.fx100:lab-auth-host
+AB=nqn.2026-11.io.fx100:lab-auth-bidir
+AKEY=DHHC-1:00:Fk5BrphAEh+AKiyiFKyx9mEPahMAssuR+Alaq7JthZkNeG2K:
+BKEY=DHHC-1:01:Fk5BrphAEh+AKiyiFKyx9mEPahMAssuR+Alaq7JthZkNeG2K:
+BCKEY=DHHC-1:02:dnmXMOwPD0655WZ10LuG+9oL0hfAtdfRj5Qm1NlyhBYHAgmvaDWRKYgfU0YLNXEU1ikU7g==:
+WRONG=DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:
+if [ -d /sys/kernel/config/nvmet/subsystems/$AUTH ]; then
+  dmesg -c >/dev/null 2>&1
+  run connect-auth-ok nvme connect -t tcp -a $A -s 4420 -n $AUTH -q $AH -S $AKEY -o json
+  n=$(sed -n 's/.*"device" *: *"\(nvme[0-9]*\)".*/\1/p' "$out/connect-auth-ok.out")
+  mkdir -p "$out/sys/class/nvme-auth/$n"
+  ls /sys/class/nvme/$n >"$out/sys/class/nvme-auth/$n.ls"
+  for f in dhchap_secret dhchap_ctrl_secret state; do
+    [ -e /sys/class/nvme/$n/$f ] && cat /sys/class/nvme/$n/$f >"$out/sys/class/nvme-auth/$n/$f"
+  done
+  nvme disconnect -d $n >/dev/null
+  dmesg >"$out/dmesg-auth-ok.txt" 2>&1; dmesg -c >/dev/null 2>&1
+  run connect-auth-wrong nvme connect -t tcp -a $A -s 4420 -n $AUTH -q $AH -S $WRONG -o json
+  dmesg >"$out/dmesg-auth-wrong.txt" 2>&1; dmesg -c >/dev/null 2>&1
+  run connect-auth-none nvme connect -t tcp -a $A -s 4420 -n $AUTH -q $AH -o json
+  dmesg >"$out/dmesg-auth-none.txt" 2>&1; dmesg -c >/dev/null 2>&1
+  run connect-auth-rdma-wrong nvme connect -t rdma -a $A -s 4421 -n $AUTH -q $AH -S $WRONG -o json
+  dmesg >"$out/dmesg-auth-rdma-wrong.txt" 2>&1; dmesg -c >/dev/null 2>&1
+  run connect-auth-bidir-wrong-ctrl nvme connect -t tcp -a $A -s 4420 -n $AUTH -q $AB -S $BKEY -C $AKEY -o json
+  dmesg >"$out/dmesg-auth-bidir-wrong-ctrl.txt" 2>&1; dmesg -c >/dev/null 2>&1
+  run connect-auth-bidir nvme connect -t tcp -a $A -s 4420 -n $AUTH -q $AB -S $BKEY -C $BCKEY -o json
+  run disconnect-auth nvme disconnect -n $AUTH
+  ls /sys/class/nvme >"$out/after-auth.ls"
+fi
 echo done >"$out/done"
