@@ -265,8 +265,11 @@ def test_authenticated_connect_and_a_wrong_secret(lab, transport):
     wrong = OTHER if hk.key != OTHER else SECRET
     for u in (auri(host, dhchap_secret=wrong), auri(bidir, dhchap_secret=bk.key,
                                                    dhchap_ctrl_secret=hk.key)):
-        with pytest.raises(errors.DevicePermissionError, match="authentication") as ei:
-            kernel.connect(u)
+        try:
+            with pytest.raises(errors.DevicePermissionError, match="authentication") as ei:
+                kernel.connect(u)
+        finally:
+            print(subprocess.run(["dmesg"], capture_output=True, text=True).stdout[-3000:])
         assert wrong not in str(ei.value) and bk.key not in str(ei.value)
         assert attached(sub.nqn) == []
     with pytest.raises(errors.DevicePermissionError) as ei:
