@@ -93,7 +93,11 @@ KERNEL_ONLY = {"ctrl_loss_tmo": ("--ctrl-loss-tmo", int), "reconnect_delay": ("-
                "duplicate_connect": ("--duplicate-connect", bool)}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 TRANSPORT_MODULES = {"tcp": "nvme-tcp", "rdma": "nvme-rdma"}
-DEFAULT_TIMEOUT = 60.0  # seconds for one nvme-cli call
+# seconds for one nvme-cli call: past the kernel's own admin command timeout (nvme_core's
+# admin_timeout, 60 s), which a connect can sit out (seen once in the lab: an RDMA connect with
+# a wrong secret under heavy load); killing nvme-cli earlier could leave a controller that the
+# kernel finishes making after the cleanup looked
+DEFAULT_TIMEOUT = 120.0
 DEFAULT_NS_TIMEOUT = 30.0  # seconds for namespaces to show up as block devices
 
 _SECRET_RE = re.compile(r"DHHC-1:0[0-3]:[A-Za-z0-9+/]{44,}={0,2}:")
