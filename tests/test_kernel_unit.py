@@ -457,3 +457,21 @@ def test_lmcache_plugin_path_key():
     assert opts(path="kernel").path == "kernel" and "path=kernel" in opts(path=" Kernel").describe()
     with pytest.raises(PluginConfigError, match="path: expected one of \\['user', 'kernel'\\]"):
         opts(path="spdk")
+
+
+def test_a_store_names_its_kernel_device_without_the_secret(tmp_path, monkeypatch):
+    """ChunkStore's messages use the device's URI, which the kernel path redacts."""
+    f = tmp_path / "ns.img"
+    f.write_bytes(b"\x5a" * (8 << 20))  # not a store
+    uri = f"nvme+tcp://10.0.0.5/{RAM}?dhchap_secret={SECRET}"
+
+    class FakeAttachment:
+        path = str(f)
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(kernel, "attach", lambda u: FakeAttachment())
+    with pytest.raises(errors.NotAStoreError) as ei:
+        fx100io.ChunkStore(uri, path="kernel")
+    assert SECRET not in str(ei.value) and "dhchap_secret=***" in str(ei.value)
