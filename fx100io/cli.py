@@ -11,6 +11,7 @@ commands:
   bench    fio-like microbenchmark (fio's options, job files and output formats)
   target   serve files and block devices as an NVMe/TCP target
   rdma-devices  list RDMA devices and ports (state, MTU, GIDs, netdev) through pyverbs
+  shared-rebuild  re-derive a shared pool's Redis index from its namespaces
 
 `fx100io <command> --help` for a command's options."""
 
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "rdma-devices":
             from fx100io.rdma_devices import main as rdma_devices
             return rdma_devices(rest)
+        if cmd == "shared-rebuild":
+            from fx100io.shared.rebuild import main as shared_rebuild
+            return shared_rebuild(rest)
     except OSError as e:  # fx100io errors are OSErrors with a clear message
         print(f"fx100io {cmd}: {e}", file=sys.stderr)
         return 1
