@@ -11,8 +11,10 @@ reported as {"wrong": ...}), {"op": "exists"|"delete"|"stats"|"quit"},
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
+import signal
 import sys
 import time
 import traceback
@@ -47,6 +49,7 @@ def check_value(key: str, buf: np.ndarray) -> str:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # a test that waits too long asks where we are
     sys.path.insert(0, ".")
     import fx100io
     from fx100io.shared import SharedChunkStore

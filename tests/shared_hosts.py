@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from conftest import REPO
@@ -20,16 +21,27 @@ class Host:
             [sys.executable, str(REPO / "tests" / "shared_host.py"), ",".join(uris), index,
              json.dumps(opts)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             cwd=str(REPO), env=env)
+        self._buf = b""
         assert self.read(60).get("ready"), "host did not start"
 
     def read(self, timeout: float = 60) -> dict:
+        """The host's next reply line.  Lines are split here, from raw
+        reads: a buffered reader would hide lines already read from select."""
         assert self.proc.stdout is not None
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not r:
-            raise AssertionError(f"host {self.proc.pid} did not answer in {timeout} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"host {self.proc.pid} exited rc={self.proc.wait()}")
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not r:
+                if self.proc.poll() is None:
+                    os.kill(self.proc.pid, signal.SIGUSR1)  # its stacks, on stderr
+                    time.sleep(1)
+                raise AssertionError(f"host {self.proc.pid} did not answer in {timeout} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"host {self.proc.pid} exited rc={self.proc.wait()}")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
 
     def send(self, **cmd: Any) -> None:
