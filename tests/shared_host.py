@@ -5,7 +5,8 @@ chunk it reads itself: right bytes, or a miss, never anything else.
 
 Commands: {"op": "put", "keys": [...], "tag": t, "size": n},
 {"op": "get", "keys": [...]} -> {"found": [tag | null]} (a wrong value is
-reported as {"wrong": ...}), {"op": "exists"|"delete"|"stats"|"quit"},
+reported as {"wrong": ...}), {"op": "exists"|"delete"|"stats"|"quit"}, {"op": "open", "uris": [...],
+"index": url, "opts": {...}} (another pool; a host started with "" has none),
 {"op": "put_loop", ...}: put batches forever, printing each before and after.
 """
 
@@ -54,7 +55,7 @@ def main() -> None:
     import fx100io
     from fx100io.shared import SharedChunkStore
     uris, index, opts = sys.argv[1].split(","), sys.argv[2], json.loads(sys.argv[3])
-    st = SharedChunkStore(uris, index, **opts)
+    st = SharedChunkStore(uris, index, **opts) if uris != [""] else None
     buf = np.zeros(MAX, np.uint8)
 
     def reply(**kw: object) -> None:
@@ -68,7 +69,12 @@ def main() -> None:
         try:
             if op == "quit":
                 break
-            if op == "put":
+            if op == "open":  # another pool, for the next example of a model test
+                if st is not None:
+                    st.close()
+                st = SharedChunkStore(cmd["uris"], cmd["index"], **cmd["opts"])
+                reply(ok=True)
+            elif op == "put":
                 st.batch_put_blocking(cmd["keys"], [make_value(k, cmd["tag"], cmd["size"])
                                                     for k in cmd["keys"]])
                 reply(ok=True)
@@ -95,7 +101,8 @@ def main() -> None:
             reply(err=type(e).__name__, msg=str(e))
         except Exception as e:  # noqa: BLE001
             reply(err=type(e).__name__, msg=traceback.format_exc())
-    st.close()
+    if st is not None:
+        st.close()
 
 
 def put_loop(st: object, cmd: dict, reply: object) -> None:
