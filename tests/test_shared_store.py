@@ -91,6 +91,9 @@ def test_api_in_one_process(tmp_path, redis_server):
             assert await st2.batch_exists(["f", "a"]) == 2
             assert await st2.delete("f")
     asyncio.run(main())
+    with SharedChunkStore(uris, redis_server.url) as st3:
+        # the async gets' pins were dropped after they returned, and before aclose did
+        assert st3.stats()["pins"] == 0
 
 
 def test_chunkstore_refuses_a_shared_namespace_and_back(tmp_path, redis_server):
