@@ -1,5 +1,7 @@
 """fx100io: io_uring and NVMe-oF I/O engine and KV-cache chunk store."""
 
+from typing import Any
+
 from fx100io import errors
 from fx100io.device import Device, open_device
 from fx100io.fabric_uri import discover, host_identity
@@ -10,7 +12,7 @@ __all__ = ["BufferPool", "ChunkStore", "SharedChunkStore", "RegisteredMemory", "
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     # Imported on first use: only the shared pool needs the redis package.
     if name == "SharedChunkStore":
         from fx100io.shared import SharedChunkStore

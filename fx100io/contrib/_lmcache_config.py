@@ -44,6 +44,8 @@ KNOWN_KEYS = frozenset(
         "timeout_s",
         "retry_after_s",
         "register_buffers",
+        "shared_index",
+        "shared_name",
     }
 )
 
@@ -71,6 +73,9 @@ class PluginOptions:
     timeout_s: float
     retry_after_s: float
     register_buffers: bool
+    # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
+    shared_index: str | None = None
+    shared_name: str | None = None
 
     def describe(self) -> str:
         """One log line that says what the plugin was asked to open."""
@@ -81,6 +86,7 @@ class PluginOptions:
             f"capacity={self.capacity} "
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
             f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers}"
+            + (f" shared_index={self.shared_index}" if self.shared_index else "")
         )
 
 
@@ -218,6 +224,15 @@ def file_path(uri: str) -> str | None:
     return None
 
 
+def _parse_shared_index(value: Any, what: str) -> str | None:
+    if value is None or str(value).strip() == "":
+        return None
+    url = str(value).strip()
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise PluginConfigError(f"{what}: expected a redis:// URL, got {value!r}")
+    return url
+
+
 def parse_options(
     storage_plugins: Any,
     extra_config: Mapping[str, Any] | None,
@@ -298,6 +313,8 @@ def parse_options(
             _parse_number(ours.get("retry_after_s"), prefix + "retry_after_s", 10.0, 0.0, False)
         ),
         register_buffers=parse_bool(ours.get("register_buffers"), prefix + "register_buffers", True),
+        shared_index=_parse_shared_index(ours.get("shared_index"), prefix + "shared_index"),
+        shared_name=str(ours["shared_name"]) if ours.get("shared_name") else None,
     )
 
 
@@ -310,7 +327,10 @@ def should_create(options: PluginOptions) -> bool:
     """
     if options.create == "always":
         return True
-    if options.create == "never":
+    if options.create == "never" or options.shared_index:
+        # A shared pool is formatted once, for every host (create: always on one
+        # of them, or SharedChunkStore(..., create=True)): hosts starting at
+        # once must not each format it.
         return False
     paths = [file_path(uri) for uri in options.devices]
     if any(p is None or p.startswith("/dev/") for p in paths):

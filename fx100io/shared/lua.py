@@ -147,6 +147,7 @@ if not meta_ok() then return lost() end
 local now = now_ms()
 reclaim(now)
 local lease_ms = tonumber(ARGV[2])
+local MAX_EVICT = 1024
 local out, taken = {}, {}
 local function undo()
   for _, t in ipairs(taken) do
@@ -171,7 +172,9 @@ for i = 3, #ARGV, 2 do
       if off then break end
     end
     local v = redis.call('ZRANGE', P .. ':at:' .. d, 0, 0)
-    if #v == 0 then break end
+    -- bounded: victims being read go to limbo and free nothing yet, and
+    -- one put must not empty a namespace that readers hold
+    if #v == 0 or evicted >= MAX_EVICT then break end
     drop_key(v[1])
     evicted = evicted + 1
   end
