@@ -480,3 +480,20 @@ def test_loop_devices_and_the_rebuild_command(tmp_path, redis_server):
         import subprocess
         for d in devs:
             subprocess.run(["losetup", "-d", d], check=False)
+
+
+def test_a_put_whose_lease_was_reclaimed_publishes_nothing(tmp_path, redis_server):
+    uris = paths(tmp_path, 1)
+    st = SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
+    idx = st._index
+
+    async def go() -> None:
+        (off, ver), = await idx.alloc(1, [(0, 8192)])
+        await asyncio.sleep(0.02)
+        assert st.stats()["reclaimed_leases"] == 1  # the host was presumed dead
+        (other, _v), = await idx.alloc(30000, [(0, 8192)])
+        assert other == off  # and its extent went to another put
+        assert await idx.publish([(0, off, 8192, ver, b"late", 10, 0)]) == [-1]
+    asyncio.run(go())
+    assert not st.contains("late")
+    st.close()
