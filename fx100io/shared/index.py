@@ -15,11 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-import redis.asyncio as aredis
-from redis.asyncio.retry import Retry as ARetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+try:
+    import redis
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry as ARetry
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as e:  # only the shared pool needs it
+    raise ImportError(f"fx100io.SharedChunkStore needs the redis package (pip install redis): "
+                      f"{e}") from e
 
 from fx100io.errors import DeviceFullError, Fx100ioError, InvalidArgumentError
 from fx100io.shared import lua
