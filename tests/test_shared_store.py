@@ -219,19 +219,19 @@ def test_redis_unreachable_fails_fast_without_blocking_the_loop(tmp_path):
         await asyncio.sleep(0.02)
         t0 = time.monotonic()
         assert await st.batch_get(["kept", "x"], [buf, buf]) == [False, False]
-        assert time.monotonic() - t0 < 0.5 + pause
+        assert time.monotonic() - t0 < 0.5 + pause + 0.2
         t1 = time.monotonic()
         with pytest.raises(IndexUnavailableError):  # at once: not retried yet
             await st.batch_put(["new"], [make_value("new", "1", 5000)])
         assert await st.batch_exists(["kept"]) == 0
         with pytest.raises(ConnectionError):  # the builtin class too
             await st.delete("kept")
-        assert time.monotonic() - t1 < 0.05
+        assert time.monotonic() - t1 < 0.2  # no network wait (0.5 s) in any of the three
         await asyncio.sleep(0.6)  # retry_after: the next call tries again
         t2 = time.monotonic()
         with pytest.raises(IndexUnavailableError):
             await st.batch_put(["new"], [make_value("new", "1", 5000)])
-        assert time.monotonic() - t2 < 0.5 + pause
+        assert time.monotonic() - t2 < 0.5 + pause + 0.2
         await asyncio.sleep(0.02)
         stop = True
         await t
@@ -247,11 +247,13 @@ def test_redis_unreachable_fails_fast_without_blocking_the_loop(tmp_path):
             gaps = np.diff(asyncio.run(outage(0.3)))
         finally:
             os.kill(srv.proc.pid, signal.SIGCONT)
-        assert gaps.max() < 0.1, f"the event loop was blocked for {gaps.max():.3f} s"
+        # a blocked loop would stall for the socket timeout (0.5 s); this
+        # machine's load alone stays under 0.25 s
+        assert gaps.max() < 0.25, f"the event loop was blocked for {gaps.max():.3f} s"
         # 2. Redis is gone (connection refused): calls fail at once
         srv.stop(signal.SIGKILL)
         gaps = np.diff(asyncio.run(outage(0.0)))
-        assert gaps.max() < 0.1, f"the event loop was blocked for {gaps.max():.3f} s"
+        assert gaps.max() < 0.25, f"the event loop was blocked for {gaps.max():.3f} s"
         assert st.stats()["index_state"] == "unavailable"
         srv.start()  # the same port and directory: the AOF brings the index back
         time.sleep(0.6)  # retry_after
