@@ -54,7 +54,10 @@ class RedisServer:
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--appendonly", "yes", "--appendfsync", "always", "--save", "",
              "--protected-mode", "no", "--daemonize", "no", "--logfile", "redis.log"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # under tools/asan_suite.sh: the sanitizers are for our extension,
+            # not for redis-server (whose jemalloc they would fight)
+            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
         deadline = time.time() + timeout
         import redis
         while time.time() < deadline:
