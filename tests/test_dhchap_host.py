@@ -311,3 +311,46 @@ def test_redact():
     assert r("nvme+tcp://h/n?dhcap_secret=DHHC-1:00:xx:") == "nvme+tcp://h/n?dhcap_secret=***"
     assert r("nvme+tcp://h/n") == "nvme+tcp://h/n"
     assert r("/dev/nvme0n1") == "/dev/nvme0n1"
+
+
+def test_discover_takes_secrets(tmp_path):
+    """A discovery controller that does not ask: the secrets are simply not
+    used; one that asks and refuses: the reason, as for a device."""
+    from target_process import serve
+
+    img = tmp_path / "ns.img"
+    img.write_bytes(bytes(1 << 20))
+    nqn = "nqn.2014-08.io.fx100:auth-discover"
+    ctrl = R.format_secret(bytes(range(48)), 2)
+    with serve([str(img)], nqn) as (host, port, _p):
+        entries = fx100io.discover(f"nvme+tcp://{host}:{port}?dhchap_secret={GOOD}"
+                                   f"&dhchap_ctrl_secret={ctrl}")
+    assert nqn in {e["subnqn"] for e in entries}
+    t = AuthTarget(secret())
+    try:
+        wrong = secret()
+        with pytest.raises(errors.DevicePermissionError) as ei:
+            fx100io.discover(f"nvme+tcp://127.0.0.1:{t.port}?dhchap_secret={wrong}")
+        assert "reason 0x01" in str(ei.value) and wrong[10:-1] not in str(ei.value)
+        assert "dhchap_secret=***" in str(ei.value)
+        with pytest.raises(errors.DevicePermissionError, match="give dhchap_secret="):
+            fx100io.discover(f"nvme+tcp://127.0.0.1:{t.port}")
+    finally:
+        t.close()
+    with pytest.raises(errors.InvalidArgumentError, match="URI option dhchap_secret"):
+        fx100io.discover("nvme+tcp://127.0.0.1:1?dhchap_secret=DHHC-1:00:xx:")
+
+
+def test_lmcache_config_keeps_and_hides_secrets():
+    from fx100io.contrib._lmcache_config import parse_options
+
+    key = next(k for k in (R.format_secret(os.urandom(48), 2) for _ in range(1000))
+               if "+" in k and "/" in k)
+    pre = "storage_plugin.fx100io."
+    o = parse_options(["fx100io"], {
+        pre + "module_path": "fx100io.contrib.lmcache", pre + "class_name": "FX100ioBackend",
+        pre + "devices": f"nvme+tcp://10.0.0.2:4420/nqn.x?dhchap_secret={key}",
+        pre + "host_nqn": "nqn.2014-08.io.fx100:h"}, "FX100ioBackend")
+    # the host NQN is added, and the secret reaches C as it was written
+    assert fabric_uri.to_transport(o.devices[0])[1] == f"dhchap_secret={key}"
+    assert key[10:-1] not in o.describe() and "dhchap_secret=***" in o.describe()
