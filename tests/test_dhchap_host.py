@@ -74,15 +74,19 @@ def test_key_lengths_and_transforms(n, hh):
         t.close()
 
 
-@pytest.mark.parametrize("dhgid", [0, 3])
-def test_bidirectional(dhgid):
+@pytest.mark.parametrize("dhgid,ioccsz", [(0, None), (3, None), (1, 4)],
+                         ids=["null", "ffdhe4096", "ffdhe2048-no-incapsule"])
+def test_bidirectional(dhgid, ioccsz):
+    """ioccsz 4: a controller that takes no data in I/O capsules gets every
+    AUTH_Send of the I/O queue through R2T."""
     key, ckey = secret(48, 2), secret(32, 1)
-    t = AuthTarget(key, ckey, hash_id=2, dhgid=dhgid)
+    t = AuthTarget(key, ckey, hash_id=2, dhgid=dhgid, **({"ioccsz": ioccsz} if ioccsz else {}))
     try:
         with fx100io.open_device(uri(t, key, ckey)) as dev:
             roundtrip(dev)
         assert (0, "success2") in t.events
         assert t.authenticated(0) == 1 and t.authenticated() >= 2
+        assert t.r2t_writes >= (3 if ioccsz else 0)  # negotiate, reply, success2
     finally:
         t.close()
 
