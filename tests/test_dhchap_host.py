@@ -358,3 +358,19 @@ def test_lmcache_config_keeps_and_hides_secrets():
     # the host NQN is added, and the secret reaches C as it was written
     assert fabric_uri.to_transport(o.devices[0])[1] == f"dhchap_secret={key}"
     assert key[10:-1] not in o.describe() and "dhchap_secret=***" in o.describe()
+
+
+def test_bench_errors_hide_secrets():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    u = f"nvme+tcp://127.0.0.1:1/nqn.x?dhchap_secret={GOOD}&connect_timeout_ms=500"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "fx100io", "bench", "--name=j", f"--filename={u}",
+                        "--rw=read", "--bs=4k", "--size=1M", "--output-format=json"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "dhchap_secret=***" in out, out
+    assert GOOD[10:-1] not in out
