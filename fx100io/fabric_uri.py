@@ -226,7 +226,8 @@ def to_transport_target(uri: str) -> str:
 def _auth_reason(e: OSError) -> str | None:
     """The C side's words for an authentication failure of this thread's
     last connect, when that is why e happened."""
-    if e.errno in (5, 13, 71, 93):  # EIO, EACCES, EPROTO, EPROTONOSUPPORT
+    # EIO, EACCES, EPROTO, EPROTONOSUPPORT, ETIMEDOUT (an AUTH command unanswered)
+    if e.errno in (5, 13, 71, 93, 110):
         why = _core.auth_error()
         if why:
             return why

@@ -374,3 +374,25 @@ def test_bench_errors_hide_secrets():
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "dhchap_secret=***" in out, out
     assert GOOD[10:-1] not in out
+
+
+def test_no_stale_authentication_reason():
+    """A connect that fails before its Connect (here: a silent port, a
+    timeout) does not borrow the reason of an earlier failed authentication
+    on the same thread."""
+    import socket
+
+    t = AuthTarget(secret())
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        with pytest.raises(errors.DevicePermissionError, match="AUTH_Failure1"):
+            fx100io.open_device(uri(t, secret()))
+        with pytest.raises(errors.FxTimeoutError) as ei:
+            fx100io.open_device(f"nvme+tcp://127.0.0.1:{silent.getsockname()[1]}/nqn.x"
+                                "?connect_timeout_ms=300&dhchap_secret=" + GOOD)
+        assert "AUTH" not in str(ei.value) and "authentication" not in str(ei.value)
+    finally:
+        silent.close()
+        t.close()
