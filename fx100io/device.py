@@ -35,9 +35,11 @@ DEFAULT_MAX_IO = 1 << 20
 
 def parse_uri(uri: str) -> tuple[str, str]:
     """(scheme, target) of a device URI; plain paths are files.  For
-    NVMe-oF schemes the target is the C transport's key=value form."""
+    NVMe-oF schemes the target is the C transport's key=value form (without
+    the URI's secrets: fabric_uri.to_transport has those apart)."""
     if not isinstance(uri, str) or not uri:
-        raise InvalidArgumentError(22, f"device URI must be a non-empty str, got {uri!r}")
+        raise InvalidArgumentError(22, "device URI must be a non-empty str, got "
+                                   f"{fabric_uri.redact(uri)!r}")
     if "://" not in uri:
         return "file", uri
     parts = urlsplit(uri)
@@ -49,7 +51,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
         return parts.scheme, fabric_uri.to_transport_target(uri)
     raise UnsupportedTransportError(
         22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path, /dev/..., "
-        "nvme+tcp://host:port/subnqn or nvme+rdma://host:port/subnqn)", uri)
+        "nvme+tcp://host:port/subnqn or nvme+rdma://host:port/subnqn)", fabric_uri.redact(uri))
 
 
 def io_uring_refusal_reason() -> str:
@@ -95,8 +97,11 @@ class Device:
                 raise InvalidArgumentError(22, f"{name} must be a positive int, got {v!r}")
         if size is not None and (not isinstance(size, int) or size < 0):
             raise InvalidArgumentError(22, f"size must be a non-negative int, got {size!r}")
-        self.uri = uri
+        # what the URI says shown with its secrets hidden (repr, errors, the
+        # store and bench print it); the secrets go to C alone, at open
+        self.uri = fabric_uri.redact(uri)
         self.target = target
+        secrets = fabric_uri.to_transport(uri)[1] if scheme in fabric_uri.SCHEMES else ""
         self._qopts = (queue_depth, max_io, slots)
         self._local = threading.local()
         self._drivers: weakref.WeakSet[QueueDriver] = weakref.WeakSet()
@@ -112,21 +117,21 @@ class Device:
             self.target = target
             self.uri = kernel.redact(uri)  # no secrets in reprs, stats and messages
         try:
-            self._open_and_probe(scheme, target, direct, readonly, create, size, engine)
+            self._open_and_probe(scheme, target, direct, readonly, create, size, engine, secrets)
         except BaseException:
             if self.kernel_attachment is not None:
                 self.kernel_attachment.release()
             raise
 
     def _open_and_probe(self, scheme: str, target: str, direct: bool | str, readonly: bool,
-                        create: bool, size: int | None, engine: str) -> None:
+                        create: bool, size: int | None, engine: str, secrets: str = "") -> None:
         if scheme == "file":
             transport = "psync" if engine == "psync" else "file"
         elif engine == "psync":
             raise InvalidArgumentError(22, f"engine='psync' is for files and block devices, not {scheme}")
         else:
             transport = scheme
-        self._dev = self._open(transport, target, direct, readonly, create, size or 0)
+        self._dev = self._open(transport, target, direct, readonly, create, size or 0, secrets)
         self.engine = "psync" if transport == "psync" else "io_uring"
         self.transport = transport
         try:
@@ -144,9 +149,9 @@ class Device:
 
     @staticmethod
     def _open(transport: str, target: str, direct: bool | str, readonly: bool,
-              create: bool, size: int) -> _core.Dev:
+              create: bool, size: int, secrets: str = "") -> _core.Dev:
         if transport in fabric_uri.SCHEMES:
-            return fabric_uri.open_fabric_dev(transport, target, readonly)
+            return fabric_uri.open_fabric_dev(transport, target, readonly, secrets)
         try:
             return _core.Dev(transport, target, direct is not False, readonly, create, size)
         except DirectIONotSupportedError:

@@ -195,6 +195,7 @@ int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvm
 	*out = NULL;
 	if (status)
 		*status = 0;
+	fx_nvmf_auth_error_clear(); /* a reason from an earlier open is not this one's */
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
@@ -273,6 +274,7 @@ fail:
 	tr->close(c->aq);
 fail_connect:
 	pthread_mutex_destroy(&c->lock);
+	fx_nvmf_params_wipe(&c->params);
 	free(c);
 	return r;
 }
@@ -364,5 +366,6 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c)
 	c->tr->close(c->aq);
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
+	fx_nvmf_params_wipe(&c->params);
 	free(c);
 }
