@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from fx100io import fabric_uri
+from fx100io import fabric_uri, uri_redact
 from fx100io.errors import (
     DeviceBusyError,
     DeviceIOError,
@@ -82,7 +82,7 @@ DEVDIR = Path("/dev")
 ETC_NVME = Path("/etc/nvme")
 NVME_CLI = "nvme"
 
-SECRET_KEYS = ("dhchap_secret", "dhchap_ctrl_secret")
+SECRET_KEYS = uri_redact.SECRET_OPTIONS
 # URI options of the userspace initiator that the kernel has no per-controller knob for
 USERSPACE_ONLY = ("connect_timeout_ms", "io_timeout_ms", "max_xfer", "reconnect_ms",
                   "max_reconnects")
@@ -100,7 +100,6 @@ TRANSPORT_MODULES = {"tcp": "nvme-tcp", "rdma": "nvme-rdma"}
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_NS_TIMEOUT = 30.0  # seconds for namespaces to show up as block devices
 
-_SECRET_RE = re.compile(r"DHHC-1:0[0-3]:[A-Za-z0-9+/]{44,}={0,2}:")
 _CTRL_NAME = re.compile(r"nvme\d+")
 _PATH_NS = re.compile(r"nvme(\d+)c(\d+)n(\d+)")  # a multipath path: no /dev node
 _HEAD_NS = re.compile(r"nvme(\d+)n(\d+)")
@@ -168,22 +167,18 @@ def default_host_identity() -> tuple[str, str]:
 
 
 def _check_secret(key: str, value: Any, uri: str) -> str:
-    # the value itself never goes into a message
-    if not isinstance(value, str) or not _SECRET_RE.fullmatch(value):
+    """A secret checked by the same C parser the userspace path uses; the message names the
+    option, never the value."""
+    if not isinstance(value, str):
         raise InvalidArgumentError(22, f"{key} must be a DH-HMAC-CHAP secret in the form "
                                    "`nvme gen-dhchap-key` prints (DHHC-1:0N:<base64>:)",
                                    redact(uri))
-    return value
+    return fabric_uri._secret(key, value, redact(uri))
 
 
 def redact(uri: str) -> str:
-    """The URI with secret values replaced, for messages."""
-    if "://" not in uri or "?" not in uri:
-        return uri
-    parts = urlsplit(uri)
-    q = [(k, "***" if k in SECRET_KEYS else v)
-         for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-    return urlunsplit(parts._replace(query=urlencode(q, safe=":@*/")))
+    """The URI with secret values replaced, for messages (fx100io.uri_redact's rule)."""
+    return uri_redact.redact(uri)
 
 
 def _split_query(uri: str) -> tuple[str, dict[str, str], dict[str, str]]:

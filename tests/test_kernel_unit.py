@@ -179,7 +179,7 @@ def test_bad_uris(uri, match):
 
 def test_a_malformed_secret_is_refused_without_being_repeated():
     bad = "DHHC-1:00:not-base64-at-all:"
-    with pytest.raises(errors.InvalidArgumentError, match="DHHC-1:0N") as ei:
+    with pytest.raises(errors.InvalidArgumentError, match="dhchap_secret: the secret") as ei:
         kernel.target_of(f"nvme+tcp://h/{RAM}?dhchap_secret={bad}&queues=2")
     assert bad not in str(ei.value) and "dhchap_secret=***" in str(ei.value)
     with pytest.raises(errors.InvalidArgumentError) as ei:

@@ -37,7 +37,8 @@ tools/asan_suite.sh
 tools/asan_guest.sh
 
 # Coverage-guided fuzzers (tests/fuzz: index segments, discovery log, target
-# string, the initiator's and the target's PDU receive paths), 60 s each;
+# string, the initiator's and the target's PDU receive paths, the initiator's
+# DH-HMAC-CHAP exchange), 60 s each;
 # tools/fuzz.sh installs clang 14 + libFuzzer if missing.
 tools/fuzz.sh "${FUZZ_SECONDS:-60}"
 
