@@ -22,13 +22,17 @@ def decode_segment(buf: Any, offset: int, generation: int
 def discover(host: str, port: str, hostnqn: str, hostid: str,
              timeout_ms: int = 10000, transport: str = "tcp") -> list[dict[str, Any]]: ...
 def target_serve(host: str, port: str, subnqn: str, namespaces: Any, *, block_size: int = 512,
-                 allow_hosts: Any = (), max_io_queues: int = 0, max_connections: int = 0,
+                 allow_hosts: Any = (), dhchap_hosts: Any = (), dhchap_hashes: Any = (),
+                 dhchap_dhgroups: Any = (), max_io_queues: int = 0, max_connections: int = 0,
                  handshake_timeout_ms: int = 0, stall_timeout_ms: int = 0,
                  idle_timeout_ms: int = 300000,
                  fault_drop_after: int = 0,
                  fault_delay_ms: int = 0, fault_corrupt_ddgst: int = 0, verbose: bool = False,
                  quiet: bool = False, ready: Any = None) -> int: ...
 def target_stop() -> None: ...
+def target_dhchap_secret_problem(text: str) -> str | None: ...
+TARGET_DHCHAP_HASHES: dict[str, int]
+TARGET_DHCHAP_DHGROUPS: dict[str, int]
 
 class Allocator:
     def __init__(self, base: int, size: int, align: int) -> None: ...
