@@ -137,7 +137,8 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         for i, (hb, sb, cb) in enumerate(keys_b):
             keys[i].hostnqn = hb
             keys[i].secret = sb
-            keys[i].ctrl_secret = cb if cb is not None else NULL
+            if cb is not None:
+                keys[i].ctrl_secret = cb
         for i, b in enumerate(ns_b):
             paths[i] = b
         for i, b in enumerate(allow_b):
