@@ -38,6 +38,14 @@ def rdma_libs():
     return ["rdmacm", "ibverbs"]
 
 
+def crypto_libs():
+    """OpenSSL's libcrypto (HMAC, SHA-2, finite-field DH) for NVMe in-band
+    authentication (DH-HMAC-CHAP)."""
+    if not any(os.path.exists(os.path.join(d, "libcrypto.so")) for d in LIB_DIRS):
+        sys.exit("fx100io needs libcrypto (OpenSSL 3): apt-get install libssl-dev (see README.md)")
+    return ["crypto"]
+
+
 c_sources = sorted(
     os.path.relpath(p, HERE)
     for p in glob.glob(os.path.join(HERE, "csrc", "**", "*.c"), recursive=True)
@@ -65,7 +73,7 @@ core = Extension(
     sources=["fx100io/_core.pyx"],
     include_dirs=["csrc/include", "csrc"],
     # fx100io_c first: static archives resolve left to right.
-    libraries=["fx100io_c"] + uring_libs + rdma_libs() + ["pthread"],
+    libraries=["fx100io_c"] + uring_libs + rdma_libs() + crypto_libs() + ["pthread"],
     extra_compile_args=[f for f in cflags if f not in ("-Werror", "-Wextra", "-std=c11")],
     extra_link_args=ldflags,
 )

@@ -10,7 +10,7 @@ secs=${1:-60}
 shift || true
 
 need=()
-for p in clang libclang-rt-14-dev liburing-dev make; do
+for p in clang libclang-rt-14-dev liburing-dev libssl-dev make; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
