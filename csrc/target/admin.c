@@ -134,7 +134,7 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 				r->close_after = 1;
 				return TGT_SF(0, NVME_SC_INTERNAL);
 			}
-			r->dw0 |= TGT_CONNECT_AUTHREQ_ATR;
+			r->dw0 |= FX_NVMF_CONNECT_ATR;
 		}
 	}
 	c->sqsize = cmd->sqsize;
@@ -487,9 +487,9 @@ uint16_t tgt_exec_fabrics(struct tgt_conn *c, struct tgt_req *r)
 		if (c->qid != 0)
 			return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 		return prop_set(c, r);
-	case TGT_FCTYPE_AUTH_SEND:
+	case NVMF_FCTYPE_AUTH_SEND:
 		return tgt_auth_send(c, r);
-	case TGT_FCTYPE_AUTH_RECV:
+	case NVMF_FCTYPE_AUTH_RECV:
 		return tgt_auth_receive(c, r);
 	case TGT_FCTYPE_DISCONNECT: /* (an I/O queue): answer, then close it */
 		if (c->qid == 0)

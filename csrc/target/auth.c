@@ -16,7 +16,8 @@
  * completes and the reason goes back in Failure1, as Linux's nvmet does;
  * only malformed commands (SECP/SPSP, TL/AL against the data) get an error
  * status.  One log line per failed transaction names the host and the
- * reason, never a secret.  The crypto is nvmf/auth_crypto.c (libcrypto).
+ * reason, never a secret.  The crypto is nvmf/auth_crypto.c (libcrypto);
+ * the messages are parsed and built by nvmf/auth_msg.h, as the initiator's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,38 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nvmf/auth_msg.h"
 #include "tgt.h"
-
-/* Message types and ids (AUTH_Type / AUTH_Id) */
-#define MSG_COMMON 0x00
-#define MSG_DHCHAP 0x01
-#define ID_NEGOTIATE 0x00
-#define ID_CHALLENGE 0x01
-#define ID_REPLY 0x02
-#define ID_SUCCESS1 0x03
-#define ID_SUCCESS2 0x04
-#define ID_FAILURE2 0xF0
-#define ID_FAILURE1 0xF1
-
-#define SECP_DHCHAP 0xE9
-#define AUTHID_DHCHAP 0x01
-#define DESC_LEN 64        /* protocol descriptor: authid, rsvd, halen, dhlen, idlist[60] */
-#define NEG_HDR 8          /* Negotiate header before the descriptors */
-#define CHAL_HDR 16
-#define REPLY_HDR 16
-#define SUCC1_HDR 16
-#define SUCC2_LEN 16
-#define FAIL_LEN 8         /* Failure1/Failure2 */
-#define MIN_MSG 6          /* type, id, rsvd, t_id: what every message has */
-
-/* Failure reason code explanations (rescode is always 01h, "failed") */
-#define RC_FAILED 0x01
-#define RC_NOT_USABLE 0x02
-#define RC_CONCAT_MISMATCH 0x03
-#define RC_HASH_UNUSABLE 0x04
-#define RC_DHGROUP_UNUSABLE 0x05
-#define RC_INCORRECT_PAYLOAD 0x06
-#define RC_INCORRECT_MESSAGE 0x07
 
 enum tgt_auth_step {
 	STEP_NEGOTIATE, /* waiting for the host's Negotiate */
@@ -74,7 +45,7 @@ struct tgt_auth {
 	int logged;        /* this transaction's failure has been logged */
 	uint16_t t_id;
 	uint8_t hash, dhgid, hl;
-	uint8_t reason;    /* Failure1's reason code explanation */
+	uint8_t reason;    /* Failure1's reason code explanation (FX_AUTH_FAIL_*) */
 	int bidir;
 	uint32_t s1, s2;
 	uint8_t c1[FX_AUTH_MAX_HASH_LEN], c2[FX_AUTH_MAX_HASH_LEN];
@@ -102,28 +73,6 @@ static const char *step_str(enum tgt_auth_step s)
 		return "done";
 	}
 	return "?";
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
 }
 
 /* ------------------------------------------------------------ config */
@@ -270,29 +219,8 @@ int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
 	if (sqe->opcode != NVME_FABRICS_OPCODE)
 		return 0;
 	fctype = ((const uint8_t *)sqe)[4];
-	return fctype == TGT_FCTYPE_AUTH_SEND || fctype == TGT_FCTYPE_AUTH_RECV ||
+	return fctype == NVMF_FCTYPE_AUTH_SEND || fctype == NVMF_FCTYPE_AUTH_RECV ||
 	       fctype == TGT_FCTYPE_DISCONNECT;
-}
-
-static const char *reason_str(uint8_t rc)
-{
-	switch (rc) {
-	case RC_FAILED:
-		return "response mismatch (wrong secret?)";
-	case RC_NOT_USABLE:
-		return "no DH-HMAC-CHAP protocol descriptor";
-	case RC_CONCAT_MISMATCH:
-		return "secure channel concatenation asked for (not supported)";
-	case RC_HASH_UNUSABLE:
-		return "no hash function both sides allow";
-	case RC_DHGROUP_UNUSABLE:
-		return "no DH group both sides allow, or an unusable DH value";
-	case RC_INCORRECT_PAYLOAD:
-		return "incorrect payload";
-	case RC_INCORRECT_MESSAGE:
-		return "message out of order";
-	}
-	return "failed";
 }
 
 /*
@@ -313,7 +241,9 @@ static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 		return 0;
 	a->logged = 1;
 	tgt_log(c->t, "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
-	        c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn), reason_str(rc),
+	        c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+	        rc == FX_AUTH_FAIL_FAILED && !detail ? "response mismatch (wrong secret?)"
+	                                             : fx_auth_reason_str(rc),
 	        detail ? ": " : "", detail ? detail : "");
 	return 0;
 }
@@ -334,36 +264,27 @@ static int pick(const uint8_t *ids, unsigned n, uint32_t mask, int hi)
 static int on_negotiate(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 {
 	struct tgt_auth *a = c->auth;
-	const uint8_t *d = NULL;
-	unsigned napd;
+	struct fx_auth_negotiate neg;
+	const char *why = NULL;
+	uint8_t rc = 0;
 	int hash, group;
 
 	transaction_wipe(a);
 	a->logged = 0;
 	a->authenticated = 0; /* (re-authentication: the queue waits for its outcome) */
-	a->t_id = get16(m + 4);
-	if (len < NEG_HDR + DESC_LEN)
-		return fail(c, RC_INCORRECT_PAYLOAD, "Negotiate shorter than one descriptor");
-	if (m[6] != 0) /* SC_C */
-		return fail(c, RC_CONCAT_MISMATCH, NULL);
-	napd = m[7];
-	if (napd == 0)
-		return fail(c, RC_INCORRECT_PAYLOAD, "no protocol descriptor");
-	for (unsigned i = 0; i < napd && NEG_HDR + (i + 1) * DESC_LEN <= len; i++)
-		if (m[NEG_HDR + i * DESC_LEN] == AUTHID_DHCHAP) {
-			d = m + NEG_HDR + i * DESC_LEN;
-			break;
-		}
-	if (!d)
-		return fail(c, RC_NOT_USABLE, NULL);
-	if (d[2] > 30 || d[3] > 30)
-		return fail(c, RC_INCORRECT_PAYLOAD, "HALEN or DHLEN above 30");
-	hash = pick(d + 4, d[2], c->t->dhchap_hashes, FX_AUTH_HASH_SHA512);
+	if (fx_auth_negotiate_parse(m, len, &neg, &rc, &why) < 0) {
+		a->t_id = len >= 6 ? (uint16_t)(m[4] | m[5] << 8) : 0;
+		return fail(c, rc, why);
+	}
+	a->t_id = neg.t_id;
+	if (neg.sc_c != FX_AUTH_SC_C_NONE)
+		return fail(c, FX_AUTH_FAIL_CONCAT_MISMATCH, "we offer no secure channel");
+	hash = pick(neg.hash_ids, neg.nhash, c->t->dhchap_hashes, FX_AUTH_HASH_SHA512);
 	if (hash < 0)
-		return fail(c, RC_HASH_UNUSABLE, NULL);
-	group = pick(d + 4 + 30, d[3], c->t->dhchap_dhgroups, FX_AUTH_DHGROUP_8192);
+		return fail(c, FX_AUTH_FAIL_HASH_UNUSABLE, "none of the host's is allowed here");
+	group = pick(neg.dh_ids, neg.ndh, c->t->dhchap_dhgroups, FX_AUTH_DHGROUP_8192);
 	if (group < 0)
-		return fail(c, RC_DHGROUP_UNUSABLE, NULL);
+		return fail(c, FX_AUTH_FAIL_DHGROUP_UNUSABLE, "none of the host's is allowed here");
 	a->hash = (uint8_t)hash;
 	a->hl = (uint8_t)fx_auth_hash_len(a->hash);
 	a->dhgid = (uint8_t)group;
@@ -376,80 +297,92 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	struct tgt_auth *a = c->auth;
 	const struct fx_target *t = c->t;
 	uint8_t r1[FX_AUTH_MAX_HASH_LEN];
-	uint32_t dhvlen;
+	struct fx_auth_reply rep;
 	size_t dh_len = fx_auth_dh_len(a->dhgid);
+	const char *why = NULL;
+	uint8_t rc = 0;
 	int ok;
 
-	if (len < REPLY_HDR)
-		return fail(c, RC_INCORRECT_PAYLOAD, "Reply shorter than its header");
-	dhvlen = get16(m + 10);
-	if (m[6] != a->hl)
-		return fail(c, RC_INCORRECT_PAYLOAD, "HL is not the negotiated hash's length");
-	if (REPLY_HDR + 2u * a->hl + dhvlen > len)
-		return fail(c, RC_INCORRECT_PAYLOAD, "HL and DHVLEN run past the message");
-	if (a->dhgid == FX_AUTH_DHGROUP_NULL ? dhvlen != 0 : (dhvlen == 0 || dhvlen > dh_len))
-		return fail(c, RC_INCORRECT_PAYLOAD, "DHVLEN does not fit the DH group");
-	if (dhvlen) {
-		int ret = fx_auth_dh_derive(a->dh, m + REPLY_HDR + 2u * a->hl, dhvlen, a->sess, dh_len);
+	if (fx_auth_reply_parse(m, len, &rep, &rc, &why) < 0)
+		return fail(c, rc, why);
+	if (rep.t_id != a->t_id)
+		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "T_ID is not the transaction's");
+	if (rep.hl != a->hl)
+		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "HL is not the negotiated hash's length");
+	if (a->dhgid == FX_AUTH_DHGROUP_NULL ? rep.dhvlen != 0
+	                                     : (rep.dhvlen == 0 || rep.dhvlen > dh_len))
+		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "DHVLEN does not fit the DH group");
+	if (rep.dhvlen) {
+		int ret = fx_auth_dh_derive(a->dh, rep.dhv, rep.dhvlen, a->sess, dh_len);
 
 		if (ret == -EPROTO)
-			return fail(c, RC_DHGROUP_UNUSABLE, "the host's DH value is out of range");
+			return fail(c, FX_AUTH_FAIL_DHGROUP_UNUSABLE, "the host's DH value is out of range");
 		if (ret < 0)
-			return fail(c, RC_FAILED, "DH key agreement failed");
+			return fail(c, FX_AUTH_FAIL_FAILED, "DH key agreement failed");
 		a->sess_len = dh_len;
 	}
 	if (fx_auth_response(FX_AUTH_ROLE_HOST, a->hash, &a->host->key, a->c1, a->sess, a->sess_len,
 	                     a->s1, a->t_id, 0, a->host->hostnqn, t->subnqn, r1) < 0)
-		return fail(c, RC_FAILED, "computing the expected response failed");
-	ok = fx_auth_mac_equal(r1, m + REPLY_HDR, a->hl);
+		return fail(c, FX_AUTH_FAIL_FAILED, "computing the expected response failed");
+	ok = fx_auth_mac_equal(r1, rep.rval, a->hl);
 	fx_auth_wipe(r1, sizeof(r1));
 	if (!ok)
-		return fail(c, RC_FAILED, NULL);
-	a->s2 = get32(m + 12);
+		return fail(c, FX_AUTH_FAIL_FAILED, NULL);
+	a->s2 = rep.seqnum;
 	/* CVALID with a sequence number 0 carries C2 for a secure channel,
 	 * not for bidirectional authentication (which is what 0 says). */
-	a->bidir = (m[8] & 1) && a->s2 != 0;
+	a->bidir = rep.cvalid && a->s2 != 0;
 	if (a->bidir) {
 		if (!a->host->has_ctrl_key)
-			return fail(c, RC_FAILED,
+			return fail(c, FX_AUTH_FAIL_FAILED,
 			            "the host asks us to authenticate, but we have no controller secret "
 			            "for it (--dhchap-ctrl-key)");
-		memcpy(a->c2, m + REPLY_HDR + a->hl, a->hl);
+		memcpy(a->c2, rep.cval, a->hl);
 	}
 	a->step = STEP_SUCCESS1;
 	return 0;
 }
 
+/* AUTH_Send/AUTH_Receive's own fields (SECP, SPSP0/1, TL/AL) */
+static uint16_t check_cmd(const struct tgt_req *r, uint32_t *len)
+{
+	unsigned field;
+	int send;
+
+	if (fx_auth_cmd_parse(r->sqe, &send, len, &field) < 0)
+		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
+	return 0;
+}
+
 uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 {
-	const uint8_t *sqe = (const uint8_t *)r->sqe;
 	struct tgt_auth *a = c->auth;
-	uint32_t tl = get32(sqe + 44);
 	const uint8_t *m = r->data;
+	uint32_t tl;
+	uint16_t t_id, sf;
 	uint8_t type, id;
 
-	if (sqe[43] != SECP_DHCHAP || sqe[41] != 0x01 || sqe[42] != 0x01 || tl == 0)
-		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
+	if ((sf = check_cmd(r, &tl)) != 0)
+		return sf;
 	if (!m || r->data_len < tl)
 		return TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
 	if (!a) /* nothing to authenticate on this queue */
 		return TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR);
-	if (c->t->verbose)
-		tgt_log(c->t, "%s qid %u: AUTH_Send %u bytes, type 0x%02x id 0x%02x in step %s",
-		        c->peer, c->qid, tl, tl >= 2 ? m[0] : 0, tl >= 2 ? m[1] : 0,
-		        step_str(a->step));
-	if (tl < MIN_MSG) {
-		fail(c, RC_INCORRECT_PAYLOAD, "message shorter than its header");
+	if (fx_auth_msg_peek(m, tl, &type, &id, &t_id) < 0) {
+		fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "message shorter than its header");
 		return 0;
 	}
-	type = m[0];
-	id = m[1];
-	if (type == MSG_COMMON && id == ID_NEGOTIATE) {
+	if (c->t->verbose)
+		tgt_log(c->t, "%s qid %u: AUTH_Send %u bytes, type 0x%02x id 0x%02x in step %s",
+		        c->peer, c->qid, tl, type, id, step_str(a->step));
+	if (type == FX_AUTH_TYPE_COMMON && id == FX_AUTH_ID_NEGOTIATE) {
 		on_negotiate(c, m, tl);
 		return 0;
 	}
-	if (type == MSG_COMMON && id == ID_FAILURE2) {
+	if (type == FX_AUTH_TYPE_COMMON && id == FX_AUTH_ID_FAILURE2) {
+		struct fx_auth_failure f2;
 		char hp[NVMF_NQN_SIZE];
+		int ok = fx_auth_failure_parse(m, tl, &f2, NULL, NULL) == 0;
 
 		/* The host gives up (say, our R2 did not match its controller
 		 * secret): the transaction is over and the queue refuses I/O. */
@@ -458,30 +391,40 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 		transaction_wipe(a);
 		if (!a->logged)
 			tgt_log(c->t, "%s qid %u: host %s ended DH-HMAC-CHAP authentication with "
-			        "Failure2 (reason 0x%02x: %s)", c->peer, c->qid,
-			        tgt_printable(hp, sizeof(hp), a->host->hostnqn), tl >= FAIL_LEN ? m[7] : 0,
-			        tl >= FAIL_LEN && m[7] == RC_FAILED ? "our response did not match its "
-			                                              "controller secret"
-			                                            : "see the host's log");
+			        "Failure2 (%s)", c->peer, c->qid,
+			        tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+			        !ok ? "malformed"
+			        : f2.rescode_exp == FX_AUTH_FAIL_FAILED
+			            ? "our response did not match its controller secret"
+			            : fx_auth_reason_str(f2.rescode_exp));
 		a->logged = 1;
 		return 0;
 	}
-	if (type != MSG_DHCHAP) {
-		fail(c, RC_INCORRECT_MESSAGE, "unknown message type");
+	if (type != FX_AUTH_TYPE_DHCHAP) {
+		fail(c, FX_AUTH_FAIL_INCORRECT_MESSAGE, "unknown message type");
 		return 0;
 	}
-	if (!((id == ID_REPLY && a->step == STEP_REPLY) ||
-	      (id == ID_SUCCESS2 && a->step == STEP_SUCCESS2))) {
-		fail(c, RC_INCORRECT_MESSAGE, NULL);
+	if (!((id == FX_AUTH_ID_REPLY && a->step == STEP_REPLY) ||
+	      (id == FX_AUTH_ID_SUCCESS2 && a->step == STEP_SUCCESS2))) {
+		fail(c, FX_AUTH_FAIL_INCORRECT_MESSAGE, NULL);
 		return 0;
 	}
-	if (get16(m + 4) != a->t_id) {
-		fail(c, RC_INCORRECT_PAYLOAD, "T_ID is not the transaction's");
-		return 0;
-	}
-	if (id == ID_REPLY) {
+	if (id == FX_AUTH_ID_REPLY) {
 		on_reply(c, m, tl);
 		return 0;
+	}
+	{
+		const char *why = NULL;
+		uint8_t rc = 0;
+
+		if (fx_auth_success2_parse(m, tl, &t_id, &rc, &why) < 0) {
+			fail(c, rc, why);
+			return 0;
+		}
+		if (t_id != a->t_id) {
+			fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "T_ID is not the transaction's");
+			return 0;
+		}
 	}
 	/* Success2: the host accepted our response. */
 	a->authenticated = 1;
@@ -490,64 +433,67 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 	return 0;
 }
 
-static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al, uint32_t *len)
+static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 {
 	struct tgt_auth *a = c->auth;
 	size_t dh_len = fx_auth_dh_len(a->dhgid);
-	uint32_t need = CHAL_HDR + a->hl + (uint32_t)dh_len;
+	uint8_t dhv[FX_AUTH_MAX_DH_LEN];
+	struct fx_auth_challenge ch = {
+		.t_id = a->t_id,
+		.hl = a->hl,
+		.hashid = a->hash,
+		.dhgid = a->dhgid,
+		.dhvlen = (uint16_t)dh_len,
+		.cval = a->c1,
+		.dhv = dh_len ? dhv : NULL,
+	};
 
-	if (al < need)
+	if (al < sizeof(struct nvmf_auth_challenge_hdr) + a->hl + dh_len)
 		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 	if (fx_auth_random(a->c1, a->hl) < 0 || fx_auth_random(&a->s1, sizeof(a->s1)) < 0)
 		return TGT_SF(0, NVME_SC_INTERNAL);
 	if (!a->s1) /* 0 is not a sequence number */
 		a->s1 = 1;
-	if (a->dhgid != FX_AUTH_DHGROUP_NULL) {
+	ch.seqnum = a->s1;
+	if (dh_len) {
 		if (a->dh)
 			fx_auth_dh_free(a->dh);
 		a->dh = NULL;
-		if (fx_auth_dh_new(a->dhgid, &a->dh) < 0 ||
-		    fx_auth_dh_pub(a->dh, out + CHAL_HDR + a->hl, dh_len) < 0)
+		if (fx_auth_dh_new(a->dhgid, &a->dh) < 0 || fx_auth_dh_pub(a->dh, dhv, dh_len) < 0)
 			return TGT_SF(0, NVME_SC_INTERNAL);
 	}
-	out[0] = MSG_DHCHAP;
-	out[1] = ID_CHALLENGE;
-	put16(out + 4, a->t_id);
-	out[6] = a->hl;
-	out[8] = a->hash;
-	out[9] = a->dhgid;
-	put16(out + 10, (uint16_t)dh_len);
-	put32(out + 12, a->s1);
-	memcpy(out + CHAL_HDR, a->c1, a->hl);
-	*len = need;
+	if (fx_auth_challenge_build(out, al, &ch) < 0)
+		return TGT_SF(0, NVME_SC_INTERNAL);
 	a->step = STEP_REPLY;
 	return 0;
 }
 
-static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al, uint32_t *len)
+static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al)
 {
 	struct tgt_auth *a = c->auth;
 	const struct fx_target *t = c->t;
+	uint8_t r2[FX_AUTH_MAX_HASH_LEN];
+	struct fx_auth_success1 s1 = {.t_id = a->t_id, .hl = a->hl, .rvalid = (uint8_t)a->bidir,
+	                              .rval = r2};
 	char hp[NVMF_NQN_SIZE];
+	int n;
 
-	if (al < SUCC1_HDR + (uint32_t)a->hl)
+	if (al < sizeof(struct nvmf_auth_success1_hdr) + a->hl)
 		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
-	out[0] = MSG_DHCHAP;
-	out[1] = ID_SUCCESS1;
-	put16(out + 4, a->t_id);
-	out[6] = a->hl;
+	if (a->bidir &&
+	    fx_auth_response(FX_AUTH_ROLE_CTRL, a->hash, &a->host->ctrl_key, a->c2, a->sess,
+	                     a->sess_len, a->s2, a->t_id, 0, a->host->hostnqn, t->subnqn, r2) < 0)
+		return TGT_SF(0, NVME_SC_INTERNAL);
+	n = fx_auth_success1_build(out, al, &s1);
+	fx_auth_wipe(r2, sizeof(r2));
+	if (n < 0)
+		return TGT_SF(0, NVME_SC_INTERNAL);
 	if (a->bidir) {
-		if (fx_auth_response(FX_AUTH_ROLE_CTRL, a->hash, &a->host->ctrl_key, a->c2, a->sess,
-		                     a->sess_len, a->s2, a->t_id, 0, a->host->hostnqn, t->subnqn,
-		                     out + SUCC1_HDR) < 0)
-			return TGT_SF(0, NVME_SC_INTERNAL);
-		out[8] = 1; /* RVALID */
 		a->step = STEP_SUCCESS2;
 	} else {
 		a->authenticated = 1;
 		a->step = STEP_DONE;
 	}
-	*len = SUCC1_HDR + a->hl;
 	if (c->qid == 0 || t->verbose)
 		tgt_log(t, "%s qid %u: host %s authenticated%s (DH-HMAC-CHAP, %s, DH group %s%s)",
 		        c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
@@ -561,14 +507,12 @@ static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al, ui
 
 uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 {
-	const uint8_t *sqe = (const uint8_t *)r->sqe;
 	struct tgt_auth *a = c->auth;
-	uint32_t al = get32(sqe + 44);
-	uint32_t len = 0;
+	uint32_t al;
 	uint16_t sf;
 
-	if (sqe[43] != SECP_DHCHAP || sqe[41] != 0x01 || sqe[42] != 0x01 || al == 0)
-		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
+	if ((sf = check_cmd(r, &al)) != 0)
+		return sf;
 	if (al > r->sgl_len || al > FX_TGT_ADMIN_BUF)
 		return TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
 	if (!a)
@@ -576,34 +520,32 @@ uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 	if (c->t->verbose)
 		tgt_log(c->t, "%s qid %u: AUTH_Receive %u bytes in step %s", c->peer, c->qid, al,
 		        step_str(a->step));
-	/* The message, zero padded to AL (the host's buffer) */
+	/* The message, zero padded to AL (the host's buffer), as nvmet does */
 	memset(r->out, 0, al);
 	switch (a->step) {
 	case STEP_CHALLENGE:
-		sf = build_challenge(c, r->out, al, &len);
+		sf = build_challenge(c, r->out, al);
 		break;
 	case STEP_SUCCESS1:
-		sf = build_success1(c, r->out, al, &len);
+		sf = build_success1(c, r->out, al);
 		break;
-	default:
+	default: {
+		struct fx_auth_failure f1 = {.id = FX_AUTH_ID_FAILURE1, .t_id = a->t_id,
+		                             .rescode = FX_AUTH_RESCODE_FAILED};
+
 		/* Nothing for the host to receive now: it is out of step. */
 		if (a->step != STEP_FAILURE1)
-			fail(c, RC_INCORRECT_MESSAGE, "AUTH_Receive with no message to send");
-		if (al < FAIL_LEN)
+			fail(c, FX_AUTH_FAIL_INCORRECT_MESSAGE, "AUTH_Receive with no message to send");
+		f1.rescode_exp = a->reason;
+		if (fx_auth_failure_build(r->out, al, &f1) < 0)
 			return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
-		r->out[0] = MSG_COMMON;
-		r->out[1] = ID_FAILURE1;
-		put16(r->out + 4, a->t_id);
-		r->out[6] = 0x01; /* rescode: authentication failed */
-		r->out[7] = a->reason;
 		a->step = STEP_DONE;
-		len = FAIL_LEN;
 		sf = 0;
 		break;
 	}
+	}
 	if (sf)
 		return sf;
-	r->out_len = al; /* (len bytes of message, then zeros) */
-	(void)len;
+	r->out_len = al;
 	return 0;
 }

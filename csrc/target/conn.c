@@ -837,7 +837,8 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	/* Before the queue has authenticated, only what authenticates it
 	 * runs (nothing is fetched with R2T for the others). */
 	if (!tgt_auth_allows(c, sqe))
-		return send_resp(c, sqe->cid, TGT_SF_DNR(1, TGT_SC_AUTH_REQUIRED), 0, 0);
+		return send_resp(c, sqe->cid,
+		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
 
 	if (fabrics || c->qid == 0) {
 		/* Data that did not come in the capsule is fetched first. */

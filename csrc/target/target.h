@@ -98,8 +98,8 @@ struct fx_target_config {
  * Validate cfg, open the namespaces (read-write), bind and listen.
  * -EINVAL (bad config: no namespaces, bad block size, NQN too long, a
  * namespace smaller than one block, a DH-HMAC-CHAP secret that does not
- * parse (logged without the secret), no usable hash or DH group), -ENOENT/-EACCES/-EISDIR (a namespace),
- * -EADDRINUSE/-EADDRNOTAVAIL (listen address), -ENOMEM.
+ * parse (logged without the secret), no usable hash or DH group),
+ * -ENOENT/-EACCES/-EISDIR (a namespace), -EADDRINUSE/-EADDRNOTAVAIL (listen address), -ENOMEM.
  */
 int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out);
 

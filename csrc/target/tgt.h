@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/auth_crypto.h"
+#include "nvmf/auth_msg.h"
 #include "target.h"
 
 /* Limits we advertise.  MDTS is in units of the 4 KiB minimum page: 2^10
@@ -55,16 +55,9 @@
 #define TGT_SC_SGL_INVALID_DATA 0x0F
 #define TGT_SC_TRANSIENT_TRANSPORT 0x22
 #define TGT_SC_AER_LIMIT 0x05        /* SCT 1 */
-#define TGT_SC_AUTH_REQUIRED 0x91    /* SCT 1: the queue has not authenticated */
-/* Fabrics command types beyond nvme.h's (the data direction is fctype's
- * bits 1:0, as for opcodes) */
-#define TGT_FCTYPE_AUTH_SEND 0x05    /* host to controller */
-#define TGT_FCTYPE_AUTH_RECV 0x06    /* controller to host */
+/* Fabrics Disconnect (nvmf/auth_msg.h has AUTH_Send/AUTH_Receive's
+ * types, the Connect response's ATR bit and Authentication Required) */
 #define TGT_FCTYPE_DISCONNECT 0x08
-/* Connect response dw0: AUTHREQ.ATR (bit 17), an authentication
- * transaction is required on this queue; ASCR (bit 18, secure channel
- * concatenation) we never ask for. */
-#define TGT_CONNECT_AUTHREQ_ATR (1u << 17)
 #define TGT_SC_WRITE_FAULT 0x80      /* SCT 2 */
 #define TGT_SC_UNRECOVERED_READ 0x81 /* SCT 2 */
 
