@@ -309,7 +309,11 @@ cdef class Dev:
     cdef readonly str target
 
     def __cinit__(self, str transport, str target, bint direct=True,
-                  bint readonly=False, bint create=False, uint64_t size=0):
+                  bint readonly=False, bint create=False, uint64_t size=0,
+                  str secrets=""):
+        # secrets: key=value lines (dhchap_secret=...) read by the C
+        # transport only; never kept here, so target (in every message
+        # and repr) holds none.
         cdef fx_dev_opts o
         cdef int rc
         memset(&o, 0, sizeof(o))
@@ -318,7 +322,7 @@ cdef class Dev:
         o.create = create
         o.size = size
         t = transport.encode()
-        p = target.encode()
+        p = (target + "\n" + secrets if secrets else target).encode()
         cdef const char *tp = t
         cdef const char *pp = p
         with nogil:

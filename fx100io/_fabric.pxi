@@ -30,6 +30,16 @@ cdef extern from "fabric.h" nogil:
     int fx_nvmf_discover_tr(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
                             const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
                             _u16 *status)
+    int fx_nvmf_params_set_secret(fx_nvmf_params *p, int ctrl, const char *text,
+                                  const char **why)
+    void fx_nvmf_params_wipe(fx_nvmf_params *p)
+    const char *fx_nvmf_auth_error()
+
+cdef extern from "nvmf/auth_crypto.h" nogil:
+    struct fx_auth_key:
+        _u8 len
+    int fx_auth_key_parse(const char *text, fx_auth_key *key, const char **why)
+    void fx_auth_key_wipe(fx_auth_key *key)
 
 from libc.string cimport strncpy as _strncpy
 
@@ -42,8 +52,28 @@ cdef str _fixed(const char *p, size_t n):
     return p[:n].split(b"\0", 1)[0].decode("ascii", "replace").strip()
 
 
+def dhchap_secret_error(str text):
+    """None when text is a well-formed DH-HMAC-CHAP secret (DHHC-1:HH:...:),
+    else why not, in words that never quote it (csrc/nvmf/auth_crypto.c
+    parses it: the one parser, also used at open)."""
+    cdef fx_auth_key k
+    cdef const char *why = NULL
+    b = text.encode("utf-8", "replace")
+    cdef int rc = fx_auth_key_parse(b, &k, &why)
+    fx_auth_key_wipe(&k)
+    if rc == 0:
+        return None
+    return why.decode() if why != NULL else "malformed secret"
+
+
+def auth_error():
+    """Why the calling thread's last NVMe-oF connect failed in-band
+    authentication ("" when it did not)."""
+    return fx_nvmf_auth_error().decode("utf-8", "replace")
+
+
 def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
-             str transport="tcp"):
+             str transport="tcp", str dhchap_secret="", str dhchap_ctrl_secret=""):
     """Raw discovery over transport "tcp" or "rdma" (see fx100io.fabric_uri.discover)."""
     cdef const fx_nvmf_transport *tr
     cdef fx_nvmf_addr a
@@ -70,8 +100,15 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
     for i in range(16):
         p.hostid[i] = raw[i]
     p.timeout_ms = timeout_ms
+    cdef const char *why = NULL
+    for ctrl, text in ((0, dhchap_secret), (1, dhchap_ctrl_secret)):
+        if text and fx_nvmf_params_set_secret(&p, ctrl, text.encode(), &why):
+            fx_nvmf_params_wipe(&p)
+            raise error_from_errno(22, "discover: malformed "
+                                   + ("dhchap_ctrl_secret" if ctrl else "dhchap_secret"))
     with nogil:
         rc = fx_nvmf_discover_tr(tr, &a, &p, &e, &n, &status)
+        fx_nvmf_params_wipe(&p)
     check(rc, f"discover nvme+{transport}://{host}:{port}")
     out = []
     try:

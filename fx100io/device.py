@@ -34,9 +34,11 @@ DEFAULT_MAX_IO = 1 << 20
 
 def parse_uri(uri: str) -> tuple[str, str]:
     """(scheme, target) of a device URI; plain paths are files.  For
-    NVMe-oF schemes the target is the C transport's key=value form."""
+    NVMe-oF schemes the target is the C transport's key=value form (without
+    the URI's secrets: fabric_uri.to_transport has those apart)."""
     if not isinstance(uri, str) or not uri:
-        raise InvalidArgumentError(22, f"device URI must be a non-empty str, got {uri!r}")
+        raise InvalidArgumentError(22, "device URI must be a non-empty str, got "
+                                   f"{fabric_uri.redact(uri)!r}")
     if "://" not in uri:
         return "file", uri
     parts = urlsplit(uri)
@@ -48,7 +50,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
         return parts.scheme, fabric_uri.to_transport_target(uri)
     raise UnsupportedTransportError(
         22, f"unknown device scheme {parts.scheme!r} (use file:///path, /path, /dev/..., "
-        "nvme+tcp://host:port/subnqn or nvme+rdma://host:port/subnqn)", uri)
+        "nvme+tcp://host:port/subnqn or nvme+rdma://host:port/subnqn)", fabric_uri.redact(uri))
 
 
 def io_uring_refusal_reason() -> str:
@@ -88,8 +90,11 @@ class Device:
                 raise InvalidArgumentError(22, f"{name} must be a positive int, got {v!r}")
         if size is not None and (not isinstance(size, int) or size < 0):
             raise InvalidArgumentError(22, f"size must be a non-negative int, got {size!r}")
-        self.uri = uri
+        # what the URI says shown with its secrets hidden (repr, errors, the
+        # store and bench print it); the secrets go to C alone, at open
+        self.uri = fabric_uri.redact(uri)
         self.target = target
+        secrets = fabric_uri.to_transport(uri)[1] if scheme in fabric_uri.SCHEMES else ""
         self._qopts = (queue_depth, max_io, slots)
         self._local = threading.local()
         self._drivers: weakref.WeakSet[QueueDriver] = weakref.WeakSet()
@@ -102,7 +107,8 @@ class Device:
             raise InvalidArgumentError(22, f"engine='psync' is for files and block devices, not {scheme}")
         else:
             transport = scheme
-        self._dev = self._open(transport, target, direct, readonly, create, size or 0)
+        self._dev = self._open(transport, target, direct, readonly, create, size or 0, secrets)
+        del secrets
         self.engine = "psync" if transport == "psync" else "io_uring"
         self.transport = transport
         try:
@@ -120,9 +126,9 @@ class Device:
 
     @staticmethod
     def _open(transport: str, target: str, direct: bool | str, readonly: bool,
-              create: bool, size: int) -> _core.Dev:
+              create: bool, size: int, secrets: str = "") -> _core.Dev:
         if transport in fabric_uri.SCHEMES:
-            return fabric_uri.open_fabric_dev(transport, target, readonly)
+            return fabric_uri.open_fabric_dev(transport, target, readonly, secrets)
         try:
             return _core.Dev(transport, target, direct is not False, readonly, create, size)
         except DirectIONotSupportedError:

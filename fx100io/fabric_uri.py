@@ -13,7 +13,18 @@ reconnect_ms (pause after a failed connect attempt, 200) and max_reconnects
 (failed connect attempts a waiting request sits through, 3).  hdgst and
 ddgst are NVMe/TCP's; qsize (entries per I/O queue, 2..128, at most what
 the controller allows; the controller's limit by default) is NVMe/RDMA's.
-hostid may be written as a UUID.  A value the transport could not take
+hostid may be written as a UUID.
+
+In-band authentication (DH-HMAC-CHAP, both transports): dhchap_secret is the
+host's secret and dhchap_ctrl_secret the controller's (which also makes the
+controller prove itself: bidirectional authentication), in the
+``DHHC-1:HH:<base64>:`` form that ``nvme gen-dhchap-key`` prints and
+nvme-cli's --dhchap-secret / --dhchap-ctrl-secret take, written as is ('+'
+in a secret stays a '+'; percent-encoding also works).  They are
+used only when the subsystem asks for authentication, never logged, and
+shown as ``***`` wherever a URI is printed (:func:`redact`).  A wrong secret
+fails the open with DevicePermissionError carrying the controller's reason.
+A value the transport could not take
 exactly as written (an NQN over 223 bytes, a number out of range, control
 characters) is refused with InvalidArgumentError, never cut or wrapped.
 
@@ -56,6 +67,27 @@ SCHEMES = {"nvme+tcp": "tcp", "nvme+rdma": "rdma"}
 # options that only one transport has
 TRANSPORT_ONLY = {"hdgst": "nvme+tcp", "ddgst": "nvme+tcp", "qsize": "nvme+rdma"}
 STR_OPTIONS = ("hostnqn", "hostid")
+# passed to C apart from the target string, shown as *** (redact)
+SECRET_OPTIONS = ("dhchap_secret", "dhchap_ctrl_secret")
+REDACTED = "***"
+
+
+def redact(uri: str) -> str:
+    """uri with the values of its secret options replaced by ***: what every
+    message, repr and log shows of a URI."""
+    if not isinstance(uri, str) or "?" not in uri:
+        return uri
+    head, _, query = uri.partition("?")
+    query, hash_, frag = query.partition("#")
+    pairs = []
+    for pair in query.split("&"):
+        key, eq, value = pair.partition("=")
+        # a misspelt key must not leak its secret either
+        if unquote(key.replace("+", " ")) in SECRET_OPTIONS or \
+                "DHHC-" in unquote(value).upper():
+            pair = f"{key}{eq or '='}{REDACTED}"
+        pairs.append(pair)
+    return f"{head}?{'&'.join(pairs)}{hash_}{redact(frag) if frag else ''}"
 
 
 def host_identity() -> tuple[str, str]:
@@ -87,18 +119,32 @@ INT_RANGES = {"ns": (1, 0xFFFFFFFE),  # 0xFFFFFFFF is the broadcast NSID
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def _bad(message: str, uri: str) -> InvalidArgumentError:
+    """The error for a bad URI: it names the URI with its secrets hidden."""
+    return InvalidArgumentError(22, message, redact(uri))
+
+
 def _text(what: str, value: str, limit: int, uri: str) -> str:
     """A string option as the C side will read it: one line, no NUL, fits."""
     if not value or len(value.encode()) > limit or _CONTROL.search(value):
-        raise InvalidArgumentError(22, f"{what} must be 1 to {limit} bytes without control "
-                                   "characters", uri)
+        raise _bad(f"{what} must be 1 to {limit} bytes without control characters", uri)
+    return value
+
+
+def _secret(key: str, value: str, uri: str) -> str:
+    """A DH-HMAC-CHAP secret checked by the C parser that will read it;
+    the error names the option, never the value."""
+    why = _core.dhchap_secret_error(value) if value and not _CONTROL.search(value) else \
+        "must be a DHHC-1:HH:<base64>: secret (as nvme gen-dhchap-key prints)"
+    if why:
+        raise _bad(f"URI option {key}: {why}", uri)
     return value
 
 
 def _hostid(value: str, uri: str) -> str:
     hid = value.replace("-", "").lower()
     if not re.fullmatch(r"[0-9a-f]{32}", hid):
-        raise InvalidArgumentError(22, "hostid must be 32 hex digits (a UUID)", uri)
+        raise _bad("hostid must be 32 hex digits (a UUID)", uri)
     return hid
 
 
@@ -106,8 +152,7 @@ def scheme_of(uri: str) -> str:
     """nvme+tcp or nvme+rdma; InvalidArgumentError for anything else."""
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if scheme not in SCHEMES:
-        raise InvalidArgumentError(22, "an NVMe-oF URI starts with nvme+tcp:// or nvme+rdma://",
-                                   uri)
+        raise _bad("an NVMe-oF URI starts with nvme+tcp:// or nvme+rdma://", uri)
     return scheme
 
 
@@ -118,14 +163,23 @@ def _endpoint(uri: str) -> tuple[SplitResult, str, str]:
         parts = urlsplit(uri)
         port = parts.port
     except ValueError:
-        raise InvalidArgumentError(22, "malformed URI (bad port or IPv6 address)", uri) from None
+        raise _bad("malformed URI (bad port or IPv6 address)", uri) from None
     if not parts.hostname:
-        raise InvalidArgumentError(22, f"{scheme} URI needs a host: {scheme}://HOST:PORT/SUBNQN",
-                                   uri)
+        raise _bad(f"{scheme} URI needs a host: {scheme}://HOST:PORT/SUBNQN", uri)
     if port == 0:
-        raise InvalidArgumentError(22, "bad port in URI (1..65535)", uri)
+        raise _bad("bad port in URI (1..65535)", uri)
     host = _text("the host", parts.hostname, HOST_MAX, uri)
     return parts, host, str(port or DEFAULT_PORT)
+
+
+def _raw_query(query: str) -> dict[str, str]:
+    """Each key's last value percent-decoded but with '+' kept: base64 (a
+    secret) has '+', which form decoding (parse_qs) would turn into a space."""
+    out = {}
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        out[unquote(key.replace("+", " "))] = unquote(value)
+    return out
 
 
 def parse(uri: str) -> dict[str, str]:
@@ -138,52 +192,80 @@ def parse(uri: str) -> dict[str, str]:
     if subnqn:
         _text("the subsystem NQN", subnqn, NQN_MAX, uri)
     opts = {"host": host, "port": port, "subnqn": subnqn}
+    raw = _raw_query(parts.query)
     for key, values in parse_qs(parts.query, keep_blank_values=True).items():
         v = values[-1]
         if TRANSPORT_ONLY.get(key, scheme) != scheme:
-            raise InvalidArgumentError(22, f"URI option {key} is for {TRANSPORT_ONLY[key]} "
-                                       f"URIs, not {scheme}", uri)
+            raise _bad(f"URI option {key} is for {TRANSPORT_ONLY[key]} URIs, not {scheme}", uri)
         if key in INT_OPTIONS:
             lo, hi = INT_RANGES[key]
             # [0-9], not str.isdigit(): that also takes "²" and other scripts' digits
             if not re.fullmatch(r"[0-9]{1,20}", v) or not lo <= int(v) <= hi:
-                raise InvalidArgumentError(22, f"URI option {key} must be an integer in "
-                                           f"{lo}..{hi}" + (" (0 turns keep alive off)"
-                                                            if key == "kato_ms" else ""), uri)
+                raise _bad(f"URI option {key} must be an integer in {lo}..{hi}"
+                           + (" (0 turns keep alive off)" if key == "kato_ms" else ""), uri)
             opts[INT_OPTIONS[key]] = str(int(v))
         elif key in BOOL_OPTIONS:
             if v not in ("0", "1", "true", "false"):
-                raise InvalidArgumentError(22, f"URI option {key} must be 0 or 1", uri)
+                raise _bad(f"URI option {key} must be 0 or 1", uri)
             opts[key] = "1" if v in ("1", "true") else "0"
         elif key in STR_OPTIONS:
             opts[key] = v
+        elif key in SECRET_OPTIONS:
+            opts[key] = _secret(key, raw[key], uri)
         else:
-            raise InvalidArgumentError(22, f"unknown URI option {key!r} (known: "
-                                       f"{', '.join(sorted([*INT_OPTIONS, *BOOL_OPTIONS, *STR_OPTIONS]))})",
-                                       uri)
+            known = sorted([*INT_OPTIONS, *BOOL_OPTIONS, *STR_OPTIONS, *SECRET_OPTIONS])
+            raise _bad(f"unknown URI option {key!r} (known: {', '.join(known)})", uri)
+    _secrets_pair(opts, uri)
     nqn, hid = host_identity()
     opts["hostnqn"] = _text("the host NQN", opts.get("hostnqn", nqn), NQN_MAX, uri)
     opts["hostid"] = _hostid(opts.get("hostid", hid), uri)
     return opts
 
 
-def to_transport_target(uri: str) -> str:
+def _secrets_pair(opts: dict[str, str], uri: str) -> None:
+    if "dhchap_ctrl_secret" in opts and "dhchap_secret" not in opts:
+        raise _bad("URI option dhchap_ctrl_secret needs dhchap_secret too (the controller "
+                   "proves itself only to a host that authenticates)", uri)
+
+
+def to_transport(uri: str) -> tuple[str, str]:
+    """(target, secrets): the C transport's key=value lines, and the
+    secrets' lines apart (given to C only, never kept in a message)."""
     opts = parse(uri)
     if not opts["subnqn"]:
-        raise InvalidArgumentError(22, f"{scheme_of(uri)} URI needs a subsystem NQN as its path",
-                                   uri)
-    return "\n".join(f"{k}={v}" for k, v in opts.items())
+        raise _bad(f"{scheme_of(uri)} URI needs a subsystem NQN as its path", uri)
+    target = "\n".join(f"{k}={v}" for k, v in opts.items() if k not in SECRET_OPTIONS)
+    secrets = "\n".join(f"{k}={opts[k]}" for k in SECRET_OPTIONS if k in opts)
+    return target, secrets
 
 
-def open_fabric_dev(transport: str, target: str, readonly: bool) -> _core.Dev:
+def to_transport_target(uri: str) -> str:
+    return to_transport(uri)[0]
+
+
+def _auth_reason(e: OSError) -> str | None:
+    """The C side's words for an authentication failure of this thread's
+    last connect, when that is why e happened."""
+    if e.errno in (5, 13, 71, 93):  # EIO, EACCES, EPROTO, EPROTONOSUPPORT
+        why = _core.auth_error()
+        if why:
+            return why
+    return None
+
+
+def open_fabric_dev(transport: str, target: str, readonly: bool,
+                    secrets: str = "") -> _core.Dev:
     """Open the C device; says which endpoint failed."""
     where = dict(line.split("=", 1) for line in target.split("\n"))
     label = f"{transport}://{where['host']}:{where['port']}/{where['subnqn']}"
     try:
-        return _core.Dev(transport, target, False, readonly, False, 0)
+        return _core.Dev(transport, target, False, readonly, False, 0, secrets)
     except OSError as e:
         err = error_from_errno(e.errno or 5, label)
-        if e.errno == 13:
+        why = _auth_reason(e)
+        if why:
+            err.strerror = why
+        elif e.errno == 13:
             err.strerror = f"the target does not allow host {where['hostnqn']}"
         elif e.errno == 2:
             err.strerror = "the target has no such subsystem (or refused the Connect parameters)"
@@ -198,16 +280,24 @@ def open_fabric_dev(transport: str, target: str, readonly: bool) -> _core.Dev:
 
 def discovery_target(uri: str) -> tuple[str, str, str, str]:
     """(host, port, host NQN, host ID) of a discovery URI
-    nvme+tcp://HOST[:PORT][?hostnqn=...&hostid=...] (or nvme+rdma://),
-    checked as parse() does."""
+    nvme+tcp://HOST[:PORT][?hostnqn=...&hostid=...&dhchap_secret=...] (or
+    nvme+rdma://), checked as parse() does."""
+    return discovery_options(uri)[:4]  # type: ignore[return-value]
+
+
+def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
+    """discovery_target() and the two DH-HMAC-CHAP secrets ("" when absent)."""
     if not uri.lower().startswith(("nvme+tcp://", "nvme+rdma://")):
-        raise InvalidArgumentError(22, "discover() takes nvme+tcp://HOST[:PORT] or "
-                                   "nvme+rdma://HOST[:PORT]", uri)
+        raise _bad("discover() takes nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]", uri)
     parts, host, port = _endpoint(uri)
     nqn, hid = host_identity()
     q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    raw = _raw_query(parts.query)
+    secrets = {k: _secret(k, raw[k], uri) for k in SECRET_OPTIONS if k in raw}
+    _secrets_pair(secrets, uri)
     return (host, port, _text("the host NQN", q.get("hostnqn", nqn), NQN_MAX, uri),
-            _hostid(q.get("hostid", hid), uri))
+            _hostid(q.get("hostid", hid), uri), secrets.get("dhchap_secret", ""),
+            secrets.get("dhchap_ctrl_secret", ""))
 
 
 def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
@@ -215,12 +305,16 @@ def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
     (read over that transport): one dict per entry with subnqn, traddr,
     trsvcid (port), trtype ("tcp", "rdma"), adrfam, subtype ("nvme",
     "discovery", ...), portid, cntlid."""
-    host, port, hostnqn, hostid = discovery_target(uri)
+    host, port, hostnqn, hostid, secret, ctrl_secret = discovery_options(uri)
     try:
-        return _core.discover(host, port, hostnqn, hostid, timeout_ms, SCHEMES[scheme_of(uri)])
+        return _core.discover(host, port, hostnqn, hostid, timeout_ms, SCHEMES[scheme_of(uri)],
+                              secret, ctrl_secret)
     except OSError as e:
-        err = error_from_errno(e.errno or 5, uri)
-        if e.errno == 6 and scheme_of(uri) == "nvme+rdma":
+        err = error_from_errno(e.errno or 5, redact(uri))
+        why = _auth_reason(e)
+        if why:
+            err.strerror = why
+        elif e.errno == 6 and scheme_of(uri) == "nvme+rdma":
             err.strerror = ("no RDMA device reaches this address (this host has no RDMA stack, "
                             "or no RDMA device on the route: see `fx100io rdma-devices`)")
         raise err from None

@@ -176,11 +176,16 @@ class EvilTarget:
                     sqe = rest[:64]
                     incap = rest[pdo - 8:] if pdo else b""
                     opcode, _fl, cid = struct.unpack_from("<BBH", sqe, 0)
-                    if opcode == 0x7F:
-                        fctype = sqe[4]
+                    fctype = sqe[4] if opcode == 0x7F else -1
+                    if fctype not in (0x01, 0x05, 0x06) and not self._may_serve(qid):
+                        c.sendall(_rsp(cid, status=0x191))           # authentication required
+                    elif opcode == 0x7F:
                         if fctype == 0x01:                           # Connect
                             qid = struct.unpack_from("<H", sqe, 42)[0]
-                            c.sendall(_rsp(cid, dw0=1))
+                            c.sendall(_rsp(cid, dw0=self._connect_dw0(qid, incap)))
+                        elif fctype in (0x05, 0x06):                 # AUTH_Send / AUTH_Receive
+                            if not self._auth_command(c, cid, fctype, sqe, incap):
+                                return
                         elif fctype == 0x04:                         # Property Get
                             off = struct.unpack_from("<I", sqe, 44)[0]
                             cap = 127 | (1 << 24) | (1 << 37) | (self.mpsmin << 48)
@@ -231,6 +236,20 @@ class EvilTarget:
         finally:
             if evil_here:
                 self.io_closed.set()
+
+    # Hooks for in-band authentication (tests/auth_target.py): this target
+    # asks for none and refuses AUTH_Send/AUTH_Receive (Invalid Opcode).
+    def _connect_dw0(self, qid: int, data: bytes) -> int:
+        return 1  # CNTLID 1
+
+    def _may_serve(self, qid: int | None) -> bool:
+        return True
+
+    def _auth_command(self, c: socket.socket, cid: int, fctype: int, sqe: bytes,
+                      incap: bytes) -> bool:
+        """Answer one AUTH_Send/Receive; False ends the connection."""
+        c.sendall(_rsp(cid, status=0x4001))
+        return True
 
     def _lba_range(self, sqe: bytes) -> tuple[int, int]:
         slba = struct.unpack_from("<Q", sqe, 40)[0]

@@ -94,6 +94,7 @@ void fx_nvmf_connect_cmd(const struct fx_nvmf_params *p, uint16_t qid, uint16_t 
 {
 	struct nvmf_connect_cmd cc;
 
+	fx_nvmf_auth_error_clear(); /* a new connect: no stale reason */
 	memset(cd, 0, sizeof(*cd));
 	memcpy(cd->hostid, p->hostid, sizeof(cd->hostid));
 	cd->cntlid = qid ? cntlid : 0xFFFF; /* admin: any (dynamic) controller */
@@ -109,6 +110,18 @@ void fx_nvmf_connect_cmd(const struct fx_nvmf_params *p, uint16_t qid, uint16_t 
 	/* KATO belongs to the controller, so only the admin Connect sets it. */
 	cc.kato = qid ? 0 : p->kato_ms;
 	memcpy(sqe, &cc, sizeof(*sqe));
+}
+
+int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *text,
+			      const char **why)
+{
+	return fx_auth_key_parse(text, ctrl ? &p->dhchap_ctrl_key : &p->dhchap_key, why);
+}
+
+void fx_nvmf_params_wipe(struct fx_nvmf_params *p)
+{
+	fx_auth_key_wipe(&p->dhchap_key);
+	fx_auth_key_wipe(&p->dhchap_ctrl_key);
 }
 
 int fx_nvmf_connect_errno(uint16_t sf)

@@ -273,6 +273,7 @@ fail:
 	tr->close(c->aq);
 fail_connect:
 	pthread_mutex_destroy(&c->lock);
+	fx_nvmf_params_wipe(&c->params);
 	free(c);
 	return r;
 }
@@ -364,5 +365,6 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c)
 	c->tr->close(c->aq);
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
+	fx_nvmf_params_wipe(&c->params);
 	free(c);
 }

@@ -80,7 +80,15 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 			d->max_reconnects = atoi(v);
 		else if (!strcmp(k, "max_xfer"))
 			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
+		else if (!strcmp(k, "dhchap_secret") || !strcmp(k, "dhchap_ctrl_secret")) {
+			const char *why = NULL;
+
+			ret = fx_nvmf_params_set_secret(&d->params, k[7] == 'c', v, &why);
+			if (ret)
+				fprintf(stderr, "fx100io: %s: %s: %s\n", d->label, k, why);
+		}
 	}
+	fx_auth_wipe(copy, strlen(target)); /* it held the secrets' text */
 	free(copy);
 	if (ret || !d->addr.host[0] || !d->addr.port[0] || !d->params.subnqn[0] ||
 	    !d->params.hostnqn[0] || d->nsid == 0 || d->queues == 0 || d->queues > 64 ||
@@ -192,6 +200,7 @@ void fx_nvmf_dev_fini(struct fx_nvmf_dev *d)
 	d->ctrl = NULL;
 	free(d->qid_used);
 	d->qid_used = NULL;
+	fx_nvmf_params_wipe(&d->params);
 	pthread_mutex_destroy(&d->open_lock);
 	pthread_mutex_destroy(&d->lock);
 }

@@ -15,6 +15,9 @@
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
+#include "nvmf/auth_crypto.h"
+
+struct fx_nvmf_transport;
 
 struct fx_nvmf_addr {
 	char host[256]; /* IPv4/IPv6 literal or name (tests use literals) */
@@ -29,7 +32,42 @@ struct fx_nvmf_params {
 	int ddgst;        /* ask for data digests */
 	uint32_t kato_ms; /* keep alive timeout sent in Connect (admin) */
 	int timeout_ms;   /* per command / connect step */
+	/* DH-HMAC-CHAP secrets (len 0: none), parsed once when the device or
+	 * discovery is opened; the controller's one asks for bidirectional
+	 * authentication.  Wiped with the params (fx_nvmf_params_wipe). */
+	struct fx_auth_key dhchap_key;
+	struct fx_auth_key dhchap_ctrl_key;
 };
+
+/* Set params' host (ctrl == 0) or controller (ctrl != 0) secret from its
+ * DHHC-1 text; -EINVAL with *why (never quoting the secret) when malformed. */
+int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *text,
+			      const char **why);
+/* Wipe the secrets a params holds. */
+void fx_nvmf_params_wipe(struct fx_nvmf_params *p);
+
+/*
+ * In-band authentication after a successful Fabrics Connect on queue q
+ * (nvmf/auth_host.c); every transport's connect calls it with the Connect
+ * response's DW0, so the admin queue, every I/O queue and every reconnect
+ * authenticate.  0: the controller asked for none, or DH-HMAC-CHAP
+ * succeeded (bidirectionally when p has a controller secret).  Errors
+ * (the queue is then unusable; the caller closes it):
+ *   -EACCES  authentication required and no dhchap_secret given; the
+ *            controller's AUTH_Failure1 (wrong secret, ...); the
+ *            controller's response did not match dhchap_ctrl_secret
+ *   -EPROTONOSUPPORT  the controller requires secure channel concatenation
+ *   -EPROTO  a malformed or unexpected message, a DH value out of range
+ *   -EIO     an AUTH_Send/Receive completed with an NVMe error status
+ *   or what the transport's exec returned.
+ * The reason, in words, is fx_nvmf_auth_error() on the same thread.
+ */
+int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
+		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0);
+/* Why this thread's last connect failed authentication ("" if it did not:
+ * cleared by every Connect, fx_nvmf_connect_cmd). */
+const char *fx_nvmf_auth_error(void);
+void fx_nvmf_auth_error_clear(void);
 
 /*
  * One transport, as the generic controller code sees it.  Const and

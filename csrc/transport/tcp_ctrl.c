@@ -708,6 +708,10 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 	if (r)
 		goto fail;
 	out->cntlid = qid ? cntlid : (uint16_t)(cqe.dw0 & 0xffff);
+	/* In-band authentication, when the Connect response asks for it. */
+	r = fx_nvmf_auth_host(&fx_nvmf_tcp_transport, out, p, qid, cqe.dw0);
+	if (r)
+		goto fail;
 	return 0;
 fail:
 	fx_nvmf_conn_close(out);
