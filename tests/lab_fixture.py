@@ -23,7 +23,7 @@ import os
 import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -50,6 +50,8 @@ class LabSubsystem:
     namespaces: tuple[LabNamespace, ...]
     allow_any_host: bool
     allowed_hosts: tuple[str, ...]
+    # host NQN -> DH-HMAC-CHAP settings (.key .ctrl_key .hash .dhgroup); empty: no auth
+    host_keys: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,10 @@ class FabricLab:
 
     host: str
     port: int
+    # the subsystems a host reaches without authentication (allowed_host_nqn is admitted by
+    # all of them); those that authenticate their hosts are in auth_subsystems
     subsystems: tuple[LabSubsystem, ...]
-    allowed_host_nqn: str  # admitted by every subsystem, allow-listed ones included
+    allowed_host_nqn: str  # admitted by every subsystem in subsystems, allow-listed ones included
     discovery_nqn: str
     guest_ip: str
     net: str  # "netns" or "user" (on the host), "guest" (in a guest run)
@@ -67,6 +71,7 @@ class FabricLab:
     rdma_port: int | None  # NVMe/RDMA port on guest_ip (reachable only inside the guest)
     kernel_release: str
     state: dict
+    auth_subsystems: tuple[LabSubsystem, ...] = ()
 
     @property
     def endpoint(self) -> tuple[str, int]:
@@ -74,7 +79,7 @@ class FabricLab:
 
     def subsystem(self, name: str) -> LabSubsystem:
         """The subsystem whose NQN is name or ends with it (e.g. "lab-ram")."""
-        for sub in self.subsystems:
+        for sub in self.subsystems + self.auth_subsystems:
             if sub.nqn == name or sub.nqn.endswith(name):
                 return sub
         raise KeyError(f"no lab subsystem {name!r}; have {[s.nqn for s in self.subsystems]}")
@@ -130,10 +135,13 @@ def _lab_from_state(state: dict) -> FabricLab:
             namespaces=tuple(LabNamespace(ns.nsid, ns.block_size, ns.size_mib * 2**20, ns.backend)
                              for ns in sub.namespaces),
             allow_any_host=sub.allow_any_host,
-            allowed_hosts=tuple(sub.allowed_hosts))
+            allowed_hosts=tuple(sub.allowed_hosts),
+            host_keys=dict(sub.host_keys))
         for sub in config.subsystems)
     return FabricLab(
-        host=state["host"], port=state["port"], subsystems=subsystems,
+        host=state["host"], port=state["port"],
+        subsystems=tuple(s for s in subsystems if not s.host_keys),
+        auth_subsystems=tuple(s for s in subsystems if s.host_keys),
         allowed_host_nqn=state["allowed_host_nqn"], discovery_nqn=state["discovery_nqn"],
         guest_ip=state["guest_ip"], net=state["net"], netns=state["netns"],
         rdma_port=state["rdma"]["trsvcid"] if state.get("rdma") else None,

@@ -2,7 +2,7 @@
 
 Our target (`python3 -m fx100io target`) listens on the host side of the lab network: the
 tap's address inside the lab's network namespace, where this test process runs. The lab
-guest's own kernel (Debian 6.1, nvme-tcp, driven by nvme-cli) discovers and connects to it
+guest's own kernel (Debian 6.12, nvme-tcp, driven by nvme-cli) discovers and connects to it
 over the tap, so a real, independent NVMe/TCP host exercises the target. Data crosses in both
 directions and is compared byte for byte (through MD5 digests of exactly the bytes written,
 since the guest is reachable only over its serial console):

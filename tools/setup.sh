@@ -7,11 +7,11 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
 need=()
-# libssl-dev: OpenSSL's libcrypto for NVMe in-band authentication (DH-HMAC-CHAP).
 # RDMA: the NVMe/RDMA transport links libibverbs/librdmacm (ibverbs-providers has
 # soft-RoCE's rxe); python3-pyverbs lists devices (fx100io rdma-devices); nvme-cli and
-# the verbs utilities are what the lab guest's userland (this host's root) runs
-for p in liburing-dev libssl-dev fio gcc make util-linux pkg-config libibverbs-dev librdmacm-dev \
+# the verbs utilities are what the lab guest's userland (this host's root) runs;
+# libssl-dev: DH-HMAC-CHAP authentication uses OpenSSL's libcrypto
+for p in liburing-dev fio gcc make util-linux pkg-config libibverbs-dev librdmacm-dev libssl-dev \
     rdma-core ibverbs-providers python3-pyverbs nvme-cli ibverbs-utils rdmacm-utils; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done

@@ -139,6 +139,20 @@ lab_host() {
     mkdir -p "$NVMET/hosts/$1" || lab_fail "mkdir host $1"
 }
 
+lab_host_key() {
+    # lab_host_key HOST_NQN HASH DHGROUP KEY [CTRL_KEY]: DH-HMAC-CHAP for that host (the
+    # kernel needs CONFIG_NVME_TARGET_AUTH; without it these attributes do not exist).
+    dir=$NVMET/hosts/$1
+    [ -e "$dir/dhchap_key" ] || lab_fail "nvmet has no dhchap_key (kernel without NVMe auth)"
+    echo -n "$2" > "$dir/dhchap_hash" || lab_fail "dhchap_hash $2 for $1"
+    echo -n "$3" > "$dir/dhchap_dhgroup" || lab_fail "dhchap_dhgroup $3 for $1"
+    echo -n "$4" > "$dir/dhchap_key" || lab_fail "dhchap_key for $1"
+    if [ -n "$5" ]; then
+        echo -n "$5" > "$dir/dhchap_ctrl_key" || lab_fail "dhchap_ctrl_key for $1"
+    fi
+    lab_step "host $1 authenticates (DH-HMAC-CHAP $2, $3${5:+, bidirectional})"
+}
+
 lab_subsystem() {
     # lab_subsystem NQN ALLOW_ANY_HOST(0|1)
     mkdir "$NVMET/subsystems/$1" || lab_fail "mkdir subsystem $1"

@@ -8,8 +8,10 @@ appends at boot time (the kernel unpacks concatenated archives in order).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -20,7 +22,7 @@ from pathlib import Path
 from . import debian_packages, host_tools, lab_paths
 
 # Bump when the layout of the built image changes, so old caches are not reused.
-BUILD_FORMAT = 4
+BUILD_FORMAT = 5
 
 # Top-level modules; their dependencies come from modules.dep. Beyond the TCP target this
 # covers the RDMA port (rdma_rxe, nvmet-rdma), the in-guest kernel initiator (nvme-tcp,
@@ -186,6 +188,21 @@ def _write_cpio(root: Path, output: Path, compress: bool) -> None:
     output.write_bytes(data)
 
 
+def _copy_module(source: Path, target: Path) -> None:
+    """Copy a kernel module, uncompressed: Debian's 6.12 modules are .ko.xz, and busybox's
+    modprobe loads plain .ko files only (depmod of the staged tree then names the .ko)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.name.endswith(".ko.xz"):
+        target.with_name(source.name[:-3]).write_bytes(lzma.decompress(source.read_bytes()))
+    elif source.name.endswith(".ko.gz"):
+        target.with_name(source.name[:-3]).write_bytes(gzip.decompress(source.read_bytes()))
+    elif source.name.endswith(".ko"):
+        shutil.copy2(source, target)
+    else:
+        raise InitramfsError(f"kernel module {source.name}: compression not supported "
+                             "(only .ko, .ko.xz, .ko.gz)")
+
+
 def _stage_root(kernel_tree: Path, busybox_tree: Path, packages_tree: Path, release: str,
                 root: Path, host_files: dict[str, str]) -> int:
     for directory in ("bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "run",
@@ -202,9 +219,7 @@ def _stage_root(kernel_tree: Path, busybox_tree: Path, packages_tree: Path, rele
     target_modules = root / "lib/modules" / release
     closure = _module_closure(source_modules)
     for relative in closure:
-        target = target_modules / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source_modules / relative, target)
+        _copy_module(source_modules / relative, target_modules / relative)
     for meta in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
         if (source_modules / meta).exists():
             shutil.copy2(source_modules / meta, target_modules / meta)

@@ -22,6 +22,19 @@ DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 DEFAULT_HOST_NQN = "nqn.2026-11.io.fx100:lab-host"
 RAM_SUBSYSTEM_NQN = "nqn.2026-11.io.fx100:lab-ram"
 NVME_SUBSYSTEM_NQN = "nqn.2026-11.io.fx100:lab-nvme"
+AUTH_SUBSYSTEM_NQN = "nqn.2026-11.io.fx100:lab-auth"
+# Hosts of the lab-auth subsystem: one with a host secret only (the target authenticates the
+# host), one with a controller secret too (bidirectional). These are test secrets of a lab
+# that only ever listens inside its own network namespace, in nvme gen-dhchap-key's form.
+AUTH_HOST_NQN = "nqn.2026-11.io.fx100:lab-auth-host"
+AUTH_BIDIR_HOST_NQN = "nqn.2026-11.io.fx100:lab-auth-bidir"
+AUTH_HOST_KEY = "DHHC-1:00:Fk5BrphAEh+AKiyiFKyx9mEPahMAssuR+Alaq7JthZkNeG2K:"
+AUTH_BIDIR_HOST_KEY = "DHHC-1:01:Fk5BrphAEh+AKiyiFKyx9mEPahMAssuR+Alaq7JthZkNeG2K:"
+AUTH_BIDIR_CTRL_KEY = ("DHHC-1:02:dnmXMOwPD0655WZ10LuG+9oL0hfAtdfRj5Qm1NlyhBYHAgmvaDWRKYgf"
+                       "U0YLNXEU1ikU7g==:")
+# What nvmet's hosts/<nqn>/dhchap_hash and dhchap_dhgroup accept.
+DHCHAP_HASHES = ("hmac(sha256)", "hmac(sha384)", "hmac(sha512)")
+DHCHAP_DHGROUPS = ("null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192")
 
 # brd: the kernel's RAM disk, always 512-byte logical blocks.
 # null_blk: memory-backed null_blk device made through configfs; any block size.
@@ -51,11 +64,23 @@ class Namespace:
 
 
 @dataclass
+class HostKey:
+    """DH-HMAC-CHAP settings of one host entry in nvmet (hosts/<nqn>/dhchap_*). A host with
+    a key must authenticate to every subsystem that admits it."""
+    key: str                      # the host's secret (DHHC-1:...)
+    ctrl_key: str = ""            # the controller's secret: bidirectional authentication
+    hash: str = "hmac(sha256)"    # the hash the target picks (the host must offer it)
+    dhgroup: str = "null"         # the DH group the target picks ("null": none)
+
+
+@dataclass
 class Subsystem:
     nqn: str
     namespaces: list[Namespace] = field(default_factory=list)
     allow_any_host: bool = True
     allowed_hosts: list[str] = field(default_factory=list)
+    # host NQN (one of allowed_hosts) -> its DH-HMAC-CHAP settings
+    host_keys: dict[str, HostKey] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,6 +113,12 @@ class LabConfig:
             Subsystem(nqn=NVME_SUBSYSTEM_NQN, allow_any_host=False,
                       allowed_hosts=[DEFAULT_HOST_NQN],
                       namespaces=[Namespace(backend="nvme", size_mib=256, block_size=4096)]),
+            Subsystem(nqn=AUTH_SUBSYSTEM_NQN, allow_any_host=False,
+                      allowed_hosts=[AUTH_HOST_NQN, AUTH_BIDIR_HOST_NQN],
+                      host_keys={AUTH_HOST_NQN: HostKey(key=AUTH_HOST_KEY),
+                                 AUTH_BIDIR_HOST_NQN: HostKey(key=AUTH_BIDIR_HOST_KEY,
+                                                              ctrl_key=AUTH_BIDIR_CTRL_KEY)},
+                      namespaces=[Namespace(backend="null_blk", size_mib=64, block_size=4096)]),
         ])
 
     @classmethod
@@ -104,7 +135,9 @@ class LabConfig:
             sub = dict(sub)
             try:
                 namespaces = [Namespace(**ns) for ns in sub.pop("namespaces", [])]
-                subsystems.append(Subsystem(namespaces=namespaces, **sub))
+                host_keys = {host: HostKey(**key)
+                             for host, key in dict(sub.pop("host_keys", {})).items()}
+                subsystems.append(Subsystem(namespaces=namespaces, host_keys=host_keys, **sub))
             except TypeError as err:
                 raise LabConfigError(f"subsystems[{i}]: {err}") from None
         config = cls(subsystems=subsystems, **values)
@@ -171,6 +204,7 @@ class LabConfig:
             if sub.nqn in seen_nqns:
                 raise LabConfigError(f"subsystem {sub.nqn} is listed twice")
             seen_nqns.add(sub.nqn)
+        self.host_keys()  # one key per host NQN across subsystems
 
     @staticmethod
     def _validate_nqn(nqn: str, what: str) -> None:
@@ -185,6 +219,20 @@ class LabConfig:
             raise LabConfigError("the discovery NQN is built in; do not configure it")
         for host in sub.allowed_hosts:
             self._validate_nqn(host, f"allowed host of {sub.nqn}")
+        for host, key in sub.host_keys.items():
+            if host not in sub.allowed_hosts:
+                raise LabConfigError(f"{sub.nqn}: host_keys names {host}, which is not in "
+                                     "allowed_hosts (nvmet asks only allow-listed hosts)")
+            for name, secret in (("key", key.key), ("ctrl_key", key.ctrl_key)):
+                if (secret or name == "key") and not re.fullmatch(
+                        r"DHHC-1:0[0-3]:[A-Za-z0-9+/]+={0,2}:", secret):
+                    raise LabConfigError(f"{sub.nqn}: {name} of {host} is not a DHHC-1:NN:<base64>: "
+                                         "secret (make one with nvme gen-dhchap-key)")
+            if key.hash not in DHCHAP_HASHES:
+                raise LabConfigError(f"{sub.nqn}: hash {key.hash!r} of {host} not in {DHCHAP_HASHES}")
+            if key.dhgroup not in DHCHAP_DHGROUPS:
+                raise LabConfigError(f"{sub.nqn}: dhgroup {key.dhgroup!r} of {host} not in "
+                                     f"{DHCHAP_DHGROUPS}")
         if sub.allow_any_host and sub.allowed_hosts:
             raise LabConfigError(f"{sub.nqn}: allowed_hosts needs allow_any_host false")
         if not sub.allow_any_host and not sub.allowed_hosts:
@@ -232,10 +280,24 @@ class LabConfig:
         drives = [ns for _, ns in self.all_namespaces() if ns.backend == "nvme"]
         return [(f"fxlab{i}", ns) for i, ns in enumerate(drives)]
 
-    def allowed_host_nqn(self) -> str:
-        """A host NQN that every subsystem admits (the first allow-list entry, else default)."""
+    def host_keys(self) -> dict[str, HostKey]:
+        """Host NQN -> its DH-HMAC-CHAP settings, over all subsystems. nvmet keeps keys on
+        the host entry, shared by every subsystem: two different settings for one host are
+        refused."""
+        keys: dict[str, HostKey] = {}
         for sub in self.subsystems:
-            if sub.allowed_hosts:
+            for host, key in sub.host_keys.items():
+                if host in keys and keys[host] != key:
+                    raise LabConfigError(f"host {host} has different host_keys in two subsystems; "
+                                         "nvmet keeps one key per host NQN")
+                keys[host] = key
+        return keys
+
+    def allowed_host_nqn(self) -> str:
+        """A host NQN that the subsystems without authentication admit (the first allow-list
+        entry of one, else the default)."""
+        for sub in self.subsystems:
+            if sub.allowed_hosts and not sub.host_keys:
                 return sub.allowed_hosts[0]
         return DEFAULT_HOST_NQN
 
@@ -258,6 +320,9 @@ class LabConfig:
             lines.append(f"lab_brd_disks {len(brd)} {max(ns.size_mib for ns in brd) * 1024}")
         hosts = sorted({h for sub in self.subsystems for h in sub.allowed_hosts})
         lines += [f"lab_host {q(h)}" for h in hosts]
+        for host, key in sorted(self.host_keys().items()):
+            lines.append(f"lab_host_key {q(host)} {q(key.hash)} {q(key.dhgroup)} {q(key.key)} "
+                         f"{q(key.ctrl_key)}")
         nvme_serials = {id(ns): serial for serial, ns in self.nvme_drives()}
         brd_index = null_index = 0
         for sub in self.subsystems:

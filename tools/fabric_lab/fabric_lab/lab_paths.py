@@ -26,6 +26,11 @@ def debs_dir() -> Path:
     return lab_dir() / "debs"
 
 
+def apt_dir() -> Path:
+    """The lab's own apt sources and package lists (bookworm-backports, for the kernel)."""
+    return lab_dir() / "apt"
+
+
 def build_cache_dir() -> Path:
     """Built guest images, one subdirectory per cache key."""
     return lab_dir() / "build"
