@@ -43,26 +43,6 @@ cdef extern from "target/target.h" nogil:
     void fx_target_destroy(fx_target *t)
 
 
-cdef extern from "nvmf/auth_crypto.h" nogil:
-    struct fx_auth_key:
-        uint8_t len
-    int fx_auth_key_parse(const char *text, fx_auth_key *key, const char **why)
-    void fx_auth_key_wipe(fx_auth_key *key)
-
-
-def target_dhchap_secret_problem(str text):
-    """None when text is a usable DHHC-1 secret, else what is wrong with it
-    (a sentence that never quotes the secret)."""
-    cdef fx_auth_key key
-    cdef const char *why = NULL
-    b = text.encode()
-    rc = fx_auth_key_parse(b, &key, &why)
-    fx_auth_key_wipe(&key)
-    if rc == 0:
-        return None
-    return why.decode() if why != NULL else "not a DHHC-1 secret"
-
-
 # DH-HMAC-CHAP ids by name (NVMe Base 2.x; Linux nvmet's names, "hmac(sha256)" too)
 TARGET_DHCHAP_HASHES = {"sha256": 1, "sha384": 2, "sha512": 3}
 TARGET_DHCHAP_DHGROUPS = {"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096": 3,

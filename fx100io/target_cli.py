@@ -164,7 +164,7 @@ def _secret_arg(text: str, opt: str) -> tuple[str, str]:
     else:
         secret = secret.strip()
     from fx100io import _core
-    problem = _core.target_dhchap_secret_problem(secret)
+    problem = _core.dhchap_secret_error(secret)
     if problem:
         raise ValueError(f"{opt} for {nqn}: {problem}")
     return nqn, secret

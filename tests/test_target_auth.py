@@ -521,3 +521,78 @@ def test_secret_from_a_file(start_target, tmp_path):
     h.close()
     with open(f"/proc/{t.proc.pid}/cmdline", "rb") as f:
         assert SECRET_A.encode() not in f.read()
+
+
+# ------------------------------------------- our own initiator against it
+
+def _uri(t, secret: str | None, ctrl: str | None = None, hostnqn: str = HOST_A) -> str:
+    from urllib.parse import quote
+    u = (f"nvme+tcp://127.0.0.1:{t.port}/{NQN}?hostnqn={hostnqn}&queues=2"
+         "&io_timeout_ms=10000&connect_timeout_ms=10000")
+    if secret:
+        u += "&dhchap_secret=" + quote(secret, safe=":")
+    if ctrl:
+        u += "&dhchap_ctrl_secret=" + quote(ctrl, safe=":")
+    return u
+
+
+def _roundtrip(uri: str, off: int) -> None:
+    import numpy as np
+
+    import fx100io
+    data = np.frombuffer(os.urandom(256 << 10), np.uint8)
+    with fx100io.open_device(uri) as dev:
+        pool = fx100io.BufferPool(1 << 20)
+        buf = pool.alloc(256 << 10)
+        buf[:] = data
+        dev.write_from_blocking(off, buf)
+        back = pool.alloc(256 << 10)
+        assert dev.read_into_blocking(off, back) == 256 << 10
+        assert np.array_equal(back, data)
+
+
+@pytest.mark.parametrize("hashname", ["sha256", "sha384", "sha512"])
+def test_our_initiator_authenticates_with_each_hash_and_group(start_target, hashname):
+    for i, group in enumerate(("null", "ffdhe2048", "ffdhe3072")):
+        t = keyed(start_target, "--dhchap-hash", hashname, "--dhchap-dhgroup", group)
+        _roundtrip(_uri(t, SECRET_A), i << 20)
+        t.stop()
+        want = f"DH-HMAC-CHAP, {hashname}, DH group {group})"
+        assert f"host {HOST_A} authenticated ({want}" in t.stderr, t.stderr
+        assert "failed DH-HMAC-CHAP" not in t.stderr
+
+
+def test_our_initiator_bidirectional_and_strongest_by_default(start_target):
+    t = start_target("--dhchap-key", f"{HOST_A}={SECRET_A}",
+                     "--dhchap-ctrl-key", f"{HOST_A}={SECRET_CTRL}")
+    _roundtrip(_uri(t, SECRET_A, SECRET_CTRL), 0)
+    # one way: the controller secret is there but not asked for
+    _roundtrip(_uri(t, SECRET_A), 1 << 20)
+    t.stop()
+    assert "DH-HMAC-CHAP, sha512, DH group ffdhe8192, bidirectional)" in t.stderr, t.stderr
+    assert "DH-HMAC-CHAP, sha512, DH group ffdhe8192)" in t.stderr
+
+
+def test_our_initiator_wrong_or_missing_secret(start_target):
+    import fx100io
+    from fx100io import errors
+    t = start_target("--dhchap-key", f"{HOST_A}={SECRET_A}",
+                     "--dhchap-ctrl-key", f"{HOST_A}={SECRET_CTRL}", "--dhchap-dhgroup", "null")
+    with pytest.raises(errors.DevicePermissionError) as ei:
+        fx100io.open_device(_uri(t, WRONG_A))
+    assert "reason 0x01" in str(ei.value), str(ei.value)
+    with pytest.raises(errors.DevicePermissionError) as ei:
+        fx100io.open_device(_uri(t, None))
+    assert "dhchap_secret" in str(ei.value)
+    # the host's secret right, ours not what the host expects: the host says Failure2
+    with pytest.raises(errors.DevicePermissionError):
+        fx100io.open_device(_uri(t, SECRET_A, SECRET_B))
+    # a host with no secret on the target at all
+    with pytest.raises(errors.DevicePermissionError):
+        fx100io.open_device(_uri(t, SECRET_B, hostnqn=HOST_B))
+    _roundtrip(_uri(t, SECRET_A, SECRET_CTRL), 0)
+    t.stop()
+    assert t.stderr.count("failed DH-HMAC-CHAP authentication") == 1, t.stderr
+    assert "Failure2" in t.stderr
+    for s in (SECRET_A, WRONG_A, SECRET_CTRL, SECRET_B):
+        assert s[10:40] not in t.stderr
