@@ -596,3 +596,26 @@ def test_our_initiator_wrong_or_missing_secret(start_target):
     assert "Failure2" in t.stderr
     for s in (SECRET_A, WRONG_A, SECRET_CTRL, SECRET_B):
         assert s[10:40] not in t.stderr
+
+
+def test_attempts_per_queue_are_bounded(start_target):
+    """Each transaction costs the target a DH key pair: a host gets a few
+    tries per queue, then only Failure1 (said once in the log)."""
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    for i in range(4):
+        assert authenticate(h, WRONG_A, groups=(1,), tid=i)["failure"] == (1, RC_FAILED)
+    for i in range(3):
+        assert authenticate(h, SECRET_A, groups=(1,), tid=10 + i)["failure"] == (1, RC_FAILED)
+    assert refused(h.identify(1)[0])
+    h.close()
+    # a fresh queue starts afresh; a success resets the count
+    h, _ = connect(t.port)
+    for i in range(3):
+        assert authenticate(h, WRONG_A, groups=(0,), tid=i)["failure"] == (1, RC_FAILED)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,), tid=5)
+    for i in range(4):
+        assert "failure" not in authenticate(h, SECRET_A, groups=(0,), tid=6 + i)
+    h.close()
+    t.stop()
+    assert t.stderr.count("too many attempts on this queue") == 1, t.stderr

@@ -43,6 +43,7 @@ struct tgt_auth {
 	enum tgt_auth_step step;
 	int authenticated;
 	int logged;        /* this transaction's failure has been logged */
+	unsigned tries;    /* transactions started since the last success */
 	uint16_t t_id;
 	uint8_t hash, dhgid, hl;
 	uint8_t reason;    /* Failure1's reason code explanation (FX_AUTH_FAIL_*) */
@@ -277,6 +278,12 @@ static int on_negotiate(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 		return fail(c, rc, why);
 	}
 	a->t_id = neg.t_id;
+	if (a->tries >= FX_TGT_AUTH_MAX_TRIES) {
+		a->logged = a->tries > FX_TGT_AUTH_MAX_TRIES; /* (said once) */
+		a->tries = FX_TGT_AUTH_MAX_TRIES + 1;
+		return fail(c, FX_AUTH_FAIL_FAILED, "too many attempts on this queue");
+	}
+	a->tries++;
 	if (neg.sc_c != FX_AUTH_SC_C_NONE)
 		return fail(c, FX_AUTH_FAIL_CONCAT_MISMATCH, "we offer no secure channel");
 	hash = pick(neg.hash_ids, neg.nhash, c->t->dhchap_hashes, FX_AUTH_HASH_SHA512);
@@ -428,6 +435,7 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 	}
 	/* Success2: the host accepted our response. */
 	a->authenticated = 1;
+	a->tries = 0;
 	a->step = STEP_DONE;
 	transaction_wipe(a);
 	return 0;
@@ -492,6 +500,7 @@ static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al)
 		a->step = STEP_SUCCESS2;
 	} else {
 		a->authenticated = 1;
+		a->tries = 0;
 		a->step = STEP_DONE;
 	}
 	if (c->qid == 0 || t->verbose)

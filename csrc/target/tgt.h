@@ -43,6 +43,10 @@
 /* Connections closed at the limit (or by their deadline) whose threads have
  * not ended yet: at most this many on top of the limit. */
 #define FX_TGT_EVICT_SLACK 64u
+/* DH-HMAC-CHAP transactions a queue may start without one succeeding: each
+ * costs a DH key pair (ffdhe8192: about 0.1 s of CPU), so a host must not
+ * loop on them for the whole handshake deadline. */
+#define FX_TGT_AUTH_MAX_TRIES 4u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
