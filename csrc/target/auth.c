@@ -249,6 +249,23 @@ static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 	return 0;
 }
 
+/* The transaction succeeded: the queue takes commands (said for admin
+ * queues, and for every queue when verbose). */
+static void authenticated(struct tgt_conn *c)
+{
+	struct tgt_auth *a = c->auth;
+	char hp[NVMF_NQN_SIZE];
+
+	a->authenticated = 1;
+	a->tries = 0;
+	a->step = STEP_DONE;
+	if (c->qid == 0 || c->t->verbose)
+		tgt_log(c->t, "%s qid %u: host %s authenticated (DH-HMAC-CHAP, %s, DH group %s%s)",
+		        c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+		        fx_auth_hash_name(a->hash), fx_auth_dhgroup_name(a->dhgid),
+		        a->bidir ? ", bidirectional" : "");
+}
+
 /* The strongest id of mask (bit 1u << id) that the host lists too. */
 static int pick(const uint8_t *ids, unsigned n, uint32_t mask, int hi)
 {
@@ -434,9 +451,7 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 		}
 	}
 	/* Success2: the host accepted our response. */
-	a->authenticated = 1;
-	a->tries = 0;
-	a->step = STEP_DONE;
+	authenticated(c);
 	transaction_wipe(a);
 	return 0;
 }
@@ -483,7 +498,6 @@ static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al)
 	uint8_t r2[FX_AUTH_MAX_HASH_LEN];
 	struct fx_auth_success1 s1 = {.t_id = a->t_id, .hl = a->hl, .rvalid = (uint8_t)a->bidir,
 	                              .rval = r2};
-	char hp[NVMF_NQN_SIZE];
 	int n;
 
 	if (al < sizeof(struct nvmf_auth_success1_hdr) + a->hl)
@@ -496,21 +510,12 @@ static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al)
 	fx_auth_wipe(r2, sizeof(r2));
 	if (n < 0)
 		return TGT_SF(0, NVME_SC_INTERNAL);
-	if (a->bidir) {
+	if (a->bidir)
 		a->step = STEP_SUCCESS2;
-	} else {
-		a->authenticated = 1;
-		a->tries = 0;
-		a->step = STEP_DONE;
-	}
-	if (c->qid == 0 || t->verbose)
-		tgt_log(t, "%s qid %u: host %s authenticated%s (DH-HMAC-CHAP, %s, DH group %s%s)",
-		        c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
-		        a->bidir ? " (pending its check of our response)" : "",
-		        fx_auth_hash_name(a->hash), fx_auth_dhgroup_name(a->dhgid),
-		        a->bidir ? ", bidirectional" : "");
-	if (!a->bidir)
+	if (!a->bidir) {
+		authenticated(c);
 		transaction_wipe(a);
+	}
 	return 0;
 }
 
