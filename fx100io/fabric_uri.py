@@ -53,6 +53,7 @@ from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from fx100io import _core
 from fx100io.errors import InvalidArgumentError, error_from_errno
+from fx100io.uri_redact import REDACTED, SECRET_OPTIONS, redact  # noqa: F401 - re-exported
 
 DEFAULT_PORT = 4420
 NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
@@ -67,27 +68,6 @@ SCHEMES = {"nvme+tcp": "tcp", "nvme+rdma": "rdma"}
 # options that only one transport has
 TRANSPORT_ONLY = {"hdgst": "nvme+tcp", "ddgst": "nvme+tcp", "qsize": "nvme+rdma"}
 STR_OPTIONS = ("hostnqn", "hostid")
-# passed to C apart from the target string, shown as *** (redact)
-SECRET_OPTIONS = ("dhchap_secret", "dhchap_ctrl_secret")
-REDACTED = "***"
-
-
-def redact(uri: str) -> str:
-    """uri with the values of its secret options replaced by ***: what every
-    message, repr and log shows of a URI."""
-    if not isinstance(uri, str) or "?" not in uri:
-        return uri
-    head, _, query = uri.partition("?")
-    query, hash_, frag = query.partition("#")
-    pairs = []
-    for pair in query.split("&"):
-        key, eq, value = pair.partition("=")
-        # a misspelt key must not leak its secret either
-        if unquote(key.replace("+", " ")) in SECRET_OPTIONS or \
-                "DHHC-" in unquote(value).upper():
-            pair = f"{key}{eq or '='}{REDACTED}"
-        pairs.append(pair)
-    return f"{head}?{'&'.join(pairs)}{hash_}{redact(frag) if frag else ''}"
 
 
 def host_identity() -> tuple[str, str]:
@@ -246,7 +226,8 @@ def to_transport_target(uri: str) -> str:
 def _auth_reason(e: OSError) -> str | None:
     """The C side's words for an authentication failure of this thread's
     last connect, when that is why e happened."""
-    if e.errno in (5, 13, 71, 93):  # EIO, EACCES, EPROTO, EPROTONOSUPPORT
+    # EIO, EACCES, EPROTO, EPROTONOSUPPORT, ETIMEDOUT (an AUTH command unanswered)
+    if e.errno in (5, 13, 71, 93, 110):
         why = _core.auth_error()
         if why:
             return why

@@ -64,6 +64,8 @@ class AuthTarget(EvilTarget):
         self.offers: list[tuple[list[int], list[int]]] = []
         self.conns: list[tuple[int, socket.socket]] = []
         self._ev_lock = threading.Lock()
+        # in-capsule data as Linux's nvmet-tcp takes it (16 KiB) unless a test says otherwise
+        kw.setdefault("ioccsz", (64 + 16384) // 16)
         super().__init__("good", **kw)  # type: ignore[arg-type]
 
     def _event(self, qid: int, what: str) -> None:
@@ -110,7 +112,14 @@ class AuthTarget(EvilTarget):
         if fctype == 0x05:
             if incap:
                 data = incap[:length]
+            elif length <= self.ioccsz * 16 - 64:
+                # Linux's nvmet-tcp sends no R2T for a write that fits in the capsule (it
+                # waits for the data to come in-capsule): a host that asks hangs there
+                self._event(a["qid"], "AUTH_Send without in-capsule data")
+                c.sendall(_rsp(cid, status=0x4002))
+                return True
             else:
+                self.r2t_writes += 1
                 c.sendall(_r2t(cid, 1, 0, length))
                 data = self._recv_h2c(c, cid, length)
             if self.auth_scenario == "negotiate-nvme-error" and a["step"] == "negotiate":

@@ -74,15 +74,19 @@ def test_key_lengths_and_transforms(n, hh):
         t.close()
 
 
-@pytest.mark.parametrize("dhgid", [0, 3])
-def test_bidirectional(dhgid):
+@pytest.mark.parametrize("dhgid,ioccsz", [(0, None), (3, None), (1, 4)],
+                         ids=["null", "ffdhe4096", "ffdhe2048-no-incapsule"])
+def test_bidirectional(dhgid, ioccsz):
+    """ioccsz 4: a controller that takes no data in I/O capsules gets every
+    AUTH_Send of the I/O queue through R2T."""
     key, ckey = secret(48, 2), secret(32, 1)
-    t = AuthTarget(key, ckey, hash_id=2, dhgid=dhgid)
+    t = AuthTarget(key, ckey, hash_id=2, dhgid=dhgid, **({"ioccsz": ioccsz} if ioccsz else {}))
     try:
         with fx100io.open_device(uri(t, key, ckey)) as dev:
             roundtrip(dev)
         assert (0, "success2") in t.events
         assert t.authenticated(0) == 1 and t.authenticated() >= 2
+        assert t.r2t_writes >= (3 if ioccsz else 0)  # negotiate, reply, success2
     finally:
         t.close()
 
@@ -311,3 +315,84 @@ def test_redact():
     assert r("nvme+tcp://h/n?dhcap_secret=DHHC-1:00:xx:") == "nvme+tcp://h/n?dhcap_secret=***"
     assert r("nvme+tcp://h/n") == "nvme+tcp://h/n"
     assert r("/dev/nvme0n1") == "/dev/nvme0n1"
+
+
+def test_discover_takes_secrets(tmp_path):
+    """A discovery controller that does not ask: the secrets are simply not
+    used; one that asks and refuses: the reason, as for a device."""
+    from target_process import serve
+
+    img = tmp_path / "ns.img"
+    img.write_bytes(bytes(1 << 20))
+    nqn = "nqn.2014-08.io.fx100:auth-discover"
+    ctrl = R.format_secret(bytes(range(48)), 2)
+    with serve([str(img)], nqn) as (host, port, _p):
+        entries = fx100io.discover(f"nvme+tcp://{host}:{port}?dhchap_secret={GOOD}"
+                                   f"&dhchap_ctrl_secret={ctrl}")
+    assert nqn in {e["subnqn"] for e in entries}
+    t = AuthTarget(secret())
+    try:
+        wrong = secret()
+        with pytest.raises(errors.DevicePermissionError) as ei:
+            fx100io.discover(f"nvme+tcp://127.0.0.1:{t.port}?dhchap_secret={wrong}")
+        assert "reason 0x01" in str(ei.value) and wrong[10:-1] not in str(ei.value)
+        assert "dhchap_secret=***" in str(ei.value)
+        with pytest.raises(errors.DevicePermissionError, match="give dhchap_secret="):
+            fx100io.discover(f"nvme+tcp://127.0.0.1:{t.port}")
+    finally:
+        t.close()
+    with pytest.raises(errors.InvalidArgumentError, match="URI option dhchap_secret"):
+        fx100io.discover("nvme+tcp://127.0.0.1:1?dhchap_secret=DHHC-1:00:xx:")
+
+
+def test_lmcache_config_keeps_and_hides_secrets():
+    from fx100io.contrib._lmcache_config import parse_options
+
+    key = next(k for k in (R.format_secret(os.urandom(48), 2) for _ in range(1000))
+               if "+" in k and "/" in k)
+    pre = "storage_plugin.fx100io."
+    o = parse_options(["fx100io"], {
+        pre + "module_path": "fx100io.contrib.lmcache", pre + "class_name": "FX100ioBackend",
+        pre + "devices": f"nvme+tcp://10.0.0.2:4420/nqn.x?dhchap_secret={key}",
+        pre + "host_nqn": "nqn.2014-08.io.fx100:h"}, "FX100ioBackend")
+    # the host NQN is added, and the secret reaches C as it was written
+    assert fabric_uri.to_transport(o.devices[0])[1] == f"dhchap_secret={key}"
+    assert key[10:-1] not in o.describe() and "dhchap_secret=***" in o.describe()
+
+
+def test_bench_errors_hide_secrets():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    u = f"nvme+tcp://127.0.0.1:1/nqn.x?dhchap_secret={GOOD}&connect_timeout_ms=500"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "fx100io", "bench", "--name=j", f"--filename={u}",
+                        "--rw=read", "--bs=4k", "--size=1M", "--output-format=json"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "dhchap_secret=***" in out, out
+    assert GOOD[10:-1] not in out
+
+
+def test_no_stale_authentication_reason():
+    """A connect that fails before its Connect (here: a silent port, a
+    timeout) does not borrow the reason of an earlier failed authentication
+    on the same thread."""
+    import socket
+
+    t = AuthTarget(secret())
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        with pytest.raises(errors.DevicePermissionError, match="AUTH_Failure1"):
+            fx100io.open_device(uri(t, secret()))
+        with pytest.raises(errors.FxTimeoutError) as ei:
+            fx100io.open_device(f"nvme+tcp://127.0.0.1:{silent.getsockname()[1]}/nqn.x"
+                                "?connect_timeout_ms=300&dhchap_secret=" + GOOD)
+        assert "AUTH" not in str(ei.value) and "authentication" not in str(ei.value)
+    finally:
+        silent.close()
+        t.close()

@@ -195,6 +195,7 @@ int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvm
 	*out = NULL;
 	if (status)
 		*status = 0;
+	fx_nvmf_auth_error_clear(); /* a reason from an earlier open is not this one's */
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;

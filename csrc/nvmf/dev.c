@@ -314,8 +314,12 @@ void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
 			break;
 		}
 		uint16_t got_cntlid = 0;
-		ret = d->tr->connect(&d->addr, &d->params, (uint16_t)qid, sqsize, cntlid, q,
-		                     &got_cntlid, &status);
+		struct fx_nvmf_params p = d->params;
+
+		p.io_incap_max = res->icdoff == 0 ? res->incap_max : 0;
+		ret = d->tr->connect(&d->addr, &p, (uint16_t)qid, sqsize, cntlid, q, &got_cntlid,
+		                     &status);
+		fx_nvmf_params_wipe(&p);
 		if (ret == 0) {
 			res->epoch = epoch;
 			res->qid = (uint16_t)qid;

@@ -32,6 +32,12 @@ struct fx_nvmf_params {
 	int ddgst;        /* ask for data digests */
 	uint32_t kato_ms; /* keep alive timeout sent in Connect (admin) */
 	int timeout_ms;   /* per command / connect step */
+	/* I/O queues: the write data a command may carry in its capsule
+	 * (IOCCSZ - 64 from the admin queue's Identify, when ICDOFF is 0; 0:
+	 * none or not known yet).  The commands a connect sends after Connect
+	 * (AUTH_Send) use it: Linux's nvmet-tcp answers no R2T for a write
+	 * small enough for the capsule. */
+	uint32_t io_incap_max;
 	/* DH-HMAC-CHAP secrets (len 0: none), parsed once when the device or
 	 * discovery is opened; the controller's one asks for bidirectional
 	 * authentication.  Wiped with the params (fx_nvmf_params_wipe). */

@@ -682,9 +682,10 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 	out->timeout_ms = p->timeout_ms;
 	out->qid = qid;
 	out->sqsize = sqsize;
-	/* Admin: NVMe/TCP's 8 KiB.  I/O: unknown here (IOCCSZ comes from
-	 * Identify); the caller sets it, see fabric.h. */
-	out->incap_max = qid == 0 ? ADMIN_INCAPSULE_MAX : 0;
+	/* Admin: NVMe/TCP's 8 KiB.  I/O: what the admin queue's Identify
+	 * said (p->io_incap_max), for the AUTH_Send after Connect; the data
+	 * path's own limit is the caller's, see fabric.h. */
+	out->incap_max = qid == 0 ? ADMIN_INCAPSULE_MAX : p->io_incap_max;
 	r = ic_exchange(out, p->hdgst, p->ddgst, deadline);
 	if (r)
 		goto fail;

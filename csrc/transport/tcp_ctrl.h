@@ -29,8 +29,9 @@ struct fx_nvmf_conn {
 	int timeout_ms;
 	/* Most write data fx_nvmf_exec() sends in the capsule; larger writes
 	 * wait for R2T.  fx_nvmf_tcp_connect() sets 8192 on the admin queue
-	 * (NVMe/TCP) and 0 on I/O queues, where the caller should set
-	 * IOCCSZ*16 - 64 from Identify (ctrl->ioccsz_bytes - 64): Linux's
+	 * (NVMe/TCP) and the params' io_incap_max on I/O queues, which the
+	 * caller sets to IOCCSZ*16 - 64 from Identify (ctrl->ioccsz_bytes -
+	 * 64; the AUTH_Send after Connect needs it already): Linux's
 	 * target (6.1) expects every write up to its inline size in the
 	 * capsule and never sends an R2T for one.  The data goes at offset 0
 	 * of the capsule's data area: leave 0 on an I/O queue of a controller

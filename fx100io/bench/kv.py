@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from fx100io.uri_redact import redact
+
 from . import verify as verifymod
 from .errors import BenchError
 from .options import Job, KvSpec
@@ -123,7 +125,8 @@ def open_store(job: Job, plan: KvPlan) -> Any:
         # The benchmark owns its target, as a fio write job does: format it.
         return fx.ChunkStore([job.filename], create=True, size=size, **opts)
     except OSError as e:
-        raise BenchError(f"job {job.name!r}: cannot create a ChunkStore on {job.filename}: {e}") from None
+        raise BenchError(f"job {job.name!r}: cannot create a ChunkStore on {redact(job.filename)}: "
+                         f"{e}") from None
 
 
 def run_kv_job(
@@ -135,7 +138,7 @@ def run_kv_job(
     kv = job.kv
     plan = KvPlan(job, kv)
     result = JobResult(job, clone, os.getpid())
-    result.target_uri = job.filename
+    result.target_uri = redact(job.filename)
     fx = core()
     store = open_store(job, plan)
     try:

@@ -19,6 +19,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fx100io.uri_redact import redact
+
 from .errors import BenchError
 from .sizes import (
     parse_bool,
@@ -526,11 +528,13 @@ def resolve_job(raw: RawJob) -> Job:
             f"job {raw.name!r} ({raw.origin}): --filename is required (a file, block device or URI)"
         )
     if ioengine in ("nvme+tcp", "nvme+rdma") and not filename.startswith(ioengine + "://"):
-        raise BenchError(f"--ioengine={ioengine}: --filename must be a {ioengine}:// URI, not {filename!r}")
+        raise BenchError(f"--ioengine={ioengine}: --filename must be a {ioengine}:// URI, not "
+                         f"{redact(filename)!r}")
     for scheme in ("nvme+tcp", "nvme+rdma"):
         if filename.startswith(scheme + "://") and ioengine not in (scheme,):
             if "ioengine" in raw.values:
-                raise BenchError(f"--ioengine={ioengine} cannot open {filename!r}; use --ioengine={scheme}")
+                raise BenchError(f"--ioengine={ioengine} cannot open {redact(filename)!r}; use "
+                                 f"--ioengine={scheme}")
             ioengine = scheme  # the URI says which transport; no need to repeat it
 
     return Job(

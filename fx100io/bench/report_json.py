@@ -14,6 +14,8 @@ import json
 import time
 from typing import Any
 
+from fx100io.uri_redact import redact
+
 from .results import DEPTH_KEYS, JobResult
 from .runner import RunOutcome
 from .stats import DirStats, Series, summary
@@ -175,7 +177,7 @@ def fx_extras(r: JobResult) -> dict[str, Any]:
     job = r.job
     extra: dict[str, Any] = {
         "ioengine": job.ioengine,
-        "filename": job.filename,
+        "filename": redact(job.filename),
         "target_bytes": r.target_size,
         "block_size": r.block_size,
         "region_offset": r.region[0],

@@ -13,6 +13,8 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from fx100io.uri_redact import redact
+
 from .errors import BenchError
 from .options import Job
 
@@ -106,7 +108,7 @@ def open_target(job: Job, queue_depth: int) -> Target:
         device = fx.open_device(job.filename, **kwargs)
     except OSError as e:
         raise BenchError(
-            f"job {job.name!r}: cannot open {job.filename} with ioengine={job.ioengine}: {e}"
+            f"job {job.name!r}: cannot open {redact(job.filename)} with ioengine={job.ioengine}: {e}"
         ) from None
 
     try:
@@ -116,7 +118,8 @@ def open_target(job: Job, queue_depth: int) -> Target:
     except BaseException:
         device.close()
         raise
-    return Target(device, job.filename, path, is_blockdev, created, size, block_size, start, length)
+    return Target(device, redact(job.filename), path, is_blockdev, created, size, block_size, start,
+                  length)
 
 
 def resolve_region(job: Job, dev_size: int, block_size: int) -> tuple[int, int]:

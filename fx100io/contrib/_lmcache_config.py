@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fx100io import units
+from fx100io.uri_redact import redact
 
 # The plugin name the README documents; used when the config does not point at us.
 DEFAULT_PLUGIN_NAME = "fx100io"
@@ -75,7 +76,8 @@ class PluginOptions:
     def describe(self) -> str:
         """One log line that says what the plugin was asked to open."""
         return (
-            f"devices={','.join(self.devices)} size={self.size} create={self.create} "
+            f"devices={','.join(redact(d) for d in self.devices)} size={self.size} "
+            f"create={self.create} "
             f"queue_depth={self.queue_depth} max_io={self.max_io} "
             f"direct={self.direct} engine={self.engine} "
             f"capacity={self.capacity} "
@@ -183,7 +185,7 @@ def _expand(uri: str, worker_id: int, world_size: int) -> str:
         return uri.format(worker_id=worker_id, world_size=world_size)
     except (KeyError, IndexError, ValueError) as exc:
         raise PluginConfigError(
-            f"devices: {uri!r} has an unknown placeholder ({exc}); only {{worker_id}} and "
+            f"devices: {redact(uri)!r} has an unknown placeholder ({exc}); only {{worker_id}} and "
             "{world_size} are filled in"
         ) from None
 
@@ -203,7 +205,7 @@ def _check_uri(uri: str) -> None:
     if uri.startswith("/") or scheme in ("file",) + _FABRIC_SCHEMES:
         return
     raise PluginConfigError(
-        f"devices: {uri!r} is not a device URI; use file:///path, /path (a file or block "
+        f"devices: {redact(uri)!r} is not a device URI; use file:///path, /path (a file or block "
         "device), or nvme+tcp://host:port/<subsystem NQN>"
     )
 

@@ -42,6 +42,8 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
+from fx100io.uri_redact import redact
+
 from . import _lmcache_codec as codec
 from ._lmcache_config import (
     PluginConfigError,
@@ -280,7 +282,8 @@ class FX100ioBackend(StoragePluginInterface):
                 # blank, so a device holding anything else is never overwritten.
                 if create or options.create != "auto" or not all(is_blank(u) for u in options.devices):
                     raise
-                logger.warning("fx100io: %s blank, formatting it", ", ".join(options.devices))
+                logger.warning("fx100io: %s blank, formatting it",
+                               ", ".join(redact(d) for d in options.devices))
                 create = True
                 store = open_store(True)
         except Exception as exc:
@@ -293,11 +296,12 @@ class FX100ioBackend(StoragePluginInterface):
                 )
             elif not create and options.create == "never":
                 hint = " (create: never, so nothing is formatted; use create: auto)"
-            raise PluginStartError(f"could not {action} {', '.join(options.devices)}: {exc}{hint}") from exc
+            shown = ", ".join(redact(d) for d in options.devices)
+            raise PluginStartError(f"could not {action} {shown}: {exc}{hint}") from exc
         logger.info(
             "fx100io: %s store on %s",
             "formatted new" if create else "opened existing",
-            ", ".join(options.devices),
+            ", ".join(redact(d) for d in options.devices),
         )
         return store
 

@@ -23,6 +23,38 @@ GEN = 0x0123456789ABCDEF
 PUT, DEL = _core.REC_PUT, _core.REC_DEL
 
 
+def auth_host_seeds() -> dict[str, bytes]:
+    """fuzz_auth_host: a controller's challenge and success1 as the Python
+    reference (tests/dhchap_reference.py) makes them."""
+    sys.path.insert(0, str(HERE.parent))
+    import dhchap_reference as R
+
+    def challenge(hid: int, gid: int, x: int = 0x1234567) -> bytes:
+        hl = R.HASH_LEN[hid]
+        dhv = R.dh_pub(gid, x) if gid else b""
+        return struct.pack("<BBxxHBxBBHI", 1, 1, 0, hl, hid, gid, len(dhv), 77) + \
+            bytes(range(hl)) + dhv
+
+    def success1(hl: int, r2: bytes = b"") -> bytes:
+        return struct.pack("<BBxxHBxB7x", 1, 3, 0, hl, 1 if r2 else 0) + r2
+
+    def inp(flags: int, *msgs: bytes) -> bytes:
+        return bytes([flags]) + b"".join(struct.pack("<H", len(m)) + m for m in msgs)
+
+    failure1 = struct.pack("<BBxxHBB", 0, 0xF1, 0, 1, 1)
+    return {
+        "sha256-null": inp(8, challenge(1, 0), success1(32)),
+        "sha384-ffdhe2048": inp(8, challenge(2, 1), success1(48)),
+        "sha512-ffdhe3072-bidir": inp(8 | 4, challenge(3, 2), success1(64, bytes(64))),
+        "failure1-at-challenge": inp(8, failure1),
+        "failure1-at-success1": inp(8, challenge(1, 0), failure1),
+        "wrong-tid": inp(0, challenge(1, 0), success1(32)),
+        "ascr": inp(1),
+        "no-atr": inp(2),
+        "send-fails": inp(8 | 16 | (2 << 5), challenge(1, 0), success1(32)),
+    }
+
+
 def write(name: str, seeds: dict[str, bytes]) -> None:
     d = HERE / "corpus" / name
     d.mkdir(parents=True, exist_ok=True)
@@ -127,3 +159,4 @@ if __name__ == "__main__":
     write("index", index_seeds())
     write("discovery", discovery_seeds())
     write("uri", uri_seeds())
+    write("auth_host", auth_host_seeds())
