@@ -11,6 +11,10 @@ commands:
   bench    fio-like microbenchmark (fio's options, job files and output formats)
   target   serve files and block devices as an NVMe/TCP target
   rdma-devices  list RDMA devices and ports (state, MTU, GIDs, netdev) through pyverbs
+  discover URI    read a discovery log through the kernel (nvme-cli)
+  connect URI     attach a subsystem through the kernel (nvme-cli); prints /dev/nvmeXnY
+  disconnect URI  detach the kernel's controller(s) of a subsystem (or one: nvme3)
+  list [URI]      NVMe-oF controllers the kernel holds, and their block devices
 
 `fx100io <command> --help` for a command's options."""
 
@@ -31,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "bench":
             from fx100io.bench import main as bench
             return bench(rest)
+        if cmd in ("discover", "connect", "disconnect", "list"):
+            from fx100io.kernel_cli import main as kernel_cli
+            return kernel_cli(cmd, rest)
         if cmd == "rdma-devices":
             from fx100io.rdma_devices import main as rdma_devices
             return rdma_devices(rest)

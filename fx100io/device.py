@@ -28,6 +28,7 @@ from fx100io.errors import (
 log = logging.getLogger("fx100io")
 
 ENGINES = ("io_uring", "psync", "auto")
+PATHS = ("user", "kernel")
 DEFAULT_QUEUE_DEPTH = 64
 DEFAULT_MAX_IO = 1 << 20
 
@@ -79,8 +80,14 @@ class Device:
     def __init__(self, uri: str, *, direct: bool | str = "auto", readonly: bool = False,
                  create: bool = False, size: int | None = None, engine: str = "io_uring",
                  queue_depth: int = DEFAULT_QUEUE_DEPTH, max_io: int = DEFAULT_MAX_IO,
-                 slots: int = 4096):
-        scheme, target = parse_uri(uri)
+                 slots: int = 4096, path: str = "user"):
+        if path not in PATHS:
+            raise InvalidArgumentError(22, f"path must be 'user' (fx100io's own NVMe-oF "
+                                       f"initiator) or 'kernel' (attach with nvme-cli), got {path!r}")
+        kernel_path = path == "kernel" and isinstance(uri, str) and \
+            uri.split("://", 1)[0].lower() in fabric_uri.SCHEMES and "://" in uri
+        # the kernel path checks its URI itself (fx100io.kernel.target_of)
+        scheme, target = ("file", uri) if kernel_path else parse_uri(uri)
         if engine not in ENGINES:
             raise InvalidArgumentError(22, f"engine must be one of {ENGINES}, got {engine!r}")
         if direct not in (True, False, "auto"):
@@ -100,7 +107,24 @@ class Device:
         self._drivers: weakref.WeakSet[QueueDriver] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
+        self.path = path
+        self.kernel_attachment: Any = None  # fx100io.kernel.Attachment on the kernel path
+        if kernel_path:
+            from fx100io import kernel
 
+            self.kernel_attachment = kernel.attach(uri)
+            scheme, target = "file", self.kernel_attachment.path
+            self.target = target
+            self.uri = kernel.redact(uri)  # no secrets in reprs, stats and messages
+        try:
+            self._open_and_probe(scheme, target, direct, readonly, create, size, engine)
+        except BaseException:
+            if self.kernel_attachment is not None:
+                self.kernel_attachment.release()
+            raise
+
+    def _open_and_probe(self, scheme: str, target: str, direct: bool | str, readonly: bool,
+                        create: bool, size: int | None, engine: str) -> None:
         if scheme == "file":
             transport = "psync" if engine == "psync" else "file"
         elif engine == "psync":
@@ -303,7 +327,11 @@ class Device:
             d.abandon(lambda: DeviceClosedError(
                 9, "device closed before the request completed", self.target))
         self._local = threading.local()
-        self._dev.close()
+        try:
+            self._dev.close()
+        finally:
+            if self.kernel_attachment is not None:
+                self.kernel_attachment.release()  # detaches only what this device attached
 
     def __enter__(self) -> Device:
         return self
@@ -329,6 +357,11 @@ def open_device(uri: str, **opts: Any) -> Device:
     require it; False: page cache), readonly, create and size (create or grow
     a file), engine ("io_uring", "psync", or "auto": io_uring, else psync
     with a warning), queue_depth (pieces in flight per thread, 64), max_io
-    (bytes per piece, 1 MiB), slots (requests queued per thread, 4096).
+    (bytes per piece, 1 MiB), slots (requests queued per thread, 4096),
+    path ("user": nvme+tcp:// and nvme+rdma:// through fx100io's own initiator;
+    "kernel": the kernel attaches the namespace with nvme-cli (fx100io.kernel)
+    and the device runs on its /dev/nvmeXnY with io_uring and O_DIRECT like any
+    block device; closing detaches the controller if this device attached it.
+    Files and block devices are opened as they are with either).
     """
     return Device(os.fspath(uri) if isinstance(uri, os.PathLike) else uri, **opts)

@@ -106,6 +106,16 @@ class FxProtocolError(Fx100ioError):
     The connection was closed; the next request reconnects."""
 
 
+class KernelSupportError(Fx100ioError):
+    """The kernel path (fx100io.kernel) misses something of the kernel's: a module
+    (nvme-fabrics, nvme-tcp, nvme-rdma) that is not loaded, or NVMe in-band
+    authentication (CONFIG_NVME_AUTH) that it was built without."""
+
+
+class NvmeCliNotFoundError(KernelSupportError, FileNotFoundError):
+    """nvme-cli (the `nvme` command, Debian package nvme-cli) is not installed."""
+
+
 class NvmeStatusError(Fx100ioError):
     """An NVMe command completed with an error status."""
 

@@ -45,8 +45,12 @@ KNOWN_KEYS = frozenset(
         "timeout_s",
         "retry_after_s",
         "register_buffers",
+        "path",
     }
 )
+# how nvme+tcp:// and nvme+rdma:// devices are reached: fx100io's own initiator, or the
+# kernel's (attached with nvme-cli, then used as a block device)
+PATHS = ("user", "kernel")
 
 
 # URI schemes that reach an NVMe-oF target from userspace; only they take a host NQN.
@@ -72,6 +76,7 @@ class PluginOptions:
     timeout_s: float
     retry_after_s: float
     register_buffers: bool
+    path: str = "user"
 
     def describe(self) -> str:
         """One log line that says what the plugin was asked to open."""
@@ -82,7 +87,8 @@ class PluginOptions:
             f"direct={self.direct} engine={self.engine} "
             f"capacity={self.capacity} "
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
-            f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers}"
+            f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers} "
+            f"path={self.path}"
         )
 
 
@@ -281,6 +287,14 @@ def parse_options(
             "is disabled)"
         )
 
+    path = str(ours.get("path", "user")).strip().lower()
+    if path not in PATHS:
+        raise PluginConfigError(
+            f"{prefix}path: expected one of {list(PATHS)}, got {ours.get('path')!r} ('user': "
+            "nvme+tcp:// and nvme+rdma:// devices through fx100io's own initiator; 'kernel': "
+            "attached by the kernel with nvme-cli and used as block devices)"
+        )
+
     return PluginOptions(
         name=name,
         devices=tuple(devices),
@@ -300,6 +314,7 @@ def parse_options(
             _parse_number(ours.get("retry_after_s"), prefix + "retry_after_s", 10.0, 0.0, False)
         ),
         register_buffers=parse_bool(ours.get("register_buffers"), prefix + "register_buffers", True),
+        path=path,
     )
 
 
@@ -337,36 +352,37 @@ def should_create(options: PluginOptions) -> bool:
 BLANK_PROBE = 1 << 20
 
 
-def is_blank(uri: str) -> bool:
+def is_blank(uri: str, path: str = "user") -> bool:
     """True if a device starts with BLANK_PROBE zero bytes (or is an empty file).
 
     Lets 'create: auto' format a brand-new disk or NVMe-oF namespace while never
     touching one that holds anything, not even data of another program. Any doubt
     (the device cannot be read) counts as not blank.
     """
-    path = file_path(uri)
-    if path is None:
-        return _fabric_is_blank(uri)
+    local = file_path(uri)
+    if local is None:
+        return _fabric_is_blank(uri, path)
     try:
-        with open(path, "rb") as f:
+        with open(local, "rb") as f:
             head = f.read(BLANK_PROBE)
     except OSError:
         return False
     return not head.strip(b"\0")
 
 
-def _fabric_is_blank(uri: str) -> bool:
-    """Read the head of a remote namespace through fx100io itself.
+def _fabric_is_blank(uri: str, path: str = "user") -> bool:
+    """Read the head of a remote namespace through fx100io itself (its own initiator, or
+    the kernel's with path="kernel").
 
-    A fabric namespace is only reachable through our own initiator, so this is the
-    one place here that needs fx100io's core; it is imported only for fabric URIs.
+    This is the one place here that needs fx100io's core; it is imported only for
+    fabric URIs.
     """
     if urlsplit(uri).scheme not in _FABRIC_SCHEMES:
         return False
     try:
         import fx100io
 
-        with fx100io.open_device(uri, readonly=True) as dev:
+        with fx100io.open_device(uri, readonly=True, path=path) as dev:
             size = min(BLANK_PROBE, dev.size)
             size -= size % dev.block_size  # NVMe reads whole blocks
             if size <= 0:

@@ -272,6 +272,7 @@ class FX100ioBackend(StoragePluginInterface):
                 queue_depth=options.queue_depth,
                 capacity=options.capacity,
                 max_io=options.max_io,
+                path=options.path,
             )
 
         try:
@@ -280,7 +281,7 @@ class FX100ioBackend(StoragePluginInterface):
             except fx100io.errors.NotAStoreError:
                 # A brand-new disk has no store yet; 'auto' formats it only if it is
                 # blank, so a device holding anything else is never overwritten.
-                if create or options.create != "auto" or not all(is_blank(u) for u in options.devices):
+                if create or options.create != "auto" or not all(is_blank(u, options.path) for u in options.devices):
                     raise
                 logger.warning("fx100io: %s blank, formatting it",
                                ", ".join(redact(d) for d in options.devices))

@@ -103,10 +103,12 @@ class ChunkStore:
                 fd = lock_device(devices[-1])
                 if fd is not None:
                     self._locks.append(fd)
+            # the devices' URIs: on the kernel path without their DH-HMAC-CHAP secrets
+            names = [d.uri for d in devices]
             if create:
-                self._members = self._format(devices, uri_list, index_size)
+                self._members = self._format(devices, names, index_size)
             else:
-                self._members = self._load(devices, uri_list)
+                self._members = self._load(devices, names)
         except BaseException:
             for d in devices:
                 d.close()

@@ -1,0 +1,15 @@
+nqn.2026-11.io.fx100:lab-auth-bidir
+nqn.2026-11.io.fx100:lab-auth-host
+nqn.2026-11.io.fx100:lab-host
+dhchap_ctrl_key
+dhchap_dhgroup
+dhchap_hash
+dhchap_key
+dhchap_ctrl_key
+dhchap_dhgroup
+dhchap_hash
+dhchap_key
+dhchap_ctrl_key
+dhchap_dhgroup
+dhchap_hash
+dhchap_key

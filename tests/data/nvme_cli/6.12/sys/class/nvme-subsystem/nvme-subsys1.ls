@@ -1,0 +1,12 @@
+firmware_rev
+iopolicy
+model
+ng1n1
+nvme1
+nvme1n1
+power
+serial
+subsysnqn
+subsystem
+subsystype
+uevent

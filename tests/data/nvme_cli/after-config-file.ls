@@ -1,0 +1,4 @@
+nvme0
+nvme1
+nvme2
+nvme3

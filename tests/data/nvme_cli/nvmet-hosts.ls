@@ -1,0 +1,1 @@
+nqn.2026-11.io.fx100:lab-host

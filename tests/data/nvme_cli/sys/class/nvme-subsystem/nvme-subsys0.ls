@@ -1,0 +1,10 @@
+firmware_rev
+iopolicy
+model
+nvme0
+power
+serial
+subsysnqn
+subsystem
+subsystype
+uevent

@@ -1,0 +1,12 @@
+firmware_rev
+iopolicy
+model
+ng2n1
+nvme2
+nvme2n1
+power
+serial
+subsysnqn
+subsystem
+subsystype
+uevent
