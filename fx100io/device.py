@@ -117,14 +117,16 @@ class Device:
             self.target = target
             self.uri = kernel.redact(uri)  # no secrets in reprs, stats and messages
         try:
-            self._open_and_probe(scheme, target, direct, readonly, create, size, engine)
+            self._open_and_probe(scheme, target, direct, readonly, create, size, engine, secrets)
         except BaseException:
             if self.kernel_attachment is not None:
                 self.kernel_attachment.release()
             raise
+        finally:
+            del secrets
 
     def _open_and_probe(self, scheme: str, target: str, direct: bool | str, readonly: bool,
-                        create: bool, size: int | None, engine: str) -> None:
+                        create: bool, size: int | None, engine: str, secrets: str) -> None:
         if scheme == "file":
             transport = "psync" if engine == "psync" else "file"
         elif engine == "psync":
