@@ -15,6 +15,7 @@ commands:
   connect URI     attach a subsystem through the kernel (nvme-cli); prints /dev/nvmeXnY
   disconnect URI  detach the kernel's controller(s) of a subsystem (or one: nvme3)
   list [URI]      NVMe-oF controllers the kernel holds, and their block devices
+  shared-rebuild  re-derive a shared pool's Redis index from its namespaces
 
 `fx100io <command> --help` for a command's options."""
 
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "rdma-devices":
             from fx100io.rdma_devices import main as rdma_devices
             return rdma_devices(rest)
+        if cmd == "shared-rebuild":
+            from fx100io.shared.rebuild import main as shared_rebuild
+            return shared_rebuild(rest)
     except OSError as e:  # fx100io errors are OSErrors with a clear message
         print(f"fx100io {cmd}: {e}", file=sys.stderr)
         return 1

@@ -122,11 +122,9 @@ class Device:
             if self.kernel_attachment is not None:
                 self.kernel_attachment.release()
             raise
-        finally:
-            del secrets
 
     def _open_and_probe(self, scheme: str, target: str, direct: bool | str, readonly: bool,
-                        create: bool, size: int | None, engine: str, secrets: str) -> None:
+                        create: bool, size: int | None, engine: str, secrets: str = "") -> None:
         if scheme == "file":
             transport = "psync" if engine == "psync" else "file"
         elif engine == "psync":
@@ -134,7 +132,6 @@ class Device:
         else:
             transport = scheme
         self._dev = self._open(transport, target, direct, readonly, create, size or 0, secrets)
-        del secrets
         self.engine = "psync" if transport == "psync" else "io_uring"
         self.transport = transport
         try:

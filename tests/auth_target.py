@@ -53,7 +53,8 @@ class AuthTarget(EvilTarget):
     def __init__(self, host_secret: str | None, ctrl_secret: str | None = None, *,
                  hash_id: int = 1, dhgid: int = 0, scenario: str = "good", ascr: bool = False,
                  **kw: object) -> None:
-        assert scenario in ("good", "bad-r2", "no-r2") or scenario in HOSTILE, scenario
+        assert scenario in ("good", "bad-r2", "no-r2", "close-instead-of-failure1") or \
+            scenario in HOSTILE, scenario
         self.host_key = R.parse_secret(host_secret) if host_secret else None
         self.ctrl_key = R.parse_secret(ctrl_secret) if ctrl_secret else None
         self.hash_id = hash_id
@@ -128,6 +129,11 @@ class AuthTarget(EvilTarget):
             self._on_send(a, data)
             c.sendall(_rsp(cid))
         else:
+            if a["step"] == "failure1" and self.auth_scenario == "close-instead-of-failure1":
+                # what the Linux target's NVMe/RDMA queue can look like to a host: the
+                # controller's fatal error tears the queue down before Failure1 goes out
+                self._event(a["qid"], "closed instead of failure1")
+                return False
             msg = self._on_receive(a)
             c.sendall(_c2h(cid, msg.ljust(length, b"\0")[:length], flags=F_LAST) + _rsp(cid))
         return True

@@ -107,6 +107,18 @@ def test_wrong_secret_is_permission_error_with_reason():
         t.close()
 
 
+def test_connection_closed_instead_of_failure1_is_a_permission_error():
+    t = AuthTarget(secret(), hash_id=1, scenario="close-instead-of-failure1")
+    try:
+        with pytest.raises(errors.DevicePermissionError) as ei:
+            fx100io.open_device(uri(t, secret()))
+        assert "closed the connection instead of answering our DH-HMAC-CHAP reply" in \
+            str(ei.value)
+        assert (0, "closed instead of failure1") in t.events
+    finally:
+        t.close()
+
+
 def test_wrong_controller_secret_fails_and_sends_failure2():
     key = secret()
     t = AuthTarget(key, secret(), hash_id=1)

@@ -26,4 +26,4 @@ libubsan=$(gcc -print-file-name=libubsan.so)
     --env "PYTHONPATH=$scratch" -- \
   "$PY" -m pytest -q -p no:cacheprovider -p no:hypothesispytest -p no:benchmark -p no:anyio \
     "$@" tests/guest/test_nvme_rdma.py tests/guest/test_rdma_connect_paths.py \
-    tests/guest/test_rdma_kernel_and_faults.py
+    tests/guest/test_rdma_kernel_and_faults.py tests/guest/test_kernel_path.py

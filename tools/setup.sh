@@ -10,8 +10,10 @@ need=()
 # RDMA: the NVMe/RDMA transport links libibverbs/librdmacm (ibverbs-providers has
 # soft-RoCE's rxe); python3-pyverbs lists devices (fx100io rdma-devices); nvme-cli and
 # the verbs utilities are what the lab guest's userland (this host's root) runs;
-# libssl-dev: DH-HMAC-CHAP authentication uses OpenSSL's libcrypto
-for p in liburing-dev fio gcc make util-linux pkg-config libibverbs-dev librdmacm-dev libssl-dev \
+# libssl-dev: DH-HMAC-CHAP authentication uses OpenSSL's libcrypto;
+# redis-server: the index of SharedChunkStore (its tests start their own on a loopback
+# port, never the system service)
+for p in liburing-dev fio gcc make util-linux pkg-config libibverbs-dev librdmacm-dev libssl-dev redis-server \
     rdma-core ibverbs-providers python3-pyverbs nvme-cli ibverbs-utils rdmacm-utils; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
@@ -22,7 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 "$PY" -m pip install --quiet --disable-pip-version-check numpy "Cython>=3.0" setuptools wheel \
-  pytest pytest-asyncio
+  pytest pytest-asyncio redis
 # --no-build-isolation: build against the Cython just installed, offline-friendly
 "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e .
 "$PY" -c "import fx100io; print('setup: fx100io', fx100io.__version__, 'built')"

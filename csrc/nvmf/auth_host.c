@@ -254,6 +254,16 @@ static int run(struct txn *t)
 
 	/* 4. success1 */
 	r = auth_recv(t, "success1");
+	if (r == -ECONNRESET || r == -EPIPE || r == -ENOTCONN) {
+		/* Linux's target fails the controller as it sends Failure1, and on
+		 * NVMe/RDMA the teardown can overtake the message: a controller
+		 * that hangs up on our response has refused it. */
+		r = fail(t->qid, -EACCES,
+			 "authentication failed: the controller closed the connection instead of "
+			 "answering our DH-HMAC-CHAP reply (wrong dhchap_secret for this host and "
+			 "subsystem?)");
+		goto out;
+	}
 	if (r)
 		goto out;
 	r = expect(t, FX_AUTH_ID_SUCCESS1, "DH-HMAC-CHAP_Success1",

@@ -499,8 +499,16 @@ static int conn_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 			r = m;
 			break;
 		}
-		if (m & 2)
+		if (m & 2) {
+			/* A response that landed just before a disconnect is
+			 * taken first: the disconnect may be its consequence. */
+			n = ibv_poll_cq(c->cq, 4, wc);
+			for (int i = 0; i < n && !r; i++)
+				r = sync_wc(c, &wc[i], cid, &sent, &got, cqe);
+			if (n > 0)
+				continue;
 			r = fx_rdma_cm_event_check(c);
+		}
 	}
 	if (r == 0 && NVME_STATUS_FIELD(cqe->status) != 0)
 		r = -EIO;

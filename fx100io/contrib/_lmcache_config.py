@@ -46,6 +46,8 @@ KNOWN_KEYS = frozenset(
         "retry_after_s",
         "register_buffers",
         "path",
+        "shared_index",
+        "shared_name",
     }
 )
 # how nvme+tcp:// and nvme+rdma:// devices are reached: fx100io's own initiator, or the
@@ -77,6 +79,9 @@ class PluginOptions:
     retry_after_s: float
     register_buffers: bool
     path: str = "user"
+    # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
+    shared_index: str | None = None
+    shared_name: str | None = None
 
     def describe(self) -> str:
         """One log line that says what the plugin was asked to open."""
@@ -89,6 +94,7 @@ class PluginOptions:
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
             f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers} "
             f"path={self.path}"
+            + (f" shared_index={self.shared_index}" if self.shared_index else "")
         )
 
 
@@ -226,6 +232,15 @@ def file_path(uri: str) -> str | None:
     return None
 
 
+def _parse_shared_index(value: Any, what: str) -> str | None:
+    if value is None or str(value).strip() == "":
+        return None
+    url = str(value).strip()
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise PluginConfigError(f"{what}: expected a redis:// URL, got {value!r}")
+    return url
+
+
 def parse_options(
     storage_plugins: Any,
     extra_config: Mapping[str, Any] | None,
@@ -315,6 +330,8 @@ def parse_options(
         ),
         register_buffers=parse_bool(ours.get("register_buffers"), prefix + "register_buffers", True),
         path=path,
+        shared_index=_parse_shared_index(ours.get("shared_index"), prefix + "shared_index"),
+        shared_name=str(ours["shared_name"]) if ours.get("shared_name") else None,
     )
 
 
@@ -327,7 +344,10 @@ def should_create(options: PluginOptions) -> bool:
     """
     if options.create == "always":
         return True
-    if options.create == "never":
+    if options.create == "never" or options.shared_index:
+        # A shared pool is formatted once, for every host (create: always on one
+        # of them, or SharedChunkStore(..., create=True)): hosts starting at
+        # once must not each format it.
         return False
     paths = [file_path(uri) for uri in options.devices]
     if any(p is None or p.startswith("/dev/") for p in paths):

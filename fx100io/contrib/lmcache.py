@@ -195,6 +195,8 @@ class FX100ioBackend(StoragePluginInterface):
         are about to be formatted; an empty file is still 'fresh' to create: auto).
         """
         fds: list[int] = []
+        if options.shared_index:
+            return fds  # a shared pool: every host opens the same devices, by design
         try:
             for uri in options.devices:
                 path = file_path(uri)
@@ -263,6 +265,19 @@ class FX100ioBackend(StoragePluginInterface):
         uris: Any = list(options.devices) if len(options.devices) > 1 else options.devices[0]
 
         def open_store(fmt: bool) -> Any:
+            if options.shared_index:
+                return fx100io.SharedChunkStore(
+                    uris,
+                    options.shared_index,
+                    create=fmt,
+                    size=options.size if fmt else None,
+                    name=options.shared_name if fmt else None,
+                    direct=options.direct,
+                    engine=options.engine,
+                    queue_depth=options.queue_depth,
+                    capacity=options.capacity,
+                    max_io=options.max_io,
+                )
             return fx100io.ChunkStore(
                 uris,
                 create=fmt,
@@ -281,7 +296,9 @@ class FX100ioBackend(StoragePluginInterface):
             except fx100io.errors.NotAStoreError:
                 # A brand-new disk has no store yet; 'auto' formats it only if it is
                 # blank, so a device holding anything else is never overwritten.
-                if create or options.create != "auto" or not all(is_blank(u, options.path) for u in options.devices):
+                # Never a shared pool's: every host would format it (should_create).
+                if (create or options.create != "auto" or options.shared_index
+                        or not all(is_blank(u, options.path) for u in options.devices)):
                     raise
                 logger.warning("fx100io: %s blank, formatting it",
                                ", ".join(redact(d) for d in options.devices))

@@ -1,0 +1,19 @@
+"""SharedChunkStore: one pool of chunks on shared namespaces, many hosts.
+
+Every host opens the same namespaces (files, block devices, NVMe-oF) and
+the same Redis index.  One job per module:
+
+- ``format``: the on-namespace format (superblock, per-extent headers);
+- ``lua``: the index's atomic scripts (allocation, publication, reader
+  pins, eviction, lease reclaim) -- every rule about the index is there;
+- ``index``: the Redis client side: one client per event loop, short
+  timeouts, fail fast while Redis is unreachable;
+- ``store``: the SharedChunkStore facade and the durability protocol;
+- ``rebuild``: re-deriving the index from the extent headers
+  (``fx100io shared-rebuild``).
+"""
+
+from fx100io.shared.index import IndexLostError, IndexUnavailableError
+from fx100io.shared.store import SharedChunkStore
+
+__all__ = ["IndexLostError", "IndexUnavailableError", "SharedChunkStore"]

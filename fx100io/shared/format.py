@@ -1,0 +1,120 @@
+"""On-namespace format of a shared pool.
+
+::
+
+    0          superblock (one 4 KiB block): pool name, set id, device index
+    data_off   extents: each one header block, then the chunk's data padded
+               to whole blocks
+
+An extent's header names its key, length, CRC32C and version, so the index
+can be re-derived from the namespaces alone (``fx100io shared-rebuild``).
+It is written after the data and made durable with it, before the chunk is
+published in the index.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+
+from fx100io import _core
+from fx100io.errors import InvalidArgumentError, NotAStoreError
+
+BLOCK = 4096
+SB_MAGIC = b"FX100IO\x00SHARED\x00\x00"
+SB_FMT = "<16sII16sII QQ Q 64s"
+SB_LEN = struct.calcsize(SB_FMT)
+VERSION = 1
+HDR_MAGIC = b"FXSHEXT1"
+HDR_FMT = "<8s16sIIQQII"
+HDR_LEN = struct.calcsize(HDR_FMT)
+KEY_MAX = _core.KEY_MAX
+
+
+def align_up(n: int, a: int = BLOCK) -> int:
+    return (n + a - 1) // a * a
+
+
+def extent_len(length: int) -> int:
+    """Bytes an extent for a chunk of length bytes takes: header + data."""
+    return BLOCK + align_up(length)
+
+
+@dataclass
+class Superblock:
+    set_id: bytes
+    dev_index: int
+    ndevs: int
+    data_off: int
+    data_size: int
+    created_ns: int
+    name: str
+
+    def encode(self) -> bytes:
+        body = struct.pack(SB_FMT, SB_MAGIC, VERSION, BLOCK, self.set_id, self.dev_index,
+                           self.ndevs, self.data_off, self.data_size, self.created_ns,
+                           self.name.encode()[:64])
+        return (body + struct.pack("<I", _core.crc32c(body))).ljust(BLOCK, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes, target: str) -> Superblock:
+        if raw[:16] != SB_MAGIC:
+            raise NotAStoreError(22, "no shared fx100io pool on this namespace "
+                                 "(pass create=True to format it)", target)
+        (crc,) = struct.unpack_from("<I", raw, SB_LEN)
+        if crc != _core.crc32c(raw[:SB_LEN]):
+            raise NotAStoreError(74, "the pool's superblock is corrupt (checksum mismatch)",
+                                 target)
+        _, version, bs, set_id, idx, ndevs, doff, dsize, created, name = struct.unpack_from(
+            SB_FMT, raw)
+        if version != VERSION or bs != BLOCK:
+            raise NotAStoreError(22, f"shared pool format {version}/{bs} is not supported",
+                                 target)
+        return cls(set_id, idx, ndevs, doff, dsize, created, name.rstrip(b"\0").decode())
+
+
+def plan(dev_size: int, dev_index: int, ndevs: int, set_id: bytes, name: str,
+         target: str) -> Superblock:
+    data_off = BLOCK
+    data_size = (dev_size - data_off) // BLOCK * BLOCK
+    if data_size < 2 * BLOCK:
+        raise InvalidArgumentError(28, f"namespace of {dev_size} bytes is too small for a "
+                                   "shared pool", target)
+    return Superblock(set_id, dev_index, ndevs, data_off, data_size, time.time_ns(), name)
+
+
+def new_set_id() -> bytes:
+    return uuid.uuid4().bytes
+
+
+@dataclass
+class ExtentHeader:
+    set_id: bytes
+    dev_index: int
+    version: int
+    length: int
+    crc: int
+    key: bytes
+
+    def encode(self) -> bytes:
+        body = struct.pack(HDR_FMT, HDR_MAGIC, self.set_id, self.dev_index, 0, self.version,
+                           self.length, self.crc, len(self.key)) + self.key
+        return (body + struct.pack("<I", _core.crc32c(body))).ljust(BLOCK, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> ExtentHeader | None:
+        """The header in a block, or None where the block holds none (or a
+        torn or foreign one)."""
+        raw = bytes(raw[:BLOCK])
+        if raw[:8] != HDR_MAGIC:
+            return None
+        _, set_id, dev, _pad, ver, length, crc, klen = struct.unpack_from(HDR_FMT, raw)
+        if not 0 < klen <= KEY_MAX or HDR_LEN + klen + 4 > BLOCK:
+            return None
+        end = HDR_LEN + klen
+        (hcrc,) = struct.unpack_from("<I", raw, end)
+        if hcrc != _core.crc32c(raw[:end]):
+            return None
+        return cls(set_id, dev, ver, length, crc, raw[HDR_LEN:end])

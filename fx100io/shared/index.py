@@ -1,0 +1,236 @@
+"""The Redis side of a shared pool: the scripts of ``lua`` called from
+asyncio (one client per event loop) or, for the few synchronous calls of
+the API, from a plain client; short socket timeouts, and no call at all
+for ``retry_after`` seconds after Redis failed to answer, so a cache whose
+index is down costs its callers microseconds, not timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import redis
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry as ARetry
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as e:  # only the shared pool needs it
+    raise ImportError(f"fx100io.SharedChunkStore needs the redis package (pip install redis): "
+                      f"{e}") from e
+
+from fx100io.errors import DeviceFullError, Fx100ioError, InvalidArgumentError
+from fx100io.shared import lua
+
+log = logging.getLogger("fx100io")
+
+
+class IndexUnavailableError(Fx100ioError, ConnectionError):
+    """The pool's Redis index did not answer (down, unreachable, loading)."""
+
+
+class IndexLostError(Fx100ioError):
+    """Redis answers but holds no index of this pool: it lost its data, or
+    another pool uses the same name.  ``fx100io shared-rebuild`` re-derives
+    the index from the namespaces."""
+
+
+@dataclass
+class Hit:
+    dev: int
+    off: int
+    ext: int
+    length: int
+    crc: int
+    ver: int
+    pin: bytes
+
+
+def parse_entry(v: bytes) -> tuple[int, int, int, int, int, int]:
+    d, off, ext, length, crc, ver = (int(x) for x in v.split())
+    return d, off, ext, length, crc, ver
+
+
+class RedisIndex:
+    def __init__(self, url: str, name: str, set_id: bytes, *, timeout: float = 0.5,
+                 retry_after: float = 1.0):
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidArgumentError(22, f"index must be a redis:// URL, got {url!r}")
+        self.url = url
+        self.prefix = f"fx100io:{{{name}}}"
+        self.set_id = set_id.hex()
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self._down_until = 0.0
+        self._mu = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
+        self._sync: redis.Redis | None = None
+        self._sync_scripts: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ clients
+    def _opts(self) -> dict[str, Any]:
+        return dict(socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+                    retry_on_timeout=False)
+
+    def _aclient(self) -> tuple[Any, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        with self._mu:
+            c = self._clients.get(loop)
+            if c is None:
+                r = aredis.Redis.from_url(self.url, retry=ARetry(NoBackoff(), 0), **self._opts())
+                c = self._clients[loop] = (r, {k: r.register_script(s)
+                                               for k, s in lua.SCRIPTS.items()})
+            return c
+
+    def sync_client(self) -> redis.Redis:
+        with self._mu:
+            if self._sync is None:
+                self._sync = redis.Redis.from_url(self.url, retry=Retry(NoBackoff(), 0),
+                                                  **self._opts())
+                self._sync_scripts = {k: self._sync.register_script(s)
+                                      for k, s in lua.SCRIPTS.items()}
+            return self._sync
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def _unavailable(self, why: object) -> IndexUnavailableError:
+        return IndexUnavailableError(
+            111, f"the pool's index at {self.url} is unavailable ({why}); "
+            f"not retried for {self.retry_after:g} s", self.url)
+
+    def _translate(self, e: Exception) -> Exception:
+        if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
+            self._down_until = time.monotonic() + self.retry_after
+            log.warning("fx100io: index %s unavailable: %s", self.url, e)
+            return self._unavailable(e)
+        msg = str(e)
+        if "FXLOST" in msg:
+            return IndexLostError(2, msg.split("FXLOST ", 1)[-1], self.url)
+        if "FXFULL" in msg:
+            return DeviceFullError(28, msg.split("FXFULL ", 1)[-1], self.url)
+        return e
+
+    async def run(self, name: str, args: list[Any]) -> Any:
+        if self.down:
+            raise self._unavailable("it failed moments ago")
+        _r, scripts = self._aclient()
+        try:
+            return await scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+        except (redis.RedisError, OSError) as e:
+            raise self._translate(e) from e
+
+    def run_sync(self, name: str, args: list[Any]) -> Any:
+        if self.down:
+            raise self._unavailable("it failed moments ago")
+        self.sync_client()
+        try:
+            return self._sync_scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+        except (redis.RedisError, OSError) as e:
+            raise self._translate(e) from e
+
+    def call_sync(self, fn: Any) -> Any:
+        """fn(client, prefix) on the synchronous client, failing fast."""
+        if self.down:
+            raise self._unavailable("it failed moments ago")
+        try:
+            return fn(self.sync_client(), self.prefix)
+        except (redis.RedisError, OSError) as e:
+            raise self._translate(e) from e
+
+    # ------------------------------------------------------------ scripts
+    async def alloc(self, lease_ms: int, wants: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        args: list[Any] = [lease_ms]
+        for d, ext in wants:
+            args += [d, ext]
+        out = await self.run("alloc", args)
+        return [(int(off), int(ver)) for off, ver in out]
+
+    async def publish(self, rows: list[tuple[int, int, int, int, bytes, int, int]]) -> list[int]:
+        args: list[Any] = []
+        for row in rows:
+            args += list(row)
+        return [int(x) for x in await self.run("publish", args)]
+
+    async def abort(self, leases: list[str]) -> int:
+        return int(await self.run("abort", list(leases)))
+
+    async def get_begin(self, token: str, pin_ms: int, keys: list[bytes]) -> list[Hit | None]:
+        out: list[Hit | None] = []
+        for r in await self.run("get_begin", [token, pin_ms, *keys]):
+            if r is None:
+                out.append(None)
+            else:
+                out.append(Hit(*parse_entry(r[0]), pin=r[1]))
+        return out
+
+    async def get_end(self, pins: list[bytes]) -> None:
+        if pins:
+            await self.run("get_end", pins)
+
+    async def exists(self, keys: list[bytes]) -> int:
+        return int(await self.run("exists", keys))
+
+    async def drop(self, key: bytes, ver: int | None = None) -> bool:
+        return bool(await self.run("drop", [key] if ver is None else [key, ver]))
+
+    # ------------------------------------------------------------ setup
+    def meta_set_id(self) -> str | None:
+        v = self.call_sync(lambda r, p: r.hget(f"{p}:meta", "set_id"))
+        return None if v is None else v.decode()
+
+    def install(self, ndevs: int, caps: list[int], free: list[list[tuple[int, int]]],
+                entries: Sequence[tuple[bytes, str, int]] = (), used: list[int] | None = None,
+                ver: int = 0) -> None:
+        """Replace whatever Redis holds under this pool's prefix by a fresh
+        index (format, rebuild), in one transaction: scripts see the old
+        index or the new one, never a half-written one."""
+        def go(r: redis.Redis, p: str) -> None:
+            old = list(r.scan_iter(match=f"{p}:*", count=1000))
+            pipe = r.pipeline(transaction=True)
+            if old:
+                pipe.delete(*old)
+            meta: dict[Any, Any] = {"set_id": self.set_id, "ndevs": ndevs}
+            for d, cap in enumerate(caps):
+                meta[f"cap:{d}"] = cap
+            pipe.hset(f"{p}:meta", mapping=meta)
+            pipe.set(f"{p}:ver", ver)
+            for d, extents in enumerate(free):
+                if extents:
+                    pipe.zadd(f"{p}:free:{d}", {str(o): o for o, _ in extents})
+                    pipe.hset(f"{p}:flen:{d}", mapping={str(o): n for o, n in extents})
+                pipe.hset(f"{p}:used", str(d), 0 if used is None else used[d])
+            for key, value, atime in entries:
+                pipe.hset(f"{p}:idx", key, value)
+                pipe.zadd(f"{p}:at:{value.split()[0]}", {key: atime})
+            pipe.execute()
+        self.call_sync(go)
+
+    # ------------------------------------------------------------ lifetime
+    async def aclose_loop(self) -> None:
+        with self._mu:
+            c = self._clients.pop(asyncio.get_running_loop(), None)
+        if c is not None:
+            await c[0].aclose()
+
+    def close(self) -> None:
+        with self._mu:
+            clients = list(self._clients.items())
+            self._clients.clear()
+            sync, self._sync = self._sync, None
+        for loop, (r, _s) in clients:
+            if not loop.is_closed() and not loop.is_running():
+                try:
+                    loop.run_until_complete(r.aclose())
+                except Exception:  # noqa: BLE001 (best effort: the sockets go with the loop)
+                    pass
+        if sync is not None:
+            sync.close()

@@ -1,0 +1,504 @@
+"""SharedChunkStore: the ChunkStore API over namespaces that many hosts
+open at once, with the index and the allocator in Redis.
+
+Protocol of a put:
+  1. extents allocated by an atomic script (never the same extent to two
+     hosts), each under a lease that Redis reclaims if the host dies;
+  2. chunk data written (its CRC32C computed in C as it leaves), then the
+     extent's header (key, length, CRC32C, version), then the device
+     flushed;
+  3. only then published by a second script, which also retires the key's
+     older extent.  A put whose lease was reclaimed meanwhile publishes
+     nothing and fails.
+Protocol of a get: a script returns the entries and pins their extents
+(reader leases), the data is read and its CRC32C checked (a mismatch is a
+miss, never bytes), and the pins are dropped.  An extent retired while
+pinned is freed by its last reader, or when the pin expires.
+
+Redis unreachable: gets are misses, puts and deletes raise
+IndexUnavailableError, within the socket timeout, and for ``retry_after``
+seconds without even trying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from fx100io import _core
+from fx100io.device import Device, open_device
+from fx100io.errors import (
+    BufferTooSmallError,
+    FxTimeoutError,
+    InvalidArgumentError,
+    NotAStoreError,
+    ReadOnlyBufferError,
+    StoreClosedError,
+    error_from_errno,
+)
+from fx100io.pool import aligned_array
+from fx100io.shared import format as fmt
+from fx100io.shared.index import (
+    Hit,
+    IndexLostError,
+    IndexUnavailableError,
+    RedisIndex,
+    parse_entry,
+)
+from fx100io.store.chunkstore import ChunkStore, normalize_key
+from fx100io.store.loop import run_blocking
+from fx100io.store.space import Member
+
+log = logging.getLogger("fx100io")
+
+READ, WRITE = _core.OP_READ, _core.OP_WRITE
+DEFAULT_INDEX = "redis://127.0.0.1:6379/0"
+
+
+class Namespace:
+    """One namespace of the pool.  ``dev`` is all ChunkStore's I/O helpers
+    (_io_parts, _chunk_crc) use of a member, so they serve here as well."""
+
+    def __init__(self, dev: Device, sb: fmt.Superblock):
+        self.dev = dev
+        self.sb = sb
+
+    @property
+    def index(self) -> int:
+        return self.sb.dev_index
+
+
+def _as_member(ns: Namespace) -> Member:
+    return cast(Member, ns)
+
+
+def _buffer(b: Any, writable: bool) -> memoryview:
+    try:
+        mv = memoryview(b)
+    except TypeError:
+        raise InvalidArgumentError(22, f"expected a buffer, got {type(b).__name__}") from None
+    if writable and mv.readonly:
+        raise ReadOnlyBufferError(30, "cannot read a chunk into a read-only buffer")
+    if not mv.contiguous:
+        raise InvalidArgumentError(22, "buffers must be contiguous")
+    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+
+
+class SharedChunkStore:
+    """A key -> chunk store shared by every host that opens the same
+    namespaces and the same Redis index.
+
+    ``SharedChunkStore(uris, index="redis://host:port/0", create=False,
+    size=None, **opts)``: ``create=True`` formats the namespaces and
+    installs a fresh, empty index (one host does that, once); the others
+    open them.  Options: name (the pool's name in Redis, default "pool"),
+    capacity (bytes of extents kept before LRU eviction, whole pool),
+    lease_s (how long an unpublished allocation outlives its host, 30),
+    pin_s (how long a reader's pin outlives its reader, 30), timeout
+    (Redis socket timeouts, 0.5 s), retry_after (1 s), and the device
+    options of :func:`open_device`.
+    """
+
+    def __init__(self, uris: str | Sequence[str], index: str = DEFAULT_INDEX,
+                 create: bool = False, size: int | None = None, *, name: str | None = None,
+                 capacity: int | None = None, lease_s: float = 30.0, pin_s: float = 30.0,
+                 timeout: float = 0.5, retry_after: float = 1.0, **opts: Any):
+        uri_list = [uris] if isinstance(uris, str) else list(uris)
+        if not uri_list:
+            raise InvalidArgumentError(22, "SharedChunkStore needs at least one namespace URI")
+        if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
+            raise InvalidArgumentError(22, f"capacity must be a positive int, got {capacity!r}")
+        for what, v in (("lease_s", lease_s), ("pin_s", pin_s), ("timeout", timeout)):
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise InvalidArgumentError(22, f"{what} must be positive, got {v!r}")
+        self._closed = False
+        self._bg: set[asyncio.Task] = set()
+        self._mu = threading.Lock()
+        self._lease_ms = int(lease_s * 1000)
+        self._pin_ms = int(pin_s * 1000)
+        self._host = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, deletes=0,
+                              bytes_written=0, bytes_read=0, index_errors=0, superseded=0)
+        devices: list[Device] = []
+        try:
+            for u in uri_list:
+                devices.append(open_device(u, create=create, size=size if create else None,
+                                           **opts))
+            if create:
+                self._ns = self._format(devices, uri_list, name or "pool")
+            else:
+                self._ns = self._load(devices, uri_list, name)
+            pool = self._ns[0].sb
+            self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
+                                     retry_after=retry_after)
+            if create:
+                self._install(capacity)
+            else:
+                self._check_index()
+        except BaseException:
+            for d in devices:
+                d.close()
+            raise
+
+    # ------------------------------------------------------------ format/open
+    @staticmethod
+    def _format(devices: list[Device], uris: list[str], name: str) -> list[Namespace]:
+        if not name or len(name.encode()) > 64 or any(c in name for c in "{}: "):
+            raise InvalidArgumentError(22, f"pool name must be 1-64 bytes without '{{}}: ', "
+                                       f"got {name!r}")
+        set_id = fmt.new_set_id()
+        out = []
+        for i, (d, u) in enumerate(zip(devices, uris)):
+            sb = fmt.plan(d.size, i, len(devices), set_id, name, u)
+            raw = aligned_array(fmt.BLOCK)
+            raw[:] = memoryview(sb.encode())
+            d.write_from_blocking(0, raw)
+            d.flush_blocking()
+            out.append(Namespace(d, sb))
+        return out
+
+    @staticmethod
+    def _load(devices: list[Device], uris: list[str], name: str | None) -> list[Namespace]:
+        sbs = []
+        for d, u in zip(devices, uris):
+            raw = aligned_array(fmt.BLOCK)
+            d.read_into_blocking(0, raw)
+            sb = fmt.Superblock.decode(raw.tobytes(), u)
+            if sb.data_off + sb.data_size > d.size:
+                raise NotAStoreError(22, "the namespace is smaller than the pool's layout", u)
+            sbs.append(sb)
+        for sb, u in zip(sbs, uris):
+            if sb.set_id != sbs[0].set_id:
+                raise NotAStoreError(22, f"namespace belongs to another pool than {uris[0]}", u)
+        if name is not None and sbs[0].name != name:
+            raise NotAStoreError(22, f"the pool on these namespaces is {sbs[0].name!r}, "
+                                 f"not {name!r}", uris[0])
+        ndevs = sbs[0].ndevs
+        if ndevs != len(devices) or sorted(sb.dev_index for sb in sbs) != list(range(ndevs)):
+            raise NotAStoreError(22, f"the pool has {ndevs} namespaces; {len(devices)} given "
+                                 "(pass every namespace of the pool)", uris[0])
+        order = sorted(range(len(devices)), key=lambda i: sbs[i].dev_index)
+        return [Namespace(devices[i], sbs[i]) for i in order]
+
+    def _caps(self, capacity: int | None) -> list[int]:
+        per = None if capacity is None else capacity // len(self._ns)
+        return [ns.sb.data_size if per is None else min(per, ns.sb.data_size)
+                for ns in self._ns]
+
+    def _install(self, capacity: int | None) -> None:
+        free = [[(ns.sb.data_off, ns.sb.data_size)] for ns in self._ns]
+        self._index.install(len(self._ns), self._caps(capacity), free)
+
+    def _check_index(self) -> None:
+        """A pool whose index is down opens (gets miss until it is back);
+        one whose index names another pool does not."""
+        try:
+            sid = self._index.meta_set_id()
+        except IndexUnavailableError as e:
+            log.warning("fx100io: %s; opening the pool anyway (gets miss, puts fail until "
+                        "it answers)", e)
+            return
+        if sid is None:
+            log.warning("fx100io: Redis at %s holds no index of pool %r: gets miss and puts "
+                        "fail until `fx100io shared-rebuild` re-derives it", self._index.url,
+                        self._ns[0].sb.name)
+        elif sid != self._index.set_id:
+            raise NotAStoreError(22, f"the index of pool {self._ns[0].sb.name!r} in Redis "
+                                 "belongs to other namespaces (another pool of the same "
+                                 "name?)", self._index.url)
+
+    # ------------------------------------------------------------ helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(9, "SharedChunkStore is closed")
+
+    def _ns_of(self, key: bytes) -> Namespace:
+        return self._ns[_core.crc32c(key) % len(self._ns)]
+
+    def _count(self, **deltas: int) -> None:
+        with self._mu:
+            for k, n in deltas.items():
+                self._counters[k] += n
+
+    # ------------------------------------------------------------------ put
+    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
+        """Store each buffer under its key, durably, visible to every host
+        once this returns; replaces existing chunks.  Raises
+        IndexUnavailableError when Redis does not answer."""
+        self._check_open()
+        if len(keys) != len(bufs):
+            raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
+        items = [(normalize_key(k), _buffer(b, False)) for k, b in zip(keys, bufs)]
+        if not items:
+            return
+        placed = [(key, mv, self._ns_of(key)) for key, mv in items]
+        exts = [fmt.extent_len(mv.nbytes) for _k, mv, _ns in placed]
+        allocs = await self._index.alloc(self._lease_ms, [(ns.index, ext) for (_k, _mv, ns), ext
+                                                         in zip(placed, exts)])
+        leases = [f"{ns.index}:{off}:{ext}:{ver}"
+                  for (_k, _mv, ns), ext, (off, ver) in zip(placed, exts, allocs)]
+        started: list[tuple[Namespace, int, memoryview, list, list]] = []
+        headers: list[asyncio.Future] = []
+        published = False
+        try:
+            for i, ((_key, mv, ns), (off, _ver)) in enumerate(zip(placed, allocs)):
+                if mv.nbytes:
+                    parts = ChunkStore._io_parts(_as_member(ns), WRITE, off + fmt.BLOCK, mv)[0]
+                    started.append((ns, i, mv, ns.dev.start(parts), parts))
+            crcs = [0] * len(placed)
+            for ns, i, mv, fs, parts in started:
+                done = []
+                for f, (_op, off, _b) in zip(fs, parts):
+                    c = await asyncio.shield(f)
+                    if c[0] < 0:
+                        raise error_from_errno(-c[0], f"{ns.dev.target}: write chunk at {off}")
+                    done.append(c)
+                crcs[i] = ChunkStore._chunk_crc(_as_member(ns), mv, done)
+            bufs_alive = []
+            for (key, mv, ns), (off, ver), crc in zip(placed, allocs, crcs):
+                hdr = aligned_array(fmt.BLOCK)
+                hdr[:] = memoryview(fmt.ExtentHeader(ns.sb.set_id, ns.index, ver, mv.nbytes,
+                                                     crc, key).encode())
+                bufs_alive.append(hdr)
+                headers += ns.dev.start([(WRITE, off, hdr)])
+            for f in headers:
+                c = await asyncio.shield(f)
+                if c[0] < 0:
+                    raise error_from_errno(-c[0], "write extent header")
+            for ns in {id(ns): ns for _k, _mv, ns in placed}.values():
+                await ns.dev.flush()
+            rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
+                    for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
+            res = await self._index.publish(rows)
+            published = True
+            if -1 in res:
+                raise FxTimeoutError(
+                    62, f"{res.count(-1)} of {len(res)} chunks were not published: their "
+                    "allocation lease expired before their data was durable (raise lease_s?)")
+            self._count(superseded=res.count(0))
+        except BaseException:
+            writes = [f for *_x, fs, _p in started for f in fs] + headers
+            pending = [f for f in writes if not f.done()]
+            if pending:
+                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+            for f in writes:
+                if not f.cancelled():
+                    f.exception()
+            if not published:
+                try:
+                    await self._index.abort(leases)
+                except Exception as e:  # noqa: BLE001 (the leases expire instead)
+                    log.warning("fx100io: could not give back %d extents (%s); they return "
+                                "when their lease expires", len(leases), e)
+            raise
+        self._count(puts=len(items), bytes_written=sum(mv.nbytes for _k, mv in items))
+
+    # ------------------------------------------------------------------ get
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+        """Fill each buffer with its key's chunk; True where found and
+        intact.  Every key misses while Redis does not answer.  The pins
+        are dropped by a task of the loop after this returns: one Redis
+        round trip (an AOF fsync with appendfsync always) less per get."""
+        return await self._get(keys, bufs, wait_unpin=False)
+
+    async def _get(self, keys: Sequence[Any], bufs: Sequence[Any],
+                   wait_unpin: bool) -> list[bool]:
+        self._check_open()
+        if len(keys) != len(bufs):
+            raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
+        mvs = [_buffer(b, True) for b in bufs]
+        nkeys = [normalize_key(k) for k in keys]
+        out = [False] * len(nkeys)
+        if not nkeys:
+            return out
+        try:
+            hits = await self._index.get_begin(self._host, self._pin_ms, nkeys)
+        except (IndexUnavailableError, IndexLostError) as e:
+            log.debug("fx100io: get misses: %s", e)
+            self._count(gets=len(nkeys), misses=len(nkeys), index_errors=1)
+            return out
+        corrupt: list[tuple[bytes, Hit]] = []
+        try:
+            for key, h, mv in zip(nkeys, hits, mvs):
+                if h is not None and mv.nbytes < h.length:
+                    raise BufferTooSmallError(
+                        22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
+                        f"{h.length} bytes under key {key!r}")
+            started = []
+            for i, (h, mv) in enumerate(zip(hits, mvs)):
+                if h is None:
+                    continue
+                if h.length == 0:
+                    out[i] = h.crc == 0
+                    continue
+                ns = self._ns[h.dev]
+                view = mv[:h.length]
+                parts, fixup = ChunkStore._io_parts(_as_member(ns), READ, h.off + fmt.BLOCK,
+                                                    view)
+                started.append((ns, i, h, view, ns.dev.start(parts), fixup))
+            for ns, i, h, view, fs, fixup in started:
+                res = 0
+                done = [await f for f in fs]
+                for r, *_x in done:
+                    res = r if r < 0 or res < 0 else res + r
+                if fixup is not None and res >= 0:
+                    res = fixup(res)
+                if res != h.length:
+                    why = (error_from_errno(-res, ns.dev.target) if res < 0
+                           else f"short read {res} of {h.length}")
+                    log.error("fx100io: read of chunk %r failed: %s", nkeys[i], why)
+                    continue
+                if ChunkStore._chunk_crc(_as_member(ns), view, done) != h.crc:
+                    log.warning("fx100io: chunk %r on %s at %d failed its CRC32C check (torn, "
+                                "or its extent was reused): a miss", nkeys[i], ns.dev.target,
+                                h.off)
+                    corrupt.append((nkeys[i], h))
+                    continue
+                out[i] = True
+        finally:
+            pins = [h.pin for h in hits if h is not None]
+            if pins and wait_unpin:
+                await self._unpin(pins)
+            elif pins:
+                t = asyncio.get_running_loop().create_task(self._unpin(pins))
+                self._bg.add(t)
+                t.add_done_callback(self._bg.discard)
+            nhit = sum(out)
+            self._count(gets=len(nkeys), hits=nhit, misses=len(nkeys) - nhit,
+                        bytes_read=sum(h.length for h, ok in zip(hits, out) if ok and h))
+        for key, h in corrupt:
+            self._count(corruptions=1)
+            try:
+                await self._index.drop(key, h.ver)
+            except (IndexUnavailableError, IndexLostError):
+                pass
+        return out
+
+    async def _unpin(self, pins: list[bytes]) -> None:
+        try:
+            await self._index.get_end(pins)
+        except (IndexUnavailableError, IndexLostError):
+            pass  # the pins expire
+
+    # --------------------------------------------------------------- others
+    async def batch_exists(self, keys: Iterable[Any]) -> int:
+        """How many leading keys are present (0 while Redis does not answer)."""
+        self._check_open()
+        nkeys = [normalize_key(k) for k in keys]
+        if not nkeys:
+            return 0
+        try:
+            return await self._index.exists(nkeys)
+        except (IndexUnavailableError, IndexLostError):
+            self._count(index_errors=1)
+            return 0
+
+    def _entry_sync(self, key: Any) -> tuple[int, ...] | None:
+        k = normalize_key(key)
+        try:
+            v = self._index.call_sync(lambda r, p: r.hget(f"{p}:idx", k))
+        except IndexUnavailableError:
+            return None
+        return None if v is None else parse_entry(v)
+
+    def contains(self, key: Any) -> bool:
+        self._check_open()
+        return self._entry_sync(key) is not None
+
+    def chunk_size(self, key: Any) -> int | None:
+        """Size in bytes of the chunk under key, or None."""
+        self._check_open()
+        e = self._entry_sync(key)
+        return None if e is None else e[3]
+
+    def keys(self) -> list[bytes]:
+        self._check_open()
+        return list(self._index.call_sync(lambda r, p: r.hkeys(f"{p}:idx")))
+
+    async def delete(self, key: Any) -> bool:
+        """Remove a chunk for every host; False if it was not there."""
+        self._check_open()
+        ok = await self._index.drop(normalize_key(key))
+        if ok:
+            self._count(deletes=1)
+        return ok
+
+    def stats(self) -> dict[str, Any]:
+        with self._mu:
+            s: dict[str, Any] = dict(self._counters)
+        s["index"] = self._index.url
+        try:
+            nchunks, devs, cnt, leases, pins, limbo = self._index.run_sync("stats", [])
+        except (IndexUnavailableError, IndexLostError) as e:
+            s["index_state"] = "unavailable" if isinstance(e, IndexUnavailableError) else "lost"
+            return s
+        c = {cnt[i].decode(): int(cnt[i + 1]) for i in range(0, len(cnt), 2)}
+        s.update(index_state="ok", chunks=int(nchunks), leases=int(leases), pins=int(pins),
+                 limbo=int(limbo), evictions=c.get("evictions", 0),
+                 reclaimed_leases=c.get("reclaimed_leases", 0),
+                 expired_pins=c.get("expired_pins", 0))
+        s["bytes_used"] = sum(int(d[0]) for d in devs)
+        s["capacity"] = sum(int(d[1]) for d in devs)
+        s["devices"] = [dict(uri=ns.dev.uri, used=int(d[0]), capacity=int(d[1]),
+                             chunks=int(d[2]), free_extents=int(d[3]), engine=ns.dev.engine,
+                             direct=ns.dev.direct) for ns, d in zip(self._ns, devs)]
+        return s
+
+    # ----------------------------------------------------------- blocking twins
+    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
+        return run_blocking(self.batch_put(keys, bufs))
+
+    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+        # this thread's loop runs only inside these calls: unpin before returning
+        return run_blocking(self._get(keys, bufs, wait_unpin=True))
+
+    def batch_exists_blocking(self, keys: Iterable[Any]) -> int:
+        return run_blocking(self.batch_exists(keys))
+
+    def delete_blocking(self, key: Any) -> bool:
+        return run_blocking(self.delete(key))
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._index.close()
+        for ns in self._ns:
+            ns.dev.close()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        mine = [t for t in list(self._bg) if t.get_loop() is loop]
+        if mine:  # pins still being dropped
+            await asyncio.gather(*mine, return_exceptions=True)
+        await self._index.aclose_loop()
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> SharedChunkStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SharedChunkStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"
+        return f"SharedChunkStore({uris}, index={self._index.url!r})"
