@@ -25,13 +25,16 @@ def discover(host: str, port: str, hostnqn: str, hostid: str,
 def dhchap_secret_error(text: str) -> str | None: ...
 def auth_error() -> str: ...
 def target_serve(host: str, port: str, subnqn: str, namespaces: Any, *, block_size: int = 512,
-                 allow_hosts: Any = (), max_io_queues: int = 0, max_connections: int = 0,
+                 allow_hosts: Any = (), dhchap_hosts: Any = (), dhchap_hashes: Any = (),
+                 dhchap_dhgroups: Any = (), max_io_queues: int = 0, max_connections: int = 0,
                  handshake_timeout_ms: int = 0, stall_timeout_ms: int = 0,
                  idle_timeout_ms: int = 300000,
                  fault_drop_after: int = 0,
                  fault_delay_ms: int = 0, fault_corrupt_ddgst: int = 0, verbose: bool = False,
                  quiet: bool = False, ready: Any = None) -> int: ...
 def target_stop() -> None: ...
+TARGET_DHCHAP_HASHES: dict[str, int]
+TARGET_DHCHAP_DHGROUPS: dict[str, int]
 
 class Allocator:
     def __init__(self, base: int, size: int, align: int) -> None: ...

@@ -5,6 +5,10 @@ import os as _os
 cdef extern from "target/target.h" nogil:
     struct fx_target:
         pass
+    struct fx_target_dhchap_host:
+        const char *hostnqn
+        const char *secret
+        const char *ctrl_secret
     struct fx_target_config:
         const char *host
         const char *port
@@ -13,6 +17,10 @@ cdef extern from "target/target.h" nogil:
         unsigned n_ns
         const char **allow_hosts
         unsigned n_allow
+        const fx_target_dhchap_host *dhchap_hosts
+        unsigned n_dhchap_hosts
+        uint32_t dhchap_hashes
+        uint32_t dhchap_dhgroups
         uint32_t block_size
         uint32_t max_io_queues
         uint32_t max_connections
@@ -25,6 +33,8 @@ cdef extern from "target/target.h" nogil:
         int verbose
         int quiet
     uint32_t FX_TARGET_IDLE_NEVER
+    uint32_t FX_TARGET_DHCHAP_HASHES_ALL
+    uint32_t FX_TARGET_DHCHAP_DHGROUPS_ALL
     int fx_target_create(const fx_target_config *cfg, fx_target **out)
     int fx_target_port(const fx_target *t)
     int fx_target_run(fx_target *t)
@@ -33,8 +43,27 @@ cdef extern from "target/target.h" nogil:
     void fx_target_destroy(fx_target *t)
 
 
+# DH-HMAC-CHAP ids by name (NVMe Base 2.x; Linux nvmet's names, "hmac(sha256)" too)
+TARGET_DHCHAP_HASHES = {"sha256": 1, "sha384": 2, "sha512": 3}
+TARGET_DHCHAP_DHGROUPS = {"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096": 3,
+                          "ffdhe6144": 4, "ffdhe8192": 5}
+
+
+def _dhchap_mask(names, table, what):
+    cdef uint32_t mask = 0
+    for n in names:
+        key = n.strip().lower()
+        if key.startswith("hmac(") and key.endswith(")"):
+            key = key[5:-1]
+        if key not in table:
+            raise ValueError(f"unknown DH-HMAC-CHAP {what} {n!r} (one of {', '.join(table)})")
+        mask |= 1u << table[key]
+    return mask
+
+
 def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int block_size=512,
-                 allow_hosts=(), unsigned int max_io_queues=0, unsigned int max_connections=0,
+                 allow_hosts=(), dhchap_hosts=(), dhchap_hashes=(), dhchap_dhgroups=(),
+                 unsigned int max_io_queues=0, unsigned int max_connections=0,
                  unsigned int handshake_timeout_ms=0, unsigned int stall_timeout_ms=0,
                  unsigned int idle_timeout_ms=300000,
                  unsigned int fault_drop_after=0,
@@ -44,6 +73,14 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     subnqn on host:port until target_stop() (from another thread or a signal
     handler).  ready(port) is called once the socket listens (port "0" picks
     a free one).  Blocks without the GIL; returns 0.
+
+    DH-HMAC-CHAP: dhchap_hosts is a sequence of (hostnqn, secret,
+    ctrl_secret or None), secrets in the DHHC-1 text form; those hosts must
+    authenticate on every queue (and are allowed; naming any turns "any
+    host" off).  dhchap_hashes / dhchap_dhgroups name the hash functions
+    ("sha256", "sha384", "sha512") and DH groups ("null", "ffdhe2048" ...
+    "ffdhe8192") we accept (empty: all); the strongest the host offers too is
+    used.
 
     Limits (0: the default): max_connections (1024) open at once, more are
     closed at once; handshake_timeout_ms (10000) from accept to a completed
@@ -58,18 +95,30 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     cdef fx_target *t = NULL
     cdef const char **paths = NULL
     cdef const char **allow = NULL
+    cdef fx_target_dhchap_host *keys = NULL
     cdef int rc
     keep = [host.encode(), port.encode(), subnqn.encode()]
     ns_b = [_os.fsencode(p) for p in namespaces]
     allow_b = [h.encode() for h in allow_hosts]
+    keys_b = [(h.encode(), s.encode(), c.encode() if c else None)
+              for h, s, c in dhchap_hosts]
     if not ns_b:
         raise error_from_errno(22, "target: no namespaces")
+    hash_mask = _dhchap_mask(dhchap_hashes, TARGET_DHCHAP_HASHES, "hash")
+    group_mask = _dhchap_mask(dhchap_dhgroups, TARGET_DHCHAP_DHGROUPS, "DH group")
     memset(&cfg, 0, sizeof(cfg))
     paths = <const char **>malloc(len(ns_b) * sizeof(char *))
     allow = <const char **>malloc((len(allow_b) or 1) * sizeof(char *))
+    keys = <fx_target_dhchap_host *>malloc((len(keys_b) or 1) * sizeof(fx_target_dhchap_host))
     try:
-        if paths == NULL or allow == NULL:
+        if paths == NULL or allow == NULL or keys == NULL:
             raise MemoryError()
+        memset(keys, 0, (len(keys_b) or 1) * sizeof(fx_target_dhchap_host))
+        for i, (hb, sb, cb) in enumerate(keys_b):
+            keys[i].hostnqn = hb
+            keys[i].secret = sb
+            if cb is not None:
+                keys[i].ctrl_secret = cb
         for i, b in enumerate(ns_b):
             paths[i] = b
         for i, b in enumerate(allow_b):
@@ -81,6 +130,10 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.n_ns = len(ns_b)
         cfg.allow_hosts = allow
         cfg.n_allow = len(allow_b)
+        cfg.dhchap_hosts = keys
+        cfg.n_dhchap_hosts = len(keys_b)
+        cfg.dhchap_hashes = hash_mask
+        cfg.dhchap_dhgroups = group_mask
         cfg.block_size = block_size
         cfg.max_io_queues = max_io_queues
         cfg.max_connections = max_connections
@@ -107,6 +160,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     finally:
         free(paths)
         free(allow)
+        free(keys)
     return 0
 
 

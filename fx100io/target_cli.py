@@ -1,7 +1,8 @@
 """`fx100io target`: serve files and block devices as an NVMe/TCP target.
 
     fx100io target --listen 127.0.0.1:4420 --nqn nqn.2024-01.io.fx100io:kv \\
-        --namespace /dev/shm/ns1.img [--namespace /dev/nvme0n1 ...]
+        --namespace /dev/shm/ns1.img [--namespace /dev/nvme0n1 ...] \\
+        [--dhchap-key HOSTNQN=@/etc/fx100io/host.key [--dhchap-ctrl-key HOSTNQN=@ctrl.key]]
 
 The C target (csrc/target/) runs in a worker thread without the GIL; the main
 thread only waits, so SIGINT/SIGTERM reach Python's handlers, which stop the
@@ -20,6 +21,8 @@ import threading
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 DEFAULT_NQN = "nqn.2024-01.io.fx100io:target"
 DEFAULT_PORT = 4420
+HASHES = ("sha256", "sha384", "sha512")
+DHGROUPS = ("null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +50,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="host NQN allowed to connect; repeatable (default: any host)")
     p.add_argument("--max-io-queues", type=int, default=64, metavar="N",
                    help="I/O queues granted per controller (default 64)")
+    a = p.add_argument_group(
+        "in-band authentication (DH-HMAC-CHAP)",
+        "A host given a secret must authenticate on every queue (admin and I/O) before any "
+        "other command is served; hosts with a secret are allowed to connect, and once any "
+        "host has one, hosts with neither a secret nor --allow-host are refused (as host "
+        "entries in Linux nvmet).  The discovery subsystem does not authenticate.  Secrets "
+        "are in the DHHC-1 form of `nvme gen-dhchap-key`; write @FILE to read one from a "
+        "file (so it is not in the process list).  Secrets are never logged.")
+    a.add_argument("--dhchap-key", action="append", default=[], metavar="HOSTNQN=SECRET",
+                   help="the host's secret (nvmet's dhchap_key); repeatable, one per host")
+    a.add_argument("--dhchap-ctrl-key", action="append", default=[], metavar="HOSTNQN=SECRET",
+                   help="our (the controller's) secret for that host, so that it can "
+                   "authenticate us too (bidirectional; nvmet's dhchap_ctrl_key)")
+    a.add_argument("--dhchap-hash", default=",".join(HASHES), metavar="LIST",
+                   help="hash functions we accept, comma separated (nvmet's dhchap_hash; "
+                   f"default all: {','.join(HASHES)}); the strongest the host offers too "
+                   "is used")
+    a.add_argument("--dhchap-dhgroup", default=",".join(DHGROUPS), metavar="LIST",
+                   help="DH groups we accept, comma separated (nvmet's dhchap_dhgroup; "
+                   f"default all: {','.join(DHGROUPS)}); the strongest the host offers too "
+                   "is used (null: no Diffie-Hellman, the secret alone)")
     lim = p.add_argument_group("limits against hostile, broken or vanished hosts")
     lim.add_argument("--max-connections", type=int, default=1024, metavar="N",
                      help="connections open at once (default 1024); at the limit a new one "
@@ -123,6 +147,62 @@ def _check_namespace(path: str, block_size: int) -> None:
         raise ValueError(f"--namespace {path}: needs read and write permission")
 
 
+def _secret_arg(text: str, opt: str) -> tuple[str, str]:
+    """'HOSTNQN=SECRET' or 'HOSTNQN=@FILE' -> (hostnqn, secret).  Errors name
+    the host and the option, never the secret."""
+    nqn, sep, secret = text.partition("=")
+    if not sep or not nqn:
+        raise ValueError(f"{opt} takes HOSTNQN=SECRET or HOSTNQN=@FILE")
+    _check_nqn(nqn, opt)
+    if secret.startswith("@"):
+        try:
+            with open(secret[1:], encoding="ascii") as f:
+                secret = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "not ASCII text"
+            raise ValueError(f"{opt} for {nqn}: cannot read {secret[1:]}: {why}") from None
+    else:
+        secret = secret.strip()
+    from fx100io import _core
+    problem = _core.dhchap_secret_error(secret)
+    if problem:
+        raise ValueError(f"{opt} for {nqn}: {problem}")
+    return nqn, secret
+
+
+def dhchap_hosts(keys: list[str], ctrl_keys: list[str]) -> list[tuple[str, str, str | None]]:
+    """--dhchap-key / --dhchap-ctrl-key values -> [(hostnqn, secret, ctrl_secret)]."""
+    hosts: dict[str, str] = {}
+    ctrl: dict[str, str] = {}
+    for text in keys:
+        nqn, secret = _secret_arg(text, "--dhchap-key")
+        if nqn in hosts:
+            raise ValueError(f"--dhchap-key: two secrets for {nqn}")
+        hosts[nqn] = secret
+    for text in ctrl_keys:
+        nqn, secret = _secret_arg(text, "--dhchap-ctrl-key")
+        if nqn in ctrl:
+            raise ValueError(f"--dhchap-ctrl-key: two secrets for {nqn}")
+        if nqn not in hosts:
+            raise ValueError(f"--dhchap-ctrl-key for {nqn}: give the host's own secret "
+                             "(--dhchap-key) too; the controller's alone authenticates nobody")
+        ctrl[nqn] = secret
+    return [(nqn, secret, ctrl.get(nqn)) for nqn, secret in hosts.items()]
+
+
+def _id_list(text: str, names: tuple[str, ...], opt: str) -> list[str]:
+    out = []
+    for item in text.split(","):
+        name = item.strip().lower()
+        if name.startswith("hmac(") and name.endswith(")"):
+            name = name[5:-1]
+        if name not in names:
+            raise ValueError(f"{opt}: unknown {item.strip()!r} (one of {', '.join(names)})")
+        if name not in out:
+            out.append(name)
+    return out
+
+
 def _raise_open_files_limit(connections: int) -> None:
     """Each connection is a descriptor: lift the soft limit toward the hard
     one so that --max-connections can be reached (the target lowers its limit
@@ -153,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--nqn: the discovery NQN is served anyway; name your subsystem")
         for h in args.allow_host:
             _check_nqn(h, "--allow-host")
+        keys = dhchap_hosts(args.dhchap_key, args.dhchap_ctrl_key)
+        hashes = _id_list(args.dhchap_hash, HASHES, "--dhchap-hash")
+        dhgroups = _id_list(args.dhchap_dhgroup, DHGROUPS, "--dhchap-dhgroup")
         for path in args.namespace:
             _check_namespace(path, args.block_size)
         for opt in ("max_io_queues", "fault_drop_after", "fault_delay_ms", "fault_corrupt_ddgst"):
@@ -182,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _core.target_serve(host, str(port), args.nqn, args.namespace,
                                block_size=args.block_size, allow_hosts=args.allow_host,
+                               dhchap_hosts=keys, dhchap_hashes=hashes,
+                               dhchap_dhgroups=dhgroups,
                                max_io_queues=args.max_io_queues,
                                max_connections=args.max_connections,
                                handshake_timeout_ms=args.handshake_timeout_ms,

@@ -1,6 +1,7 @@
 /*
  * Fabrics and admin commands of the target: Connect, Property Get/Set (the
- * controller registers CAP/VS/CC/CSTS), Identify, Get Log Page (discovery
+ * controller registers CAP/VS/CC/CSTS), AUTH_Send/AUTH_Receive (auth.c),
+ * Identify, Get Log Page (discovery
  * log), Set/Get Features, Keep Alive, Async Event Request.  Executors fill a
  * tgt_req (result dwords, controller-to-host data) and return the CQE status
  * field; conn.c moves the bytes.
@@ -120,6 +121,21 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		if (t->verbose)
 			tgt_log(t, "%s: I/O queue %u of controller %u (sqsize %u)", c->peer, cmd->qid,
 			        d.cntlid, cmd->sqsize + 1u);
+	}
+	if (!discovery) {
+		const struct tgt_dhchap_host *h = tgt_auth_host(t, d.hostnqn);
+
+		/* A host with a secret authenticates on this queue before
+		 * anything else: the response says so (AUTHREQ.ATR). */
+		if (h) {
+			if (tgt_auth_queue_start(c, h) < 0) {
+				/* (the controller or queue goes with the connection) */
+				tgt_log(t, "%s: out of memory for authentication", c->peer);
+				r->close_after = 1;
+				return TGT_SF(0, NVME_SC_INTERNAL);
+			}
+			r->dw0 |= FX_NVMF_CONNECT_ATR;
+		}
 	}
 	c->sqsize = cmd->sqsize;
 	c->sqhd = 1; /* the Connect itself was fetched */
@@ -471,7 +487,11 @@ uint16_t tgt_exec_fabrics(struct tgt_conn *c, struct tgt_req *r)
 		if (c->qid != 0)
 			return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 		return prop_set(c, r);
-	case 0x08: /* Disconnect (an I/O queue): answer, then close it */
+	case NVMF_FCTYPE_AUTH_SEND:
+		return tgt_auth_send(c, r);
+	case NVMF_FCTYPE_AUTH_RECV:
+		return tgt_auth_receive(c, r);
+	case TGT_FCTYPE_DISCONNECT: /* (an I/O queue): answer, then close it */
 		if (c->qid == 0)
 			return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 		r->close_after = 1;

@@ -616,8 +616,10 @@ static int r2t_alloc(struct tgt_conn *c)
 	return c->r2t_free[--c->r2t_nfree];
 }
 
-/* Connect succeeded: the buffers a live queue needs, and no more handshake
- * deadline. */
+/* Connect succeeded: the buffers a live queue needs, and, once it has
+ * authenticated (when its host must), no more handshake deadline: a host
+ * that connects and never authenticates is closed like one that never
+ * sends Connect. */
 static int go_live(struct tgt_conn *c)
 {
 	if (!c->chunk)
@@ -628,7 +630,8 @@ static int go_live(struct tgt_conn *c)
 		tgt_log(c->t, "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
 		return -ENOMEM;
 	}
-	atomic_store(&c->live, 1);
+	if (tgt_auth_done(c))
+		atomic_store(&c->live, 1);
 	return 0;
 }
 
@@ -831,6 +834,11 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	if (c->state == TGT_CONN_WAIT_CONNECT &&
 	    !(fabrics && ((const uint8_t *)sqe)[4] == NVMF_FCTYPE_CONNECT))
 		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR), 0, 0);
+	/* Before the queue has authenticated, only what authenticates it
+	 * runs (nothing is fetched with R2T for the others). */
+	if (!tgt_auth_allows(c, sqe))
+		return send_resp(c, sqe->cid,
+		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
 
 	if (fabrics || c->qid == 0) {
 		/* Data that did not come in the capsule is fetched first. */
@@ -1102,6 +1110,7 @@ void *tgt_conn_main(void *arg)
 	 * may reconnect the same qid at once. */
 	tgt_conn_detach(c);
 	shutdown(c->fd, SHUT_RDWR);
+	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)
 		free(c->r2t[i].buf);
 	free(c->r2t);

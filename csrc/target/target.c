@@ -219,6 +219,7 @@ static void target_free(struct fx_target *t)
 	for (unsigned i = 0; i < t->n_allow; i++)
 		free(t->allow[i]);
 	free(t->allow);
+	tgt_auth_config_free(t);
 	if (t->lfd >= 0)
 		close(t->lfd);
 	if (t->wake[0] >= 0)
@@ -310,6 +311,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 			t->n_allow++;
 		}
 	}
+	ret = tgt_auth_config(t, cfg);
+	if (ret < 0)
+		goto fail;
 	if (pipe2(t->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
 		ret = -errno;
 		goto fail;
@@ -368,7 +372,11 @@ void fx_target_stop_all(void)
 
 int tgt_host_allowed(const struct fx_target *t, const char *hostnqn)
 {
-	if (!t->n_allow)
+	/* Hosts with a secret are allowed (to authenticate); naming any
+	 * turns "any host" off, as host entries do in nvmet. */
+	if (!t->n_allow && !t->n_dhchap)
+		return 1;
+	if (tgt_auth_host(t, hostnqn))
 		return 1;
 	for (unsigned i = 0; i < t->n_allow; i++)
 		if (strcmp(t->allow[i], hostnqn) == 0)
@@ -896,7 +904,8 @@ static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss
 	limit_notice(t);
 }
 
-/* Close connections that did not complete ICReq and Connect in time: the
+/* Close connections that did not complete ICReq and Connect (and the
+ * queue's authentication, where its host has a secret) in time: the
  * listener shuts their sockets, which ends their threads' receives. */
 static void check_handshakes(struct fx_target *t)
 {
@@ -916,11 +925,11 @@ static void check_handshakes(struct fx_target *t)
 	}
 	pthread_mutex_unlock(&t->lock);
 	if (n == 1)
-		tgt_log(t, "%s: no ICReq/Connect within %u ms of connecting, closed it", first,
-		        t->handshake_ms);
+		tgt_log(t, "%s: no ICReq/Connect (and authentication, where required) within %u ms of "
+		        "connecting, closed it", first, t->handshake_ms);
 	else if (n)
-		tgt_log(t, "closed %u connections (%s, ...) that did not complete ICReq/Connect within "
-		        "%u ms", n, first, t->handshake_ms);
+		tgt_log(t, "closed %u connections (%s, ...) that did not complete ICReq/Connect (and "
+		        "authentication, where required) within %u ms", n, first, t->handshake_ms);
 	limit_notice(t); /* what the last second's flood left unsaid */
 }
 

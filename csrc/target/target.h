@@ -22,6 +22,23 @@ struct fx_target;
 
 #define FX_TARGET_IDLE_NEVER 0xFFFFFFFFu
 
+/*
+ * In-band authentication (DH-HMAC-CHAP) of one host, as Linux nvmet's host
+ * entry (dhchap_key, dhchap_ctrl_key): secrets in the DHHC-1 text form that
+ * `nvme gen-dhchap-key` writes.  A host with a secret must authenticate on
+ * every queue (admin and I/O) before any other command is served; with a
+ * controller secret too, it may also authenticate us (bidirectional).
+ */
+struct fx_target_dhchap_host {
+	const char *hostnqn;
+	const char *secret;      /* the host's secret (required) */
+	const char *ctrl_secret; /* the controller's secret, or NULL */
+};
+
+/* Bits of fx_target_config.dhchap_hashes / dhchap_dhgroups: 1u << id. */
+#define FX_TARGET_DHCHAP_HASHES_ALL 0x0Eu   /* SHA-256 (1), SHA-384 (2), SHA-512 (3) */
+#define FX_TARGET_DHCHAP_DHGROUPS_ALL 0x3Fu /* null (0), ffdhe2048 (1) ... ffdhe8192 (5) */
+
 struct fx_target_config {
 	const char *host;      /* listen address (literal or name), e.g. "127.0.0.1", "::" */
 	const char *port;      /* service; "0" picks a free port (see fx_target_port) */
@@ -30,6 +47,16 @@ struct fx_target_config {
 	unsigned n_ns;
 	const char *const *allow_hosts; /* host NQNs allowed to connect; n_allow 0 = any */
 	unsigned n_allow;
+	/* Hosts that must authenticate (DH-HMAC-CHAP).  They are allowed to
+	 * connect; with any of them and no allow_hosts, no other host is
+	 * (as nvmet, where host entries turn allow_any_host off).  The
+	 * discovery controller does not authenticate. */
+	const struct fx_target_dhchap_host *dhchap_hosts;
+	unsigned n_dhchap_hosts;
+	/* The hash functions and DH groups we accept (bit 1u << id; 0 = all);
+	 * of those the host offers too, the strongest is used. */
+	uint32_t dhchap_hashes;
+	uint32_t dhchap_dhgroups;
 	uint32_t block_size;   /* 512 or 4096 */
 	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
 	/* Limits against hosts that are hostile, broken or gone; 0 = default.
@@ -41,7 +68,8 @@ struct fx_target_config {
 	 * connection busy or kept alive), it is closed at once; each with a
 	 * log line.
 	 * handshake_timeout_ms (10000): a connection must complete ICReq and
-	 * Connect within this long of its accept, or it is closed.
+	 * Connect (and DH-HMAC-CHAP, for a host with a secret) within this
+	 * long of its accept, or it is closed.
 	 * stall_timeout_ms (30000): once a PDU's first byte has arrived, the
 	 * whole PDU (header, data, digests) must arrive within this long, and a
 	 * host must keep reading what we send (no progress for this long);
@@ -69,8 +97,9 @@ struct fx_target_config {
 /*
  * Validate cfg, open the namespaces (read-write), bind and listen.
  * -EINVAL (bad config: no namespaces, bad block size, NQN too long, a
- * namespace smaller than one block), -ENOENT/-EACCES/-EISDIR (a namespace),
- * -EADDRINUSE/-EADDRNOTAVAIL (listen address), -ENOMEM.
+ * namespace smaller than one block, a DH-HMAC-CHAP secret that does not
+ * parse (logged without the secret), no usable hash or DH group),
+ * -ENOENT/-EACCES/-EISDIR (a namespace), -EADDRINUSE/-EADDRNOTAVAIL (listen address), -ENOMEM.
  */
 int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out);
 

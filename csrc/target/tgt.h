@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
+#include "nvmf/auth_msg.h"
 #include "target.h"
 
 /* Limits we advertise.  MDTS is in units of the 4 KiB minimum page: 2^10
@@ -42,6 +43,10 @@
 /* Connections closed at the limit (or by their deadline) whose threads have
  * not ended yet: at most this many on top of the limit. */
 #define FX_TGT_EVICT_SLACK 64u
+/* DH-HMAC-CHAP transactions a queue may start without one succeeding: each
+ * costs a DH key pair (ffdhe8192: about 0.1 s of CPU), so a host must not
+ * loop on them for the whole handshake deadline. */
+#define FX_TGT_AUTH_MAX_TRIES 4u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -54,6 +59,9 @@
 #define TGT_SC_SGL_INVALID_DATA 0x0F
 #define TGT_SC_TRANSIENT_TRANSPORT 0x22
 #define TGT_SC_AER_LIMIT 0x05        /* SCT 1 */
+/* Fabrics Disconnect (nvmf/auth_msg.h has AUTH_Send/AUTH_Receive's
+ * types, the Connect response's ATR bit and Authentication Required) */
+#define TGT_FCTYPE_DISCONNECT 0x08
 #define TGT_SC_WRITE_FAULT 0x80      /* SCT 2 */
 #define TGT_SC_UNRECOVERED_READ 0x81 /* SCT 2 */
 
@@ -66,6 +74,16 @@ struct tgt_ns {
 	uint8_t nguid[16];
 	uint8_t uuid[16];
 };
+
+/* A host that must authenticate (DH-HMAC-CHAP): its parsed secrets. */
+struct tgt_dhchap_host {
+	char hostnqn[NVMF_NQN_SIZE];
+	struct fx_auth_key key;      /* the host's */
+	struct fx_auth_key ctrl_key; /* ours, for bidirectional authentication */
+	int has_ctrl_key;
+};
+
+struct tgt_auth; /* one queue's DH-HMAC-CHAP transaction (auth.c) */
 
 enum tgt_ctrl_state {
 	TGT_CTRL_DISABLED, /* connected, CC.EN = 0 */
@@ -149,6 +167,11 @@ struct tgt_conn {
 	uint32_t pdus_sent;
 	uint32_t c2h_sent;
 	unsigned aers;      /* Async Event Requests held (never answered: no events) */
+	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
+	 * succeeds, the queue takes only AUTH_Send/AUTH_Receive (and
+	 * Disconnect), and stays under the handshake deadline: live is set
+	 * only once it is authenticated. */
+	struct tgt_auth *auth;
 	/* Buffers are allocated when first needed (icd, the R2T table) or once
 	 * the queue is Connected (chunk, abuf), so that a connection that never
 	 * gets that far costs a thread and a socket, not half a megabyte. */
@@ -169,6 +192,9 @@ struct fx_target {
 	unsigned n_ns;
 	char **allow;
 	unsigned n_allow;
+	struct tgt_dhchap_host *dhchap; /* hosts that must authenticate */
+	unsigned n_dhchap;
+	uint32_t dhchap_hashes, dhchap_dhgroups; /* allowed ids, bit 1u << id */
 	uint32_t block_size;
 	unsigned lba_shift;
 	uint32_t max_io_queues;
@@ -241,6 +267,26 @@ void tgt_ctrl_flush_all(struct fx_target *t);
  * accepted (takes fd; a harness that feeds a connection bytes, e.g. over a
  * socketpair, without the listener).  0, or -ENOMEM. */
 int tgt_serve_fd(struct fx_target *t, int fd);
+
+/* auth.c: DH-HMAC-CHAP, the controller's side */
+/* fx_target_create: parse the config's secrets (never logged) and allowed
+ * ids.  0, -EINVAL (logged: which host, what is wrong), -ENOMEM. */
+int tgt_auth_config(struct fx_target *t, const struct fx_target_config *cfg);
+void tgt_auth_config_free(struct fx_target *t);
+/* The host's authentication entry, NULL when it needs none. */
+const struct tgt_dhchap_host *tgt_auth_host(const struct fx_target *t, const char *hostnqn);
+/* A successful Connect of a host with an entry: the queue must
+ * authenticate (c->auth).  0 or -ENOMEM. */
+int tgt_auth_queue_start(struct tgt_conn *c, const struct tgt_dhchap_host *h);
+/* 1 when the queue may run this command now: no authentication needed or
+ * done, or the command is one of those that authenticate (or Disconnect). */
+int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe);
+/* 1 when the queue needs no authentication or has completed it. */
+int tgt_auth_done(const struct tgt_conn *c);
+/* AUTH_Send (Fabrics 05h) and AUTH_Receive (06h). */
+uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r);
+uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r);
+void tgt_auth_queue_free(struct tgt_conn *c);
 
 /* conn.c */
 void *tgt_conn_main(void *arg);

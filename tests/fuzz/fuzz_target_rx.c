@@ -32,6 +32,12 @@
 
 #define SUBNQN "nqn.2024-01.io.fx100io:test-target"
 #define HOST_NQN "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a"
+#define AUTH_NQN "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b"
+/* (test secrets: keys 00 01 .. 1f, SHA-256 transform; c8 c9 .. 1f, SHA-512) */
+#define AUTH_SECRET "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
+#define AUTH_CTRL_SECRET                                                                       \
+	"DHHC-1:03:yMnKy8zNzs/Q0dLT1NXW19jZ2tvc3d7f4OHi4+Tl5ucAAQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRob" \
+	"HB0eHy3QCJM=:"
 
 static struct fx_target *g_t;
 
@@ -153,6 +159,9 @@ static void setup(void)
 {
 	char path[] = "/dev/shm/fx100io-fuzz-XXXXXX";
 	const char *paths[1] = {path};
+	const char *allow[1] = {HOST_NQN};
+	const struct fx_target_dhchap_host keys[1] = {
+		{.hostnqn = AUTH_NQN, .secret = AUTH_SECRET, .ctrl_secret = AUTH_CTRL_SECRET}};
 	struct fx_target_config cfg;
 	uint8_t spec[120], sqe[64], data[1024];
 	uint32_t v32;
@@ -175,6 +184,10 @@ static void setup(void)
 	cfg.ns_paths = paths;
 	cfg.n_ns = 1;
 	cfg.block_size = 512;
+	cfg.allow_hosts = allow; /* (a keyed host turns "any host" off) */
+	cfg.n_allow = 1;
+	cfg.dhchap_hosts = keys;
+	cfg.n_dhchap_hosts = 1;
 	cfg.quiet = !getenv("FUZZ_TARGET_VERBOSE"); /* set it to see what an input does */
 	cfg.verbose = !cfg.quiet;
 	cfg.stall_timeout_ms = 5000;

@@ -1,0 +1,641 @@
+"""DH-HMAC-CHAP in our target (`fx100io target --dhchap-key ...`).
+
+The host side here is written from the spec with sockets and struct (the
+NVMe/TCP host of test_target.py) and the plain-Python reference
+(dhchap_reference.py: hashlib, hmac, pow() over the RFC 7919 primes), so the
+target's C (on OpenSSL) is checked against code that shares nothing with it:
+every hash with the null and two ffdhe groups, bidirectional authentication,
+a wrong secret, commands before authentication, and malformed or out of order
+AUTH_Send payloads, which must end in a Failure1 or an error status and leave
+the target serving.  Then our own initiator (TCP) against it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+import time
+
+import dhchap_reference as ref
+import pytest
+from test_target import HOST_A, HOST_B, NQN, Closed, Host, discover, sqe, start_target
+
+__all__ = ["start_target"]  # (the fixture, imported for this module's tests)
+
+KEY_A = bytes(range(32))
+KEY_B = bytes(range(100, 148))
+CTRL_KEY = bytes(range(200, 232)) + bytes(range(32))  # 64 bytes
+SECRET_A = ref.format_secret(KEY_A, 1)      # transformed with SHA-256
+SECRET_B = ref.format_secret(KEY_B, 0)      # used as is
+SECRET_CTRL = ref.format_secret(CTRL_KEY, 3)
+WRONG_A = ref.format_secret(bytes(31) + b"\x01", 1)
+
+AUTH_SEND, AUTH_RECV = 0x05, 0x06
+SC_AUTH_REQUIRED = 0x91  # SCT 1
+DNR = 0x4000
+# Failure reason code explanations
+RC_FAILED, RC_NOT_USABLE, RC_CONCAT, RC_HASH, RC_DHGROUP, RC_PAYLOAD, RC_MESSAGE = range(1, 8)
+
+
+# ------------------------------------------------------------ the host side
+
+def auth_cmd(fctype: int, length: int, secp: int = 0xE9, spsp0: int = 1,
+             spsp1: int = 1) -> bytearray:
+    c = bytearray(64)
+    c[0], c[1], c[4] = 0x7F, 0x40, fctype
+    c[41], c[42], c[43] = spsp0, spsp1, secp
+    struct.pack_into("<I", c, 44, length)
+    return c
+
+
+def send(h: Host, msg: bytes, tl: int | None = None, **kw):
+    return h.cmd(auth_cmd(AUTH_SEND, len(msg) if tl is None else tl, **kw), msg)[0]
+
+
+def receive(h: Host, al: int = 4096, sgl: int | None = None, **kw):
+    return h.cmd(auth_cmd(AUTH_RECV, al, **kw), data_in=al if sgl is None else sgl)
+
+
+def negotiate(tid: int, hashes=(1, 2, 3), groups=(0, 1, 2, 3, 4, 5), sc_c: int = 0,
+              napd: int = 1, authid: int = 1) -> bytes:
+    d = bytearray(64)
+    d[0], d[2], d[3] = authid, len(hashes), len(groups)
+    d[4:4 + len(hashes)] = bytes(hashes)
+    d[34:34 + len(groups)] = bytes(groups)
+    return struct.pack("<BBHHBB", 0, 0, 0, tid, sc_c, napd) + bytes(d)
+
+
+def parse_challenge(m: bytes) -> dict:
+    typ, mid, tid, hl, hashid, dhgid, dhvlen, s1 = struct.unpack_from("<BBxxHBxBBHI", m, 0)
+    assert (typ, mid) == (1, 1), m[:16].hex()
+    return dict(tid=tid, hl=hl, hash=hashid, group=dhgid, s1=s1, c1=m[16:16 + hl],
+                dhv=m[16 + hl:16 + hl + dhvlen])
+
+
+def failure(m: bytes) -> tuple[int, int] | None:
+    """(rescode, rescode_exp) of a Failure1, None for another message."""
+    if m[0] == 0 and m[1] == 0xF1:
+        return m[6], m[7]
+    return None
+
+
+def reply(tid: int, r1: bytes, s2: int = 0, c2: bytes | None = None, dhv: bytes = b"",
+          hl: int | None = None) -> bytes:
+    hl = len(r1) if hl is None else hl
+    cvalid = 1 if c2 is not None else 0
+    c2 = c2 if c2 is not None else bytes(len(r1))
+    return struct.pack("<BBHHBBBBHI", 1, 2, 0, tid, hl, 0, cvalid, 0, len(dhv), s2) + r1 + c2 + dhv
+
+
+def success2(tid: int) -> bytes:
+    return struct.pack("<BBHH", 1, 4, 0, tid) + bytes(10)
+
+
+def authenticate(h: Host, secret: str, hostnqn: str = HOST_A, hashes=(1, 2, 3),
+                 groups=(0, 1, 2, 3, 4, 5), ctrl_secret: str | None = None,
+                 tid: int = 7) -> dict:
+    """The whole transaction from the host's side; returns the challenge
+    (hash, group) and, on a Failure1, its reason under 'failure'."""
+    assert send(h, negotiate(tid, hashes, groups)).ok
+    cqe, m = receive(h)
+    assert cqe.ok, cqe
+    if failure(m):
+        return dict(failure=failure(m))
+    ch = parse_challenge(m)
+    assert ch["tid"] == tid and ch["hl"] == ref.HASH_LEN[ch["hash"]]
+    assert len(ch["c1"]) == ch["hl"] and ch["s1"] != 0
+    hh, key = ref.parse_secret(secret)
+    sess, dhv = None, b""
+    if ch["group"]:
+        assert len(ch["dhv"]) == ref.dh_len(ch["group"])
+        x = secrets.randbits(256) | 1
+        dhv = ref.dh_pub(ch["group"], x)
+        sess = ref.dh_shared(ch["group"], x, ch["dhv"])
+    else:
+        assert ch["dhv"] == b""
+    r1 = ref.response("host", ch["hash"], key, hh, ch["c1"], sess, ch["s1"], tid, 0, hostnqn,
+                      NQN)
+    c2, s2 = None, 0
+    if ctrl_secret:
+        c2, s2 = os.urandom(ch["hl"]), secrets.randbits(31) + 1
+    assert send(h, reply(tid, r1, s2, c2, dhv)).ok
+    cqe, m = receive(h)
+    assert cqe.ok, cqe
+    if failure(m):
+        return dict(ch, failure=failure(m))
+    typ, mid, rtid, hl, rvalid = struct.unpack_from("<BBxxHBxB", m, 0)
+    assert (typ, mid, rtid, hl) == (1, 3, tid, ch["hl"])
+    if ctrl_secret:
+        assert rvalid == 1
+        chh, ckey = ref.parse_secret(ctrl_secret)
+        want = ref.response("ctrl", ch["hash"], ckey, chh, c2, sess, s2, tid, 0, hostnqn, NQN)
+        assert m[16:16 + hl] == want, "R2 does not match the controller secret"
+        assert send(h, success2(tid)).ok
+    else:
+        assert rvalid == 0
+    return ch
+
+
+def connect(port: int, qid: int = 0, hostnqn: str = HOST_A, cntlid: int = 0xFFFF):
+    h = Host(port)
+    h.icreq()
+    cqe = h.connect(qid, hostnqn=hostnqn, cntlid=cntlid)
+    return h, cqe
+
+
+def refused(cqe) -> bool:
+    return (cqe.sct, cqe.sc) == (1, SC_AUTH_REQUIRED) and bool(cqe.status & DNR)
+
+
+def keyed(start_target, *extra: str):
+    return start_target("--dhchap-key", f"{HOST_A}={SECRET_A}", *extra)
+
+
+def log_of(t) -> str:
+    t.log.flush()
+    t.log.seek(0)
+    return t.log.read().decode(errors="replace")
+
+
+# ------------------------------------------------------------------ tests
+
+@pytest.mark.parametrize("hashid", [1, 2, 3])
+def test_raw_host_authenticates_with_each_hash_and_group_then_does_io(start_target, hashid):
+    t = keyed(start_target)
+    for group in (0, 1, 2):
+        h, cqe = connect(t.port)
+        assert cqe.ok and cqe.dw0 & (1 << 17), "Connect must ask for authentication (ATR)"
+        assert not cqe.dw0 & (1 << 18)  # no secure channel (ASCR)
+        ch = authenticate(h, SECRET_A, hashes=(hashid,), groups=(group,))
+        assert "failure" not in ch and (ch["hash"], ch["group"]) == (hashid, group)
+        h.enable()
+        assert h.identify(1)[0].ok
+        # an I/O queue of that controller authenticates on its own
+        io, cqe = connect(t.port, qid=1, cntlid=h.cntlid)
+        assert cqe.ok and cqe.dw0 & (1 << 17)
+        assert refused(io.read(0, 1, 512)[0])
+        assert "failure" not in authenticate(io, SECRET_A, hashes=(hashid,), groups=(group,))
+        data = os.urandom(4096)
+        assert io.write(8 * group, data, 512).ok
+        cqe, back = io.read(8 * group, 8, 512)
+        assert cqe.ok and back == data
+        io.close()
+        h.close()
+    with open(t.paths[0], "rb") as f:
+        assert len(f.read()) == 16 << 20
+
+
+def test_the_strongest_common_hash_and_group_are_chosen(start_target):
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    ch = authenticate(h, SECRET_A, groups=(0, 1, 2))
+    assert (ch["hash"], ch["group"]) == (3, 2)
+    h.close()
+    t2 = keyed(start_target, "--dhchap-hash", "sha256,hmac(sha384)", "--dhchap-dhgroup",
+               "null,ffdhe2048")
+    h, _ = connect(t2.port)
+    ch = authenticate(h, SECRET_A)
+    assert (ch["hash"], ch["group"]) == (2, 1)
+    h.close()
+    # nothing in common: Failure1 with the reason
+    h, _ = connect(t2.port)
+    assert authenticate(h, SECRET_A, hashes=(3,))["failure"] == (1, RC_HASH)
+    h.close()
+    h, _ = connect(t2.port)
+    assert authenticate(h, SECRET_A, groups=(3, 4))["failure"] == (1, RC_DHGROUP)
+    assert refused(h.prop_get(0)[0])
+    h.close()
+
+
+def test_bidirectional(start_target):
+    t = start_target("--dhchap-key", f"{HOST_A}={SECRET_A}",
+                     "--dhchap-ctrl-key", f"{HOST_A}={SECRET_CTRL}",
+                     "--dhchap-key", f"{HOST_B}={SECRET_B}")
+    for group in (0, 2):
+        h, _ = connect(t.port)
+        ch = authenticate(h, SECRET_A, groups=(group,), ctrl_secret=SECRET_CTRL)
+        assert "failure" not in ch
+        h.enable()
+        assert h.identify(1)[0].ok
+        h.close()
+    # a host that asks us to authenticate without our having a secret for it
+    h, _ = connect(t.port, hostnqn=HOST_B)
+    ch = authenticate(h, SECRET_B, hostnqn=HOST_B, ctrl_secret=SECRET_CTRL)
+    assert ch["failure"] == (1, RC_FAILED)
+    assert refused(h.identify(1)[0])
+    h.close()
+    # ... while it authenticates one way
+    h, _ = connect(t.port, hostnqn=HOST_B)
+    assert "failure" not in authenticate(h, SECRET_B, hostnqn=HOST_B, groups=(1,))
+    h.close()
+    # a host that rejects our response (Failure2) leaves the queue refusing
+    h, _ = connect(t.port)
+    tid = 9
+    assert send(h, negotiate(tid, groups=(0,))).ok
+    ch = parse_challenge(receive(h)[1])
+    hh, key = ref.parse_secret(SECRET_A)
+    r1 = ref.response("host", ch["hash"], key, hh, ch["c1"], None, ch["s1"], tid, 0, HOST_A, NQN)
+    assert send(h, reply(tid, r1, 5, os.urandom(ch["hl"]))).ok
+    assert receive(h)[1][8] == 1  # RVALID
+    assert send(h, struct.pack("<BBHHBB", 0, 0xF0, 0, tid, 1, RC_FAILED)).ok
+    assert refused(h.identify(1)[0])
+    h.close()
+    assert "Failure2" in log_of(t)
+
+
+def test_wrong_secret_fails_and_the_queue_stays_refused(start_target):
+    t = keyed(start_target)
+    for group in (0, 1):
+        h, _ = connect(t.port)
+        assert authenticate(h, WRONG_A, groups=(group,))["failure"] == (1, RC_FAILED)
+        for cmd in (h.identify(1)[0], h.prop_get(0)[0], h.cmd(sqe(0x18))[0]):
+            assert refused(cmd), cmd
+        h.close()
+    t.stop()
+    text = t.stderr
+    assert text.count("failed DH-HMAC-CHAP authentication") == 2, text
+    assert HOST_A in text and "response mismatch" in text
+    for s in (SECRET_A, WRONG_A, SECRET_A.split(":")[2][:16]):
+        assert s not in text, "a secret in the log"
+
+
+def test_commands_before_authentication_are_refused(start_target):
+    t = keyed(start_target)
+    with open(t.paths[0], "rb") as f:
+        before = f.read(32768)
+    h, cqe = connect(t.port)
+    assert cqe.ok
+    for cmd in (h.prop_get(0)[0], h.prop_set(0x14, 1), h.identify(1)[0],
+                h.cmd(sqe(0x09, cdw10=0x07, cdw11=0))[0]):
+        assert refused(cmd), cmd
+    h.close()
+    # an I/O queue: Read, and a Write whose data would come by R2T (it must
+    # not: the refusal comes at once, with no R2T before it)
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    io, cqe = connect(t.port, qid=1, cntlid=h.cntlid)
+    assert cqe.ok and cqe.dw0 & (1 << 17)
+    assert refused(io.read(0, 1, 512)[0])
+    cid = io.submit(sqe(0x01, nsid=1, cdw12=63), os.urandom(32768), incapsule=False)
+    cqe, _, pdus = io.complete(cid, b"")
+    assert refused(cqe) and [p.type for p in pdus] == [5]  # the CapsuleResp only
+    assert refused(io.write(0, os.urandom(512), 512, incapsule=True))
+    assert refused(io.cmd(sqe(0x00, nsid=1))[0])  # Flush
+    io.close()
+    h.close()
+    with open(t.paths[0], "rb") as f:
+        assert f.read(32768) == before
+    # AUTH_Send on a queue whose host needs no authentication: a sequence error
+    t2 = start_target()
+    plain, cqe = connect(t2.port)
+    assert cqe.ok and not cqe.dw0 & (1 << 17)
+    assert send(plain, negotiate(1)).sc == 0x0C
+    plain.close()
+
+
+def test_hosts_without_a_secret_are_refused_and_discovery_needs_none(start_target):
+    t = keyed(start_target)
+    h, cqe = connect(t.port, hostnqn=HOST_B)
+    assert (cqe.sct, cqe.sc) == (1, 0x84)
+    h.close()
+    # discovery: no authentication, our subsystem listed to the keyed host
+    assert [e["subnqn"] for e in discover(t.port, HOST_A) if e["subtype"] == 2] == [NQN]
+    # --allow-host adds hosts that connect without authenticating
+    t2 = keyed(start_target, "--allow-host", HOST_B)
+    h, cqe = connect(t2.port, hostnqn=HOST_B)
+    assert cqe.ok and not cqe.dw0 & (1 << 17)
+    h.enable()
+    assert h.identify(1)[0].ok
+    h.close()
+
+
+def test_a_host_that_never_authenticates_is_closed_at_the_handshake_deadline(start_target):
+    t = keyed(start_target, "--handshake-timeout-ms", "1500")
+    h, cqe = connect(t.port)
+    assert cqe.ok
+    t0 = time.monotonic()
+    h.sock.settimeout(10)
+    with pytest.raises((Closed, ConnectionResetError, BrokenPipeError)):
+        while time.monotonic() - t0 < 5:
+            assert refused(h.prop_get(0)[0])
+            time.sleep(0.2)
+    assert time.monotonic() - t0 < 5
+    # one that authenticated is not
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    time.sleep(2.0)
+    h.enable()
+    assert h.identify(1)[0].ok
+    h.close()
+
+
+def _msg_cases():
+    tid = 3
+    good_neg = negotiate(tid, groups=(1,))
+    return [
+        # (name, messages sent before, the bad one, expected Failure1 reason or status)
+        ("one byte", [], b"\x00", RC_PAYLOAD),
+        ("header only", [], bytes(6), RC_PAYLOAD),
+        ("napd 0", [], negotiate(tid, napd=0), RC_PAYLOAD),
+        ("not dh-hmac-chap", [], negotiate(tid, authid=2), RC_NOT_USABLE),
+        ("halen 200", [], negotiate(tid)[:10] + b"\xC8" + negotiate(tid)[11:], RC_PAYLOAD),
+        ("secure channel", [], negotiate(tid, sc_c=1), RC_CONCAT),
+        ("negotiate cut short", [], good_neg[:40], RC_PAYLOAD),
+        ("unknown type", [], b"\x07\x00" + bytes(14), RC_MESSAGE),
+        ("reply first", [], reply(tid, bytes(32)), RC_MESSAGE),
+        ("success2 first", [], success2(tid), RC_MESSAGE),
+        ("reply before challenge", [good_neg], reply(tid, bytes(32)), RC_MESSAGE),
+    ]
+
+
+@pytest.mark.parametrize("case", _msg_cases(), ids=lambda c: c[0])
+def test_malformed_auth_send_gets_failure1_and_the_target_serves_on(start_target, case):
+    _name, before, bad, reason = case
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    for m in before:
+        assert send(h, m).ok
+    assert send(h, bad).ok  # (errors in the message come back in Failure1)
+    cqe, m = receive(h)
+    assert cqe.ok and failure(m) == (1, reason), m[:8].hex()
+    assert refused(h.identify(1)[0])
+    # the same queue may start over and succeed
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert h.identify(1)[0].ok
+    h.close()
+
+
+def _challenged(port: int, tid: int = 5, group: int = 1, hashid: int = 1):
+    h, _ = connect(port)
+    assert send(h, negotiate(tid, (hashid,), (group,))).ok
+    cqe, m = receive(h)
+    assert cqe.ok
+    return h, parse_challenge(m)
+
+
+def test_malformed_replies(start_target):
+    t = keyed(start_target)
+    p = ref.ffdhe_prime(1)
+    cases = [
+        ("wrong t_id", lambda ch: reply(ch["tid"] + 1, bytes(32), dhv=bytes(256)), RC_PAYLOAD),
+        ("hl mismatch", lambda ch: reply(ch["tid"], bytes(48), dhv=bytes(256)), RC_PAYLOAD),
+        ("dhvlen past the end", lambda ch: reply(ch["tid"], bytes(32), dhv=bytes(256))[:-8],
+         RC_PAYLOAD),
+        ("no dh value", lambda ch: reply(ch["tid"], bytes(32)), RC_PAYLOAD),
+        ("dh value too long", lambda ch: reply(ch["tid"], bytes(32), dhv=bytes(260)),
+         RC_PAYLOAD),
+        ("dh value 0", lambda ch: reply(ch["tid"], bytes(32), dhv=bytes(256)), RC_DHGROUP),
+        ("dh value 1", lambda ch: reply(ch["tid"], bytes(32), dhv=(1).to_bytes(256, "big")),
+         RC_DHGROUP),
+        ("dh value p-1", lambda ch: reply(ch["tid"], bytes(32),
+                                          dhv=(p - 1).to_bytes(256, "big")), RC_DHGROUP),
+        ("dh value p", lambda ch: reply(ch["tid"], bytes(32), dhv=p.to_bytes(256, "big")),
+         RC_DHGROUP),
+        ("dh value all ones", lambda ch: reply(ch["tid"], bytes(32), dhv=b"\xff" * 256),
+         RC_DHGROUP),
+        ("reply twice", None, RC_MESSAGE),
+    ]
+    for name, make, reason in cases:
+        h, ch = _challenged(t.port)
+        if make is None:
+            # (4 = 2^2: in the group's prime-order subgroup)
+            assert send(h, reply(ch["tid"], bytes(32), dhv=(4).to_bytes(256, "big"))).ok
+            assert failure(receive(h)[1]) == (1, RC_FAILED), name
+            bad = reply(ch["tid"], bytes(32), dhv=(4).to_bytes(256, "big"))
+        else:
+            bad = make(ch)
+        assert send(h, bad).ok, name
+        cqe, m = receive(h)
+        assert cqe.ok and failure(m) == (1, reason), (name, m[:8].hex())
+        assert refused(h.identify(1)[0]), name
+        h.close()
+    # a null-group transaction given a DH value
+    h, ch = _challenged(t.port, group=0)
+    assert send(h, reply(ch["tid"], bytes(32), dhv=(4).to_bytes(256, "big"))).ok
+    assert failure(receive(h)[1]) == (1, RC_PAYLOAD)
+    h.close()
+    # still serving
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(1,))
+    h.close()
+    assert t.proc.poll() is None
+
+
+def test_malformed_auth_commands_get_an_error_status(start_target):
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    neg = negotiate(1)
+    assert send(h, neg, secp=0xEA).sc == 0x02
+    assert send(h, neg, spsp0=2).sc == 0x02
+    assert send(h, neg, spsp1=0).sc == 0x02
+    assert send(h, neg, tl=0).sc == 0x02
+    assert send(h, neg, tl=len(neg) + 1).sc == 0x0F  # TL past the data
+    assert receive(h, al=0, sgl=64)[0].sc == 0x02
+    assert receive(h, al=4096, sgl=1024)[0].sc == 0x0F  # AL past the host's buffer
+    assert receive(h, secp=0)[0].sc == 0x02
+    # a Challenge that does not fit AL: an error, and the challenge waits
+    assert send(h, negotiate(1, groups=(2,))).ok
+    cqe, _ = receive(h, al=64)
+    assert cqe.sc == 0x02 and cqe.status & DNR
+    cqe, m = receive(h, al=1024)
+    assert cqe.ok and parse_challenge(m)["group"] == 2
+    # an AUTH_Receive with nothing to receive: Failure1, out of order
+    cqe, m = receive(h)
+    assert cqe.ok and failure(m) == (1, RC_MESSAGE)
+    # ... and again (the transaction is over: Failure1 again)
+    assert failure(receive(h)[1]) == (1, RC_MESSAGE)
+    h.close()
+    # garbage of every length as AUTH_Send data, each on a fresh queue
+    for n in (1, 7, 8, 15, 16, 71, 72, 73, 200, 1000, 8000):
+        h, _ = connect(t.port)
+        send(h, os.urandom(n))
+        cqe, m = receive(h, al=2048)
+        assert cqe.ok or cqe.status & DNR
+        assert refused(h.identify(1)[0])
+        h.close()
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.close()
+    assert t.proc.poll() is None
+
+
+def test_reauthentication_on_a_live_queue(start_target):
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert authenticate(h, SECRET_A, groups=(1,), tid=11)["group"] == 1
+    assert h.identify(1)[0].ok
+    assert authenticate(h, WRONG_A, groups=(0,), tid=12)["failure"] == (1, RC_FAILED)
+    assert refused(h.identify(1)[0])
+    h.close()
+
+
+def test_fault_injection_still_works_with_authentication(start_target):
+    t = keyed(start_target, "--fault-delay-ms", "50")
+    h, _ = connect(t.port)
+    t0 = time.monotonic()
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    assert time.monotonic() - t0 >= 0.2  # four commands, each delayed
+    h.close()
+
+
+# ---------------------------------------------------------------- the CLI
+
+@pytest.mark.parametrize("args, msg", [
+    (["--dhchap-key", "bob=" + SECRET_A], "is not an NQN"),
+    (["--dhchap-key", HOST_A], "HOSTNQN=SECRET"),
+    (["--dhchap-key", f"{HOST_A}=DHHC-1:00:notbase64!:"], HOST_A),
+    (["--dhchap-key", f"{HOST_A}=" + SECRET_A[:-6] + "AAAA:"], HOST_A),
+    (["--dhchap-key", f"{HOST_A}={SECRET_A}", "--dhchap-key", f"{HOST_A}={SECRET_B}"],
+     "two secrets"),
+    (["--dhchap-ctrl-key", f"{HOST_A}={SECRET_CTRL}"], "--dhchap-key"),
+    (["--dhchap-key", f"{HOST_A}=@/nonexistent/key"], "cannot read"),
+    (["--dhchap-hash", "md5"], "md5"),
+    (["--dhchap-dhgroup", "ffdhe1024"], "ffdhe1024"),
+])
+def test_cli_refuses_bad_dhchap_options(tmp_path, args, msg):
+    import subprocess
+    import sys
+    ns = tmp_path / "ns.img"
+    ns.write_bytes(bytes(1 << 20))
+    p = subprocess.run([sys.executable, "-m", "fx100io", "target", "--namespace", str(ns),
+                        *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p
+    assert msg in p.stderr, p.stderr
+    for a in args:
+        secret = a.partition("=")[2]
+        if secret.startswith("DHHC-1:") and len(secret) > 20:
+            assert secret[10:30] not in p.stderr, "the secret was echoed"
+
+
+def test_secret_from_a_file(start_target, tmp_path):
+    kf = tmp_path / "host.key"
+    kf.write_text(SECRET_A + "\n")
+    kf.chmod(0o600)
+    t = start_target("--dhchap-key", f"{HOST_A}=@{kf}")
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.close()
+    with open(f"/proc/{t.proc.pid}/cmdline", "rb") as f:
+        assert SECRET_A.encode() not in f.read()
+
+
+# ------------------------------------------- our own initiator against it
+
+def _uri(t, secret: str | None, ctrl: str | None = None, hostnqn: str = HOST_A) -> str:
+    from urllib.parse import quote
+    u = (f"nvme+tcp://127.0.0.1:{t.port}/{NQN}?hostnqn={hostnqn}&queues=2"
+         "&io_timeout_ms=10000&connect_timeout_ms=10000")
+    if secret:
+        u += "&dhchap_secret=" + quote(secret, safe=":")
+    if ctrl:
+        u += "&dhchap_ctrl_secret=" + quote(ctrl, safe=":")
+    return u
+
+
+def _roundtrip(uri: str, off: int) -> None:
+    import numpy as np
+
+    import fx100io
+    data = np.frombuffer(os.urandom(256 << 10), np.uint8)
+    with fx100io.open_device(uri) as dev:
+        pool = fx100io.BufferPool(1 << 20)
+        buf = pool.alloc(256 << 10)
+        buf[:] = data
+        dev.write_from_blocking(off, buf)
+        back = pool.alloc(256 << 10)
+        assert dev.read_into_blocking(off, back) == 256 << 10
+        assert np.array_equal(back, data)
+
+
+@pytest.mark.parametrize("hashname", ["sha256", "sha384", "sha512"])
+def test_our_initiator_authenticates_with_each_hash_and_group(start_target, hashname):
+    for i, group in enumerate(("null", "ffdhe2048", "ffdhe3072")):
+        t = keyed(start_target, "--dhchap-hash", hashname, "--dhchap-dhgroup", group)
+        _roundtrip(_uri(t, SECRET_A), i << 20)
+        t.stop()
+        want = f"DH-HMAC-CHAP, {hashname}, DH group {group})"
+        assert f"host {HOST_A} authenticated ({want}" in t.stderr, t.stderr
+        assert "failed DH-HMAC-CHAP" not in t.stderr
+
+
+def test_our_initiator_bidirectional_and_strongest_by_default(start_target):
+    t = start_target("--dhchap-key", f"{HOST_A}={SECRET_A}",
+                     "--dhchap-ctrl-key", f"{HOST_A}={SECRET_CTRL}")
+    _roundtrip(_uri(t, SECRET_A, SECRET_CTRL), 0)
+    # one way: the controller secret is there but not asked for
+    _roundtrip(_uri(t, SECRET_A), 1 << 20)
+    t.stop()
+    assert "DH-HMAC-CHAP, sha512, DH group ffdhe8192, bidirectional)" in t.stderr, t.stderr
+    assert "DH-HMAC-CHAP, sha512, DH group ffdhe8192)" in t.stderr
+
+
+def test_our_initiator_wrong_or_missing_secret(start_target):
+    import fx100io
+    from fx100io import errors
+    t = start_target("--dhchap-key", f"{HOST_A}={SECRET_A}",
+                     "--dhchap-ctrl-key", f"{HOST_A}={SECRET_CTRL}", "--dhchap-dhgroup", "null")
+    with pytest.raises(errors.DevicePermissionError) as ei:
+        fx100io.open_device(_uri(t, WRONG_A))
+    assert "reason 0x01" in str(ei.value), str(ei.value)
+    with pytest.raises(errors.DevicePermissionError) as ei:
+        fx100io.open_device(_uri(t, None))
+    assert "dhchap_secret" in str(ei.value)
+    # the host's secret right, ours not what the host expects: the host says Failure2
+    with pytest.raises(errors.DevicePermissionError):
+        fx100io.open_device(_uri(t, SECRET_A, SECRET_B))
+    # a host with no secret on the target at all
+    with pytest.raises(errors.DevicePermissionError):
+        fx100io.open_device(_uri(t, SECRET_B, hostnqn=HOST_B))
+    _roundtrip(_uri(t, SECRET_A, SECRET_CTRL), 0)
+    t.stop()
+    assert t.stderr.count("failed DH-HMAC-CHAP authentication") == 1, t.stderr
+    assert "Failure2" in t.stderr
+    for s in (SECRET_A, WRONG_A, SECRET_CTRL, SECRET_B):
+        assert s[10:40] not in t.stderr
+
+
+def test_attempts_per_queue_are_bounded(start_target):
+    """Each transaction costs the target a DH key pair: a host gets a few
+    tries per queue, then only Failure1 (said once in the log)."""
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    for i in range(4):
+        assert authenticate(h, WRONG_A, groups=(1,), tid=i)["failure"] == (1, RC_FAILED)
+    for i in range(3):
+        assert authenticate(h, SECRET_A, groups=(1,), tid=10 + i)["failure"] == (1, RC_FAILED)
+    assert refused(h.identify(1)[0])
+    h.close()
+    # a fresh queue starts afresh; a success resets the count
+    h, _ = connect(t.port)
+    for i in range(3):
+        assert authenticate(h, WRONG_A, groups=(0,), tid=i)["failure"] == (1, RC_FAILED)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,), tid=5)
+    for i in range(4):
+        assert "failure" not in authenticate(h, SECRET_A, groups=(0,), tid=6 + i)
+    h.close()
+    t.stop()
+    assert t.stderr.count("too many attempts on this queue") == 1, t.stderr
+
+
+def test_at_the_limit_unauthenticated_queues_give_way(start_target):
+    """Connected but not authenticated counts as still in the handshake: at
+    the connection limit such a queue is closed for a new host."""
+    t = keyed(start_target, "--max-connections", "4", "--dhchap-dhgroup", "null,ffdhe2048")
+    squatters = []
+    for _ in range(4):
+        h, cqe = connect(t.port)
+        assert cqe.ok and cqe.dw0 & (1 << 17)
+        squatters.append(h)
+    _roundtrip(_uri(t, SECRET_A), 0)  # admin + 2 I/O queues, each authenticating
+    gone = 0
+    for h in squatters:
+        try:
+            h.prop_get(0)
+        except (Closed, ConnectionResetError, BrokenPipeError):
+            gone += 1
+        h.close()
+    assert gone >= 3, gone
