@@ -54,7 +54,7 @@ def _dhchap_mask(names, table, what):
     for n in names:
         key = n.strip().lower()
         if key.startswith("hmac(") and key.endswith(")"):
-            key = key[5:-1]
+            key = key[5:len(key) - 1]
         if key not in table:
             raise ValueError(f"unknown DH-HMAC-CHAP {what} {n!r} (one of {', '.join(table)})")
         mask |= 1u << table[key]
