@@ -225,6 +225,25 @@ end
 return out
 """
 
+# ARGV: set_id, lease_ms, lease members ("d:off:ext:ver") of a put being
+# written.  Pushes each lease's deadline lease_ms ahead; per lease 1, or 0
+# where it is gone (reclaimed after it expired, or aborted): its extent may
+# already be another put's, and its writer must write nothing more there.
+RENEW = PRELUDE + r"""
+local now = now_ms()
+local lease_ms = tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV do
+  if redis.call('ZSCORE', P .. ':lease', ARGV[i]) then
+    redis.call('ZADD', P .. ':lease', 'XX', now + lease_ms, ARGV[i])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
 # ARGV: set_id, lease members ("d:off:ext:ver") of a put that failed.
 ABORT = PRELUDE + r"""
 local n = 0
@@ -308,4 +327,4 @@ return {redis.call('HLEN', P .. ':idx'), devs, redis.call('HGETALL', P .. ':cnt'
 """
 
 SCRIPTS = dict(alloc=ALLOC, publish=PUBLISH, abort=ABORT, get_begin=GET_BEGIN,
-               get_end=GET_END, exists=EXISTS, drop=DROP, stats=STATS)
+               get_end=GET_END, renew=RENEW, exists=EXISTS, drop=DROP, stats=STATS)
