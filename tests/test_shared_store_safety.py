@@ -190,3 +190,61 @@ def test_the_lmcache_plugin_log_line_hides_the_password():
     with pytest.raises(PluginConfigError) as ei:
         parse_options([PLUGIN], extra, "FX100ioBackend")
     assert SECRET not in str(ei.value)
+
+
+# ------------------------------------------------------------ async twins
+def test_async_twins_answer_and_never_block_the_loop(tmp_path):
+    import os
+    import time
+    srv = RedisServer(tmp_path / "redis")
+    srv.start()
+    uris = [str(tmp_path / "ns.img")]
+    st = SharedChunkStore(uris, srv.url, create=True, size=16 * MiB, timeout=0.5,
+                          retry_after=0.05)
+
+    async def answers() -> None:
+        await st.batch_put(["k", "e"], [b"x" * 5000, b""])
+        assert await st.acontains("k") and not await st.acontains("zz")
+        assert await st.achunk_size("k") == 5000 and await st.achunk_size("zz") is None
+        assert await st.achunk_sizes(["e", "zz", "k"]) == [0, None, 5000]
+        assert sorted(await st.akeys()) == [b"e", b"k"]
+        s = await st.astats()
+        assert s["chunks"] == 2 and s["index_state"] == "ok"
+        assert s == {**st.stats(), "bytes_read": s["bytes_read"]}
+
+    async def hung() -> list[float]:
+        ticks: list[float] = []
+        stop = False
+
+        async def ticker() -> None:
+            while not stop:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+        t = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        for call in (lambda: st.acontains("k"), lambda: st.achunk_size("k"),
+                     lambda: st.achunk_sizes(["k"])):
+            assert await call() in (False, None, [None])
+            await asyncio.sleep(0.06)  # past retry_after: the next one asks Redis again
+        with pytest.raises(IndexUnavailableError):
+            await st.akeys()
+        await asyncio.sleep(0.06)
+        assert (await st.astats())["index_state"] == "unavailable"
+        stop = True
+        await t
+        return ticks
+
+    try:
+        asyncio.run(answers())
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            ticks = asyncio.run(hung())
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        assert time.monotonic() - t0 > 5 * 0.5  # each call waited out the socket timeout
+        gaps = np.diff(ticks)
+        assert gaps.max() < 0.15, f"the event loop was blocked for {gaps.max():.3f} s"
+    finally:
+        st.close()
+        srv.stop(signal.SIGKILL)
