@@ -220,6 +220,15 @@ class RedisIndex:
     async def drop(self, key: bytes, ver: int | None = None) -> bool:
         return bool(await self.run("drop", [key] if ver is None else [key, ver]))
 
+    async def delete(self, key: bytes, hold_ms: int) -> tuple[int, int, int] | None:
+        """Drop key from the index, holding its extent (d, off, ext) for
+        hold_ms until tomb_done; None if the key is not there."""
+        r = await self.run("delete", [hold_ms, key])
+        return None if r is None else (int(r[0]), int(r[1]), int(r[2]))
+
+    async def tomb_done(self, extents: list[tuple[int, int, int]]) -> int:
+        return int(await self.run("tomb_done", [f"{d}:{off}:{ext}" for d, off, ext in extents]))
+
     # ------------------------------------------------------------ setup
     def meta_set_id(self) -> str | None:
         v = self.call_sync(lambda r, p: r.hget(f"{p}:meta", "set_id"))

@@ -468,12 +468,43 @@ class SharedChunkStore:
         return list(self._index.call_sync(lambda r, p: r.hkeys(f"{p}:idx")))
 
     async def delete(self, key: Any) -> bool:
-        """Remove a chunk for every host; False if it was not there."""
+        """Remove a chunk for every host; False if it was not there.
+
+        The chunk leaves the index at once; its extent is held (for lease_s
+        at most) while its header is erased on the namespace, so that a
+        rebuild of the index does not bring the chunk back, and only then
+        freed.  Readers still reading it are not disturbed (they read the
+        data, not the header); a deleter that dies leaves the header, and
+        the extent returns when the hold expires."""
         self._check_open()
-        ok = await self._index.drop(normalize_key(key))
-        if ok:
-            self._count(deletes=1)
-        return ok
+        got = await self._index.delete(normalize_key(key), self._lease_ms)
+        if got is None:
+            return False
+        self._count(deletes=1)
+        d, off, ext = got
+        t0 = time.monotonic()
+        try:
+            if d < len(self._ns):
+                ns = self._ns[d]
+                blank = aligned_array(fmt.BLOCK)
+                blank[:] = 0
+                (f,) = ns.dev.start([(WRITE, off, blank)])
+                c = await asyncio.shield(f)
+                if c[0] < 0:
+                    raise error_from_errno(-c[0], f"{ns.dev.target}: erase extent header")
+                await ns.dev.flush()
+            if time.monotonic() - t0 > self._lease_ms / 1000:
+                log.warning("fx100io: erasing the header of a deleted chunk took longer than "
+                            "lease_s: its extent may have been reused meanwhile")
+        except Exception as e:  # noqa: BLE001 (deleted all the same; only a rebuild sees it)
+            log.warning("fx100io: chunk %r deleted, but its header could not be erased (%s): "
+                        "a rebuild of the index may bring it back", key, e)
+        finally:
+            try:
+                await self._index.tomb_done([got])
+            except (IndexUnavailableError, IndexLostError):
+                pass  # the hold expires, then the extent is freed
+        return True
 
     def stats(self) -> dict[str, Any]:
         """Counters of this host and the pool's state in the index (a
