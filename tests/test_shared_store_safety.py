@@ -106,8 +106,13 @@ def test_a_put_whose_lease_is_gone_writes_nothing_more(tmp_path, redis_server):
 
     async def go() -> None:
         put_a = asyncio.create_task(a.batch_put(["a"], [va]))
-        await asyncio.sleep(0.05)
-        leases = [m.decode() for m in redis_server.client().zrange("fx100io:{pool}:lease", 0, -1)]
+        leases: list[str] = []
+        for _ in range(500):  # until a's allocation is there
+            await asyncio.sleep(0.01)
+            leases = [m.decode()
+                      for m in redis_server.client().zrange("fx100io:{pool}:lease", 0, -1)]
+            if leases:
+                break
         assert len(leases) == 1
         assert await b._index.abort(leases) == 1  # as a reclaim would
         await b.batch_put(["b"], [vb])  # first fit: a's extent
