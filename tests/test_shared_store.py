@@ -279,12 +279,13 @@ def test_index_lost_is_said_and_rebuild_brings_it_back(tmp_path, redis_server):
     with pytest.raises(IndexLostError):
         st.batch_put_blocking(["x"], [b"x"])
     report = rebuild(uris, redis_server.url)
-    # a deleted chunk whose extent was not reused comes back (its bytes are
-    # still that key's): a cache may; a newer version always wins
-    assert report["chunks"] == 12
-    for i, k in enumerate(keys):
+    # a deleted chunk stays deleted (its header was erased); a newer
+    # version always wins
+    assert report["chunks"] == 11
+    for i, k in enumerate(keys[:11]):
         assert st.batch_get_blocking([k], [buf]) == [True]
         assert check_value(k, buf) == ("new" if i < 4 else "old")
+    assert st.batch_get_blocking([keys[11]], [buf]) == [False]
     s = st.stats()
     used = s["bytes_used"]
     st.batch_put_blocking(["after"], [make_value("after", "1", 4096)])

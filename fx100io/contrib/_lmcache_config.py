@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fx100io import units
-from fx100io.uri_redact import redact
+from fx100io.uri_redact import redact, redact_url
 
 # The plugin name the README documents; used when the config does not point at us.
 DEFAULT_PLUGIN_NAME = "fx100io"
@@ -80,7 +80,8 @@ class PluginOptions:
     register_buffers: bool
     path: str = "user"
     # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
-    shared_index: str | None = None
+    # It may carry a password: out of the repr, masked in describe().
+    shared_index: str | None = dataclasses.field(default=None, repr=False)
     shared_name: str | None = None
 
     def describe(self) -> str:
@@ -94,7 +95,7 @@ class PluginOptions:
             f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
             f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers} "
             f"path={self.path}"
-            + (f" shared_index={self.shared_index}" if self.shared_index else "")
+            + (f" shared_index={redact_url(self.shared_index)}" if self.shared_index else "")
         )
 
 
@@ -237,7 +238,7 @@ def _parse_shared_index(value: Any, what: str) -> str | None:
         return None
     url = str(value).strip()
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise PluginConfigError(f"{what}: expected a redis:// URL, got {value!r}")
+        raise PluginConfigError(f"{what}: expected a redis:// URL, got {redact_url(url)!r}")
     return url
 
 

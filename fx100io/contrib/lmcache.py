@@ -485,16 +485,44 @@ class FX100ioBackend(StoragePluginInterface):
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         if not self._usable():
             return False
-        _, dkey, rkey = self._names(key)
+        text, dkey, rkey = self._names(key)
         try:
-            # The record is written in the same batch as the data; both must be there.
-            hit = bool(self._store.contains(dkey)) and bool(self._store.contains(rkey))
+            hit = self._stored(text, dkey, rkey)
         except Exception as exc:  # noqa: BLE001 - any failure is a miss
             self._failed("contains", exc)
             return False
         if hit and pin:
             self._pin(key)
         return hit
+
+    def _shared(self) -> bool:
+        return hasattr(self._store, "achunk_sizes")  # a SharedChunkStore: its index is Redis
+
+    def _stored(self, text: str, dkey: str, rkey: str) -> bool:
+        """Whether a chunk's data and record are both in the store (the record is
+        written in the same batch as the data; both must be there).
+
+        A shared pool's index is a Redis round trip away, which LMCache's event loop
+        must never wait for (it may take the socket timeout while Redis hangs). On
+        the loop, the answer comes from what this host knows: the bounded cache of
+        records it wrote or read, the same answer the in-process index gives for
+        them. Another host's chunk is then missed (a recompute, or a put that
+        writes it again), never served wrong: loads check the index again, without
+        blocking. Off the loop, the caller's thread asks the index itself.
+        """
+        if self._shared() and self._runner.on_loop_thread():
+            with self._lock:
+                return text in self._records
+        return bool(self._store.contains(dkey)) and bool(self._store.contains(rkey))
+
+    async def _sizes(self, names: Sequence[str]) -> list[int | None]:
+        """chunk_size of each name, without blocking the loop on a shared index
+        (one round trip for all, bounded by timeout_s)."""
+        if not names:
+            return []
+        if self._shared():
+            return list(await bounded(self._store.achunk_sizes(list(names)), self.options.timeout_s))
+        return [self._store.chunk_size(n) for n in names]  # the in-process index: no I/O
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
         hits = 0
@@ -607,7 +635,7 @@ class FX100ioBackend(StoragePluginInterface):
                     continue
                 self._inflight[key] = obj
             try:
-                stored = self._store.contains(dkey) and self._store.contains(rkey)
+                stored = self._stored(text, dkey, rkey)
             except Exception as exc:  # noqa: BLE001
                 with self._lock:
                     self._inflight.pop(key, None)
@@ -699,8 +727,8 @@ class FX100ioBackend(StoragePluginInterface):
         if not want:
             return out
         names, bufs, slots = [], [], []
-        for i, text, rkey in want:
-            size = self._store.chunk_size(rkey)
+        sizes = await self._sizes([rkey for _, _, rkey in want])
+        for (i, text, rkey), size in zip(want, sizes):
             if size is None or not 0 < size <= codec.MAX_RECORD:
                 continue
             names.append(rkey)
@@ -777,11 +805,17 @@ class FX100ioBackend(StoragePluginInterface):
         rec_bufs: list[bytearray] = []
         rec_of: list[int] = []
         try:
+            asked: list[str] = []
+            for key, record, obj in zip(keys, records, objs):
+                if obj is not None and record is not None:
+                    _, dkey, rkey = self._names(key)
+                    asked += [dkey] if record.fresh else [dkey, rkey]
+            known = dict(zip(asked, await self._sizes(asked)))
             for i, (key, record, obj) in enumerate(zip(keys, records, objs)):
                 if obj is None or record is None:
                     continue
                 text, dkey, rkey = self._names(key)
-                if self._store.chunk_size(dkey) != record.nbytes:
+                if known[dkey] != record.nbytes:
                     # Data missing (evicted) or from another write: reading it would
                     # hand LMCache a half-filled buffer.
                     obj.ref_count_down()
@@ -790,7 +824,7 @@ class FX100ioBackend(StoragePluginInterface):
                     continue
                 idx.append((i, dkey))
                 if not record.fresh:
-                    size = self._store.chunk_size(rkey)
+                    size = known[rkey]
                     if size is not None and 0 < size <= codec.MAX_RECORD:
                         rec_names.append(rkey)
                         rec_bufs.append(bytearray(size))
@@ -927,7 +961,12 @@ class FX100ioBackend(StoragePluginInterface):
         if self._closed:
             return 0
         chosen = self._removable(keys, force)
-        present = [k for k in chosen if self.contains(k)]
+        if self._shared() and self._runner.on_loop_thread():
+            # No index round trip on the loop: delete them all (an absent key's
+            # delete is a no-op), and count them as removed.
+            present = list(chosen) if self._usable() else []
+        else:
+            present = [k for k in chosen if self.contains(k)]
         if not present:
             return 0
         names: list[str] = []

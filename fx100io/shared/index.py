@@ -27,6 +27,7 @@ except ImportError as e:  # only the shared pool needs it
 
 from fx100io.errors import DeviceFullError, Fx100ioError, InvalidArgumentError
 from fx100io.shared import lua
+from fx100io.uri_redact import redact_url
 
 log = logging.getLogger("fx100io")
 
@@ -52,6 +53,18 @@ class Hit:
     pin: bytes
 
 
+def _password(url: str) -> str | None:
+    """The password a Redis URL carries, if any (to scrub it from messages)."""
+    try:
+        from urllib.parse import parse_qs, urlsplit
+        parts = urlsplit(url)
+        pw = parts.password or (parts.username if parts.username and parts.password is None
+                                else None)
+        return pw or next(iter(parse_qs(parts.query).get("password", [])), None)
+    except ValueError:
+        return None
+
+
 def parse_entry(v: bytes) -> tuple[int, int, int, int, int, int]:
     d, off, ext, length, crc, ver = (int(x) for x in v.split())
     return d, off, ext, length, crc, ver
@@ -61,8 +74,10 @@ class RedisIndex:
     def __init__(self, url: str, name: str, set_id: bytes, *, timeout: float = 0.5,
                  retry_after: float = 1.0):
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidArgumentError(22, f"index must be a redis:// URL, got {url!r}")
-        self.url = url
+            raise InvalidArgumentError(22, "index must be a redis:// URL, got "
+                                       f"{redact_url(url)!r}")
+        self._url = url  # may carry a password: only the clients see it
+        self.url = redact_url(url)  # for messages, logs, reprs and stats
         self.prefix = f"fx100io:{{{name}}}"
         self.set_id = set_id.hex()
         self.timeout = timeout
@@ -84,7 +99,7 @@ class RedisIndex:
         with self._mu:
             c = self._clients.get(loop)
             if c is None:
-                r = aredis.Redis.from_url(self.url, retry=ARetry(NoBackoff(), 0), **self._opts())
+                r = aredis.Redis.from_url(self._url, retry=ARetry(NoBackoff(), 0), **self._opts())
                 c = self._clients[loop] = (r, {k: r.register_script(s)
                                                for k, s in lua.SCRIPTS.items()})
             return c
@@ -92,7 +107,7 @@ class RedisIndex:
     def sync_client(self) -> redis.Redis:
         with self._mu:
             if self._sync is None:
-                self._sync = redis.Redis.from_url(self.url, retry=Retry(NoBackoff(), 0),
+                self._sync = redis.Redis.from_url(self._url, retry=Retry(NoBackoff(), 0),
                                                   **self._opts())
                 self._sync_scripts = {k: self._sync.register_script(s)
                                       for k, s in lua.SCRIPTS.items()}
@@ -107,12 +122,20 @@ class RedisIndex:
             111, f"the pool's index at {self.url} is unavailable ({why}); "
             f"not retried for {self.retry_after:g} s", self.url)
 
+    def _scrub(self, text: object) -> str:
+        """text without the URL's password, should a client library quote it."""
+        out = str(text)
+        if self._url != self.url:
+            out = out.replace(self._url, self.url)
+        pw = _password(self._url)
+        return out.replace(pw, "***") if pw else out
+
     def _translate(self, e: Exception) -> Exception:
         if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
             self._down_until = time.monotonic() + self.retry_after
-            log.warning("fx100io: index %s unavailable: %s", self.url, e)
-            return self._unavailable(e)
-        msg = str(e)
+            log.warning("fx100io: index %s unavailable: %s", self.url, self._scrub(e))
+            return self._unavailable(self._scrub(e))
+        msg = self._scrub(e)
         if "FXLOST" in msg:
             return IndexLostError(2, msg.split("FXLOST ", 1)[-1], self.url)
         if "FXFULL" in msg:
@@ -134,6 +157,16 @@ class RedisIndex:
         self.sync_client()
         try:
             return self._sync_scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+        except (redis.RedisError, OSError) as e:
+            raise self._translate(e) from e
+
+    async def call(self, fn: Any) -> Any:
+        """await fn(client, prefix) on this loop's client, failing fast."""
+        if self.down:
+            raise self._unavailable("it failed moments ago")
+        r, _scripts = self._aclient()
+        try:
+            return await fn(r, self.prefix)
         except (redis.RedisError, OSError) as e:
             raise self._translate(e) from e
 
@@ -176,11 +209,25 @@ class RedisIndex:
         if pins:
             await self.run("get_end", pins)
 
+    async def renew(self, lease_ms: int, leases: list[str]) -> list[bool]:
+        """Push the deadline of each lease lease_ms ahead; False for a lease
+        that is gone (expired and reclaimed, or aborted)."""
+        return [bool(x) for x in await self.run("renew", [lease_ms, *leases])]
+
     async def exists(self, keys: list[bytes]) -> int:
         return int(await self.run("exists", keys))
 
     async def drop(self, key: bytes, ver: int | None = None) -> bool:
         return bool(await self.run("drop", [key] if ver is None else [key, ver]))
+
+    async def delete(self, key: bytes, hold_ms: int) -> tuple[int, int, int] | None:
+        """Drop key from the index, holding its extent (d, off, ext) for
+        hold_ms until tomb_done; None if the key is not there."""
+        r = await self.run("delete", [hold_ms, key])
+        return None if r is None else (int(r[0]), int(r[1]), int(r[2]))
+
+    async def tomb_done(self, extents: list[tuple[int, int, int]]) -> int:
+        return int(await self.run("tomb_done", [f"{d}:{off}:{ext}" for d, off, ext in extents]))
 
     # ------------------------------------------------------------ setup
     def meta_set_id(self) -> str | None:

@@ -18,6 +18,10 @@ Keys under the prefix P:
     P:pins         zset: "d:off|token" -> deadline: reader pins
     P:pinc         hash: "d:off" -> readers; P:limbo hash: "d:off" -> ext:
                    extents retired while pinned, freed by their last reader
+    P:tomb         zset: "d:off:ext" -> deadline: extents of deleted chunks
+                   whose deleter is erasing their header (so a rebuild does
+                   not bring them back); retired when it is done, or when
+                   the deadline passes (it died)
     P:cnt          hash: evictions, reclaimed_leases, expired_pins
 
 An extent leaves the index (delete, eviction, a newer put) by ``retire``:
@@ -118,6 +122,12 @@ local function reclaim(now)
     free_extent(d, tonumber(off), tonumber(ext))
   end
   if #gone > 0 then redis.call('HINCRBY', P .. ':cnt', 'reclaimed_leases', #gone) end
+  local tombs = redis.call('ZRANGEBYSCORE', P .. ':tomb', '-inf', now, 'LIMIT', 0, 256)
+  for _, m in ipairs(tombs) do
+    redis.call('ZREM', P .. ':tomb', m)
+    local d, off, ext = string.match(m, '^(%d+):(%d+):(%d+)$')
+    retire(d, tonumber(off), tonumber(ext))
+  end
   local pins = redis.call('ZRANGEBYSCORE', P .. ':pins', '-inf', now, 'LIMIT', 0, 256)
   for _, m in ipairs(pins) do unpin(m) end
   if #pins > 0 then redis.call('HINCRBY', P .. ':cnt', 'expired_pins', #pins) end
@@ -225,6 +235,25 @@ end
 return out
 """
 
+# ARGV: set_id, lease_ms, lease members ("d:off:ext:ver") of a put being
+# written.  Pushes each lease's deadline lease_ms ahead; per lease 1, or 0
+# where it is gone (reclaimed after it expired, or aborted): its extent may
+# already be another put's, and its writer must write nothing more there.
+RENEW = PRELUDE + r"""
+local now = now_ms()
+local lease_ms = tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV do
+  if redis.call('ZSCORE', P .. ':lease', ARGV[i]) then
+    redis.call('ZADD', P .. ':lease', 'XX', now + lease_ms, ARGV[i])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
 # ARGV: set_id, lease members ("d:off:ext:ver") of a put that failed.
 ABORT = PRELUDE + r"""
 local n = 0
@@ -289,6 +318,33 @@ if drop_key(ARGV[2]) then return 1 end
 return 0
 """
 
+# ARGV: set_id, lease_ms, key: delete the key; its extent is held in
+# P:tomb (neither free nor in the index) for lease_ms while the caller
+# erases its header.  Returns nil, or {d, off, ext}.
+DELETE = PRELUDE + r"""
+if not meta_ok() then return lost() end
+local v = redis.call('HGET', P .. ':idx', ARGV[3])
+if not v then return false end
+local d, off, ext = parse(v)
+redis.call('HDEL', P .. ':idx', ARGV[3])
+redis.call('ZREM', P .. ':at:' .. d, ARGV[3])
+redis.call('ZADD', P .. ':tomb', now_ms() + tonumber(ARGV[2]), d .. ':' .. S(off) .. ':' .. S(ext))
+return {d, S(off), S(ext)}
+"""
+
+# ARGV: set_id, P:tomb members whose header was erased: retire them.
+TOMB_DONE = PRELUDE + r"""
+local n = 0
+for i = 2, #ARGV do
+  if redis.call('ZREM', P .. ':tomb', ARGV[i]) == 1 then
+    local d, off, ext = string.match(ARGV[i], '^(%d+):(%d+):(%d+)$')
+    retire(d, tonumber(off), tonumber(ext))
+    n = n + 1
+  end
+end
+return n
+"""
+
 # ARGV: set_id.  Reclaims what expired, then reports.
 STATS = PRELUDE + r"""
 if not meta_ok() then return lost() end
@@ -308,4 +364,5 @@ return {redis.call('HLEN', P .. ':idx'), devs, redis.call('HGETALL', P .. ':cnt'
 """
 
 SCRIPTS = dict(alloc=ALLOC, publish=PUBLISH, abort=ABORT, get_begin=GET_BEGIN,
-               get_end=GET_END, exists=EXISTS, drop=DROP, stats=STATS)
+               get_end=GET_END, renew=RENEW, exists=EXISTS, drop=DROP, delete=DELETE,
+               tomb_done=TOMB_DONE, stats=STATS)

@@ -8,9 +8,11 @@ newer one and whose data still matches its CRC32C (a torn, unpublished or
 partly reused extent fails it), and installs the index in one Redis
 transaction; everything else is free space.
 
-A chunk deleted or evicted whose extent was not reused since comes back:
-its bytes are still that key's, which a cache may serve.  Run it while no
-host is writing (hosts that are running see "index lost" until it ends,
+A deleted chunk does not come back: its header was erased before its
+extent was freed.  A chunk evicted (or dropped by a host that died while
+deleting it) whose extent was not reused since does come back: its bytes
+are still that key's, which a cache may serve.  Run it while no host is
+writing (hosts that are running see "index lost" until it ends,
 and keep working after).
 """
 

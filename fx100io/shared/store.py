@@ -10,6 +10,11 @@ Protocol of a put:
   3. only then published by a second script, which also retires the key's
      older extent.  A put whose lease was reclaimed meanwhile publishes
      nothing and fails.
+While it writes, a put renews its leases (every third of lease_s), so a
+slow device never lets its extents be reclaimed under it; a put that
+finds a lease gone (or cannot confirm it within lease_s, Redis being
+unreachable) writes nothing more -- no header -- and fails, since the
+extent may already hold another host's chunk.
 Protocol of a get: a script returns the entries and pins their extents
 (reader leases), the data is read and its CRC32C checked (a mismatch is a
 miss, never bytes), and the pins are dropped.  An extent retired while
@@ -27,6 +32,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
@@ -246,6 +252,7 @@ class SharedChunkStore:
         started: list[tuple[Namespace, int, memoryview, list, list]] = []
         headers: list[asyncio.Future] = []
         published = False
+        keeper = _LeaseKeeper(self._index, self._lease_ms, leases)
         try:
             for i, ((_key, mv, ns), (off, _ver)) in enumerate(zip(placed, allocs)):
                 if mv.nbytes:
@@ -260,6 +267,7 @@ class SharedChunkStore:
                         raise error_from_errno(-c[0], f"{ns.dev.target}: write chunk at {off}")
                     done.append(c)
                 crcs[i] = ChunkStore._chunk_crc(_as_member(ns), mv, done)
+            keeper.check()  # the extents are still ours: their headers may go there
             bufs_alive = []
             for (key, mv, ns), (off, ver), crc in zip(placed, allocs, crcs):
                 hdr = aligned_array(fmt.BLOCK)
@@ -273,6 +281,7 @@ class SharedChunkStore:
                     raise error_from_errno(-c[0], "write extent header")
             for ns in {id(ns): ns for _k, _mv, ns in placed}.values():
                 await ns.dev.flush()
+            await keeper.stop()
             rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
                     for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
             res = await self._index.publish(rows)
@@ -283,6 +292,7 @@ class SharedChunkStore:
                     "allocation lease expired before their data was durable (raise lease_s?)")
             self._count(superseded=res.count(0))
         except BaseException:
+            await keeper.stop()
             writes = [f for *_x, fs, _p in started for f in fs] + headers
             pending = [f for f in writes if not f.done()]
             if pending:
@@ -399,6 +409,39 @@ class SharedChunkStore:
             self._count(index_errors=1)
             return 0
 
+    async def _entries(self, keys: Sequence[Any]) -> list[tuple[int, ...] | None]:
+        nkeys = [normalize_key(k) for k in keys]
+        if not nkeys:
+            return []
+        try:
+            vs = await self._index.call(lambda r, p: r.hmget(f"{p}:idx", nkeys))
+        except IndexUnavailableError:
+            self._count(index_errors=1)
+            return [None] * len(nkeys)
+        return [None if v is None else parse_entry(v) for v in vs]
+
+    async def acontains(self, key: Any) -> bool:
+        """contains() without blocking the event loop (False while Redis
+        does not answer)."""
+        self._check_open()
+        return (await self._entries([key]))[0] is not None
+
+    async def achunk_size(self, key: Any) -> int | None:
+        """chunk_size() without blocking the event loop."""
+        self._check_open()
+        e = (await self._entries([key]))[0]
+        return None if e is None else e[3]
+
+    async def achunk_sizes(self, keys: Sequence[Any]) -> list[int | None]:
+        """chunk_size() of many keys in one round trip to the index."""
+        self._check_open()
+        return [None if e is None else e[3] for e in await self._entries(keys)]
+
+    async def akeys(self) -> list[bytes]:
+        """keys() without blocking the event loop."""
+        self._check_open()
+        return list(await self._index.call(lambda r, p: r.hkeys(f"{p}:idx")))
+
     def _entry_sync(self, key: Any) -> tuple[int, ...] | None:
         k = normalize_key(key)
         try:
@@ -408,11 +451,14 @@ class SharedChunkStore:
         return None if v is None else parse_entry(v)
 
     def contains(self, key: Any) -> bool:
+        """Whether key is in the index: a synchronous round trip to Redis
+        (up to the socket timeout); on an event loop, use acontains."""
         self._check_open()
         return self._entry_sync(key) is not None
 
     def chunk_size(self, key: Any) -> int | None:
-        """Size in bytes of the chunk under key, or None."""
+        """Size in bytes of the chunk under key, or None (a synchronous round
+        trip to Redis; on an event loop, use achunk_size)."""
         self._check_open()
         e = self._entry_sync(key)
         return None if e is None else e[3]
@@ -422,22 +468,67 @@ class SharedChunkStore:
         return list(self._index.call_sync(lambda r, p: r.hkeys(f"{p}:idx")))
 
     async def delete(self, key: Any) -> bool:
-        """Remove a chunk for every host; False if it was not there."""
+        """Remove a chunk for every host; False if it was not there.
+
+        The chunk leaves the index at once; its extent is held (for lease_s
+        at most) while its header is erased on the namespace, so that a
+        rebuild of the index does not bring the chunk back, and only then
+        freed.  Readers still reading it are not disturbed (they read the
+        data, not the header); a deleter that dies leaves the header, and
+        the extent returns when the hold expires."""
         self._check_open()
-        ok = await self._index.drop(normalize_key(key))
-        if ok:
-            self._count(deletes=1)
-        return ok
+        got = await self._index.delete(normalize_key(key), self._lease_ms)
+        if got is None:
+            return False
+        self._count(deletes=1)
+        d, off, ext = got
+        t0 = time.monotonic()
+        try:
+            if d < len(self._ns):
+                ns = self._ns[d]
+                blank = aligned_array(fmt.BLOCK)
+                blank[:] = 0
+                (f,) = ns.dev.start([(WRITE, off, blank)])
+                c = await asyncio.shield(f)
+                if c[0] < 0:
+                    raise error_from_errno(-c[0], f"{ns.dev.target}: erase extent header")
+                await ns.dev.flush()
+            if time.monotonic() - t0 > self._lease_ms / 1000:
+                log.warning("fx100io: erasing the header of a deleted chunk took longer than "
+                            "lease_s: its extent may have been reused meanwhile")
+        except Exception as e:  # noqa: BLE001 (deleted all the same; only a rebuild sees it)
+            log.warning("fx100io: chunk %r deleted, but its header could not be erased (%s): "
+                        "a rebuild of the index may bring it back", key, e)
+        finally:
+            try:
+                await self._index.tomb_done([got])
+            except (IndexUnavailableError, IndexLostError):
+                pass  # the hold expires, then the extent is freed
+        return True
 
     def stats(self) -> dict[str, Any]:
+        """Counters of this host and the pool's state in the index (a
+        synchronous round trip to Redis; on an event loop, use astats)."""
+        try:
+            return self._stats(self._index.run_sync("stats", []))
+        except (IndexUnavailableError, IndexLostError) as e:
+            return self._stats(e)
+
+    async def astats(self) -> dict[str, Any]:
+        """stats() without blocking the event loop."""
+        try:
+            return self._stats(await self._index.run("stats", []))
+        except (IndexUnavailableError, IndexLostError) as e:
+            return self._stats(e)
+
+    def _stats(self, res: Any) -> dict[str, Any]:
         with self._mu:
             s: dict[str, Any] = dict(self._counters)
         s["index"] = self._index.url
-        try:
-            nchunks, devs, cnt, leases, pins, limbo = self._index.run_sync("stats", [])
-        except (IndexUnavailableError, IndexLostError) as e:
-            s["index_state"] = "unavailable" if isinstance(e, IndexUnavailableError) else "lost"
+        if isinstance(res, Exception):
+            s["index_state"] = "unavailable" if isinstance(res, IndexUnavailableError) else "lost"
             return s
+        nchunks, devs, cnt, leases, pins, limbo = res
         c = {cnt[i].decode(): int(cnt[i + 1]) for i in range(0, len(cnt), 2)}
         s.update(index_state="ok", chunks=int(nchunks), leases=int(leases), pins=int(pins),
                  limbo=int(limbo), evictions=c.get("evictions", 0),
@@ -502,3 +593,47 @@ class SharedChunkStore:
     def __repr__(self) -> str:
         uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"
         return f"SharedChunkStore({uris}, index={self._index.url!r})"
+
+
+class _LeaseKeeper:
+    """Renews a put's leases while it writes.  ``check()`` raises where a
+    lease is gone or was last confirmed too long ago to be sure it is still
+    held: the extent may be another put's by now, so nothing more may be
+    written there."""
+
+    def __init__(self, index: RedisIndex, lease_ms: int, leases: list[str]):
+        self._index = index
+        self._lease_ms = lease_ms
+        self._leases = leases
+        # the allocation itself confirmed them, a moment ago
+        self._until = time.monotonic() + lease_ms / 1000
+        self._lost = False
+        self._task = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _keep(self) -> None:
+        period = self._lease_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            t0 = time.monotonic()
+            try:
+                held = await self._index.renew(self._lease_ms, self._leases)
+            except (IndexUnavailableError, IndexLostError) as e:
+                log.debug("fx100io: could not renew %d leases: %s", len(self._leases), e)
+                continue  # not confirmed: check() refuses once the last confirmation ages
+            if not all(held):
+                self._lost = True
+                return
+            self._until = t0 + self._lease_ms / 1000
+
+    def check(self) -> None:
+        margin = self._lease_ms / 10000  # the writes about to start take some time too
+        if self._lost or time.monotonic() > self._until - margin:
+            raise FxTimeoutError(
+                62, "the allocation lease of this put was lost (reclaimed while its data was "
+                "being written, or Redis did not confirm it in time): nothing more is written "
+                "to its extents, which may be another put's by now")
+
+    async def stop(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
