@@ -256,8 +256,15 @@ def test_authenticated_connect_and_a_wrong_secret(lab, transport):
         assert c.namespaces
     assert attached(sub.nqn) == []
     wrong = OTHER if hk.key != OTHER else SECRET
-    for u in (auri(host, dhchap_secret=wrong), auri(bidir, dhchap_secret=bk.key,
-                                                   dhchap_ctrl_secret=hk.key)):
+    refused = [auri(host, dhchap_secret=wrong),
+               auri(bidir, dhchap_secret=bk.key, dhchap_ctrl_secret=hk.key)]
+    if transport == "rdma":
+        # Linux 6.12's nvme-rdma host waits out its admin timeout (60 s, retried for minutes,
+        # in D state) when nvmet-rdma fails the controller right after Failure1 on a wrong
+        # host secret, so that case is checked over TCP only. (Our own NVMe/RDMA initiator
+        # handles the same target: tests/guest/test_dhchap_rdma.py.)
+        refused = refused[1:]
+    for u in refused:
         try:
             with pytest.raises(errors.DevicePermissionError, match="authentication") as ei:
                 kernel.connect(u)
