@@ -178,6 +178,9 @@ def test_create_refuses_to_wipe_another_pools_index(tmp_path, redis_server):
                          size=16 * MiB, force=True)
     with pytest.raises(IndexLostError, match="same name"):
         a.batch_put_blocking(["k2"], [b"A"])
+    with pytest.raises(errors.NotAStoreError, match="force"):  # nor does a rebuild
+        rebuild([str(tmp_path / "a.img")], redis_server.url)
+    assert b.batch_exists_blocking(["k"]) == 0
     a.close()
     b.close()
 

@@ -20,9 +20,17 @@ Protocol of a get: a script returns the entries and pins their extents
 miss, never bytes), and the pins are dropped.  An extent retired while
 pinned is freed by its last reader, or when the pin expires.
 
-Redis unreachable: gets are misses, puts and deletes raise
-IndexUnavailableError, within the socket timeout, and for ``retry_after``
-seconds without even trying.
+Redis unreachable, or answering with an error of its own (BUSY with
+another client's long script, READONLY after a failover, OOM, LOADING):
+gets are misses, exists/contains/keys say nothing is there, puts and
+deletes raise IndexUnavailableError, within the socket timeout, and for
+``retry_after`` seconds without even trying.
+
+Every extent that leaves the index (a delete, a newer put of its key, an
+eviction) has its header erased before its space is reused (see
+``rebuild``).  A put that finds no room evicts least recently used chunks
+(by order of last access); one that fails all the same (DeviceFullError)
+leaves them evicted.
 """
 
 from __future__ import annotations
