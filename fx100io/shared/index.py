@@ -270,9 +270,12 @@ class RedisIndex:
         chunks.  Best effort: CONFIG may be disabled or renamed."""
         try:
             got: Any = self.sync_client().config_get("maxmemory-policy")
-        except (redis.RedisError, OSError) as e:
+        except redis.ResponseError as e:  # CONFIG disabled, renamed, or ACL-denied
             log.debug("fx100io: cannot read maxmemory-policy of %s: %s", self.url,
                       self._scrub(e))
+            return
+        except (redis.RedisError, OSError) as e:
+            self._translate(e)  # down: the calls that follow fail fast
             return
         raw = got.get("maxmemory-policy", got.get(b"maxmemory-policy"))
         policy = raw.decode() if isinstance(raw, bytes) else raw
