@@ -15,22 +15,44 @@ SECRET_OPTIONS = ("dhchap_secret", "dhchap_ctrl_secret")
 REDACTED = "***"
 
 
+def _secret(text: str) -> bool:
+    """Whether a piece of a URI names or holds a secret, however encoded."""
+    plain = unquote(unquote(text.replace("+", " "))).lower()
+    return "dhhc-" in plain or any(k in plain for k in SECRET_OPTIONS)
+
+
+def _redact_pairs(part: str) -> str:
+    pairs = []
+    for pair in part.split("&"):
+        key, eq, value = pair.partition("=")
+        if not eq and _secret(key):
+            # a pair percent-encoded as a whole (dhchap_secret%3DDHHC-1:...)
+            pair = REDACTED
+        elif _secret(key) or _secret(value):
+            # a misspelt key must not leak its secret either
+            pair = f"{key}={REDACTED}"
+        pairs.append(pair)
+    return "&".join(pairs)
+
+
 def redact(uri: str) -> str:
     """uri with the values of its secret options replaced by ***: what every
-    message, repr and log shows of a URI."""
-    if not isinstance(uri, str) or "?" not in uri:
+    message, repr and log shows of a URI.  Secrets are looked for in the
+    query, the fragment and the user part, percent-encoded or not."""
+    if not isinstance(uri, str):
         return uri
-    head, _, query = uri.partition("?")
-    query, hash_, frag = query.partition("#")
-    pairs = []
-    for pair in query.split("&"):
-        key, eq, value = pair.partition("=")
-        # a misspelt key must not leak its secret either
-        if unquote(key.replace("+", " ")) in SECRET_OPTIONS or \
-                "DHHC-" in unquote(value).upper():
-            pair = f"{key}{eq or '='}{REDACTED}"
-        pairs.append(pair)
-    return f"{head}?{'&'.join(pairs)}{hash_}{redact(frag) if frag else ''}"
+    rest, hash_, frag = uri.partition("#")
+    head, q, query = rest.partition("?")
+    if "://" in head:
+        scheme, _, after = head.partition("://")
+        auth, slash, path = after.partition("/")
+        if "@" in auth:
+            userinfo, _, hostport = auth.rpartition("@")
+            if _secret(userinfo) or ":" in userinfo:
+                auth = f"{REDACTED}@{hostport}"
+        head = f"{scheme}://{auth}{slash}{path}"
+    out = head + (q + _redact_pairs(query) if q else "")
+    return out + (hash_ + _redact_pairs(frag) if hash_ else "")
 
 
 MASK = REDACTED

@@ -349,7 +349,7 @@ def test_expired_leases_and_pins_are_reclaimed(tmp_path, redis_server):
 
     async def go() -> None:
         # a host that allocated and died, and a reader that died holding a pin
-        (off, _ver), = await idx.alloc(300, [(0, 8192)])
+        ((off, _ver),), _evicted = await idx.alloc(300, [(0, 8192)])
         await st.batch_put(["gone"], [make_value("gone", "1", 4096)])
         (hit,) = await idx.get_begin("dead-reader", 300, [b"gone"])
         assert await st.delete("gone")
@@ -491,12 +491,12 @@ def test_a_put_whose_lease_was_reclaimed_publishes_nothing(tmp_path, redis_serve
     idx = st._index
 
     async def go() -> None:
-        (off, ver), = await idx.alloc(1, [(0, 8192)])
+        ((off, ver),), _evicted = await idx.alloc(1, [(0, 8192)])
         await asyncio.sleep(0.02)
         assert st.stats()["reclaimed_leases"] == 1  # the host was presumed dead
-        (other, _v), = await idx.alloc(30000, [(0, 8192)])
+        ((other, _v),), _evicted = await idx.alloc(30000, [(0, 8192)])
         assert other == off  # and its extent went to another put
-        assert await idx.publish([(0, off, 8192, ver, b"late", 10, 0)]) == [-1]
+        assert await idx.publish(1000, [(0, off, 8192, ver, b"late", 10, 0)]) == ([-1], [])
     asyncio.run(go())
     assert not st.contains("late")
     st.close()

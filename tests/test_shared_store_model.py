@@ -7,7 +7,8 @@ once, get, exists, delete, and on some examples a small capacity
 (evictions).  The model maps each key to the set of values it may hold:
 one once a put was acknowledged, either of two after concurrent puts
 (resolved by the first read), plus "absent" for keys that an eviction may
-have taken.  Values embed key, tag and size and are checked by the host
+have taken.  A rule wipes the pool's index from Redis and rebuilds it from
+the namespaces: no deleted chunk, no older value may come back.  Values embed key, tag and size and are checked by the host
 that reads them, so wrong bytes can never pass.
 """
 
@@ -22,6 +23,7 @@ from shared_hosts import Host
 from shared_redis import RedisServer
 
 from fx100io.shared import SharedChunkStore
+from fx100io.shared.rebuild import rebuild
 
 if not IN_CI:
     pytest.importorskip("hypothesis")
@@ -56,6 +58,7 @@ class SharedModel(RuleBasedStateMachine):
         uris = [str(d / f"p{n}-{i}.img") for i in range(ndevs)]
         self.may_evict = small
         cap = 4 * ndevs * EXT if small else None
+        self.uris, self.name, self.cap = uris, f"m{n}", cap
         SharedChunkStore(uris, _ctx["redis"].url, create=True, size=16 << 20,
                          name=f"m{n}", capacity=cap).close()
         for h in _ctx["hosts"]:
@@ -115,6 +118,14 @@ class SharedModel(RuleBasedStateMachine):
         if not self.may_evict:
             assert ok == (key in self.model)
         self.model.pop(key, None)
+
+    @rule()
+    def lose_index_and_rebuild(self) -> None:
+        r = _ctx["redis"].client()
+        gone = list(r.scan_iter(match=f"fx100io:{{{self.name}}}:*"))
+        if gone:
+            r.delete(*gone)
+        rebuild(self.uris, _ctx["redis"].url, name=self.name, capacity=self.cap)
 
     @invariant()
     def accounting(self) -> None:

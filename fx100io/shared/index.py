@@ -25,7 +25,7 @@ except ImportError as e:  # only the shared pool needs it
     raise ImportError(f"fx100io.SharedChunkStore needs the redis package (pip install redis): "
                       f"{e}") from e
 
-from fx100io.errors import DeviceFullError, Fx100ioError, InvalidArgumentError
+from fx100io.errors import DeviceFullError, Fx100ioError, InvalidArgumentError, NotAStoreError
 from fx100io.shared import lua
 from fx100io.uri_redact import redact_url
 
@@ -33,7 +33,9 @@ log = logging.getLogger("fx100io")
 
 
 class IndexUnavailableError(Fx100ioError, ConnectionError):
-    """The pool's Redis index did not answer (down, unreachable, loading)."""
+    """The pool's Redis index did not answer, or answered with an error of
+    its own (down, unreachable, loading, busy with a long script, a replica
+    after a failover, out of memory, ...)."""
 
 
 class IndexLostError(Fx100ioError):
@@ -63,6 +65,11 @@ def _password(url: str) -> str | None:
         return pw or next(iter(parse_qs(parts.query).get("password", [])), None)
     except ValueError:
         return None
+
+
+def _tomb(m: bytes | str) -> tuple[int, int, int]:
+    d, off, ext = (int(x) for x in (m.decode() if isinstance(m, bytes) else m).split(":"))
+    return d, off, ext
 
 
 def parse_entry(v: bytes) -> tuple[int, int, int, int, int, int]:
@@ -131,16 +138,20 @@ class RedisIndex:
         return out.replace(pw, "***") if pw else out
 
     def _translate(self, e: Exception) -> Exception:
-        if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
-            self._down_until = time.monotonic() + self.retry_after
-            log.warning("fx100io: index %s unavailable: %s", self.url, self._scrub(e))
-            return self._unavailable(self._scrub(e))
+        """Our scripts' own errors as such; every other error of Redis or
+        of the connection (refused, timeout, BUSY, READONLY, OOM, LOADING,
+        MOVED, ...) makes the index unavailable for retry_after seconds."""
         msg = self._scrub(e)
-        if "FXLOST" in msg:
-            return IndexLostError(2, msg.split("FXLOST ", 1)[-1], self.url)
-        if "FXFULL" in msg:
-            return DeviceFullError(28, msg.split("FXFULL ", 1)[-1], self.url)
-        return e
+        if isinstance(e, redis.ResponseError):
+            if "FXLOST" in msg:
+                return IndexLostError(2, msg.split("FXLOST ", 1)[-1], self.url)
+            if "FXFULL" in msg:
+                return DeviceFullError(28, msg.split("FXFULL ", 1)[-1], self.url)
+            if "FXBAD" in msg:
+                return NotAStoreError(22, msg.split("FXBAD ", 1)[-1], self.url)
+        self._down_until = time.monotonic() + self.retry_after
+        log.warning("fx100io: index %s unavailable: %s", self.url, msg)
+        return self._unavailable(msg)
 
     async def run(self, name: str, args: list[Any]) -> Any:
         if self.down:
@@ -148,6 +159,8 @@ class RedisIndex:
         _r, scripts = self._aclient()
         try:
             return await scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+        except Fx100ioError:
+            raise
         except (redis.RedisError, OSError) as e:
             raise self._translate(e) from e
 
@@ -157,6 +170,8 @@ class RedisIndex:
         self.sync_client()
         try:
             return self._sync_scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+        except Fx100ioError:
+            raise
         except (redis.RedisError, OSError) as e:
             raise self._translate(e) from e
 
@@ -167,6 +182,8 @@ class RedisIndex:
         r, _scripts = self._aclient()
         try:
             return await fn(r, self.prefix)
+        except Fx100ioError:
+            raise
         except (redis.RedisError, OSError) as e:
             raise self._translate(e) from e
 
@@ -176,22 +193,35 @@ class RedisIndex:
             raise self._unavailable("it failed moments ago")
         try:
             return fn(self.sync_client(), self.prefix)
+        except Fx100ioError:
+            raise
         except (redis.RedisError, OSError) as e:
             raise self._translate(e) from e
 
     # ------------------------------------------------------------ scripts
-    async def alloc(self, lease_ms: int, wants: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    async def alloc(self, lease_ms: int, wants: list[tuple[int, int]]
+                    ) -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+        """(allocations, tombs): allocations (off, ver) per want, or None
+        where chunks had to be evicted first; tombs: the evicted extents,
+        held until their headers are erased (then tomb_done)."""
         args: list[Any] = [lease_ms]
         for d, ext in wants:
             args += [d, ext]
         out = await self.run("alloc", args)
-        return [(int(off), int(ver)) for off, ver in out]
+        allocs = ([(int(off), int(ver)) for off, ver in out[1]] if int(out[0]) == 1
+                  else None)
+        tombs = out[2] if allocs is not None else out[1]
+        return allocs, [_tomb(m) for m in tombs]
 
-    async def publish(self, rows: list[tuple[int, int, int, int, bytes, int, int]]) -> list[int]:
-        args: list[Any] = []
+    async def publish(self, hold_ms: int, rows: list[tuple[int, int, int, int, bytes, int, int]]
+                      ) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """(per row 1/0/-1, the extents that left the index, held for
+        hold_ms until their headers are erased)."""
+        args: list[Any] = [hold_ms]
         for row in rows:
             args += list(row)
-        return [int(x) for x in await self.run("publish", args)]
+        codes, tombs = await self.run("publish", args)
+        return [int(x) for x in codes], [_tomb(m) for m in tombs]
 
     async def abort(self, leases: list[str]) -> int:
         return int(await self.run("abort", list(leases)))
@@ -234,25 +264,60 @@ class RedisIndex:
         v = self.call_sync(lambda r, p: r.hget(f"{p}:meta", "set_id"))
         return None if v is None else v.decode()
 
+    def check_policy(self) -> None:
+        """Refuse a Redis that may evict keys under memory pressure: it would
+        drop the index's own keys (free lists, leases, pins), not just
+        chunks.  Best effort: CONFIG may be disabled or renamed."""
+        try:
+            got: Any = self.sync_client().config_get("maxmemory-policy")
+        except redis.ResponseError as e:  # CONFIG disabled, renamed, or ACL-denied
+            log.debug("fx100io: cannot read maxmemory-policy of %s: %s", self.url,
+                      self._scrub(e))
+            return
+        except (redis.RedisError, OSError) as e:
+            self._translate(e)  # down: the calls that follow fail fast
+            return
+        raw = got.get("maxmemory-policy", got.get(b"maxmemory-policy"))
+        policy = raw.decode() if isinstance(raw, bytes) else raw
+        # volatile-* policies evict only keys with a TTL; the index sets none
+        if policy and policy != "noeviction" and not policy.startswith("volatile-"):
+            raise InvalidArgumentError(
+                22, f"Redis at {self.url} has maxmemory-policy {policy}: it may evict the "
+                "index's own keys (free lists, leases, pins) under memory pressure; set "
+                "maxmemory-policy noeviction (the pool evicts chunks itself, under its "
+                "capacity)", self.url)
+
     def install(self, ndevs: int, caps: list[int], free: list[list[tuple[int, int]]],
                 entries: Sequence[tuple[bytes, str, int]] = (), used: list[int] | None = None,
-                ver: int = 0) -> None:
+                ver: int = 0, replace: str | None = "any") -> None:
         """Replace whatever Redis holds under this pool's prefix by a fresh
         index (format, rebuild), in one transaction: scripts see the old
-        index or the new one, never a half-written one."""
+        index or the new one, never a half-written one.  replace: "any"
+        replaces any index there; "same" only one of this pool (or none),
+        refusing another pool's of the same name."""
         def go(r: redis.Redis, p: str) -> None:
+            ver_now = int(r.get(f"{p}:ver") or 0)
+            if replace != "any":
+                sid: Any = r.hget(f"{p}:meta", "set_id")
+                if sid is not None and sid.decode() != self.set_id:
+                    raise NotAStoreError(
+                        17, f"Redis already holds the index of another pool named {p[9:-1]!r} "
+                        "(other namespaces): pass another name, or force=True to wipe that "
+                        "pool's index", self.url)
             old = list(r.scan_iter(match=f"{p}:*", count=1000))
             pipe = r.pipeline(transaction=True)
             if old:
                 pipe.delete(*old)
-            meta: dict[Any, Any] = {"set_id": self.set_id, "ndevs": ndevs}
+            meta: dict[Any, Any] = {"set_id": self.set_id, "fmt": 2, "ndevs": ndevs}
             for d, cap in enumerate(caps):
                 meta[f"cap:{d}"] = cap
             pipe.hset(f"{p}:meta", mapping=meta)
-            pipe.set(f"{p}:ver", ver)
+            # never back: versions already handed out may be on the namespaces
+            pipe.set(f"{p}:ver", max(ver, ver_now))
             for d, extents in enumerate(free):
                 if extents:
                     pipe.zadd(f"{p}:free:{d}", {str(o): o for o, _ in extents})
+                    pipe.zadd(f"{p}:fsz:{d}", {str(o): n for o, n in extents})
                     pipe.hset(f"{p}:flen:{d}", mapping={str(o): n for o, n in extents})
                 pipe.hset(f"{p}:used", str(d), 0 if used is None else used[d])
             for key, value, atime in entries:

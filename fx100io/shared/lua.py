@@ -7,25 +7,35 @@ foreign index is refused (FXLOST) instead of being written to.
 
 Keys under the prefix P:
 
-    P:meta         hash: set_id, ndevs, cap:<d> (capacity per namespace)
-    P:ver          counter: versions, one per allocation
+    P:meta         hash: set_id, fmt (2), ndevs, cap:<d> (capacity per namespace)
+    P:ver          counter: versions and access stamps (``stamp``): never
+                   below Redis's clock in microseconds, so a counter that a
+                   failover or a lost AOF second rolled back resumes above
+                   the versions it lost (as long as the clocks agree to
+                   within the outage)
     P:idx          hash: key -> "d off ext len crc ver" (published chunks)
-    P:at:<d>       zset: key -> last access (ms, Redis clock): LRU order
-    P:free:<d>     zset: free extent offsets; P:flen:<d> hash: offset -> length
+    P:at:<d>       zset: key -> stamp of its last access: LRU order, ties
+                   impossible (stamps are unique)
+    P:free:<d>     zset: free extent offsets (by offset, to merge neighbours);
+    P:fsz:<d>      the same extents scored by length (best fit in O(log n));
+    P:flen:<d>     hash: offset -> length
     P:used         hash: d -> bytes taken (published, leased, in limbo)
     P:lease        zset: "d:off:ext:ver" -> deadline: allocations not yet
                    published; reclaimed once expired (their host died)
     P:pins         zset: "d:off|token" -> deadline: reader pins
     P:pinc         hash: "d:off" -> readers; P:limbo hash: "d:off" -> ext:
                    extents retired while pinned, freed by their last reader
-    P:tomb         zset: "d:off:ext" -> deadline: extents of deleted chunks
-                   whose deleter is erasing their header (so a rebuild does
-                   not bring them back); retired when it is done, or when
+    P:tomb         zset: "d:off:ext" -> deadline: extents that left the
+                   index (a delete, a newer put of the key, an eviction)
+                   whose header a host is erasing, so that a rebuild does
+                   not bring them back; retired when it is done, or when
                    the deadline passes (it died)
     P:cnt          hash: evictions, reclaimed_leases, expired_pins
 
-An extent leaves the index (delete, eviction, a newer put) by ``retire``:
-free at once, or into limbo while a reader holds a pin on it.  Expired
+An extent leaves the index (delete, eviction, a newer put) into P:tomb,
+then, its header erased, by ``retire``: free at once, or into limbo while a
+reader holds a pin on it.  No script reads a whole list: free space is
+found in O(log n), and a call evicts at most MAX_EVICT chunks.  Expired
 leases and pins are reclaimed by the scripts that allocate and report.
 Times come from Redis's clock, so hosts' clocks do not matter.
 """
@@ -38,12 +48,40 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function meta_ok()
-  local sid = redis.call('HGET', P .. ':meta', 'set_id')
-  return sid ~= false and sid == ARGV[1]
+  local m = redis.call('HMGET', P .. ':meta', 'set_id', 'fmt')
+  return m[1] ~= false and m[1] == ARGV[1] and m[2] == '2'
 end
 local function lost()
+  local m = redis.call('HMGET', P .. ':meta', 'set_id', 'fmt')
+  if m[1] == ARGV[1] then
+    return redis.error_reply('FXLOST the index of this pool was written by an older fx100io: '
+      .. 'run fx100io shared-rebuild')
+  end
   return redis.error_reply('FXLOST the index of this pool is missing or belongs to another '
-    .. 'pool (Redis lost its data?): run fx100io shared-rebuild')
+    .. 'pool (Redis lost its data, or another pool of the same name replaced it?): run '
+    .. 'fx100io shared-rebuild, or give the pools different names')
+end
+-- a unique, increasing number, never below Redis's clock in microseconds
+local function stamp(now)
+  local v = redis.call('INCR', P .. ':ver')
+  local floor = now * 1000
+  if v < floor then
+    redis.call('SET', P .. ':ver', S(floor))
+    v = floor
+  end
+  return v
+end
+
+local function fadd(d, off, len)
+  local k = S(off)
+  redis.call('ZADD', P .. ':free:' .. d, off, k)
+  redis.call('ZADD', P .. ':fsz:' .. d, len, k)
+  redis.call('HSET', P .. ':flen:' .. d, k, S(len))
+end
+local function fdel(d, k)
+  redis.call('ZREM', P .. ':free:' .. d, k)
+  redis.call('ZREM', P .. ':fsz:' .. d, k)
+  redis.call('HDEL', P .. ':flen:' .. d, k)
 end
 
 local function free_extent(d, off, len)
@@ -54,8 +92,7 @@ local function free_extent(d, off, len)
     local poff = tonumber(prev[1])
     local plen = tonumber(redis.call('HGET', fl, prev[1]))
     if poff + plen == off then
-      redis.call('ZREM', fz, prev[1])
-      redis.call('HDEL', fl, prev[1])
+      fdel(d, prev[1])
       off = poff
       len = len + plen
     end
@@ -63,31 +100,22 @@ local function free_extent(d, off, len)
   local nk = S(off + len)
   local nlen = redis.call('HGET', fl, nk)
   if nlen then
-    redis.call('ZREM', fz, nk)
-    redis.call('HDEL', fl, nk)
+    fdel(d, nk)
     len = len + tonumber(nlen)
   end
-  redis.call('ZADD', fz, off, S(off))
-  redis.call('HSET', fl, S(off), S(len))
+  fadd(d, off, len)
 end
 
-local function first_fit(d, need)
-  local fz, fl = P .. ':free:' .. d, P .. ':flen:' .. d
-  local offs = redis.call('ZRANGE', fz, 0, -1)
-  for _, k in ipairs(offs) do
-    local len = tonumber(redis.call('HGET', fl, k))
-    if len >= need then
-      redis.call('ZREM', fz, k)
-      redis.call('HDEL', fl, k)
-      local off = tonumber(k)
-      if len > need then
-        redis.call('ZADD', fz, off + need, S(off + need))
-        redis.call('HSET', fl, S(off + need), S(len - need))
-      end
-      return off
-    end
-  end
-  return nil
+-- best fit: the smallest free extent that holds need bytes, O(log n)
+local function fit(d, need)
+  local r = redis.call('ZRANGEBYSCORE', P .. ':fsz:' .. d, need, '+inf', 'WITHSCORES',
+                      'LIMIT', 0, 1)
+  if #r == 0 then return nil end
+  local k, len = r[1], tonumber(r[2])
+  fdel(d, k)
+  local off = tonumber(k)
+  if len > need then fadd(d, off + need, len - need) end
+  return off
 end
 
 local function retire(d, off, ext)
@@ -138,27 +166,41 @@ local function parse(v)
   return d, tonumber(off), tonumber(ext), tonumber(len), crc, tonumber(ver)
 end
 
-local function drop_key(key)
+-- the key leaves the index; its extent is retired at once (hold == nil:
+-- its data is known bad) or held in P:tomb until hold (a deadline) while
+-- a host erases its header.  Returns the tomb member, true, or false.
+local function drop_key(key, hold)
   local v = redis.call('HGET', P .. ':idx', key)
   if not v then return false end
   local d, off, ext = parse(v)
   redis.call('HDEL', P .. ':idx', key)
   redis.call('ZREM', P .. ':at:' .. d, key)
-  retire(d, off, ext)
-  return true
+  if hold == nil then
+    retire(d, off, ext)
+    return true
+  end
+  local m = d .. ':' .. S(off) .. ':' .. S(ext)
+  redis.call('ZADD', P .. ':tomb', hold, m)
+  return m
 end
 """
 
-# ARGV: set_id, lease_ms, then (d, ext) per chunk.  Returns {off, ver} per
-# chunk, evicting least recently used chunks of the namespace as needed;
-# all or nothing (FXFULL undoes this call's allocations).
+# ARGV: set_id, lease_ms, then (d, ext) per chunk.  Returns {1, {{off,
+# ver}, ...}}, or {0, tombs}: least recently used chunks were evicted to
+# make room, and their extents (tomb members "d:off:ext") are held until
+# the caller erased their headers and called TOMB_DONE, then calls again.
+# {1, allocations, tombs}: allocated, and the caller erases the headers of
+# chunks evicted on the way (held apart from its allocations) too.
+# All or nothing (FXFULL or {0, ...} undoes this call's allocations); the
+# chunks it evicted stay evicted.
 ALLOC = PRELUDE + r"""
 if not meta_ok() then return lost() end
 local now = now_ms()
 reclaim(now)
 local lease_ms = tonumber(ARGV[2])
-local MAX_EVICT = 1024
-local out, taken = {}, {}
+local MAX_EVICT = 256
+local out, taken, tombs, pend = {}, {}, {}, {}
+local evicted = 0
 local function undo()
   for _, t in ipairs(taken) do
     redis.call('ZREM', P .. ':lease', t[1])
@@ -174,44 +216,58 @@ for i = 3, #ARGV, 2 do
     return redis.error_reply('FXFULL an extent of ' .. S(need) .. ' bytes exceeds the pool '
       .. 'capacity per namespace (' .. S(cap) .. ' bytes)')
   end
-  local off, evicted = nil, 0
+  local off = nil
   while true do
     local used = tonumber(redis.call('HGET', P .. ':used', d) or '0')
-    if used + need <= cap then
-      off = first_fit(d, need)
+    local p = pend[d] or 0
+    -- under capacity once what this call evicted is freed
+    if used - p + need <= cap then
+      off = fit(d, need)
       if off then break end
+      -- no free extent fits yet: enough is being erased to make room?
+      if p >= need then break end
     end
     local v = redis.call('ZRANGE', P .. ':at:' .. d, 0, 0)
-    -- bounded: victims being read go to limbo and free nothing yet, and
-    -- one put must not empty a namespace that readers hold
+    -- bounded: one call does O(MAX_EVICT log n) work, whatever the pool
     if #v == 0 or evicted >= MAX_EVICT then break end
-    drop_key(v[1])
+    local m = drop_key(v[1], now + lease_ms)
+    tombs[#tombs + 1] = m
+    pend[d] = p + tonumber(string.match(m, ':(%d+)$'))
     evicted = evicted + 1
   end
-  if evicted > 0 then redis.call('HINCRBY', P .. ':cnt', 'evictions', evicted) end
   if not off then
     undo()
+    if evicted > 0 then
+      redis.call('HINCRBY', P .. ':cnt', 'evictions', evicted)
+      return {0, tombs}
+    end
     return redis.error_reply('FXFULL no space for an extent of ' .. S(need) .. ' bytes: the '
       .. 'rest is being written or read')
   end
   redis.call('HINCRBY', P .. ':used', d, need)
-  local ver = redis.call('INCR', P .. ':ver')
+  local ver = stamp(now)
   local m = d .. ':' .. S(off) .. ':' .. S(need) .. ':' .. S(ver)
   redis.call('ZADD', P .. ':lease', now + lease_ms, m)
   taken[#taken + 1] = {m, d, off, need}
-  out[#out + 1] = {S(off), ver}
+  out[#out + 1] = {S(off), S(ver)}
 end
-return out
+if evicted > 0 then redis.call('HINCRBY', P .. ':cnt', 'evictions', evicted) end
+-- room was found without waiting for the evicted: their extents stay held
+-- (apart from the ones allocated) while the caller erases their headers
+return {1, out, tombs}
 """
 
-# ARGV: set_id, then (d, off, ext, ver, key, len, crc) per chunk.  Returns
-# per chunk 1 (published), 0 (a newer version of the key is already there:
-# this one's extent is freed) or -1 (its lease expired and was reclaimed).
+# ARGV: set_id, hold_ms, then (d, off, ext, ver, key, len, crc) per chunk.
+# Returns {codes, tombs}: per chunk 1 (published), 0 (a newer version of
+# the key is already there) or -1 (its lease expired and was reclaimed);
+# tombs: the extents that left the index (the keys' older versions, the
+# superseded), held for hold_ms while the caller erases their headers.
 PUBLISH = PRELUDE + r"""
 if not meta_ok() then return lost() end
 local now = now_ms()
-local out = {}
-for i = 2, #ARGV, 7 do
+local hold = now + tonumber(ARGV[2])
+local out, tombs = {}, {}
+for i = 3, #ARGV, 7 do
   local d, off, ext, ver, key, len, crc =
     ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local m = d .. ':' .. off .. ':' .. ext .. ':' .. ver
@@ -222,17 +278,19 @@ for i = 2, #ARGV, 7 do
     local oldver = -1
     if old then oldver = select(6, parse(old)) end
     if oldver > tonumber(ver) then
-      free_extent(d, tonumber(off), tonumber(ext))
+      local m = d .. ':' .. off .. ':' .. ext
+      redis.call('ZADD', P .. ':tomb', hold, m)
+      tombs[#tombs + 1] = m
       out[#out + 1] = 0
     else
-      if old then drop_key(key) end
+      if old then tombs[#tombs + 1] = drop_key(key, hold) end
       redis.call('HSET', P .. ':idx', key, table.concat({d, off, ext, len, crc, ver}, ' '))
-      redis.call('ZADD', P .. ':at:' .. d, now, key)
+      redis.call('ZADD', P .. ':at:' .. d, stamp(now), key)
       out[#out + 1] = 1
     end
   end
 end
-return out
+return {out, tombs}
 """
 
 # ARGV: set_id, lease_ms, lease members ("d:off:ext:ver") of a put being
@@ -283,7 +341,7 @@ for i = 4, #ARGV do
     local m = id .. '|' .. ARGV[2] .. ':' .. S(seq) .. ':' .. i
     redis.call('ZADD', P .. ':pins', now + pin_ms, m)
     redis.call('HINCRBY', P .. ':pinc', id, 1)
-    redis.call('ZADD', P .. ':at:' .. d, now, ARGV[i])
+    redis.call('ZADD', P .. ':at:' .. d, stamp(now), ARGV[i])
     out[#out + 1] = {v, m}
   else
     out[#out + 1] = false
@@ -323,13 +381,10 @@ return 0
 # erases its header.  Returns nil, or {d, off, ext}.
 DELETE = PRELUDE + r"""
 if not meta_ok() then return lost() end
-local v = redis.call('HGET', P .. ':idx', ARGV[3])
-if not v then return false end
-local d, off, ext = parse(v)
-redis.call('HDEL', P .. ':idx', ARGV[3])
-redis.call('ZREM', P .. ':at:' .. d, ARGV[3])
-redis.call('ZADD', P .. ':tomb', now_ms() + tonumber(ARGV[2]), d .. ':' .. S(off) .. ':' .. S(ext))
-return {d, S(off), S(ext)}
+local m = drop_key(ARGV[3], now_ms() + tonumber(ARGV[2]))
+if not m then return false end
+local d, off, ext = string.match(m, '^(%d+):(%d+):(%d+)$')
+return {d, off, ext}
 """
 
 # ARGV: set_id, P:tomb members whose header was erased: retire them.

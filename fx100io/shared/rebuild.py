@@ -8,12 +8,33 @@ newer one and whose data still matches its CRC32C (a torn, unpublished or
 partly reused extent fails it), and installs the index in one Redis
 transaction; everything else is free space.
 
-A deleted chunk does not come back: its header was erased before its
-extent was freed.  A chunk evicted (or dropped by a host that died while
-deleting it) whose extent was not reused since does come back: its bytes
-are still that key's, which a cache may serve.  Run it while no host is
-writing (hosts that are running see "index lost" until it ends,
-and keep working after).
+Whenever an extent leaves the index -- its chunk deleted, replaced by a
+newer put of the key, or evicted -- it is held (P:tomb) until the host
+that took it out erased its header, and only then freed; so a rebuild
+brings back neither a deleted chunk nor an older value of a key.  What it
+can still bring back, each time only while the extent's bytes were not
+overwritten since:
+
+- a chunk whose header a host could not erase: it died (or its device
+  failed) between taking the extent out of the index and erasing the
+  header, and the hold expired (lease_s); the value may be older than a
+  later value of the key that was deleted since;
+- a put that wrote its data and header but was never published (its host
+  died, or Redis failed, between the flush and the publication): a value
+  the caller was told had failed;
+- with --no-verify, an extent whose header survived but whose data was
+  partly overwritten.
+
+Of two extents of a key, the one with the higher version wins.  Versions
+are never below Redis's clock (microseconds) and the rebuild sets the
+counter above every version on the namespaces, so a counter that Redis
+rolled back (an everysec AOF losing its last second, a failover) resumes
+above the versions it lost as long as the Redis hosts' clocks agree to
+within that outage.
+
+It refuses to replace the index of another pool of the same name (pass
+force).  Run it while no host is writing (hosts that are running see
+"index lost" until it ends, and keep working after).
 """
 
 from __future__ import annotations
@@ -70,14 +91,15 @@ def _data_ok(dev: Device, off: int, h: fmt.ExtentHeader) -> bool:
 
 
 def rebuild(uris: list[str], index: str = DEFAULT_INDEX, *, name: str | None = None,
-            capacity: int | None = None, verify: bool = True, **opts: Any) -> dict[str, Any]:
+            capacity: int | None = None, verify: bool = True, force: bool = False,
+            **opts: Any) -> dict[str, Any]:
     """Scan the namespaces and install the index they imply; returns a
     report (chunks, bytes, headers seen, rejected)."""
     devices = [open_device(u, **opts) for u in uris]
     try:
         nss = SharedChunkStore._load(devices, list(uris), name)
         newest: dict[bytes, tuple[int, int, int, fmt.ExtentHeader]] = {}
-        seen = rejected = 0
+        seen = rejected = top = 0
         free_lists: list[list[tuple[int, int]]] = []
         used: list[int] = []
         t0 = time.monotonic()
@@ -85,6 +107,7 @@ def rebuild(uris: list[str], index: str = DEFAULT_INDEX, *, name: str | None = N
         for ns in nss:
             cands = scan(ns)
             seen += len(cands)
+            top = max([top, *(h.version for _o, h in cands)])
             starts: list[int] = []
             ends: list[int] = []
             kept: list[tuple[int, int, fmt.ExtentHeader]] = []
@@ -123,8 +146,9 @@ def rebuild(uris: list[str], index: str = DEFAULT_INDEX, *, name: str | None = N
         caps = [ns.sb.data_size if per is None else min(per, ns.sb.data_size) for ns in nss]
         idx = RedisIndex(index, nss[0].sb.name, nss[0].sb.set_id, timeout=5.0)
         try:
-            idx.install(len(nss), caps, free_lists, entries, used,
-                        ver=max((h.version for *_x, h in newest.values()), default=0) + 1)
+            idx.check_policy()
+            idx.install(len(nss), caps, free_lists, entries, used, ver=top + 1,
+                        replace="any" if force else "same")
         finally:
             idx.close()
         return dict(chunks=len(entries), bytes=sum(h.length for *_x, h in newest.values()),
@@ -146,9 +170,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--capacity", type=int, help="bytes of extents kept, whole pool")
     p.add_argument("--no-verify", action="store_true",
                    help="trust headers without reading the data to check its CRC32C")
+    p.add_argument("--force", action="store_true",
+                   help="replace the index of another pool of the same name in Redis")
     a = p.parse_args(argv)
     report = rebuild(a.namespaces, a.index, name=a.name, capacity=a.capacity,
-                     verify=not a.no_verify)
+                     verify=not a.no_verify, force=a.force)
     json.dump(report, sys.stdout)
     print()
     return 0

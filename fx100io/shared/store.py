@@ -20,9 +20,17 @@ Protocol of a get: a script returns the entries and pins their extents
 miss, never bytes), and the pins are dropped.  An extent retired while
 pinned is freed by its last reader, or when the pin expires.
 
-Redis unreachable: gets are misses, puts and deletes raise
-IndexUnavailableError, within the socket timeout, and for ``retry_after``
-seconds without even trying.
+Redis unreachable, or answering with an error of its own (BUSY with
+another client's long script, READONLY after a failover, OOM, LOADING):
+gets are misses, exists/contains/keys say nothing is there, puts and
+deletes raise IndexUnavailableError, within the socket timeout, and for
+``retry_after`` seconds without even trying.
+
+Every extent that leaves the index (a delete, a newer put of its key, an
+eviction) has its header erased before its space is reused (see
+``rebuild``).  A put that finds no room evicts least recently used chunks
+(by order of last access); one that fails all the same (DeviceFullError)
+leaves them evicted.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ from typing import Any, cast
 from fx100io import _core
 from fx100io.device import Device, open_device
 from fx100io.errors import (
+    BlockingCallInLoopError,
     BufferTooSmallError,
+    DeviceFullError,
     FxTimeoutError,
     InvalidArgumentError,
     NotAStoreError,
@@ -58,7 +68,6 @@ from fx100io.shared.index import (
     parse_entry,
 )
 from fx100io.store.chunkstore import ChunkStore, normalize_key
-from fx100io.store.loop import run_blocking
 from fx100io.store.space import Member
 
 log = logging.getLogger("fx100io")
@@ -107,14 +116,21 @@ class SharedChunkStore:
     capacity (bytes of extents kept before LRU eviction, whole pool),
     lease_s (how long an unpublished allocation outlives its host, 30),
     pin_s (how long a reader's pin outlives its reader, 30), timeout
-    (Redis socket timeouts, 0.5 s), retry_after (1 s), and the device
-    options of :func:`open_device`.
+    (Redis socket timeouts, 0.5 s), retry_after (1 s), force (with
+    create: replace another pool's index of the same name in Redis,
+    which create otherwise refuses), and the device options of
+    :func:`open_device`.
+
+    The blocking twins run on one event loop thread of the store's own,
+    whatever thread calls them: one Redis connection pool and one I/O
+    queue per store, not per calling thread.
     """
 
     def __init__(self, uris: str | Sequence[str], index: str = DEFAULT_INDEX,
                  create: bool = False, size: int | None = None, *, name: str | None = None,
                  capacity: int | None = None, lease_s: float = 30.0, pin_s: float = 30.0,
-                 timeout: float = 0.5, retry_after: float = 1.0, **opts: Any):
+                 timeout: float = 0.5, retry_after: float = 1.0, force: bool = False,
+                 **opts: Any):
         uri_list = [uris] if isinstance(uris, str) else list(uris)
         if not uri_list:
             raise InvalidArgumentError(22, "SharedChunkStore needs at least one namespace URI")
@@ -123,8 +139,12 @@ class SharedChunkStore:
         for what, v in (("lease_s", lease_s), ("pin_s", pin_s), ("timeout", timeout)):
             if not isinstance(v, (int, float)) or v <= 0:
                 raise InvalidArgumentError(22, f"{what} must be positive, got {v!r}")
+        for what, v in (("lease_s", lease_s), ("pin_s", pin_s)):
+            if v < 0.001:  # Redis counts them in whole milliseconds
+                raise InvalidArgumentError(22, f"{what} must be at least 0.001 s, got {v!r}")
         self._closed = False
         self._bg: set[asyncio.Task] = set()
+        self._runner = _Runner()
         self._mu = threading.Lock()
         self._lease_ms = int(lease_s * 1000)
         self._pin_ms = int(pin_s * 1000)
@@ -143,8 +163,9 @@ class SharedChunkStore:
             pool = self._ns[0].sb
             self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
                                      retry_after=retry_after)
+            self._index.check_policy()
             if create:
-                self._install(capacity)
+                self._install(capacity, force)
             else:
                 self._check_index()
         except BaseException:
@@ -160,8 +181,8 @@ class SharedChunkStore:
                                        f"got {name!r}")
         set_id = fmt.new_set_id()
         out = []
-        for i, (d, u) in enumerate(zip(devices, uris)):
-            sb = fmt.plan(d.size, i, len(devices), set_id, name, u)
+        for i, d in enumerate(devices):
+            sb = fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
             raw = aligned_array(fmt.BLOCK)
             raw[:] = memoryview(sb.encode())
             d.write_from_blocking(0, raw)
@@ -172,6 +193,7 @@ class SharedChunkStore:
     @staticmethod
     def _load(devices: list[Device], uris: list[str], name: str | None) -> list[Namespace]:
         sbs = []
+        uris = [d.uri for d in devices]  # redacted: these go into messages
         for d, u in zip(devices, uris):
             raw = aligned_array(fmt.BLOCK)
             d.read_into_blocking(0, raw)
@@ -197,9 +219,10 @@ class SharedChunkStore:
         return [ns.sb.data_size if per is None else min(per, ns.sb.data_size)
                 for ns in self._ns]
 
-    def _install(self, capacity: int | None) -> None:
+    def _install(self, capacity: int | None, force: bool) -> None:
         free = [[(ns.sb.data_off, ns.sb.data_size)] for ns in self._ns]
-        self._index.install(len(self._ns), self._caps(capacity), free)
+        self._index.install(len(self._ns), self._caps(capacity), free,
+                            replace="any" if force else "same")
 
     def _check_index(self) -> None:
         """A pool whose index is down opens (gets miss until it is back);
@@ -245,8 +268,19 @@ class SharedChunkStore:
             return
         placed = [(key, mv, self._ns_of(key)) for key, mv in items]
         exts = [fmt.extent_len(mv.nbytes) for _k, mv, _ns in placed]
-        allocs = await self._index.alloc(self._lease_ms, [(ns.index, ext) for (_k, _mv, ns), ext
-                                                         in zip(placed, exts)])
+        wants = [(ns.index, ext) for (_k, _mv, ns), ext in zip(placed, exts)]
+        for _round in range(16):
+            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            if got is not None:
+                break
+            # chunks were evicted to make room: their headers go before their space
+            await self._erase(evicted)
+        else:
+            raise DeviceFullError(28, "no space for this put after evicting chunks 16 times: "
+                                  "the rest is being written or read", self._index.url)
+        allocs = got
+        eraser: asyncio.Task | None = (
+            asyncio.get_running_loop().create_task(self._erase(evicted)) if evicted else None)
         leases = [f"{ns.index}:{off}:{ext}:{ver}"
                   for (_k, _mv, ns), ext, (off, ver) in zip(placed, exts, allocs)]
         started: list[tuple[Namespace, int, memoryview, list, list]] = []
@@ -284,8 +318,9 @@ class SharedChunkStore:
             await keeper.stop()
             rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
                     for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
-            res = await self._index.publish(rows)
+            res, retired = await self._index.publish(self._lease_ms, rows)
             published = True
+            await self._erase(retired)  # the keys' older versions
             if -1 in res:
                 raise FxTimeoutError(
                     62, f"{res.count(-1)} of {len(res)} chunks were not published: their "
@@ -293,6 +328,8 @@ class SharedChunkStore:
             self._count(superseded=res.count(0))
         except BaseException:
             await keeper.stop()
+            if eraser is not None:
+                await asyncio.shield(eraser)
             writes = [f for *_x, fs, _p in started for f in fs] + headers
             pending = [f for f in writes if not f.done()]
             if pending:
@@ -307,7 +344,51 @@ class SharedChunkStore:
                     log.warning("fx100io: could not give back %d extents (%s); they return "
                                 "when their lease expires", len(leases), e)
             raise
+        if eraser is not None:
+            await eraser
         self._count(puts=len(items), bytes_written=sum(mv.nbytes for _k, mv in items))
+
+    async def _erase(self, tombs: list[tuple[int, int, int]]) -> None:
+        """Erase the headers of extents that left the index (held in P:tomb
+        meanwhile), so that a rebuild of the index does not bring them back,
+        then let the index retire them.  Never raises but cancellation: a
+        header that could not be erased is logged, and its extent freed
+        when the hold expires or at once."""
+        if not tombs:
+            return
+        t0 = time.monotonic()
+        try:
+            blank = aligned_array(fmt.BLOCK)
+            blank[:] = 0
+            futs, devs = [], {}
+            for d, off, _ext in tombs:
+                if d < len(self._ns):
+                    ns = devs[d] = self._ns[d]
+                    futs += ns.dev.start([(WRITE, off, blank)])
+            try:
+                for f in futs:
+                    c = await asyncio.shield(f)
+                    if c[0] < 0:
+                        raise error_from_errno(-c[0], "erase extent header")
+            finally:
+                rest = [f for f in futs if not f.done()]
+                if rest:
+                    await asyncio.shield(asyncio.gather(*rest, return_exceptions=True))
+            for ns in devs.values():
+                await ns.dev.flush()
+            if time.monotonic() - t0 > self._lease_ms / 1000:
+                log.warning("fx100io: erasing the headers of %d chunks that left the index "
+                            "took longer than lease_s: their extents may have been reused "
+                            "meanwhile", len(tombs))
+        except Exception as e:  # noqa: BLE001 (only a rebuild of the index sees it)
+            log.warning("fx100io: %d chunks left the index, but their headers could not be "
+                        "erased (%s): a rebuild of the index may bring them back",
+                        len(tombs), e)
+        finally:
+            try:
+                await self._index.tomb_done(tombs)
+            except (IndexUnavailableError, IndexLostError):
+                pass  # the hold expires, then the extents are freed
 
     # ------------------------------------------------------------------ get
     async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
@@ -440,7 +521,11 @@ class SharedChunkStore:
     async def akeys(self) -> list[bytes]:
         """keys() without blocking the event loop."""
         self._check_open()
-        return list(await self._index.call(lambda r, p: r.hkeys(f"{p}:idx")))
+        try:
+            return list(await self._index.call(lambda r, p: r.hkeys(f"{p}:idx")))
+        except IndexUnavailableError:
+            self._count(index_errors=1)
+            return []
 
     def _entry_sync(self, key: Any) -> tuple[int, ...] | None:
         k = normalize_key(key)
@@ -464,8 +549,15 @@ class SharedChunkStore:
         return None if e is None else e[3]
 
     def keys(self) -> list[bytes]:
+        """Every key in the index (a synchronous round trip to Redis; on an
+        event loop, use akeys); empty while Redis does not answer, as
+        contains() is False then."""
         self._check_open()
-        return list(self._index.call_sync(lambda r, p: r.hkeys(f"{p}:idx")))
+        try:
+            return list(self._index.call_sync(lambda r, p: r.hkeys(f"{p}:idx")))
+        except IndexUnavailableError:
+            self._count(index_errors=1)
+            return []
 
     async def delete(self, key: Any) -> bool:
         """Remove a chunk for every host; False if it was not there.
@@ -481,29 +573,7 @@ class SharedChunkStore:
         if got is None:
             return False
         self._count(deletes=1)
-        d, off, ext = got
-        t0 = time.monotonic()
-        try:
-            if d < len(self._ns):
-                ns = self._ns[d]
-                blank = aligned_array(fmt.BLOCK)
-                blank[:] = 0
-                (f,) = ns.dev.start([(WRITE, off, blank)])
-                c = await asyncio.shield(f)
-                if c[0] < 0:
-                    raise error_from_errno(-c[0], f"{ns.dev.target}: erase extent header")
-                await ns.dev.flush()
-            if time.monotonic() - t0 > self._lease_ms / 1000:
-                log.warning("fx100io: erasing the header of a deleted chunk took longer than "
-                            "lease_s: its extent may have been reused meanwhile")
-        except Exception as e:  # noqa: BLE001 (deleted all the same; only a rebuild sees it)
-            log.warning("fx100io: chunk %r deleted, but its header could not be erased (%s): "
-                        "a rebuild of the index may bring it back", key, e)
-        finally:
-            try:
-                await self._index.tomb_done([got])
-            except (IndexUnavailableError, IndexLostError):
-                pass  # the hold expires, then the extent is freed
+        await self._erase([got])
         return True
 
     def stats(self) -> dict[str, Any]:
@@ -543,23 +613,24 @@ class SharedChunkStore:
 
     # ----------------------------------------------------------- blocking twins
     def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
-        return run_blocking(self.batch_put(keys, bufs))
+        return self._runner.run(self.batch_put(keys, bufs))
 
     def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
-        # this thread's loop runs only inside these calls: unpin before returning
-        return run_blocking(self._get(keys, bufs, wait_unpin=True))
+        # the pins are dropped before returning: no task outlives the call
+        return self._runner.run(self._get(keys, bufs, wait_unpin=True))
 
     def batch_exists_blocking(self, keys: Iterable[Any]) -> int:
-        return run_blocking(self.batch_exists(keys))
+        return self._runner.run(self.batch_exists(keys))
 
     def delete_blocking(self, key: Any) -> bool:
-        return run_blocking(self.delete(key))
+        return self._runner.run(self.delete(key))
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._runner.close(self._index.aclose_loop)
         self._index.close()
         for ns in self._ns:
             ns.dev.close()
@@ -637,3 +708,56 @@ class _LeaseKeeper:
         if not self._task.done():
             self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+
+class _Runner:
+    """The one event loop, on a thread of its own, that runs a store's
+    blocking twins for every calling thread: a thread that calls them once
+    and ends leaves nothing behind (no loop, no Redis connection)."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, coro: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise BlockingCallInLoopError(
+                35, "a *_blocking method was called from a running event loop; await the "
+                "async method instead")
+        with self._mu:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="fx100io-shared",
+                                     daemon=True)
+                t.start()
+                self._loop, self._thread = loop, t
+            loop = self._loop
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def close(self, last: Any) -> None:
+        """Run last() (closing the loop's Redis client) on the loop, then
+        stop it."""
+        with self._mu:
+            loop, t = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or t is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(last(), loop).result(timeout=5)
+        except Exception:  # noqa: BLE001 (best effort: the sockets go with the loop)
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(timeout=5)
+        if not t.is_alive():
+            loop.close()
