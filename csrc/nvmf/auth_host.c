@@ -322,8 +322,16 @@ out:
 int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
 		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0)
 {
-	if (!(connect_dw0 & (FX_NVMF_CONNECT_ATR | FX_NVMF_CONNECT_ASCR)))
+	if (!(connect_dw0 & (FX_NVMF_CONNECT_ATR | FX_NVMF_CONNECT_ASCR))) {
+		/* A controller secret says the controller must prove itself:
+		 * one that asks for no authentication never does.  (Discovery
+		 * controllers need not: the device's own connect checks.) */
+		if (p->dhchap_ctrl_key.len && strcmp(p->subnqn, NVMF_DISCOVERY_NQN) != 0)
+			return fail(qid, -EACCES,
+				    "the controller did not authenticate itself (dhchap_ctrl_secret "
+				    "given, but its Connect response asks for no authentication)");
 		return 0;
+	}
 	if (connect_dw0 & FX_NVMF_CONNECT_ASCR)
 		return fail(qid, -EPROTONOSUPPORT,
 			    "the subsystem requires authentication with secure channel "

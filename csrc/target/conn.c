@@ -836,9 +836,16 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR), 0, 0);
 	/* Before the queue has authenticated, only what authenticates it
 	 * runs (nothing is fetched with R2T for the others). */
-	if (!tgt_auth_allows(c, sqe))
+	if (!tgt_auth_allows(c, sqe)) {
+		/* A queue whose re-authentication failed goes, rather than
+		 * answer everything with an error (the host reconnects). */
+		if (tgt_auth_must_close(c)) {
+			c->state = TGT_CONN_CLOSING;
+			return -ECONNABORTED;
+		}
 		return send_resp(c, sqe->cid,
 		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
+	}
 
 	if (fabrics || c->qid == 0) {
 		/* Data that did not come in the capsule is fetched first. */
@@ -936,7 +943,9 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	}
 	memcpy(&sqe, hb + sizeof(*h), sizeof(sqe));
 	c->sqhd = (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u);
-	if (c->ctrl)
+	/* Only an authenticated queue keeps its controller alive: one that
+	 * merely knows the host NQN and controller ID must not. */
+	if (c->ctrl && tgt_auth_done(c))
 		atomic_store(&c->ctrl->last_cmd_ms, tgt_now_ms());
 	return on_command(c, &sqe, c->icd, icd_len, bad);
 }
