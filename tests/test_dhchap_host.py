@@ -449,3 +449,39 @@ def test_controller_secret_refuses_a_controller_that_asks_for_nothing():
             roundtrip(dev)
     finally:
         t3.close()
+
+
+class _SlowAuth(AuthTarget):
+    """Answers each AUTH_Send/AUTH_Receive after `delay` seconds."""
+
+    delay = 0.45
+
+    def _auth_command(self, c, cid, fctype, sqe, incap):  # type: ignore[no-untyped-def]
+        time.sleep(self.delay)
+        return super()._auth_command(c, cid, fctype, sqe, incap)
+
+
+def test_authentication_is_bounded_by_connect_timeout():
+    """Each AUTH command within connect_timeout_ms is not enough: the whole
+    transaction (4 commands here, 1.8 s) must end within it."""
+    key = secret()
+    t = _SlowAuth(key, hash_id=1, dhgid=0)
+    try:
+        u = f"{t.uri}?io_timeout_ms=5000&connect_timeout_ms=1000&kato_ms=0&dhchap_secret=" + \
+            quote(key, safe=":")
+        t0 = time.monotonic()
+        with pytest.raises(errors.Fx100ioError) as ei:
+            fx100io.open_device(u)
+        took = time.monotonic() - t0
+        assert took < 1.6, took
+        assert isinstance(ei.value, errors.FxTimeoutError), ei.value
+        assert "did not complete within the connect's time" in str(ei.value)
+    finally:
+        t.close()
+    t = _SlowAuth(key, hash_id=1, dhgid=0)
+    t.delay = 0.05
+    try:
+        with fx100io.open_device(uri(t, key)) as dev:
+            roundtrip(dev)
+    finally:
+        t.close()
