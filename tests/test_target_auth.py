@@ -844,3 +844,40 @@ def test_unauthenticated_commands_do_not_keep_a_controller_alive(start_target):
     assert _closed(h)
     h.close()
     evil.close()
+
+
+def _vm_data_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmData")
+
+
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="ASan's allocator and stacks change the sizes")
+def test_unauthenticated_queues_get_no_io_buffers(start_target):
+    """A Connected queue that has not authenticated costs its thread and a
+    4 KiB buffer, not the 256 KiB data chunk, the 64 KiB admin buffer and
+    the R2T table of a live queue (those come once it authenticates)."""
+    t = keyed(start_target)
+    hosts = []
+    h, _ = connect(t.port)  # (the first thread's allocator arena, off the books)
+    hosts.append(h)
+    n = 24
+    before = _vm_data_kib(t.proc.pid)
+    for _ in range(n):
+        h, cqe = connect(t.port)
+        assert cqe.ok
+        assert send(h, negotiate(1, groups=(0,))).ok
+        hosts.append(h)
+    per_conn = (_vm_data_kib(t.proc.pid) - before) / n
+    # a thread's stack is 512 KiB (FX_TGT_THREAD_STACK); the data chunk
+    # and admin buffer would add 320 KiB more
+    assert per_conn < 512 + 160, f"{per_conn:.0f} KiB per unauthenticated connection"
+    h = hosts[-1]
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,), tid=2)
+    h.enable()
+    assert h.identify(1)[0].ok and h.get_log(2, 512)[0].ok
+    for h in hosts:
+        h.close()

@@ -714,8 +714,12 @@ uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 		return sf;
 	if (al > r->sgl_len || al > FX_TGT_ADMIN_BUF)
 		return TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
-	if (!a)
+	if (!a || !r->out)
 		return TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR);
+	/* Before authentication the queue's buffer is FX_TGT_AUTH_BUF bytes,
+	 * more than any message: a longer AL gets that much. */
+	if (al > r->out_cap)
+		al = r->out_cap;
 	if (c->t->verbose)
 		tgt_log(c->t, "%s qid %u: AUTH_Receive %u bytes in step %s", c->peer, c->qid, al,
 		        step_str(a->step));

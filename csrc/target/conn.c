@@ -616,17 +616,33 @@ static int r2t_alloc(struct tgt_conn *c)
 	return c->r2t_free[--c->r2t_nfree];
 }
 
-/* Connect succeeded: the buffers a live queue needs, and, once it has
- * authenticated (when its host must), no more handshake deadline: a host
- * that connects and never authenticates is closed like one that never
- * sends Connect. */
+/* Connect succeeded: until the queue has authenticated (when its host
+ * must), only the small buffer AUTH_Receive needs.  Then the buffers a live
+ * queue needs, and no more handshake deadline: a host that connects and
+ * never authenticates is closed like one that never sends Connect.  (Called
+ * after each command until then; abuf keeps what the last one wrote.) */
 static int go_live(struct tgt_conn *c)
 {
+	uint8_t *b;
+
+	if (!tgt_auth_done(c)) {
+		if (!c->abuf) {
+			c->abuf = malloc(FX_TGT_AUTH_BUF);
+			c->abuf_len = c->abuf ? FX_TGT_AUTH_BUF : 0;
+		}
+		if (!c->abuf) {
+			tgt_log(c->t, "%s qid %u: out of memory", c->peer, c->qid);
+			return -ENOMEM;
+		}
+		return 0;
+	}
 	if (!c->chunk)
 		c->chunk = malloc(FX_TGT_CHUNK);
-	if (!c->abuf)
-		c->abuf = malloc(FX_TGT_ADMIN_BUF);
-	if (!c->chunk || !c->abuf || r2t_table(c, c->sqsize + 1u) < 0) {
+	if (c->abuf_len < FX_TGT_ADMIN_BUF && (b = realloc(c->abuf, FX_TGT_ADMIN_BUF)) != NULL) {
+		c->abuf = b;
+		c->abuf_len = FX_TGT_ADMIN_BUF;
+	}
+	if (!c->chunk || c->abuf_len < FX_TGT_ADMIN_BUF || r2t_table(c, c->sqsize + 1u) < 0) {
 		tgt_log(c->t, "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
 		return -ENOMEM;
 	}
@@ -695,6 +711,7 @@ static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8
 	r.data_len = data_len;
 	r.sgl_len = sqe->dptr.length;
 	r.out = c->abuf;
+	r.out_cap = c->abuf_len;
 	if (sqe->opcode == NVME_FABRICS_OPCODE)
 		sf = tgt_exec_fabrics(c, &r);
 	else

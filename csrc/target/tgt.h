@@ -26,6 +26,10 @@
 #define FX_TGT_MAXH2CDATA 131072u /* bytes per H2CData PDU (ICResp) */
 #define FX_TGT_CHUNK 262144u     /* C2HData PDU size when we must touch the data */
 #define FX_TGT_ADMIN_BUF 65536u  /* largest admin data transfer (log pages) */
+/* A queue's admin data buffer until its host has authenticated: what an
+ * AUTH_Receive needs (a Challenge is at most 16 + 64 + 1024 bytes; hosts
+ * ask for 4 KiB).  A longer AL gets this much, the message zero padded. */
+#define FX_TGT_AUTH_BUF 4096u
 #define FX_TGT_R2T_BUFS 4u       /* admin/Fabrics data collections at once, per queue */
 #define FX_TGT_AERL 3u           /* 0's based: up to 4 outstanding AERs */
 #define FX_TGT_DEFAULT_IO_QUEUES 64u
@@ -204,11 +208,14 @@ struct tgt_conn {
 	 * only once it is authenticated. */
 	struct tgt_auth *auth;
 	/* Buffers are allocated when first needed (icd, the R2T table) or once
-	 * the queue is Connected (chunk, abuf), so that a connection that never
+	 * the queue is Connected (chunk, abuf), and authenticated where its host
+	 * must (until then abuf is FX_TGT_AUTH_BUF bytes, and no chunk and no
+	 * R2T table for the queue's depth), so that a connection that never
 	 * gets that far costs a thread and a socket, not half a megabyte. */
 	uint8_t *icd;       /* in-capsule data (FX_TGT_ICD_MAX) */
 	uint8_t *chunk;     /* data staging (FX_TGT_CHUNK >= FX_TGT_MAXH2CDATA) */
-	uint8_t *abuf;      /* admin data out (FX_TGT_ADMIN_BUF) */
+	uint8_t *abuf;      /* admin data out (abuf_len: FX_TGT_ADMIN_BUF once live) */
+	uint32_t abuf_len;
 	struct tgt_r2t *r2t; /* [r2t_n]: one per command the queue may hold */
 	uint16_t *r2t_free;
 	unsigned r2t_n, r2t_nfree;
@@ -261,7 +268,8 @@ struct tgt_req {
 	const uint8_t *data;  /* host-to-controller data, data_len bytes (NULL: none) */
 	uint32_t data_len;
 	uint32_t sgl_len;     /* the host's buffer for controller-to-host data */
-	uint8_t *out;         /* controller-to-host data goes here ... */
+	uint8_t *out;         /* controller-to-host data goes here (out_cap bytes) ... */
+	uint32_t out_cap;
 	uint32_t out_len;     /* ... this many bytes (set by the executor) */
 	uint32_t dw0, dw1;    /* CQE result */
 	int hold;             /* no response now (Async Event Request) */
