@@ -18,7 +18,8 @@
  * unauthenticated host can impose is bounded three ways: FX_TGT_AUTH_MAX_TRIES
  * transactions per queue, FX_TGT_AUTH_MAX_DH DH operations at once in the
  * target, and a growing wait for a host NQN from an address after
- * FX_TGT_AUTH_FREE_FAILS failures in a row (tgt.h).  Errors in what the host sends (lengths, T_ID, a message
+ * FX_TGT_AUTH_FREE_FAILS failed transactions in a row that cost us DH work
+ * (tgt.h).  Errors in what the host sends (lengths, T_ID, a message
  * out of order, a DH value out of range) are not NVMe errors: the AUTH_Send
  * completes and the reason goes back in Failure1, as Linux's nvmet does;
  * only malformed commands (SECP/SPSP, TL/AL against the data) get an error
@@ -405,6 +406,7 @@ static void authenticated(struct tgt_conn *c)
 	char hp[NVMF_NQN_SIZE];
 
 	a->authenticated = 1;
+	a->close_pending = 0; /* (proved itself again after a failure) */
 	a->tries = 0;
 	a->step = STEP_DONE;
 	backoff_succeeded(c);

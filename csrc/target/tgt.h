@@ -59,9 +59,10 @@
 #define FX_TGT_AUTH_MAX_DH 2u
 #define FX_TGT_AUTH_DH_WAIT_MS 2000u
 /* Failed transactions in a row for one host NQN from one peer address
- * (across connections) before it must wait: FX_TGT_AUTH_BACKOFF_MS, doubled
- * with each further failure up to FX_TGT_AUTH_BACKOFF_MAX_MS.  A success
- * clears it.  FX_TGT_AUTH_BACKOFF_SLOTS (host, address) pairs are
+ * (across connections) that made us do DH work (a key pair: the group is
+ * not null) before a new one must wait: FX_TGT_AUTH_BACKOFF_MS, doubled
+ * with each further failure up to FX_TGT_AUTH_BACKOFF_MAX_MS; meanwhile a
+ * Negotiate gets Failure1 at once, at no DH cost.  A success clears it.  FX_TGT_AUTH_BACKOFF_SLOTS (host, address) pairs are
  * remembered, the least recently failed one replaced. */
 #define FX_TGT_AUTH_FREE_FAILS 16u
 #define FX_TGT_AUTH_BACKOFF_MS 500u
