@@ -24,6 +24,10 @@ in a secret stays a '+'; percent-encoding also works).  They are
 used only when the subsystem asks for authentication, never logged, and
 shown as ``***`` wherever a URI is printed (:func:`redact`).  A wrong secret
 fails the open with DevicePermissionError carrying the controller's reason.
+With dhchap_ctrl_secret, a controller that asks for no authentication (on
+the admin queue or any I/O queue) is refused too (DevicePermissionError: it
+never proved itself); discovery controllers are exempt.  The whole
+authentication of a queue stays within connect_timeout_ms.
 A value the transport could not take
 exactly as written (an NQN over 223 bytes, a number out of range, control
 characters) is refused with InvalidArgumentError, never cut or wrapped.

@@ -15,7 +15,8 @@ from urllib.parse import quote
 import dhchap_reference as R
 import numpy as np
 import pytest
-from auth_target import HOSTILE, AuthTarget
+from auth_target import ASCR, ATR, HOSTILE, AuthTarget
+from evil_target import EvilTarget
 
 import fx100io
 from fx100io import errors, fabric_uri
@@ -406,4 +407,81 @@ def test_no_stale_authentication_reason():
         assert "AUTH" not in str(ei.value) and "authentication" not in str(ei.value)
     finally:
         silent.close()
+        t.close()
+
+
+class _NoAuthOnIo(AuthTarget):
+    """Authenticates the admin queue, then lets I/O queues in without."""
+
+    def _connect_dw0(self, qid: int, data: bytes) -> int:
+        dw0 = super()._connect_dw0(qid, data)
+        if qid:
+            self._tls.auth["ok"] = True
+            dw0 &= ~(ATR | ASCR)
+        return dw0
+
+
+def test_controller_secret_refuses_a_controller_that_asks_for_nothing():
+    """dhchap_ctrl_secret means the controller must prove itself: one whose
+    Connect response asks for no authentication (admin queue, or an I/O
+    queue) never does, and must not be accepted."""
+    t = EvilTarget("good")
+    try:
+        with pytest.raises(errors.DevicePermissionError) as ei:
+            fx100io.open_device(uri(t, secret(), secret()))  # type: ignore[arg-type]
+        assert "did not authenticate itself" in str(ei.value)
+    finally:
+        t.close()
+    key, ckey = secret(), secret()
+    t2 = _NoAuthOnIo(key, ckey, hash_id=1, dhgid=0)
+    try:
+        with pytest.raises(errors.DevicePermissionError) as ei:
+            with fx100io.open_device(uri(t2, key, ckey)) as dev:
+                roundtrip(dev)
+        assert ei.value.errno == 13
+        assert t2.authenticated(0) >= 1 and t2.authenticated() == t2.authenticated(0)
+    finally:
+        t2.close()
+    # without a controller secret, a controller asking for nothing is fine
+    t3 = EvilTarget("good")
+    try:
+        with fx100io.open_device(uri(t3, secret())) as dev:  # type: ignore[arg-type]
+            roundtrip(dev)
+    finally:
+        t3.close()
+
+
+class _SlowAuth(AuthTarget):
+    """Answers each AUTH_Send/AUTH_Receive after `delay` seconds."""
+
+    delay = 0.45
+
+    def _auth_command(self, c, cid, fctype, sqe, incap):  # type: ignore[no-untyped-def]
+        time.sleep(self.delay)
+        return super()._auth_command(c, cid, fctype, sqe, incap)
+
+
+def test_authentication_is_bounded_by_connect_timeout():
+    """Each AUTH command within connect_timeout_ms is not enough: the whole
+    transaction (4 commands here, 1.8 s) must end within it."""
+    key = secret()
+    t = _SlowAuth(key, hash_id=1, dhgid=0)
+    try:
+        u = f"{t.uri}?io_timeout_ms=5000&connect_timeout_ms=1000&kato_ms=0&dhchap_secret=" + \
+            quote(key, safe=":")
+        t0 = time.monotonic()
+        with pytest.raises(errors.Fx100ioError) as ei:
+            fx100io.open_device(u)
+        took = time.monotonic() - t0
+        assert took < 1.6, took
+        assert isinstance(ei.value, errors.FxTimeoutError), ei.value
+        assert "did not complete within the connect's time" in str(ei.value)
+    finally:
+        t.close()
+    t = _SlowAuth(key, hash_id=1, dhgid=0)
+    t.delay = 0.05
+    try:
+        with fx100io.open_device(uri(t, key)) as dev:
+            roundtrip(dev)
+    finally:
         t.close()

@@ -142,3 +142,30 @@ def test_kernel_initiator_with_a_wrong_secret_is_refused(auth_lab, tmp_path):
         assert secret not in log and wrong not in log
         _, dmesg = _guest(lab, "dmesg | tail -n 30")
         assert re.search(r"auth|authentication", dmesg, re.I), dmesg
+
+
+def test_kernel_initiator_reauthenticates_with_io_in_flight(auth_lab, tmp_path):
+    """Writing the controller's dhchap_secret attribute makes Linux
+    re-authenticate every queue of a live controller while its I/O goes on:
+    that I/O must not fail (the queue stays authenticated meanwhile)."""
+    lab = auth_lab
+    guest_nqn = _host_nqn()
+    secret = _gen_secret(lab, guest_nqn, 1)
+    with _serve(lab, tmp_path, "--dhchap-key", f"{guest_nqn}={secret}",
+                "--dhchap-dhgroup", "null,ffdhe2048") as target:
+        with guest_connection(lab, target, guest_nqn, digests=False,
+                              extra=f"--dhchap-secret={shlex.quote(secret)}") as device:
+            nqn = shlex.quote(target.nqn)
+            ctrl = _guest_ok(lab, "for c in /sys/class/nvme/nvme*; do "
+                                  f"[ \"$(cat $c/subsysnqn)\" = {nqn} ] && echo $c; done").split()
+            assert len(ctrl) == 1 and re.fullmatch(r"/sys/class/nvme/nvme\d+", ctrl[0]), ctrl
+            out = _guest_ok(lab, "(for i in $(seq 1 30); do "
+                                 f"dd if={device} of=/dev/null bs=4096 count=64 iflag=direct "
+                                 "2>/dev/null || exit 1; done) & p=$!; sleep 0.3; "
+                                 f"echo -n {shlex.quote(secret)} > {ctrl[0]}/dhchap_secret; "
+                                 "wait $p; echo io-rc=$?; sleep 2", timeout=300)
+            assert "io-rc=0" in out, out
+            _guest_ok(lab, f"dd if={device} of=/dev/null bs=4096 count=16 iflag=direct")
+        log = target.log_text()
+        assert log.count(f"host {guest_nqn} authenticated") >= 2, log[-3000:]
+        assert "failed DH-HMAC-CHAP" not in log, log[-3000:]

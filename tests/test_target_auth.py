@@ -469,7 +469,7 @@ def test_reauthentication_on_a_live_queue(start_target):
     assert authenticate(h, SECRET_A, groups=(1,), tid=11)["group"] == 1
     assert h.identify(1)[0].ok
     assert authenticate(h, WRONG_A, groups=(0,), tid=12)["failure"] == (1, RC_FAILED)
-    assert refused(h.identify(1)[0])
+    assert _closed(h)  # (test_a_failed_reauthentication_closes_the_queue)
     h.close()
 
 
@@ -639,3 +639,245 @@ def test_at_the_limit_unauthenticated_queues_give_way(start_target):
             gone += 1
         h.close()
     assert gone >= 3, gone
+
+
+# --------------------------------------------- what an attacker may cost us
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cheap_replies(h: Host, n: int, tid0: int = 0) -> list:
+    """n transactions on ffdhe8192 whose Reply carries the DH value 2 (free
+    to send, knowing no secret); the reasons of the Failure1s."""
+    out = []
+    for tid in range(tid0, tid0 + n):
+        assert send(h, negotiate(tid, groups=(5,))).ok
+        cqe, m = receive(h)
+        assert cqe.ok
+        if failure(m):
+            out.append(failure(m))
+            continue
+        ch = parse_challenge(m)
+        assert send(h, reply(tid, bytes(ch["hl"]), dhv=bytes(1023) + b"\x02")).ok
+        cqe, m = receive(h)
+        assert cqe.ok
+        out.append(failure(m))
+    return out
+
+
+def test_a_failed_attempt_costs_little_cpu(start_target):
+    """The host's DH value is range checked only (RFC 7919 5.1), not raised
+    to q: four failed ffdhe8192 attempts with y = 2 used to cost the target
+    about 0.4 s of CPU; now a key pair and a key agreement each."""
+    t = keyed(start_target, "--dhchap-dhgroup", "ffdhe8192")
+    h, _ = connect(t.port)
+    h.identify(1)  # (the connection's thread and buffers are up)
+    c0 = _cpu_s(t.proc.pid)
+    assert _cheap_replies(h, 4) == [(1, RC_FAILED)] * 4
+    spent = _cpu_s(t.proc.pid) - c0
+    h.close()
+    assert spent < 0.2, f"{spent:.2f} s of target CPU for 4 failed attempts"
+
+
+def test_failures_from_one_address_are_throttled_across_connections(start_target):
+    """Reconnecting does not buy a host NQN more attempts: after 16 failed
+    transactions that made the target do DH work, in a row from one address,
+    a new one must wait (growing), and costs no DH operation; a success
+    clears it."""
+    t = keyed(start_target, "--dhchap-dhgroup", "ffdhe8192")
+    for _ in range(4):
+        h, _ = connect(t.port)
+        assert _cheap_replies(h, 4) == [(1, RC_FAILED)] * 4
+        h.close()
+    c0 = _cpu_s(t.proc.pid)
+    for i in range(3):
+        h, _ = connect(t.port)
+        # even the right secret must wait
+        assert authenticate(h, SECRET_A, tid=20 + i)["failure"] == (1, RC_FAILED)
+        h.close()
+    spent = _cpu_s(t.proc.pid) - c0
+    assert spent < 0.1, f"{spent:.2f} s of target CPU while throttled"
+    assert "too many failed attempts from this address" in log_of(t)
+    time.sleep(0.6)  # the first wait is 0.5 s
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(5,), tid=30)
+    h.close()
+    h, _ = connect(t.port)  # cleared: a failure and a success again at once
+    assert authenticate(h, WRONG_A, groups=(5,), tid=31)["failure"] == (1, RC_FAILED)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(5,), tid=32)
+    h.close()
+
+
+def test_cheap_failures_are_not_throttled(start_target):
+    """What costs the target no DH operation (a malformed message, a wrong
+    response with the null group) is not held against the address."""
+    t = keyed(start_target)
+    for _ in range(5):  # 20 failures: past the 16 that cost DH work
+        h, _ = connect(t.port)
+        for j in range(4):
+            assert authenticate(h, WRONG_A, groups=(0,), tid=j)["failure"] == (1, RC_FAILED)
+        h.close()
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.close()
+
+
+def test_io_during_reauthentication_is_served(start_target):
+    """A host re-authenticating a live queue keeps its I/O going (Linux's
+    host does so with I/O in flight), and Keep Alive too."""
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert send(h, negotiate(9, groups=(1,))).ok
+    assert h.identify(1)[0].ok
+    assert h.cmd(sqe(0x18))[0].ok  # Keep Alive
+    cqe, m = receive(h)
+    ch = parse_challenge(m)
+    assert h.identify(1)[0].ok
+    _, key = ref.parse_secret(SECRET_A)
+    x = secrets.randbits(256) | 1
+    sess = ref.dh_shared(ch["group"], x, ch["dhv"])
+    r1 = ref.response("host", ch["hash"], key, ref.parse_secret(SECRET_A)[0], ch["c1"], sess,
+                      ch["s1"], 9, 0, HOST_A, NQN)
+    assert send(h, reply(9, r1, dhv=ref.dh_pub(ch["group"], x))).ok
+    assert h.identify(1)[0].ok
+    cqe, m = receive(h)
+    assert cqe.ok and m[1] == 3  # Success1
+    assert h.identify(1)[0].ok
+    h.close()
+
+
+def test_a_stray_auth_receive_leaves_an_authenticated_queue_alone(start_target):
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    cqe, _ = receive(h)
+    assert not cqe.ok and cqe.sc == 0x0C  # Command Sequence Error, nothing else
+    assert h.identify(1)[0].ok
+    h.close()
+
+
+def _closed(h: Host) -> bool:
+    try:
+        h.identify(1)
+    except (Closed, ConnectionResetError, BrokenPipeError):
+        return True
+    return False
+
+
+def test_a_failed_reauthentication_closes_the_queue(start_target):
+    """Not a live queue answering everything with Authentication Required
+    (DNR: the host would fail its I/O): the host gets Failure1, then the
+    connection goes (the host reconnects and authenticates anew)."""
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert authenticate(h, WRONG_A, groups=(0,), tid=12)["failure"] == (1, RC_FAILED)
+    assert _closed(h)
+    h.close()
+    # an out of order message in a re-authentication: Failure1 pending, and
+    # the next other command closes the queue rather than be refused
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert send(h, success2(3)).ok
+    assert _closed(h)
+    h.close()
+    # the host gives up with Failure2 in a re-authentication
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert send(h, negotiate(4, groups=(0,))).ok
+    assert send(h, struct.pack("<BBHHBB", 0, 0xF0, 0, 4, 1, RC_FAILED)).ok
+    assert _closed(h)
+    h.close()
+    assert t.proc.poll() is None
+
+
+def test_qid_squat_before_auth(start_target):
+    """A host NQN and controller ID are not enough to hold an I/O qid: the
+    real host connects it, and the squatter's commands do not keep the
+    controller alive."""
+    t = keyed(start_target)
+    h, _ = connect(t.port)
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    assert h.set_queues(4) >= 1
+    evil, cqe = connect(t.port, qid=1, cntlid=h.cntlid)
+    assert cqe.ok
+    good, cqe2 = connect(t.port, qid=1, cntlid=h.cntlid)
+    assert cqe2.ok, cqe2
+    assert "failure" not in authenticate(good, SECRET_A, groups=(0,))
+    assert good.read(0, 1, 512)[0].ok
+    # the squatter authenticates too late: the qid is taken
+    assert authenticate(evil, SECRET_A, groups=(0,), tid=8)["failure"] == (1, RC_FAILED)
+    evil.close()
+    good.close()
+    h.close()
+
+
+def test_unauthenticated_commands_do_not_keep_a_controller_alive(start_target):
+    t = keyed(start_target)
+    h = Host(t.port)
+    h.icreq()
+    assert h.connect(0, kato=1000).ok
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,))
+    h.enable()
+    cntlid = h.cntlid
+    evil, cqe = connect(t.port, qid=1, cntlid=cntlid)
+    assert cqe.ok
+    # the host is gone (silent); the squatter sends commands on its queue
+    end = time.monotonic() + 3.5
+    while time.monotonic() < end:
+        try:
+            assert refused(evil.identify(1)[0])
+        except (Closed, ConnectionResetError, BrokenPipeError):
+            break
+        time.sleep(0.2)
+    assert _closed(evil)  # the controller expired, and its queues with it
+    assert _closed(h)
+    h.close()
+    evil.close()
+
+
+def _vm_data_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmData")
+
+
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="ASan's allocator and stacks change the sizes")
+def test_unauthenticated_queues_get_no_io_buffers(start_target):
+    """A Connected queue that has not authenticated costs its thread and a
+    4 KiB buffer, not the 256 KiB data chunk, the 64 KiB admin buffer and
+    the R2T table of a live queue (those come once it authenticates)."""
+    t = keyed(start_target)
+    hosts = []
+    h, _ = connect(t.port)  # (the first thread's allocator arena, off the books)
+    hosts.append(h)
+    n = 24
+    before = _vm_data_kib(t.proc.pid)
+    for _ in range(n):
+        h, cqe = connect(t.port)
+        assert cqe.ok
+        assert send(h, negotiate(1, groups=(0,))).ok
+        hosts.append(h)
+    per_conn = (_vm_data_kib(t.proc.pid) - before) / n
+    # a thread's stack is 512 KiB (FX_TGT_THREAD_STACK); the data chunk
+    # and admin buffer would add 320 KiB more
+    assert per_conn < 512 + 160, f"{per_conn:.0f} KiB per unauthenticated connection"
+    h = hosts[-1]
+    assert "failure" not in authenticate(h, SECRET_A, groups=(0,), tid=2)
+    h.enable()
+    assert h.identify(1)[0].ok and h.get_log(2, 512)[0].ok
+    for h in hosts:
+        h.close()

@@ -514,8 +514,8 @@ int fx_auth_dh_pub(const struct fx_auth_dh *dh, uint8_t *out, size_t out_len)
 	return rc;
 }
 
-int fx_auth_dh_derive(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_len, uint8_t *out,
-		      size_t out_len)
+static int dh_derive(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_len, uint8_t *out,
+		     size_t out_len, int subgroup_check)
 {
 	BIGNUM *y = NULL, *p = NULL;
 	EVP_PKEY *peerkey = NULL;
@@ -548,8 +548,9 @@ int fx_auth_dh_derive(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_le
 		goto out;
 	if (EVP_PKEY_derive_init(ctx) <= 0 || EVP_PKEY_CTX_set_dh_pad(ctx, 1) <= 0)
 		goto out;
-	/* validation also checks y's order (y^q == 1 mod p) */
-	if (EVP_PKEY_derive_set_peer_ex(ctx, peerkey, 1) <= 0) {
+	/* validation also checks y's order (y^q == 1 mod p): a full-size
+	 * modular exponentiation (see fx_auth_dh_derive_range_checked) */
+	if (EVP_PKEY_derive_set_peer_ex(ctx, peerkey, subgroup_check) <= 0) {
 		rc = -EPROTO;
 		goto out;
 	}
@@ -565,6 +566,18 @@ out:
 	BN_free(y);
 	BN_free(p);
 	return rc;
+}
+
+int fx_auth_dh_derive(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_len, uint8_t *out,
+		      size_t out_len)
+{
+	return dh_derive(dh, peer, peer_len, out, out_len, 1);
+}
+
+int fx_auth_dh_derive_range_checked(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_len,
+				    uint8_t *out, size_t out_len)
+{
+	return dh_derive(dh, peer, peer_len, out, out_len, 0);
 }
 
 void fx_auth_dh_free(struct fx_auth_dh *dh)

@@ -146,6 +146,16 @@ int fx_auth_dh_pub(const struct fx_auth_dh *dh, uint8_t *out, size_t out_len);
  */
 int fx_auth_dh_derive(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_len, uint8_t *out,
 		      size_t out_len);
+/*
+ * The same with the range check only (1 < y < p-1, what RFC 7919 5.1 asks
+ * of a peer's value in these safe-prime groups), not the subgroup check: that
+ * one is a modular exponentiation by the full-size q (ffdhe8192: about 0.1 s
+ * of CPU), which a target must not spend on a value that a host holding no
+ * secret sends for free.  A value outside the subgroup can at most tell the
+ * peer one bit of our single-use private key.
+ */
+int fx_auth_dh_derive_range_checked(struct fx_auth_dh *dh, const uint8_t *peer, size_t peer_len,
+				    uint8_t *out, size_t out_len);
 /* The group of a key pair. */
 uint8_t fx_auth_dh_group(const struct fx_auth_dh *dh);
 void fx_auth_dh_free(struct fx_auth_dh *dh);

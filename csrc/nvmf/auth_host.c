@@ -70,8 +70,30 @@ struct txn {
 	const struct fx_nvmf_params *p;
 	uint16_t qid;
 	uint16_t t_id;
+	int64_t deadline; /* the connect's (fx_nvmf_now_ms clock), 0: none */
 	uint8_t *buf; /* FX_AUTH_RECV_LEN bytes: every message in and out */
 };
+
+/* The wait allowed for the next command: what is left of the connect's
+ * deadline (0: the queue's own timeout, when there is none); -1: past. */
+static int time_left(const struct txn *t)
+{
+	int64_t left;
+
+	if (!t->deadline)
+		return 0;
+	left = t->deadline - fx_nvmf_now_ms();
+	if (left <= 0)
+		return -1;
+	return left > 0x7FFFFFFF ? 0x7FFFFFFF : (int)left;
+}
+
+static int timed_out(struct txn *t, const char *cmd, const char *what)
+{
+	return fail(t->qid, -ETIMEDOUT,
+		    "%s (%s) did not complete within the connect's time (connect_timeout_ms)", cmd,
+		    what);
+}
 
 static int auth_send(struct txn *t, uint32_t len, const char *what)
 {
@@ -79,8 +101,14 @@ static int auth_send(struct txn *t, uint32_t len, const char *what)
 	struct nvme_cqe cqe;
 	int r;
 
+	int left = time_left(t);
+
+	if (left < 0)
+		return timed_out(t, "AUTH_Send", what);
 	fx_auth_cmd_init(&sqe, 1, len);
-	r = t->tr->exec(t->q, &sqe, t->buf, len, 1, &cqe, 0);
+	r = t->tr->exec(t->q, &sqe, t->buf, len, 1, &cqe, left);
+	if (r == -ETIMEDOUT && t->deadline)
+		return timed_out(t, "AUTH_Send", what);
 	if (r == -EIO)
 		return fail(t->qid, -EIO, "AUTH_Send (%s) failed with NVMe status 0x%x", what,
 			    fx_nvmf_status_field(&cqe));
@@ -95,9 +123,15 @@ static int auth_recv(struct txn *t, const char *what)
 	struct nvme_cqe cqe;
 	int r;
 
+	int left = time_left(t);
+
+	if (left < 0)
+		return timed_out(t, "AUTH_Receive", what);
 	memset(t->buf, 0, FX_AUTH_RECV_LEN);
 	fx_auth_cmd_init(&sqe, 0, FX_AUTH_RECV_LEN);
-	r = t->tr->exec(t->q, &sqe, t->buf, FX_AUTH_RECV_LEN, 0, &cqe, 0);
+	r = t->tr->exec(t->q, &sqe, t->buf, FX_AUTH_RECV_LEN, 0, &cqe, left);
+	if (r == -ETIMEDOUT && t->deadline)
+		return timed_out(t, "AUTH_Receive", what);
 	if (r == -EIO)
 		return fail(t->qid, -EIO, "AUTH_Receive (%s) failed with NVMe status 0x%x", what,
 			    fx_nvmf_status_field(&cqe));
@@ -114,11 +148,12 @@ static void send_failure2(struct txn *t, uint8_t reason)
 	int n = fx_auth_failure_build(t->buf, FX_AUTH_RECV_LEN, &f);
 	struct nvme_sqe sqe;
 	struct nvme_cqe cqe;
+	int left = time_left(t);
 
-	if (n < 0)
+	if (n < 0 || left < 0)
 		return;
 	fx_auth_cmd_init(&sqe, 1, (uint32_t)n);
-	(void)t->tr->exec(t->q, &sqe, t->buf, (uint32_t)n, 1, &cqe, 0);
+	(void)t->tr->exec(t->q, &sqe, t->buf, (uint32_t)n, 1, &cqe, left);
 }
 
 /*
@@ -320,10 +355,19 @@ out:
 }
 
 int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
-		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0)
+		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0,
+		      int64_t deadline)
 {
-	if (!(connect_dw0 & (FX_NVMF_CONNECT_ATR | FX_NVMF_CONNECT_ASCR)))
+	if (!(connect_dw0 & (FX_NVMF_CONNECT_ATR | FX_NVMF_CONNECT_ASCR))) {
+		/* A controller secret says the controller must prove itself:
+		 * one that asks for no authentication never does.  (Discovery
+		 * controllers need not: the device's own connect checks.) */
+		if (p->dhchap_ctrl_key.len && strcmp(p->subnqn, NVMF_DISCOVERY_NQN) != 0)
+			return fail(qid, -EACCES,
+				    "the controller did not authenticate itself (dhchap_ctrl_secret "
+				    "given, but its Connect response asks for no authentication)");
 		return 0;
+	}
 	if (connect_dw0 & FX_NVMF_CONNECT_ASCR)
 		return fail(qid, -EPROTONOSUPPORT,
 			    "the subsystem requires authentication with secure channel "
@@ -334,7 +378,8 @@ int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
 			    "the subsystem requires DH-HMAC-CHAP authentication; give "
 			    "dhchap_secret=... (the host's DHHC-1 secret) in the URI");
 
-	struct txn t = {.tr = tr, .q = q, .p = p, .qid = qid, .t_id = next_tid()};
+	struct txn t = {.tr = tr, .q = q, .p = p, .qid = qid, .t_id = next_tid(),
+			.deadline = deadline};
 	int r;
 
 	t.buf = calloc(1, FX_AUTH_RECV_LEN);

@@ -11,7 +11,15 @@
  *   any error --> FAILURE1 --Receive (Failure1 with the reason)--> DONE
  *
  * A Negotiate restarts the transaction from any step (a host may
- * re-authenticate).  Errors in what the host sends (lengths, T_ID, a message
+ * re-authenticate).  An authenticated queue stays so while it
+ * re-authenticates (its I/O goes on, as with Linux's nvmet); if that fails,
+ * the queue is closed once Failure1 is sent (or at its next other command),
+ * never left answering every command with an error.  The cost an
+ * unauthenticated host can impose is bounded three ways: FX_TGT_AUTH_MAX_TRIES
+ * transactions per queue, FX_TGT_AUTH_MAX_DH DH operations at once in the
+ * target, and a growing wait for a host NQN from an address after
+ * FX_TGT_AUTH_FREE_FAILS failed transactions in a row that cost us DH work
+ * (tgt.h).  Errors in what the host sends (lengths, T_ID, a message
  * out of order, a DH value out of range) are not NVMe errors: the AUTH_Send
  * completes and the reason goes back in Failure1, as Linux's nvmet does;
  * only malformed commands (SECP/SPSP, TL/AL against the data) get an error
@@ -24,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nvmf/auth_msg.h"
 #include "tgt.h"
@@ -43,6 +52,9 @@ struct tgt_auth {
 	enum tgt_auth_step step;
 	int authenticated;
 	int logged;        /* this transaction's failure has been logged */
+	int counted;       /* ... and counted against the host's address */
+	int costly;        /* this transaction made us do DH operations */
+	int close_pending; /* a re-authentication failed: close the queue */
 	unsigned tries;    /* transactions started since the last success */
 	uint16_t t_id;
 	uint8_t hash, dhgid, hl;
@@ -211,6 +223,134 @@ int tgt_auth_done(const struct tgt_conn *c)
 	return !c->auth || c->auth->authenticated;
 }
 
+int tgt_auth_must_close(const struct tgt_conn *c)
+{
+	return c->auth && c->auth->close_pending;
+}
+
+/* ------------------------------------------------------------ costs */
+
+/* Wait for one of the target's FX_TGT_AUTH_MAX_DH DH slots: 0, or -EBUSY
+ * after FX_TGT_AUTH_DH_WAIT_MS. */
+static int dh_enter(struct fx_target *t)
+{
+	struct timespec ts;
+	int ret = 0;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += FX_TGT_AUTH_DH_WAIT_MS / 1000;
+	ts.tv_nsec += (long)(FX_TGT_AUTH_DH_WAIT_MS % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&t->lock);
+	while (t->dh_running >= FX_TGT_AUTH_MAX_DH && ret == 0)
+		ret = pthread_cond_timedwait(&t->dh_cond, &t->lock, &ts);
+	if (t->dh_running < FX_TGT_AUTH_MAX_DH) {
+		t->dh_running++;
+		ret = 0;
+	} else {
+		ret = -EBUSY;
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (!ret)
+		atomic_fetch_add(&t->dh_ops, 1);
+	return ret;
+}
+
+static void dh_leave(struct fx_target *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->dh_running--;
+	pthread_cond_signal(&t->dh_cond);
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* The peer's address without its port (c->peer is "addr:port"). */
+static void peer_addr(const struct tgt_conn *c, char *out, size_t n)
+{
+	const char *colon = strrchr(c->peer, ':');
+	size_t len = colon ? (size_t)(colon - c->peer) : strlen(c->peer);
+
+	if (len >= n)
+		len = n - 1;
+	memcpy(out, c->peer, len);
+	out[len] = 0;
+}
+
+/* The (host, address) slot of this queue, under t->lock; with create, a
+ * free or the least recently failed slot is taken. */
+static struct tgt_auth_backoff *backoff_slot(struct tgt_conn *c, int create)
+{
+	struct fx_target *t = c->t;
+	struct tgt_auth_backoff *old = NULL;
+	char addr[sizeof(t->auth_backoff[0].addr)];
+
+	peer_addr(c, addr, sizeof(addr));
+	for (unsigned i = 0; i < FX_TGT_AUTH_BACKOFF_SLOTS; i++) {
+		struct tgt_auth_backoff *b = &t->auth_backoff[i];
+
+		if (b->host == c->auth->host && strcmp(b->addr, addr) == 0)
+			return b;
+		if (!old || !b->host || (old->host && b->last_ms < old->last_ms))
+			old = b;
+	}
+	if (!create)
+		return NULL;
+	memset(old, 0, sizeof(*old));
+	old->host = c->auth->host;
+	snprintf(old->addr, sizeof(old->addr), "%s", addr);
+	return old;
+}
+
+/* A transaction of this queue failed: count it for its host and address. */
+static void backoff_failed(struct tgt_conn *c)
+{
+	struct tgt_auth_backoff *b;
+	uint64_t now = tgt_now_ms();
+
+	pthread_mutex_lock(&c->t->lock);
+	b = backoff_slot(c, 1);
+	b->fails++;
+	b->last_ms = now;
+	if (b->fails >= FX_TGT_AUTH_FREE_FAILS) {
+		unsigned sh = b->fails - FX_TGT_AUTH_FREE_FAILS;
+		uint64_t wait = sh > 8 ? FX_TGT_AUTH_BACKOFF_MAX_MS
+		                       : (uint64_t)FX_TGT_AUTH_BACKOFF_MS << sh;
+
+		if (wait > FX_TGT_AUTH_BACKOFF_MAX_MS)
+			wait = FX_TGT_AUTH_BACKOFF_MAX_MS;
+		b->until_ms = now + wait;
+	}
+	pthread_mutex_unlock(&c->t->lock);
+}
+
+static void backoff_succeeded(struct tgt_conn *c)
+{
+	struct tgt_auth_backoff *b;
+
+	pthread_mutex_lock(&c->t->lock);
+	b = backoff_slot(c, 0);
+	if (b)
+		memset(b, 0, sizeof(*b));
+	pthread_mutex_unlock(&c->t->lock);
+}
+
+/* ms this host must still wait here before a new transaction (0: none) */
+static uint64_t backoff_wait(struct tgt_conn *c)
+{
+	struct tgt_auth_backoff *b;
+	uint64_t now = tgt_now_ms(), wait = 0;
+
+	pthread_mutex_lock(&c->t->lock);
+	b = backoff_slot(c, 0);
+	if (b && b->until_ms > now)
+		wait = b->until_ms - now;
+	pthread_mutex_unlock(&c->t->lock);
+	return wait;
+}
+
 int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
 {
 	uint8_t fctype;
@@ -234,10 +374,19 @@ static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 	struct tgt_auth *a = c->auth;
 	char hp[NVMF_NQN_SIZE];
 
+	if (a->authenticated)
+		a->close_pending = 1; /* a re-authentication: the queue goes */
 	a->authenticated = 0;
 	a->reason = rc;
 	a->step = STEP_FAILURE1;
 	transaction_wipe(a);
+	/* Only what cost us DH operations is held against the host's address:
+	 * a malformed message or a wrong response with the null group costs
+	 * no more than any command. */
+	if (!a->counted && a->costly) {
+		a->counted = 1;
+		backoff_failed(c);
+	}
 	if (a->logged)
 		return 0;
 	a->logged = 1;
@@ -257,8 +406,10 @@ static void authenticated(struct tgt_conn *c)
 	char hp[NVMF_NQN_SIZE];
 
 	a->authenticated = 1;
+	a->close_pending = 0; /* (proved itself again after a failure) */
 	a->tries = 0;
 	a->step = STEP_DONE;
+	backoff_succeeded(c);
 	if (c->qid == 0 || c->t->verbose)
 		tgt_log(c->t, "%s qid %u: host %s authenticated (DH-HMAC-CHAP, %s, DH group %s%s)",
 		        c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
@@ -286,10 +437,13 @@ static int on_negotiate(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	const char *why = NULL;
 	uint8_t rc = 0;
 	int hash, group;
+	uint64_t wait;
 
 	transaction_wipe(a);
 	a->logged = 0;
-	a->authenticated = 0; /* (re-authentication: the queue waits for its outcome) */
+	a->counted = 0;
+	a->costly = 0;
+	/* (a re-authentication: the queue stays authenticated meanwhile) */
 	if (fx_auth_negotiate_parse(m, len, &neg, &rc, &why) < 0) {
 		a->t_id = len >= 6 ? (uint16_t)(m[4] | m[5] << 8) : 0;
 		return fail(c, rc, why);
@@ -298,9 +452,19 @@ static int on_negotiate(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	if (a->tries >= FX_TGT_AUTH_MAX_TRIES) {
 		a->logged = a->tries > FX_TGT_AUTH_MAX_TRIES; /* (said once) */
 		a->tries = FX_TGT_AUTH_MAX_TRIES + 1;
+		a->counted = 1; /* (cost nothing: not held against the address) */
 		return fail(c, FX_AUTH_FAIL_FAILED, "too many attempts on this queue");
 	}
 	a->tries++;
+	if ((wait = backoff_wait(c)) != 0) {
+		char msg[96];
+
+		snprintf(msg, sizeof(msg),
+		         "too many failed attempts from this address; next one in %llu ms",
+		         (unsigned long long)wait);
+		a->counted = 1; /* (waiting does not make the wait longer) */
+		return fail(c, FX_AUTH_FAIL_FAILED, msg);
+	}
 	if (neg.sc_c != FX_AUTH_SC_C_NONE)
 		return fail(c, FX_AUTH_FAIL_CONCAT_MISMATCH, "we offer no secure channel");
 	hash = pick(neg.hash_ids, neg.nhash, c->t->dhchap_hashes, FX_AUTH_HASH_SHA512);
@@ -337,7 +501,12 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	                                     : (rep.dhvlen == 0 || rep.dhvlen > dh_len))
 		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "DHVLEN does not fit the DH group");
 	if (rep.dhvlen) {
-		int ret = fx_auth_dh_derive(a->dh, rep.dhv, rep.dhvlen, a->sess, dh_len);
+		int ret;
+
+		if (dh_enter(c->t) < 0)
+			return fail(c, FX_AUTH_FAIL_FAILED, "too many authentications at once");
+		ret = fx_auth_dh_derive_range_checked(a->dh, rep.dhv, rep.dhvlen, a->sess, dh_len);
+		dh_leave(c->t);
 
 		if (ret == -EPROTO)
 			return fail(c, FX_AUTH_FAIL_DHGROUP_UNUSABLE, "the host's DH value is out of range");
@@ -352,6 +521,9 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	fx_auth_wipe(r1, sizeof(r1));
 	if (!ok)
 		return fail(c, FX_AUTH_FAIL_FAILED, NULL);
+	/* The host has proved itself: its I/O queue takes its qid now. */
+	if (tgt_ctrl_claim_qid(c) < 0)
+		return fail(c, FX_AUTH_FAIL_FAILED, "another queue of the controller has this qid");
 	a->s2 = rep.seqnum;
 	/* CVALID with a sequence number 0 carries C2 for a secure channel,
 	 * not for bidirectional authentication (which is what 0 says). */
@@ -409,7 +581,10 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 		int ok = fx_auth_failure_parse(m, tl, &f2, NULL, NULL) == 0;
 
 		/* The host gives up (say, our R2 did not match its controller
-		 * secret): the transaction is over and the queue refuses I/O. */
+		 * secret): the transaction is over and the queue refuses I/O;
+		 * a queue that was authenticated (re-authentication) goes. */
+		if (a->authenticated || a->close_pending)
+			r->close_after = 1;
 		a->authenticated = 0;
 		a->step = STEP_DONE;
 		transaction_wipe(a);
@@ -456,6 +631,9 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 	return 0;
 }
 
+/* build_challenge() failed the transaction: Failure1 goes instead */
+#define BUILD_FAILED 0xFFFFu
+
 static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 {
 	struct tgt_auth *a = c->auth;
@@ -482,7 +660,16 @@ static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 		if (a->dh)
 			fx_auth_dh_free(a->dh);
 		a->dh = NULL;
-		if (fx_auth_dh_new(a->dhgid, &a->dh) < 0 || fx_auth_dh_pub(a->dh, dhv, dh_len) < 0)
+		int ret;
+
+		if (dh_enter(c->t) < 0) {
+			fail(c, FX_AUTH_FAIL_FAILED, "too many authentications at once");
+			return BUILD_FAILED;
+		}
+		a->costly = 1;
+		ret = fx_auth_dh_new(a->dhgid, &a->dh) < 0 || fx_auth_dh_pub(a->dh, dhv, dh_len) < 0;
+		dh_leave(c->t);
+		if (ret)
 			return TGT_SF(0, NVME_SC_INTERNAL);
 	}
 	if (fx_auth_challenge_build(out, al, &ch) < 0)
@@ -529,21 +716,34 @@ uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 		return sf;
 	if (al > r->sgl_len || al > FX_TGT_ADMIN_BUF)
 		return TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
-	if (!a)
+	if (!a || !r->out)
 		return TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR);
+	/* Before authentication the queue's buffer is FX_TGT_AUTH_BUF bytes,
+	 * more than any message: a longer AL gets that much. */
+	if (al > r->out_cap)
+		al = r->out_cap;
 	if (c->t->verbose)
 		tgt_log(c->t, "%s qid %u: AUTH_Receive %u bytes in step %s", c->peer, c->qid, al,
 		        step_str(a->step));
 	/* The message, zero padded to AL (the host's buffer), as nvmet does */
 	memset(r->out, 0, al);
+	/* An authenticated queue with no transaction going: nothing to
+	 * receive, and nothing to fail either (the queue stays as it is). */
+	if (a->step == STEP_DONE && a->authenticated)
+		return TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR);
 	switch (a->step) {
 	case STEP_CHALLENGE:
 		sf = build_challenge(c, r->out, al);
+		if (sf == BUILD_FAILED) {
+			memset(r->out, 0, al);
+			goto failure1;
+		}
 		break;
 	case STEP_SUCCESS1:
 		sf = build_success1(c, r->out, al);
 		break;
-	default: {
+	default:
+	failure1: {
 		struct fx_auth_failure f1 = {.id = FX_AUTH_ID_FAILURE1, .t_id = a->t_id,
 		                             .rescode = FX_AUTH_RESCODE_FAILED};
 
@@ -554,6 +754,10 @@ uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 		if (fx_auth_failure_build(r->out, al, &f1) < 0)
 			return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 		a->step = STEP_DONE;
+		/* A failed re-authentication: the queue goes once the host
+		 * has its Failure1 (it reconnects and authenticates anew). */
+		if (a->close_pending)
+			r->close_after = 1;
 		sf = 0;
 		break;
 	}

@@ -616,17 +616,33 @@ static int r2t_alloc(struct tgt_conn *c)
 	return c->r2t_free[--c->r2t_nfree];
 }
 
-/* Connect succeeded: the buffers a live queue needs, and, once it has
- * authenticated (when its host must), no more handshake deadline: a host
- * that connects and never authenticates is closed like one that never
- * sends Connect. */
+/* Connect succeeded: until the queue has authenticated (when its host
+ * must), only the small buffer AUTH_Receive needs.  Then the buffers a live
+ * queue needs, and no more handshake deadline: a host that connects and
+ * never authenticates is closed like one that never sends Connect.  (Called
+ * after each command until then; abuf keeps what the last one wrote.) */
 static int go_live(struct tgt_conn *c)
 {
+	uint8_t *b;
+
+	if (!tgt_auth_done(c)) {
+		if (!c->abuf) {
+			c->abuf = malloc(FX_TGT_AUTH_BUF);
+			c->abuf_len = c->abuf ? FX_TGT_AUTH_BUF : 0;
+		}
+		if (!c->abuf) {
+			tgt_log(c->t, "%s qid %u: out of memory", c->peer, c->qid);
+			return -ENOMEM;
+		}
+		return 0;
+	}
 	if (!c->chunk)
 		c->chunk = malloc(FX_TGT_CHUNK);
-	if (!c->abuf)
-		c->abuf = malloc(FX_TGT_ADMIN_BUF);
-	if (!c->chunk || !c->abuf || r2t_table(c, c->sqsize + 1u) < 0) {
+	if (c->abuf_len < FX_TGT_ADMIN_BUF && (b = realloc(c->abuf, FX_TGT_ADMIN_BUF)) != NULL) {
+		c->abuf = b;
+		c->abuf_len = FX_TGT_ADMIN_BUF;
+	}
+	if (!c->chunk || c->abuf_len < FX_TGT_ADMIN_BUF || r2t_table(c, c->sqsize + 1u) < 0) {
 		tgt_log(c->t, "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
 		return -ENOMEM;
 	}
@@ -695,6 +711,7 @@ static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8
 	r.data_len = data_len;
 	r.sgl_len = sqe->dptr.length;
 	r.out = c->abuf;
+	r.out_cap = c->abuf_len;
 	if (sqe->opcode == NVME_FABRICS_OPCODE)
 		sf = tgt_exec_fabrics(c, &r);
 	else
@@ -836,9 +853,16 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR), 0, 0);
 	/* Before the queue has authenticated, only what authenticates it
 	 * runs (nothing is fetched with R2T for the others). */
-	if (!tgt_auth_allows(c, sqe))
+	if (!tgt_auth_allows(c, sqe)) {
+		/* A queue whose re-authentication failed goes, rather than
+		 * answer everything with an error (the host reconnects). */
+		if (tgt_auth_must_close(c)) {
+			c->state = TGT_CONN_CLOSING;
+			return -ECONNABORTED;
+		}
 		return send_resp(c, sqe->cid,
 		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
+	}
 
 	if (fabrics || c->qid == 0) {
 		/* Data that did not come in the capsule is fetched first. */
@@ -936,7 +960,9 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	}
 	memcpy(&sqe, hb + sizeof(*h), sizeof(sqe));
 	c->sqhd = (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u);
-	if (c->ctrl)
+	/* Only an authenticated queue keeps its controller alive: one that
+	 * merely knows the host NQN and controller ID must not. */
+	if (c->ctrl && tgt_auth_done(c))
 		atomic_store(&c->ctrl->last_cmd_ms, tgt_now_ms());
 	return on_command(c, &sqe, c->icd, icd_len, bad);
 }

@@ -226,6 +226,7 @@ static void target_free(struct fx_target *t)
 		close(t->wake[0]);
 	if (t->wake[1] >= 0)
 		close(t->wake[1]);
+	pthread_cond_destroy(&t->dh_cond);
 	pthread_mutex_destroy(&t->lock);
 	free(t);
 }
@@ -249,6 +250,7 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t->lfd = -1;
 	t->wake[0] = t->wake[1] = -1;
 	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->dh_cond, NULL);
 	snprintf(t->subnqn, sizeof(t->subnqn), "%s", cfg->subnqn);
 	t->block_size = cfg->block_size;
 	t->lba_shift = cfg->block_size == 4096 ? 12 : 9;
@@ -472,13 +474,39 @@ uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *
 		sf = TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR);
 		goto out;
 	}
-	c->qid_used[qid] = 1;
+	/* A host with a secret takes the qid once it has authenticated. */
+	if (!tgt_auth_host(t, hostnqn)) {
+		c->qid_used[qid] = 1;
+		conn->qid_claimed = 1;
+	}
 	c->refs++;
 	conn->ctrl = c;
 	conn->qid = qid;
 out:
 	pthread_mutex_unlock(&t->lock);
 	return sf;
+}
+
+int tgt_ctrl_claim_qid(struct tgt_conn *conn)
+{
+	struct fx_target *t = conn->t;
+	struct tgt_ctrl *c;
+	int ret = 0;
+
+	pthread_mutex_lock(&t->lock);
+	c = conn->ctrl;
+	if (conn->qid == 0 || conn->qid_claimed)
+		goto out;
+	if (!c || conn->qid_released || conn->qid > t->max_io_queues || c->qid_used[conn->qid] ||
+	    c->state != TGT_CTRL_READY) {
+		ret = -EBUSY;
+		goto out;
+	}
+	c->qid_used[conn->qid] = 1;
+	conn->qid_claimed = 1;
+out:
+	pthread_mutex_unlock(&t->lock);
+	return ret;
 }
 
 void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
@@ -489,7 +517,7 @@ void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
 		shutdown(c->fd, SHUT_RDWR);
 		/* Free the qid now: after a reset the host reconnects its
 		 * queues at once, maybe before this thread has noticed. */
-		if (c->qid <= t->max_io_queues)
+		if (c->qid <= t->max_io_queues && c->qid_claimed)
 			ctrl->qid_used[c->qid] = 0;
 		c->qid_released = 1;
 	}
@@ -526,7 +554,7 @@ void tgt_conn_detach(struct tgt_conn *conn)
 		if (c->state != TGT_CTRL_DEAD)
 			c->state = TGT_CTRL_DEAD;
 		tgt_ctrl_kill_io_locked(t, c);
-	} else if (!conn->qid_released && conn->qid <= t->max_io_queues) {
+	} else if (!conn->qid_released && conn->qid_claimed && conn->qid <= t->max_io_queues) {
 		c->qid_used[conn->qid] = 0;
 	}
 	if (--c->refs == 0) {

@@ -26,6 +26,10 @@
 #define FX_TGT_MAXH2CDATA 131072u /* bytes per H2CData PDU (ICResp) */
 #define FX_TGT_CHUNK 262144u     /* C2HData PDU size when we must touch the data */
 #define FX_TGT_ADMIN_BUF 65536u  /* largest admin data transfer (log pages) */
+/* A queue's admin data buffer until its host has authenticated: what an
+ * AUTH_Receive needs (a Challenge is at most 16 + 64 + 1024 bytes; hosts
+ * ask for 4 KiB).  A longer AL gets this much, the message zero padded. */
+#define FX_TGT_AUTH_BUF 4096u
 #define FX_TGT_R2T_BUFS 4u       /* admin/Fabrics data collections at once, per queue */
 #define FX_TGT_AERL 3u           /* 0's based: up to 4 outstanding AERs */
 #define FX_TGT_DEFAULT_IO_QUEUES 64u
@@ -44,9 +48,26 @@
  * not ended yet: at most this many on top of the limit. */
 #define FX_TGT_EVICT_SLACK 64u
 /* DH-HMAC-CHAP transactions a queue may start without one succeeding: each
- * costs a DH key pair (ffdhe8192: about 0.1 s of CPU), so a host must not
- * loop on them for the whole handshake deadline. */
+ * costs a DH key pair and a key agreement (ffdhe8192: a few ms of CPU each,
+ * a short private exponent; the peer's value is range checked only), so a
+ * host must not loop on them for the whole handshake deadline. */
 #define FX_TGT_AUTH_MAX_TRIES 4u
+/* DH operations (key pair, key agreement) running at once in the whole
+ * target; more wait, at most FX_TGT_AUTH_DH_WAIT_MS, then fail the
+ * transaction: however many connections a host opens, authentication
+ * takes at most this many CPUs. */
+#define FX_TGT_AUTH_MAX_DH 2u
+#define FX_TGT_AUTH_DH_WAIT_MS 2000u
+/* Failed transactions in a row for one host NQN from one peer address
+ * (across connections) that made us do DH work (a key pair: the group is
+ * not null) before a new one must wait: FX_TGT_AUTH_BACKOFF_MS, doubled
+ * with each further failure up to FX_TGT_AUTH_BACKOFF_MAX_MS; meanwhile a
+ * Negotiate gets Failure1 at once, at no DH cost.  A success clears it.  FX_TGT_AUTH_BACKOFF_SLOTS (host, address) pairs are
+ * remembered, the least recently failed one replaced. */
+#define FX_TGT_AUTH_FREE_FAILS 16u
+#define FX_TGT_AUTH_BACKOFF_MS 500u
+#define FX_TGT_AUTH_BACKOFF_MAX_MS 8000u
+#define FX_TGT_AUTH_BACKOFF_SLOTS 64u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -84,6 +105,16 @@ struct tgt_dhchap_host {
 };
 
 struct tgt_auth; /* one queue's DH-HMAC-CHAP transaction (auth.c) */
+
+/* Failed authentications of one host from one address (auth.c; under the
+ * target's lock). */
+struct tgt_auth_backoff {
+	const struct tgt_dhchap_host *host; /* NULL: free slot */
+	char addr[64];
+	unsigned fails;     /* failed transactions in a row */
+	uint64_t last_ms;   /* of the last failure */
+	uint64_t until_ms;  /* no new transaction before */
+};
 
 enum tgt_ctrl_state {
 	TGT_CTRL_DISABLED, /* connected, CC.EN = 0 */
@@ -162,6 +193,11 @@ struct tgt_conn {
 	struct tgt_ctrl *ctrl; /* set under t->lock */
 	uint16_t qid;
 	int qid_released;   /* a controller reset already freed qid (under t->lock) */
+	/* qid is ours in ctrl->qid_used (under t->lock): at Connect for a host
+	 * without a secret, only once its host has proved itself otherwise
+	 * (tgt_ctrl_claim_qid), so that a queue that cannot authenticate
+	 * never keeps the real host from connecting that qid. */
+	int qid_claimed;
 	uint16_t sqsize;    /* 0's based */
 	uint16_t sqhd;
 	uint32_t pdus_sent;
@@ -173,11 +209,14 @@ struct tgt_conn {
 	 * only once it is authenticated. */
 	struct tgt_auth *auth;
 	/* Buffers are allocated when first needed (icd, the R2T table) or once
-	 * the queue is Connected (chunk, abuf), so that a connection that never
+	 * the queue is Connected (chunk, abuf), and authenticated where its host
+	 * must (until then abuf is FX_TGT_AUTH_BUF bytes, and no chunk and no
+	 * R2T table for the queue's depth), so that a connection that never
 	 * gets that far costs a thread and a socket, not half a megabyte. */
 	uint8_t *icd;       /* in-capsule data (FX_TGT_ICD_MAX) */
 	uint8_t *chunk;     /* data staging (FX_TGT_CHUNK >= FX_TGT_MAXH2CDATA) */
-	uint8_t *abuf;      /* admin data out (FX_TGT_ADMIN_BUF) */
+	uint8_t *abuf;      /* admin data out (abuf_len: FX_TGT_ADMIN_BUF once live) */
+	uint32_t abuf_len;
 	struct tgt_r2t *r2t; /* [r2t_n]: one per command the queue may hold */
 	uint16_t *r2t_free;
 	unsigned r2t_n, r2t_nfree;
@@ -214,6 +253,13 @@ struct fx_target {
 	unsigned lim_refused, lim_evicted, lim_idle_evicted;
 	char lim_peer[80];
 	struct tgt_ctrl *ctrls;  /* under lock */
+	/* DH-HMAC-CHAP: DH operations running (under lock; dh_cond signals a
+	 * free one), DH operations done (for tests and logs), and the
+	 * failures per host and address */
+	pthread_cond_t dh_cond;
+	unsigned dh_running;
+	_Atomic uint64_t dh_ops;
+	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
 	uint16_t next_cntlid;
 };
 
@@ -223,7 +269,8 @@ struct tgt_req {
 	const uint8_t *data;  /* host-to-controller data, data_len bytes (NULL: none) */
 	uint32_t data_len;
 	uint32_t sgl_len;     /* the host's buffer for controller-to-host data */
-	uint8_t *out;         /* controller-to-host data goes here ... */
+	uint8_t *out;         /* controller-to-host data goes here (out_cap bytes) ... */
+	uint32_t out_cap;
 	uint32_t out_len;     /* ... this many bytes (set by the executor) */
 	uint32_t dw0, dw1;    /* CQE result */
 	int hold;             /* no response now (Async Event Request) */
@@ -259,6 +306,10 @@ struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *
 uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *hostnqn,
                             uint16_t qid, uint32_t *ipo_attr);
 void tgt_conn_detach(struct tgt_conn *c);
+/* The I/O queue's host has authenticated: take its qid in the controller
+ * (nothing when already ours or an admin queue).  0, or -EBUSY when
+ * another queue holds that qid (or the controller is going away). */
+int tgt_ctrl_claim_qid(struct tgt_conn *c);
 /* Shut the sockets of a controller's I/O queues (reset, keep-alive expiry). */
 void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl);
 void tgt_ctrl_flush_all(struct fx_target *t);
@@ -281,8 +332,12 @@ int tgt_auth_queue_start(struct tgt_conn *c, const struct tgt_dhchap_host *h);
 /* 1 when the queue may run this command now: no authentication needed or
  * done, or the command is one of those that authenticate (or Disconnect). */
 int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe);
-/* 1 when the queue needs no authentication or has completed it. */
+/* 1 when the queue needs no authentication or has completed it (and
+ * stays 1 while the host re-authenticates). */
 int tgt_auth_done(const struct tgt_conn *c);
+/* 1 when a re-authentication of this queue failed: it is to be closed
+ * rather than answer commands with errors. */
+int tgt_auth_must_close(const struct tgt_conn *c);
 /* AUTH_Send (Fabrics 05h) and AUTH_Receive (06h). */
 uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r);
 uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r);

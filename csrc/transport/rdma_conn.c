@@ -331,7 +331,8 @@ int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p
 		} else if (!r) {
 			c->cntlid = (uint16_t)(cqe.dw0 & 0xffff);
 			/* In-band authentication, when the Connect response asks for it. */
-			r = fx_nvmf_auth_host(&fx_nvmf_rdma_transport, c, p, qid, cqe.dw0);
+			r = fx_nvmf_auth_host(&fx_nvmf_rdma_transport, c, p, qid, cqe.dw0,
+					      deadline);
 		}
 	}
 	if (r)

@@ -710,7 +710,7 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 		goto fail;
 	out->cntlid = qid ? cntlid : (uint16_t)(cqe.dw0 & 0xffff);
 	/* In-band authentication, when the Connect response asks for it. */
-	r = fx_nvmf_auth_host(&fx_nvmf_tcp_transport, out, p, qid, cqe.dw0);
+	r = fx_nvmf_auth_host(&fx_nvmf_tcp_transport, out, p, qid, cqe.dw0, deadline);
 	if (r)
 		goto fail;
 	return 0;

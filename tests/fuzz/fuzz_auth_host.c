@@ -178,7 +178,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fx_auth_key_wipe(&hp.dhchap_ctrl_key);
 	uint32_t dw0 = 1 | ((flags & 2) ? 0 : FX_NVMF_CONNECT_ATR) |
 		       ((flags & 1) ? FX_NVMF_CONNECT_ASCR : 0);
-	int r = fx_nvmf_auth_host(&fake_tr, NULL, &hp, 0, dw0);
+	int r = fx_nvmf_auth_host(&fake_tr, NULL, &hp, 0, dw0, 0);
 
 	switch (r) {
 	case 0:
