@@ -33,7 +33,23 @@ exception.  The kernel keeps them in ``/sys/class/nvme/nvmeX/dhchap_secret``
 (readable by root only).  A kernel built without NVMe in-band authentication
 (CONFIG_NVME_AUTH; Debian's 6.1) accepts and ignores the secrets: connect()
 then disconnects again and raises :class:`KernelSupportError` rather than
-hand back an unauthenticated controller.
+hand back an unauthenticated controller.  A process killed while nvme-cli runs
+leaves its file behind; the next connect (of any process of that user) removes
+the files of processes that are gone.
+
+:func:`attach` (``open_device(..., path="kernel")``, ``ChunkStore``) shares a
+controller between the threads and processes of a host (one process per GPU):
+each process that uses it holds a shared ``flock`` on
+``/run/fx100io/ctrl-<name>.lock`` (let go when the process ends, however it
+ends), and the last one detaches it, only if fx100io attached it
+(``/run/fx100io/ctrl-<name>.json``).  Connects to one target are serialised
+across processes (``/run/fx100io/connect-<hash>.lock``); a failed connect
+detaches only the controller it made.  A live controller is reused only with
+the same DH-HMAC-CHAP secrets (compared with sysfs) and options; one with other
+secrets or options is refused (DeviceBusyError naming the option), one that
+the kernel is reconnecting is waited for (up to ``timeout``).  Before the path
+is handed out, its block device is checked in sysfs to be the URI's subsystem
+and namespace.
 """
 
 from __future__ import annotations
