@@ -1169,15 +1169,16 @@ def _reusable(t: Target, where: str, timeout: float, duplicate: bool) -> Control
     while True:
         cands = [c for c in controllers() if matches(c, t)]
         live = [c for c in cands if c.state == "live"]
-        why = None
+        refused: tuple[str, str] | None = None
         for c in live:
             why = _mismatch(c, t)
             if why is None:
                 return c
-        if live and why is not None:
+            refused = refused or (c.name, why)
+        if refused is not None:
             if duplicate:
                 return None
-            name = live[0].name
+            name, why = refused
             raise DeviceBusyError(errno.EBUSY, f"this host already holds controller {name} for "
                                   f"this subsystem and address, but {why}; it is not reused: "
                                   f"detach it (fx100io disconnect {name}), ask for what it has, "
