@@ -33,7 +33,23 @@ exception.  The kernel keeps them in ``/sys/class/nvme/nvmeX/dhchap_secret``
 (readable by root only).  A kernel built without NVMe in-band authentication
 (CONFIG_NVME_AUTH; Debian's 6.1) accepts and ignores the secrets: connect()
 then disconnects again and raises :class:`KernelSupportError` rather than
-hand back an unauthenticated controller.
+hand back an unauthenticated controller.  A process killed while nvme-cli runs
+leaves its file behind; the next connect (of any process of that user) removes
+the files of processes that are gone.
+
+:func:`attach` (``open_device(..., path="kernel")``, ``ChunkStore``) shares a
+controller between the threads and processes of a host (one process per GPU):
+each process that uses it holds a shared ``flock`` on
+``/run/fx100io/ctrl-<name>.lock`` (let go when the process ends, however it
+ends), and the last one detaches it, only if fx100io attached it
+(``/run/fx100io/ctrl-<name>.json``).  Connects to one target are serialised
+across processes (``/run/fx100io/connect-<hash>.lock``); a failed connect
+detaches only the controller it made.  A live controller is reused only with
+the same DH-HMAC-CHAP secrets (compared with sysfs) and options; one with other
+secrets or options is refused (DeviceBusyError naming the option), one that
+the kernel is reconnecting is waited for (up to ``timeout``).  Before the path
+is handed out, its block device is checked in sysfs to be the URI's subsystem
+and namespace.
 """
 
 from __future__ import annotations
@@ -42,6 +58,9 @@ import builtins
 import contextlib
 import dataclasses
 import errno
+import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -81,6 +100,11 @@ SYSFS = Path("/sys")
 DEVDIR = Path("/dev")
 ETC_NVME = Path("/etc/nvme")
 NVME_CLI = "nvme"
+# lock files and records shared by this host's processes (tmpfs: gone at reboot, as the
+# controllers are); a flock is let go when its process dies, so a dead process counts as no user
+RUNDIR = Path("/run/fx100io")
+# where nvme-cli's secret configuration files are made (tmpfs: never on a disk)
+SECRET_TMPDIR = "/dev/shm"
 
 SECRET_KEYS = uri_redact.SECRET_OPTIONS
 # URI options of the userspace initiator that the kernel has no per-controller knob for
@@ -91,6 +115,10 @@ USERSPACE_ONLY = ("connect_timeout_ms", "io_timeout_ms", "max_xfer", "reconnect_
 KERNEL_ONLY = {"ctrl_loss_tmo": ("--ctrl-loss-tmo", int), "reconnect_delay": ("--reconnect-delay", int),
                "host_iface": ("--host-iface", str), "host_traddr": ("--host-traddr", str),
                "duplicate_connect": ("--duplicate-connect", bool)}
+# nvme-cli option -> the URI key / keyword that gives it, for messages
+OPTION_NAMES = {"--nr-io-queues": "queues", "--queue-size": "qsize", "--keep-alive-tmo": "kato_ms",
+                "--hdr-digest": "hdgst", "--data-digest": "ddgst",
+                **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 TRANSPORT_MODULES = {"tcp": "nvme-tcp", "rdma": "nvme-rdma"}
 # seconds for one nvme-cli call: past the kernel's own admin command timeout (nvme_core's
@@ -665,13 +693,48 @@ def _last_line(text: str, needle: str = "") -> str:
     return lines[-1].strip() if lines else ""
 
 
+_SECRET_DIR = re.compile(r"fx100io-nvme-(\d+)-.+")
+
+
+def _remove_stale_secret_dirs(parent: str) -> None:
+    """Remove the secret configuration directories of processes that are gone: a process
+    killed while nvme-cli ran (up to DEFAULT_TIMEOUT) never got to its own cleanup, and its
+    secret would stay in tmpfs until reboot.  Only this user's, named with a pid that no
+    longer runs (a reused pid keeps its directory: left, never wrongly removed)."""
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for e in entries:
+        m = _SECRET_DIR.fullmatch(e)
+        if not m:
+            continue
+        d = os.path.join(parent, e)
+        try:
+            if os.lstat(d).st_uid != os.geteuid() or not stat.S_ISDIR(os.lstat(d).st_mode):
+                continue
+            os.kill(int(m.group(1)), 0)
+            continue  # its process still runs
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(d, "config.json"))
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
 @contextlib.contextmanager
 def _secret_config(t: Target) -> Iterator[str | None]:
-    """A 0600 config file for nvme-cli's --config holding the secrets, gone afterwards."""
+    """A 0600 config file for nvme-cli's --config holding the secrets, gone afterwards (and
+    at the next connect of any process, should this one be killed meanwhile)."""
     if not t.secrets:
         yield None
         return
-    d = tempfile.mkdtemp(prefix="fx100io-nvme-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    parent = SECRET_TMPDIR if os.path.isdir(SECRET_TMPDIR) else tempfile.gettempdir()
+    _remove_stale_secret_dirs(parent)
+    d = tempfile.mkdtemp(prefix=f"fx100io-nvme-{os.getpid()}-", dir=parent)
     path = os.path.join(d, "config.json")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -722,9 +785,177 @@ def _delete_controller(name: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         raise DeviceBusyError(errno.EBUSY, f"controller {name} could not be detached", name)
 
 
-_registry_lock = threading.Lock()
-# controller name -> [attachments in this process, whether this process attached it]
-_attached: dict[str, tuple[int, bool]] = {}
+# ---- sharing controllers between threads and processes of this host
+#
+# A controller that attach() uses is held by a shared flock on RUNDIR/ctrl-<name>.lock, one per
+# process that uses it; the last process's release() detaches it only when it can take that
+# lock exclusively (no other live process holds it) and RUNDIR/ctrl-<name>.json records that
+# fx100io attached this very controller (a controller the admin attached is never detached).
+# Connects to one target (transport, address, subsystem, host) are serialised by an exclusive
+# flock on RUNDIR/connect-<hash>.lock (and a thread lock here), so a failed connect's cleanup
+# cannot mistake another process's fresh controller for its own.
+_registry_lock = threading.Lock()  # guards the dicts below only; never held across nvme-cli
+
+
+@dataclass
+class _Hold:
+    users: int  # attachments in this process
+    fd: int  # the shared flock on the controller's lock file
+
+
+# controller name -> this process's hold on it
+_attached: dict[str, _Hold] = {}
+_target_locks: dict[str, threading.Lock] = {}
+
+
+def _lock_file(name: str) -> Path:
+    try:
+        RUNDIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise DevicePermissionError(e.errno or errno.EACCES, f"cannot make {RUNDIR} (the kernel "
+                                    f"path's lock files): {e.strerror}") from None
+    return RUNDIR / name
+
+
+def _flock(path: Path, mode: int, timeout: float) -> int | None:
+    """An fd holding flock mode on path, or None when that took longer than timeout (0: one
+    try)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + timeout
+    ok = False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                ok = True
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.02)
+    finally:
+        if not ok:
+            os.close(fd)
+
+
+def _target_key(transport: str, traddr: str, trsvcid: str, subnqn: str, hostnqn: str) -> str:
+    text = "\0".join((transport, traddr, trsvcid, subnqn, hostnqn))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def _target_lock(t: Target, timeout: float, where: str) -> Iterator[None]:
+    """One connect (or attach) of target t at a time on this host."""
+    key = _target_key(t.transport, t.traddr, t.trsvcid, t.subnqn, t.hostnqn)
+    wait = timeout + 10  # another connect may take its whole timeout
+    busy = FxTimeoutError(errno.ETIMEDOUT, f"another connect to {t.subnqn} at {t.traddr}:"
+                          f"{t.trsvcid} on this host did not finish within {wait:g} s", where)
+    with _registry_lock:
+        tl = _target_locks.setdefault(key, threading.Lock())
+    if not tl.acquire(timeout=wait):
+        raise busy
+    try:
+        fd = _flock(_lock_file(f"connect-{key}.lock"), fcntl.LOCK_EX, wait)
+        if fd is None:
+            raise busy
+        try:
+            yield
+        finally:
+            os.close(fd)
+    finally:
+        tl.release()
+
+
+def _identity(c: Controller) -> dict[str, Any]:
+    return {"subsysnqn": c.subsysnqn, "transport": c.transport, "address": c.address,
+            "cntlid": c.cntlid, "hostnqn": c.hostnqn}
+
+
+def _write_record(c: Controller, t: Target) -> None:
+    """RUNDIR/ctrl-<name>.json: fx100io attached this controller, with these options (no
+    secrets)."""
+    path = _lock_file(f"ctrl-{c.name}.json")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**_identity(c), "options": [[o, v] for o, v in t.options]}))
+    os.replace(tmp, path)
+
+
+def _record_of(c: Controller) -> dict[str, Any] | None:
+    """What _write_record wrote for this very controller (not an earlier one of its name)."""
+    try:
+        rec = json.loads((RUNDIR / f"ctrl-{c.name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or any(rec.get(k) != v for k, v in _identity(c).items()):
+        return None
+    return rec
+
+
+def _claimed(name: str) -> bool:
+    """Whether some process holds controller name (its lock file is locked)."""
+    try:
+        fd = _flock(_lock_file(f"ctrl-{name}.lock"), fcntl.LOCK_EX, 0)
+    except Fx100ioError:
+        return True  # cannot tell: leave it
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def _hold(name: str, timeout: float, where: str) -> None:
+    """One more user of controller name in this process (the first takes the shared lock)."""
+    with _registry_lock:
+        h = _attached.get(name)
+        if h is not None:
+            h.users += 1
+            return
+    fd = _flock(_lock_file(f"ctrl-{name}.lock"), fcntl.LOCK_SH, timeout)
+    if fd is None:
+        raise DeviceBusyError(errno.EBUSY, f"controller {name} is being detached by another "
+                              "process", where)
+    with _registry_lock:
+        h = _attached.get(name)
+        if h is None:
+            _attached[name] = _Hold(1, fd)
+            return
+        h.users += 1  # another thread of this process was quicker
+    os.close(fd)
+
+
+def _unhold(name: str) -> bool:
+    """One user less; True when it was this process's last (its shared lock is let go)."""
+    with _registry_lock:
+        h = _attached.get(name)
+        if h is None:
+            return False
+        h.users -= 1
+        if h.users > 0:
+            return False
+        del _attached[name]
+        os.close(h.fd)
+    return True
+
+
+def _detach_if_unused(c: Controller) -> None:
+    """Detach c if fx100io attached it and no process holds it any more."""
+    try:
+        fd = _flock(_lock_file(f"ctrl-{c.name}.lock"), fcntl.LOCK_EX, 0)
+    except Fx100ioError:
+        return
+    if fd is None:
+        return  # another process uses it
+    try:
+        live = read_controller(c.name)
+        if live is None or _identity(live) != _identity(c) or _record_of(live) is None:
+            return  # gone, another controller now, or not attached by fx100io
+        with contextlib.suppress(DeviceBusyError):
+            _delete_controller(c.name)
+        if not live.sysfs_path.exists():
+            with contextlib.suppress(OSError):
+                (RUNDIR / f"ctrl-{c.name}.json").unlink()
+    finally:
+        os.close(fd)
 
 
 def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DEFAULT_NS_TIMEOUT,
@@ -736,7 +967,9 @@ def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = D
     there), KernelSupportError (a module missing, no authentication in this kernel),
     NvmeCliNotFoundError.  A connect that fails leaves no controller of its own behind."""
     t = target_of(uri, **opts)
-    return _connect(t, redact(uri), timeout, ns_timeout)
+    where = redact(uri)
+    with _target_lock(t, timeout, where):
+        return _connect(t, where, timeout, ns_timeout)
 
 
 def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Controller:
@@ -761,6 +994,10 @@ def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Contro
             raise classify_connect_failure(t, r.stderr, klog.read(), module_loaded, where)
         try:
             name = parse_connect_output(r.stdout)
+        except BaseException:
+            _cleanup_new(before, t)
+            raise
+        try:
             c = read_controller(name)
             if c is None:
                 raise DeviceNotFoundError(errno.ENODEV, f"nvme connect said {name}, but "
@@ -771,7 +1008,7 @@ def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Contro
             c.expected_nsids = _active_nsids(nvme, name)
             return c
         except BaseException:
-            _cleanup_new(before, t)
+            _cleanup_new(before, t, name)
             raise
     finally:
         klog.close()
@@ -786,14 +1023,19 @@ def _active_nsids(nvme: str, name: str) -> tuple[int, ...] | None:
         return None
 
 
-def _cleanup_new(before: set[str], t: Target) -> None:
-    """Detach controllers of t that appeared since before (a connect that failed half way)."""
-    for c in controllers():
-        if c.name not in before and matches(c, t):
-            log.warning("fx100io: detaching %s, left behind by a failed connect to %s",
-                        c.name, t.subnqn)
-            with contextlib.suppress(Fx100ioError):
-                _delete_controller(c.name)
+def _cleanup_new(before: set[str], t: Target, name: str | None = None) -> None:
+    """Detach what a connect that failed half way left: the controller nvme-cli named (name),
+    else controllers of t that appeared since before and that no process holds (connects to
+    t are serialised by _target_lock, so one of fx100io's own is held by then)."""
+    if name is not None:
+        names = [name] if name not in before else []
+    else:
+        names = [c.name for c in controllers()
+                 if c.name not in before and matches(c, t) and not _claimed(c.name)]
+    for n in names:
+        log.warning("fx100io: detaching %s, left behind by a failed connect to %s", n, t.subnqn)
+        with contextlib.suppress(Fx100ioError):
+            _delete_controller(n)
 
 
 def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) -> builtins.list[str]:
@@ -817,8 +1059,12 @@ def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) ->
     for n in names:
         _delete_controller(n, timeout)
     with _registry_lock:
-        for n in names:
-            _attached.pop(n, None)
+        holds = [h for h in (_attached.pop(n, None) for n in names) if h is not None]
+    for h in holds:
+        os.close(h.fd)
+    for n in names:
+        with contextlib.suppress(OSError):
+            (RUNDIR / f"ctrl-{n}.json").unlink()
     return names
 
 
@@ -854,53 +1100,160 @@ def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> builtins.list[dic
 @dataclass
 class Attachment:
     """A namespace block device that :func:`attach` found or attached; release() detaches the
-    controller when this process attached it and no other attachment uses it."""
+    controller when fx100io attached it and no attachment of any process on this host uses it
+    any more."""
 
     controller: Controller
     path: str
-    attached: bool  # this process made the controller
+    attached: bool  # this call made the controller
     _released: bool = field(default=False, repr=False)
 
     def release(self) -> None:
         if self._released:
             return
         self._released = True
-        name = self.controller.name
-        with _registry_lock:
-            users, mine = _attached.get(name, (0, False))
-            if users > 1:
-                _attached[name] = (users - 1, mine)
-                return
-            _attached.pop(name, None)
-        if users and mine:
-            with contextlib.suppress(DeviceBusyError):
-                _delete_controller(name)
+        if _unhold(self.controller.name):
+            _detach_if_unused(self.controller)
+
+
+# controller states the kernel passes through on its way to "live" (a reconnect after a loss)
+_PENDING_STATES = ("new", "connecting", "resetting")
+
+
+def _sysfs_options(c: Controller) -> dict[str, str]:
+    """The connect options a live controller shows in sysfs, in nvme-cli's terms."""
+    out = {"--keep-alive-tmo": str(c.kato)}
+    sq = _int(_read(c.sysfs_path / "sqsize"), -1)
+    if sq >= 0:
+        out["--queue-size"] = str(sq + 1)
+    for opt, attr in (("--ctrl-loss-tmo", "ctrl_loss_tmo"), ("--reconnect-delay", "reconnect_delay")):
+        v = _read(c.sysfs_path / attr)
+        if v:
+            out[opt] = "-1" if v == "off" else v
+    return out
+
+
+def _mismatch(c: Controller, t: Target) -> str | None:
+    """Why live controller c is not what t asks for (secrets, options), or None.  Secrets are
+    compared in constant time and never named by value."""
+    for key in ("dhchap_secret", "dhchap_ctrl_secret"):
+        want = t.secrets.get(key)
+        if want is None:
+            continue
+        have = _read(c.sysfs_path / key)
+        if not hmac.compare_digest(have.encode(), want.encode()):
+            return (f"it was not attached with this {key} (it holds another key, or none), so "
+                    "reusing it would skip the authentication asked for")
+    rec = _record_of(c)
+    known: dict[str, str] = ({str(o[0]): str(o[1]) for o in rec["options"]} if rec is not None
+                             else _sysfs_options(c))
+    for opt, value in t.options:
+        if opt == "--duplicate-connect":
+            continue
+        name = OPTION_NAMES.get(opt, opt)
+        if opt not in known:
+            if rec is not None:
+                return f"it was attached without {name}"
+            return (f"whether it has {name} cannot be told (fx100io did not attach it, and sysfs "
+                    "does not show it)")
+        if known[opt] != value:
+            return f"it was attached with another {name} ({opt} {known[opt]}, not {value})"
+    return None
+
+
+def _reusable(t: Target, where: str, timeout: float, duplicate: bool) -> Controller | None:
+    """The live controller of t that attach() may use as it is, None to connect one.  Waits
+    (up to timeout) for one the kernel is reconnecting; refuses one with other secrets or
+    options (DeviceBusyError) unless duplicate (then a second controller is made)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cands = [c for c in controllers() if matches(c, t)]
+        live = [c for c in cands if c.state == "live"]
+        refused: tuple[str, str] | None = None
+        for c in live:
+            why = _mismatch(c, t)
+            if why is None:
+                return c
+            refused = refused or (c.name, why)
+        if refused is not None:
+            if duplicate:
+                return None
+            name, why = refused
+            raise DeviceBusyError(errno.EBUSY, f"this host already holds controller {name} for "
+                                  f"this subsystem and address, but {why}; it is not reused: "
+                                  f"detach it (fx100io disconnect {name}), ask for what it has, "
+                                  "or pass duplicate_connect=True for a second controller", where)
+        pending = [c for c in cands if c.state in _PENDING_STATES]
+        if not pending:
+            return None
+        if time.monotonic() >= deadline:
+            c = pending[0]
+            raise DeviceBusyError(errno.EBUSY, f"controller {c.name} of this subsystem is in "
+                                  f"state {c.state!r} (the kernel is reconnecting it) and did not "
+                                  f"become live within {timeout:g} s; wait for it, or detach it "
+                                  f"(fx100io disconnect {c.name})", where)
+        time.sleep(0.05)
+
+
+def _check_block_device(path: str, t: Target, where: str) -> None:
+    """path (/dev/nvmeXnY) must be t's namespace now: a name the kernel reused for another
+    subsystem's namespace is never handed out."""
+    blk = os.path.basename(path)
+    b = SYSFS / "block" / blk
+    nqn = _read(b / "device" / "subsysnqn")
+    m = _HEAD_NS.fullmatch(blk)
+    if not nqn and m:  # no device link (older sysfs): the head nvme<S>n<N> of nvme-subsys<S>
+        nqn = _read(SYSFS / "class" / "nvme-subsystem" / f"nvme-subsys{m.group(1)}" / "subsysnqn")
+    nsid = _int(_read(b / "nsid"), 0) or (int(m.group(2)) if m else 0)
+    if nqn != t.subnqn or nsid != t.nsid:
+        raise DeviceNotFoundError(errno.ENODEV, f"{path} belongs to {nqn or 'no subsystem'} "
+                                  f"namespace {nsid} now, not to {t.subnqn} namespace {t.nsid}; "
+                                  "it was not opened", where)
 
 
 def attach(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DEFAULT_NS_TIMEOUT,
            **opts: Any) -> Attachment:
     """The block device of uri's namespace (``ns``, 1), attaching the controller through the
-    kernel unless this host already holds a live one for that subsystem and address (then it
-    is used as it is and left attached)."""
+    kernel unless this host already holds a live one for that subsystem and address with the
+    same secrets and options (then it is shared; a controller fx100io did not attach is left
+    attached).  A live one with other secrets or options is refused (DeviceBusyError naming
+    the option) rather than used without them."""
     t = target_of(uri, **opts)
     where = redact(uri)
-    with _registry_lock:
-        existing = next((c for c in controllers() if matches(c, t) and c.state == "live"), None)
-        if existing is None:
-            c = _connect(t, where, timeout, ns_timeout)
-            c.owned = False  # the attachment decides
-            users, mine = 0, True
-        else:
-            c = existing
+    duplicate = bool(opts.get("duplicate_connect"))
+    with _target_lock(t, timeout, where):
+        for _ in range(3):
+            c = _reusable(t, where, timeout, duplicate)
+            made = c is None
+            if c is None:
+                c = _connect(t, where, timeout, ns_timeout)
+                c.owned = False
+                try:
+                    _hold(c.name, timeout, where)
+                    _write_record(c, t)
+                except BaseException:
+                    _unhold(c.name)
+                    with contextlib.suppress(Fx100ioError):
+                        _delete_controller(c.name)
+                    raise
+                break
             c.ns_timeout = ns_timeout
-            users, mine = _attached.get(c.name, (0, False))
-        _attached[c.name] = (users + 1, mine)
+            _hold(c.name, timeout, where)
+            now = read_controller(c.name)
+            if now is not None and _identity(now) == _identity(c):
+                break
+            _unhold(c.name)  # detached by its last user meanwhile: look again
+        else:
+            raise DeviceBusyError(errno.EBUSY, "the controller kept going away while attaching",
+                                  where)
+    a = Attachment(c, "", made)
     try:
-        path = c.namespace(t.nsid)
+        a.path = c.namespace(t.nsid)
+        _check_block_device(a.path, t, where)
     except BaseException:
-        Attachment(c, "", mine).release()
+        a.release()
         raise
-    return Attachment(c, path, mine)
+    return a
 
 
 def options_text(t: Target) -> str:

@@ -4,7 +4,7 @@ the way the kernel would.
 
 The scenario is a JSON file named by FAKE_NVME_SCENARIO: {"connect": {"stdout": ...,
 "stderr": ..., "rc": ..., "kmsg": [lines], "create": {"nvme1": {attr: value}},
-"namespaces": {"nvme1": "nvme1c1n1"}}, "list-ns": {...}, "discover": {...}}.  Every call
+"namespaces": {"nvme1": "nvme1c1n1"}, "sleep": seconds}, "list-ns": {...}, "discover": {...}}.  Every call
 appends {"argv": [...], "config": <the --config file's JSON, if any>} to FAKE_NVME_LOG.
 """
 
@@ -39,6 +39,9 @@ if cmd == "disconnect":
     sys.exit(0)
 
 step = scenario.get(cmd, {})
+if step.get("sleep"):  # a slow connect
+    import time
+    time.sleep(step["sleep"])
 for name, attrs in step.get("create", {}).items():
     d = sysfs / "class" / "nvme" / name
     d.mkdir(parents=True)

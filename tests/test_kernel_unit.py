@@ -98,6 +98,11 @@ def fake_sys(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel, "SYSFS", sysfs)
     monkeypatch.setattr(kernel, "DEVDIR", dev)
     monkeypatch.setattr(kernel, "_is_block_device", lambda p: Path(p).is_file())
+    # the cross-process lock files and the secrets' temporary directories
+    monkeypatch.setattr(kernel, "RUNDIR", tmp_path / "run", raising=False)
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setattr(kernel, "SECRET_TMPDIR", str(tmp_path / "shm"), raising=False)
+    monkeypatch.setattr(kernel, "_attached", {})
     return sysfs, dev
 
 
@@ -235,6 +240,15 @@ def fake_nvme(fake_sys, tmp_path, monkeypatch):
     class Fake:
         def play(self, **steps):
             scenario.write_text(json.dumps(steps))
+
+        def add(self, name, attrs, paths=("nvme1c3n1",)):
+            """A controller some other process (or the admin) attached."""
+            d = sysfs / "class" / "nvme" / name
+            d.mkdir()
+            for k, v in attrs.items():
+                (d / k).write_text(v + "\n")
+            for p in paths:
+                (d / p).mkdir()
 
         def calls(self):
             return [json.loads(line) for line in logf.read_text().splitlines()] if logf.exists() else []
@@ -475,3 +489,189 @@ def test_a_store_names_its_kernel_device_without_the_secret(tmp_path, monkeypatc
     with pytest.raises(errors.NotAStoreError) as ei:
         fx100io.ChunkStore(uri, path="kernel")
     assert SECRET not in str(ei.value) and "dhchap_secret=***" in str(ei.value)
+
+
+# ---------------------------------------------------------------- attach(): sharing across processes
+def _play_nvme3(fake_nvme, attrs=NVME3, **connect):
+    fake_nvme.play(connect={"stdout": '{\n  "device":"nvme3"\n}\n', "create": {"nvme3": attrs},
+                            "namespaces": {"nvme3": ["nvme1c3n1"]}, **connect},
+                   **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+
+
+def _connects(fake_nvme):
+    return [c for c in fake_nvme.calls() if c["argv"][0] == "connect"]
+
+
+def test_one_process_release_does_not_detach_a_controller_another_process_uses(fake_nvme):
+    """One process per GPU: worker 0 attaches the controller, worker 1 reuses it; worker 0's
+    close must leave it to worker 1, and worker 1's close (the last user) detaches it."""
+    _play_nvme3(fake_nvme)
+    a = kernel.attach(URI)                          # process A connects
+    reg_a = dict(kernel._attached)
+    kernel._attached.clear()                        # process B: its own, empty registry
+    b = kernel.attach(URI.replace("?", "?ns=1&"))   # B reuses A's live controller
+    assert len(_connects(fake_nvme)) == 1 and b.controller.name == a.controller.name
+    reg_b = dict(kernel._attached)
+    kernel._attached.clear()
+    kernel._attached.update(reg_a)                  # back in process A
+    a.release()
+    assert b.controller.sysfs_path.exists(), "detached under process B"
+    kernel._attached.clear()
+    kernel._attached.update(reg_b)                  # process B closes: nobody uses it now
+    b.release()
+    assert not b.controller.sysfs_path.exists()
+
+
+def test_a_controller_nobody_here_attached_is_never_detached(fake_nvme):
+    fake_nvme.add("nvme3", NVME3)                   # `nvme connect` by the admin
+    fake_nvme.play()
+    a = kernel.attach(URI)
+    assert a.path.endswith("/nvme1n1") and _connects(fake_nvme) == []
+    a.release()
+    assert kernel.read_controller("nvme3") is not None
+
+
+def test_a_failed_connect_does_not_detach_another_process_controller(fake_nvme):
+    """Another process's fresh controller shows up while this connect fails: it is claimed
+    (its holder lock is taken), so the cleanup leaves it."""
+    import fcntl
+    kernel.RUNDIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(kernel.RUNDIR / "ctrl-nvme3.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)                  # "process A" holds nvme3
+    try:
+        fake_nvme.play(**failing("connect-no-subsys", "dmesg-no-subsys.txt",
+                                 create={"nvme3": NVME3}))
+        with pytest.raises(errors.DeviceNotFoundError):
+            kernel.connect(URI)
+        assert [c.name for c in kernel.list()] == ["nvme3"]
+        assert ["disconnect", "--device", "nvme3"] not in [c["argv"] for c in fake_nvme.calls()]
+    finally:
+        os.close(fd)
+
+
+def test_a_failed_connect_detaches_only_the_controller_it_named(fake_nvme, monkeypatch):
+    """The controller check fails after nvme-cli named nvme3; nvme4, which another connect
+    made meanwhile, stays."""
+    attrs = {**NVME3}
+    fake_nvme.play(connect={"stdout": '{"device":"nvme3"}\n',
+                            "create": {"nvme3": attrs, "nvme4": {**NVME3, "cntlid": "4"}}})
+    with pytest.raises(errors.KernelSupportError):
+        kernel.connect(f"{URI}&dhchap_secret={SECRET}")   # no dhchap_secret in sysfs
+    assert [c.name for c in kernel.list()] == ["nvme4"]
+
+
+def test_a_reused_device_name_of_another_subsystem_is_never_opened(fake_nvme, fake_sys):
+    """Right before the path is handed out, its block device must still be uri's namespace:
+    nvme1n1 now belongs to another subsystem."""
+    sysfs, _ = fake_sys
+    fake_nvme.add("nvme3", NVME3)
+    fake_nvme.play()
+    (sysfs / "class" / "nvme-subsystem" / "nvme-subsys1" / "subsysnqn").write_text(NV + "\n")
+    with pytest.raises(errors.DeviceNotFoundError, match="belongs to .*lab-nvme"):
+        kernel.attach(URI)
+    assert [c.name for c in kernel.list()] == ["nvme3"]
+    (sysfs / "class" / "nvme-subsystem" / "nvme-subsys1" / "subsysnqn").write_text(RAM + "\n")
+    kernel.attach(URI).release()
+
+
+# ---------------------------------------------------------------- attach(): secrets and options
+def test_attach_with_a_secret_does_not_reuse_an_unauthenticated_controller(fake_nvme):
+    fake_nvme.add("nvme3", NVME3)                  # attached without authentication
+    fake_nvme.play()
+    with pytest.raises(errors.DeviceBusyError, match="dhchap_secret") as ei:
+        kernel.attach(f"{URI}&dhchap_secret={SECRET}")
+    assert SECRET not in str(ei.value) and _connects(fake_nvme) == []
+
+
+def test_attach_with_a_wrong_secret_does_not_reuse_an_authenticated_controller(fake_nvme, caplog):
+    fake_nvme.add("nvme3", {**NVME3, "dhchap_secret": SECRET})
+    fake_nvme.play()
+    with pytest.raises(errors.DeviceBusyError, match="dhchap_secret") as ei:
+        kernel.attach(f"{URI}&dhchap_secret={CTRL_SECRET}")
+    assert SECRET not in str(ei.value) and CTRL_SECRET not in str(ei.value)
+    # the right one is reused
+    a = kernel.attach(f"{URI}&dhchap_secret={SECRET}")
+    assert a.controller.name == "nvme3" and _connects(fake_nvme) == []
+    a.release()
+    # a controller key that the live controller does not hold is refused too
+    with pytest.raises(errors.DeviceBusyError, match="dhchap_ctrl_secret"):
+        kernel.attach(f"{URI}&dhchap_secret={SECRET}&dhchap_ctrl_secret={CTRL_SECRET}")
+    assert SECRET not in caplog.text and CTRL_SECRET not in caplog.text
+
+
+@pytest.mark.parametrize("query,kw,match", [
+    ("hdgst=1", {}, "hdgst"), ("ddgst=1", {}, "ddgst"), ("kato_ms=9000", {}, "kato_ms"),
+    ("queues=2", {}, "queues"), ("ns=1", {"ctrl_loss_tmo": 30}, "ctrl_loss_tmo")])
+def test_attach_refuses_a_live_controller_with_other_options(fake_nvme, query, kw, match):
+    fake_nvme.add("nvme3", {**NVME3, "ctrl_loss_tmo": "600"})  # kato 5 s, no digests
+    fake_nvme.play()
+    with pytest.raises(errors.DeviceBusyError, match=match):
+        kernel.attach(f"{URI}&{query}", **kw)
+    assert _connects(fake_nvme) == []
+    kernel.attach(f"{URI}&kato_ms=5000", ctrl_loss_tmo=600).release()  # what it has: reused
+    assert _connects(fake_nvme) == [] and kernel.read_controller("nvme3") is not None
+
+
+def test_attach_compares_options_with_what_this_host_attached(fake_nvme):
+    _play_nvme3(fake_nvme)
+    a = kernel.attach(f"{URI}&hdgst=1&queues=2")
+    b = kernel.attach(f"{URI}&hdgst=1")            # asks for less: reused
+    with pytest.raises(errors.DeviceBusyError, match="ddgst"):
+        kernel.attach(f"{URI}&ddgst=1")
+    with pytest.raises(errors.DeviceBusyError, match="queues"):
+        kernel.attach(f"{URI}&queues=4")
+    assert len(_connects(fake_nvme)) == 1
+    b.release()
+    a.release()
+    assert kernel.list() == []
+
+
+# ---------------------------------------------------------------- attach(): smaller things
+def test_stale_secret_files_of_dead_processes_are_removed(fake_nvme):
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()                                       # a pid that is gone
+    shm = Path(kernel.SECRET_TMPDIR)
+    stale = shm / f"fx100io-nvme-{p.pid}-abcd"
+    stale.mkdir()
+    (stale / "config.json").write_text(json.dumps([{"dhchap_key": SECRET}]))
+    live = shm / f"fx100io-nvme-{os.getpid()}-efgh"  # a connect of a live process
+    live.mkdir()
+    other = shm / "fx100io-nvme-notapid"
+    other.mkdir()
+    _play_nvme3(fake_nvme, {**NVME3, "dhchap_secret": SECRET})
+    kernel.connect(f"{URI}&dhchap_secret={SECRET}").disconnect()
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_attach_to_another_target_does_not_wait_for_a_slow_connect(fake_nvme):
+    import threading
+    import time
+    fake_nvme.add("nvme5", {**NVME3, "subsysnqn": NV, "cntlid": "5"}, paths=("nvme2c5n1",))
+    _play_nvme3(fake_nvme, sleep=1.5)
+    slow = threading.Thread(target=lambda: kernel.attach(URI).release())
+    slow.start()
+    time.sleep(0.4)                                # the connect to RAM is under way
+    t0 = time.monotonic()
+    kernel.attach(f"nvme+tcp://10.88.0.2:4420/{NV}?hostnqn={HOST}&hostid={HID}").release()
+    took = time.monotonic() - t0
+    slow.join()
+    assert took < 0.8, f"waited {took:.1f} s for another target's connect"
+
+
+def test_a_reconnecting_controller_is_waited_for(fake_nvme, fake_sys):
+    import threading
+    sysfs, _ = fake_sys
+    fake_nvme.add("nvme3", {**NVME3, "state": "connecting"})
+    fake_nvme.play()
+    state = sysfs / "class" / "nvme" / "nvme3" / "state"
+    timer = threading.Timer(0.3, lambda: state.write_text("live\n"))
+    timer.start()
+    a = kernel.attach(URI)
+    timer.join()
+    assert a.controller.name == "nvme3" and _connects(fake_nvme) == []
+    a.release()
+    state.write_text("connecting\n")
+    with pytest.raises(errors.DeviceBusyError, match="nvme3 .*connecting"):
+        kernel.attach(URI, timeout=0.3)
+    assert _connects(fake_nvme) == []

@@ -143,6 +143,50 @@ def test_two_devices_share_one_attachment_and_the_last_close_detaches(lab):
     assert attached(nqn) == []
 
 
+CHILD = """
+import hashlib, sys
+import numpy as np
+import fx100io
+dev = fx100io.open_device(sys.argv[1], path="kernel")
+print(dev.target, flush=True)
+sys.stdin.readline()  # the other process closes its device meanwhile
+out = np.zeros(int(sys.argv[3]), np.uint8)
+dev.read_into_blocking(int(sys.argv[2]), out)
+print(hashlib.sha256(out.tobytes()).hexdigest(), flush=True)
+dev.close()
+"""
+
+
+def test_a_controller_two_processes_use_stays_until_the_last_closes(lab):
+    """One process per GPU: the process that attached the controller closes first; the other
+    process's device stays attached and reads the right bytes; its close detaches."""
+    import hashlib
+
+    u = uri(lab, "tcp", "lab-ram")
+    nqn = lab.subsystem("lab-ram").nqn
+    a = fx100io.open_device(u, path="kernel")
+    buf = chunk_bytes("two-processes", 64 << 10)
+    assert a.write_from_blocking(4 * MiB, buf) == len(buf)
+    root = Path(fx100io.__file__).resolve().parent.parent
+    child = subprocess.Popen([sys.executable, "-c", CHILD, u, str(4 * MiB), str(len(buf))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == a.target  # the same controller, reused
+        a.close()
+        assert len(attached(nqn)) == 2, "detached under the other process"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == hashlib.sha256(buf.tobytes()).hexdigest()
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert attached(nqn) == []
+
+
 def test_host_not_allowed_is_a_permission_error_and_leaves_nothing(lab):
     nqn = lab.subsystem("lab-nvme").nqn
     for transport in ("tcp", "rdma"):
