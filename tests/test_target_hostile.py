@@ -59,6 +59,9 @@ def closed_by_target(s: socket.socket, seconds: float) -> bool:
     """Drain s: True once the target closed it (EOF or reset), False when it
     is still open after seconds."""
     deadline = time.monotonic() + seconds
+    # restored after: a socket left with a 1 ms timeout fails the test's next
+    # recv whenever the target is slower than that (seen under ASan)
+    before = s.gettimeout()
     try:
         while True:
             left = deadline - time.monotonic()
@@ -71,6 +74,11 @@ def closed_by_target(s: socket.socket, seconds: float) -> bool:
         return True
     except TimeoutError:
         return False
+    finally:
+        try:
+            s.settimeout(before)
+        except OSError:
+            pass  # closed meanwhile
 
 
 def icreq_bytes() -> bytes:
