@@ -140,7 +140,12 @@ static int auth_recv(struct txn *t, const char *what)
 	return 0;
 }
 
-/* Tell the controller we give up (best effort: the connect fails anyway). */
+/*
+ * Tell the controller we give up (best effort: the connect fails anyway).  Its answer is
+ * awaited for at most FAILURE2_WAIT_MS: a controller that tears the queue down instead of
+ * answering (Linux's nvmet-rdma can) must not hold the failed connect for its whole budget.
+ */
+#define FAILURE2_WAIT_MS 2000
 static void send_failure2(struct txn *t, uint8_t reason)
 {
 	struct fx_auth_failure f = {.id = FX_AUTH_ID_FAILURE2, .t_id = t->t_id,
@@ -152,6 +157,8 @@ static void send_failure2(struct txn *t, uint8_t reason)
 
 	if (n < 0 || left < 0)
 		return;
+	if (left == 0 || left > FAILURE2_WAIT_MS)
+		left = FAILURE2_WAIT_MS;
 	fx_auth_cmd_init(&sqe, 1, (uint32_t)n);
 	(void)t->tr->exec(t->q, &sqe, t->buf, (uint32_t)n, 1, &cqe, left);
 }

@@ -4,6 +4,7 @@ cases, every hash and DH group among them, are tests/test_dhchap_lab.py."""
 
 from __future__ import annotations
 
+import time
 from urllib.parse import quote
 
 import numpy as np
@@ -52,3 +53,18 @@ def test_rdma_wrong_and_missing_secret(rdma_lab):
     with pytest.raises(errors.DevicePermissionError) as ei:
         fx100io.open_device(rdma_uri(rdma_lab, "lab-auth", hostnqn=host, kato_ms=0))
     assert "give dhchap_secret=" in str(ei.value)
+
+
+def test_rdma_wrong_controller_secret_fails_promptly(rdma_lab):
+    """A controller key that does not match: we send AUTH_Failure2 and fail the connect, and
+    do not wait out the connect budget if the target drops the queue instead of answering
+    (Linux's kernel host hangs for minutes here: tests/guest/test_kernel_path.py)."""
+    (_h, one), (bhost, bkey) = _hosts(rdma_lab)
+    t0 = time.monotonic()
+    with pytest.raises(errors.DevicePermissionError) as ei:
+        fx100io.open_device(rdma_uri(rdma_lab, "lab-auth", hostnqn=bhost, kato_ms=0,
+                                     dhchap_secret=quote(bkey.key, safe=":"),
+                                     dhchap_ctrl_secret=quote(one.key, safe=":")))
+    assert "does not match dhchap_ctrl_secret" in str(ei.value)
+    assert time.monotonic() - t0 < 10
+    assert one.key[10:-1] not in str(ei.value) and bkey.key[10:-1] not in str(ei.value)

@@ -304,10 +304,13 @@ def test_authenticated_connect_and_a_wrong_secret(lab, transport):
                auri(bidir, dhchap_secret=bk.key, dhchap_ctrl_secret=hk.key)]
     if transport == "rdma":
         # Linux 6.12's nvme-rdma host waits out its admin timeout (60 s, retried for minutes,
-        # in D state) when nvmet-rdma fails the controller right after Failure1 on a wrong
-        # host secret, so that case is checked over TCP only. (Our own NVMe/RDMA initiator
-        # handles the same target: tests/guest/test_dhchap_rdma.py.)
-        refused = refused[1:]
+        # in D state) when nvmet-rdma tears the controller down in the middle of a failed
+        # authentication: after Failure1 on a wrong host secret every time, and after the
+        # host's own Failure2 on a wrong controller key often enough to fail a CI run (the
+        # auth_send stays unanswered; seen in the ASan guest suite). Both refusals are
+        # therefore checked through the kernel over TCP only; our own NVMe/RDMA initiator is
+        # checked against the same target for both: tests/guest/test_dhchap_rdma.py.
+        refused = []
     for u in refused:
         try:
             with pytest.raises(errors.DevicePermissionError, match="authentication") as ei:
