@@ -27,10 +27,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-import errno
-import fcntl
 import logging
-import os
 import sys
 import threading
 import weakref
@@ -42,18 +39,17 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-from fx100io.uri_redact import redact
-
 from . import _lmcache_codec as codec
-from ._lmcache_config import (
-    PluginConfigError,
-    PluginOptions,
-    file_path,
-    is_blank,
-    parse_options,
+from ._lmcache_config import PluginConfigError, PluginOptions, parse_options
+from ._runtime import Breaker, LoopGone, LoopRunner, TimedOut, bounded
+from ._settings import (
+    BackendStartError,
+    lock_devices,
+    open_store,
+    prepare_files,
     should_create,
+    unlock_devices,
 )
-from ._lmcache_runtime import Breaker, LoopGone, LoopRunner, TimedOut, bounded
 
 logger = logging.getLogger("fx100io.contrib.lmcache")
 if not logger.handlers and not logging.getLogger().handlers:
@@ -71,8 +67,8 @@ __all__ = ["FX100ioBackend", "PluginConfigError", "PluginStartError"]
 _RECORD_CACHE_ENTRIES = 1 << 16
 
 
-class PluginStartError(RuntimeError):
-    """The configured devices could not be opened or formatted."""
+# The configured devices could not be opened, formatted or claimed.
+PluginStartError = BackendStartError
 
 
 class FX100ioBackend(StoragePluginInterface):
@@ -131,10 +127,10 @@ class FX100ioBackend(StoragePluginInterface):
             worker_id=int(getattr(metadata, "worker_id", 0) or 0),
             world_size=int(getattr(metadata, "world_size", 1) or 1),
         )
-        self._breaker = Breaker(self.options.retry_after_s)
+        self._breaker = Breaker(self.options.retry_after_s, logger)
         create = should_create(self.options)
-        self._prepare_files(self.options, create)
-        self._device_locks = self._lock_devices(self.options, create)
+        prepare_files(self.options, create)
+        self._device_locks = lock_devices(self.options, create)
         try:
             self._runner = LoopRunner(loop)
         except Exception:
@@ -142,7 +138,7 @@ class FX100ioBackend(StoragePluginInterface):
             raise
         try:
             # Opened on the loop thread, where all its I/O will run (see _on_loop).
-            self._store = self._on_loop(lambda: self._open_store(self.options, create))
+            self._store = self._on_loop(lambda: open_store(self.options, create, logger))
         except Exception:
             self._runner.stop()
             self._unlock_devices()
@@ -161,66 +157,6 @@ class FX100ioBackend(StoragePluginInterface):
                 "misses because there is no pinned pool to read into"
             )
         logger.info("fx100io LMCache plugin %r ready: %s", self.options.name, self.options.describe())
-
-    @staticmethod
-    def _prepare_files(options: PluginOptions, create: bool) -> None:
-        """Before formatting: every file device needs a size and an existing folder."""
-        if not create:
-            return
-        for uri in options.devices:
-            path = file_path(uri)
-            if (
-                path is None
-                or path.startswith("/dev/")
-                or (os.path.exists(path) and not os.path.isfile(path))
-            ):
-                continue  # block devices and fabric namespaces bring their own size
-            if options.size is None:
-                raise PluginConfigError(
-                    f"storage_plugin.{options.name}.size is required to create {path} "
-                    'on first use (e.g. size: "64G")'
-                )
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-
-    @staticmethod
-    def _lock_devices(options: PluginOptions, create: bool) -> list[int]:
-        """Claim each local device for this process, or fail at start.
-
-        A store's index lives in the memory of the process that opened it, so two
-        processes on one device (typically two tensor-parallel workers given the same
-        path) would overwrite each other's chunks. A POSIX lock makes the second one
-        fail loudly instead. Files that do not exist yet are created empty first (they
-        are about to be formatted; an empty file is still 'fresh' to create: auto).
-        """
-        fds: list[int] = []
-        if options.shared_index:
-            return fds  # a shared pool: every host opens the same devices, by design
-        try:
-            for uri in options.devices:
-                path = file_path(uri)
-                if path is None:
-                    continue
-                if not os.path.exists(path) and (not create or path.startswith("/dev/")):
-                    continue  # nothing to lock; opening will say it is missing
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                fds.append(fd)
-                try:
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                    raise PluginStartError(
-                        f"{path} is in use by another process; give each worker its own "
-                        f"device, e.g. storage_plugin.{options.name}.devices: "
-                        '"file:///var/lib/fx100io/kv-{worker_id}.img"'
-                    ) from None
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return fds
 
     def _on_loop(self, fn: Callable[[], Any]) -> Any:
         """Run a blocking store call (open, close) on the plugin's loop thread.
@@ -249,79 +185,7 @@ class FX100ioBackend(StoragePluginInterface):
             self._store.close()
 
     def _unlock_devices(self) -> None:
-        for fd in getattr(self, "_device_locks", []):
-            os.close(fd)  # closing drops the POSIX lock
-        self._device_locks = []
-
-    @staticmethod
-    def _open_store(options: PluginOptions, create: bool) -> Any:
-        try:
-            import fx100io
-        except ImportError as exc:
-            raise PluginStartError(
-                f"cannot import fx100io's core ({exc}); build it with `pip install -e .` in "
-                "the fx100io checkout"
-            ) from exc
-        uris: Any = list(options.devices) if len(options.devices) > 1 else options.devices[0]
-
-        def open_store(fmt: bool) -> Any:
-            if options.shared_index:
-                return fx100io.SharedChunkStore(
-                    uris,
-                    options.shared_index,
-                    create=fmt,
-                    size=options.size if fmt else None,
-                    name=options.shared_name if fmt else None,
-                    direct=options.direct,
-                    engine=options.engine,
-                    queue_depth=options.queue_depth,
-                    capacity=options.capacity,
-                    max_io=options.max_io,
-                )
-            return fx100io.ChunkStore(
-                uris,
-                create=fmt,
-                size=options.size if fmt else None,
-                direct=options.direct,
-                engine=options.engine,
-                queue_depth=options.queue_depth,
-                capacity=options.capacity,
-                max_io=options.max_io,
-                path=options.path,
-            )
-
-        try:
-            try:
-                store = open_store(create)
-            except fx100io.errors.NotAStoreError:
-                # A brand-new disk has no store yet; 'auto' formats it only if it is
-                # blank, so a device holding anything else is never overwritten.
-                # Never a shared pool's: every host would format it (should_create).
-                if (create or options.create != "auto" or options.shared_index
-                        or not all(is_blank(u, options.path) for u in options.devices)):
-                    raise
-                logger.warning("fx100io: %s blank, formatting it",
-                               ", ".join(redact(d) for d in options.devices))
-                create = True
-                store = open_store(True)
-        except Exception as exc:
-            action = "format" if create else "open"
-            hint = ""
-            if isinstance(exc, fx100io.errors.NotAStoreError):
-                hint = (
-                    " (it holds something that is not an fx100io store and is not blank; "
-                    "create: always would erase it)"
-                )
-            elif not create and options.create == "never":
-                hint = " (create: never, so nothing is formatted; use create: auto)"
-            shown = ", ".join(redact(d) for d in options.devices)
-            raise PluginStartError(f"could not {action} {shown}: {exc}{hint}") from exc
-        logger.info(
-            "fx100io: %s store on %s",
-            "formatted new" if create else "opened existing",
-            ", ".join(redact(d) for d in options.devices),
-        )
-        return store
+        unlock_devices(getattr(self, "_device_locks", []))
 
     def _register_pool(self) -> None:
         """Hand LMCache's pinned pool to io_uring as fixed buffers when the core can.

@@ -1,5 +1,6 @@
-"""The plugin's runtime plumbing: one event loop for all store I/O, bounded waits, and a
-circuit breaker that turns a failing device into cache misses.
+"""The adapters' runtime plumbing: one event loop for all store I/O, bounded waits, and a
+circuit breaker that turns a failing device into cache misses.  Shared by every engine
+adapter under fx100io.contrib (written first for the LMCache plugin, whose story follows).
 
 Why one loop: the ChunkStore's async API completes requests through an eventfd reader
 on the loop that issued them, so every read and write goes through the loop LMCache
@@ -24,7 +25,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-logger = logging.getLogger("fx100io.contrib.lmcache")
+logger = logging.getLogger("fx100io.contrib")
 
 
 class TimedOut(Exception):
@@ -43,7 +44,8 @@ class Breaker:
     instead add a timeout to each one.
     """
 
-    def __init__(self, retry_after_s: float) -> None:
+    def __init__(self, retry_after_s: float, log: logging.Logger | None = None) -> None:
+        self._log = log or logger
         self._retry_after_s = retry_after_s
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -56,7 +58,7 @@ class Breaker:
                 return True
             if time.monotonic() < self._down_until:
                 return False
-            logger.warning("fx100io: retrying the store after %s", self._reason)
+            self._log.warning("fx100io: retrying the store after %s", self._reason)
             self._reason = None
             return True
 
@@ -67,7 +69,7 @@ class Breaker:
             self._down_until = time.monotonic() + self._retry_after_s
             self.trips += 1
         if first:
-            logger.error(
+            self._log.error(
                 "fx100io: %s failed (%r); the plugin reports misses for %.1fs so LMCache "
                 "recomputes instead of waiting on the device",
                 what,
@@ -75,7 +77,7 @@ class Breaker:
                 self._retry_after_s,
             )
         else:
-            logger.debug("fx100io: %s failed again: %r", what, exc)
+            self._log.debug("fx100io: %s failed again: %r", what, exc)
 
 
 class LoopRunner:

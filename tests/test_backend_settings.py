@@ -1,0 +1,110 @@
+"""The settings every engine adapter shares (fx100io.contrib._settings): values as strings,
+errors that name the key as the user wrote it, and a store opened the safe way."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from fx100io.contrib._settings import (
+    BackendConfigError,
+    BackendStartError,
+    open_backend_store,
+    parse_settings,
+)
+
+WHERE = "adapter_params."
+
+
+def test_string_values_are_read_like_typed_ones(tmp_path):
+    s = parse_settings({"devices": f"file://{tmp_path}/a.img, file://{tmp_path}/b.img",
+                        "size": "64M", "capacity": "1G", "queue_depth": "8", "max_io": "1M",
+                        "direct": "false", "register_buffers": "no", "timeout_s": "2.5"}, WHERE)
+    assert s.devices == (f"file://{tmp_path}/a.img", f"file://{tmp_path}/b.img")
+    assert (s.size, s.capacity, s.queue_depth, s.max_io) == (64 << 20, 1 << 30, 8, 1 << 20)
+    assert s.direct is False and s.register_buffers is False and s.timeout_s == 2.5
+    assert s.where == WHERE and s.create == "auto" and s.path == "user"
+
+
+def test_errors_name_the_key_with_the_engines_prefix():
+    with pytest.raises(BackendConfigError, match=r"adapter_params\.devices is required"):
+        parse_settings({}, WHERE)
+    with pytest.raises(BackendConfigError, match=r"adapter_params\.sise"):
+        parse_settings({"devices": "/tmp/x.img", "sise": "1G"}, WHERE)
+    with pytest.raises(BackendConfigError, match=r"adapter_params\.queue_depth: expected an integer"):
+        parse_settings({"devices": "/tmp/x.img", "queue_depth": "many"}, WHERE)
+    with pytest.raises(BackendConfigError, match=r"adapter_params\.size: cannot read"):
+        parse_settings({"devices": "/tmp/x.img", "size": "lots"}, WHERE)
+    with pytest.raises(BackendConfigError, match=r"adapter_params\.devices: .* not a device URI"):
+        parse_settings({"devices": "http://example.invalid/x"}, WHERE)
+    # an engine's own keys beside ours are not typos
+    parse_settings({"devices": "/tmp/x.img", "backend_name": "fx100io"}, WHERE,
+                   extra_keys=("backend_name",))
+
+
+def test_worker_placeholders_and_secrets_stay_hidden():
+    s = parse_settings({"devices": "file:///kv/{worker_id}-of-{world_size}.img"}, WHERE,
+                       worker_id=3, world_size=4)
+    assert s.devices == ("file:///kv/3-of-4.img",)
+    secret = "DHHC-1:00:" + "A" * 44 + ":"
+    s = parse_settings({"devices": f"nvme+tcp://127.0.0.1:4420/nqn.x?dhchap_secret={secret}"}, WHERE)
+    assert "A" * 44 not in s.describe() and "A" * 44 not in repr(s)
+
+
+def test_open_formats_a_new_file_and_reopens_it(tmp_path):
+    s = parse_settings({"devices": f"file://{tmp_path}/sub/kv.img", "size": "32M",
+                        "direct": "false"}, WHERE)
+    data = np.arange(1 << 20, dtype=np.uint8)
+    with open_backend_store(s) as b:
+        b.store.batch_put_blocking(["k"], [data])
+    with open_backend_store(s) as b:  # the file exists now: opened, not formatted
+        out = np.zeros_like(data)
+        assert b.store.batch_get_blocking(["k"], [out]) == [True]
+        assert np.array_equal(out, data)
+
+
+def test_size_is_required_to_create_a_file(tmp_path):
+    s = parse_settings({"devices": f"file://{tmp_path}/kv.img"}, WHERE)
+    with pytest.raises(BackendConfigError, match=r"adapter_params\.size is required"):
+        open_backend_store(s)
+    assert not os.path.exists(tmp_path / "kv.img")
+
+
+def test_a_file_that_is_not_a_store_is_never_formatted(tmp_path):
+    path = tmp_path / "kv.img"
+    path.write_bytes(b"not a store" * 100_000)
+    s = parse_settings({"devices": str(path), "size": "32M"}, WHERE)
+    with pytest.raises(BackendStartError, match="not an fx100io store"):
+        open_backend_store(s)
+    assert path.read_bytes() == b"not a store" * 100_000
+
+
+def _open_in_child(uri: str, q) -> None:
+    s = parse_settings({"devices": uri, "size": "32M"}, WHERE)
+    try:
+        open_backend_store(s).close()
+        q.put("opened")
+    except BackendStartError as exc:
+        q.put(str(exc))
+
+
+def test_a_second_process_on_the_same_file_is_refused(tmp_path):
+    uri = f"file://{tmp_path}/kv.img"
+    s = parse_settings({"devices": uri, "size": "32M", "direct": "false"}, WHERE)
+    b = open_backend_store(s)
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_open_in_child, args=(uri, q))
+    p.start()
+    msg = q.get(timeout=60)
+    p.join(60)
+    assert "in use by another process" in msg and "adapter_params.devices" in msg
+    b.close()
+    b.close()  # idempotent
+    p = ctx.Process(target=_open_in_child, args=(uri, q))
+    p.start()
+    assert q.get(timeout=60) == "opened"
+    p.join(60)
