@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -411,11 +411,29 @@ def test_ctrl_c_stops_jobs_and_still_reports(tmp_path: Path, numjobs: int) -> No
         f"--numjobs={numjobs}",
         "--group_reporting",
         "--output-format=json",
+        "--eta=always",
     ]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
-    time.sleep(1.0)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
+    # Ctrl-C once the jobs run (the status line starts then), not after a fixed sleep: on
+    # a loaded machine a signal during Python's start-up would be an ordinary interrupt.
+    seen = bytearray()
+    running = threading.Event()
+
+    def watch_stderr() -> None:
+        assert p.stderr is not None
+        while chunk := p.stderr.read1(4096):
+            seen.extend(chunk)
+            if b"Jobs:" in seen:
+                running.set()
+
+    reader = threading.Thread(target=watch_stderr, daemon=True)
+    reader.start()
+    assert running.wait(120), seen.decode(errors="replace")
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=20)
+    out = p.stdout.read().decode() if p.stdout else ""
+    p.wait(timeout=60)
+    reader.join(10)
+    err = seen.decode(errors="replace")
     assert p.returncode == 0, err
     job = json.loads(out)["jobs"][0]
     assert job["read"]["io_bytes"] > 0
