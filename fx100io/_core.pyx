@@ -532,3 +532,4 @@ cdef class Queue:
 
 include "_fabric.pxi"
 include "_target.pxi"
+include "_bench.pxi"

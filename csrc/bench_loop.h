@@ -1,0 +1,93 @@
+/*
+ * The benchmark's I/O loop for files and block devices, in C: it keeps
+ * `depth` I/Os in flight on its own io_uring, and per wakeup reaps every
+ * completion that is there, accounts it (counters and a log-linear latency
+ * histogram) and submits the refills with the same system call that waits
+ * for the next completions.  Python sees it once per time slice.
+ */
+#ifndef FX_BENCH_LOOP_H
+#define FX_BENCH_LOOP_H
+
+#include <stdint.h>
+
+/* Histogram layout, the same as fx100io/bench/stats.py: values below
+ * 2 * FX_BL_SUB are exact, above that FX_BL_SUB linear sub-buckets per
+ * power of two. */
+#define FX_BL_SUB_BITS 7
+#define FX_BL_SUB (1u << FX_BL_SUB_BITS)
+#define FX_BL_EXACT (2u * FX_BL_SUB)
+#define FX_BL_NBUCKETS (FX_BL_EXACT + (64u - FX_BL_SUB_BITS - 1u) * FX_BL_SUB)
+#define FX_BL_MAX_DEPTH_HIST 64 /* depth histogram: 0..64, the last is ">= 64" */
+
+/* Options (fx_bl_params.flags) and what fx_bl_features() reports. */
+#define FX_BL_SQPOLL 0x1      /* kernel thread polls the submission queue */
+#define FX_BL_REGFILES 0x2    /* the fd as a registered (fixed) file */
+#define FX_BL_FIXEDBUFS 0x4   /* the buffers registered (READ/WRITE_FIXED) */
+#define FX_BL_REGRING 0x8     /* the ring's own fd registered */
+#define FX_BL_STAMP 0x100     /* writes carry their offset in their first 8 bytes */
+/* Only in fx_bl_features(): how completions are run. */
+#define FX_BL_DEFER_TASKRUN 0x10000
+#define FX_BL_COOP_TASKRUN 0x20000
+#define FX_BL_SINGLE_ISSUER 0x40000
+
+struct fx_bl_dir {
+	uint64_t ios;
+	uint64_t bytes;
+	uint64_t short_ios;
+	uint64_t min_ns; /* meaningful when ios > 0 */
+	uint64_t max_ns;
+	uint64_t sum_ns;
+	double sumsq;
+	uint64_t counts[FX_BL_NBUCKETS];
+};
+
+struct fx_bl_params {
+	int fd;
+	uint32_t bs;           /* bytes per I/O, > 0 */
+	uint32_t depth;        /* I/Os in flight, one buffer each */
+	uint64_t start;        /* byte offset of block 0 */
+	uint64_t nblocks;      /* blocks in the region, > 0 */
+	uint64_t passes;       /* walks over the region; 0 = until stopped */
+	uint64_t end_ns;       /* CLOCK_MONOTONIC instant to stop; 0 = none */
+	uint64_t seed;
+	double read_fraction;  /* 1.0 all reads, 0.0 all writes */
+	int random;            /* random order, else sequential */
+	int random_map;        /* random: every block once per pass */
+	unsigned flags;        /* FX_BL_* options asked for */
+	void *const *bufs;     /* depth buffers of bs bytes each */
+};
+
+struct fx_bl;
+
+/* 0 or -errno.  Options the kernel refuses are dropped, not fatal:
+ * fx_bl_refused() says which, with the errno of the refusal. */
+int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out);
+unsigned fx_bl_features(const struct fx_bl *b);
+unsigned fx_bl_refused(const struct fx_bl *b, int *errnos /* [4]: SQPOLL, REGFILES, FIXEDBUFS, REGRING */);
+
+/* Run until a completion is seen at or after slice_end_ns (returns 0),
+ * until every I/O is done (1), or until an I/O failed and the rest drained
+ * (-errno of the failure; -ENODATA for a read or write that moved 0 bytes).
+ * Interrupted by a signal: returns 0 so the caller can look at it. */
+int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns);
+/* Submit nothing more; the next fx_bl_run drains and returns 1. */
+void fx_bl_stop(struct fx_bl *b);
+/* The failed I/O: its offset and direction (1 = read). */
+void fx_bl_error(const struct fx_bl *b, int *err, uint64_t *off, int *is_read);
+
+const struct fx_bl_dir *fx_bl_stats(const struct fx_bl *b, int is_read);
+/* Submitted batches counted at the depth they brought the queue to,
+ * FX_BL_MAX_DEPTH_HIST + 1 entries. */
+const uint64_t *fx_bl_depths(const struct fx_bl *b);
+uint64_t fx_bl_inflight(const struct fx_bl *b);
+/* Waits (at most ~30 s) for what is still in flight, then frees. */
+void fx_bl_destroy(struct fx_bl *b);
+
+/* Histogram helpers, shared with the binding and its tests. */
+uint32_t fx_bl_bucket(uint64_t ns);
+uint64_t fx_bl_bucket_value(uint32_t idx);
+/* Nearest-rank percentile (0 < pct <= 100), bucket midpoint clamped to
+ * [min, max]; 0 when empty. */
+uint64_t fx_bl_percentile(const struct fx_bl_dir *d, double pct);
+
+#endif

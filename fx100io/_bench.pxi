@@ -1,0 +1,220 @@
+# Binding of the benchmark's C I/O loop (csrc/bench_loop.c); included by _core.pyx.
+
+cdef extern from "bench_loop.h" nogil:
+    enum:
+        FX_BL_NBUCKETS
+        FX_BL_MAX_DEPTH_HIST
+        FX_BL_SQPOLL
+        FX_BL_REGFILES
+        FX_BL_FIXEDBUFS
+        FX_BL_REGRING
+        FX_BL_STAMP
+        FX_BL_DEFER_TASKRUN
+        FX_BL_COOP_TASKRUN
+        FX_BL_SINGLE_ISSUER
+    struct fx_bl_dir:
+        uint64_t ios
+        uint64_t bytes
+        uint64_t short_ios
+        uint64_t min_ns
+        uint64_t max_ns
+        uint64_t sum_ns
+        double sumsq
+        uint64_t counts[1]
+    struct fx_bl_params:
+        int fd
+        uint32_t bs
+        uint32_t depth
+        uint64_t start
+        uint64_t nblocks
+        uint64_t passes
+        uint64_t end_ns
+        uint64_t seed
+        double read_fraction
+        int random
+        int random_map
+        unsigned flags
+        void **bufs
+    struct fx_bl:
+        pass
+    int fx_bl_create(const fx_bl_params *p, fx_bl **out)
+    unsigned fx_bl_features(const fx_bl *b)
+    unsigned fx_bl_refused(const fx_bl *b, int *errnos)
+    int fx_bl_run(fx_bl *b, uint64_t slice_end_ns)
+    void fx_bl_stop(fx_bl *b)
+    void fx_bl_error(const fx_bl *b, int *err, uint64_t *off, int *is_read)
+    const fx_bl_dir *fx_bl_stats(const fx_bl *b, int is_read)
+    const uint64_t *fx_bl_depths(const fx_bl *b)
+    uint64_t fx_bl_inflight(const fx_bl *b)
+    void fx_bl_destroy(fx_bl *b)
+    uint32_t fx_bl_bucket(uint64_t ns)
+    uint64_t fx_bl_percentile(const fx_bl_dir *d, double pct)
+
+BL_SQPOLL = FX_BL_SQPOLL
+BL_REGFILES = FX_BL_REGFILES
+BL_FIXEDBUFS = FX_BL_FIXEDBUFS
+BL_REGRING = FX_BL_REGRING
+BL_STAMP = FX_BL_STAMP
+BL_NBUCKETS = FX_BL_NBUCKETS
+BL_FEATURES = {
+    FX_BL_SQPOLL: "sqpoll", FX_BL_REGFILES: "registerfiles", FX_BL_FIXEDBUFS: "fixedbufs",
+    FX_BL_REGRING: "registered ring fd", FX_BL_DEFER_TASKRUN: "defer_taskrun",
+    FX_BL_COOP_TASKRUN: "coop_taskrun", FX_BL_SINGLE_ISSUER: "single_issuer",
+}
+
+
+def bench_bucket(uint64_t ns):
+    """Histogram bucket of a latency, as the C loop files it."""
+    return fx_bl_bucket(ns)
+
+
+cdef class BenchLoop:
+    """The C I/O loop of `fx100io bench` over one fd (csrc/bench_loop.c).
+
+    ``bufs`` are writable buffers of at least ``bs`` bytes each, one per I/O
+    in flight; the loop keeps references to them until close().  run() works
+    for one time slice with the GIL released; an I/O that fails ends the
+    run as an OSError whose ``offset`` and ``is_read`` attributes say which.
+    """
+    cdef fx_bl *b
+    cdef void **addrs
+    cdef object keep
+    cdef readonly int fd
+
+    def __cinit__(self, int fd, uint64_t start, uint64_t nblocks, uint32_t bs, bufs, *,
+                  bint random=False, bint random_map=True, double read_fraction=1.0,
+                  uint64_t seed=0, uint64_t passes=1, uint64_t end_ns=0, unsigned flags=0):
+        cdef fx_bl_params p
+        cdef int rc
+        cdef Py_ssize_t i, n
+        self.b = NULL
+        self.fd = fd
+        self.keep = [memoryview(x) for x in bufs]
+        n = len(self.keep)
+        if n == 0:
+            raise ValueError("BenchLoop needs at least one buffer")
+        self.addrs = <void **>malloc(n * sizeof(void *))
+        if self.addrs == NULL:
+            raise MemoryError()
+        for i in range(n):
+            addr, size = buffer_address(self.keep[i], True)
+            if size < bs:
+                raise ValueError(f"buffer {i} has {size} bytes, fewer than bs={bs}")
+            self.addrs[i] = <void *><uintptr_t>addr
+        memset(&p, 0, sizeof(p))
+        p.fd = fd
+        p.bs = bs
+        p.depth = <uint32_t>n
+        p.start = start
+        p.nblocks = nblocks
+        p.passes = passes
+        p.end_ns = end_ns
+        p.seed = seed
+        p.read_fraction = read_fraction
+        p.random = random
+        p.random_map = random_map
+        p.flags = flags
+        p.bufs = self.addrs
+        with nogil:
+            rc = fx_bl_create(&p, &self.b)
+        check(rc, "set up the I/O loop")
+
+    def __dealloc__(self):
+        if self.b != NULL:
+            with nogil:
+                fx_bl_destroy(self.b)
+            self.b = NULL
+        if self.addrs != NULL:
+            free(self.addrs)
+            self.addrs = NULL
+
+    cdef fx_bl *_live(self) except NULL:
+        if self.b == NULL:
+            raise ValueError("BenchLoop is closed")
+        return self.b
+
+    def close(self):
+        """Wait for what is in flight, then free the ring (idempotent)."""
+        if self.b != NULL:
+            with nogil:
+                fx_bl_destroy(self.b)
+            self.b = NULL
+        self.keep = None
+
+    @property
+    def features(self):
+        """Names of what the loop runs with (setup flags, registrations)."""
+        cdef unsigned f = fx_bl_features(self._live())
+        return [name for bit, name in BL_FEATURES.items() if f & bit]
+
+    @property
+    def refused(self):
+        """{option name: errno} for options asked for that the kernel refused."""
+        cdef int errs[4]
+        cdef unsigned r = fx_bl_refused(self._live(), errs)
+        out = {}
+        for k, (bit, name) in enumerate(((FX_BL_SQPOLL, "sqpoll"), (FX_BL_REGFILES, "registerfiles"),
+                                         (FX_BL_FIXEDBUFS, "fixedbufs"),
+                                         (FX_BL_REGRING, "registered ring fd"))):
+            if r & bit:
+                out[name] = errs[k]
+        return out
+
+    def run(self, uint64_t slice_end_ns):
+        """Work until a completion seen at or after slice_end_ns (False) or
+        until every I/O is done (True).  A failed I/O raises OSError after
+        the rest drained."""
+        cdef fx_bl *b = self._live()
+        cdef int rc, err, is_read
+        cdef uint64_t off
+        with nogil:
+            rc = fx_bl_run(b, slice_end_ns)
+        if rc >= 0:
+            return rc == 1
+        fx_bl_error(b, &err, &off, &is_read)
+        if err == 0:
+            err = -rc
+        what = "read" if is_read else "write"
+        if err == 61:  # ENODATA: the I/O moved no bytes
+            e = EOFError(f"{what} at offset {off} returned 0 bytes (end of the target?)")
+        else:
+            e = error_from_errno(err, f"{what} at offset {off}")
+        e.offset = off
+        e.is_read = bool(is_read)
+        raise e
+
+    def stop(self):
+        """Submit nothing more; the next run() drains and returns True."""
+        fx_bl_stop(self._live())
+
+    @property
+    def inflight(self):
+        return fx_bl_inflight(self._live())
+
+    def counters(self):
+        """(read ios, read bytes, write ios, write bytes) so far."""
+        cdef const fx_bl_dir *r = fx_bl_stats(self._live(), 1)
+        cdef const fx_bl_dir *w = fx_bl_stats(self.b, 0)
+        return r.ios, r.bytes, w.ios, w.bytes
+
+    def stats(self, bint is_read):
+        """One direction's counters and histogram: a dict with ios, bytes,
+        short_ios, min_ns, max_ns, sum_ns, sumsq and counts (bytes of
+        BL_NBUCKETS native uint64)."""
+        cdef const fx_bl_dir *d = fx_bl_stats(self._live(), is_read)
+        return {
+            "ios": d.ios, "bytes": d.bytes, "short_ios": d.short_ios,
+            "min_ns": d.min_ns if d.ios else 0, "max_ns": d.max_ns, "sum_ns": d.sum_ns,
+            "sumsq": d.sumsq,
+            "counts": (<const char *>&d.counts[0])[:FX_BL_NBUCKETS * sizeof(uint64_t)],
+        }
+
+    def percentile(self, bint is_read, double pct):
+        """Nearest-rank percentile of one direction's latencies (ns), from the C histogram."""
+        return fx_bl_percentile(fx_bl_stats(self._live(), is_read), pct)
+
+    def depths(self):
+        """Submitted I/Os counted at the depth their batch brought the queue to,
+        index = depth (the last entry holds every depth from its index up)."""
+        cdef const uint64_t *d = fx_bl_depths(self._live())
+        return [d[i] for i in range(FX_BL_MAX_DEPTH_HIST + 1)]
