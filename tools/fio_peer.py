@@ -9,6 +9,7 @@ device alone costs it 3x at iodepth 32 and would make a poor yardstick.
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 
 
@@ -31,5 +32,21 @@ def fio_read_cpu(path: str, size: int, bs: str | int, iodepth: int,
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
     job = json.loads(p.stdout)["jobs"][0]
     read = job["read"]
-    cpu_seconds = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0
-    return read["io_bytes"], read["bw_bytes"], cpu_seconds
+    return read["io_bytes"], read["bw_bytes"], job_cpu_seconds(job)
+
+
+def run_measured(cmd: list[str], timeout: float | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run cmd to the end; (its result, user+sys CPU seconds of the process and
+    every child it waited for), from the kernel's rusage of our children.
+    Everything the process did counts, start-up included."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return p, cpu
+
+
+def job_cpu_seconds(job: dict) -> float:
+    """user+sys CPU seconds of one job of a fio (or fx100io bench) JSON report,
+    by the tool's own account of its job: start-up and reporting excluded."""
+    return (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100.0 * float(job["job_runtime"]) / 1000.0

@@ -111,6 +111,25 @@ _SPECS = [
         "0",
         flag=True,
     ),
+    # ---- io_uring options (fio's names); the C I/O loop of files and block devices
+    OptionSpec(
+        "sqthread_poll",
+        "bool",
+        "io_uring: a kernel thread polls the submission queue (SQPOLL; costs a core)",
+        "0",
+        flag=True,
+    ),
+    OptionSpec("sqpoll", "bool", "alias of --sqthread_poll", flag=True),
+    OptionSpec(
+        "registerfiles", "bool", "io_uring: register the file with the ring (fixed file)", "1", flag=True
+    ),
+    OptionSpec(
+        "fixedbufs",
+        "bool",
+        "io_uring: register the I/O buffers with the ring (READ/WRITE_FIXED)",
+        "1",
+        flag=True,
+    ),
     OptionSpec(
         "percentile_list", "percentiles", "clat percentiles to report, colon separated", DEFAULT_PERCENTILES
     ),
@@ -319,7 +338,8 @@ def help_text() -> str:
         "A fio-like microbenchmark of fx100io's I/O paths.  Option names and meanings follow",
         "fio; job files use fio's INI format ([global] plus one section per job).",
         "Jobs (sections, and numjobs clones) run concurrently, each in its own process;",
-        "within a job, iodepth I/Os are kept in flight by asyncio tasks.",
+        "within a job, iodepth I/Os are kept in flight (files and block devices through",
+        "io_uring: by a C loop that reaps and resubmits a whole batch per wakeup).",
         "",
         "options:",
     ]
@@ -384,6 +404,9 @@ class Job:
     description: str | None
     kv: KvSpec | None
     shown: dict[str, str | None]
+    sqpoll: bool = False
+    registerfiles: bool = True
+    fixedbufs: bool = True
 
     @property
     def is_random(self) -> bool:
@@ -506,6 +529,9 @@ def resolve_job(raw: RawJob) -> Job:
     if time_based and runtime_ns is None:
         raise BenchError("--time_based: needs --runtime (how long to run)")
 
+    sqpoll = parse_bool(v.get("sqthread_poll"), "sqthread_poll")
+    if "sqpoll" in raw.values:
+        sqpoll = parse_bool(raw.values.get("sqpoll"), "sqpoll")
     direct = parse_bool(v.get("direct"), "direct")
     if "buffered" in raw.values:
         direct = not parse_bool(raw.values.get("buffered"), "buffered")
@@ -563,6 +589,9 @@ def resolve_job(raw: RawJob) -> Job:
         description=v.get("description"),
         kv=kv,
         shown=dict(raw.shown),
+        sqpoll=sqpoll,
+        registerfiles=parse_bool(v.get("registerfiles"), "registerfiles"),
+        fixedbufs=parse_bool(v.get("fixedbufs"), "fixedbufs"),
     )
 
 

@@ -91,6 +91,25 @@ class DirStats:
         vf = v.astype(np.float64)
         self.sumsq += float(np.dot(vf, vf))
 
+    def load(
+        self, ios: int, nbytes: int, short_ios: int, counts: np.ndarray, min_ns: int, max_ns: int,
+        sum_ns: int, sumsq: float,
+    ) -> None:
+        """Take every counter from an outside accountant (the C I/O loop,
+        whose histogram has this layout): replaces what was there."""
+        if counts.shape != self.counts.shape:
+            raise ValueError(f"histogram of {counts.shape} buckets, expected {self.counts.shape}")
+        self._pending = array("q")
+        self.ios = ios
+        self.bytes = nbytes
+        self.short_ios = short_ios
+        self.counts = counts.astype(np.int64)
+        self._n = int(self.counts.sum())
+        self.min_ns = min_ns if self._n else 0
+        self.max_ns = max_ns
+        self.sum_ns = sum_ns
+        self.sumsq = sumsq
+
     # -- summaries
     @property
     def n(self) -> int:

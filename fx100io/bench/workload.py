@@ -2,9 +2,12 @@
 
 Concurrency model: a job instance is one process (see runner.py) that keeps
 ``iodepth`` I/Os outstanding, one per pinned buffer, as fio's iodepth means.
-Without --verify a plain loop drives the device's C queue directly (submit,
-wait without the GIL, reap): no future or task per I/O, which small blocks
-would otherwise pay for in IOPS.  With --verify, ``iodepth`` asyncio tasks
+Files and block devices through io_uring run in a C loop (csrc/bench_loop.c):
+it generates the access pattern, submits, reaps and accounts a whole batch
+per wakeup and comes back to Python once per 100 ms tick, so Python does
+nothing per I/O.  Other targets without --verify use a plain loop over the
+device's C queue (submit, wait without the GIL, reap): no future or task per
+I/O, which small blocks would otherwise pay for in IOPS.  With --verify, ``iodepth`` asyncio tasks
 each own one buffer, so a read can wait for a write of the same block.  The
 psync engine is synchronous (as fio's sync engines are): it runs one blocking
 I/O at a time and iodepth has no effect.
@@ -18,7 +21,9 @@ empty (N = 0).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -53,8 +58,14 @@ class Phase:
 class IoLoop:
     """Drives one target through an access pattern, async or blocking."""
 
-    def __init__(self, job: Job, target: Target, bufs: list[np.ndarray], progress: Any) -> None:
+    def __init__(
+        self, job: Job, target: Target, bufs: list[np.ndarray], progress: Any, c_fd: int | None = None
+    ) -> None:
         self.job = job
+        # fd of the target for the C loop, None when the job runs in Python
+        self.c_fd = c_fd
+        self.c_features: list[str] = []
+        self.c_refused: dict[str, int] = {}
         self.target = target
         self.dev = target.device
         self.bufs = bufs
@@ -300,6 +311,99 @@ class IoLoop:
                 rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000
             )
 
+    # ------------------------------------------------------------ C loop
+
+    def c_flags(self) -> int:
+        from fx100io import _core
+
+        job = self.job
+        flags = _core.BL_REGRING
+        if job.sqpoll:
+            flags |= _core.BL_SQPOLL
+        if job.registerfiles:
+            flags |= _core.BL_REGFILES
+        if job.fixedbufs:
+            flags |= _core.BL_FIXEDBUFS
+        return flags
+
+    def run_c(self, pat: AccessPattern, phase: Phase, duration_ns: int | None) -> None:
+        """The whole pattern in the C loop; Python wakes once per tick."""
+        from fx100io import _core
+
+        assert self.c_fd is not None
+        clock = time.monotonic_ns
+        rstats, wstats = phase.read, phase.write
+        progress = self.progress
+        phase.start_ns = start = clock()
+        try:
+            bl = _core.BenchLoop(
+                self.c_fd,
+                pat.start,
+                pat.nblocks,
+                pat.bs,
+                self.bufs,
+                random=pat.random,
+                random_map=pat.random_map,
+                read_fraction=pat.read_fraction,
+                seed=pat.seed & ((1 << 64) - 1),
+                passes=pat.passes or 0,
+                end_ns=start + duration_ns if duration_ns else 0,
+                flags=self.c_flags(),
+            )
+        except OSError as e:
+            raise BenchError(f"job {self.job.name!r}: cannot set up io_uring on {self.target.uri}: {e}") from None
+        if not self.c_features:
+            self.c_features = bl.features
+            self.c_refused = bl.refused
+            for name, err in self.c_refused.items():
+                log(self.job, f"the kernel refused {name} ({errno.errorcode.get(err, err)}: "
+                    f"{os.strerror(err)}); running without it")
+        next_tick = start + TICK_NS
+        phase.series.sample(0, rstats, wstats)
+        try:
+            while True:
+                try:
+                    done = bl.run(next_tick)
+                except OSError as e:
+                    raise self._io_error("read" if e.is_read else "write", e.offset, e) from None  # type: ignore[attr-defined]
+                except EOFError as e:
+                    raise self._io_error("read" if e.is_read else "write", e.offset, e) from None  # type: ignore[attr-defined]
+                now = clock()
+                rstats.ios, rstats.bytes, wstats.ios, wstats.bytes = bl.counters()
+                if done:
+                    break
+                if now >= next_tick:
+                    phase.series.sample(now - start, rstats, wstats)
+                    progress.update(rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (now - start) // 1_000_000)
+                    next_tick = now + TICK_NS
+                    if progress.stop_requested:
+                        bl.stop()
+        finally:
+            # Anything still in flight (we got here through an exception in
+            # Python) finishes before the buffers can go.
+            if bl.inflight:
+                bl.stop()
+                try:
+                    while not bl.run(clock() + TICK_NS):
+                        pass
+                except (OSError, EOFError):
+                    pass
+            phase.end_ns = clock()
+            for stats, is_read in ((rstats, True), (wstats, False)):
+                d = bl.stats(is_read)
+                stats.load(
+                    d["ios"], d["bytes"], d["short_ios"], np.frombuffer(d["counts"], dtype=np.uint64),
+                    d["min_ns"], d["max_ns"], d["sum_ns"], d["sumsq"],
+                )
+            for depth, count in enumerate(bl.depths()):
+                if depth and count:
+                    phase.depth_counts[depth_bucket(depth)] += count
+            bl.close()
+            phase.series.sample(phase.end_ns - start, rstats, wstats)
+            progress.update(
+                rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000
+            )
+
     # ------------------------------------------------------------ blocking
 
     def run_blocking(
@@ -374,7 +478,9 @@ class IoLoop:
         verify_only: bool = False,
     ) -> None:
         """Issue ``ios`` until they run out or ``duration_ns`` has passed."""
-        if self.job.ioengine == "psync":
+        if self.c_fd is not None and isinstance(ios, AccessPattern) and not verify_only and self.verify_log is None:
+            self.run_c(ios, phase, duration_ns)
+        elif self.job.ioengine == "psync":
             self.run_blocking(ios, phase, duration_ns, verify_only)
         elif self.verify_log is None:
             self.run_direct(ios, phase, duration_ns)
@@ -383,6 +489,40 @@ class IoLoop:
 
 
 # ---------------------------------------------------------------- the job
+
+
+def log(job: Job, msg: str) -> None:
+    """One line on stderr about how a job runs (not part of the report)."""
+    print(f"fx100io bench: job {job.name!r}: {msg}", file=sys.stderr, flush=True)
+
+
+def c_loop_refusal(job: Job, target: Target) -> str | None:
+    """Why the job cannot run in the C I/O loop, or None when it can."""
+    if job.ioengine != "io_uring":
+        return f"ioengine={job.ioengine}"
+    if target.path is None:
+        return "the target is not a local file or block device"
+    if job.verify:
+        return "--verify checks blocks in Python"
+    return None
+
+
+def open_c_loop_fd(job: Job, target: Target, clone: int) -> int | None:
+    """An fd of the target for the C loop, or None (with a log line) when
+    the job takes the Python I/O loop."""
+    why = c_loop_refusal(job, target)
+    if why is None:
+        assert target.path is not None
+        flags = (os.O_RDWR if job.writes or target.created else os.O_RDONLY) | os.O_CLOEXEC
+        if job.direct:
+            flags |= os.O_DIRECT
+        try:
+            return os.open(target.path, flags)
+        except OSError as e:
+            why = f"cannot open {target.path} for it: {e.strerror}"
+    if job.ioengine != "psync" and clone == 0:
+        log(job, f"runs on the Python I/O loop, not the C loop ({why})")
+    return None
 
 
 def _buffers(job: Job, count: int) -> tuple[Any, list[np.ndarray]]:
@@ -431,13 +571,15 @@ def run_block_job(
     if job.ioengine == "psync" and job.iodepth > 1:
         result.engine_note = f"psync is synchronous: one I/O at a time (iodepth={job.iodepth} has no effect)"
     target = open_target(job, queue_depth=max(depth, 1))
+    c_fd: int | None = None
     try:
         result.target_uri = target.uri
         result.target_size = target.size
         result.block_size = target.block_size
         result.region = (target.region_start, target.region_len)
         pool, bufs = _buffers(job, depth)
-        loop = IoLoop(job, target, bufs, progress)
+        c_fd = open_c_loop_fd(job, target, clone)
+        loop = IoLoop(job, target, bufs, progress, c_fd)
         if target.created and job.reads:
             layout(loop, job, target)
         if target.path and not job.direct and job.invalidate:
@@ -495,6 +637,8 @@ def run_block_job(
         del bufs
         pool.close()
     finally:
+        if c_fd is not None:
+            os.close(c_fd)
         target.close()
         progress.set_state(DONE)
     result.end_time = time.time()
