@@ -60,3 +60,37 @@ def test_compare_fio_refuses_bad_job_files(tmp_path: Path) -> None:
     )
     assert p.returncode == 1
     assert "unknown option 'bogus'" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install fio)")
+def test_compare_fio_standard_jobs_print_both_ratios(tmp_path: Path) -> None:
+    """--standard runs the 4k QD32 and 128k QD8 random-read jobs; each ends
+    with the IOPS ratio and the CPU-per-I/O ratio (values not asserted)."""
+    target = tmp_path / "std.img"
+    p = subprocess.run(
+        [sys.executable, str(TOOL), f"--standard={target}", "--size=1m", "--repeat=1"],
+        check=False, capture_output=True, text=True, timeout=180,
+    )
+    assert p.returncode == 0, p.stderr
+    for name in ("randread-4k-qd32", "randread-128k-qd8"):
+        assert any(line.startswith(f"{name}: IOPS ratio fx100io/fio ") for line in p.stdout.splitlines())
+        assert any(line.startswith(f"{name}: CPU per I/O ratio fx100io/fio ") for line in p.stdout.splitlines())
+    p = subprocess.run(
+        [sys.executable, str(TOOL), f"--standard={target}", "--size=1m", "--repeat=1", "--json"],
+        check=False, capture_output=True, text=True, timeout=180,
+    )
+    assert p.returncode == 0, p.stderr
+    docs = json.loads(p.stdout)["comparisons"]
+    assert [d["jobfile"] for d in docs] == ["randread-4k-qd32", "randread-128k-qd8"]
+    for d in docs:
+        # same job, same region: both tools did the same number of I/Os
+        ios = {t: d["runs"][t][0]["IOPS"] > 0 for t in ("fio", "fx100io")}
+        assert ios == {"fio": True, "fx100io": True}
+        assert d["ratios"]["iops"] > 0 and d["ratios"]["cpu_per_io_process"] > 0
+        assert "cpu_per_io_job" in d["ratios"]  # None when a tiny job shows 0% CPU
+
+
+def test_compare_fio_needs_a_job(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, str(TOOL), "--fio=/bin/true"], check=False, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "give a job file or --standard" in p.stderr

@@ -1,0 +1,341 @@
+"""The C I/O loop of `fx100io bench` (csrc/bench_loop.c, _core.BenchLoop):
+what it writes lands where it says, its histogram agrees with its counts,
+failed I/O comes back as clear exceptions, and the bench uses it for files
+while keeping the Python loop for what it cannot do.  No timing is asserted."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+KiB, MiB = 1 << 10, 1 << 20
+
+_core = pytest.importorskip("fx100io._core")
+if not hasattr(_core, "BenchLoop"):
+    pytest.skip("fx100io core built without the bench loop", allow_module_level=True)
+
+import fx100io  # noqa: E402
+from fx100io.bench import cli  # noqa: E402
+from fx100io.bench.errors import BenchError  # noqa: E402
+from fx100io.bench.options import DEFAULT_PERCENTILES  # noqa: E402
+from fx100io.bench.stats import DirStats, bucket_index  # noqa: E402
+
+ALL_OPTS = _core.BL_REGFILES | _core.BL_FIXEDBUFS | _core.BL_REGRING
+
+
+def run_to_end(bl: _core.BenchLoop) -> None:
+    while not bl.run(time.monotonic_ns() + 50_000_000):
+        pass
+
+
+def bufs_of(pool: fx100io.BufferPool, n: int, bs: int, fill: int) -> list[np.ndarray]:
+    out = [pool.alloc(bs) for _ in range(n)]
+    for b in out:
+        b[:] = fill
+    return out
+
+
+@pytest.fixture
+def pool():
+    p = fx100io.BufferPool(4 * MiB)
+    yield p
+    p.close()
+
+
+def make_file(path: Path, size: int, byte: int = 0) -> None:
+    with open(path, "wb") as f:
+        f.write(bytes([byte]) * size)
+
+
+@pytest.mark.parametrize("flags", [0, ALL_OPTS, _core.BL_SQPOLL | ALL_OPTS])
+@pytest.mark.parametrize("random,random_map", [(False, True), (True, True)])
+def test_each_block_written_once_where_the_loop_says(tmp_path: Path, pool, flags, random, random_map) -> None:
+    """Writes stamped with their offset: reading the file back shows every
+    block of the region written exactly once per pass (a permutation), the
+    rest of each block is the buffer's bytes, and nothing outside the region
+    was touched."""
+    bs, n, start = 4 * KiB, 300, 8 * KiB
+    f = tmp_path / "w.img"
+    make_file(f, start + n * bs + 8 * KiB, 0xEE)
+    fd = os.open(f, os.O_RDWR | os.O_DIRECT)
+    try:
+        bufs = bufs_of(pool, 16, bs, 0x5A)
+        bl = _core.BenchLoop(fd, start, n, bs, bufs, random=random, random_map=random_map,
+                             read_fraction=0.0, seed=7, passes=1, flags=flags | _core.BL_STAMP)
+        run_to_end(bl)
+        rios, rbytes, wios, wbytes = bl.counters()
+        assert (rios, rbytes, wios, wbytes) == (0, 0, n, n * bs)
+        assert bl.inflight == 0
+        assert sum(bl.depths()) == n
+        bl.close()
+    finally:
+        os.close(fd)
+    data = f.read_bytes()
+    assert data[:start] == b"\xee" * start
+    assert data[start + n * bs :] == b"\xee" * (8 * KiB)
+    for i in range(n):
+        blk = data[start + i * bs : start + (i + 1) * bs]
+        assert int.from_bytes(blk[:8], "little") == start + i * bs
+        assert blk[8:] == b"\x5a" * (bs - 8)
+
+
+def test_random_passes_are_permutations_with_different_orders(tmp_path: Path, pool) -> None:
+    """Two passes of a random map read every block twice; the first pass's
+    stamps (written in order of issue) differ from a sequential walk."""
+    bs, n = 4 * KiB, 64
+    f = tmp_path / "p.img"
+    make_file(f, n * bs)
+    fd = os.open(f, os.O_RDWR | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 1, bs, 1), random=True, read_fraction=1.0,
+                             passes=2, flags=ALL_OPTS)
+        run_to_end(bl)
+        assert bl.counters() == (2 * n, 2 * n * bs, 0, 0)
+        bl.close()
+    finally:
+        os.close(fd)
+
+
+def test_mixed_reads_and_writes_add_up(tmp_path: Path, pool) -> None:
+    bs, n = 4 * KiB, 512
+    f = tmp_path / "m.img"
+    make_file(f, n * bs)
+    fd = os.open(f, os.O_RDWR | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 8, bs, 3), random=True, read_fraction=0.5,
+                             passes=1, flags=ALL_OPTS)
+        run_to_end(bl)
+        rios, rbytes, wios, wbytes = bl.counters()
+        assert rios + wios == n and rios > 0 and wios > 0
+        assert rbytes == rios * bs and wbytes == wios * bs
+        bl.close()
+    finally:
+        os.close(fd)
+
+
+def test_histogram_buckets_match_the_python_layout() -> None:
+    values = [0, 1, 127, 255, 256, 257, 511, 512, 1000, 4095, 4096, 10**6, 2**40 + 12345, 2**63 - 1]
+    values += np.random.default_rng(1).integers(0, 2**62, size=2000).tolist()
+    want = bucket_index(np.array(values, dtype=np.int64)).tolist()
+    assert [_core.bench_bucket(v) for v in values] == want
+    assert _core.bench_bucket(2**64 - 1) == want[values.index(2**63 - 1)]  # clamped, never out of range
+    assert DirStats().counts.shape[0] == _core.BL_NBUCKETS
+
+
+def test_percentiles_consistent_with_counts(tmp_path: Path, pool) -> None:
+    bs, n = 4 * KiB, 2000
+    f = tmp_path / "h.img"
+    make_file(f, n * bs)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 8, bs, 0), random=True, passes=1, flags=ALL_OPTS)
+        run_to_end(bl)
+        d = bl.stats(True)
+        counts = np.frombuffer(d["counts"], dtype=np.uint64)
+        assert int(counts.sum()) == d["ios"] == n
+        assert d["bytes"] == n * bs and d["short_ios"] == 0
+        assert 0 < d["min_ns"] <= d["max_ns"]
+        assert d["min_ns"] * n <= d["sum_ns"] <= d["max_ns"] * n
+        nz = np.nonzero(counts)[0]
+        assert _core.bench_bucket(d["min_ns"]) == nz[0] and _core.bench_bucket(d["max_ns"]) == nz[-1]
+        ds = DirStats()
+        ds.load(d["ios"], d["bytes"], d["short_ios"], counts, d["min_ns"], d["max_ns"], d["sum_ns"], d["sumsq"])
+        pcts = tuple(float(p) for p in DEFAULT_PERCENTILES.split(":")) + (100.0,)
+        py = ds.percentiles(pcts)
+        c = [bl.percentile(True, p) for p in pcts]
+        assert c == [py[p] for p in pcts]
+        assert c == sorted(c)
+        # the top rank lands in the max's bucket (reported as its midpoint, clamped)
+        assert _core.bench_bucket(c[-1]) == _core.bench_bucket(d["max_ns"]) and c[-1] <= d["max_ns"]
+        # The write side saw nothing and says so.
+        assert bl.stats(False)["ios"] == 0 and bl.percentile(False, 50) == 0
+        bl.close()
+    finally:
+        os.close(fd)
+
+
+def test_misaligned_direct_io_is_a_clear_einval(tmp_path: Path, pool) -> None:
+    bs = 4 * KiB
+    f = tmp_path / "a.img"
+    make_file(f, 64 * KiB)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        raw = pool.alloc(2 * bs)
+        bl = _core.BenchLoop(fd, 0, 16, bs, [raw[1 : 1 + bs]], passes=1)
+        with pytest.raises(OSError) as ei:
+            run_to_end(bl)
+        assert ei.value.errno == errno.EINVAL
+        assert ei.value.offset == 0 and ei.value.is_read is True
+        assert "read at offset 0" in str(ei.value)
+        assert bl.inflight == 0  # the rest drained before the error came back
+        bl.close()
+        # A misaligned offset, through registered buffers and file this time.
+        bl = _core.BenchLoop(fd, 512 + 1, 4, bs, bufs_of(pool, 2, bs, 0), passes=1, flags=ALL_OPTS)
+        with pytest.raises(OSError) as ei:
+            run_to_end(bl)
+        assert ei.value.errno == errno.EINVAL and ei.value.offset % bs == 513 % bs
+        bl.close()
+    finally:
+        os.close(fd)
+
+
+def test_reading_past_the_end_is_an_eof_error(tmp_path: Path, pool) -> None:
+    bs = 4 * KiB
+    f = tmp_path / "e.img"
+    make_file(f, 4 * bs)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, 8, bs, bufs_of(pool, 1, bs, 0), passes=1, flags=ALL_OPTS)
+        with pytest.raises(EOFError) as ei:
+            run_to_end(bl)
+        assert ei.value.offset == 4 * bs and "returned 0 bytes" in str(ei.value)
+        assert bl.counters()[0] == 4
+        bl.close()
+    finally:
+        os.close(fd)
+
+
+def test_bad_arguments_refused(tmp_path: Path, pool) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        b = bufs_of(pool, 1, 4096, 0)
+        with pytest.raises(OSError):
+            _core.BenchLoop(fd, 0, 0, 4096, b)  # empty region
+        with pytest.raises(ValueError):
+            _core.BenchLoop(fd, 0, 1, 8192, b)  # buffer smaller than bs
+        with pytest.raises(ValueError):
+            _core.BenchLoop(fd, 0, 1, 4096, [])
+        with pytest.raises(OSError):
+            _core.BenchLoop(-1, 0, 1, 4096, b)
+    finally:
+        os.close(fd)
+
+
+def test_stop_drains_and_ends_a_time_based_loop(tmp_path: Path, pool) -> None:
+    bs, n = 4 * KiB, 256
+    f = tmp_path / "s.img"
+    make_file(f, n * bs)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 8, bs, 0), random=True, passes=0, flags=ALL_OPTS)
+        assert bl.run(time.monotonic_ns() + 20_000_000) is False  # unbounded: only the slice ended
+        bl.stop()
+        assert bl.run(time.monotonic_ns() + 10**12) is True
+        assert bl.inflight == 0
+        ios = bl.counters()[0]
+        assert ios > 0 and bl.stats(True)["ios"] == ios
+        bl.close()
+        with pytest.raises(ValueError):
+            bl.run(0)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------ through the bench
+
+
+def bench(*argv: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.run([*argv, "--output-format=json"], stdout=out, stderr=err)
+    assert rc == 0, err.getvalue()
+    return rc, out.getvalue()
+
+
+@pytest.mark.parametrize("opts", [[], ["--fixedbufs=0", "--registerfiles=0"], ["--sqthread_poll"]])
+def test_bench_randwrite_bytes_read_back(tmp_path: Path, opts: list[str]) -> None:
+    """Every block of the region holds one of the job's write buffers (made
+    from --randseed as the workload makes them), none is left unwritten."""
+    f = tmp_path / "w.img"
+    bs, depth, size = 4 * KiB, 4, 1 * MiB
+    _, out = bench("--name=w", f"--filename={f}", "--rw=randwrite", f"--bs={bs}", f"--size={size}",
+                   f"--iodepth={depth}", "--direct=1", "--randseed=99", *opts)
+    job = json.loads(out)["jobs"][0]
+    assert job["write"]["io_bytes"] == size and job["write"]["total_ios"] == size // bs
+    rng = np.random.default_rng(99)
+    payloads = {rng.integers(0, 256, size=bs, dtype=np.uint8).tobytes() for _ in range(depth)}
+    data = f.read_bytes()
+    assert len(data) == size
+    assert all(data[i : i + bs] in payloads for i in range(0, size, bs))
+    # clat percentiles in the report come from the same histogram as the count
+    pct = job["write"]["clat_ns"]["percentile"]
+    vals = [pct[k] for k in sorted(pct, key=float)]
+    assert vals == sorted(vals) and vals[-1] <= job["write"]["clat_ns"]["max"]
+
+
+def test_bench_read_job_through_c_loop_counts_and_depths(tmp_path: Path) -> None:
+    f = tmp_path / "r.img"
+    make_file(f, 2 * MiB, 1)
+    _, out = bench("--name=r", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=16",
+                   "--direct=1", "--loops=2")
+    job = json.loads(out)["jobs"][0]
+    assert job["read"]["total_ios"] == 2 * 512 and job["read"]["io_bytes"] == 4 * MiB
+    assert job["read"]["clat_ns"]["N"] == 2 * 512
+    assert sum(job["iodepth_level"].values()) == pytest.approx(100.0, abs=0.5)
+
+
+def test_bench_misaligned_region_error_is_clear(tmp_path: Path) -> None:
+    f = tmp_path / "x.img"
+    make_file(f, 1 * MiB)
+    err = io.StringIO()
+    rc = cli.run(["--name=x", f"--filename={f}", "--rw=read", "--bs=4k", "--offset=100", "--direct=1"],
+                 stdout=io.StringIO(), stderr=err)
+    assert rc == 1 and "multiple of the target's block size" in err.getvalue()
+
+
+def test_workload_io_error_names_the_io(tmp_path: Path) -> None:
+    """An EINVAL inside the C loop ends the job with a message naming the
+    direction, the offset and the errno text."""
+    from fx100io.bench import workload
+    from fx100io.bench.options import RawJob, resolve_job
+    from fx100io.bench.targets import open_target
+
+    f = tmp_path / "y.img"
+    make_file(f, 256 * KiB)
+    job = resolve_job(RawJob("y", {"filename": str(f), "rw": "read", "bs": "4k", "direct": "1",
+                                   "iodepth": "2"}, "test"))
+    target = open_target(job, 2)
+    pool = fx100io.BufferPool(64 * KiB)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        raw = pool.alloc(3 * 4096)
+        bufs = [raw[1 : 1 + 4096], raw[4097 : 4097 + 4096]]  # not aligned for O_DIRECT
+        loop = workload.IoLoop(job, target, bufs, workload.NullSlot(), fd)
+        pat = workload.AccessPattern(0, 64, 4096, False, True, 1.0, 1, 1)
+        with pytest.raises(BenchError) as ei:
+            loop.run(pat, workload.Phase(), None)
+        msg = str(ei.value)
+        assert "read of 4096 bytes at offset" in msg and "Invalid argument" in msg
+    finally:
+        os.close(fd)
+        target.close()
+        del bufs, raw
+        pool.close()
+
+
+def test_verify_job_says_it_runs_in_python(tmp_path: Path) -> None:
+    f = tmp_path / "v.img"
+    p = subprocess.run(
+        [sys.executable, "-m", "fx100io.bench", "--name=v", f"--filename={f}", "--size=256k",
+         "--rw=randwrite", "--verify=crc32c", "--output-format=json"],
+        check=False, capture_output=True, text=True, timeout=120, cwd=str(REPO),
+    )
+    assert p.returncode == 0, p.stderr
+    assert "runs on the Python I/O loop" in p.stderr and "--verify" in p.stderr
+    assert json.loads(p.stdout)["jobs"][0]["write"]["io_bytes"] == 256 * KiB
+    # A plain io_uring file job says nothing: it takes the C loop.
+    p = subprocess.run(
+        [sys.executable, "-m", "fx100io.bench", "--name=n", f"--filename={f}", "--size=256k",
+         "--rw=randread", "--output-format=json"],
+        check=False, capture_output=True, text=True, timeout=120, cwd=str(REPO),
+    )
+    assert p.returncode == 0 and p.stderr == ""
