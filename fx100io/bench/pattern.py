@@ -89,7 +89,15 @@ class AccessPattern:
         self.read_fraction = read_fraction
         self.seed = seed
         self.passes = passes
-        self.rng = np.random.default_rng(seed & _MASK64)
+        self._rng: np.random.Generator | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        # Made on first use: a job that runs in the C I/O loop (which makes
+        # its own pattern) never needs it, and numpy.random costs start-up.
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed & _MASK64)
+        return self._rng
 
     @property
     def total_ios(self) -> int | None:
