@@ -339,3 +339,29 @@ def test_verify_job_says_it_runs_in_python(tmp_path: Path) -> None:
         check=False, capture_output=True, text=True, timeout=120, cwd=str(REPO),
     )
     assert p.returncode == 0 and p.stderr == ""
+
+
+def test_refused_option_is_logged_and_the_job_still_runs(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Where the kernel refuses an option (SQPOLL without privilege, say) the
+    job runs without it and says so in one line on stderr."""
+    real = _core.BenchLoop
+
+    class Refusing:
+        def __init__(self, *a, **kw):
+            self._bl = real(*a, **{**kw, "flags": kw["flags"] & ~_core.BL_SQPOLL})
+
+        @property
+        def refused(self):
+            return {"sqpoll": errno.EPERM}
+
+        def __getattr__(self, name):
+            return getattr(self._bl, name)
+
+    monkeypatch.setattr(_core, "BenchLoop", Refusing)
+    f = tmp_path / "q.img"
+    make_file(f, 256 * KiB)
+    _, out = bench("--name=q", f"--filename={f}", "--rw=read", "--bs=4k", "--iodepth=4", "--direct=1",
+                   "--sqthread_poll")
+    assert json.loads(out)["jobs"][0]["read"]["io_bytes"] == 256 * KiB
+    err = capsys.readouterr().err
+    assert "job 'q': the kernel refused sqpoll (EPERM: Operation not permitted); running without it" in err
