@@ -9,7 +9,9 @@
  * per pass, or uniform random) and the read/write mix are generated here,
  * so Python has nothing to do per I/O.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <liburing.h>

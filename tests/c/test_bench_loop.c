@@ -1,0 +1,196 @@
+/*
+ * The benchmark's C I/O loop (csrc/bench_loop.c) without Python: histogram
+ * layout and percentiles on known values, every block of a random-map write
+ * pass written exactly once (read back from the file), a failed I/O coming
+ * back with its errno and offset, and no leak on any path (SANITIZE=1).
+ */
+#include "bench_loop.h"
+#include "check.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int run_to_end(struct fx_bl *b)
+{
+	int rc;
+
+	while ((rc = fx_bl_run(b, mono_ns() + 50000000ull)) == 0)
+		;
+	return rc;
+}
+
+static void test_buckets(void)
+{
+	/* exact below 2 * SUB, then every bucket's midpoint maps to itself */
+	for (uint64_t v = 0; v < FX_BL_EXACT; v++) {
+		CHECK_EQ(fx_bl_bucket(v), v);
+		CHECK_EQ(fx_bl_bucket_value((uint32_t)v), v);
+	}
+	/* (values clamp at INT64_MAX, as in Python: the top buckets stay empty) */
+	for (uint32_t i = FX_BL_EXACT; i < FX_BL_NBUCKETS && fx_bl_bucket_value(i) <= (uint64_t)INT64_MAX; i++)
+		CHECK_EQ(fx_bl_bucket(fx_bl_bucket_value(i)), i);
+	uint32_t prev = 0;
+	uint64_t s = 1;
+	for (int k = 0; k < 100000; k++) {
+		uint64_t v = test_rand(&s) >> (test_rand(&s) % 64);
+		uint32_t b = fx_bl_bucket(v);
+		CHECK(b < FX_BL_NBUCKETS);
+		if (v >= FX_BL_EXACT && v <= (uint64_t)INT64_MAX) { /* within 1/SUB of the value */
+			uint64_t m = fx_bl_bucket_value(b);
+			CHECK((m > v ? m - v : v - m) <= v / FX_BL_SUB);
+		}
+	}
+	for (uint64_t v = 1; v < (1ull << 40); v = v * 3 + 1) {
+		uint32_t b = fx_bl_bucket(v);
+		CHECK(b >= prev);
+		prev = b;
+	}
+	CHECK_EQ(fx_bl_bucket(UINT64_MAX), fx_bl_bucket((uint64_t)INT64_MAX));
+	CHECK(fx_bl_bucket(UINT64_MAX) < FX_BL_NBUCKETS);
+}
+
+static void test_percentiles(void)
+{
+	static struct fx_bl_dir d;
+
+	memset(&d, 0, sizeof(d));
+	CHECK_EQ(fx_bl_percentile(&d, 50), 0);
+	/* 100 samples: 1..100 ns, exact buckets */
+	for (uint64_t v = 1; v <= 100; v++)
+		d.counts[fx_bl_bucket(v)]++;
+	d.ios = 100;
+	d.min_ns = 1;
+	d.max_ns = 100;
+	CHECK_EQ(fx_bl_percentile(&d, 1), 1);
+	CHECK_EQ(fx_bl_percentile(&d, 50), 50);
+	CHECK_EQ(fx_bl_percentile(&d, 50.5), 51); /* nearest rank rounds up */
+	CHECK_EQ(fx_bl_percentile(&d, 99.99), 100);
+	CHECK_EQ(fx_bl_percentile(&d, 100), 100);
+	CHECK_EQ(fx_bl_percentile(&d, 0), 0);
+}
+
+static char path[] = "/tmp/fx100io-test-bench-loop.XXXXXX";
+
+static void test_write_pass_and_errors(void)
+{
+	enum { BS = 4096, N = 200, DEPTH = 8 };
+	int fd = mkstemp(path);
+	CHECK(fd >= 0);
+	CHECK_EQ(ftruncate(fd, (off_t)N * BS), 0);
+	close(fd);
+	fd = open(path, O_RDWR | O_DIRECT);
+	if (fd < 0) { /* a filesystem without O_DIRECT: buffered is enough here */
+		fd = open(path, O_RDWR);
+		CHECK(fd >= 0);
+	}
+	void *bufs[DEPTH];
+	for (int i = 0; i < DEPTH; i++) {
+		CHECK_EQ(posix_memalign(&bufs[i], 4096, BS), 0);
+		memset(bufs[i], 0xA5, BS);
+	}
+	unsigned flag_sets[] = {0, FX_BL_REGFILES | FX_BL_FIXEDBUFS | FX_BL_REGRING};
+	for (unsigned f = 0; f < 2; f++) {
+		struct fx_bl_params p = {
+			.fd = fd, .bs = BS, .depth = DEPTH, .start = 0, .nblocks = N, .passes = 1,
+			.seed = 3 + f, .read_fraction = 0.0, .random = 1, .random_map = 1,
+			.flags = flag_sets[f] | FX_BL_STAMP, .bufs = bufs,
+		};
+		struct fx_bl *b;
+		CHECK_EQ(fx_bl_create(&p, &b), 0);
+		CHECK_EQ(run_to_end(b), 1);
+		const struct fx_bl_dir *w = fx_bl_stats(b, 0);
+		CHECK_EQ(w->ios, N);
+		CHECK_EQ(w->bytes, (uint64_t)N * BS);
+		uint64_t sum = 0;
+		for (uint32_t i = 0; i < FX_BL_NBUCKETS; i++)
+			sum += w->counts[i];
+		CHECK_EQ(sum, N);
+		CHECK_EQ(fx_bl_stats(b, 1)->ios, 0);
+		CHECK_EQ(fx_bl_inflight(b), 0);
+		fx_bl_destroy(b);
+
+		static unsigned char blk[BS] __attribute__((aligned(4096)));
+		for (uint64_t i = 0; i < N; i++) {
+			CHECK_EQ(pread(fd, blk, BS, (off_t)(i * BS)), BS);
+			uint64_t off;
+			memcpy(&off, blk, sizeof(off));
+			CHECK_EQ(off, i * BS);
+			CHECK_EQ(blk[8], 0xA5);
+			CHECK_EQ(blk[BS - 1], 0xA5);
+		}
+		CHECK_EQ(ftruncate(fd, 0), 0);
+		CHECK_EQ(ftruncate(fd, (off_t)N * BS), 0);
+	}
+
+	/* reading past the end: the first short I/O ends the run, the rest drain */
+	struct fx_bl_params p = {
+		.fd = fd, .bs = BS, .depth = DEPTH, .nblocks = 2 * N, .passes = 1,
+		.read_fraction = 1.0, .bufs = bufs,
+	};
+	struct fx_bl *b;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -ENODATA);
+	int err, is_read;
+	uint64_t off;
+	fx_bl_error(b, &err, &off, &is_read);
+	CHECK_EQ(err, ENODATA);
+	CHECK_EQ(off, (uint64_t)N * BS);
+	CHECK_EQ(is_read, 1);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	fx_bl_destroy(b);
+
+	/* stop: an unbounded run ends and drains */
+	p.nblocks = N;
+	p.passes = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_run(b, 0), 0);
+	fx_bl_stop(b);
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK(fx_bl_stats(b, 1)->ios > 0);
+	fx_bl_destroy(b);
+
+	/* refused arguments, no leak */
+	p.nblocks = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	CHECK(b == NULL);
+	p.nblocks = 1;
+	p.bs = 4;
+	p.flags = FX_BL_STAMP;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	p.bs = BS;
+	p.flags = 0;
+	p.nblocks = UINT64_MAX / 2;
+	CHECK_EQ(fx_bl_create(&p, &b), -EOVERFLOW);
+	/* destroying with I/O in flight waits for it */
+	p.nblocks = N;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_run(b, 0), 0);
+	fx_bl_destroy(b);
+
+	for (int i = 0; i < DEPTH; i++)
+		free(bufs[i]);
+	close(fd);
+	unlink(path);
+}
+
+int main(void)
+{
+	test_buckets();
+	test_percentiles();
+	test_write_pass_and_errors();
+	printf("test_bench_loop: ok\n");
+	return 0;
+}
