@@ -365,3 +365,21 @@ def test_refused_option_is_logged_and_the_job_still_runs(tmp_path: Path, monkeyp
     assert json.loads(out)["jobs"][0]["read"]["io_bytes"] == 256 * KiB
     err = capsys.readouterr().err
     assert "job 'q': the kernel refused sqpoll (EPERM: Operation not permitted); running without it" in err
+
+
+def test_loop_after_loop_keeps_its_registrations(tmp_path: Path, pool) -> None:
+    """A job makes a loop per phase (layout, ramp, run): closing one gives its
+    registered ring slot back, so the tenth still gets every option."""
+    f = tmp_path / "k.img"
+    make_file(f, 64 * KiB)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        b = bufs_of(pool, 2, 4096, 0)
+        for _ in range(40):
+            bl = _core.BenchLoop(fd, 0, 4, 4096, b, flags=ALL_OPTS)
+            assert {"registered ring fd", "registerfiles", "fixedbufs"} <= set(bl.features), bl.refused
+            run_to_end(bl)
+            assert bl.counters()[0] == 4
+            bl.close()
+    finally:
+        os.close(fd)
