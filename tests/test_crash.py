@@ -26,6 +26,7 @@ from conftest import chunk_bytes
 path, run, acks, maxsize = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 st = fx100io.ChunkStore(path)
 ack = open(acks, "a", buffering=1)
+print("ready", flush=True)
 i = 0
 while True:
     # sizes from tiny to a few MiB; some keys repeat across runs (overwrites)
@@ -39,6 +40,14 @@ while True:
 """
 
 
+def wait_ready(p: subprocess.Popen) -> None:
+    """The kill's random moment counts from the writer's first put, not from its start:
+    on a loaded machine Python's start-up alone can outlast the sleep."""
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line == b"ready\n", (line, p.stderr.read().decode()[-2000:] if p.stderr else "")
+
+
 def test_sigkill_twenty_times(tmp_path):
     path = str(tmp_path / "crash.img")
     acks = str(tmp_path / "acks.txt")
@@ -50,7 +59,8 @@ def test_sigkill_twenty_times(tmp_path):
     total_acked = 0
     for run in range(20):
         p = subprocess.Popen([sys.executable, "-c", WRITER, path, str(run), acks, str(64 << 10)],
-                             cwd=str(REPO), stderr=subprocess.PIPE)
+                             cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_ready(p)
         time.sleep(rng.uniform(0.3, 1.2))
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -80,6 +90,7 @@ import fx100io
 from conftest import chunk_bytes
 path, run, log, maxsize = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 st = fx100io.ChunkStore(path, capacity=2 << 20)  # under pressure within a few puts
+print("ready", flush=True)
 out = open(log, "a")
 present = {k.decode() for k in st.keys()}
 evictions = 0
@@ -129,7 +140,9 @@ def test_sigkill_with_eviction_keeps_what_the_writer_was_told(tmp_path):
     maxsize = 512 << 10
     for run in range(8):
         p = subprocess.Popen([sys.executable, "-c", EVICT_WRITER, path, str(run), log,
-                              str(maxsize)], cwd=str(REPO), stderr=subprocess.PIPE)
+                              str(maxsize)], cwd=str(REPO), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        wait_ready(p)
         time.sleep(rng.uniform(0.6, 1.5))
         p.send_signal(signal.SIGKILL)
         p.wait()

@@ -77,13 +77,15 @@ def test_shared_option_never_formats_on_its_own(tmp_path, redis_server):
         parse_options([PLUGIN], extra, "FX100ioBackend")
 
 
-def test_a_hanging_index_never_blocks_the_plugins_event_loop(tmp_path):
+def test_a_hanging_index_never_blocks_the_plugins_event_loop(tmp_path, monkeypatch):
     """House rule 14: while redis-server hangs (SIGSTOP), every call of the
     plugin that runs on LMCache's event loop (loads with and without known
     records, the async load, the async put, a remove on the loop) answers
     without a Redis round trip on the loop: a 10 ms ticker there never
-    stalls, where one synchronous call would stall it for the socket
-    timeout (0.5 s)."""
+    stalls for anything near the socket timeout (2 s here), as one
+    synchronous call would (the margin leaves room for a loaded machine's
+    scheduling)."""
+    monkeypatch.setenv("FX100IO_INDEX_TIMEOUT", "2")
     srv = RedisServer(tmp_path / "redis")
     srv.start()
     devs = [str(tmp_path / "a.img")]
@@ -143,13 +145,13 @@ def test_a_hanging_index_never_blocks_the_plugins_event_loop(tmp_path):
             fresh()
             assert not pb.contains(keys[0])  # off the loop: waits here, not there
             time.sleep(0.05)
-            assert time.monotonic() - t0 > 0.5  # the index was really asked, and hung
+            assert time.monotonic() - t0 > 2  # the index was really asked, and hung
         finally:
             os.kill(srv.proc.pid, signal.SIGCONT)
         stop.set()
         ticking.result(10)
         gaps = [t1 - t0 for t0, t1 in zip(ticks, ticks[1:])]
-        assert max(gaps) < 0.15, f"the event loop stalled for {max(gaps):.3f} s"
+        assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.3f} s"
         fresh()
         # Redis back: the chunks are all there for b (the remove on the loop
         # is done, or nothing was removed)

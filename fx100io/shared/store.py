@@ -105,6 +105,25 @@ def _buffer(b: Any, writable: bool) -> memoryview:
     return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
 
 
+DEFAULT_INDEX_TIMEOUT_S = 0.5
+
+
+def default_index_timeout() -> float:
+    """Redis socket timeout when the caller gives none: FX100IO_INDEX_TIMEOUT (seconds)
+    where set, for hosts too loaded to answer within 0.5 s, else 0.5 s."""
+    text = os.environ.get("FX100IO_INDEX_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_INDEX_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidArgumentError(
+            22, f"FX100IO_INDEX_TIMEOUT must be a positive number of seconds, got {text!r}")
+    return value
+
+
 class SharedChunkStore:
     """A key -> chunk store shared by every host that opens the same
     namespaces and the same Redis index.
@@ -116,7 +135,8 @@ class SharedChunkStore:
     capacity (bytes of extents kept before LRU eviction, whole pool),
     lease_s (how long an unpublished allocation outlives its host, 30),
     pin_s (how long a reader's pin outlives its reader, 30), timeout
-    (Redis socket timeouts, 0.5 s), retry_after (1 s), force (with
+    (Redis socket timeouts: 0.5 s, or FX100IO_INDEX_TIMEOUT from the
+    environment), retry_after (1 s), force (with
     create: replace another pool's index of the same name in Redis,
     which create otherwise refuses), and the device options of
     :func:`open_device`.
@@ -129,8 +149,10 @@ class SharedChunkStore:
     def __init__(self, uris: str | Sequence[str], index: str = DEFAULT_INDEX,
                  create: bool = False, size: int | None = None, *, name: str | None = None,
                  capacity: int | None = None, lease_s: float = 30.0, pin_s: float = 30.0,
-                 timeout: float = 0.5, retry_after: float = 1.0, force: bool = False,
+                 timeout: float | None = None, retry_after: float = 1.0, force: bool = False,
                  **opts: Any):
+        if timeout is None:
+            timeout = default_index_timeout()
         uri_list = [uris] if isinstance(uris, str) else list(uris)
         if not uri_list:
             raise InvalidArgumentError(22, "SharedChunkStore needs at least one namespace URI")
