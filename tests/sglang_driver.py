@@ -118,9 +118,10 @@ def keys_for(n: int, tag: str = "k") -> list[str]:
 
 
 # ------------------------------------------------------------------ checks
-def check_round_trip_other_pages(d: str, layout: str) -> None:
+def check_round_trip_other_pages(d: str, layout: str, bounced: bool = False) -> None:
     pool = HostPool(32, layout)
-    b = attach(pool, extra_for(f"{d}/rt-{layout}.img"))
+    b = attach(pool, extra_for(f"{d}/rt-{layout}-{bounced}.img"))
+    b._gather = bounced  # as for a store that takes one buffer per chunk (a shared pool)
     try:
         assert type(b).__name__ == "FX100ioHiCacheStorage"
         keys = keys_for(8)
@@ -379,6 +380,7 @@ def reopen(d: str) -> None:
 CHECKS = {
     "round_trip_page_first": lambda d: check_round_trip_other_pages(d, "page_first"),
     "round_trip_layer_first": lambda d: check_round_trip_other_pages(d, "layer_first"),
+    "round_trip_bounced": lambda d: check_round_trip_other_pages(d, "page_first", True),
     "leading_hits": check_leading_hits,
     "concurrent_backup_and_prefetch": check_concurrent_backup_and_prefetch,
     "mla_non_writer_does_not_write": check_mla_non_writer_does_not_write,

@@ -26,6 +26,7 @@ PKG_ROOT = Path(fx100io.__file__).resolve().parent.parent
 CHECKS = [
     "round_trip_page_first",
     "round_trip_layer_first",
+    "round_trip_bounced",
     "leading_hits",
     "concurrent_backup_and_prefetch",
     "mla_non_writer_does_not_write",

@@ -44,6 +44,9 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
+from fx100io.pool import aligned_array
+from fx100io.store import ChunkStore
+
 from ._runtime import Breaker, LoopRunner
 from ._settings import BackendConfigError, BackendSettings, open_backend_store, parse_settings
 
@@ -100,6 +103,30 @@ def _byte_view(ptr: int, size: int) -> memoryview:
     return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
 
 
+def _nbytes(pieces: list[memoryview]) -> int:
+    return sum(p.nbytes for p in pieces)
+
+
+def _aligned(n: int) -> memoryview:
+    return aligned_array(n).data
+
+
+def _gathered(pieces: list[memoryview]) -> memoryview:
+    out = _aligned(_nbytes(pieces))
+    pos = 0
+    for p in pieces:
+        out[pos:pos + p.nbytes] = p
+        pos += p.nbytes
+    return out
+
+
+def _scatter(src: memoryview, pieces: list[memoryview]) -> None:
+    pos = 0
+    for p in pieces:
+        p[:] = src[pos:pos + p.nbytes]
+        pos += p.nbytes
+
+
 def _tensor_bytes(t: torch.Tensor, writable: bool) -> memoryview:
     if t.device.type != "cpu":
         raise ValueError(f"fx100io moves host memory; got a tensor on {t.device}")
@@ -146,6 +173,9 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             self._runner.stop()
             raise
         self._store = self._backend.store
+        # ChunkStore gathers a page's pieces itself; a store that takes one buffer per
+        # chunk (a shared pool) gets them through one bounce buffer per page
+        self._gather = not isinstance(self._store, ChunkStore)
         logger.info("fx100io: SGLang HiCache backend on %s, keys under %s (%s)",
                     self.settings.describe(), self._scope,
                     "writer" if self.is_writer else "reader")
@@ -226,17 +256,44 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             self._metrics[f"{kind}_pgs"].append(pages)
             self._metrics[f"{kind}_bandwidth"].append(nbytes / dt / 1e9 if dt > 0 else 0.0)
 
+    async def _sizes(self, names: list[str]) -> list[int | None]:
+        many = getattr(self._store, "achunk_sizes", None)  # a shared pool: one round trip
+        if many is not None:
+            return list(await many(names))
+        return [self._store.chunk_size(n) for n in names]
+
     async def _get_exact(self, names: list[str], bufs: list[Any], sizes: list[int]) -> list[bool]:
         """Read chunks whose size must be exactly the buffers': any other size is a
         miss (a chunk is never read into a part of the pages)."""
-        want = [i for i, (k, n) in enumerate(zip(names, sizes))
-                if self._store.chunk_size(k) == n]
+        have = await self._sizes(names)
+        want = [i for i, n in enumerate(sizes) if have[i] == n]
         out = [False] * len(names)
-        if want:
+        if not want:
+            return out
+        if self._gather:
+            flat = [_aligned(sizes[i]) for i in want]
+            hits = await self._store.batch_get([names[i] for i in want], flat)
+            for i, f, ok in zip(want, flat, hits):
+                if ok:
+                    _scatter(f, bufs[i])
+        else:
             hits = await self._store.batch_get([names[i] for i in want], [bufs[i] for i in want])
-            for i, ok in zip(want, hits):
-                out[i] = bool(ok)
+        for i, ok in zip(want, hits):
+            out[i] = bool(ok)
         return out
+
+    async def _put_new(self, names: list[str], bufs: list[Any]) -> tuple[int, int]:
+        """Store the chunks not stored yet (a page's bytes never change under its
+        key); (chunks, bytes) written."""
+        have = await self._sizes(names)
+        todo = [i for i, n in enumerate(have) if n is None]
+        if not todo:
+            return 0, 0
+        data = [bufs[i] for i in todo]
+        if self._gather:
+            data = [_gathered(b) for b in data]
+        await self._store.batch_put([names[i] for i in todo], data)
+        return len(todo), sum(_nbytes(bufs[i]) for i in todo)
 
     # ------------------------------------------------------------ zero copy
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
@@ -264,13 +321,10 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         started = time.perf_counter()
         try:
-            names = [self._page_key(k) for k in keys]
-            todo = [i for i, n in enumerate(names) if not self._store.contains(n)]
-            if todo:
-                bufs = self._pieces(keys, host_indices)
-                self._run(self._store.batch_put([names[i] for i in todo], [bufs[i] for i in todo]))
-                nbytes = sum(p.nbytes for i in todo for p in bufs[i])
-                self._record("backup", len(todo), nbytes, started)
+            bufs = self._pieces(keys, host_indices)
+            pages, nbytes = self._run(self._put_new([self._page_key(k) for k in keys], bufs))
+            if pages:
+                self._record("backup", pages, nbytes, started)
         except Exception as exc:  # noqa: BLE001
             self._fail("batch_set_v1", exc)
             return [False] * len(keys)
@@ -303,9 +357,9 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         if target_locations is None or not self._usable():
             return [None] * len(keys)
         try:
-            bufs = [_tensor_bytes(t, writable=True) for t in target_locations]
+            bufs = [[_tensor_bytes(t, writable=True)] for t in target_locations]
             hits = self._run(self._get_exact([self._flat_key(k) for k in keys], bufs,
-                                             [b.nbytes for b in bufs]))
+                                             [_nbytes(b) for b in bufs]))
         except Exception as exc:  # noqa: BLE001
             self._fail("batch_get", exc)
             return [None] * len(keys)
@@ -324,8 +378,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         if values is None or not self._usable():
             return False
         try:
-            bufs = [_tensor_bytes(v, writable=False) for v in values]
-            self._run(self._store.batch_put([self._flat_key(k) for k in keys], bufs))
+            bufs = [[_tensor_bytes(v, writable=False)] for v in values]
+            self._run(self._put_new([self._flat_key(k) for k in keys], bufs))
         except Exception as exc:  # noqa: BLE001
             self._fail("batch_set", exc)
             return False
