@@ -83,7 +83,7 @@ def rank_scope(cfg: HiCacheStorageConfig) -> str:
         parts.append(f"dcp{cfg.dcp_rank}of{cfg.dcp_size}p{cfg.logical_page_size}")
     if getattr(cfg, "dp_rank", 0):
         parts.append(f"dp{cfg.dp_rank}")
-    if cfg.tp_lcm_size and cfg.should_split_heads:
+    if getattr(cfg, "tp_lcm_size", None) and getattr(cfg, "should_split_heads", False):
         parts.append(f"lcm{cfg.tp_lcm_size}")
     return ".".join(parts) or "all"
 
@@ -147,7 +147,9 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         wid, world = worker_index(storage_config)
         self.settings: BackendSettings = parse_settings(
             extra, WHERE, name=name, worker_id=wid, world_size=world, extra_keys=SGLANG_KEYS)
-        self.is_writer = bool(storage_config.is_storage_writer)
+        # (older SGLang has no is_storage_writer: MLA's writer is TP rank 0 there)
+        self.is_writer = bool(getattr(storage_config, "is_storage_writer",
+                                      not storage_config.is_mla_model or storage_config.tp_rank == 0))
         # SGLang calls the zero-copy pair with interface_v1, else the tensor API; each
         # has keys of its own (a flat tensor is not laid out as a page's pieces), and
         # batch_exists answers for the one in use
@@ -157,7 +159,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             logger.warning(
                 "fx100io: MLA rank %d only reads (rank %d writes the shared pages); without "
                 "%sshared_index its own devices hold only what a writer left there",
-                storage_config.tp_rank, storage_config.dcp_rank, WHERE)
+                storage_config.tp_rank, getattr(storage_config, "dcp_rank", 0), WHERE)
         self.mem_pool_host: Any = None
         self._page_prefix: str | None = None
         self._registrations: list[Any] = []
@@ -190,6 +192,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         registered once so that every page moves with io_uring fixed buffers."""
         super().register_mem_pool_host(mem_pool_host)
         layout = str(getattr(mem_pool_host, "layout", "page_first"))
+        if layout == "page_first_direct":  # the same host memory; only its GPU copy differs
+            layout = "page_first"
         dtype = str(getattr(mem_pool_host, "dtype", "")).replace("torch.", "")
         page_size = int(getattr(mem_pool_host, "page_size", 1))
         self._page_prefix = f"{self._scope}/{layout}.{dtype}.p{page_size}"
