@@ -11,6 +11,7 @@ layer for layer_first, as SGLang's MHA pool gives them).
 Usage: sglang_driver.py suite DIR   -> runs every in-process check; prints one JSON line
                                        {check: "ok" | traceback}; leaves DIR/restart.img
        sglang_driver.py reopen DIR  -> a new process on DIR/restart.img: hits and bytes
+       sglang_driver.py fabric URI  -> round trips on an nvme+tcp:// namespace
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class HostPool:
     """A host KV pool shaped like SGLang's MHA pool, in page-aligned memory (SGLang pins
     its pool with the CUDA allocator, page aligned)."""
 
-    def __init__(self, pages: int, layout: str = "page_first") -> None:
+    def __init__(self, pages: int, layout: str = "page_first", page: int = PAGE) -> None:
+        PAGE = page  # noqa: N806 - tokens per page
         self.page_size, self.layout, self.dtype = PAGE, layout, torch.bfloat16
         self.layer_num, self.head_num, self.head_dim = LAYERS, HEADS, DIM
         self.size = pages * PAGE
@@ -51,10 +53,12 @@ class HostPool:
         self._raw = raw
 
     def indices(self, pages: list[int]) -> torch.Tensor:
-        return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
+        n = self.page_size
+        return torch.cat([torch.arange(p * n, (p + 1) * n) for p in pages])
 
     def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
         assert len(indices) % self.page_size == 0
+        PAGE = self.page_size  # noqa: N806
         base, item = self.kv_buffer.data_ptr(), 2  # bf16
         tok = HEADS * DIM * item
         idx = indices.tolist()
@@ -392,9 +396,41 @@ CHECKS = {
 }
 
 
+def fabric(uri: str) -> None:
+    """Over NVMe/TCP (a device that moves whole blocks only): pages whose K and V are
+    whole blocks move in place; 3-token pages (3 KiB pieces) go through a bounce
+    buffer. Byte-exact both ways, and again after a re-open."""
+    for page, layout in ((PAGE, "page_first"), (PAGE, "layer_first"), (3, "page_first")):
+        pool = HostPool(16, layout, page=page)
+        keys = keys_for(4, f"{layout}{page}")
+        for p in range(4):
+            pool.fill(p, 70 + p)
+        want = [pool.page_bytes(p) for p in range(4)]
+        extra = dict(extra_for("unused"), devices=uri)
+        del extra["size"]
+        b = attach(pool, extra)
+        try:
+            assert b.batch_set_v1(keys, pool.indices([0, 1, 2, 3])) == [True] * 4
+            assert b.batch_get_v1(keys, pool.indices([9, 8, 11, 10])) == [True] * 4
+            assert [pool.page_bytes(p) for p in (9, 8, 11, 10)] == want
+        finally:
+            b.close()
+        b = attach(pool, extra)
+        try:
+            assert b.batch_exists(keys) == 4
+            assert b.batch_get_v1(keys, pool.indices([12, 13, 14, 15])) == [True] * 4
+            assert [pool.page_bytes(p) for p in (12, 13, 14, 15)] == want
+        finally:
+            b.close()
+
+
 def main() -> int:
     mode, d = sys.argv[1], sys.argv[2]
     assert os.path.dirname(fx100io.__file__).startswith(os.environ.get("FX100IO_EXPECT", "/"))
+    if mode == "fabric":
+        fabric(d)
+        print(json.dumps({"fabric": "ok"}))
+        return 0
     if mode == "reopen":
         reopen(d)
         print(json.dumps({"reopen": "ok"}))

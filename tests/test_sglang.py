@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from target_process import serve
 
 import fx100io
 
@@ -47,7 +48,7 @@ def venv_python() -> Path:
     return py
 
 
-def drive(mode: str, workdir: Path) -> dict:
+def drive(mode: str, workdir: Path | str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(PKG_ROOT), FX100IO_EXPECT=str(PKG_ROOT))
     p = subprocess.run([str(venv_python()), str(DRIVER), mode, str(workdir)],
                        capture_output=True, text=True, env=env, timeout=600)
@@ -65,6 +66,18 @@ def suite(tmp_path_factory):
 def test_sglang_backend(suite, check):
     _d, results = suite
     assert results.get(check) == "ok", results.get(check, f"{check} did not run")
+
+
+@pytest.mark.parametrize("block_size", [512, 4096])
+def test_sglang_over_nvme_tcp(tmp_path, block_size):
+    """A blank NVMe/TCP namespace of our own target: formatted on first use (create:
+    auto), pages byte-exact in place or through the bounce buffer, found again."""
+    backing = tmp_path / "ns.img"
+    with open(backing, "wb") as f:
+        f.truncate(64 << 20)
+    nqn = "nqn.2026-12.io.fx100:sglang"
+    with serve([str(backing)], nqn, block_size=block_size) as (host, port, _):
+        assert drive("fabric", f"nvme+tcp://{host}:{port}/{nqn}") == {"fabric": "ok"}
 
 
 def test_sglang_restart_new_process_finds_every_page(suite):
