@@ -35,11 +35,29 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 PYEOF
 }
 
+# What the venv was checked with: the stamp lets a later call skip the import check
+# (importing sglang and triton takes 10 to 20 s) while nothing it depends on changed.
+STAMP="$VENV/.fx100io-ready"
+stamp_key() {
+  "$VPY" - <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+print(sys.version, *(f"{d}={version(d)}" for d in
+                     ("sglang", "torch", "numpy", "pybase64", "triton", "starlette")))
+PYEOF
+}
+
+if [ -x "$VPY" ] && [ -f "$STAMP" ] && [ "$(stamp_key)" = "$(cat "$STAMP")" ]; then
+  echo "$VPY"
+  exit 0
+fi
 if [ -x "$VPY" ] && import_ok; then
+  stamp_key >"$STAMP"
   echo "install_sglang: sglang ${SGLANG_VERSION} ready in $VENV" >&2
   echo "$VPY"
   exit 0
 fi
+rm -f "$STAMP"
 
 # A venv made by another python (or half made) is rebuilt.
 if [ -x "$VPY" ] && [ "$("$VPY" -c 'import sys; print(sys.version_info[:2])')" \
@@ -64,5 +82,6 @@ if ! import_ok; then
   "$VPY" -c 'import sglang.srt.mem_cache.storage.backend_factory' >&2 || true
   exit 1
 fi
+stamp_key >"$STAMP"
 echo "install_sglang: sglang ${SGLANG_VERSION} installed in $VENV" >&2
 echo "$VPY"
