@@ -102,7 +102,9 @@ setup(
     libraries=[c_core],
     ext_modules=cythonize([core], compiler_directives={"language_level": "3"}),
     install_requires=["numpy"],
-    extras_require={"plot": ["matplotlib"], "test": ["pytest", "pytest-asyncio"]},
+    extras_require={"plot": ["matplotlib"], "test": ["pytest", "pytest-asyncio"],
+                    # the SGLang HiCache backend (fx100io.contrib.sglang), tested with 0.5.23
+                    "sglang": ["sglang>=0.5.23,<0.6"]},
     entry_points={"console_scripts": ["fx100io=fx100io.cli:main"]},
     zip_safe=False,
 )

@@ -81,6 +81,13 @@ while True:
 """
 
 
+def split(buf, cuts: list[int]) -> list[memoryview]:
+    """buf as consecutive pieces, cut at the given positions (clamped to its size)."""
+    mv = memoryview(buf)
+    at = sorted({0, mv.nbytes} | {min(c, mv.nbytes) for c in cuts})
+    return [mv[a:b] for a, b in zip(at, at[1:])] or [mv]
+
+
 def logged(f):
     """Record each step; on the first failure of an example, print the
     steps and the error as they happened (a replay of a failure that
@@ -171,10 +178,11 @@ class StoreModel(RuleBasedStateMachine):
         else:
             self.model[key] = {bytes(got)}
 
-    def read(self, keys: list[str]) -> None:
+    def read(self, keys: list[str], cuts: list[int] | None = None) -> None:
         sizes = [self.store.chunk_size(k) for k in keys]
         outs = [bytearray(n or 0) for n in sizes]
-        hits = self.store.batch_get_blocking(keys, outs)
+        bufs = outs if cuts is None else [split(o, cuts) for o in outs]
+        hits = self.store.batch_get_blocking(keys, bufs)
         for k, n, hit, out in zip(keys, sizes, hits, outs):
             if n is not None:
                 assert hit, f"{k!r} is listed but its chunk did not read back"
@@ -187,12 +195,13 @@ class StoreModel(RuleBasedStateMachine):
                                  "deleted")
         self.read(sorted(listed | set(self.model)))
 
-    def put_many(self, keys: list[str], size: int) -> None:
+    def put_many(self, keys: list[str], size: int, cuts: list[int] | None = None) -> None:
         version = self.next_version()
         vals = {k: make_value(k, version, size) for k in keys}  # the last of a key wins
         before = self.evictions()
+        bufs = [vals[k] if cuts is None else split(vals[k], cuts) for k in keys]
         try:
-            self.store.batch_put_blocking(keys, [vals[k] for k in keys])
+            self.store.batch_put_blocking(keys, bufs)
         except errors.DeviceFullError:
             if self.evictions() > before:
                 self.mark_evictable()
@@ -212,6 +221,22 @@ class StoreModel(RuleBasedStateMachine):
     @logged
     def put(self, key, size):
         self.put_many([key], size)
+
+    @precondition(lambda self: self.store is not None)
+    @rule(key=st.sampled_from(SMALL_KEYS), size=st.sampled_from(SIZES),
+          cuts=st.lists(st.integers(0, 1 << 17), max_size=4))
+    @logged
+    def put_pieces(self, key, size, cuts):
+        """A chunk written from several buffers (a host page's K and V apart)."""
+        self.put_many([key], size, cuts)
+
+    @precondition(lambda self: self.store is not None)
+    @rule(keys=st.lists(st.sampled_from(SMALL_KEYS), min_size=1, max_size=6),
+          cuts=st.lists(st.integers(0, 1 << 17), max_size=4))
+    @logged
+    def get_pieces(self, keys, cuts):
+        """Chunks read into several buffers, cut anywhere."""
+        self.read(list(dict.fromkeys(keys)), cuts)
 
     @precondition(lambda self: self.store is not None)
     @rule(start=st.integers(0, 6000), n=st.one_of(st.integers(1, 40), st.integers(1, 5000)),

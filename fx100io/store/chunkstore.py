@@ -70,6 +70,61 @@ def normalize_key(key: Any) -> bytes:
     return k
 
 
+def _pieces(b: Any, writable: bool) -> list[memoryview]:
+    """One chunk's memory as byte memoryviews: a buffer, or a list or tuple
+    of buffers holding the chunk piece after piece."""
+    out = []
+    for one in (b if isinstance(b, (list, tuple)) else (b,)):
+        try:
+            mv = memoryview(one)
+        except TypeError:
+            raise InvalidArgumentError(
+                22, f"expected a buffer, got {type(one).__name__}") from None
+        if writable and mv.readonly:
+            raise ReadOnlyBufferError(30, "cannot read a chunk into a read-only buffer")
+        if not mv.contiguous:
+            raise InvalidArgumentError(22, "buffers must be contiguous")
+        out.append(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv)
+    return out
+
+
+def _nbytes(pieces: list[memoryview]) -> int:
+    return sum(p.nbytes for p in pieces)
+
+
+def _placed_pieces(pieces: list[memoryview]) -> list[tuple[int, memoryview]]:
+    """(position in the chunk, piece) for every piece that holds bytes."""
+    out, pos = [], 0
+    for p in pieces:
+        if p.nbytes:
+            out.append((pos, p))
+        pos += p.nbytes
+    return out
+
+
+def _limit(pieces: list[memoryview], n: int) -> list[memoryview]:
+    """The first n bytes of the pieces."""
+    out = []
+    for p in pieces:
+        if n <= 0:
+            break
+        out.append(p[:n])
+        n -= min(n, p.nbytes)
+    return out
+
+
+def _scatter(src: memoryview, pieces: list[memoryview]) -> None:
+    pos = 0
+    for p in pieces:
+        p[:] = src[pos:pos + p.nbytes]
+        pos += p.nbytes
+
+
+def _join_crc(crc: int, crc_len: int, piece_crc: int, piece_len: int) -> int:
+    """The CRC32C of a run of bytes followed by a piece, from both CRCs."""
+    return _core.crc32c_combine(crc, piece_crc, piece_len) if crc_len else piece_crc
+
+
 class ChunkStore:
     """A persistent key -> chunk store over one device or several (striped).
 
@@ -284,49 +339,51 @@ class ChunkStore:
             self._counters["evictions"] += len(victims)
 
     async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
-        """Store each buffer under its key, durably; replaces existing chunks."""
+        """Store each buffer under its key, durably; replaces existing chunks.
+        A list or tuple of buffers in place of one is stored as one chunk,
+        the pieces one after the other, each written straight from its own
+        memory (gathered: a host page whose K and V lie apart)."""
         self._check_open()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
-        items = []
-        for k, b in zip(keys, bufs):
-            try:
-                mv = memoryview(b)
-            except TypeError:
-                raise InvalidArgumentError(
-                    22, f"expected a buffer, got {type(b).__name__}") from None
-            if not mv.contiguous:
-                raise InvalidArgumentError(22, "buffers must be contiguous")
-            items.append((normalize_key(k), mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv))
+        items = [(normalize_key(k), _pieces(b, writable=False)) for k, b in zip(keys, bufs)]
         if not items:
             return
         taken: list = []
         started: list = []
         try:
-            placed = [(key, mv, self._member_of(key)) for key, mv in items]
-            offs = [await self._allocate(m, mv.nbytes, taken) for _key, mv, m in placed]
+            placed = [(key, pieces, self._member_of(key)) for key, pieces in items]
+            offs = [await self._allocate(m, _nbytes(pieces), taken)
+                    for _key, pieces, m in placed]
             # Every write at once; each chunk's CRC32C is computed in C as its
             # pieces leave, while the device works on the rest.
-            for i, ((_key, mv, m), off) in enumerate(zip(placed, offs)):
-                if mv.nbytes:
-                    parts = self._io_parts(m, WRITE, off, mv)[0]
-                    started.append((m, i, mv, m.dev.start(parts), parts))
+            for i, ((_key, pieces, m), off) in enumerate(zip(placed, offs)):
+                segs = []
+                for pos, mv in _placed_pieces(self._gathered(m, pieces, WRITE)):
+                    parts = self._io_parts(m, WRITE, off + pos, mv)[0]
+                    segs.append((mv, m.dev.start(parts), parts))
+                started.append((m, i, segs))
             crcs = [0] * len(placed)  # an empty chunk's CRC32C is 0
-            for m, i, mv, fs, parts in started:
-                done = []
-                for f, (_op, off, _b) in zip(fs, parts):
-                    # shield: a cancelled put must still see its writes end
-                    completion = await asyncio.shield(f)
-                    if completion[0] < 0:
-                        raise error_from_errno(-completion[0], f"{m.dev.target}: write chunk at {off}")
-                    done.append(completion)
-                crcs[i] = self._chunk_crc(m, mv, done)
+            for m, i, segs in started:
+                crc, crc_len = 0, 0
+                for mv, fs, parts in segs:
+                    done = []
+                    for f, (_op, off, _b) in zip(fs, parts):
+                        # shield: a cancelled put must still see its writes end
+                        completion = await asyncio.shield(f)
+                        if completion[0] < 0:
+                            raise error_from_errno(-completion[0],
+                                                   f"{m.dev.target}: write chunk at {off}")
+                        done.append(completion)
+                    crc = _join_crc(crc, crc_len, self._chunk_crc(m, mv, done), mv.nbytes)
+                    crc_len += mv.nbytes
+                crcs[i] = crc
             members = {id(m): m for m, *_ in started}
             for m in members.values():
                 await m.dev.flush()
             by_member: dict[int, tuple[Member, list]] = {}
-            for (key, mv, m), off, crc in zip(placed, offs, crcs):
-                by_member.setdefault(id(m), (m, []))[1].append((key, off, mv.nbytes, crc))
+            for (key, pieces, m), off, crc in zip(placed, offs, crcs):
+                by_member.setdefault(id(m), (m, []))[1].append((key, off, _nbytes(pieces), crc))
             for m, rows in by_member.values():
                 recs = [Record(REC_PUT, key, m.index, off, n, crc) for key, off, n, crc in rows]
                 await self._commit(m, recs,
@@ -336,7 +393,7 @@ class ChunkStore:
             # Writes already handed to the kernel still land; their extents
             # may be reused only after they have (cancelling the await does
             # not cancel the I/O).
-            writes = [f for *_, fs, _parts in started for f in fs]
+            writes = [f for _m, _i, segs in started for _mv, fs, _parts in segs for f in fs]
             pending = [f for f in writes if not f.done()]
             if pending:
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
@@ -354,7 +411,25 @@ class ChunkStore:
             raise
         with self._mu:
             self._counters["puts"] += len(items)
-            self._counters["bytes_written"] += sum(mv.nbytes for _, mv in items)
+            self._counters["bytes_written"] += sum(_nbytes(p) for _, p in items)
+
+    @staticmethod
+    def _gathered(m: Member, pieces: list[memoryview], op: int) -> list[memoryview]:
+        """The pieces as they can move in place: a device that moves whole
+        blocks only needs every piece but the last to be whole blocks (the
+        next one starts on a block); otherwise the chunk goes through one
+        aligned bounce buffer (filled here for a write; for a read the
+        caller scatters it, see _scatter)."""
+        if len(pieces) < 2 or not m.dev.aligned_only or all(
+                p.nbytes % m.dev.block_size == 0 for p in pieces[:-1]):
+            return pieces
+        bounce = aligned_array(_nbytes(pieces)).data
+        if op == WRITE:
+            pos = 0
+            for p in pieces:
+                bounce[pos:pos + p.nbytes] = p
+                pos += p.nbytes
+        return [bounce]
 
     def _apply_puts(self, m: Member, rows: list, seq: int, taken: list) -> None:
         """Point the keys at their new extents, now owned by their entries
@@ -374,30 +449,21 @@ class ChunkStore:
 
     # ------------------------------------------------------------------ get
     async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
-        """Fill each buffer with its key's chunk; True where found and intact."""
+        """Fill each buffer with its key's chunk; True where found and intact.
+        A list or tuple of buffers in place of one receives the chunk piece
+        after piece (scattered, straight into each piece's memory)."""
         self._check_open()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
-        mvs = []
-        for b in bufs:
-            try:
-                mv = memoryview(b)
-            except TypeError:
-                raise InvalidArgumentError(
-                    22, f"expected a buffer, got {type(b).__name__}") from None
-            if mv.readonly:
-                raise ReadOnlyBufferError(30, "cannot read a chunk into a read-only buffer")
-            if not mv.contiguous:
-                raise InvalidArgumentError(22, "buffers must be contiguous")
-            mvs.append(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv)
+        vecs = [_pieces(b, writable=True) for b in bufs]
         nkeys = [normalize_key(k) for k in keys]
         hits: list[Entry | None] = []
         with self._mu:
-            for key, mv in zip(nkeys, mvs):
+            for key, pieces in zip(nkeys, vecs):
                 e = self._entries.get(key)
-                if e is not None and mv.nbytes < e.length:
+                if e is not None and _nbytes(pieces) < e.length:
                     raise BufferTooSmallError(
-                        22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
+                        22, f"buffer of {_nbytes(pieces)} bytes is smaller than the chunk of "
                         f"{e.length} bytes under key {key!r}")
                 hits.append(e)
             for e in hits:
@@ -407,37 +473,52 @@ class ChunkStore:
         out = [False] * len(nkeys)
         try:
             groups: dict[int, list] = {}
-            for i, (e, mv) in enumerate(zip(hits, mvs)):
+            for i, (e, pieces) in enumerate(zip(hits, vecs)):
                 if e is None:
                     continue
                 if e.length == 0:
                     out[i] = True
                     continue
-                groups.setdefault(e.dev, []).append((i, e, mv[:e.length]))
+                groups.setdefault(e.dev, []).append((i, e, _limit(pieces, e.length)))
             started = []
             for dev, rows in groups.items():
                 m = self._members[dev]
-                for i, e, view in rows:
-                    parts, fixup = self._io_parts(m, READ, e.off, view)
-                    started.append((m, i, e, view, m.dev.start(parts), fixup))
+                for i, e, pieces in rows:
+                    moved = self._gathered(m, pieces, READ)
+                    segs = []
+                    for pos, view in _placed_pieces(moved):
+                        parts, fixup = self._io_parts(m, READ, e.off + pos, view)
+                        segs.append((view, m.dev.start(parts), fixup))
+                    started.append((m, i, e, segs, pieces if moved is not pieces else None))
             corrupt = []
-            for m, i, e, view, fs, fixup in started:
-                res = 0
-                done = [await f for f in fs]
-                for r, *_ in done:
-                    res = r if r < 0 or res < 0 else res + r
-                if fixup is not None and res >= 0:
-                    res = fixup(res)
-                if res != e.length:
-                    why = (error_from_errno(-res, m.dev.target) if res < 0
-                           else f"short read {res} of {e.length}")
-                    log.error("fx100io: read of chunk %r failed: %s", e.key, why)
+            for m, i, e, segs, scatter_to in started:
+                total, crc, crc_len, failed = 0, 0, 0, None
+                for view, fs, fixup in segs:
+                    res = 0
+                    done = [await f for f in fs]
+                    for r, *_ in done:
+                        res = r if r < 0 or res < 0 else res + r
+                    if fixup is not None and res >= 0:
+                        res = fixup(res)
+                    if failed is not None:
+                        continue
+                    if res != view.nbytes:
+                        failed = (error_from_errno(-res, m.dev.target) if res < 0
+                                  else f"short read {total + res} of {e.length}")
+                        continue
+                    total += res
+                    crc = _join_crc(crc, crc_len, self._chunk_crc(m, view, done), view.nbytes)
+                    crc_len += view.nbytes
+                if failed is not None:
+                    log.error("fx100io: read of chunk %r failed: %s", e.key, failed)
                     continue
-                if self._chunk_crc(m, view, done) != e.crc:
+                if crc != e.crc:
                     log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
                               "check; dropping it", e.key, m.dev.target, e.off)
                     corrupt.append((m, e))
                     continue
+                if scatter_to is not None:
+                    _scatter(segs[0][0], scatter_to)
                 out[i] = True
         finally:
             with self._mu:

@@ -1,0 +1,457 @@
+"""SGLang HiCache storage backend: the L3 tier of SGLang's hierarchical cache on a
+ChunkStore (local files, block devices, NVMe-oF namespaces).
+
+Loaded by SGLang's own backend factory, with no SGLang code of ours::
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
+    '{"backend_name": "fx100io", "module_path": "fx100io.contrib.sglang",
+      "class_name": "FX100ioHiCacheStorage", "interface_v1": 1,
+      "devices": "file:///var/lib/fx100io/sglang-{worker_id}.img", "size": "256G"}'
+
+The settings are those of every fx100io adapter (``devices``, ``size``, ``capacity``,
+``direct``, ``queue_depth``, ``max_io``, ``create``, ...; see fx100io.contrib._settings),
+read from the extra config beside SGLang's own keys; values may be strings.
+
+What it translates (the logic lives in ChunkStore):
+
+- ``batch_set_v1`` / ``batch_get_v1(keys, host_indices)``: one chunk per page, moved
+  straight between the host KV pool's pages (``get_page_buffer_meta``: K and V of a
+  page_first page, or 2 x layers pieces of a layer_first one) and the device, gathered
+  and scattered by the store; the pool is registered with io_uring once
+  (``register_mem_pool_host``). A page may come back into other host pages than it left.
+- Keys: SGLang's page hashes carry no rank, so every chunk key is scoped by model, the
+  parallel layout (TP/PP/DP/CP/DCP rank), the pool layout, dtype and page size: a chunk
+  is never read into pages of another shape. With MLA the TP ranks hold the same KV
+  and share one key: only the writer rank (``is_storage_writer``) writes.
+- Every call comes from SGLang's backup or prefetch thread, often both at once: they
+  block on one event loop thread that owns the store. A call returns only when its I/O
+  has ended, whatever happened (the pages are SGLang's to reuse once it returns). A
+  device error, timeout or corrupt chunk answers False / a miss, never wrong bytes,
+  and a failing device is left alone for ``retry_after_s`` (misses meanwhile).
+- Chunks persist: a new instance on the same devices (after a restart, or a detach and
+  re-attach in the same process) finds every chunk written before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from fx100io.pool import aligned_array
+from fx100io.store import ChunkStore
+
+from ._runtime import Breaker, LoopRunner
+from ._settings import BackendConfigError, BackendSettings, open_backend_store, parse_settings
+
+logger = logging.getLogger("fx100io.contrib.sglang")
+
+__all__ = ["FX100ioHiCacheStorage", "BackendConfigError"]
+
+WHERE = "extra_config."
+# SGLang's own keys in the extra config: the dynamic loader's, and the ones SGLang reads
+# (or adds) for every backend.
+SGLANG_KEYS = (
+    "backend_name", "module_path", "class_name", "interface_v1", "file_storage_path",
+    "tp_lcm_size", "prefetch_threshold", "prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
+)
+# pool tensors the backend registers as io_uring fixed buffers, where the pool has them
+POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer")
+
+
+def _model_tag(name: str | None) -> str:
+    return (name or "model").replace("/", "-") or "model"
+
+
+def rank_scope(cfg: HiCacheStorageConfig) -> str:
+    """The part of a chunk key that names which shard of the KV cache it holds."""
+    parts = []
+    if not cfg.is_mla_model:  # MLA KV is the same on every TP rank
+        parts.append(f"tp{cfg.tp_rank}of{cfg.tp_size}")
+    if cfg.pp_size > 1:
+        parts.append(f"pp{cfg.pp_rank}of{cfg.pp_size}")
+    if getattr(cfg, "attn_cp_size", 1) > 1:
+        parts.append(f"cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}")
+    if getattr(cfg, "dcp_size", 1) > 1:
+        parts.append(f"dcp{cfg.dcp_rank}of{cfg.dcp_size}p{cfg.logical_page_size}")
+    if getattr(cfg, "dp_rank", 0):
+        parts.append(f"dp{cfg.dp_rank}")
+    if getattr(cfg, "tp_lcm_size", None) and getattr(cfg, "should_split_heads", False):
+        parts.append(f"lcm{cfg.tp_lcm_size}")
+    return ".".join(parts) or "all"
+
+
+def worker_index(cfg: HiCacheStorageConfig) -> tuple[int, int]:
+    """(worker_id, world_size) for {worker_id} in device URIs: one per scheduler
+    process of this server (each rank opens devices of its own)."""
+    tp, pp = max(cfg.tp_size, 1), max(cfg.pp_size, 1)
+    cp = max(getattr(cfg, "attn_cp_size", 1), 1)
+    wid = (getattr(cfg, "dp_rank", 0) * pp * cp + cfg.pp_rank * cp
+           + getattr(cfg, "attn_cp_rank", 0)) * tp + cfg.tp_rank
+    return wid, tp * pp * cp
+
+
+def _byte_view(ptr: int, size: int) -> memoryview:
+    """The host pool's memory at [ptr, ptr + size) as a writable byte view (no copy)."""
+    return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
+
+
+def _nbytes(pieces: list[memoryview]) -> int:
+    return sum(p.nbytes for p in pieces)
+
+
+def _aligned(n: int) -> memoryview:
+    return aligned_array(n).data
+
+
+def _gathered(pieces: list[memoryview]) -> memoryview:
+    out = _aligned(_nbytes(pieces))
+    pos = 0
+    for p in pieces:
+        out[pos:pos + p.nbytes] = p
+        pos += p.nbytes
+    return out
+
+
+def _scatter(src: memoryview, pieces: list[memoryview]) -> None:
+    pos = 0
+    for p in pieces:
+        p[:] = src[pos:pos + p.nbytes]
+        pos += p.nbytes
+
+
+def _tensor_bytes(t: torch.Tensor, writable: bool) -> memoryview:
+    if t.device.type != "cpu":
+        raise ValueError(f"fx100io moves host memory; got a tensor on {t.device}")
+    if not t.is_contiguous():
+        if writable:
+            raise ValueError("the target tensor must be contiguous")
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().data.cast("B")
+
+
+class FX100ioHiCacheStorage(HiCacheStorage):
+    """An SGLang HiCache storage backend on an fx100io ChunkStore."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        self.storage_config = storage_config
+        extra = dict(storage_config.extra_config or {})
+        name = str(extra.get("backend_name") or "fx100io")
+        wid, world = worker_index(storage_config)
+        self.settings: BackendSettings = parse_settings(
+            extra, WHERE, name=name, worker_id=wid, world_size=world, extra_keys=SGLANG_KEYS)
+        # (older SGLang has no is_storage_writer: MLA's writer is TP rank 0 there)
+        self.is_writer = bool(getattr(storage_config, "is_storage_writer",
+                                      not storage_config.is_mla_model or storage_config.tp_rank == 0))
+        # SGLang calls the zero-copy pair with interface_v1, else the tensor API; each
+        # has keys of its own (a flat tensor is not laid out as a page's pieces), and
+        # batch_exists answers for the one in use
+        self.zero_copy = str(extra.get("interface_v1", 0)).strip().lower() in ("1", "true")
+        self._scope = f"sgl/{_model_tag(storage_config.model_name)}/{rank_scope(storage_config)}"
+        if storage_config.is_mla_model and not self.is_writer and not self.settings.shared_index:
+            logger.warning(
+                "fx100io: MLA rank %d only reads (rank %d writes the shared pages); without "
+                "%sshared_index its own devices hold only what a writer left there",
+                storage_config.tp_rank, getattr(storage_config, "dcp_rank", 0), WHERE)
+        self.mem_pool_host: Any = None
+        self._page_prefix: str | None = None
+        self._registrations: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._breaker = Breaker(self.settings.retry_after_s, logger)
+        self._metrics: dict[str, list[float]] = dict(
+            prefetch_pgs=[], backup_pgs=[], prefetch_bandwidth=[], backup_bandwidth=[])
+        self._runner = LoopRunner(None)
+        try:
+            self._backend = self._runner.call(self._open(), wait_s=max(600.0, self.settings.timeout_s))
+        except BaseException:
+            self._runner.stop()
+            raise
+        self._store = self._backend.store
+        # ChunkStore gathers a page's pieces itself; a store that takes one buffer per
+        # chunk (a shared pool) gets them through one bounce buffer per page
+        self._gather = not isinstance(self._store, ChunkStore)
+        logger.info("fx100io: SGLang HiCache backend on %s, keys under %s (%s)",
+                    self.settings.describe(), self._scope,
+                    "writer" if self.is_writer else "reader")
+
+    async def _open(self) -> Any:
+        # on the loop thread: the store's queues belong to the thread that opened it
+        return open_backend_store(self.settings, log=logger)
+
+    # ------------------------------------------------------------ host pool
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Take the host KV pool: its page shape scopes the keys, and its memory is
+        registered once so that every page moves with io_uring fixed buffers."""
+        super().register_mem_pool_host(mem_pool_host)
+        layout = str(getattr(mem_pool_host, "layout", "page_first"))
+        if layout == "page_first_direct":  # the same host memory; only its GPU copy differs
+            layout = "page_first"
+        dtype = str(getattr(mem_pool_host, "dtype", "")).replace("torch.", "")
+        page_size = int(getattr(mem_pool_host, "page_size", 1))
+        self._page_prefix = f"{self._scope}/{layout}.{dtype}.p{page_size}"
+        self._register_pool(mem_pool_host)
+
+    def _register_pool(self, pool: Any) -> None:
+        if not self.settings.register_buffers:
+            return
+        import fx100io
+
+        tensors: list[torch.Tensor] = []
+        for attr in POOL_TENSORS:
+            t = getattr(pool, attr, None)
+            for one in (t if isinstance(t, (list, tuple)) else [t]):
+                if (isinstance(one, torch.Tensor) and one.device.type == "cpu"
+                        and one.is_contiguous() and all(one is not s for s in tensors)):
+                    tensors.append(one)
+        for t in tensors:
+            try:
+                view = t.reshape(-1).view(torch.uint8).numpy().data.cast("B")
+                self._registrations.append(fx100io.register_memory(view))
+            except Exception as exc:  # noqa: BLE001 - unregistered memory still works
+                logger.warning("fx100io: registering the host KV pool failed (%r); "
+                               "continuing without", exc)
+                return
+        if tensors:
+            logger.info("fx100io: registered the host KV pool (%d MiB) with io_uring",
+                        sum(t.numel() * t.element_size() for t in tensors) >> 20)
+
+    # ------------------------------------------------------------ keys
+    def _page_key(self, key: str) -> str:
+        if self._page_prefix is None:
+            raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
+        return f"{self._page_prefix}/{key}"
+
+    def _flat_key(self, key: str) -> str:
+        # the non-zero-copy calls move a tensor SGLang shaped; kept apart from pages
+        return f"{self._scope}/flat/{key}"
+
+    # ------------------------------------------------------------ plumbing
+    def _run(self, coro: Any) -> Any:
+        """Run a store coroutine on the loop thread and wait for it to END: the
+        buffers are SGLang's pages, free for reuse as soon as we return."""
+        fut = self._runner.submit(coro)
+        return fut.result()
+
+    def _usable(self) -> bool:
+        return not self._closed and self._breaker.usable()
+
+    def _pieces(self, keys: Sequence[str], host_indices: Any) -> list[list[memoryview]]:
+        pool = self.mem_pool_host
+        if pool is None:
+            raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        if not keys or len(ptrs) != len(sizes) or len(ptrs) % len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(ptrs)} page buffers")
+        per = len(ptrs) // len(keys)
+        return [[_byte_view(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)]
+                for i in range(len(keys))]
+
+    def _record(self, kind: str, pages: int, nbytes: int, started: float) -> None:
+        dt = time.perf_counter() - started
+        with self._lock:
+            self._metrics[f"{kind}_pgs"].append(pages)
+            self._metrics[f"{kind}_bandwidth"].append(nbytes / dt / 1e9 if dt > 0 else 0.0)
+
+    async def _sizes(self, names: list[str]) -> list[int | None]:
+        many = getattr(self._store, "achunk_sizes", None)  # a shared pool: one round trip
+        if many is not None:
+            return list(await many(names))
+        return [self._store.chunk_size(n) for n in names]
+
+    async def _get_exact(self, names: list[str], bufs: list[Any], sizes: list[int]) -> list[bool]:
+        """Read chunks whose size must be exactly the buffers': any other size is a
+        miss (a chunk is never read into a part of the pages)."""
+        have = await self._sizes(names)
+        want = [i for i, n in enumerate(sizes) if have[i] == n]
+        out = [False] * len(names)
+        if not want:
+            return out
+        if self._gather:
+            flat = [_aligned(sizes[i]) for i in want]
+            hits = await self._store.batch_get([names[i] for i in want], flat)
+            for i, f, ok in zip(want, flat, hits):
+                if ok:
+                    _scatter(f, bufs[i])
+        else:
+            hits = await self._store.batch_get([names[i] for i in want], [bufs[i] for i in want])
+        for i, ok in zip(want, hits):
+            out[i] = bool(ok)
+        return out
+
+    async def _put_new(self, names: list[str], bufs: list[Any]) -> tuple[int, int]:
+        """Store the chunks not stored yet (a page's bytes never change under its
+        key); (chunks, bytes) written."""
+        have = await self._sizes(names)
+        todo = [i for i, n in enumerate(have) if n is None]
+        if not todo:
+            return 0, 0
+        data = [bufs[i] for i in todo]
+        if self._gather:
+            data = [_gathered(b) for b in data]
+        await self._store.batch_put([names[i] for i in todo], data)
+        return len(todo), sum(_nbytes(bufs[i]) for i in todo)
+
+    # ------------------------------------------------------------ zero copy
+    def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
+        if not keys:
+            return []
+        if not self._usable():
+            return [False] * len(keys)
+        started = time.perf_counter()
+        try:
+            bufs = self._pieces(keys, host_indices)
+            sizes = [sum(p.nbytes for p in b) for b in bufs]
+            out = self._run(self._get_exact([self._page_key(k) for k in keys], bufs, sizes))
+        except Exception as exc:  # noqa: BLE001 - SGLang takes False as "recompute"
+            self._fail("batch_get_v1", exc)
+            return [False] * len(keys)
+        self._record("prefetch", sum(out), sum(n for n, ok in zip(sizes, out) if ok), started)
+        return out
+
+    def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
+        if not keys:
+            return []
+        if not self.is_writer:
+            return [True] * len(keys)  # the writer rank stores the shared MLA pages
+        if not self._usable():
+            return [False] * len(keys)
+        started = time.perf_counter()
+        try:
+            bufs = self._pieces(keys, host_indices)
+            pages, nbytes = self._run(self._put_new([self._page_key(k) for k in keys], bufs))
+            if pages:
+                self._record("backup", pages, nbytes, started)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("batch_set_v1", exc)
+            return [False] * len(keys)
+        return [True] * len(keys)
+
+    # ------------------------------------------------------------ lookups
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        """How many LEADING keys are stored (SGLang loads that prefix)."""
+        if not keys or not self._usable():
+            return 0
+        try:
+            names = [self._page_key(k) if self.zero_copy else self._flat_key(k) for k in keys]
+            return int(self._run(self._store.batch_exists(names)))
+        except Exception as exc:  # noqa: BLE001
+            self._fail("batch_exists", exc)
+            return 0
+
+    # ------------------------------------------------------------ tensor API
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        out = self.batch_get([key], [target_location])
+        return out[0] if out else None
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[Any]:
+        if not keys:
+            return []
+        if target_locations is None or not self._usable():
+            return [None] * len(keys)
+        try:
+            bufs = [[_tensor_bytes(t, writable=True)] for t in target_locations]
+            hits = self._run(self._get_exact([self._flat_key(k) for k in keys], bufs,
+                                             [_nbytes(b) for b in bufs]))
+        except Exception as exc:  # noqa: BLE001
+            self._fail("batch_get", exc)
+            return [None] * len(keys)
+        return [t if ok else None for t, ok in zip(target_locations, hits)]
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        if not keys:
+            return True
+        if not self.is_writer:
+            return True
+        if values is None or not self._usable():
+            return False
+        try:
+            bufs = [[_tensor_bytes(v, writable=False)] for v in values]
+            self._run(self._put_new([self._flat_key(k) for k in keys], bufs))
+        except Exception as exc:  # noqa: BLE001
+            self._fail("batch_set", exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------ the rest
+    def clear(self) -> None:
+        """Delete this rank's chunks (those under its key scope), durably."""
+        if self._closed:
+            return
+        mine = self._scope.encode() + b"/"
+
+        async def drop() -> int:
+            n = 0
+            for k in self._store.keys():
+                if k.startswith(mine) and await self._store.delete(k):
+                    n += 1
+            return n
+        try:
+            logger.info("fx100io: cleared %d chunks", self._run(drop()))
+        except Exception as exc:  # noqa: BLE001
+            self._fail("clear", exc)
+
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics (pages and GB/s of each prefetch and backup call
+        since the last call), or None where that class cannot be imported."""
+        with self._lock:
+            snap = {k: list(v) for k, v in self._metrics.items()}
+            for v in self._metrics.values():
+                v.clear()
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+        except Exception:  # noqa: BLE001 - its module needs prometheus_client
+            return None
+        m = StorageMetrics()
+        for k, v in snap.items():
+            getattr(m, k).extend(v)
+        return m
+
+    def stats(self) -> dict[str, Any]:
+        """The store's counters (chunks, hits, misses, corruptions, bytes, ...)."""
+        return dict(self._store.stats(), breaker_trips=self._breaker.trips)
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """A device error leaves the device alone for retry_after_s (misses, not
+        waits); anything else is this call's alone."""
+        if self._closed:
+            return
+        if isinstance(exc, OSError):
+            self._breaker.trip(what, exc)
+        else:
+            logger.error("fx100io: %s failed: %r", what, exc)
+
+    def close(self) -> None:
+        """Close the store (durable already), release the devices and the pool's
+        registration; a new instance may open the same devices in this process."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shut() -> None:
+            if hasattr(self._store, "aclose"):
+                await self._store.aclose()  # index commits still queued end off the loop
+            self._backend.close()
+        try:
+            self._run(shut())
+        finally:
+            for r in self._registrations:
+                r.close()
+            self._registrations.clear()
+            self._runner.stop()
