@@ -63,7 +63,7 @@ def test_compaction_does_not_block_the_event_loop(tmp_file):
     index thread (5 ms switch interval) and for the machine.
 
     The bound: the largest gap must stay under a quarter of the put's own
-    duration, and never more than 0.1 s.  The ratio keeps the test honest on
+    duration (a blocked loop would stall for all of it).  The ratio keeps the test honest on
     a slow or loaded machine, where everything (the put and any stall) gets
     slower together; the floor of 50 ms for the ratio leaves room for a busy
     2-core box descheduling the process for a few time slices."""
@@ -86,7 +86,7 @@ def test_compaction_does_not_block_the_event_loop(tmp_file):
             return took, ticker.worst
 
     took, worst = asyncio.run(main())
-    assert worst < 0.1 and worst < max(0.05, took / 4), (
+    assert worst < max(0.05, took / 4), (
         f"the event loop stalled {worst * 1000:.0f} ms during a {took * 1000:.0f} ms put "
         "that compacted the index")
 

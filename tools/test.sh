@@ -23,6 +23,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check matplotlib ruff mypy hypothesis
 tools/install_lmcache.sh "$PY"
+# The real sglang package in a venv of its own (tests/test_sglang.py).
+tools/install_sglang.sh "$PY" >/dev/null
 
 # tests/c programs that tests run against live targets (tests/guest runs
 # rdma_connect_check in the lab guest, where the checkout is read-only).
