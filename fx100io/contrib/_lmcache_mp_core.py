@@ -1,0 +1,308 @@
+"""What both LMCache multi-process adapters share: one ChunkStore on a loop thread of its
+own, per-key batch operations that turn every failure into a miss, store key names, and
+zero-copy views of LMCache's buffers.
+
+No lmcache import here: the adapters in :mod:`fx100io.contrib.lmcache_mp` translate
+LMCache's types; this module only moves bytes between buffers and the store.
+
+Threads: LMCache calls the adapters from its store and prefetch threads at once. A
+ChunkStore is used from the thread that opened it (each thread gets its own device
+queue), so every store call runs on one asyncio loop thread owned by :class:`StoreService`;
+caller threads only hand it coroutines. A request is reported done only when its I/O has
+really ended: LMCache reuses a buffer as soon as its task completes, so a late read must
+never land in it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ._runtime import Breaker, LoopRunner
+from ._settings import BackendSettings, open_backend_store, parse_settings
+
+logger = logging.getLogger("fx100io.contrib.lmcache_mp")
+if not logger.handlers and not logging.getLogger().handlers:
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("[%(asctime)s] fx100io %(levelname)s: %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+
+# Store keys of the two adapter types live apart from each other and from the
+# in-process plugin's keys (fx100io.contrib._lmcache_codec), so one device can serve all.
+OBJECT_PREFIX = "lmcache-mp/1/"
+NATIVE_PREFIX = "lmcache-mp-native/1/"
+
+
+class ServiceClosed(RuntimeError):
+    """The adapter was closed: no more requests are taken."""
+
+
+# ------------------------------------------------------------------------- key names
+
+
+def object_key_name(kv_rank: int, group: int, chunk_hash: bytes, salt: str, model: str) -> str:
+    """The store key of an LMCache ObjectKey: every field, reversibly.
+
+    The model name goes last because it is the only field that may contain ``/``;
+    LMCache forbids ``/`` and ``@`` in the salt, so splitting at the first five ``/``
+    gives the fields back (:func:`parse_object_key_name`).
+    """
+    if "/" in salt:
+        raise ValueError(f"cache_salt {salt!r} contains '/'")
+    return f"{OBJECT_PREFIX}{int(kv_rank)}/{int(group)}/{bytes(chunk_hash).hex()}/{salt}/{model}"
+
+
+def parse_object_key_name(name: str | bytes) -> tuple[int, int, bytes, str, str] | None:
+    """(kv_rank, group, chunk_hash, salt, model) of a name made by object_key_name, or
+    None for any other store key."""
+    if isinstance(name, (bytes, bytearray)):
+        try:
+            name = bytes(name).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not name.startswith(OBJECT_PREFIX):
+        return None
+    parts = name[len(OBJECT_PREFIX):].split("/", 4)
+    if len(parts) != 5:
+        return None
+    rank, group, hash_hex, salt, model = parts
+    try:
+        return int(rank), int(group), bytes.fromhex(hash_hex), salt, model
+    except ValueError:
+        return None
+
+
+def native_key_name(key: str) -> str:
+    return NATIVE_PREFIX + str(key)
+
+
+# ----------------------------------------------------------------------------- views
+
+
+@functools.lru_cache(maxsize=1024)
+def _ubyte_array(n: int) -> Any:
+    # ctypes makes a new type per length and never frees it: one type per size, kept.
+    return ctypes.c_ubyte * n
+
+
+def view_at(ptr: int, nbytes: int) -> memoryview:
+    """A writable byte view of nbytes at address ptr; it does not own the memory."""
+    if nbytes <= 0:
+        return memoryview(bytearray(0))
+    if not ptr:
+        raise ValueError("buffer has a null data pointer")
+    return memoryview(_ubyte_array(int(nbytes)).from_address(int(ptr))).cast("B")
+
+
+def byte_view(buf: Any) -> memoryview:
+    mv = memoryview(buf)
+    return mv if mv.ndim == 1 and mv.format == "B" else mv.cast("B")
+
+
+# --------------------------------------------------------------------------- service
+
+
+class StoreService:
+    """A ChunkStore opened, used and closed on one loop thread, with per-key results.
+
+    ``run(coro, done)`` hands a coroutine of this class to the loop; ``done(result,
+    error)`` is called once, on the loop thread, when its I/O has ended. ``close()``
+    waits (up to ``timeout_s``) for those still running, then closes the store on the
+    loop, releases the device and stops the loop.
+    """
+
+    def __init__(self, settings: BackendSettings, where: str) -> None:
+        self.settings = settings
+        self.where = where
+        self._breaker = Breaker(settings.retry_after_s)
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self._runner = LoopRunner(None)
+        try:
+            self._backend = self._runner.call(self._open(), max(60.0, 4 * settings.timeout_s))
+        except BaseException:
+            self._runner.stop()
+            raise
+        self.store = self._backend.store
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], where: str) -> StoreService:
+        return cls(parse_settings(params, where), where)
+
+    async def _open(self) -> Any:
+        return open_backend_store(self.settings, where=self.where, log=logger)
+
+    # ------------------------------------------------------------------ requests
+
+    def run(self, coro: Any, done: Callable[[Any, BaseException | None], None]) -> None:
+        with self._cond:
+            if self._closed:
+                coro.close()
+                raise ServiceClosed("the fx100io adapter is closed")
+            self._pending += 1
+        try:
+            future = self._runner.submit(coro)
+        except BaseException as exc:
+            coro.close()
+            self._finished()
+            done(None, exc)
+            return
+
+        def finish(f: concurrent.futures.Future[Any]) -> None:
+            try:
+                if f.cancelled():
+                    done(None, ServiceClosed("request cancelled"))
+                else:
+                    exc = f.exception()
+                    done(None if exc is not None else f.result(), exc)
+            except Exception:
+                logger.exception("fx100io: completing a request failed")
+            finally:
+                self._finished()
+
+        future.add_done_callback(finish)
+
+    def call(self, coro: Any) -> Any:
+        """Run a coroutine on the loop and wait for it (listing, delete)."""
+        with self._cond:
+            if self._closed:
+                coro.close()
+                raise ServiceClosed("the fx100io adapter is closed")
+        return self._runner.call(coro, max(60.0, 4 * self.settings.timeout_s))
+
+    def _finished(self) -> None:
+        with self._cond:
+            self._pending -= 1
+            self._cond.notify_all()
+
+    def _usable(self) -> bool:
+        return self._breaker.usable()
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self._breaker.trip(what, exc)
+
+    # Coroutines: run on the loop thread only.
+
+    async def put(self, names: Sequence[str], views: Sequence[memoryview]) -> list[bool]:
+        """Store each view under its name; all True, or all False if the batch failed."""
+        if not names:
+            return []
+        if not self._usable():
+            return [False] * len(names)
+        try:
+            await self.store.batch_put(list(names), list(views))
+        except Exception as exc:  # noqa: BLE001 - a failed store is a failed task
+            self._failed("store", exc)
+            return [False] * len(names)
+        return [True] * len(names)
+
+    async def get(self, names: Sequence[str | None], views: Sequence[memoryview]) -> list[bool]:
+        """Fill each view with its chunk; True only where the chunk has exactly the
+        view's size and passed its CRC. A chunk of another size is a miss: a shorter
+        one would leave stale bytes in the buffer, a longer one does not fit."""
+        out = [False] * len(names)
+        if not names or not self._usable():
+            return out
+        idx: list[int] = []
+        keys: list[str] = []
+        bufs: list[memoryview] = []
+        for i, (name, view) in enumerate(zip(names, views)):
+            if name is None:
+                continue
+            size = self.store.chunk_size(name)
+            if size is None:
+                continue
+            if size != view.nbytes:
+                logger.warning("fx100io: chunk %r holds %d bytes, the buffer %d: a miss",
+                               name, size, view.nbytes)
+                continue
+            idx.append(i)
+            keys.append(name)
+            bufs.append(view)
+        if not keys:
+            return out
+        # No await between the size checks and batch_get's own lookup: a put on this
+        # loop cannot replace a chunk in between.
+        try:
+            got = await self.store.batch_get(keys, bufs)
+        except Exception as exc:  # noqa: BLE001 - a failed read is a miss
+            self._failed("load", exc)
+            return out
+        for i, ok in zip(idx, got):
+            out[i] = bool(ok)
+        return out
+
+    async def exists(self, names: Sequence[str | None]) -> list[bool]:
+        if not self._usable():
+            return [False] * len(names)
+        return [name is not None and self.store.contains(name) for name in names]
+
+    async def sizes(self, names: Sequence[str]) -> list[int | None]:
+        return [self.store.chunk_size(n) for n in names]
+
+    async def delete(self, names: Sequence[str]) -> list[bool]:
+        out = []
+        for name in names:
+            try:
+                out.append(bool(await self.store.delete(name)))
+            except Exception as exc:  # noqa: BLE001 - a failed delete leaves the chunk
+                self._failed("delete", exc)
+                out.append(False)
+        return out
+
+    async def listing(self, prefix: str) -> list[tuple[str, int]]:
+        """(name, size) of every chunk whose key starts with prefix, sorted by name."""
+        rows = []
+        for raw in self.store.keys():
+            try:
+                name = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+            except UnicodeDecodeError:
+                continue
+            if name.startswith(prefix):
+                size = self.store.chunk_size(name)
+                if size is not None:
+                    rows.append((name, size))
+        rows.sort()
+        return rows
+
+    async def usage(self) -> tuple[int, int]:
+        stats = self.store.stats()
+        return int(stats.get("bytes_used", 0)), int(stats.get("capacity", 0))
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> bool:
+        """Drain, close the store, stop the loop. True if every request had ended (their
+        buffers are free); False if some were still running after timeout_s."""
+        with self._cond:
+            if self._closed:
+                return True
+            self._closed = True
+            drained = self._cond.wait_for(lambda: self._pending == 0,
+                                          timeout=max(5.0, self.settings.timeout_s))
+        if not drained:
+            logger.error("fx100io: requests still running after %.1fs at close",
+                         self.settings.timeout_s)
+        try:
+            self._runner.call(self._close_backend(), max(60.0, 4 * self.settings.timeout_s))
+        except Exception as exc:  # noqa: BLE001 - close what we can
+            logger.warning("fx100io: closing the store on its loop failed (%r); closing here", exc)
+            self._backend.close()
+        self._runner.stop()
+        return drained
+
+    async def _close_backend(self) -> None:
+        self._backend.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
