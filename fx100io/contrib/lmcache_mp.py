@@ -224,11 +224,12 @@ class FX100ioL2Adapter(L2AdapterInterface):
         # allocator's padding after the object is not part of it
         return view_at(int(obj.data_ptr), int(obj.get_size()))
 
-    def _publish(self, table: dict, tid: L2TaskId, result: Any, fd: int) -> None:
+    def _publish(self, table: str, tid: L2TaskId, result: Any, fd: int) -> None:
         with self._lock:
             if fd not in self._fds:
                 return  # closed: the fd number may already belong to someone else
-            table[tid] = result
+            # looked up under the lock: pop_completed_store_tasks swaps the dict
+            getattr(self, table)[tid] = result
             _signal(fd)  # after the result is visible
 
     # ----------------------------------------------------------------- event fds
@@ -257,7 +258,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
             names = [None]
             views = []
         if any(n is None for n in names):
-            self._publish(self._stores, tid, L2StoreResult(False, 0), self._store_fd)
+            self._publish("_stores", tid, L2StoreResult(False, 0), self._store_fd)
             return tid
         svc = self._svc
         held = list(objects)  # the buffers stay referenced until the writes end
@@ -270,7 +271,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
             del held[:]
             ok = exc is None and result is not None and all(result[0])
             nbytes = sum(v.nbytes for v in views) if ok else 0
-            self._publish(self._stores, tid, L2StoreResult(ok, nbytes), self._store_fd)
+            self._publish("_stores", tid, L2StoreResult(ok, nbytes), self._store_fd)
             if ok:
                 # a chunk stored again adds no bytes; the listener still sees the key
                 sizes = [v.nbytes if old is None else 0 for v, old in zip(views, result[1])]
@@ -303,7 +304,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
                     if hit:
                         bitmap.set(i)
                         self._locks[keys[i]] = self._locks.get(keys[i], 0) + 1
-            self._publish(self._lookups, tid, bitmap, self._lookup_fd)
+            self._publish("_lookups", tid, bitmap, self._lookup_fd)
 
         self._svc.run(self._svc.exists(names), done)
         return tid
@@ -341,7 +342,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
             views = [self._view(o) for o in objects]
         except Exception as exc:  # noqa: BLE001 - a bad batch loads nothing
             logger.warning("fx100io: load task rejected: %s", exc)
-            self._publish(self._loads, tid, Bitmap(len(keys)), self._load_fd)
+            self._publish("_loads", tid, Bitmap(len(keys)), self._load_fd)
             return tid
         held = list(objects)
 
@@ -354,7 +355,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
                     if ok:
                         bitmap.set(i)
                         loaded.append(keys[i])
-            self._publish(self._loads, tid, bitmap, self._load_fd)
+            self._publish("_loads", tid, bitmap, self._load_fd)
             if loaded:
                 self._notify_keys_accessed(loaded)
 
