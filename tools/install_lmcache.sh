@@ -21,6 +21,9 @@ DEPS=(
   "numpy<=${NUMPY_CAP}" pyyaml msgspec pyzmq psutil "prometheus_client<=0.24.1" aiofiles
   aiofile sortedcontainers blake3 aiohttp safetensors cachetools py-cpuinfo nvtx redis
   requests numba transformers cryptography
+  # `lmcache server` (the multi-process mode, tests/test_lmcache_mp_server.py): its HTTP
+  # stack; lmcache 0.5.6 caps opentelemetry at 1.40
+  "opentelemetry-api<=1.40.0" "opentelemetry-sdk<=1.40.0" fastapi uvicorn httpx
 )
 
 # pip's resolver lists every dependency lmcache declares but we skip on purpose (CUDA
@@ -52,7 +55,8 @@ PYEOF
 import_ok() {
   "$PY" -c 'import lmcache, numpy, torch
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
-from lmcache.v1.cache_engine import LMCacheEngineBuilder' >/dev/null 2>&1
+from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.multiprocess.http_server import run_http_server' >/dev/null 2>&1
 }
 
 numpy_ok() {  # numpy installed and not above the cap
