@@ -21,11 +21,11 @@ import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._runtime import Breaker, LoopRunner
-from ._settings import BackendSettings, open_backend_store, parse_settings
+from ._settings import BackendSettings, open_backend_store
 
 logger = logging.getLogger("fx100io.contrib.lmcache_mp")
 if not logger.handlers and not logging.getLogger().handlers:
@@ -118,9 +118,8 @@ class StoreService:
     loop, releases the device and stops the loop.
     """
 
-    def __init__(self, settings: BackendSettings, where: str) -> None:
+    def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
-        self.where = where
         self._breaker = Breaker(settings.retry_after_s)
         self._cond = threading.Condition()
         self._pending = 0
@@ -133,12 +132,8 @@ class StoreService:
             raise
         self.store = self._backend.store
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any], where: str) -> StoreService:
-        return cls(parse_settings(params, where), where)
-
     async def _open(self) -> Any:
-        return open_backend_store(self.settings, where=self.where, log=logger)
+        return open_backend_store(self.settings, log=logger)
 
     # ------------------------------------------------------------------ requests
 

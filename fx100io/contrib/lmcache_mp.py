@@ -146,7 +146,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         self._fds: list[int] = []
         try:
             self._fds = [_eventfd(), _eventfd(), _eventfd()]
-            self._svc = StoreService(settings, WHERE)
+            self._svc = StoreService(settings)
         except BaseException:
             for fd in self._fds:
                 os.close(fd)
@@ -487,7 +487,7 @@ class FX100ioNativeClient:
         self._closed = False
         self._fd = _eventfd()
         try:
-            self._svc = StoreService(settings, WHERE)
+            self._svc = StoreService(settings)
         except BaseException:
             os.close(self._fd)
             raise
