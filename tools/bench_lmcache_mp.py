@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Cold loads of LMCache's multi-process L2 tier: fx100io against LMCache's own adapters.
+
+Every case is run by LMCache's own benchmark, `lmcache bench l2 --l2-adapter JSON`, on the
+same device in the same run:
+
+  fx100io         our `plugin` adapter (fx100io.contrib.lmcache_mp.FX100ioL2Adapter) on a file
+  fx100io-native  our `native_plugin` client, wrapped by LMCache's NativeConnectorL2Adapter
+  fs              LMCache's `fs` adapter (its default: buffered files)
+  fs-odirect      LMCache's `fs` adapter with use_odirect
+  raw_block       LMCache's `raw_block` adapter (Rust extension, O_DIRECT, io_uring) on a file
+  fx100io-tcp     our adapter over nvme+tcp to `fx100io target` serving a file on the device
+  fio             fio's sequential O_DIRECT read of a file of the same size, chunk-sized
+                  reads at iodepth 1, 8 and 32: the best is the device's limit
+
+Cold, across a restart: for each case one `bench l2 --only store` process writes the chunks
+and exits, the page cache is dropped, then one `bench l2 --only load` process (a new
+adapter on the same device, as after a server restart) reads each chunk once. A load that
+does not find every key is reported as failed, not timed. Each phase starts with one
+unmeasured submit (its own keys, also cold) so that one-time set-up (rings, registration)
+is not charged to the measured rounds.
+
+Devices: "disk" (a directory on the machine's disk, --dir) and "fast" (ext4 on a loop
+device over /dev/shm, built and removed here). Needs root (drop_caches, losetup, mount),
+fio, and the venv of tools/install_lmcache_bench.sh (LMCache's raw-block extension).
+
+  tools/bench_lmcache_mp.py [--devices disk,fast] [--chunk-mb 16] [--chunks 16]
+                            [--rounds 2] [--cases fx100io,fs,raw_block,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from fio_peer import fio_read  # noqa: E402  (tools/, this script's folder)
+
+MiB = 1 << 20
+GiB = 1 << 30
+MODULE = "fx100io.contrib.lmcache_mp"
+CASES = ("fio", "fx100io", "fx100io-native", "fs", "fs-odirect", "raw_block", "fx100io-tcp")
+
+
+def _bench_lmcache():
+    """tools/bench_lmcache's device helpers (disk_dir, fast_dir, drop_caches, Target)."""
+    loader = importlib.machinery.SourceFileLoader("bench_lmcache", str(HERE / "bench_lmcache"))
+    spec = importlib.util.spec_from_loader("bench_lmcache", loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_lmcache"] = mod  # its dataclasses look their module up
+    loader.exec_module(mod)
+    return mod
+
+
+def bench_python() -> str:
+    p = subprocess.run(["bash", str(HERE / "install_lmcache_bench.sh")], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        sys.exit(f"tools/install_lmcache_bench.sh failed:\n{p.stderr}")
+    return p.stdout.strip().splitlines()[-1]
+
+
+def store_size(payload: int) -> int:
+    return int(payload * 1.1) + 64 * MiB
+
+
+def adapter_json(case: str, d: str, payload: int, chunk: int, target_uri: str | None) -> str:
+    ours = {"type": "plugin", "module_path": MODULE, "class_name": "FX100ioL2Adapter"}
+    if case == "fx100io":
+        return json.dumps({**ours, "adapter_params": {
+            "devices": f"file://{d}/fx100io.img", "size": str(store_size(payload))}})
+    if case == "fx100io-native":
+        return json.dumps({"type": "native_plugin", "module_path": MODULE,
+                           "class_name": "FX100ioNativeClient", "adapter_params": {
+                               "devices": f"file://{d}/fx100io-native.img",
+                               "size": str(store_size(payload))}})
+    if case == "fx100io-tcp":
+        assert target_uri is not None
+        return json.dumps({**ours, "adapter_params": {"devices": target_uri}})
+    if case == "fs":
+        return json.dumps({"type": "fs", "base_path": f"{d}/fs"})
+    if case == "fs-odirect":
+        return json.dumps({"type": "fs", "base_path": f"{d}/fs-odirect", "use_odirect": True})
+    if case == "raw_block":
+        path = f"{d}/raw_block.img"
+        slot = chunk + 4096  # the chunk and its header, 4 KiB aligned
+        with open(path, "wb") as f:
+            f.truncate(store_size(payload) + 256 * MiB + (payload // chunk + 8) * 4096)
+        return json.dumps({"type": "raw_block", "device_path": path, "slot_bytes": slot,
+                           "io_engine": "io_uring"})
+    raise ValueError(case)
+
+
+def run_bench(py: str, spec: str, op: str, args: argparse.Namespace, out: str) -> dict:
+    env = dict(os.environ, LMCACHE_DISABLE_BANNER="1", LMCACHE_LOG_LEVEL="ERROR",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [py, "-m", "lmcache.cli.main", "bench", "l2", "--l2-adapter", spec,
+           "--num-keys", str(args.chunks), "--data-size-kb", str(args.chunk_mb * 1024),
+           "--rounds", str(args.rounds), "--warmup-rounds", "1", "--only", op,
+           "--l1-align-bytes", "4096", "--format", "json", "--output", out, "-q"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if p.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"bench l2 --only {op} failed (rc={p.returncode}):\n"
+                           f"{(p.stdout + p.stderr)[-3000:]}")
+    with open(out) as f:
+        return json.load(f)["metrics"]["op_0"]
+
+
+def measure(args: argparse.Namespace, device: str, d: str, py: str, bl) -> dict[str, float]:
+    chunk = args.chunk_mb * MiB
+    payload = chunk * args.chunks * (args.rounds + 1)  # + the warm-up submit
+    results: dict[str, float] = {}
+    cleanup = []
+    try:
+        target_uri = None
+        if "fx100io-tcp" in args.cases:
+            ns = f"{d}/nvme-ns.img"
+            bl.reserve_file(ns, store_size(payload))
+            target = bl.Target(ns)
+            cleanup.append(target.close)
+            target_uri = f"nvme+tcp://127.0.0.1:{target.port}/{bl.NQN}?queues={args.tcp_queues}"
+        for case in args.cases:
+            if case == "fio":
+                path = f"{d}/fio.dat"
+                bl.write_random_file(path, payload)
+                rates = [fio_read(path, payload, chunk, qd)[1] for qd in (1, 8, 32)]
+                results["fio"] = max(rates) / 1e6
+                os.unlink(path)
+                continue
+            spec = adapter_json(case, d, payload, chunk, target_uri)
+            with tempfile.TemporaryDirectory() as t:
+                stored = run_bench(py, spec, "store", args, f"{t}/store.json")
+                bl.drop_caches()
+                loaded = run_bench(py, spec, "load", args, f"{t}/load.json")
+            total = loaded["total_keys"]
+            if stored["total_success"] != total or loaded["total_success"] != total:
+                print(f"  {device:5} {case:15} FAILED: stored {stored['total_success']}/"
+                      f"{total}, loaded {loaded['total_success']}/{total}")
+                continue
+            # bench l2 reports MiB/s per round; MB/s (1e6) here, like fio's figure
+            mbps = loaded["throughput_avg_mbps"] * MiB / 1e6
+            results[case] = mbps
+            print(f"  {device:5} {case:15} cold load {mbps:8.0f} MB/s "
+                  f"(store {stored['throughput_avg_mbps'] * MiB / 1e6:6.0f} MB/s)", flush=True)
+    finally:
+        for fn in cleanup:
+            fn()
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", default="disk,fast")
+    ap.add_argument("--dir", default="/var/tmp", help="where the disk case's files go")
+    ap.add_argument("--chunk-mb", type=int, default=16, help="bytes per chunk (MiB)")
+    ap.add_argument("--chunks", type=int, default=16, help="chunks per submit (bench l2 --num-keys)")
+    ap.add_argument("--rounds", type=int, default=2, help="submits per phase")
+    ap.add_argument("--cases", default="fio,fx100io,fx100io-native,fs,fs-odirect,raw_block,fx100io-tcp")
+    ap.add_argument("--tcp-queues", type=int, default=4)
+    ap.add_argument("--fast-gib", type=float, default=4.0)
+    args = ap.parse_args()
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = sorted(set(args.cases) - set(CASES))
+    if bad:
+        sys.exit(f"unknown case(s) {bad}; known: {list(CASES)}")
+    if os.geteuid() != 0:
+        sys.exit("bench_lmcache_mp needs root: drop_caches (cold reads), losetup and mount")
+    py = bench_python()
+    bl = _bench_lmcache()
+    payload = args.chunk_mb * MiB * args.chunks * args.rounds
+    print(f"lmcache bench l2: {args.chunks} chunks of {args.chunk_mb} MiB per submit, "
+          f"{args.rounds} submits: {payload / GiB:.2f} GiB per case, cold, after a restart")
+    summary = {}
+    for device in [x.strip() for x in args.devices.split(",") if x.strip()]:
+        if device == "disk":
+            ctx = bl.disk_dir(args.dir)
+        elif device == "fast":
+            ctx = bl.fast_dir(int(args.fast_gib * GiB))
+        else:
+            sys.exit(f"unknown device {device!r} (disk, fast)")
+        with ctx as d:
+            summary[device] = measure(args, device, d, py, bl)
+    print("\n| device | case | cold load MB/s | vs fs | vs fs-odirect | vs raw_block | vs fio |")
+    print("|---|---|---|---|---|---|---|")
+    for device, res in summary.items():
+        for case, mbps in res.items():
+            ratios = [f"{mbps / res[p]:.2f}x" if p in res else "-"
+                      for p in ("fs", "fs-odirect", "raw_block", "fio")]
+            print(f"| {device} | {case} | {mbps:.0f} | " + " | ".join(ratios) + " |")
+    for device, res in summary.items():
+        if "fx100io" not in res:
+            continue
+        best_engine = max((res[p] for p in ("fs", "fs-odirect", "raw_block") if p in res), default=None)
+        goals = []
+        if best_engine:
+            goals.append(f">= 1.5x LMCache's best disk tier: {res['fx100io'] / best_engine:.2f}x "
+                         f"{'met' if res['fx100io'] >= 1.5 * best_engine else 'NOT met'}")
+        if "fio" in res:
+            goals.append(f">= 0.9x fio: {res['fx100io'] / res['fio']:.2f}x "
+                         f"{'met' if res['fx100io'] >= 0.9 * res['fio'] else 'NOT met'}")
+        print(f"{device}: " + "; ".join(goals))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
