@@ -528,3 +528,25 @@ def test_lmcache_bench_l2_verifies_our_adapter(tmp_path):
         assert p.returncode == 0, out
         assert "data verified OK" in out, out
         assert "MISMATCH" not in out
+
+
+def test_a_failing_device_gives_misses_then_recovers(device):
+    arena = Arena(1 << 20)
+    adapter = load_adapter(spec(device, retry_after_s="0"), arena)
+    try:
+        src, dst = arena.obj(8192), arena.obj(8192)
+        want = fill(src, 6)
+        assert store(adapter, [key(6)], [src])
+        store_obj = adapter._svc.store
+        real_get = store_obj.batch_get
+
+        async def broken(keys, bufs):
+            raise OSError(5, "I/O error")
+
+        store_obj.batch_get = broken
+        assert load(adapter, [key(6)], [dst]) == [False]
+        store_obj.batch_get = real_get
+        assert load(adapter, [key(6)], [dst]) == [True]
+        assert content(dst) == want
+    finally:
+        adapter.close()
