@@ -250,7 +250,7 @@ def test_each_result_is_returned_once_and_unlock_never_fails(device, kind):
         adapter.close()
 
 
-def test_lookup_without_group_layout_descs(device):
+def test_lookup_with_any_revisions_layout_argument(device):
     arena = Arena(1 << 20)
     adapter = load_adapter(spec(device), arena)
     try:
@@ -258,6 +258,11 @@ def test_lookup_without_group_layout_descs(device):
         fill(src, 3)
         assert store(adapter, [key(3)], [src])
         assert lookup(adapter, [key(3), key(4)], layouts=False) == [True, False]
+        # an earlier revision's form: one layout, by keyword
+        tid = adapter.submit_lookup_and_lock_task(
+            [key(3)], layout_desc=MemoryLayoutDesc(shapes=[], dtypes=[]))
+        assert wait_query(adapter, adapter.get_lookup_and_lock_event_fd(),
+                          adapter.query_lookup_and_lock_result, tid).test(0)
     finally:
         adapter.close()
 

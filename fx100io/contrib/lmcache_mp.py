@@ -288,10 +288,11 @@ class FX100ioL2Adapter(L2AdapterInterface):
     # ----------------------------------------------------------------- lookup
 
     def submit_lookup_and_lock_task(
-        self, keys: list[ObjectKey], group_layout_descs: Any = None
+        self, keys: list[ObjectKey], group_layout_descs: Any = None, layout_desc: Any = None
     ) -> L2TaskId:
-        # group_layout_descs (lmcache 0.5.6) is advisory; a chunk's bytes and size are
-        # all the store needs, so it is accepted and not used.
+        # The layout is advisory and a chunk's bytes and size are all the store needs, so
+        # every revision's form is accepted and none is used: group_layout_descs (lmcache
+        # 0.5.6), one layout_desc (earlier revisions), or nothing (later ones).
         tid = self._task_id()
         keys = list(keys)
         names = [self._name(k) for k in keys]
