@@ -104,7 +104,10 @@ setup(
     install_requires=["numpy"],
     extras_require={"plot": ["matplotlib"], "test": ["pytest", "pytest-asyncio"],
                     # the SGLang HiCache backend (fx100io.contrib.sglang), tested with 0.5.23
-                    "sglang": ["sglang>=0.5.23,<0.6"]},
+                    "sglang": ["sglang>=0.5.23,<0.6"],
+                    # the LMCache plugin (in-process) and L2 adapters (multi-process
+                    # `lmcache server`, fx100io.contrib.lmcache_mp), tested with 0.5.6
+                    "lmcache": ["lmcache>=0.5.6,<0.6"]},
     entry_points={"console_scripts": ["fx100io=fx100io.cli:main"]},
     zip_safe=False,
 )
