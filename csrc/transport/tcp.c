@@ -59,6 +59,8 @@
  * into the caller's buffer), so large reads are never copied. */
 #define RX_STAGE (128u << 10)
 #define RX_SMALL_MAX (16u << 10)
+#define BIG_CMD 1
+#define BIG_READ 2
 
 enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4, UD_CANCEL = 5 };
 #define UD(conn, kind) (((uint64_t)(conn) << 8) | (kind))
@@ -121,7 +123,7 @@ struct cmd {
 	uint32_t sends;
 	uint32_t r2t_items; /* H2CData items of the open R2T not yet sent */
 	uint8_t rsp_seen;  /* response arrived while sends were pending */
-	uint8_t big;       /* a read longer than RX_SMALL_MAX (counted in big_reads) */
+	uint8_t big;       /* BIG_CMD: longer than RX_SMALL_MAX, BIG_READ: and a read */
 	uint16_t rsp_status;
 	uint64_t slba;
 	int64_t deadline;
@@ -181,6 +183,7 @@ struct conn {
 	/* receive */
 	uint8_t *stage;    /* RX_STAGE bytes: bulk receives while reads are small */
 	uint32_t big_reads; /* reads in flight longer than RX_SMALL_MAX */
+	uint32_t big_cmds;  /* commands in flight longer than RX_SMALL_MAX */
 	int rx_staged;     /* the recv in flight targets stage */
 	int rx_cancel;     /* we asked the kernel to cancel that recv */
 	enum rx_state rx;
@@ -342,6 +345,7 @@ static void conn_finish_drain(struct conn *c)
 		fx_req_piece_done(&q->t, m->req, c->err, 0, 0);
 	}
 	c->big_reads = 0;
+	c->big_cmds = 0;
 	free_tx(c);
 	fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
 	c->state = CONN_DOWN;
@@ -590,10 +594,11 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 	/* the data is in the caller's buffer (reads) or sent (writes) */
 	fx_req_crc_add(&c->q->t.reqs[ri], m->data, bytes);
 	m->busy = 0;
-	if (m->big) {
-		m->big = 0;
+	if (m->big & BIG_READ)
 		c->big_reads--;
-	}
+	if (m->big & BIG_CMD)
+		c->big_cmds--;
+	m->big = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	fx_req_piece_done(&c->q->t, ri, err, bytes, status);
 }
@@ -1027,8 +1032,13 @@ static void issue(struct tcp_queue *q)
 			r->issued += n;
 		}
 		r->inflight++;
+		m->big = 0;
+		if (m->len > RX_SMALL_MAX) {
+			m->big = BIG_CMD;
+			c->big_cmds++;
+		}
 		if (m->opcode == NVME_CMD_READ && m->len > RX_SMALL_MAX) {
-			m->big = 1;
+			m->big |= BIG_READ;
 			if (c->big_reads++ == 0)
 				cancel_staged_recv(c);
 		}
@@ -1228,7 +1238,10 @@ static int tq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
  * (and, in a VM, the host) gets round to it, which at queue depth 1 made the
  * 99th percentile 100x the median.  A loopback or LAN round trip usually
  * ends inside this budget; a slow target costs at most this much CPU per
- * wait.  FX100IO_TCP_POLL_US overrides it (0: never poll). */
+ * wait.  Only while every command in flight is small (RX_SMALL_MAX at most):
+ * a large transfer's wake-up is spread over its many bytes, and polling
+ * through it would only raise the CPU spent per byte.
+ * FX100IO_TCP_POLL_US overrides the budget (0: never poll). */
 #define POLL_US_DEFAULT 50
 
 static int64_t poll_budget_ns(void)
@@ -1256,6 +1269,9 @@ static int tq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 
 	if (min > q->t.pending)
 		min = q->t.pending;
+	for (unsigned k = 0; budget && k < q->nconns; k++)
+		if (q->conns[k].big_cmds)
+			budget = 0;
 	if (budget && min && timeout_ms != 0) {
 		int64_t until = now_ns() + budget;
 		do {
