@@ -159,3 +159,37 @@ def test_tshark_decodes_our_initiator(fabric_lab, tmp_path):
     # ICReq, ICResp, CapsuleCmd, CapsuleResp, H2CData, C2HData, R2T all seen
     for t in (0x0, 0x1, 0x4, 0x5, 0x6, 0x7, 0x9):
         assert counts[t] > 0, (t, counts)
+
+
+@pytest.mark.parametrize("digests", [0, 1], ids=["plain", "digests"])
+def test_many_small_reads_in_flight_then_mixed_with_large(fabric_lab, digests):
+    """64 small reads in flight on one queue (their PDUs received in bulk and
+    parsed out of one buffer), then small and large reads in flight together
+    (the large ones received straight into their buffers): every byte right."""
+    with fx100io.open_device(uri(fabric_lab, "lab-ram", queues=1, hdgst=digests,
+                                 ddgst=digests)) as dev:
+        bs = dev.block_size
+        pool = fx100io.BufferPool(32 << 20)
+        region = 8 << 20
+        data = pool.alloc(region)
+        data[:] = chunk_bytes(f"lab-small-{digests}", region)
+        small = [(i * 3 * 4096, 4096) for i in range(64)]
+        mixed = [(o, n) for (o, n) in small[:16]] + [(1 << 20, 1 << 20), (5 << 20, 3 * bs)]
+
+        async def go():
+            await dev.write_from(0, data)
+            await dev.flush()
+            results = []
+            for pieces in (small, mixed):
+                before = dev.queue_stats()
+                outs = [pool.alloc(n) for _, n in pieces]
+                got = await asyncio.gather(*(dev.read_into(o, b) for (o, _), b in zip(pieces, outs)))
+                results.append((pieces, outs, got, before, dev.queue_stats()))
+            return results
+
+        (sp, so, sg, s0, s1), (mp, mo, mg, _, _) = asyncio.run(go())
+        assert sg == [n for _, n in sp] and mg == [n for _, n in mp]
+        for pieces, outs in ((sp, so), (mp, mo)):
+            for (o, n), b in zip(pieces, outs):
+                assert np.array_equal(b, data[o:o + n]), (o, n)
+        assert s1["bytes_copied"] - s0["bytes_copied"] == 64 * 4096

@@ -13,7 +13,11 @@
  *
  * Input: byte 0 picks digests (bits 0-1), MAXH2CDATA (4096 << bits 2-3), a
  * one-entry SQ (0x10: tcp.c must cope with io_uring_get_sqe returning NULL),
- * a ring whose submit fails (0x20) and deadlines already passed (0x40); then
+ * a ring whose submit fails (0x20), deadlines already passed (0x40) and a
+ * stage buffer (0x80: bulk receives while only small reads are in flight;
+ * RX_SMALL_MAX is 4096 here, so the 8192-byte read commands are large and
+ * the connection switches between bulk and exact receives, cancelling a
+ * bulk recv when a large read is issued); then
  * a sequence of steps:
  *   op & 3 == 0: (next byte + 1) bytes, taken from the input, arrive on
  *                the socket; tcp.c's recvs get them as they ask
@@ -24,7 +28,8 @@
  * At the end of the input the controller hangs up.
  *
  * Invariants checked (beyond ASan/UBSan): a recv lands only in the
- * connection's header/pad/digest buffers or inside a read still in flight;
+ * connection's header/pad/digest/stage buffers or inside a read still in
+ * flight;
  * a send reads only whole ranges of a write still in flight (or headers);
  * a write's source buffer is never written; one recv and one send at most
  * in flight; a completed request's buffer is freed at once, so any later
@@ -39,6 +44,7 @@
  * itself may be linked in as well.
  */
 #define fx_transport_tcp fx_transport_tcp_rx_harness
+#define RX_SMALL_MAX 4096u
 #include "../../csrc/transport/tcp.c"
 #undef fx_transport_tcp
 
@@ -90,6 +96,7 @@ struct harness {
 	struct io_uring_cqe cqes[H_CQ];
 	unsigned cq_khead, cq_ktail, cq_kflags, cq_koverflow;
 	int submit_fails; /* the SQEs are never taken (io_uring_enter fails) */
+	int cancel_asked; /* an ASYNC_CANCEL of the recv was taken */
 	/* what the kernel holds */
 	int recv_armed, send_armed;
 	uint8_t *recv_dst;
@@ -107,6 +114,8 @@ struct harness {
 };
 
 static struct harness H;
+/* Set by the deterministic tests: checks a read's bytes before it is freed. */
+static void (*h_read_check)(unsigned req, const char *buf, uint32_t len);
 static int h_trace = -1; /* FX_TCP_RX_TRACE=1: print each step (crash triage) */
 
 #define H_TRACE(...)                                                                  \
@@ -170,6 +179,8 @@ static int h_owner(const void *p, size_t n)
 	return -1;
 }
 
+static void h_post(uint64_t ud, int res);
+
 /* The kernel takes the SQEs tcp.c submitted. */
 static void h_take(void)
 {
@@ -189,6 +200,7 @@ static void h_take(void)
 			H_CHECK(s->len > 0);
 			H_CHECK(h_inside(dst, s->len, c->rxhdr, sizeof(c->rxhdr)) ||
 			        h_inside(dst, s->len, c->rxpad, sizeof(c->rxpad)) ||
+			        (c->stage && h_inside(dst, s->len, c->stage, RX_STAGE)) ||
 			        h_inside(dst, s->len, c->rx_dg, sizeof(c->rx_dg)) ||
 			        (h_owner(dst, s->len) >= 0 &&
 			         h_reqs[h_owner(dst, s->len)].op == FX_OP_READ));
@@ -199,9 +211,24 @@ static void h_take(void)
 			H_CHECK(!H.send_armed);
 			H.send_armed = 1;
 			H.send_msg = (struct msghdr *)(uintptr_t)s->addr;
+		} else if (kind == UD_CANCEL) {
+			H_CHECK(s->opcode == IORING_OP_ASYNC_CANCEL && s->addr == UD(0, UD_RECV));
+			H.cancel_asked = 1;
 		}
 		/* UD_TICK: fired by an input step */
 		H.sq_khead++;
+	}
+	if (H.cancel_asked) {
+		/* The kernel cancels the recv if it is still waiting (it never
+		 * took data: h_pump runs after this) and says so. */
+		int found = H.recv_armed;
+
+		H.cancel_asked = 0;
+		if (found) {
+			H.recv_armed = 0;
+			h_post(UD(0, UD_RECV), -ECANCELED);
+		}
+		h_post(UD(0, UD_CANCEL), found ? 0 : -ENOENT);
 	}
 }
 
@@ -222,6 +249,8 @@ static void h_reap(void)
 					H_CHECK((uint8_t)r->buf[i] == (uint8_t)(i * 7 + out[k].tag));
 			if (out[k].res >= 0)
 				H_CHECK(out[k].res == h_reqs[out[k].tag].len);
+			if (out[k].res >= 0 && h_read_check && h_reqs[out[k].tag].op == FX_OP_READ)
+				h_read_check(out[k].tag, r->buf, h_reqs[out[k].tag].len);
 			/* the caller may free it now: anything tcp.c still
 			 * holds into it becomes a use after free */
 			free(r->buf);
@@ -347,6 +376,10 @@ static void h_setup(uint8_t cfg)
 	c->nc.maxh2cdata = 4096u << ((cfg >> 2) & 3);
 	c->io.incap_max = H_INCAP;
 	c->ncmds = H_NCMDS;
+	if (cfg & 0x80) {
+		c->stage = malloc(RX_STAGE);
+		H_CHECK(c->stage);
+	}
 	c->cmds = calloc(H_NCMDS, sizeof(*c->cmds));
 	c->free_cmds = malloc(H_NCMDS * sizeof(*c->free_cmds));
 	H_CHECK(c->cmds && c->free_cmds);
@@ -413,6 +446,7 @@ static void h_teardown(void)
 	free_tx(H.c);
 	free(H.c->cmds);
 	free(H.c->free_cmds);
+	free(H.c->stage);
 	free(H.c);
 	fx_reqs_fini(&q->t);
 	free(q);
