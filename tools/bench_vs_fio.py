@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import resource
@@ -78,8 +79,8 @@ def floors() -> dict[str, tuple[float, float]]:
     for label, size in (("hot 4 MiB", 4 * MiB), ("cold 256 MiB", 256 * MiB)):
         src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
         dst = np.empty_like(src)
-        out[f"crc32c {label}"] = _thread_cpu_rate(lambda s=src: _core.crc32c(s), size)
-        out[f"memcpy {label}"] = _thread_cpu_rate(lambda d=dst, s=src: np.copyto(d, s), size)
+        out[f"crc32c {label}"] = _thread_cpu_rate(functools.partial(_core.crc32c, src), size)
+        out[f"memcpy {label}"] = _thread_cpu_rate(functools.partial(np.copyto, dst, src), size)
     return out
 
 
