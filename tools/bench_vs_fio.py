@@ -6,9 +6,17 @@ Interleaved rounds, O_DIRECT everywhere, the peer measured in the same run:
   device    fx100io Device.read_into, 1 MiB reads, 32 in flight (BufferPool)
   fio-32m   io_uring, fixedbufs, registerfiles, 32 MiB reads, iodepth 32
   store     ChunkStore.batch_get, 32 MiB chunks, 32 per batch (CRC checked)
+  device-32m  fx100io Device, 32 MiB reads, 32 in flight, with and without the CRC32C
+            computed as the pieces land (OP_CRC32C): the check's own CPU in the same run
+  fio-w     io_uring, fixedbufs, registerfiles, 32 MiB writes, iodepth 32, to a file of
+            the same size next to the target (files only)
+  put       ChunkStore.batch_put, 32 MiB chunks, 32 per batch (CRC computed as they
+            leave), into a second store file next to the target (files only)
 Prints GB/s per round, medians, and the ratios to fio, and CPU seconds (user+sys) per GB
-read for each path: fio's own account of its job, and for fx100io the process's rusage over
+for each path: fio's own account of its job, and for fx100io the process's rusage over
 the timed part (io_uring's kernel workers are threads of the process, so they count).
+First it prints the floors of CPU per byte on this machine: crc32c alone and memcpy alone
+(GB/s per core and CPU s/GB), on a buffer that fits in the cache and on one that does not.
 
   python3 tools/bench_vs_fio.py [--target PATH_OR_DEV] [--gib 2] [--rounds 5]
 
@@ -20,17 +28,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 from fio_peer import fio_read_cpu  # tools/, this script's folder
 
 import fx100io
+from fx100io import _core
 
 MiB = 1 << 20
 CHUNK = 32 * MiB
@@ -43,6 +56,80 @@ Result = tuple[float, float]
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _thread_cpu_rate(fn: Callable[[], object], nbytes: int, seconds: float = 0.3) -> tuple[float, float]:
+    """(GB/s by the wall clock, GB/s by this thread's CPU time) of fn, best of 3 tries:
+    the CPU figure holds on a busy machine, the wall figure only on a quiet one."""
+    best_wall = best_cpu = 0.0
+    for _ in range(3):
+        n, t, c = 0, time.perf_counter(), time.thread_time()
+        while time.perf_counter() - t < seconds:
+            fn()
+            n += 1
+        wall, cpu = time.perf_counter() - t, time.thread_time() - c
+        best_wall = max(best_wall, n * nbytes / wall / 1e9)
+        best_cpu = max(best_cpu, n * nbytes / max(cpu, 1e-9) / 1e9)
+    return best_wall, best_cpu
+
+
+def floors() -> dict[str, tuple[float, float]]:
+    """crc32c and memcpy alone, hot (4 MiB, in cache) and cold (256 MiB, from memory)."""
+    out = {}
+    for label, size in (("hot 4 MiB", 4 * MiB), ("cold 256 MiB", 256 * MiB)):
+        src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+        dst = np.empty_like(src)
+        out[f"crc32c {label}"] = _thread_cpu_rate(functools.partial(_core.crc32c, src), size)
+        out[f"memcpy {label}"] = _thread_cpu_rate(functools.partial(np.copyto, dst, src), size)
+    return out
+
+
+def fio_write_gbs(path: str, size: int, bs: int, iodepth: int) -> Result:
+    """fio's sequential O_DIRECT writes, registered buffers and file, by its own account."""
+    cmd = ["fio", "--name=peer-w", f"--filename={path}", "--rw=write", f"--bs={bs}",
+           f"--iodepth={iodepth}", "--ioengine=io_uring", "--fixedbufs", "--registerfiles",
+           "--direct=1", f"--size={size}", "--output-format=json"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
+    job = json.loads(p.stdout)["jobs"][0]
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0
+    moved = job["write"]["io_bytes"]
+    return job["write"]["bw_bytes"] / 1e9, cpu / (moved / 1e9)
+
+
+def device_read_crc(target: str, offset: int, bufs: list[np.ndarray], crc: bool) -> Result:
+    """32 MiB reads, all in flight at once, with or without OP_CRC32C."""
+    op = _core.OP_READ | (_core.OP_CRC32C if crc else 0)
+
+    async def run() -> Result:
+        with fx100io.open_device(target, queue_depth=64) as dev:
+            t, cpu = time.perf_counter(), _cpu_seconds()
+            futs = dev.start([(op, offset + i * CHUNK, b) for i, b in enumerate(bufs)])
+            done = [await f for f in futs]
+            dt, cpu = time.perf_counter() - t, _cpu_seconds() - cpu
+            assert all(d[0] == CHUNK for d in done), done
+            if crc:  # the check is real: spot-check one against crc32c()
+                assert done[-1][2] == _core.crc32c(bufs[-1])
+            gb = len(bufs) * CHUNK / 1e9
+            return gb / dt, cpu / gb
+
+    return asyncio.run(run())
+
+
+def store_put(target: str, keys: list[str], bufs: list[np.ndarray]) -> Result:
+    """batch_put of one batch into its own store, timed; then deleted, untimed."""
+    async def run() -> Result:
+        with fx100io.ChunkStore(target, queue_depth=64) as st:
+            t, cpu = time.perf_counter(), _cpu_seconds()
+            await st.batch_put(keys, bufs)
+            dt, cpu = time.perf_counter() - t, _cpu_seconds() - cpu
+            for k in keys:
+                await st.delete(k)
+            gb = len(keys) * CHUNK / 1e9
+            return gb / dt, cpu / gb
+
+    return asyncio.run(run())
 
 
 def fio_gbs(target: str, offset: int, size: int, bs: int, iodepth: int) -> Result:
@@ -105,6 +192,15 @@ def main() -> int:
     is_blk = args.target.startswith("/dev/")
     print(f"target {args.target}: {nchunks} chunks of 32 MiB ({size / 2**30:.1f} GiB), "
           f"{args.rounds} interleaved rounds", flush=True)
+    fl = floors()
+    print("floors on this machine (one core; GB/s by the clock / by this thread's CPU; "
+          "CPU s/GB = 1 / the second):")
+    for k, (wall, cpu_rate) in fl.items():
+        print(f"  {k}: {wall:.1f} / {cpu_rate:.1f} GB/s, {1 / cpu_rate:.4f} CPU s/GB")
+    put_target = None if is_blk else args.target + ".put"
+    fio_w_target = None if is_blk else args.target + ".fio-w"
+    if is_blk:
+        print("writes (fio write, store batch_put) are measured on files only: skipped")
     st = fx100io.ChunkStore(args.target, create=True,
                             size=None if is_blk else size + 512 * MiB)
     pool = fx100io.BufferPool(32 * CHUNK)
@@ -117,16 +213,27 @@ def main() -> int:
         st.batch_put_blocking(keys[i:i + 32], bufs)
     data_off = min(e.off for e in st._entries.values())
     st.close()
+    if put_target is not None:
+        fx100io.ChunkStore(put_target, create=True, size=32 * CHUNK + 512 * MiB).close()
+    put_keys = [f"put-{i}" for i in range(32)]
 
     results: dict[str, list[Result]] = {"fio 1M qd32": [], "device 1M x32": [],
-                                        "fio 32M qd32": [], "store batch_get 32M x32": []}
+                                        "fio 32M qd32": [], "store batch_get 32M x32": [],
+                                        "device 32M x32": [], "device 32M x32 +crc": []}
+    if put_target is not None:
+        results.update({"fio write 32M qd32": [], "store batch_put 32M x32": []})
     for r in range(args.rounds):
         row = {
             "fio 1M qd32": fio_gbs(args.target, data_off, size, MiB, 32),
             "device 1M x32": device_read(args.target, data_off, size, MiB, 32),
             "fio 32M qd32": fio_gbs(args.target, data_off, size, CHUNK, 32),
             "store batch_get 32M x32": store_get(args.target, keys, bufs, 32),
+            "device 32M x32": device_read_crc(args.target, data_off, bufs, False),
+            "device 32M x32 +crc": device_read_crc(args.target, data_off, bufs, True),
         }
+        if put_target is not None and fio_w_target is not None:
+            row["fio write 32M qd32"] = fio_write_gbs(fio_w_target, 32 * CHUNK, CHUNK, 32)
+            row["store batch_put 32M x32"] = store_put(put_target, put_keys, bufs)
         for k, v in row.items():
             results[k].append(v)
         print(f"round {r + 1}: " + "  ".join(f"{k} {v[0]:.2f} GB/s {v[1]:.3f} CPU s/GB"
@@ -153,8 +260,29 @@ def main() -> int:
     print(f"| fx100io ChunkStore.batch_get 32 MiB x32 | {med['store batch_get 32M x32']:.2f} | "
           f"{med['store batch_get 32M x32'] / fio_best:.2f}x best fio | "
           + cpu_cells("store batch_get 32M x32", fio_best_cpu, "best fio"))
-    if not is_blk and os.path.exists(args.target):
-        os.unlink(args.target)
+    d0, d1 = cpu["device 32M x32"], cpu["device 32M x32 +crc"]
+    print(f"| fx100io device 32 MiB, 32 in flight | {med['device 32M x32']:.2f} | "
+          f"{med['device 32M x32'] / fio_best:.2f}x best fio | "
+          + cpu_cells("device 32M x32", fio_best_cpu, "best fio"))
+    print(f"| fx100io device 32 MiB, 32 in flight, CRC32C on landing | "
+          f"{med['device 32M x32 +crc']:.2f} | {med['device 32M x32 +crc'] / fio_best:.2f}x best fio | "
+          + cpu_cells("device 32M x32 +crc", fio_best_cpu, "best fio"))
+    if put_target is not None:
+        print(f"| fio io_uring write 32 MiB, qd32 | {med['fio write 32M qd32']:.2f} | 1.00 | "
+              f"{cpu['fio write 32M qd32']:.3f} | 1.00 |")
+        print(f"| fx100io ChunkStore.batch_put 32 MiB x32 | {med['store batch_put 32M x32']:.2f} | "
+              f"{med['store batch_put 32M x32'] / med['fio write 32M qd32']:.2f}x fio write | "
+              + cpu_cells("store batch_put 32M x32", cpu["fio write 32M qd32"], "fio write"))
+    hot = 1 / fl["crc32c hot 4 MiB"][1]
+    cold = 1 / fl["crc32c cold 256 MiB"][1]
+    print(f"\nThe check's share: CRC32C on landing costs {d1 - d0:.4f} CPU s/GB here (device reads "
+          f"with it less without it); crc32c alone costs {hot:.4f} s/GB on data in the cache and "
+          f"{cold:.4f} s/GB from memory. The store's batch_get without its check would cost about "
+          f"{cpu['store batch_get 32M x32'] - (d1 - d0):.4f} s/GB "
+          f"({(cpu['store batch_get 32M x32'] - (d1 - d0)) / fio_best_cpu:.2f}x best fio).")
+    for path in (args.target, put_target, fio_w_target):
+        if path is not None and not is_blk and os.path.exists(path):
+            os.unlink(path)
     return 0
 
 
