@@ -723,8 +723,6 @@ static int go_live(struct tgt_conn *c)
 	}
 	if (tgt_auth_done(c))
 		atomic_store(&c->live, 1);
-	if (c->qid && !c->ioq)
-		tgt_ioq_start(c); /* (without it the queue serves in line) */
 	return 0;
 }
 
@@ -831,6 +829,12 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 	uint16_t sf;
 	int ret;
 
+	/* The engine starts with the queue's first Read or Write: a queue that
+	 * never moves data costs one thread, not two. */
+	if (!c->ioq && !c->ioq_failed &&
+	    (sqe->opcode == NVME_CMD_READ || (sqe->opcode == NVME_CMD_WRITE && !incapsule)) &&
+	    tgt_ioq_start(c) < 0)
+		c->ioq_failed = 1; /* (logged; the queue serves in line) */
 	switch (sqe->opcode) {
 	case NVME_CMD_READ:
 		sf = io_range(c, sqe, &ns, &off, &len, 1);

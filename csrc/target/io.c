@@ -424,6 +424,15 @@ int tgt_ioq_start(struct tgt_conn *c)
 		ioq_cant(c, "no io_uring", -r);
 		goto fail_mem;
 	}
+	{
+		/* Buffered I/O the kernel cannot do at once runs on io_uring's
+		 * workers: a few per queue, not one per command in flight (a
+		 * queue that moves data thus costs at most 2 + 2 x
+		 * FX_TGT_IO_WORKERS threads, idle workers ending by themselves). */
+		unsigned workers[2] = {FX_TGT_IO_WORKERS, FX_TGT_IO_WORKERS};
+
+		io_uring_register_iowq_max_workers(&q->ring, workers);
+	}
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_mutexattr_init(&ma);
 	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);

@@ -78,6 +78,8 @@
  * With commands up to FX_TGT_MAX_XFER (4 MiB) that is 8 of the largest, or
  * 32 of 1 MiB, at once; a queue never holds more than its depth. */
 #define FX_TGT_IO_BUDGET (32u << 20)
+/* io_uring workers (bounded and unbounded, each) per queue's ring. */
+#define FX_TGT_IO_WORKERS 2u
 /* O_DIRECT file I/O: offset, length and buffer aligned to this. */
 #define FX_TGT_DIO_ALIGN 4096u
 /* R2T transfer tags of the I/O engine's writes (io.c) have this bit; the
@@ -242,6 +244,7 @@ struct tgt_conn {
 	 * io_uring here: commands are then served one at a time, in line).
 	 * Set and cleared by the connection's own thread only. */
 	struct tgt_ioq *ioq;
+	int ioq_failed;     /* could not start it: serve in line */
 	/* Held around every PDU sent (and every command's whole response)
 	 * once the engine's thread sends too; NULL before (recursive). */
 	pthread_mutex_t *send_lock;
