@@ -158,7 +158,10 @@ static int send_stalled(struct tgt_conn *c)
 {
 	tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing", c->peer,
 	        c->qid, c->t->stall_ms);
-	c->state = TGT_CONN_CLOSING;
+	/* (the connection's state is its own thread's; the engine shuts the
+	 * socket instead, and that thread ends without another line) */
+	if (!tgt_ioq_on_engine_thread())
+		c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
 }
 

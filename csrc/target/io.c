@@ -343,11 +343,19 @@ static void on_cqe(struct tgt_ioq *q, unsigned idx, int res)
 	finish(q, idx);
 }
 
+static __thread int on_engine;
+
+int tgt_ioq_on_engine_thread(void)
+{
+	return on_engine;
+}
+
 static void *ioq_main(void *arg)
 {
 	struct tgt_ioq *q = arg;
 	int stop_seen = 0;
 
+	on_engine = 1;
 	for (;;) {
 		struct io_uring_cqe *cqe;
 		uint64_t tag;

@@ -390,6 +390,8 @@ void tgt_send_unlock(struct tgt_conn *c);
  * 0, or -errno when io_uring is not to be had (the queue then serves in
  * line; logged once per target). */
 int tgt_ioq_start(struct tgt_conn *c);
+/* 1 on an engine's thread (which must not touch the connection's state). */
+int tgt_ioq_on_engine_thread(void);
 /* Stop it (the socket already shut): waits for the disk I/O in flight,
  * frees every buffer.  Nothing when c->ioq is NULL. */
 void tgt_ioq_stop(struct tgt_conn *c);
