@@ -89,6 +89,13 @@ def start_target(path: str, port: int) -> subprocess.Popen:
     return p
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU seconds of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
     """GB/s reading [0, size) in bs pieces, inflight at a time."""
     async def run() -> float:
@@ -150,6 +157,14 @@ def main() -> int:
         return f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues={queues}"
 
     rows: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # the target's CPU seconds per GB served
+
+    def through(name: str, queues: int) -> float:
+        c0 = cpu_seconds(tgt.pid)
+        gbs = read_all(over(queues), size, a.bs, a.inflight)
+        cpu.setdefault(name, []).append((cpu_seconds(tgt.pid) - c0) / (size / 1e9))
+        return gbs
+
     try:
         for r in range(a.rounds):
             cur: dict[str, float] = {}
@@ -158,10 +173,10 @@ def main() -> int:
                 cur["direct cold"] = read_all(direct, size, a.bs, a.inflight)
                 for q in (1, 4):
                     drop_caches()
-                    cur[f"target cold {q}q"] = read_all(over(q), size, a.bs, a.inflight)
+                    cur[f"target cold {q}q"] = through(f"target cold {q}q", q)
             warm(path)
             for q in (1, 4):
-                cur[f"target hot {q}q"] = read_all(over(q), size, a.bs, a.inflight)
+                cur[f"target hot {q}q"] = through(f"target hot {q}q", q)
             cur["iperf3 1 stream"] = iperf3(a.iperf_seconds)
             for k, v in cur.items():
                 rows.setdefault(k, []).append(v)
@@ -174,10 +189,11 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"\n{a.gib:g} GiB file in {a.dir}, {a.bs // 1024} KiB reads x{a.inflight} in flight, "
           f"median of {a.rounds} rounds\n")
-    print("| path | GB/s |")
-    print("|---|---|")
+    print("| path | GB/s | target CPU s/GB |")
+    print("|---|---|---|")
     for k, v in med.items():
-        print(f"| {k} | {v:.2f} |")
+        c = f"{statistics.median(cpu[k]):.3f}" if k in cpu else ""
+        print(f"| {k} | {v:.2f} | {c} |")
     print("\n| ratio | value | goal |")
     print("|---|---|---|")
     if cold:

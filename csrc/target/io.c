@@ -53,6 +53,12 @@
 #include "tgt.h"
 
 #define STOP_TAG 0xFFFFFFFFFFFFFFFFull
+/* Buffer sizes: powers of two from 64 KiB to FX_TGT_MAX_XFER. */
+#define BUF_MIN_SHIFT 16
+#define BUF_CLASSES 7
+#define CACHE_PER_CLASS 32
+_Static_assert((1u << (BUF_MIN_SHIFT + BUF_CLASSES - 1)) == FX_TGT_MAX_XFER, "buffer classes");
+_Static_assert(CACHE_PER_CLASS * (1u << BUF_MIN_SHIFT) <= FX_TGT_IO_BUDGET, "cache per class");
 
 enum tgt_io_state {
 	TGT_IO_FREE,
@@ -88,6 +94,7 @@ struct tgt_io {
 	uint64_t off;
 	uint32_t len;
 	uint32_t done; /* write in WAIT_DATA: bytes received; in DISK: bytes moved */
+	uint32_t cap;  /* the buffer's size (its class), what the budget counts */
 	uint8_t *buf;
 	int next;      /* FIFO link */
 };
@@ -107,6 +114,12 @@ struct tgt_ioq {
 	unsigned sqes;      /* submitted, not yet reaped */
 	int stopping;       /* the connection ends: no more sends or submissions */
 	uint8_t *chunk;     /* the engine thread's staging (cached reads with a digest) */
+	/* Buffers of commands that ended, kept for the next (a fresh one
+	 * costs page faults and zeroing, a large part of the CPU a read
+	 * takes): one stack per size class; used + cached <= the budget. */
+	void *cache[BUF_CLASSES][CACHE_PER_CLASS];
+	unsigned ncache[BUF_CLASSES];
+	size_t cached;
 };
 
 /* Hand op for slot idx (or the stop marker) to the ring.  Under q->lock;
@@ -150,11 +163,63 @@ static void submit_locked(struct tgt_ioq *q, uint64_t tag)
 		tgt_log(q->c->t, "%s qid %u: io_uring submit: %s", q->c->peer, q->c->qid, strerror(-r));
 }
 
-static void *buf_alloc(uint32_t len)
+static unsigned buf_class(uint32_t len)
 {
+	unsigned k = 0;
+
+	while (k + 1 < BUF_CLASSES && (1u << (BUF_MIN_SHIFT + k)) < len)
+		k++;
+	return k;
+}
+
+static uint32_t buf_cap(uint32_t len)
+{
+	return 1u << (BUF_MIN_SHIFT + buf_class(len));
+}
+
+/* Drop cached buffers until want more bytes fit beside them.  Under q->lock. */
+static void cache_trim_locked(struct tgt_ioq *q, size_t want)
+{
+	for (unsigned k = BUF_CLASSES; k-- > 0 && q->used + q->cached + want > FX_TGT_IO_BUDGET;)
+		while (q->ncache[k] && q->used + q->cached + want > FX_TGT_IO_BUDGET) {
+			free(q->cache[k][--q->ncache[k]]);
+			q->cached -= 1u << (BUF_MIN_SHIFT + k);
+		}
+}
+
+/* A buffer of buf_cap(len) bytes, cached or new (its budget is reserved). */
+static void *buf_get(struct tgt_ioq *q, uint32_t len)
+{
+	unsigned k = buf_class(len);
 	void *p = NULL;
 
-	return posix_memalign(&p, FX_TGT_DIO_ALIGN, len ? len : 1) == 0 ? p : NULL;
+	pthread_mutex_lock(&q->lock);
+	if (q->ncache[k]) {
+		p = q->cache[k][--q->ncache[k]];
+		q->cached -= 1u << (BUF_MIN_SHIFT + k);
+	} else {
+		/* (used already counts this one) */
+		cache_trim_locked(q, 0);
+	}
+	pthread_mutex_unlock(&q->lock);
+	if (!p && posix_memalign(&p, FX_TGT_DIO_ALIGN, 1u << (BUF_MIN_SHIFT + k)) != 0)
+		p = NULL;
+	return p;
+}
+
+/* Keep a buffer for the next command, or free it.  Under q->lock, after
+ * its budget was given back. */
+static void buf_put_locked(struct tgt_ioq *q, void *p, uint32_t cap)
+{
+	unsigned k = buf_class(cap);
+
+	if (!q->stopping && q->ncache[k] < CACHE_PER_CLASS &&
+	    q->used + q->cached + cap <= FX_TGT_IO_BUDGET) {
+		q->cache[k][q->ncache[k]++] = p;
+		q->cached += cap;
+	} else {
+		free(p);
+	}
 }
 
 /* Give slot idx back (its I/O is over, its answer sent or abandoned).
@@ -164,8 +229,8 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 	struct tgt_io *io = &q->io[idx];
 
 	if (io->buf) {
-		free(io->buf);
-		q->used -= io->len;
+		q->used -= io->cap;
+		buf_put_locked(q, io->buf, io->cap);
 	}
 	memset(io, 0, sizeof(*io));
 	io->next = -1;
@@ -180,14 +245,14 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 {
 	struct tgt_io *io = &q->io[idx];
 	struct tgt_conn *c = q->c;
-	uint8_t *buf = buf_alloc(io->len);
+	uint8_t *buf = buf_get(q, io->len);
 
 	pthread_mutex_lock(&q->lock);
 	if (!buf) {
 		uint16_t cid = io->cid;
 		uint32_t len = io->len;
 
-		q->used -= len; /* (release frees no buffer) */
+		q->used -= io->cap; /* (release frees no buffer) */
 		release_locked(q, idx);
 		pthread_mutex_unlock(&q->lock);
 		tgt_log(c->t, "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
@@ -219,8 +284,9 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 	struct tgt_io *io = &q->io[idx];
 
 	pthread_mutex_lock(&q->lock);
-	if (!q->stopping && q->fifo_head < 0 && q->used + io->len <= FX_TGT_IO_BUDGET) {
-		q->used += io->len;
+	io->cap = buf_cap(io->len);
+	if (!q->stopping && q->fifo_head < 0 && q->used + io->cap <= FX_TGT_IO_BUDGET) {
+		q->used += io->cap;
 		pthread_mutex_unlock(&q->lock);
 		return start_io(q, idx);
 	}
@@ -244,14 +310,14 @@ static void start_waiting(struct tgt_ioq *q)
 
 		pthread_mutex_lock(&q->lock);
 		idx = q->fifo_head;
-		if (idx < 0 || q->stopping || q->used + q->io[idx].len > FX_TGT_IO_BUDGET) {
+		if (idx < 0 || q->stopping || q->used + q->io[idx].cap > FX_TGT_IO_BUDGET) {
 			pthread_mutex_unlock(&q->lock);
 			return;
 		}
 		q->fifo_head = q->io[idx].next;
 		if (q->fifo_head < 0)
 			q->fifo_tail = -1;
-		q->used += q->io[idx].len;
+		q->used += q->io[idx].cap;
 		pthread_mutex_unlock(&q->lock);
 		if (start_io(q, (unsigned)idx) < 0)
 			shutdown(q->c->fd, SHUT_RDWR); /* the connection's thread ends it */
@@ -490,6 +556,9 @@ void tgt_ioq_stop(struct tgt_conn *c)
 				        tgt_io_state_str(q->io[i].state));
 			release_locked(q, i);
 		}
+	for (unsigned k = 0; k < BUF_CLASSES; k++)
+		while (q->ncache[k])
+			free(q->cache[k][--q->ncache[k]]);
 	io_uring_queue_exit(&q->ring);
 	c->ioq = NULL;
 	c->send_lock = NULL;
