@@ -160,8 +160,9 @@ static int send_stalled(struct tgt_conn *c)
 	        c->qid, c->t->stall_ms);
 	/* (the connection's state is its own thread's; the engine shuts the
 	 * socket instead, and that thread ends without another line) */
-	if (!tgt_ioq_on_engine_thread())
-		c->state = TGT_CONN_CLOSING;
+	if (tgt_ioq_on_engine_thread())
+		return -ECONNABORTED; /* (said; see tgt_conn_main) */
+	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
 }
 
@@ -1224,6 +1225,10 @@ void *tgt_conn_main(void *arg)
 	do
 		ret = recv_pdu(c);
 	while (ret == 0);
+	/* The engine's sends failed first and it shut the socket: its error
+	 * is the reason (-ECONNABORTED when it has said why already). */
+	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
+		ret = atomic_load(&c->engine_err);
 	/* (CLOSING: the reason was logged where it was found) */
 	if (ret == -ETIMEDOUT && !t->stop && c->state != TGT_CONN_CLOSING)
 		/* TCP gave up: keepalive probes or our data unacknowledged (or

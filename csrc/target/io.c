@@ -301,6 +301,20 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 	return 0;
 }
 
+/* Engine thread: a send failed, the connection broke (or a fault was
+ * injected).  The connection's thread sees the shut socket, says why
+ * (err) and stops us. */
+static void send_failed(struct tgt_ioq *q, int err)
+{
+	int none = 0;
+
+	atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
+	pthread_mutex_lock(&q->lock);
+	q->stopping = 1;
+	pthread_mutex_unlock(&q->lock);
+	shutdown(q->c->fd, SHUT_RDWR);
+}
+
 /* Engine thread, after a buffer was freed: start the waiting commands
  * that now fit, in order. */
 static void start_waiting(struct tgt_ioq *q)
@@ -319,8 +333,10 @@ static void start_waiting(struct tgt_ioq *q)
 			q->fifo_tail = -1;
 		q->used += q->io[idx].cap;
 		pthread_mutex_unlock(&q->lock);
-		if (start_io(q, (unsigned)idx) < 0)
-			shutdown(q->c->fd, SHUT_RDWR); /* the connection's thread ends it */
+		int ret = start_io(q, (unsigned)idx);
+
+		if (ret < 0)
+			send_failed(q, ret);
 	}
 }
 
@@ -341,14 +357,8 @@ static void finish(struct tgt_ioq *q, unsigned idx)
 			ret = tgt_send_read(c, q->chunk, io->cid, io->ns, io->off, io->len);
 		else
 			ret = tgt_send_data(c, io->cid, io->buf, io->len, io->err);
-		if (ret < 0) {
-			/* The connection broke (or a fault was injected): the
-			 * connection's thread sees the shut socket and stops us. */
-			pthread_mutex_lock(&q->lock);
-			q->stopping = 1;
-			pthread_mutex_unlock(&q->lock);
-			shutdown(c->fd, SHUT_RDWR);
-		}
+		if (ret < 0)
+			send_failed(q, ret);
 	}
 	pthread_mutex_lock(&q->lock);
 	release_locked(q, idx);

@@ -245,6 +245,7 @@ struct tgt_conn {
 	 * Set and cleared by the connection's own thread only. */
 	struct tgt_ioq *ioq;
 	int ioq_failed;     /* could not start it: serve in line */
+	atomic_int engine_err; /* the engine's first failed send (it shut the socket) */
 	/* Held around every PDU sent (and every command's whole response)
 	 * once the engine's thread sends too; NULL before (recursive). */
 	pthread_mutex_t *send_lock;
