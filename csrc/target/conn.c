@@ -22,10 +22,17 @@
  * Reads stream: without a data digest the whole transfer is one C2HData PDU
  * whose payload goes from the page cache to the socket with sendfile(); with
  * a digest, FX_TGT_CHUNK pieces are pread, digested and sent.
+ *
+ * A live I/O queue hands its Reads and Writes (data by R2T) to its engine
+ * (io.c), which keeps many in flight and answers each when its disk I/O is
+ * done, from a second thread; this thread goes on reading PDUs.  From then
+ * on every send holds c->send_lock, so PDUs never interleave on the wire.
+ * Without io_uring a queue serves in line as described above.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sendfile.h>
@@ -151,6 +158,10 @@ static int send_stalled(struct tgt_conn *c)
 {
 	tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing", c->peer,
 	        c->qid, c->t->stall_ms);
+	/* (the connection's state is its own thread's; the engine shuts the
+	 * socket instead, and that thread ends without another line) */
+	if (tgt_ioq_on_engine_thread())
+		return -ECONNABORTED; /* (said; see tgt_conn_main) */
 	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
 }
@@ -201,6 +212,18 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 	return 0;
 }
 
+void tgt_send_lock(struct tgt_conn *c)
+{
+	if (c->send_lock)
+		pthread_mutex_lock(c->send_lock);
+}
+
+void tgt_send_unlock(struct tgt_conn *c)
+{
+	if (c->send_lock)
+		pthread_mutex_unlock(c->send_lock);
+}
+
 /* Count a PDU we finished sending; --fault-drop-after ends the connection
  * right after the Nth one, as a crashed or unplugged target would. */
 static int pdu_sent(struct tgt_conn *c)
@@ -247,7 +270,7 @@ static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0
 	memset(&cqe, 0, sizeof(cqe));
 	cqe.dw0 = dw0;
 	cqe.dw1 = dw1;
-	cqe.sqhd = c->sqhd;
+	cqe.sqhd = __atomic_load_n(&c->sqhd, __ATOMIC_RELAXED);
 	cqe.sqid = c->qid;
 	cqe.cid = cid;
 	cqe.status = (uint16_t)(sf << 1); /* phase tag 0: fabrics have no CQ memory */
@@ -257,8 +280,17 @@ static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0
 	if (c->t->verbose && sf)
 		tgt_log(c->t, "%s qid %u: cid %u status sct %u sc 0x%02x%s", c->peer, c->qid, cid,
 		        NVME_SCT(sf), NVME_SC(sf), (sf & NVME_DNR) ? " dnr" : "");
+	tgt_send_lock(c);
 	ret = send_iov(c, &iov, 1, 0);
-	return ret ? ret : pdu_sent(c);
+	if (!ret)
+		ret = pdu_sent(c);
+	tgt_send_unlock(c);
+	return ret;
+}
+
+int tgt_send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1)
+{
+	return send_resp(c, cid, sf, dw0, dw1);
 }
 
 /* Build a C2HData header for len bytes at datao into b; returns its size. */
@@ -317,6 +349,29 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 	return ret ? ret : pdu_sent(c);
 }
 
+/* A Read's data from buf, then its response with status sf: one PDU
+ * without a data digest, FX_TGT_CHUNK pieces with one; the whole response
+ * under the send lock. */
+int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t len, uint16_t sf)
+{
+	int ret = 0;
+
+	tgt_send_lock(c);
+	if (!c->ddgst)
+		ret = send_c2h(c, cid, 0, buf, len, 1);
+	else
+		for (uint32_t off = 0; off < len && !ret;) {
+			uint32_t n = len - off < FX_TGT_CHUNK ? len - off : FX_TGT_CHUNK;
+
+			ret = send_c2h(c, cid, off, buf + off, n, off + n == len);
+			off += n;
+		}
+	if (!ret)
+		ret = send_resp(c, cid, sf, 0, 0);
+	tgt_send_unlock(c);
+	return ret;
+}
+
 static int send_c2h_buf(struct tgt_conn *c, uint16_t cid, const uint8_t *data, uint32_t len)
 {
 	uint32_t off = 0;
@@ -347,8 +402,17 @@ static int send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t le
 	memset(r->rsvd, 0, sizeof(r->rsvd));
 	iov.iov_base = b;
 	iov.iov_len = head_finish(c, b, sizeof(*r), 0);
+	tgt_send_lock(c);
 	ret = send_iov(c, &iov, 1, 0);
-	return ret ? ret : pdu_sent(c);
+	if (!ret)
+		ret = pdu_sent(c);
+	tgt_send_unlock(c);
+	return ret;
+}
+
+int tgt_send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t len)
+{
+	return send_r2t(c, cid, ttag, len);
 }
 
 /*
@@ -375,7 +439,9 @@ static int term(struct tgt_conn *c, const uint8_t *hdr, unsigned hdr_len, uint16
 	memcpy(b + sizeof(*p), hdr, copy);
 	iov.iov_base = b;
 	iov.iov_len = sizeof(*p) + copy;
+	tgt_send_lock(c);
 	send_iov(c, &iov, 1, 0);
+	tgt_send_unlock(c);
 	c->state = TGT_CONN_CLOSING;
 	return -EPROTO;
 }
@@ -445,8 +511,8 @@ static int sock_errno(int e)
  * data PDUs are then zero-filled so the stream stays well formed), or a
  * negative errno when the connection broke.
  */
-static int send_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off,
-                     uint32_t len)
+static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
+                     uint64_t off, uint32_t len)
 {
 	uint32_t sent = 0;
 	uint16_t sf = 0;
@@ -481,13 +547,13 @@ static int send_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64
 		}
 		while (sent < len) {
 			uint32_t n = len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
-			ssize_t got = pread_full(ns->fd, c->chunk, n, off + sent);
+			ssize_t got = pread_full(ns->fd, chunk, n, off + sent);
 
 			if (got < (ssize_t)n) {
-				memset(c->chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
+				memset(chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
 				sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
 			}
-			iov.iov_base = c->chunk;
+			iov.iov_base = chunk;
 			iov.iov_len = n;
 			ret = send_iov(c, &iov, 1, sent + n < len);
 			if (ret)
@@ -500,18 +566,31 @@ static int send_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64
 
 	while (sent < len) {
 		uint32_t n = len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
-		ssize_t got = pread_full(ns->fd, c->chunk, n, off + sent);
+		ssize_t got = pread_full(ns->fd, chunk, n, off + sent);
 
 		if (got < (ssize_t)n) {
-			memset(c->chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
+			memset(chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
 			sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
 		}
-		ret = send_c2h(c, cid, sent, c->chunk, n, sent + n == len);
+		ret = send_c2h(c, cid, sent, chunk, n, sent + n == len);
 		if (ret)
 			return ret;
 		sent += n;
 	}
 	return sf;
+}
+
+int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
+                  uint64_t off, uint32_t len)
+{
+	int ret;
+
+	tgt_send_lock(c);
+	ret = send_read(c, chunk, cid, ns, off, len);
+	if (ret >= 0)
+		ret = send_resp(c, cid, (uint16_t)ret, 0, 0);
+	tgt_send_unlock(c);
+	return ret;
 }
 
 /* -------------------------------------------------------------- commands */
@@ -723,16 +802,17 @@ static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8
 	}
 	if (r.hold)
 		return 0;
+	tgt_send_lock(c);
+	ret = 0;
 	if (!sf && r.out_len) {
 		uint32_t n = r.out_len < r.sgl_len ? r.out_len : r.sgl_len;
 
-		if (n) {
+		if (n)
 			ret = send_c2h_buf(c, sqe->cid, c->abuf, n);
-			if (ret)
-				return ret;
-		}
 	}
-	ret = send_resp(c, sqe->cid, sf, r.dw0, r.dw1);
+	if (!ret)
+		ret = send_resp(c, sqe->cid, sf, r.dw0, r.dw1);
+	tgt_send_unlock(c);
 	if (ret)
 		return ret;
 	if (r.close_after) {
@@ -753,6 +833,12 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 	uint16_t sf;
 	int ret;
 
+	/* The engine starts with the queue's first Read or Write: a queue that
+	 * never moves data costs one thread, not two. */
+	if (!c->ioq && !c->ioq_failed &&
+	    (sqe->opcode == NVME_CMD_READ || (sqe->opcode == NVME_CMD_WRITE && !incapsule)) &&
+	    tgt_ioq_start(c) < 0)
+		c->ioq_failed = 1; /* (logged; the queue serves in line) */
 	switch (sqe->opcode) {
 	case NVME_CMD_READ:
 		sf = io_range(c, sqe, &ns, &off, &len, 1);
@@ -760,7 +846,9 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 			sf = TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
 		if (sf)
 			return send_resp(c, sqe->cid, sf, 0, 0);
-		ret = send_read(c, sqe->cid, ns, off, len);
+		if (c->ioq)
+			return tgt_ioq_read(c, sqe->cid, ns, off, len);
+		ret = send_read(c, c->chunk, sqe->cid, ns, off, len);
 		if (ret < 0)
 			return ret;
 		return send_resp(c, sqe->cid, (uint16_t)ret, 0, 0);
@@ -773,6 +861,8 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 			sf = TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA);
 		if (sf)
 			return send_resp(c, sqe->cid, sf, 0, 0);
+		if (!incapsule && c->ioq)
+			return tgt_ioq_write(c, sqe, ns, off, len);
 		if (!incapsule)
 			return start_r2t(c, sqe, len, ns, off);
 		if (pwrite_full(ns->fd, icd, len, off) < 0)
@@ -959,7 +1049,9 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 			return ret;
 	}
 	memcpy(&sqe, hb + sizeof(*h), sizeof(sqe));
-	c->sqhd = (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u);
+	__atomic_store_n(&c->sqhd,
+	                 (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u),
+	                 __ATOMIC_RELAXED);
 	/* Only an authenticated queue keeps its controller alive: one that
 	 * merely knows the host NQN and controller ID must not. */
 	if (c->ctrl && tgt_auth_done(c))
@@ -1010,6 +1102,19 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	if (datal > FX_TGT_MAXH2CDATA)
 		return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
 		            offsetof(struct nvme_tcp_data_pdu, datal), "H2CData larger than MAXH2CDATA");
+	if (c->ioq && (d->ttag & TGT_TTAG_IO)) {
+		const char *why = NULL;
+		uint32_t fei = 0;
+		uint16_t fes = 0;
+		uint8_t *dst = tgt_ioq_h2c_dest(c, d->ttag, d->cccid, d->datao, datal, &why, &fei, &fes);
+
+		if (!dst)
+			return term(c, hb, have, fes, fei, why);
+		ret = recv_data(c, &d->hdr, have, dst, datal, &bad);
+		if (ret)
+			return ret;
+		return tgt_ioq_h2c_done(c, d->ttag, datal, bad);
+	}
 	if (d->ttag >= c->r2t_n || !c->r2t[d->ttag].active)
 		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
 		            offsetof(struct nvme_tcp_data_pdu, ttag), "H2CData for no R2T of ours");
@@ -1120,6 +1225,10 @@ void *tgt_conn_main(void *arg)
 	do
 		ret = recv_pdu(c);
 	while (ret == 0);
+	/* The engine's sends failed first and it shut the socket: its error
+	 * is the reason (-ECONNABORTED when it has said why already). */
+	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
+		ret = atomic_load(&c->engine_err);
 	/* (CLOSING: the reason was logged where it was found) */
 	if (ret == -ETIMEDOUT && !t->stop && c->state != TGT_CONN_CLOSING)
 		/* TCP gave up: keepalive probes or our data unacknowledged (or
@@ -1136,6 +1245,7 @@ void *tgt_conn_main(void *arg)
 	 * may reconnect the same qid at once. */
 	tgt_conn_detach(c);
 	shutdown(c->fd, SHUT_RDWR);
+	tgt_ioq_stop(c);
 	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)
 		free(c->r2t[i].buf);

@@ -2,9 +2,13 @@
  * fx100io's NVMe/TCP target: serves files and block devices as namespaces of
  * one NVM subsystem, plus the discovery subsystem, to any NVMe/TCP host (our
  * own initiator, Linux's nvme-tcp, SPDK).  It is a test, benchmark and
- * container target: one thread per connection on blocking sockets, so every
- * queue is a simple in-order state machine and the kernel does the
- * scheduling.  Connections are bounded in number and must finish their
+ * container target: one thread per connection reads PDUs from a blocking
+ * socket, so every queue's receive side is a simple in-order state machine
+ * and the kernel does the scheduling; an I/O queue that moves data also gets
+ * an engine (io.c) that keeps many Reads and Writes in flight on an io_uring
+ * (O_DIRECT for uncached data, sendfile for cached) and answers each from
+ * its own thread as its disk I/O completes, its data buffers bounded per
+ * connection (FX_TGT_IO_BUDGET, 32 MiB).  Connections are bounded in number and must finish their
  * handshake in time; no thread waits forever on a host that went silent in
  * the middle of a PDU or stopped reading (see the limits below).
  *

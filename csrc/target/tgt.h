@@ -71,6 +71,21 @@
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
+/* An I/O queue keeps many Read/Write commands in flight (io.c): data
+ * buffers of the commands between their start (disk read submitted, R2T
+ * sent) and the end of their response's send total at most this much per
+ * connection; a command that does not fit waits, in order, for one to end.
+ * With commands up to FX_TGT_MAX_XFER (4 MiB) that is 8 of the largest, or
+ * 32 of 1 MiB, at once; a queue never holds more than its depth. */
+#define FX_TGT_IO_BUDGET (32u << 20)
+/* io_uring workers (bounded and unbounded, each) per queue's ring. */
+#define FX_TGT_IO_WORKERS 2u
+/* O_DIRECT file I/O: offset, length and buffer aligned to this. */
+#define FX_TGT_DIO_ALIGN 4096u
+/* R2T transfer tags of the I/O engine's writes (io.c) have this bit; the
+ * others index the connection's R2T table (admin, Fabrics, and I/O writes
+ * when the queue has no engine). */
+#define TGT_TTAG_IO 0x8000u
 
 /* Status field helpers (SC bits 0-7, SCT bits 8-10, DNR bit 14). */
 #define TGT_SF(sct, sc) ((uint16_t)(((sct) << 8) | (sc)))
@@ -90,6 +105,9 @@ struct tgt_ns {
 	uint32_t nsid;
 	int fd;
 	int is_bdev;
+	int dfd;       /* the same, O_DIRECT (-1: not possible here) */
+	void *map;     /* read-only mapping for mincore(): is a range cached? */
+	size_t map_len;
 	char *path;
 	uint64_t nsze; /* blocks */
 	uint8_t nguid[16];
@@ -105,6 +123,7 @@ struct tgt_dhchap_host {
 };
 
 struct tgt_auth; /* one queue's DH-HMAC-CHAP transaction (auth.c) */
+struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
 
 /* Failed authentications of one host from one address (auth.c; under the
  * target's lock). */
@@ -221,6 +240,15 @@ struct tgt_conn {
 	uint16_t *r2t_free;
 	unsigned r2t_n, r2t_nfree;
 	unsigned r2t_bufs;  /* R2Ts whose data is collected in a buffer (admin, Fabrics) */
+	/* A live I/O queue's engine (NULL: admin queue, not live yet, or no
+	 * io_uring here: commands are then served one at a time, in line).
+	 * Set and cleared by the connection's own thread only. */
+	struct tgt_ioq *ioq;
+	int ioq_failed;     /* could not start it: serve in line */
+	atomic_int engine_err; /* the engine's first failed send (it shut the socket) */
+	/* Held around every PDU sent (and every command's whole response)
+	 * once the engine's thread sends too; NULL before (recursive). */
+	pthread_mutex_t *send_lock;
 };
 
 struct fx_target {
@@ -345,5 +373,41 @@ void tgt_auth_queue_free(struct tgt_conn *c);
 
 /* conn.c */
 void *tgt_conn_main(void *arg);
+/* Sending, for io.c (each under c->send_lock; 0 or -errno when the
+ * connection broke).  tgt_send_read: C2HData for len bytes of ns at off,
+ * page cache -> socket (chunk: FX_TGT_CHUNK bytes of staging); returns the
+ * response's status (>= 0) or -errno.  tgt_send_data: C2HData from buf. */
+int tgt_send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1);
+int tgt_send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t len);
+int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
+                  uint64_t off, uint32_t len);
+int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t len,
+                  uint16_t sf);
+void tgt_send_lock(struct tgt_conn *c);
+void tgt_send_unlock(struct tgt_conn *c);
+
+/* io.c: the I/O engine of a live I/O queue */
+/* Start it (c->ioq, c->send_lock) for a queue of c->sqsize + 1 entries:
+ * 0, or -errno when io_uring is not to be had (the queue then serves in
+ * line; logged once per target). */
+int tgt_ioq_start(struct tgt_conn *c);
+/* 1 on an engine's thread (which must not touch the connection's state). */
+int tgt_ioq_on_engine_thread(void);
+/* Stop it (the socket already shut): waits for the disk I/O in flight,
+ * frees every buffer.  Nothing when c->ioq is NULL. */
+void tgt_ioq_stop(struct tgt_conn *c);
+/* Read / Write (data by R2T) of a validated range; the engine answers.
+ * 0, or -errno when the connection broke. */
+int tgt_ioq_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off,
+                 uint32_t len);
+int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns *ns,
+                  uint64_t off, uint32_t len);
+/* H2CData for one of the engine's R2Ts (ttag has TGT_TTAG_IO): checks it
+ * as on_h2c_data does for the table's (NULL when the PDU is to be refused,
+ * *why and *fei saying why); else where the datal bytes go. */
+uint8_t *tgt_ioq_h2c_dest(struct tgt_conn *c, uint16_t ttag, uint16_t cccid, uint32_t datao,
+                          uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes);
+/* The datal bytes are in (bad: their digest did not match). */
+int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad);
 
 #endif

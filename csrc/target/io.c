@@ -1,0 +1,719 @@
+/*
+ * The I/O engine of one live I/O queue: many Read and Write commands in
+ * flight at once, their disk I/O on an io_uring, their answers sent by a
+ * second thread of the connection as each one's I/O completes.
+ *
+ * Two threads per queue, each doing what it is for:
+ *   - the connection's thread (conn.c) reads PDUs, checks them as before,
+ *     and starts each command here: a slot, a buffer from the queue's
+ *     budget, then the disk read (or an R2T, for a write);
+ *   - the engine's thread waits on the ring's completions and, for each
+ *     command whose I/O is done, sends its C2HData and CapsuleResp (one
+ *     command's PDUs together, under the connection's send lock), then
+ *     frees the buffer: a buffer is reused only once its send returned.
+ *     (Sends are plain blocking sendmsg(): the data is in the socket once
+ *     it returns.  A zero-copy send would only move that point to a later
+ *     completion; over loopback the kernel copies anyway.)
+ *
+ * Where the data comes from: a Read whose range is all in the page cache
+ * (mincore() on a mapping of the namespace) is sent with sendfile() as
+ * before, no buffer and no copy of ours; one that is not is read with
+ * O_DIRECT into the command's buffer when the offset and length are
+ * FX_TGT_DIO_ALIGN-aligned and the namespace could be opened so (else
+ * buffered, through io_uring's workers).  Writes go to the disk the same
+ * way (O_DIRECT when aligned), RWF_DSYNC for FUA.  O_DIRECT and buffered
+ * I/O of the same file stay coherent (the kernel writes back and drops the
+ * cached pages a direct I/O covers), so no command sees stale data that a
+ * completed one wrote.
+ *
+ * Order: commands run concurrently, as on any NVMe controller; a Read
+ * submitted after a Write to the same blocks sees the write only when the
+ * host waited for the write's completion before sending the read.  Each
+ * command's C2HData precede its CapsuleResp; different commands' answers
+ * come in the order their I/O completes.
+ *
+ * Memory: buffers held by a queue total at most FX_TGT_IO_BUDGET (32 MiB:
+ * 8 commands of the 4 MiB MDTS, 32 of 1 MiB); a command that does not fit
+ * waits in a FIFO, holding only its slot (the queue's depth bounds slots),
+ * and starts when a buffer is freed.  A write's buffer is taken before its
+ * R2T goes out, so a host can never make us hold data we have no room for.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <liburing.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "tgt.h"
+
+#define STOP_TAG 0xFFFFFFFFFFFFFFFFull
+/* Buffer sizes: powers of two from 64 KiB to FX_TGT_MAX_XFER. */
+#define BUF_MIN_SHIFT 16
+#define BUF_CLASSES 7
+#define CACHE_PER_CLASS 32
+_Static_assert((1u << (BUF_MIN_SHIFT + BUF_CLASSES - 1)) == FX_TGT_MAX_XFER, "buffer classes");
+_Static_assert(CACHE_PER_CLASS * (1u << BUF_MIN_SHIFT) <= FX_TGT_IO_BUDGET, "cache per class");
+
+enum tgt_io_state {
+	TGT_IO_FREE,
+	TGT_IO_WAIT_BUF,  /* in the FIFO, waiting for room in the budget */
+	TGT_IO_WAIT_DATA, /* write: R2T sent, its H2CData coming in */
+	TGT_IO_DISK,      /* its ring operation submitted (a NOP hands over a cached read or an error) */
+};
+
+static const char *tgt_io_state_str(enum tgt_io_state s)
+{
+	switch (s) {
+	case TGT_IO_FREE:
+		return "free";
+	case TGT_IO_WAIT_BUF:
+		return "wait-buffer";
+	case TGT_IO_WAIT_DATA:
+		return "wait-data";
+	case TGT_IO_DISK:
+		return "disk";
+	}
+	return "?";
+}
+
+struct tgt_io {
+	enum tgt_io_state state;
+	int write;
+	int fua;
+	int direct;  /* the disk I/O goes through ns->dfd */
+	int cached;  /* read: sent from the page cache (sendfile), no buffer */
+	uint16_t cid;
+	uint16_t err; /* status of the response (digest error, read or write fault) */
+	struct tgt_ns *ns;
+	uint64_t off;
+	uint32_t len;
+	uint32_t done; /* write in WAIT_DATA: bytes received; in DISK: bytes moved */
+	uint32_t cap;  /* the buffer's size (its class), what the budget counts */
+	uint8_t *buf;
+	int next;      /* FIFO link */
+};
+
+struct tgt_ioq {
+	struct tgt_conn *c;
+	struct io_uring ring;
+	pthread_t thread;
+	/* Slots, budget, FIFO, and the ring's submission side. */
+	pthread_mutex_t lock;
+	pthread_mutex_t send_lock; /* c->send_lock (recursive) */
+	struct tgt_io *io;
+	uint16_t *free_idx;
+	unsigned n, nfree;
+	size_t used;        /* bytes of buffers held */
+	int fifo_head, fifo_tail;
+	unsigned sqes;      /* submitted, not yet reaped */
+	int stopping;       /* the connection ends: no more sends or submissions */
+	uint8_t *chunk;     /* the engine thread's staging (cached reads with a digest) */
+	/* Buffers of commands that ended, kept for the next (a fresh one
+	 * costs page faults and zeroing, a large part of the CPU a read
+	 * takes): one stack per size class; used + cached <= the budget. */
+	void *cache[BUF_CLASSES][CACHE_PER_CLASS];
+	unsigned ncache[BUF_CLASSES];
+	size_t cached;
+};
+
+/* Hand op for slot idx (or the stop marker) to the ring.  Under q->lock;
+ * cannot run out of entries: the ring has room for every slot and the
+ * stop marker. */
+static void submit_locked(struct tgt_ioq *q, uint64_t tag)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
+	int r;
+
+	if (!sqe) { /* (cannot happen; see tgt_ioq_start) */
+		io_uring_submit(&q->ring);
+		sqe = io_uring_get_sqe(&q->ring);
+		if (!sqe)
+			abort();
+	}
+	if (tag == STOP_TAG) {
+		io_uring_prep_nop(sqe);
+	} else {
+		struct tgt_io *io = &q->io[tag];
+		int fd = io->direct ? io->ns->dfd : io->ns->fd;
+
+		if (io->cached || io->err)
+			io_uring_prep_nop(sqe);
+		else if (io->write) {
+			io_uring_prep_write(sqe, fd, io->buf + io->done, io->len - io->done,
+			                    io->off + io->done);
+			if (io->fua)
+				sqe->rw_flags = RWF_DSYNC;
+		} else {
+			io_uring_prep_read(sqe, fd, io->buf + io->done, io->len - io->done,
+			                   io->off + io->done);
+		}
+	}
+	io_uring_sqe_set_data64(sqe, tag);
+	q->sqes++;
+	do
+		r = io_uring_submit(&q->ring);
+	while (r == -EINTR || r == -EAGAIN);
+	if (r < 0)
+		tgt_log(q->c->t, "%s qid %u: io_uring submit: %s", q->c->peer, q->c->qid, strerror(-r));
+}
+
+static unsigned buf_class(uint32_t len)
+{
+	unsigned k = 0;
+
+	while (k + 1 < BUF_CLASSES && (1u << (BUF_MIN_SHIFT + k)) < len)
+		k++;
+	return k;
+}
+
+static uint32_t buf_cap(uint32_t len)
+{
+	return 1u << (BUF_MIN_SHIFT + buf_class(len));
+}
+
+/* Drop cached buffers until want more bytes fit beside them.  Under q->lock. */
+static void cache_trim_locked(struct tgt_ioq *q, size_t want)
+{
+	for (unsigned k = BUF_CLASSES; k-- > 0 && q->used + q->cached + want > FX_TGT_IO_BUDGET;)
+		while (q->ncache[k] && q->used + q->cached + want > FX_TGT_IO_BUDGET) {
+			free(q->cache[k][--q->ncache[k]]);
+			q->cached -= 1u << (BUF_MIN_SHIFT + k);
+		}
+}
+
+/* A buffer of buf_cap(len) bytes, cached or new (its budget is reserved). */
+static void *buf_get(struct tgt_ioq *q, uint32_t len)
+{
+	unsigned k = buf_class(len);
+	void *p = NULL;
+
+	pthread_mutex_lock(&q->lock);
+	if (q->ncache[k]) {
+		p = q->cache[k][--q->ncache[k]];
+		q->cached -= 1u << (BUF_MIN_SHIFT + k);
+	} else {
+		/* (used already counts this one) */
+		cache_trim_locked(q, 0);
+	}
+	pthread_mutex_unlock(&q->lock);
+	if (!p && posix_memalign(&p, FX_TGT_DIO_ALIGN, 1u << (BUF_MIN_SHIFT + k)) != 0)
+		p = NULL;
+	return p;
+}
+
+/* Keep a buffer for the next command, or free it.  Under q->lock, after
+ * its budget was given back. */
+static void buf_put_locked(struct tgt_ioq *q, void *p, uint32_t cap)
+{
+	unsigned k = buf_class(cap);
+
+	if (!q->stopping && q->ncache[k] < CACHE_PER_CLASS &&
+	    q->used + q->cached + cap <= FX_TGT_IO_BUDGET) {
+		q->cache[k][q->ncache[k]++] = p;
+		q->cached += cap;
+	} else {
+		free(p);
+	}
+}
+
+/* Give slot idx back (its I/O is over, its answer sent or abandoned).
+ * Under q->lock. */
+static void release_locked(struct tgt_ioq *q, unsigned idx)
+{
+	struct tgt_io *io = &q->io[idx];
+
+	if (io->buf) {
+		q->used -= io->cap;
+		buf_put_locked(q, io->buf, io->cap);
+	}
+	memset(io, 0, sizeof(*io));
+	io->next = -1;
+	q->free_idx[q->nfree++] = (uint16_t)idx;
+	atomic_fetch_sub(&q->c->r2t_busy, 1);
+}
+
+/* Start slot idx whose budget is reserved (q->used counts it): its buffer,
+ * then the disk read, or the R2T of a write.  0, or -errno when the
+ * connection broke. */
+static int start_io(struct tgt_ioq *q, unsigned idx)
+{
+	struct tgt_io *io = &q->io[idx];
+	struct tgt_conn *c = q->c;
+	uint8_t *buf = buf_get(q, io->len);
+
+	pthread_mutex_lock(&q->lock);
+	if (!buf) {
+		uint16_t cid = io->cid;
+		uint32_t len = io->len;
+
+		q->used -= io->cap; /* (release frees no buffer) */
+		release_locked(q, idx);
+		pthread_mutex_unlock(&q->lock);
+		tgt_log(c->t, "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
+		        len);
+		return tgt_send_resp(c, cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+	}
+	io->buf = buf;
+	if (io->write) {
+		uint16_t cid = io->cid;
+		uint32_t len = io->len;
+
+		/* WAIT_DATA before the R2T leaves: its H2CData may come at once */
+		io->state = TGT_IO_WAIT_DATA;
+		io->done = 0;
+		pthread_mutex_unlock(&q->lock);
+		return tgt_send_r2t(c, cid, (uint16_t)(TGT_TTAG_IO | idx), len);
+	}
+	io->state = TGT_IO_DISK;
+	io->done = 0;
+	submit_locked(q, idx);
+	pthread_mutex_unlock(&q->lock);
+	return 0;
+}
+
+/* Reserve room for slot idx and start it, or queue it behind those
+ * already waiting (first come, first served). */
+static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
+{
+	struct tgt_io *io = &q->io[idx];
+
+	pthread_mutex_lock(&q->lock);
+	io->cap = buf_cap(io->len);
+	if (!q->stopping && q->fifo_head < 0 && q->used + io->cap <= FX_TGT_IO_BUDGET) {
+		q->used += io->cap;
+		pthread_mutex_unlock(&q->lock);
+		return start_io(q, idx);
+	}
+	io->state = TGT_IO_WAIT_BUF;
+	io->next = -1;
+	if (q->fifo_tail >= 0)
+		q->io[q->fifo_tail].next = (int)idx;
+	else
+		q->fifo_head = (int)idx;
+	q->fifo_tail = (int)idx;
+	pthread_mutex_unlock(&q->lock);
+	return 0;
+}
+
+/* Engine thread: a send failed, the connection broke (or a fault was
+ * injected).  The connection's thread sees the shut socket, says why
+ * (err) and stops us. */
+static void send_failed(struct tgt_ioq *q, int err)
+{
+	int none = 0;
+
+	atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
+	pthread_mutex_lock(&q->lock);
+	q->stopping = 1;
+	pthread_mutex_unlock(&q->lock);
+	shutdown(q->c->fd, SHUT_RDWR);
+}
+
+/* Engine thread, after a buffer was freed: start the waiting commands
+ * that now fit, in order. */
+static void start_waiting(struct tgt_ioq *q)
+{
+	for (;;) {
+		int idx;
+
+		pthread_mutex_lock(&q->lock);
+		idx = q->fifo_head;
+		if (idx < 0 || q->stopping || q->used + q->io[idx].cap > FX_TGT_IO_BUDGET) {
+			pthread_mutex_unlock(&q->lock);
+			return;
+		}
+		q->fifo_head = q->io[idx].next;
+		if (q->fifo_head < 0)
+			q->fifo_tail = -1;
+		q->used += q->io[idx].cap;
+		pthread_mutex_unlock(&q->lock);
+		int ret = start_io(q, (unsigned)idx);
+
+		if (ret < 0)
+			send_failed(q, ret);
+	}
+}
+
+/* Slot idx's disk I/O is over: answer it, free it, start who waits. */
+static void finish(struct tgt_ioq *q, unsigned idx)
+{
+	struct tgt_io *io = &q->io[idx];
+	struct tgt_conn *c = q->c;
+	int stopping, ret;
+
+	pthread_mutex_lock(&q->lock);
+	stopping = q->stopping;
+	pthread_mutex_unlock(&q->lock);
+	if (!stopping) {
+		if (io->write)
+			ret = tgt_send_resp(c, io->cid, io->err, 0, 0);
+		else if (io->cached)
+			ret = tgt_send_read(c, q->chunk, io->cid, io->ns, io->off, io->len);
+		else
+			ret = tgt_send_data(c, io->cid, io->buf, io->len, io->err);
+		if (ret < 0)
+			send_failed(q, ret);
+	}
+	pthread_mutex_lock(&q->lock);
+	release_locked(q, idx);
+	pthread_mutex_unlock(&q->lock);
+	start_waiting(q);
+}
+
+/* A completion of slot idx's ring operation, res as io_uring reports it. */
+static void on_cqe(struct tgt_ioq *q, unsigned idx, int res)
+{
+	struct tgt_io *io = &q->io[idx];
+	struct tgt_conn *c = q->c;
+	int stopping;
+
+	if (idx >= q->n || io->state != TGT_IO_DISK)
+		return; /* (cannot happen) */
+	pthread_mutex_lock(&q->lock);
+	stopping = q->stopping;
+	pthread_mutex_unlock(&q->lock);
+	if (!io->cached && !io->err && !stopping) {
+		int again = 0;
+
+		if (res == -EINTR || res == -EAGAIN) {
+			again = 1;
+		} else if (res == -EINVAL && io->direct) {
+			/* the filesystem refuses this direct I/O: buffered */
+			io->direct = 0;
+			again = 1;
+		} else if (res > 0) {
+			io->done += (uint32_t)res;
+			if (io->done < io->len) {
+				if (io->direct && (io->done % FX_TGT_DIO_ALIGN))
+					io->direct = 0;
+				again = 1;
+			}
+		}
+		if (again) {
+			pthread_mutex_lock(&q->lock);
+			submit_locked(q, idx);
+			pthread_mutex_unlock(&q->lock);
+			return;
+		}
+		if (io->done < io->len) {
+			/* EOF (the file shrank) or an I/O error: a read sends
+			 * zeros so the stream stays whole, and both fail */
+			if (c->t->verbose)
+				tgt_log(c->t, "%s qid %u: cid %u %s at %llu failed: %s", c->peer, c->qid,
+				        io->cid, io->write ? "write" : "read", (unsigned long long)io->off,
+				        res < 0 ? strerror(-res) : "end of file");
+			if (io->write) {
+				io->err = TGT_SF(2, TGT_SC_WRITE_FAULT);
+			} else {
+				memset(io->buf + io->done, 0, io->len - io->done);
+				io->err = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
+			}
+		}
+	}
+	finish(q, idx);
+}
+
+static __thread int on_engine;
+
+int tgt_ioq_on_engine_thread(void)
+{
+	return on_engine;
+}
+
+static void *ioq_main(void *arg)
+{
+	struct tgt_ioq *q = arg;
+	int stop_seen = 0;
+
+	on_engine = 1;
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		uint64_t tag;
+		unsigned left;
+		int r = io_uring_wait_cqe(&q->ring, &cqe), res;
+
+		if (r < 0) {
+			if (r != -EINTR && r != -EAGAIN && r != -ETIME) {
+				tgt_log(q->c->t, "%s qid %u: io_uring wait: %s", q->c->peer, q->c->qid,
+				        strerror(-r));
+				usleep(1000);
+			}
+			continue;
+		}
+		tag = io_uring_cqe_get_data64(cqe);
+		res = cqe->res;
+		io_uring_cqe_seen(&q->ring, cqe);
+		pthread_mutex_lock(&q->lock);
+		q->sqes--;
+		pthread_mutex_unlock(&q->lock);
+		if (tag == STOP_TAG)
+			stop_seen = 1;
+		else
+			on_cqe(q, (unsigned)tag, res);
+		if (stop_seen) {
+			pthread_mutex_lock(&q->lock);
+			left = q->sqes;
+			pthread_mutex_unlock(&q->lock);
+			if (!left)
+				break;
+		}
+	}
+	return NULL;
+}
+
+static int ioq_cant(struct tgt_conn *c, const char *what, int err)
+{
+	static atomic_int logged;
+
+	if (!atomic_exchange(&logged, 1))
+		tgt_log(c->t, "%s qid %u: %s: %s; I/O queues serve one command at a time", c->peer,
+		        c->qid, what, strerror(err));
+	return -err;
+}
+
+int tgt_ioq_start(struct tgt_conn *c)
+{
+	struct tgt_ioq *q = calloc(1, sizeof(*q));
+	unsigned n = c->sqsize + 1u, entries = 8;
+	pthread_mutexattr_t ma;
+	pthread_attr_t attr;
+	int r;
+
+	if (!q)
+		return -ENOMEM;
+	q->c = c;
+	q->n = n;
+	q->fifo_head = q->fifo_tail = -1;
+	q->io = calloc(n, sizeof(*q->io));
+	q->free_idx = calloc(n, sizeof(*q->free_idx));
+	q->chunk = malloc(FX_TGT_CHUNK);
+	if (!q->io || !q->free_idx || !q->chunk) {
+		r = -ENOMEM;
+		goto fail_mem;
+	}
+	for (unsigned i = n; i-- > 0;) {
+		q->io[i].next = -1;
+		q->free_idx[q->nfree++] = (uint16_t)i;
+	}
+	while (entries < n + 2)
+		entries <<= 1;
+	r = io_uring_queue_init(entries, &q->ring, 0);
+	if (r < 0) {
+		ioq_cant(c, "no io_uring", -r);
+		goto fail_mem;
+	}
+	{
+		/* Buffered I/O the kernel cannot do at once runs on io_uring's
+		 * workers: a few per queue, not one per command in flight (a
+		 * queue that moves data thus costs at most 2 + 2 x
+		 * FX_TGT_IO_WORKERS threads, idle workers ending by themselves). */
+		unsigned workers[2] = {FX_TGT_IO_WORKERS, FX_TGT_IO_WORKERS};
+
+		io_uring_register_iowq_max_workers(&q->ring, workers);
+	}
+	pthread_mutex_init(&q->lock, NULL);
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+	pthread_mutex_init(&q->send_lock, &ma);
+	pthread_mutexattr_destroy(&ma);
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, FX_TGT_THREAD_STACK);
+	r = pthread_create(&q->thread, &attr, ioq_main, q);
+	pthread_attr_destroy(&attr);
+	if (r) {
+		ioq_cant(c, "no thread for the I/O engine", r);
+		r = -r;
+		io_uring_queue_exit(&q->ring);
+		pthread_mutex_destroy(&q->lock);
+		pthread_mutex_destroy(&q->send_lock);
+		goto fail_mem;
+	}
+	c->send_lock = &q->send_lock;
+	c->ioq = q;
+	return 0;
+
+fail_mem:
+	free(q->io);
+	free(q->free_idx);
+	free(q->chunk);
+	free(q);
+	return r;
+}
+
+void tgt_ioq_stop(struct tgt_conn *c)
+{
+	struct tgt_ioq *q = c->ioq;
+
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->lock);
+	q->stopping = 1;
+	submit_locked(q, STOP_TAG);
+	pthread_mutex_unlock(&q->lock);
+	pthread_join(q->thread, NULL);
+	/* Only this thread now; the ring is idle.  Commands that never got
+	 * to the disk (waiting for room or for their data) just go. */
+	for (unsigned i = 0; i < q->n; i++)
+		if (q->io[i].state != TGT_IO_FREE) {
+			if (c->t->verbose)
+				tgt_log(c->t, "%s qid %u: cid %u dropped (%s)", c->peer, c->qid, q->io[i].cid,
+				        tgt_io_state_str(q->io[i].state));
+			release_locked(q, i);
+		}
+	for (unsigned k = 0; k < BUF_CLASSES; k++)
+		while (q->ncache[k])
+			free(q->cache[k][--q->ncache[k]]);
+	io_uring_queue_exit(&q->ring);
+	c->ioq = NULL;
+	c->send_lock = NULL;
+	pthread_mutex_destroy(&q->lock);
+	pthread_mutex_destroy(&q->send_lock);
+	free(q->io);
+	free(q->free_idx);
+	free(q->chunk);
+	free(q);
+}
+
+/* A slot for a new command, or -1 when the host has more outstanding than
+ * its queue holds. */
+static int slot_alloc(struct tgt_ioq *q)
+{
+	int idx = -1;
+
+	pthread_mutex_lock(&q->lock);
+	if (q->nfree) {
+		idx = q->free_idx[--q->nfree];
+		atomic_fetch_add(&q->c->r2t_busy, 1);
+	}
+	pthread_mutex_unlock(&q->lock);
+	return idx;
+}
+
+/* The whole range is in the page cache (as far as mincore() can tell). */
+static int range_cached(const struct tgt_ns *ns, uint64_t off, uint32_t len)
+{
+	static long pg;
+	unsigned char vec[(FX_TGT_MAX_XFER >> 12) + 2];
+	uint64_t start, end;
+
+	if (!ns->map)
+		return 0;
+	if (!pg)
+		pg = sysconf(_SC_PAGESIZE);
+	if (pg < 4096)
+		return 0;
+	start = off & ~((uint64_t)pg - 1);
+	end = (off + len + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
+	if (end > ns->map_len || (end - start) / (uint64_t)pg > sizeof(vec))
+		return 0;
+	if (mincore((uint8_t *)ns->map + start, end - start, vec) < 0)
+		return 0;
+	for (uint64_t i = 0; i < (end - start) / (uint64_t)pg; i++)
+		if (!(vec[i] & 1))
+			return 0;
+	return 1;
+}
+
+static int aligned(const struct tgt_ns *ns, uint64_t off, uint32_t len)
+{
+	return ns->dfd >= 0 && off % FX_TGT_DIO_ALIGN == 0 && len % FX_TGT_DIO_ALIGN == 0;
+}
+
+int tgt_ioq_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off, uint32_t len)
+{
+	struct tgt_ioq *q = c->ioq;
+	int idx = slot_alloc(q);
+	struct tgt_io *io;
+
+	if (idx < 0) /* more commands outstanding than any queue may hold */
+		return tgt_send_resp(c, cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+	io = &q->io[idx];
+	io->cid = cid;
+	io->ns = ns;
+	io->off = off;
+	io->len = len;
+	io->cached = range_cached(ns, off, len);
+	if (io->cached) {
+		pthread_mutex_lock(&q->lock);
+		io->state = TGT_IO_DISK;
+		submit_locked(q, (uint64_t)idx);
+		pthread_mutex_unlock(&q->lock);
+		return 0;
+	}
+	io->direct = aligned(ns, off, len);
+	return reserve_and_start(q, (unsigned)idx);
+}
+
+int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns *ns,
+                  uint64_t off, uint32_t len)
+{
+	struct tgt_ioq *q = c->ioq;
+	int idx = slot_alloc(q);
+	struct tgt_io *io;
+
+	if (idx < 0)
+		return tgt_send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+	io = &q->io[idx];
+	io->write = 1;
+	io->cid = sqe->cid;
+	io->fua = !!(sqe->cdw12 & (1u << 30));
+	io->ns = ns;
+	io->off = off;
+	io->len = len;
+	io->direct = aligned(ns, off, len);
+	return reserve_and_start(q, (unsigned)idx);
+}
+
+uint8_t *tgt_ioq_h2c_dest(struct tgt_conn *c, uint16_t ttag, uint16_t cccid, uint32_t datao,
+                          uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes)
+{
+	struct tgt_ioq *q = c->ioq;
+	unsigned idx = ttag & ~TGT_TTAG_IO;
+	uint8_t *dst = NULL;
+	struct tgt_io *io;
+
+	pthread_mutex_lock(&q->lock);
+	io = idx < q->n ? &q->io[idx] : NULL;
+	if (!io || io->state != TGT_IO_WAIT_DATA) {
+		*why = "H2CData for no R2T of ours";
+		*fes = NVME_TCP_FES_INVALID_PDU_HDR;
+		*fei = offsetof(struct nvme_tcp_data_pdu, ttag);
+	} else if (io->cid != cccid) {
+		*why = "H2CData CCCID does not match its R2T";
+		*fes = NVME_TCP_FES_INVALID_PDU_HDR;
+		*fei = offsetof(struct nvme_tcp_data_pdu, cccid);
+	} else if (datao != io->done || datal > io->len - io->done) {
+		*why = "H2CData outside the R2T's range";
+		*fes = NVME_TCP_FES_DATA_OUT_OF_RANGE;
+		*fei = offsetof(struct nvme_tcp_data_pdu, datao);
+	} else {
+		dst = io->buf + io->done;
+	}
+	pthread_mutex_unlock(&q->lock);
+	return dst;
+}
+
+int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad)
+{
+	struct tgt_ioq *q = c->ioq;
+	struct tgt_io *io = &q->io[ttag & ~TGT_TTAG_IO];
+
+	/* (only this thread touches a slot in WAIT_DATA) */
+	if (bad && !io->err)
+		io->err = TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT);
+	io->done += datal;
+	if (io->done < io->len)
+		return 0;
+	pthread_mutex_lock(&q->lock);
+	io->state = TGT_IO_DISK;
+	io->done = 0;
+	submit_locked(q, ttag & ~TGT_TTAG_IO);
+	pthread_mutex_unlock(&q->lock);
+	return 0;
+}

@@ -1,0 +1,360 @@
+"""Our NVMe/TCP target with many commands in flight per queue (csrc/target/io.c).
+
+Each I/O queue keeps Reads and Writes in flight and answers them as their
+disk I/O completes.  What must hold whatever the order of completions:
+every byte is right (cached data through sendfile, uncached through
+O_DIRECT, unaligned through buffered I/O), each command's C2HData come
+before its CapsuleResp and cover its whole buffer, a read sees a write the
+host waited for, the buffers a queue holds stay within its budget (a
+write's R2T waits for room), and a host that vanishes with commands in
+flight costs nothing afterwards.  Nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+from conftest import chunk_bytes
+from target_process import serve
+from test_target import C2H_DATA, H2C_DATA, NQN, R2T, RSP, Closed, Host, admin, io_queue, sqe
+
+import fx100io
+
+MiB = 1 << 20
+BUDGET = 32 * MiB       # FX_TGT_IO_BUDGET (csrc/target/tgt.h)
+MAX_XFER = 4 * MiB      # MDTS 10: 4 KiB << 10
+
+
+def drop_cache(path: str) -> None:
+    """Push a file's pages out of the page cache (clean pages only: the
+    target's writes are synced first), so that reads take the O_DIRECT path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled(fn, pid: int, want_at_most: int, seconds: float = 10.0) -> int:
+    deadline = time.monotonic() + seconds
+    while True:
+        v = fn(pid)
+        if v <= want_at_most or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)
+
+
+class Pipeline:
+    """Many commands in flight on one raw Host: submit without waiting, then
+    collect every PDU, serving R2Ts, checking per command that its data
+    precede its response and cover exactly its buffer."""
+
+    def __init__(self, h: Host):
+        self.h = h
+        self.out: dict[int, bytes] = {}        # cid -> data to write
+        self.want: dict[int, int] = {}         # cid -> bytes to read
+        self.got: dict[int, bytearray] = {}
+        self.covered: dict[int, int] = {}
+        self.done: dict[int, int] = {}         # cid -> status
+        self.r2ts: list[tuple[int, int, int, int]] = []  # (cid, ttag, r2to, r2tl) not yet served
+        self.auto_r2t = True
+
+    def read(self, slba: int, nlb: int, bs: int) -> int:
+        cid = self.h.submit(sqe(0x02, nsid=1, cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32,
+                                cdw12=nlb - 1), data_in=nlb * bs)
+        self.want[cid] = nlb * bs
+        self.got[cid] = bytearray(nlb * bs)
+        self.covered[cid] = 0
+        return cid
+
+    def write(self, slba: int, data: bytes, bs: int) -> int:
+        cid = self.h.submit(sqe(0x01, nsid=1, cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32,
+                                cdw12=len(data) // bs - 1), data, incapsule=False)
+        self.out[cid] = data
+        return cid
+
+    def serve_r2t(self, cid: int, ttag: int, r2to: int, r2tl: int) -> None:
+        data = self.out[cid]
+        off = r2to
+        while off < r2to + r2tl:
+            n = min(self.h.maxh2cdata, r2to + r2tl - off)
+            last = 0x04 if off + n == r2to + r2tl else 0
+            self.h.send_pdu(H2C_DATA, struct.pack("<HHII4x", cid, ttag, off, n),
+                            data[off:off + n], flags=last)
+            off += n
+
+    def step(self) -> None:
+        p = self.h.recv_pdu()
+        if p.type == C2H_DATA:
+            cccid, _ttag, datao, datal = struct.unpack_from("<HHII", p.header, 8)
+            assert cccid in self.want and cccid not in self.done, cccid
+            assert p.ddgst_ok, "bad data digest"
+            assert datao == self.covered[cccid], "C2HData out of order within a command"
+            assert datao + datal <= self.want[cccid]
+            self.got[cccid][datao:datao + datal] = p.data
+            self.covered[cccid] += datal
+        elif p.type == R2T:
+            cccid, ttag, r2to, r2tl = struct.unpack_from("<HHII", p.header, 8)
+            assert cccid in self.out and cccid not in self.done
+            assert r2to == 0 and r2tl == len(self.out[cccid])
+            if self.auto_r2t:
+                self.serve_r2t(cccid, ttag, r2to, r2tl)
+            else:
+                self.r2ts.append((cccid, ttag, r2to, r2tl))
+        elif p.type == RSP:
+            _dw0, _dw1, _sqhd, _sqid, cid, status = struct.unpack_from("<IIHHHH", p.header, 8)
+            assert cid not in self.done, f"second response for cid {cid}"
+            if cid in self.want and (status >> 1) == 0:
+                assert self.covered[cid] == self.want[cid], "response before all its data"
+            self.done[cid] = status >> 1
+        else:
+            raise AssertionError(f"unexpected PDU {p}")
+
+    def wait(self, cids) -> None:
+        while any(c not in self.done for c in cids):
+            self.step()
+
+
+@pytest.fixture
+def backing(tmp_path):
+    p = tmp_path / "ns1.img"
+    with open(p, "wb") as f:
+        f.write(os.urandom(64 * MiB))
+    return str(p)
+
+
+@pytest.mark.parametrize("ddgst", [False, True])
+@pytest.mark.parametrize("cold", [False, True])
+def test_many_reads_in_flight_byte_exact(backing, ddgst, cold):
+    """64 reads of mixed sizes and alignments submitted at once on one queue
+    (cached: sendfile; cold: O_DIRECT when 4 KiB-aligned, buffered else),
+    more bytes than the queue's budget: every one comes back whole and
+    right, its data before its response."""
+    with open(backing, "rb") as f:
+        content = f.read()
+    rng = random.Random(7 + ddgst + 2 * cold)
+    with serve([backing], NQN) as (_, port, _proc):
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1, ddgst=ddgst)
+        if cold:
+            drop_cache(backing)
+        pl = Pipeline(q)
+        cids = {}
+        for i in range(64):
+            if i % 4 == 0:
+                nlb = MAX_XFER // 512                           # the largest
+            elif i % 4 == 1:
+                nlb = rng.randrange(1, 64)                      # small, unaligned
+            else:
+                nlb = 8 * rng.randrange(1, 256)                 # 4 KiB multiples
+            slba = rng.randrange(0, len(content) // 512 - nlb)
+            if i % 2 == 0:
+                slba -= slba % 8                                # 4 KiB-aligned start
+            cids[pl.read(slba, nlb, 512)] = (slba * 512, nlb * 512)
+        assert sum(n for _, n in cids.values()) > BUDGET
+        pl.wait(list(cids))
+        for cid, (off, n) in cids.items():
+            assert pl.done[cid] == 0, (cid, hex(pl.done[cid]))
+            assert bytes(pl.got[cid]) == content[off:off + n], f"cid {cid} at {off} len {n}"
+
+
+def test_interleaved_reads_and_writes_across_queues(backing):
+    """Four queues, each with many Reads and Writes in flight at once to
+    regions of its own (aligned and unaligned, some over the budget), through
+    our initiator: the namespace ends up exactly as written, every read of a
+    region written earlier (and waited for) returns it."""
+    regions = 4 * 12
+    size = 1 * MiB
+
+    async def run(uri: str) -> None:
+        with fx100io.open_device(uri) as dev:
+            pool = fx100io.BufferPool(regions * size * 2 + 8 * MiB)
+            bufs = [pool.alloc(size) for _ in range(regions)]
+            outs = [pool.alloc(size) for _ in range(regions)]
+            for i, b in enumerate(bufs):
+                b[:] = chunk_bytes(f"inflight-{i}", size)
+
+            def off(i: int) -> int:
+                # every third region starts 512 bytes off a 4 KiB boundary
+                return i * (size + 4096) + (512 if i % 3 == 0 else 0)
+
+            # round 1: all writes in flight together
+            assert await asyncio.gather(*(dev.write_from(off(i), bufs[i])
+                                          for i in range(regions))) == [size] * regions
+            # round 2: reads of round 1 interleaved with rewrites of other regions
+            for i in range(0, regions, 2):
+                bufs[i][:] = chunk_bytes(f"inflight-again-{i}", size)
+            ops = []
+            for i in range(regions):
+                if i % 2 == 0:
+                    ops.append(dev.write_from(off(i), bufs[i]))
+                else:
+                    ops.append(dev.read_into(off(i), outs[i]))
+            assert await asyncio.gather(*ops) == [size] * regions
+            for i in range(1, regions, 2):
+                assert np.array_equal(outs[i], bufs[i]), f"region {i}"
+            # round 3: everything read back, all in flight
+            assert await asyncio.gather(*(dev.read_into(off(i), outs[i])
+                                          for i in range(regions))) == [size] * regions
+            for i in range(regions):
+                assert np.array_equal(outs[i], bufs[i]), f"region {i}"
+
+    with serve([backing], NQN) as (_, port, _proc):
+        asyncio.run(run(f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=4"))
+        drop_cache(backing)
+        # the same bytes cold (O_DIRECT) and, directly, in the file
+        asyncio.run(_check_file_matches(port, backing, regions, size))
+
+
+async def _check_file_matches(port: int, backing: str, regions: int, size: int) -> None:
+    with open(backing, "rb") as f:
+        content = f.read()
+    with fx100io.open_device(f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=2") as dev:
+        pool = fx100io.BufferPool(regions * size + MiB)
+        outs = [pool.alloc(size) for _ in range(regions)]
+        offs = [i * (size + 4096) + (512 if i % 3 == 0 else 0) for i in range(regions)]
+        await asyncio.gather(*(dev.read_into(o, b) for o, b in zip(offs, outs)))
+        for i, (o, b) in enumerate(zip(offs, outs)):
+            want = chunk_bytes(f"inflight-again-{i}" if i % 2 == 0 else f"inflight-{i}", size)
+            assert np.array_equal(b, want), f"region {i} over the target"
+            assert content[o:o + size] == want.tobytes(), f"region {i} in the file"
+
+
+def test_read_after_waited_write_sees_it(backing):
+    """A read sent after the host waited for a write's completion returns the
+    written bytes, cached or not, aligned or not (and a read in flight with
+    that write is promised nothing, so nothing is checked about it)."""
+    with serve([backing], NQN) as (_, port, _proc):
+        a = admin(port)
+        a.set_queues(2)
+        w = io_queue(port, a.cntlid, 1)
+        r = io_queue(port, a.cntlid, 2)
+        for i, (slba, nlb) in enumerate([(0, 8), (9, 3), (4096, 2048), (77, 1000), (0, 8)]):
+            data = chunk_bytes(f"waited-{i}", nlb * 512).tobytes()
+            assert w.write(slba, data, 512, incapsule=False).ok
+            if i % 2:
+                drop_cache(backing)
+            c, got = r.read(slba, nlb, 512)
+            assert c.ok and got == data, i
+            c, got = w.read(slba, nlb, 512)
+            assert c.ok and got == data, i
+
+
+def test_write_r2t_waits_for_room_in_the_budget(backing):
+    """Writes whose buffers exceed the queue's budget: R2Ts go out for those
+    that fit (8 of the 4 MiB largest), the next only once one of them is done;
+    every write lands."""
+    n = BUDGET // MAX_XFER + 4
+    with serve([backing], NQN) as (_, port, _proc):
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        pl = Pipeline(q)
+        pl.auto_r2t = False
+        datas = [chunk_bytes(f"budget-{i}", MAX_XFER).tobytes() for i in range(n)]
+        cids = [pl.write(i * (MAX_XFER // 512), datas[i], 512) for i in range(n)]
+        while len(pl.r2ts) < BUDGET // MAX_XFER:
+            pl.step()
+        # no further R2T while those hold the whole budget
+        q.sock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            q.recv_exact(1)
+        q.sock.settimeout(10)
+        first = pl.r2ts.pop(0)
+        pl.serve_r2t(*first)
+        pl.wait([first[0]])
+        assert pl.done[first[0]] == 0
+        pl.auto_r2t = True
+        for r in pl.r2ts:
+            pl.serve_r2t(*r)
+        pl.r2ts.clear()
+        pl.wait(cids)
+        assert all(pl.done[c] == 0 for c in cids)
+        for i in range(n):
+            c, got = q.read(i * (MAX_XFER // 512), MAX_XFER // 512, 512)
+            assert c.ok and got == datas[i], i
+
+
+def test_host_vanishes_with_commands_in_flight(backing, tmp_path):
+    """A host that resets its connections while reads (cached and cold),
+    writes waiting for their data and writes waiting for room are in flight:
+    the target stays up, serves the next host, and gives back every thread
+    and file descriptor (ASan checks the memory)."""
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, log=log) as (_, port, proc):
+        base_threads, base_fds = threads(proc.pid), fds(proc.pid)
+        for round_ in range(3):
+            a = admin(port)
+            a.set_queues(2)
+            qs = [io_queue(port, a.cntlid, qid) for qid in (1, 2)]
+            if round_ == 1:
+                drop_cache(backing)
+            for qn, q in enumerate(qs):
+                pl = Pipeline(q)
+                pl.auto_r2t = False
+                for i in range(24):
+                    pl.read((i * 8192 + qn * 4096) % (60 * 2048), MAX_XFER // 512, 512)
+                for i in range(12):
+                    pl.write(i * 8192, bytes(MAX_XFER), 512)
+                if round_ == 2:
+                    # half a write's data, then gone
+                    while not pl.r2ts:
+                        pl.step()
+                    cid, ttag, _, _ = pl.r2ts[0]
+                    q.send_pdu(H2C_DATA, struct.pack("<HHII4x", cid, ttag, 0, 65536),
+                               bytes(65536))
+            for h in [*qs, a]:
+                h.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                h.close()
+        # the target is fine and serves a new host
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        data = chunk_bytes("after", 65536).tobytes()
+        assert q.write(16, data, 512, incapsule=False).ok
+        c, got = q.read(16, 128, 512)
+        assert c.ok and got == data
+        q.close()
+        a.close()
+        assert settled(threads, proc.pid, base_threads) <= base_threads
+        assert settled(fds, proc.pid, base_fds) <= base_fds
+        assert proc.poll() is None
+    text = log.read_text()
+    assert "AddressSanitizer" not in text and "runtime error" not in text, text[-3000:]
+
+
+def test_fault_drop_after_with_commands_in_flight(backing):
+    """--fault-drop-after still closes a connection right after its Nth PDU
+    while many commands are in flight: the host gets exactly N whole PDUs
+    (ICResp and the Connect response among them), then the close."""
+    n = 40
+    with serve([backing], NQN, "--fault-drop-after", str(n)) as (_, port, _proc):
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        pl = Pipeline(q)
+        for i in range(32):  # 64 PDUs of answers
+            pl.read(i * 8, 8, 512)
+        seen = 2  # ICResp, Connect response
+        with pytest.raises(Closed):
+            while True:
+                pl.step()
+                seen += 1
+        assert seen == n

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Our NVMe/TCP target (`fx100io target`) against the file it serves and
+against iperf3, all in the same run on loopback.
+
+Measured, per round (median over rounds):
+  direct cold   fx100io reads the file itself (O_DIRECT), page cache dropped
+  target cold   fx100io reads the same file through our target, 1 and 4
+                queues, page cache dropped before each
+  target hot    the same with the file in the page cache
+  iperf3        one TCP stream on loopback (the link's single-stream limit)
+All reads are --bs (1 MiB) with --inflight (32) in flight.  Prints GB/s and
+the ratios the target is held to:
+  target cold 1q / direct cold   >= 0.8
+  target cold 4q / target cold 1q >= 1.0   (and hot 4q / hot 1q)
+  target hot 1q / iperf3 1 stream >= 0.9
+
+Dropping the page cache needs root (echo 3 > /proc/sys/vm/drop_caches);
+without it the cold rows are skipped with a message.  The file goes on a
+real disk (--dir; not tmpfs, whose pages are never cold).
+
+  sudo python3 tools/bench_target.py [--gib 1] [--rounds 3] [--dir /var/tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import fx100io
+
+MiB = 1 << 20
+NQN = "nqn.2026-11.io.fx100:bench-target"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def iperf3(seconds: int) -> float:
+    port = free_port()
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds),
+                              "-J"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
+    finally:
+        srv.wait(timeout=10)
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def warm(path: str) -> None:
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 * MiB):
+            pass
+
+
+def start_target(path: str, port: int) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen",
+                          f"127.0.0.1:{port}", "--nqn", NQN, "--namespace", path,
+                          "--block-size", "4096", "-q"],
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline() if p.stdout else ""
+    if "listening" not in line:
+        p.kill()
+        raise SystemExit(f"target did not start: {line!r}")
+    return p
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU seconds of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
+    """GB/s reading [0, size) in bs pieces, inflight at a time."""
+    async def run() -> float:
+        with fx100io.open_device(uri) as dev:
+            pool = fx100io.BufferPool(bs * inflight)
+            bufs = [pool.alloc(bs) for _ in range(inflight)]
+            n = size // bs
+            nxt = 0
+
+            async def worker(b: np.ndarray) -> int:
+                nonlocal nxt
+                moved = 0
+                while nxt < n:
+                    i = nxt
+                    nxt += 1
+                    moved += await dev.read_into(i * bs, b)
+                return moved
+
+            t = time.perf_counter()
+            moved = sum(await asyncio.gather(*(worker(b) for b in bufs)))
+            if moved != size:
+                raise SystemExit(f"{uri}: read {moved} of {size} bytes")
+            return moved / (time.perf_counter() - t) / 1e9
+
+    return asyncio.run(run())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=1.0, help="file size (GiB)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bs", type=int, default=MiB, help="read size (bytes)")
+    ap.add_argument("--inflight", type=int, default=32, help="reads in flight")
+    ap.add_argument("--dir", default="/var/tmp", help="where the file goes (a real disk)")
+    ap.add_argument("--iperf-seconds", type=int, default=3)
+    a = ap.parse_args()
+    if shutil.which("iperf3") is None:
+        sys.exit("iperf3 is not installed: apt-get install iperf3")
+    size = int(a.gib * 1024) * MiB
+    size -= size % a.bs
+    path = os.path.join(a.dir, f"fx100io-bench-target-{os.getpid()}.img")
+    with open(path, "wb") as f:  # real bytes: holes would read unrealistically fast
+        block = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8).tobytes()
+        left = size
+        while left:
+            f.write(block[:min(left, len(block))])
+            left -= min(left, len(block))
+        f.flush()
+        os.fsync(f.fileno())
+    cold = drop_caches()
+    if not cold:
+        print("cannot drop the page cache (not root?): cold rows skipped", file=sys.stderr)
+    port = free_port()
+    tgt = start_target(path, port)
+    direct = f"file://{path}"
+
+    def over(queues: int) -> str:
+        return f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues={queues}"
+
+    rows: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # the target's CPU seconds per GB served
+
+    def through(name: str, queues: int) -> float:
+        c0 = cpu_seconds(tgt.pid)
+        gbs = read_all(over(queues), size, a.bs, a.inflight)
+        cpu.setdefault(name, []).append((cpu_seconds(tgt.pid) - c0) / (size / 1e9))
+        return gbs
+
+    try:
+        for r in range(a.rounds):
+            cur: dict[str, float] = {}
+            if cold:
+                drop_caches()
+                cur["direct cold"] = read_all(direct, size, a.bs, a.inflight)
+                for q in (1, 4):
+                    drop_caches()
+                    cur[f"target cold {q}q"] = through(f"target cold {q}q", q)
+            warm(path)
+            for q in (1, 4):
+                cur[f"target hot {q}q"] = through(f"target hot {q}q", q)
+            cur["iperf3 1 stream"] = iperf3(a.iperf_seconds)
+            for k, v in cur.items():
+                rows.setdefault(k, []).append(v)
+            print(f"round {r + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in cur.items()),
+                  flush=True)
+    finally:
+        tgt.terminate()
+        tgt.wait(timeout=20)
+        os.unlink(path)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"\n{a.gib:g} GiB file in {a.dir}, {a.bs // 1024} KiB reads x{a.inflight} in flight, "
+          f"median of {a.rounds} rounds\n")
+    print("| path | GB/s | target CPU s/GB |")
+    print("|---|---|---|")
+    for k, v in med.items():
+        c = f"{statistics.median(cpu[k]):.3f}" if k in cpu else ""
+        print(f"| {k} | {v:.2f} | {c} |")
+    print("\n| ratio | value | goal |")
+    print("|---|---|---|")
+    if cold:
+        print(f"| target cold 1q / direct cold | {med['target cold 1q'] / med['direct cold']:.2f}x"
+              " | >= 0.8 |")
+        print(f"| target cold 4q / target cold 1q | "
+              f"{med['target cold 4q'] / med['target cold 1q']:.2f}x | >= 1.0 |")
+    print(f"| target hot 4q / target hot 1q | {med['target hot 4q'] / med['target hot 1q']:.2f}x"
+          " | >= 1.0 |")
+    print(f"| target hot 1q / iperf3 1 stream | "
+          f"{med['target hot 1q'] / med['iperf3 1 stream']:.2f}x | >= 0.9 |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
