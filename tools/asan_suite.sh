@@ -21,7 +21,7 @@ export PYTHONPATH="$scratch"
 "$PY" -m pytest -q -p no:cacheprovider "$@" \
   tests/test_device.py tests/test_device_errors.py tests/test_store.py tests/test_crash.py \
   tests/test_crc_on_landing.py tests/test_nvme_tcp_ours.py tests/test_nvme_tcp_hostile.py tests/test_nvme_tcp_rx.py \
-  tests/test_target.py tests/test_target_hostile.py \
+  tests/test_target.py tests/test_target_hostile.py tests/test_target_inflight.py \
   tests/test_reconnect.py tests/test_fabric_uri_fuzz.py tests/test_index_log.py tests/test_store_loop.py tests/test_store_model.py \
   tests/test_kernel_unit.py tests/test_shared_store.py tests/test_shared_store_model.py tests/test_shared_store_safety.py tests/test_shared_store_review.py \
   tests/test_dhchap_host.py tests/test_target_auth.py tests/test_bench_loop.py tests/test_store_pieces.py tests/test_lmcache_mp.py tests/test_store_crc.py
