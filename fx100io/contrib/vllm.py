@@ -1,0 +1,406 @@
+"""vLLM secondary offloading tier backed by an fx100io ChunkStore.
+
+vLLM's native KV offloading (``OffloadingConnector`` with ``spec_name:
+TieringOffloadingSpec``) keeps a CPU primary tier and hands chunks to secondary tiers
+that it loads from ``kv_connector_extra_config.secondary_tiers``::
+
+    "secondary_tiers": [{"type": "FX100ioTier", "module_path": "fx100io.contrib.vllm",
+                         "devices": "file:///var/lib/fx100io/vllm.img", "size": "64G"}]
+
+Every other key of the entry is one of the settings the LMCache plugin takes (devices,
+size, capacity, direct, queue_depth, max_io, create, ...; values may be strings).
+
+The tier has no storage logic of its own: it names chunks (vLLM's OffloadKey is only a
+block hash and a group index, so the model, dtype and parallel layout are folded into
+each store key) and moves the primary tier's rows to and from the store. vLLM calls
+every method on its scheduler thread under the tiering manager's lock, so none of them
+waits on a device: stores, loads and existence checks run as coroutines on a loop
+thread of the tier's own, and the scheduler only reads what they left behind.
+
+Failure policy: a chunk that is missing, has the wrong size or fails its CRC32C is a
+failed load (vLLM recomputes it); a failed store only means the chunk is not kept. A
+job is reported only once its I/O has really finished, because vLLM reuses the primary
+rows of a finished job at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.tiering.base import (
+    JobId,
+    JobResult,
+    SecondaryTierManager,
+    TransferJob,
+)
+
+from ._runtime import LoopRunner
+from ._settings import BackendSettings, open_backend_store, parse_settings
+
+logger = logging.getLogger("fx100io.contrib.vllm")
+
+WHERE = "secondary_tiers[FX100ioTier]."
+# How long construction may take to open (or format) the store, and shutdown to wait
+# for jobs still in flight before it gives up on them.
+OPEN_WAIT_S = 300.0
+SHUTDOWN_WAIT_S = 60.0
+
+
+def namespace(offloading_spec: Any, chunk_bytes: int) -> bytes:
+    """What makes two vLLM instances' chunks interchangeable, as a 16-byte digest.
+
+    An OffloadKey names token content only; the bytes of a chunk also depend on the
+    model, its KV dtype, the cache groups and the parallel layout, so all of it (and
+    the chunk's size) goes into every store key.
+    """
+    cfg = getattr(offloading_spec, "config", None)
+    fields: dict[str, Any] = {"chunk_bytes": int(chunk_bytes)}
+    if cfg is not None:
+        par = cfg.parallel
+        fields.update(
+            model=str(cfg.model.name),
+            dtype=str(cfg.model.dtype),
+            tokens_per_hash=int(cfg.cache.tokens_per_hash),
+            blocks_per_chunk=int(cfg.cache.blocks_per_chunk),
+            groups=[[int(g.tokens_per_block), list(g.layer_names)] for g in cfg.groups],
+            parallel=[int(par.tp_size), int(par.pp_size), int(par.pcp_size),
+                      int(par.dcp_size), int(par.world_size), int(par.rank)],
+            replicated_layout=bool(getattr(cfg, "replicated_layout", False)),
+            canonical_layout=bool(getattr(cfg, "canonical_layout", False)),
+            kv_cache_layout=getattr(cfg, "kv_cache_layout", None),
+        )
+    raw = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).digest()[:16]
+
+
+def _rank_of(offloading_spec: Any) -> tuple[int, int]:
+    par = getattr(getattr(offloading_spec, "config", None), "parallel", None)
+    if par is None:
+        return 0, 1
+    return int(par.rank), int(par.world_size)
+
+
+class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
+    """A vLLM ``SecondaryTierManager`` over an fx100io ChunkStore (NVMe, NVMe-oF, files)."""
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        locality: str | None = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = Locality(locality) if locality is not None else None
+        rank, world = _rank_of(offloading_spec)
+        self.settings: BackendSettings = parse_settings(
+            params, WHERE, worker_id=rank, world_size=world
+        )
+        if primary_kv_view.ndim != 2 or not primary_kv_view.c_contiguous:
+            raise ValueError(
+                f"{WHERE[:-1]}: the primary tier's view must be a C-contiguous 2-D memoryview "
+                f"(chunks x bytes), got ndim={primary_kv_view.ndim}"
+            )
+        self._chunk_bytes = self.block_size_bytes
+        self._nchunks = primary_kv_view.shape[0] if primary_kv_view.shape else 0
+        # One flat byte view of the primary tier: chunk c is [c*size, (c+1)*size).
+        self._flat: memoryview | None = primary_kv_view.cast("B")
+        self._prefix = b"vllm:" + namespace(offloading_spec, self._chunk_bytes).hex().encode() + b":"
+
+        # Scheduler-thread state (vLLM serialises every call under its lock).
+        self._jobs: dict[JobId, tuple[concurrent.futures.Future[JobResult], TransferJob]] = {}
+        self._storing: dict[bytes, int] = {}  # store key -> stores in flight
+        self._req_keys: dict[str, set[bytes]] = {}
+        # Written by the loop thread, read by the scheduler: True present, False absent.
+        # A key without a verdict is being checked (or not yet asked for).
+        self._verdicts: dict[bytes, bool] = {}
+        self._to_check: list[bytes] = []
+        self._check_lock = threading.Lock()
+        self._check_scheduled = False
+        self._closed = False
+
+        self._runner = LoopRunner(None)
+        self._backend: Any = None
+        self._registration: Any = None
+        try:
+            self._backend = self._runner.call(self._open(), OPEN_WAIT_S)
+            self._register_primary()
+        except BaseException:
+            self._teardown(wait_s=5.0)
+            raise
+        logger.info(
+            "fx100io: vLLM tier %r ready: %s; %d primary chunks of %d bytes",
+            tier_type,
+            self.settings.describe(),
+            self._nchunks,
+            self._chunk_bytes,
+        )
+
+    # ------------------------------------------------------------ setup
+    async def _open(self) -> Any:
+        # The store is opened, used and closed on the loop thread (its queues are
+        # per thread); opening may format a device, which is fine at construction.
+        return open_backend_store(self.settings, where=WHERE, log=logger)
+
+    @property
+    def store(self) -> Any:
+        return self._backend.store
+
+    def _register_primary(self) -> None:
+        if not self.settings.register_buffers or self._flat is None or not self._flat.nbytes:
+            return
+        import fx100io
+
+        try:
+            self._registration = fx100io.register_memory(self._flat)
+        except Exception as exc:  # noqa: BLE001 - unregistered memory still works
+            logger.warning("fx100io: registering vLLM's primary tier failed (%r); continuing", exc)
+
+    # ------------------------------------------------------------ keys and views
+    def _key(self, key: OffloadKey) -> bytes:
+        return self._prefix + bytes(key).hex().encode()
+
+    def _rows(self, chunk_ids: Any) -> list[memoryview]:
+        flat = self._flat
+        assert flat is not None
+        size = self._chunk_bytes
+        rows = []
+        for c in chunk_ids:
+            c = int(c)
+            if not 0 <= c < self._nchunks:
+                raise IndexError(f"chunk id {c} outside the primary tier (0..{self._nchunks - 1})")
+            rows.append(flat[c * size:(c + 1) * size])
+        return rows
+
+    # ------------------------------------------------------------ lookups
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._closed:
+            return LookupResult.MISS
+        k = self._key(key)
+        self._req_keys.setdefault(req_context.req_id, set()).add(k)
+        if self._storing.get(k):
+            return LookupResult.HIT_PENDING
+        verdict = self._verdicts.get(k)
+        if verdict is True:
+            return LookupResult.HIT
+        if verdict is False:
+            return LookupResult.MISS
+        self._ask(k)
+        return LookupResult.RETRY
+
+    def _ask(self, k: bytes) -> None:
+        with self._check_lock:
+            self._to_check.append(k)
+            if self._check_scheduled:
+                return
+            self._check_scheduled = True
+        try:
+            self._runner.loop.call_soon_threadsafe(self._answer)
+        except RuntimeError:  # the loop is gone: nothing will answer
+            with self._check_lock:
+                self._check_scheduled = False
+
+    def _answer(self) -> None:
+        """Loop thread: answer every pending existence check from the store's index."""
+        with self._check_lock:
+            keys, self._to_check = self._to_check, []
+            self._check_scheduled = False
+        backend = self._backend
+        for k in keys:
+            try:
+                present = backend is not None and self.store.contains(k)
+            except Exception:  # noqa: BLE001 - a closed store holds nothing
+                present = False
+            self._verdicts[k] = bool(present)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        keys = self._req_keys.pop(req_context.req_id, None)
+        if not keys:
+            return
+        still = set().union(*self._req_keys.values()) if self._req_keys else set()
+        for k in keys - still:
+            self._verdicts.pop(k, None)
+
+    # ------------------------------------------------------------ jobs
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        keys = [self._key(k) for k in job_metadata.keys]
+        self._start(job_metadata, keys, store=True)
+        for k in keys:
+            self._storing[k] = self._storing.get(k, 0) + 1
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        keys = [self._key(k) for k in job_metadata.keys]
+        self._start(job_metadata, keys, store=False)
+
+    def _start(self, job: TransferJob, keys: list[bytes], *, store: bool) -> None:
+        fut: concurrent.futures.Future[JobResult]
+        try:
+            if self._closed:
+                raise RuntimeError("the fx100io tier is shut down")
+            rows = self._rows(job.chunk_ids)
+            if len(rows) != len(keys):
+                raise ValueError(f"{len(keys)} keys but {len(rows)} chunk ids")
+            coro = self._store(job, keys, rows) if store else self._load(job, keys, rows)
+            fut = self._runner.submit(coro)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed job
+            logger.error("fx100io: %s job %s not started: %r", "store" if store else "load",
+                         job.job_id, exc)
+            fut = concurrent.futures.Future()
+            fut.set_result(JobResult(job_id=job.job_id, success=False))
+        self._jobs[job.job_id] = (fut, job)
+
+    async def _store(self, job: TransferJob, keys: list[bytes], rows: list[memoryview]) -> JobResult:
+        t0 = time.monotonic()
+        store = self.store
+        todo = [(k, r) for k, r in zip(keys, rows) if not store.contains(k)]
+        evictions = _evictions(store)
+        try:
+            if todo:
+                await store.batch_put([k for k, _ in todo], [r for _, r in todo])
+        except Exception as exc:  # noqa: BLE001 - the chunks are just not kept
+            logger.error("fx100io: store of %d chunks failed: %r", len(todo), exc)
+            ok = False
+        else:
+            ok = True
+        finally:
+            if _evictions(store) != evictions:
+                # Chunks were evicted to make room: a cached 'present' may be stale.
+                for k, v in list(self._verdicts.items()):
+                    if v:
+                        self._verdicts.pop(k, None)
+        if ok:
+            for k in keys:
+                if k in self._verdicts:
+                    self._verdicts[k] = True
+        return JobResult(
+            job_id=job.job_id,
+            success=ok,
+            transfer_time=time.monotonic() - t0,
+            transfer_bytes=len(todo) * self._chunk_bytes if ok else None,
+        )
+
+    async def _load(self, job: TransferJob, keys: list[bytes], rows: list[memoryview]) -> JobResult:
+        t0 = time.monotonic()
+        store = self.store
+        size = self._chunk_bytes
+        # A chunk of any other size is not this tier's chunk for this row (a short one
+        # would leave the rest of the row as it was): a failure, never partial bytes.
+        fit = [i for i, k in enumerate(keys) if store.chunk_size(k) == size]
+        ok = [False] * len(keys)
+        try:
+            if fit:
+                got = await store.batch_get([keys[i] for i in fit], [rows[i] for i in fit])
+                for i, g in zip(fit, got):
+                    ok[i] = bool(g)
+        except Exception as exc:  # noqa: BLE001 - a failed load; vLLM recomputes
+            logger.error("fx100io: load of %d chunks failed: %r", len(keys), exc)
+            ok = [False] * len(keys)
+        for k, good in zip(keys, ok):
+            if not good:
+                self._verdicts[k] = False  # so lookup answers MISS, not HIT again
+        success = all(ok)
+        loaded = [orig for orig, good in zip(job.keys, ok) if good]
+        return JobResult(
+            job_id=job.job_id,
+            success=success,
+            successful_keys=tuple(loaded) if not success and loaded else None,
+            transfer_time=time.monotonic() - t0,
+            transfer_bytes=sum(ok) * size or None,
+        )
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        done: list[JobResult] = []
+        for job_id in [j for j, (f, _) in self._jobs.items() if f.done()]:
+            fut, job = self._jobs.pop(job_id)
+            try:
+                result = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - the loop died under it
+                logger.error("fx100io: job %s ended with %r", job_id, exc)
+                result = JobResult(job_id=job_id, success=False)
+            if not job.is_promotion:
+                for k in (self._key(k) for k in job.keys):
+                    n = self._storing.get(k, 0) - 1
+                    if n > 0:
+                        self._storing[k] = n
+                    else:
+                        self._storing.pop(k, None)
+            done.append(result)
+        return done
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    def drain_jobs(self) -> None:
+        futures = [f for f, _ in self._jobs.values()]
+        if futures:
+            concurrent.futures.wait(futures)
+
+    # ------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown(wait_s=SHUTDOWN_WAIT_S)
+
+    def _teardown(self, wait_s: float) -> None:
+        self._closed = True
+        futures = [f for f, _ in self._jobs.values()]
+        _, pending = concurrent.futures.wait(futures, timeout=wait_s) if futures else ((), ())
+        if pending:
+            # Their I/O still uses the primary rows: keep the registration and the store
+            # rather than free what the kernel is still writing into.
+            logger.error("fx100io: %d jobs still running after %.0fs; leaving the device open",
+                         len(pending), wait_s)
+            return
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            async def close() -> None:
+                backend.close()
+
+            try:
+                self._runner.call(close(), wait_s)
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                logger.error("fx100io: closing the store failed: %r", exc)
+        if self._registration is not None:
+            self._registration.close()
+            self._registration = None
+        self._runner.stop()
+        if self._flat is not None:
+            self._flat.release()
+            self._flat = None
+
+    # ------------------------------------------------------------ metadata
+    def config_info(self) -> dict[str, str]:
+        return {}
+
+
+def _evictions(store: Any) -> int:
+    try:
+        return int(store.stats().get("evictions", 0))
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+__all__ = ["FX100ioTier", "namespace"]

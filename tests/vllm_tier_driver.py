@@ -1,0 +1,397 @@
+"""Drives fx100io's vLLM tier through vLLM's own loader, inside the vllm venv.
+
+Run by tests/test_vllm_tier.py as
+    <venv>/bin/python tests/vllm_tier_driver.py WORKDIR
+with the checkout on PYTHONPATH. It loads FX100ioTier the way TieringOffloadingSpec loads
+a secondary tier (SecondaryTierFactory.create_secondary_tier with a config entry that
+names the class and its module), over the primary tier vLLM itself builds (a
+SharedOffloadRegion: a 2-D int8 memoryview over an mmap, chunk c is view[c]).
+
+Each check prints one JSON line {"check": name, "ok": bool, "detail": str}; the pytest
+side asserts every check it expects is there and ok. Nothing here depends on timing:
+waits poll a condition with a generous bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    OffloadingKVEventsConfig,
+    ReqContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.kv_offload.tiering.base import TransferJob
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+NUM_CHUNKS = 8
+CHUNK_BYTES = 256 * 1024
+CTX = ReqContext(req_id="req-0")
+WAIT_S = 30.0
+
+results: list[dict[str, Any]] = []
+
+
+def check(name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except Exception:
+                rec = {"check": name, "ok": False, "detail": traceback.format_exc()}
+            else:
+                rec = {"check": name, "ok": True, "detail": ""}
+            results.append(rec)
+            print(json.dumps(rec), flush=True)
+
+        run.__name__ = fn.__name__
+        return run
+
+    return wrap
+
+
+def make_spec(model: str = "org/test-model", dtype: str = "bfloat16", tp: int = 1) -> Any:
+    config = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1"), group_id=0),),
+        worker_kv_bytes_per_block=CHUNK_BYTES,
+        enable_kv_cache_events=False,
+        extra_config={},
+        engine_id="fx100io-test",
+        model=OffloadingModelConfig(name=model, dtype=dtype),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+    return SimpleNamespace(
+        config=config,
+        blocks_per_chunk=1,
+        kv_events_config=OffloadingKVEventsConfig(
+            enable_kv_cache_events=False, self_describing_kv_events=False
+        ),
+    )
+
+
+class Primary:
+    """vLLM's own CPU primary tier memory: a SharedOffloadRegion and its view."""
+
+    def __init__(self) -> None:
+        self.region = SharedOffloadRegion(
+            engine_id=f"fx100io-{uuid.uuid4().hex[:12]}",
+            num_chunks=NUM_CHUNKS,
+            rank=None,
+            kv_bytes_per_chunk=CHUNK_BYTES,
+            cpu_page_size=4096,
+        )
+        self.view = self.region.create_kv_memoryview()
+        assert self.view.ndim == 2 and self.view.format == "b", (self.view.ndim, self.view.format)
+        self.arr = np.asarray(self.view)  # int8, (chunks, bytes), same memory
+
+    def fill(self, chunk: int, seed: int) -> bytes:
+        rng = np.random.default_rng(seed)
+        self.arr[chunk] = rng.integers(-128, 128, CHUNK_BYTES, dtype=np.int8)
+        return self.arr[chunk].tobytes()
+
+    def row(self, chunk: int) -> bytes:
+        return self.arr[chunk].tobytes()
+
+    def close(self) -> None:
+        # What vLLM's primary tier does at shutdown: this raises BufferError if a tier
+        # still holds an export of the view (a registration not closed).
+        del self.arr
+        self.view.release()
+        self.region.cleanup()
+
+
+def entry(path: str, **extra: Any) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "type": "FX100ioTier",
+        "module_path": "fx100io.contrib.vllm",
+        "devices": f"file://{path}",
+        "size": "64M",
+    }
+    e.update(extra)
+    return e
+
+
+def load_tier(cfg: dict[str, Any], primary: Primary, spec: Any = None) -> Any:
+    return SecondaryTierFactory.create_secondary_tier(cfg, primary.view, spec or make_spec())
+
+
+def key(n: int, group: int = 0) -> Any:
+    return make_offload_key(n.to_bytes(32, "big"), group)
+
+
+def job(job_id: int, keys: list[Any], chunk_ids: list[int], promotion: bool) -> TransferJob:
+    return TransferJob(
+        job_id=job_id,
+        keys=keys,
+        chunk_ids=np.array(chunk_ids, dtype=np.int32),
+        is_promotion=promotion,
+        req_context=CTX,
+    )
+
+
+def settle(tier: Any, k: Any) -> tuple[list[LookupResult], LookupResult]:
+    """Look k up until it is no longer RETRY; returns what was seen before, and the end."""
+    seen = []
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        r = tier.lookup(k, CTX)
+        if r is not LookupResult.RETRY:
+            return seen, r
+        seen.append(r)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"lookup still RETRY after {WAIT_S}s")
+        time.sleep(0.001)
+
+
+def finish(tier: Any) -> list[Any]:
+    tier.drain_jobs()
+    return list(tier.get_finished_jobs())
+
+
+def main(workdir: str) -> int:
+    img = os.path.join(workdir, "vllm.img")
+    originals: dict[int, bytes] = {}
+    primary = Primary()
+
+    @check("loaded_by_vllm_factory")
+    def _loaded() -> None:
+        tier = load_tier(entry(img, create="auto", locality="LOCAL"), primary)
+        try:
+            from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+
+            from fx100io.contrib.vllm import FX100ioTier
+
+            assert isinstance(tier, FX100ioTier) and isinstance(tier, SecondaryTierManager)
+            assert tier.tier_type == "FX100ioTier" and tier.block_size_bytes == CHUNK_BYTES
+            assert tier.locality is not None and tier.locality.value == "LOCAL"
+        finally:
+            tier.shutdown()
+
+    @check("roundtrip_lookup_jobs")
+    def _roundtrip() -> None:
+        tier = load_tier(entry(img), primary)
+        try:
+            keys = [key(i) for i in range(4)]
+            for c in range(4):
+                originals[c] = primary.fill(c, seed=c + 1)
+            absent_seen, absent = settle(tier, key(999))
+            assert absent_seen == [LookupResult.RETRY] and absent is LookupResult.MISS, (
+                absent_seen, absent)
+            tier.submit_store(job(1, keys, [0, 1, 2, 3], promotion=False))
+            # Until the store is reported finished the chunk is found but not readable.
+            assert tier.lookup(keys[0], CTX) is LookupResult.HIT_PENDING
+            assert tier.has_pending_work()
+            done = finish(tier)
+            assert [(r.job_id, r.success) for r in done] == [(1, True)], done
+            assert list(tier.get_finished_jobs()) == [], "a job reported twice"
+            assert not tier.has_pending_work()
+            seen, final = settle(tier, keys[0])
+            assert final is LookupResult.HIT and seen in ([], [LookupResult.RETRY]), (seen, final)
+            # Never HIT for a key that is not there, even after the stores.
+            assert settle(tier, key(998))[1] is LookupResult.MISS
+            assert settle(tier, key(0, group=1))[1] is LookupResult.MISS
+            for c in range(4, 8):
+                primary.arr[c] = 0
+            tier.submit_load(job(2, keys, [7, 6, 5, 4], promotion=True))
+            done = finish(tier)
+            assert [(r.job_id, r.success, r.successful_keys) for r in done] == [(2, True, None)], done
+            assert done[0].transfer_bytes == 4 * CHUNK_BYTES
+            for i, c in enumerate([7, 6, 5, 4]):
+                assert primary.row(c) == originals[i], f"chunk {i} differs after the load into {c}"
+        finally:
+            tier.shutdown()
+
+    @check("each_job_once")
+    def _once() -> None:
+        tier = load_tier(entry(img), primary)
+        try:
+            for c in range(4, 8):
+                originals[c] = primary.fill(c, seed=100 + c)
+            ids = []
+            for n, c in enumerate(range(4, 8)):
+                tier.submit_store(job(10 + n, [key(c)], [c], promotion=False))
+                ids.append(10 + n)
+            # Stores of chunks already kept are accepted and change nothing.
+            tier.submit_store(job(20, [key(0)], [0], promotion=False))
+            ids.append(20)
+            got: list[int] = []
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < len(ids) and time.monotonic() < deadline:
+                for r in tier.get_finished_jobs():
+                    assert r.success, r
+                    got.append(r.job_id)
+                time.sleep(0.001)
+            assert sorted(got) == ids, got
+            tier.drain_jobs()
+            assert list(tier.get_finished_jobs()) == []
+            # drain_jobs: after it returns, every result is there to collect.
+            for c in range(4):
+                primary.arr[c] = 0
+            for n in range(4):
+                tier.submit_load(job(30 + n, [key(4 + n)], [n], promotion=True))
+            tier.drain_jobs()
+            done = list(tier.get_finished_jobs())
+            assert sorted((r.job_id, r.success) for r in done) == [(30 + n, True) for n in range(4)]
+            for n in range(4):
+                assert primary.row(n) == originals[4 + n]
+        finally:
+            tier.shutdown()
+
+    @check("load_of_absent_key_fails")
+    def _absent() -> None:
+        tier = load_tier(entry(img), primary)
+        try:
+            tier.submit_load(job(40, [key(4242)], [3], promotion=True))
+            done = finish(tier)
+            assert [(r.job_id, r.success, r.successful_keys) for r in done] == [(40, False, None)]
+            # One good and one absent: the good one is kept, the job is a failure.
+            tier.submit_load(job(41, [key(4), key(4243)], [2, 3], promotion=True))
+            done = finish(tier)
+            assert len(done) == 1 and not done[0].success and tuple(done[0].successful_keys) == (
+                key(4),), done
+            assert primary.row(2) == originals[4]
+        finally:
+            tier.shutdown()
+
+    @check("namespaced_by_model_dtype_layout")
+    def _namespace() -> None:
+        for spec in (make_spec(model="org/other-model"), make_spec(dtype="float16"),
+                     make_spec(tp=2)):
+            tier = load_tier(entry(img), primary, spec)
+            try:
+                assert settle(tier, key(0))[1] is LookupResult.MISS
+            finally:
+                tier.shutdown()
+        tier = load_tier(entry(img), primary)
+        try:
+            assert settle(tier, key(0))[1] is LookupResult.HIT
+        finally:
+            tier.shutdown()
+
+    @check("restart_same_file")
+    def _restart() -> None:
+        # A new instance over the same file (here in the same process, after shutdown:
+        # the device was released) finds what the first one stored.
+        tier = load_tier(entry(img, create="never"), primary)
+        try:
+            for i in range(8):
+                assert settle(tier, key(i))[1] is LookupResult.HIT, i
+            for c in range(8):
+                primary.arr[c] = 0
+            tier.submit_load(job(50, [key(i) for i in range(8)], [7, 6, 5, 4, 3, 2, 1, 0],
+                                 promotion=True))
+            done = finish(tier)
+            assert [(r.job_id, r.success) for r in done] == [(50, True)], done
+            for i in range(8):
+                assert primary.row(7 - i) == originals[i], i
+        finally:
+            tier.shutdown()
+
+    @check("corrupt_chunk_is_a_failed_load")
+    def _corrupt() -> None:
+        # Flip one byte inside chunk 1's data on the device, with no tier open.
+        needle = originals[1][:4096]
+        with open(img, "r+b") as f:
+            data = f.read()
+            at = data.find(needle)
+            assert at >= 0, "chunk 1 not found in the file"
+            assert data.find(needle, at + 1) < 0
+            f.seek(at + 1000)
+            b = f.read(1)
+            f.seek(at + 1000)
+            f.write(bytes([b[0] ^ 0x5A]))
+        tier = load_tier(entry(img), primary)
+        try:
+            assert settle(tier, key(1))[1] is LookupResult.HIT  # the index still lists it
+            for c in range(8):
+                primary.arr[c] = 0
+            tier.submit_load(job(60, [key(0), key(1), key(2)], [5, 6, 7], promotion=True))
+            done = finish(tier)
+            assert len(done) == 1 and done[0].job_id == 60 and not done[0].success, done
+            assert set(done[0].successful_keys) == {key(0), key(2)}, done[0].successful_keys
+            assert primary.row(5) == originals[0] and primary.row(7) == originals[2]
+            # After the failed load the tier no longer claims the chunk.
+            assert tier.lookup(key(1), CTX) is LookupResult.MISS
+            tier.submit_load(job(61, [key(1)], [6], promotion=True))
+            done = finish(tier)
+            assert [(r.success, r.successful_keys) for r in done] == [(False, None)]
+        finally:
+            tier.shutdown()
+        tier = load_tier(entry(img), primary)
+        try:
+            assert settle(tier, key(1))[1] is LookupResult.MISS  # dropped for good
+        finally:
+            tier.shutdown()
+
+    @check("bad_config_clear_error")
+    def _bad() -> None:
+        from fx100io.contrib._settings import BackendConfigError
+
+        cases = [
+            (entry(img, bogus_knob=1), "secondary_tiers[FX100ioTier].bogus_knob"),
+            ({k: v for k, v in entry(img).items() if k != "devices"},
+             "secondary_tiers[FX100ioTier].devices"),
+            (entry(img, queue_depth="many"), "secondary_tiers[FX100ioTier].queue_depth"),
+        ]
+        for cfg, expect in cases:
+            try:
+                tier = load_tier(cfg, primary)
+            except BackendConfigError as exc:
+                assert expect in str(exc), (expect, str(exc))
+            else:
+                tier.shutdown()
+                raise AssertionError(f"{cfg} was accepted")
+        # Not a store and create=never: a clear error naming the device, not a crash.
+        junk = os.path.join(workdir, "junk.img")
+        with open(junk, "wb") as f:
+            f.write(os.urandom(1 << 20))
+        try:
+            tier = load_tier(entry(junk, create="never"), primary)
+        except Exception as exc:
+            assert "junk.img" in str(exc), str(exc)
+        else:
+            tier.shutdown()
+            raise AssertionError("a file that is not a store was opened")
+
+    @check("shutdown_then_recreate")
+    def _recreate() -> None:
+        for _ in range(3):
+            tier = load_tier(entry(img), primary)
+            assert settle(tier, key(0))[1] is LookupResult.HIT
+            tier.shutdown()
+            tier.shutdown()  # idempotent
+            assert tier.lookup(key(0), CTX) is LookupResult.MISS
+        # The tier let go of vLLM's primary view: vLLM can release it at its shutdown.
+        primary.close()
+
+    for fn in (_loaded, _roundtrip, _once, _absent, _namespace, _restart, _corrupt, _bad,
+               _recreate):
+        fn()
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
