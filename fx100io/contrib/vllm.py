@@ -159,7 +159,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
     async def _open(self) -> Any:
         # The store is opened, used and closed on the loop thread (its queues are
         # per thread); opening may format a device, which is fine at construction.
-        return open_backend_store(self.settings, where=WHERE, log=logger)
+        return open_backend_store(self.settings, log=logger)
 
     @property
     def store(self) -> Any:
