@@ -121,6 +121,9 @@ class Primary:
         del self.arr
         self.view.release()
         self.region.cleanup()
+        # vLLM unmaps its primary memory only when nothing exports it any more (it keeps
+        # it mapped, and says so, while a native user such as a registration holds it).
+        assert self.region.mmap_obj is None, "the primary tier's mmap is still exported"
 
 
 def entry(path: str, **extra: Any) -> dict[str, Any]:
@@ -384,7 +387,8 @@ def main(workdir: str) -> int:
             tier.shutdown()
             tier.shutdown()  # idempotent
             assert tier.lookup(key(0), CTX) is LookupResult.MISS
-        # The tier let go of vLLM's primary view: vLLM can release it at its shutdown.
+        # The tier let go of vLLM's primary memory (the tier object itself still alive):
+        # vLLM can release the view and unmap the region at its shutdown.
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _namespace, _restart, _corrupt, _bad,
