@@ -107,7 +107,9 @@ setup(
                     "sglang": ["sglang>=0.5.23,<0.6"],
                     # the LMCache plugin (in-process) and L2 adapters (multi-process
                     # `lmcache server`, fx100io.contrib.lmcache_mp), tested with 0.5.6
-                    "lmcache": ["lmcache>=0.5.6,<0.6"]},
+                    "lmcache": ["lmcache>=0.5.6,<0.6"],
+                    # the vLLM offloading tier (fx100io.contrib.vllm), tested with 0.33.0
+                    "vllm": ["vllm>=0.33.0,<0.34"]},
     entry_points={"console_scripts": ["fx100io=fx100io.cli:main"]},
     zip_safe=False,
 )

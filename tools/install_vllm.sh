@@ -38,15 +38,39 @@ assert vllm.__version__.startswith("'"$VLLM_VERSION"'"), vllm.__version__'
 
 import_ok() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$IMPORTS" >/dev/null 2>&1; }
 
+# Importing vllm takes 10 to 40 s here, so a stamp records what the venv was last checked
+# with; while none of that changed, a repeat call only compares it (under a second).
+STAMP="$VENV/.fx100io-ready"
+stamp_key() {
+  "$VENV/bin/python" - <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+print(sys.version, *(f"{d}={version(d)}" for d in ("vllm", "xgrammar", "torch", "numpy",
+                                                     "transformers")))
+PYEOF
+}
+
+# The tests run the checkout's compiled core inside this venv: same interpreter version.
+if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c 'import sys; print(sys.version_info[:2])')" \
+     != "$("$PY" -c 'import sys; print(sys.version_info[:2])')" ]; then
+  echo "install_vllm: ${VENV} was made by another python version; rebuilding it" >&2
+  rm -rf "$VENV"
+fi
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(stamp_key)" = "$(cat "$STAMP")" ]; then
+  echo "install_vllm: vllm ${VLLM_VERSION} ready in ${VENV} (checked before)"
+  exit 0
+fi
 if import_ok; then
+  stamp_key >"$STAMP"
   echo "install_vllm: vllm ${VLLM_VERSION} tiering modules already import in ${VENV}"
   exit 0
 fi
+rm -f "$STAMP"
 
 pip_q() {  # quiet pip in the venv; the lines about vllm's skipped dependencies are expected
   local log
   log="$(mktemp)"
-  if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >"$log" 2>&1; then
+  if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@" >"$log" 2>&1; then
     cat "$log" >&2
     rm -f "$log"
     return 1
@@ -77,4 +101,5 @@ if ! import_ok; then
   "$VENV/bin/python" -c "$IMPORTS" >&2 || true
   exit 1
 fi
+stamp_key >"$STAMP"
 echo "install_vllm: vllm ${VLLM_VERSION} with torch ${TORCH_VERSION} ready in ${VENV}"
