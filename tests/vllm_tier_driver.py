@@ -181,7 +181,10 @@ def main(workdir: str) -> int:
 
     @check("loaded_by_vllm_factory")
     def _loaded() -> None:
-        tier = load_tier(entry(img, create="auto", locality="LOCAL"), primary)
+        # Settings under the LMCache plugin's names, as strings (as a JSON config gives them).
+        tier = load_tier(entry(img, create="auto", locality="LOCAL", queue_depth="8",
+                               max_io="512K", capacity="48M", direct="auto",
+                               register_buffers="true"), primary)
         try:
             from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 
@@ -190,6 +193,10 @@ def main(workdir: str) -> int:
             assert isinstance(tier, FX100ioTier) and isinstance(tier, SecondaryTierManager)
             assert tier.tier_type == "FX100ioTier" and tier.block_size_bytes == CHUNK_BYTES
             assert tier.locality is not None and tier.locality.value == "LOCAL"
+            st = tier.settings
+            assert (st.queue_depth, st.max_io, st.capacity, st.size) == (
+                8, 512 << 10, 48 << 20, 64 << 20), st
+            assert st.devices == (f"file://{img}",), st.devices
         finally:
             tier.shutdown()
 
