@@ -47,6 +47,7 @@ CHECKS = [
     "roundtrip_lookup_jobs",
     "each_job_once",
     "load_of_absent_key_fails",
+    "verdicts_live_per_request",
     "namespaced_by_model_dtype_layout",
     "restart_same_file",
     "corrupt_chunk_is_a_failed_load",

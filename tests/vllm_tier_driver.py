@@ -169,6 +169,15 @@ def settle(tier: Any, k: Any) -> tuple[list[LookupResult], LookupResult]:
         time.sleep(0.001)
 
 
+def settle_ctx(tier: Any, k: Any, ctx: ReqContext) -> LookupResult:
+    deadline = time.monotonic() + WAIT_S
+    while (r := tier.lookup(k, ctx)) is LookupResult.RETRY:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"lookup still RETRY after {WAIT_S}s")
+        time.sleep(0.001)
+    return r
+
+
 def finish(tier: Any) -> list[Any]:
     tier.drain_jobs()
     return list(tier.get_finished_jobs())
@@ -286,6 +295,28 @@ def main(workdir: str) -> int:
         finally:
             tier.shutdown()
 
+    @check("verdicts_live_per_request")
+    def _per_request() -> None:
+        tier = load_tier(entry(img), primary)
+        try:
+            a, b, c = (ReqContext(req_id=r) for r in ("req-a", "req-b", "req-c"))
+            assert tier.lookup(key(0), a) is LookupResult.RETRY
+            deadline = time.monotonic() + WAIT_S
+            while tier.lookup(key(0), a) is LookupResult.RETRY:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            assert tier.lookup(key(0), a) is LookupResult.HIT
+            assert tier.lookup(key(0), b) is LookupResult.HIT  # b shares a's answer
+            tier.on_request_finished(a)
+            assert tier.lookup(key(0), b) is LookupResult.HIT  # still asked for by b
+            tier.on_request_finished(b)
+            # Nobody holds the answer any more: a new request asks the store again.
+            assert tier.lookup(key(0), c) is LookupResult.RETRY
+            assert settle_ctx(tier, key(0), c) is LookupResult.HIT
+            tier.on_request_finished(c)
+        finally:
+            tier.shutdown()
+
     @check("namespaced_by_model_dtype_layout")
     def _namespace() -> None:
         for spec in (make_spec(model="org/other-model"), make_spec(dtype="float16"),
@@ -398,7 +429,7 @@ def main(workdir: str) -> int:
         # vLLM can release the view and unmap the region at its shutdown.
         primary.close()
 
-    for fn in (_loaded, _roundtrip, _once, _absent, _namespace, _restart, _corrupt, _bad,
+    for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
                _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1

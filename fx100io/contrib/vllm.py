@@ -129,7 +129,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         # Scheduler-thread state (vLLM serialises every call under its lock).
         self._jobs: dict[JobId, tuple[concurrent.futures.Future[JobResult], TransferJob]] = {}
         self._storing: dict[bytes, int] = {}  # store key -> stores in flight
-        self._req_keys: dict[str, set[bytes]] = {}
+        self._req_keys: dict[str, set[bytes]] = {}  # request -> keys it looked up
+        self._key_refs: dict[bytes, int] = {}  # key -> requests that looked it up
         # Written by the loop thread, read by the scheduler: True present, False absent.
         # A key without a verdict is being checked (or not yet asked for).
         self._verdicts: dict[bytes, bool] = {}
@@ -199,7 +200,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         if self._closed:
             return LookupResult.MISS
         k = self._key(key)
-        self._req_keys.setdefault(req_context.req_id, set()).add(k)
+        asked = self._req_keys.setdefault(req_context.req_id, set())
+        if k not in asked:
+            asked.add(k)
+            self._key_refs[k] = self._key_refs.get(k, 0) + 1
         if self._storing.get(k):
             return LookupResult.HIT_PENDING
         verdict = self._verdicts.get(k)
@@ -236,12 +240,15 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
             self._verdicts[k] = bool(present)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        keys = self._req_keys.pop(req_context.req_id, None)
-        if not keys:
-            return
-        still = set().union(*self._req_keys.values()) if self._req_keys else set()
-        for k in keys - still:
-            self._verdicts.pop(k, None)
+        # A verdict lives while some request that asked for it does: a later request
+        # asks the store again (another process, or eviction, may have changed it).
+        for k in self._req_keys.pop(req_context.req_id, ()):
+            n = self._key_refs.get(k, 0) - 1
+            if n > 0:
+                self._key_refs[k] = n
+            else:
+                self._key_refs.pop(k, None)
+                self._verdicts.pop(k, None)
 
     # ------------------------------------------------------------ jobs
     def submit_store(self, job_metadata: TransferJob) -> None:
