@@ -222,6 +222,28 @@ def check_concurrent_backup_and_prefetch(d: str) -> None:
         b.close()
 
 
+def mla_attach(pool: HostPool, path: str, writer: bool, mla: bool = True):
+    """An MLA rank on a device of its own (tp_size 1), made the writer or not."""
+    b = attach(pool, extra_for(path), mla=mla)
+    b.is_writer = writer
+    return b
+
+
+def check_mla_tp_needs_shared_index(d: str) -> None:
+    """MLA with TP > 1: only the writer rank backs pages up, so ranks on devices of their
+    own would never all hit (SGLang takes the least hit count): refused, naming
+    shared_index; both worker-id devices and one shared file."""
+    pool = HostPool(8)
+    for path in (f"{d}/mla-{{worker_id}}.img", f"{d}/mla-one.img"):
+        for rank in (0, 1):
+            try:
+                attach(pool, extra_for(path), tp_rank=rank, tp_size=2, mla=True).close()
+            except BackendConfigError as exc:
+                assert "shared_index" in str(exc), str(exc)
+            else:
+                raise AssertionError(f"MLA tp_size 2 rank {rank} on {path} accepted")
+
+
 def check_mla_non_writer_does_not_write(d: str) -> None:
     pool = HostPool(8)
     path = f"{d}/mla.img"
@@ -229,7 +251,7 @@ def check_mla_non_writer_does_not_write(d: str) -> None:
     for p in (0, 1):
         pool.fill(p, 7 + p)
     want = [pool.page_bytes(0), pool.page_bytes(1)]
-    reader = attach(pool, extra_for(path), tp_rank=1, tp_size=2, mla=True)
+    reader = mla_attach(pool, path, writer=False)
     try:
         assert not reader.is_writer
         assert reader.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
@@ -237,7 +259,7 @@ def check_mla_non_writer_does_not_write(d: str) -> None:
         assert reader.batch_exists(keys) == 0
     finally:
         reader.close()
-    writer = attach(pool, extra_for(path), tp_rank=0, tp_size=2, mla=True)
+    writer = mla_attach(pool, path, writer=True)
     try:
         assert writer.is_writer
         assert writer.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
@@ -245,7 +267,7 @@ def check_mla_non_writer_does_not_write(d: str) -> None:
     finally:
         writer.close()
     # MLA pages are the same on every TP rank: the reader finds the writer's
-    reader = attach(pool, extra_for(path), tp_rank=1, tp_size=2, mla=True)
+    reader = mla_attach(pool, path, writer=False)
     try:
         assert reader.batch_exists(keys) == 2
         assert reader.batch_get_v1(keys, pool.indices([4, 5])) == [True, True]
@@ -253,7 +275,7 @@ def check_mla_non_writer_does_not_write(d: str) -> None:
     finally:
         reader.close()
     # a non-MLA model's ranks never share keys
-    other = attach(pool, extra_for(path), tp_rank=1, tp_size=2, mla=False)
+    other = mla_attach(pool, path, writer=True, mla=False)
     try:
         assert other.batch_exists(keys) == 0
     finally:
@@ -381,6 +403,260 @@ def reopen(d: str) -> None:
         b.close()
 
 
+class DirectPool(HostPool):
+    """SGLang's MHA page_first_direct pool: kv_buffer (2, pages, layers, page_size, heads,
+    dim); a page's K is layers x tokens, where page_first's is tokens x layers."""
+
+    def __init__(self, pages: int) -> None:
+        super().__init__(pages, "page_first")
+        self.layout = "page_first_direct"
+        self.kv_buffer = self.kv_buffer.view(2, pages, LAYERS, self.page_size, HEADS, DIM)
+
+
+def check_page_first_direct_not_aliased(d: str) -> None:
+    """A page written from a page_first pool is never read into a page_first_direct one:
+    the same bytes mean other (token, layer) cells there."""
+    a = HostPool(8, "page_first")
+    for p in range(2):
+        a.fill(p, 500 + p)
+    path = f"{d}/direct.img"
+    keys = keys_for(2, "dir")
+    b = attach(a, extra_for(path))
+    try:
+        assert b.batch_set_v1(keys, a.indices([0, 1])) == [True, True]
+    finally:
+        b.close()
+    pool = DirectPool(8)
+    b = attach(pool, extra_for(path))
+    try:
+        assert b.batch_exists(keys) == 0
+        assert b.batch_get_v1(keys, pool.indices([3, 4])) == [False, False]
+        # its own pages round-trip
+        pool.fill(5, 9)
+        want = pool.page_bytes(5)
+        assert b.batch_set_v1(keys[:1], pool.indices([5])) == [True]
+        assert b.batch_get_v1(keys[:1], pool.indices([6])) == [True]
+        assert pool.page_bytes(6) == want
+    finally:
+        b.close()
+
+
+class WidePool(HostPool):
+    """Same bytes per page as HostPool, other geometry: 4 heads of 32 dims."""
+
+    def __init__(self, pages: int) -> None:
+        super().__init__(pages, "page_first")
+        self.head_num, self.head_dim = 4, 32
+
+
+def check_keys_scoped_by_name_geometry_namespace(d: str) -> None:
+    """Keys never collide between model names that differ only by '/' vs '-', between
+    pools of other geometry with the same page size in bytes, or namespaces."""
+    pool = HostPool(8)
+    pool.fill(0, 77)
+    path = f"{d}/scope.img"
+    keys = keys_for(1, "scope")
+    b = attach(pool, extra_for(path), model="org/model-x")
+    try:
+        assert b.batch_set_v1(keys, pool.indices([0])) == [True]
+        assert b.batch_exists(keys) == 1
+    finally:
+        b.close()
+    cases = [(HostPool(8), {}, "org-model/x"), (WidePool(8), {}, "org/model-x"),
+             (HostPool(8), {"namespace": "v2"}, "org/model-x")]
+    for other, more, model in cases:
+        b = attach(other, extra_for(path, **more), model=model)
+        try:
+            assert b.batch_exists(keys) == 0, (model, more, type(other).__name__)
+            assert b.batch_get_v1(keys, other.indices([1])) == [False]
+        finally:
+            b.close()
+    b = attach(HostPool(8), extra_for(path), model="org/model-x")  # the same: found
+    try:
+        assert b.batch_exists(keys) == 1
+    finally:
+        b.close()
+
+
+def check_interface_v1_string(d: str) -> None:
+    """SGLang reads interface_v1 as bool(value): the string "0" means zero copy there,
+    so batch_exists must answer for the page keys batch_set_v1 wrote."""
+    pool = HostPool(8)
+    for value in ("0", "false", 1):
+        extra = extra_for(f"{d}/iv1-{value}.img", interface_v1=value)
+        assert bool(extra.get("interface_v1", 0))  # as cache_controller reads it
+        b = attach(pool, extra)
+        try:
+            keys = keys_for(2, f"iv{value}")
+            pool.fill(0, 1)
+            pool.fill(1, 2)
+            assert b.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
+            assert b.batch_exists(keys) == 2, value
+        finally:
+            b.close()
+
+
+def check_close_with_call_in_flight(d: str) -> None:
+    """close() while a call waits on the store: both return (the call with misses),
+    and calls after close miss at once."""
+    import asyncio
+
+    pool = HostPool(8)
+    keys = keys_for(2, "cl")
+    b = attach(pool, extra_for(f"{d}/closerace.img", timeout_s="1"))
+    assert b.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
+    entered = threading.Event()
+    gate = asyncio.Event()
+    orig = b._store.batch_get
+
+    async def held(k, bufs):
+        entered.set()
+        await gate.wait()  # never set: a call that does not end by itself
+        return await orig(k, bufs)
+
+    b._store.batch_get = held
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", b.batch_get_v1(
+        keys, pool.indices([4, 5]))), daemon=True)
+    t.start()
+    assert entered.wait(60)
+    c = threading.Thread(target=b.close, daemon=True)
+    c.start()
+    c.join(120)
+    t.join(120)
+    assert not c.is_alive(), "close() hung"
+    assert not t.is_alive(), "the call in flight never returned"
+    assert out["r"] == [False, False]
+    assert b.batch_get_v1(keys, pool.indices([4, 5])) == [False, False]
+    assert b.batch_exists(keys) == 0
+
+
+def check_timeout_bounds_calls(d: str) -> None:
+    """timeout_s bounds a lookup or a backup whose store call never ends (a miss /
+    False), and becomes io_timeout_ms of fabric devices."""
+    import asyncio
+
+    pool = HostPool(8)
+    b = attach(pool, extra_for(f"{d}/to.img", timeout_s="0.5"))
+    try:
+        async def never(*a, **k):
+            await asyncio.Event().wait()
+
+        b._store.batch_exists = never
+        b._sizes = never
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.update(
+            e=b.batch_exists(["x"]), s=b.batch_set_v1(keys_for(1), pool.indices([0]))),
+            daemon=True)
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "a call without end was not bounded by timeout_s"
+        assert out == {"e": 0, "s": [False]}, out
+    finally:
+        b.close()
+    from fx100io.contrib.sglang import _with_io_timeout
+
+    assert _with_io_timeout("nvme+tcp://h:4420/nqn", 2.5) == "nvme+tcp://h:4420/nqn?io_timeout_ms=2500"
+    assert _with_io_timeout("nvme+rdma://h:4420/nqn?ns=2", 1) == (
+        "nvme+rdma://h:4420/nqn?ns=2&io_timeout_ms=1000")
+    assert _with_io_timeout("nvme+tcp://h/n?io_timeout_ms=5", 1) == "nvme+tcp://h/n?io_timeout_ms=5"
+    assert _with_io_timeout("file:///x", 1) == "file:///x"
+
+
+def check_metrics_bounded(d: str) -> None:
+    """Without enable_storage_metrics nothing is kept per call."""
+    pool = HostPool(8)
+    keys = keys_for(2, "m")
+    b = attach(pool, extra_for(f"{d}/metrics.img"))
+    try:
+        assert b.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
+        for _ in range(50):
+            assert b.batch_get_v1(keys, pool.indices([4, 5])) == [True, True]
+        assert sum(len(v) for v in b._metrics.values()) == 0
+    finally:
+        b.close()
+
+
+def check_page_meta_checked(d: str) -> None:
+    """host_indices of more pages than keys, or page pieces outside the pool, are
+    refused (False), never stored or read."""
+    pool = HostPool(16)
+    for p in range(4):
+        pool.fill(p, 40 + p)
+    b = attach(pool, extra_for(f"{d}/meta.img"))
+    try:
+        keys = keys_for(2, "mis")
+        assert b.batch_set_v1(keys, pool.indices([0, 1, 2, 3])) == [False, False]
+        assert b.stats()["chunks"] == 0
+        assert b.batch_get_v1(keys, pool.indices([0, 1, 2, 3])) == [False, False]
+        other = np.full(1 << 16, 7, np.uint8)
+        orig = pool.get_page_buffer_meta
+        half = PAGE * LAYERS * HEADS * DIM * 2
+        pool.get_page_buffer_meta = lambda idx: (
+            [other.ctypes.data, other.ctypes.data + half], [half, half])
+        try:
+            assert b.batch_set_v1(keys[:1], pool.indices([0])) == [False]
+            assert b.stats()["chunks"] == 0
+        finally:
+            pool.get_page_buffer_meta = orig
+    finally:
+        b.close()
+
+
+def check_wrong_size_chunk_replaced(d: str) -> None:
+    """A chunk of another size under a page key is not a hit, and a backup replaces it."""
+    pool = HostPool(8)
+    keys = keys_for(1, "ws")
+    b = attach(pool, extra_for(f"{d}/wrongsize.img"))
+    try:
+        name = b._page_key(keys[0])
+        b._runner.call(b._store.batch_put([name], [b"x" * 4096]), wait_s=60)
+        assert b.batch_exists(keys) == 0
+        pool.fill(0, 3)
+        want = pool.page_bytes(0)
+        assert b.batch_set_v1(keys, pool.indices([0])) == [True]
+        assert b.batch_exists(keys) == 1
+        assert b.batch_get_v1(keys, pool.indices([2])) == [True]
+        assert pool.page_bytes(2) == want
+    finally:
+        b.close()
+
+
+def check_hybrid_refused(d: str) -> None:
+    """An extra host pool (Mamba/SWA/DSA, the v2 interface) is refused at attach."""
+    pool = HostPool(8)
+    b = attach(pool, extra_for(f"{d}/hybrid.img"))
+    try:
+        try:
+            b.register_mem_host_pool_v2(HostPool(2), "mamba")
+        except NotImplementedError as exc:
+            assert "v2" in str(exc) and "mamba" in str(exc)
+        else:
+            raise AssertionError("an extra host pool was accepted")
+    finally:
+        b.close()
+
+
+def check_breaker_device_errors_only(d: str) -> None:
+    """No space or a bad argument fails that call only; an I/O error trips the breaker."""
+    import errno
+
+    from fx100io.errors import DeviceFullError
+
+    pool = HostPool(8)
+    b = attach(pool, extra_for(f"{d}/breaker.img", retry_after_s="600"))
+    try:
+        b._fail("batch_set_v1", DeviceFullError(errno.ENOSPC, "full"))
+        b._fail("batch_set_v1", OSError(errno.EINVAL, "bad"))
+        assert b._breaker.trips == 0 and b._usable()
+        b._fail("batch_get_v1", OSError(errno.EIO, "io"))
+        assert b._breaker.trips == 1 and not b._usable()
+        assert b._runner._own_thread is not None
+        assert b._runner._own_thread.name == "fx100io-sglang-loop"
+    finally:
+        b.close()
+
+
 CHECKS = {
     "round_trip_page_first": lambda d: check_round_trip_other_pages(d, "page_first"),
     "round_trip_layer_first": lambda d: check_round_trip_other_pages(d, "layer_first"),
@@ -393,6 +669,17 @@ CHECKS = {
     "close_and_recreate": check_close_and_recreate,
     "tensor_api": check_tensor_api,
     "restart_write": restart_write,
+    "mla_tp_needs_shared_index": check_mla_tp_needs_shared_index,
+    "page_first_direct_not_aliased": check_page_first_direct_not_aliased,
+    "keys_scoped_by_name_geometry_namespace": check_keys_scoped_by_name_geometry_namespace,
+    "interface_v1_string": check_interface_v1_string,
+    "close_with_call_in_flight": check_close_with_call_in_flight,
+    "timeout_bounds_calls": check_timeout_bounds_calls,
+    "metrics_bounded": check_metrics_bounded,
+    "page_meta_checked": check_page_meta_checked,
+    "wrong_size_chunk_replaced": check_wrong_size_chunk_replaced,
+    "hybrid_refused": check_hybrid_refused,
+    "breaker_device_errors_only": check_breaker_device_errors_only,
 }
 
 
@@ -436,7 +723,10 @@ def main() -> int:
         print(json.dumps({"reopen": "ok"}))
         return 0
     results = {}
+    only = set(sys.argv[3:])
     for name, fn in CHECKS.items():
+        if only and name not in only:
+            continue
         try:
             fn(d)
             results[name] = "ok"

@@ -36,15 +36,29 @@ CHECKS = [
     "close_and_recreate",
     "tensor_api",
     "restart_write",
+    "mla_tp_needs_shared_index",
+    "page_first_direct_not_aliased",
+    "keys_scoped_by_name_geometry_namespace",
+    "interface_v1_string",
+    "close_with_call_in_flight",
+    "timeout_bounds_calls",
+    "metrics_bounded",
+    "page_meta_checked",
+    "wrong_size_chunk_replaced",
+    "hybrid_refused",
+    "breaker_device_errors_only",
 ]
 
 
 def venv_python() -> Path:
     py = VENV / "bin" / "python"
     if not py.exists():
-        # tools/test.sh builds it first; a targeted run builds it here (a few minutes)
-        subprocess.run([str(ROOT / "tools" / "install_sglang.sh"), sys.executable],
-                       check=True, stdout=subprocess.DEVNULL)
+        # tools/test.sh builds it first; a targeted run tries here (needs the network)
+        p = subprocess.run([str(ROOT / "tools" / "install_sglang.sh"), sys.executable],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0 or not py.exists():
+            pytest.skip(f"no sglang venv at {VENV} and tools/install_sglang.sh could not "
+                        f"build it: {p.stderr.strip()[-300:]}")
     return py
 
 

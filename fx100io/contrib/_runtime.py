@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import threading
 import time
@@ -36,6 +37,25 @@ class LoopGone(RuntimeError):
     """The loop is closed: a coroutine handed to it will never run."""
 
 
+# errnos that say the device or the way to it failed: only these trip the breaker
+DEVICE_ERRNOS = frozenset({
+    errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
+    errno.ENOTCONN, errno.ENODEV, errno.ENXIO, errno.EPIPE, errno.EHOSTUNREACH,
+    errno.ENETUNREACH, errno.ENETDOWN, errno.ESHUTDOWN, errno.EBADF, errno.EREMOTEIO,
+    errno.ENOLINK,
+})
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """True for a transport or device failure (the breaker's business); False for an
+    error of one call (no space, a bad argument, a buffer too small, ...)."""
+    if isinstance(exc, (TimedOut, TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in DEVICE_ERRNOS
+    return False
+
+
 class Breaker:
     """Trips on a device error and keeps the plugin answering 'miss' for a while.
 
@@ -44,8 +64,10 @@ class Breaker:
     instead add a timeout to each one.
     """
 
-    def __init__(self, retry_after_s: float, log: logging.Logger | None = None) -> None:
+    def __init__(self, retry_after_s: float, log: logging.Logger | None = None,
+                 engine: str = "LMCache") -> None:
         self._log = log or logger
+        self._engine = engine
         self._retry_after_s = retry_after_s
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -70,11 +92,12 @@ class Breaker:
             self.trips += 1
         if first:
             self._log.error(
-                "fx100io: %s failed (%r); the plugin reports misses for %.1fs so LMCache "
+                "fx100io: %s failed (%r); the plugin reports misses for %.1fs so %s "
                 "recomputes instead of waiting on the device",
                 what,
                 exc,
                 self._retry_after_s,
+                self._engine,
             )
         else:
             self._log.debug("fx100io: %s failed again: %r", what, exc)
@@ -83,12 +106,12 @@ class Breaker:
 class LoopRunner:
     """Runs coroutines on the plugin's loop, owning a private one if LMCache gave none."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, engine: str = "lmcache") -> None:
         self._own_thread: threading.Thread | None = None
         if loop is None:
             loop = asyncio.new_event_loop()
             self._own_thread = threading.Thread(
-                target=loop.run_forever, name="fx100io-lmcache-loop", daemon=True
+                target=loop.run_forever, name=f"fx100io-{engine}-loop", daemon=True
             )
             self._own_thread.start()
         self.loop = loop

@@ -34,23 +34,32 @@ What it translates (the logic lives in ChunkStore):
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import ctypes
+import dataclasses
+import hashlib
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from fx100io.pool import aligned_array
 from fx100io.store import ChunkStore
+from fx100io.store.chunkstore import _nbytes, _scatter, aligned_array
 
-from ._runtime import Breaker, LoopRunner
+from ._runtime import Breaker, LoopRunner, TimedOut, is_device_error
 from ._settings import BackendConfigError, BackendSettings, open_backend_store, parse_settings
 
 logger = logging.getLogger("fx100io.contrib.sglang")
+
+
+class StoreClosed(RuntimeError):
+    """The backend was closed before or during the call."""
 
 __all__ = ["FX100ioHiCacheStorage", "BackendConfigError"]
 
@@ -61,13 +70,15 @@ SGLANG_KEYS = (
     "backend_name", "module_path", "class_name", "interface_v1", "file_storage_path",
     "tp_lcm_size", "prefetch_threshold", "prefetch_timeout_base",
     "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
+    "namespace",  # ours, read here: scopes every key (new weights under the same name)
 )
 # pool tensors the backend registers as io_uring fixed buffers, where the pool has them
 POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer")
 
 
 def _model_tag(name: str | None) -> str:
-    return (name or "model").replace("/", "-") or "model"
+    """The served model name, escaped one-to-one (no two names share a tag)."""
+    return urllib.parse.quote(name or "", safe="") or "~"
 
 
 def rank_scope(cfg: HiCacheStorageConfig) -> str:
@@ -98,13 +109,17 @@ def worker_index(cfg: HiCacheStorageConfig) -> tuple[int, int]:
     return wid, tp * pp * cp
 
 
+def _with_io_timeout(uri: str, timeout_s: float) -> str:
+    """A fabric URI whose commands fail after timeout_s unless it sets io_timeout_ms."""
+    if not uri.startswith(("nvme+tcp://", "nvme+rdma://")) or "io_timeout_ms=" in uri:
+        return uri
+    ms = max(1, min(0x7FFFFFFF, int(timeout_s * 1000)))
+    return f"{uri}{'&' if '?' in uri else '?'}io_timeout_ms={ms}"
+
+
 def _byte_view(ptr: int, size: int) -> memoryview:
     """The host pool's memory at [ptr, ptr + size) as a writable byte view (no copy)."""
     return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
-
-
-def _nbytes(pieces: list[memoryview]) -> int:
-    return sum(p.nbytes for p in pieces)
 
 
 def _aligned(n: int) -> memoryview:
@@ -118,13 +133,6 @@ def _gathered(pieces: list[memoryview]) -> memoryview:
         out[pos:pos + p.nbytes] = p
         pos += p.nbytes
     return out
-
-
-def _scatter(src: memoryview, pieces: list[memoryview]) -> None:
-    pos = 0
-    for p in pieces:
-        p[:] = src[pos:pos + p.nbytes]
-        pos += p.nbytes
 
 
 def _tensor_bytes(t: torch.Tensor, writable: bool) -> memoryview:
@@ -147,28 +155,44 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         wid, world = worker_index(storage_config)
         self.settings: BackendSettings = parse_settings(
             extra, WHERE, name=name, worker_id=wid, world_size=world, extra_keys=SGLANG_KEYS)
+        # timeout_s bounds every fabric command (the device fails it, the call returns)
+        self.settings = dataclasses.replace(self.settings, devices=tuple(
+            _with_io_timeout(u, self.settings.timeout_s) for u in self.settings.devices))
         # (older SGLang has no is_storage_writer: MLA's writer is TP rank 0 there)
         self.is_writer = bool(getattr(storage_config, "is_storage_writer",
                                       not storage_config.is_mla_model or storage_config.tp_rank == 0))
         # SGLang calls the zero-copy pair with interface_v1, else the tensor API; each
         # has keys of its own (a flat tensor is not laid out as a page's pieces), and
         # batch_exists answers for the one in use
-        self.zero_copy = str(extra.get("interface_v1", 0)).strip().lower() in ("1", "true")
-        self._scope = f"sgl/{_model_tag(storage_config.model_name)}/{rank_scope(storage_config)}"
-        if storage_config.is_mla_model and not self.is_writer and not self.settings.shared_index:
-            logger.warning(
-                "fx100io: MLA rank %d only reads (rank %d writes the shared pages); without "
-                "%sshared_index its own devices hold only what a writer left there",
-                storage_config.tp_rank, getattr(storage_config, "dcp_rank", 0), WHERE)
+        # exactly as SGLang's cache controller reads it (a string "0" is true there)
+        self.zero_copy = bool(extra.get("interface_v1", 0))
+        namespace = str(extra.get("namespace") or "")
+        self._scope = (f"sgl/{urllib.parse.quote(namespace, safe='') or '~'}/"
+                       f"{_model_tag(storage_config.model_name)}/{rank_scope(storage_config)}")
+        if (storage_config.is_mla_model and storage_config.tp_size > 1
+                and not self.settings.shared_index):
+            # only the writer rank backs pages up; the others would read devices of their
+            # own that stay empty, and SGLang takes the least prefetch hit count of the ranks
+            raise BackendConfigError(
+                f"{WHERE}shared_index: an MLA model with tp_size {storage_config.tp_size} "
+                f"needs {WHERE}shared_index (one pool all TP ranks read; only one rank writes "
+                "MLA pages), or run with tp_size 1")
         self.mem_pool_host: Any = None
         self._page_prefix: str | None = None
+        self._page_sizes: list[int] = []  # the byte size of each piece of one page
+        self._pool_spans: list[tuple[int, int]] = []  # [start, end) of the pool's tensors
         self._registrations: list[Any] = []
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
+        self._calls = 0
         self._closed = False
-        self._breaker = Breaker(self.settings.retry_after_s, logger)
-        self._metrics: dict[str, list[float]] = dict(
-            prefetch_pgs=[], backup_pgs=[], prefetch_bandwidth=[], backup_bandwidth=[])
-        self._runner = LoopRunner(None)
+        self._breaker = Breaker(self.settings.retry_after_s, logger, engine="SGLang")
+        # SGLang reads these only with enable_storage_metrics; bounded all the same
+        self._metrics: dict[str, collections.deque[float]] = {
+            k: collections.deque(maxlen=4096)
+            for k in ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
+        self._runner = LoopRunner(None, engine="sglang")
         try:
             self._backend = self._runner.call(self._open(), wait_s=max(600.0, self.settings.timeout_s))
         except BaseException:
@@ -191,19 +215,40 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         """Take the host KV pool: its page shape scopes the keys, and its memory is
         registered once so that every page moves with io_uring fixed buffers."""
         super().register_mem_pool_host(mem_pool_host)
+        # the layout as SGLang names it: page_first_direct orders a page's bytes unlike
+        # page_first (pages, then layers, then tokens), so the two never share a key
         layout = str(getattr(mem_pool_host, "layout", "page_first"))
-        if layout == "page_first_direct":  # the same host memory; only its GPU copy differs
-            layout = "page_first"
         dtype = str(getattr(mem_pool_host, "dtype", "")).replace("torch.", "")
         page_size = int(getattr(mem_pool_host, "page_size", 1))
-        self._page_prefix = f"{self._scope}/{layout}.{dtype}.p{page_size}"
+        self._pool_spans = [(int(t.data_ptr()), int(t.data_ptr()) + t.numel() * t.element_size())
+                            for t in self._pool_tensors(mem_pool_host)]
+        # the pieces of one page, as the pool gives them: their sizes, and the pool's
+        # geometry, scope the keys (a pool of other heads or layers never reads a page)
+        try:
+            meta = mem_pool_host.get_page_buffer_meta(torch.arange(page_size))
+            self._page_sizes = [int(n) for n in meta[1]] if meta else []
+        except Exception:
+            if self.zero_copy:
+                raise
+        geometry = ",".join(
+            f"{a}={getattr(mem_pool_host, a, None)}"
+            for a in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_lora_rank",
+                      "qk_rope_head_dim", "start_layer", "end_layer"))
+        geometry += ";" + ",".join(map(str, self._page_sizes))
+        tag = hashlib.sha256(geometry.encode()).hexdigest()[:16]
+        self._page_prefix = f"{self._scope}/{layout}.{dtype}.p{page_size}.g{tag}"
         self._register_pool(mem_pool_host)
 
-    def _register_pool(self, pool: Any) -> None:
-        if not self.settings.register_buffers:
-            return
-        import fx100io
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Hybrid models (Mamba, sliding window, DSA) move extra pools through SGLang's
+        v2 calls, which this backend does not serve: refused at attach, not per request."""
+        raise NotImplementedError(
+            f"fx100io's SGLang backend stores the KV pool only (batch_*_v1); the model's "
+            f"extra host pool {host_pool_name!r} needs the v2 interface: use another "
+            "HiCache storage backend for hybrid (Mamba/SWA/DSA) models")
 
+    @staticmethod
+    def _pool_tensors(pool: Any) -> list[torch.Tensor]:
         tensors: list[torch.Tensor] = []
         for attr in POOL_TENSORS:
             t = getattr(pool, attr, None)
@@ -211,6 +256,14 @@ class FX100ioHiCacheStorage(HiCacheStorage):
                 if (isinstance(one, torch.Tensor) and one.device.type == "cpu"
                         and one.is_contiguous() and all(one is not s for s in tensors)):
                     tensors.append(one)
+        return tensors
+
+    def _register_pool(self, pool: Any) -> None:
+        if not self.settings.register_buffers:
+            return
+        import fx100io
+
+        tensors = self._pool_tensors(pool)
         for t in tensors:
             try:
                 view = t.reshape(-1).view(torch.uint8).numpy().data.cast("B")
@@ -234,27 +287,78 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         return f"{self._scope}/flat/{key}"
 
     # ------------------------------------------------------------ plumbing
-    def _run(self, coro: Any) -> Any:
-        """Run a store coroutine on the loop thread and wait for it to END: the
-        buffers are SGLang's pages, free for reuse as soon as we return."""
-        fut = self._runner.submit(coro)
-        return fut.result()
+    def _run(self, coro: Any, bounded: bool = True) -> Any:
+        """Run a store coroutine on the loop thread and wait for it to end.
+
+        ``bounded``: give up after timeout_s and cancel it (a put cancelled before its
+        index commit is never found). A read (``bounded=False``) is waited for until
+        it ends, for its buffers are SGLang's pages: they must not be written after we
+        return. Fabric devices end every command within io_timeout_ms (timeout_s unless
+        the URI says otherwise); a local file's read is the kernel's and is not bounded.
+        After close() every call fails at once; close() ends calls still in flight."""
+        with self._lock:
+            if self._closed:
+                if hasattr(coro, "close"):
+                    coro.close()
+                raise StoreClosed("the backend is closed")
+            try:
+                fut = self._runner.submit(coro)
+            except RuntimeError:
+                if hasattr(coro, "close"):
+                    coro.close()
+                raise
+            self._inflight.add(fut)
+        try:
+            try:
+                return fut.result(timeout=self.settings.timeout_s if bounded else None)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                raise TimedOut(f"store call still running after {self.settings.timeout_s}s") \
+                    from None
+            except concurrent.futures.CancelledError:
+                raise StoreClosed("the backend closed during the call") from None
+        finally:
+            with self._lock:
+                self._inflight.discard(fut)
+                self._idle.notify_all()
 
     def _usable(self) -> bool:
         return not self._closed and self._breaker.usable()
 
     def _pieces(self, keys: Sequence[str], host_indices: Any) -> list[list[memoryview]]:
+        """Each key's page as the pool's pieces, checked: one page of host_indices per
+        key, the pieces of a page as at registration, each inside the pool's memory."""
         pool = self.mem_pool_host
         if pool is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
+        page_size = int(getattr(pool, "page_size", 1))
+        n_idx = int(host_indices.numel()) if hasattr(host_indices, "numel") else len(host_indices)
+        if n_idx != len(keys) * page_size:
+            raise ValueError(f"{len(keys)} keys but {n_idx} host indices "
+                             f"(pages of {page_size} tokens)")
         ptrs, sizes = pool.get_page_buffer_meta(host_indices)
-        if not keys or len(ptrs) != len(sizes) or len(ptrs) % len(keys):
-            raise ValueError(f"{len(keys)} keys but {len(ptrs)} page buffers")
-        per = len(ptrs) // len(keys)
-        return [[_byte_view(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)]
-                for i in range(len(keys))]
+        per = len(self._page_sizes)
+        if len(ptrs) != len(sizes) or len(ptrs) != len(keys) * per:
+            raise ValueError(f"{len(keys)} keys but {len(ptrs)} page buffers "
+                             f"({per} per page at registration)")
+        out = []
+        for i in range(len(keys)):
+            page = []
+            for j in range(per):
+                ptr, size = int(ptrs[i * per + j]), int(sizes[i * per + j])
+                if size != self._page_sizes[j]:
+                    raise ValueError(f"a page piece of {size} bytes; {self._page_sizes[j]} "
+                                     "at registration")
+                if self._pool_spans and not any(a <= ptr and ptr + size <= b
+                                                 for a, b in self._pool_spans):
+                    raise ValueError(f"page piece at {ptr:#x}+{size} is outside the host pool")
+                page.append(_byte_view(ptr, size))
+            out.append(page)
+        return out
 
     def _record(self, kind: str, pages: int, nbytes: int, started: float) -> None:
+        if not getattr(self.storage_config, "enable_storage_metrics", False):
+            return
         dt = time.perf_counter() - started
         with self._lock:
             self._metrics[f"{kind}_pgs"].append(pages)
@@ -290,7 +394,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         """Store the chunks not stored yet (a page's bytes never change under its
         key); (chunks, bytes) written."""
         have = await self._sizes(names)
-        todo = [i for i, n in enumerate(have) if n is None]
+        # a chunk of another size under the key (never a page of this pool) is replaced
+        todo = [i for i, n in enumerate(have) if n != _nbytes(bufs[i])]
         if not todo:
             return 0, 0
         data = [bufs[i] for i in todo]
@@ -309,7 +414,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         try:
             bufs = self._pieces(keys, host_indices)
             sizes = [sum(p.nbytes for p in b) for b in bufs]
-            out = self._run(self._get_exact([self._page_key(k) for k in keys], bufs, sizes))
+            out = self._run(self._get_exact([self._page_key(k) for k in keys], bufs, sizes),
+                            bounded=False)
         except Exception as exc:  # noqa: BLE001 - SGLang takes False as "recompute"
             self._fail("batch_get_v1", exc)
             return [False] * len(keys)
@@ -343,8 +449,15 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         if not keys or not self._usable():
             return 0
         try:
-            names = [self._page_key(k) if self.zero_copy else self._flat_key(k) for k in keys]
-            return int(self._run(self._store.batch_exists(names)))
+            if not self.zero_copy:
+                return int(self._run(self._store.batch_exists([self._flat_key(k) for k in keys])))
+            # a page key counts only with a chunk of this pool's page size under it
+            page = sum(self._page_sizes)
+            sizes = self._run(self._sizes([self._page_key(k) for k in keys]))
+            n = 0
+            while n < len(sizes) and sizes[n] == page:
+                n += 1
+            return n
         except Exception as exc:  # noqa: BLE001
             self._fail("batch_exists", exc)
             return 0
@@ -363,7 +476,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         try:
             bufs = [[_tensor_bytes(t, writable=True)] for t in target_locations]
             hits = self._run(self._get_exact([self._flat_key(k) for k in keys], bufs,
-                                             [_nbytes(b) for b in bufs]))
+                                             [_nbytes(b) for b in bufs]), bounded=False)
         except Exception as exc:  # noqa: BLE001
             self._fail("batch_get", exc)
             return [None] * len(keys)
@@ -397,10 +510,19 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         mine = self._scope.encode() + b"/"
 
         async def drop() -> int:
+            akeys = getattr(self._store, "akeys", None)  # a shared pool: off the loop
+            keys = list(await akeys()) if akeys is not None else list(self._store.keys())
+            doomed = [k for k in keys if k.startswith(mine)]
+            many = getattr(self._store, "batch_delete", None)
             n = 0
-            for k in self._store.keys():
-                if k.startswith(mine) and await self._store.delete(k):
-                    n += 1
+            for i in range(0, len(doomed), 1024):
+                part = doomed[i:i + 1024]
+                if many is not None:
+                    got = await many(part)
+                    n += sum(map(bool, got)) if isinstance(got, (list, tuple)) else int(got or 0)
+                else:
+                    for k in part:
+                        n += bool(await self._store.delete(k))
             return n
         try:
             logger.info("fx100io: cleared %d chunks", self._run(drop()))
@@ -411,7 +533,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         """SGLang's StorageMetrics (pages and GB/s of each prefetch and backup call
         since the last call), or None where that class cannot be imported."""
         with self._lock:
-            snap = {k: list(v) for k, v in self._metrics.items()}
+            snap: dict[str, list[float]] = {k: list(v) for k, v in self._metrics.items()}
             for v in self._metrics.values():
                 v.clear()
         try:
@@ -419,8 +541,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         except Exception:  # noqa: BLE001 - its module needs prometheus_client
             return None
         m = StorageMetrics()
-        for k, v in snap.items():
-            getattr(m, k).extend(v)
+        for k, vals in snap.items():
+            getattr(m, k).extend(vals)
         return m
 
     def stats(self) -> dict[str, Any]:
@@ -430,9 +552,9 @@ class FX100ioHiCacheStorage(HiCacheStorage):
     def _fail(self, what: str, exc: BaseException) -> None:
         """A device error leaves the device alone for retry_after_s (misses, not
         waits); anything else is this call's alone."""
-        if self._closed:
+        if self._closed or isinstance(exc, StoreClosed):
             return
-        if isinstance(exc, OSError):
+        if is_device_error(exc):
             self._breaker.trip(what, exc)
         else:
             logger.error("fx100io: %s failed: %r", what, exc)
@@ -440,16 +562,27 @@ class FX100ioHiCacheStorage(HiCacheStorage):
     def close(self) -> None:
         """Close the store (durable already), release the devices and the pool's
         registration; a new instance may open the same devices in this process."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # no call starts from here on
+            # calls in flight end first (bounded: a wedged one is failed below)
+            deadline = time.monotonic() + self.settings.timeout_s
+            while self._inflight and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            stuck = list(self._inflight)
 
         async def shut() -> None:
             if hasattr(self._store, "aclose"):
                 await self._store.aclose()  # index commits still queued end off the loop
             self._backend.close()
         try:
-            self._run(shut())
+            if stuck:
+                logger.error("fx100io: closing with %d store calls still running; "
+                             "they fail", len(stuck))
+                for f in stuck:
+                    f.cancel()  # their callers return False / misses now
+            self._runner.call(shut(), wait_s=max(60.0, self.settings.timeout_s))
         finally:
             for r in self._registrations:
                 r.close()

@@ -358,11 +358,11 @@ class ChunkStore:
             # Every write at once; each chunk's CRC32C is computed in C as its
             # pieces leave, while the device works on the rest.
             for i, ((_key, pieces, m), off) in enumerate(zip(placed, offs)):
-                segs = []
+                segs: list = []
+                started.append((m, i, segs))  # each piece is recorded once it started
                 for pos, mv in _placed_pieces(self._gathered(m, pieces, WRITE)):
                     parts = self._io_parts(m, WRITE, off + pos, mv)[0]
                     segs.append((mv, m.dev.start(parts), parts))
-                started.append((m, i, segs))
             crcs = [0] * len(placed)  # an empty chunk's CRC32C is 0
             for m, i, segs in started:
                 crc, crc_len = 0, 0
@@ -480,46 +480,60 @@ class ChunkStore:
                     out[i] = True
                     continue
                 groups.setdefault(e.dev, []).append((i, e, _limit(pieces, e.length)))
-            started = []
-            for dev, rows in groups.items():
-                m = self._members[dev]
-                for i, e, pieces in rows:
-                    moved = self._gathered(m, pieces, READ)
-                    segs = []
-                    for pos, view in _placed_pieces(moved):
-                        parts, fixup = self._io_parts(m, READ, e.off + pos, view)
-                        segs.append((view, m.dev.start(parts), fixup))
-                    started.append((m, i, e, segs, pieces if moved is not pieces else None))
-            corrupt = []
-            for m, i, e, segs, scatter_to in started:
-                total, crc, crc_len, failed = 0, 0, 0, None
-                for view, fs, fixup in segs:
-                    res = 0
-                    done = [await f for f in fs]
-                    for r, *_ in done:
-                        res = r if r < 0 or res < 0 else res + r
-                    if fixup is not None and res >= 0:
-                        res = fixup(res)
+            started: list = []
+            corrupt: list = []
+            try:
+                for dev, rows in groups.items():
+                    m = self._members[dev]
+                    for i, e, pieces in rows:
+                        moved = self._gathered(m, pieces, READ)
+                        segs: list = []
+                        # recorded before its pieces start: each started piece is
+                        # awaited below, or by the cleanup if a later start fails
+                        started.append((m, i, e, segs, pieces if moved is not pieces else None))
+                        for pos, view in _placed_pieces(moved):
+                            parts, fixup = self._io_parts(m, READ, e.off + pos, view)
+                            segs.append((view, m.dev.start(parts), fixup))
+                for m, i, e, segs, scatter_to in started:
+                    total, crc, crc_len, failed = 0, 0, 0, None
+                    for view, fs, fixup in segs:
+                        res = 0
+                        done = [await asyncio.shield(f) for f in fs]
+                        for r, *_ in done:
+                            res = r if r < 0 or res < 0 else res + r
+                        if fixup is not None and res >= 0:
+                            res = fixup(res)
+                        if failed is not None:
+                            continue
+                        if res != view.nbytes:
+                            failed = (error_from_errno(-res, m.dev.target) if res < 0
+                                      else f"short read {total + res} of {e.length}")
+                            continue
+                        total += res
+                        crc = _join_crc(crc, crc_len, self._chunk_crc(m, view, done), view.nbytes)
+                        crc_len += view.nbytes
                     if failed is not None:
+                        log.error("fx100io: read of chunk %r failed: %s", e.key, failed)
                         continue
-                    if res != view.nbytes:
-                        failed = (error_from_errno(-res, m.dev.target) if res < 0
-                                  else f"short read {total + res} of {e.length}")
+                    if crc != e.crc:
+                        log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
+                                  "check; dropping it", e.key, m.dev.target, e.off)
+                        corrupt.append((m, e))
                         continue
-                    total += res
-                    crc = _join_crc(crc, crc_len, self._chunk_crc(m, view, done), view.nbytes)
-                    crc_len += view.nbytes
-                if failed is not None:
-                    log.error("fx100io: read of chunk %r failed: %s", e.key, failed)
-                    continue
-                if crc != e.crc:
-                    log.error("fx100io: corruption: chunk %r on %s at %d failed its CRC32C "
-                              "check; dropping it", e.key, m.dev.target, e.off)
-                    corrupt.append((m, e))
-                    continue
-                if scatter_to is not None:
-                    _scatter(segs[0][0], scatter_to)
-                out[i] = True
+                    if scatter_to is not None:
+                        _scatter(segs[0][0], scatter_to)
+                    out[i] = True
+            except BaseException:
+                # reads already handed to the kernel still land in the caller's
+                # buffers: return only once they have
+                reads = [f for *_x, segs, _s in started for _v, fs, _f in segs for f in fs]
+                pending = [f for f in reads if not f.done()]
+                if pending:
+                    await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+                for f in reads:
+                    if not f.cancelled():
+                        f.exception()
+                raise
         finally:
             with self._mu:
                 for e in hits:
