@@ -94,3 +94,48 @@ def test_pieces_bounce_on_whole_block_devices(tmp_file, monkeypatch):
         dst[:] = 0  # whole-block pieces move in place, the last one's tail bounced
         assert st.batch_get_blocking(["page"], [cut(dst, [32 << 10, data.nbytes - (32 << 10)])]) == [True]
         assert np.array_equal(dst, data)
+
+
+@pytest.mark.parametrize("op", ["get", "put"])
+def test_failed_start_of_a_later_piece_awaits_the_started_ones(tmp_file, monkeypatch, op):
+    """If a chunk's second piece cannot start, the call raises only once the first
+    piece's I/O has ended: a read no longer lands in the caller's memory after the
+    call, a write no longer lands in an extent given back."""
+    import asyncio
+    import errno
+
+    data = chunk_bytes("page", 128 << 10)
+    with fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20) as st:
+        st.batch_put_blocking(["page"], [data])
+        real = Device.start
+        issued: list = []
+
+        def start(self, reqs):
+            if issued:
+                raise OSError(errno.EIO, "injected: the second piece does not start")
+            # the first piece's I/O ends a while later (as on a busy device): a call
+            # that does not wait for it returns before it has
+            loop = asyncio.get_running_loop()
+            late = []
+            for f in real(self, reqs):
+                g = loop.create_future()
+                f.add_done_callback(lambda f, g=g: loop.call_later(
+                    0.2, lambda: g.done() or g.set_result(f.result())))
+                late.append(g)
+            issued.extend(late)
+            return late
+
+        monkeypatch.setattr(Device, "start", start)
+        with pytest.raises(OSError, match="injected"):
+            if op == "get":
+                dst = np.zeros(data.nbytes, dtype=np.uint8)
+                st.batch_get_blocking(["page"], [cut(dst, [64 << 10, 64 << 10])])
+            else:
+                other = chunk_bytes("other", 128 << 10)
+                st.batch_put_blocking(["other"], [cut(other, [64 << 10, 64 << 10])])
+        assert issued and all(f.done() for f in issued)
+        monkeypatch.undo()
+        dst = np.zeros(data.nbytes, dtype=np.uint8)
+        assert st.batch_get_blocking(["page"], [dst]) == [True]
+        assert np.array_equal(dst, data)
+        assert st.chunk_size("other") is None
