@@ -37,16 +37,27 @@ PYEOF
 
 # What the venv was checked with: the stamp lets a later call skip the import check
 # (importing sglang and triton takes 10 to 20 s) while nothing it depends on changed.
+# It holds the WANTED versions and the python (so changing SGLANG_VERSION or the python
+# misses it) beside what is installed (so a package changed under it misses too).
 STAMP="$VENV/.fx100io-ready"
 stamp_key() {
-  "$VPY" - <<'PYEOF' 2>/dev/null
+  "$VPY" - "$SGLANG_VERSION" "$TORCH_VERSION" <<'PYEOF' 2>/dev/null
 import sys
 from importlib.metadata import version
-print(sys.version, *(f"{d}={version(d)}" for d in
-                     ("sglang", "torch", "numpy", "pybase64", "triton", "starlette")))
+print("want", *sys.argv[1:], sys.version,
+      *(f"{d}={version(d)}" for d in
+        ("sglang", "torch", "numpy", "pybase64", "triton", "starlette")))
 PYEOF
 }
+same_python() {
+  [ "$("$VPY" -c 'import sys; print(sys.version_info[:3])' 2>/dev/null)" \
+    = "$("$PY" -c 'import sys; print(sys.version_info[:3])')" ]
+}
 
+# A venv made by another python (or half made) is rebuilt: checked before the fast path
+if [ -e "$VENV" ] && ! same_python; then
+  rm -rf "$VENV"
+fi
 if [ -x "$VPY" ] && [ -f "$STAMP" ] && [ "$(stamp_key)" = "$(cat "$STAMP")" ]; then
   echo "$VPY"
   exit 0
@@ -59,21 +70,23 @@ if [ -x "$VPY" ] && import_ok; then
 fi
 rm -f "$STAMP"
 
-# A venv made by another python (or half made) is rebuilt.
-if [ -x "$VPY" ] && [ "$("$VPY" -c 'import sys; print(sys.version_info[:2])')" \
-     != "$("$PY" -c 'import sys; print(sys.version_info[:2])')" ]; then
-  rm -rf "$VENV"
-fi
 mkdir -p "$(dirname "$VENV")"
 [ -x "$VPY" ] || "$PY" -m venv --system-site-packages "$VENV"
 
-pip_install() {
+pip_install() {  # pip's own exit status is the function's; only its noise is filtered
+  local log rc=0
+  log="$(mktemp)"
   "$VPY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    --no-deps "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+    --no-deps "$@" >"$log" 2>&1 || rc=$?
+  grep -v "is ignored: it is neither a file nor a directory" "$log" >&2 || true
+  rm -f "$log"
+  return "$rc"
 }
 
 if ! "$VPY" -c 'import torch' >/dev/null 2>&1; then
-  pip_install "torch==${TORCH_VERSION}"
+  # the CPU wheel (the default index's torch is the CUDA build): the local wheel
+  # directory (pip.conf find-links) has it, else PyTorch's CPU index
+  pip_install --extra-index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}+cpu"
 fi
 pip_install "sglang==${SGLANG_VERSION}" pybase64 triton starlette
 
