@@ -657,6 +657,45 @@ def check_breaker_device_errors_only(d: str) -> None:
         b.close()
 
 
+def check_clear_own_scope_off_loop(d: str) -> None:
+    """clear() deletes this rank's chunks only, listing keys with akeys where the store
+    has it (a shared pool: never its blocking keys() on the loop thread)."""
+    pool = HostPool(8)
+    path = f"{d}/clear.img"
+    keys = keys_for(3, "clr")
+    b = attach(pool, extra_for(path))
+    try:
+        assert b.batch_set_v1(keys, pool.indices([0, 1, 2])) == [True] * 3
+        b._runner.call(b._store.batch_put([b"not-ours"], [b"y" * 4096]), wait_s=60)
+        store = b._store
+        real_keys = store.keys
+
+        async def akeys():
+            return real_keys()
+
+        def blocking_keys():
+            raise AssertionError("keys() called where akeys() exists")
+
+        store.akeys = akeys
+        store.keys = blocking_keys
+        b.clear()
+        del store.keys
+        assert b.batch_exists(keys) == 0
+        assert store.chunk_size("not-ours") == 4096
+    finally:
+        b.close()
+
+
+def check_world_size_counts_dp(d: str) -> None:
+    """{world_size} counts every DP attention group when dp_size is given."""
+    from fx100io.contrib.sglang import worker_index
+
+    cfg = config({})
+    cfg.tp_size, cfg.tp_rank, cfg.dp_rank = 2, 1, 3
+    assert worker_index(cfg, dp_size=4) == (7, 8)
+    assert worker_index(cfg)[1] >= 8  # without dp_size, at least up to this rank's group
+
+
 CHECKS = {
     "round_trip_page_first": lambda d: check_round_trip_other_pages(d, "page_first"),
     "round_trip_layer_first": lambda d: check_round_trip_other_pages(d, "layer_first"),
@@ -680,6 +719,8 @@ CHECKS = {
     "wrong_size_chunk_replaced": check_wrong_size_chunk_replaced,
     "hybrid_refused": check_hybrid_refused,
     "breaker_device_errors_only": check_breaker_device_errors_only,
+    "world_size_counts_dp": check_world_size_counts_dp,
+    "clear_own_scope_off_loop": check_clear_own_scope_off_loop,
 }
 
 

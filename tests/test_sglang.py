@@ -47,6 +47,8 @@ CHECKS = [
     "wrong_size_chunk_replaced",
     "hybrid_refused",
     "breaker_device_errors_only",
+    "world_size_counts_dp",
+    "clear_own_scope_off_loop",
 ]
 
 

@@ -8,7 +8,8 @@ into one readable :class:`BackendConfigError` (engines tend to swallow construct
 exceptions into a single log line) and opens the store the way every adapter should:
 formatting only what is safe to format, and claiming local devices for one process.
 
-Parsing imports neither an engine nor fx100io's core, so it is cheap to test.
+Parsing imports no engine and opens no device, so it is cheap to test (it does load
+the fx100io package, and with it the C extension, for the size units).
 """
 
 from __future__ import annotations

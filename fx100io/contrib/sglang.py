@@ -50,7 +50,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from fx100io.store import ChunkStore
-from fx100io.store.chunkstore import _nbytes, _scatter, aligned_array
+from fx100io.store.chunkstore import _gather, _nbytes, _scatter, aligned_array
 
 from ._runtime import Breaker, LoopRunner, TimedOut, is_device_error
 from ._settings import BackendConfigError, BackendSettings, open_backend_store, parse_settings
@@ -71,6 +71,7 @@ SGLANG_KEYS = (
     "tp_lcm_size", "prefetch_threshold", "prefetch_timeout_base",
     "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
     "namespace",  # ours, read here: scopes every key (new weights under the same name)
+    "dp_size",  # ours: the DP attention size, for {world_size} (SGLang passes dp_rank only)
 )
 # pool tensors the backend registers as io_uring fixed buffers, where the pool has them
 POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer")
@@ -99,14 +100,16 @@ def rank_scope(cfg: HiCacheStorageConfig) -> str:
     return ".".join(parts) or "all"
 
 
-def worker_index(cfg: HiCacheStorageConfig) -> tuple[int, int]:
+def worker_index(cfg: HiCacheStorageConfig, dp_size: int = 1) -> tuple[int, int]:
     """(worker_id, world_size) for {worker_id} in device URIs: one per scheduler
-    process of this server (each rank opens devices of its own)."""
+    process of this server (each rank opens devices of its own). With DP attention
+    SGLang gives the DP rank but not the DP size: ``dp_size`` in the extra config
+    makes {world_size} count every DP group."""
     tp, pp = max(cfg.tp_size, 1), max(cfg.pp_size, 1)
     cp = max(getattr(cfg, "attn_cp_size", 1), 1)
-    wid = (getattr(cfg, "dp_rank", 0) * pp * cp + cfg.pp_rank * cp
-           + getattr(cfg, "attn_cp_rank", 0)) * tp + cfg.tp_rank
-    return wid, tp * pp * cp
+    dp_rank = getattr(cfg, "dp_rank", 0) or 0
+    wid = (dp_rank * pp * cp + cfg.pp_rank * cp + getattr(cfg, "attn_cp_rank", 0)) * tp + cfg.tp_rank
+    return wid, tp * pp * cp * max(dp_size, dp_rank + 1, 1)
 
 
 def _with_io_timeout(uri: str, timeout_s: float) -> str:
@@ -126,15 +129,6 @@ def _aligned(n: int) -> memoryview:
     return aligned_array(n).data
 
 
-def _gathered(pieces: list[memoryview]) -> memoryview:
-    out = _aligned(_nbytes(pieces))
-    pos = 0
-    for p in pieces:
-        out[pos:pos + p.nbytes] = p
-        pos += p.nbytes
-    return out
-
-
 def _tensor_bytes(t: torch.Tensor, writable: bool) -> memoryview:
     if t.device.type != "cpu":
         raise ValueError(f"fx100io moves host memory; got a tensor on {t.device}")
@@ -152,7 +146,12 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         self.storage_config = storage_config
         extra = dict(storage_config.extra_config or {})
         name = str(extra.get("backend_name") or "fx100io")
-        wid, world = worker_index(storage_config)
+        try:
+            dp_size = int(extra.get("dp_size") or 1)
+        except (TypeError, ValueError):
+            raise BackendConfigError(
+                f"{WHERE}dp_size: expected a whole number, got {extra.get('dp_size')!r}") from None
+        wid, world = worker_index(storage_config, dp_size)
         self.settings: BackendSettings = parse_settings(
             extra, WHERE, name=name, worker_id=wid, world_size=world, extra_keys=SGLANG_KEYS)
         # timeout_s bounds every fabric command (the device fails it, the call returns)
@@ -169,7 +168,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         namespace = str(extra.get("namespace") or "")
         self._scope = (f"sgl/{urllib.parse.quote(namespace, safe='') or '~'}/"
                        f"{_model_tag(storage_config.model_name)}/{rank_scope(storage_config)}")
-        if (storage_config.is_mla_model and storage_config.tp_size > 1
+        if (storage_config.is_mla_model
+                and storage_config.tp_size > max(1, getattr(storage_config, "dcp_size", 1))
                 and not self.settings.shared_index):
             # only the writer rank backs pages up; the others would read devices of their
             # own that stay empty, and SGLang takes the least prefetch hit count of the ranks
@@ -400,7 +400,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             return 0, 0
         data = [bufs[i] for i in todo]
         if self._gather:
-            data = [_gathered(b) for b in data]
+            data = [_gather(b) for b in data]
         await self._store.batch_put([names[i] for i in todo], data)
         return len(todo), sum(_nbytes(bufs[i]) for i in todo)
 

@@ -113,6 +113,16 @@ def _limit(pieces: list[memoryview], n: int) -> list[memoryview]:
     return out
 
 
+def _gather(pieces: list[memoryview]) -> memoryview:
+    """The pieces one after the other in one new aligned buffer."""
+    out = aligned_array(_nbytes(pieces)).data
+    pos = 0
+    for p in pieces:
+        out[pos:pos + p.nbytes] = p
+        pos += p.nbytes
+    return out
+
+
 def _scatter(src: memoryview, pieces: list[memoryview]) -> None:
     pos = 0
     for p in pieces:
@@ -423,13 +433,7 @@ class ChunkStore:
         if len(pieces) < 2 or not m.dev.aligned_only or all(
                 p.nbytes % m.dev.block_size == 0 for p in pieces[:-1]):
             return pieces
-        bounce = aligned_array(_nbytes(pieces)).data
-        if op == WRITE:
-            pos = 0
-            for p in pieces:
-                bounce[pos:pos + p.nbytes] = p
-                pos += p.nbytes
-        return [bounce]
+        return [_gather(pieces) if op == WRITE else aligned_array(_nbytes(pieces)).data]
 
     def _apply_puts(self, m: Member, rows: list, seq: int, taken: list) -> None:
         """Point the keys at their new extents, now owned by their entries
