@@ -30,7 +30,8 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 import fx100io
 from fx100io.contrib._settings import BackendConfigError
 
-LAYERS, HEADS, DIM, PAGE = 4, 2, 64, 16  # bf16: K and V of a page are 16 KiB each
+LAYERS, HEADS, DIM, PAGE = 4, 2, 64, 16
+CHECK_TIMEOUT_S = 180  # per check: a hang bound, never a timing assert  # bf16: K and V of a page are 16 KiB each
 
 
 class HostPool:
@@ -763,16 +764,27 @@ def main() -> int:
         reopen(d)
         print(json.dumps({"reopen": "ok"}))
         return 0
-    results = {}
+    results: dict[str, str] = {}
     only = set(sys.argv[3:])
     for name, fn in CHECKS.items():
         if only and name not in only:
             continue
-        try:
-            fn(d)
-            results[name] = "ok"
-        except Exception:  # noqa: BLE001 - reported per check
-            results[name] = traceback.format_exc()
+
+        def one(name: str = name, fn=fn) -> None:
+            try:
+                fn(d)
+                results[name] = "ok"
+            except Exception:  # noqa: BLE001 - reported per check
+                results[name] = traceback.format_exc()
+        # a check that hangs fails alone (and the rest still run), not the whole suite
+        t = threading.Thread(target=one, name=name, daemon=True)
+        t.start()
+        t.join(CHECK_TIMEOUT_S)
+        if t.is_alive():
+            results[name] = f"hung: no answer within {CHECK_TIMEOUT_S} s"
+            print(json.dumps(results))
+            sys.stdout.flush()
+            os._exit(0)  # its thread still holds the backend: leave at once
     print(json.dumps(results))
     return 0
 

@@ -19,15 +19,28 @@ What it translates (the logic lives in ChunkStore):
   page_first page, or 2 x layers pieces of a layer_first one) and the device, gathered
   and scattered by the store; the pool is registered with io_uring once
   (``register_mem_pool_host``). A page may come back into other host pages than it left.
-- Keys: SGLang's page hashes carry no rank, so every chunk key is scoped by model, the
-  parallel layout (TP/PP/DP/CP/DCP rank), the pool layout, dtype and page size: a chunk
-  is never read into pages of another shape. With MLA the TP ranks hold the same KV
-  and share one key: only the writer rank (``is_storage_writer``) writes.
+- Keys: SGLang's page hashes carry no rank, so every chunk key is scoped by the
+  ``namespace`` setting, the served model name (escaped one-to-one), the parallel
+  layout (TP/PP/DP/CP/DCP rank), the pool layout as SGLang names it (page_first and
+  page_first_direct order a page's bytes differently), dtype, page size and the pool's
+  geometry (layers, heads, head dims, the sizes of a page's pieces): a chunk is never
+  read into pages of another shape. The name does not say which weights: serving new
+  weights under the same name needs a new ``namespace`` (or ``clear()``).
+  With MLA the TP ranks hold the same KV and share one key: only the writer rank
+  (``is_storage_writer``) writes, so TP > 1 needs ``shared_index`` (one pool that every
+  rank reads); without it the backend refuses to start.
+- Models with extra host pools (Mamba, SWA, DSA: SGLang's v2 calls) are refused at
+  attach. With DP attention, ``dp_size`` in the extra config makes {world_size} right.
 - Every call comes from SGLang's backup or prefetch thread, often both at once: they
-  block on one event loop thread that owns the store. A call returns only when its I/O
-  has ended, whatever happened (the pages are SGLang's to reuse once it returns). A
-  device error, timeout or corrupt chunk answers False / a miss, never wrong bytes,
-  and a failing device is left alone for ``retry_after_s`` (misses meanwhile).
+  block on one event loop thread that owns the store. A read returns only when its I/O
+  has ended, whatever happened (the pages are SGLang's to reuse once it returns).
+  ``timeout_s`` bounds lookups and backups (an abandoned backup is never indexed), and
+  is the io_timeout_ms of nvme+tcp/rdma devices, so a fabric read ends within it too;
+  a local file's or block device's read is the kernel's and is not bounded. A device
+  error, timeout or corrupt chunk answers False / a miss, never wrong bytes, and a
+  device or transport failure (not a full device or a bad argument) leaves the device
+  alone for ``retry_after_s`` (misses meanwhile). close() waits up to timeout_s for
+  calls in flight, then fails them; calls after close miss at once.
 - Chunks persist: a new instance on the same devices (after a restart, or a detach and
   re-attach in the same process) finds every chunk written before.
 """
