@@ -652,6 +652,20 @@ def check_breaker_device_errors_only(d: str) -> None:
         assert b._breaker.trips == 0 and b._usable()
         b._fail("batch_get_v1", OSError(errno.EIO, "io"))
         assert b._breaker.trips == 1 and not b._usable()
+        from fx100io.contrib._runtime import is_device_error
+        from fx100io.errors import (
+            BufferTooSmallError,
+            DeviceClosedError,
+            FxConnectionError,
+            FxTimeoutError,
+            InvalidArgumentError,
+        )
+        assert all(is_device_error(e) for e in (
+            FxTimeoutError(errno.ETIMEDOUT, "t"), FxConnectionError(errno.ECONNRESET, "c"),
+            DeviceClosedError(errno.EBADF, "closed")))
+        assert not any(is_device_error(e) for e in (
+            InvalidArgumentError(errno.EINVAL, "a"), BufferTooSmallError(errno.EINVAL, "b"),
+            DeviceFullError(errno.ENOSPC, "f"), ValueError("v")))
         assert b._runner._own_thread is not None
         assert b._runner._own_thread.name == "fx100io-sglang-loop"
     finally:

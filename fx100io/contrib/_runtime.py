@@ -42,14 +42,17 @@ DEVICE_ERRNOS = frozenset({
     errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
     errno.ENOTCONN, errno.ENODEV, errno.ENXIO, errno.EPIPE, errno.EHOSTUNREACH,
     errno.ENETUNREACH, errno.ENETDOWN, errno.ESHUTDOWN, errno.EBADF, errno.EREMOTEIO,
-    errno.ENOLINK,
+    errno.ENOLINK, errno.EPROTO, errno.EBADMSG,
 })
 
 
 def is_device_error(exc: BaseException) -> bool:
     """True for a transport or device failure (the breaker's business); False for an
     error of one call (no space, a bad argument, a buffer too small, ...)."""
-    if isinstance(exc, (TimedOut, TimeoutError, ConnectionError)):
+    from fx100io.errors import DeviceClosedError, DeviceIOError, FxProtocolError, NvmeStatusError
+
+    if isinstance(exc, (TimedOut, TimeoutError, ConnectionError, DeviceIOError,
+                        DeviceClosedError, FxProtocolError, NvmeStatusError)):
         return True
     if isinstance(exc, OSError):
         return exc.errno in DEVICE_ERRNOS
