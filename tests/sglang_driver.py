@@ -701,6 +701,32 @@ def check_clear_own_scope_off_loop(d: str) -> None:
         b.close()
 
 
+def check_store_bounce_on_whole_block_device(d: str) -> None:
+    """On a device that moves whole blocks only, pages whose pieces are not whole blocks
+    (3-token pages: 3 KiB pieces) go through ChunkStore's own bounce buffer (not the
+    backend's gather): byte-exact into other pages."""
+    from fx100io.device import Device
+
+    prop = Device.aligned_only
+    Device.aligned_only = property(lambda self: True)  # type: ignore[assignment]
+    try:
+        pool = HostPool(16, "page_first", page=3)
+        b = attach(pool, extra_for(f"{d}/bounce.img"))
+        try:
+            assert not b._gather
+            keys = keys_for(4, "bn")
+            for p in range(4):
+                pool.fill(p, 90 + p)
+            want = [pool.page_bytes(p) for p in range(4)]
+            assert b.batch_set_v1(keys, pool.indices([0, 1, 2, 3])) == [True] * 4
+            assert b.batch_get_v1(keys, pool.indices([9, 8, 11, 10])) == [True] * 4
+            assert [pool.page_bytes(p) for p in (9, 8, 11, 10)] == want
+        finally:
+            b.close()
+    finally:
+        Device.aligned_only = prop
+
+
 def check_world_size_counts_dp(d: str) -> None:
     """{world_size} counts every DP attention group when dp_size is given."""
     from fx100io.contrib.sglang import worker_index
@@ -736,6 +762,7 @@ CHECKS = {
     "breaker_device_errors_only": check_breaker_device_errors_only,
     "world_size_counts_dp": check_world_size_counts_dp,
     "clear_own_scope_off_loop": check_clear_own_scope_off_loop,
+    "store_bounce_on_whole_block_device": check_store_bounce_on_whole_block_device,
 }
 
 

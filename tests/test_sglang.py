@@ -49,6 +49,7 @@ CHECKS = [
     "breaker_device_errors_only",
     "world_size_counts_dp",
     "clear_own_scope_off_loop",
+    "store_bounce_on_whole_block_device",
 ]
 
 
