@@ -89,21 +89,60 @@ def test_each_block_written_once_where_the_loop_says(tmp_path: Path, pool, flags
         assert blk[8:] == b"\x5a" * (bs - 8)
 
 
-def test_random_passes_are_permutations_with_different_orders(tmp_path: Path, pool) -> None:
-    """Two passes of a random map read every block twice; the first pass's
-    stamps (written in order of issue) differ from a sequential walk."""
-    bs, n = 4 * KiB, 64
-    f = tmp_path / "p.img"
-    make_file(f, n * bs)
-    fd = os.open(f, os.O_RDWR | os.O_DIRECT)
+def issue_order(pool, n: int, passes: int, *, random: bool = True, random_map: bool = True,
+                seed: int = 0) -> list[int]:
+    """Block numbers in the order the loop issues its writes: one I/O in
+    flight into a pipe (which ignores the offset and keeps the order), each
+    write stamped with its offset."""
+    bs = 4 * KiB
+    r, w = os.pipe()
+    got = bytearray()
+
+    def drain() -> None:
+        while len(got) < n * passes * bs:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            got.extend(chunk)
+
+    import threading
+
+    t = threading.Thread(target=drain)
+    t.start()
     try:
-        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 1, bs, 1), random=True, read_fraction=1.0,
-                             passes=2, flags=ALL_OPTS)
+        bl = _core.BenchLoop(w, 0, n, bs, bufs_of(pool, 1, bs, 2), random=random, random_map=random_map,
+                             read_fraction=0.0, seed=seed, passes=passes, flags=_core.BL_STAMP)
         run_to_end(bl)
-        assert bl.counters() == (2 * n, 2 * n * bs, 0, 0)
         bl.close()
     finally:
-        os.close(fd)
+        os.close(w)
+        t.join(60)
+        os.close(r)
+    assert len(got) == n * passes * bs
+    return [int.from_bytes(got[i * bs : i * bs + 8], "little") // bs for i in range(n * passes)]
+
+
+def test_random_passes_are_permutations_with_different_orders(pool) -> None:
+    """Each pass of a random map issues every block once, in an order that
+    is neither sequential nor the previous pass's; the same seed gives the
+    same orders, another seed others."""
+    n = 64
+    order = issue_order(pool, n, 2, seed=5)
+    p1, p2 = order[:n], order[n:]
+    assert sorted(p1) == list(range(n)) and sorted(p2) == list(range(n))
+    assert p1 != list(range(n)) and p2 != list(range(n)) and p1 != p2
+    assert issue_order(pool, n, 2, seed=5) == order
+    assert issue_order(pool, n, 2, seed=6) != order
+    assert issue_order(pool, n, 1, random=False) == list(range(n))
+
+
+def test_uniform_random_repeats_blocks(pool) -> None:
+    """Without a random map blocks are drawn independently: some twice,
+    some never, all inside the region."""
+    n = 64
+    order = issue_order(pool, n, 2, random_map=False, seed=1)
+    assert len(order) == 2 * n and all(0 <= b < n for b in order)
+    assert 0 < len(set(order)) < n
 
 
 def test_mixed_reads_and_writes_add_up(tmp_path: Path, pool) -> None:
@@ -381,5 +420,74 @@ def test_loop_after_loop_keeps_its_registrations(tmp_path: Path, pool) -> None:
             run_to_end(bl)
             assert bl.counters()[0] == 4
             bl.close()
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------ lifetime
+
+
+def test_loop_refuses_other_threads(tmp_path: Path, pool) -> None:
+    """run() and close() from a thread other than the creator's raise a
+    clear error (its ring is registered to the creator) instead of failing
+    as an I/O or freeing the ring under the creator; the creator goes on."""
+    import threading
+
+    bs, n = 4 * KiB, 32
+    f = tmp_path / "t.img"
+    make_file(f, n * bs)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 4, bs, 0), flags=ALL_OPTS)
+        caught: list[BaseException] = []
+
+        def other() -> None:
+            for call in (lambda: bl.run(time.monotonic_ns() + 10_000_000), bl.close):
+                try:
+                    call()
+                except BaseException as e:  # noqa: BLE001
+                    caught.append(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(60)
+        assert [type(e) for e in caught] == [_core.BenchLoopThreadError] * 2, caught
+        assert "thread" in str(caught[0])
+        run_to_end(bl)
+        assert bl.counters()[0] == n
+        assert bl.close() is True
+    finally:
+        os.close(fd)
+
+
+def test_close_that_gives_up_keeps_the_buffers(pool) -> None:
+    """I/O that never completes (reads of an empty pipe): close() with a
+    short limit says it gave up, and the buffers stay referenced for good
+    (the kernel could still write into them)."""
+    bs = 4 * KiB
+    r, w = os.pipe()
+    try:
+        bufs = bufs_of(pool, 2, bs, 0)
+        bl = _core.BenchLoop(r, 0, 1, bs, bufs, passes=0)
+        assert bl.run(0) is False
+        assert bl.inflight == 2
+        assert bl.close(limit_ns=20_000_000) is False
+        kept = _core._bench_leaked[-1]
+        assert [m.obj for m in kept] == bufs
+        assert bl.close() is True  # closed already
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_bad_read_fraction_refused(tmp_path: Path, pool) -> None:
+    f = tmp_path / "r.img"
+    make_file(f, 64 * KiB)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        for bad in (float("nan"), 1.5, -0.5):
+            with pytest.raises(OSError) as ei:
+                _core.BenchLoop(fd, 0, 4, 4096, bufs_of(pool, 1, 4096, 0), read_fraction=bad)
+            assert ei.value.errno == errno.EINVAL
     finally:
         os.close(fd)
