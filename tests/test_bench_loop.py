@@ -491,3 +491,129 @@ def test_bad_read_fraction_refused(tmp_path: Path, pool) -> None:
             assert ei.value.errno == errno.EINVAL
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------ through the bench, lifetime and report
+
+
+def test_report_says_which_loop_and_its_io_uring_features(tmp_path: Path) -> None:
+    """The JSON and text reports name the I/O loop the measured phase ran
+    on and, for the C loop, the io_uring features it ran with."""
+    f = tmp_path / "l.img"
+    make_file(f, 256 * KiB)
+    common = ["--name=l", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=4", "--direct=1"]
+    _, out = bench(*common)
+    fx = json.loads(out)["jobs"][0]["fx100io"]
+    assert fx["io_loop"] == "c"
+    bl_fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        pool = fx100io.BufferPool(64 * KiB)
+        bl = _core.BenchLoop(bl_fd, 0, 4, 4096, bufs_of(pool, 4, 4096, 0),
+                             flags=_core.BL_REGRING | _core.BL_REGFILES | _core.BL_FIXEDBUFS)
+        want = bl.features
+        bl.close()
+        pool.close()
+    finally:
+        os.close(bl_fd)
+    assert sorted(fx["io_uring_features"]) == sorted(want)
+    assert fx["io_uring_refused"] == {}
+    _, out = bench(*common, "--fixedbufs=0", "--registerfiles=0")
+    fx = json.loads(out)["jobs"][0]["fx100io"]
+    assert "fixedbufs" not in fx["io_uring_features"] and "registerfiles" not in fx["io_uring_features"]
+    _, out = bench(*common, "--ioengine=psync")
+    fx = json.loads(out)["jobs"][0]["fx100io"]
+    assert fx["io_loop"] == "psync" and "io_uring_features" not in fx
+    text, err = io.StringIO(), io.StringIO()
+    assert cli.run(common, stdout=text, stderr=err) == 0, err.getvalue()
+    line = [x for x in text.getvalue().splitlines() if "I/O loop" in x]
+    assert line == [f"  I/O loop     : C (io_uring: {', '.join(want)})"]
+
+
+class _Recorder:
+    """A BenchLoop that notes what it was made with and how it ends, in a
+    file (the bench's job processes are forked)."""
+
+    log: Path = Path("/dev/null")
+    real = _core.BenchLoop
+
+    def __init__(self, *a, **kw) -> None:
+        self._bl = self.real(*a, **kw)
+        self.note(f"new seed={kw['seed']} random={kw['random']} rf={kw['read_fraction']}")
+
+    def note(self, line: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+
+    def __getattr__(self, name):
+        return getattr(self._bl, name)
+
+
+def test_numjobs_clones_get_different_access_patterns(tmp_path: Path, monkeypatch) -> None:
+    """Each clone of a numjobs job seeds its pattern with its number mixed
+    in: two clones of a random job do not issue the same offsets."""
+    f = tmp_path / "c.img"
+    make_file(f, 256 * KiB)
+    log = tmp_path / "loops.log"
+    monkeypatch.setattr(_Recorder, "log", log)
+    monkeypatch.setattr(_core, "BenchLoop", _Recorder)
+    bench("--name=c", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=2", "--numjobs=2",
+          "--randseed=1234")
+    seeds = [ln.split()[1] for ln in log.read_text().splitlines() if "random=True" in ln]
+    assert len(seeds) == 2 and seeds[0] != seeds[1], seeds
+    assert "seed=1234" in seeds
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_run_c_drains_after_an_exception_and_gives_up_on_stuck_io(tmp_path: Path, monkeypatch, capfd,
+                                                                   stuck) -> None:
+    """An exception in Python while the C loop has I/O in flight: the job
+    drains it before closing; I/O that never comes back is given up on
+    after the drain limit (close() told not to wait) instead of hanging."""
+    from fx100io.bench import workload
+
+    f = tmp_path / "d.img"
+    make_file(f, 1 * MiB)
+    log = tmp_path / "loops.log"
+
+    class Failing(_Recorder):
+        drains = 0
+
+        def counters(self):
+            raise BenchError("boom from Python")
+
+        @property
+        def inflight(self):
+            return 1 if stuck else self._bl.inflight
+
+        def run(self, t):
+            if self._bl.inflight or not stuck:
+                return self._bl.run(t)
+            Failing.drains += 1
+            if Failing.drains > 3000:
+                self.note("drained forever")
+                raise AssertionError("the drain has no deadline")
+            time.sleep(0.001)
+            return False
+
+        def close(self, limit_ns=_core.BL_DRAIN_LIMIT_NS):
+            self.note(f"close limit={limit_ns} inflight={self._bl.inflight}")
+            if self._bl.inflight:  # the real loop must not leak in the test
+                self._bl.stop()
+                run_to_end(self._bl)
+            return self._bl.close() and not stuck
+
+    monkeypatch.setattr(_Recorder, "log", log)
+    monkeypatch.setattr(_core, "BenchLoop", Failing)
+    monkeypatch.setattr(workload, "DRAIN_LIMIT_NS", 50_000_000)
+    out, err = io.StringIO(), io.StringIO()
+    cli.run(["--name=d", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=8", "--time_based",
+             "--runtime=5", "--output-format=json"], stdout=out, stderr=err)
+    notes = log.read_text().splitlines()
+    assert "drained forever" not in notes
+    closes = [ln for ln in notes if ln.startswith("close")]
+    if stuck:
+        assert closes == ["close limit=0 inflight=0"], notes
+        assert "gave up on them" in capfd.readouterr().err
+    else:
+        assert closes == [f"close limit={_core.BL_DRAIN_LIMIT_NS} inflight=0"], notes
+    assert "boom from Python" in out.getvalue() + err.getvalue()
