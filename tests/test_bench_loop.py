@@ -380,6 +380,58 @@ def test_verify_job_says_it_runs_in_python(tmp_path: Path) -> None:
     assert p.returncode == 0 and p.stderr == ""
 
 
+def test_refused_option_is_logged_once_for_all_clones(tmp_path: Path, monkeypatch, capfd) -> None:
+    real = _core.BenchLoop
+
+    class Refusing:
+        def __init__(self, *a, **kw):
+            self._bl = real(*a, **kw)
+
+        @property
+        def refused(self):
+            return {"sqpoll": errno.EPERM}
+
+        def __getattr__(self, name):
+            return getattr(self._bl, name)
+
+    monkeypatch.setattr(_core, "BenchLoop", Refusing)
+    f = tmp_path / "q.img"
+    make_file(f, 256 * KiB)
+    bench("--name=q", f"--filename={f}", "--rw=read", "--bs=4k", "--iodepth=4", "--numjobs=3")
+    err = capfd.readouterr().err
+    assert err.count("the kernel refused sqpoll") == 1, err
+
+
+def test_c_loop_refusals_say_why(tmp_path: Path, monkeypatch, capsys) -> None:
+    """An iodepth the C loop cannot take and an O_DIRECT open the filesystem
+    refuses send the job to the Python loop with a reason that says so."""
+    import types
+
+    from fx100io.bench import workload
+    from fx100io.bench.options import parse_cli, resolve_job
+
+    f = tmp_path / "z.img"
+    make_file(f, 64 * KiB)
+    target = types.SimpleNamespace(path=str(f), created=False)
+
+    def job(*extra: str):
+        return resolve_job(parse_cli(["--name=z", f"--filename={f}", "--rw=randread", *extra]).jobs[0])
+
+    why = workload.c_loop_refusal(job(f"--iodepth={_core.BL_MAX_DEPTH + 1}"), target)
+    assert why == f"iodepth={_core.BL_MAX_DEPTH + 1} is more than the C loop's {_core.BL_MAX_DEPTH}"
+    assert workload.c_loop_refusal(job(f"--iodepth={_core.BL_MAX_DEPTH}"), target) is None
+
+    def no_direct(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return os.open(path, flags, *a)
+
+    monkeypatch.setattr(workload.os, "open", no_direct)
+    assert workload.open_c_loop_fd(job("--direct=1"), target, 0) is None
+    err = capsys.readouterr().err
+    assert f"cannot open {f} with O_DIRECT (direct=1): its filesystem does not support it" in err, err
+
+
 def test_refused_option_is_logged_and_the_job_still_runs(tmp_path: Path, monkeypatch, capsys) -> None:
     """Where the kernel refuses an option (SQPOLL without privilege, say) the
     job runs without it and says so in one line on stderr."""

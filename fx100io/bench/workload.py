@@ -71,9 +71,16 @@ class IoLoop:
     """Drives one target through an access pattern, async or blocking."""
 
     def __init__(
-        self, job: Job, target: Target, bufs: list[np.ndarray], progress: Any, c_fd: int | None = None
+        self,
+        job: Job,
+        target: Target,
+        bufs: list[np.ndarray],
+        progress: Any,
+        c_fd: int | None = None,
+        clone: int = 0,
     ) -> None:
         self.job = job
+        self.clone = clone  # which numjobs clone: only clone 0 logs
         # fd of the target for the C loop, None when the job runs in Python
         self.c_fd = c_fd
         self.c_features: list[str] = []
@@ -369,7 +376,7 @@ class IoLoop:
         if not self.c_features:
             self.c_features = bl.features
             self.c_refused = bl.refused
-            for name, err in self.c_refused.items():
+            for name, err in self.c_refused.items() if self.clone == 0 else ():
                 log(self.job, f"the kernel refused {name} ({errno.errorcode.get(err, err)}: "
                     f"{os.strerror(err)}); running without it")
         next_tick = start + TICK_NS
@@ -532,6 +539,11 @@ def c_loop_refusal(job: Job, target: Target) -> str | None:
         return "the target is not a local file or block device"
     if job.verify:
         return "--verify checks blocks in Python"
+    from fx100io import _core
+
+    most = getattr(_core, "BL_MAX_DEPTH", 32768)
+    if job.iodepth > most:
+        return f"iodepth={job.iodepth} is more than the C loop's {most}"
     return None
 
 
@@ -547,7 +559,10 @@ def open_c_loop_fd(job: Job, target: Target, clone: int) -> int | None:
         try:
             return os.open(target.path, flags)
         except OSError as e:
-            why = f"cannot open {target.path} for it: {e.strerror}"
+            if e.errno == errno.EINVAL and job.direct:
+                why = f"cannot open {target.path} with O_DIRECT (direct=1): its filesystem does not support it"
+            else:
+                why = f"cannot open {target.path} for it: {e.strerror}"
     if job.ioengine != "psync" and clone == 0:
         log(job, f"runs on the Python I/O loop, not the C loop ({why})")
     return None
@@ -607,7 +622,7 @@ def run_block_job(
         result.region = (target.region_start, target.region_len)
         pool, bufs = _buffers(job, depth)
         c_fd = open_c_loop_fd(job, target, clone)
-        loop = IoLoop(job, target, bufs, progress, c_fd)
+        loop = IoLoop(job, target, bufs, progress, c_fd, clone)
         if target.created and job.reads:
             layout(loop, job, target)
         if target.path and not job.direct and job.invalidate:
