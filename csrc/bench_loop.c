@@ -559,6 +559,17 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 	}
 }
 
+int fx_bl_queue_foreign_nop(struct fx_bl *b)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_nop(sqe);
+	sqe->user_data = UINT64_MAX;
+	return 0;
+}
+
 void fx_bl_stop(struct fx_bl *b)
 {
 	b->stopping = 1;

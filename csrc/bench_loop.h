@@ -72,6 +72,10 @@ unsigned fx_bl_refused(const struct fx_bl *b, int *errnos /* [4]: SQPOLL, REGFIL
  * (-errno of the failure; -ENODATA for a read or write that moved 0 bytes).
  * Interrupted by a signal: returns 0 so the caller can look at it. */
 int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns);
+/* Tests: queue a NOP that is none of the loop's I/Os (as liburing's own
+ * timeout SQE is on kernels without IORING_FEAT_EXT_ARG); the next
+ * fx_bl_run submits it.  0 or -EBUSY (submission queue full). */
+int fx_bl_queue_foreign_nop(struct fx_bl *b);
 /* Submit nothing more; the next fx_bl_run drains and returns 1. */
 void fx_bl_stop(struct fx_bl *b);
 /* The failed I/O: its offset and direction (1 = read). */

@@ -222,6 +222,21 @@ static void test_write_pass_and_errors(void)
 	/* destroying with I/O in flight waits for it: everything came back */
 	CHECK_EQ(fx_bl_destroy(b), 0);
 
+	/* a completion that is none of the loop's I/Os leaves the count of
+	 * I/Os in flight alone: the run still waits for every one of its own */
+	p.passes = 1;
+	p.nblocks = N;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_run(b, 0), 0);
+	for (int k = 0; k < 3; k++) {
+		CHECK_EQ(fx_bl_queue_foreign_nop(b), 0);
+		CHECK_EQ(fx_bl_run(b, 0), 0);
+	}
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+
 	/* end_ns ends an unbounded run by itself */
 	p.passes = 0;
 	p.end_ns = mono_ns() + 20000000ull;
