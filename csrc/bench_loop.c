@@ -24,6 +24,7 @@
 
 #define WAIT_SLICE_NS 250000000ull /* longest wait before looking at the clock */
 #define DRAIN_LIMIT_NS 30000000000ull
+#define BACKOFF_NS 50000 /* 50 us */
 
 struct slot {
 	uint64_t t0;
@@ -65,6 +66,7 @@ struct fx_bl {
 	uint64_t inflight;
 	int stopping;
 	int err;
+	int ring_err; /* the failure was the ring's, not an I/O's */
 	uint64_t err_off;
 	int err_read;
 
@@ -113,10 +115,12 @@ uint64_t fx_bl_percentile(const struct fx_bl_dir *d, double pct)
 		return 0;
 	if (pct > 100.0)
 		pct = 100.0;
-	double r = pct / 100.0 * (double)d->ios; /* nearest rank: ceil(r), at least 1 */
+	/* Nearest rank ceil(pct / 100 * n) in integers: pct in millionths
+	 * (99.9 -> 99900000 exactly), so 99.9 of 1000 is rank 999, not the
+	 * 1000 that 0.999 * 1000 = 999.0000000000001 would round up to. */
+	unsigned __int128 ppm = (uint64_t)(pct * 1e6 + 0.5);
+	unsigned __int128 r = (ppm * d->ios + 99999999u) / 100000000u;
 	uint64_t rank = (uint64_t)r;
-	if ((double)rank < r)
-		rank++;
 	if (rank == 0)
 		rank = 1;
 	uint64_t cum = 0;
@@ -295,7 +299,10 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 		return -EINVAL;
 	if (p->nblocks > UINT64_MAX / p->bs || p->start > UINT64_MAX - p->nblocks * p->bs)
 		return -EOVERFLOW;
-	if (p->depth > 32768)
+	if (p->depth > FX_BL_MAX_DEPTH)
+		return -EINVAL;
+	/* NaN compares false both ways and would read as "all writes" */
+	if (!(p->read_fraction >= 0.0 && p->read_fraction <= 1.0))
 		return -EINVAL;
 	if ((p->flags & FX_BL_STAMP) && p->bs < sizeof(uint64_t))
 		return -EINVAL;
@@ -468,9 +475,11 @@ static unsigned reap(struct fx_bl *b, uint64_t t1)
 
 	io_uring_for_each_cqe(&b->ring, head, cqe) {
 		n++;
-		b->inflight--;
+		/* Not ours (liburing's own timeout on kernels without
+		 * IORING_FEAT_EXT_ARG): not one of the I/Os in flight. */
 		if (cqe->user_data >= b->depth)
-			continue; /* not ours: nothing else is ever queued */
+			continue;
+		b->inflight--;
 		uint32_t s = (uint32_t)cqe->user_data;
 		struct slot *sl = &b->slots[s];
 		int res = cqe->res;
@@ -487,19 +496,32 @@ static unsigned reap(struct fx_bl *b, uint64_t t1)
 	return n;
 }
 
+static void fill_counted(struct fx_bl *b, uint64_t t0)
+{
+	unsigned n;
+
+	if (b->stopping)
+		return;
+	n = fill(b, t0);
+	if (n) {
+		uint64_t d = b->inflight;
+		b->depths[d > FX_BL_MAX_DEPTH_HIST ? FX_BL_MAX_DEPTH_HIST : d] += n;
+	}
+}
+
+/* The kernel is short of resources (-EAGAIN, -EBUSY) and nothing came
+ * back: let it breathe instead of spinning on io_uring_enter. */
+static void back_off(void)
+{
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = BACKOFF_NS};
+
+	nanosleep(&ts, NULL);
+}
+
 int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 {
 	for (;;) {
-		uint64_t t0 = now_ns();
-		unsigned n = 0;
-
-		if (!b->stopping) {
-			n = fill(b, t0);
-			if (n) {
-				uint64_t d = b->inflight;
-				b->depths[d > FX_BL_MAX_DEPTH_HIST ? FX_BL_MAX_DEPTH_HIST : d] += n;
-			}
-		}
+		fill_counted(b, now_ns());
 		if (b->inflight == 0 && io_uring_sq_ready(&b->ring) == 0)
 			return b->err ? -b->err : 1;
 
@@ -510,21 +532,52 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 
 		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
 			/* The ring itself failed: nothing more will complete that we
-			 * could wait for. */
-			fail_io(b, -ret, 0, 1);
+			 * could wait for.  Reported as the ring's failure, with no
+			 * I/O's offset. */
+			if (!b->err) {
+				b->err = -ret;
+				b->ring_err = 1;
+				b->err_off = 0;
+				b->err_read = 0;
+			}
+			b->stopping = 1;
 			return ret;
 		}
-		reap(b, t1);
+		unsigned got = reap(b, t1);
 		if (b->end_ns && t1 >= b->end_ns)
 			b->stopping = 1;
-		if (ret == -EINTR || t1 >= slice_end_ns)
+		if (!got && (ret == -EAGAIN || ret == -EBUSY))
+			back_off();
+		if (ret == -EINTR || t1 >= slice_end_ns) {
+			/* Leave the queue full while Python looks at the slice:
+			 * refill the freed slots and submit them without waiting. */
+			fill_counted(b, now_ns());
+			if (io_uring_sq_ready(&b->ring))
+				io_uring_submit(&b->ring);
 			return 0;
+		}
 	}
+}
+
+int fx_bl_queue_foreign_nop(struct fx_bl *b)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_nop(sqe);
+	sqe->user_data = UINT64_MAX;
+	return 0;
 }
 
 void fx_bl_stop(struct fx_bl *b)
 {
 	b->stopping = 1;
+}
+
+int fx_bl_ring_failed(const struct fx_bl *b)
+{
+	return b->ring_err ? b->err : 0;
 }
 
 void fx_bl_error(const struct fx_bl *b, int *err, uint64_t *off, int *is_read)
@@ -549,12 +602,19 @@ uint64_t fx_bl_inflight(const struct fx_bl *b)
 	return b->inflight;
 }
 
-void fx_bl_destroy(struct fx_bl *b)
+int fx_bl_destroy(struct fx_bl *b)
 {
+	return fx_bl_destroy_within(b, DRAIN_LIMIT_NS);
+}
+
+int fx_bl_destroy_within(struct fx_bl *b, uint64_t limit_ns)
+{
+	int ret = 0;
+
 	if (!b)
-		return;
+		return 0;
 	if (b->ring_ok) {
-		uint64_t deadline = now_ns() + DRAIN_LIMIT_NS;
+		uint64_t deadline = now_ns() + limit_ns;
 
 		b->stopping = 1;
 		while (b->inflight && now_ns() < deadline) {
@@ -564,11 +624,17 @@ void fx_bl_destroy(struct fx_bl *b)
 
 			if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
 				break;
-			reap(b, now_ns());
+			if (!reap(b, now_ns()) && (ret == -EAGAIN || ret == -EBUSY))
+				back_off();
 		}
+		/* Gave up on I/O still in flight: the kernel may still write
+		 * into its buffers, so the caller must not free them. */
+		if (b->inflight)
+			ret = -EBUSY;
 		io_uring_queue_exit(&b->ring);
 	}
 	free(b->slots);
 	free(b->free_slots);
 	free(b);
+	return ret;
 }

@@ -17,6 +17,7 @@
 #define FX_BL_SUB (1u << FX_BL_SUB_BITS)
 #define FX_BL_EXACT (2u * FX_BL_SUB)
 #define FX_BL_NBUCKETS (FX_BL_EXACT + (64u - FX_BL_SUB_BITS - 1u) * FX_BL_SUB)
+#define FX_BL_MAX_DEPTH 32768 /* most I/Os in flight one loop takes */
 #define FX_BL_MAX_DEPTH_HIST 64 /* depth histogram: 0..64, the last is ">= 64" */
 
 /* Options (fx_bl_params.flags) and what fx_bl_features() reports. */
@@ -65,23 +66,35 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out);
 unsigned fx_bl_features(const struct fx_bl *b);
 unsigned fx_bl_refused(const struct fx_bl *b, int *errnos /* [4]: SQPOLL, REGFILES, FIXEDBUFS, REGRING */);
 
-/* Run until a completion is seen at or after slice_end_ns (returns 0),
+/* Run until a completion is seen at or after slice_end_ns (returns 0, with
+ * the freed slots refilled and submitted so the queue stays full),
  * until every I/O is done (1), or until an I/O failed and the rest drained
  * (-errno of the failure; -ENODATA for a read or write that moved 0 bytes).
  * Interrupted by a signal: returns 0 so the caller can look at it. */
 int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns);
+/* Tests: queue a NOP that is none of the loop's I/Os (as liburing's own
+ * timeout SQE is on kernels without IORING_FEAT_EXT_ARG); the next
+ * fx_bl_run submits it.  0 or -EBUSY (submission queue full). */
+int fx_bl_queue_foreign_nop(struct fx_bl *b);
 /* Submit nothing more; the next fx_bl_run drains and returns 1. */
 void fx_bl_stop(struct fx_bl *b);
 /* The failed I/O: its offset and direction (1 = read). */
+/* errno of a failure of the ring itself (io_uring_enter), which is no I/O's
+ * and has no offset; 0 when the failure was an I/O's or there was none. */
+int fx_bl_ring_failed(const struct fx_bl *b);
 void fx_bl_error(const struct fx_bl *b, int *err, uint64_t *off, int *is_read);
 
 const struct fx_bl_dir *fx_bl_stats(const struct fx_bl *b, int is_read);
-/* Submitted batches counted at the depth they brought the queue to,
- * FX_BL_MAX_DEPTH_HIST + 1 entries. */
+/* Submitted I/Os, each counted at the depth its batch brought the queue
+ * to, FX_BL_MAX_DEPTH_HIST + 1 entries. */
 const uint64_t *fx_bl_depths(const struct fx_bl *b);
 uint64_t fx_bl_inflight(const struct fx_bl *b);
-/* Waits (at most ~30 s) for what is still in flight, then frees. */
-void fx_bl_destroy(struct fx_bl *b);
+/* Waits (at most ~30 s) for what is still in flight, then frees.  0, or
+ * -EBUSY when it gave up with I/O still in flight: the kernel may still
+ * use the buffers then, and the caller must keep them (leak them). */
+int fx_bl_destroy(struct fx_bl *b);
+/* The same with the wait limited to limit_ns. */
+int fx_bl_destroy_within(struct fx_bl *b, uint64_t limit_ns);
 
 /* Histogram helpers, shared with the binding and its tests. */
 uint32_t fx_bl_bucket(uint64_t ns);

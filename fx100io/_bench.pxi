@@ -1,9 +1,14 @@
 # Binding of the benchmark's C I/O loop (csrc/bench_loop.c); included by _core.pyx.
 
+cimport cython
+from cpython.pythread cimport PyThread_get_thread_ident
+from libc.errno cimport ENODATA
+
 cdef extern from "bench_loop.h" nogil:
     enum:
         FX_BL_NBUCKETS
         FX_BL_MAX_DEPTH_HIST
+        FX_BL_MAX_DEPTH
         FX_BL_SQPOLL
         FX_BL_REGFILES
         FX_BL_FIXEDBUFS
@@ -43,10 +48,12 @@ cdef extern from "bench_loop.h" nogil:
     int fx_bl_run(fx_bl *b, uint64_t slice_end_ns)
     void fx_bl_stop(fx_bl *b)
     void fx_bl_error(const fx_bl *b, int *err, uint64_t *off, int *is_read)
+    int fx_bl_ring_failed(const fx_bl *b)
     const fx_bl_dir *fx_bl_stats(const fx_bl *b, int is_read)
     const uint64_t *fx_bl_depths(const fx_bl *b)
     uint64_t fx_bl_inflight(const fx_bl *b)
-    void fx_bl_destroy(fx_bl *b)
+    int fx_bl_destroy(fx_bl *b)
+    int fx_bl_destroy_within(fx_bl *b, uint64_t limit_ns)
     uint32_t fx_bl_bucket(uint64_t ns)
     uint64_t fx_bl_percentile(const fx_bl_dir *d, double pct)
 
@@ -56,6 +63,12 @@ BL_FIXEDBUFS = FX_BL_FIXEDBUFS
 BL_REGRING = FX_BL_REGRING
 BL_STAMP = FX_BL_STAMP
 BL_NBUCKETS = FX_BL_NBUCKETS
+BL_MAX_DEPTH = FX_BL_MAX_DEPTH
+#: How long close() waits for I/O still in flight by default (ns).
+BL_DRAIN_LIMIT_NS = 30_000_000_000
+#: Buffers of loops that gave up on I/O still in flight: the kernel may
+#: still write into them, so they are kept (leaked) for the process's life.
+_bench_leaked = []
 BL_FEATURES = {
     FX_BL_SQPOLL: "sqpoll", FX_BL_REGFILES: "registerfiles", FX_BL_FIXEDBUFS: "fixedbufs",
     FX_BL_REGRING: "registered ring fd", FX_BL_DEFER_TASKRUN: "defer_taskrun",
@@ -68,18 +81,32 @@ def bench_bucket(uint64_t ns):
     return fx_bl_bucket(ns)
 
 
+class BenchLoopThreadError(RuntimeError):
+    """A BenchLoop used from a thread other than the one that made it."""
+
+
+@cython.no_gc_clear
 cdef class BenchLoop:
     """The C I/O loop of `fx100io bench` over one fd (csrc/bench_loop.c).
 
     ``bufs`` are writable buffers of at least ``bs`` bytes each, one per I/O
-    in flight; the loop keeps references to them until close().  run() works
-    for one time slice with the GIL released; an I/O that fails ends the
-    run as an OSError whose ``offset`` and ``is_read`` attributes say which.
+    in flight; the loop keeps references to them until close() (for good
+    if close() gave up on I/O still in flight).  run() works for one time
+    slice with the GIL released; an I/O that fails ends the run as an
+    OSError (EOFError for one that moved 0 bytes) whose ``offset`` and
+    ``is_read`` attributes say which; a failure of the ring itself is an
+    OSError with ``offset`` None.
+
+    run() and close() work only in the thread that created the loop (its
+    ring is registered to that thread); elsewhere they raise
+    BenchLoopThreadError.  close() is refused while run() is in progress.
     """
     cdef fx_bl *b
     cdef void **addrs
     cdef object keep
     cdef readonly int fd
+    cdef unsigned long owner
+    cdef bint running
 
     def __cinit__(self, int fd, uint64_t start, uint64_t nblocks, uint32_t bs, bufs, *,
                   bint random=False, bint random_map=True, double read_fraction=1.0,
@@ -89,6 +116,8 @@ cdef class BenchLoop:
         cdef Py_ssize_t i, n
         self.b = NULL
         self.fd = fd
+        self.owner = PyThread_get_thread_ident()
+        self.running = False
         self.keep = [memoryview(x) for x in bufs]
         n = len(self.keep)
         if n == 0:
@@ -120,10 +149,20 @@ cdef class BenchLoop:
         check(rc, "set up the I/O loop")
 
     def __dealloc__(self):
+        cdef int rc = 0
         if self.b != NULL:
+            if PyThread_get_thread_ident() != self.owner and (
+                    fx_bl_inflight(self.b) or fx_bl_features(self.b) & FX_BL_REGRING):
+                # The ring cannot be drained or unregistered from here:
+                # leave it, and keep the buffers the kernel may still use.
+                _bench_leaked.append(self.keep)
+                self.b = NULL
+                return
             with nogil:
-                fx_bl_destroy(self.b)
+                rc = fx_bl_destroy(self.b)
             self.b = NULL
+            if rc < 0:
+                _bench_leaked.append(self.keep)
         if self.addrs != NULL:
             free(self.addrs)
             self.addrs = NULL
@@ -133,13 +172,31 @@ cdef class BenchLoop:
             raise ValueError("BenchLoop is closed")
         return self.b
 
-    def close(self):
-        """Wait for what is in flight, then free the ring (idempotent)."""
+    cdef int _own(self) except -1:
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if me != self.owner:
+            raise BenchLoopThreadError(
+                f"BenchLoop used from thread {me}, but it works only in thread {self.owner}, "
+                "which created it (its io_uring is registered to that thread)")
+        return 0
+
+    def close(self, uint64_t limit_ns=BL_DRAIN_LIMIT_NS):
+        """Wait (at most limit_ns) for what is in flight, then free the ring
+        (idempotent).  True when everything came back; False when it gave
+        up: the buffers are then kept for good (the kernel may still write
+        into them)."""
+        cdef int rc = 0
         if self.b != NULL:
+            self._own()
+            if self.running:
+                raise RuntimeError("BenchLoop.close() while run() is in progress")
             with nogil:
-                fx_bl_destroy(self.b)
+                rc = fx_bl_destroy_within(self.b, limit_ns)
             self.b = NULL
+        if rc < 0:
+            _bench_leaked.append(self.keep)
         self.keep = None
+        return rc == 0
 
     @property
     def features(self):
@@ -162,20 +219,33 @@ cdef class BenchLoop:
 
     def run(self, uint64_t slice_end_ns):
         """Work until a completion seen at or after slice_end_ns (False) or
-        until every I/O is done (True).  A failed I/O raises OSError after
-        the rest drained."""
+        until every I/O is done (True).  A failed I/O raises OSError (EOFError
+        for 0 bytes moved) after the rest drained."""
         cdef fx_bl *b = self._live()
         cdef int rc, err, is_read
         cdef uint64_t off
-        with nogil:
-            rc = fx_bl_run(b, slice_end_ns)
+        self._own()
+        if self.running:
+            raise RuntimeError("BenchLoop.run() is already in progress")
+        self.running = True
+        try:
+            with nogil:
+                rc = fx_bl_run(b, slice_end_ns)
+        finally:
+            self.running = False
         if rc >= 0:
             return rc == 1
+        err = fx_bl_ring_failed(b)
+        if err:
+            e = error_from_errno(err, "io_uring_enter on the I/O loop's ring")
+            e.offset = None
+            e.is_read = None
+            raise e
         fx_bl_error(b, &err, &off, &is_read)
         if err == 0:
             err = -rc
         what = "read" if is_read else "write"
-        if err == 61:  # ENODATA: the I/O moved no bytes
+        if err == ENODATA:  # the I/O moved no bytes
             e = EOFError(f"{what} at offset {off} returned 0 bytes (end of the target?)")
         else:
             e = error_from_errno(err, f"{what} at offset {off}")
@@ -184,7 +254,8 @@ cdef class BenchLoop:
         raise e
 
     def stop(self):
-        """Submit nothing more; the next run() drains and returns True."""
+        """Submit nothing more; the next run() drains and returns True.
+        (Any thread may ask.)"""
         fx_bl_stop(self._live())
 
     @property

@@ -104,7 +104,12 @@ BL_FIXEDBUFS: int
 BL_REGRING: int
 BL_STAMP: int
 BL_NBUCKETS: int
+BL_MAX_DEPTH: int
+BL_DRAIN_LIMIT_NS: int
 BL_FEATURES: dict[int, str]
+_bench_leaked: list[Any]
+
+class BenchLoopThreadError(RuntimeError): ...
 
 def bench_bucket(ns: int) -> int: ...
 
@@ -113,7 +118,7 @@ class BenchLoop:
     def __init__(self, fd: int, start: int, nblocks: int, bs: int, bufs: Any, *,
                  random: bool = False, random_map: bool = True, read_fraction: float = 1.0,
                  seed: int = 0, passes: int = 1, end_ns: int = 0, flags: int = 0) -> None: ...
-    def close(self) -> None: ...
+    def close(self, limit_ns: int = ...) -> bool: ...
     @property
     def features(self) -> list[str]: ...
     @property

@@ -89,21 +89,60 @@ def test_each_block_written_once_where_the_loop_says(tmp_path: Path, pool, flags
         assert blk[8:] == b"\x5a" * (bs - 8)
 
 
-def test_random_passes_are_permutations_with_different_orders(tmp_path: Path, pool) -> None:
-    """Two passes of a random map read every block twice; the first pass's
-    stamps (written in order of issue) differ from a sequential walk."""
-    bs, n = 4 * KiB, 64
-    f = tmp_path / "p.img"
-    make_file(f, n * bs)
-    fd = os.open(f, os.O_RDWR | os.O_DIRECT)
+def issue_order(pool, n: int, passes: int, *, random: bool = True, random_map: bool = True,
+                seed: int = 0) -> list[int]:
+    """Block numbers in the order the loop issues its writes: one I/O in
+    flight into a pipe (which ignores the offset and keeps the order), each
+    write stamped with its offset."""
+    bs = 4 * KiB
+    r, w = os.pipe()
+    got = bytearray()
+
+    def drain() -> None:
+        while len(got) < n * passes * bs:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            got.extend(chunk)
+
+    import threading
+
+    t = threading.Thread(target=drain)
+    t.start()
     try:
-        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 1, bs, 1), random=True, read_fraction=1.0,
-                             passes=2, flags=ALL_OPTS)
+        bl = _core.BenchLoop(w, 0, n, bs, bufs_of(pool, 1, bs, 2), random=random, random_map=random_map,
+                             read_fraction=0.0, seed=seed, passes=passes, flags=_core.BL_STAMP)
         run_to_end(bl)
-        assert bl.counters() == (2 * n, 2 * n * bs, 0, 0)
         bl.close()
     finally:
-        os.close(fd)
+        os.close(w)
+        t.join(60)
+        os.close(r)
+    assert len(got) == n * passes * bs
+    return [int.from_bytes(got[i * bs : i * bs + 8], "little") // bs for i in range(n * passes)]
+
+
+def test_random_passes_are_permutations_with_different_orders(pool) -> None:
+    """Each pass of a random map issues every block once, in an order that
+    is neither sequential nor the previous pass's; the same seed gives the
+    same orders, another seed others."""
+    n = 64
+    order = issue_order(pool, n, 2, seed=5)
+    p1, p2 = order[:n], order[n:]
+    assert sorted(p1) == list(range(n)) and sorted(p2) == list(range(n))
+    assert p1 != list(range(n)) and p2 != list(range(n)) and p1 != p2
+    assert issue_order(pool, n, 2, seed=5) == order
+    assert issue_order(pool, n, 2, seed=6) != order
+    assert issue_order(pool, n, 1, random=False) == list(range(n))
+
+
+def test_uniform_random_repeats_blocks(pool) -> None:
+    """Without a random map blocks are drawn independently: some twice,
+    some never, all inside the region."""
+    n = 64
+    order = issue_order(pool, n, 2, random_map=False, seed=1)
+    assert len(order) == 2 * n and all(0 <= b < n for b in order)
+    assert 0 < len(set(order)) < n
 
 
 def test_mixed_reads_and_writes_add_up(tmp_path: Path, pool) -> None:
@@ -341,6 +380,58 @@ def test_verify_job_says_it_runs_in_python(tmp_path: Path) -> None:
     assert p.returncode == 0 and p.stderr == ""
 
 
+def test_refused_option_is_logged_once_for_all_clones(tmp_path: Path, monkeypatch, capfd) -> None:
+    real = _core.BenchLoop
+
+    class Refusing:
+        def __init__(self, *a, **kw):
+            self._bl = real(*a, **kw)
+
+        @property
+        def refused(self):
+            return {"sqpoll": errno.EPERM}
+
+        def __getattr__(self, name):
+            return getattr(self._bl, name)
+
+    monkeypatch.setattr(_core, "BenchLoop", Refusing)
+    f = tmp_path / "q.img"
+    make_file(f, 256 * KiB)
+    bench("--name=q", f"--filename={f}", "--rw=read", "--bs=4k", "--iodepth=4", "--numjobs=3")
+    err = capfd.readouterr().err
+    assert err.count("the kernel refused sqpoll") == 1, err
+
+
+def test_c_loop_refusals_say_why(tmp_path: Path, monkeypatch, capsys) -> None:
+    """An iodepth the C loop cannot take and an O_DIRECT open the filesystem
+    refuses send the job to the Python loop with a reason that says so."""
+    import types
+
+    from fx100io.bench import workload
+    from fx100io.bench.options import parse_cli, resolve_job
+
+    f = tmp_path / "z.img"
+    make_file(f, 64 * KiB)
+    target = types.SimpleNamespace(path=str(f), created=False)
+
+    def job(*extra: str):
+        return resolve_job(parse_cli(["--name=z", f"--filename={f}", "--rw=randread", *extra]).jobs[0])
+
+    why = workload.c_loop_refusal(job(f"--iodepth={_core.BL_MAX_DEPTH + 1}"), target)
+    assert why == f"iodepth={_core.BL_MAX_DEPTH + 1} is more than the C loop's {_core.BL_MAX_DEPTH}"
+    assert workload.c_loop_refusal(job(f"--iodepth={_core.BL_MAX_DEPTH}"), target) is None
+
+    def no_direct(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return os.open(path, flags, *a)
+
+    monkeypatch.setattr(workload.os, "open", no_direct)
+    assert workload.open_c_loop_fd(job("--direct=1"), target, 0) is None
+    err = capsys.readouterr().err
+    assert f"cannot open {f} with O_DIRECT (direct=1): its filesystem does not support it" in err, err
+
+
 def test_refused_option_is_logged_and_the_job_still_runs(tmp_path: Path, monkeypatch, capsys) -> None:
     """Where the kernel refuses an option (SQPOLL without privilege, say) the
     job runs without it and says so in one line on stderr."""
@@ -383,3 +474,198 @@ def test_loop_after_loop_keeps_its_registrations(tmp_path: Path, pool) -> None:
             bl.close()
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------ lifetime
+
+
+def test_loop_refuses_other_threads(tmp_path: Path, pool) -> None:
+    """run() and close() from a thread other than the creator's raise a
+    clear error (its ring is registered to the creator) instead of failing
+    as an I/O or freeing the ring under the creator; the creator goes on."""
+    import threading
+
+    bs, n = 4 * KiB, 32
+    f = tmp_path / "t.img"
+    make_file(f, n * bs)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        bl = _core.BenchLoop(fd, 0, n, bs, bufs_of(pool, 4, bs, 0), flags=ALL_OPTS)
+        caught: list[BaseException] = []
+
+        def other() -> None:
+            for call in (lambda: bl.run(time.monotonic_ns() + 10_000_000), bl.close):
+                try:
+                    call()
+                except BaseException as e:  # noqa: BLE001
+                    caught.append(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(60)
+        assert [type(e) for e in caught] == [_core.BenchLoopThreadError] * 2, caught
+        assert "thread" in str(caught[0])
+        run_to_end(bl)
+        assert bl.counters()[0] == n
+        assert bl.close() is True
+    finally:
+        os.close(fd)
+
+
+def test_close_that_gives_up_keeps_the_buffers(pool) -> None:
+    """I/O that never completes (reads of an empty pipe): close() with a
+    short limit says it gave up, and the buffers stay referenced for good
+    (the kernel could still write into them)."""
+    bs = 4 * KiB
+    r, w = os.pipe()
+    try:
+        bufs = bufs_of(pool, 2, bs, 0)
+        bl = _core.BenchLoop(r, 0, 1, bs, bufs, passes=0)
+        assert bl.run(0) is False
+        assert bl.inflight == 2
+        assert bl.close(limit_ns=20_000_000) is False
+        kept = _core._bench_leaked[-1]
+        assert [m.obj for m in kept] == bufs
+        assert bl.close() is True  # closed already
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_bad_read_fraction_refused(tmp_path: Path, pool) -> None:
+    f = tmp_path / "r.img"
+    make_file(f, 64 * KiB)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        for bad in (float("nan"), 1.5, -0.5):
+            with pytest.raises(OSError) as ei:
+                _core.BenchLoop(fd, 0, 4, 4096, bufs_of(pool, 1, 4096, 0), read_fraction=bad)
+            assert ei.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------ through the bench, lifetime and report
+
+
+def test_report_says_which_loop_and_its_io_uring_features(tmp_path: Path) -> None:
+    """The JSON and text reports name the I/O loop the measured phase ran
+    on and, for the C loop, the io_uring features it ran with."""
+    f = tmp_path / "l.img"
+    make_file(f, 256 * KiB)
+    common = ["--name=l", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=4", "--direct=1"]
+    _, out = bench(*common)
+    fx = json.loads(out)["jobs"][0]["fx100io"]
+    assert fx["io_loop"] == "c"
+    bl_fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        pool = fx100io.BufferPool(64 * KiB)
+        bl = _core.BenchLoop(bl_fd, 0, 4, 4096, bufs_of(pool, 4, 4096, 0),
+                             flags=_core.BL_REGRING | _core.BL_REGFILES | _core.BL_FIXEDBUFS)
+        want = bl.features
+        bl.close()
+        pool.close()
+    finally:
+        os.close(bl_fd)
+    assert sorted(fx["io_uring_features"]) == sorted(want)
+    assert fx["io_uring_refused"] == {}
+    _, out = bench(*common, "--fixedbufs=0", "--registerfiles=0")
+    fx = json.loads(out)["jobs"][0]["fx100io"]
+    assert "fixedbufs" not in fx["io_uring_features"] and "registerfiles" not in fx["io_uring_features"]
+    _, out = bench(*common, "--ioengine=psync")
+    fx = json.loads(out)["jobs"][0]["fx100io"]
+    assert fx["io_loop"] == "psync" and "io_uring_features" not in fx
+    text, err = io.StringIO(), io.StringIO()
+    assert cli.run(common, stdout=text, stderr=err) == 0, err.getvalue()
+    line = [x for x in text.getvalue().splitlines() if "I/O loop" in x]
+    assert line == [f"  I/O loop     : C (io_uring: {', '.join(want)})"]
+
+
+class _Recorder:
+    """A BenchLoop that notes what it was made with and how it ends, in a
+    file (the bench's job processes are forked)."""
+
+    log: Path = Path("/dev/null")
+    real = _core.BenchLoop
+
+    def __init__(self, *a, **kw) -> None:
+        self._bl = self.real(*a, **kw)
+        self.note(f"new seed={kw['seed']} random={kw['random']} rf={kw['read_fraction']}")
+
+    def note(self, line: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+
+    def __getattr__(self, name):
+        return getattr(self._bl, name)
+
+
+def test_numjobs_clones_get_different_access_patterns(tmp_path: Path, monkeypatch) -> None:
+    """Each clone of a numjobs job seeds its pattern with its number mixed
+    in: two clones of a random job do not issue the same offsets."""
+    f = tmp_path / "c.img"
+    make_file(f, 256 * KiB)
+    log = tmp_path / "loops.log"
+    monkeypatch.setattr(_Recorder, "log", log)
+    monkeypatch.setattr(_core, "BenchLoop", _Recorder)
+    bench("--name=c", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=2", "--numjobs=2",
+          "--randseed=1234")
+    seeds = [ln.split()[1] for ln in log.read_text().splitlines() if "random=True" in ln]
+    assert len(seeds) == 2 and seeds[0] != seeds[1], seeds
+    assert "seed=1234" in seeds
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_run_c_drains_after_an_exception_and_gives_up_on_stuck_io(tmp_path: Path, monkeypatch, capfd,
+                                                                   stuck) -> None:
+    """An exception in Python while the C loop has I/O in flight: the job
+    drains it before closing; I/O that never comes back is given up on
+    after the drain limit (close() told not to wait) instead of hanging."""
+    from fx100io.bench import workload
+
+    f = tmp_path / "d.img"
+    make_file(f, 1 * MiB)
+    log = tmp_path / "loops.log"
+
+    class Failing(_Recorder):
+        drains = 0
+
+        def counters(self):
+            raise BenchError("boom from Python")
+
+        @property
+        def inflight(self):
+            return 1 if stuck else self._bl.inflight
+
+        def run(self, t):
+            if self._bl.inflight or not stuck:
+                return self._bl.run(t)
+            Failing.drains += 1
+            if Failing.drains > 3000:
+                self.note("drained forever")
+                raise AssertionError("the drain has no deadline")
+            time.sleep(0.001)
+            return False
+
+        def close(self, limit_ns=_core.BL_DRAIN_LIMIT_NS):
+            self.note(f"close limit={limit_ns} inflight={self._bl.inflight}")
+            if self._bl.inflight:  # the real loop must not leak in the test
+                self._bl.stop()
+                run_to_end(self._bl)
+            return self._bl.close() and not stuck
+
+    monkeypatch.setattr(_Recorder, "log", log)
+    monkeypatch.setattr(_core, "BenchLoop", Failing)
+    monkeypatch.setattr(workload, "DRAIN_LIMIT_NS", 50_000_000)
+    out, err = io.StringIO(), io.StringIO()
+    cli.run(["--name=d", f"--filename={f}", "--rw=randread", "--bs=4k", "--iodepth=8", "--time_based",
+             "--runtime=5", "--output-format=json"], stdout=out, stderr=err)
+    notes = log.read_text().splitlines()
+    assert "drained forever" not in notes
+    closes = [ln for ln in notes if ln.startswith("close")]
+    if stuck:
+        assert closes == ["close limit=0 inflight=0"], notes
+        assert "gave up on them" in capfd.readouterr().err
+    else:
+        assert closes == [f"close limit={_core.BL_DRAIN_LIMIT_NS} inflight=0"], notes
+    assert "boom from Python" in out.getvalue() + err.getvalue()

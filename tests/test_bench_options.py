@@ -162,6 +162,13 @@ def test_no_job_at_all() -> None:
         parse_cli([])
 
 
+def test_help_says_how_sqthread_poll_differs_from_fio() -> None:
+    from fx100io.bench.options import help_text
+
+    text = " ".join(help_text().split())
+    assert "Unlike fio, which then spins on the completion queue" in text
+
+
 def test_help() -> None:
     assert parse_cli(["--help"]).show_help
 

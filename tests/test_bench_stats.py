@@ -37,6 +37,24 @@ def test_percentiles_match_numpy_nearest_rank() -> None:
     assert d.stdev_ns == pytest.approx(x.std(ddof=1), rel=1e-6)
 
 
+@pytest.mark.parametrize("n,pct,want_rank", [
+    (1000, 99.9, 999), (10000, 99.99, 9999), (30, 10.0, 3), (1000, 99.91, 1000), (100, 50.5, 51),
+    (1, 0.001, 1), (7, 100.0, 7),
+])
+def test_percentile_rank_is_exact(n: int, pct: float, want_rank: int) -> None:
+    """Nearest rank ceil(pct / 100 * n) without the float product's error:
+    samples 1..n ns (exact buckets up to 255), the percentile is the rank."""
+    d = DirStats()
+    small = n <= 255
+    for v in range(1, n + 1):
+        d.add(v if small else (10 if v < n else 200), 1)
+    got = d.percentiles((pct,))[pct]
+    if small:
+        assert got == want_rank
+    else:
+        assert got == (10 if want_rank < n else 200)
+
+
 def test_merge_equals_one_histogram() -> None:
     rng = np.random.default_rng(4)
     a, b = rng.integers(1, 10**7, 1000), rng.integers(1, 10**5, 3000)

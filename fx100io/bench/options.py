@@ -115,7 +115,9 @@ _SPECS = [
     OptionSpec(
         "sqthread_poll",
         "bool",
-        "io_uring: a kernel thread polls the submission queue (SQPOLL; costs a core)",
+        "io_uring: a kernel thread polls the submission queue (SQPOLL; costs a core). Unlike fio, "
+        "which then spins on the completion queue, fx100io still waits for completions in "
+        "io_uring_enter (one call per batch)",
         "0",
         flag=True,
     ),

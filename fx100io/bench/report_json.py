@@ -187,6 +187,11 @@ def fx_extras(r: JobResult) -> dict[str, Any]:
     }
     if r.engine_note:
         extra["engine_note"] = r.engine_note
+    if r.io_loop:
+        extra["io_loop"] = r.io_loop
+    if r.io_loop == "c":
+        extra["io_uring_features"] = list(r.io_uring_features)
+        extra["io_uring_refused"] = dict(r.io_uring_refused)
     if r.error_msg:
         extra["error_message"] = r.error_msg
     if r.verify is not None:

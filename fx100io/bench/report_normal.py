@@ -141,6 +141,13 @@ def job_block(r: JobResult) -> str:
         lines.append(f"  error        : {r.error_msg}")
     if r.engine_note:
         lines.append(f"  note         : {r.engine_note}")
+    if r.io_loop:
+        loop = {"c": "C", "python": "Python", "psync": "Python, blocking (psync)"}.get(r.io_loop, r.io_loop)
+        if r.io_loop == "c":
+            loop += " (io_uring: " + (", ".join(r.io_uring_features) or "no options") + ")"
+            if r.io_uring_refused:
+                loop += "; refused: " + ", ".join(f"{k} ({v})" for k, v in r.io_uring_refused.items())
+        lines.append(f"  I/O loop     : {loop}")
     for which in ("read", "write"):
         if getattr(r, which).ios:
             lines += _dir_block(r, which)

@@ -36,6 +36,12 @@ class JobResult:
     error_msg: str = ""
     end_time: float = field(default_factory=time.time)
     engine_note: str = ""  # e.g. "psync runs one I/O at a time"
+    # The I/O loop the measured phase ran on ("c", "python", "psync"; "" for
+    # workloads without one) and, for the C loop, the io_uring features it
+    # ran with and the options the kernel refused (name -> errno name).
+    io_loop: str = ""
+    io_uring_features: list[str] = field(default_factory=list)
+    io_uring_refused: dict[str, str] = field(default_factory=dict)
     target_uri: str = ""
     target_size: int = 0
     block_size: int = 0
@@ -97,6 +103,12 @@ def group_results(results: list[JobResult]) -> list[JobResult]:
                 merged.kv_load = DirStats()
             merged.kv_load.merge(r.kv_load)
         merged.engine_note = merged.engine_note or r.engine_note
+        if r.io_loop and r.io_loop != merged.io_loop:
+            merged.io_loop = r.io_loop if not merged.io_loop else "mixed"
+        for name in r.io_uring_features:
+            if name not in merged.io_uring_features:
+                merged.io_uring_features.append(name)
+        merged.io_uring_refused.update(r.io_uring_refused)
         merged.jobs_merged += 1
         merged.end_time = max(merged.end_time, r.end_time)
     merged.kv = _merge_kv([r.kv for r in results if r.kv is not None], merged.runtime_ns)

@@ -53,6 +53,14 @@ def bucket_value(idx: np.ndarray) -> np.ndarray:
     return out
 
 
+def nearest_rank(pct: float, n: int) -> int:
+    """ceil(pct / 100 * n), at least 1, in integers (as csrc/bench_loop.c):
+    pct in millionths, so p99.9 of 1000 samples is rank 999, where the float
+    product 999.0000000000001 would round up to 1000."""
+    ppm = int(pct * 1e6 + 0.5)
+    return max(1, -(-ppm * n // 100_000_000))
+
+
 class DirStats:
     """Counters and latency distribution of one direction (read or write)."""
 
@@ -139,7 +147,7 @@ class DirStats:
         cum = np.cumsum(self.counts)
         out = {}
         for p in pcts:
-            rank = max(1, math.ceil(p / 100.0 * self._n))
+            rank = nearest_rank(p, self._n)
             idx = int(np.searchsorted(cum, rank))
             val = int(bucket_value(np.array([idx]))[0])
             out[p] = min(max(val, self.min_ns), self.max_ns)

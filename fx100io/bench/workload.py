@@ -41,6 +41,18 @@ from .targets import Target, drop_page_cache, open_target
 from .verify import VerifyLog
 
 TICK_NS = 100_000_000
+# How long a loop waits for I/O still in flight after it stopped or failed
+# before it gives up (then the buffers are kept, not freed).
+DRAIN_LIMIT_NS = 30_000_000_000
+
+
+def clone_seed(seed: int, clone: int) -> int:
+    """The access pattern's seed of one clone of a numjobs job: clone 0 keeps
+    --randseed, the others mix in their number so they do not all issue the
+    same offsets (fio gives each job its own random state too)."""
+    if clone == 0:
+        return seed
+    return (seed ^ (clone * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1)
 
 
 class Phase:
@@ -59,13 +71,22 @@ class IoLoop:
     """Drives one target through an access pattern, async or blocking."""
 
     def __init__(
-        self, job: Job, target: Target, bufs: list[np.ndarray], progress: Any, c_fd: int | None = None
+        self,
+        job: Job,
+        target: Target,
+        bufs: list[np.ndarray],
+        progress: Any,
+        c_fd: int | None = None,
+        clone: int = 0,
     ) -> None:
         self.job = job
+        self.clone = clone  # which numjobs clone: only clone 0 logs
         # fd of the target for the C loop, None when the job runs in Python
         self.c_fd = c_fd
         self.c_features: list[str] = []
         self.c_refused: dict[str, int] = {}
+        # which loop the last run() took: "c", "python" or "psync"
+        self.last_loop = ""
         self.target = target
         self.dev = target.device
         self.bufs = bufs
@@ -300,7 +321,7 @@ class IoLoop:
         finally:
             # The kernel may still be writing into the buffers: let every
             # outstanding I/O finish before they can be freed.
-            deadline = clock() + 30_000_000_000
+            deadline = clock() + DRAIN_LIMIT_NS
             while inflight and clock() < deadline:
                 q.wait(1, 1000)
                 for t, *_ in q.reap():
@@ -355,7 +376,7 @@ class IoLoop:
         if not self.c_features:
             self.c_features = bl.features
             self.c_refused = bl.refused
-            for name, err in self.c_refused.items():
+            for name, err in self.c_refused.items() if self.clone == 0 else ():
                 log(self.job, f"the kernel refused {name} ({errno.errorcode.get(err, err)}: "
                     f"{os.strerror(err)}); running without it")
         next_tick = start + TICK_NS
@@ -365,6 +386,10 @@ class IoLoop:
                 try:
                     done = bl.run(next_tick)
                 except OSError as e:
+                    if e.offset is None:  # type: ignore[attr-defined]
+                        raise BenchError(
+                            f"job {self.job.name!r}: the I/O loop's io_uring failed on {self.target.uri}: {e}"
+                        ) from None
                     raise self._io_error("read" if e.is_read else "write", e.offset, e) from None  # type: ignore[attr-defined]
                 except EOFError as e:
                     raise self._io_error("read" if e.is_read else "write", e.offset, e) from None  # type: ignore[attr-defined]
@@ -380,11 +405,13 @@ class IoLoop:
                         bl.stop()
         finally:
             # Anything still in flight (we got here through an exception in
-            # Python) finishes before the buffers can go.
+            # Python) finishes before the buffers can go; I/O stuck past the
+            # drain limit is given up on (close() then keeps the buffers).
             if bl.inflight:
                 bl.stop()
+                deadline = clock() + DRAIN_LIMIT_NS
                 try:
-                    while not bl.run(clock() + TICK_NS):
+                    while clock() < deadline and not bl.run(min(clock() + TICK_NS, deadline)):
                         pass
                 except (OSError, EOFError):
                     pass
@@ -398,7 +425,11 @@ class IoLoop:
             for depth, count in enumerate(bl.depths()):
                 if depth and count:
                     phase.depth_counts[depth_bucket(depth)] += count
-            bl.close()
+            stuck = bl.inflight
+            closed_ok = bl.close(limit_ns=0) if stuck else bl.close()
+            if not closed_ok:
+                log(self.job, f"{stuck} I/O still in flight after {DRAIN_LIMIT_NS / 1e9:g} s of draining; "
+                    "gave up on them, their buffers are left allocated")
             phase.series.sample(phase.end_ns - start, rstats, wstats)
             progress.update(
                 rstats.bytes, wstats.bytes, rstats.ios, wstats.ios, (phase.end_ns - start) // 1_000_000
@@ -479,12 +510,16 @@ class IoLoop:
     ) -> None:
         """Issue ``ios`` until they run out or ``duration_ns`` has passed."""
         if self.c_fd is not None and isinstance(ios, AccessPattern) and not verify_only and self.verify_log is None:
+            self.last_loop = "c"
             self.run_c(ios, phase, duration_ns)
         elif self.job.ioengine == "psync":
+            self.last_loop = "psync"
             self.run_blocking(ios, phase, duration_ns, verify_only)
         elif self.verify_log is None:
+            self.last_loop = "python"
             self.run_direct(ios, phase, duration_ns)
         else:
+            self.last_loop = "python"
             self.run_async(ios, phase, duration_ns, verify_only)
 
 
@@ -504,6 +539,11 @@ def c_loop_refusal(job: Job, target: Target) -> str | None:
         return "the target is not a local file or block device"
     if job.verify:
         return "--verify checks blocks in Python"
+    from fx100io import _core
+
+    most = getattr(_core, "BL_MAX_DEPTH", 32768)
+    if job.iodepth > most:
+        return f"iodepth={job.iodepth} is more than the C loop's {most}"
     return None
 
 
@@ -519,7 +559,10 @@ def open_c_loop_fd(job: Job, target: Target, clone: int) -> int | None:
         try:
             return os.open(target.path, flags)
         except OSError as e:
-            why = f"cannot open {target.path} for it: {e.strerror}"
+            if e.errno == errno.EINVAL and job.direct:
+                why = f"cannot open {target.path} with O_DIRECT (direct=1): its filesystem does not support it"
+            else:
+                why = f"cannot open {target.path} for it: {e.strerror}"
     if job.ioengine != "psync" and clone == 0:
         log(job, f"runs on the Python I/O loop, not the C loop ({why})")
     return None
@@ -579,7 +622,7 @@ def run_block_job(
         result.region = (target.region_start, target.region_len)
         pool, bufs = _buffers(job, depth)
         c_fd = open_c_loop_fd(job, target, clone)
-        loop = IoLoop(job, target, bufs, progress, c_fd)
+        loop = IoLoop(job, target, bufs, progress, c_fd, clone)
         if target.created and job.reads:
             layout(loop, job, target)
         if target.path and not job.direct and job.invalidate:
@@ -596,7 +639,7 @@ def run_block_job(
                 job.is_random,
                 job.random_map,
                 job.read_fraction,
-                job.seed + seed_offset,
+                clone_seed(job.seed, clone) + seed_offset,
                 passes,
             )
 
@@ -613,6 +656,12 @@ def run_block_job(
             try:
                 loop.run(pattern(passes), phase, job.runtime_ns)
             finally:
+                result.io_loop = loop.last_loop
+                if loop.last_loop == "c":
+                    result.io_uring_features = list(loop.c_features)
+                    result.io_uring_refused = {
+                        name: errno.errorcode.get(err, str(err)) for name, err in loop.c_refused.items()
+                    }
                 result.read, result.write = phase.read, phase.write
                 result.series = [phase.series]
                 result.runtime_ns = max(phase.end_ns - phase.start_ns, 1)

@@ -80,6 +80,30 @@ static void test_percentiles(void)
 	CHECK_EQ(fx_bl_percentile(&d, 99.99), 100);
 	CHECK_EQ(fx_bl_percentile(&d, 100), 100);
 	CHECK_EQ(fx_bl_percentile(&d, 0), 0);
+
+	/* exact ranks where pct / 100 * n is not exact in binary: p99.9 of
+	 * 1000 samples is rank 999, p99.99 of 10000 is rank 9999 */
+	memset(&d, 0, sizeof(d));
+	d.counts[10] = 999;
+	d.counts[200] = 1;
+	d.ios = 1000;
+	d.min_ns = 10;
+	d.max_ns = 200;
+	CHECK_EQ(fx_bl_percentile(&d, 99.9), 10);
+	CHECK_EQ(fx_bl_percentile(&d, 99.91), 200);
+	CHECK_EQ(fx_bl_percentile(&d, 100), 200);
+	d.counts[10] = 9999;
+	d.ios = 10000;
+	CHECK_EQ(fx_bl_percentile(&d, 99.99), 10);
+	CHECK_EQ(fx_bl_percentile(&d, 99.995), 200);
+	/* 0.1 * 30 = 3.0000000000000004 in doubles: rank 3, not 4 */
+	memset(&d, 0, sizeof(d));
+	for (uint64_t v = 1; v <= 30; v++)
+		d.counts[v]++;
+	d.ios = 30;
+	d.min_ns = 1;
+	d.max_ns = 30;
+	CHECK_EQ(fx_bl_percentile(&d, 10), 3);
 }
 
 static char path[] = "/tmp/fx100io-test-bench-loop.XXXXXX";
@@ -174,11 +198,54 @@ static void test_write_pass_and_errors(void)
 	p.flags = 0;
 	p.nblocks = UINT64_MAX / 2;
 	CHECK_EQ(fx_bl_create(&p, &b), -EOVERFLOW);
-	/* destroying with I/O in flight waits for it */
+	/* read_fraction outside [0, 1] or NaN is refused (NaN read as all writes) */
+	p.nblocks = N;
+	p.read_fraction = 0.0 / 0.0;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	p.read_fraction = 1.5;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	p.read_fraction = -0.1;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	p.read_fraction = 1.0;
+	p.depth = FX_BL_MAX_DEPTH + 1;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	p.depth = DEPTH;
+
+	/* at the end of a slice the freed slots are refilled and submitted:
+	 * the queue stays at its depth while the caller looks */
+	p.passes = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	for (int k = 0; k < 5; k++) {
+		CHECK_EQ(fx_bl_run(b, 0), 0);
+		CHECK_EQ(fx_bl_inflight(b), DEPTH);
+	}
+	/* destroying with I/O in flight waits for it: everything came back */
+	CHECK_EQ(fx_bl_destroy(b), 0);
+
+	/* a completion that is none of the loop's I/Os leaves the count of
+	 * I/Os in flight alone: the run still waits for every one of its own */
+	p.passes = 1;
 	p.nblocks = N;
 	CHECK_EQ(fx_bl_create(&p, &b), 0);
 	CHECK_EQ(fx_bl_run(b, 0), 0);
-	fx_bl_destroy(b);
+	for (int k = 0; k < 3; k++) {
+		CHECK_EQ(fx_bl_queue_foreign_nop(b), 0);
+		CHECK_EQ(fx_bl_run(b, 0), 0);
+	}
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+
+	/* end_ns ends an unbounded run by itself */
+	p.passes = 0;
+	p.end_ns = mono_ns() + 20000000ull;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK(fx_bl_stats(b, 1)->ios > 0);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	p.end_ns = 0;
 
 	for (int i = 0; i < DEPTH; i++)
 		free(bufs[i]);
@@ -186,11 +253,88 @@ static void test_write_pass_and_errors(void)
 	unlink(path);
 }
 
+/* Uniform random (no random map): N writes land on random blocks, some
+ * twice, so fewer than N distinct blocks are written, every one stamped
+ * with its own offset; the same seed gives the same blocks. */
+static void test_uniform_random(void)
+{
+	enum { BS = 4096, N = 200, DEPTH = 4 };
+	char upath[] = "/tmp/fx100io-test-bench-uniform.XXXXXX";
+	int fd = mkstemp(upath);
+	CHECK(fd >= 0);
+	void *bufs[DEPTH];
+	for (int i = 0; i < DEPTH; i++) {
+		CHECK_EQ(posix_memalign(&bufs[i], 4096, BS), 0);
+		memset(bufs[i], 0x11, BS);
+	}
+	static unsigned char blk[BS];
+	unsigned distinct[2] = {0, 0};
+	static uint8_t seen[2][N];
+	for (int round = 0; round < 2; round++) {
+		CHECK_EQ(ftruncate(fd, 0), 0);
+		CHECK_EQ(ftruncate(fd, (off_t)N * BS), 0);
+		struct fx_bl_params p = {
+			.fd = fd, .bs = BS, .depth = DEPTH, .nblocks = N, .passes = 1, .seed = 99,
+			.read_fraction = 0.0, .random = 1, .random_map = 0,
+			.flags = FX_BL_STAMP, .bufs = bufs,
+		};
+		struct fx_bl *b;
+		CHECK_EQ(fx_bl_create(&p, &b), 0);
+		CHECK_EQ(run_to_end(b), 1);
+		CHECK_EQ(fx_bl_stats(b, 0)->ios, N);
+		CHECK_EQ(fx_bl_destroy(b), 0);
+		for (uint64_t i = 0; i < N; i++) {
+			CHECK_EQ(pread(fd, blk, BS, (off_t)(i * BS)), BS);
+			uint64_t off;
+			memcpy(&off, blk, sizeof(off));
+			seen[round][i] = blk[8] == 0x11;
+			if (seen[round][i]) {
+				CHECK_EQ(off, i * BS);
+				distinct[round]++;
+			} else {
+				CHECK_EQ(off, 0); /* a hole: never written */
+			}
+		}
+	}
+	CHECK(distinct[0] > N / 2 && distinct[0] < N);
+	CHECK_EQ(distinct[0], distinct[1]);
+	CHECK(memcmp(seen[0], seen[1], N) == 0);
+	for (int i = 0; i < DEPTH; i++)
+		free(bufs[i]);
+	close(fd);
+	unlink(upath);
+}
+
+/* I/O that never completes (a read of an empty pipe): destroy gives up
+ * after its limit and says so, so the caller keeps the buffers. */
+static void test_destroy_gives_up(void)
+{
+	enum { BS = 4096, DEPTH = 2 };
+	static unsigned char mem[DEPTH][BS];
+	void *bufs[DEPTH] = {mem[0], mem[1]};
+	int pfd[2];
+	CHECK_EQ(pipe(pfd), 0);
+	struct fx_bl_params p = {
+		.fd = pfd[0], .bs = BS, .depth = DEPTH, .nblocks = 1, .passes = 0,
+		.read_fraction = 1.0, .bufs = bufs,
+	};
+	struct fx_bl *b;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_run(b, 0), 0);
+	CHECK_EQ(fx_bl_inflight(b), DEPTH);
+	CHECK_EQ(fx_bl_destroy_within(b, 20000000ull), -EBUSY);
+	close(pfd[0]);
+	close(pfd[1]);
+
+}
+
 int main(void)
 {
 	test_buckets();
 	test_percentiles();
 	test_write_pass_and_errors();
+	test_uniform_random();
+	test_destroy_gives_up();
 	printf("test_bench_loop: ok\n");
 	return 0;
 }
