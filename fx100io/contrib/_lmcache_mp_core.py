@@ -15,6 +15,7 @@ never land in it.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import ctypes
 import functools
@@ -24,6 +25,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import (
+    DeviceClosedError,
+    DeviceFullError,
+    FxTimeoutError,
+    InvalidArgumentError,
+)
 from ._runtime import Breaker, LoopRunner
 from ._settings import BackendSettings, open_backend_store
 
@@ -42,6 +49,17 @@ NATIVE_PREFIX = "lmcache-mp-native/1/"
 
 class ServiceClosed(RuntimeError):
     """The adapter was closed: no more requests are taken."""
+
+
+def is_device_failure(exc: BaseException) -> bool:
+    """Whether exc says the device (or its path) is failing, not that this one request
+    was bad. Only a device failure trips the breaker: a chunk larger than the store, a
+    full index or a key too long fails its own task and nothing else."""
+    if isinstance(exc, DeviceClosedError):
+        return True  # a closed device or store is a device-wide state
+    # a full store, a bad argument (buffer, key): this request's fault, not the device's
+    return not isinstance(exc, (DeviceFullError, InvalidArgumentError, ValueError, TypeError,
+                                KeyError, IndexError))
 
 
 # ------------------------------------------------------------------------- key names
@@ -144,7 +162,7 @@ class StoreService:
                 raise ServiceClosed("the fx100io adapter is closed")
             self._pending += 1
         try:
-            future = self._runner.submit(coro)
+            future = self._runner.submit(self._watched(coro))
         except BaseException as exc:
             coro.close()
             self._finished()
@@ -165,6 +183,22 @@ class StoreService:
 
         future.add_done_callback(finish)
 
+    async def _watched(self, coro: Any) -> Any:
+        """Run coro; if it has not ended after timeout_s, trip the breaker (lookups and
+        new requests miss from then on) but keep waiting: the request is reported only
+        when its I/O has really ended, since LMCache reuses its buffer at once."""
+        timeout = float(self.settings.timeout_s)
+        handle = None
+        if timeout > 0:
+            handle = asyncio.get_running_loop().call_later(
+                timeout, self._failed, "request",
+                FxTimeoutError(110, f"a request ran past timeout_s={timeout:g}s"))
+        try:
+            return await coro
+        finally:
+            if handle is not None:
+                handle.cancel()
+
     def call(self, coro: Any) -> Any:
         """Run a coroutine on the loop and wait for it (listing, delete)."""
         with self._cond:
@@ -182,7 +216,10 @@ class StoreService:
         return self._breaker.usable()
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        self._breaker.trip(what, exc)
+        if is_device_failure(exc):
+            self._breaker.trip(what, exc)
+        else:
+            logger.warning("fx100io: %s failed: %r (this request only)", what, exc)
 
     # Coroutines: run on the loop thread only.
 
@@ -244,13 +281,24 @@ class StoreService:
         return [self.store.chunk_size(n) for n in names]
 
     async def delete(self, names: Sequence[str]) -> list[bool]:
-        out = []
-        for name in names:
+        return [s is not None for s in await self.delete_sized(names)]
+
+    async def delete_sized(self, names: Sequence[str],
+                           keep: Callable[[int], bool] | None = None) -> list[int | None]:
+        """Delete each chunk; the size of each one deleted, None for the others.
+        keep(i), asked on this thread just before names[i] is deleted, spares it."""
+        out: list[int | None] = []
+        for i, name in enumerate(names):
+            if keep is not None and keep(i):
+                out.append(None)
+                continue
+            size = self.store.chunk_size(name)
             try:
-                out.append(bool(await self.store.delete(name)))
+                ok = size is not None and bool(await self.store.delete(name))
             except Exception as exc:  # noqa: BLE001 - a failed delete leaves the chunk
                 self._failed("delete", exc)
-                out.append(False)
+                ok = False
+            out.append(size if ok else None)
         return out
 
     async def listing(self, prefix: str) -> list[tuple[str, int]]:

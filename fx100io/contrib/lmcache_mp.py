@@ -297,17 +297,28 @@ class FX100ioL2Adapter(L2AdapterInterface):
         keys = list(keys)
         names = [self._name(k) for k in keys]
 
+        svc = self._svc
+
+        async def find_and_lock() -> list[bool]:
+            # the locks are taken here, on the loop thread, in the same step as the
+            # lookup: delete's drop() checks them on this thread just before it
+            # deletes, so no eviction can slip between a hit and its lock
+            found = await svc.exists(names)
+            with self._lock:
+                for k, hit in zip(keys, found):
+                    if hit:
+                        self._locks[k] = self._locks.get(k, 0) + 1
+            return found
+
         def done(result: Any, exc: BaseException | None) -> None:
             bitmap = Bitmap(len(keys))
-            found = result if exc is None and result is not None else [False] * len(keys)
-            with self._lock:
-                for i, hit in enumerate(found):
+            if exc is None and result is not None:
+                for i, hit in enumerate(result):
                     if hit:
                         bitmap.set(i)
-                        self._locks[keys[i]] = self._locks.get(keys[i], 0) + 1
             self._publish("_lookups", tid, bitmap, self._lookup_fd)
 
-        self._svc.run(self._svc.exists(names), done)
+        self._svc.run(find_and_lock(), done)
         return tid
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
@@ -372,22 +383,23 @@ class FX100ioL2Adapter(L2AdapterInterface):
     def delete(self, keys: list[ObjectKey]) -> None:
         """Delete chunks durably (LMCache's eviction). Locked keys stay: a load that
         LMCache was promised by a lookup still finds them."""
-        keys = [k for k in keys if not self._locked(k)]
         pairs = [(k, n) for k in keys if (n := self._name(k)) is not None]
         if not pairs:
             return
-        names = [n for _, n in pairs]
+        svc = self._svc
 
-        async def drop() -> tuple[list[int | None], list[bool]]:
-            sizes = await self._svc.sizes(names)
-            return sizes, await self._svc.delete(names)
+        async def drop() -> list[tuple[ObjectKey, int]]:
+            # on the loop thread, where lookups take their locks, just before each
+            # delete: a key locked by then stays
+            sizes = await svc.delete_sized([n for _, n in pairs],
+                                           keep=lambda i: self._locked(pairs[i][0]))
+            return [(k, s) for (k, _), s in zip(pairs, sizes) if s is not None]
 
         try:
-            sizes, gone = self._svc.call(drop())
+            deleted = self._svc.call(drop())
         except Exception as exc:  # noqa: BLE001 - eviction retries later
-            logger.warning("fx100io: delete of %d keys failed: %r", len(names), exc)
+            logger.warning("fx100io: delete of %d keys failed: %r", len(pairs), exc)
             return
-        deleted = [(k, s) for (k, _), s, ok in zip(pairs, sizes, gone) if ok and s is not None]
         if deleted:
             self._notify_keys_deleted([k for k, _ in deleted], [s for _, s in deleted])
 
@@ -497,7 +509,7 @@ class FX100ioNativeClient:
     def event_fd(self) -> int:
         return self._fd
 
-    def _submit(self, coro: Any, n: int) -> int:
+    def _submit(self, coro: Any, n: int, all_or_nothing: bool = False) -> int:
         with self._lock:
             if self._closed:
                 coro.close()
@@ -509,7 +521,13 @@ class FX100ioNativeClient:
             if exc is not None or result is None:
                 row = (fid, False, repr(exc), [False] * n)
             else:
-                row = (fid, True, "", [bool(x) for x in result])
+                flags = [bool(x) for x in result]
+                if all_or_nothing and not all(flags):
+                    # LMCache's wrapper reads only the batch flag of a store: a chunk
+                    # not stored must fail the whole batch, or it is counted as stored
+                    row = (fid, False, "fx100io: the store failed", flags)
+                else:
+                    row = (fid, True, "", flags)
             with self._lock:
                 if self._fd < 0:
                     return
@@ -529,7 +547,8 @@ class FX100ioNativeClient:
 
     def submit_batch_set(self, keys: list[str], buffers: list[Any]) -> int:
         views = [byte_view(b) for b in buffers]
-        return self._submit(self._svc.put(self._names(keys), views), len(keys))
+        return self._submit(self._svc.put(self._names(keys), views), len(keys),
+                            all_or_nothing=True)
 
     def submit_batch_exists(self, keys: list[str]) -> int:
         return self._submit(self._svc.exists(self._names(keys)), len(keys))

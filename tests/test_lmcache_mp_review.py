@@ -1,0 +1,127 @@
+"""Regression tests for the LMCache MP adapters' failure and race handling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("lmcache")
+
+from test_lmcache_mp import (  # noqa: E402
+    Arena,
+    content,
+    fill,
+    key,
+    load,
+    load_adapter,
+    lookup,
+    spec,
+    store,
+    wait_fd,
+)
+
+
+@pytest.fixture
+def device(tmp_path):
+    return f"file://{tmp_path}/kv.img"
+
+
+def test_native_store_the_device_refused_fails_the_batch(device):
+    arena = Arena(8 << 20)
+    ad = load_adapter(spec(device, "native_plugin", capacity="1M"), arena)
+    try:
+        big = arena.obj(2 << 20)
+        fill(big, 1)
+        assert store(ad, [key(2)], [big]) is False
+        assert ad.get_usage().total_bytes_used == 0
+        assert lookup(ad, [key(2)]) == [False]
+    finally:
+        ad.close()
+
+
+@pytest.mark.parametrize("kind", ["plugin", "native_plugin"])
+def test_one_oversized_store_fails_only_itself(device, kind):
+    arena = Arena(8 << 20)
+    ad = load_adapter(spec(device, kind, capacity="1M", retry_after_s="3600"), arena)
+    try:
+        o = arena.obj(4096)
+        want = fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        big = arena.obj(2 << 20)
+        assert store(ad, [key(2)], [big]) is False
+        assert lookup(ad, [key(1)]) == [True]
+        ad.submit_unlock([key(1)])
+        dst = arena.obj(4096)
+        assert load(ad, [key(1)], [dst]) == [True]
+        assert content(dst) == want
+    finally:
+        ad.close()
+
+
+def test_delete_spares_a_key_locked_between_its_call_and_its_drop(device):
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device), arena)
+    try:
+        o = arena.obj(4096)
+        want = fill(o, 3)
+        assert store(ad, [key(3)], [o])
+        real_call = ad._svc.call
+
+        def call(coro):
+            # another thread's lookup-and-lock runs after delete() was called but
+            # before its work reaches the loop
+            if getattr(coro, "__name__", "") == "drop":
+                assert lookup(ad, [key(3)]) == [True]
+            return real_call(coro)
+
+        ad._svc.call = call
+        ad.delete([key(3)])
+        ad._svc.call = real_call
+        dst = arena.obj(4096)
+        assert load(ad, [key(3)], [dst]) == [True]
+        assert content(dst) == want
+        ad.submit_unlock([key(3)])
+        ad.delete([key(3)])
+        assert lookup(ad, [key(3)]) == [False]
+    finally:
+        ad.close()
+
+
+def test_a_hung_load_trips_the_breaker_but_is_reported_only_when_it_ends(device):
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device, timeout_s="0.2", retry_after_s="3600"), arena)
+    try:
+        o = arena.obj(4096)
+        fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        loop = ad._svc._runner.loop
+        release = ad._svc.call(_make_event())
+
+        async def hung(keys, bufs):  # a device that stopped answering
+            await release.wait()
+            return [False] * len(keys)
+
+        ad._svc.store.batch_get = hung
+        tid = ad.submit_load_task([key(1)], [arena.obj(4096)])
+        deadline = time.monotonic() + 60
+        while lookup(ad, [key(1)]) != [False]:  # the watchdog trips the breaker
+            assert time.monotonic() < deadline, "a hung load never tripped the breaker"
+            ad.submit_unlock([key(1)])
+            time.sleep(0.05)
+        # never reported while its I/O may still land in the buffer
+        assert ad.query_load_result(tid) is None
+        loop.call_soon_threadsafe(release.set)
+        wait_fd(ad.get_load_event_fd())
+        deadline = time.monotonic() + 60
+        while (bm := ad.query_load_result(tid)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not bm.test(0)
+    finally:
+        ad.close()
+
+
+async def _make_event() -> asyncio.Event:
+    return asyncio.Event()
