@@ -125,3 +125,89 @@ def test_a_hung_load_trips_the_breaker_but_is_reported_only_when_it_ends(device)
 
 async def _make_event() -> asyncio.Event:
     return asyncio.Event()
+
+
+def _shared_pair(tmp_path, arena):
+    from shared_redis import serve
+
+    from fx100io.shared import SharedChunkStore
+
+    gen = serve(tmp_path)
+    redis = next(gen)
+    dev = tmp_path / "pool.img"
+    SharedChunkStore([str(dev)], redis.url, create=True, size=32 << 20).close()
+    params = dict(shared_index=redis.url, retry_after_s="3600")
+    a = load_adapter(spec(f"file://{dev}", **params), arena)
+    b = load_adapter(spec(f"file://{dev}", **params), arena)
+    return gen, a, b
+
+
+def test_shared_index_never_asked_synchronously_on_the_loop(tmp_path):
+    from fx100io.shared import SharedChunkStore
+
+    arena = Arena(4 << 20)
+    gen, a, b = _shared_pair(tmp_path, arena)
+    on_loop: list[str] = []
+    try:
+        loops = {ad._svc._runner.loop for ad in (a, b)}
+        originals = {}
+        for meth in ("contains", "chunk_size", "keys", "stats"):
+            real = getattr(SharedChunkStore, meth)
+            originals[meth] = real
+
+            def spy(self, *args, _real=real, _meth=meth):
+                try:
+                    if asyncio.get_running_loop() in loops:
+                        on_loop.append(_meth)
+                except RuntimeError:
+                    pass
+                return _real(self, *args)
+
+            setattr(SharedChunkStore, meth, spy)
+        try:
+            o = arena.obj(8192)
+            want = fill(o, 5)
+            assert store(a, [key(5)], [o])
+            assert lookup(b, [key(5)]) == [True]
+            b.submit_unlock([key(5)])
+            dst = arena.obj(8192)
+            assert load(b, [key(5)], [dst]) == [True]
+            assert content(dst) == want
+            assert [e.size_bytes for e in b.list_l2_keys().entries] == [8192]
+            assert b.get_usage().total_bytes_used > 0
+            b.delete([key(5)])
+            assert lookup(a, [key(5)]) == [False]
+        finally:
+            for meth, real in originals.items():
+                setattr(SharedChunkStore, meth, real)
+        assert on_loop == []
+    finally:
+        a.close()
+        b.close()
+        gen.close()
+
+
+def test_shared_chunk_replaced_by_a_smaller_one_during_a_load_is_a_miss(tmp_path):
+    arena = Arena(4 << 20)
+    gen, a, b = _shared_pair(tmp_path, arena)
+    try:
+        big = arena.obj(8192)
+        fill(big, 1)
+        assert store(a, [key(1)], [big])
+        real_get = b._svc.store.batch_get
+        small = arena.obj(4096)
+        fill(small, 2)
+
+        async def replaced_first(keys, bufs):
+            # host a replaces the chunk after b checked its size, before b reads it
+            assert store(a, [key(1)], [small])
+            return await real_get(keys, bufs)
+
+        b._svc.store.batch_get = replaced_first
+        dst = arena.obj(8192)
+        dst.tensor.fill_(0xEE)
+        assert load(b, [key(1)], [dst]) == [False]
+    finally:
+        a.close()
+        b.close()
+        gen.close()

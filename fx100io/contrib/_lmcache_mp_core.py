@@ -236,22 +236,46 @@ class StoreService:
             return [False] * len(names)
         return [True] * len(names)
 
+    # The store's index may be remote (shared_index: Redis): every index question goes
+    # through these, which use the store's async forms where it has them, so the loop
+    # thread never waits on a synchronous round trip.
+
+    async def _index_sizes(self, names: Sequence[str]) -> list[int | None]:
+        if not names:
+            return []
+        asizes = getattr(self.store, "achunk_sizes", None)
+        if asizes is not None:
+            return list(await asizes(list(names)))
+        return [self.store.chunk_size(n) for n in names]
+
+    async def _index_keys(self) -> list[Any]:
+        akeys = getattr(self.store, "akeys", None)
+        return list(await akeys()) if akeys is not None else list(self.store.keys())
+
+    async def _index_stats(self) -> dict[str, Any]:
+        astats = getattr(self.store, "astats", None)
+        return dict(await astats()) if astats is not None else dict(self.store.stats())
+
     async def get(self, names: Sequence[str | None], views: Sequence[memoryview]) -> list[bool]:
         """Fill each view with its chunk; True only where the chunk has exactly the
         view's size and passed its CRC. A chunk of another size is a miss: a shorter
-        one would leave stale bytes in the buffer, a longer one does not fit."""
+        one would leave stale bytes in the buffer, a longer one does not fit.
+
+        The size is checked before the read and, where another host may replace the
+        chunk meanwhile (a shared index), again after it: a chunk replaced by one of
+        another size in between is a miss, not a buffer with a stale tail."""
         out = [False] * len(names)
         if not names or not self._usable():
             return out
+        asked = [(i, n) for i, n in enumerate(names) if n is not None]
+        sizes = await self._index_sizes([n for _, n in asked])
         idx: list[int] = []
         keys: list[str] = []
         bufs: list[memoryview] = []
-        for i, (name, view) in enumerate(zip(names, views)):
-            if name is None:
-                continue
-            size = self.store.chunk_size(name)
+        for (i, name), size in zip(asked, sizes):
             if size is None:
                 continue
+            view = views[i]
             if size != view.nbytes:
                 logger.warning("fx100io: chunk %r holds %d bytes, the buffer %d: a miss",
                                name, size, view.nbytes)
@@ -261,13 +285,14 @@ class StoreService:
             bufs.append(view)
         if not keys:
             return out
-        # No await between the size checks and batch_get's own lookup: a put on this
-        # loop cannot replace a chunk in between.
         try:
             got = await self.store.batch_get(keys, bufs)
         except Exception as exc:  # noqa: BLE001 - a failed read is a miss
             self._failed("load", exc)
             return out
+        if hasattr(self.store, "achunk_sizes"):
+            after = await self._index_sizes(keys)
+            got = [bool(ok) and s == b.nbytes for ok, s, b in zip(got, after, bufs)]
         for i, ok in zip(idx, got):
             out[i] = bool(ok)
         return out
@@ -275,10 +300,14 @@ class StoreService:
     async def exists(self, names: Sequence[str | None]) -> list[bool]:
         if not self._usable():
             return [False] * len(names)
-        return [name is not None and self.store.contains(name) for name in names]
+        asked = [(i, n) for i, n in enumerate(names) if n is not None]
+        out = [False] * len(names)
+        for (i, _), size in zip(asked, await self._index_sizes([n for _, n in asked])):
+            out[i] = size is not None
+        return out
 
     async def sizes(self, names: Sequence[str]) -> list[int | None]:
-        return [self.store.chunk_size(n) for n in names]
+        return await self._index_sizes(names)
 
     async def delete(self, names: Sequence[str]) -> list[bool]:
         return [s is not None for s in await self.delete_sized(names)]
@@ -292,7 +321,7 @@ class StoreService:
             if keep is not None and keep(i):
                 out.append(None)
                 continue
-            size = self.store.chunk_size(name)
+            size = (await self._index_sizes([name]))[0]
             try:
                 ok = size is not None and bool(await self.store.delete(name))
             except Exception as exc:  # noqa: BLE001 - a failed delete leaves the chunk
@@ -303,21 +332,21 @@ class StoreService:
 
     async def listing(self, prefix: str) -> list[tuple[str, int]]:
         """(name, size) of every chunk whose key starts with prefix, sorted by name."""
-        rows = []
-        for raw in self.store.keys():
+        names: list[str] = []
+        for raw in await self._index_keys():
             try:
                 name = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
             except UnicodeDecodeError:
                 continue
             if name.startswith(prefix):
-                size = self.store.chunk_size(name)
-                if size is not None:
-                    rows.append((name, size))
+                names.append(name)
+        sizes = await self._index_sizes(names)
+        rows = [(n, s) for n, s in zip(names, sizes) if s is not None]
         rows.sort()
         return rows
 
     async def usage(self) -> tuple[int, int]:
-        stats = self.store.stats()
+        stats = await self._index_stats()
         return int(stats.get("bytes_used", 0)), int(stats.get("capacity", 0))
 
     # ------------------------------------------------------------------ lifetime
