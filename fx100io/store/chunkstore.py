@@ -609,6 +609,40 @@ class ChunkStore:
             self._count(deletes=1)
         return ok
 
+    async def batch_delete(self, keys: Sequence[Any]) -> list[bool]:
+        """Remove many chunks durably with one index commit per device; per
+        key, whether it was there and is now gone.  A device whose commit
+        fails keeps its chunks (False); if none could be deleted because of
+        that, the error is raised."""
+        self._check_open()
+        out = [False] * len(keys)
+        by_member: dict[int, list[tuple[int, Entry]]] = {}
+        with self._mu:
+            for i, key in enumerate(keys):
+                k = normalize_key(key)
+                e = self._entries.get(k)
+                if e is None:
+                    continue
+                del self._entries[k]
+                self._members[e.dev].lru.pop(k, None)
+                by_member.setdefault(e.dev, []).append((i, e))
+        error: BaseException | None = None
+        for dev, pairs in by_member.items():
+            try:
+                await self._commit_dels(self._members[dev], [e for _, e in pairs],
+                                        self._released)
+            except Exception as exc:  # noqa: BLE001 - the others still go
+                error = error or exc
+                continue
+            for i, _ in pairs:
+                out[i] = True
+        n = sum(out)
+        if n:
+            self._count(deletes=n)
+        if error is not None and not n:
+            raise error
+        return out
+
     def _count(self, **deltas: int) -> None:
         with self._mu:
             for name, n in deltas.items():
