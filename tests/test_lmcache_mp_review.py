@@ -211,3 +211,92 @@ def test_shared_chunk_replaced_by_a_smaller_one_during_a_load_is_a_miss(tmp_path
         a.close()
         b.close()
         gen.close()
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.stored: list = []
+        self.deleted: list = []
+
+    def on_l2_keys_stored(self, keys, sizes):
+        self.stored.extend(keys)
+
+    def on_l2_keys_accessed(self, keys):
+        pass
+
+    def on_l2_keys_deleted(self, keys):
+        self.deleted.extend(keys)
+
+
+def test_eviction_of_many_keys_is_one_index_commit(device, monkeypatch):
+    from fx100io.store.chunkstore import ChunkStore
+
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device), arena)
+    try:
+        keys = [key(i) for i in range(40)]
+        objs = [arena.obj(512) for _ in keys]
+        for i, o in enumerate(objs):
+            fill(o, i)
+        assert store(ad, keys, objs)
+        commits = []
+        real = ChunkStore._commit
+
+        async def counting(self, m, recs, apply=None):
+            commits.append(len(recs))
+            return await real(self, m, recs, apply)
+
+        monkeypatch.setattr(ChunkStore, "_commit", counting)
+        ad.delete(keys)
+        assert commits == [len(keys)]
+        assert lookup(ad, keys) == [False] * len(keys)
+        assert ad.get_usage().bytes_by_cache_salt.get("", 0) == 0
+    finally:
+        ad.close()
+
+
+def test_deletes_are_reported_even_when_the_caller_stopped_waiting(device):
+    import threading
+
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device), arena)
+    try:
+        listener = _Listener()
+        ad.register_listener(listener)
+        o = arena.obj(4096)
+        fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        finished = threading.Event()
+        svc = ad._svc
+
+        def call_that_gives_up(coro):
+            fut = svc._runner.submit(coro)
+            fut.add_done_callback(lambda _f: finished.set())
+            raise TimeoutError("gave up waiting")  # as svc.call does after its bound
+
+        ad._svc.call = call_that_gives_up
+        ad.delete([key(1)])
+        del ad._svc.call
+        assert finished.wait(60)
+        assert listener.deleted == [key(1)]
+        assert ad.get_usage().bytes_by_cache_salt.get("", 0) == 0
+    finally:
+        ad.close()
+
+
+def test_chunkstore_batch_delete_is_durable_and_per_key(tmp_path):
+    from fx100io.store.chunkstore import ChunkStore
+
+    path = str(tmp_path / "s.img")
+    with ChunkStore(path, create=True, size=16 << 20) as s:
+        s.batch_put_blocking([b"a", b"b", b"c"], [b"1" * 512, b"2" * 512, b"3" * 512])
+        got = asyncio.run(_batch_delete(s, [b"a", b"zz", b"c", b"a"]))
+        assert got == [True, False, True, False]
+        assert sorted(s.keys()) == [b"b"]
+    with ChunkStore(path) as s:
+        assert sorted(s.keys()) == [b"b"]
+        assert s.stats()["bytes_used"] > 0
+
+
+async def _batch_delete(s, keys):
+    return await s.batch_delete(keys)

@@ -312,22 +312,56 @@ class StoreService:
     async def delete(self, names: Sequence[str]) -> list[bool]:
         return [s is not None for s in await self.delete_sized(names)]
 
-    async def delete_sized(self, names: Sequence[str],
-                           keep: Callable[[int], bool] | None = None) -> list[int | None]:
+    async def delete_sized(
+        self,
+        names: Sequence[str],
+        keep: Callable[[int], bool] | None = None,
+        on_deleted: Callable[[list[int], list[int]], None] | None = None,
+    ) -> list[int | None]:
         """Delete each chunk; the size of each one deleted, None for the others.
-        keep(i), asked on this thread just before names[i] is deleted, spares it."""
-        out: list[int | None] = []
+
+        keep(i), asked on this thread just before names[i] leaves the index, spares
+        it. on_deleted(indices, sizes) is called here, on the loop, as soon as chunks
+        are durably gone: the caller learns of them even if it stopped waiting.
+        A store with batch_delete deletes them all in one index commit per device."""
+        out: list[int | None] = [None] * len(names)
+        batch = getattr(self.store, "batch_delete", None)
+        if batch is not None:
+            # local index: the checks, the sizes and batch_delete's removal from the
+            # index happen in one step of the loop (no await in between)
+            idx = [i for i in range(len(names)) if keep is None or not keep(i)]
+            sizes = [self.store.chunk_size(names[i]) for i in idx]
+            idx, sizes = ([i for i, s in zip(idx, sizes) if s is not None],
+                          [s for s in sizes if s is not None])
+            if not idx:
+                return out
+            try:
+                gone = await batch([names[i] for i in idx])
+            except Exception as exc:  # noqa: BLE001 - a failed delete leaves the chunks
+                self._failed("delete", exc)
+                return out
+            done_i = [i for i, ok in zip(idx, gone) if ok]
+            done_s = [s for s, ok in zip(sizes, gone) if ok]
+            for i, size in zip(done_i, done_s):
+                out[i] = size
+            if done_i and on_deleted is not None:
+                on_deleted(done_i, done_s)
+            return out
         for i, name in enumerate(names):
             if keep is not None and keep(i):
-                out.append(None)
                 continue
             size = (await self._index_sizes([name]))[0]
+            if keep is not None and keep(i):  # locked while the index answered
+                continue
             try:
                 ok = size is not None and bool(await self.store.delete(name))
             except Exception as exc:  # noqa: BLE001 - a failed delete leaves the chunk
                 self._failed("delete", exc)
                 ok = False
-            out.append(size if ok else None)
+            if ok and size is not None:
+                out[i] = size
+                if on_deleted is not None:
+                    on_deleted([i], [size])
         return out
 
     async def listing(self, prefix: str) -> list[tuple[str, int]]:
@@ -372,6 +406,12 @@ class StoreService:
         return drained
 
     async def _close_backend(self) -> None:
+        # the store's own background tasks (a shared index's unpins) end first: a task
+        # left on a stopped loop is destroyed half-way, its pins left to expire
+        me = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        if others:
+            await asyncio.wait(others, timeout=max(1.0, self.settings.timeout_s))
         self._backend.close()
 
     @property

@@ -388,20 +388,21 @@ class FX100ioL2Adapter(L2AdapterInterface):
             return
         svc = self._svc
 
-        async def drop() -> list[tuple[ObjectKey, int]]:
+        def deleted(idx: list[int], sizes: list[int]) -> None:
+            # on the loop as each chunk is gone: still told if this thread gave up
+            self._notify_keys_deleted([pairs[i][0] for i in idx], sizes)
+
+        async def drop() -> None:
             # on the loop thread, where lookups take their locks, just before each
-            # delete: a key locked by then stays
-            sizes = await svc.delete_sized([n for _, n in pairs],
-                                           keep=lambda i: self._locked(pairs[i][0]))
-            return [(k, s) for (k, _), s in zip(pairs, sizes) if s is not None]
+            # chunk leaves the index: a key locked by then stays
+            await svc.delete_sized([n for _, n in pairs],
+                                   keep=lambda i: self._locked(pairs[i][0]),
+                                   on_deleted=deleted)
 
         try:
-            deleted = self._svc.call(drop())
+            self._svc.call(drop())
         except Exception as exc:  # noqa: BLE001 - eviction retries later
             logger.warning("fx100io: delete of %d keys failed: %r", len(pairs), exc)
-            return
-        if deleted:
-            self._notify_keys_deleted([k for k, _ in deleted], [s for _, s in deleted])
 
     def list_l2_keys(
         self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
