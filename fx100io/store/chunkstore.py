@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fx100io import _core
@@ -158,6 +158,9 @@ class ChunkStore:
         self._mu = threading.RLock()
         self._entries: dict[bytes, Entry] = {}
         self._closed = False
+        # on_evict(pairs): (key, length) of chunks the LRU evicted, once their DEL
+        # records are durable; called on the index log's thread, must not block
+        self.on_evict: Callable[[list[tuple[bytes, int]]], None] | None = None
         self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, evictions=0,
                               deletes=0, bytes_written=0, bytes_read=0)
         devices: list[Device] = []
@@ -347,6 +350,12 @@ class ChunkStore:
             for e in victims:
                 m.release(e)
             self._counters["evictions"] += len(victims)
+        hook = self.on_evict
+        if hook is not None and victims:
+            try:
+                hook([(e.key, e.length) for e in victims])
+            except Exception:  # noqa: BLE001 - a listener's failure is not the store's
+                log.exception("fx100io: on_evict failed")
 
     async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
         """Store each buffer under its key, durably; replaces existing chunks.
