@@ -300,3 +300,33 @@ def test_chunkstore_batch_delete_is_durable_and_per_key(tmp_path):
 
 async def _batch_delete(s, keys):
     return await s.batch_delete(keys)
+
+
+def test_the_stores_own_lru_evictions_are_reported_to_lmcache(device):
+    arena = Arena(8 << 20)
+    ad = load_adapter(spec(device, capacity="1M"), arena)
+    try:
+        listener = _Listener()
+        ad.register_listener(listener)
+        keys = [key(i, salt="alice") for i in range(6)]
+        for i, k in enumerate(keys):
+            o = arena.obj(256 << 10)
+            fill(o, i)
+            assert store(ad, [k], [o])
+        present = lookup(ad, keys)
+        ad.submit_unlock(keys)
+        gone = [k for k, p in zip(keys, present) if not p]
+        assert gone, "the store never evicted: the test needs a fuller device"
+        ad._svc.call(_noop())  # the loop has run every report queued before
+        assert sorted(listener.deleted, key=repr) == sorted(gone, key=repr)
+        u = ad.get_usage()
+        assert u.bytes_by_cache_salt["alice"] == u.total_bytes_used
+        ad.delete(gone)  # LMCache's own eviction of keys already gone changes nothing
+        u = ad.get_usage()
+        assert u.bytes_by_cache_salt["alice"] == u.total_bytes_used
+    finally:
+        ad.close()
+
+
+async def _noop() -> None:
+    return None

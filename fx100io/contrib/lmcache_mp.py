@@ -156,6 +156,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
             used, capacity = self._svc.call(self._svc.usage())
             self._max_capacity_bytes = capacity
             self._seed_usage()
+            self._watch_evictions()
             self._register_l1(l1_memory_desc, settings)
         except BaseException:
             self._svc.close()
@@ -198,6 +199,40 @@ class FX100ioL2Adapter(L2AdapterInterface):
         with self._usage_lock:
             self._total_bytes_used = total
             self._bytes_by_cache_salt = {k: v for k, v in per_salt.items() if v > 0}
+
+    def _watch_evictions(self) -> None:
+        """Chunks the store's own LRU evicts (to make room for a put) are reported to
+        LMCache as deleted, with their sizes: its byte counts and eviction policy then
+        never keep keys the device no longer has."""
+        store = self._svc.store
+        if not hasattr(store, "on_evict"):
+            return  # a shared index evicts for every host: not reported here
+        loop = self._svc._runner.loop
+
+        def evicted(pairs: list[tuple[bytes, int]]) -> None:
+            try:  # the hook runs on the store's index thread: report from the loop
+                loop.call_soon_threadsafe(self._report_evicted, pairs)
+            except RuntimeError:
+                pass  # the loop is gone: the adapter is closed
+
+        store.on_evict = evicted
+
+    def _report_evicted(self, pairs: list[tuple[bytes, int]]) -> None:
+        keys: list[ObjectKey] = []
+        sizes: list[int] = []
+        for raw, size in pairs:
+            fields = parse_object_key_name(raw)
+            if fields is None:
+                continue
+            rank, group, chash, salt, model = fields
+            try:
+                keys.append(ObjectKey(chunk_hash=chash, model_name=model, kv_rank=rank,
+                                      object_group_id=group, cache_salt=salt))
+            except ValueError:
+                continue
+            sizes.append(int(size))
+        if keys:
+            self._notify_keys_deleted(keys, sizes)
 
     # ----------------------------------------------------------------- helpers
 
