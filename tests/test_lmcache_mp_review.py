@@ -330,3 +330,38 @@ def test_the_stores_own_lru_evictions_are_reported_to_lmcache(device):
 
 async def _noop() -> None:
     return None
+
+
+def test_after_restart_lmcache_evicts_old_chunks_before_new_ones(device):
+    from lmcache.v1.distributed.config import EvictionConfig
+    from lmcache.v1.distributed.storage_controllers.eviction_controller import (
+        L2AdapterEvictionState,
+        L2EvictionController,
+    )
+
+    arena = Arena(16 << 20)
+    first = load_adapter(spec(device, capacity="1M"), arena)
+    try:
+        for i in range(3):  # 768 KiB of 1 MiB: over the watermark after one more
+            o = arena.obj(256 << 10)
+            fill(o, i)
+            assert store(first, [key(i)], [o])
+    finally:
+        first.close()
+    ad = load_adapter(spec(device, capacity="1M"), arena)
+    try:
+        state = L2AdapterEvictionState(0, ad, EvictionConfig(eviction_policy="LRU"))
+        ctl = L2EvictionController([state])
+        o = arena.obj(100 << 10)
+        want = fill(o, 7)
+        assert store(ad, [key(7)], [o])  # the one chunk stored since the restart
+        ctl._check_and_evict(state)  # one pass of LMCache's eviction thread
+        res = lookup(ad, [key(0), key(1), key(2), key(7)])
+        ad.submit_unlock([key(0), key(1), key(2), key(7)])
+        assert res[3], "LMCache's LRU evicted the only chunk stored since the restart"
+        assert not all(res[:3]), "nothing old was evicted"
+        dst = arena.obj(100 << 10)
+        assert load(ad, [key(7)], [dst]) == [True]
+        assert content(dst) == want
+    finally:
+        ad.close()

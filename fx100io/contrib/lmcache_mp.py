@@ -234,6 +234,33 @@ class FX100ioL2Adapter(L2AdapterInterface):
         if keys:
             self._notify_keys_deleted(keys, sizes)
 
+    def register_listener(self, listener: Any) -> None:
+        """Register a listener and tell it first of every chunk already on the device
+        (a previous server's, oldest-named first): LMCache's eviction policy then knows
+        them, and evicts them before chunks stored since. Byte counts are unchanged
+        (they were taken from the device at start)."""
+        super().register_listener(listener)
+        try:
+            rows = self._svc.call(self._svc.listing(OBJECT_PREFIX))
+        except Exception as exc:  # noqa: BLE001 - the listener still gets new events
+            logger.warning("fx100io: listing the device for a new listener failed: %r", exc)
+            return
+        keys: list[ObjectKey] = []
+        sizes: list[int] = []
+        for name, size in rows:
+            fields = parse_object_key_name(name)
+            if fields is None:
+                continue
+            rank, group, chash, salt, model = fields
+            try:
+                keys.append(ObjectKey(chunk_hash=chash, model_name=model, kv_rank=rank,
+                                      object_group_id=group, cache_salt=salt))
+            except ValueError:
+                continue
+            sizes.append(size)
+        if keys:
+            listener.on_l2_keys_stored(keys, sizes)
+
     # ----------------------------------------------------------------- helpers
 
     def _task_id(self) -> L2TaskId:
