@@ -365,3 +365,44 @@ def test_after_restart_lmcache_evicts_old_chunks_before_new_ones(device):
         assert content(dst) == want
     finally:
         ad.close()
+
+
+def test_a_paged_listing_walks_the_device_once(device):
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device), arena)
+    try:
+        keys = [key(i, model=f"m{i % 3}") for i in range(25)]
+        objs = [arena.obj(512) for _ in keys]
+        for i, o in enumerate(objs):
+            fill(o, i)
+        assert store(ad, keys, objs)
+        walks = []
+        real = ad._svc.listing
+
+        def counting(prefix, **kw):
+            walks.append(prefix)
+            return real(prefix, **kw)
+
+        ad._svc.listing = counting
+        got = []
+        cursor = None
+        pages = 0
+        while True:
+            page = ad.list_l2_keys(page_size=4, cursor=cursor)
+            got.extend(e.key for e in page.entries)
+            pages += 1
+            if page.next_page_token is None:
+                break
+            cursor = page.next_page_token
+        assert pages == 7
+        assert len(walks) == 1
+        assert sorted(map(repr, got)) == sorted(repr(k.to_encoded_object_key()) for k in keys)
+        assert len(got) == len(keys)
+        # a new listing takes a new snapshot: a chunk stored since is in it
+        o = arena.obj(512)
+        fill(o, 99)
+        assert store(ad, [key(99)], [o])
+        again = ad.list_l2_keys(page_size=100)
+        assert len(again.entries) == 26 and len(walks) == 2
+    finally:
+        ad.close()

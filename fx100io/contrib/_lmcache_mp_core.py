@@ -364,8 +364,9 @@ class StoreService:
                     on_deleted([i], [size])
         return out
 
-    async def listing(self, prefix: str) -> list[tuple[str, int]]:
-        """(name, size) of every chunk whose key starts with prefix, sorted by name."""
+    async def listing(self, prefix: str, sort: bool = True) -> list[tuple[str, int]]:
+        """(name, size) of every chunk whose key starts with prefix, sorted by name
+        unless sort is False (the caller sorts, off the loop)."""
         names: list[str] = []
         for raw in await self._index_keys():
             try:
@@ -376,7 +377,8 @@ class StoreService:
                 names.append(name)
         sizes = await self._index_sizes(names)
         rows = [(n, s) for n, s in zip(names, sizes) if s is not None]
-        rows.sort()
+        if sort:
+            rows.sort()
         return rows
 
     async def usage(self) -> tuple[int, int]:

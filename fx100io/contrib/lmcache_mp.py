@@ -30,7 +30,9 @@ layout).
 
 from __future__ import annotations
 
+import bisect
 import errno
+import itertools
 import os
 import threading
 from collections.abc import Mapping
@@ -142,6 +144,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         self._loads: dict[L2TaskId, Bitmap] = {}
         self._locks: dict[ObjectKey, int] = {}
         self._registration: Any = None
+        self._snapshot: tuple[list[str], list[tuple[str, int]]] | None = None
         self._closed = False
         self._fds: list[int] = []
         try:
@@ -191,7 +194,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         """Byte counts per cache_salt of what a previous server left on the device."""
         per_salt: dict[str, int] = {}
         total = 0
-        for name, size in self._svc.call(self._svc.listing(OBJECT_PREFIX)):
+        for name, size in self._svc.call(self._svc.listing(OBJECT_PREFIX, sort=False)):
             fields = parse_object_key_name(name)
             if fields is not None:
                 per_salt[fields[3]] = per_salt.get(fields[3], 0) + size
@@ -241,7 +244,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         (they were taken from the device at start)."""
         super().register_listener(listener)
         try:
-            rows = self._svc.call(self._svc.listing(OBJECT_PREFIX))
+            rows = sorted(self._svc.call(self._svc.listing(OBJECT_PREFIX, sort=False)))
         except Exception as exc:  # noqa: BLE001 - the listener still gets new events
             logger.warning("fx100io: listing the device for a new listener failed: %r", exc)
             return
@@ -470,18 +473,21 @@ class FX100ioL2Adapter(L2AdapterInterface):
         self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
     ) -> KeyListPage:
         """Every chunk on the device, also those a previous server stored (sorted by
-        store key; the cursor is the last key of the previous page)."""
+        store key; the cursor is the last key of the previous page).
+
+        A listing pages through one snapshot of the index, taken by its first page:
+        a chunk stored after it is not listed, one deleted since may still be. Each
+        further page costs a binary search, not a new pass over the device's keys."""
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if cursor is not None and (not isinstance(cursor, str) or not cursor.startswith(OBJECT_PREFIX)):
             raise ValueError(f"malformed cursor {cursor!r}")
-        rows = self._svc.call(self._svc.listing(OBJECT_PREFIX))
+        names, rows = self._listing_snapshot(cursor is None)
+        start = 0 if cursor is None else bisect.bisect_right(names, cursor)
         entries: list[KeyEntry] = []
         last: str | None = None
         more = False
-        for name, size in rows:
-            if cursor is not None and name <= cursor:
-                continue
+        for name, size in itertools.islice(rows, start, None):
             fields = parse_object_key_name(name)
             if fields is None:
                 continue
@@ -499,6 +505,19 @@ class FX100ioL2Adapter(L2AdapterInterface):
             entries.append(KeyEntry(key=key.to_encoded_object_key(), size_bytes=size))
             last = name
         return KeyListPage(entries=tuple(entries), next_page_token=last if more else None)
+
+    def _listing_snapshot(self, fresh: bool) -> tuple[list[str], list[tuple[str, int]]]:
+        """(sorted names, sorted rows) of the last snapshot, or a new one if fresh or
+        none was taken. The loop only collects the names; sorting happens here."""
+        with self._lock:
+            snap = self._snapshot
+        if fresh or snap is None:
+            rows = self._svc.call(self._svc.listing(OBJECT_PREFIX, sort=False))
+            rows.sort()
+            snap = ([n for n, _ in rows], rows)
+            with self._lock:
+                self._snapshot = snap
+        return snap
 
     def get_usage(self) -> AdapterUsage:
         """Bytes on the device (the store's own count, which also sees its LRU
@@ -627,7 +646,7 @@ class FX100ioNativeClient:
 
     def list_keys(self) -> list[str]:
         """LMCache's key strings of every chunk this client type stored."""
-        rows = self._svc.call(self._svc.listing(NATIVE_PREFIX))
+        rows = sorted(self._svc.call(self._svc.listing(NATIVE_PREFIX, sort=False)))
         return [name[len(NATIVE_PREFIX):] for name, _ in rows]
 
     def close(self) -> None:
