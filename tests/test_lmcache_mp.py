@@ -114,7 +114,37 @@ def wait_fd(fd: int) -> None:
         pass
 
 
+# Helpers are strict by default: one task in flight per event fd, so once the fd fires
+# and is read, the task's result must be there (an adapter that signals before its result
+# is visible would lose LMCache's wake-up). Threads sharing an adapter (as LMCache's
+# controllers would not) set _lenient.on and poll again instead.
+_lenient = threading.local()
+
+
+def _strict() -> bool:
+    return not getattr(_lenient, "on", False)
+
+
+def _drain(fd: int) -> None:
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass
+
+
+def _fired(fd: int, what: str) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    assert poller.poll(WAIT_S * 1000), f"{what}: the event fd never fired"
+    os.eventfd_read(fd)
+
+
 def wait_query(adapter, fd: int, query, task_id: int):
+    if _strict():
+        _fired(fd, f"task {task_id}")
+        result = query(task_id)
+        assert result is not None, f"task {task_id}: its event fd fired before its result"
+        return result
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         result = query(task_id)
@@ -123,10 +153,7 @@ def wait_query(adapter, fd: int, query, task_id: int):
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         if poller.poll(100):
-            try:
-                os.eventfd_read(fd)
-            except BlockingIOError:
-                pass
+            _drain(fd)
     raise AssertionError(f"task {task_id} never completed")
 
 
@@ -137,6 +164,15 @@ _store_lock = threading.Lock()
 def store(adapter, keys, objs) -> bool:
     """pop_completed_store_tasks pops every finished task, so threads that share an
     adapter (as LMCache's store controller would not) share what they popped."""
+    if _strict():
+        fd = adapter.get_store_event_fd()
+        _drain(fd)
+        assert adapter.pop_completed_store_tasks() == {}
+        tid = adapter.submit_store_task(keys, objs)
+        _fired(fd, "store")
+        done = adapter.pop_completed_store_tasks()
+        assert list(done) == [tid], f"store: the event fd fired, its result is {done}"
+        return done[tid].is_successful()
     tid = adapter.submit_store_task(keys, objs)
     deadline = time.monotonic() + WAIT_S
     while True:
@@ -150,13 +186,12 @@ def store(adapter, keys, objs) -> bool:
         poller = select.poll()
         poller.register(adapter.get_store_event_fd(), select.POLLIN)
         if poller.poll(100):
-            try:
-                os.eventfd_read(adapter.get_store_event_fd())
-            except BlockingIOError:
-                pass
+            _drain(adapter.get_store_event_fd())
 
 
 def lookup(adapter, keys, layouts: bool = True) -> list[bool]:
+    if _strict():
+        _drain(adapter.get_lookup_and_lock_event_fd())
     if layouts:
         tid = adapter.submit_lookup_and_lock_task(keys, {0: MemoryLayoutDesc(shapes=[], dtypes=[])})
     else:
@@ -167,6 +202,8 @@ def lookup(adapter, keys, layouts: bool = True) -> list[bool]:
 
 
 def load(adapter, keys, objs) -> list[bool]:
+    if _strict():
+        _drain(adapter.get_load_event_fd())
     tid = adapter.submit_load_task(keys, objs)
     bm = wait_query(adapter, adapter.get_load_event_fd(), adapter.query_load_result, tid)
     return [bm.test(i) for i in range(len(keys))]
@@ -311,6 +348,7 @@ def test_many_threads_at_once(device, kind):
                           [arena.obj(65536 + 512 * j) for j in range(per)]))
 
     def worker(t: int) -> None:
+        _lenient.on = True
         try:
             srcs, dsts = slots[t]
             keys = [key(1000 * t + j, rank=t) for j in range(per)]

@@ -406,3 +406,43 @@ def test_a_paged_listing_walks_the_device_once(device):
         assert len(again.entries) == 26 and len(walks) == 2
     finally:
         ad.close()
+
+
+def test_the_helpers_catch_a_wake_up_sent_before_its_result(device, monkeypatch):
+    """An adapter whose event fd fires before the result is visible loses LMCache's
+    wake-up (its controller queries once per wake-up): the shared test helpers must
+    fail on it, not poll again until the result shows up."""
+    from fx100io.contrib import lmcache_mp
+
+    late: dict = {}
+
+    def signal_first(self, table, tid, result, fd):
+        with self._lock:
+            if fd not in self._fds:
+                return
+            lmcache_mp._signal(fd)  # the wake-up ...
+            late[(table, tid)] = result  # ... before the result is visible
+
+    real_query = lmcache_mp.FX100ioL2Adapter.query_load_result
+
+    def query(self, tid):
+        out = real_query(self, tid)
+        with self._lock:  # what was published late is visible from the next query on
+            for (table, t), r in list(late.items()):
+                getattr(self, table)[t] = r
+                del late[(table, t)]
+        return out
+
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device), arena)
+    try:
+        o = arena.obj(4096)
+        fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        monkeypatch.setattr(lmcache_mp.FX100ioL2Adapter, "_publish", signal_first)
+        monkeypatch.setattr(lmcache_mp.FX100ioL2Adapter, "query_load_result", query)
+        with pytest.raises(AssertionError, match="before its result|never completed"):
+            load(ad, [key(1)], [arena.obj(4096)])
+    finally:
+        monkeypatch.undo()
+        ad.close()
