@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 
 import pytest
@@ -256,7 +258,6 @@ def test_eviction_of_many_keys_is_one_index_commit(device, monkeypatch):
 
 
 def test_deletes_are_reported_even_when_the_caller_stopped_waiting(device):
-    import threading
 
     arena = Arena(1 << 20)
     ad = load_adapter(spec(device), arena)
@@ -446,3 +447,58 @@ def test_the_helpers_catch_a_wake_up_sent_before_its_result(device, monkeypatch)
     finally:
         monkeypatch.undo()
         ad.close()
+
+
+def test_a_truncated_device_misses_and_lookups_miss_during_the_outage(tmp_path):
+    path = tmp_path / "kv.img"
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(f"file://{path}", size="16M", direct="false",
+                           retry_after_s="3600"), arena)
+    try:
+        src = arena.obj(8192)
+        fill(src, 6)
+        assert store(ad, [key(6)], [src])
+        assert lookup(ad, [key(6)]) == [True]
+        ad.submit_unlock([key(6)])
+        os.truncate(path, 4096)  # the data is gone under the store: a real failure
+        dst = arena.obj(8192)
+        dst.tensor.fill_(0xEE)
+        assert load(ad, [key(6)], [dst]) == [False]
+        assert lookup(ad, [key(6)]) == [False]  # the breaker holds: LMCache recomputes
+        assert not ad.report_status()["is_healthy"]
+    finally:
+        ad.close()
+
+
+def test_close_with_a_load_in_flight_reports_it_once_its_io_ends(device):
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device, timeout_s="0.1"), arena)
+    closer = None
+    try:
+        o = arena.obj(4096)
+        fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        loop = ad._svc._runner.loop
+        release = ad._svc.call(_make_event())
+        entered = threading.Event()
+
+        async def slow(keys, bufs):
+            entered.set()
+            await release.wait()
+            return [True] * len(keys)
+
+        ad._svc.store.batch_get = slow
+        tid = ad.submit_load_task([key(1)], [arena.obj(4096)])
+        assert entered.wait(60)
+        closer = threading.Thread(target=ad.close)
+        closer.start()
+        loop.call_soon_threadsafe(release.set)  # the I/O ends while close waits
+        closer.join(120)
+        assert not closer.is_alive()
+        bm = ad.query_load_result(tid)
+        assert bm is not None and bm.test(0)  # reported, not dropped by close
+        with pytest.raises(Exception, match="closed"):
+            ad.submit_load_task([key(1)], [arena.obj(4096)])
+    finally:
+        if closer is None:
+            ad.close()

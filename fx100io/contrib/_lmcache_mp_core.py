@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import (
     DeviceClosedError,
     DeviceFullError,
+    DeviceIOError,
     FxTimeoutError,
     InvalidArgumentError,
 )
@@ -290,9 +291,15 @@ class StoreService:
         except Exception as exc:  # noqa: BLE001 - a failed read is a miss
             self._failed("load", exc)
             return out
-        if hasattr(self.store, "achunk_sizes"):
-            after = await self._index_sizes(keys)
-            got = [bool(ok) and s == b.nbytes for ok, s, b in zip(got, after, bufs)]
+        after = await self._index_sizes(keys)
+        # another host may have replaced the chunk (shared index) while it was read
+        got = [bool(ok) and s == b.nbytes for ok, s, b in zip(got, after, bufs)]
+        unread = [k for k, ok, s, b in zip(keys, got, after, bufs) if not ok and s == b.nbytes]
+        if unread:
+            # still indexed with its size yet not read: not a CRC failure (the store
+            # drops those) but the device failing under it (short read, EIO)
+            self._failed("load", DeviceIOError(5, f"{len(unread)} chunk(s) could not be read, "
+                                               f"first {unread[0]!r}"))
         for i, ok in zip(idx, got):
             out[i] = bool(ok)
         return out
