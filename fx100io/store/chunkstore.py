@@ -652,6 +652,20 @@ class ChunkStore:
             raise error
         return out
 
+    def touch(self, keys: Iterable[Any]) -> int:
+        """Mark chunks as just used (the LRU evicts them last); how many were there."""
+        self._check_open()
+        n = 0
+        with self._mu:
+            for key in keys:
+                e = self._entries.get(normalize_key(key))
+                if e is not None:
+                    lru = self._members[e.dev].lru
+                    if e.key in lru:
+                        lru.move_to_end(e.key)
+                    n += 1
+        return n
+
     def _count(self, **deltas: int) -> None:
         with self._mu:
             for name, n in deltas.items():
