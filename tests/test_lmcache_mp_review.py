@@ -502,3 +502,24 @@ def test_close_with_a_load_in_flight_reports_it_once_its_io_ends(device):
     finally:
         if closer is None:
             ad.close()
+
+
+def test_a_locked_chunk_is_not_the_stores_next_victim(device):
+    arena = Arena(8 << 20)
+    ad = load_adapter(spec(device, capacity="1M"), arena)
+    try:
+        want = {}
+        for i in range(4):
+            o = arena.obj(256 << 10)
+            want[i] = fill(o, i)
+            assert store(ad, [key(i)], [o])
+        assert lookup(ad, [key(0)]) == [True]  # LMCache now holds a lock on the oldest
+        o = arena.obj(256 << 10)
+        fill(o, 9)
+        assert store(ad, [key(9)], [o])  # the store's LRU has to make room
+        dst = arena.obj(256 << 10)
+        assert load(ad, [key(0)], [dst]) == [True]
+        assert content(dst) == want[0]
+        ad.submit_unlock([key(0)])
+    finally:
+        ad.close()

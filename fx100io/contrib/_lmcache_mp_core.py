@@ -311,6 +311,11 @@ class StoreService:
         out = [False] * len(names)
         for (i, _), size in zip(asked, await self._index_sizes([n for _, n in asked])):
             out[i] = size is not None
+        touch = getattr(self.store, "touch", None)
+        if touch is not None:
+            # a chunk LMCache is about to load (it holds a lock on it now) is the
+            # store's most recently used: its LRU evicts it last
+            touch([n for (i, n) in asked if out[i]])
         return out
 
     async def sizes(self, names: Sequence[str]) -> list[int | None]:
