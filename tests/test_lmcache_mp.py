@@ -58,7 +58,9 @@ class Arena:
 
     @property
     def desc(self) -> L1MemoryDesc:
-        return L1MemoryDesc(ptr=self.buf.data_ptr(), size=self.buf.numel(), align_bytes=self.align)
+        # pinned up front, as LMCache's L1 manager exposes an eager arena
+        return L1MemoryDesc(ptr=self.buf.data_ptr(), size=self.buf.numel(), align_bytes=self.align,
+                            stable_registration_size=self.buf.numel())
 
     def obj(self, numel: int, dtype: torch.dtype = torch.uint8) -> TensorMemoryObj:
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()

@@ -523,3 +523,34 @@ def test_a_locked_chunk_is_not_the_stores_next_victim(device):
         ad.submit_unlock([key(0)])
     finally:
         ad.close()
+
+
+def test_only_the_stable_part_of_the_arena_is_registered(device):
+    import dataclasses
+
+    arena = Arena(1 << 20)
+    lazy = dataclasses.replace(arena.desc, stable_registration_size=None)
+    import argparse
+
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from test_lmcache_mp import parse_args_to_l2_adapters_config
+
+    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[spec(device)]))
+    ad = create_l2_adapter(cfg.adapters[0], l1_memory_desc=lazy)
+    try:
+        assert ad._registration is None  # the arena may still grow or move
+    finally:
+        ad.close()
+    half = dataclasses.replace(arena.desc, stable_registration_size=1 << 19)
+    ad = create_l2_adapter(cfg.adapters[0], l1_memory_desc=half)
+    try:
+        assert ad._registration is not None
+        assert ad._registration.size == 1 << 19
+        o = arena.obj(4096)
+        want = fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        dst = arena.obj(4096)
+        assert load(ad, [key(1)], [dst]) == [True]
+        assert content(dst) == want
+    finally:
+        ad.close()

@@ -144,6 +144,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         self._loads: dict[L2TaskId, Bitmap] = {}
         self._locks: dict[ObjectKey, int] = {}
         self._registration: Any = None
+        self._kept_registration: Any = None
         self._snapshot: tuple[list[str], list[tuple[str, int]]] | None = None
         self._closed = False
         self._fds: list[int] = []
@@ -176,7 +177,10 @@ class FX100ioL2Adapter(L2AdapterInterface):
         and write then uses io_uring fixed buffers (no per-request page pinning)."""
         if desc is None or not settings.register_buffers:
             return
-        size = getattr(desc, "stable_registration_size", None) or getattr(desc, "size", 0)
+        # only the stable prefix LMCache exposes: None means the arena may still move
+        # or grow (a lazy allocator), so nothing is registered (LMCache's own raw
+        # block adapter does the same)
+        size = getattr(desc, "stable_registration_size", None)
         ptr = getattr(desc, "ptr", 0)
         if not ptr or not size:
             return
@@ -557,7 +561,9 @@ class FX100ioL2Adapter(L2AdapterInterface):
         if reg is not None:
             if drained:
                 reg.close()
-            else:  # I/O may still use the pages: keeping them registered is harmless
+            else:  # I/O may still use the pages: the handle is kept, so they stay
+                # registered (dropping it would unregister them)
+                self._kept_registration = reg
                 logger.error("fx100io: L1 arena left registered: requests still running")
         with self._lock:
             fds, self._fds = self._fds, []
