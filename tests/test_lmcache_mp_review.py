@@ -554,3 +554,18 @@ def test_only_the_stable_part_of_the_arena_is_registered(device):
         assert content(dst) == want
     finally:
         ad.close()
+
+
+def test_a_status_poll_does_not_end_the_back_off(device):
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device, retry_after_s="3600"), arena)
+    try:
+        o = arena.obj(4096)
+        fill(o, 1)
+        assert store(ad, [key(1)], [o])
+        ad._svc._failed("load", OSError(5, "I/O error"))
+        assert not ad.report_status()["is_healthy"]
+        assert not ad.report_status()["is_healthy"]
+        assert lookup(ad, [key(1)]) == [False]
+    finally:
+        ad.close()

@@ -22,6 +22,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,6 +141,7 @@ class StoreService:
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
         self._breaker = Breaker(settings.retry_after_s)
+        self._down_until = 0.0
         self._cond = threading.Condition()
         self._pending = 0
         self._closed = False
@@ -216,8 +218,14 @@ class StoreService:
     def _usable(self) -> bool:
         return self._breaker.usable()
 
+    def healthy(self) -> bool:
+        """Whether the breaker is closed, without ending its back-off (a status poll
+        must not make the next request retry a failing device early)."""
+        return not self._closed and time.monotonic() >= self._down_until
+
     def _failed(self, what: str, exc: BaseException) -> None:
         if is_device_failure(exc):
+            self._down_until = time.monotonic() + float(self.settings.retry_after_s)
             self._breaker.trip(what, exc)
         else:
             logger.warning("fx100io: %s failed: %r (this request only)", what, exc)

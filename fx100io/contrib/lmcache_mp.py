@@ -536,9 +536,12 @@ class FX100ioL2Adapter(L2AdapterInterface):
                             bytes_by_cache_salt=MappingProxyType(per_salt))
 
     def report_status(self) -> dict:
+        """Health and counters, on LMCache's calling thread: store.stats() runs there
+        (with a shared index, a Redis round trip on that thread, never on the loop).
+        Health is read without side effects: a poll does not end the back-off."""
         s = self._svc.store.stats() if not self._svc.closed else {}
         return {
-            "is_healthy": not self._closed and self._svc._usable(),
+            "is_healthy": not self._closed and self._svc.healthy(),
             "type": "fx100io",
             "devices": [d.get("uri") for d in s.get("devices", [])],
             "chunks": s.get("chunks"),
