@@ -52,6 +52,10 @@ CHECKS = [
     "restart_same_file",
     "corrupt_chunk_is_a_failed_load",
     "bad_config_clear_error",
+    "late_answer_for_finished_request_kept_nowhere",
+    "eviction_keeps_other_verdicts",
+    "shutdown_with_job_in_flight_raises",
+    "shared_store_uses_async_index",
     "shutdown_then_recreate",
 ]
 

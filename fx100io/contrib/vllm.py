@@ -131,11 +131,19 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         self._storing: dict[bytes, int] = {}  # store key -> stores in flight
         self._req_keys: dict[str, set[bytes]] = {}  # request -> keys it looked up
         self._key_refs: dict[bytes, int] = {}  # key -> requests that looked it up
+        # Only for a store whose index answers by coroutine (a SharedChunkStore's Redis);
+        # a local ChunkStore's index is an in-memory dict that lookup reads directly.
+        # A key's epoch is set when its first holder asks and dropped with its last one;
+        # an answer is kept only if the key still has the epoch it was asked under, so an
+        # answer landing after every asker finished is thrown away.
         # Written by the loop thread, read by the scheduler: True present, False absent.
         # A key without a verdict is being checked (or not yet asked for).
         self._verdicts: dict[bytes, bool] = {}
-        self._to_check: list[bytes] = []
+        self._epoch: dict[bytes, int] = {}
+        self._next_epoch = 0
+        self._to_check: dict[bytes, int] = {}  # key -> epoch it was asked under
         self._check_lock = threading.Lock()
+        self._torn_down = False
         self._check_scheduled = False
         self._closed = False
 
@@ -146,7 +154,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
             self._backend = self._runner.call(self._open(), OPEN_WAIT_S)
             self._register_primary()
         except BaseException:
-            self._teardown(wait_s=5.0)
+            try:
+                self._teardown(wait_s=5.0)
+            except RuntimeError:  # no job can run yet; keep the original error
+                pass
             raise
         logger.info(
             "fx100io: vLLM tier %r ready: %s; %d primary chunks of %d bytes",
@@ -197,47 +208,73 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self._closed:
+        if self._closed or self._backend is None:
             return LookupResult.MISS
         k = self._key(key)
+        if self._storing.get(k):
+            # Being written: vLLM's manager treats a secondary tier's HIT_PENDING as a
+            # miss, RETRY makes it ask again once the write is done.
+            return LookupResult.RETRY
+        store = self.store
+        if not _async_index(store):
+            # A local ChunkStore: its index is a dict under a lock, nothing to wait for.
+            try:
+                return LookupResult.HIT if store.contains(k) else LookupResult.MISS
+            except Exception:  # noqa: BLE001 - a closed store holds nothing
+                return LookupResult.MISS
         asked = self._req_keys.setdefault(req_context.req_id, set())
         if k not in asked:
             asked.add(k)
-            self._key_refs[k] = self._key_refs.get(k, 0) + 1
-        if self._storing.get(k):
-            return LookupResult.HIT_PENDING
+            n = self._key_refs.get(k, 0)
+            self._key_refs[k] = n + 1
+            if n == 0:
+                with self._check_lock:
+                    self._next_epoch += 1
+                    self._epoch[k] = self._next_epoch
         verdict = self._verdicts.get(k)
         if verdict is True:
             return LookupResult.HIT
         if verdict is False:
             return LookupResult.MISS
-        self._ask(k)
+        self._ask([k])
         return LookupResult.RETRY
 
-    def _ask(self, k: bytes) -> None:
+    def _ask(self, keys: Iterable[bytes]) -> None:
         with self._check_lock:
-            self._to_check.append(k)
-            if self._check_scheduled:
+            for k in keys:
+                epoch = self._epoch.get(k)
+                if epoch is not None:
+                    self._to_check[k] = epoch
+            if self._check_scheduled or not self._to_check:
                 return
             self._check_scheduled = True
         try:
-            self._runner.loop.call_soon_threadsafe(self._answer)
+            self._runner.submit(self._answer())
         except RuntimeError:  # the loop is gone: nothing will answer
             with self._check_lock:
                 self._check_scheduled = False
 
-    def _answer(self) -> None:
+    async def _answer(self) -> None:
         """Loop thread: answer every pending existence check from the store's index."""
         with self._check_lock:
-            keys, self._to_check = self._to_check, []
+            asked, self._to_check = self._to_check, {}
             self._check_scheduled = False
-        backend = self._backend
-        for k in keys:
-            try:
-                present = backend is not None and self.store.contains(k)
-            except Exception:  # noqa: BLE001 - a closed store holds nothing
-                present = False
-            self._verdicts[k] = bool(present)
+        keys = list(asked)
+        try:
+            sizes = await self.store.achunk_sizes(keys) if keys else []
+        except Exception:  # noqa: BLE001 - an index that cannot answer holds nothing
+            sizes = [None] * len(keys)
+        with self._check_lock:
+            for k, size in zip(keys, sizes):
+                if self._epoch.get(k) == asked[k]:  # still asked for by the same holders
+                    self._verdicts[k] = size == self._chunk_bytes
+
+    def _set_verdicts(self, keys: Iterable[bytes], present: bool) -> None:
+        """Loop thread: record what a job learnt, for keys some request still holds."""
+        with self._check_lock:
+            for k in keys:
+                if k in self._epoch:
+                    self._verdicts[k] = present
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         # A verdict lives while some request that asked for it does: a later request
@@ -248,7 +285,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
                 self._key_refs[k] = n
             else:
                 self._key_refs.pop(k, None)
-                self._verdicts.pop(k, None)
+                with self._check_lock:
+                    self._epoch.pop(k, None)
+                    self._verdicts.pop(k, None)
+                    self._to_check.pop(k, None)
 
     # ------------------------------------------------------------ jobs
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -281,9 +321,12 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
     async def _store(self, job: TransferJob, keys: list[bytes], rows: list[memoryview]) -> JobResult:
         t0 = time.monotonic()
         store = self.store
-        todo = [(k, r) for k, r in zip(keys, rows) if not store.contains(k)]
-        evictions = _evictions(store)
+        shared = _async_index(store)
+        todo: list[tuple[bytes, memoryview]] = []
         try:
+            sizes = await _sizes(store, keys)
+            todo = [(k, r) for k, r, n in zip(keys, rows, sizes) if n != self._chunk_bytes]
+            evictions = await _evictions(store) if shared else 0
             if todo:
                 await store.batch_put([k for k, _ in todo], [r for _, r in todo])
         except Exception as exc:  # noqa: BLE001 - the chunks are just not kept
@@ -291,16 +334,13 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
             ok = False
         else:
             ok = True
-        finally:
-            if _evictions(store) != evictions:
-                # Chunks were evicted to make room: a cached 'present' may be stale.
-                for k, v in list(self._verdicts.items()):
-                    if v:
-                        self._verdicts.pop(k, None)
-        if ok:
-            for k in keys:
-                if k in self._verdicts:
-                    self._verdicts[k] = True
+            if shared:
+                if await _evictions(store) != evictions:
+                    # Chunks were evicted to make room: a cached 'present' may be stale.
+                    # Ask again for those (keeping the answer until the new one lands);
+                    # a stale one costs a failed load, which vLLM recomputes.
+                    self._ask([k for k, v in list(self._verdicts.items()) if v])
+                self._set_verdicts(keys, True)
         return JobResult(
             job_id=job.job_id,
             success=ok,
@@ -314,9 +354,9 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         size = self._chunk_bytes
         # A chunk of any other size is not this tier's chunk for this row (a short one
         # would leave the rest of the row as it was): a failure, never partial bytes.
-        fit = [i for i, k in enumerate(keys) if store.chunk_size(k) == size]
         ok = [False] * len(keys)
         try:
+            fit = [i for i, n in enumerate(await _sizes(store, keys)) if n == size]
             if fit:
                 got = await store.batch_get([keys[i] for i in fit], [rows[i] for i in fit])
                 for i, g in zip(fit, got):
@@ -324,9 +364,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         except Exception as exc:  # noqa: BLE001 - a failed load; vLLM recomputes
             logger.error("fx100io: load of %d chunks failed: %r", len(keys), exc)
             ok = [False] * len(keys)
-        for k, good in zip(keys, ok):
-            if not good:
-                self._verdicts[k] = False  # so lookup answers MISS, not HIT again
+        # So lookup answers MISS, not HIT again (only for keys a request still holds).
+        self._set_verdicts([k for k, good in zip(keys, ok) if not good], False)
         success = all(ok)
         loaded = [orig for orig, good in zip(job.keys, ok) if good]
         return JobResult(
@@ -366,7 +405,12 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
 
     # ------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
-        if self._closed:
+        """Wait for the jobs in flight, close the store, let go of the primary memory.
+
+        Raises RuntimeError if jobs are still running after SHUTDOWN_WAIT_S: their I/O
+        still uses the primary rows, so vLLM must not free them (a later call, once
+        they are done, closes the tier)."""
+        if self._torn_down:
             return
         self._closed = True
         self._teardown(wait_s=SHUTDOWN_WAIT_S)
@@ -378,9 +422,11 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         if pending:
             # Their I/O still uses the primary rows: keep the registration and the store
             # rather than free what the kernel is still writing into.
-            logger.error("fx100io: %d jobs still running after %.0fs; leaving the device open",
-                         len(pending), wait_s)
-            return
+            msg = (f"fx100io: {len(pending)} jobs still writing the primary rows after "
+                   f"{wait_s:.0f}s; the device stays open and the rows must stay mapped")
+            logger.error("%s", msg)
+            raise RuntimeError(msg)
+        self._torn_down = True
         backend, self._backend = self._backend, None
         if backend is not None:
             async def close() -> None:
@@ -403,9 +449,22 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         return {}
 
 
-def _evictions(store: Any) -> int:
+def _async_index(store: Any) -> bool:
+    """Whether the store's index answers by coroutine (a SharedChunkStore: Redis round
+    trips, never to be waited on synchronously from the loop or the scheduler)."""
+    return hasattr(store, "achunk_sizes")
+
+
+async def _sizes(store: Any, keys: list[bytes]) -> list[int | None]:
+    if _async_index(store):
+        return list(await store.achunk_sizes(keys)) if keys else []
+    return [store.chunk_size(k) for k in keys]
+
+
+async def _evictions(store: Any) -> int:
     try:
-        return int(store.stats().get("evictions", 0))
+        stats = await store.astats() if hasattr(store, "astats") else store.stats()
+        return int(stats.get("evictions", 0))
     except Exception:  # noqa: BLE001
         return 0
 
