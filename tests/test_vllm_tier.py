@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -66,3 +67,50 @@ def test_vllm_tier(driver: dict[str, dict], name: str) -> None:
     assert rec is not None, f"check {name} never ran; driver stderr:\n{driver['_stderr']['detail']}"
     assert rec["ok"], rec["detail"]
 
+
+
+def _fake_venv(tmp: Path) -> Path:
+    """A venv that shares the real one's packages (its python and site-packages linked),
+    so the install script can be run against it without touching the real one."""
+    fake = tmp / "venv"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "pyvenv.cfg").write_text((VENV / "pyvenv.cfg").read_text())
+    for name in ("python", "python3"):
+        (fake / "bin" / name).symlink_to(os.path.realpath(VPY))
+    for lib in (VENV / "lib").iterdir():
+        (fake / "lib").mkdir(exist_ok=True)
+        (fake / "lib" / lib.name).symlink_to(lib)
+    return fake
+
+
+def test_install_stamp_tracks_wanted_versions(tmp_path: Path) -> None:
+    """The 'ready' stamp holds the versions the script wants: bumping one in the script
+    makes an already stamped venv not ready (check-only mode installs nothing)."""
+    if not VPY.exists():
+        pytest.skip(f"no vllm venv at {VENV}: run tools/install_vllm.sh (tools/test.sh does)")
+    fake = _fake_venv(tmp_path)
+    script = (ROOT / "tools" / "install_vllm.sh").read_text()
+    env = dict(os.environ, FX100IO_VLLM_VENV=str(fake), FX100IO_VLLM_CHECK_ONLY="1")
+    py = os.path.realpath(VPY)
+
+    def run(text: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "install_vllm.sh"
+        path.write_text(text)
+        return subprocess.run(["bash", str(path), py], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    first = run(script)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (fake / ".fx100io-ready").read_text().strip()
+    again = run(script)
+    assert again.returncode == 0 and "checked before" in again.stdout, again.stdout + again.stderr
+    for var in ("VLLM_VERSION", "TORCH_VERSION"):
+        bumped = re.sub(rf'^{var}="[^"]*"', f'{var}="0.0.1"', script, count=1, flags=re.M)
+        assert bumped != script, var
+        res = run(bumped)
+        assert res.returncode != 0 and "ready" not in res.stdout, (var, res.stdout, res.stderr)
+    # Another list of dependencies is another venv too.
+    deps = script.replace("  numpy regex requests", "  numpy regex requests six", 1)
+    assert deps != script
+    res = run(deps)
+    assert res.returncode != 0 and "ready" not in res.stdout, (res.stdout, res.stderr)
