@@ -57,6 +57,8 @@ CHECKS = [
     "eviction_keeps_other_verdicts",
     "shutdown_with_job_in_flight_raises",
     "shared_store_uses_async_index",
+    "failing_store_trips_breaker_logs_once",
+    "hung_job_trips_breaker",
     "shutdown_then_recreate",
 ]
 

@@ -592,6 +592,111 @@ def main(workdir: str) -> int:
             tier._backend.store = real
             tier.shutdown()
 
+    @check("failing_store_trips_breaker_logs_once")
+    def _failing() -> None:
+        import logging
+
+        path = os.path.join(workdir, "fail.img")
+        tier = load_tier(entry(path, create="always", retry_after_s="3600"), primary)
+        real = tier._backend.store
+        calls = []
+
+        class Failing:
+            def __init__(self, store: Any) -> None:
+                self._s = store
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._s, name)
+
+            async def batch_put(self, keys: Any, bufs: Any) -> None:
+                calls.append(len(keys))
+                raise OSError(5, "injected device error")
+
+        records: list[logging.LogRecord] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record)
+
+        log = logging.getLogger("fx100io.contrib.vllm")
+        handler = Keep(logging.DEBUG)
+        log.addHandler(handler)
+        try:
+            primary.fill(0, 1)
+            tier.submit_store(job(1, [key(1)], [0], False))
+            assert [r.success for r in finish(tier)] == [True]
+            tier._backend.store = Failing(real)
+            for n in range(5):
+                tier.submit_store(job(10 + n, [key(100 + n)], [0], False))
+                assert [r.success for r in finish(tier)] == [False]
+            assert calls == [1], f"stores kept going to a failing device: {calls}"
+            errors = [r for r in records if r.levelno >= logging.ERROR]
+            assert len(errors) == 1, [r.getMessage() for r in errors]
+            # While tripped, lookups answer MISS (vLLM recomputes), loads are refused.
+            assert tier.lookup(key(1), ReqContext(req_id="f")) is LookupResult.MISS
+            # Once retry_after_s has passed, the tier tries the device again.
+            tier._backend.store = real
+            tier._breaker._down_until = 0.0
+            assert settle_ctx(tier, key(1), ReqContext(req_id="g")) is LookupResult.HIT
+            tier.submit_store(job(20, [key(200)], [0], False))
+            assert [r.success for r in finish(tier)] == [True]
+        finally:
+            log.removeHandler(handler)
+            records.clear()  # they hold the injected error, whose frames hold row views
+            tier._backend.store = real
+            tier.shutdown()
+
+    @check("hung_job_trips_breaker")
+    def _hung() -> None:
+        import asyncio
+        import threading
+
+        path = os.path.join(workdir, "hung.img")
+        tier = load_tier(entry(path, create="always", timeout_s="0.05", retry_after_s="3600"),
+                         primary)
+        real = tier._backend.store
+        gate = threading.Event()
+
+        class Hung:
+            def __init__(self, store: Any) -> None:
+                self._s = store
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._s, name)
+
+            async def batch_put(self, keys: Any, bufs: Any) -> None:
+                while not gate.is_set():
+                    await asyncio.sleep(0.01)
+                await self._s.batch_put(keys, bufs)
+
+        try:
+            primary.fill(0, 1)
+            tier.submit_store(job(1, [key(1)], [0], False))
+            assert [r.success for r in finish(tier)] == [True]
+            tier._backend.store = Hung(real)
+            primary.fill(1, 2)
+            tier.submit_store(job(2, [key(2)], [1], False))
+            ctx = ReqContext(req_id="h")
+            deadline = time.monotonic() + WAIT_S
+            while tier.lookup(key(1), ctx) is not LookupResult.MISS:
+                assert time.monotonic() < deadline, "a hung job never tripped the breaker"
+                assert list(tier.get_finished_jobs()) == []
+                time.sleep(0.01)
+            # New stores are refused at once (the hung one keeps its rows until it ends).
+            tier.submit_store(job(3, [key(3)], [2], False))
+            assert [(r.job_id, r.success) for r in tier.get_finished_jobs()] == [(3, False)]
+            assert tier.has_pending_work()
+            gate.set()
+            assert [(r.job_id, r.success) for r in finish(tier)] == [(2, True)]
+            tier._backend.store = real
+            tier._breaker._down_until = 0.0
+            assert settle_ctx(tier, key(1), ReqContext(req_id="i")) is LookupResult.HIT
+        finally:
+            gate.set()
+            tier._backend.store = real
+            tier.drain_jobs()
+            tier.shutdown()
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -605,7 +710,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -128,6 +128,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
 
         # Scheduler-thread state (vLLM serialises every call under its lock).
         self._jobs: dict[JobId, tuple[concurrent.futures.Future[JobResult], TransferJob]] = {}
+        self._job_started: dict[JobId, float] = {}  # monotonic start of each running job
+        self._breaker = _Breaker(self.settings.timeout_s, self.settings.retry_after_s)
         self._storing: dict[bytes, int] = {}  # store key -> stores in flight
         self._req_keys: dict[str, set[bytes]] = {}  # request -> keys it looked up
         self._key_refs: dict[bytes, int] = {}  # key -> requests that looked it up
@@ -208,7 +210,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self._closed or self._backend is None:
+        if self._closed or self._backend is None or not self._breaker.usable():
             return LookupResult.MISS
         k = self._key(key)
         if self._storing.get(k):
@@ -306,14 +308,18 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         try:
             if self._closed:
                 raise RuntimeError("the fx100io tier is shut down")
+            if not self._breaker.usable():
+                raise _Refused(self._breaker.reason)
             rows = self._rows(job.chunk_ids)
             if len(rows) != len(keys):
                 raise ValueError(f"{len(keys)} keys but {len(rows)} chunk ids")
             coro = self._store(job, keys, rows) if store else self._load(job, keys, rows)
             fut = self._runner.submit(coro)
+            self._job_started[job.job_id] = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - reported as a failed job
-            logger.error("fx100io: %s job %s not started: %r", "store" if store else "load",
-                         job.job_id, exc)
+            level = logging.DEBUG if isinstance(exc, _Refused) or self._closed else logging.ERROR
+            logger.log(level, "fx100io: %s job %s not started: %r", "store" if store else "load",
+                       job.job_id, exc)
             fut = concurrent.futures.Future()
             fut.set_result(JobResult(job_id=job.job_id, success=False))
         self._jobs[job.job_id] = (fut, job)
@@ -330,7 +336,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
             if todo:
                 await store.batch_put([k for k, _ in todo], [r for _, r in todo])
         except Exception as exc:  # noqa: BLE001 - the chunks are just not kept
-            logger.error("fx100io: store of %d chunks failed: %r", len(todo), exc)
+            self._breaker.trip(f"a store of {len(todo)} chunks", exc)
             ok = False
         else:
             ok = True
@@ -362,7 +368,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
                 for i, g in zip(fit, got):
                     ok[i] = bool(g)
         except Exception as exc:  # noqa: BLE001 - a failed load; vLLM recomputes
-            logger.error("fx100io: load of %d chunks failed: %r", len(keys), exc)
+            self._breaker.trip(f"a load of {len(keys)} chunks", exc)
             ok = [False] * len(keys)
         # So lookup answers MISS, not HIT again (only for keys a request still holds).
         self._set_verdicts([k for k, good in zip(keys, ok) if not good], False)
@@ -378,8 +384,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         done: list[JobResult] = []
+        self._watch_stuck()
         for job_id in [j for j, (f, _) in self._jobs.items() if f.done()]:
             fut, job = self._jobs.pop(job_id)
+            self._job_started.pop(job_id, None)
             try:
                 result = fut.result()
             except BaseException as exc:  # noqa: BLE001 - the loop died under it
@@ -395,13 +403,31 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
             done.append(result)
         return done
 
+    def _watch_stuck(self) -> None:
+        """A job running past timeout_s means the device hangs: trip the breaker (new
+        lookups MISS, new jobs refused) and keep it tripped while such a job runs. The
+        job itself keeps its rows until its I/O ends: it is never abandoned."""
+        if not self._job_started:
+            return
+        oldest = min(self._job_started.values())
+        age = time.monotonic() - oldest
+        if age > self._breaker.timeout_s:
+            self._breaker.trip(f"a job running for {age:.1f}s (timeout_s "
+                               f"{self._breaker.timeout_s:g})", TimeoutError())
+
     def has_pending_work(self) -> bool:
         return bool(self._jobs)
 
     def drain_jobs(self) -> None:
+        # vLLM's contract: return only once no I/O touches the primary rows, so a hung
+        # device blocks here; it is logged each timeout_s, and the breaker trips.
         futures = [f for f, _ in self._jobs.values()]
-        if futures:
-            concurrent.futures.wait(futures)
+        while futures:
+            _, pending = concurrent.futures.wait(futures, timeout=max(self._breaker.timeout_s, 1.0))
+            if pending:
+                self._watch_stuck()
+                logger.warning("fx100io: drain_jobs still waiting on %d jobs", len(pending))
+            futures = list(pending)
 
     # ------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
@@ -447,6 +473,45 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
     # ------------------------------------------------------------ metadata
     def config_info(self) -> dict[str, str]:
         return {}
+
+
+class _Refused(Exception):
+    """A job not started because the breaker is tripped."""
+
+
+class _Breaker:
+    """After a device error, or a job outliving timeout_s, the tier reports misses and
+    refuses new jobs for retry_after_s (vLLM recomputes meanwhile), logging once."""
+
+    def __init__(self, timeout_s: float, retry_after_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self.reason: str | None = None
+
+    def usable(self) -> bool:
+        if self.reason is None:
+            return True
+        with self._lock:
+            if self.reason is None:
+                return True
+            if time.monotonic() < self._down_until:
+                return False
+            logger.warning("fx100io: vLLM tier tries the store again after %s", self.reason)
+            self.reason = None
+            return True
+
+    def trip(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            first = self.reason is None
+            self.reason = f"{what} failed: {exc!r}"
+            self._down_until = time.monotonic() + self.retry_after_s
+        if first:
+            logger.error("fx100io: %s failed (%r); the vLLM tier reports misses and refuses "
+                         "stores for %.1fs, vLLM recomputes", what, exc, self.retry_after_s)
+        else:
+            logger.debug("fx100io: %s failed again: %r", what, exc)
 
 
 def _async_index(store: Any) -> bool:
