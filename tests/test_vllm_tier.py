@@ -59,6 +59,8 @@ CHECKS = [
     "shared_store_uses_async_index",
     "failing_store_trips_breaker_logs_once",
     "hung_job_trips_breaker",
+    "dp_rank_placeholder_and_namespace_setting",
+    "out_of_range_chunk_ids_fail_the_job",
     "shutdown_then_recreate",
 ]
 

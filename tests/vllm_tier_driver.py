@@ -68,7 +68,8 @@ def check(name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
     return wrap
 
 
-def make_spec(model: str = "org/test-model", dtype: str = "bfloat16", tp: int = 1) -> Any:
+def make_spec(model: str = "org/test-model", dtype: str = "bfloat16", tp: int = 1,
+              dp: int = 0, dp_size: int = 1) -> Any:
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1"), group_id=0),),
         worker_kv_bytes_per_block=CHUNK_BYTES,
@@ -79,7 +80,7 @@ def make_spec(model: str = "org/test-model", dtype: str = "bfloat16", tp: int = 
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
             rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            data_parallel_index=dp, data_parallel_size=dp_size, data_parallel_rank_local=None,
             is_parallelism_agnostic=False,
         ),
     )
@@ -697,6 +698,43 @@ def main(workdir: str) -> int:
             tier.drain_jobs()
             tier.shutdown()
 
+    @check("dp_rank_placeholder_and_namespace_setting")
+    def _dp_ns() -> None:
+        # Two data-parallel replicas on one host: each its own file through {dp_rank}.
+        for dp in (0, 1):
+            path = os.path.join(workdir, "dp-{dp_rank}-of-{dp_size}.img")
+            tier = load_tier(entry(path, create="always"), primary, make_spec(dp=dp, dp_size=2))
+            try:
+                assert os.path.exists(os.path.join(workdir, f"dp-{dp}-of-2.img"))
+            finally:
+                tier.shutdown()
+        # A namespace setting (e.g. the model's revision) keeps two weights apart.
+        path = os.path.join(workdir, "ns.img")
+        tier = load_tier(entry(path, create="always", namespace="rev-a"), primary)
+        try:
+            primary.fill(0, 3)
+            tier.submit_store(job(1, [key(1)], [0], False))
+            assert [r.success for r in finish(tier)] == [True]
+        finally:
+            tier.shutdown()
+        for ns, want in (("rev-b", LookupResult.MISS), ("rev-a", LookupResult.HIT)):
+            tier = load_tier(entry(path, namespace=ns), primary)
+            try:
+                assert settle_ctx(tier, key(1), ReqContext(req_id=ns)) is want, ns
+            finally:
+                tier.shutdown()
+
+    @check("out_of_range_chunk_ids_fail_the_job")
+    def _range() -> None:
+        tier = load_tier(entry(os.path.join(workdir, "range.img"), create="always"), primary)
+        try:
+            tier.submit_store(job(1, [key(1)], [NUM_CHUNKS], False))
+            tier.submit_load(job(2, [key(1)], [-1], True))
+            assert sorted((r.job_id, r.success) for r in finish(tier)) == [(1, False), (2, False)]
+            assert not tier.store.contains(tier._key(key(1)))
+        finally:
+            tier.shutdown()
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -710,7 +748,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 

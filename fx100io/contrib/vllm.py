@@ -8,7 +8,11 @@ that it loads from ``kv_connector_extra_config.secondary_tiers``::
                          "devices": "file:///var/lib/fx100io/vllm.img", "size": "64G"}]
 
 Every other key of the entry is one of the settings the LMCache plugin takes (devices,
-size, capacity, direct, queue_depth, max_io, create, ...; values may be strings).
+size, capacity, direct, queue_depth, max_io, create, timeout_s, retry_after_s, ...;
+values may be strings), plus ``namespace`` (any string, folded into every key: the
+weights' revision, which vLLM's config does not name). devices may use {worker_id},
+{world_size}, {dp_rank} and {dp_size} (data-parallel replicas on one host all have
+worker rank 0: give each its own device with {dp_rank}).
 
 The tier has no storage logic of its own: it names chunks (vLLM's OffloadKey is only a
 block hash and a group index, so the model, dtype and parallel layout are folded into
@@ -61,7 +65,7 @@ OPEN_WAIT_S = 300.0
 SHUTDOWN_WAIT_S = 60.0
 
 
-def namespace(offloading_spec: Any, chunk_bytes: int) -> bytes:
+def namespace(offloading_spec: Any, chunk_bytes: int, extra: str | None = None) -> bytes:
     """What makes two vLLM instances' chunks interchangeable, as a 16-byte digest.
 
     An OffloadKey names token content only; the bytes of a chunk also depend on the
@@ -84,8 +88,30 @@ def namespace(offloading_spec: Any, chunk_bytes: int) -> bytes:
             canonical_layout=bool(getattr(cfg, "canonical_layout", False)),
             kv_cache_layout=getattr(cfg, "kv_cache_layout", None),
         )
+    if extra is not None:
+        # What vLLM does not say: the weights' revision, a fine-tune, a quantisation.
+        fields["namespace"] = extra
     raw = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(raw).digest()[:16]
+
+
+def _expand_dp(params: dict[str, Any], offloading_spec: Any) -> dict[str, Any]:
+    """Fill {dp_rank}/{dp_size} in devices: data-parallel replicas on one host are each
+    an EngineCore whose worker rank is 0, so {worker_id} alone would collide."""
+    par = getattr(getattr(offloading_spec, "config", None), "parallel", None)
+    dp = int(getattr(par, "data_parallel_index", 0) or 0)
+    dps = int(getattr(par, "data_parallel_size", 1) or 1)
+
+    def fill(v: Any) -> Any:
+        if isinstance(v, str):
+            return v.replace("{dp_rank}", str(dp)).replace("{dp_size}", str(dps))
+        if isinstance(v, (list, tuple)):
+            return type(v)(fill(x) for x in v)
+        return v
+
+    if "devices" in params:
+        params["devices"] = fill(params["devices"])
+    return params
 
 
 def _rank_of(offloading_spec: Any) -> tuple[int, int]:
@@ -112,6 +138,11 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
         rank, world = _rank_of(offloading_spec)
+        params = dict(params)
+        extra_ns = params.pop("namespace", None)
+        if extra_ns is not None and not isinstance(extra_ns, str):
+            raise ValueError(f"{WHERE}namespace: expected a string, got {extra_ns!r}")
+        params = _expand_dp(params, offloading_spec)
         self.settings: BackendSettings = parse_settings(
             params, WHERE, worker_id=rank, world_size=world
         )
@@ -124,7 +155,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         self._nchunks = primary_kv_view.shape[0] if primary_kv_view.shape else 0
         # One flat byte view of the primary tier: chunk c is [c*size, (c+1)*size).
         self._flat: memoryview | None = primary_kv_view.cast("B")
-        self._prefix = b"vllm:" + namespace(offloading_spec, self._chunk_bytes).hex().encode() + b":"
+        digest = namespace(offloading_spec, self._chunk_bytes, extra_ns)
+        self._prefix = b"vllm:" + digest.hex().encode() + b":"
 
         # Scheduler-thread state (vLLM serialises every call under its lock).
         self._jobs: dict[JobId, tuple[concurrent.futures.Future[JobResult], TransferJob]] = {}
