@@ -61,6 +61,7 @@ CHECKS = [
     "hung_job_trips_breaker",
     "dp_rank_placeholder_and_namespace_setting",
     "out_of_range_chunk_ids_fail_the_job",
+    "through_vllm_tiering_manager",
     "shutdown_then_recreate",
 ]
 

@@ -142,6 +142,10 @@ def load_tier(cfg: dict[str, Any], primary: Primary, spec: Any = None) -> Any:
     return SecondaryTierFactory.create_secondary_tier(cfg, primary.view, spec or make_spec())
 
 
+def load_tier_over(cfg: dict[str, Any], view: memoryview, spec: Any = None) -> Any:
+    return SecondaryTierFactory.create_secondary_tier(cfg, view, spec or make_spec())
+
+
 def key(n: int, group: int = 0) -> Any:
     return make_offload_key(n.to_bytes(32, "big"), group)
 
@@ -735,6 +739,62 @@ def main(workdir: str) -> int:
         finally:
             tier.shutdown()
 
+    @check("through_vllm_tiering_manager")
+    def _manager() -> None:
+        from vllm.v1.kv_offload.base import ScheduleEndContext
+        from vllm.v1.kv_offload.tiering.manager import (
+            CPUPrimaryTierOffloadingManager,
+            TieringOffloadingManager,
+        )
+
+        path = os.path.join(workdir, "mgr.img")
+        end = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+
+        def build(create: bool) -> tuple[Any, Any, Any]:
+            region = SharedOffloadRegion(
+                engine_id=f"fx100io-{uuid.uuid4().hex[:12]}", num_chunks=NUM_CHUNKS, rank=None,
+                kv_bytes_per_chunk=CHUNK_BYTES, cpu_page_size=4096)
+            prim = CPUPrimaryTierOffloadingManager(num_chunks=NUM_CHUNKS, mmap_region=region)
+            cfg = entry(path, **({"create": "always"} if create else {}))
+            tier = load_tier_over(cfg, prim.get_kv_memoryview())
+            return tier, TieringOffloadingManager(primary_tier=prim, secondary_tiers=[tier]), prim
+
+        def step_until(mgr: Any, done: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + WAIT_S
+            while not done():
+                assert time.monotonic() < deadline, "vLLM's manager never got there"
+                mgr.on_schedule_end(end)
+                time.sleep(0.005)
+
+        k = key(31337)
+        data = np.random.default_rng(7).integers(-128, 128, CHUNK_BYTES, dtype=np.int8)
+        # vLLM stores a chunk in its primary tier; the manager cascades it to fx100io.
+        tier, mgr, prim = build(True)
+        ctx = ReqContext(req_id="m1")
+        mgr.on_new_request(ctx)
+        assert mgr.lookup(k, ctx) is LookupResult.MISS
+        out = mgr.prepare_store([k], ctx)
+        arr = np.asarray(prim.get_kv_memoryview())
+        arr[int(out.store_spec.chunk_ids[0])] = data
+        del arr
+        mgr.complete_store([k], ctx)
+        step_until(mgr, lambda: not mgr.has_pending_work())
+        mgr.on_request_finished(ctx)
+        assert tier.store.contains(tier._key(k))
+        mgr.shutdown()
+        # A fresh engine, empty primary tier: the manager promotes it from fx100io.
+        tier, mgr, prim = build(False)
+        ctx = ReqContext(req_id="m2")
+        mgr.on_new_request(ctx)
+        step_until(mgr, lambda: mgr.lookup(k, ctx) is LookupResult.HIT)
+        spec = mgr.prepare_load([k], ctx)
+        arr = np.asarray(prim.get_kv_memoryview())
+        assert arr[int(spec.chunk_ids[0])].tobytes() == data.tobytes()
+        del arr
+        mgr.complete_load([k], ctx)
+        mgr.on_request_finished(ctx)
+        mgr.shutdown()
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -748,7 +808,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _manager, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 
