@@ -62,6 +62,7 @@ CHECKS = [
     "dp_rank_placeholder_and_namespace_setting",
     "out_of_range_chunk_ids_fail_the_job",
     "through_vllm_tiering_manager",
+    "shutdown_closes_the_store_with_aclose",
     "shutdown_then_recreate",
 ]
 

@@ -795,6 +795,31 @@ def main(workdir: str) -> int:
         mgr.on_request_finished(ctx)
         mgr.shutdown()
 
+    @check("shutdown_closes_the_store_with_aclose")
+    def _aclose() -> None:
+        tier = load_tier(entry(os.path.join(workdir, "aclose.img"), create="always"), primary)
+        real = tier._backend.store
+        used = []
+
+        class Recording:
+            def __init__(self, store: Any) -> None:
+                self._s = store
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._s, name)
+
+            async def aclose(self) -> None:
+                used.append("aclose")
+                await self._s.aclose()
+
+            def close(self) -> None:
+                used.append("close")
+                self._s.close()
+
+        tier._backend.store = Recording(real)
+        tier.shutdown()
+        assert used[:1] == ["aclose"] and real.closed, used
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -808,7 +833,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _manager, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _manager, _aclose, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 

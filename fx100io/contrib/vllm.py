@@ -17,9 +17,19 @@ worker rank 0: give each its own device with {dp_rank}).
 The tier has no storage logic of its own: it names chunks (vLLM's OffloadKey is only a
 block hash and a group index, so the model, dtype and parallel layout are folded into
 each store key) and moves the primary tier's rows to and from the store. vLLM calls
-every method on its scheduler thread under the tiering manager's lock, so none of them
-waits on a device: stores, loads and existence checks run as coroutines on a loop
-thread of the tier's own, and the scheduler only reads what they left behind.
+the methods under the tiering manager's lock (from the scheduler thread, or another
+thread holding that lock), so none of them waits on a device: stores and loads run as
+coroutines on a loop thread of the tier's own. A lookup on a local ChunkStore reads its
+in-memory index directly; with a shared index (Redis) the check runs on the loop and
+lookup answers RETRY until it lands, the answer living while a request that asked
+holds it. While a store of a chunk is in flight its lookup answers RETRY.
+
+Breaker: after a device error, or a job running longer than timeout_s, lookups answer
+MISS and new jobs are refused (failed at once) for retry_after_s, logged once; a job
+in flight is never abandoned (its rows stay in use until its I/O ends, and
+drain_jobs/shutdown wait for it; shutdown raises RuntimeError if it outlives
+SHUTDOWN_WAIT_S, so vLLM does not free rows still being written).
+touch, take_events and metrics are not implemented (the store's own LRU decides).
 
 Failure policy: a chunk that is missing, has the wrong size or fails its CRC32C is a
 failed load (vLLM recomputes it); a failed store only means the chunk is not kept. A
@@ -488,7 +498,15 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         backend, self._backend = self._backend, None
         if backend is not None:
             async def close() -> None:
-                backend.close()
+                # On the loop: aclose waits for queued index commits (and a shared
+                # store's Redis connections) without blocking the loop; then the
+                # device locks go.
+                aclose = getattr(backend.store, "aclose", None)
+                try:
+                    if aclose is not None:
+                        await aclose()
+                finally:
+                    backend.close()
 
             try:
                 self._runner.call(close(), wait_s)
