@@ -191,7 +191,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         self._check_scheduled = False
         self._closed = False
 
-        self._runner = LoopRunner(None)
+        self._runner = LoopRunner(None, engine="vllm")
         self._backend: Any = None
         self._registration: Any = None
         try:
