@@ -25,6 +25,15 @@ VPY = VENV / "bin" / "python"
 def driver(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     if not VPY.exists():
         pytest.skip(f"no vllm venv at {VENV}: run tools/install_vllm.sh (tools/test.sh does)")
+    # A venv left half-made (an offline machine: install_vllm.sh exits 3) is not ready.
+    ready = subprocess.run(
+        ["bash", str(ROOT / "tools" / "install_vllm.sh")],
+        env=dict(os.environ, FX100IO_VLLM_CHECK_ONLY="1"), capture_output=True, text=True,
+        timeout=600,
+    )
+    if ready.returncode != 0:
+        pytest.skip(f"the vllm venv at {VENV} is not ready (tools/install_vllm.sh): "
+                    f"{ready.stderr.strip()[-400:]}")
     work = tmp_path_factory.mktemp("vllm")
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
