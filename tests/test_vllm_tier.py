@@ -72,6 +72,7 @@ CHECKS = [
     "out_of_range_chunk_ids_fail_the_job",
     "through_vllm_tiering_manager",
     "shutdown_closes_the_store_with_aclose",
+    "verdicts_random_orderings_against_a_model",
     "shutdown_then_recreate",
 ]
 

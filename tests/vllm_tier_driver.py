@@ -214,6 +214,12 @@ async def _noop() -> None:
     return None
 
 
+async def _tasks() -> int:
+    import asyncio
+
+    return len(asyncio.all_tasks())
+
+
 def main(workdir: str) -> int:
     img = os.path.join(workdir, "vllm.img")
     originals: dict[int, bytes] = {}
@@ -486,6 +492,32 @@ def main(workdir: str) -> int:
                 tier._runner.call(_noop(), WAIT_S)
                 assert not tier._verdicts, f"{len(tier._verdicts)} verdicts kept"
                 assert not tier._epoch and not tier._to_check and not tier._key_refs
+                # The request finishes while its check is inside the index (a Redis
+                # round trip): the answer that then lands is for nobody.
+                import asyncio
+                import threading
+
+                entered, gate = threading.Event(), threading.Event()
+
+                class Slow(AsyncOnly):
+                    async def achunk_sizes(self, ks: Any) -> list[Any]:
+                        entered.set()
+                        while not gate.is_set():
+                            await asyncio.sleep(0.005)
+                        return await super().achunk_sizes(ks)
+
+                tier._backend.store = Slow(real)
+                ctx = ReqContext(req_id="slow")
+                assert tier.lookup(key(10001), ctx) is LookupResult.RETRY
+                assert entered.wait(WAIT_S)
+                tier.on_request_finished(ctx)
+                gate.set()
+                tier._runner.call(_noop(), WAIT_S)
+                deadline = time.monotonic() + WAIT_S
+                while tier._check_scheduled or tier._runner.call(_tasks(), WAIT_S) > 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                assert not tier._verdicts, "an answer landed for a finished request"
             finally:
                 tier._backend.store = real
             k = key(10000)
@@ -820,6 +852,67 @@ def main(workdir: str) -> int:
         tier.shutdown()
         assert used[:1] == ["aclose"] and real.closed, used
 
+    @check("verdicts_random_orderings_against_a_model")
+    def _model() -> None:
+        """Seeded random interleavings of lookup / finish / store / delete / a busy loop
+        on the cached-verdict path, against a model: a verdict lives while some request
+        that asked holds it (so a delete by someone else shows only to requests asking
+        after every holder from before it finished); this tier's own stores show at once;
+        every verdict, epoch and count is gone once no request is left."""
+        import random
+
+        tier = load_tier(entry(os.path.join(workdir, "model.img"), create="always"), primary)
+        real = tier._backend.store
+        tier._backend.store = AsyncOnly(real)
+        rng = random.Random(1234)
+        keys = [key(70000 + i) for i in range(6)]
+        deleted = dict.fromkeys(range(len(keys)), 0)  # key -> step of its last delete
+        live: dict[str, dict[int, int]] = {}  # request -> key -> step it first asked
+        jid = 5000
+        try:
+            for step in range(1, 400):
+                op = rng.random()
+                i = rng.randrange(len(keys))
+                if op < 0.45:
+                    if not live or rng.random() < 0.3:
+                        live[f"r{step}"] = {}
+                    rid = rng.choice(sorted(live))
+                    ctx = ReqContext(req_id=rid)
+                    live[rid].setdefault(i, step)
+                    if rng.random() < 0.5:
+                        got = settle_ctx(tier, keys[i], ctx)
+                        since = min(asked[i] for asked in live.values() if i in asked)
+                        if since > deleted[i]:
+                            want = tier._key(keys[i]) in set(real.keys())
+                            assert got is (LookupResult.HIT if want else LookupResult.MISS), (
+                                step, i, got, want)
+                    else:
+                        tier.lookup(keys[i], ctx)
+                elif op < 0.65 and live:
+                    rid = rng.choice(sorted(live))
+                    del live[rid]
+                    tier.on_request_finished(ReqContext(req_id=rid))
+                elif op < 0.8:
+                    primary.fill(i % NUM_CHUNKS, step)
+                    tier.submit_store(job(jid, [keys[i]], [i % NUM_CHUNKS], False))
+                    jid += 1
+                    assert all(r.success for r in finish(tier))
+                elif op < 0.9:
+                    tier._runner.call(real.delete(tier._key(keys[i])), WAIT_S)
+                    deleted[i] = step
+                else:
+                    tier._runner.loop.call_soon_threadsafe(time.sleep, 0.02)
+            for rid in list(live):
+                tier.on_request_finished(ReqContext(req_id=rid))
+            tier._runner.call(_noop(), WAIT_S)
+            tier._runner.call(_noop(), WAIT_S)
+            assert not tier._verdicts and not tier._epoch and not tier._key_refs, (
+                len(tier._verdicts), len(tier._epoch), len(tier._key_refs))
+            assert not tier._req_keys and not tier._to_check
+        finally:
+            tier._backend.store = real
+            tier.shutdown()
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -833,7 +926,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _manager, _aclose, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _manager, _aclose, _model, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 
