@@ -70,6 +70,7 @@ CHECKS = [
     "hung_job_trips_breaker",
     "dp_rank_placeholder_and_namespace_setting",
     "out_of_range_chunk_ids_fail_the_job",
+    "chunk_of_another_size_is_a_miss",
     "through_vllm_tiering_manager",
     "shutdown_closes_the_store_with_aclose",
     "verdicts_random_orderings_against_a_model",

@@ -771,6 +771,18 @@ def main(workdir: str) -> int:
         finally:
             tier.shutdown()
 
+    @check("chunk_of_another_size_is_a_miss")
+    def _size() -> None:
+        tier = load_tier(entry(os.path.join(workdir, "size.img"), create="always"), primary)
+        try:
+            k = key(4343)
+            short = bytearray(4096)
+            tier._runner.call(tier.store.batch_put([tier._key(k)], [short]), WAIT_S)
+            assert tier.store.contains(tier._key(k))
+            assert settle_ctx(tier, k, ReqContext(req_id="sz")) is LookupResult.MISS
+        finally:
+            tier.shutdown()
+
     @check("through_vllm_tiering_manager")
     def _manager() -> None:
         from vllm.v1.kv_offload.base import ScheduleEndContext
@@ -926,7 +938,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _manager, _aclose, _model, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -262,8 +262,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         store = self.store
         if not _async_index(store):
             # A local ChunkStore: its index is a dict under a lock, nothing to wait for.
+            # A chunk of another size is not this tier's chunk (its load would fail).
             try:
-                return LookupResult.HIT if store.contains(k) else LookupResult.MISS
+                present = store.chunk_size(k) == self._chunk_bytes
+                return LookupResult.HIT if present else LookupResult.MISS
             except Exception:  # noqa: BLE001 - a closed store holds nothing
                 return LookupResult.MISS
         asked = self._req_keys.setdefault(req_context.req_id, set())
