@@ -306,9 +306,10 @@ def test_host_that_stops_reading_is_dropped(backing, tmp_path):
 
 
 def test_a_write_whose_data_never_comes_holds_no_thread_forever(backing, tmp_path):
-    """A Connected queue that got our R2T and never sends the data is legal
-    (the host may be slow) while its controller lives; when the controller's
-    KATO expires, the queue goes with it."""
+    """A Connected queue that got our R2T and never sends the data: the
+    write's data is due within 2 x the stall timeout of its R2T (so the I/O
+    queue may go first), and when the controller's KATO expires, everything
+    goes."""
     with serve([backing], NQN, "--stall-timeout-ms", "300",
                log=tmp_path / "target.log") as (_, port, proc):
         base_threads = threads(proc.pid)
@@ -550,4 +551,55 @@ def test_a_kato0_queue_waiting_for_write_data_is_not_idle(backing, tmp_path):
         cqe, _, _ = q.complete(cid, data)
         assert cqe.ok
         assert q.read(40, len(data) // 512, 512)[1] == data
+        assert proc.poll() is None
+
+
+def _write_all_but_the_last_pdu(q, cid: int, ttag: int, data: bytes) -> None:
+    off = 0
+    while off + q.maxh2cdata < len(data):
+        q.send_pdu(H2C_DATA, struct.pack("<HHII4x", cid, ttag, off, q.maxh2cdata),
+                   data[off:off + q.maxh2cdata], flags=0)
+        off += q.maxh2cdata
+
+
+@pytest.mark.parametrize("chatty", [False, True])
+def test_writes_whose_data_stops_short_do_not_hold_buffers_forever(tmp_path, chatty):
+    """A KATO-0 host sends all but the last H2CData of as many 4 MiB writes
+    as the queue's budget holds (32 MiB of buffers held) and then falls
+    silent, or keeps the queue busy with other commands: each write's data
+    is due within 2 x --stall-timeout-ms of its R2T, so the queue is closed
+    (and its buffers freed) instead of held for ever; its controller and a
+    good queue beside it live on."""
+    log = tmp_path / "target.log"
+    backing = str(tmp_path / "ns-32m.img")
+    with open(backing, "wb") as f:
+        f.truncate(32 << 20)
+    with serve([backing], NQN, "--stall-timeout-ms", "300", "--idle-timeout-ms", "0",
+               log=log) as (_, port, proc):
+        a = admin(port, kato=0)
+        a.set_queues(2)
+        q = io_queue(port, a.cntlid, 1)
+        good = io_queue(port, a.cntlid, 2)
+        data = os.urandom(4 << 20)
+        cids = [q.submit(sqe(0x01, nsid=1, cdw10=i * 8192, cdw12=8192 - 1), data,
+                         incapsule=False) for i in range(8)]
+        r2ts = []
+        while len(r2ts) < len(cids):
+            p = q.recv_pdu()
+            assert p.type == R2T, p
+            r2ts.append(struct.unpack_from("<HH", p.header, 8))
+        for cid, ttag in r2ts:
+            _write_all_but_the_last_pdu(q, cid, ttag, data)
+        if chatty:
+            # other commands all along: never silent between PDUs
+            deadline = time.monotonic() + 30
+            with pytest.raises((Closed, ConnectionResetError, BrokenPipeError)):
+                while time.monotonic() < deadline:
+                    c, _ = q.read(0, 8, 512)
+                    assert c.ok
+        assert closed_by_target(q.sock, 30.0), "a queue holding unfinished writes stays open"
+        assert "not all of a write's data within 600 ms of its R2T" in log.read_text()
+        c, got = good.read(0, 8, 512)
+        assert c.ok and len(got) == 4096
+        assert a.cmd(sqe(0x18))[0].ok
         assert proc.poll() is None

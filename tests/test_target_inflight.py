@@ -358,3 +358,170 @@ def test_fault_drop_after_with_commands_in_flight(backing):
                 pl.step()
                 seen += 1
         assert seen == n
+
+
+# --- a reset or a dead controller waits for the old queues' disk I/O -------
+#
+# FX100IO_TARGET_FAULT_DISK_DELAY_MS holds each write for that long between
+# the arrival of its last data and its disk I/O: the window in which a
+# controller reset (or a new controller of the same host) used to complete
+# while the old queue's write was still to land.  The check is on the bytes
+# once every old thread has ended, never on a time.
+
+DISK_DELAY_MS = "1500"
+
+
+def _held_write(port: int, data: bytes):
+    """An admin queue and I/O queue 1 with one write whose data is all sent
+    (its disk I/O now held by the delay); returns (admin, queue)."""
+    a = admin(port)
+    a.set_queues(1)
+    q = io_queue(port, a.cntlid, 1)
+    pl = Pipeline(q)
+    pl.write(0, data, 512)
+    pl.step()                  # its R2T, answered with all the data
+    assert not pl.done
+    _wait_target_read_all(q.sock, port)
+    return a, q
+
+
+def _wait_target_read_all(sock: socket.socket, port: int) -> None:
+    """Until the target's thread has read every byte sent on sock: none
+    left in our send queue (SIOCOUTQ) nor in the target's receive queue
+    (rx_queue of its end in /proc/net/tcp)."""
+    import fcntl
+    import termios
+    me = sock.getsockname()[1]
+    while True:
+        outq = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        rxq = None
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                local, remote = fields[1], fields[2]
+                if (int(local.split(":")[1], 16) == port and int(remote.split(":")[1], 16) == me):
+                    rxq = int(fields[4].split(":")[1], 16)
+        if outq == 0 and rxq == 0:
+            return
+        time.sleep(0.01)
+
+
+def _media_after_old_threads_end(path: str, pid: int, base_threads: int, size: int) -> bytes:
+    """Write B through another path, wait for the old queue's threads to end
+    (a write still held would land by then), return what the media hold."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\xbb" * size, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    settled(threads, pid, base_threads, seconds=30)
+    with open(path, "rb") as f:
+        return f.read(size)
+
+
+def test_controller_reset_waits_for_writes_on_the_disk(tmp_path, monkeypatch):
+    """CC.EN=0 with a write of an I/O queue between its data and its disk
+    I/O: once the host sees the reset done (Property Set answered, RDY 0),
+    the media no longer change: data written by others then stays."""
+    p = str(tmp_path / "ns.img")
+    with open(p, "wb") as f:
+        f.truncate(16 * MiB)
+    monkeypatch.setenv("FX100IO_TARGET_FAULT_DISK_DELAY_MS", DISK_DELAY_MS)
+    with serve([p], NQN) as (_, port, proc):
+        base = threads(proc.pid)
+        a, q = _held_write(port, b"\xaa" * MiB)
+        base += 1              # the admin queue's thread stays
+        assert a.prop_set(0x14, 0).ok
+        assert not (a.prop_get(0x1C)[1] & 1)
+        got = _media_after_old_threads_end(p, proc.pid, base, MiB)
+        assert got == b"\xbb" * MiB, "a write of the reset controller landed after the reset"
+        q.close()
+        a.close()
+
+
+def test_new_controller_waits_for_a_dead_ones_writes(tmp_path, monkeypatch):
+    """The admin queue goes (the controller dies) with a write of its I/O
+    queue between its data and its disk I/O; the host connects a new
+    controller: by the time that Connect is answered the old write is on
+    the media, and nothing of the old controller lands afterwards."""
+    p = str(tmp_path / "ns.img")
+    with open(p, "wb") as f:
+        f.truncate(16 * MiB)
+    monkeypatch.setenv("FX100IO_TARGET_FAULT_DISK_DELAY_MS", DISK_DELAY_MS)
+    with serve([p], NQN) as (_, port, proc):
+        base = threads(proc.pid)
+        a, q = _held_write(port, b"\xaa" * MiB)
+        a.sock.close()
+        # the old admin queue's thread has seen the close (the controller
+        # is dead); the I/O queue's two threads are still draining
+        settled(threads, proc.pid, base + 2, seconds=30)
+        a2 = admin(port)       # same host NQN
+        base += 1
+        got = _media_after_old_threads_end(p, proc.pid, base, MiB)
+        assert got == b"\xbb" * MiB, "a write of the dead controller landed after the new Connect"
+        q.close()
+        a2.close()
+
+
+# --- H2CData refused by the engine, and nothing after the C2HTermReq -------
+
+C2H_TERM = 0x03
+FES_INVALID_PDU_HDR = 0x01
+FES_DATA_OUT_OF_RANGE = 0x04
+
+
+@pytest.mark.parametrize("case", ["unknown-slot", "ttag-ffff", "slot-waiting-for-room",
+                                  "beyond-the-r2t", "wrong-cccid"])
+def test_bad_h2c_data_ends_the_queue_and_nothing_follows_the_termreq(backing, case):
+    """H2CData that no R2T of the engine asked for (a slot not in use, ttag
+    0xFFFF, the slot of a write still waiting for room in the budget, data
+    beyond its R2T, another command's CCCID) ends the queue with a
+    C2HTermReq naming the field; while reads are in flight on the engine,
+    not one PDU follows it."""
+    with serve([backing], NQN) as (_, port, proc):
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        pl = Pipeline(q)
+        pl.auto_r2t = False
+        data = os.urandom(MAX_XFER)
+        wcids = [pl.write(i * (MAX_XFER // 512), data, 512) for i in range(BUDGET // MAX_XFER + 1)]
+        while len(pl.r2ts) < BUDGET // MAX_XFER:
+            pl.step()
+        cid0, ttag0, _, _ = pl.r2ts[0]
+        assert ttag0 & 0x8000
+        held = {t & 0x7FFF for _, t, _, _ in pl.r2ts}
+        for i in range(64):    # answers the engine is about to send
+            pl.read(16384 + i * 256, 256, 512)
+        fes, n = FES_INVALID_PDU_HDR, 4096
+        if case == "unknown-slot":
+            hdr = struct.pack("<HHII4x", cid0, 0x8000 | 1000, 0, n)
+        elif case == "ttag-ffff":
+            hdr = struct.pack("<HHII4x", cid0, 0xFFFF, 0, n)
+        elif case == "slot-waiting-for-room":
+            # the last write holds a slot but got no R2T: any slot but the
+            # R2T'd ones is free, waiting for room, or a read's
+            hdr = struct.pack("<HHII4x", wcids[-1], 0x8000 | min(set(range(128)) - held), 0, n)
+        elif case == "beyond-the-r2t":
+            n = 8192
+            hdr = struct.pack("<HHII4x", cid0, ttag0, MAX_XFER - 4096, n)
+            fes = FES_DATA_OUT_OF_RANGE
+        else:
+            hdr = struct.pack("<HHII4x", cid0 ^ 0x55, ttag0, 0, n)
+        q.send_pdu(H2C_DATA, hdr, bytes(n))
+        term, after = None, 0
+        try:
+            while True:
+                p = q.recv_pdu()
+                if term is not None:
+                    after += 1
+                elif p.type == C2H_TERM:
+                    term = p
+        except (Closed, ConnectionError, TimeoutError):
+            pass
+        assert term is not None, "no C2HTermReq"
+        assert struct.unpack_from("<H", term.header, 8)[0] == fes
+        assert after == 0, f"{after} PDUs after the C2HTermReq"
+        assert proc.poll() is None
+        assert a.cmd(sqe(0x18))[0].ok   # the controller lives on

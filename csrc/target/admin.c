@@ -208,6 +208,9 @@ static uint16_t prop_set(struct tgt_conn *c, struct tgt_req *r)
 		ctrl->state = TGT_CTRL_DISABLED;
 		ctrl->io_queues = 0;
 		tgt_ctrl_kill_io_locked(t, ctrl);
+		/* Reset is done (this answer, then CSTS.RDY = 0) only when
+		 * no write of the old queues can still reach the media. */
+		tgt_ctrl_wait_drained_locked(t, ctrl);
 	}
 	if ((v >> 14) & 3) {
 		ctrl->csts = (ctrl->csts & ~(3u << 2)) | NVME_CSTS_SHST_CMPLT;

@@ -102,6 +102,36 @@ static int pdu_time_left(struct tgt_conn *c)
 }
 
 /*
+ * Between PDUs, with writes waiting for their data: each write's data is
+ * due within 2 x stall_ms of its R2T, however the host fills the time
+ * (silence, or other commands), so that it cannot hold the buffers and
+ * slots of writes it never completes.  Checked at most every stall_ms / 4
+ * (and on each receive timeout): 0, or -ETIMEDOUT.
+ */
+static int data_overdue(struct tgt_conn *c)
+{
+	uint64_t now, oldest = 0, limit = 2ull * c->t->stall_ms;
+
+	if (!atomic_load(&c->h2c_wait))
+		return 0;
+	now = tgt_now_ms();
+	if (now < c->data_check_ms)
+		return 0;
+	c->data_check_ms = now + c->t->stall_ms / 4u;
+	if (c->ioq)
+		oldest = tgt_ioq_oldest_r2t_ms(c);
+	for (unsigned i = 0; i < c->r2t_n; i++)
+		if (c->r2t[i].active && (!oldest || c->r2t[i].r2t_ms < oldest))
+			oldest = c->r2t[i].r2t_ms;
+	if (!oldest || now < oldest || now - oldest < limit)
+		return 0;
+	tgt_log(c->t, "%s qid %u: host sent not all of a write's data within %llu ms of its R2T; "
+	        "closing", c->peer, c->qid, (unsigned long long)limit);
+	c->state = TGT_CONN_CLOSING;
+	return -ETIMEDOUT;
+}
+
+/*
  * Receive n bytes.  start: they begin a PDU, and silence before its first
  * byte is legal (the handshake deadline, KATO or the idle timeout bound it,
  * in target.c); the receive timeout then only wakes us.  Once the first byte
@@ -114,6 +144,10 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 	uint8_t *p = buf;
 
 	if (start) {
+		int ret = data_overdue(c);
+
+		if (ret)
+			return ret;
 		if (c->rcvtimeo_ms != c->t->stall_ms)
 			set_rcvtimeo(c, c->t->stall_ms);
 		atomic_store(&c->wait_since_ms, tgt_now_ms());
@@ -141,6 +175,8 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
 			if (!start)
 				return stalled(c);
+			if ((ret = data_overdue(c)) != 0)
+				return ret;
 		} else if (errno != EINTR) {
 			return -errno;
 		}
@@ -441,6 +477,7 @@ static int term(struct tgt_conn *c, const uint8_t *hdr, unsigned hdr_len, uint16
 	iov.iov_len = sizeof(*p) + copy;
 	tgt_send_lock(c);
 	send_iov(c, &iov, 1, 0);
+	tgt_ioq_quiesce(c); /* (nothing may follow the C2HTermReq) */
 	tgt_send_unlock(c);
 	c->state = TGT_CONN_CLOSING;
 	return -EPROTO;
@@ -692,6 +729,7 @@ static int r2t_alloc(struct tgt_conn *c)
 	if (!c->r2t_nfree)
 		return -1;
 	atomic_fetch_add(&c->r2t_busy, 1);
+	atomic_fetch_add(&c->h2c_wait, 1);
 	return c->r2t_free[--c->r2t_nfree];
 }
 
@@ -741,6 +779,7 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 	memset(s, 0, sizeof(*s));
 	c->r2t_free[c->r2t_nfree++] = (uint16_t)idx;
 	atomic_fetch_sub(&c->r2t_busy, 1);
+	atomic_fetch_sub(&c->h2c_wait, 1);
 }
 
 /* Fetch a command's data with R2T: I/O writes go to ns as they arrive,
@@ -765,6 +804,7 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 	s->done = 0;
 	s->ns = ns;
 	s->off = off;
+	s->r2t_ms = tgt_now_ms();
 	if (!ns) {
 		s->buf = malloc(len);
 		if (!s->buf) {
@@ -812,6 +852,8 @@ static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8
 	}
 	if (!ret)
 		ret = send_resp(c, sqe->cid, sf, r.dw0, r.dw1);
+	if (r.close_after)
+		tgt_ioq_quiesce(c); /* (the answer to a Disconnect is our last PDU) */
 	tgt_send_unlock(c);
 	if (ret)
 		return ret;
@@ -835,7 +877,7 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 
 	/* The engine starts with the queue's first Read or Write: a queue that
 	 * never moves data costs one thread, not two. */
-	if (!c->ioq && !c->ioq_failed &&
+	if (!c->ioq && !c->ioq_failed && !t->force_inline &&
 	    (sqe->opcode == NVME_CMD_READ || (sqe->opcode == NVME_CMD_WRITE && !incapsule)) &&
 	    tgt_ioq_start(c) < 0)
 		c->ioq_failed = 1; /* (logged; the queue serves in line) */
@@ -1241,11 +1283,15 @@ void *tgt_conn_main(void *arg)
 	else if (t->verbose)
 		tgt_log(t, "%s qid %u: closed (%s)", c->peer, c->qid, tgt_conn_state_str(c->state));
 	c->state = TGT_CONN_CLOSING;
-	/* Give the queue back before the host can see the close, so that it
-	 * may reconnect the same qid at once. */
+	/* First the disk I/O in flight ends (the engine sends nothing more),
+	 * so that no write of this queue lands after its qid is free again
+	 * or a controller reset waiting for it completes; then the queue is
+	 * given back before the host can see the close, so that it may
+	 * reconnect the same qid at once. */
+	tgt_ioq_stop(c);
+	tgt_conn_drained(c);
 	tgt_conn_detach(c);
 	shutdown(c->fd, SHUT_RDWR);
-	tgt_ioq_stop(c);
 	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)
 		free(c->r2t[i].buf);

@@ -95,6 +95,7 @@ struct tgt_io {
 	uint32_t len;
 	uint32_t done; /* write in WAIT_DATA: bytes received; in DISK: bytes moved */
 	uint32_t cap;  /* the buffer's size (its class), what the budget counts */
+	uint64_t r2t_ms; /* write: when its R2T went out (its data is due within 2 x stall_ms) */
 	uint8_t *buf;
 	int next;      /* FIFO link */
 };
@@ -232,11 +233,15 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 		q->used -= io->cap;
 		buf_put_locked(q, io->buf, io->cap);
 	}
+	if (io->state == TGT_IO_WAIT_DATA)
+		atomic_fetch_sub(&q->c->h2c_wait, 1);
 	memset(io, 0, sizeof(*io));
 	io->next = -1;
 	q->free_idx[q->nfree++] = (uint16_t)idx;
 	atomic_fetch_sub(&q->c->r2t_busy, 1);
 }
+
+static int is_stopping(struct tgt_ioq *q);
 
 /* Start slot idx whose budget is reserved (q->used counts it): its buffer,
  * then the disk read, or the R2T of a write.  0, or -errno when the
@@ -264,17 +269,36 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		uint16_t cid = io->cid;
 		uint32_t len = io->len;
 
+		int ret = 0;
+
 		/* WAIT_DATA before the R2T leaves: its H2CData may come at once */
 		io->state = TGT_IO_WAIT_DATA;
 		io->done = 0;
+		io->r2t_ms = tgt_now_ms();
+		atomic_fetch_add(&c->h2c_wait, 1);
 		pthread_mutex_unlock(&q->lock);
-		return tgt_send_r2t(c, cid, (uint16_t)(TGT_TTAG_IO | idx), len);
+		/* (checked under the send lock: nothing follows a quiesce) */
+		tgt_send_lock(c);
+		if (!is_stopping(q))
+			ret = tgt_send_r2t(c, cid, (uint16_t)(TGT_TTAG_IO | idx), len);
+		tgt_send_unlock(c);
+		return ret;
 	}
 	io->state = TGT_IO_DISK;
 	io->done = 0;
 	submit_locked(q, idx);
 	pthread_mutex_unlock(&q->lock);
 	return 0;
+}
+
+static int is_stopping(struct tgt_ioq *q)
+{
+	int s;
+
+	pthread_mutex_lock(&q->lock);
+	s = q->stopping;
+	pthread_mutex_unlock(&q->lock);
+	return s;
 }
 
 /* Reserve room for slot idx and start it, or queue it behind those
@@ -345,21 +369,22 @@ static void finish(struct tgt_ioq *q, unsigned idx)
 {
 	struct tgt_io *io = &q->io[idx];
 	struct tgt_conn *c = q->c;
-	int stopping, ret;
+	int ret = 0;
 
-	pthread_mutex_lock(&q->lock);
-	stopping = q->stopping;
-	pthread_mutex_unlock(&q->lock);
-	if (!stopping) {
+	/* stopping is read under the send lock: once the connection's thread
+	 * quiesced us (C2HTermReq, Disconnect) no PDU of ours follows */
+	tgt_send_lock(c);
+	if (!is_stopping(q)) {
 		if (io->write)
 			ret = tgt_send_resp(c, io->cid, io->err, 0, 0);
 		else if (io->cached)
 			ret = tgt_send_read(c, q->chunk, io->cid, io->ns, io->off, io->len);
 		else
 			ret = tgt_send_data(c, io->cid, io->buf, io->len, io->err);
-		if (ret < 0)
-			send_failed(q, ret);
 	}
+	tgt_send_unlock(c);
+	if (ret < 0)
+		send_failed(q, ret);
 	pthread_mutex_lock(&q->lock);
 	release_locked(q, idx);
 	pthread_mutex_unlock(&q->lock);
@@ -369,12 +394,13 @@ static void finish(struct tgt_ioq *q, unsigned idx)
 /* A completion of slot idx's ring operation, res as io_uring reports it. */
 static void on_cqe(struct tgt_ioq *q, unsigned idx, int res)
 {
-	struct tgt_io *io = &q->io[idx];
+	struct tgt_io *io;
 	struct tgt_conn *c = q->c;
 	int stopping;
 
-	if (idx >= q->n || io->state != TGT_IO_DISK)
+	if (idx >= q->n || q->io[idx].state != TGT_IO_DISK)
 		return; /* (cannot happen) */
+	io = &q->io[idx];
 	pthread_mutex_lock(&q->lock);
 	stopping = q->stopping;
 	pthread_mutex_unlock(&q->lock);
@@ -469,9 +495,7 @@ static void *ioq_main(void *arg)
 
 static int ioq_cant(struct tgt_conn *c, const char *what, int err)
 {
-	static atomic_int logged;
-
-	if (!atomic_exchange(&logged, 1))
+	if (!atomic_exchange(&c->t->ioq_cant_logged, 1))
 		tgt_log(c->t, "%s qid %u: %s: %s; I/O queues serve one command at a time", c->peer,
 		        c->qid, what, strerror(err));
 	return -err;
@@ -510,9 +534,14 @@ int tgt_ioq_start(struct tgt_conn *c)
 	}
 	{
 		/* Buffered I/O the kernel cannot do at once runs on io_uring's
-		 * workers: a few per queue, not one per command in flight (a
-		 * queue that moves data thus costs at most 2 + 2 x
-		 * FX_TGT_IO_WORKERS threads, idle workers ending by themselves). */
+		 * workers: a few per queue, not one per command in flight.
+		 * Workers belong to the thread that submitted, and both of
+		 * the queue's threads submit (the connection's: reads,
+		 * writes whose data is in; the engine's: retries, commands
+		 * that waited for room), each with this limit for bounded
+		 * and for unbounded work: a queue that moves data costs at
+		 * most 2 + 2 x 2 x FX_TGT_IO_WORKERS threads, idle workers
+		 * ending by themselves. */
 		unsigned workers[2] = {FX_TGT_IO_WORKERS, FX_TGT_IO_WORKERS};
 
 		io_uring_register_iowq_max_workers(&q->ring, workers);
@@ -554,8 +583,18 @@ void tgt_ioq_stop(struct tgt_conn *c)
 		return;
 	pthread_mutex_lock(&q->lock);
 	q->stopping = 1;
+	pthread_mutex_unlock(&q->lock);
+	/* The engine sends nothing more once it sees stopping under the send
+	 * lock; one in the middle of a send (a host that does not read) is
+	 * woken by shutting the socket. */
+	if (pthread_mutex_trylock(&q->send_lock) == 0)
+		pthread_mutex_unlock(&q->send_lock);
+	else
+		shutdown(c->fd, SHUT_RDWR);
+	pthread_mutex_lock(&q->lock);
 	submit_locked(q, STOP_TAG);
 	pthread_mutex_unlock(&q->lock);
+	/* (returns once every disk I/O submitted has completed) */
 	pthread_join(q->thread, NULL);
 	/* Only this thread now; the ring is idle.  Commands that never got
 	 * to the disk (waiting for room or for their data) just go. */
@@ -580,6 +619,32 @@ void tgt_ioq_stop(struct tgt_conn *c)
 	free(q);
 }
 
+void tgt_ioq_quiesce(struct tgt_conn *c)
+{
+	struct tgt_ioq *q = c->ioq;
+
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->lock);
+	q->stopping = 1;
+	pthread_mutex_unlock(&q->lock);
+}
+
+uint64_t tgt_ioq_oldest_r2t_ms(struct tgt_conn *c)
+{
+	struct tgt_ioq *q = c->ioq;
+	uint64_t oldest = 0;
+
+	if (!q)
+		return 0;
+	pthread_mutex_lock(&q->lock);
+	for (unsigned i = 0; i < q->n; i++)
+		if (q->io[i].state == TGT_IO_WAIT_DATA && (!oldest || q->io[i].r2t_ms < oldest))
+			oldest = q->io[i].r2t_ms;
+	pthread_mutex_unlock(&q->lock);
+	return oldest;
+}
+
 /* A slot for a new command, or -1 when the host has more outstanding than
  * its queue holds. */
 static int slot_alloc(struct tgt_ioq *q)
@@ -598,14 +663,12 @@ static int slot_alloc(struct tgt_ioq *q)
 /* The whole range is in the page cache (as far as mincore() can tell). */
 static int range_cached(const struct tgt_ns *ns, uint64_t off, uint32_t len)
 {
-	static long pg;
+	const long pg = sysconf(_SC_PAGESIZE); /* (glibc: a stored value, no system call) */
 	unsigned char vec[(FX_TGT_MAX_XFER >> 12) + 2];
 	uint64_t start, end;
 
 	if (!ns->map)
 		return 0;
-	if (!pg)
-		pg = sysconf(_SC_PAGESIZE);
 	if (pg < 4096)
 		return 0;
 	start = off & ~((uint64_t)pg - 1);
@@ -710,7 +773,10 @@ int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad)
 	io->done += datal;
 	if (io->done < io->len)
 		return 0;
+	if (c->t->fault_disk_delay_ms) /* (test knob: a slow disk under writes) */
+		usleep(c->t->fault_disk_delay_ms * 1000u);
 	pthread_mutex_lock(&q->lock);
+	atomic_fetch_sub(&c->h2c_wait, 1);
 	io->state = TGT_IO_DISK;
 	io->done = 0;
 	submit_locked(q, ttag & ~TGT_TTAG_IO);

@@ -164,7 +164,23 @@ static int open_ns(struct fx_target *t, struct tgt_ns *ns, const char *path, uin
 	 * and what is cached with sendfile(); the mapping only answers
 	 * mincore().  Either may be missing (tmpfs, odd filesystems): then
 	 * buffered I/O, which is always correct. */
-	ns->dfd = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+	{
+		/* The same file as fd, not whatever the path names by now
+		 * (it could have been renamed or replaced since). */
+		char self[64];
+
+		snprintf(self, sizeof(self), "/proc/self/fd/%d", ns->fd);
+		ns->dfd = open(self, O_RDWR | O_CLOEXEC | O_DIRECT);
+		if (ns->dfd >= 0) {
+			struct stat dst;
+
+			if (fstat(ns->dfd, &dst) < 0 || dst.st_dev != st.st_dev ||
+			    dst.st_ino != st.st_ino) {
+				close(ns->dfd);
+				ns->dfd = -1;
+			}
+		}
+	}
 	ns->map_len = (size_t)(ns->nsze << t->lba_shift);
 	ns->map = mmap(NULL, ns->map_len, PROT_READ, MAP_SHARED, ns->fd, 0);
 	if (ns->map == MAP_FAILED)
@@ -246,6 +262,7 @@ static void target_free(struct fx_target *t)
 	if (t->wake[1] >= 0)
 		close(t->wake[1]);
 	pthread_cond_destroy(&t->dh_cond);
+	pthread_cond_destroy(&t->drain_cond);
 	pthread_mutex_destroy(&t->lock);
 	free(t);
 }
@@ -270,6 +287,17 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t->wake[0] = t->wake[1] = -1;
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->dh_cond, NULL);
+	pthread_cond_init(&t->drain_cond, NULL);
+	{
+		/* Test knobs (tests/test_target_inflight.py): the in-line path
+		 * where io_uring works, a slow disk under writes. */
+		const char *e = getenv("FX100IO_TARGET_INLINE");
+
+		t->force_inline = e && *e && strcmp(e, "0") != 0;
+		e = getenv("FX100IO_TARGET_FAULT_DISK_DELAY_MS");
+		if (e && *e)
+			t->fault_disk_delay_ms = (uint32_t)strtoul(e, NULL, 10);
+	}
 	snprintf(t->subnqn, sizeof(t->subnqn), "%s", cfg->subnqn);
 	t->block_size = cfg->block_size;
 	t->lba_shift = cfg->block_size == 4096 ? 12 : 9;
@@ -342,15 +370,18 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	ret = do_listen(t, cfg->host, cfg->port);
 	if (ret < 0)
 		goto fail;
-	/* Each connection is a descriptor: a limit above what the process may
-	 * open would turn into accept() failing with EMFILE in a loop. */
+	/* Each connection is two descriptors (its socket, and its I/O
+	 * engine's io_uring once it moves data), each namespace two (buffered
+	 * and O_DIRECT): a limit above what the process may open would turn
+	 * into accept() or the engine's start failing with EMFILE. */
 	{
 		struct rlimit rl;
-		const rlim_t spare = 64; /* namespaces, listener, pipe, the caller's */
+		/* listener, pipe, the caller's, and the namespaces' */
+		const rlim_t spare = 64 + 2 * (rlim_t)t->n_ns;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-		    (rlim_t)t->max_conns + spare > rl.rlim_cur) {
-			uint32_t n = rl.rlim_cur > 2 * spare ? (uint32_t)(rl.rlim_cur - spare) : 16u;
+		    2 * (rlim_t)t->max_conns + spare > rl.rlim_cur) {
+			uint32_t n = rl.rlim_cur > spare + 32 ? (uint32_t)((rl.rlim_cur - spare) / 2) : 16u;
 
 			tgt_log(t, "connection limit lowered from %u to %u by the open files limit %llu "
 			        "(ulimit -n)", t->max_conns, n, (unsigned long long)rl.rlim_cur);
@@ -415,6 +446,38 @@ static struct tgt_ctrl *find_ctrl_locked(struct fx_target *t, uint16_t cntlid)
 	return NULL;
 }
 
+/* A host whose controller died (admin queue gone, keep alive expired)
+ * connects again at once, and its new queues' writes must not be
+ * overtaken by old ones still on the disk: wait until the old
+ * controllers' I/O queues have drained, at most the handshake timeout
+ * (the Connect must be answered; only a stuck disk takes that long). */
+static void wait_host_drained_locked(struct fx_target *t, const char *hostnqn)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += t->handshake_ms / 1000u;
+	until.tv_nsec += (long)(t->handshake_ms % 1000u) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	for (;;) {
+		int busy = 0;
+
+		for (struct tgt_ctrl *c = t->ctrls; c && !busy; c = c->next)
+			busy = c->state == TGT_CTRL_DEAD && c->io_live && !c->discovery &&
+			       strcmp(c->hostnqn, hostnqn) == 0;
+		if (!busy || t->stop)
+			return;
+		if (pthread_cond_timedwait(&t->drain_cond, &t->lock, &until) == ETIMEDOUT) {
+			tgt_log(t, "a dead controller's I/O queues still have disk I/O in flight after "
+			        "%u ms; new controller for the same host anyway", t->handshake_ms);
+			return;
+		}
+	}
+}
+
 struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *hostnqn,
                               const uint8_t hostid[16], uint32_t kato_ms)
 {
@@ -439,6 +502,8 @@ struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *
 	atomic_store(&c->last_cmd_ms, tgt_now_ms());
 
 	pthread_mutex_lock(&t->lock);
+	if (!discovery)
+		wait_host_drained_locked(t, hostnqn);
 	/* Dynamic controller model: any free ID in 1..0xFFEF. */
 	for (unsigned tries = 0; tries < 0xFFEF; tries++) {
 		uint16_t id = t->next_cntlid;
@@ -499,6 +564,8 @@ uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *
 		conn->qid_claimed = 1;
 	}
 	c->refs++;
+	c->io_live++;
+	conn->io_counted = 1;
 	conn->ctrl = c;
 	conn->qid = qid;
 out:
@@ -542,6 +609,28 @@ void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
 	}
 }
 
+void tgt_conn_drained(struct tgt_conn *conn)
+{
+	struct fx_target *t = conn->t;
+
+	pthread_mutex_lock(&t->lock);
+	if (conn->io_counted && conn->ctrl) {
+		conn->io_counted = 0;
+		conn->ctrl->io_live--;
+		pthread_cond_broadcast(&t->drain_cond);
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+void tgt_ctrl_wait_drained_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
+{
+	/* The queues were shut: each ends its commands and its disk I/O
+	 * (bounded by the disk, not by the host), then calls
+	 * tgt_conn_drained(). */
+	while (ctrl->io_live && !t->stop)
+		pthread_cond_wait(&t->drain_cond, &t->lock);
+}
+
 static void ctrl_kill_all_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
 {
 	for (struct tgt_conn *c = t->conns; c; c = c->next)
@@ -567,6 +656,11 @@ void tgt_conn_detach(struct tgt_conn *conn)
 		return;
 	}
 	conn->ctrl = NULL;
+	if (conn->io_counted) {
+		conn->io_counted = 0;
+		c->io_live--;
+		pthread_cond_broadcast(&t->drain_cond);
+	}
 	if (conn->qid == 0) {
 		/* The admin queue is the controller: without it the host
 		 * cannot even keep it alive, so its I/O queues go too. */

@@ -161,6 +161,11 @@ struct tgt_ctrl {
 	uint32_t aec;           /* Asynchronous Event Configuration (stored only) */
 	uint32_t wce;           /* volatile write cache enable */
 	_Atomic uint64_t last_cmd_ms; /* for KATO: any command on any of its queues */
+	/* I/O queues attached whose disk I/O may still be running (under
+	 * t->lock; t->drain_cond signals a decrease): a reset is reported
+	 * done, and a new controller of the same host starts, only once the
+	 * old queues' writes can no longer land on the media. */
+	unsigned io_live;
 };
 
 enum tgt_conn_state {
@@ -182,6 +187,7 @@ struct tgt_r2t {
 	uint64_t off;
 	uint8_t *buf;      /* admin/Fabrics: data collected here (len bytes) */
 	uint16_t err;      /* status to report once all data is in (digest error, write fault) */
+	uint64_t r2t_ms;   /* when the R2T went out */
 };
 
 struct tgt_conn {
@@ -199,6 +205,12 @@ struct tgt_conn {
 	/* R2Ts sent and still waiting for their data: the queue is in the
 	 * middle of a write, not idle, however long the host takes. */
 	atomic_uint r2t_busy;
+	/* Writes whose R2T went out and whose data is not all in: each one's
+	 * data is due within 2 x stall_ms of its R2T (a host that sends part
+	 * of it and falls silent, or chats on with other commands, would
+	 * otherwise hold its buffers for ever).  data_check_ms: next check. */
+	atomic_uint h2c_wait;
+	uint64_t data_check_ms;
 	uint64_t pdu_deadline_ms; /* the PDU being received must be complete by then */
 	uint32_t rcvtimeo_ms;     /* SO_RCVTIMEO now set on fd */
 	uint64_t accepted_ms;
@@ -217,6 +229,7 @@ struct tgt_conn {
 	 * (tgt_ctrl_claim_qid), so that a queue that cannot authenticate
 	 * never keeps the real host from connecting that qid. */
 	int qid_claimed;
+	int io_counted;     /* counted in ctrl->io_live until drained (under t->lock) */
 	uint16_t sqsize;    /* 0's based */
 	uint16_t sqhd;
 	uint32_t pdus_sent;
@@ -288,6 +301,14 @@ struct fx_target {
 	unsigned dh_running;
 	_Atomic uint64_t dh_ops;
 	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
+	pthread_cond_t drain_cond; /* a controller's io_live went down (with lock) */
+	/* Test knobs from the environment (read once at create; see
+	 * target.c): FX100IO_TARGET_INLINE=1 serves I/O queues one command
+	 * at a time, in line, as where io_uring is missing;
+	 * FX100IO_TARGET_FAULT_DISK_DELAY_MS delays each write's disk I/O. */
+	int force_inline;
+	atomic_int ioq_cant_logged; /* "no I/O engine" said once per target */
+	uint32_t fault_disk_delay_ms;
 	uint16_t next_cntlid;
 };
 
@@ -334,6 +355,12 @@ struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *
 uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *hostnqn,
                             uint16_t qid, uint32_t *ipo_attr);
 void tgt_conn_detach(struct tgt_conn *c);
+/* The connection's disk I/O is over (its engine stopped or its thread
+ * left the command loop): it no longer counts in ctrl->io_live. */
+void tgt_conn_drained(struct tgt_conn *c);
+/* Wait until the controller's killed I/O queues have drained (under
+ * t->lock, which it releases while waiting). */
+void tgt_ctrl_wait_drained_locked(struct fx_target *t, struct tgt_ctrl *ctrl);
 /* The I/O queue's host has authenticated: take its qid in the controller
  * (nothing when already ours or an admin queue).  0, or -EBUSY when
  * another queue holds that qid (or the controller is going away). */
@@ -393,9 +420,14 @@ void tgt_send_unlock(struct tgt_conn *c);
 int tgt_ioq_start(struct tgt_conn *c);
 /* 1 on an engine's thread (which must not touch the connection's state). */
 int tgt_ioq_on_engine_thread(void);
-/* Stop it (the socket already shut): waits for the disk I/O in flight,
+/* Stop it: no PDU is sent any more (the socket is shut only when the
+ * engine is in the middle of a send), waits for the disk I/O in flight,
  * frees every buffer.  Nothing when c->ioq is NULL. */
 void tgt_ioq_stop(struct tgt_conn *c);
+/* Under the send lock: the engine sends nothing more (after a
+ * C2HTermReq, or the answer to a Disconnect, must come nothing).
+ * Nothing when c->ioq is NULL. */
+void tgt_ioq_quiesce(struct tgt_conn *c);
 /* Read / Write (data by R2T) of a validated range; the engine answers.
  * 0, or -errno when the connection broke. */
 int tgt_ioq_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off,
@@ -407,6 +439,8 @@ int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns 
  * *why and *fei saying why); else where the datal bytes go. */
 uint8_t *tgt_ioq_h2c_dest(struct tgt_conn *c, uint16_t ttag, uint16_t cccid, uint32_t datao,
                           uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes);
+/* When the oldest write still waiting for its data got its R2T (0: none). */
+uint64_t tgt_ioq_oldest_r2t_ms(struct tgt_conn *c);
 /* The datal bytes are in (bad: their digest did not match). */
 int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad);
 
