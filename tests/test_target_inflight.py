@@ -131,6 +131,16 @@ class Pipeline:
             self.step()
 
 
+@pytest.fixture(params=["engine", "inline"])
+def served_by(request, monkeypatch):
+    """Each byte-exact test runs against both ways a queue is served: the
+    I/O engine, and in line, one command at a time (what a target without
+    io_uring does; FX100IO_TARGET_INLINE forces it)."""
+    if request.param == "inline":
+        monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
+    return request.param
+
+
 @pytest.fixture
 def backing(tmp_path):
     p = tmp_path / "ns1.img"
@@ -141,7 +151,7 @@ def backing(tmp_path):
 
 @pytest.mark.parametrize("ddgst", [False, True])
 @pytest.mark.parametrize("cold", [False, True])
-def test_many_reads_in_flight_byte_exact(backing, ddgst, cold):
+def test_many_reads_in_flight_byte_exact(backing, ddgst, cold, served_by):
     """64 reads of mixed sizes and alignments submitted at once on one queue
     (cached: sendfile; cold: O_DIRECT when 4 KiB-aligned, buffered else),
     more bytes than the queue's budget: every one comes back whole and
@@ -149,7 +159,8 @@ def test_many_reads_in_flight_byte_exact(backing, ddgst, cold):
     with open(backing, "rb") as f:
         content = f.read()
     rng = random.Random(7 + ddgst + 2 * cold)
-    with serve([backing], NQN) as (_, port, _proc):
+    with serve([backing], NQN) as (_, port, proc):
+        base = threads(proc.pid)
         a = admin(port)
         a.set_queues(1)
         q = io_queue(port, a.cntlid, 1, ddgst=ddgst)
@@ -173,9 +184,15 @@ def test_many_reads_in_flight_byte_exact(backing, ddgst, cold):
         for cid, (off, n) in cids.items():
             assert pl.done[cid] == 0, (cid, hex(pl.done[cid]))
             assert bytes(pl.got[cid]) == content[off:off + n], f"cid {cid} at {off} len {n}"
+        # the way asked for served it: in line, no engine thread beside
+        # the two connections' own
+        if served_by == "inline":
+            assert threads(proc.pid) == base + 2
+        else:
+            assert threads(proc.pid) > base + 2
 
 
-def test_interleaved_reads_and_writes_across_queues(backing):
+def test_interleaved_reads_and_writes_across_queues(backing, served_by):
     """Four queues, each with many Reads and Writes in flight at once to
     regions of its own (aligned and unaligned, some over the budget), through
     our initiator: the namespace ends up exactly as written, every read of a
@@ -237,7 +254,7 @@ async def _check_file_matches(port: int, backing: str, regions: int, size: int) 
             assert content[o:o + size] == want.tobytes(), f"region {i} in the file"
 
 
-def test_read_after_waited_write_sees_it(backing):
+def test_read_after_waited_write_sees_it(backing, served_by):
     """A read sent after the host waited for a write's completion returns the
     written bytes, cached or not, aligned or not (and a read in flight with
     that write is promised nothing, so nothing is checked about it)."""
