@@ -31,6 +31,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -1259,8 +1260,16 @@ void *tgt_conn_main(void *arg)
 {
 	struct tgt_conn *c = arg;
 	struct fx_target *t = c->t;
+	sigset_t pipe, old;
 	int ret;
 
+	/* sendfile() has no MSG_NOSIGNAL: a host gone while a cached read
+	 * is sent must fail the send (EPIPE), not kill the process.  (The
+	 * caller's mask is restored at the end: tgt_serve_fd runs here on
+	 * its thread; a SIGPIPE left pending is taken first.) */
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, &old);
 	c->state = TGT_CONN_WAIT_ICREQ;
 	if (t->verbose)
 		tgt_log(t, "%s: connected", c->peer);
@@ -1300,6 +1309,13 @@ void *tgt_conn_main(void *arg)
 	free(c->icd);
 	free(c->chunk);
 	free(c->abuf);
+	if (!sigismember(&old, SIGPIPE)) {
+		const struct timespec none = {0, 0};
+
+		while (sigtimedwait(&pipe, NULL, &none) == SIGPIPE)
+			;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
 	atomic_store(&c->done, 1);
 	return NULL;
 }

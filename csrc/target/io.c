@@ -43,6 +43,7 @@
 #include <liburing.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -456,7 +457,13 @@ static void *ioq_main(void *arg)
 {
 	struct tgt_ioq *q = arg;
 	int stop_seen = 0;
+	sigset_t pipe;
 
+	/* sendfile() has no MSG_NOSIGNAL: a host gone while a cached read
+	 * is sent must fail the send (EPIPE), not kill the process. */
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, NULL);
 	on_engine = 1;
 	for (;;) {
 		struct io_uring_cqe *cqe;
