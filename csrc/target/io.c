@@ -33,10 +33,19 @@
  * come in the order their I/O completes.
  *
  * Memory: buffers held by a queue total at most FX_TGT_IO_BUDGET (32 MiB:
- * 8 commands of the 4 MiB MDTS, 32 of 1 MiB); a command that does not fit
+ * 8 commands of the 4 MiB MDTS, 32 of 1 MiB; each buffer is the power of
+ * two at or above its command's length, so 2 MiB + 512 bytes counts 4 MiB); a command that does not fit
  * waits in a FIFO, holding only its slot (the queue's depth bounds slots),
  * and starts when a buffer is freed.  A write's buffer is taken before its
- * R2T goes out, so a host can never make us hold data we have no room for.
+ * R2T goes out, so a host can never make us hold data we have no room for,
+ * and its data is due within 2 x stall_ms of the R2T (conn.c).  Ended
+ * commands' buffers are kept for the next, within the budget; once
+ * nothing is in flight, at most FX_TGT_IO_IDLE_CACHE of them.
+ *
+ * Known limit: a read found cached by mincore() is sent with sendfile()
+ * on the engine's thread; pages evicted in between are read from the disk
+ * there, synchronously, holding up that queue's other answers for as long
+ * (never wrong, only slower).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -240,6 +249,13 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 	io->next = -1;
 	q->free_idx[q->nfree++] = (uint16_t)idx;
 	atomic_fetch_sub(&q->c->r2t_busy, 1);
+	/* Nothing in flight: an idle queue keeps little (a thousand idle
+	 * queues must not hold their whole budgets); the largest go first. */
+	for (unsigned k = BUF_CLASSES; q->nfree == q->n && k-- > 0;)
+		while (q->ncache[k] && q->cached > FX_TGT_IO_IDLE_CACHE) {
+			free(q->cache[k][--q->ncache[k]]);
+			q->cached -= 1u << (BUF_MIN_SHIFT + k);
+		}
 }
 
 static int is_stopping(struct tgt_ioq *q);

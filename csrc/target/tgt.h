@@ -78,6 +78,8 @@
  * With commands up to FX_TGT_MAX_XFER (4 MiB) that is 8 of the largest, or
  * 32 of 1 MiB, at once; a queue never holds more than its depth. */
 #define FX_TGT_IO_BUDGET (32u << 20)
+/* Buffers an I/O queue with nothing in flight keeps for its next commands. */
+#define FX_TGT_IO_IDLE_CACHE (4u << 20)
 /* io_uring workers (bounded and unbounded, each) per queue's ring. */
 #define FX_TGT_IO_WORKERS 2u
 /* O_DIRECT file I/O: offset, length and buffer aligned to this. */
