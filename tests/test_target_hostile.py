@@ -603,3 +603,45 @@ def test_writes_whose_data_stops_short_do_not_hold_buffers_forever(tmp_path, cha
         assert c.ok and len(got) == 4096
         assert a.cmd(sqe(0x18))[0].ok
         assert proc.poll() is None
+
+
+def test_connection_limit_from_the_open_files_limit_leaves_room_for_engines(backing, tmp_path):
+    """Under a low `ulimit -n` the connection limit is lowered so that every
+    connection up to it can also hold its I/O engine's io_uring descriptor
+    (and each namespace its two): filled to the limit with queues that
+    moved data, no descriptor runs out (no EMFILE in accept(), no queue
+    falling back to in-line service for want of one)."""
+    import re
+    import resource
+
+    log = tmp_path / "target.log"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (150, hard))
+    try:
+        ctx = serve([backing], NQN, log=log)
+        _, port, proc = ctx.__enter__()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        m = re.search(r"connection limit lowered from \d+ to (\d+)", log.read_text())
+        assert m, log.read_text()
+        limit = int(m.group(1))
+        hosts = []
+        while len(hosts) < limit:
+            a = admin(port)
+            hosts.append(a)
+            n = min(32, limit - len(hosts))
+            if n:
+                a.set_queues(n)
+            for qid in range(1, n + 1):
+                q = io_queue(port, a.cntlid, qid)
+                hosts.append(q)
+                c, _ = q.read(qid, 1, 512)
+                assert c.ok
+        text = log.read_text()
+        assert "accept:" not in text and "Too many open files" not in text, text[-2000:]
+        assert proc.poll() is None
+        for h in hosts:
+            h.close()
+    finally:
+        ctx.__exit__(None, None, None)
