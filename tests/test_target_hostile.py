@@ -614,15 +614,20 @@ def test_connection_limit_from_the_open_files_limit_leaves_room_for_engines(back
     import re
     import resource
 
+    def low_limit() -> None:
+        # (soft and hard: the CLI lifts the soft limit toward the hard one)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (150, 150))
+
     log = tmp_path / "target.log"
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (150, hard))
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen",
+                                 "127.0.0.1:0", "--nqn", NQN, "--namespace", backing],
+                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(REPO),
+                                preexec_fn=low_limit)
     try:
-        ctx = serve([backing], NQN, log=log)
-        _, port, proc = ctx.__enter__()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert "nvme+tcp://" in line, log.read_text()
+        port = int(line.split("nvme+tcp://", 1)[1].split("/", 1)[0].rpartition(":")[2])
         m = re.search(r"connection limit lowered from \d+ to (\d+)", log.read_text())
         assert m, log.read_text()
         limit = int(m.group(1))
@@ -644,4 +649,5 @@ def test_connection_limit_from_the_open_files_limit_leaves_room_for_engines(back
         for h in hosts:
             h.close()
     finally:
-        ctx.__exit__(None, None, None)
+        proc.terminate()
+        proc.wait(timeout=10)
