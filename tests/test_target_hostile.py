@@ -195,7 +195,8 @@ def test_at_the_limit_handshakes_give_way_to_new_connections(backing, tmp_path):
         flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
         # the flood evicted its own oldest members, not the Connected queues
         for i, s in enumerate(flood[:100]):
-            assert closed_by_target(s, 5.0), f"flood connection {i} was not evicted"
+            # (a wait, not a bound: an ASan build on a loaded machine accepts slowly)
+            assert closed_by_target(s, 30.0), f"flood connection {i} was not evicted"
         blk = os.urandom(512)
         assert q.write(9, blk, 512).ok and q.read(9, 1, 512)[1] == blk
         # (the burst is over: those evicted are gone; the queue that moved
