@@ -19,8 +19,6 @@ import asyncio
 import concurrent.futures
 import ctypes
 import functools
-import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,15 +31,10 @@ from ..errors import (
     FxTimeoutError,
     InvalidArgumentError,
 )
-from ._runtime import Breaker, LoopRunner
+from ._runtime import Breaker, LoopRunner, adapter_logger
 from ._settings import BackendSettings, open_backend_store
 
-logger = logging.getLogger("fx100io.contrib.lmcache_mp")
-if not logger.handlers and not logging.getLogger().handlers:
-    _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("[%(asctime)s] fx100io %(levelname)s: %(message)s"))
-    logger.addHandler(_handler)
-    logger.setLevel(logging.INFO)
+logger = adapter_logger("fx100io.contrib.lmcache_mp")
 
 # Store keys of the two adapter types live apart from each other and from the
 # in-process plugin's keys (fx100io.contrib._lmcache_codec), so one device can serve all.

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import errno
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,20 @@ from typing import TypeVar
 T = TypeVar("T")
 
 logger = logging.getLogger("fx100io.contrib")
+
+
+def adapter_logger(name: str) -> logging.Logger:
+    """The named logger of an engine adapter, printing INFO and up to stderr unless the
+    process has configured logging itself: engines such as LMCache configure only their
+    own loggers, so without this our lines (what was opened, what failed) would vanish
+    inside a serving process."""
+    log = logging.getLogger(name)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] fx100io %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return log
 
 
 class TimedOut(Exception):

@@ -27,7 +27,6 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-import logging
 import sys
 import threading
 import weakref
@@ -41,7 +40,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from . import _lmcache_codec as codec
 from ._lmcache_config import PluginConfigError, PluginOptions, parse_options
-from ._runtime import Breaker, LoopGone, LoopRunner, TimedOut, bounded
+from ._runtime import Breaker, LoopGone, LoopRunner, TimedOut, adapter_logger, bounded
 from ._settings import (
     BackendStartError,
     lock_devices,
@@ -51,14 +50,7 @@ from ._settings import (
     unlock_devices,
 )
 
-logger = logging.getLogger("fx100io.contrib.lmcache")
-if not logger.handlers and not logging.getLogger().handlers:
-    # LMCache configures only its own loggers, so without this our INFO lines (what was
-    # opened, what failed) would vanish inside a vLLM process.
-    _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("[%(asctime)s] fx100io %(levelname)s: %(message)s"))
-    logger.addHandler(_handler)
-    logger.setLevel(logging.INFO)
+logger = adapter_logger("fx100io.contrib.lmcache")
 
 __all__ = ["FX100ioBackend", "PluginConfigError", "PluginStartError"]
 

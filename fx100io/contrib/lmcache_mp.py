@@ -88,6 +88,25 @@ def _drain(fd: int) -> None:
         pass
 
 
+def _object_keys(rows: Any) -> tuple[list[ObjectKey], list[int]]:
+    """LMCache ObjectKeys and sizes of (store key, size) rows; rows whose key is not one of
+    this adapter's object keys are skipped."""
+    keys: list[ObjectKey] = []
+    sizes: list[int] = []
+    for raw, size in rows:
+        fields = parse_object_key_name(raw)
+        if fields is None:
+            continue
+        rank, group, chash, salt, model = fields
+        try:
+            keys.append(ObjectKey(chunk_hash=chash, model_name=model, kv_rank=rank,
+                                  object_group_id=group, cache_salt=salt))
+        except ValueError:
+            continue
+        sizes.append(int(size))
+    return keys, sizes
+
+
 class FX100ioL2AdapterConfig(L2AdapterConfigBase):
     """``adapter_params`` of the ``plugin`` type, checked when LMCache parses them.
 
@@ -225,19 +244,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         store.on_evict = evicted
 
     def _report_evicted(self, pairs: list[tuple[bytes, int]]) -> None:
-        keys: list[ObjectKey] = []
-        sizes: list[int] = []
-        for raw, size in pairs:
-            fields = parse_object_key_name(raw)
-            if fields is None:
-                continue
-            rank, group, chash, salt, model = fields
-            try:
-                keys.append(ObjectKey(chunk_hash=chash, model_name=model, kv_rank=rank,
-                                      object_group_id=group, cache_salt=salt))
-            except ValueError:
-                continue
-            sizes.append(int(size))
+        keys, sizes = _object_keys(pairs)
         if keys:
             self._notify_keys_deleted(keys, sizes)
 
@@ -252,19 +259,7 @@ class FX100ioL2Adapter(L2AdapterInterface):
         except Exception as exc:  # noqa: BLE001 - the listener still gets new events
             logger.warning("fx100io: listing the device for a new listener failed: %r", exc)
             return
-        keys: list[ObjectKey] = []
-        sizes: list[int] = []
-        for name, size in rows:
-            fields = parse_object_key_name(name)
-            if fields is None:
-                continue
-            rank, group, chash, salt, model = fields
-            try:
-                keys.append(ObjectKey(chunk_hash=chash, model_name=model, kv_rank=rank,
-                                      object_group_id=group, cache_salt=salt))
-            except ValueError:
-                continue
-            sizes.append(size)
+        keys, sizes = _object_keys(rows)
         if keys:
             listener.on_l2_keys_stored(keys, sizes)
 
