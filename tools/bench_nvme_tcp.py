@@ -69,6 +69,7 @@ def start_target(path: str, port: int) -> subprocess.Popen:
 
 
 def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
+    """GB/s reading [0, size) in bs pieces, inflight at a time."""
     async def run() -> float:
         with fx100io.open_device(uri) as dev:
             pool = fx100io.BufferPool(bs * inflight)
@@ -87,6 +88,8 @@ def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
 
             t = time.perf_counter()
             moved = sum(await asyncio.gather(*(worker(b) for b in bufs)))
+            if moved != size:
+                raise SystemExit(f"{uri}: read {moved} of {size} bytes")
             return moved / (time.perf_counter() - t) / 1e9
 
     return asyncio.run(run())

@@ -24,41 +24,20 @@ real disk (--dir; not tmpfs, whose pages are never cold).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import time
 
 import numpy as np
 
-import fx100io
+import fx100io  # noqa: F401 - fails early, before any target starts, where it is not built
+
+# the loopback target, the reader and iperf3 are bench_nvme_tcp's, so both measure alike
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_nvme_tcp import NQN, free_port, iperf3, read_all, start_target  # noqa: E402
 
 MiB = 1 << 20
-NQN = "nqn.2026-11.io.fx100:bench-target"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def iperf3(seconds: int) -> float:
-    port = free_port()
-    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.3)
-        out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds),
-                              "-J"], capture_output=True, text=True, check=True)
-        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
-    finally:
-        srv.wait(timeout=10)
 
 
 def drop_caches() -> bool:
@@ -77,50 +56,11 @@ def warm(path: str) -> None:
             pass
 
 
-def start_target(path: str, port: int) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen",
-                          f"127.0.0.1:{port}", "--nqn", NQN, "--namespace", path,
-                          "--block-size", "4096", "-q"],
-                         stdout=subprocess.PIPE, text=True)
-    line = p.stdout.readline() if p.stdout else ""
-    if "listening" not in line:
-        p.kill()
-        raise SystemExit(f"target did not start: {line!r}")
-    return p
-
-
 def cpu_seconds(pid: int) -> float:
     """user + sys CPU seconds of a process, all its threads."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
-    """GB/s reading [0, size) in bs pieces, inflight at a time."""
-    async def run() -> float:
-        with fx100io.open_device(uri) as dev:
-            pool = fx100io.BufferPool(bs * inflight)
-            bufs = [pool.alloc(bs) for _ in range(inflight)]
-            n = size // bs
-            nxt = 0
-
-            async def worker(b: np.ndarray) -> int:
-                nonlocal nxt
-                moved = 0
-                while nxt < n:
-                    i = nxt
-                    nxt += 1
-                    moved += await dev.read_into(i * bs, b)
-                return moved
-
-            t = time.perf_counter()
-            moved = sum(await asyncio.gather(*(worker(b) for b in bufs)))
-            if moved != size:
-                raise SystemExit(f"{uri}: read {moved} of {size} bytes")
-            return moved / (time.perf_counter() - t) / 1e9
-
-    return asyncio.run(run())
 
 
 def main() -> int:
@@ -177,7 +117,7 @@ def main() -> int:
             warm(path)
             for q in (1, 4):
                 cur[f"target hot {q}q"] = through(f"target hot {q}q", q)
-            cur["iperf3 1 stream"] = iperf3(a.iperf_seconds)
+            cur["iperf3 1 stream"] = iperf3(1, a.iperf_seconds)
             for k, v in cur.items():
                 rows.setdefault(k, []).append(v)
             print(f"round {r + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in cur.items()),
