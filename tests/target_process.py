@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -57,3 +58,23 @@ def wait_port_free(port: int, seconds: float = 5.0) -> None:
                 return
             except OSError:
                 time.sleep(0.1)
+
+
+def threads(pid: int) -> int:
+    """Threads of a running target process."""
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    """Open descriptors of a running target process."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled(fn, pid: int, want_at_most: int, seconds: float = 10.0) -> int:  # noqa: ANN001
+    """fn(pid) once it is <= want_at_most, or its last value after seconds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        v = fn(pid)
+        if v <= want_at_most or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO, chunk_bytes
-from target_process import serve
+from target_process import fds, serve, settled, threads
 from test_target import CMD, F_LAST, H2C_DATA, ICREQ, NQN, R2T, Closed, Host, admin, io_queue, sqe
 
 import fx100io
@@ -41,23 +41,6 @@ def backing(tmp_path):
 # at most 2 x FX_TGT_IO_WORKERS (csrc/target/tgt.h) io_uring workers.
 ENGINE_THREADS = 1 + 2 * 2
 
-
-def threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
-
-
-def fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def settled(fn, pid: int, want_at_most: int, seconds: float = 5.0) -> int:
-    """fn(pid) once it is <= want_at_most, or its last value after seconds."""
-    deadline = time.monotonic() + seconds
-    while True:
-        v = fn(pid)
-        if v <= want_at_most or time.monotonic() > deadline:
-            return v
-        time.sleep(0.05)
 
 
 def closed_by_target(s: socket.socket, seconds: float) -> bool:

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 from conftest import chunk_bytes
-from target_process import serve
+from target_process import fds, serve, settled, threads
 from test_target import C2H_DATA, H2C_DATA, NQN, R2T, RSP, Closed, Host, admin, io_queue, sqe
 
 import fx100io
@@ -41,23 +41,6 @@ def drop_cache(path: str) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-
-
-def threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
-
-
-def fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def settled(fn, pid: int, want_at_most: int, seconds: float = 10.0) -> int:
-    deadline = time.monotonic() + seconds
-    while True:
-        v = fn(pid)
-        if v <= want_at_most or time.monotonic() > deadline:
-            return v
-        time.sleep(0.05)
 
 
 class Pipeline:
