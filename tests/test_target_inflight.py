@@ -292,6 +292,52 @@ def test_write_r2t_waits_for_room_in_the_budget(backing):
             assert c.ok and got == datas[i], i
 
 
+def _thp_mode() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else None
+
+
+def _anon_huge_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_large_read_buffers_are_huge_pages_and_an_idle_queue_gives_them_back(backing):
+    """Uncached 1 MiB reads get buffers that are whole 2 MiB transparent huge
+    pages (an O_DIRECT read then reaches the disk as one request instead of
+    being split at the block layer's segment limit); each counts 2 MiB in the
+    budget.  Once the queue is idle it keeps 4 MiB (FX_TGT_IO_IDLE_CACHE) of
+    them and gives the rest back; every byte read is right."""
+    if _thp_mode() not in ("always", "madvise"):
+        pytest.skip("transparent huge pages are off on this kernel: the target uses small pages")
+    n = 16
+    with serve([backing], NQN) as (_, port, proc):
+        before = _anon_huge_kib(proc.pid)
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        drop_cache(backing)
+        pl = Pipeline(q)
+        cids = [pl.read(i * (MiB // 512), MiB // 512, 512) for i in range(n)]
+        pl.wait(cids)
+        with open(backing, "rb") as f:
+            want = f.read(n * MiB)
+        assert all(pl.done[c] == 0 for c in cids)
+        assert b"".join(bytes(pl.got[c]) for c in cids) == want
+        # (the engine trims an idle queue's cache after a moment: wait for it)
+        deadline = time.monotonic() + 30
+        while (held := _anon_huge_kib(proc.pid) - before) > 4096 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 2048 <= held <= 4096, f"{held} KiB of huge pages held by an idle queue"
+
+
 def test_host_vanishes_with_commands_in_flight(backing, tmp_path):
     """A host that resets its connections while reads (cached and cold),
     writes waiting for their data and writes waiting for room are in flight:

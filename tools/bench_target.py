@@ -29,6 +29,12 @@ import shutil
 import statistics
 import sys
 
+# run from a checkout without installing: the checkout's fx100io, also for the
+# processes started here (python3 -m fx100io target)
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _REPO)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
+
 import numpy as np
 
 import fx100io  # noqa: F401 - fails early, before any target starts, where it is not built

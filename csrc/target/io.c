@@ -33,14 +33,17 @@
  * come in the order their I/O completes.
  *
  * Memory: buffers held by a queue total at most FX_TGT_IO_BUDGET (32 MiB:
- * 8 commands of the 4 MiB MDTS, 32 of 1 MiB; each buffer is the power of
- * two at or above its command's length, so 2 MiB + 512 bytes counts 4 MiB); a command that does not fit
+ * 8 commands of the 4 MiB MDTS, 16 of 1 MiB; each buffer is the power of
+ * two at or above its command's length, so 2 MiB + 512 bytes counts 4 MiB,
+ * and from 1 MiB up whole 2 MiB huge pages where the kernel has them, so
+ * 1 MiB counts 2 MiB: see buf_alloc); a command that does not fit
  * waits in a FIFO, holding only its slot (the queue's depth bounds slots),
  * and starts when a buffer is freed.  A write's buffer is taken before its
  * R2T goes out, so a host can never make us hold data we have no room for,
  * and its data is due within 2 x stall_ms of the R2T (conn.c).  Ended
  * commands' buffers are kept for the next, within the budget; once
- * nothing is in flight, at most FX_TGT_IO_IDLE_CACHE of them.
+ * nothing has been in flight for IDLE_TRIM_MS, at most FX_TGT_IO_IDLE_CACHE
+ * of them.
  *
  * Known limit: a read found cached by mincore() is sent with sendfile()
  * on the engine's thread; pages evicted in between are read from the disk
@@ -51,6 +54,7 @@
 #include <errno.h>
 #include <liburing.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -63,10 +67,11 @@
 #include "tgt.h"
 
 #define STOP_TAG 0xFFFFFFFFFFFFFFFFull
-/* Buffer sizes: powers of two from 64 KiB to FX_TGT_MAX_XFER. */
+/* Buffer classes: commands up to 64 KiB, 128 KiB, ... FX_TGT_MAX_XFER. */
 #define BUF_MIN_SHIFT 16
 #define BUF_CLASSES 7
 #define CACHE_PER_CLASS 32
+#define IDLE_TRIM_MS 100
 _Static_assert((1u << (BUF_MIN_SHIFT + BUF_CLASSES - 1)) == FX_TGT_MAX_XFER, "buffer classes");
 _Static_assert(CACHE_PER_CLASS * (1u << BUF_MIN_SHIFT) <= FX_TGT_IO_BUDGET, "cache per class");
 
@@ -183,9 +188,88 @@ static unsigned buf_class(uint32_t len)
 	return k;
 }
 
+/*
+ * Where buffers of 1 MiB and more come from.  A direct read goes to the
+ * disk as one request only if its buffer needs few segments: the block
+ * layer splits a request at max_segments (254 on virtio-blk), so a 1 MiB
+ * buffer of scattered 4 KiB pages becomes two or more requests, and a
+ * disk that is fast only with large ones (a cloud volume) serves such a
+ * queue at under half its speed.  With transparent huge pages on (always
+ * or madvise), those buffers are their own 2 MiB-aligned mappings advised
+ * MADV_HUGEPAGE, whole 2 MiB pages: one segment per 2 MiB.  A 1 MiB class
+ * buffer then takes a whole 2 MiB page, and the budget counts it so
+ * (its cap is 2 MiB): the budget bounds memory, not command bytes.
+ */
+#define HUGE_BYTES (2u << 20)
+#define HUGE_FROM_CLASS 4 /* 64 KiB << 4 = 1 MiB */
+
+static pthread_once_t huge_once = PTHREAD_ONCE_INIT;
+static int huge_on;
+
+static void huge_probe(void)
+{
+	char line[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "re");
+
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		fclose(f);
+	}
+	huge_on = strstr(line, "[always]") || strstr(line, "[madvise]");
+}
+
+static int huge_class(unsigned k)
+{
+	pthread_once(&huge_once, huge_probe);
+	return huge_on && k >= HUGE_FROM_CLASS;
+}
+
+/* The bytes a class-k buffer takes (what the budget counts). */
+static uint32_t class_bytes(unsigned k)
+{
+	uint32_t n = 1u << (BUF_MIN_SHIFT + k);
+
+	return huge_class(k) && n < HUGE_BYTES ? HUGE_BYTES : n;
+}
+
 static uint32_t buf_cap(uint32_t len)
 {
-	return 1u << (BUF_MIN_SHIFT + buf_class(len));
+	return class_bytes(buf_class(len));
+}
+
+static void *buf_alloc(unsigned k)
+{
+	size_t n = class_bytes(k);
+	void *p;
+
+	if (huge_class(k)) {
+		/* over-map by one huge page, keep the aligned middle */
+		uint8_t *m = mmap(NULL, n + HUGE_BYTES, PROT_READ | PROT_WRITE,
+		                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		uintptr_t a;
+
+		if (m == MAP_FAILED)
+			return NULL;
+		a = ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+		if (a > (uintptr_t)m)
+			munmap(m, a - (uintptr_t)m);
+		if ((uintptr_t)m + n + HUGE_BYTES > a + n)
+			munmap((void *)(a + n), (uintptr_t)m + n + HUGE_BYTES - (a + n));
+		(void)madvise((void *)a, n, MADV_HUGEPAGE); /* a hint: small pages still work */
+		return (void *)a;
+	}
+	if (posix_memalign(&p, FX_TGT_DIO_ALIGN, n) != 0)
+		return NULL;
+	return p;
+}
+
+static void buf_free(void *p, unsigned k)
+{
+	if (huge_class(k))
+		munmap(p, class_bytes(k));
+	else
+		free(p);
 }
 
 /* Drop cached buffers until want more bytes fit beside them.  Under q->lock. */
@@ -193,8 +277,8 @@ static void cache_trim_locked(struct tgt_ioq *q, size_t want)
 {
 	for (unsigned k = BUF_CLASSES; k-- > 0 && q->used + q->cached + want > FX_TGT_IO_BUDGET;)
 		while (q->ncache[k] && q->used + q->cached + want > FX_TGT_IO_BUDGET) {
-			free(q->cache[k][--q->ncache[k]]);
-			q->cached -= 1u << (BUF_MIN_SHIFT + k);
+			buf_free(q->cache[k][--q->ncache[k]], k);
+			q->cached -= class_bytes(k);
 		}
 }
 
@@ -207,30 +291,41 @@ static void *buf_get(struct tgt_ioq *q, uint32_t len)
 	pthread_mutex_lock(&q->lock);
 	if (q->ncache[k]) {
 		p = q->cache[k][--q->ncache[k]];
-		q->cached -= 1u << (BUF_MIN_SHIFT + k);
+		q->cached -= class_bytes(k);
 	} else {
 		/* (used already counts this one) */
 		cache_trim_locked(q, 0);
 	}
 	pthread_mutex_unlock(&q->lock);
-	if (!p && posix_memalign(&p, FX_TGT_DIO_ALIGN, 1u << (BUF_MIN_SHIFT + k)) != 0)
-		p = NULL;
-	return p;
+	return p ? p : buf_alloc(k);
 }
 
-/* Keep a buffer for the next command, or free it.  Under q->lock, after
- * its budget was given back. */
-static void buf_put_locked(struct tgt_ioq *q, void *p, uint32_t cap)
+/* Keep a buffer of class k for the next command, or free it.  Under
+ * q->lock, after its budget was given back. */
+static void buf_put_locked(struct tgt_ioq *q, void *p, unsigned k)
 {
-	unsigned k = buf_class(cap);
+	uint32_t cap = class_bytes(k);
 
 	if (!q->stopping && q->ncache[k] < CACHE_PER_CLASS &&
 	    q->used + q->cached + cap <= FX_TGT_IO_BUDGET) {
 		q->cache[k][q->ncache[k]++] = p;
 		q->cached += cap;
 	} else {
-		free(p);
+		buf_free(p, k);
 	}
+}
+
+static __thread int on_engine; /* this thread is a queue's engine */
+
+/* A queue with nothing in flight keeps little (a thousand idle queues must
+ * not hold their whole budgets); the largest go first.  Under q->lock. */
+static void idle_trim_locked(struct tgt_ioq *q)
+{
+	for (unsigned k = BUF_CLASSES; q->nfree == q->n && k-- > 0;)
+		while (q->ncache[k] && q->cached > FX_TGT_IO_IDLE_CACHE) {
+			buf_free(q->cache[k][--q->ncache[k]], k);
+			q->cached -= class_bytes(k);
+		}
 }
 
 /* Give slot idx back (its I/O is over, its answer sent or abandoned).
@@ -241,7 +336,7 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 
 	if (io->buf) {
 		q->used -= io->cap;
-		buf_put_locked(q, io->buf, io->cap);
+		buf_put_locked(q, io->buf, buf_class(io->len));
 	}
 	if (io->state == TGT_IO_WAIT_DATA)
 		atomic_fetch_sub(&q->c->h2c_wait, 1);
@@ -249,13 +344,11 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 	io->next = -1;
 	q->free_idx[q->nfree++] = (uint16_t)idx;
 	atomic_fetch_sub(&q->c->r2t_busy, 1);
-	/* Nothing in flight: an idle queue keeps little (a thousand idle
-	 * queues must not hold their whole budgets); the largest go first. */
-	for (unsigned k = BUF_CLASSES; q->nfree == q->n && k-- > 0;)
-		while (q->ncache[k] && q->cached > FX_TGT_IO_IDLE_CACHE) {
-			free(q->cache[k][--q->ncache[k]]);
-			q->cached -= 1u << (BUF_MIN_SHIFT + k);
-		}
+	/* Nothing in flight: the engine thread trims the cache once the
+	 * queue has stayed idle for a moment (engine_main); from any other
+	 * thread, or where it cannot wait with a timeout, at once. */
+	if (!on_engine || !(q->ring.features & IORING_FEAT_EXT_ARG))
+		idle_trim_locked(q);
 }
 
 static int is_stopping(struct tgt_ioq *q);
@@ -462,8 +555,6 @@ static void on_cqe(struct tgt_ioq *q, unsigned idx, int res)
 	finish(q, idx);
 }
 
-static __thread int on_engine;
-
 int tgt_ioq_on_engine_thread(void)
 {
 	return on_engine;
@@ -485,8 +576,29 @@ static void *ioq_main(void *arg)
 		struct io_uring_cqe *cqe;
 		uint64_t tag;
 		unsigned left;
-		int r = io_uring_wait_cqe(&q->ring, &cqe), res;
+		int r, res, lazy;
 
+		/* A queue that just went idle keeps its buffers for IDLE_TRIM_MS:
+		 * trimming at once would free and fault them in again whenever
+		 * a few commands per queue leave it empty for an instant (a
+		 * fresh 2 MiB page is zeroed: most of a cold read's CPU). */
+		pthread_mutex_lock(&q->lock);
+		lazy = q->nfree == q->n && q->cached > FX_TGT_IO_IDLE_CACHE &&
+		       (q->ring.features & IORING_FEAT_EXT_ARG);
+		pthread_mutex_unlock(&q->lock);
+		if (lazy) {
+			struct __kernel_timespec ts = { 0, IDLE_TRIM_MS * 1000000ll };
+
+			r = io_uring_wait_cqe_timeout(&q->ring, &cqe, &ts);
+			if (r == -ETIME) {
+				pthread_mutex_lock(&q->lock);
+				idle_trim_locked(q);
+				pthread_mutex_unlock(&q->lock);
+				continue;
+			}
+		} else {
+			r = io_uring_wait_cqe(&q->ring, &cqe);
+		}
 		if (r < 0) {
 			if (r != -EINTR && r != -EAGAIN && r != -ETIME) {
 				tgt_log(q->c->t, "%s qid %u: io_uring wait: %s", q->c->peer, q->c->qid,
@@ -630,7 +742,7 @@ void tgt_ioq_stop(struct tgt_conn *c)
 		}
 	for (unsigned k = 0; k < BUF_CLASSES; k++)
 		while (q->ncache[k])
-			free(q->cache[k][--q->ncache[k]]);
+			buf_free(q->cache[k][--q->ncache[k]], k);
 	io_uring_queue_exit(&q->ring);
 	c->ioq = NULL;
 	c->send_lock = NULL;
