@@ -29,11 +29,13 @@ import subprocess
 import sys
 import time
 
-# run from a checkout without installing: the checkout's fx100io, also for the
-# processes started here (python3 -m fx100io target)
+# run from a built checkout without installing: the checkout's fx100io, also for
+# the processes started here (python3 -m fx100io target); an unbuilt checkout
+# leaves an installed fx100io in charge
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _REPO)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
+if any(f.startswith("_core.") and f.endswith(".so") for f in os.listdir(os.path.join(_REPO, "fx100io"))):
+    sys.path.insert(0, _REPO)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
 
 import numpy as np
 

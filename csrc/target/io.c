@@ -60,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -179,58 +180,102 @@ static void submit_locked(struct tgt_ioq *q, uint64_t tag)
 		tgt_log(q->c->t, "%s qid %u: io_uring submit: %s", q->c->peer, q->c->qid, strerror(-r));
 }
 
-static unsigned buf_class(uint32_t len)
-{
-	unsigned k = 0;
-
-	while (k + 1 < BUF_CLASSES && (1u << (BUF_MIN_SHIFT + k)) < len)
-		k++;
-	return k;
-}
-
 /*
  * Where buffers of 1 MiB and more come from.  A direct read goes to the
  * disk as one request only if its buffer needs few segments: the block
  * layer splits a request at max_segments (254 on virtio-blk), so a 1 MiB
  * buffer of scattered 4 KiB pages becomes two or more requests, and a
  * disk that is fast only with large ones (a cloud volume) serves such a
- * queue at under half its speed.  With transparent huge pages on (always
- * or madvise), those buffers are their own 2 MiB-aligned mappings advised
- * MADV_HUGEPAGE, whole 2 MiB pages: one segment per 2 MiB.  A 1 MiB class
- * buffer then takes a whole 2 MiB page, and the budget counts it so
- * (its cap is 2 MiB): the budget bounds memory, not command bytes.
+ * queue at under half its speed.  Where the kernel gives this process
+ * 2 MiB transparent huge pages, those buffers are their own 2 MiB-aligned
+ * mappings (advised MADV_HUGEPAGE when THP is in madvise mode), whole
+ * 2 MiB pages: one segment per 2 MiB.  A 1 MiB command then takes a
+ * 2 MiB buffer (the 1 MiB class is folded into the 2 MiB one) and the
+ * budget counts it so: the budget bounds memory, not command bytes.  In
+ * madvise mode with defrag=madvise (the default), the first touch of a
+ * fresh buffer may compact memory to find a huge page; buffers are kept
+ * and reused, so that is paid once per buffer, not per command.
  */
 #define HUGE_BYTES (2u << 20)
 #define HUGE_FROM_CLASS 4 /* 64 KiB << 4 = 1 MiB */
 
 static pthread_once_t huge_once = PTHREAD_ONCE_INIT;
-static int huge_on;
+static int huge_on;      /* buffers from 1 MiB up are whole huge pages */
+static int huge_madvise; /* ... and must ask for them (madvise mode) */
+
+/* The [selected] word of a sysfs mode file, or "" where it is missing. */
+static void sysfs_mode(const char *path, char *out, size_t n)
+{
+	char line[160] = "";
+	FILE *f = fopen(path, "re");
+	char *a, *b;
+
+	out[0] = 0;
+	if (!f)
+		return;
+	if (!fgets(line, sizeof(line), f))
+		line[0] = 0;
+	fclose(f);
+	a = strchr(line, '[');
+	b = a ? strchr(a, ']') : NULL;
+	if (a && b && (size_t)(b - a - 1) < n) {
+		memcpy(out, a + 1, (size_t)(b - a - 1));
+		out[b - a - 1] = 0;
+	}
+}
 
 static void huge_probe(void)
 {
-	char line[128] = "";
-	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "re");
+	const char *dir = "/sys/kernel/mm/transparent_hugepage";
+	char path[128], mode[32], size_mode[32];
+	unsigned long pmd = 0;
+	FILE *f;
 
-	if (f) {
-		if (!fgets(line, sizeof(line), f))
-			line[0] = 0;
+	snprintf(path, sizeof(path), "%s/hpage_pmd_size", dir);
+	if ((f = fopen(path, "re"))) {
+		if (fscanf(f, "%lu", &pmd) != 1)
+			pmd = 0;
 		fclose(f);
 	}
-	huge_on = strstr(line, "[always]") || strstr(line, "[madvise]");
+	if (pmd != HUGE_BYTES || prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) > 0)
+		return; /* huge pages of another size (arm64 64K), or THP off for us */
+	snprintf(path, sizeof(path), "%s/enabled", dir);
+	sysfs_mode(path, mode, sizeof(mode));
+	/* kernels with per-size controls (6.8+): the 2 MiB size's own mode */
+	snprintf(path, sizeof(path), "%s/hugepages-2048kB/enabled", dir);
+	sysfs_mode(path, size_mode, sizeof(size_mode));
+	if (size_mode[0] && strcmp(size_mode, "inherit") != 0)
+		memcpy(mode, size_mode, sizeof(mode));
+	huge_on = !strcmp(mode, "always") || !strcmp(mode, "madvise");
+	huge_madvise = !strcmp(mode, "madvise");
+}
+
+static int huge_buffers(void)
+{
+	pthread_once(&huge_once, huge_probe);
+	return huge_on;
+}
+
+static unsigned buf_class(uint32_t len)
+{
+	unsigned k = 0;
+
+	while (k + 1 < BUF_CLASSES && (1u << (BUF_MIN_SHIFT + k)) < len)
+		k++;
+	if (k == HUGE_FROM_CLASS && huge_buffers())
+		k++; /* a 1 MiB buffer would take a whole 2 MiB page anyway */
+	return k;
 }
 
 static int huge_class(unsigned k)
 {
-	pthread_once(&huge_once, huge_probe);
-	return huge_on && k >= HUGE_FROM_CLASS;
+	return k >= HUGE_FROM_CLASS && huge_buffers();
 }
 
 /* The bytes a class-k buffer takes (what the budget counts). */
 static uint32_t class_bytes(unsigned k)
 {
-	uint32_t n = 1u << (BUF_MIN_SHIFT + k);
-
-	return huge_class(k) && n < HUGE_BYTES ? HUGE_BYTES : n;
+	return 1u << (BUF_MIN_SHIFT + k);
 }
 
 static uint32_t buf_cap(uint32_t len)
@@ -244,7 +289,8 @@ static void *buf_alloc(unsigned k)
 	void *p;
 
 	if (huge_class(k)) {
-		/* over-map by one huge page, keep the aligned middle */
+		/* over-map by one huge page, keep the aligned middle (n is a
+		 * multiple of HUGE_BYTES, so the tail piece is never empty) */
 		uint8_t *m = mmap(NULL, n + HUGE_BYTES, PROT_READ | PROT_WRITE,
 		                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		uintptr_t a;
@@ -253,10 +299,10 @@ static void *buf_alloc(unsigned k)
 			return NULL;
 		a = ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
 		if (a > (uintptr_t)m)
-			munmap(m, a - (uintptr_t)m);
-		if ((uintptr_t)m + n + HUGE_BYTES > a + n)
-			munmap((void *)(a + n), (uintptr_t)m + n + HUGE_BYTES - (a + n));
-		(void)madvise((void *)a, n, MADV_HUGEPAGE); /* a hint: small pages still work */
+			(void)munmap(m, a - (uintptr_t)m);
+		(void)munmap((void *)(a + n), (uintptr_t)m + n + HUGE_BYTES - (a + n));
+		if (huge_madvise)
+			(void)madvise((void *)a, n, MADV_HUGEPAGE); /* a hint: small pages still work */
 		return (void *)a;
 	}
 	if (posix_memalign(&p, FX_TGT_DIO_ALIGN, n) != 0)
@@ -345,7 +391,7 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 	q->free_idx[q->nfree++] = (uint16_t)idx;
 	atomic_fetch_sub(&q->c->r2t_busy, 1);
 	/* Nothing in flight: the engine thread trims the cache once the
-	 * queue has stayed idle for a moment (engine_main); from any other
+	 * queue has stayed idle for a moment (ioq_main); from any other
 	 * thread, or where it cannot wait with a timeout, at once. */
 	if (!on_engine || !(q->ring.features & IORING_FEAT_EXT_ARG))
 		idle_trim_locked(q);

@@ -76,7 +76,8 @@
  * sent) and the end of their response's send total at most this much per
  * connection; a command that does not fit waits, in order, for one to end.
  * With commands up to FX_TGT_MAX_XFER (4 MiB) that is 8 of the largest, or
- * 16 of 1 MiB (whose buffers are whole 2 MiB huge pages, io.c), at once; a
+ * 32 of 1 MiB (16 where transparent huge pages are on: a 1 MiB command then
+ * takes a whole 2 MiB page, io.c), at once; a
  * queue never holds more than its depth. */
 #define FX_TGT_IO_BUDGET (32u << 20)
 /* Buffers an I/O queue with nothing in flight keeps for its next commands. */
