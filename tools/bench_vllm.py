@@ -155,7 +155,8 @@ def main() -> int:
     ap.add_argument("--chunk-mib", type=float, default=16.0)
     ap.add_argument("--chunks-per-job", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--queue-depth", type=int, default=64)
+    ap.add_argument("--queue-depth", type=int, default=16,
+                    help="the tier's queue_depth (its default, 16) and fio's iodepth")
     ap.add_argument("--fs-threads", type=int, default=16, help="the fs tier's read/write threads")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="another setting of fx100io's tier entry (e.g. max_io=4M)")
