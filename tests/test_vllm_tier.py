@@ -74,6 +74,9 @@ CHECKS = [
     "through_vllm_tiering_manager",
     "shutdown_closes_the_store_with_aclose",
     "verdicts_random_orderings_against_a_model",
+    "touch_keeps_a_chunk_from_eviction",
+    "kv_events_stored_and_evicted",
+    "kv_events_off_unless_asked_and_on_globally",
     "shutdown_then_recreate",
 ]
 

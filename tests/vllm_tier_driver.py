@@ -69,7 +69,7 @@ def check(name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
 
 
 def make_spec(model: str = "org/test-model", dtype: str = "bfloat16", tp: int = 1,
-              dp: int = 0, dp_size: int = 1) -> Any:
+              dp: int = 0, dp_size: int = 1, events: bool = False) -> Any:
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1"), group_id=0),),
         worker_kv_bytes_per_block=CHUNK_BYTES,
@@ -88,7 +88,7 @@ def make_spec(model: str = "org/test-model", dtype: str = "bfloat16", tp: int = 
         config=config,
         blocks_per_chunk=1,
         kv_events_config=OffloadingKVEventsConfig(
-            enable_kv_cache_events=False, self_describing_kv_events=False
+            enable_kv_cache_events=events, self_describing_kv_events=False
         ),
     )
 
@@ -925,6 +925,90 @@ def main(workdir: str) -> int:
             tier._backend.store = real
             tier.shutdown()
 
+    def fill_until_eviction(tier: Any, first: int) -> list[Any]:
+        """Store chunk after chunk (keys first, first+1, ...) until the store's LRU
+        evicted one; the keys stored, oldest first."""
+        stored = []
+        jid = 10_000 + first
+        for i in range(200):
+            primary.fill(i % NUM_CHUNKS, first + i)
+            k = key(first + i)
+            tier.submit_store(job(jid + i, [k], [i % NUM_CHUNKS], False))
+            assert all(r.success for r in finish(tier))
+            stored.append(k)
+            if int(tier.store.stats().get("evictions", 0)) > 0:
+                return stored
+        raise AssertionError("no eviction after 200 stores")
+
+    @check("touch_keeps_a_chunk_from_eviction")
+    def _touch() -> None:
+        tier = load_tier(entry(os.path.join(workdir, "touch.img"), size="4M", create="always"),
+                         primary)
+        try:
+            stored = fill_until_eviction(tier, 20_000)
+            assert not tier.store.contains(tier._key(stored[0]))  # the oldest went first
+            oldest, next_oldest = stored[1], stored[2]
+            tier.touch([oldest], CTX)  # now the most recently used
+            before = int(tier.store.stats()["evictions"])
+            primary.fill(0, 4242)
+            tier.submit_store(job(29_999, [key(29_999)], [0], False))
+            assert all(r.success for r in finish(tier))
+            assert int(tier.store.stats()["evictions"]) > before
+            assert tier.store.contains(tier._key(oldest)), "the touched chunk was evicted"
+            assert not tier.store.contains(tier._key(next_oldest))
+            tier.touch([key(123_456)], CTX)  # unknown keys are nothing to touch
+        finally:
+            tier.shutdown()
+        tier.touch([key(1)], CTX)  # after shutdown: nothing, no error
+
+    @check("kv_events_stored_and_evicted")
+    def _events() -> None:
+        tier = load_tier(entry(os.path.join(workdir, "events.img"), size="4M", create="always",
+                               enable_kv_events="true", locality="LOCAL"),
+                         primary, make_spec(events=True))
+        try:
+            stored = fill_until_eviction(tier, 30_000)
+            deadline = time.monotonic() + WAIT_S
+            events: list[Any] = []
+            while True:
+                events += list(tier.take_events())
+                if any(e.removed for e in events) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            added = [k for e in events if not e.removed for k in e.keys]
+            removed = [k for e in events if e.removed for k in e.keys]
+            assert added == stored, (len(added), len(stored))
+            assert removed == [stored[0]], removed
+            assert not tier.store.contains(tier._key(stored[0]))
+            assert all(e.medium is tier.medium and e.locality is tier.locality for e in events)
+            assert list(tier.take_events()) == []  # taken once
+            # a failed store job is no "stored" event
+            tier._breaker.trip("test", OSError(5, "test"))
+            tier.submit_store(job(39_999, [key(39_999)], [0], False))
+            assert not any(r.success for r in finish(tier))
+            assert list(tier.take_events()) == []
+        finally:
+            tier.shutdown()
+
+    @check("kv_events_off_unless_asked_and_on_globally")
+    def _events_off() -> None:
+        for extra, spec in (({}, make_spec(events=True)),
+                            ({"enable_kv_events": True}, make_spec(events=False))):
+            tier = load_tier(entry(os.path.join(workdir, "events-off.img"), size="4M",
+                                   create="always", **extra), primary, spec)
+            try:
+                fill_until_eviction(tier, 40_000)
+                assert list(tier.take_events()) == []
+            finally:
+                tier.shutdown()
+        try:
+            load_tier(entry(os.path.join(workdir, "events-bad.img"), enable_kv_events="maybe"),
+                      primary)
+        except Exception as exc:  # noqa: BLE001 - the error is what is checked
+            assert "enable_kv_events" in str(exc), exc
+        else:
+            raise AssertionError("enable_kv_events='maybe' was accepted")
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -938,7 +1022,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _touch, _events, _events_off, _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 

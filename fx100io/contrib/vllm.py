@@ -29,7 +29,11 @@ MISS and new jobs are refused (failed at once) for retry_after_s, logged once; a
 in flight is never abandoned (its rows stay in use until its I/O ends, and
 drain_jobs/shutdown wait for it; shutdown raises RuntimeError if it outlives
 SHUTDOWN_WAIT_S, so vLLM does not free rows still being written).
-touch, take_events and metrics are not implemented (the store's own LRU decides).
+touch marks chunks as just used in a local store's LRU (a shared index keeps its own
+order). With ``enable_kv_events`` (as vLLM's fs tier takes it, and only while KV cache
+events are on globally), take_events reports chunks stored by successful store jobs and
+chunks the local store's LRU evicted (removed); a shared pool's evictions by other hosts
+are not seen here. Metrics are not implemented.
 
 Failure policy: a chunk that is missing, has the wrong size or fails its CRC32C is a
 failed load (vLLM recomputes it); a failed store only means the chunk is not kept. A
@@ -52,6 +56,7 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -64,7 +69,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 
 from ._runtime import LoopRunner
-from ._settings import BackendSettings, open_backend_store, parse_settings
+from ._settings import BackendSettings, open_backend_store, parse_bool, parse_settings
 
 logger = logging.getLogger("fx100io.contrib.vllm")
 
@@ -152,6 +157,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         extra_ns = params.pop("namespace", None)
         if extra_ns is not None and not isinstance(extra_ns, str):
             raise ValueError(f"{WHERE}namespace: expected a string, got {extra_ns!r}")
+        want_events = parse_bool(params.pop("enable_kv_events", None), WHERE + "enable_kv_events", False)
         params = _expand_dp(params, offloading_spec)
         self.settings: BackendSettings = parse_settings(
             params, WHERE, worker_id=rank, world_size=world
@@ -191,12 +197,26 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         self._check_scheduled = False
         self._closed = False
 
+        # KV events (take_events), when asked for and on globally: appended by the
+        # scheduler thread (stores) and the store's index thread (evictions).
+        self._events: list[OffloadingEvent] | None = None
+        self._events_lock = threading.Lock()
+        if want_events:
+            if getattr(getattr(offloading_spec, "kv_events_config", None),
+                       "enable_kv_cache_events", False):
+                self._events = []
+            else:
+                logger.warning("fx100io: enable_kv_events is set on tier %r but KV cache "
+                               "events are off globally; the tier emits none", tier_type)
+
         self._runner = LoopRunner(None, engine="vllm")
         self._backend: Any = None
         self._registration: Any = None
         try:
             self._backend = self._runner.call(self._open(), OPEN_WAIT_S)
             self._register_primary()
+            if self._events is not None and hasattr(self.store, "on_evict"):
+                self.store.on_evict = self._evicted
         except BaseException:
             try:
                 self._teardown(wait_s=5.0)
@@ -246,6 +266,48 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
                 raise IndexError(f"chunk id {c} outside the primary tier (0..{self._nchunks - 1})")
             rows.append(flat[c * size:(c + 1) * size])
         return rows
+
+    def _offload_key(self, store_key: bytes) -> OffloadKey | None:
+        """The vLLM key of one of this tier's store keys (None for another's)."""
+        if not store_key.startswith(self._prefix):
+            return None
+        try:
+            return OffloadKey(bytes.fromhex(store_key[len(self._prefix):].decode()))
+        except ValueError:
+            return None
+
+    # ------------------------------------------------------------ events, LRU
+    def _emit(self, keys: list[OffloadKey], removed: bool) -> None:
+        if self._events is None or not keys:
+            return
+        with self._events_lock:
+            self._events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=removed,
+                                                locality=self.locality))
+
+    def _evicted(self, pairs: list[tuple[bytes, int]]) -> None:
+        """The local store's LRU evicted these (its index thread; must not block)."""
+        self._emit([k for k in (self._offload_key(key) for key, _ in pairs) if k is not None],
+                   removed=True)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is None:
+            return []
+        with self._events_lock:
+            out, self._events = self._events, []
+        return out
+
+    def touch(self, keys: Any, req_context: ReqContext) -> None:
+        """Mark chunks as just used, so the store's LRU evicts them last (a local
+        store's index is in memory: nothing waits on the device)."""
+        if self._closed or self._backend is None:
+            return
+        touch = getattr(self.store, "touch", None)
+        if touch is None or _async_index(self.store):
+            return  # a shared index orders eviction by its own clock
+        try:
+            touch([self._key(k) for k in keys])
+        except Exception as exc:  # noqa: BLE001 - only an eviction hint
+            logger.debug("fx100io: touch failed: %r", exc)
 
     # ------------------------------------------------------------ lookups
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -438,6 +500,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
                 logger.error("fx100io: job %s ended with %r", job_id, exc)
                 result = JobResult(job_id=job_id, success=False)
             if not job.is_promotion:
+                if result.success:
+                    self._emit(list(job.keys), removed=False)
                 for k in (self._key(k) for k in job.keys):
                     n = self._storing.get(k, 0) - 1
                     if n > 0:
@@ -587,3 +651,4 @@ async def _evictions(store: Any) -> int:
 
 
 __all__ = ["FX100ioTier", "namespace"]
+
