@@ -26,6 +26,7 @@ fio, and the venv of tools/install_lmcache_bench.sh (LMCache's raw-block extensi
 
   tools/bench_lmcache_mp.py [--devices disk,fast] [--chunk-mb 16] [--chunks 16]
                             [--rounds 2] [--cases fx100io,fs,raw_block,...]
+                            [--set max_io=16M ...]
 """
 
 from __future__ import annotations
@@ -74,19 +75,21 @@ def store_size(payload: int) -> int:
     return int(payload * 1.1) + 64 * MiB
 
 
-def adapter_json(case: str, d: str, payload: int, chunk: int, target_uri: str | None) -> str:
+def adapter_json(case: str, d: str, payload: int, chunk: int, target_uri: str | None,
+                 extra: dict[str, str] | None = None) -> str:
     ours = {"type": "plugin", "module_path": MODULE, "class_name": "FX100ioL2Adapter"}
+    extra = extra or {}
     if case == "fx100io":
         return json.dumps({**ours, "adapter_params": {
-            "devices": f"file://{d}/fx100io.img", "size": str(store_size(payload))}})
+            "devices": f"file://{d}/fx100io.img", "size": str(store_size(payload)), **extra}})
     if case == "fx100io-native":
         return json.dumps({"type": "native_plugin", "module_path": MODULE,
                            "class_name": "FX100ioNativeClient", "adapter_params": {
                                "devices": f"file://{d}/fx100io-native.img",
-                               "size": str(store_size(payload))}})
+                               "size": str(store_size(payload)), **extra}})
     if case == "fx100io-tcp":
         assert target_uri is not None
-        return json.dumps({**ours, "adapter_params": {"devices": target_uri}})
+        return json.dumps({**ours, "adapter_params": {"devices": target_uri, **extra}})
     if case == "fs":
         return json.dumps({"type": "fs", "base_path": f"{d}/fs"})
     if case == "fs-odirect":
@@ -137,7 +140,7 @@ def measure(args: argparse.Namespace, device: str, d: str, py: str, bl) -> dict[
                 results["fio"] = max(rates) / 1e6
                 os.unlink(path)
                 continue
-            spec = adapter_json(case, d, payload, chunk, target_uri)
+            spec = adapter_json(case, d, payload, chunk, target_uri, args.set)
             with tempfile.TemporaryDirectory() as t:
                 stored = run_bench(py, spec, "store", args, f"{t}/store.json")
                 bl.drop_caches()
@@ -168,7 +171,13 @@ def main() -> int:
     ap.add_argument("--cases", default="fio,fx100io,fx100io-native,fs,fs-odirect,raw_block,fx100io-tcp")
     ap.add_argument("--tcp-queues", type=int, default=4)
     ap.add_argument("--fast-gib", type=float, default=4.0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="another adapter_params setting of our cases (e.g. max_io=16M)")
     args = ap.parse_args()
+    bad_set = [kv for kv in args.set if "=" not in kv]
+    if bad_set:
+        sys.exit(f"--set takes KEY=VALUE, got {bad_set}")
+    args.set = dict(kv.split("=", 1) for kv in args.set)
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = sorted(set(args.cases) - set(CASES))
     if bad:
