@@ -569,3 +569,65 @@ def test_a_status_poll_does_not_end_the_back_off(device):
         assert lookup(ad, [key(1)]) == [False]
     finally:
         ad.close()
+
+
+def test_close_on_a_stuck_loop_never_closes_the_store_from_another_thread(device, monkeypatch):
+    """A request stuck inside a device call holds the loop thread: close() gives up on
+    the loop and leaves the store open rather than closing its queues from a second
+    thread under the stuck one; the L1 arena stays registered."""
+    import fx100io.contrib._lmcache_mp_core as core
+
+    monkeypatch.setattr(core, "OPEN_WAIT_MIN_S", 0.5)
+    arena = Arena(1 << 20)
+    ad = load_adapter(spec(device, timeout_s="0.1"), arena)
+    svc = ad._svc
+    backend = svc._backend
+    closed_on = []
+    real_close = backend.close
+    backend.close = lambda: closed_on.append(threading.current_thread().name)
+    stuck, release = threading.Event(), threading.Event()
+
+    async def hold_the_loop():
+        stuck.set()
+        release.wait(60)  # a blocking call on the loop thread, as a wedged device call
+
+    svc._runner.submit(hold_the_loop())
+    assert stuck.wait(30)
+    try:
+        ad.close()
+        assert closed_on == [], f"store closed from {closed_on} while the loop was stuck"
+        assert ad._kept_registration is not None  # the arena stays registered
+    finally:
+        release.set()
+        deadline = time.monotonic() + 30
+        while svc._runner.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        real_close()
+
+
+def test_an_open_given_up_on_closes_its_store_when_it_ends(device, monkeypatch):
+    """An open slower than the wait fails the adapter's construction; the store it
+    makes later is closed at once, so the device is not left locked."""
+    import fx100io.contrib._lmcache_mp_core as core
+
+    monkeypatch.setattr(core, "OPEN_WAIT_MIN_S", 0.5)
+    real_open = core.open_backend_store
+    made = []
+
+    def slow_open(settings, log):
+        time.sleep(2.0)
+        b = real_open(settings, log=log)
+        made.append(b)
+        return b
+
+    monkeypatch.setattr(core, "open_backend_store", slow_open)
+    with pytest.raises(Exception, match="took more than"):
+        load_adapter(spec(device, timeout_s="0.1"), Arena(1 << 20))
+    monkeypatch.setattr(core, "open_backend_store", real_open)
+    # the late open ends, and its store is closed at once
+    deadline = time.monotonic() + 60
+    while not (made and made[0].store.closed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert made and made[0].store.closed, "the store of the abandoned open was left open"
+    ad = load_adapter(spec(device), Arena(1 << 20))  # the device is free again
+    ad.close()

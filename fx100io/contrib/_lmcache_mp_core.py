@@ -31,10 +31,14 @@ from ..errors import (
     FxTimeoutError,
     InvalidArgumentError,
 )
-from ._runtime import Breaker, LoopRunner, adapter_logger
+from ._runtime import Breaker, LoopGone, LoopRunner, TimedOut, adapter_logger
 from ._settings import BackendSettings, open_backend_store
 
 logger = adapter_logger("fx100io.contrib.lmcache_mp")
+
+# Longest wait for the store to open (it may format a device) or close on its loop;
+# 4 x timeout_s when that is longer.
+OPEN_WAIT_MIN_S = 60.0
 
 # Store keys of the two adapter types live apart from each other and from the
 # in-process plugin's keys (fx100io.contrib._lmcache_codec), so one device can serve all.
@@ -139,8 +143,15 @@ class StoreService:
         self._pending = 0
         self._closed = False
         self._runner = LoopRunner(None)
+        wait_s = max(OPEN_WAIT_MIN_S, 4 * settings.timeout_s)
+        opening = self._runner.submit(self._open())
         try:
-            self._backend = self._runner.call(self._open(), max(60.0, 4 * settings.timeout_s))
+            self._backend = opening.result(timeout=wait_s)
+        except concurrent.futures.TimeoutError:
+            # The open goes on (formatting, a slow device): whatever it makes is
+            # closed when it ends, or it would hold the device's lock until exit.
+            opening.add_done_callback(self._open_abandoned)
+            raise TimedOut(f"opening the store took more than {wait_s:.0f}s") from None
         except BaseException:
             self._runner.stop()
             raise
@@ -148,6 +159,17 @@ class StoreService:
 
     async def _open(self) -> Any:
         return open_backend_store(self.settings, log=logger)
+
+    def _open_abandoned(self, f: concurrent.futures.Future[Any]) -> None:
+        """The loop thread, once an open we gave up on ended: close what it made,
+        then end the loop."""
+        loop = self._runner.loop
+        try:
+            if not f.cancelled() and f.exception() is None:
+                f.result().close()
+                logger.warning("fx100io: closed a store whose open ended after it was given up")
+        finally:
+            loop.call_soon(loop.stop)
 
     # ------------------------------------------------------------------ requests
 
@@ -413,10 +435,18 @@ class StoreService:
             logger.error("fx100io: requests still running after %.1fs at close",
                          self.settings.timeout_s)
         try:
-            self._runner.call(self._close_backend(), max(60.0, 4 * self.settings.timeout_s))
-        except Exception as exc:  # noqa: BLE001 - close what we can
-            logger.warning("fx100io: closing the store on its loop failed (%r); closing here", exc)
-            self._backend.close()
+            self._runner.call(self._close_backend(), max(OPEN_WAIT_MIN_S, 4 * self.settings.timeout_s))
+        except TimedOut:
+            # The loop is stuck (a request inside a device call): the store's queues
+            # are that thread's, so it is not closed from here; its device stays
+            # locked until the process exits.
+            logger.error("fx100io: the adapter's event loop is stuck; the store is left "
+                         "open (its device stays locked until this process exits)")
+            drained = False
+        except LoopGone:
+            self._backend.close()  # no loop: nothing else uses the queues
+        except Exception as exc:  # noqa: BLE001 - closing anyway
+            logger.warning("fx100io: closing the store failed: %r", exc)
         self._runner.stop()
         return drained
 
