@@ -573,18 +573,24 @@ def test_a_status_poll_does_not_end_the_back_off(device):
 
 def test_close_on_a_stuck_loop_never_closes_the_store_from_another_thread(device, monkeypatch):
     """A request stuck inside a device call holds the loop thread: close() gives up on
-    the loop and leaves the store open rather than closing its queues from a second
-    thread under the stuck one; the L1 arena stays registered."""
+    the loop rather than close the store's queues from a second thread under the stuck
+    one (the L1 arena stays registered); once the stuck call returns, the store closes
+    on the loop thread and the loop ends."""
     import fx100io.contrib._lmcache_mp_core as core
 
-    monkeypatch.setattr(core, "OPEN_WAIT_MIN_S", 0.5)
     arena = Arena(1 << 20)
     ad = load_adapter(spec(device, timeout_s="0.1"), arena)
+    monkeypatch.setattr(core, "OPEN_WAIT_MIN_S", 0.5)  # how long close waits for the loop
     svc = ad._svc
     backend = svc._backend
     closed_on = []
     real_close = backend.close
-    backend.close = lambda: closed_on.append(threading.current_thread().name)
+
+    def close():
+        closed_on.append(threading.current_thread().name)
+        real_close()
+
+    backend.close = close
     stuck, release = threading.Event(), threading.Event()
 
     async def hold_the_loop():
@@ -593,30 +599,40 @@ def test_close_on_a_stuck_loop_never_closes_the_store_from_another_thread(device
 
     svc._runner.submit(hold_the_loop())
     assert stuck.wait(30)
+    loop_thread = svc._runner._own_thread
     try:
         ad.close()
         assert closed_on == [], f"store closed from {closed_on} while the loop was stuck"
         assert ad._kept_registration is not None  # the arena stays registered
     finally:
         release.set()
-        deadline = time.monotonic() + 30
-        while svc._runner.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        real_close()
+    loop_thread.join(30)
+    assert not loop_thread.is_alive(), "the loop did not end once it recovered"
+    assert closed_on == [loop_thread.name], closed_on
+    assert backend.store.closed
 
 
 def test_an_open_given_up_on_closes_its_store_when_it_ends(device, monkeypatch):
     """An open slower than the wait fails the adapter's construction; the store it
-    makes later is closed at once, so the device is not left locked."""
+    makes later is closed at once, on the loop's thread, and that loop ends, so the
+    device is not left locked."""
     import fx100io.contrib._lmcache_mp_core as core
 
     monkeypatch.setattr(core, "OPEN_WAIT_MIN_S", 0.5)
     real_open = core.open_backend_store
-    made = []
+    made, closed_on, loop_threads = [], [], []
 
     def slow_open(settings, log):
+        loop_threads.append(threading.current_thread())
         time.sleep(2.0)
         b = real_open(settings, log=log)
+        real_close = b.close
+
+        def close():
+            closed_on.append(threading.current_thread().name)
+            real_close()
+
+        b.close = close
         made.append(b)
         return b
 
@@ -624,10 +640,10 @@ def test_an_open_given_up_on_closes_its_store_when_it_ends(device, monkeypatch):
     with pytest.raises(Exception, match="took more than"):
         load_adapter(spec(device, timeout_s="0.1"), Arena(1 << 20))
     monkeypatch.setattr(core, "open_backend_store", real_open)
-    # the late open ends, and its store is closed at once
-    deadline = time.monotonic() + 60
-    while not (made and made[0].store.closed) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert loop_threads
+    loop_threads[0].join(60)  # the late open ends, its store is closed, the loop ends
+    assert not loop_threads[0].is_alive(), "the abandoned open's loop never ended"
     assert made and made[0].store.closed, "the store of the abandoned open was left open"
+    assert closed_on == [loop_threads[0].name], closed_on
     ad = load_adapter(spec(device), Arena(1 << 20))  # the device is free again
     ad.close()

@@ -178,6 +178,8 @@ def main() -> int:
     if bad_set:
         sys.exit(f"--set takes KEY=VALUE, got {bad_set}")
     args.set = dict(kv.split("=", 1) for kv in args.set)
+    if {"devices", "size"} & set(args.set):
+        sys.exit("--set devices/size: the script sets those itself")
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = sorted(set(args.cases) - set(CASES))
     if bad:
@@ -188,7 +190,8 @@ def main() -> int:
     bl = _bench_lmcache()
     payload = args.chunk_mb * MiB * args.chunks * args.rounds
     print(f"lmcache bench l2: {args.chunks} chunks of {args.chunk_mb} MiB per submit, "
-          f"{args.rounds} submits: {payload / GiB:.2f} GiB per case, cold, after a restart")
+          f"{args.rounds} submits: {payload / GiB:.2f} GiB per case, cold, after a restart"
+          + (f"; our adapters with {args.set}" if args.set else ""))
     summary = {}
     for device in [x.strip() for x in args.devices.split(",") if x.strip()]:
         if device == "disk":

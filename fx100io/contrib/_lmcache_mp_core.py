@@ -31,7 +31,7 @@ from ..errors import (
     FxTimeoutError,
     InvalidArgumentError,
 )
-from ._runtime import Breaker, LoopGone, LoopRunner, TimedOut, adapter_logger
+from ._runtime import Breaker, LoopRunner, TimedOut, adapter_logger
 from ._settings import BackendSettings, open_backend_store
 
 logger = adapter_logger("fx100io.contrib.lmcache_mp")
@@ -150,7 +150,11 @@ class StoreService:
         except concurrent.futures.TimeoutError:
             # The open goes on (formatting, a slow device): whatever it makes is
             # closed when it ends, or it would hold the device's lock until exit.
-            opening.add_done_callback(self._open_abandoned)
+            # (on the loop thread: an open that ended just now would otherwise run
+            # the callback here, closing its store from this thread)
+            loop = self._runner.loop
+            opening.add_done_callback(
+                lambda f: loop.call_soon_threadsafe(self._open_abandoned, f))
             raise TimedOut(f"opening the store took more than {wait_s:.0f}s") from None
         except BaseException:
             self._runner.stop()
@@ -163,13 +167,12 @@ class StoreService:
     def _open_abandoned(self, f: concurrent.futures.Future[Any]) -> None:
         """The loop thread, once an open we gave up on ended: close what it made,
         then end the loop."""
-        loop = self._runner.loop
         try:
             if not f.cancelled() and f.exception() is None:
                 f.result().close()
                 logger.warning("fx100io: closed a store whose open ended after it was given up")
         finally:
-            loop.call_soon(loop.stop)
+            self._runner.loop.stop()  # the loop's thread ends; the runner closes nothing more
 
     # ------------------------------------------------------------------ requests
 
@@ -434,17 +437,24 @@ class StoreService:
         if not drained:
             logger.error("fx100io: requests still running after %.1fs at close",
                          self.settings.timeout_s)
+        loop = self._runner.loop
         try:
-            self._runner.call(self._close_backend(), max(OPEN_WAIT_MIN_S, 4 * self.settings.timeout_s))
-        except TimedOut:
+            closing = self._runner.submit(self._close_backend())
+        except RuntimeError:  # no loop any more: nothing else uses the queues
+            self._backend.close()
+            self._runner.stop()
+            return drained
+        try:
+            closing.result(timeout=max(OPEN_WAIT_MIN_S, 4 * self.settings.timeout_s))
+        except concurrent.futures.TimeoutError:
             # The loop is stuck (a request inside a device call): the store's queues
-            # are that thread's, so it is not closed from here; its device stays
-            # locked until the process exits.
-            logger.error("fx100io: the adapter's event loop is stuck; the store is left "
-                         "open (its device stays locked until this process exits)")
-            drained = False
-        except LoopGone:
-            self._backend.close()  # no loop: nothing else uses the queues
+            # are that thread's, so it is not closed from here. The close stays queued
+            # on the loop: if the stuck call ever returns, the store closes there and
+            # the loop ends; until then the device stays locked.
+            logger.error("fx100io: the adapter's event loop is stuck; the store closes "
+                         "only if it recovers (its device stays locked until then)")
+            closing.add_done_callback(lambda _f: loop.call_soon_threadsafe(loop.stop))
+            return False
         except Exception as exc:  # noqa: BLE001 - closing anyway
             logger.warning("fx100io: closing the store failed: %r", exc)
         self._runner.stop()

@@ -30,10 +30,12 @@ in flight is never abandoned (its rows stay in use until its I/O ends, and
 drain_jobs/shutdown wait for it; shutdown raises RuntimeError if it outlives
 SHUTDOWN_WAIT_S, so vLLM does not free rows still being written).
 touch marks chunks as just used in a local store's LRU (a shared index keeps its own
-order). With ``enable_kv_events`` (as vLLM's fs tier takes it, and only while KV cache
-events are on globally), take_events reports chunks stored by successful store jobs and
-chunks the local store's LRU evicted (removed); a shared pool's evictions by other hosts
-are not seen here. Metrics are not implemented.
+order); a store job's chunks that are already kept count as used too. With
+``enable_kv_events`` (as vLLM's fs tier takes it, and only while KV cache events are on
+globally; refused with a shared index, whose evictions are not observable here),
+take_events reports the chunks each successful store job left in the store, then the
+chunks the store's LRU evicted (removed), in the order they happened, owned by this tier
+(``ownership`` = the tier's type, ``removal_expected``). Metrics are not implemented.
 
 Failure policy: a chunk that is missing, has the wrong size or fails its CRC32C is a
 failed load (vLLM recomputes it); a failed store only means the chunk is not kept. A
@@ -215,7 +217,12 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         try:
             self._backend = self._runner.call(self._open(), OPEN_WAIT_S)
             self._register_primary()
-            if self._events is not None and hasattr(self.store, "on_evict"):
+            if self._events is not None:
+                if _async_index(self.store) or not hasattr(self.store, "on_evict"):
+                    raise ValueError(
+                        f"{WHERE}enable_kv_events: not with a shared index (shared_index): "
+                        "its evictions are not observable here, so removals would never be "
+                        "reported and a KV-aware router's view would only grow")
                 self.store.on_evict = self._evicted
         except BaseException:
             try:
@@ -281,8 +288,11 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         if self._events is None or not keys:
             return
         with self._events_lock:
+            # owned by this tier, whose removals are reported (vLLM's event tracker
+            # then keeps a chunk's hashes until this tier removes it)
             self._events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=removed,
-                                                locality=self.locality))
+                                                locality=self.locality, ownership=self.tier_type,
+                                                removal_expected=True))
 
     def _evicted(self, pairs: list[tuple[bytes, int]]) -> None:
         """The local store's LRU evicted these (its index thread; must not block)."""
@@ -438,6 +448,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         try:
             sizes = await _sizes(store, keys)
             todo = [(k, r) for k, r, n in zip(keys, rows, sizes) if n != self._chunk_bytes]
+            if not shared and len(todo) < len(keys):
+                # kept, not rewritten: now the most recently used, so this job's own
+                # new chunks do not evict them
+                store.touch([k for k, n in zip(keys, sizes) if n == self._chunk_bytes])
             evictions = await _evictions(store) if shared else 0
             if todo:
                 await store.batch_put([k for k, _ in todo], [r for _, r in todo])
@@ -446,6 +460,13 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
             ok = False
         else:
             ok = True
+            if self._events is not None:
+                # here, on the loop, right after the put: any eviction of these chunks
+                # comes later than this event (the index thread reports evictions as
+                # they happen); only chunks still held are reported
+                held = await _sizes(store, keys)
+                self._emit([o for o, n in zip(job.keys, held) if n == self._chunk_bytes],
+                           removed=False)
             if shared:
                 if await _evictions(store) != evictions:
                     # Chunks were evicted to make room: a cached 'present' may be stale.
@@ -500,8 +521,6 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
                 logger.error("fx100io: job %s ended with %r", job_id, exc)
                 result = JobResult(job_id=job_id, success=False)
             if not job.is_promotion:
-                if result.success:
-                    self._emit(list(job.keys), removed=False)
                 for k in (self._key(k) for k in job.keys):
                     n = self._storing.get(k, 0) - 1
                     if n > 0:
