@@ -2,10 +2,14 @@
  * The benchmark's I/O loop in C (see bench_loop.h).
  *
  * One pass of the loop: take a clock reading, fill every free slot with the
- * next I/O of the access pattern, then one io_uring_enter submits the batch
- * and waits for at least one completion; every completion that is there is
+ * next I/O of the access pattern, then the backend submits the batch and
+ * waits for at least one completion; every completion that is there is
  * accounted (its latency goes into the histogram) and its slot is free for
- * the next pass.  The pattern (sequential, a keyed permutation of the region
+ * the next pass.  The backend (struct backend) is the only part that knows
+ * how I/O goes down: its own io_uring over an fd (one io_uring_enter both
+ * submits and waits) or an fx_queue of the core (fx_queue_submit, which may
+ * take fewer than offered: the rest is kept, in order, for the next pass;
+ * fx_queue_wait; fx_queue_reap in batches).  The pattern (sequential, a keyed permutation of the region
  * per pass, or uniform random) and the read/write mix are generated here,
  * so Python has nothing to do per I/O.
  */
@@ -21,21 +25,57 @@
 #include <time.h>
 
 #include "bench_loop.h"
+#include "fx100io.h"
 
 #define WAIT_SLICE_NS 250000000ull /* longest wait before looking at the clock */
 #define DRAIN_LIMIT_NS 30000000000ull
 #define BACKOFF_NS 50000 /* 50 us */
+#define QUEUE_WAIT_MS 250    /* WAIT_SLICE_NS for fx_queue_wait */
+#define QUEUE_REAP_BATCH 64
+#define URING_OPTS (FX_BL_SQPOLL | FX_BL_REGFILES | FX_BL_FIXEDBUFS | FX_BL_REGRING)
 
 struct slot {
 	uint64_t t0;
 	uint64_t off;
 	int is_read;
+	int busy; /* in flight (a completion for a free slot is ignored) */
+};
+
+struct fx_bl;
+
+/* How I/O goes down and comes back; the loop around it is shared. */
+struct backend {
+	int kind; /* FX_BL_BACKEND_* */
+	/* Queue the I/O of slot s (not yet submitted): 0, or -EBUSY when there
+	 * is no room now (the slot stays free, the I/O is not taken). */
+	int (*prep)(struct fx_bl *b, uint32_t s, void *buf, uint64_t off, int is_read);
+	/* I/Os prepared and not yet handed over (the loop is not done while
+	 * there are any). */
+	unsigned (*unsubmitted)(const struct fx_bl *b);
+	/* Hand over what is prepared; with wait, then wait (at most about
+	 * WAIT_SLICE_NS) for at least one completion.  >= 0, or -ETIME,
+	 * -EINTR, -EAGAIN, -EBUSY (nothing wrong, try again), or another
+	 * -errno: the backend failed. */
+	int (*submit)(struct fx_bl *b, int wait);
+	/* Pass every completion that is there to complete(); how many. */
+	unsigned (*reap)(struct fx_bl *b, uint64_t t1);
+	/* Forget the prepared I/Os not handed over yet (stopping). */
+	void (*drop_unsubmitted)(struct fx_bl *b);
+	void (*exit)(struct fx_bl *b);
 };
 
 struct fx_bl {
+	const struct backend *be;
+	/* io_uring backend */
 	struct io_uring ring;
 	int ring_ok;
 	int fd;
+	/* fx_queue backend */
+	struct fx_queue *q;
+	struct fx_req *reqs; /* prepared, not yet accepted by the queue, in order */
+	uint32_t nreqs;
+	struct fx_cqe cqes[QUEUE_REAP_BATCH];
+
 	uint32_t bs;
 	uint32_t depth;
 	uint64_t start;
@@ -66,9 +106,10 @@ struct fx_bl {
 	uint64_t inflight;
 	int stopping;
 	int err;
-	int ring_err; /* the failure was the ring's, not an I/O's */
+	int ring_err; /* the failure was the backend's, not an I/O's */
 	uint64_t err_off;
 	int err_read;
+	unsigned err_status;
 
 	uint64_t depths[FX_BL_MAX_DEPTH_HIST + 1];
 	struct fx_bl_dir rd;
@@ -289,13 +330,304 @@ static int ring_setup(struct fx_bl *b, unsigned entries)
 	return ret;
 }
 
+/* ------------------------------------------------------------ the loop's shared parts */
+
+static inline void fail_io(struct fx_bl *b, int err, uint64_t off, int is_read, unsigned status)
+{
+	if (!b->err) {
+		b->err = err;
+		b->err_off = off;
+		b->err_read = is_read;
+		b->err_status = status;
+	}
+	b->stopping = 1;
+}
+
+/* The backend itself failed: no I/O's error, no offset. */
+static void fail_backend(struct fx_bl *b, int err)
+{
+	if (!b->err) {
+		b->err = err;
+		b->ring_err = 1;
+		b->err_off = 0;
+		b->err_read = 0;
+		b->err_status = 0;
+	}
+	b->stopping = 1;
+}
+
+/* The slot of an I/O the backend gave back (never submitted or done):
+ * free again, the pattern's position unchanged for the count. */
+static inline void release_slot(struct fx_bl *b, uint32_t s)
+{
+	b->slots[s].busy = 0;
+	b->free_slots[b->nfree++] = s;
+	b->inflight--;
+}
+
+/* One completion: res bytes moved, or -errno; status the raw NVMe status
+ * when there is one.  Tags that are no busy slot's are not ours. */
+static inline void complete(struct fx_bl *b, uint64_t tag, int64_t res, unsigned status, uint64_t t1)
+{
+	if (tag >= b->depth || !b->slots[tag].busy)
+		return;
+	uint32_t s = (uint32_t)tag;
+	struct slot *sl = &b->slots[s];
+
+	release_slot(b, s);
+	if (res <= 0 || status) {
+		int err = res < 0 ? (res < -4095 ? EIO : (int)-res) : (res == 0 && !status ? ENODATA : EIO);
+		fail_io(b, err, sl->off, sl->is_read, status);
+		return;
+	}
+	uint64_t lat = t1 > sl->t0 ? t1 - sl->t0 : 0;
+	account(sl->is_read ? &b->rd : &b->wr, lat, (uint64_t)res, (uint64_t)res != b->bs);
+}
+
+/* The kernel is short of resources (-EAGAIN, -EBUSY) and nothing came
+ * back: let it breathe instead of spinning. */
+static void back_off(void)
+{
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = BACKOFF_NS};
+
+	nanosleep(&ts, NULL);
+}
+
+static inline int transient(int ret)
+{
+	return ret == -ETIME || ret == -EINTR || ret == -EAGAIN || ret == -EBUSY;
+}
+
+/* ------------------------------------------------------------ backend: own io_uring */
+
+static int uring_prep(struct fx_bl *b, uint32_t s, void *buf, uint64_t off, int is_read)
+{
+	int fixed_file = (b->features & FX_BL_REGFILES) != 0;
+	int fixed_buf = (b->features & FX_BL_FIXEDBUFS) != 0;
+	int fd = fixed_file ? 0 : b->fd;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
+
+	if (!sqe)
+		return -EBUSY;
+	if (is_read) {
+		if (fixed_buf)
+			io_uring_prep_read_fixed(sqe, fd, buf, b->bs, off, (int)s);
+		else
+			io_uring_prep_read(sqe, fd, buf, b->bs, off);
+	} else {
+		if (fixed_buf)
+			io_uring_prep_write_fixed(sqe, fd, buf, b->bs, off, (int)s);
+		else
+			io_uring_prep_write(sqe, fd, buf, b->bs, off);
+	}
+	if (fixed_file)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	sqe->user_data = s;
+	return 0;
+}
+
+static unsigned uring_unsubmitted(const struct fx_bl *b)
+{
+	return io_uring_sq_ready(&b->ring);
+}
+
+static int uring_submit(struct fx_bl *b, int wait)
+{
+	if (!wait)
+		return io_uring_sq_ready(&b->ring) ? io_uring_submit(&b->ring) : 0;
+	struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = WAIT_SLICE_NS};
+	struct io_uring_cqe *cqe = NULL;
+	return io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
+}
+
+static unsigned uring_reap(struct fx_bl *b, uint64_t t1)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, n = 0;
+
+	/* Completions that are no slot's (liburing's own timeout on kernels
+	 * without IORING_FEAT_EXT_ARG) are consumed and ignored. */
+	io_uring_for_each_cqe(&b->ring, head, cqe) {
+		n++;
+		complete(b, cqe->user_data, cqe->res, 0, t1);
+	}
+	io_uring_cq_advance(&b->ring, n);
+	return n;
+}
+
+static void uring_drop_unsubmitted(struct fx_bl *b)
+{
+	(void)b; /* prepared SQEs go down with the next enter; they are waited for */
+}
+
+static void uring_exit(struct fx_bl *b)
+{
+	if (b->ring_ok)
+		io_uring_queue_exit(&b->ring);
+	b->ring_ok = 0;
+}
+
+static const struct backend uring_backend = {
+	.kind = FX_BL_BACKEND_URING,
+	.prep = uring_prep,
+	.unsubmitted = uring_unsubmitted,
+	.submit = uring_submit,
+	.reap = uring_reap,
+	.drop_unsubmitted = uring_drop_unsubmitted,
+	.exit = uring_exit,
+};
+
+/* ------------------------------------------------------------ backend: fx_queue */
+
+static int queue_prep(struct fx_bl *b, uint32_t s, void *buf, uint64_t off, int is_read)
+{
+	struct fx_req *r;
+
+	if (b->nreqs >= b->depth)
+		return -EBUSY; /* cannot happen: one request per busy slot at most */
+	r = &b->reqs[b->nreqs++];
+	memset(r, 0, sizeof(*r));
+	r->tag = s;
+	r->addr = buf;
+	r->len = b->bs;
+	r->off = off;
+	r->op = is_read ? FX_OP_READ : FX_OP_WRITE;
+	return 0;
+}
+
+static unsigned queue_unsubmitted(const struct fx_bl *b)
+{
+	return b->nreqs;
+}
+
+/* The first n prepared requests were taken: keep the rest, in order. */
+static void queue_taken(struct fx_bl *b, uint32_t n, uint64_t t0)
+{
+	for (uint32_t i = 0; i < n; i++)
+		b->slots[b->reqs[i].tag].t0 = t0;
+	if (n < b->nreqs)
+		memmove(b->reqs, b->reqs + n, (b->nreqs - n) * sizeof(*b->reqs));
+	b->nreqs -= n;
+}
+
+static void queue_drop_unsubmitted(struct fx_bl *b)
+{
+	for (uint32_t i = 0; i < b->nreqs; i++)
+		release_slot(b, (uint32_t)b->reqs[i].tag);
+	b->nreqs = 0;
+}
+
+/* fx_queue_submit refused the batch (-EINVAL, -EROFS, ...): it checks the
+ * whole batch before it takes any, so offer them one at a time to find the
+ * one it refuses; that I/O fails with the queue's errno, the ones before it
+ * go down, the ones after it are dropped (the loop is stopping). */
+static int queue_submit_one_by_one(struct fx_bl *b, int err)
+{
+	uint32_t k = 0;
+	uint64_t t0 = now_ns();
+
+	while (k < b->nreqs) {
+		int ret = fx_queue_submit(b->q, &b->reqs[k], 1);
+		if (ret == 1) {
+			b->slots[b->reqs[k].tag].t0 = t0;
+			k++;
+			continue;
+		}
+		if (ret == 0) {
+			/* full before the refused one: the rest waits for the
+			 * next pass, which finds it again */
+			queue_taken(b, k, t0);
+			return 0;
+		}
+		err = ret < 0 ? -ret : EIO;
+		break;
+	}
+	queue_taken(b, k, t0);
+	if (b->nreqs) {
+		const struct fx_req *r = &b->reqs[0];
+		fail_io(b, err, r->off, r->op == FX_OP_READ, 0);
+		/* that one went nowhere: its slot is free, not in flight */
+		release_slot(b, (uint32_t)r->tag);
+		memmove(b->reqs, b->reqs + 1, (b->nreqs - 1) * sizeof(*b->reqs));
+		b->nreqs--;
+	}
+	return 0;
+}
+
+static int queue_submit(struct fx_bl *b, int wait)
+{
+	if (b->stopping && b->nreqs)
+		queue_drop_unsubmitted(b); /* submit nothing more */
+	if (b->nreqs) {
+		uint64_t t0 = now_ns();
+		int ret = fx_queue_submit(b->q, b->reqs, b->nreqs);
+
+		if (ret < 0) {
+			queue_submit_one_by_one(b, -ret);
+			if (b->stopping)
+				queue_drop_unsubmitted(b);
+		} else {
+			queue_taken(b, (uint32_t)(ret < (int)b->nreqs ? ret : (int)b->nreqs), t0);
+			if (b->nreqs && fx_queue_pending(b->q) == 0) {
+				/* An idle queue that takes nothing: waiting would
+				 * never end.  Never spin on it either. */
+				fail_backend(b, EAGAIN);
+				queue_drop_unsubmitted(b);
+				return -EAGAIN;
+			}
+		}
+	}
+	if (!wait || fx_queue_pending(b->q) == 0)
+		return 0;
+	return fx_queue_wait(b->q, 1, QUEUE_WAIT_MS);
+}
+
+static unsigned queue_reap(struct fx_bl *b, uint64_t t1)
+{
+	unsigned total = 0;
+
+	for (;;) {
+		int n = fx_queue_reap(b->q, b->cqes, QUEUE_REAP_BATCH);
+		if (n < 0) {
+			fail_backend(b, -n);
+			return total;
+		}
+		if (n > QUEUE_REAP_BATCH)
+			n = QUEUE_REAP_BATCH;
+		for (int i = 0; i < n; i++)
+			complete(b, b->cqes[i].tag, b->cqes[i].res, b->cqes[i].status, t1);
+		total += (unsigned)n;
+		if (n < QUEUE_REAP_BATCH)
+			return total;
+	}
+}
+
+static void queue_exit(struct fx_bl *b)
+{
+	(void)b; /* the queue is the caller's */
+}
+
+static const struct backend queue_backend = {
+	.kind = FX_BL_BACKEND_QUEUE,
+	.prep = queue_prep,
+	.unsubmitted = queue_unsubmitted,
+	.submit = queue_submit,
+	.reap = queue_reap,
+	.drop_unsubmitted = queue_drop_unsubmitted,
+	.exit = queue_exit,
+};
+
+/* ------------------------------------------------------------ create */
+
 int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 {
 	struct fx_bl *b;
 	int ret;
 
 	*out = NULL;
-	if (p->fd < 0 || p->bs == 0 || p->depth == 0 || p->nblocks == 0 || !p->bufs)
+	if ((!p->queue && p->fd < 0) || p->bs == 0 || p->depth == 0 || p->nblocks == 0 || !p->bufs)
+		return -EINVAL;
+	if (p->queue && (p->flags & URING_OPTS))
 		return -EINVAL;
 	if (p->nblocks > UINT64_MAX / p->bs || p->start > UINT64_MAX - p->nblocks * p->bs)
 		return -EOVERFLOW;
@@ -317,11 +649,15 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 		return -ENOMEM;
 	b->slots = calloc(p->depth, sizeof(*b->slots));
 	b->free_slots = calloc(p->depth, sizeof(*b->free_slots));
-	if (!b->slots || !b->free_slots) {
+	if (p->queue)
+		b->reqs = calloc(p->depth, sizeof(*b->reqs));
+	if (!b->slots || !b->free_slots || (p->queue && !b->reqs)) {
 		ret = -ENOMEM;
 		goto fail;
 	}
-	b->fd = p->fd;
+	b->fd = p->queue ? -1 : p->fd;
+	b->q = p->queue;
+	b->be = p->queue ? &queue_backend : &uring_backend;
 	b->bs = p->bs;
 	b->depth = p->depth;
 	b->start = p->start;
@@ -344,6 +680,10 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 	for (uint32_t i = 0; i < p->depth; i++)
 		b->free_slots[i] = p->depth - 1 - i;
 	b->nfree = p->depth;
+	if (b->q) {
+		*out = b;
+		return 0;
+	}
 
 	ret = ring_setup(b, p->depth);
 	if (ret < 0)
@@ -394,6 +734,7 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 fail:
 	free(b->slots);
 	free(b->free_slots);
+	free(b->reqs);
 	free(b);
 	return ret;
 }
@@ -412,87 +753,35 @@ unsigned fx_bl_refused(const struct fx_bl *b, int *errnos)
 
 /* ------------------------------------------------------------ the loop */
 
-static inline void fail_io(struct fx_bl *b, int err, uint64_t off, int is_read)
-{
-	if (!b->err) {
-		b->err = err;
-		b->err_off = off;
-		b->err_read = is_read;
-	}
-	b->stopping = 1;
-}
-
-/* Queue the next I/O of the pattern into every free slot; how many. */
+/* Prepare the next I/O of the pattern in every free slot; how many. */
 static unsigned fill(struct fx_bl *b, uint64_t t0)
 {
 	unsigned n = 0;
-	int fixed_file = (b->features & FX_BL_REGFILES) != 0;
-	int fixed_buf = (b->features & FX_BL_FIXEDBUFS) != 0;
 	int stamp = (b->asked & FX_BL_STAMP) != 0;
 
 	while (b->nfree && !(b->total && b->issued >= b->total)) {
-		uint64_t off;
-		int is_read;
-		struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
-
-		if (!sqe)
-			break;
-		next_io(b, &off, &is_read);
-		uint32_t s = b->free_slots[--b->nfree];
+		uint32_t s = b->free_slots[b->nfree - 1];
 		void *buf = b->bufs[s];
-		int fd = fixed_file ? 0 : b->fd;
+		uint64_t i = b->issued, rng = b->rng, off;
+		int is_read;
 
-		if (is_read) {
-			if (fixed_buf)
-				io_uring_prep_read_fixed(sqe, fd, buf, b->bs, off, (int)s);
-			else
-				io_uring_prep_read(sqe, fd, buf, b->bs, off);
-		} else {
-			if (stamp)
-				memcpy(buf, &off, sizeof(off));
-			if (fixed_buf)
-				io_uring_prep_write_fixed(sqe, fd, buf, b->bs, off, (int)s);
-			else
-				io_uring_prep_write(sqe, fd, buf, b->bs, off);
+		next_io(b, &off, &is_read);
+		if (!is_read && stamp)
+			memcpy(buf, &off, sizeof(off));
+		if (b->be->prep(b, s, buf, off, is_read) < 0) {
+			/* no room: this I/O is the next one again */
+			b->issued = i;
+			b->rng = rng;
+			break;
 		}
-		if (fixed_file)
-			sqe->flags |= IOSQE_FIXED_FILE;
-		sqe->user_data = s;
+		b->nfree--;
 		b->slots[s].t0 = t0;
 		b->slots[s].off = off;
 		b->slots[s].is_read = is_read;
+		b->slots[s].busy = 1;
 		b->inflight++;
 		n++;
 	}
-	return n;
-}
-
-/* Account every completion that is there; returns how many. */
-static unsigned reap(struct fx_bl *b, uint64_t t1)
-{
-	struct io_uring_cqe *cqe;
-	unsigned head, n = 0;
-
-	io_uring_for_each_cqe(&b->ring, head, cqe) {
-		n++;
-		/* Not ours (liburing's own timeout on kernels without
-		 * IORING_FEAT_EXT_ARG): not one of the I/Os in flight. */
-		if (cqe->user_data >= b->depth)
-			continue;
-		b->inflight--;
-		uint32_t s = (uint32_t)cqe->user_data;
-		struct slot *sl = &b->slots[s];
-		int res = cqe->res;
-
-		b->free_slots[b->nfree++] = s;
-		if (res <= 0) {
-			fail_io(b, res < 0 ? -res : ENODATA, sl->off, sl->is_read);
-			continue;
-		}
-		uint64_t lat = t1 > sl->t0 ? t1 - sl->t0 : 0;
-		account(sl->is_read ? &b->rd : &b->wr, lat, (uint64_t)res, (uint32_t)res != b->bs);
-	}
-	io_uring_cq_advance(&b->ring, n);
 	return n;
 }
 
@@ -509,41 +798,32 @@ static void fill_counted(struct fx_bl *b, uint64_t t0)
 	}
 }
 
-/* The kernel is short of resources (-EAGAIN, -EBUSY) and nothing came
- * back: let it breathe instead of spinning on io_uring_enter. */
-static void back_off(void)
-{
-	struct timespec ts = {.tv_sec = 0, .tv_nsec = BACKOFF_NS};
-
-	nanosleep(&ts, NULL);
-}
-
 int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 {
+	const struct backend *be = b->be;
+
 	for (;;) {
 		fill_counted(b, now_ns());
-		if (b->inflight == 0 && io_uring_sq_ready(&b->ring) == 0)
+		if (b->stopping)
+			be->drop_unsubmitted(b);
+		if (b->inflight == 0 && be->unsubmitted(b) == 0)
 			return b->err ? -b->err : 1;
+		if (b->ring_err)
+			return -b->err;
 
-		struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = WAIT_SLICE_NS};
-		struct io_uring_cqe *cqe = NULL;
-		int ret = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
+		int ret = be->submit(b, 1);
 		uint64_t t1 = now_ns();
 
-		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-			/* The ring itself failed: nothing more will complete that we
-			 * could wait for.  Reported as the ring's failure, with no
-			 * I/O's offset. */
-			if (!b->err) {
-				b->err = -ret;
-				b->ring_err = 1;
-				b->err_off = 0;
-				b->err_read = 0;
-			}
-			b->stopping = 1;
+		if (ret < 0 && !transient(ret)) {
+			/* The backend itself failed: nothing more will complete
+			 * that we could wait for.  Reported as its failure, with
+			 * no I/O's offset. */
+			fail_backend(b, -ret);
 			return ret;
 		}
-		unsigned got = reap(b, t1);
+		unsigned got = be->reap(b, t1);
+		if (b->ring_err)
+			return -b->err;
 		if (b->end_ns && t1 >= b->end_ns)
 			b->stopping = 1;
 		if (!got && (ret == -EAGAIN || ret == -EBUSY))
@@ -552,8 +832,13 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 			/* Leave the queue full while Python looks at the slice:
 			 * refill the freed slots and submit them without waiting. */
 			fill_counted(b, now_ns());
-			if (io_uring_sq_ready(&b->ring))
-				io_uring_submit(&b->ring);
+			if (b->stopping)
+				be->drop_unsubmitted(b);
+			ret = be->submit(b, 0);
+			if (ret < 0 && !transient(ret)) {
+				fail_backend(b, -ret);
+				return ret;
+			}
 			return 0;
 		}
 	}
@@ -561,6 +846,8 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 
 int fx_bl_queue_foreign_nop(struct fx_bl *b)
 {
+	if (b->be != &uring_backend)
+		return -EOPNOTSUPP;
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
 
 	if (!sqe)
@@ -585,6 +872,16 @@ void fx_bl_error(const struct fx_bl *b, int *err, uint64_t *off, int *is_read)
 	*err = b->err;
 	*off = b->err_off;
 	*is_read = b->err_read;
+}
+
+unsigned fx_bl_error_status(const struct fx_bl *b)
+{
+	return b->err_status;
+}
+
+int fx_bl_backend(const struct fx_bl *b)
+{
+	return b->be->kind;
 }
 
 const struct fx_bl_dir *fx_bl_stats(const struct fx_bl *b, int is_read)
@@ -613,28 +910,32 @@ int fx_bl_destroy_within(struct fx_bl *b, uint64_t limit_ns)
 
 	if (!b)
 		return 0;
-	if (b->ring_ok) {
+	if (b->ring_ok || b->q) {
+		const struct backend *be = b->be;
 		uint64_t deadline = now_ns() + limit_ns;
 
 		b->stopping = 1;
-		while (b->inflight && now_ns() < deadline) {
-			struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = WAIT_SLICE_NS};
-			struct io_uring_cqe *cqe = NULL;
-			int ret = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
+		be->drop_unsubmitted(b);
+		while ((b->inflight || be->unsubmitted(b)) && now_ns() < deadline) {
+			int r = be->submit(b, 1);
 
-			if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
+			if (r < 0 && !transient(r))
 				break;
-			if (!reap(b, now_ns()) && (ret == -EAGAIN || ret == -EBUSY))
+			unsigned got = be->reap(b, now_ns());
+			if (b->ring_err && !got)
+				break;
+			if (!got && (r == -EAGAIN || r == -EBUSY))
 				back_off();
 		}
-		/* Gave up on I/O still in flight: the kernel may still write
-		 * into its buffers, so the caller must not free them. */
+		/* Gave up on I/O still in flight: the kernel (or the queue) may
+		 * still write into its buffers, so the caller must not free them. */
 		if (b->inflight)
 			ret = -EBUSY;
-		io_uring_queue_exit(&b->ring);
+		be->exit(b);
 	}
 	free(b->slots);
 	free(b->free_slots);
+	free(b->reqs);
 	free(b);
 	return ret;
 }

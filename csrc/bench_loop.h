@@ -1,14 +1,19 @@
 /*
- * The benchmark's I/O loop for files and block devices, in C: it keeps
- * `depth` I/Os in flight on its own io_uring, and per wakeup reaps every
- * completion that is there, accounts it (counters and a log-linear latency
- * histogram) and submits the refills with the same system call that waits
- * for the next completions.  Python sees it once per time slice.
+ * The benchmark's I/O loop in C: it keeps `depth` I/Os in flight and per
+ * wakeup reaps every completion that is there, accounts it (counters and a
+ * log-linear latency histogram) and submits the refills.  Python sees it
+ * once per time slice.  Two I/O backends under the one loop: its own
+ * io_uring over an fd (files and block devices; the refills go down with
+ * the same system call that waits for the next completions), or an
+ * fx_queue of the core (NVMe/TCP, NVMe/RDMA, any transport), used from the
+ * thread that runs the loop.
  */
 #ifndef FX_BENCH_LOOP_H
 #define FX_BENCH_LOOP_H
 
 #include <stdint.h>
+
+struct fx_queue;
 
 /* Histogram layout, the same as fx100io/bench/stats.py: values below
  * 2 * FX_BL_SUB are exact, above that FX_BL_SUB linear sub-buckets per
@@ -43,7 +48,7 @@ struct fx_bl_dir {
 };
 
 struct fx_bl_params {
-	int fd;
+	int fd;                /* the io_uring backend's file; ignored with queue */
 	uint32_t bs;           /* bytes per I/O, > 0 */
 	uint32_t depth;        /* I/Os in flight, one buffer each */
 	uint64_t start;        /* byte offset of block 0 */
@@ -56,7 +61,17 @@ struct fx_bl_params {
 	int random_map;        /* random: every block once per pass */
 	unsigned flags;        /* FX_BL_* options asked for */
 	void *const *bufs;     /* depth buffers of bs bytes each */
+	/* Non-NULL: the I/O goes through this queue (fx_queue_submit, _wait,
+	 * _reap) instead of an io_uring of the loop's own; the caller keeps it
+	 * alive past fx_bl_destroy and uses it from no other thread meanwhile.
+	 * The io_uring options (SQPOLL, REGFILES, FIXEDBUFS, REGRING) do not
+	 * apply and are refused (-EINVAL). */
+	struct fx_queue *queue;
 };
+
+/* Which backend a loop runs on (fx_bl_backend). */
+#define FX_BL_BACKEND_URING 0
+#define FX_BL_BACKEND_QUEUE 1
 
 struct fx_bl;
 
@@ -64,6 +79,7 @@ struct fx_bl;
  * fx_bl_refused() says which, with the errno of the refusal. */
 int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out);
 unsigned fx_bl_features(const struct fx_bl *b);
+int fx_bl_backend(const struct fx_bl *b);
 unsigned fx_bl_refused(const struct fx_bl *b, int *errnos /* [4]: SQPOLL, REGFILES, FIXEDBUFS, REGRING */);
 
 /* Run until a completion is seen at or after slice_end_ns (returns 0, with
@@ -78,11 +94,15 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns);
 int fx_bl_queue_foreign_nop(struct fx_bl *b);
 /* Submit nothing more; the next fx_bl_run drains and returns 1. */
 void fx_bl_stop(struct fx_bl *b);
-/* The failed I/O: its offset and direction (1 = read). */
-/* errno of a failure of the ring itself (io_uring_enter), which is no I/O's
- * and has no offset; 0 when the failure was an I/O's or there was none. */
+/* errno of a failure of the backend itself (io_uring_enter; a queue's
+ * wait or reap that failed, or a queue that took no I/O with none in
+ * flight), which is no I/O's and has no offset; 0 when the failure was an
+ * I/O's or there was none. */
 int fx_bl_ring_failed(const struct fx_bl *b);
+/* The failed I/O: its errno, offset and direction (1 = read). */
 void fx_bl_error(const struct fx_bl *b, int *err, uint64_t *off, int *is_read);
+/* Its raw NVMe status (fx_cqe.status) when the transport gave one, else 0. */
+unsigned fx_bl_error_status(const struct fx_bl *b);
 
 const struct fx_bl_dir *fx_bl_stats(const struct fx_bl *b, int is_read);
 /* Submitted I/Os, each counted at the depth its batch brought the queue

@@ -3,9 +3,14 @@
  * layout and percentiles on known values, every block of a random-map write
  * pass written exactly once (read back from the file), a failed I/O coming
  * back with its errno and offset, and no leak on any path (SANITIZE=1).
+ * The fx_queue backend runs over a queue made here (fx_queue_* below, in
+ * place of the core's): it takes at most a few requests per submit, answers
+ * out of order, refuses requests past its end as a transport does, and
+ * fails chosen offsets with an NVMe status.
  */
 #include "bench_loop.h"
 #include "check.h"
+#include "fx100io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -328,6 +333,210 @@ static void test_destroy_gives_up(void)
 
 }
 
+/* ------------------------------------------------------------ a queue */
+
+enum { FQ_MAX = 256 };
+
+struct fx_queue {
+	unsigned char *disk;
+	uint64_t size;
+	unsigned accept_max; /* requests one submit takes at most */
+	unsigned cap;        /* accepted and not reaped, at most */
+	uint64_t fail_off;   /* an I/O at this offset fails (UINT64_MAX: none) */
+	unsigned submits, waits;
+	uint64_t *per_block; /* I/Os seen per block */
+	struct fx_cqe done[FQ_MAX];
+	unsigned ndone;
+};
+
+int fx_queue_submit(struct fx_queue *q, const struct fx_req *reqs, unsigned n)
+{
+	q->submits++;
+	for (unsigned k = 0; k < n; k++)
+		if (reqs[k].op > FX_OP_WRITE || reqs[k].off + reqs[k].len > q->size)
+			return -EINVAL;
+	unsigned take = n < q->accept_max ? n : q->accept_max;
+	if (take > q->cap - q->ndone)
+		take = q->cap - q->ndone;
+	for (unsigned k = 0; k < take; k++) {
+		const struct fx_req *r = &reqs[k];
+		struct fx_cqe *c = &q->done[q->ndone++];
+		memset(c, 0, sizeof(*c));
+		c->tag = r->tag;
+		if (r->off == q->fail_off) {
+			c->res = -EIO;
+			c->status = 0x0281; /* unrecovered read error */
+			continue;
+		}
+		if (r->op == FX_OP_READ)
+			memcpy(r->addr, q->disk + r->off, r->len);
+		else
+			memcpy(q->disk + r->off, r->addr, r->len);
+		if (q->per_block)
+			q->per_block[r->off / r->len]++;
+		c->res = (int64_t)r->len;
+	}
+	return (int)take;
+}
+
+/* Newest first: completions come back out of submission order. */
+int fx_queue_reap(struct fx_queue *q, struct fx_cqe *out, unsigned max)
+{
+	unsigned n = 0;
+
+	while (n < max && q->ndone)
+		out[n++] = q->done[--q->ndone];
+	return (int)n;
+}
+
+int fx_queue_wait(struct fx_queue *q, unsigned min, int timeout_ms)
+{
+	(void)timeout_ms;
+	q->waits++;
+	return q->ndone >= min ? (int)q->ndone : -ETIME;
+}
+
+unsigned fx_queue_pending(const struct fx_queue *q)
+{
+	return q->ndone;
+}
+
+static void test_queue_backend(void)
+{
+	enum { BS = 4096, N = 100, DEPTH = 8 };
+	static unsigned char disk[N * BS];
+	static uint64_t per_block[N];
+	static unsigned char mem[DEPTH][BS];
+	void *bufs[DEPTH];
+	struct fx_queue q = {
+		.disk = disk, .size = sizeof(disk), .accept_max = 3, .cap = 5,
+		.fail_off = UINT64_MAX, .per_block = per_block,
+	};
+	for (int i = 0; i < DEPTH; i++) {
+		bufs[i] = mem[i];
+		memset(mem[i], 0x5A, BS);
+	}
+
+	/* a write pass, random order: every block exactly once, stamped,
+	 * though the queue takes 3 per call and holds 5 */
+	struct fx_bl_params p = {
+		.fd = -1, .bs = BS, .depth = DEPTH, .nblocks = N, .passes = 1, .seed = 9,
+		.read_fraction = 0.0, .random = 1, .random_map = 1, .flags = FX_BL_STAMP,
+		.bufs = bufs, .queue = &q,
+	};
+	struct fx_bl *b;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_backend(b), FX_BL_BACKEND_QUEUE);
+	CHECK_EQ(fx_bl_queue_foreign_nop(b), -EOPNOTSUPP);
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK_EQ(fx_bl_stats(b, 0)->ios, N);
+	CHECK_EQ(fx_bl_stats(b, 0)->bytes, (uint64_t)N * BS);
+	CHECK_EQ(fx_bl_stats(b, 0)->short_ios, 0);
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, 0);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	uint64_t counted = 0, deep = 0;
+	for (int d = 0; d <= FX_BL_MAX_DEPTH_HIST; d++) {
+		counted += fx_bl_depths(b)[d];
+		deep += d > DEPTH ? fx_bl_depths(b)[d] : 0;
+	}
+	CHECK_EQ(counted, N);
+	CHECK_EQ(deep, 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	for (uint64_t i = 0; i < N; i++) {
+		uint64_t off;
+		memcpy(&off, disk + i * BS, sizeof(off));
+		CHECK_EQ(off, i * BS);
+		CHECK_EQ(disk[i * BS + 8], 0x5A);
+		CHECK_EQ(disk[i * BS + BS - 1], 0x5A);
+		CHECK_EQ(per_block[i], 1);
+	}
+
+	/* two sequential read passes, mixed into depth 1 too */
+	for (uint32_t depth = 1; depth <= DEPTH; depth += DEPTH - 1) {
+		memset(per_block, 0, sizeof(per_block));
+		p.depth = depth;
+		p.passes = 2;
+		p.random = 0;
+		p.read_fraction = 1.0;
+		p.flags = 0;
+		CHECK_EQ(fx_bl_create(&p, &b), 0);
+		CHECK_EQ(run_to_end(b), 1);
+		CHECK_EQ(fx_bl_stats(b, 1)->ios, 2 * N);
+		CHECK_EQ(fx_bl_stats(b, 1)->bytes, 2ull * N * BS);
+		CHECK_EQ(fx_bl_destroy(b), 0);
+		for (uint64_t i = 0; i < N; i++)
+			CHECK_EQ(per_block[i], 2);
+	}
+	p.depth = DEPTH;
+
+	/* an I/O the transport fails: its errno, offset, direction, status */
+	q.fail_off = 37ull * BS;
+	p.passes = 1;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -EIO);
+	int err, is_read;
+	uint64_t off;
+	fx_bl_error(b, &err, &off, &is_read);
+	CHECK_EQ(err, EIO);
+	CHECK_EQ(off, 37ull * BS);
+	CHECK_EQ(is_read, 1);
+	CHECK_EQ(fx_bl_error_status(b), 0x0281);
+	CHECK_EQ(fx_bl_ring_failed(b), 0);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	q.fail_off = UINT64_MAX;
+
+	/* past the end: the queue refuses the request; the run ends with its
+	 * errno at the first block past the end, the ones before it done */
+	p.nblocks = N + 10;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -EINVAL);
+	fx_bl_error(b, &err, &off, &is_read);
+	CHECK_EQ(err, EINVAL);
+	CHECK_EQ(off, (uint64_t)N * BS);
+	CHECK_EQ(is_read, 1);
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	p.nblocks = N;
+
+	/* stop: an unbounded run drains, nothing kept back is submitted */
+	p.passes = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_run(b, 0), 0);
+	fx_bl_stop(b);
+	unsigned before = q.submits;
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK(q.submits == before);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+
+	/* an idle queue that takes nothing: the backend's failure, no hang */
+	q.accept_max = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -EAGAIN);
+	CHECK_EQ(fx_bl_ring_failed(b), EAGAIN);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	q.accept_max = 3;
+
+	/* destroy with I/O kept back and in flight: all accounted for */
+	p.passes = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(fx_bl_run(b, 0), 0);
+	CHECK(fx_bl_inflight(b) > q.ndone); /* some kept back, not submitted */
+	CHECK_EQ(fx_bl_destroy(b), 0);
+
+	/* io_uring options do not apply to a queue */
+	p.flags = FX_BL_REGRING;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+	p.flags = 0;
+	p.fd = 5;
+	p.queue = NULL;
+	p.nblocks = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), -EINVAL);
+}
+
 int main(void)
 {
 	test_buckets();
@@ -335,6 +544,7 @@ int main(void)
 	test_write_pass_and_errors();
 	test_uniform_random();
 	test_destroy_gives_up();
+	test_queue_backend();
 	printf("test_bench_loop: ok\n");
 	return 0;
 }
