@@ -2,7 +2,9 @@
 
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
-from libc.errno cimport ENODATA
+from libc.errno cimport EAGAIN, ENODATA
+
+from fx100io.errors import error_from_status
 
 cdef extern from "bench_loop.h" nogil:
     enum:
@@ -17,6 +19,8 @@ cdef extern from "bench_loop.h" nogil:
         FX_BL_DEFER_TASKRUN
         FX_BL_COOP_TASKRUN
         FX_BL_SINGLE_ISSUER
+        FX_BL_BACKEND_URING
+        FX_BL_BACKEND_QUEUE
     struct fx_bl_dir:
         uint64_t ios
         uint64_t bytes
@@ -40,10 +44,13 @@ cdef extern from "bench_loop.h" nogil:
         int random_map
         unsigned flags
         void **bufs
+        fx_queue *queue
     struct fx_bl:
         pass
     int fx_bl_create(const fx_bl_params *p, fx_bl **out)
     unsigned fx_bl_features(const fx_bl *b)
+    int fx_bl_backend(const fx_bl *b)
+    unsigned fx_bl_error_status(const fx_bl *b)
     unsigned fx_bl_refused(const fx_bl *b, int *errnos)
     int fx_bl_run(fx_bl *b, uint64_t slice_end_ns)
     void fx_bl_stop(fx_bl *b)
@@ -87,7 +94,12 @@ class BenchLoopThreadError(RuntimeError):
 
 @cython.no_gc_clear
 cdef class BenchLoop:
-    """The C I/O loop of `fx100io bench` over one fd (csrc/bench_loop.c).
+    """The C I/O loop of `fx100io bench` (csrc/bench_loop.c) over one fd
+    (``target`` an int: its own io_uring) or over a device's C queue
+    (``target`` a Queue, e.g. ``device.raw_queue()``: NVMe/TCP, NVMe/RDMA,
+    any transport; the io_uring flags do not apply there, only BL_STAMP).
+    A queue is used from the loop's thread only, and nothing else may
+    submit to or reap from it while the loop has I/O on it.
 
     ``bufs`` are writable buffers of at least ``bs`` bytes each, one per I/O
     in flight; the loop keeps references to them until close() (for good
@@ -105,17 +117,30 @@ cdef class BenchLoop:
     cdef void **addrs
     cdef object keep
     cdef readonly int fd
+    # the queue of the fx_queue backend (None for the io_uring one) and the
+    # fx_queue it was when the loop was made
+    cdef readonly Queue queue
+    cdef fx_queue *q
     cdef unsigned long owner
     cdef bint running
 
-    def __cinit__(self, int fd, uint64_t start, uint64_t nblocks, uint32_t bs, bufs, *,
+    def __cinit__(self, target, uint64_t start, uint64_t nblocks, uint32_t bs, bufs, *,
                   bint random=False, bint random_map=True, double read_fraction=1.0,
                   uint64_t seed=0, uint64_t passes=1, uint64_t end_ns=0, unsigned flags=0):
         cdef fx_bl_params p
         cdef int rc
         cdef Py_ssize_t i, n
         self.b = NULL
-        self.fd = fd
+        self.q = NULL
+        self.queue = None
+        if isinstance(target, Queue):
+            self.queue = <Queue>target
+            if self.queue.q == NULL or self.queue.closing:
+                raise error_from_errno(9, self.queue.dev.target)
+            self.q = self.queue.q
+            self.fd = -1
+        else:
+            self.fd = target
         self.owner = PyThread_get_thread_ident()
         self.running = False
         self.keep = [memoryview(x) for x in bufs]
@@ -131,7 +156,7 @@ cdef class BenchLoop:
                 raise ValueError(f"buffer {i} has {size} bytes, fewer than bs={bs}")
             self.addrs[i] = <void *><uintptr_t>addr
         memset(&p, 0, sizeof(p))
-        p.fd = fd
+        p.fd = self.fd
         p.bs = bs
         p.depth = <uint32_t>n
         p.start = start
@@ -144,6 +169,7 @@ cdef class BenchLoop:
         p.random_map = random_map
         p.flags = flags
         p.bufs = self.addrs
+        p.queue = self.q
         with nogil:
             rc = fx_bl_create(&p, &self.b)
         check(rc, "set up the I/O loop")
@@ -158,14 +184,30 @@ cdef class BenchLoop:
                 _bench_leaked.append(self.keep)
                 self.b = NULL
                 return
-            with nogil:
-                rc = fx_bl_destroy(self.b)
-            self.b = NULL
+            rc = self._destroy(BL_DRAIN_LIMIT_NS)
             if rc < 0:
                 _bench_leaked.append(self.keep)
         if self.addrs != NULL:
             free(self.addrs)
             self.addrs = NULL
+
+    cdef int _destroy(self, uint64_t limit_ns) noexcept:
+        # A queue closed under the loop cannot be waited on: give up at once
+        # (the buffers are then kept if anything was in flight).
+        cdef int rc
+        cdef bint entered = False
+        if self.queue is not None:
+            if self.queue.q != self.q or self.queue.closing:
+                limit_ns = 0
+            else:
+                self.queue.users += 1
+                entered = True
+        with nogil:
+            rc = fx_bl_destroy_within(self.b, limit_ns)
+        self.b = NULL
+        if entered:
+            self.queue.users -= 1
+        return rc
 
     cdef fx_bl *_live(self) except NULL:
         if self.b == NULL:
@@ -190,13 +232,17 @@ cdef class BenchLoop:
             self._own()
             if self.running:
                 raise RuntimeError("BenchLoop.close() while run() is in progress")
-            with nogil:
-                rc = fx_bl_destroy_within(self.b, limit_ns)
-            self.b = NULL
+            rc = self._destroy(limit_ns)
         if rc < 0:
             _bench_leaked.append(self.keep)
         self.keep = None
         return rc == 0
+
+    @property
+    def backend(self):
+        """Which backend the loop runs on: "io_uring" (its own, over fd) or
+        "queue" (the device's C queue)."""
+        return "queue" if fx_bl_backend(self._live()) == FX_BL_BACKEND_QUEUE else "io_uring"
 
     @property
     def features(self):
@@ -223,29 +269,46 @@ cdef class BenchLoop:
         for 0 bytes moved) after the rest drained."""
         cdef fx_bl *b = self._live()
         cdef int rc, err, is_read
+        cdef unsigned status
         cdef uint64_t off
+        cdef Queue queue = self.queue
         self._own()
         if self.running:
             raise RuntimeError("BenchLoop.run() is already in progress")
+        if queue is not None:
+            # the queue closed (by another thread) under the loop
+            if queue.q != self.q or queue.closing:
+                raise error_from_errno(9, queue.dev.target)
+            queue.users += 1
         self.running = True
         try:
             with nogil:
                 rc = fx_bl_run(b, slice_end_ns)
         finally:
             self.running = False
+            if queue is not None:
+                queue.users -= 1
         if rc >= 0:
             return rc == 1
         err = fx_bl_ring_failed(b)
         if err:
-            e = error_from_errno(err, "io_uring_enter on the I/O loop's ring")
+            if queue is None:
+                e = error_from_errno(err, "io_uring_enter on the I/O loop's ring")
+            elif err == EAGAIN:
+                e = error_from_errno(err, f"the queue of {queue.dev.target} took no I/O with none in flight")
+            else:
+                e = error_from_errno(err, f"waiting on the queue of {queue.dev.target}")
             e.offset = None
             e.is_read = None
             raise e
         fx_bl_error(b, &err, &off, &is_read)
+        status = fx_bl_error_status(b)
         if err == 0:
             err = -rc
         what = "read" if is_read else "write"
-        if err == ENODATA:  # the I/O moved no bytes
+        if status:
+            e = error_from_status(status, f"{what} at offset {off}")
+        elif err == ENODATA:  # the I/O moved no bytes
             e = EOFError(f"{what} at offset {off} returned 0 bytes (end of the target?)")
         else:
             e = error_from_errno(err, f"{what} at offset {off}")

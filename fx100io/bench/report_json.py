@@ -189,7 +189,9 @@ def fx_extras(r: JobResult) -> dict[str, Any]:
         extra["engine_note"] = r.engine_note
     if r.io_loop:
         extra["io_loop"] = r.io_loop
-    if r.io_loop == "c":
+    if r.io_loop_backend:
+        extra["io_loop_backend"] = r.io_loop_backend
+    if r.io_loop == "c" and not r.io_loop_backend.endswith(" queue"):
         extra["io_uring_features"] = list(r.io_uring_features)
         extra["io_uring_refused"] = dict(r.io_uring_refused)
     if r.error_msg:

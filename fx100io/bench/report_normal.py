@@ -143,7 +143,9 @@ def job_block(r: JobResult) -> str:
         lines.append(f"  note         : {r.engine_note}")
     if r.io_loop:
         loop = {"c": "C", "python": "Python", "psync": "Python, blocking (psync)"}.get(r.io_loop, r.io_loop)
-        if r.io_loop == "c":
+        if r.io_loop == "c" and r.io_loop_backend.endswith(" queue"):
+            loop += f" ({r.io_loop_backend})"
+        elif r.io_loop == "c":
             loop += " (io_uring: " + (", ".join(r.io_uring_features) or "no options") + ")"
             if r.io_uring_refused:
                 loop += "; refused: " + ", ".join(f"{k} ({v})" for k, v in r.io_uring_refused.items())

@@ -40,6 +40,9 @@ class JobResult:
     # workloads without one) and, for the C loop, the io_uring features it
     # ran with and the options the kernel refused (name -> errno name).
     io_loop: str = ""
+    # The C loop's I/O backend: "io_uring" (its own ring over the file) or
+    # "<ioengine> queue" (the device's C queue: NVMe/TCP, NVMe/RDMA).
+    io_loop_backend: str = ""
     io_uring_features: list[str] = field(default_factory=list)
     io_uring_refused: dict[str, str] = field(default_factory=dict)
     target_uri: str = ""
@@ -105,6 +108,8 @@ def group_results(results: list[JobResult]) -> list[JobResult]:
         merged.engine_note = merged.engine_note or r.engine_note
         if r.io_loop and r.io_loop != merged.io_loop:
             merged.io_loop = r.io_loop if not merged.io_loop else "mixed"
+        if r.io_loop_backend and r.io_loop_backend != merged.io_loop_backend:
+            merged.io_loop_backend = r.io_loop_backend if not merged.io_loop_backend else "mixed"
         for name in r.io_uring_features:
             if name not in merged.io_uring_features:
                 merged.io_uring_features.append(name)

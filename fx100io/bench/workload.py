@@ -2,12 +2,15 @@
 
 Concurrency model: a job instance is one process (see runner.py) that keeps
 ``iodepth`` I/Os outstanding, one per pinned buffer, as fio's iodepth means.
-Files and block devices through io_uring run in a C loop (csrc/bench_loop.c):
-it generates the access pattern, submits, reaps and accounts a whole batch
-per wakeup and comes back to Python once per 100 ms tick, so Python does
-nothing per I/O.  Other targets without --verify use a plain loop over the
-device's C queue (submit, wait without the GIL, reap): no future or task per
-I/O, which small blocks would otherwise pay for in IOPS.  With --verify, ``iodepth`` asyncio tasks
+Without --verify, jobs run in a C loop (csrc/bench_loop.c): it generates
+the access pattern, submits, reaps and accounts a whole batch per wakeup and
+comes back to Python once per 100 ms tick, so Python does nothing per I/O.
+Files and block devices through io_uring go down its own io_uring over an fd
+of the target; NVMe/TCP and NVMe/RDMA targets go down the device's C queue
+(the same connection the job opened, fx_queue_submit/_wait/_reap).  What the
+C loop cannot take (an iodepth past its limit, a file that refuses the
+O_DIRECT open) uses a plain Python loop over the device's C queue (submit,
+wait without the GIL, reap): no future or task per I/O.  With --verify, ``iodepth`` asyncio tasks
 each own one buffer, so a read can wait for a write of the same block.  The
 psync engine is synchronous (as fio's sync engines are): it runs one blocking
 I/O at a time and iodepth has no effect.
@@ -41,6 +44,8 @@ from .targets import Target, drop_page_cache, open_target
 from .verify import VerifyLog
 
 TICK_NS = 100_000_000
+# Engines whose targets the C loop drives through the device's C queue.
+QUEUE_ENGINES = ("nvme+tcp", "nvme+rdma")
 # How long a loop waits for I/O still in flight after it stopped or failed
 # before it gives up (then the buffers are kept, not freed).
 DRAIN_LIMIT_NS = 30_000_000_000
@@ -78,11 +83,14 @@ class IoLoop:
         progress: Any,
         c_fd: int | None = None,
         clone: int = 0,
+        c_queue: bool = False,
     ) -> None:
         self.job = job
         self.clone = clone  # which numjobs clone: only clone 0 logs
-        # fd of the target for the C loop, None when the job runs in Python
+        # fd of the target for the C loop's io_uring; or c_queue: the C loop
+        # drives the device's C queue; neither: the job runs in Python
         self.c_fd = c_fd
+        self.c_queue = c_queue
         self.c_features: list[str] = []
         self.c_refused: dict[str, int] = {}
         # which loop the last run() took: "c", "python" or "psync"
@@ -351,14 +359,18 @@ class IoLoop:
         """The whole pattern in the C loop; Python wakes once per tick."""
         from fx100io import _core
 
-        assert self.c_fd is not None
+        assert self.c_fd is not None or self.c_queue
         clock = time.monotonic_ns
         rstats, wstats = phase.read, phase.write
         progress = self.progress
         phase.start_ns = start = clock()
+        on_queue = self.c_fd is None
+        what = "the C I/O loop" if on_queue else "io_uring"
         try:
+            # the same connection and queue the Python loop would use
+            source: Any = self.dev.raw_queue() if on_queue else self.c_fd
             bl = _core.BenchLoop(
-                self.c_fd,
+                source,
                 pat.start,
                 pat.nblocks,
                 pat.bs,
@@ -369,10 +381,10 @@ class IoLoop:
                 seed=pat.seed & ((1 << 64) - 1),
                 passes=pat.passes or 0,
                 end_ns=start + duration_ns if duration_ns else 0,
-                flags=self.c_flags(),
+                flags=0 if on_queue else self.c_flags(),
             )
         except OSError as e:
-            raise BenchError(f"job {self.job.name!r}: cannot set up io_uring on {self.target.uri}: {e}") from None
+            raise BenchError(f"job {self.job.name!r}: cannot set up {what} on {self.target.uri}: {e}") from None
         if not self.c_features:
             self.c_features = bl.features
             self.c_refused = bl.refused
@@ -387,8 +399,9 @@ class IoLoop:
                     done = bl.run(next_tick)
                 except OSError as e:
                     if e.offset is None:  # type: ignore[attr-defined]
+                        which = "queue" if on_queue else "io_uring"
                         raise BenchError(
-                            f"job {self.job.name!r}: the I/O loop's io_uring failed on {self.target.uri}: {e}"
+                            f"job {self.job.name!r}: the I/O loop's {which} failed on {self.target.uri}: {e}"
                         ) from None
                     raise self._io_error("read" if e.is_read else "write", e.offset, e) from None  # type: ignore[attr-defined]
                 except EOFError as e:
@@ -509,7 +522,8 @@ class IoLoop:
         verify_only: bool = False,
     ) -> None:
         """Issue ``ios`` until they run out or ``duration_ns`` has passed."""
-        if self.c_fd is not None and isinstance(ios, AccessPattern) and not verify_only and self.verify_log is None:
+        c_loop = self.c_fd is not None or self.c_queue
+        if c_loop and isinstance(ios, AccessPattern) and not verify_only and self.verify_log is None:
             self.last_loop = "c"
             self.run_c(ios, phase, duration_ns)
         elif self.job.ioengine == "psync":
@@ -532,10 +546,15 @@ def log(job: Job, msg: str) -> None:
 
 
 def c_loop_refusal(job: Job, target: Target) -> str | None:
-    """Why the job cannot run in the C I/O loop, or None when it can."""
-    if job.ioengine != "io_uring":
+    """Why the job cannot run in the C I/O loop, or None when it can (over
+    its own io_uring for a local file or block device, over the device's C
+    queue for an NVMe/TCP or NVMe/RDMA target)."""
+    if job.ioengine in QUEUE_ENGINES:
+        if target.path is not None:
+            return f"ioengine={job.ioengine} on a local path"
+    elif job.ioengine != "io_uring":
         return f"ioengine={job.ioengine}"
-    if target.path is None:
+    elif target.path is None:
         return "the target is not a local file or block device"
     if job.verify:
         return "--verify checks blocks in Python"
@@ -547,10 +566,18 @@ def c_loop_refusal(job: Job, target: Target) -> str | None:
     return None
 
 
+def c_loop_on_queue(job: Job, target: Target) -> bool:
+    """The job runs in the C loop over the device's C queue (no fd)."""
+    return target.path is None and c_loop_refusal(job, target) is None
+
+
 def open_c_loop_fd(job: Job, target: Target, clone: int) -> int | None:
-    """An fd of the target for the C loop, or None (with a log line) when
-    the job takes the Python I/O loop."""
+    """An fd of the target for the C loop, or None: when the job takes the
+    C loop over the device's queue (c_loop_on_queue), or the Python I/O loop
+    (with a log line that says why)."""
     why = c_loop_refusal(job, target)
+    if why is None and target.path is None:
+        return None  # the C loop over the device's queue
     if why is None:
         assert target.path is not None
         flags = (os.O_RDWR if job.writes or target.created else os.O_RDONLY) | os.O_CLOEXEC
@@ -622,7 +649,7 @@ def run_block_job(
         result.region = (target.region_start, target.region_len)
         pool, bufs = _buffers(job, depth)
         c_fd = open_c_loop_fd(job, target, clone)
-        loop = IoLoop(job, target, bufs, progress, c_fd, clone)
+        loop = IoLoop(job, target, bufs, progress, c_fd, clone, c_queue=c_loop_on_queue(job, target))
         if target.created and job.reads:
             layout(loop, job, target)
         if target.path and not job.direct and job.invalidate:
@@ -657,7 +684,10 @@ def run_block_job(
                 loop.run(pattern(passes), phase, job.runtime_ns)
             finally:
                 result.io_loop = loop.last_loop
-                if loop.last_loop == "c":
+                if loop.last_loop == "c" and loop.c_fd is None:
+                    result.io_loop_backend = f"{job.ioengine} queue"
+                elif loop.last_loop == "c":
+                    result.io_loop_backend = "io_uring"
                     result.io_uring_features = list(loop.c_features)
                     result.io_uring_refused = {
                         name: errno.errorcode.get(err, str(err)) for name, err in loop.c_refused.items()
