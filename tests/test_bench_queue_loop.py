@@ -362,3 +362,48 @@ def test_target_killed_mid_run_ends_the_job_with_a_clear_error(tmp_path: Path) -
     assert "I/O loop     : C (nvme+tcp queue)" in text, text
     assert "bytes at offset" in text and "failed" in text, text
     assert os.path.getsize(ns) == NS_SIZE
+
+
+def test_queue_closed_under_the_loop_is_never_touched(device) -> None:
+    """The device's queue closed while the loop has I/O on it: run() says
+    the queue is closed and close() gives up at once (keeping the buffers)
+    rather than wait on a queue that is gone."""
+    from fx100io import _core
+    from fx100io.errors import Fx100ioError
+
+    dev, _ = device
+    pool, bufs = _bufs(8, 4096, 0)
+    q = dev.raw_queue()
+    bl = _core.BenchLoop(q, 0, 64, 4096, bufs, passes=0)
+    assert bl.run(0) is False and bl.inflight > 0
+    q.close()
+    with pytest.raises(Fx100ioError) as ei:
+        bl.run(0)
+    assert ei.value.errno == 9
+    assert bl.close() is False  # gave up on what was in flight: buffers kept
+    assert bl.close() is True  # idempotent: nothing left to close
+    del bufs
+
+
+def test_c_loop_refusal_for_queue_targets(tmp_path: Path) -> None:
+    import types
+
+    from fx100io import _core
+    from fx100io.bench import workload
+    from fx100io.bench.options import parse_cli, resolve_job
+
+    uri = f"nvme+tcp://127.0.0.1:4420/{NQN}"
+    target = types.SimpleNamespace(path=None, created=False)
+
+    def job(*extra: str):
+        return resolve_job(parse_cli(["--name=z", f"--filename={uri}", "--rw=randread", *extra]).jobs[0])
+
+    assert workload.c_loop_refusal(job(), target) is None
+    assert workload.c_loop_on_queue(job(), target)
+    assert workload.open_c_loop_fd(job(), target, 0) is None
+    assert workload.c_loop_refusal(job("--verify=crc32c"), target) == "--verify checks blocks in Python"
+    assert not workload.c_loop_on_queue(job("--verify=crc32c"), target)
+    why = workload.c_loop_refusal(job(f"--iodepth={_core.BL_MAX_DEPTH + 1}"), target)
+    assert why == f"iodepth={_core.BL_MAX_DEPTH + 1} is more than the C loop's {_core.BL_MAX_DEPTH}"
+    rdma = resolve_job(parse_cli(["--name=z", f"--filename=nvme+rdma://127.0.0.1:4420/{NQN}"]).jobs[0])
+    assert workload.c_loop_refusal(rdma, target) is None

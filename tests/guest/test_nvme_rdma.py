@@ -211,3 +211,6 @@ def test_bench_job_over_nvme_rdma(rdma_lab):
     job = json.loads(p.stdout)["jobs"][0]
     assert job["read"]["io_bytes"] + job["write"]["io_bytes"] == 4 * MiB
     assert job["error"] == 0 and job["fx100io"]["ioengine"] == "nvme+rdma"
+    # no Python per I/O: the C loop over the device's queue, every I/O counted once
+    assert job["fx100io"]["io_loop"] == "c" and job["fx100io"]["io_loop_backend"] == "nvme+rdma queue"
+    assert job["read"]["total_ios"] + job["write"]["total_ios"] == 1024
