@@ -24,4 +24,4 @@ export PYTHONPATH="$scratch"
   tests/test_target.py tests/test_target_hostile.py tests/test_target_inflight.py \
   tests/test_reconnect.py tests/test_fabric_uri_fuzz.py tests/test_index_log.py tests/test_store_loop.py tests/test_store_model.py \
   tests/test_kernel_unit.py tests/test_shared_store.py tests/test_shared_store_model.py tests/test_shared_store_safety.py tests/test_shared_store_review.py \
-  tests/test_dhchap_host.py tests/test_target_auth.py tests/test_bench_loop.py tests/test_store_pieces.py tests/test_lmcache_mp.py tests/test_lmcache_mp_review.py tests/test_store_crc.py tests/test_vllm_tier.py
+  tests/test_dhchap_host.py tests/test_target_auth.py tests/test_bench_loop.py tests/test_bench_queue_loop.py tests/test_store_pieces.py tests/test_lmcache_mp.py tests/test_lmcache_mp_review.py tests/test_store_crc.py tests/test_vllm_tier.py
