@@ -38,8 +38,16 @@ struct slot {
 	uint64_t t0;
 	uint64_t off;
 	int is_read;
-	int busy; /* in flight (a completion for a free slot is ignored) */
+	int busy;      /* taken by an I/O (prepared, maybe not yet handed over) */
+	int submitted; /* handed to the backend: only then may it complete */
+	uint32_t gen;  /* the queue backend's tags carry it: a stale or duplicate
+	                * completion of an earlier use of the slot is not this one's */
 };
+
+/* The queue backend's tags: a marker bit, the slot's generation, the slot. */
+#define QTAG_MARK (1ull << 63)
+#define QTAG(s, gen) (QTAG_MARK | ((uint64_t)((gen) & 0x7fffffffu) << 32) | (uint64_t)(s))
+#define QTAG_SLOT(tag) ((uint32_t)((tag) & 0xffffffffu))
 
 struct fx_bl;
 
@@ -361,17 +369,40 @@ static void fail_backend(struct fx_bl *b, int err)
 static inline void release_slot(struct fx_bl *b, uint32_t s)
 {
 	b->slots[s].busy = 0;
+	b->slots[s].submitted = 0;
+	b->slots[s].gen++;
 	b->free_slots[b->nfree++] = s;
 	b->inflight--;
 }
 
+/* The slot a completion's tag names, or -1 when it is none of the I/Os
+ * handed over now (a foreign CQE, a duplicate, a stale tag of an earlier
+ * use of the slot, one kept back and never handed over). */
+static inline int64_t tag_slot(const struct fx_bl *b, uint64_t tag)
+{
+	uint32_t s;
+
+	if (b->q) {
+		s = QTAG_SLOT(tag);
+		if (!(tag & QTAG_MARK) || s >= b->depth || QTAG(s, b->slots[s].gen) != tag)
+			return -1;
+	} else {
+		if (tag >= b->depth)
+			return -1;
+		s = (uint32_t)tag;
+	}
+	return b->slots[s].busy && b->slots[s].submitted ? (int64_t)s : -1;
+}
+
 /* One completion: res bytes moved, or -errno; status the raw NVMe status
- * when there is one.  Tags that are no busy slot's are not ours. */
+ * when there is one.  Tags that are none of ours are ignored. */
 static inline void complete(struct fx_bl *b, uint64_t tag, int64_t res, unsigned status, uint64_t t1)
 {
-	if (tag >= b->depth || !b->slots[tag].busy)
+	int64_t slot = tag_slot(b, tag);
+
+	if (slot < 0)
 		return;
-	uint32_t s = (uint32_t)tag;
+	uint32_t s = (uint32_t)slot;
 	struct slot *sl = &b->slots[s];
 
 	release_slot(b, s);
@@ -487,7 +518,7 @@ static int queue_prep(struct fx_bl *b, uint32_t s, void *buf, uint64_t off, int 
 		return -EBUSY; /* cannot happen: one request per busy slot at most */
 	r = &b->reqs[b->nreqs++];
 	memset(r, 0, sizeof(*r));
-	r->tag = s;
+	r->tag = QTAG(s, b->slots[s].gen);
 	r->addr = buf;
 	r->len = b->bs;
 	r->off = off;
@@ -503,8 +534,12 @@ static unsigned queue_unsubmitted(const struct fx_bl *b)
 /* The first n prepared requests were taken: keep the rest, in order. */
 static void queue_taken(struct fx_bl *b, uint32_t n, uint64_t t0)
 {
-	for (uint32_t i = 0; i < n; i++)
-		b->slots[b->reqs[i].tag].t0 = t0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct slot *sl = &b->slots[QTAG_SLOT(b->reqs[i].tag)];
+
+		sl->t0 = t0;
+		sl->submitted = 1;
+	}
 	if (n < b->nreqs)
 		memmove(b->reqs, b->reqs + n, (b->nreqs - n) * sizeof(*b->reqs));
 	b->nreqs -= n;
@@ -513,7 +548,7 @@ static void queue_taken(struct fx_bl *b, uint32_t n, uint64_t t0)
 static void queue_drop_unsubmitted(struct fx_bl *b)
 {
 	for (uint32_t i = 0; i < b->nreqs; i++)
-		release_slot(b, (uint32_t)b->reqs[i].tag);
+		release_slot(b, QTAG_SLOT(b->reqs[i].tag));
 	b->nreqs = 0;
 }
 
@@ -529,7 +564,6 @@ static int queue_submit_one_by_one(struct fx_bl *b, int err)
 	while (k < b->nreqs) {
 		int ret = fx_queue_submit(b->q, &b->reqs[k], 1);
 		if (ret == 1) {
-			b->slots[b->reqs[k].tag].t0 = t0;
 			k++;
 			continue;
 		}
@@ -547,11 +581,22 @@ static int queue_submit_one_by_one(struct fx_bl *b, int err)
 		const struct fx_req *r = &b->reqs[0];
 		fail_io(b, err, r->off, r->op == FX_OP_READ, 0);
 		/* that one went nowhere: its slot is free, not in flight */
-		release_slot(b, (uint32_t)r->tag);
+		release_slot(b, QTAG_SLOT(r->tag));
 		memmove(b->reqs, b->reqs + 1, (b->nreqs - 1) * sizeof(*b->reqs));
 		b->nreqs--;
 	}
 	return 0;
+}
+
+/* The queue holds none of the I/Os we handed it (someone else reaped their
+ * completions, or it lost them): waiting for them would spin forever.  The
+ * queue has nothing of ours in flight, so their slots are free again. */
+static void queue_forget_lost(struct fx_bl *b)
+{
+	fail_backend(b, EIO);
+	for (uint32_t s = 0; s < b->depth; s++)
+		if (b->slots[s].busy && b->slots[s].submitted)
+			release_slot(b, s);
 }
 
 static int queue_submit(struct fx_bl *b, int wait)
@@ -568,16 +613,24 @@ static int queue_submit(struct fx_bl *b, int wait)
 				queue_drop_unsubmitted(b);
 		} else {
 			queue_taken(b, (uint32_t)(ret < (int)b->nreqs ? ret : (int)b->nreqs), t0);
-			if (b->nreqs && fx_queue_pending(b->q) == 0) {
-				/* An idle queue that takes nothing: waiting would
-				 * never end.  Never spin on it either. */
-				fail_backend(b, EAGAIN);
-				queue_drop_unsubmitted(b);
-				return -EAGAIN;
-			}
 		}
 	}
-	if (!wait || fx_queue_pending(b->q) == 0)
+	if (fx_queue_pending(b->q) == 0) {
+		if (b->inflight > b->nreqs) {
+			queue_forget_lost(b);
+			queue_drop_unsubmitted(b);
+			return -EIO;
+		}
+		if (b->nreqs) {
+			/* An idle queue that takes nothing: waiting would
+			 * never end.  Never spin on it either. */
+			fail_backend(b, EAGAIN);
+			queue_drop_unsubmitted(b);
+			return -EAGAIN;
+		}
+		return 0;
+	}
+	if (!wait)
 		return 0;
 	return fx_queue_wait(b->q, 1, QUEUE_WAIT_MS);
 }
@@ -629,6 +682,10 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 		return -EINVAL;
 	if (p->queue && (p->flags & URING_OPTS))
 		return -EINVAL;
+	/* requests of someone else still on the queue: their completions
+	 * would be reaped here, and never reach their owner */
+	if (p->queue && fx_queue_pending(p->queue))
+		return -EBUSY;
 	if (p->nblocks > UINT64_MAX / p->bs || p->start > UINT64_MAX - p->nblocks * p->bs)
 		return -EOVERFLOW;
 	if (p->depth > FX_BL_MAX_DEPTH)
@@ -779,6 +836,9 @@ static unsigned fill(struct fx_bl *b, uint64_t t0)
 		b->slots[s].off = off;
 		b->slots[s].is_read = is_read;
 		b->slots[s].busy = 1;
+		/* a ring's SQE completes only once the kernel took it; a queue's
+		 * request is handed over by queue_taken */
+		b->slots[s].submitted = !b->q;
 		b->inflight++;
 		n++;
 	}
@@ -808,8 +868,8 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 			be->drop_unsubmitted(b);
 		if (b->inflight == 0 && be->unsubmitted(b) == 0)
 			return b->err ? -b->err : 1;
-		if (b->ring_err)
-			return -b->err;
+		/* (after a backend failure the calls go on: what is in flight
+		 * still drains, until the backend fails again) */
 
 		int ret = be->submit(b, 1);
 		uint64_t t1 = now_ns();
@@ -922,8 +982,6 @@ int fx_bl_destroy_within(struct fx_bl *b, uint64_t limit_ns)
 			if (r < 0 && !transient(r))
 				break;
 			unsigned got = be->reap(b, now_ns());
-			if (b->ring_err && !got)
-				break;
 			if (!got && (r == -EAGAIN || r == -EBUSY))
 				back_off();
 		}

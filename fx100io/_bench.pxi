@@ -196,6 +196,10 @@ cdef class BenchLoop:
         # (the buffers are then kept if anything was in flight).
         cdef int rc
         cdef bint entered = False
+        # taken out of self first: another thread's stop() or counters()
+        # during the destroy then finds the loop closed, not freed memory
+        cdef fx_bl *b = self.b
+        self.b = NULL
         if self.queue is not None:
             if self.queue.q != self.q or self.queue.closing:
                 limit_ns = 0
@@ -203,8 +207,7 @@ cdef class BenchLoop:
                 self.queue.users += 1
                 entered = True
         with nogil:
-            rc = fx_bl_destroy_within(self.b, limit_ns)
-        self.b = NULL
+            rc = fx_bl_destroy_within(b, limit_ns)
         if entered:
             self.queue.users -= 1
         return rc
@@ -278,7 +281,10 @@ cdef class BenchLoop:
         if queue is not None:
             # the queue closed (by another thread) under the loop
             if queue.q != self.q or queue.closing:
-                raise error_from_errno(9, queue.dev.target)
+                e = error_from_errno(9, queue.dev.target)
+                e.offset = None  # the queue's failure, no I/O's (as the ring's)
+                e.is_read = None
+                raise e
             queue.users += 1
         self.running = True
         try:

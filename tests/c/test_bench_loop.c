@@ -344,6 +344,10 @@ struct fx_queue {
 	unsigned cap;        /* accepted and not reaped, at most */
 	uint64_t fail_off;   /* an I/O at this offset fails (UINT64_MAX: none) */
 	int garbage;         /* also answer each request twice and with a tag of no request */
+	int stale;           /* also answer a request kept back, and one answered before */
+	int lose;            /* take requests and never answer them */
+	uint64_t old_tag;    /* (stale) a tag answered before */
+	int have_old;
 	unsigned submits, waits;
 	uint64_t *per_block; /* I/Os seen per block */
 	struct fx_cqe done[FQ_MAX];
@@ -359,6 +363,27 @@ int fx_queue_submit(struct fx_queue *q, const struct fx_req *reqs, unsigned n)
 	unsigned take = n < q->accept_max ? n : q->accept_max;
 	if (take > q->cap - q->ndone)
 		take = q->cap - q->ndone;
+	if (q->lose)
+		return (int)take;
+	if (q->stale && q->ndone + 2 <= FQ_MAX) {
+		struct fx_cqe *c;
+		if (take < n) { /* a request it did not take */
+			c = &q->done[q->ndone++];
+			memset(c, 0, sizeof(*c));
+			c->tag = reqs[take].tag;
+			c->res = (int64_t)reqs[take].len;
+		}
+		if (q->have_old) { /* a late duplicate of an earlier answer */
+			c = &q->done[q->ndone++];
+			memset(c, 0, sizeof(*c));
+			c->tag = q->old_tag;
+			c->res = 4096;
+		}
+		if (take) {
+			q->old_tag = reqs[0].tag;
+			q->have_old = 1;
+		}
+	}
 	for (unsigned k = 0; k < take; k++) {
 		const struct fx_req *r = &reqs[k];
 		struct fx_cqe *c = &q->done[q->ndone++];
@@ -547,7 +572,39 @@ static void test_queue_backend(void)
 	for (uint64_t i = 0; i < N; i++)
 		CHECK_EQ(per_block[i], 1);
 	q.garbage = 0;
+
+	/* answers for a request it never took, and late duplicates of answers
+	 * given before (after the slot was used again): ignored, so every
+	 * block is done exactly once and nothing is counted twice */
+	q.stale = 1;
+	memset(per_block, 0, sizeof(per_block));
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	for (uint64_t i = 0; i < N; i++)
+		CHECK_EQ(per_block[i], 1);
+	q.stale = 0;
+	q.have_old = 0;
+	q.ndone = 0;
 	q.cap = 5;
+
+	/* a queue that takes requests and never answers (someone else reaped
+	 * them, or it lost them): the backend's failure, no spin, no hang */
+	q.lose = 1;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -EIO);
+	CHECK_EQ(fx_bl_ring_failed(b), EIO);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	q.lose = 0;
+
+	/* a queue with someone else's requests on it: refused */
+	q.done[0] = (struct fx_cqe){.tag = 7, .res = 4096};
+	q.ndone = 1;
+	CHECK_EQ(fx_bl_create(&p, &b), -EBUSY);
+	q.ndone = 0;
 
 	/* io_uring options do not apply to a queue */
 	p.flags = FX_BL_REGRING;
