@@ -8,7 +8,6 @@ file with the same seed (one pattern generator for both backends)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -20,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fx100io.bench import cli
+from test_bench_run import bench
 
 REPO = Path(__file__).resolve().parent.parent
 KiB, MiB = 1 << 10, 1 << 20
@@ -43,10 +41,6 @@ def _core_missing() -> str | None:
 pytestmark = pytest.mark.skipif(_core_missing() is not None, reason=str(_core_missing()))
 
 
-def bench(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    rc = cli.run(list(argv), stdout=out, stderr=err)
-    return rc, out.getvalue(), err.getvalue()
 
 
 def initial_bytes() -> bytes:
