@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bench_run import bench
+from test_bench_run import bench, popen_until_jobs_run
 
 REPO = Path(__file__).resolve().parent.parent
 KiB, MiB = 1 << 10, 1 << 20
@@ -298,28 +296,9 @@ def test_io_uring_flags_do_not_apply_to_a_queue(device) -> None:
 # ------------------------------------------------------------ whole runs
 
 
-def _run_until_jobs_start(argv: list[str]) -> tuple[subprocess.Popen, bytearray, threading.Thread]:
-    p = subprocess.Popen([sys.executable, "-m", "fx100io.bench", *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=str(REPO))
-    seen = bytearray()
-    running = threading.Event()
-
-    def watch() -> None:
-        assert p.stderr is not None
-        while chunk := p.stderr.read1(4096):
-            seen.extend(chunk)
-            if b"Jobs:" in seen:
-                running.set()
-
-    reader = threading.Thread(target=watch, daemon=True)
-    reader.start()
-    assert running.wait(120), seen.decode(errors="replace")
-    return p, seen, reader
-
-
 def test_ctrl_c_stops_a_queue_job_and_it_still_reports(target) -> None:
     uri, _ = target
-    p, seen, reader = _run_until_jobs_start([
+    p, seen, reader = popen_until_jobs_run([sys.executable, "-m", "fx100io.bench",
         "--name=c", "--rw=randread", "--bs=4k", "--iodepth=16", "--size=1m", "--time_based",
         "--runtime=60", "--ioengine=nvme+tcp", f"--filename={uri}", "--output-format=json", "--eta=always"])
     p.send_signal(signal.SIGINT)
@@ -342,7 +321,7 @@ def test_target_killed_mid_run_ends_the_job_with_a_clear_error(tmp_path: Path) -
     ns.write_bytes(b"\0" * NS_SIZE)
     with serve([str(ns)], NQN, block_size=4096) as (host, port, tp):
         uri = f"nvme+tcp://{host}:{port}/{NQN}?max_reconnects=0&reconnect_ms=10"
-        p, seen, reader = _run_until_jobs_start([
+        p, seen, reader = popen_until_jobs_run([sys.executable, "-m", "fx100io.bench",
             "--name=k", "--rw=randrw", "--bs=4k", "--iodepth=32", "--size=1m", "--time_based",
             "--runtime=120", "--ioengine=nvme+tcp", f"--filename={uri}", "--eta=always"])
         tp.kill()

@@ -42,6 +42,26 @@ def bench(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+def popen_until_jobs_run(cmd: list[str]) -> tuple[subprocess.Popen, bytearray, threading.Thread]:
+    """Start a bench command and return once its jobs run (its status line began on
+    stderr): the process, what stderr said so far (still growing) and its reader."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
+    seen = bytearray()
+    running = threading.Event()
+
+    def watch_stderr() -> None:
+        assert p.stderr is not None
+        while chunk := p.stderr.read1(4096):
+            seen.extend(chunk)
+            if b"Jobs:" in seen:
+                running.set()
+
+    reader = threading.Thread(target=watch_stderr, daemon=True)
+    reader.start()
+    assert running.wait(120), seen.decode(errors="replace")
+    return p, seen, reader
+
+
 def bench_json(*argv: str, expect_rc: int = 0) -> dict:
     rc, out, err = bench(*argv, "--output-format=json")
     assert rc == expect_rc, err
@@ -413,22 +433,9 @@ def test_ctrl_c_stops_jobs_and_still_reports(tmp_path: Path, numjobs: int) -> No
         "--output-format=json",
         "--eta=always",
     ]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
     # Ctrl-C once the jobs run (the status line starts then), not after a fixed sleep: on
     # a loaded machine a signal during Python's start-up would be an ordinary interrupt.
-    seen = bytearray()
-    running = threading.Event()
-
-    def watch_stderr() -> None:
-        assert p.stderr is not None
-        while chunk := p.stderr.read1(4096):
-            seen.extend(chunk)
-            if b"Jobs:" in seen:
-                running.set()
-
-    reader = threading.Thread(target=watch_stderr, daemon=True)
-    reader.start()
-    assert running.wait(120), seen.decode(errors="replace")
+    p, seen, reader = popen_until_jobs_run(argv)
     p.send_signal(signal.SIGINT)
     out = p.stdout.read().decode() if p.stdout else ""
     p.wait(timeout=60)
