@@ -432,6 +432,22 @@ unsigned fx_queue_pending(const struct fx_queue *q)
 	return q->ndone;
 }
 
+/* One read pass of p over a queue that counts each block's I/Os: every
+ * block read exactly once, nothing left in flight. */
+static void read_pass_each_block_once(const struct fx_bl_params *p, uint64_t *per_block, uint64_t n)
+{
+	struct fx_bl *b;
+
+	memset(per_block, 0, n * sizeof(*per_block));
+	CHECK_EQ(fx_bl_create(p, &b), 0);
+	CHECK_EQ(run_to_end(b), 1);
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, n);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	for (uint64_t i = 0; i < n; i++)
+		CHECK_EQ(per_block[i], 1);
+}
+
 static void test_queue_backend(void)
 {
 	enum { BS = 4096, N = 100, DEPTH = 8 };
@@ -563,28 +579,14 @@ static void test_queue_backend(void)
 	q.garbage = 1;
 	q.cap = FQ_MAX;
 	p.passes = 1;
-	memset(per_block, 0, sizeof(per_block));
-	CHECK_EQ(fx_bl_create(&p, &b), 0);
-	CHECK_EQ(run_to_end(b), 1);
-	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
-	CHECK_EQ(fx_bl_inflight(b), 0);
-	CHECK_EQ(fx_bl_destroy(b), 0);
-	for (uint64_t i = 0; i < N; i++)
-		CHECK_EQ(per_block[i], 1);
+	read_pass_each_block_once(&p, per_block, N);
 	q.garbage = 0;
 
 	/* answers for a request it never took, and late duplicates of answers
 	 * given before (after the slot was used again): ignored, so every
 	 * block is done exactly once and nothing is counted twice */
 	q.stale = 1;
-	memset(per_block, 0, sizeof(per_block));
-	CHECK_EQ(fx_bl_create(&p, &b), 0);
-	CHECK_EQ(run_to_end(b), 1);
-	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
-	CHECK_EQ(fx_bl_inflight(b), 0);
-	CHECK_EQ(fx_bl_destroy(b), 0);
-	for (uint64_t i = 0; i < N; i++)
-		CHECK_EQ(per_block[i], 1);
+	read_pass_each_block_once(&p, per_block, N);
 	q.stale = 0;
 	q.have_old = 0;
 	q.ndone = 0;
