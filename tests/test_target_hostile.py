@@ -534,6 +534,10 @@ def test_a_kato0_queue_waiting_for_write_data_is_not_idle(backing, tmp_path):
                    flags=F_LAST)
         cqe, _, _ = q.complete(cid, data)
         assert cqe.ok
+        # The data arrived just now: the controller is active, and its admin queue
+        # (which saw no command for the whole wait) is not reaped as idle now that
+        # the write ended (the idle sweep runs every 100 ms).
+        time.sleep(idle_ms / 1000 / 3)
         assert q.read(40, len(data) // 512, 512)[1] == data
         assert proc.poll() is None
 

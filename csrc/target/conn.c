@@ -1102,6 +1102,15 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	return on_command(c, &sqe, c->icd, icd_len, bad);
 }
 
+/* A write's data is the controller's activity as a command is: a KATO-0
+ * controller whose admin queue saw no command while a host slowly sent a
+ * write's data must not be reaped as idle the moment that write ends. */
+static void data_keeps_alive(struct tgt_conn *c)
+{
+	if (c->ctrl && tgt_auth_done(c))
+		atomic_store(&c->ctrl->last_cmd_ms, tgt_now_ms());
+}
+
 static int finish_r2t(struct tgt_conn *c, unsigned idx)
 {
 	struct tgt_r2t *s = &c->r2t[idx];
@@ -1156,6 +1165,7 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 		ret = recv_data(c, &d->hdr, have, dst, datal, &bad);
 		if (ret)
 			return ret;
+		data_keeps_alive(c);
 		return tgt_ioq_h2c_done(c, d->ttag, datal, bad);
 	}
 	if (d->ttag >= c->r2t_n || !c->r2t[d->ttag].active)
@@ -1172,6 +1182,7 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	ret = recv_data(c, &d->hdr, have, s->buf ? s->buf + s->done : c->chunk, datal, &bad);
 	if (ret)
 		return ret;
+	data_keeps_alive(c);
 	if (bad && !s->err)
 		s->err = TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT);
 	if (s->ns && !s->err && pwrite_full(s->ns->fd, c->chunk, datal, s->off + s->done) < 0)
