@@ -1,23 +1,50 @@
 """fx100io: io_uring and NVMe-oF I/O engine and KV-cache chunk store."""
 
+import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fx100io import errors
-from fx100io.device import Device, open_device
-from fx100io.fabric_uri import discover, host_identity
-from fx100io.pool import BufferPool, RegisteredMemory, register_memory
-from fx100io.store import ChunkStore
 
-__all__ = ["BufferPool", "ChunkStore", "RegisteredMemory", "register_memory", "Device", "discover", "host_identity", "open_device", "errors"]
+if TYPE_CHECKING:  # the names below are imported on first use (see __getattr__)
+    from fx100io.device import Device, open_device
+    from fx100io.fabric_uri import discover, host_identity
+    from fx100io.pool import BufferPool, RegisteredMemory, register_memory
+    from fx100io.shared import SharedChunkStore  # noqa: F401 - in __all__ only where redis is installed
+    from fx100io.store import ChunkStore
+
+# Each public name and the module it lives in.  They are imported on first
+# use, not here: a command such as `python -m fx100io bench` needs neither
+# numpy nor asyncio, and importing them would cost it more CPU than a short
+# job's I/O (house rule: the benchmark's start-up counts against it).
+_LAZY = {
+    "Device": "fx100io.device",
+    "open_device": "fx100io.device",
+    "discover": "fx100io.fabric_uri",
+    "host_identity": "fx100io.fabric_uri",
+    "BufferPool": "fx100io.pool",
+    "RegisteredMemory": "fx100io.pool",
+    "register_memory": "fx100io.pool",
+    "ChunkStore": "fx100io.store",
+    # only the shared pool needs the redis package
+    "SharedChunkStore": "fx100io.shared",
+}
+
+__all__ = ["BufferPool", "ChunkStore", "RegisteredMemory", "register_memory", "Device", "discover",
+           "host_identity", "open_device", "errors"]
 if importlib.util.find_spec("redis") is not None:  # `import *` must work without it
     __all__.insert(2, "SharedChunkStore")
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: only the shared pool needs the redis package.
-    if name == "SharedChunkStore":
-        from fx100io.shared import SharedChunkStore
-        return SharedChunkStore
-    raise AttributeError(f"module 'fx100io' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fx100io' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
