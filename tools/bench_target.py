@@ -13,6 +13,11 @@ the ratios the target is held to:
   target cold 1q / direct cold   >= 0.8
   target cold 4q / target cold 1q >= 1.0   (and hot 4q / hot 1q)
   target hot 1q / iperf3 1 stream >= 0.9
+For the cold rows it also prints what reached the disk (/proc/diskstats over
+each read): requests, their mean size, the mean number in flight at the disk
+while it was busy, and the disk's GB/s over its busy time; a cloud volume's
+speed swings from minute to minute, and these show whether a slower row was
+the disk or the path to it.
 
 Dropping the page cache needs root (echo 3 > /proc/sys/vm/drop_caches);
 without it the cold rows are skipped with a message.  The file goes on a
@@ -28,6 +33,7 @@ import os
 import shutil
 import statistics
 import sys
+from collections.abc import Callable
 
 # run from a built checkout without installing: the checkout's fx100io, also for
 # the processes started here (python3 -m fx100io target); an unbuilt checkout
@@ -40,6 +46,7 @@ if any(f.startswith("_core.") and f.endswith(".so") for f in os.listdir(os.path.
 import numpy as np
 
 import fx100io  # noqa: F401 - fails early, before any target starts, where it is not built
+from fx100io.bench.diskstats import disk_of, read_diskstats
 
 # the loopback target, the reader and iperf3 are bench_nvme_tcp's, so both measure alike
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -106,6 +113,22 @@ def main() -> int:
 
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}  # the target's CPU seconds per GB served
+    disk = disk_of(path)
+    seen: dict[str, list[tuple[float, float, float, float]]] = {}  # what reached the disk
+
+    def on_disk(name: str, read: Callable[[], float]) -> float:
+        """read(), and what the disk saw meanwhile: (requests, mean KiB,
+        mean in flight while busy, GB/s over busy time)."""
+        a = read_diskstats().get(disk or "")
+        gbs = read()
+        b = read_diskstats().get(disk or "")
+        if a and b:
+            # fields: reads, merges, sectors read, ms reading, ..., ms busy, weighted ms
+            d = [y - x for x, y in zip(a, b)]
+            busy_ms = max(d[9], 1)
+            seen.setdefault(name, []).append(
+                (d[0], d[2] * 512 / 1024 / max(d[0], 1), d[10] / busy_ms, d[2] * 512 / busy_ms / 1e6))
+        return gbs
 
     def through(name: str, queues: int) -> float:
         c0 = cpu_seconds(tgt.pid)
@@ -118,10 +141,11 @@ def main() -> int:
             cur: dict[str, float] = {}
             if cold:
                 drop_caches()
-                cur["direct cold"] = read_all(direct, size, a.bs, a.inflight)
+                cur["direct cold"] = on_disk("direct cold", lambda: read_all(direct, size, a.bs, a.inflight))
                 for q in (1, 4):
                     drop_caches()
-                    cur[f"target cold {q}q"] = through(f"target cold {q}q", q)
+                    name = f"target cold {q}q"
+                    cur[name] = on_disk(name, lambda name=name, q=q: through(name, q))
             warm(path)
             for q in (1, 4):
                 cur[f"target hot {q}q"] = through(f"target hot {q}q", q)
@@ -142,6 +166,13 @@ def main() -> int:
     for k, v in med.items():
         c = f"{statistics.median(cpu[k]):.3f}" if k in cpu else ""
         print(f"| {k} | {v:.2f} | {c} |")
+    if seen:
+        print(f"\nWhat reached the disk ({disk}) during the cold reads, medians:\n")
+        print("| path | requests | mean KiB | mean in flight | disk GB/s while busy |")
+        print("|---|---|---|---|---|")
+        for k, v in seen.items():
+            r, kib, depth, busy = (statistics.median(x) for x in zip(*v))
+            print(f"| {k} | {r:.0f} | {kib:.0f} | {depth:.1f} | {busy:.2f} |")
     print("\n| ratio | value | goal |")
     print("|---|---|---|")
     if cold:
