@@ -41,10 +41,18 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fx100io' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except AttributeError as exc:
+        # An AttributeError from inside the import (a stale _core that lacks a
+        # symbol, say) would be read by `from fx100io import X` and hasattr()
+        # as "no such name" and its cause lost: report it as the failed import.
+        raise ImportError(f"importing {module} (for fx100io.{name}) failed: {exc}") from exc
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    # __all__, not _LAZY: SharedChunkStore is listed only where redis is
+    # installed, so help() and inspect.getmembers() never import what fails.
+    return sorted(set(globals()) | set(__all__))

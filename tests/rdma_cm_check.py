@@ -169,7 +169,7 @@ def import_pyverbs() -> None:
         sys.path.append(repo)
     try:
         from fx100io.rdma_devices import import_pyverbs as find
-    except Exception:   # fx100io not built for this interpreter: the plain import
+    except Exception:   # fx100io not importable by this interpreter: the plain import
         try:
             import pyverbs  # noqa: F401
         except ImportError as ex:

@@ -45,7 +45,7 @@ if any(f.startswith("_core.") and f.endswith(".so") for f in os.listdir(os.path.
 
 import numpy as np
 
-import fx100io  # noqa: F401 - fails early, before any target starts, where it is not built
+import fx100io._core  # noqa: F401 - fails early, before any file is written or target started, where it is not built
 from fx100io.bench.diskstats import disk_of, read_diskstats
 
 # the loopback target, the reader and iperf3 are bench_nvme_tcp's, so both measure alike
@@ -93,19 +93,24 @@ def main() -> int:
     size = int(a.gib * 1024) * MiB
     size -= size % a.bs
     path = os.path.join(a.dir, f"fx100io-bench-target-{os.getpid()}.img")
-    with open(path, "wb") as f:  # real bytes: holes would read unrealistically fast
-        block = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8).tobytes()
-        left = size
-        while left:
-            f.write(block[:min(left, len(block))])
-            left -= min(left, len(block))
-        f.flush()
-        os.fsync(f.fileno())
+    try:  # the file goes again if writing it or starting the target fails
+        with open(path, "wb") as f:  # real bytes: holes would read unrealistically fast
+            block = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8).tobytes()
+            left = size
+            while left:
+                f.write(block[:min(left, len(block))])
+                left -= min(left, len(block))
+            f.flush()
+            os.fsync(f.fileno())
+        port = free_port()
+        tgt = start_target(path, port)
+    except BaseException:
+        if os.path.exists(path):
+            os.unlink(path)
+        raise
     cold = drop_caches()
     if not cold:
         print("cannot drop the page cache (not root?): cold rows skipped", file=sys.stderr)
-    port = free_port()
-    tgt = start_target(path, port)
     direct = f"file://{path}"
 
     def over(queues: int) -> str:
@@ -114,6 +119,9 @@ def main() -> int:
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}  # the target's CPU seconds per GB served
     disk = disk_of(path)
+    if disk is None:
+        print(f"{a.dir} has no block device of its own (tmpfs, overlay?): no disk figures",
+              file=sys.stderr)
     seen: dict[str, list[tuple[float, float, float, float]]] = {}  # what reached the disk
 
     def on_disk(name: str, read: Callable[[], float]) -> float:
@@ -123,8 +131,9 @@ def main() -> int:
         gbs = read()
         b = read_diskstats().get(disk or "")
         if a and b:
-            # fields: reads, merges, sectors read, ms reading, ..., ms busy, weighted ms
-            d = [y - x for x, y in zip(a, b)]
+            # fields: reads, merges, sectors read, ms reading, ..., ms busy, weighted ms;
+            # the kernel keeps some as 32-bit counters, hence the modulo
+            d = [(y - x) % (1 << 32) for x, y in zip(a, b)]
             busy_ms = max(d[9], 1)
             seen.setdefault(name, []).append(
                 (d[0], d[2] * 512 / 1024 / max(d[0], 1), d[10] / busy_ms, d[2] * 512 / busy_ms / 1e6))

@@ -27,4 +27,5 @@ fi
   pytest pytest-asyncio redis
 # --no-build-isolation: build against the Cython just installed, offline-friendly
 "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e .
-"$PY" -c "import fx100io; print('setup: fx100io', fx100io.__version__, 'built')"
+# (fx100io._core: `import fx100io` alone no longer loads the C extension)
+"$PY" -c "import fx100io, fx100io._core; print('setup: fx100io', fx100io.__version__, 'built')"

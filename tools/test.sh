@@ -12,16 +12,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
-# The suite writes device images of up to a few GB at a time (pytest keeps only
-# failed tests' tmp_path, see pyproject.toml); stop at once, saying why, rather
-# than fail half an hour in with ENOSPC.
-tmp_dir="${TMPDIR:-/tmp}"
-free_kib=$(df -Pk "$tmp_dir" | awk 'NR==2 {print $4}')
-if [ "$free_kib" -lt $((6 * 1024 * 1024)) ]; then
-  echo "tools/test.sh: only $((free_kib / 1024)) MiB free under $tmp_dir; the suite needs 6 GiB" >&2
-  exit 1
-fi
-
 tools/setup.sh
 # Peers the tests talk to or decode with: tshark (an independent NVMe/TCP
 # dissector), iperf3 (benchmarks), matplotlib (bench --plot), ruff/mypy.
@@ -43,6 +33,17 @@ rc=0; tools/install_vllm.sh "$PY" >/dev/null || rc=$?
 # tests/c programs that tests run against live targets (tests/guest runs
 # rdma_connect_check in the lab guest, where the checkout is read-only).
 make -C tests/c -s all
+
+# (Checked here, after the installs above, which fill the same disk.)
+# The suite writes device images of up to a few GB at a time (pytest keeps only
+# failed tests' tmp_path, see pyproject.toml); stop at once, saying why, rather
+# than fail half an hour in with ENOSPC.
+tmp_dir="${TMPDIR:-/tmp}"
+free_kib=$(df -Pk "$tmp_dir" | awk 'NR==2 {print $(NF-2)}')
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((6 * 1024 * 1024)) ]; then
+  echo "tools/test.sh: only $((free_kib / 1024)) MiB free under $tmp_dir; the suite needs 6 GiB" >&2
+  exit 1
+fi
 
 # `run` starts the lab if it is not running, runs the command in the lab's
 # network namespace (loopback is up there too), and stops what it started.
