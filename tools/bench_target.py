@@ -38,12 +38,11 @@ from collections.abc import Callable
 import _checkout  # noqa: F401 - first: this checkout's fx100io where it is built (tools/_checkout.py)
 import numpy as np
 
+# the loopback target, the reader and iperf3 are bench_nvme_tcp's, so both measure alike
+from bench_nvme_tcp import NQN, free_port, iperf3, read_all, start_target
+
 import fx100io._core  # noqa: F401 - fails early, before any file is written or target started, where it is not built
 from fx100io.bench.diskstats import disk_of, read_diskstats
-
-# the loopback target, the reader and iperf3 are bench_nvme_tcp's, so both measure alike
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_nvme_tcp import NQN, free_port, iperf3, read_all, start_target  # noqa: E402
 
 MiB = 1 << 20
 
@@ -120,13 +119,13 @@ def main() -> int:
     def on_disk(name: str, read: Callable[[], float]) -> float:
         """read(), and what the disk saw meanwhile: (requests, mean KiB,
         mean in flight while busy, GB/s over busy time)."""
-        a = read_diskstats().get(disk or "")
+        before = read_diskstats().get(disk or "")
         gbs = read()
-        b = read_diskstats().get(disk or "")
-        if a and b:
+        after = read_diskstats().get(disk or "")
+        if before and after:
             # fields: reads, merges, sectors read, ms reading, ..., ms busy, weighted ms;
             # the kernel keeps some as 32-bit counters, hence the modulo
-            d = [(y - x) % (1 << 32) for x, y in zip(a, b)]
+            d = [(y - x) % (1 << 32) for x, y in zip(before, after)]
             busy_ms = max(d[9], 1)
             seen.setdefault(name, []).append(
                 (d[0], d[2] * 512 / 1024 / max(d[0], 1), d[10] / busy_ms, d[2] * 512 / busy_ms / 1e6))
