@@ -61,6 +61,10 @@ struct fx_bl_params {
 	int random_map;        /* random: every block once per pass */
 	unsigned flags;        /* FX_BL_* options asked for */
 	void *const *bufs;     /* depth buffers of bs bytes each */
+	/* Hand I/Os to the backend as soon as this many are prepared (fio's
+	 * iodepth_batch_submit: 1 = each at once); 0 = all of a refill
+	 * together, with the wait for the next completions. */
+	uint32_t batch_submit;
 	/* Non-NULL: the I/O goes through this queue (fx_queue_submit, _wait,
 	 * _reap) instead of an io_uring of the loop's own; the caller keeps it
 	 * alive past fx_bl_destroy and uses it from no other thread meanwhile.

@@ -44,6 +44,7 @@ cdef extern from "bench_loop.h" nogil:
         int random_map
         unsigned flags
         void **bufs
+        uint32_t batch_submit
         fx_queue *queue
     struct fx_bl:
         pass
@@ -126,7 +127,8 @@ cdef class BenchLoop:
 
     def __cinit__(self, target, uint64_t start, uint64_t nblocks, uint32_t bs, bufs, *,
                   bint random=False, bint random_map=True, double read_fraction=1.0,
-                  uint64_t seed=0, uint64_t passes=1, uint64_t end_ns=0, unsigned flags=0):
+                  uint64_t seed=0, uint64_t passes=1, uint64_t end_ns=0, unsigned flags=0,
+                  uint32_t batch_submit=0):
         cdef fx_bl_params p
         cdef int rc
         cdef Py_ssize_t i, n
@@ -169,6 +171,7 @@ cdef class BenchLoop:
         p.random_map = random_map
         p.flags = flags
         p.bufs = self.addrs
+        p.batch_submit = batch_submit
         p.queue = self.q
         with nogil:
             rc = fx_bl_create(&p, &self.b)

@@ -199,6 +199,8 @@ def raw(**values: str | None) -> RawJob:
         ({"kv-model": "custom", "kv-layers": "2"}, "--kv-model=custom: also give --kv-heads, --kv-head-dim"),
         ({"kv-model": "llama3-8b", "kv-layers": "2"}, "--kv-layers: conflicts with --kv-model=llama3-8b"),
         ({"percentile_list": "50:abc"}, "--percentile_list: cannot parse 'abc'"),
+        ({"iodepth_batch_submit": "-1"}, "--iodepth_batch_submit: must be at least 0"),
+        ({"iodepth_batch": "x"}, "--iodepth_batch: expected an integer"),
     ],
 )
 def test_resolve_errors_name_the_option(values: dict, message: str) -> None:
@@ -219,6 +221,14 @@ def test_resolve_aliases_and_defaults() -> None:
     assert job.ioengine == "psync" and job.direct
     assert job.percentiles[0] == 1.0 and job.percentiles[-1] == 99.99  # fio's default list
     assert not job.time_based and job.loops == 1 and job.random_map
+
+
+def test_iodepth_batch_submit_and_its_alias() -> None:
+    assert resolve_job(raw()).batch_submit is None  # the backend's default
+    assert resolve_job(raw(iodepth_batch="8")).batch_submit == 8
+    assert resolve_job(raw(iodepth_batch_submit="0")).batch_submit == 0
+    # fio's full name wins over the alias
+    assert resolve_job(raw(iodepth_batch="8", iodepth_batch_submit="2")).batch_submit == 2
 
 
 def test_uri_scheme_picks_the_transport() -> None:

@@ -133,6 +133,14 @@ _SPECS = [
         flag=True,
     ),
     OptionSpec(
+        "iodepth_batch_submit",
+        "int",
+        "I/Os handed over per submission, as soon as that many are ready (fio's option and "
+        "default for files and block devices: 1, each I/O at once; 0 = all of a refill "
+        "together). NVMe-oF queues default to 0: there one submission is one send",
+    ),
+    OptionSpec("iodepth_batch", "int", "alias of --iodepth_batch_submit"),
+    OptionSpec(
         "percentile_list", "percentiles", "clat percentiles to report, colon separated", DEFAULT_PERCENTILES
     ),
     OptionSpec("kb_base", "int", "1024 (fio's default: 4k = 4096, 1ki = 1000) or 1000 (SI)", "1024"),
@@ -409,6 +417,8 @@ class Job:
     sqpoll: bool = False
     registerfiles: bool = True
     fixedbufs: bool = True
+    # None: the backend's default (1 on io_uring, 0 on an NVMe-oF queue)
+    batch_submit: int | None = None
 
     @property
     def is_random(self) -> bool:
@@ -534,6 +544,10 @@ def resolve_job(raw: RawJob) -> Job:
     sqpoll = parse_bool(v.get("sqthread_poll"), "sqthread_poll")
     if "sqpoll" in raw.values:
         sqpoll = parse_bool(raw.values.get("sqpoll"), "sqpoll")
+    batch_submit = None
+    for key in ("iodepth_batch", "iodepth_batch_submit"):  # the full name wins
+        if v.get(key) is not None:
+            batch_submit = parse_int(get(key), key, 0, 65536)
     direct = parse_bool(v.get("direct"), "direct")
     if "buffered" in raw.values:
         direct = not parse_bool(raw.values.get("buffered"), "buffered")
@@ -594,6 +608,7 @@ def resolve_job(raw: RawJob) -> Job:
         sqpoll=sqpoll,
         registerfiles=parse_bool(v.get("registerfiles"), "registerfiles"),
         fixedbufs=parse_bool(v.get("fixedbufs"), "fixedbufs"),
+        batch_submit=batch_submit,
     )
 
 

@@ -382,6 +382,10 @@ class IoLoop:
                 passes=pat.passes or 0,
                 end_ns=start + duration_ns if duration_ns else 0,
                 flags=0 if on_queue else self.c_flags(),
+                # fio's default on files and block devices: each I/O as soon
+                # as it is ready; on a queue, one send for all that are
+                batch_submit=(0 if on_queue else 1) if self.job.batch_submit is None
+                else self.job.batch_submit,
             )
         except OSError as e:
             raise BenchError(f"job {self.job.name!r}: cannot set up {what} on {self.target.uri}: {e}") from None

@@ -349,6 +349,7 @@ struct fx_queue {
 	uint64_t old_tag;    /* (stale) a tag answered before */
 	int have_old;
 	unsigned submits, waits;
+	unsigned most_per_submit; /* the most requests one submit was offered */
 	uint64_t *per_block; /* I/Os seen per block */
 	struct fx_cqe done[FQ_MAX];
 	unsigned ndone;
@@ -357,6 +358,8 @@ struct fx_queue {
 int fx_queue_submit(struct fx_queue *q, const struct fx_req *reqs, unsigned n)
 {
 	q->submits++;
+	if (n > q->most_per_submit)
+		q->most_per_submit = n;
 	for (unsigned k = 0; k < n; k++)
 		if (reqs[k].op > FX_OP_WRITE || reqs[k].off + reqs[k].len > q->size)
 			return -EINVAL;
@@ -515,6 +518,28 @@ static void test_queue_backend(void)
 			CHECK_EQ(per_block[i], 2);
 	}
 	p.depth = DEPTH;
+
+	/* fio's iodepth_batch_submit: 1 offers each I/O on its own as soon
+	 * as it is ready, 0 a whole refill at once; every block still read
+	 * once per pass either way */
+	for (uint32_t batch = 0; batch <= 2; batch++) {
+		memset(per_block, 0, sizeof(per_block));
+		q.most_per_submit = 0;
+		q.accept_max = DEPTH;
+		q.cap = DEPTH;
+		p.passes = 1;
+		p.batch_submit = batch;
+		CHECK_EQ(fx_bl_create(&p, &b), 0);
+		CHECK_EQ(run_to_end(b), 1);
+		CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+		CHECK_EQ(fx_bl_destroy(b), 0);
+		for (uint64_t i = 0; i < N; i++)
+			CHECK_EQ(per_block[i], 1);
+		CHECK_EQ(q.most_per_submit, batch ? batch : DEPTH);
+	}
+	q.accept_max = 3;
+	q.cap = 5;
+	p.batch_submit = 0;
 
 	/* an I/O the transport fails: its errno, offset, direction, status */
 	q.fail_off = 37ull * BS;
