@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fx100io import _core
 from fx100io.errors import DeviceFullError, InvalidArgumentError, PinnedMemoryError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("fx100io")
 
@@ -79,6 +80,14 @@ class BufferPool:
 
     def alloc(self, n: int) -> np.ndarray:
         """A writable uint8 array of n bytes from the pool (4 KiB aligned)."""
+        import numpy as np
+
+        # Region exports the buffer protocol; numpy's stubs only list builtins.
+        return np.frombuffer(self.alloc_view(n), dtype=np.uint8)  # type: ignore[call-overload]
+
+    def alloc_view(self, n: int) -> memoryview:
+        """The same as alloc(), as a plain memoryview (no numpy needed):
+        what a caller that only hands buffers to the engine takes."""
         if self._closed:
             raise InvalidArgumentError(22, "BufferPool is closed")
         if not isinstance(n, int) or n <= 0:
@@ -90,9 +99,8 @@ class BufferPool:
                 28, f"BufferPool of {self.size} bytes has no free extent of {n} bytes "
                 f"({self.free_bytes} bytes free)"
             )
-        region = _core.Region(self._pool, off, n, self._release)
-        # Region exports the buffer protocol; numpy's stubs only list builtins.
-        return np.frombuffer(region, dtype=np.uint8)  # type: ignore[call-overload]
+        # Region exports the buffer protocol; the stubs cannot say so.
+        return memoryview(_core.Region(self._pool, off, n, self._release))  # type: ignore[arg-type]
 
     def _release(self, off: int, n: int) -> None:
         with self._lock:
@@ -156,6 +164,8 @@ def register_memory(buf: Any) -> RegisteredMemory:
 def aligned_array(n: int, alignment: int = ALIGNMENT) -> np.ndarray:
     """A zeroed uint8 array of n bytes whose address is aligned, for small
     metadata I/O that should take the O_DIRECT path without a pool."""
+    import numpy as np
+
     raw = np.zeros(n + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + n]

@@ -11,8 +11,10 @@ computes it a batch at a time.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BATCH = 4096
 _MASK64 = (1 << 64) - 1
@@ -24,6 +26,8 @@ class FeistelPermutation:
     ROUNDS = 4
 
     def __init__(self, n: int, seed: int) -> None:
+        import numpy as np
+
         if n < 1:
             raise ValueError("empty domain")
         self.n = n
@@ -35,6 +39,8 @@ class FeistelPermutation:
         self.keys = [np.uint64(int(k)) for k in rng.integers(1, 1 << 62, size=self.ROUNDS)]
 
     def _round(self, x: np.ndarray, key: np.uint64) -> np.ndarray:
+        import numpy as np
+
         # A cheap mixing function (multiply-xorshift); it needs only to look
         # random, the Feistel structure makes the whole a bijection anyway.
         with np.errstate(over="ignore"):
@@ -45,6 +51,8 @@ class FeistelPermutation:
         return h & self.half_mask
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         half = np.uint64(self.half)
         left = x >> half
         right = x & self.half_mask
@@ -53,6 +61,8 @@ class FeistelPermutation:
         return (left << half) | right
 
     def __call__(self, idx: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         x = self._encrypt(idx.astype(np.uint64))
         # Cycle-walk: re-encrypt values outside [0, n) until they fall inside;
         # this keeps the map a bijection on range(n).
@@ -93,6 +103,8 @@ class AccessPattern:
 
     @property
     def rng(self) -> np.random.Generator:
+        import numpy as np
+
         # Made on first use: a job that runs in the C I/O loop (which makes
         # its own pattern) never needs it, and numpy.random costs start-up.
         if self._rng is None:
@@ -104,6 +116,7 @@ class AccessPattern:
         return None if self.passes is None else self.nblocks * self.passes
 
     def _directions(self, n: int) -> list[bool]:
+
         if self.read_fraction >= 1.0:
             return [True] * n
         if self.read_fraction <= 0.0:
@@ -111,6 +124,8 @@ class AccessPattern:
         return (self.rng.random(n) < self.read_fraction).tolist()
 
     def __iter__(self) -> Iterator[tuple[int, bool]]:
+        import numpy as np
+
         pass_no = 0
         while self.passes is None or pass_no < self.passes:
             perm = None

@@ -4,18 +4,25 @@ Latencies go into a log-linear histogram (128 linear sub-buckets per power
 of two, so any reported percentile is within 0.8% of the true sample) rather
 than a list of every sample: a long time_based run at a million IOPS would
 otherwise hold gigabytes.  The hot path only appends to an array; numpy
-buckets the samples in batches, which keeps Python work per I/O tiny.
+buckets the samples in batches, which keeps Python work per I/O tiny.  Jobs
+on the C I/O loop bring their histogram from C, and nothing here imports
+numpy for them: it costs a quarter of a second of CPU at start-up, more
+than a short job's I/O (fio starts in a tenth of that).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import os
 import resource
 from array import array
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 SUB_BITS = 7
 SUB = 1 << SUB_BITS  # linear sub-buckets per power of two
@@ -24,8 +31,10 @@ NBUCKETS = EXACT + (64 - SUB_BITS - 1) * SUB
 FLUSH_EVERY = 1 << 15
 
 
-def bucket_index(values: np.ndarray) -> np.ndarray:
+def bucket_index(values: Any) -> np.ndarray:
     """Histogram bucket of each latency (ns, non-negative int64)."""
+    import numpy as np
+
     v = np.asarray(values, dtype=np.int64)
     idx = v.copy()
     big = v >= EXACT
@@ -39,8 +48,10 @@ def bucket_index(values: np.ndarray) -> np.ndarray:
     return idx
 
 
-def bucket_value(idx: np.ndarray) -> np.ndarray:
+def bucket_value(idx: Any) -> np.ndarray:
     """Representative (midpoint) latency of each bucket index."""
+    import numpy as np
+
     i = np.asarray(idx, dtype=np.int64)
     out = i.copy()
     big = i >= EXACT
@@ -51,6 +62,15 @@ def bucket_value(idx: np.ndarray) -> np.ndarray:
         low = top << shift
         out[big] = low + ((np.int64(1) << shift) >> 1)
     return out
+
+
+def bucket_mid(i: int) -> int:
+    """bucket_value of one index, without numpy."""
+    if i < EXACT:
+        return i
+    shift = (i - EXACT) // SUB + 1
+    top = (i - EXACT) % SUB + SUB
+    return (top << shift) + ((1 << shift) >> 1)
 
 
 def nearest_rank(pct: float, n: int) -> int:
@@ -68,7 +88,7 @@ class DirStats:
         self.ios = 0
         self.bytes = 0
         self.short_ios = 0
-        self.counts = np.zeros(NBUCKETS, dtype=np.int64)
+        self.counts = array("q", bytes(8 * NBUCKETS))  # per bucket
         self._n = 0
         self.min_ns = 0
         self.max_ns = 0
@@ -87,10 +107,12 @@ class DirStats:
     def flush(self) -> None:
         if not self._pending:
             return
+        import numpy as np  # only the Python I/O loop gets here
+
         v = np.frombuffer(self._pending, dtype=np.int64).copy()
         self._pending = array("q")
         v[v < 0] = 0
-        np.add.at(self.counts, bucket_index(v), 1)
+        np.add.at(np.frombuffer(self.counts, dtype=np.int64), bucket_index(v), 1)
         vmin, vmax = int(v.min()), int(v.max())
         self.min_ns = vmin if self._n == 0 else min(self.min_ns, vmin)
         self.max_ns = max(self.max_ns, vmax)
@@ -100,19 +122,22 @@ class DirStats:
         self.sumsq += float(np.dot(vf, vf))
 
     def load(
-        self, ios: int, nbytes: int, short_ios: int, counts: np.ndarray, min_ns: int, max_ns: int,
+        self, ios: int, nbytes: int, short_ios: int, counts: Any, min_ns: int, max_ns: int,
         sum_ns: int, sumsq: float,
     ) -> None:
         """Take every counter from an outside accountant (the C I/O loop,
-        whose histogram has this layout): replaces what was there."""
-        if counts.shape != self.counts.shape:
-            raise ValueError(f"histogram of {counts.shape} buckets, expected {self.counts.shape}")
+        whose histogram has this layout): replaces what was there.  counts:
+        NBUCKETS integers (a sequence, or the C loop's native uint64 bytes)."""
+        if isinstance(counts, (bytes, bytearray, memoryview)):
+            counts = memoryview(counts).cast("B").cast("Q")
+        if len(counts) != NBUCKETS:
+            raise ValueError(f"histogram of {len(counts)} buckets, expected {NBUCKETS}")
         self._pending = array("q")
         self.ios = ios
         self.bytes = nbytes
         self.short_ios = short_ios
-        self.counts = counts.astype(np.int64)
-        self._n = int(self.counts.sum())
+        self.counts = array("q", (int(c) for c in counts))
+        self._n = sum(self.counts)
         self.min_ns = min_ns if self._n else 0
         self.max_ns = max_ns
         self.sum_ns = sum_ns
@@ -144,13 +169,12 @@ class DirStats:
         self.flush()
         if self._n == 0:
             return dict.fromkeys(pcts, 0)
-        cum = np.cumsum(self.counts)
+        cum = list(itertools.accumulate(self.counts))
         out = {}
         for p in pcts:
             rank = nearest_rank(p, self._n)
-            idx = int(np.searchsorted(cum, rank))
-            val = int(bucket_value(np.array([idx]))[0])
-            out[p] = min(max(val, self.min_ns), self.max_ns)
+            idx = bisect.bisect_left(cum, rank)  # the first bucket that reaches the rank
+            out[p] = min(max(bucket_mid(idx), self.min_ns), self.max_ns)
         return out
 
     def fraction_below(self, bounds_ns: list[int]) -> list[float]:
@@ -158,10 +182,8 @@ class DirStats:
         self.flush()
         if self._n == 0:
             return [0.0] * len(bounds_ns)
-        values = bucket_value(np.arange(NBUCKETS))
-        cum = []
-        for b in bounds_ns:
-            cum.append(int(self.counts[values <= b].sum()))
+        filled = [(bucket_mid(i), c) for i, c in enumerate(self.counts) if c]
+        cum = [sum(c for v, c in filled if v <= b) for b in bounds_ns]
         out = []
         prev = 0
         for c in cum:
@@ -171,9 +193,12 @@ class DirStats:
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """(latency ns, count) of the non-empty buckets, for plotting."""
+        import numpy as np
+
         self.flush()
-        nz = np.nonzero(self.counts)[0]
-        return bucket_value(nz), self.counts[nz]
+        counts = np.frombuffer(self.counts, dtype=np.int64)
+        nz = np.nonzero(counts)[0]
+        return bucket_value(nz), counts[nz].copy()
 
     def merge(self, other: DirStats) -> None:
         self.flush()
@@ -184,7 +209,7 @@ class DirStats:
         if other._n:
             self.min_ns = other.min_ns if self._n == 0 else min(self.min_ns, other.min_ns)
             self.max_ns = max(self.max_ns, other.max_ns)
-        self.counts += other.counts
+        self.counts = array("q", map(sum, zip(self.counts, other.counts)))
         self._n += other._n
         self.sum_ns += other.sum_ns
         self.sumsq += other.sumsq

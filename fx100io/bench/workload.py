@@ -23,15 +23,12 @@ empty (N = 0).
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import verify as verifymod
 from .errors import BenchError
@@ -42,6 +39,11 @@ from .results import DEPTH_BOUNDS, JobResult, depth_bucket
 from .stats import DirStats, Rusage, Series
 from .targets import Target, drop_page_cache, open_target
 from .verify import VerifyLog
+
+if TYPE_CHECKING:
+    import asyncio
+
+    import numpy as np
 
 TICK_NS = 100_000_000
 # Engines whose targets the C loop drives through the device's C queue.
@@ -129,6 +131,8 @@ class IoLoop:
         """(offset, True) for every block written, in offset order."""
         if self.written is None:
             return iter(())
+        import numpy as np
+
         bits = np.unpackbits(np.frombuffer(bytes(self.written), dtype=np.uint8), bitorder="little")
         idx = np.nonzero(bits)[0]
         offs = (idx.astype(np.int64) * self.bs + self.target.region_start).tolist()
@@ -148,6 +152,8 @@ class IoLoop:
         duration_ns: int | None,
         verify_only: bool = False,
     ) -> None:
+        import asyncio  # (only the Python I/O loop: jobs on the C loop do without)
+
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._run_async(iter(ios), phase, duration_ns, verify_only))
@@ -157,6 +163,8 @@ class IoLoop:
     async def _run_async(
         self, it: Iterator[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool
     ) -> None:
+        import asyncio
+
         dev = self.dev
         bs = self.bs
         clock = time.monotonic_ns
@@ -436,7 +444,7 @@ class IoLoop:
             for stats, is_read in ((rstats, True), (wstats, False)):
                 d = bl.stats(is_read)
                 stats.load(
-                    d["ios"], d["bytes"], d["short_ios"], np.frombuffer(d["counts"], dtype=np.uint64),
+                    d["ios"], d["bytes"], d["short_ios"], d["counts"],
                     d["min_ns"], d["max_ns"], d["sum_ns"], d["sumsq"],
                 )
             for depth, count in enumerate(bl.depths()):
@@ -599,18 +607,24 @@ def open_c_loop_fd(job: Job, target: Target, clone: int) -> int | None:
     return None
 
 
-def _buffers(job: Job, count: int) -> tuple[Any, list[np.ndarray]]:
+def _buffers(job: Job, count: int) -> tuple[Any, list[Any]]:
+    """The job's buffers: plain memoryviews for a job that only reads (no
+    numpy to import before it starts), numpy arrays for one that writes or
+    verifies."""
     import fx100io
 
     pool = fx100io.BufferPool(job.bs * count)
+    if not (job.writes or job.verify):
+        return pool, [pool.alloc_view(job.bs) for _ in range(count)]
+    import numpy as np
+
     bufs = [pool.alloc(job.bs) for _ in range(count)]
-    if job.writes or job.verify:
-        # Random payload, made once: fio also fills write buffers with random
-        # data by default, so compressing or deduplicating devices are not
-        # flattered by zeros.
-        rng = np.random.default_rng(job.seed)
-        for b in bufs:
-            b[:] = rng.integers(0, 256, size=job.bs, dtype=np.uint8)
+    # Random payload, made once: fio also fills write buffers with random
+    # data by default, so compressing or deduplicating devices are not
+    # flattered by zeros.
+    rng = np.random.default_rng(job.seed)
+    for b in bufs:
+        b[:] = rng.integers(0, 256, size=job.bs, dtype=np.uint8)
     return pool, bufs
 
 
