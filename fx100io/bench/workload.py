@@ -3,8 +3,10 @@
 Concurrency model: a job instance is one process (see runner.py) that keeps
 ``iodepth`` I/Os outstanding, one per pinned buffer, as fio's iodepth means.
 Without --verify, jobs run in a C loop (csrc/bench_loop.c): it generates
-the access pattern, submits, reaps and accounts a whole batch per wakeup and
-comes back to Python once per 100 ms tick, so Python does nothing per I/O.
+the access pattern, submits (each I/O as soon as its slot is free unless
+--iodepth_batch_submit says otherwise), reaps and accounts a whole batch per
+wakeup and comes back to Python once per 100 ms tick, so Python does nothing
+per I/O.
 Files and block devices through io_uring go down its own io_uring over an fd
 of the target; NVMe/TCP and NVMe/RDMA targets go down the device's C queue
 (the same connection the job opened, fx_queue_submit/_wait/_reap).  What the
