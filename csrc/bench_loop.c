@@ -2,7 +2,8 @@
  * The benchmark's I/O loop in C (see bench_loop.h).
  *
  * One pass of the loop: take a clock reading, fill every free slot with the
- * next I/O of the access pattern, then the backend submits the batch and
+ * next I/O of the access pattern (handed over every iodepth_batch_submit
+ * of them, or all together), then the backend submits what is left and
  * waits for at least one completion; every completion that is there is
  * accounted (its latency goes into the histogram) and its slot is free for
  * the next pass.  The backend (struct backend) is the only part that knows
@@ -812,12 +813,37 @@ unsigned fx_bl_refused(const struct fx_bl *b, int *errnos)
 
 /* ------------------------------------------------------------ the loop */
 
-/* Prepare the next I/O of the pattern in every free slot; how many. */
-static unsigned fill(struct fx_bl *b, uint64_t t0)
+/* fio's "IO depths": the n I/Os of a refill, counted at the depth the
+ * refill brought the queue to.  (Also when they went down one at a time:
+ * fio, which submits each as it is ready, counts a steady iodepth=8 job
+ * 99% at 8, not spread over the depths each submit passed through.) */
+static void count_depth(struct fx_bl *b, unsigned n)
 {
-	unsigned n = 0;
+	uint64_t d = b->inflight;
+
+	if (n)
+		b->depths[d > FX_BL_MAX_DEPTH_HIST ? FX_BL_MAX_DEPTH_HIST : d] += n;
+}
+
+/*
+ * Prepare the next I/O of the pattern in every free slot.  With b->batch
+ * (fio's iodepth_batch_submit), every b->batch prepared I/Os are handed
+ * over at once rather than all of the refill with the next wait: on a
+ * virtualised disk a refill that goes down as one batch (one plug, one
+ * notification of the device) comes back as one burst, and the device
+ * serves fewer I/Os per second at the same depth.  Each I/O's clock then
+ * starts when it is prepared, so the hand-over of the ones before it is
+ * not in its latency (as fio stamps each I/O when it queues it).
+ */
+static void fill(struct fx_bl *b, uint64_t t0)
+{
+	unsigned n = 0;     /* prepared in this refill */
+	unsigned ready = 0; /* prepared since the last hand-over */
+	int full = 0;       /* the backend left some unsubmitted: no more tries now */
 	int stamp = (b->asked & FX_BL_STAMP) != 0;
 
+	if (b->stopping)
+		return;
 	while (b->nfree && !(b->total && b->issued >= b->total)) {
 		uint32_t s = b->free_slots[b->nfree - 1];
 		void *buf = b->bufs[s];
@@ -834,7 +860,7 @@ static unsigned fill(struct fx_bl *b, uint64_t t0)
 			break;
 		}
 		b->nfree--;
-		b->slots[s].t0 = t0;
+		b->slots[s].t0 = b->batch ? now_ns() : t0;
 		b->slots[s].off = off;
 		b->slots[s].is_read = is_read;
 		b->slots[s].busy = 1;
@@ -843,34 +869,21 @@ static unsigned fill(struct fx_bl *b, uint64_t t0)
 		b->slots[s].submitted = !b->q;
 		b->inflight++;
 		n++;
-		/* fio's iodepth_batch_submit: hand the I/Os over as soon as
-		 * this many are ready, not all of the refills in one go.  On a
-		 * virtualised disk a batch goes down as one burst (one plug,
-		 * one notification) and comes back as one; the device then
-		 * serves fewer I/Os per second at the same depth. */
-		if (b->batch && b->be->unsubmitted(b) >= b->batch) {
+		ready++;
+		if (b->batch && !full && ready >= b->batch) {
 			int ret = b->be->submit(b, 0);
 
 			if (ret < 0 && !transient(ret))
 				fail_backend(b, -ret);
 			if (b->stopping) /* (the backend failed, or refused an I/O) */
-				break;
+				return;
+			ready = 0;
+			/* a queue that took only some (full), or a ring that said
+			 * EAGAIN: the rest goes with the next wait */
+			full = b->be->unsubmitted(b) != 0;
 		}
 	}
-	return n;
-}
-
-static void fill_counted(struct fx_bl *b, uint64_t t0)
-{
-	unsigned n;
-
-	if (b->stopping)
-		return;
-	n = fill(b, t0);
-	if (n) {
-		uint64_t d = b->inflight;
-		b->depths[d > FX_BL_MAX_DEPTH_HIST ? FX_BL_MAX_DEPTH_HIST : d] += n;
-	}
+	count_depth(b, n);
 }
 
 int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
@@ -878,7 +891,7 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 	const struct backend *be = b->be;
 
 	for (;;) {
-		fill_counted(b, now_ns());
+		fill(b, now_ns());
 		if (b->stopping)
 			be->drop_unsubmitted(b);
 		if (b->inflight == 0 && be->unsubmitted(b) == 0)
@@ -906,7 +919,7 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 		if (ret == -EINTR || t1 >= slice_end_ns) {
 			/* Leave the queue full while Python looks at the slice:
 			 * refill the freed slots and submit them without waiting. */
-			fill_counted(b, now_ns());
+			fill(b, now_ns());
 			if (b->stopping)
 				be->drop_unsubmitted(b);
 			ret = be->submit(b, 0);

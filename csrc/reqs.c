@@ -13,6 +13,9 @@
 
 int fx_reqs_init(struct req_table *t, unsigned slots)
 {
+	/* every count and index starts at 0, wherever the table lives (a
+	 * table on the stack holds garbage until here) */
+	memset(t, 0, sizeof(*t));
 	t->nslots = slots;
 	t->reqs = calloc(slots, sizeof(*t->reqs));
 	t->free = malloc(slots * sizeof(*t->free));

@@ -109,6 +109,20 @@ def test_command_line_overrides_job_file(tmp_path: Path) -> None:
     assert cfg.output_formats == ("json",)
 
 
+def test_an_option_and_its_alias_are_one_option(tmp_path: Path) -> None:
+    """Whichever of an option's two names each place used, a job's own value
+    beats [global] and the command line beats the job file (as in fio)."""
+    f = write(tmp_path / "a.fio", "[global]\nfilename=/tmp/t\niodepth_batch_submit=1\nbs=8k\n"
+                                  "[a]\niodepth_batch=16\nblocksize=16k\nreadwrite=randread\n"
+                                  "[b]\nsqpoll\n")
+    a, b = (resolve_job(r) for r in read_jobfile(f))
+    assert (a.batch_submit, a.bs, a.rw) == (16, 16384, "randread")
+    assert (b.batch_submit, b.bs, b.sqpoll) == (1, 8192, True)
+    cfg = parse_cli(["--iodepth_batch=32", "--sqthread_poll=0", "--rw=write", f], read_jobfile)
+    a, b = (resolve_job(r) for r in cfg.jobs)
+    assert (a.batch_submit, a.rw, b.batch_submit, b.sqpoll) == (32, "write", 32, False)
+
+
 def test_name_option_renames_the_section(tmp_path: Path) -> None:
     f = write(tmp_path / "a.fio", "[section]\nname=renamed\nfilename=/x\n")
     (raw,) = read_jobfile(f)

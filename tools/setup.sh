@@ -30,6 +30,6 @@ fi
 # Byte-compile the package (an editable install leaves it as sources): a CLI
 # start then does not compile every module again where .pyc files cannot be
 # written (PYTHONDONTWRITEBYTECODE, a read-only checkout).
-"$PY" -m compileall -q fx100io >/dev/null
+"$PY" -m compileall -q fx100io
 # (fx100io._core: `import fx100io` alone no longer loads the C extension)
 "$PY" -c "import fx100io, fx100io._core; print('setup: fx100io', fx100io.__version__, 'built')"

@@ -137,7 +137,9 @@ _SPECS = [
         "int",
         "I/Os handed over per submission, as soon as that many are ready (fio's option and "
         "default for files and block devices: 1, each I/O at once; 0 = all of a refill "
-        "together). NVMe-oF queues default to 0: there one submission is one send",
+        "together, as fio's 0 = iodepth). NVMe-oF queues default to 0: there one submission "
+        "is one send. Only the C I/O loop takes it; jobs on the Python loop (psync, --verify, "
+        "KV jobs) submit as they always do",
     ),
     OptionSpec("iodepth_batch", "int", "alias of --iodepth_batch_submit"),
     OptionSpec(
@@ -283,9 +285,9 @@ def parse_cli(argv: list[str], read_jobfile: Callable[[str], list[RawJob]] | Non
                 raise BenchError("--name: needs a value (--name=JOBNAME)")
             cli_jobs.append(RawJob(value_or_none, {}, "command line"))
         elif cli_jobs:
-            cli_jobs[-1].values[name] = value_or_none
+            cli_jobs[-1].values[OPTION_ALIASES.get(name, name)] = value_or_none
         else:
-            cli_global[name] = value_or_none
+            cli_global[OPTION_ALIASES.get(name, name)] = value_or_none
 
     config = RunConfig(jobs=[], show_help=show_help)
     _apply_run_values(config, run_values)
@@ -463,6 +465,11 @@ KV_MODELS: dict[str, KvModel] = {
 }
 
 _ENGINE_ALIASES = {"sync": "psync", "pvsync": "psync"}
+# Options with two names are one option (as in fio): values are kept under
+# the first name, so the usual order decides between them (a job's own value
+# over [global], the command line over a job file), whichever name each used.
+OPTION_ALIASES = {"readwrite": "rw", "blocksize": "bs", "sqpoll": "sqthread_poll",
+                  "iodepth_batch": "iodepth_batch_submit"}
 _RW_ALIASES = {"readwrite": "rw"}
 
 

@@ -343,7 +343,8 @@ class SystemCpu:
 
     @property
     def busy(self) -> float:
-        return self.usr + self.sys + self.irq + self.softirq + self.steal
+        # (shares of one total: the float sum can land a hair above 100)
+        return min(100.0, self.usr + self.sys + self.irq + self.softirq + self.steal)
 
     @property
     def busy_cpus(self) -> float:

@@ -3,7 +3,8 @@
 Concurrency model: a job instance is one process (see runner.py) that keeps
 ``iodepth`` I/Os outstanding, one per pinned buffer, as fio's iodepth means.
 Without --verify, jobs run in a C loop (csrc/bench_loop.c): it generates
-the access pattern, submits (each I/O as soon as its slot is free unless
+the access pattern, submits (on files and block devices each I/O as soon as
+its slot is free, on NVMe-oF queues a whole refill per send, unless
 --iodepth_batch_submit says otherwise), reaps and accounts a whole batch per
 wakeup and comes back to Python once per 100 ms tick, so Python does nothing
 per I/O.
@@ -25,6 +26,7 @@ empty (N = 0).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import sys
@@ -43,8 +45,6 @@ from .targets import Target, drop_page_cache, open_target
 from .verify import VerifyLog
 
 if TYPE_CHECKING:
-    import asyncio
-
     import numpy as np
 
 TICK_NS = 100_000_000
@@ -154,8 +154,6 @@ class IoLoop:
         duration_ns: int | None,
         verify_only: bool = False,
     ) -> None:
-        import asyncio  # (only the Python I/O loop: jobs on the C loop do without)
-
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._run_async(iter(ios), phase, duration_ns, verify_only))
@@ -165,8 +163,6 @@ class IoLoop:
     async def _run_async(
         self, it: Iterator[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool
     ) -> None:
-        import asyncio
-
         dev = self.dev
         bs = self.bs
         clock = time.monotonic_ns

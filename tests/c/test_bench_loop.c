@@ -520,23 +520,62 @@ static void test_queue_backend(void)
 	p.depth = DEPTH;
 
 	/* fio's iodepth_batch_submit: 1 offers each I/O on its own as soon
-	 * as it is ready, 0 a whole refill at once; every block still read
-	 * once per pass either way */
-	for (uint32_t batch = 0; batch <= 2; batch++) {
-		memset(per_block, 0, sizeof(per_block));
-		q.most_per_submit = 0;
-		q.accept_max = DEPTH;
-		q.cap = DEPTH;
-		p.passes = 1;
-		p.batch_submit = batch;
-		CHECK_EQ(fx_bl_create(&p, &b), 0);
-		CHECK_EQ(run_to_end(b), 1);
-		CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
-		CHECK_EQ(fx_bl_destroy(b), 0);
-		for (uint64_t i = 0; i < N; i++)
-			CHECK_EQ(per_block[i], 1);
-		CHECK_EQ(q.most_per_submit, batch ? batch : DEPTH);
+	 * as it is ready, 2 two at a time, 0 a whole refill at once; every
+	 * block still read once per pass, and every I/O counted once in the
+	 * depth histogram, with a queue that takes all and with one that
+	 * takes 3 per call and holds 5 (requests kept back, offered again) */
+	for (int takes_all = 1; takes_all >= 0; takes_all--) {
+		for (uint32_t batch = 0; batch <= 2; batch++) {
+			memset(per_block, 0, sizeof(per_block));
+			q.most_per_submit = 0;
+			q.accept_max = takes_all ? DEPTH : 3;
+			q.cap = takes_all ? DEPTH : 5;
+			p.passes = 1;
+			p.batch_submit = batch;
+			CHECK_EQ(fx_bl_create(&p, &b), 0);
+			CHECK_EQ(run_to_end(b), 1);
+			CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+			uint64_t in_hist = 0;
+			for (int d = 0; d <= FX_BL_MAX_DEPTH_HIST; d++)
+				in_hist += fx_bl_depths(b)[d];
+			CHECK_EQ(in_hist, N);
+			/* as fio's "IO depths": a refill counted at the depth it
+			 * brought the queue to, however it went down */
+			if (takes_all)
+				CHECK_EQ(fx_bl_depths(b)[1], 0);
+			CHECK_EQ(fx_bl_inflight(b), 0);
+			CHECK_EQ(fx_bl_destroy(b), 0);
+			for (uint64_t i = 0; i < N; i++)
+				CHECK_EQ(per_block[i], 1);
+			if (takes_all)
+				CHECK_EQ(q.most_per_submit, batch ? batch : DEPTH);
+		}
 	}
+
+	/* ... and with one I/O at a time: a request refused mid-refill (past
+	 * the end) ends the run with its errno and offset, the ones before it
+	 * done, nothing left in flight; an idle queue that takes nothing is
+	 * the backend's failure, no hang */
+	p.batch_submit = 1;
+	p.nblocks = N + 10;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -EINVAL);
+	{
+		int e, r;
+		uint64_t o;
+		fx_bl_error(b, &e, &o, &r);
+		CHECK_EQ(e, EINVAL);
+		CHECK_EQ(o, (uint64_t)N * BS);
+	}
+	CHECK_EQ(fx_bl_stats(b, 1)->ios, N);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
+	p.nblocks = N;
+	q.accept_max = 0;
+	CHECK_EQ(fx_bl_create(&p, &b), 0);
+	CHECK_EQ(run_to_end(b), -EAGAIN);
+	CHECK_EQ(fx_bl_inflight(b), 0);
+	CHECK_EQ(fx_bl_destroy(b), 0);
 	q.accept_max = 3;
 	q.cap = 5;
 	p.batch_submit = 0;
