@@ -553,8 +553,7 @@ def _write_all_but_the_last_pdu(q, cid: int, ttag: int, data: bytes) -> None:
 @pytest.mark.parametrize("chatty", [False, True])
 def test_writes_whose_data_stops_short_do_not_hold_buffers_forever(tmp_path, chatty):
     """A KATO-0 host sends all but the last H2CData of as many 4 MiB writes
-    as the queue's budget holds (its half of the controller's 32 MiB with
-    two queues granted: 16 MiB of buffers held) and then falls
+    as the queue's budget holds (32 MiB of buffers held) and then falls
     silent, or keeps the queue busy with other commands: each write's data
     is due within 2 x --stall-timeout-ms of its R2T, so the queue is closed
     (and its buffers freed) instead of held for ever; its controller and a
@@ -571,7 +570,7 @@ def test_writes_whose_data_stops_short_do_not_hold_buffers_forever(tmp_path, cha
         good = io_queue(port, a.cntlid, 2)
         data = os.urandom(4 << 20)
         cids = [q.submit(sqe(0x01, nsid=1, cdw10=i * 8192, cdw12=8192 - 1), data,
-                         incapsule=False) for i in range(4)]
+                         incapsule=False) for i in range(8)]
         r2ts = []
         while len(r2ts) < len(cids):
             p = q.recv_pdu()

@@ -258,24 +258,20 @@ def test_read_after_waited_write_sees_it(backing, served_by):
             assert c.ok and got == data, i
 
 
-@pytest.mark.parametrize("granted", [1, 4, 16])
-def test_write_r2t_waits_for_room_in_the_budget(backing, granted):
+def test_write_r2t_waits_for_room_in_the_budget(backing):
     """Writes whose buffers exceed the queue's budget: R2Ts go out for those
-    that fit, the next only once one of them is done; every write lands.  A
-    queue's budget is its share of the controller's: with one I/O queue
-    granted 8 of the 4 MiB largest, with 4 two, with 16 still one (a queue
-    can always take one command of the largest size)."""
+    that fit (8 of the 4 MiB largest), the next only once one of them is done;
+    every write lands."""
+    n = BUDGET // MAX_XFER + 4
     with serve([backing], NQN) as (_, port, _proc):
         a = admin(port)
-        assert a.set_queues(granted) == granted
-        fits = max(1, BUDGET // granted // MAX_XFER)
-        n = fits + 4
+        a.set_queues(1)
         q = io_queue(port, a.cntlid, 1)
         pl = Pipeline(q)
         pl.auto_r2t = False
         datas = [chunk_bytes(f"budget-{i}", MAX_XFER).tobytes() for i in range(n)]
         cids = [pl.write(i * (MAX_XFER // 512), datas[i], 512) for i in range(n)]
-        while len(pl.r2ts) < fits:
+        while len(pl.r2ts) < BUDGET // MAX_XFER:
             pl.step()
         # no further R2T while those hold the whole budget
         q.sock.settimeout(0.5)

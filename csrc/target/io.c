@@ -32,10 +32,8 @@
  * command's C2HData precede its CapsuleResp; different commands' answers
  * come in the order their I/O completes.
  *
- * Memory: buffers held by a queue total at most its budget, its share of
- * its controller's FX_TGT_IO_BUDGET (32 MiB split among the I/O queues the
- * host was granted, at least one command of the 4 MiB MDTS; one queue:
- * 8 commands of 4 MiB, 16 of 1 MiB; each buffer is the power of
+ * Memory: buffers held by a queue total at most FX_TGT_IO_BUDGET (32 MiB:
+ * 8 commands of the 4 MiB MDTS, 16 of 1 MiB; each buffer is the power of
  * two at or above its command's length, so 2 MiB + 512 bytes counts 4 MiB,
  * and from 1 MiB up whole 2 MiB huge pages where the kernel has them, so
  * 1 MiB counts 2 MiB: see buf_alloc); a command that does not fit
@@ -76,7 +74,7 @@
 #define CACHE_PER_CLASS 32
 #define IDLE_TRIM_MS 100
 _Static_assert((1u << (BUF_MIN_SHIFT + BUF_CLASSES - 1)) == FX_TGT_MAX_XFER, "buffer classes");
-_Static_assert(CACHE_PER_CLASS * (1u << BUF_MIN_SHIFT) <= FX_TGT_MAX_XFER, "cache per class");
+_Static_assert(CACHE_PER_CLASS * (1u << BUF_MIN_SHIFT) <= FX_TGT_IO_BUDGET, "cache per class");
 
 enum tgt_io_state {
 	TGT_IO_FREE,
@@ -139,7 +137,6 @@ struct tgt_ioq {
 	void *cache[BUF_CLASSES][CACHE_PER_CLASS];
 	unsigned ncache[BUF_CLASSES];
 	size_t cached;
-	size_t budget; /* bytes of buffers this queue may hold: used + cached */
 };
 
 /* Hand op for slot idx (or the stop marker) to the ring.  Under q->lock;
@@ -324,8 +321,8 @@ static void buf_free(void *p, unsigned k)
 /* Drop cached buffers until want more bytes fit beside them.  Under q->lock. */
 static void cache_trim_locked(struct tgt_ioq *q, size_t want)
 {
-	for (unsigned k = BUF_CLASSES; k-- > 0 && q->used + q->cached + want > q->budget;)
-		while (q->ncache[k] && q->used + q->cached + want > q->budget) {
+	for (unsigned k = BUF_CLASSES; k-- > 0 && q->used + q->cached + want > FX_TGT_IO_BUDGET;)
+		while (q->ncache[k] && q->used + q->cached + want > FX_TGT_IO_BUDGET) {
 			buf_free(q->cache[k][--q->ncache[k]], k);
 			q->cached -= class_bytes(k);
 		}
@@ -356,7 +353,7 @@ static void buf_put_locked(struct tgt_ioq *q, void *p, unsigned k)
 	uint32_t cap = class_bytes(k);
 
 	if (!q->stopping && q->ncache[k] < CACHE_PER_CLASS &&
-	    q->used + q->cached + cap <= q->budget) {
+	    q->used + q->cached + cap <= FX_TGT_IO_BUDGET) {
 		q->cache[k][q->ncache[k]++] = p;
 		q->cached += cap;
 	} else {
@@ -468,7 +465,7 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 
 	pthread_mutex_lock(&q->lock);
 	io->cap = buf_cap(io->len);
-	if (!q->stopping && q->fifo_head < 0 && q->used + io->cap <= q->budget) {
+	if (!q->stopping && q->fifo_head < 0 && q->used + io->cap <= FX_TGT_IO_BUDGET) {
 		q->used += io->cap;
 		pthread_mutex_unlock(&q->lock);
 		return start_io(q, idx);
@@ -507,7 +504,7 @@ static void start_waiting(struct tgt_ioq *q)
 
 		pthread_mutex_lock(&q->lock);
 		idx = q->fifo_head;
-		if (idx < 0 || q->stopping || q->used + q->io[idx].cap > q->budget) {
+		if (idx < 0 || q->stopping || q->used + q->io[idx].cap > FX_TGT_IO_BUDGET) {
 			pthread_mutex_unlock(&q->lock);
 			return;
 		}
@@ -685,22 +682,6 @@ static int ioq_cant(struct tgt_conn *c, const char *what, int err)
 	return -err;
 }
 
-/* This queue's share of its controller's FX_TGT_IO_BUDGET: split evenly
- * among the I/O queues the host was granted (a host that never asked
- * counts as one), at least one command of the largest size. */
-static size_t tgt_ioq_budget(struct tgt_conn *c)
-{
-	unsigned nq = 0;
-	size_t b;
-
-	pthread_mutex_lock(&c->t->lock);
-	if (c->ctrl)
-		nq = c->ctrl->io_queues;
-	pthread_mutex_unlock(&c->t->lock);
-	b = FX_TGT_IO_BUDGET / (nq ? nq : 1);
-	return b < FX_TGT_MAX_XFER ? FX_TGT_MAX_XFER : b;
-}
-
 int tgt_ioq_start(struct tgt_conn *c)
 {
 	struct tgt_ioq *q = calloc(1, sizeof(*q));
@@ -713,7 +694,6 @@ int tgt_ioq_start(struct tgt_conn *c)
 		return -ENOMEM;
 	q->c = c;
 	q->n = n;
-	q->budget = tgt_ioq_budget(c);
 	q->fifo_head = q->fifo_tail = -1;
 	q->io = calloc(n, sizeof(*q->io));
 	q->free_idx = calloc(n, sizeof(*q->free_idx));

@@ -74,14 +74,11 @@
 /* An I/O queue keeps many Read/Write commands in flight (io.c): data
  * buffers of the commands between their start (disk read submitted, R2T
  * sent) and the end of their response's send total at most this much per
- * controller, shared out evenly among the I/O queues the host was granted
- * (Set Features, Number of Queues), but never less than FX_TGT_MAX_XFER per
- * queue; a command that does not fit waits, in order, for one to end.  One
- * queue: 8 commands of the largest (4 MiB), or 32 of 1 MiB (16 where
- * transparent huge pages are on: a 1 MiB command then takes a whole 2 MiB
- * page, io.c), at once; four queues a quarter of that each.  A host that
- * opens more queues gets no more memory (nor more reads at the disk at
- * once), and a queue never holds more than its depth. */
+ * connection; a command that does not fit waits, in order, for one to end.
+ * With commands up to FX_TGT_MAX_XFER (4 MiB) that is 8 of the largest, or
+ * 32 of 1 MiB (16 where transparent huge pages are on: a 1 MiB command then
+ * takes a whole 2 MiB page, io.c), at once; a
+ * queue never holds more than its depth. */
 #define FX_TGT_IO_BUDGET (32u << 20)
 /* Buffers an I/O queue with nothing in flight keeps for its next commands. */
 #define FX_TGT_IO_IDLE_CACHE (4u << 20)
