@@ -875,12 +875,17 @@ static void fill(struct fx_bl *b, uint64_t t0)
 
 			if (ret < 0 && !transient(ret))
 				fail_backend(b, -ret);
-			if (b->stopping) /* (the backend failed, or refused an I/O) */
+			if (b->stopping) { /* (the backend failed, or refused an I/O) */
+				count_depth(b, n);
 				return;
+			}
 			ready = 0;
-			/* a queue that took only some (full), or a ring that said
-			 * EAGAIN: the rest goes with the next wait */
-			full = b->be->unsubmitted(b) != 0;
+			/* A ring that said EAGAIN or EBUSY, or a queue that took
+			 * only some (it is full): the rest goes with the next
+			 * wait.  (Not the ring's sq_ready: under SQPOLL it also
+			 * counts entries handed over that the kernel's thread has
+			 * not picked up yet.) */
+			full = ret < 0 || (b->q && b->be->unsubmitted(b) != 0);
 		}
 	}
 	count_depth(b, n);

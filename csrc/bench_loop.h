@@ -3,8 +3,9 @@
  * wakeup reaps every completion that is there, accounts it (counters and a
  * log-linear latency histogram) and submits the refills.  Python sees it
  * once per time slice.  Two I/O backends under the one loop: its own
- * io_uring over an fd (files and block devices; the refills go down with
- * the same system call that waits for the next completions), or an
+ * io_uring over an fd (files and block devices; each I/O handed over as
+ * it is prepared, or every batch_submit of them, or a whole refill with the
+ * system call that waits for the next completions), or an
  * fx_queue of the core (NVMe/TCP, NVMe/RDMA, any transport), used from the
  * thread that runs the loop.
  */

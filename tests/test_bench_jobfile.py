@@ -121,6 +121,12 @@ def test_an_option_and_its_alias_are_one_option(tmp_path: Path) -> None:
     cfg = parse_cli(["--iodepth_batch=32", "--sqthread_poll=0", "--rw=write", f], read_jobfile)
     a, b = (resolve_job(r) for r in cfg.jobs)
     assert (a.batch_submit, a.rw, b.batch_submit, b.sqpoll) == (32, "write", 32, False)
+    # the job options echo one value per option, under the name it was written with
+    assert a.shown["iodepth_batch"] == "32" and "iodepth_batch_submit" not in a.shown
+    assert a.shown["rw"] == "write" and "readwrite" not in a.shown
+    # and an error names the option as the user wrote it
+    with pytest.raises(BenchError, match="--iodepth_batch: must be at least 0"):
+        resolve_job(parse_cli(["--iodepth_batch=-1", f], read_jobfile).jobs[0])
 
 
 def test_name_option_renames_the_section(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import os
 import re
 
 from .errors import BenchError
-from .options import OPTION_ALIASES, OPTIONS, RawJob, canonical, unknown_option_error
+from .options import OPTIONS, RawJob, canonical, set_option, unknown_option_error
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -97,10 +97,10 @@ def read_jobfile(path: str) -> list[RawJob]:
         if value_or_none is None and not spec.flag:
             raise BenchError(f"{where}: option {key!r} needs a value ({key}=VALUE)")
         if in_global:
-            global_values[OPTION_ALIASES.get(name, name)] = value_or_none
+            set_option(global_values, name, value_or_none)
         elif current is not None:
-            current.values[OPTION_ALIASES.get(name, name)] = value_or_none
-            current.shown[name] = value_or_none
+            set_option(current.values, name, value_or_none)
+            set_option(current.shown, name, value_or_none)
         else:
             raise BenchError(f"{where}: option {key!r} appears before any [section]")
     if not jobs:

@@ -117,7 +117,7 @@ _SPECS = [
         "bool",
         "io_uring: a kernel thread polls the submission queue (SQPOLL; costs a core). Unlike fio, "
         "which then spins on the completion queue, fx100io still waits for completions in "
-        "io_uring_enter (one call per batch)",
+        "io_uring_enter (one call per wakeup)",
         "0",
         flag=True,
     ),
@@ -285,9 +285,9 @@ def parse_cli(argv: list[str], read_jobfile: Callable[[str], list[RawJob]] | Non
                 raise BenchError("--name: needs a value (--name=JOBNAME)")
             cli_jobs.append(RawJob(value_or_none, {}, "command line"))
         elif cli_jobs:
-            cli_jobs[-1].values[OPTION_ALIASES.get(name, name)] = value_or_none
+            set_option(cli_jobs[-1].values, name, value_or_none)
         else:
-            cli_global[OPTION_ALIASES.get(name, name)] = value_or_none
+            set_option(cli_global, name, value_or_none)
 
     config = RunConfig(jobs=[], show_help=show_help)
     _apply_run_values(config, run_values)
@@ -300,11 +300,10 @@ def parse_cli(argv: list[str], read_jobfile: Callable[[str], list[RawJob]] | Non
             raise BenchError(f"job file {path!r} given but job files are not supported here")
         file_jobs.extend(read_jobfile(path))
     for job in file_jobs:
-        job.values.update(cli_global)
-        job.shown.update(cli_global)
+        job.values = overlay(job.values, cli_global)
+        job.shown = overlay(job.shown, cli_global)
     for job in cli_jobs:
-        merged = dict(cli_global)
-        merged.update(job.values)
+        merged = overlay(cli_global, job.values)
         job.shown = {"name": job.name, **merged}  # fio echoes --name among the job options
         job.values = merged
     jobs = file_jobs + cli_jobs
@@ -351,7 +350,8 @@ def help_text() -> str:
         "fio; job files use fio's INI format ([global] plus one section per job).",
         "Jobs (sections, and numjobs clones) run concurrently, each in its own process;",
         "within a job, iodepth I/Os are kept in flight (files and block devices through",
-        "io_uring: by a C loop that reaps and resubmits a whole batch per wakeup).",
+        "io_uring, and NVMe-oF: by a C loop that reaps every completion there is per",
+        "wakeup and hands each refill's I/Os over as --iodepth_batch_submit says).",
         "",
         "options:",
     ]
@@ -465,11 +465,33 @@ KV_MODELS: dict[str, KvModel] = {
 }
 
 _ENGINE_ALIASES = {"sync": "psync", "pvsync": "psync"}
-# Options with two names are one option (as in fio): values are kept under
-# the first name, so the usual order decides between them (a job's own value
-# over [global], the command line over a job file), whichever name each used.
+# Options with two names are one option (as in fio): setting either name
+# drops the other, so the usual order decides between them (a job's own
+# value over [global], the command line over a job file) whichever name each
+# place used, and the value keeps the name it was written with (errors and
+# the JSON "job options" say what the user wrote).
 OPTION_ALIASES = {"readwrite": "rw", "blocksize": "bs", "sqpoll": "sqthread_poll",
                   "iodepth_batch": "iodepth_batch_submit"}
+
+
+def _names_of(name: str) -> set[str]:
+    main = OPTION_ALIASES.get(name, name)
+    return {main} | {alias for alias, m in OPTION_ALIASES.items() if m == main}
+
+
+def set_option(values: dict[str, str | None], name: str, value: str | None) -> None:
+    """values[name] = value, replacing the option's value under its other name."""
+    for other in _names_of(name):
+        values.pop(other, None)
+    values[name] = value
+
+
+def overlay(base: dict[str, str | None], top: dict[str, str | None]) -> dict[str, str | None]:
+    """base with top's options set over it (top wins, whichever names they use)."""
+    out = dict(base)
+    for name, value in top.items():
+        set_option(out, name, value)
+    return out
 _RW_ALIASES = {"readwrite": "rw"}
 
 

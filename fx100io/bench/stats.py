@@ -354,7 +354,8 @@ class SystemCpu:
     def between(cls, a: dict[str, int], b: dict[str, int]) -> SystemCpu:
         if not a or not b:
             return cls()
-        d = {k: b.get(k, 0) - a.get(k, 0) for k in _STAT_FIELDS}
+        # (iowait may go backwards in /proc/stat: a field never counts below 0)
+        d = {k: max(0, b.get(k, 0) - a.get(k, 0)) for k in _STAT_FIELDS}
         total = sum(d.values())
         if total <= 0:
             return cls()
