@@ -127,6 +127,21 @@ def test_an_option_and_its_alias_are_one_option(tmp_path: Path) -> None:
     # and an error names the option as the user wrote it
     with pytest.raises(BenchError, match="--iodepth_batch: must be at least 0"):
         resolve_job(parse_cli(["--iodepth_batch=-1", f], read_jobfile).jobs[0])
+    with pytest.raises(BenchError, match="--readwrite: 'foo' is not one of"):
+        resolve_job(parse_cli(["--readwrite=foo", f], read_jobfile).jobs[0])
+    with pytest.raises(BenchError, match="--blocksize: must be positive"):
+        resolve_job(parse_cli(["--blocksize=0", f], read_jobfile).jobs[0])
+
+
+def test_two_forms_of_one_option_follow_the_same_order(tmp_path: Path) -> None:
+    """direct/buffered and rwmixread/rwmixwrite are each one option set two
+    ways: the later place wins whichever form it used."""
+    f = write(tmp_path / "b.fio", "[global]\nfilename=/tmp/t\nbuffered=1\nrwmixread=70\n"
+                                  "[j]\nrw=randrw\nrwmixwrite=20\n")
+    (j,) = (resolve_job(r) for r in read_jobfile(f))
+    assert not j.direct and j.rwmixread == 80
+    (j,) = (resolve_job(r) for r in parse_cli(["--direct=1", "--rwmixread=10", f], read_jobfile).jobs)
+    assert j.direct and j.rwmixread == 10
 
 
 def test_name_option_renames_the_section(tmp_path: Path) -> None:

@@ -465,18 +465,19 @@ KV_MODELS: dict[str, KvModel] = {
 }
 
 _ENGINE_ALIASES = {"sync": "psync", "pvsync": "psync"}
-# Options with two names are one option (as in fio): setting either name
-# drops the other, so the usual order decides between them (a job's own
-# value over [global], the command line over a job file) whichever name each
-# place used, and the value keeps the name it was written with (errors and
-# the JSON "job options" say what the user wrote).
-OPTION_ALIASES = {"readwrite": "rw", "blocksize": "bs", "sqpoll": "sqthread_poll",
-                  "iodepth_batch": "iodepth_batch_submit"}
+# Options with two names, or two forms (direct/buffered, rwmixread/
+# rwmixwrite), are one option (as in fio): setting either drops the other,
+# so the usual order decides between them (a job's own value over [global],
+# the command line over a job file) whichever each place used, and the value
+# keeps the name it was written with (errors and the JSON "job options" say
+# what the user wrote).
+SAME_OPTION = ({"rw", "readwrite"}, {"bs", "blocksize"}, {"sqthread_poll", "sqpoll"},
+               {"iodepth_batch_submit", "iodepth_batch"}, {"direct", "buffered"},
+               {"rwmixread", "rwmixwrite"})
 
 
 def _names_of(name: str) -> set[str]:
-    main = OPTION_ALIASES.get(name, name)
-    return {main} | {alias for alias, m in OPTION_ALIASES.items() if m == main}
+    return next((group for group in SAME_OPTION if name in group), {name})
 
 
 def set_option(values: dict[str, str | None], name: str, value: str | None) -> None:
@@ -531,20 +532,20 @@ def resolve_job(raw: RawJob) -> Job:
             raise BenchError(f"--{name}: {val!r} is not one of {', '.join(OPTIONS[name].choices)}")
         return val
 
-    if "readwrite" in raw.values and "rw" not in raw.values:
-        v["rw"] = v["readwrite"]
-    rw = _RW_ALIASES.get(choice("rw"), choice("rw"))
+    # (errors name the option as written; a RawJob built by hand may hold
+    # both names: then the main one)
+    rw_key = "readwrite" if "readwrite" in raw.values and "rw" not in raw.values else "rw"
+    rw = _RW_ALIASES.get(choice(rw_key), choice(rw_key))
     ioengine = _ENGINE_ALIASES.get(choice("ioengine"), choice("ioengine"))
-    if "blocksize" in raw.values and "bs" not in raw.values:
-        v["bs"] = v["blocksize"]
-    bs_text = get("bs")
+    bs_key = "blocksize" if "blocksize" in raw.values and "bs" not in raw.values else "bs"
+    bs_text = get(bs_key)
     if "," in bs_text or ":" in bs_text or "-" in bs_text.strip().lstrip("-"):
         raise BenchError(
-            f"--bs: per-direction or ranged block sizes ({bs_text!r}) are not supported; give one size"
+            f"--{bs_key}: per-direction or ranged block sizes ({bs_text!r}) are not supported; give one size"
         )
-    bs = parse_size(bs_text, "bs", kb_base)
+    bs = parse_size(bs_text, bs_key, kb_base)
     if bs <= 0:
-        raise BenchError(f"--bs: must be positive, not {bs_text!r}")
+        raise BenchError(f"--{bs_key}: must be positive, not {bs_text!r}")
 
     rwmixread = parse_int(get("rwmixread"), "rwmixread", 0, 100)
     if raw.values.get("rwmixwrite") is not None:
@@ -574,7 +575,7 @@ def resolve_job(raw: RawJob) -> Job:
     if "sqpoll" in raw.values:
         sqpoll = parse_bool(raw.values.get("sqpoll"), "sqpoll")
     batch_submit = None
-    for key in ("iodepth_batch", "iodepth_batch_submit"):  # the full name wins
+    for key in ("iodepth_batch", "iodepth_batch_submit"):  # (both, by hand: the full name)
         if v.get(key) is not None:
             batch_submit = parse_int(get(key), key, 0, 65536)
     direct = parse_bool(v.get("direct"), "direct")
