@@ -4,6 +4,7 @@ the event loop of an async caller."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -98,8 +99,10 @@ def test_cancelled_put_waits_for_its_commit(tmp_file, monkeypatch):
     extent accounted for (not given back while an entry points at it)."""
     from fx100io.store.index_log import IndexLog
     real = IndexLog.commit
+    committing = threading.Event()
 
     def slow_commit(self, recs, live, apply=None):
+        committing.set()
         time.sleep(0.2)
         return real(self, recs, live, apply)
 
@@ -107,7 +110,12 @@ def test_cancelled_put_waits_for_its_commit(tmp_file, monkeypatch):
         async with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
             monkeypatch.setattr(IndexLog, "commit", slow_commit)
             task = asyncio.create_task(st.batch_put(["k"], [b"V" * 5000]))
-            await asyncio.sleep(0.1)
+            # cancel once the commit has begun (not after a guessed delay: the
+            # data's write and flush before it may take longer on a busy disk)
+            deadline = time.monotonic() + 30
+            while not committing.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            assert committing.is_set(), "the put never reached its commit"
             task.cancel()
             cancelled = False
             try:
