@@ -875,10 +875,8 @@ static void fill(struct fx_bl *b, uint64_t t0)
 
 			if (ret < 0 && !transient(ret))
 				fail_backend(b, -ret);
-			if (b->stopping) { /* (the backend failed, or refused an I/O) */
-				count_depth(b, n);
-				return;
-			}
+			if (b->stopping) /* (the backend failed, or refused an I/O) */
+				break;
 			ready = 0;
 			/* A ring that said EAGAIN or EBUSY, or a queue that took
 			 * only some (it is full): the rest goes with the next
