@@ -155,12 +155,20 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 	}
 	while (n) {
 		ssize_t r;
-		int ret;
+		int ret, probe;
 
 		if (!start && (ret = pdu_time_left(c)) != 0)
 			return ret;
+		/* Disk I/O prepared and not yet handed to the kernel (io.c,
+		 * queue_locked) goes before a receive that would wait: first
+		 * what is there without waiting. */
+		probe = tgt_ioq_unsent(c) > 0;
 		/* (at the start, what is there: the first byte starts the clock) */
-		r = recv(c->fd, p, n, start ? 0 : MSG_WAITALL);
+		r = recv(c->fd, p, n, probe ? MSG_DONTWAIT : start ? 0 : MSG_WAITALL);
+		if (r < 0 && probe && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			tgt_ioq_kick(c);
+			continue;
+		}
 		if (r > 0) {
 			p += r;
 			n -= (size_t)r;
@@ -251,6 +259,10 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 
 void tgt_send_lock(struct tgt_conn *c)
 {
+	/* The connection's thread may wait here (for the engine's send, or
+	 * in its own): the disk I/O it prepared goes first (io.c). */
+	if (!tgt_ioq_on_engine_thread())
+		tgt_ioq_kick(c);
 	if (c->send_lock)
 		pthread_mutex_lock(c->send_lock);
 }
@@ -882,6 +894,10 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 	    (sqe->opcode == NVME_CMD_READ || (sqe->opcode == NVME_CMD_WRITE && !incapsule)) &&
 	    tgt_ioq_start(c) < 0)
 		c->ioq_failed = 1; /* (logged; the queue serves in line) */
+	/* A command served here in line may wait on the disk: what the
+	 * engine has prepared goes first (tgt_ioq_kick). */
+	if (c->ioq && sqe->opcode != NVME_CMD_READ && (sqe->opcode != NVME_CMD_WRITE || incapsule))
+		tgt_ioq_kick(c);
 	switch (sqe->opcode) {
 	case NVME_CMD_READ:
 		sf = io_range(c, sqe, &ns, &off, &len, 1);
@@ -954,8 +970,10 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		tgt_log(t, "%s qid %u: cid %u opcode 0x%02x nsid %u cdw10 0x%x sgl type 0x%02x len %u",
 		        c->peer, c->qid, sqe->cid, sqe->opcode, sqe->nsid, sqe->cdw10, sgl->type,
 		        sgl->length);
-	if (t->fault_delay_ms)
+	if (t->fault_delay_ms) {
+		tgt_ioq_kick(c);
 		usleep(t->fault_delay_ms * 1000u);
+	}
 
 	/* Fabrics commands carry SGLs (PSDT 01b); fused operations are not
 	 * supported. */

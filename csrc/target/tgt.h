@@ -424,6 +424,12 @@ void tgt_send_unlock(struct tgt_conn *c);
 int tgt_ioq_start(struct tgt_conn *c);
 /* 1 on an engine's thread (which must not touch the connection's state). */
 int tgt_ioq_on_engine_thread(void);
+/* The connection's thread prepares disk I/O without handing it to the
+ * kernel (so that neighbouring reads merge: io.c, queue_locked); before it
+ * may wait for anything it kicks them off.  unsent: how many are prepared
+ * (0 when c->ioq is NULL). */
+int tgt_ioq_unsent(struct tgt_conn *c);
+void tgt_ioq_kick(struct tgt_conn *c);
 /* Stop it: no PDU is sent any more (the socket is shut only when the
  * engine is in the middle of a send), waits for the disk I/O in flight,
  * frees every buffer.  Nothing when c->ioq is NULL. */
