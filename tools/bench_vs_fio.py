@@ -14,7 +14,12 @@ Interleaved rounds, O_DIRECT everywhere, the peer measured in the same run:
             with end_fsync (an fsync after the last write, in fio's time): durable when
             its clock stops, as a put is when it returns
   put       ChunkStore.batch_put, 32 MiB chunks, 32 per batch (CRC computed as they
-            leave), into a second store file next to the target (files only)
+            leave), into a second store file next to the target (files only), whose
+            blocks were written once before (untimed), as fio's file was by its first
+            write: both overwrite;
+  put-new   the same into a store created just before (untimed): its blocks were never
+            written, so the filesystem converts each extent on its first write (ext4's
+            unwritten extents, committed by the flush): what a new store pays once
 Prints GB/s per round, medians, and the ratios to fio, and CPU seconds (user+sys) per GB
 for each path: fio's own account of its job, and for fx100io the process's rusage over
 the timed part (io_uring's kernel workers are threads of the process, so they count).
@@ -143,6 +148,15 @@ def store_put(target: str, keys: list[str], bufs: list[np.ndarray]) -> Result:
     return asyncio.run(run())
 
 
+def store_put_new(target: str, keys: list[str], bufs: list[np.ndarray]) -> Result:
+    """batch_put into a store created just before (untimed); removed after."""
+    fx100io.ChunkStore(target, create=True, size=len(keys) * CHUNK + 512 * MiB).close()
+    try:
+        return store_put(target, keys, bufs)
+    finally:
+        os.unlink(target)
+
+
 def fio_gbs(target: str, offset: int, size: int, bs: int, iodepth: int) -> Result:
     moved, rate, cpu = fio_read_cpu(target, size, bs, iodepth, offset)
     return rate / 1e9, cpu / (moved / 1e9)
@@ -224,16 +238,18 @@ def main() -> int:
         st.batch_put_blocking(keys[i:i + 32], bufs)
     data_off = min(e.off for e in st._entries.values())
     st.close()
+    put_keys = [f"put-{i}" for i in range(32)]
     if put_target is not None:
         fx100io.ChunkStore(put_target, create=True, size=32 * CHUNK + 512 * MiB).close()
-    put_keys = [f"put-{i}" for i in range(32)]
+        # (a put takes the lowest free extents: the rounds overwrite these blocks)
+        store_put(put_target, put_keys, bufs)
 
     results: dict[str, list[Result]] = {"fio 1M qd32": [], "device 1M x32": [],
                                         "fio 32M qd32": [], "store batch_get 32M x32": [],
                                         "device 32M x32": [], "device 32M x32 +crc": []}
     if put_target is not None:
         results.update({"fio write 32M qd32": [], "fio write+fsync 32M qd32": [],
-                        "store batch_put 32M x32": []})
+                        "store batch_put 32M x32": [], "store batch_put new store": []})
     for r in range(args.rounds):
         row = {
             "fio 1M qd32": fio_gbs(args.target, data_off, size, MiB, 32),
@@ -254,6 +270,7 @@ def main() -> int:
                 os.close(fd)
             row["fio write+fsync 32M qd32"] = fio_write_gbs(fio_w_target, 32 * CHUNK, CHUNK, 32, True)
             row["store batch_put 32M x32"] = store_put(put_target, put_keys, bufs)
+            row["store batch_put new store"] = store_put_new(put_target + ".new", put_keys, bufs)
         for k, v in row.items():
             results[k].append(v)
         print(f"round {r + 1}: " + "  ".join(f"{k} {v[0]:.2f} GB/s {v[1]:.3f} CPU s/GB"
@@ -299,6 +316,10 @@ def main() -> int:
         print(f"| fx100io ChunkStore.batch_put 32 MiB x32 (durable on return) | {put:.2f} | "
               f"{put / med['fio write 32M qd32']:.2f}x fio write, {put / durable:.2f}x fio write+fsync | "
               + cpu_cells("store batch_put 32M x32", cpu["fio write 32M qd32"], "fio write"))
+        new = med["store batch_put new store"]
+        print(f"| the same into a new store (blocks never written before) | {new:.2f} | "
+              f"{new / durable:.2f}x fio write+fsync, {new / put:.2f}x the put above | "
+              + cpu_cells("store batch_put new store", cpu["fio write 32M qd32"], "fio write"))
     hot = 1 / fl["crc32c hot 4 MiB"][1]
     cold = 1 / fl["crc32c cold 256 MiB"][1]
     print(f"\nThe check's share: CRC32C on landing costs {d1 - d0:.4f} CPU s/GB here (device reads "
@@ -306,7 +327,7 @@ def main() -> int:
           f"{cold:.4f} s/GB from memory. The store's batch_get without its check would cost about "
           f"{cpu['store batch_get 32M x32'] - (d1 - d0):.4f} s/GB "
           f"({(cpu['store batch_get 32M x32'] - (d1 - d0)) / fio_best_cpu:.2f}x best fio).")
-    for path in (args.target, put_target, fio_w_target):
+    for path in (args.target, put_target, fio_w_target, put_target and put_target + ".new"):
         if path is not None and not is_blk and os.path.exists(path):
             os.unlink(path)
     return 0
