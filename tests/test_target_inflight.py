@@ -19,6 +19,8 @@ import random
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ from test_target import C2H_DATA, H2C_DATA, NQN, R2T, RSP, Closed, Host, admin, 
 import fx100io
 
 MiB = 1 << 20
+T = TypeVar("T")
 BUDGET = 32 * MiB       # FX_TGT_IO_BUDGET (csrc/target/tgt.h)
 MAX_XFER = 4 * MiB      # MDTS 10: 4 KiB << 10
 
@@ -377,6 +380,16 @@ class _Gather:
         self.out += b
 
 
+def _built(q: Host, build: Callable[[], T]) -> tuple[T, bytes]:
+    """build()'s result and the bytes of the PDUs it sent on q, not sent yet."""
+    sock, gather = q.sock, _Gather()
+    q.sock = gather  # type: ignore[assignment]
+    try:
+        return build(), bytes(gather.out)
+    finally:
+        q.sock = sock
+
+
 def _disk_reads(dev: str) -> tuple[int, int]:
     """(reads completed, reads merged) of a block device (/sys/block/X/stat)."""
     with open(f"/sys/block/{os.path.basename(dev)}/stat") as f:
@@ -403,14 +416,10 @@ def test_neighbouring_reads_sent_together_reach_the_disk_merged(loop_device):
         a.set_queues(1)
         q = io_queue(port, a.cntlid, 1)
         pl = Pipeline(q)
-        sock, gather = q.sock, _Gather()
-        q.sock = gather  # type: ignore[assignment]
-        try:
-            cids = [pl.read(i * size // 4096, size // 4096, 4096) for i in range(n)]
-        finally:
-            q.sock = sock
+        cids, out = _built(q, lambda: [pl.read(i * size // 4096, size // 4096, 4096)
+                                       for i in range(n)])
         before = _disk_reads(loop_device)
-        sock.sendall(gather.out)  # all sixteen commands in one segment
+        q.sock.sendall(out)  # all sixteen commands in one segment
         pl.wait(cids)
         reads, merged = (y - x for x, y in zip(before, _disk_reads(loop_device)))
     assert all(pl.done[c] == 0 for c in cids)
@@ -431,19 +440,14 @@ def test_a_read_is_answered_while_the_host_is_inside_its_next_pdu(backing, serve
         a.set_queues(1)
         q = io_queue(port, a.cntlid, 1)
         pl = Pipeline(q)
-        sock, gather = q.sock, _Gather()
-        q.sock = gather  # type: ignore[assignment]
-        try:
-            first = pl.read(0, len(want) // 512, 512)
-            second = pl.read(len(want) // 512, 8, 512)
-        finally:
-            q.sock = sock
-        head = len(gather.out) // 2 + 20  # the first command and part of the second
-        sock.sendall(gather.out[:head])
-        sock.settimeout(20)  # far below the stall timeout: a read held back fails here
+        (first, second), out = _built(q, lambda: (pl.read(0, len(want) // 512, 512),
+                                                  pl.read(len(want) // 512, 8, 512)))
+        head = len(out) // 2 + 20  # the first command and part of the second
+        q.sock.sendall(out[:head])
+        q.sock.settimeout(20)  # far below the stall timeout: a read held back fails here
         pl.wait([first])
         assert pl.done[first] == 0 and bytes(pl.got[first]) == want
-        sock.sendall(gather.out[head:])
+        q.sock.sendall(out[head:])
         pl.wait([second])
         assert pl.done[second] == 0
 
