@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -408,6 +410,14 @@ def test_neighbouring_reads_sent_together_reach_the_disk_merged(loop_device):
     try:
         os.pwrite(fd, content, 0)
         os.fsync(fd)
+    finally:
+        os.close(fd)
+    # closing a device written to makes udev probe it (reads, and pages
+    # cached): that is over before the count starts and the cache is dropped
+    if shutil.which("udevadm"):
+        subprocess.run(["udevadm", "settle", "--timeout=30"], check=False)
+    fd = os.open(loop_device, os.O_RDONLY)
+    try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold: the O_DIRECT path
     finally:
         os.close(fd)

@@ -894,10 +894,6 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 	    (sqe->opcode == NVME_CMD_READ || (sqe->opcode == NVME_CMD_WRITE && !incapsule)) &&
 	    tgt_ioq_start(c) < 0)
 		c->ioq_failed = 1; /* (logged; the queue serves in line) */
-	/* A command served here in line may wait on the disk: what the
-	 * engine has prepared goes first (tgt_ioq_kick). */
-	if (c->ioq && sqe->opcode != NVME_CMD_READ && (sqe->opcode != NVME_CMD_WRITE || incapsule))
-		tgt_ioq_kick(c);
 	switch (sqe->opcode) {
 	case NVME_CMD_READ:
 		sf = io_range(c, sqe, &ns, &off, &len, 1);
@@ -1015,6 +1011,12 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
 	}
 
+	/* A command served here in line may wait (on the disk, or for a DH
+	 * slot in authentication): what the engine has prepared goes first
+	 * (io.c, queue_locked).  Reads and R2T writes are the engine's. */
+	if (c->ioq && (fabrics || (sqe->opcode != NVME_CMD_READ &&
+	                           (sqe->opcode != NVME_CMD_WRITE || incapsule))))
+		tgt_ioq_kick(c);
 	if (fabrics || c->qid == 0) {
 		/* Data that did not come in the capsule is fetched first. */
 		if (dir == 1 && sgl->length && !incapsule) {

@@ -69,7 +69,9 @@
 
 #include "tgt.h"
 
-#define STOP_TAG 0xFFFFFFFFFFFFFFFFull
+/* (not all ones: liburing keeps that tag for its own timeouts on kernels
+ * without IORING_FEAT_EXT_ARG and drops their completions) */
+#define STOP_TAG 0xFFFFFFFFFFFFFFFEull
 /* Buffer classes: commands up to 64 KiB, 128 KiB, ... FX_TGT_MAX_XFER. */
 #define BUF_MIN_SHIFT 16
 #define BUF_CLASSES 7
@@ -132,6 +134,7 @@ struct tgt_ioq {
 	int fifo_head, fifo_tail;
 	unsigned sqes;      /* prepared, not yet reaped */
 	unsigned unsent;    /* prepared, not yet handed to the kernel (queue_locked) */
+	size_t unsent_bytes; /* their bytes (about: what an error left counts until the next flush) */
 	int stopping;       /* the connection ends: no more sends or submissions */
 	uint8_t *chunk;     /* the engine thread's staging (cached reads with a digest) */
 	/* Buffers of commands that ended, kept for the next (a fresh one
@@ -142,19 +145,27 @@ struct tgt_ioq {
 	size_t cached;
 };
 
-/* Hand the operations prepared so far to the kernel.  Under q->lock. */
+/* Hand the operations prepared so far to the kernel.  Under q->lock.  The
+ * kernel may take part of them (short of memory for requests): the rest is
+ * offered again, for a while (the CQ has room for every operation, so the
+ * engine never needs this lock to make room); what is still left stays
+ * counted in unsent, for the next kick. */
 static void flush_locked(struct tgt_ioq *q)
 {
-	int r;
+	for (unsigned tries = 0; q->unsent && tries < 1000; tries++) {
+		int r = io_uring_submit(&q->ring);
 
-	if (!q->unsent)
-		return;
-	q->unsent = 0;
-	do
-		r = io_uring_submit(&q->ring);
-	while (r == -EINTR || r == -EAGAIN);
-	if (r < 0)
-		tgt_log(q->c->t, "%s qid %u: io_uring submit: %s", q->c->peer, q->c->qid, strerror(-r));
+		if (r == -EINTR || r == -EAGAIN || r == -EBUSY || (r == 0 && io_uring_sq_ready(&q->ring))) {
+			if (r != -EINTR)
+				usleep(100);
+		} else if (r < 0) {
+			tgt_log(q->c->t, "%s qid %u: io_uring submit: %s", q->c->peer, q->c->qid,
+			        strerror(-r));
+			break;
+		}
+		q->unsent = io_uring_sq_ready(&q->ring);
+	}
+	q->unsent_bytes = q->unsent ? q->unsent_bytes : 0;
 }
 
 /*
@@ -169,9 +180,11 @@ static void flush_locked(struct tgt_ioq *q)
  * sequential 1 MiB commands merged into 4 MiB requests at nearly twice the
  * speed.  One submit per command never merges.  So each thread prepares
  * what it has and submits before it could wait: the connection's thread
- * before a receive that would block, a send, or a synchronous disk
- * operation (tgt_ioq_kick), and at FLUSH_BATCH prepared; the engine's
- * thread after each batch of completions.
+ * before a receive that would block, a send, or a command it serves in
+ * line (tgt_ioq_kick), and at FLUSH_BATCH prepared; the engine's thread
+ * after each batch of completions, or within one once FX_TGT_MAX_XFER
+ * bytes are prepared (the disk takes no larger request, and the reads
+ * should not wait for the rest of the batch's sends).
  */
 #define FLUSH_BATCH 32
 static void queue_locked(struct tgt_ioq *q, uint64_t tag)
@@ -191,16 +204,18 @@ static void queue_locked(struct tgt_ioq *q, uint64_t tag)
 		struct tgt_io *io = &q->io[tag];
 		int fd = io->direct ? io->ns->dfd : io->ns->fd;
 
-		if (io->cached || io->err)
+		if (io->cached || io->err) {
 			io_uring_prep_nop(sqe);
-		else if (io->write) {
+		} else if (io->write) {
 			io_uring_prep_write(sqe, fd, io->buf + io->done, io->len - io->done,
 			                    io->off + io->done);
 			if (io->fua)
 				sqe->rw_flags = RWF_DSYNC;
+			q->unsent_bytes += io->len - io->done;
 		} else {
 			io_uring_prep_read(sqe, fd, io->buf + io->done, io->len - io->done,
 			                   io->off + io->done);
+			q->unsent_bytes += io->len - io->done;
 		}
 	}
 	io_uring_sqe_set_data64(sqe, tag);
@@ -724,6 +739,12 @@ static void *ioq_main(void *arg)
 				stop_seen = 1;
 			else
 				on_cqe(q, (unsigned)tag, res);
+			/* Enough for the largest request a disk takes whole: it
+			 * goes now, not after the rest of the batch's sends. */
+			pthread_mutex_lock(&q->lock);
+			if (q->unsent_bytes >= FX_TGT_MAX_XFER)
+				flush_locked(q);
+			pthread_mutex_unlock(&q->lock);
 		} while (--batch && io_uring_peek_cqe(&q->ring, &cqe) == 0);
 		pthread_mutex_lock(&q->lock);
 		flush_locked(q);
@@ -1020,8 +1041,10 @@ int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad)
 	io->done += datal;
 	if (io->done < io->len)
 		return 0;
-	if (c->t->fault_disk_delay_ms) /* (test knob: a slow disk under writes) */
+	if (c->t->fault_disk_delay_ms) { /* (test knob: a slow disk under writes) */
+		tgt_ioq_kick(c);
 		usleep(c->t->fault_disk_delay_ms * 1000u);
+	}
 	pthread_mutex_lock(&q->lock);
 	atomic_fetch_sub(&c->h2c_wait, 1);
 	io->state = TGT_IO_DISK;
