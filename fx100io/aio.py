@@ -10,11 +10,17 @@ one reap dispatches every finished request, whoever asked for it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fx100io import _core
+
+if TYPE_CHECKING:
+    import asyncio
+
+# (asyncio is imported where a caller is in an event loop already: a program
+# that only uses the blocking calls, fx100io bench's C loop among them, never
+# pays for its import.  A waiter is a future, or a list for a blocking call.)
 
 #: One request: (op, memoryview or None, address, length, offset); op may
 #: carry _core.OP_CRC32C
@@ -68,12 +74,14 @@ class QueueDriver:
         self._keep.clear()
         self._want_crc.clear()
         self._backlog.clear()
-        futs = [w for w in waiters.values() if isinstance(w, asyncio.Future)]
+        futs = [w for w in waiters.values() if not isinstance(w, list)]
         for w in waiters.values():
-            if not isinstance(w, asyncio.Future):
+            if isinstance(w, list):
                 w.append(make_exc())
         if not futs:
             return
+        import asyncio
+
         loop = futs[0].get_loop()
         try:
             running = asyncio.get_running_loop()
@@ -131,7 +139,7 @@ class QueueDriver:
         self._want_crc.discard(tag)
         if w is None:
             return
-        if isinstance(w, asyncio.Future):
+        if not isinstance(w, list):
             if not w.cancelled():
                 if isinstance(result, BaseException):
                     w.set_exception(result)
@@ -162,6 +170,8 @@ class QueueDriver:
 
         The hand-over to C happens once per event-loop turn, so the many
         small submissions of concurrent tasks share one io_uring_enter."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         self._attach(loop)
         futs = self._queue(reqs, loop.create_future)

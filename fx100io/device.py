@@ -4,12 +4,11 @@ from userspace."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from fx100io import _core, fabric_uri
@@ -24,6 +23,9 @@ from fx100io.errors import (
     error_from_errno,
     error_from_status,
 )
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("fx100io")
 

@@ -26,7 +26,6 @@ empty (N = 0).
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import sys
@@ -45,6 +44,8 @@ from .targets import Target, drop_page_cache, open_target
 from .verify import VerifyLog
 
 if TYPE_CHECKING:
+    import asyncio
+
     import numpy as np
 
 TICK_NS = 100_000_000
@@ -154,6 +155,8 @@ class IoLoop:
         duration_ns: int | None,
         verify_only: bool = False,
     ) -> None:
+        import asyncio  # (here: a job on the C loop never pays for its import)
+
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._run_async(iter(ios), phase, duration_ns, verify_only))
@@ -163,6 +166,8 @@ class IoLoop:
     async def _run_async(
         self, it: Iterator[tuple[int, bool]], phase: Phase, duration_ns: int | None, verify_only: bool
     ) -> None:
+        import asyncio
+
         dev = self.dev
         bs = self.bs
         clock = time.monotonic_ns
