@@ -14,9 +14,9 @@ Interleaved rounds, O_DIRECT everywhere, the peer measured in the same run:
             with end_fsync (an fsync after the last write, in fio's time): durable when
             its clock stops, as a put is when it returns
   put       ChunkStore.batch_put, 32 MiB chunks, 32 per batch (CRC computed as they
-            leave), into a second store file next to the target (files only), whose
-            blocks were written once before (untimed), as fio's file was by its first
-            write: both overwrite;
+            leave), into a second store file next to the target (files only); its
+            blocks, and fio's file's, are written once before the rounds (untimed): both
+            overwrite;
   put-new   the same into a store created just before (untimed): its blocks were never
             written, so the filesystem converts each extent on its first write (ext4's
             unwritten extents, committed by the flush): what a new store pays once
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import functools
 import json
 import os
@@ -149,12 +150,17 @@ def store_put(target: str, keys: list[str], bufs: list[np.ndarray]) -> Result:
 
 
 def store_put_new(target: str, keys: list[str], bufs: list[np.ndarray]) -> Result:
-    """batch_put into a store created just before (untimed); removed after."""
-    fx100io.ChunkStore(target, create=True, size=len(keys) * CHUNK + 512 * MiB).close()
+    """batch_put into a store created just before (untimed); removed after.
+    (A file left by a killed run goes first: one already large enough would
+    not be preallocated again, and its blocks would be written ones.)"""
+    if os.path.exists(target):
+        os.unlink(target)
     try:
+        fx100io.ChunkStore(target, create=True, size=len(keys) * CHUNK + 512 * MiB).close()
         return store_put(target, keys, bufs)
     finally:
-        os.unlink(target)
+        if os.path.exists(target):
+            os.unlink(target)
 
 
 def fio_gbs(target: str, offset: int, size: int, bs: int, iodepth: int) -> Result:
@@ -224,6 +230,13 @@ def main() -> int:
         print(f"  {k}: {wall:.1f} / {cpu_rate:.1f} GB/s, {1 / cpu_rate:.4f} CPU s/GB")
     put_target = None if is_blk else args.target + ".put"
     fio_w_target = None if is_blk else args.target + ".fio-w"
+
+    def remove_files() -> None:  # also when the run fails half way
+        for path in (args.target, put_target, fio_w_target):
+            if path is not None and not is_blk and os.path.exists(path):
+                os.unlink(path)
+
+    atexit.register(remove_files)
     if is_blk:
         print("writes (fio write, store batch_put) are measured on files only: skipped")
     st = fx100io.ChunkStore(args.target, create=True,
@@ -239,9 +252,14 @@ def main() -> int:
     data_off = min(e.off for e in st._entries.values())
     st.close()
     put_keys = [f"put-{i}" for i in range(32)]
-    if put_target is not None:
+    if put_target is not None and fio_w_target is not None:
+        # Both write peers overwrite blocks written once before (untimed): a new
+        # file's or store's blocks are unwritten extents, converted on their first
+        # write (the new-store row measures that).  In a store emptied again, the
+        # best-fit allocator cuts every chunk from the start of its one free
+        # extent, so each round's put lands on these same blocks.
+        fio_write_gbs(fio_w_target, 32 * CHUNK, CHUNK, 32)
         fx100io.ChunkStore(put_target, create=True, size=32 * CHUNK + 512 * MiB).close()
-        # (a put takes the lowest free extents: the rounds overwrite these blocks)
         store_put(put_target, put_keys, bufs)
 
     results: dict[str, list[Result]] = {"fio 1M qd32": [], "device 1M x32": [],
@@ -318,7 +336,7 @@ def main() -> int:
               + cpu_cells("store batch_put 32M x32", cpu["fio write 32M qd32"], "fio write"))
         new = med["store batch_put new store"]
         print(f"| the same into a new store (blocks never written before) | {new:.2f} | "
-              f"{new / durable:.2f}x fio write+fsync, {new / put:.2f}x the put above | "
+              f"{new / put:.2f}x the put above | "
               + cpu_cells("store batch_put new store", cpu["fio write 32M qd32"], "fio write"))
     hot = 1 / fl["crc32c hot 4 MiB"][1]
     cold = 1 / fl["crc32c cold 256 MiB"][1]
@@ -327,9 +345,6 @@ def main() -> int:
           f"{cold:.4f} s/GB from memory. The store's batch_get without its check would cost about "
           f"{cpu['store batch_get 32M x32'] - (d1 - d0):.4f} s/GB "
           f"({(cpu['store batch_get 32M x32'] - (d1 - d0)) / fio_best_cpu:.2f}x best fio).")
-    for path in (args.target, put_target, fio_w_target, put_target and put_target + ".new"):
-        if path is not None and not is_blk and os.path.exists(path):
-            os.unlink(path)
     return 0
 
 
