@@ -574,7 +574,7 @@ def test_files_submit_each_io_at_once_unless_told(tmp_path: Path, monkeypatch, o
     assert seen and set(seen) == {want}
 
 
-def test_a_read_job_on_the_c_loop_never_imports_numpy(tmp_path: Path) -> None:
+def test_a_read_job_on_the_c_loop_imports_neither_numpy_nor_asyncio(tmp_path: Path) -> None:
     """numpy's import costs about a quarter of a second of CPU, more than a
     short job's I/O, and asyncio's about 25 ms: a read job on the C loop (the
     common case) reports without either, and a write job, whose payload is
