@@ -193,7 +193,6 @@ static void queue_locked(struct tgt_ioq *q, uint64_t tag)
 
 	if (!sqe) { /* (cannot happen; see tgt_ioq_start) */
 		flush_locked(q);
-		io_uring_submit(&q->ring);
 		sqe = io_uring_get_sqe(&q->ring);
 		if (!sqe)
 			abort();
@@ -203,20 +202,19 @@ static void queue_locked(struct tgt_ioq *q, uint64_t tag)
 	} else {
 		struct tgt_io *io = &q->io[tag];
 		int fd = io->direct ? io->ns->dfd : io->ns->fd;
+		uint32_t left = io->len - io->done;
 
 		if (io->cached || io->err) {
 			io_uring_prep_nop(sqe);
+			left = 0;
 		} else if (io->write) {
-			io_uring_prep_write(sqe, fd, io->buf + io->done, io->len - io->done,
-			                    io->off + io->done);
+			io_uring_prep_write(sqe, fd, io->buf + io->done, left, io->off + io->done);
 			if (io->fua)
 				sqe->rw_flags = RWF_DSYNC;
-			q->unsent_bytes += io->len - io->done;
 		} else {
-			io_uring_prep_read(sqe, fd, io->buf + io->done, io->len - io->done,
-			                   io->off + io->done);
-			q->unsent_bytes += io->len - io->done;
+			io_uring_prep_read(sqe, fd, io->buf + io->done, left, io->off + io->done);
 		}
+		q->unsent_bytes += left;
 	}
 	io_uring_sqe_set_data64(sqe, tag);
 	q->sqes++;
