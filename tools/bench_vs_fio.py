@@ -8,11 +8,14 @@ Interleaved rounds, O_DIRECT everywhere, the peer measured in the same run:
   store     ChunkStore.batch_get, 32 MiB chunks, 32 per batch (CRC checked)
   device-32m  fx100io Device, 32 MiB reads, 32 in flight, with and without the CRC32C
             computed as the pieces land (OP_CRC32C): the check's own CPU in the same run
-  fio-w     io_uring, fixedbufs, registerfiles, 32 MiB writes, iodepth 32, to a file of
-            the same size next to the target (files only); once as fio runs by default
-            (a disk with a write-back cache then counts writes into its cache) and once
-            with end_fsync (an fsync after the last write, in fio's time): durable when
-            its clock stops, as a put is when it returns
+  fio-w     io_uring, registerfiles, 32 MiB writes, iodepth 32, to a file of the same
+            size next to the target (files only); once as fio runs by default (fixedbufs
+            too; a disk with a write-back cache then counts writes into its cache) and
+            once with end_fsync (an fsync after the last write, in fio's time): durable
+            when its clock stops, as a put is when it returns.  The durable run goes
+            without fixedbufs: with them fio 3.33 sends its end fsync nowhere (no flush
+            reaches the disk).  A durable case during which /proc/diskstats counted no
+            flush at the disk is named in a warning at the end
   put       ChunkStore.batch_put, 32 MiB chunks, 32 per batch (CRC computed as they
             leave), into a second store file next to the target (files only); its
             blocks, and fio's file's, are written once before the rounds (untimed): both
@@ -20,6 +23,9 @@ Interleaved rounds, O_DIRECT everywhere, the peer measured in the same run:
   put-new   the same into a store created just before (untimed): its blocks were never
             written, so the filesystem converts each extent on its first write (ext4's
             unwritten extents, committed by the flush): what a new store pays once
+The durable writes (fio-w with end_fsync, put, put-new) run after an untimed fsync
+of both write files, each round in a new order (each one's flush also drains what
+the one before it left in the disk's cache).
 Prints GB/s per round, medians, and the ratios to fio, and CPU seconds (user+sys) per GB
 for each path: fio's own account of its job, and for fx100io the process's rusage over
 the timed part (io_uring's kernel workers are threads of the process, so they count).
@@ -54,6 +60,7 @@ from fio_peer import fio_read_cpu  # tools/, this script's folder
 
 import fx100io
 from fx100io import _core
+from fx100io.bench.diskstats import disk_of
 
 MiB = 1 << 20
 CHUNK = 32 * MiB
@@ -102,10 +109,16 @@ def fio_write_gbs(path: str, size: int, bs: int, iodepth: int, durable: bool = F
     that cache.  (fio's fdatasync=N would not do: with an async engine its sync is
     issued beside the writes still in flight, so it is no durability point.)"""
     cmd = ["fio", "--name=peer-w", f"--filename={path}", "--rw=write", f"--bs={bs}",
-           f"--iodepth={iodepth}", "--ioengine=io_uring", "--fixedbufs", "--registerfiles",
+           f"--iodepth={iodepth}", "--ioengine=io_uring", "--registerfiles",
            "--direct=1", f"--size={size}", "--output-format=json"]
     if durable:
+        # Not with --fixedbufs: fio 3.33's io_uring engine then sends the end
+        # fsync nowhere (/proc/diskstats counts no flush at the disk), and its
+        # "durable" figure is writes into the disk's cache.  flushes_during
+        # checks that this one reached the disk.
         cmd.append("--end_fsync=1")
+    else:
+        cmd.append("--fixedbufs")
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
@@ -113,6 +126,40 @@ def fio_write_gbs(path: str, size: int, bs: int, iodepth: int, durable: bool = F
     cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0
     moved = job["write"]["io_bytes"]
     return job["write"]["bw_bytes"] / 1e9, cpu / (moved / 1e9)
+
+
+def drain_write_cache(paths: list[str]) -> None:
+    """Untimed: make what earlier cases wrote durable, so that no timed flush
+    pays for another case's writes."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def disk_flushes(path: str) -> int | None:
+    """Flush requests the disk under path has completed (/proc/diskstats,
+    kernels 5.5+), or None where that is unknown (no disk, older kernel)."""
+    disk = disk_of(path)
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                parts = line.split()
+                if disk and len(parts) >= 20 and parts[2] == disk:
+                    return int(parts[18])  # field 16: flush requests completed
+    except OSError:
+        pass
+    return None
+
+
+def flushes_during(path: str, run: Callable[[], Result]) -> tuple[Result, int | None]:
+    """run(), and how many flushes reached the disk under path meanwhile."""
+    before = disk_flushes(path)
+    res = run()
+    after = disk_flushes(path)
+    return res, None if before is None or after is None else after - before
 
 
 def device_read_crc(target: str, offset: int, bufs: list[np.ndarray], crc: bool) -> Result:
@@ -268,6 +315,7 @@ def main() -> int:
     if put_target is not None:
         results.update({"fio write 32M qd32": [], "fio write+fsync 32M qd32": [],
                         "store batch_put 32M x32": [], "store batch_put new store": []})
+    unflushed: set[str] = set()  # durable writes no flush of which reached the disk
     for r in range(args.rounds):
         row = {
             "fio 1M qd32": fio_gbs(args.target, data_off, size, MiB, 32),
@@ -279,16 +327,20 @@ def main() -> int:
         }
         if put_target is not None and fio_w_target is not None:
             row["fio write 32M qd32"] = fio_write_gbs(fio_w_target, 32 * CHUNK, CHUNK, 32)
-            # durable when its clock stops, as a put is when it returns; what the
-            # write before it left in the disk's cache is flushed first, untimed
-            fd = os.open(fio_w_target, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            row["fio write+fsync 32M qd32"] = fio_write_gbs(fio_w_target, 32 * CHUNK, CHUNK, 32, True)
-            row["store batch_put 32M x32"] = store_put(put_target, put_keys, bufs)
-            row["store batch_put new store"] = store_put_new(put_target + ".new", put_keys, bufs)
+            writes: list[tuple[str, Callable[[], Result]]] = [
+                ("fio write+fsync 32M qd32",
+                 lambda: fio_write_gbs(fio_w_target, 32 * CHUNK, CHUNK, 32, True)),
+                ("store batch_put 32M x32", lambda: store_put(put_target, put_keys, bufs)),
+                ("store batch_put new store",
+                 lambda: store_put_new(put_target + ".new", put_keys, bufs)),
+            ]
+            # The durable writes take turns going first: on a disk with a write-back
+            # cache each one's flush also drains what the one before it left.
+            for name, run in writes[r % 3:] + writes[:r % 3]:
+                drain_write_cache([fio_w_target, put_target])
+                row[name], flushed = flushes_during(fio_w_target, run)
+                if flushed == 0:
+                    unflushed.add(name)
         for k, v in row.items():
             results[k].append(v)
         print(f"round {r + 1}: " + "  ".join(f"{k} {v[0]:.2f} GB/s {v[1]:.3f} CPU s/GB"
@@ -333,11 +385,16 @@ def main() -> int:
         put, durable = med["store batch_put 32M x32"], med["fio write+fsync 32M qd32"]
         print(f"| fx100io ChunkStore.batch_put 32 MiB x32 (durable on return) | {put:.2f} | "
               f"{put / med['fio write 32M qd32']:.2f}x fio write, {put / durable:.2f}x fio write+fsync | "
-              + cpu_cells("store batch_put 32M x32", cpu["fio write 32M qd32"], "fio write"))
+              + cpu_cells("store batch_put 32M x32", cpu["fio write+fsync 32M qd32"],
+                          "fio write+fsync"))
         new = med["store batch_put new store"]
         print(f"| the same into a new store (blocks never written before) | {new:.2f} | "
               f"{new / put:.2f}x the put above | "
-              + cpu_cells("store batch_put new store", cpu["fio write 32M qd32"], "fio write"))
+              + cpu_cells("store batch_put new store", cpu["fio write+fsync 32M qd32"],
+                          "fio write+fsync"))
+    for name in sorted(unflushed):
+        print(f"\nWARNING: {name}: no flush reached the disk in at least one round, so that "
+              "figure is not durable (writes into the disk's cache)")
     hot = 1 / fl["crc32c hot 4 MiB"][1]
     cold = 1 / fl["crc32c cold 256 MiB"][1]
     print(f"\nThe check's share: CRC32C on landing costs {d1 - d0:.4f} CPU s/GB here (device reads "
