@@ -13,7 +13,9 @@ the ratios the target is held to:
   target cold 1q / direct cold   >= 0.8
   target cold 4q / target cold 1q >= 1.0   (and hot 4q / hot 1q)
   target hot 1q / iperf3 1 stream >= 0.9
-For the cold rows it also prints what reached the disk (/proc/diskstats over
+Every row also gets the machine's CPUs busy meanwhile (/proc/stat: every
+process, the kernel's threads and interrupts; on loopback both ends share the
+machine).  For the cold rows it also prints what reached the disk (/proc/diskstats over
 each read): requests, their mean size, the mean number in flight at the disk
 while it was busy, and the disk's GB/s over its busy time; a cloud volume's
 speed swings from minute to minute, and these show whether a slower row was
@@ -29,6 +31,7 @@ real disk (--dir; not tmpfs, whose pages are never cold).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -43,6 +46,7 @@ from bench_nvme_tcp import NQN, free_port, iperf3, read_all, start_target
 
 import fx100io._core  # noqa: F401 - fails early, before any file is written or target started, where it is not built
 from fx100io.bench.diskstats import disk_of, read_diskstats
+from fx100io.bench.stats import SystemCpu, read_proc_stat
 
 MiB = 1 << 20
 
@@ -137,20 +141,31 @@ def main() -> int:
         cpu.setdefault(name, []).append((cpu_seconds(tgt.pid) - c0) / (size / 1e9))
         return gbs
 
+    busy: dict[str, list[float]] = {}  # the machine's CPUs busy (all processes, kernel too)
+
+    def machine(name: str, read: Callable[[], float]) -> float:
+        s0 = read_proc_stat()
+        gbs = read()
+        busy.setdefault(name, []).append(SystemCpu.between(s0, read_proc_stat()).busy_cpus)
+        return gbs
+
     try:
         for r in range(a.rounds):
             cur: dict[str, float] = {}
             if cold:
                 drop_caches()
-                cur["direct cold"] = on_disk("direct cold", lambda: read_all(direct, size, a.bs, a.inflight))
+                cur["direct cold"] = machine("direct cold", functools.partial(
+                    on_disk, "direct cold", functools.partial(read_all, direct, size, a.bs, a.inflight)))
                 for q in (1, 4):
                     drop_caches()
                     name = f"target cold {q}q"
-                    cur[name] = on_disk(name, lambda name=name, q=q: through(name, q))
+                    cur[name] = machine(name, functools.partial(
+                        on_disk, name, functools.partial(through, name, q)))
             warm(path)
             for q in (1, 4):
-                cur[f"target hot {q}q"] = through(f"target hot {q}q", q)
-            cur["iperf3 1 stream"] = iperf3(1, a.iperf_seconds)
+                name = f"target hot {q}q"
+                cur[name] = machine(name, functools.partial(through, name, q))
+            cur["iperf3 1 stream"] = machine("iperf3 1 stream", lambda: iperf3(1, a.iperf_seconds))
             for k, v in cur.items():
                 rows.setdefault(k, []).append(v)
             print(f"round {r + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in cur.items()),
@@ -162,11 +177,12 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"\n{a.gib:g} GiB file in {a.dir}, {a.bs // 1024} KiB reads x{a.inflight} in flight, "
           f"median of {a.rounds} rounds\n")
-    print("| path | GB/s | target CPU s/GB |")
-    print("|---|---|---|")
+    ncpu = os.cpu_count() or 1
+    print(f"| path | GB/s | target CPU s/GB | machine CPUs busy (of {ncpu}) |")
+    print("|---|---|---|---|")
     for k, v in med.items():
         c = f"{statistics.median(cpu[k]):.3f}" if k in cpu else ""
-        print(f"| {k} | {v:.2f} | {c} |")
+        print(f"| {k} | {v:.2f} | {c} | {statistics.median(busy[k]):.2f} |")
     if seen:
         print(f"\nWhat reached the disk ({disk}) during the cold reads, medians:\n")
         print("| path | requests | mean KiB | mean in flight | disk GB/s while busy |")
