@@ -721,7 +721,7 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 	b->depth = p->depth;
 	b->start = p->start;
 	b->nblocks = p->nblocks;
-	b->total = p->passes ? p->nblocks * p->passes : 0;
+	b->total = p->ios ? p->ios : p->passes ? p->nblocks * p->passes : 0;
 	b->end_ns = p->end_ns;
 	b->read_fraction = p->read_fraction;
 	b->random = p->random;

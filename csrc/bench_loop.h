@@ -55,6 +55,8 @@ struct fx_bl_params {
 	uint64_t start;        /* byte offset of block 0 */
 	uint64_t nblocks;      /* blocks in the region, > 0 */
 	uint64_t passes;       /* walks over the region; 0 = until stopped */
+	uint64_t ios;          /* > 0: I/Os in all (fio's io_size, number_ios), in place
+	                        * of passes x nblocks; past nblocks it wraps around */
 	uint64_t end_ns;       /* CLOCK_MONOTONIC instant to stop; 0 = none */
 	uint64_t seed;
 	double read_fraction;  /* 1.0 all reads, 0.0 all writes */

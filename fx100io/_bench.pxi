@@ -37,6 +37,7 @@ cdef extern from "bench_loop.h" nogil:
         uint64_t start
         uint64_t nblocks
         uint64_t passes
+        uint64_t ios
         uint64_t end_ns
         uint64_t seed
         double read_fraction
@@ -127,7 +128,8 @@ cdef class BenchLoop:
 
     def __cinit__(self, target, uint64_t start, uint64_t nblocks, uint32_t bs, bufs, *,
                   bint random=False, bint random_map=True, double read_fraction=1.0,
-                  uint64_t seed=0, uint64_t passes=1, uint64_t end_ns=0, unsigned flags=0,
+                  uint64_t seed=0, uint64_t passes=1, uint64_t ios=0, uint64_t end_ns=0,
+                  unsigned flags=0,
                   uint32_t batch_submit=0):
         cdef fx_bl_params p
         cdef int rc
@@ -164,6 +166,7 @@ cdef class BenchLoop:
         p.start = start
         p.nblocks = nblocks
         p.passes = passes
+        p.ios = ios
         p.end_ns = end_ns
         p.seed = seed
         p.read_fraction = read_fraction

@@ -117,7 +117,7 @@ class BenchLoop:
     fd: int
     def __init__(self, fd: int, start: int, nblocks: int, bs: int, bufs: Any, *,
                  random: bool = False, random_map: bool = True, read_fraction: float = 1.0,
-                 seed: int = 0, passes: int = 1, end_ns: int = 0, flags: int = 0,
+                 seed: int = 0, passes: int = 1, ios: int = 0, end_ns: int = 0, flags: int = 0,
                  batch_submit: int = 0) -> None: ...
     def close(self, limit_ns: int = ...) -> bool: ...
     @property

@@ -326,6 +326,30 @@ def test_bench_read_job_through_c_loop_counts_and_depths(tmp_path: Path) -> None
     assert sum(job["iodepth_level"].values()) == pytest.approx(100.0, abs=0.5)
 
 
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])  # the C loop, the Python loop
+def test_io_size_ends_early_or_wraps_around_the_region(tmp_path: Path, engine: str) -> None:
+    """--io_size less than the region ends the job early, more wraps around it
+    (every block once per pass with the random map); --number_ios caps both."""
+    f = tmp_path / "w.img"
+    bs, size = 4 * KiB, 1 * MiB
+    make_file(f, size)
+    common = ["--name=w", f"--filename={f}", f"--ioengine={engine}", f"--bs={bs}", f"--size={size}",
+              "--iodepth=4", "--direct=1"]
+    for opts, ios in ((["--rw=randread", "--io_size=256k"], 64),
+                      (["--rw=randread", "--io_limit=2560k"], 640),
+                      (["--rw=randread", "--io_size=2560k", "--number_ios=300"], 300),
+                      (["--rw=read", "--number_ios=7", "--loops=3"], 7)):
+        job = json.loads(bench(*common, *opts)[1])["jobs"][0]
+        assert job["read"]["total_ios"] == ios and job["read"]["io_bytes"] == ios * bs, opts
+    # a random write of 2.5 passes: the random map gives every block two or
+    # three writes, so every block holds a write buffer, none the zeros it had
+    job = json.loads(bench(*common, "--rw=randwrite", "--io_size=2560k", "--randseed=5")[1])["jobs"][0]
+    assert job["write"]["total_ios"] == 640
+    data = f.read_bytes()
+    assert len(data) == size
+    assert all(any(data[i:i + bs]) for i in range(0, size, bs))
+
+
 def test_bench_misaligned_region_error_is_clear(tmp_path: Path) -> None:
     f = tmp_path / "x.img"
     make_file(f, 1 * MiB)

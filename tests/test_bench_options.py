@@ -201,6 +201,11 @@ def raw(**values: str | None) -> RawJob:
         ({"percentile_list": "50:abc"}, "--percentile_list: cannot parse 'abc'"),
         ({"iodepth_batch_submit": "-1"}, "--iodepth_batch_submit: must be at least 0"),
         ({"iodepth_batch": "x"}, "--iodepth_batch: expected an integer"),
+        ({"io_size": "1k"}, "--io_size: '1k' is less than one block"),
+        ({"io_limit": "2k", "bs": "4k"}, "--io_limit: '2k' is less than one block"),
+        ({"io_size": "8m", "time_based": None, "runtime": "1"}, "--io_size: not with --time_based"),
+        ({"number_ios": "5", "time_based": None, "runtime": "1"}, "--number_ios: not with --time_based"),
+        ({"number_ios": "-1"}, "--number_ios: must be at least 0"),
     ],
 )
 def test_resolve_errors_name_the_option(values: dict, message: str) -> None:
@@ -265,3 +270,20 @@ def test_custom_kv_model() -> None:
     assert job.kv.model.name == "custom"
     assert job.kv.model.bytes_per_token == 2 * 2 * 1 * 64 * 4
     assert job.kv.chunk_tokens == 256 and job.kv.concurrency == 1
+
+
+def test_io_size_and_number_ios_count_the_ios() -> None:
+    """fio's io_size (io_limit) replaces one pass per loop: less ends early,
+    more wraps; a percentage is of the region; number_ios caps it all."""
+    def count(**values: str) -> int | None:
+        return resolve_job(raw(bs="4k", **values)).io_count(1024)  # a 4 MiB region
+
+    assert count() is None  # one pass per loop, as before
+    assert count(io_size="1m") == 256
+    assert count(io_size="8m") == 2048
+    assert count(io_limit="8m", loops="3") == 3 * 2048
+    assert count(io_size="50%") == 512
+    assert count(number_ios="10") == 10
+    assert count(number_ios="5000", loops="2") == 2048
+    assert count(io_size="8m", number_ios="100") == 100
+    assert count(number_ios="0") is None

@@ -474,3 +474,22 @@ def test_disk_saw_at_least_the_bytes_we_counted(tmp_path: Path) -> None:
         "--name=d", f"--filename={tmp_path / 'd.img'}", "--size=2m", "--bs=64k", "--rw=read", "--direct=1"
     )
     assert doc["disk_util"][0]["read_bytes"] >= doc["jobs"][0]["read"]["io_bytes"] == 2 * MiB
+
+
+def test_status_line_progress_counts_io_size_and_number_ios() -> None:
+    """The status line's done fraction is of what the job will move: its
+    --io_size (or --number_ios), not its region."""
+    from fx100io.bench.options import RawJob, resolve_job
+    from fx100io.bench.progress import ELAPSED_MS, RBYTES, RUNNING, SLOT, STATE
+    from fx100io.bench.status_line import fraction_done
+
+    def done_at(moved: int, **values: str) -> float | None:
+        job = resolve_job(RawJob("j", {"filename": "/tmp/x", "size": "4m", "bs": "4k", **values}, "test"))
+        slot = [0] * SLOT
+        slot[RBYTES], slot[STATE], slot[ELAPSED_MS] = moved, RUNNING, 1
+        return fraction_done(job, slot)
+
+    assert done_at(2 * MiB) == pytest.approx(0.5)
+    assert done_at(2 * MiB, io_size="16m") == pytest.approx(0.125)
+    assert done_at(2 * MiB, io_size="50%") == pytest.approx(1.0)
+    assert done_at(40 * 1024, number_ios="20") == pytest.approx(0.5)

@@ -79,6 +79,14 @@ _SPECS = [
     OptionSpec("iodepth", "int", "I/Os in flight per job", "1"),
     OptionSpec("numjobs", "int", "clones of this job, each its own process", "1"),
     OptionSpec("loops", "int", "passes over the region when not --time_based", "1"),
+    OptionSpec(
+        "io_size",
+        "size_pct",
+        "bytes of I/O per loop (or NN% of the region), in place of one pass over it: less "
+        "ends early, more wraps around the region (fio's option; not with --time_based)",
+    ),
+    OptionSpec("io_limit", "size_pct", "alias of --io_size"),
+    OptionSpec("number_ios", "int", "stop after this many I/Os in all (0: no such limit)", "0"),
     OptionSpec("runtime", "time", "stop after this long (seconds unless suffixed: 500ms, 2m)"),
     OptionSpec("time_based", "bool", "run for --runtime, wrapping around the region", "0", flag=True),
     OptionSpec("ramp_time", "time", "run this long before measuring", "0"),
@@ -421,6 +429,23 @@ class Job:
     fixedbufs: bool = True
     # None: the backend's default (1 on io_uring, 0 on an NVMe-oF queue)
     batch_submit: int | None = None
+    # bytes of I/O per loop, or a fraction of the region; None: one pass over it
+    io_size: int | float | None = None
+    number_ios: int = 0  # 0: no limit
+
+    def io_count(self, nblocks: int) -> int | None:
+        """I/Os the measured phase does over a region of nblocks blocks, or None
+        for one pass per loop (or a time_based job, which the clock ends)."""
+        if self.time_based or (self.io_size is None and not self.number_ios):
+            return None
+        if self.io_size is None:
+            per_loop = nblocks
+        elif isinstance(self.io_size, float):
+            per_loop = max(1, int(self.io_size * nblocks))
+        else:
+            per_loop = self.io_size // self.bs
+        total = per_loop * self.loops
+        return min(total, self.number_ios) if self.number_ios else total
 
     @property
     def is_random(self) -> bool:
@@ -473,7 +498,7 @@ _ENGINE_ALIASES = {"sync": "psync", "pvsync": "psync"}
 # what the user wrote).
 SAME_OPTION = ({"rw", "readwrite"}, {"bs", "blocksize"}, {"sqthread_poll", "sqpoll"},
                {"iodepth_batch_submit", "iodepth_batch"}, {"direct", "buffered"},
-               {"rwmixread", "rwmixwrite"})
+               {"rwmixread", "rwmixwrite"}, {"io_size", "io_limit"})
 
 
 def _names_of(name: str) -> set[str]:
@@ -560,6 +585,12 @@ def resolve_job(raw: RawJob) -> Job:
         if size == 0:
             raise BenchError("--size: must be positive")
     offset = parse_size_or_percent(get("offset"), "offset", kb_base)
+    io_size: int | float | None = None
+    io_key = "io_limit" if "io_limit" in raw.values and "io_size" not in raw.values else "io_size"
+    if v.get(io_key) is not None:
+        io_size = parse_size_or_percent(get(io_key), io_key, kb_base)
+        if isinstance(io_size, int) and io_size < bs:
+            raise BenchError(f"--{io_key}: {get(io_key)!r} is less than one block (--bs {bs}): no I/O")
 
     runtime_ns = None
     if v.get("runtime") is not None:
@@ -570,6 +601,10 @@ def resolve_job(raw: RawJob) -> Job:
     time_based = parse_bool(v.get("time_based"), "time_based")
     if time_based and runtime_ns is None:
         raise BenchError("--time_based: needs --runtime (how long to run)")
+    number_ios = parse_int(get("number_ios"), "number_ios", 0)
+    if time_based and (io_size is not None or number_ios):
+        raise BenchError(f"--{io_key if io_size is not None else 'number_ios'}: not with "
+                         "--time_based (the clock ends a time_based job)")
 
     sqpoll = parse_bool(v.get("sqthread_poll"), "sqthread_poll")
     if "sqpoll" in raw.values:
@@ -622,6 +657,8 @@ def resolve_job(raw: RawJob) -> Job:
         iodepth=parse_int(get("iodepth"), "iodepth", 1, 65536),
         numjobs=parse_int(get("numjobs"), "numjobs", 1, 1024),
         loops=parse_int(get("loops"), "loops", 1),
+        io_size=io_size,
+        number_ios=number_ios,
         runtime_ns=runtime_ns,
         time_based=time_based,
         ramp_ns=parse_time_ns(get("ramp_time"), "ramp_time"),

@@ -10,6 +10,7 @@ computes it a batch at a time.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,8 @@ class AccessPattern:
 
     ``passes`` is the number of walks over the region (fio's loops) or None
     for time_based jobs, which wrap around until the clock stops them.
+    ``limit`` (fio's io_size, number_ios) ends it after that many I/Os,
+    wrapping around the region as often as that takes, in place of passes.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class AccessPattern:
         read_fraction: float,
         seed: int,
         passes: int | None,
+        limit: int | None = None,
     ) -> None:
         self.start = start
         self.nblocks = nblocks
@@ -98,7 +102,8 @@ class AccessPattern:
         self.random_map = random_map
         self.read_fraction = read_fraction
         self.seed = seed
-        self.passes = passes
+        self.passes = None if limit is not None else passes
+        self.limit = limit
         self._rng: np.random.Generator | None = None
 
     @property
@@ -113,6 +118,8 @@ class AccessPattern:
 
     @property
     def total_ios(self) -> int | None:
+        if self.limit is not None:
+            return self.limit
         return None if self.passes is None else self.nblocks * self.passes
 
     def _directions(self, n: int) -> list[bool]:
@@ -124,6 +131,11 @@ class AccessPattern:
         return (self.rng.random(n) < self.read_fraction).tolist()
 
     def __iter__(self) -> Iterator[tuple[int, bool]]:
+        if self.limit is None:
+            return self._walk()
+        return itertools.islice(self._walk(), self.limit)
+
+    def _walk(self) -> Iterator[tuple[int, bool]]:
         import numpy as np
 
         pass_no = 0

@@ -49,7 +49,8 @@ def fraction_done(job: Job, slot: list[int]) -> float | None:
     if job.runtime_ns:
         parts.append(min(1.0, elapsed_ns / job.runtime_ns))
     if not job.time_based and job.kv is None and isinstance(job.size, int):
-        total = job.size * job.loops
+        ios = job.io_count(job.size // job.bs)  # (io_size, number_ios)
+        total = job.size * job.loops if ios is None else ios * job.bs
         if total:
             parts.append(min(1.0, (slot[RBYTES] + slot[WBYTES]) / total))
     return max(parts) if parts else None

@@ -391,6 +391,7 @@ class IoLoop:
                 read_fraction=pat.read_fraction,
                 seed=pat.seed & ((1 << 64) - 1),
                 passes=pat.passes or 0,
+                ios=pat.limit or 0,
                 end_ns=start + duration_ns if duration_ns else 0,
                 flags=0 if on_queue else self.c_flags(),
                 # fio's default on files and block devices: each I/O as soon
@@ -679,7 +680,7 @@ def run_block_job(
             start_gate()
         nblocks = target.region_len // job.bs
 
-        def pattern(passes: int | None, seed_offset: int = 0) -> AccessPattern:
+        def pattern(passes: int | None, seed_offset: int = 0, limit: int | None = None) -> AccessPattern:
             return AccessPattern(
                 target.region_start,
                 nblocks,
@@ -689,6 +690,7 @@ def run_block_job(
                 job.read_fraction,
                 clone_seed(job.seed, clone) + seed_offset,
                 passes,
+                limit,
             )
 
         ru0 = Rusage.now()
@@ -702,7 +704,7 @@ def run_block_job(
             phase = Phase()
             passes = None if job.time_based else job.loops
             try:
-                loop.run(pattern(passes), phase, job.runtime_ns)
+                loop.run(pattern(passes, limit=job.io_count(nblocks)), phase, job.runtime_ns)
             finally:
                 result.io_loop = loop.last_loop
                 if loop.last_loop == "c" and loop.c_fd is None:

@@ -310,6 +310,37 @@ static void test_uniform_random(void)
 	unlink(upath);
 }
 
+/* ios (fio's io_size, number_ios) in place of passes: fewer than a pass
+ * ends early, more wraps around (which blocks: tests/test_bench_loop.py). */
+static void test_ios_instead_of_passes(void)
+{
+	enum { BS = 4096, N = 64, DEPTH = 4 };
+	char ipath[] = "/tmp/fx100io-test-bench-ios.XXXXXX";
+	int fd = mkstemp(ipath);
+	CHECK(fd >= 0);
+	CHECK_EQ(ftruncate(fd, (off_t)N * BS), 0);
+	void *bufs[DEPTH];
+	for (int i = 0; i < DEPTH; i++)
+		CHECK_EQ(posix_memalign(&bufs[i], 4096, BS), 0);
+	uint64_t want[] = {N / 4, N * 5 / 2};
+	for (int k = 0; k < 2; k++) {
+		struct fx_bl_params p = {
+			.fd = fd, .bs = BS, .depth = DEPTH, .nblocks = N, .passes = 1, .ios = want[k],
+			.seed = 7, .read_fraction = 1.0, .random = 1, .random_map = 1, .bufs = bufs,
+		};
+		struct fx_bl *b;
+		CHECK_EQ(fx_bl_create(&p, &b), 0);
+		CHECK_EQ(run_to_end(b), 1);
+		CHECK_EQ(fx_bl_stats(b, 1)->ios, want[k]);
+		CHECK_EQ(fx_bl_stats(b, 1)->bytes, want[k] * BS);
+		CHECK_EQ(fx_bl_destroy(b), 0);
+	}
+	for (int i = 0; i < DEPTH; i++)
+		free(bufs[i]);
+	close(fd);
+	unlink(ipath);
+}
+
 /* I/O that never completes (a read of an empty pipe): destroy gives up
  * after its limit and says so, so the caller keeps the buffers. */
 static void test_destroy_gives_up(void)
@@ -688,6 +719,7 @@ int main(void)
 	test_percentiles();
 	test_write_pass_and_errors();
 	test_uniform_random();
+	test_ios_instead_of_passes();
 	test_destroy_gives_up();
 	test_queue_backend();
 	printf("test_bench_loop: ok\n");
