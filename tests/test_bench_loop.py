@@ -329,7 +329,8 @@ def test_bench_read_job_through_c_loop_counts_and_depths(tmp_path: Path) -> None
 @pytest.mark.parametrize("engine", ["io_uring", "psync"])  # the C loop, the Python loop
 def test_io_size_ends_early_or_wraps_around_the_region(tmp_path: Path, engine: str) -> None:
     """--io_size less than the region ends the job early, more wraps around it
-    (every block once per pass with the random map); --number_ios caps both."""
+    (every block once per pass with the random map); --number_ios caps each
+    loop."""
     f = tmp_path / "w.img"
     bs, size = 4 * KiB, 1 * MiB
     make_file(f, size)
@@ -338,7 +339,7 @@ def test_io_size_ends_early_or_wraps_around_the_region(tmp_path: Path, engine: s
     for opts, ios in ((["--rw=randread", "--io_size=256k"], 64),
                       (["--rw=randread", "--io_limit=2560k"], 640),
                       (["--rw=randread", "--io_size=2560k", "--number_ios=300"], 300),
-                      (["--rw=read", "--number_ios=7", "--loops=3"], 7)):
+                      (["--rw=read", "--number_ios=7", "--loops=3"], 21)):
         job = json.loads(bench(*common, *opts)[1])["jobs"][0]
         assert job["read"]["total_ios"] == ios and job["read"]["io_bytes"] == ios * bs, opts
     # a random write of 2.5 passes: the random map gives every block two or

@@ -201,11 +201,12 @@ def raw(**values: str | None) -> RawJob:
         ({"percentile_list": "50:abc"}, "--percentile_list: cannot parse 'abc'"),
         ({"iodepth_batch_submit": "-1"}, "--iodepth_batch_submit: must be at least 0"),
         ({"iodepth_batch": "x"}, "--iodepth_batch: expected an integer"),
-        ({"io_size": "1k"}, "--io_size: '1k' is less than one block"),
-        ({"io_limit": "2k", "bs": "4k"}, "--io_limit: '2k' is less than one block"),
-        ({"io_size": "8m", "time_based": None, "runtime": "1"}, "--io_size: not with --time_based"),
-        ({"number_ios": "5", "time_based": None, "runtime": "1"}, "--number_ios: not with --time_based"),
+        ({"io_size": "99999999999999999999999"}, "--io_size: .* more I/Os than a job can count"),
+        ({"io_limit": "1e", "loops": "1000000"}, "--io_limit: .* more I/Os than a job can count"),
+        ({"number_ios": str(1 << 62), "loops": "2"}, "--number_ios: .* more I/Os than a job can count"),
         ({"number_ios": "-1"}, "--number_ios: must be at least 0"),
+        ({"kv-model": "llama3-8b", "io_size": "1g"}, "--io_size: not with --kv-model"),
+        ({"kv-model": "llama3-8b", "number_ios": "3"}, "--number_ios: not with --kv-model"),
     ],
 )
 def test_resolve_errors_name_the_option(values: dict, message: str) -> None:
@@ -283,7 +284,14 @@ def test_io_size_and_number_ios_count_the_ios() -> None:
     assert count(io_size="8m") == 2048
     assert count(io_limit="8m", loops="3") == 3 * 2048
     assert count(io_size="50%") == 512
+    # as fio: rounded up to whole blocks; 0 is unset; number_ios caps each loop
+    assert count(io_size="6k") == 2 and count(io_size="2k") == 1
+    assert count(io_size="0") is None and count(io_size="0%") is None
     assert count(number_ios="10") == 10
+    assert count(number_ios="7", loops="3") == 21
     assert count(number_ios="5000", loops="2") == 2048
     assert count(io_size="8m", number_ios="100") == 100
+    assert count(io_size="1m", number_ios="100", loops="2") == 200
     assert count(number_ios="0") is None
+    # a time_based job runs on the clock, as in fio (which takes both)
+    assert count(io_size="1m", time_based="1", runtime="1") is None

@@ -33,6 +33,7 @@ import _checkout  # noqa: F401 - first: this checkout's fx100io where it is buil
 import numpy as np
 
 import fx100io
+from fx100io.bench.stats import SystemCpu, read_proc_stat
 
 MiB = 1 << 20
 NQN = "nqn.2026-11.io.fx100:bench"
@@ -44,14 +45,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def iperf3(streams: int, seconds: int = 3) -> float:
+def iperf3(streams: int, seconds: int = 3, cpu_busy: list[float] | None = None) -> float:
+    """GB/s of iperf3 on loopback; cpu_busy gets the machine's CPUs busy
+    while the client ran (/proc/stat)."""
     port = free_port()
     srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
+        s0 = read_proc_stat()
         out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds),
                               "-P", str(streams), "-J"], capture_output=True, text=True, check=True)
+        if cpu_busy is not None:
+            cpu_busy.append(SystemCpu.between(s0, read_proc_stat()).busy_cpus)
         return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
     finally:
         srv.wait(timeout=10)
@@ -69,8 +75,10 @@ def start_target(path: str, port: int) -> subprocess.Popen:
     return p
 
 
-def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
-    """GB/s reading [0, size) in bs pieces, inflight at a time."""
+def read_all(uri: str, size: int, bs: int, inflight: int,
+             cpu_busy: list[float] | None = None) -> float:
+    """GB/s reading [0, size) in bs pieces, inflight at a time; cpu_busy gets
+    the machine's CPUs busy over the same timed part (/proc/stat)."""
     async def run() -> float:
         with fx100io.open_device(uri) as dev:
             pool = fx100io.BufferPool(bs * inflight)
@@ -87,11 +95,14 @@ def read_all(uri: str, size: int, bs: int, inflight: int) -> float:
                     moved += await dev.read_into(i * bs, b)
                 return moved
 
-            t = time.perf_counter()
+            s0, t = read_proc_stat(), time.perf_counter()
             moved = sum(await asyncio.gather(*(worker(b) for b in bufs)))
+            dt = time.perf_counter() - t
+            if cpu_busy is not None:
+                cpu_busy.append(SystemCpu.between(s0, read_proc_stat()).busy_cpus)
             if moved != size:
                 raise SystemExit(f"{uri}: read {moved} of {size} bytes")
-            return moved / (time.perf_counter() - t) / 1e9
+            return moved / dt / 1e9
 
     return asyncio.run(run())
 

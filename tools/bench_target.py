@@ -13,9 +13,9 @@ the ratios the target is held to:
   target cold 1q / direct cold   >= 0.8
   target cold 4q / target cold 1q >= 1.0   (and hot 4q / hot 1q)
   target hot 1q / iperf3 1 stream >= 0.9
-Every row also gets the machine's CPUs busy meanwhile (/proc/stat: every
-process, the kernel's threads and interrupts; on loopback both ends share the
-machine).  For the cold rows it also prints what reached the disk (/proc/diskstats over
+Every row also gets the machine's CPUs busy over its timed part (/proc/stat:
+every process, the kernel's threads and interrupts; on loopback both ends
+share the machine).  For the cold rows it also prints what reached the disk (/proc/diskstats over
 each read): requests, their mean size, the mean number in flight at the disk
 while it was busy, and the disk's GB/s over its busy time; a cloud volume's
 speed swings from minute to minute, and these show whether a slower row was
@@ -46,7 +46,6 @@ from bench_nvme_tcp import NQN, free_port, iperf3, read_all, start_target
 
 import fx100io._core  # noqa: F401 - fails early, before any file is written or target started, where it is not built
 from fx100io.bench.diskstats import disk_of, read_diskstats
-from fx100io.bench.stats import SystemCpu, read_proc_stat
 
 MiB = 1 << 20
 
@@ -135,18 +134,12 @@ def main() -> int:
                 (d[0], d[2] * 512 / 1024 / max(d[0], 1), d[10] / busy_ms, d[2] * 512 / busy_ms / 1e6))
         return gbs
 
-    def through(name: str, queues: int) -> float:
-        c0 = cpu_seconds(tgt.pid)
-        gbs = read_all(over(queues), size, a.bs, a.inflight)
-        cpu.setdefault(name, []).append((cpu_seconds(tgt.pid) - c0) / (size / 1e9))
-        return gbs
-
     busy: dict[str, list[float]] = {}  # the machine's CPUs busy (all processes, kernel too)
 
-    def machine(name: str, read: Callable[[], float]) -> float:
-        s0 = read_proc_stat()
-        gbs = read()
-        busy.setdefault(name, []).append(SystemCpu.between(s0, read_proc_stat()).busy_cpus)
+    def through(name: str, queues: int) -> float:
+        c0 = cpu_seconds(tgt.pid)
+        gbs = read_all(over(queues), size, a.bs, a.inflight, busy.setdefault(name, []))
+        cpu.setdefault(name, []).append((cpu_seconds(tgt.pid) - c0) / (size / 1e9))
         return gbs
 
     try:
@@ -154,18 +147,16 @@ def main() -> int:
             cur: dict[str, float] = {}
             if cold:
                 drop_caches()
-                cur["direct cold"] = machine("direct cold", functools.partial(
-                    on_disk, "direct cold", functools.partial(read_all, direct, size, a.bs, a.inflight)))
+                cur["direct cold"] = on_disk("direct cold", functools.partial(
+                    read_all, direct, size, a.bs, a.inflight, busy.setdefault("direct cold", [])))
                 for q in (1, 4):
                     drop_caches()
                     name = f"target cold {q}q"
-                    cur[name] = machine(name, functools.partial(
-                        on_disk, name, functools.partial(through, name, q)))
+                    cur[name] = on_disk(name, functools.partial(through, name, q))
             warm(path)
             for q in (1, 4):
-                name = f"target hot {q}q"
-                cur[name] = machine(name, functools.partial(through, name, q))
-            cur["iperf3 1 stream"] = machine("iperf3 1 stream", lambda: iperf3(1, a.iperf_seconds))
+                cur[f"target hot {q}q"] = through(f"target hot {q}q", q)
+            cur["iperf3 1 stream"] = iperf3(1, a.iperf_seconds, busy.setdefault("iperf3 1 stream", []))
             for k, v in cur.items():
                 rows.setdefault(k, []).append(v)
             print(f"round {r + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in cur.items()),

@@ -15,6 +15,7 @@ command-line jobs the options after that job's --name.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,10 +84,11 @@ _SPECS = [
         "io_size",
         "size_pct",
         "bytes of I/O per loop (or NN% of the region), in place of one pass over it: less "
-        "ends early, more wraps around the region (fio's option; not with --time_based)",
+        "ends early, more wraps around the region (fio's option; the clock ends a "
+        "--time_based job)",
     ),
     OptionSpec("io_limit", "size_pct", "alias of --io_size"),
-    OptionSpec("number_ios", "int", "stop after this many I/Os in all (0: no such limit)", "0"),
+    OptionSpec("number_ios", "int", "at most this many I/Os per loop (0: no such limit)", "0"),
     OptionSpec("runtime", "time", "stop after this long (seconds unless suffixed: 500ms, 2m)"),
     OptionSpec("time_based", "bool", "run for --runtime, wrapping around the region", "0", flag=True),
     OptionSpec("ramp_time", "time", "run this long before measuring", "0"),
@@ -435,17 +437,20 @@ class Job:
 
     def io_count(self, nblocks: int) -> int | None:
         """I/Os the measured phase does over a region of nblocks blocks, or None
-        for one pass per loop (or a time_based job, which the clock ends)."""
+        for one pass per loop (or a time_based job, which the clock ends).
+        As in fio: io_size is per loop, rounded up to whole blocks (I/O goes
+        on until at least that much is done); number_ios caps each loop."""
         if self.time_based or (self.io_size is None and not self.number_ios):
             return None
         if self.io_size is None:
             per_loop = nblocks
         elif isinstance(self.io_size, float):
-            per_loop = max(1, int(self.io_size * nblocks))
+            per_loop = max(1, math.ceil(self.io_size * nblocks))
         else:
-            per_loop = self.io_size // self.bs
-        total = per_loop * self.loops
-        return min(total, self.number_ios) if self.number_ios else total
+            per_loop = -(-self.io_size // self.bs)
+        if self.number_ios:
+            per_loop = min(per_loop, self.number_ios)
+        return min(per_loop * self.loops, _MAX_IOS)
 
     @property
     def is_random(self) -> bool:
@@ -490,6 +495,7 @@ KV_MODELS: dict[str, KvModel] = {
 }
 
 _ENGINE_ALIASES = {"sync": "psync", "pvsync": "psync"}
+_MAX_IOS = (1 << 63) - 1  # what the I/O loops count in (a signed 64-bit count)
 # Options with two names, or two forms (direct/buffered, rwmixread/
 # rwmixwrite), are one option (as in fio): setting either drops the other,
 # so the usual order decides between them (a job's own value over [global],
@@ -588,9 +594,8 @@ def resolve_job(raw: RawJob) -> Job:
     io_size: int | float | None = None
     io_key = "io_limit" if "io_limit" in raw.values and "io_size" not in raw.values else "io_size"
     if v.get(io_key) is not None:
-        io_size = parse_size_or_percent(get(io_key), io_key, kb_base)
-        if isinstance(io_size, int) and io_size < bs:
-            raise BenchError(f"--{io_key}: {get(io_key)!r} is less than one block (--bs {bs}): no I/O")
+        # (0 or 0%: unset, as in fio)
+        io_size = parse_size_or_percent(get(io_key), io_key, kb_base) or None
 
     runtime_ns = None
     if v.get("runtime") is not None:
@@ -602,9 +607,11 @@ def resolve_job(raw: RawJob) -> Job:
     if time_based and runtime_ns is None:
         raise BenchError("--time_based: needs --runtime (how long to run)")
     number_ios = parse_int(get("number_ios"), "number_ios", 0)
-    if time_based and (io_size is not None or number_ios):
-        raise BenchError(f"--{io_key if io_size is not None else 'number_ios'}: not with "
-                         "--time_based (the clock ends a time_based job)")
+    loops = parse_int(get("loops"), "loops", 1)
+    if isinstance(io_size, int) and -(-io_size // bs) * loops > _MAX_IOS:
+        raise BenchError(f"--{io_key}: {get(io_key)!r} x --loops {loops} is more I/Os than a job can count")
+    if number_ios * loops > _MAX_IOS:
+        raise BenchError(f"--number_ios: {number_ios} x --loops {loops} is more I/Os than a job can count")
 
     sqpoll = parse_bool(v.get("sqthread_poll"), "sqthread_poll")
     if "sqpoll" in raw.values:
@@ -656,7 +663,7 @@ def resolve_job(raw: RawJob) -> Job:
         offset=offset,
         iodepth=parse_int(get("iodepth"), "iodepth", 1, 65536),
         numjobs=parse_int(get("numjobs"), "numjobs", 1, 1024),
-        loops=parse_int(get("loops"), "loops", 1),
+        loops=loops,
         io_size=io_size,
         number_ios=number_ios,
         runtime_ns=runtime_ns,
@@ -689,6 +696,9 @@ def _resolve_kv(raw: RawJob, v: dict[str, str | None], kb_base: int) -> KvSpec |
         name = "custom" if any(k in raw.values for k in custom_keys) else ""
     if not name:
         raise BenchError(f"--{kv_keys[0]}: only meaningful with --kv-model (the KV-cache workload)")
+    for k in ("io_size", "io_limit", "number_ios"):
+        if raw.values.get(k) not in (None, "0"):
+            raise BenchError(f"--{k}: not with --kv-model (a KV job's prompts set what it moves)")
     if name == "custom":
         missing = [k for k in custom_keys if raw.values.get(k) is None]
         if missing:
