@@ -203,7 +203,8 @@ def raw(**values: str | None) -> RawJob:
         ({"iodepth_batch": "x"}, "--iodepth_batch: expected an integer"),
         ({"io_size": "99999999999999999999999"}, "--io_size: .* more I/Os than a job can count"),
         ({"io_limit": "1e", "loops": "1000000"}, "--io_limit: .* more I/Os than a job can count"),
-        ({"number_ios": str(1 << 62), "loops": "2"}, "--number_ios: .* more I/Os than a job can count"),
+        ({"number_ios": str(1 << 63)}, "--number_ios: must be at most"),
+        ({"loops": "99999999999999999999"}, "--loops: must be at most"),
         ({"number_ios": "-1"}, "--number_ios: must be at least 0"),
         ({"kv-model": "llama3-8b", "io_size": "1g"}, "--io_size: not with --kv-model"),
         ({"kv-model": "llama3-8b", "number_ios": "3"}, "--number_ios: not with --kv-model"),
@@ -275,9 +276,11 @@ def test_custom_kv_model() -> None:
 
 def test_io_size_and_number_ios_count_the_ios() -> None:
     """fio's io_size (io_limit) replaces one pass per loop: less ends early,
-    more wraps; a percentage is of the region; number_ios caps it all."""
+    more wraps; a percentage is of the region's bytes; the total is rounded
+    up to whole blocks; number_ios caps each loop.  (Counts checked against
+    fio 3.33's.)"""
     def count(**values: str) -> int | None:
-        return resolve_job(raw(bs="4k", **values)).io_count(1024)  # a 4 MiB region
+        return resolve_job(raw(bs="4k", **values)).io_count(4 * MiB)
 
     assert count() is None  # one pass per loop, as before
     assert count(io_size="1m") == 256
@@ -293,5 +296,19 @@ def test_io_size_and_number_ios_count_the_ios() -> None:
     assert count(io_size="8m", number_ios="100") == 100
     assert count(io_size="1m", number_ios="100", loops="2") == 200
     assert count(number_ios="0") is None
+    # the total is rounded up, not each loop
+    assert count(io_size="6k", loops="3") == 5
+    assert count(io_size="2k", loops="4") == 2
+    assert count(io_size="10k", loops="4") == 10
+    # a percentage: of the region's bytes, without float error
+    job = resolve_job(raw(bs="4k", io_size="7%"))
+    assert job.io_count(400 * 1024) == 7 and job.io_count(43008) == 1  # 7% of 10.5 blocks
+    assert resolve_job(raw(bs="4k", io_size="55%")).io_count(400 * 1024) == 55
+    assert resolve_job(raw(bs="4k", io_size="50%")).io_count(43008) == 6
+    assert resolve_job(raw(bs="4k", io_size="7%", loops="2")).io_count(400 * 1024) == 14
     # a time_based job runs on the clock, as in fio (which takes both)
     assert count(io_size="1m", time_based="1", runtime="1") is None
+    assert count(number_ios=str(1 << 62), time_based="1", runtime="1") is None
+    # a KV job refuses them, but not when they say "unset"
+    for unset in ({"number_ios": "00"}, {"io_size": "0%"}, {"io_size": "0k"}):
+        assert resolve_job(raw(**{"kv-model": "llama3-8b"}, **unset)).kv is not None

@@ -113,10 +113,10 @@ def fio_write_gbs(path: str, size: int, bs: int, iodepth: int, durable: bool = F
            f"--iodepth={iodepth}", "--ioengine=io_uring", "--registerfiles",
            "--direct=1", f"--size={size}", "--output-format=json"]
     if durable:
-        # Not with --fixedbufs: fio 3.33's io_uring engine then sends the end
-        # fsync nowhere (/proc/diskstats counts no flush at the disk), and its
-        # "durable" figure is writes into the disk's cache.  flushes_during
-        # checks that this one reached the disk.
+        # Not with --fixedbufs: with them this job under fio 3.33 sent no flush
+        # to the disk in our runs (/proc/diskstats), so its "durable" figure
+        # was writes into the disk's cache.  flushes_during checks that this
+        # one's reached the disk.
         cmd.append("--end_fsync=1")
     else:
         cmd.append("--fixedbufs")

@@ -15,7 +15,6 @@ command-line jobs the options after that job's --name.
 from __future__ import annotations
 
 import difflib
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -435,22 +434,29 @@ class Job:
     io_size: int | float | None = None
     number_ios: int = 0  # 0: no limit
 
-    def io_count(self, nblocks: int) -> int | None:
-        """I/Os the measured phase does over a region of nblocks blocks, or None
-        for one pass per loop (or a time_based job, which the clock ends).
-        As in fio: io_size is per loop, rounded up to whole blocks (I/O goes
-        on until at least that much is done); number_ios caps each loop."""
+    def io_count(self, region_len: int) -> int | None:
+        """I/Os the measured phase does over a region of region_len bytes, or
+        None for one pass per loop (or a time_based job, which the clock
+        ends).  As in fio: io_size is bytes per loop (a percentage of the
+        region's bytes), and I/O goes on until at least io_size x loops is
+        done (so the total is rounded up to whole blocks, not each loop);
+        number_ios caps each loop."""
         if self.time_based or (self.io_size is None and not self.number_ios):
             return None
+        nblocks = region_len // self.bs
         if self.io_size is None:
-            per_loop = nblocks
-        elif isinstance(self.io_size, float):
-            per_loop = max(1, math.ceil(self.io_size * nblocks))
+            total = nblocks * self.loops
         else:
-            per_loop = -(-self.io_size // self.bs)
+            # (a percentage's bytes rounded to the nearest byte: 7% as a
+            # float times the region is a hair off a whole number)
+            per_loop = round(self.io_size * region_len) if isinstance(self.io_size, float) else self.io_size
+            total = max(1, -(-per_loop * self.loops // self.bs))
         if self.number_ios:
-            per_loop = min(per_loop, self.number_ios)
-        return min(per_loop * self.loops, _MAX_IOS)
+            total = min(total, self.number_ios * self.loops)
+        if total > _MAX_IOS:
+            raise BenchError(f"job {self.name!r}: {total} I/Os is more than a job can count "
+                             "(--io_size, --number_ios, --loops)")
+        return total
 
     @property
     def is_random(self) -> bool:
@@ -496,6 +502,7 @@ KV_MODELS: dict[str, KvModel] = {
 
 _ENGINE_ALIASES = {"sync": "psync", "pvsync": "psync"}
 _MAX_IOS = (1 << 63) - 1  # what the I/O loops count in (a signed 64-bit count)
+_MAX_LOOPS = (1 << 32) - 1  # fio's loops is an unsigned int
 # Options with two names, or two forms (direct/buffered, rwmixread/
 # rwmixwrite), are one option (as in fio): setting either drops the other,
 # so the usual order decides between them (a job's own value over [global],
@@ -606,12 +613,10 @@ def resolve_job(raw: RawJob) -> Job:
     time_based = parse_bool(v.get("time_based"), "time_based")
     if time_based and runtime_ns is None:
         raise BenchError("--time_based: needs --runtime (how long to run)")
-    number_ios = parse_int(get("number_ios"), "number_ios", 0)
-    loops = parse_int(get("loops"), "loops", 1)
-    if isinstance(io_size, int) and -(-io_size // bs) * loops > _MAX_IOS:
+    number_ios = parse_int(get("number_ios"), "number_ios", 0, _MAX_IOS)
+    loops = parse_int(get("loops"), "loops", 1, _MAX_LOOPS)
+    if isinstance(io_size, int) and -(-io_size * loops // bs) > _MAX_IOS and not time_based:
         raise BenchError(f"--{io_key}: {get(io_key)!r} x --loops {loops} is more I/Os than a job can count")
-    if number_ios * loops > _MAX_IOS:
-        raise BenchError(f"--number_ios: {number_ios} x --loops {loops} is more I/Os than a job can count")
 
     sqpoll = parse_bool(v.get("sqthread_poll"), "sqthread_poll")
     if "sqpoll" in raw.values:
@@ -637,6 +642,9 @@ def resolve_job(raw: RawJob) -> Job:
 
     filename = v.get("filename")
     kv = _resolve_kv(raw, v, kb_base)
+    if kv is not None and (io_size is not None or number_ios):
+        raise BenchError(f"--{io_key if io_size is not None else 'number_ios'}: not with --kv-model "
+                         "(a KV job's prompts set what it moves)")
     if not filename:
         raise BenchError(
             f"job {raw.name!r} ({raw.origin}): --filename is required (a file, block device or URI)"
@@ -696,9 +704,6 @@ def _resolve_kv(raw: RawJob, v: dict[str, str | None], kb_base: int) -> KvSpec |
         name = "custom" if any(k in raw.values for k in custom_keys) else ""
     if not name:
         raise BenchError(f"--{kv_keys[0]}: only meaningful with --kv-model (the KV-cache workload)")
-    for k in ("io_size", "io_limit", "number_ios"):
-        if raw.values.get(k) not in (None, "0"):
-            raise BenchError(f"--{k}: not with --kv-model (a KV job's prompts set what it moves)")
     if name == "custom":
         missing = [k for k in custom_keys if raw.values.get(k) is None]
         if missing:

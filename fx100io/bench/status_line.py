@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from .errors import BenchError
 from .options import Job
 from .progress import (
     DONE,
@@ -49,7 +50,10 @@ def fraction_done(job: Job, slot: list[int]) -> float | None:
     if job.runtime_ns:
         parts.append(min(1.0, elapsed_ns / job.runtime_ns))
     if not job.time_based and job.kv is None and isinstance(job.size, int):
-        ios = job.io_count(job.size // job.bs)  # (io_size, number_ios)
+        try:
+            ios = job.io_count(job.size)  # (io_size, number_ios)
+        except BenchError:
+            return None  # (the job itself says why)
         total = job.size * job.loops if ios is None else ios * job.bs
         if total:
             parts.append(min(1.0, (slot[RBYTES] + slot[WBYTES]) / total))

@@ -704,7 +704,7 @@ def run_block_job(
             phase = Phase()
             passes = None if job.time_based else job.loops
             try:
-                loop.run(pattern(passes, limit=job.io_count(nblocks)), phase, job.runtime_ns)
+                loop.run(pattern(passes, limit=job.io_count(target.region_len)), phase, job.runtime_ns)
             finally:
                 result.io_loop = loop.last_loop
                 if loop.last_loop == "c" and loop.c_fd is None:
