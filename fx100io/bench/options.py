@@ -440,7 +440,9 @@ class Job:
         ends).  As in fio: io_size is bytes per loop (a percentage of the
         region's bytes), and I/O goes on until at least io_size x loops is
         done (so the total is rounded up to whole blocks, not each loop);
-        number_ios caps each loop."""
+        number_ios caps each loop.  (A run passes its region, whole blocks:
+        where --size is not a multiple of --bs, fio takes a percentage of
+        --size itself, and may do one I/O more.)"""
         if self.time_based or (self.io_size is None and not self.number_ios):
             return None
         nblocks = region_len // self.bs
