@@ -226,11 +226,38 @@ static int discard(struct tgt_conn *c, size_t n)
 	return 0;
 }
 
+/* A send call that began at t0 and moved r of the asked bytes: remember
+ * whether it was cut short after a long wait (see send_cut in tgt.h). */
+static void note_send(struct tgt_conn *c, uint64_t t0, ssize_t r, size_t asked)
+{
+	c->send_cut = r >= 0 && (size_t)r < asked && tgt_now_ms() - t0 >= c->t->stall_ms;
+}
+
+/* The -errno of a failed send: a broken pipe right after a send was cut
+ * short by a long wait is TCP giving up on a host that stopped reading
+ * (its user timeout), which the cut call did not report. */
+static int send_errno(struct tgt_conn *c, int e)
+{
+	if ((e == EPIPE || e == ECONNRESET) && c->send_cut)
+		return -ETIMEDOUT;
+	return -e;
+}
+
+static size_t iov_bytes(const struct iovec *iov, int cnt)
+{
+	size_t n = 0;
+
+	for (int i = 0; i < cnt; i++)
+		n += iov[i].iov_len;
+	return n;
+}
+
 static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 {
 	struct msghdr m;
 
 	while (cnt > 0) {
+		uint64_t t0 = tgt_now_ms();
 		ssize_t r;
 
 		memset(&m, 0, sizeof(m));
@@ -242,8 +269,9 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
 				return send_stalled(c);
-			return -errno;
+			return send_errno(c, errno);
 		}
+		note_send(c, t0, r, iov_bytes(iov, cnt));
 		while (cnt > 0 && (size_t)r >= iov->iov_len) {
 			r -= (ssize_t)iov->iov_len;
 			iov++;
@@ -581,9 +609,11 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 			return ret;
 		c->c2h_sent++;
 		while (sent < len) {
+			uint64_t t0 = tgt_now_ms();
 			ssize_t r = sendfile(c->fd, ns->fd, &o, len - sent);
 
 			if (r > 0) {
+				note_send(c, t0, r, len - sent);
 				sent += (uint32_t)r;
 				continue;
 			}
@@ -592,7 +622,7 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 				return send_stalled(c);
 			if (r < 0 && sock_errno(errno))
-				return -errno;
+				return send_errno(c, errno);
 			break; /* EOF, a read error, or no sendfile here: pread below */
 		}
 		while (sent < len) {
@@ -1307,8 +1337,18 @@ void *tgt_conn_main(void *arg)
 	do
 		ret = recv_pdu(c);
 	while (ret == 0);
+	/* First the disk I/O in flight ends (the engine sends nothing more),
+	 * so that no write of this queue lands after its qid is free again
+	 * or a controller reset waiting for it completes; then the queue is
+	 * given back before the host can see the close, so that it may
+	 * reconnect the same qid at once.  (The state stays as it was until
+	 * the reason is told below: CLOSING means it was told already.) */
+	tgt_ioq_stop(c);
 	/* The engine's sends failed first and it shut the socket: its error
-	 * is the reason (-ECONNABORTED when it has said why already). */
+	 * is the reason (-ECONNABORTED when it has said why already).  Read
+	 * only now that its thread is joined: a send and our receive see
+	 * one broken connection at once, and its error may come after our
+	 * receive returned. */
 	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
 		ret = atomic_load(&c->engine_err);
 	/* (CLOSING: the reason was logged where it was found) */
@@ -1323,12 +1363,6 @@ void *tgt_conn_main(void *arg)
 	else if (t->verbose)
 		tgt_log(t, "%s qid %u: closed (%s)", c->peer, c->qid, tgt_conn_state_str(c->state));
 	c->state = TGT_CONN_CLOSING;
-	/* First the disk I/O in flight ends (the engine sends nothing more),
-	 * so that no write of this queue lands after its qid is free again
-	 * or a controller reset waiting for it completes; then the queue is
-	 * given back before the host can see the close, so that it may
-	 * reconnect the same qid at once. */
-	tgt_ioq_stop(c);
 	tgt_conn_drained(c);
 	tgt_conn_detach(c);
 	shutdown(c->fd, SHUT_RDWR);

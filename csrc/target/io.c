@@ -525,13 +525,17 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 
 /* Engine thread: a send failed, the connection broke (or a fault was
  * injected).  The connection's thread sees the shut socket, says why
- * (err) and stops us. */
+ * (err) and stops us.  A send that failed because that thread is
+ * stopping us already (it shuts the socket to wake us) is no reason. */
 static void send_failed(struct tgt_ioq *q, int err)
 {
 	int none = 0;
 
-	atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
 	pthread_mutex_lock(&q->lock);
+	/* (TCP's user timeout is a reason whenever it comes: our own
+	 * shutdown never causes it) */
+	if (!q->stopping || err == -ETIMEDOUT)
+		atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
 	q->stopping = 1;
 	pthread_mutex_unlock(&q->lock);
 	shutdown(q->c->fd, SHUT_RDWR);

@@ -237,6 +237,12 @@ struct tgt_conn {
 	uint16_t sqsize;    /* 0's based */
 	uint16_t sqhd;
 	uint32_t pdus_sent;
+	/* A send returned short after waiting at least stall_ms: TCP broke the
+	 * connection in the middle of it, and the call swallowed why (a
+	 * sendfile or sendmsg that moved some bytes returns their count, and
+	 * the error it took is gone); the next send's EPIPE is then TCP's
+	 * user timeout, not the host closing.  Under the send lock. */
+	int send_cut;
 	uint32_t c2h_sent;
 	unsigned aers;      /* Async Event Requests held (never answered: no events) */
 	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
