@@ -289,6 +289,37 @@ def test_host_that_stops_reading_is_dropped(backing, tmp_path):
     assert "qid 1: host stopped reading" in text or "qid 1: connection ended" in text, text
 
 
+def test_host_that_resets_while_reading_is_not_called_a_stopped_reader(backing, tmp_path):
+    """A host that reads briskly and then resets the connection in the middle
+    of our sends ended it itself: no "host stopped reading" line (its window
+    was open), and the target serves on."""
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--stall-timeout-ms", "1000", log=log) as (_, port, proc):
+        a = admin(port, kato=0)
+        a.set_queues(2)
+        q = io_queue(port, a.cntlid, 1)
+        n, each = 20, 4 << 20
+        for i in range(n):
+            q.submit(sqe(0x02, nsid=1, cdw10=(i % 4) * 8192, cdw12=8191), data_in=each)
+        got = 0
+        q.sock.settimeout(5.0)
+        while got < 16 << 20:
+            b = q.sock.recv(1 << 20)
+            assert b, f"the target closed after {got} bytes"
+            got += len(b)
+        q.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        q.sock.close()  # a reset, with our window open
+        time.sleep(0.5)
+        assert a.cmd(sqe(0x18))[0].ok
+        q2 = io_queue(port, a.cntlid, 2)
+        blk = os.urandom(512)
+        assert q2.write(7, blk, 512).ok and q2.read(7, 1, 512)[1] == blk
+        a.close()
+        q2.close()
+        assert proc.poll() is None
+    assert "host stopped reading" not in log.read_text()
+
+
 def test_a_write_whose_data_never_comes_holds_no_thread_forever(backing, tmp_path):
     """A Connected queue that got our R2T and never sends the data: the
     write's data is due within 2 x the stall timeout of its R2T (so the I/O

@@ -34,11 +34,14 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/in.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_snd_wnd (glibc's lacks it) */
 #include <unistd.h>
 
 #include "fx100io.h"
@@ -198,11 +201,20 @@ static int recv_all(struct tgt_conn *c, void *buf, size_t n)
 	return recv_bytes(c, buf, n, 0);
 }
 
+/* Whether this caller is the first to say why the connection ends (the
+ * engine's sends and our receive may see one break at once). */
+static int say_why_first(struct tgt_conn *c)
+{
+	return atomic_exchange(&c->why_said, 1) == 0;
+}
+
 /* The send timeout fired: the host has not taken a byte for stall_ms. */
 static int send_stalled(struct tgt_conn *c)
 {
-	tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing", c->peer,
-	        c->qid, c->t->stall_ms);
+	c->send_short = 0;
+	if (say_why_first(c))
+		tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing",
+		        c->peer, c->qid, c->t->stall_ms);
 	/* (the connection's state is its own thread's; the engine shuts the
 	 * socket instead, and that thread ends without another line) */
 	if (tgt_ioq_on_engine_thread())
@@ -226,21 +238,53 @@ static int discard(struct tgt_conn *c, size_t n)
 	return 0;
 }
 
-/* A send call that began at t0 and moved r of the asked bytes: remember
- * whether it was cut short after a long wait (see send_cut in tgt.h). */
-static void note_send(struct tgt_conn *c, uint64_t t0, ssize_t r, size_t asked)
+/* A send call moved r of the asked bytes: remember whether it returned
+ * short (see send_short in tgt.h). */
+static void note_send(struct tgt_conn *c, ssize_t r, size_t asked)
 {
-	c->send_cut = r >= 0 && (size_t)r < asked && tgt_now_ms() - t0 >= c->t->stall_ms;
+	c->send_short = r >= 0 && (size_t)r < asked;
 }
 
-/* The -errno of a failed send: a broken pipe right after a send was cut
- * short by a long wait is TCP giving up on a host that stopped reading
- * (its user timeout), which the cut call did not report. */
+/* TCP's state once it ended a connection itself (the kernel's
+ * tcp_states.h; not in the uapi headers) */
+#define TCP_STATE_CLOSE 7
+
+/* The host stopped reading and then TCP closed the connection itself (its
+ * user timeout, or a reset from the host): the socket is closed with the
+ * host's window shut.  Our own shutdown, or any other thread's, leaves it
+ * in a FIN state; a host that resets while it reads leaves its window
+ * open. */
+static int closed_on_a_shut_window(int fd)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	memset(&ti, 0, sizeof(ti));
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+	    len < offsetof(struct tcp_info, tcpi_snd_wnd) + sizeof(ti.tcpi_snd_wnd))
+		return 0; /* (a kernel that does not say: cannot tell) */
+	return ti.tcpi_state == TCP_STATE_CLOSE && ti.tcpi_snd_wnd == 0;
+}
+
+/* The -errno of a failed send (e: its errno).  A broken pipe right after
+ * a send returned short is the one case where the reason is lost (that
+ * send took it): when the host had stopped reading, say so (as
+ * send_stalled does) instead of closing in silence. */
 static int send_errno(struct tgt_conn *c, int e)
 {
-	if ((e == EPIPE || e == ECONNRESET) && c->send_cut)
-		return -ETIMEDOUT;
-	return -e;
+	int was_short = c->send_short;
+
+	c->send_short = 0;
+	if (e != EPIPE || !was_short || !closed_on_a_shut_window(c->fd))
+		return -e;
+	if (say_why_first(c))
+		tgt_log(c->t, "%s qid %u: host stopped reading (its window shut), then the connection "
+		        "ended in the middle of a send (TCP's user timeout, %u ms, or a reset by the "
+		        "host); closing", c->peer, c->qid, tgt_user_timeout_ms(c->t));
+	if (tgt_ioq_on_engine_thread())
+		return -ECONNABORTED; /* (said; see tgt_conn_main) */
+	c->state = TGT_CONN_CLOSING;
+	return -EPIPE;
 }
 
 static size_t iov_bytes(const struct iovec *iov, int cnt)
@@ -257,7 +301,6 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 	struct msghdr m;
 
 	while (cnt > 0) {
-		uint64_t t0 = tgt_now_ms();
 		ssize_t r;
 
 		memset(&m, 0, sizeof(m));
@@ -271,7 +314,7 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 				return send_stalled(c);
 			return send_errno(c, errno);
 		}
-		note_send(c, t0, r, iov_bytes(iov, cnt));
+		note_send(c, r, iov_bytes(iov, cnt));
 		while (cnt > 0 && (size_t)r >= iov->iov_len) {
 			r -= (ssize_t)iov->iov_len;
 			iov++;
@@ -609,11 +652,10 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 			return ret;
 		c->c2h_sent++;
 		while (sent < len) {
-			uint64_t t0 = tgt_now_ms();
 			ssize_t r = sendfile(c->fd, ns->fd, &o, len - sent);
 
 			if (r > 0) {
-				note_send(c, t0, r, len - sent);
+				note_send(c, r, len - sent);
 				sent += (uint32_t)r;
 				continue;
 			}
@@ -1352,6 +1394,8 @@ void *tgt_conn_main(void *arg)
 	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
 		ret = atomic_load(&c->engine_err);
 	/* (CLOSING: the reason was logged where it was found) */
+	if (atomic_load(&c->why_said))
+		c->state = TGT_CONN_CLOSING; /* (a send said why, here or in the engine) */
 	if (ret == -ETIMEDOUT && !t->stop && c->state != TGT_CONN_CLOSING)
 		/* TCP gave up: keepalive probes or our data unacknowledged (or
 		 * refused by a zero window) for longer than the user timeout */

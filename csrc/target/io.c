@@ -454,13 +454,20 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 	if (!buf) {
 		uint16_t cid = io->cid;
 		uint32_t len = io->len;
+		int ret = 0;
 
 		q->used -= io->cap; /* (release frees no buffer) */
 		release_locked(q, idx);
 		pthread_mutex_unlock(&q->lock);
 		tgt_log(c->t, "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
 		        len);
-		return tgt_send_resp(c, cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+		/* (checked under the send lock, as every send of ours: a stopping
+		 * queue sends nothing, and its thread's join waits for no send) */
+		tgt_send_lock(c);
+		if (!is_stopping(q))
+			ret = tgt_send_resp(c, cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+		tgt_send_unlock(c);
+		return ret;
 	}
 	io->buf = buf;
 	if (io->write) {

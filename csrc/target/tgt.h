@@ -237,12 +237,11 @@ struct tgt_conn {
 	uint16_t sqsize;    /* 0's based */
 	uint16_t sqhd;
 	uint32_t pdus_sent;
-	/* A send returned short after waiting at least stall_ms: TCP broke the
-	 * connection in the middle of it, and the call swallowed why (a
-	 * sendfile or sendmsg that moved some bytes returns their count, and
-	 * the error it took is gone); the next send's EPIPE is then TCP's
-	 * user timeout, not the host closing.  Under the send lock. */
-	int send_cut;
+	/* The last send call returned short: the host took nothing more for
+	 * stall_ms (our send timeout), or TCP closed the connection in the
+	 * middle of the call, which then returns the bytes it moved and the
+	 * error it took is lost (see send_errno).  Under the send lock. */
+	int send_short;
 	uint32_t c2h_sent;
 	unsigned aers;      /* Async Event Requests held (never answered: no events) */
 	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
@@ -269,6 +268,10 @@ struct tgt_conn {
 	struct tgt_ioq *ioq;
 	int ioq_failed;     /* could not start it: serve in line */
 	atomic_int engine_err; /* the engine's first failed send (it shut the socket) */
+	/* Why the connection ends was logged: the engine's sends and this
+	 * thread's receive may both see one broken connection, and one line
+	 * says it (say_why_first in conn.c). */
+	atomic_int why_said;
 	/* Held around every PDU sent (and every command's whole response)
 	 * once the engine's thread sends too; NULL before (recursive). */
 	pthread_mutex_t *send_lock;
