@@ -320,6 +320,29 @@ def test_host_that_resets_while_reading_is_not_called_a_stopped_reader(backing, 
     assert "host stopped reading" not in log.read_text()
 
 
+def test_a_queue_the_keep_alive_ends_gets_no_second_reason(backing, tmp_path):
+    """Keep alive expires while the engine is blocked sending reads to a host
+    that does not read: the target says why once (KATO); the send its
+    shutdown broke adds no "connection ended: Broken pipe"."""
+    log = tmp_path / "target.log"
+    with serve([backing], NQN, "--stall-timeout-ms", "20000", log=log) as (_, port, proc):
+        a = admin(port, kato=1000)
+        q = io_queue(port, a.cntlid, 1)
+        for i in range(20):  # 80 MiB of reads, none read while KATO runs out
+            q.submit(sqe(0x02, nsid=1, cdw10=(i % 4) * 8192, cdw12=8191), data_in=4 << 20)
+        deadline = time.monotonic() + 10
+        while "no command within KATO" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert closed_by_target(q.sock, 10.0)
+        assert proc.poll() is None
+        q.close()
+        a.close()
+    text = log.read_text()
+    assert "qid 1: connection ended" not in text, text
+    assert "qid 1: host stopped reading" not in text, text
+
+
 def test_a_write_whose_data_never_comes_holds_no_thread_forever(backing, tmp_path):
     """A Connected queue that got our R2T and never sends the data: the
     write's data is due within 2 x the stall timeout of its R2T (so the I/O

@@ -354,7 +354,7 @@ static int pdu_sent(struct tgt_conn *c)
 	if (t->fault_drop_after && c->pdus_sent >= t->fault_drop_after) {
 		tgt_log(t, "%s: fault injection: dropping the connection after %u PDUs", c->peer,
 		        c->pdus_sent);
-		shutdown(c->fd, SHUT_RDWR);
+		tgt_conn_shut(c);
 		return -ECONNABORTED;
 	}
 	return 0;

@@ -532,8 +532,9 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 
 /* Engine thread: a send failed, the connection broke (or a fault was
  * injected).  The connection's thread sees the shut socket, says why
- * (err) and stops us.  A send that failed because that thread is
- * stopping us already (it shuts the socket to wake us) is no reason. */
+ * (err) and stops us.  A send that failed because we shut the socket
+ * on purpose (that thread stopping us, keep-alive, a reset: see
+ * tgt_conn_shut) is no reason: whoever shut it said why. */
 static void send_failed(struct tgt_ioq *q, int err)
 {
 	int none = 0;
@@ -541,7 +542,7 @@ static void send_failed(struct tgt_ioq *q, int err)
 	pthread_mutex_lock(&q->lock);
 	/* (TCP's user timeout is a reason whenever it comes: our own
 	 * shutdown never causes it) */
-	if (!q->stopping || err == -ETIMEDOUT)
+	if ((!q->stopping && !atomic_load(&q->c->shut_by_us)) || err == -ETIMEDOUT)
 		atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
 	q->stopping = 1;
 	pthread_mutex_unlock(&q->lock);
@@ -866,7 +867,7 @@ void tgt_ioq_stop(struct tgt_conn *c)
 	if (pthread_mutex_trylock(&q->send_lock) == 0)
 		pthread_mutex_unlock(&q->send_lock);
 	else
-		shutdown(c->fd, SHUT_RDWR);
+		tgt_conn_shut(c);
 	pthread_mutex_lock(&q->lock);
 	queue_locked(q, STOP_TAG);
 	flush_locked(q);

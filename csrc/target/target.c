@@ -600,7 +600,7 @@ void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
 	for (struct tgt_conn *c = t->conns; c; c = c->next) {
 		if (c->ctrl != ctrl || c->qid == 0 || c->qid_released)
 			continue;
-		shutdown(c->fd, SHUT_RDWR);
+		tgt_conn_shut(c);
 		/* Free the qid now: after a reset the host reconnects its
 		 * queues at once, maybe before this thread has noticed. */
 		if (c->qid <= t->max_io_queues && c->qid_claimed)
@@ -635,7 +635,7 @@ static void ctrl_kill_all_locked(struct fx_target *t, struct tgt_ctrl *ctrl)
 {
 	for (struct tgt_conn *c = t->conns; c; c = c->next)
 		if (c->ctrl == ctrl)
-			shutdown(c->fd, SHUT_RDWR);
+			tgt_conn_shut(c);
 }
 
 void tgt_ctrl_flush_all(struct fx_target *t)
@@ -953,7 +953,7 @@ static int shut_victim_unlock(struct fx_target *t, struct tgt_conn *victim, unsi
 	int shut = victim && dying < FX_TGT_EVICT_SLACK;
 
 	if (shut) {
-		shutdown(victim->fd, SHUT_RDWR);
+		tgt_conn_shut(victim);
 		victim->deadline_hit = 1;
 	}
 	pthread_mutex_unlock(&t->lock);
@@ -1059,7 +1059,7 @@ static void check_handshakes(struct fx_target *t)
 		if (c->deadline_hit || atomic_load(&c->live) || atomic_load(&c->done) ||
 		    now - c->accepted_ms < t->handshake_ms)
 			continue;
-		shutdown(c->fd, SHUT_RDWR);
+		tgt_conn_shut(c);
 		c->deadline_hit = 1;
 		if (!n++)
 			snprintf(first, sizeof(first), "%s", c->peer);
@@ -1088,7 +1088,7 @@ static void check_idle(struct fx_target *t)
 	for (struct tgt_conn *c = t->conns; c; c = c->next) {
 		if (idle_age_locked(t, c, now) < t->idle_ms)
 			continue;
-		shutdown(c->fd, SHUT_RDWR);
+		tgt_conn_shut(c);
 		c->deadline_hit = 1;
 		if (!n++)
 			snprintf(first, sizeof(first), "%s qid %u", c->peer, c->qid);
@@ -1149,7 +1149,7 @@ int fx_target_run(struct fx_target *t)
 	t->lfd = -1;
 	pthread_mutex_lock(&t->lock);
 	for (struct tgt_conn *c = t->conns; c; c = c->next)
-		shutdown(c->fd, SHUT_RDWR);
+		tgt_conn_shut(c);
 	pthread_mutex_unlock(&t->lock);
 	reap(t, 1);
 	tgt_ctrl_flush_all(t);

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "fx100io/nvme.h"
 #include "nvmf/auth_msg.h"
@@ -272,6 +273,10 @@ struct tgt_conn {
 	 * thread's receive may both see one broken connection, and one line
 	 * says it (say_why_first in conn.c). */
 	atomic_int why_said;
+	/* We shut the socket on purpose (keep-alive, a controller reset,
+	 * idle or handshake deadlines, eviction, a fault, our own stop): a
+	 * send that fails after it says nothing new (tgt_conn_shut). */
+	atomic_int shut_by_us;
 	/* Held around every PDU sent (and every command's whole response)
 	 * once the engine's thread sends too; NULL before (recursive). */
 	pthread_mutex_t *send_lock;
@@ -341,6 +346,15 @@ struct tgt_req {
 
 /* TCP_USER_TIMEOUT of a connection: twice the stall timeout, so that a
  * blocked send reports the stall itself when it can. */
+/* End a connection on purpose from any thread: its threads wake up, and
+ * the sends that fail because of it are not taken for its reason (the
+ * one who shuts it says why). */
+static inline void tgt_conn_shut(struct tgt_conn *c)
+{
+	atomic_store(&c->shut_by_us, 1);
+	shutdown(c->fd, SHUT_RDWR);
+}
+
 static inline uint32_t tgt_user_timeout_ms(const struct fx_target *t)
 {
 	return t->stall_ms > 0x7FFFFFFFu ? 0xFFFFFFFFu : 2 * t->stall_ms;
