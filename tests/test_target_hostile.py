@@ -320,10 +320,15 @@ def test_host_that_resets_while_reading_is_not_called_a_stopped_reader(backing, 
     assert "host stopped reading" not in log.read_text()
 
 
-def test_a_queue_the_keep_alive_ends_gets_no_second_reason(backing, tmp_path):
-    """Keep alive expires while the engine is blocked sending reads to a host
-    that does not read: the target says why once (KATO); the send its
-    shutdown broke adds no "connection ended: Broken pipe"."""
+@pytest.mark.parametrize("inline", [False, True], ids=["engine", "inline"])
+def test_a_queue_the_keep_alive_ends_gets_no_second_reason(backing, tmp_path, monkeypatch,
+                                                           inline):
+    """Keep alive expires while a send of reads to a host that does not read
+    is blocked (in the queue's engine, or in its own thread when served in
+    line): the target says why once (KATO); the send its shutdown broke adds
+    no "connection ended: Broken pipe"."""
+    if inline:
+        monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
     log = tmp_path / "target.log"
     with serve([backing], NQN, "--stall-timeout-ms", "20000", log=log) as (_, port, proc):
         a = admin(port, kato=1000)

@@ -1393,6 +1393,10 @@ void *tgt_conn_main(void *arg)
 	 * receive returned. */
 	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
 		ret = atomic_load(&c->engine_err);
+	/* Our own send (a queue served in line, the admin queue) broken by a
+	 * shutdown we made on purpose: whoever made it said why. */
+	if (ret == -EPIPE && atomic_load(&c->shut_by_us))
+		ret = -ECONNRESET;
 	/* (CLOSING: the reason was logged where it was found) */
 	if (atomic_load(&c->why_said))
 		c->state = TGT_CONN_CLOSING; /* (a send said why, here or in the engine) */

@@ -344,8 +344,6 @@ struct tgt_req {
 	int close_after;      /* Disconnect: close the queue after answering */
 };
 
-/* TCP_USER_TIMEOUT of a connection: twice the stall timeout, so that a
- * blocked send reports the stall itself when it can. */
 /* End a connection on purpose from any thread: its threads wake up, and
  * the sends that fail because of it are not taken for its reason (the
  * one who shuts it says why). */
@@ -355,6 +353,8 @@ static inline void tgt_conn_shut(struct tgt_conn *c)
 	shutdown(c->fd, SHUT_RDWR);
 }
 
+/* TCP_USER_TIMEOUT of a connection: twice the stall timeout, so that a
+ * blocked send reports the stall itself when it can. */
 static inline uint32_t tgt_user_timeout_ms(const struct fx_target *t)
 {
 	return t->stall_ms > 0x7FFFFFFFu ? 0xFFFFFFFFu : 2 * t->stall_ms;
