@@ -208,6 +208,17 @@ static int say_why_first(struct tgt_conn *c)
 	return atomic_exchange(&c->why_said, 1) == 0;
 }
 
+/* A send said why the connection ends: err, the error it returns.  (The
+ * connection's state is its own thread's; the engine shuts the socket
+ * instead, and that thread ends without another line.) */
+static int send_said_why(struct tgt_conn *c, int err)
+{
+	if (tgt_ioq_on_engine_thread())
+		return -ECONNABORTED; /* (said; see tgt_conn_main) */
+	c->state = TGT_CONN_CLOSING;
+	return err;
+}
+
 /* The send timeout fired: the host has not taken a byte for stall_ms. */
 static int send_stalled(struct tgt_conn *c)
 {
@@ -215,12 +226,7 @@ static int send_stalled(struct tgt_conn *c)
 	if (say_why_first(c))
 		tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing",
 		        c->peer, c->qid, c->t->stall_ms);
-	/* (the connection's state is its own thread's; the engine shuts the
-	 * socket instead, and that thread ends without another line) */
-	if (tgt_ioq_on_engine_thread())
-		return -ECONNABORTED; /* (said; see tgt_conn_main) */
-	c->state = TGT_CONN_CLOSING;
-	return -ETIMEDOUT;
+	return send_said_why(c, -ETIMEDOUT);
 }
 
 static int discard(struct tgt_conn *c, size_t n)
@@ -236,13 +242,6 @@ static int discard(struct tgt_conn *c, size_t n)
 		n -= k;
 	}
 	return 0;
-}
-
-/* A send call moved r of the asked bytes: remember whether it returned
- * short (see send_short in tgt.h). */
-static void note_send(struct tgt_conn *c, ssize_t r, size_t asked)
-{
-	c->send_short = r >= 0 && (size_t)r < asked;
 }
 
 /* TCP's state once it ended a connection itself (the kernel's
@@ -266,7 +265,9 @@ static int closed_on_a_shut_window(int fd)
 	return ti.tcpi_state == TCP_STATE_CLOSE && ti.tcpi_snd_wnd == 0;
 }
 
-/* The -errno of a failed send (e: its errno).  A broken pipe right after
+/* The -errno of a failed send (e: its errno), of either thread.  A send
+ * broken by a shutdown we made on purpose is no reason: whoever made it
+ * says why (TCP's user timeout is never ours).  A broken pipe right after
  * a send returned short is the one case where the reason is lost (that
  * send took it): when the host had stopped reading, say so (as
  * send_stalled does) instead of closing in silence. */
@@ -275,25 +276,15 @@ static int send_errno(struct tgt_conn *c, int e)
 	int was_short = c->send_short;
 
 	c->send_short = 0;
+	if (e != ETIMEDOUT && atomic_load(&c->shut_by_us))
+		return -ECONNRESET; /* (a quiet end) */
 	if (e != EPIPE || !was_short || !closed_on_a_shut_window(c->fd))
 		return -e;
 	if (say_why_first(c))
 		tgt_log(c->t, "%s qid %u: host stopped reading (its window shut), then the connection "
 		        "ended in the middle of a send (TCP's user timeout, %u ms, or a reset by the "
 		        "host); closing", c->peer, c->qid, tgt_user_timeout_ms(c->t));
-	if (tgt_ioq_on_engine_thread())
-		return -ECONNABORTED; /* (said; see tgt_conn_main) */
-	c->state = TGT_CONN_CLOSING;
-	return -EPIPE;
-}
-
-static size_t iov_bytes(const struct iovec *iov, int cnt)
-{
-	size_t n = 0;
-
-	for (int i = 0; i < cnt; i++)
-		n += iov[i].iov_len;
-	return n;
+	return send_said_why(c, -EPIPE);
 }
 
 static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
@@ -314,7 +305,6 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 				return send_stalled(c);
 			return send_errno(c, errno);
 		}
-		note_send(c, r, iov_bytes(iov, cnt));
 		while (cnt > 0 && (size_t)r >= iov->iov_len) {
 			r -= (ssize_t)iov->iov_len;
 			iov++;
@@ -324,6 +314,7 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 			iov->iov_base = (uint8_t *)iov->iov_base + r;
 			iov->iov_len -= (size_t)r;
 		}
+		c->send_short = cnt > 0; /* (see send_errno) */
 	}
 	return 0;
 }
@@ -655,8 +646,8 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 			ssize_t r = sendfile(c->fd, ns->fd, &o, len - sent);
 
 			if (r > 0) {
-				note_send(c, r, len - sent);
 				sent += (uint32_t)r;
+				c->send_short = sent < len; /* (see send_errno) */
 				continue;
 			}
 			if (r < 0 && errno == EINTR)
@@ -1393,10 +1384,6 @@ void *tgt_conn_main(void *arg)
 	 * receive returned. */
 	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
 		ret = atomic_load(&c->engine_err);
-	/* Our own send (a queue served in line, the admin queue) broken by a
-	 * shutdown we made on purpose: whoever made it said why. */
-	if (ret == -EPIPE && atomic_load(&c->shut_by_us))
-		ret = -ECONNRESET;
 	/* (CLOSING: the reason was logged where it was found) */
 	if (atomic_load(&c->why_said))
 		c->state = TGT_CONN_CLOSING; /* (a send said why, here or in the engine) */

@@ -532,18 +532,14 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 
 /* Engine thread: a send failed, the connection broke (or a fault was
  * injected).  The connection's thread sees the shut socket, says why
- * (err) and stops us.  A send that failed because we shut the socket
- * on purpose (that thread stopping us, keep-alive, a reset: see
- * tgt_conn_shut) is no reason: whoever shut it said why. */
+ * (err: a quiet -ECONNRESET when we shut it on purpose, see send_errno)
+ * and stops us. */
 static void send_failed(struct tgt_ioq *q, int err)
 {
 	int none = 0;
 
+	atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
 	pthread_mutex_lock(&q->lock);
-	/* (TCP's user timeout is a reason whenever it comes: our own
-	 * shutdown never causes it) */
-	if ((!q->stopping && !atomic_load(&q->c->shut_by_us)) || err == -ETIMEDOUT)
-		atomic_compare_exchange_strong(&q->c->engine_err, &none, err);
 	q->stopping = 1;
 	pthread_mutex_unlock(&q->lock);
 	shutdown(q->c->fd, SHUT_RDWR);
