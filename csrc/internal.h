@@ -30,11 +30,12 @@ struct fx_ring {
 
 /*
  * Set up a ring with the best flags this kernel accepts (SINGLE_ISSUER +
- * DEFER_TASKRUN, else COOP_TASKRUN, else none), a registered ring fd, an
+ * DEFER_TASKRUN, else COOP_TASKRUN, else none; never DEFER_TASKRUN for a
+ * queue_flags with FX_QUEUE_FD_WAKE), a registered ring fd, an
  * eventfd and a sparse fixed-buffer table.  -ENOSYS/-EPERM when io_uring is
  * unavailable, -ENOMEM, -errno of io_uring_setup.
  */
-int fx_ring_init(struct fx_ring *r, unsigned entries);
+int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags);
 void fx_ring_exit(struct fx_ring *r);
 /* Fixed-buffer index covering [addr, addr+len), installing the pool slot in
  * this ring on first use; -1 when the range is not in a registered pool. */

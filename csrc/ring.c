@@ -31,7 +31,7 @@ static const struct {
 	{0, 0},
 };
 
-int fx_ring_init(struct fx_ring *r, unsigned entries)
+int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags)
 {
 	struct io_uring_params p;
 	size_t first = 0;
@@ -44,6 +44,10 @@ int fx_ring_init(struct fx_ring *r, unsigned entries)
 	const char *force = getenv("FX100IO_RING_SETUP");
 	if (force && strcmp(force, "plain") == 0)
 		first = sizeof(probe_order) / sizeof(probe_order[0]) - 1;
+	/* A ring whose eventfd an event loop sleeps on: no DEFER_TASKRUN
+	 * (FX_QUEUE_FD_WAKE says why), COOP_TASKRUN at best. */
+	else if (queue_flags & FX_QUEUE_FD_WAKE)
+		first = 1;
 
 	for (size_t i = first; i < sizeof(probe_order) / sizeof(probe_order[0]);
 	     i++) {

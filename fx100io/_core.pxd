@@ -90,6 +90,9 @@ cdef extern from "fx100io.h" nogil:
         uint32_t depth
         uint32_t max_io
         uint32_t slots
+        uint32_t flags
+
+    enum: FX_QUEUE_FD_WAKE
 
     struct fx_dev:
         pass

@@ -377,7 +377,7 @@ cdef class Queue:
     cdef bint closing
 
     def __cinit__(self, Dev dev, unsigned depth=64, unsigned max_io=1 << 20,
-                  unsigned slots=4096):
+                  unsigned slots=4096, bint fd_wake=False):
         cdef fx_queue_opts o
         cdef int rc
         if dev.d == NULL:
@@ -385,6 +385,9 @@ cdef class Queue:
         o.depth = depth
         o.max_io = max_io
         o.slots = slots
+        # an event loop waits on fd: a ring whose wake-ups it sees at once
+        # (FX_QUEUE_FD_WAKE in fx100io.h)
+        o.flags = FX_QUEUE_FD_WAKE if fd_wake else 0
         self.ncqes = 256
         self.cqes = <fx_cqe *>malloc(self.ncqes * sizeof(fx_cqe))
         if self.cqes == NULL:

@@ -4,8 +4,9 @@ A :class:`QueueDriver` owns one C queue, used by one thread.  Each request
 gets a tag; its waiter (an asyncio future, or a holder for blocking calls)
 and the memoryview that keeps its buffer alive are kept until the completion
 is reaped.  Async callers are woken through the queue's eventfd and
-``loop.add_reader``; blocking callers wait in C without the GIL.  Either way
-one reap dispatches every finished request, whoever asked for it.
+``loop.add_reader`` (on a queue made for that: fd_wake, see Device._driver);
+blocking callers wait in C without the GIL.  Either way one reap dispatches
+every finished request, whoever asked for it.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ Completion = tuple[int, ...]
 
 
 class QueueDriver:
-    def __init__(self, queue: _core.Queue):
+    def __init__(self, queue: _core.Queue, fd_wake: bool = False):
         self.queue = queue
         self.fd = queue.fd
+        #: made for an event loop waiting on fd (FX_QUEUE_FD_WAKE)
+        self.fd_wake = fd_wake
         self._waiters: dict[int, Any] = {}
         self._keep: dict[int, Any] = {}
         self._want_crc: set[int] = set()
@@ -57,6 +60,12 @@ class QueueDriver:
     @property
     def busy(self) -> bool:
         return bool(self._waiters)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, queued or in flight (raw_queue users included):
+        the queue can be closed without failing anything."""
+        return not self._waiters and not self._backlog and not self.queue.pending
 
     # -- plumbing -------------------------------------------------------
     def _attach(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -202,24 +203,47 @@ class Device:
         return list(self._driver().queue.features)
 
     # -- queues ------------------------------------------------------------
-    def _driver(self) -> QueueDriver:
+    # A thread's queue is made for how its completions will be waited for:
+    # by an event loop sleeping on the queue's fd (asyncio), or in C
+    # (fx_queue_wait: the blocking twins, fx100io bench's C loop).  The
+    # kernel wakes an fd waiter late on a ring set up for C waits
+    # (FX_QUEUE_FD_WAKE in fx100io.h: 10-40 ms per wake-up), so the async
+    # calls use an fd-wake queue, made the first time this thread asks; the
+    # blocking calls use whichever queue the thread has.
+    def _driver(self, fd_wake: bool | None = None) -> QueueDriver:
+        """This thread's queue.  fd_wake None: any (a new one is made for
+        an event loop if this thread runs one now); True: one whose
+        completions wake an event loop at once, replacing an idle queue made
+        for C waits."""
         d = getattr(self._local, "driver", None)
         if d is not None:
-            return d
+            if not fd_wake or d.fd_wake or not d.idle:
+                return d
+            self._drop_driver(d)  # idle, made for C waits: replaced below
         if self._closed:
             raise DeviceClosedError(9, "device is closed", self.target)
+        if fd_wake is None:
+            fd_wake = _loop_running()
         depth, max_io, slots = self._qopts
         try:
-            q = _core.Queue(self._dev, depth, max_io, slots)
+            q = _core.Queue(self._dev, depth, max_io, slots, fd_wake)
         except OSError as e:
             if e.errno in (1, 38):  # EPERM, ENOSYS from io_uring_setup
                 raise IoUringUnavailableError(e.errno, io_uring_refusal_reason(), self.target) from e
             raise
-        d = QueueDriver(q)
+        d = QueueDriver(q, fd_wake)
         self._local.driver = d
         with self._lock:
             self._drivers.add(d)
         return d
+
+    def _drop_driver(self, d: QueueDriver) -> None:
+        """Close this thread's idle queue d (nothing in flight or waiting)."""
+        self._local.driver = None
+        with self._lock:
+            self._drivers.discard(d)
+        d.detach()
+        d.queue.close()
 
     def _request(self, op: int, offset: int, buf: Any) -> Request:
         if not isinstance(offset, int) or offset < 0:
@@ -255,30 +279,30 @@ class Device:
     async def submit(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
         """Run [(op, offset, buf), ...] concurrently; (res, status) each, in order."""
         rs = [self._request(op, off, buf) for op, off, buf in reqs]
-        futs = self._driver().submit(rs)
+        futs = self._driver(True).submit(rs)
         return [await f for f in futs]
 
     def start(self, reqs: list[tuple[int, int, Any]]) -> list[asyncio.Future]:
         """Submit [(op, offset, buf), ...] now; one future of (res, status)
         each, (res, status, crc32c) for an op or'ed with OP_CRC32C.  Lets a
         caller overlap its own work with the I/O."""
-        return self._driver().submit([self._request(op, off, buf) for op, off, buf in reqs])
+        return self._driver(True).submit([self._request(op, off, buf) for op, off, buf in reqs])
 
     async def read_into(self, offset: int, buf: Any) -> int:
         """Read len(buf) bytes at offset into buf; returns bytes read (short at end)."""
         r = self._request(_core.OP_READ, offset, buf)
-        (f,) = self._driver().submit([r])
+        (f,) = self._driver(True).submit([r])
         return self._check(r, await f)
 
     async def write_from(self, offset: int, buf: Any) -> int:
         r = self._request(_core.OP_WRITE, offset, buf)
-        (f,) = self._driver().submit([r])
+        (f,) = self._driver(True).submit([r])
         return self._check(r, await f)
 
     async def flush(self) -> None:
         """Make completed writes durable (fdatasync)."""
         r = self._request(_core.OP_FLUSH, 0, None)
-        (f,) = self._driver().submit([r])
+        (f,) = self._driver(True).submit([r])
         self._check(r, await f)
 
     def raw_queue(self) -> _core.Queue:
@@ -349,6 +373,20 @@ class Device:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"
         return f"Device({self.uri!r}, engine={self.engine}, {state})"
+
+
+def _loop_running() -> bool:
+    """Whether this thread runs an asyncio event loop now (without importing
+    asyncio where nothing did: a program using only blocking calls never
+    pays for it)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def open_device(uri: str, **opts: Any) -> Device:

@@ -195,7 +195,17 @@ struct fx_queue_opts {
 	uint32_t depth;  /* pieces in flight (ring entries); default 64 */
 	uint32_t max_io; /* split requests into pieces of at most this; 1 MiB */
 	uint32_t slots;  /* requests accepted before submit says -EAGAIN; 4096 */
+	uint32_t flags;  /* FX_QUEUE_* */
 };
+
+/* The queue's completions are waited for through fx_queue_fd() by an event
+ * loop (epoll), not by fx_queue_wait().  Its ring is then set up without
+ * IORING_SETUP_DEFER_TASKRUN: with it, work the kernel queues for the ring
+ * from interrupt context (socket data arriving, a disk completing) signals
+ * the eventfd only through an RCU callback, 10-40 ms later, and an event
+ * loop sleeps that long per wake-up; without it the same work wakes the
+ * sleeping thread at once and runs as it returns from its wait. */
+#define FX_QUEUE_FD_WAKE 0x1
 
 /* Ring features a queue ended up with (for logs and tests). */
 #define FX_RING_SINGLE_ISSUER 0x1

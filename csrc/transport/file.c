@@ -471,7 +471,7 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
 	for (uint32_t k = 0; k < o->depth; k++)
 		q->free_pieces[k] = o->depth - 1 - k;
 	q->nfree_pieces = o->depth;
-	ret = fx_ring_init(&q->ring, o->depth);
+	ret = fx_ring_init(&q->ring, o->depth, o->flags);
 	if (ret < 0)
 		goto fail;
 	if (io_uring_register_files(&q->ring.uring, q->fds, 2) == 0)

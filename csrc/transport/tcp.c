@@ -1393,7 +1393,7 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		per = 1;
 	q->depth = per;
 	/* recv + send per connection and the tick, with room to spare. */
-	ret = fx_ring_init(&q->ring, 4 * q->nconns + 8);
+	ret = fx_ring_init(&q->ring, 4 * q->nconns + 8, o->flags);
 	if (ret < 0)
 		goto fail;
 	for (unsigned k = 0; k < q->nconns; k++) {
