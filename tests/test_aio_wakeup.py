@@ -60,7 +60,8 @@ class Relay:
         self.witness_r, self.witness_w = os.pipe()
         self.socks: list[socket.socket] = []
         self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
 
     def _accept(self) -> None:
         while not self.closed:
@@ -75,8 +76,10 @@ class Relay:
             with self.lock:
                 idx = len(self.down)
                 self.down.append(0)
-            threading.Thread(target=self._pump, args=(c, t, None), daemon=True).start()
-            threading.Thread(target=self._pump, args=(t, c, idx), daemon=True).start()
+            for args in ((c, t, None), (t, c, idx)):
+                th = threading.Thread(target=self._pump, args=args, daemon=True)
+                self.threads.append(th)
+                th.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, idx: int | None) -> None:
         while True:
@@ -118,13 +121,17 @@ class Relay:
             self.watching = (idx, upto)
 
     def close(self) -> None:
+        """Stop every thread of the relay (a test after this one may need a
+        process without stray threads: the fabric lab's netns join)."""
         self.closed = True
-        self.ls.close()
-        for s in self.socks:
+        for s in [self.ls, *self.socks]:
             try:
-                s.shutdown(socket.SHUT_RDWR)
+                s.shutdown(socket.SHUT_RDWR)  # wakes accept() and recv()
             except OSError:
                 pass
+        for th in self.threads:
+            th.join()
+        for s in [self.ls, *self.socks]:
             s.close()
         os.close(self.witness_r)
         os.close(self.witness_w)
