@@ -242,8 +242,20 @@ class ChunkStore:
         return await m.log.commit_async(recs, lambda: self._live(m), apply)
 
     def _live(self, m: Member) -> list[Entry]:
+        """What m's log holds now: the index, and the entries on their way
+        out (oldest version first, so the newest of a key wins)."""
         with self._mu:
-            return list(m.lru.values())
+            leaving = sorted(m.leaving.values(), key=lambda e: e.seq)
+            return leaving + list(m.lru.values())
+
+    def _take_out(self, m: Member, e: Entry) -> None:
+        """Remove e from the index ahead of its DEL commit (with self._mu
+        held: a compaction snapshot sees it in the index or leaving, never
+        in neither)."""
+        if self._entries.get(e.key) is e:
+            del self._entries[e.key]
+        m.lru.pop(e.key, None)
+        m.leaving[id(e)] = e
 
     @staticmethod
     def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
@@ -310,29 +322,36 @@ class ChunkStore:
                         28, f"no space for a chunk of {length} bytes: every chunk is in use",
                         m.dev.target)
                 for victim in victims:
-                    del m.lru[victim.key]
-                    if self._entries.get(victim.key) is victim:
-                        del self._entries[victim.key]
+                    self._take_out(m, victim)
             await self._commit_dels(m, victims, self._evicted)
 
     async def _commit_dels(self, m: Member, gone: list[Entry], done: Any,
                            restore: bool = True) -> None:
-        """Log DEL records for entries already taken out of the index; once
-        they are durable, done(m, gone).  If the commit fails, the entries
-        still hold their extents (reusing blocks the log points at could let
-        a crash resurrect an old record over new data) and, unless restore
-        is False, go back into the index as the oldest chunks, where the
-        key was not stored again meanwhile: the log still has them, so they
-        are still the store's."""
+        """Log DEL records for entries already taken out of the index (by
+        _take_out); once they are durable, done(m, gone).  If the commit
+        fails, the entries still hold their extents (reusing blocks the log
+        points at could let a crash resurrect an old record over new data)
+        and, unless restore is False, go back into the index as the oldest
+        chunks, where the key was not stored again meanwhile: the log still
+        has them (a compaction meanwhile kept them, see _live), so they are
+        still the store's."""
         applied: list[int] = []
 
         def apply(seq: int) -> None:
+            # on the log's thread, before its next commit: from here on a
+            # compaction must not keep them
             applied.append(seq)
+            with self._mu:
+                for e in gone:
+                    m.leaving.pop(id(e), None)
             done(m, gone)
         try:
             await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)
                                    for e in gone], apply)
         except BaseException:
+            with self._mu:
+                for e in gone:
+                    m.leaving.pop(id(e), None)
             if restore and not applied:
                 with self._mu:
                     for e in reversed(gone):
@@ -568,8 +587,7 @@ class ChunkStore:
         with self._mu:
             if self._entries.get(e.key) is not e:
                 return False
-            del self._entries[e.key]
-            m.lru.pop(e.key, None)
+            self._take_out(m, e)
         # A corrupt chunk stays out of the index even if its DEL is lost.
         await self._commit_dels(m, [e], self._released, restore=not corrupt)
         return True
@@ -632,8 +650,7 @@ class ChunkStore:
                 e = self._entries.get(k)
                 if e is None:
                     continue
-                del self._entries[k]
-                self._members[e.dev].lru.pop(k, None)
+                self._take_out(self._members[e.dev], e)
                 by_member.setdefault(e.dev, []).append((i, e))
         error: BaseException | None = None
         for dev, pairs in by_member.items():
