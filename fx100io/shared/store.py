@@ -443,7 +443,7 @@ class SharedChunkStore:
                     raise BufferTooSmallError(
                         22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
                         f"{h.length} bytes under key {key!r}")
-            started = []
+            started: list[tuple[Namespace, int, Hit, memoryview, list, Any]] = []
             for i, (h, mv) in enumerate(zip(hits, mvs)):
                 if h is None:
                     continue
@@ -457,7 +457,9 @@ class SharedChunkStore:
                 started.append((ns, i, h, view, ns.dev.start(parts), fixup))
             for ns, i, h, view, fs, fixup in started:
                 res = 0
-                done = [await f for f in fs]
+                # shield: a cancel must not cancel the futures, whose I/O goes
+                # on regardless; the cleanup below waits for them instead
+                done = [await asyncio.shield(f) for f in fs]
                 for r, *_x in done:
                     res = r if r < 0 or res < 0 else res + r
                 if fixup is not None and res >= 0:
@@ -474,6 +476,12 @@ class SharedChunkStore:
                     corrupt.append((nkeys[i], h))
                     continue
                 out[i] = True
+        except BaseException:
+            # reads already started still land in the caller's buffers (a
+            # cancel does not stop the I/O): return only once they have, and
+            # keep the extents pinned until then
+            await _settle([f for *_x, fs, _fix in started for f in fs])
+            raise
         finally:
             pins = [h.pin for h in hits if h is not None]
             if pins and wait_unpin:
@@ -686,6 +694,22 @@ class SharedChunkStore:
     def __repr__(self) -> str:
         uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"
         return f"SharedChunkStore({uris}, index={self._index.url!r})"
+
+
+async def _settle(futs: list[asyncio.Future]) -> None:
+    """Wait until every I/O of futs ended, even if the caller is cancelled
+    meanwhile (the I/O would go on after the caller left), and mark their
+    errors retrieved: the caller is already failing for its own reason."""
+    pending = [f for f in futs if not f.done()]
+    while pending:
+        try:
+            await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        except asyncio.CancelledError:
+            pass  # cancelled again: the I/O still has to end first
+        pending = [f for f in pending if not f.done()]
+    for f in futs:
+        if not f.cancelled():
+            f.exception()
 
 
 class _LeaseKeeper:
