@@ -437,13 +437,13 @@ class SharedChunkStore:
             self._count(gets=len(nkeys), misses=len(nkeys), index_errors=1)
             return out
         corrupt: list[tuple[bytes, Hit]] = []
+        started: list[tuple[Namespace, int, Hit, memoryview, list, Any]] = []
         try:
             for key, h, mv in zip(nkeys, hits, mvs):
                 if h is not None and mv.nbytes < h.length:
                     raise BufferTooSmallError(
                         22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
                         f"{h.length} bytes under key {key!r}")
-            started: list[tuple[Namespace, int, Hit, memoryview, list, Any]] = []
             for i, (h, mv) in enumerate(zip(hits, mvs)):
                 if h is None:
                     continue
