@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from fx100io import _core
+from fx100io import _core, fabric_uri
 from fx100io.device import Device, open_device
 from fx100io.errors import (
     BlockingCallInLoopError,
@@ -87,6 +87,24 @@ class Namespace:
     @property
     def index(self) -> int:
         return self.sb.dev_index
+
+
+def _probe(uri: str, opts: dict[str, Any]) -> fmt.Superblock | None:
+    """The shared pool's superblock on uri as it is now (opened read-only),
+    or None where there is none (no such file yet, empty, something else)."""
+    try:
+        d = open_device(uri, **{**opts, "readonly": True})
+    except FileNotFoundError:
+        return None
+    try:
+        raw = aligned_array(fmt.BLOCK)
+        if d.size < fmt.BLOCK or d.read_into_blocking(0, raw) < fmt.BLOCK:
+            return None
+        return fmt.Superblock.decode(raw.tobytes(), d.uri)
+    except NotAStoreError:
+        return None
+    finally:
+        d.close()
 
 
 def _as_member(ns: Namespace) -> Member:
@@ -136,10 +154,15 @@ class SharedChunkStore:
     lease_s (how long an unpublished allocation outlives its host, 30),
     pin_s (how long a reader's pin outlives its reader, 30), timeout
     (Redis socket timeouts: 0.5 s, or FX100IO_INDEX_TIMEOUT from the
-    environment), retry_after (1 s), force (with
-    create: replace another pool's index of the same name in Redis,
-    which create otherwise refuses), and the device options of
-    :func:`open_device`.
+    environment), retry_after (1 s), force (with create: format and
+    install all the same where create refuses: Redis holds a pool of that
+    name, or a namespace holds a pool whose index is in this Redis; those
+    pools are wiped), and the device options of :func:`open_device`.
+
+    A pool's name is 1 to 64 characters of A-Z a-z 0-9 . _ - (the first a
+    letter or digit): it is part of the index's Redis keys.  create claims
+    the name in Redis before it writes a byte, so a create that is refused
+    changes nothing.
 
     The blocking twins run on one event loop thread of the store's own,
     whatever thread calls them: one Redis connection pool and one I/O
@@ -175,20 +198,19 @@ class SharedChunkStore:
                               bytes_written=0, bytes_read=0, index_errors=0, superseded=0)
         devices: list[Device] = []
         try:
-            for u in uri_list:
-                devices.append(open_device(u, create=create, size=size if create else None,
-                                           **opts))
             if create:
-                self._ns = self._format(devices, uri_list, name or "pool")
+                self._create(uri_list, index, fmt.check_name("pool" if name is None else name), size, capacity,
+                             force, devices, timeout=timeout, retry_after=retry_after, **opts)
             else:
+                if name is not None:
+                    fmt.check_name(name)
+                for u in uri_list:
+                    devices.append(open_device(u, **opts))
                 self._ns = self._load(devices, uri_list, name)
-            pool = self._ns[0].sb
-            self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
-                                     retry_after=retry_after)
-            self._index.check_policy()
-            if create:
-                self._install(capacity, force)
-            else:
+                pool = self._ns[0].sb
+                self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
+                                         retry_after=retry_after)
+                self._index.check_policy()
                 self._check_index()
         except BaseException:
             for d in devices:
@@ -196,21 +218,61 @@ class SharedChunkStore:
             raise
 
     # ------------------------------------------------------------ format/open
-    @staticmethod
-    def _format(devices: list[Device], uris: list[str], name: str) -> list[Namespace]:
-        if not name or len(name.encode()) > 64 or any(c in name for c in "{}: "):
-            raise InvalidArgumentError(22, f"pool name must be 1-64 bytes without '{{}}: ', "
-                                       f"got {name!r}")
+    def _create(self, uris: list[str], url: str, name: str, size: int | None,
+                capacity: int | None, force: bool, devices: list[Device], *, timeout: float,
+                retry_after: float, **opts: Any) -> None:
+        """Create the pool: claim its name in Redis, check that no namespace
+        holds a live pool, and only then write a byte.  A refusal leaves the
+        namespaces and Redis as they were; a create that dies after its
+        first write leaves its claim, which a create over the same
+        namespaces takes over at once (they carry its set id) and any other
+        after lease_s.  force skips the refusals (and wipes those pools)."""
         set_id = fmt.new_set_id()
-        out = []
-        for i, d in enumerate(devices):
-            sb = fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
-            raw = aligned_array(fmt.BLOCK)
-            raw[:] = memoryview(sb.encode())
-            d.write_from_blocking(0, raw)
-            d.flush_blocking()
-            out.append(Namespace(d, sb))
-        return out
+        found = [_probe(u, opts) for u in uris]
+        idx = self._index = RedisIndex(url, name, set_id, timeout=timeout,
+                                       retry_after=retry_after)
+        idx.check_policy()
+        prev = idx.claim(self._host, self._lease_ms, force, [sb.set_id for sb in found if sb])
+        wrote = False
+        try:
+            for u, sb in zip(uris, found):
+                if sb is None:
+                    continue
+                state = idx.pool_of(sb.name, sb.set_id)
+                if state is None:
+                    continue  # no index of that pool here: nothing live to destroy
+                if not force:
+                    raise NotAStoreError(
+                        17, f"the namespace holds pool {sb.name!r} (its index is "
+                        f"{'installed' if state == 'live' else 'being created'} in "
+                        f"{idx.url}): refusing to format it; pass force=True to wipe that "
+                        "pool", fabric_uri.redact(u))
+                if sb.name != name:  # (one of this name is replaced by the install)
+                    idx.wipe_pool(sb.name, sb.set_id)
+            for u in uris:
+                devices.append(open_device(u, create=True, size=size, **opts))
+            sbs = [fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
+                   for i, d in enumerate(devices)]
+            wrote = True
+            self._ns = [self._write_superblock(d, sb) for d, sb in zip(devices, sbs)]
+            self._install(capacity)
+        except BaseException:
+            if not wrote:  # nothing written: the name goes back as it was
+                try:
+                    idx.unclaim(prev)
+                except Exception as e:  # noqa: BLE001 (the claim then ends after lease_s)
+                    log.warning("fx100io: could not give back the claim on pool %r: %s",
+                                name, e)
+            idx.close()
+            raise
+
+    @staticmethod
+    def _write_superblock(d: Device, sb: fmt.Superblock) -> Namespace:
+        raw = aligned_array(fmt.BLOCK)
+        raw[:] = memoryview(sb.encode())
+        d.write_from_blocking(0, raw)
+        d.flush_blocking()
+        return Namespace(d, sb)
 
     @staticmethod
     def _load(devices: list[Device], uris: list[str], name: str | None) -> list[Namespace]:
@@ -241,10 +303,9 @@ class SharedChunkStore:
         return [ns.sb.data_size if per is None else min(per, ns.sb.data_size)
                 for ns in self._ns]
 
-    def _install(self, capacity: int | None, force: bool) -> None:
+    def _install(self, capacity: int | None) -> None:
         free = [[(ns.sb.data_off, ns.sb.data_size)] for ns in self._ns]
-        self._index.install(len(self._ns), self._caps(capacity), free,
-                            replace="any" if force else "same")
+        self._index.install(len(self._ns), self._caps(capacity), free, replace="claimed")
 
     def _check_index(self) -> None:
         """A pool whose index is down opens (gets miss until it is back);
