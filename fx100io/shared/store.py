@@ -28,7 +28,8 @@ deletes raise IndexUnavailableError, within the socket timeout, and for
 
 Every extent that leaves the index (a delete, a newer put of its key, an
 eviction) has its header erased before its space is reused (see
-``rebuild``).  A put that finds no room evicts least recently used chunks
+``rebuild``), even where the put or delete that took it out is cancelled
+once its script was sent: the cancel propagates after the erase.  A put that finds no room evicts least recently used chunks
 (by order of last access); one that fails all the same (DeviceFullError)
 leaves them evicted.
 """
@@ -353,11 +354,9 @@ class SharedChunkStore:
         exts = [fmt.extent_len(mv.nbytes) for _k, mv, _ns in placed]
         wants = [(ns.index, ext) for (_k, _mv, ns), ext in zip(placed, exts)]
         for _round in range(16):
-            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            got, evicted = await self._alloc(wants)
             if got is not None:
                 break
-            # chunks were evicted to make room: their headers go before their space
-            await self._erase(evicted)
         else:
             raise DeviceFullError(28, "no space for this put after evicting chunks 16 times: "
                                   "the rest is being written or read", self._index.url)
@@ -401,9 +400,14 @@ class SharedChunkStore:
             await keeper.stop()
             rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
                     for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
-            res, retired = await self._index.publish(self._lease_ms, rows)
-            published = True
-            await self._erase(retired)  # the keys' older versions
+
+            async def publish() -> list[int]:
+                nonlocal published
+                res, retired = await self._index.publish(self._lease_ms, rows)
+                published = True
+                await self._erase(retired)  # the keys' older versions
+                return res
+            res = await _to_the_end(publish())
             if -1 in res:
                 raise FxTimeoutError(
                     62, f"{res.count(-1)} of {len(res)} chunks were not published: their "
@@ -411,8 +415,8 @@ class SharedChunkStore:
             self._count(superseded=res.count(0))
         except BaseException:
             await keeper.stop()
-            if eraser is not None:
-                await asyncio.shield(eraser)
+            if eraser is not None:  # evicted chunks: their headers are erased first
+                await _wait_out(eraser)
             writes = [f for *_x, fs, _p in started for f in fs] + headers
             pending = [f for f in writes if not f.done()]
             if pending:
@@ -430,6 +434,39 @@ class SharedChunkStore:
         if eraser is not None:
             await eraser
         self._count(puts=len(items), bytes_written=sum(mv.nbytes for _k, mv in items))
+
+    async def _alloc(self, wants: list[tuple[int, int]]
+                     ) -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+        """One allocation round (see RedisIndex.alloc).  Where it evicted
+        chunks and found no room yet, their headers are erased before it
+        returns.  A cancel once the script was sent waits for its answer:
+        the allocations go back and the evicted chunks' headers are erased
+        before the cancel propagates."""
+        async def round_() -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            if got is None:
+                # chunks were evicted to make room: their headers go before their space
+                await self._erase(evicted)
+            return got, evicted
+
+        task = asyncio.ensure_future(round_())
+        if not await _wait_out(task):
+            return task.result()
+        if not task.cancelled() and task.exception() is None:
+            got, evicted = task.result()
+            if got is not None:  # allocated meanwhile: give it back
+                await _wait_out(asyncio.ensure_future(self._give_back(wants, got, evicted)))
+        raise asyncio.CancelledError
+
+    async def _give_back(self, wants: list[tuple[int, int]], got: list[tuple[int, int]],
+                         evicted: list[tuple[int, int, int]]) -> None:
+        await self._erase(evicted)
+        leases = [f"{d}:{off}:{ext}:{ver}" for (d, ext), (off, ver) in zip(wants, got)]
+        try:
+            await self._index.abort(leases)
+        except Exception as e:  # noqa: BLE001 (the leases expire instead)
+            log.warning("fx100io: could not give back %d extents (%s); they return when "
+                        "their lease expires", len(leases), e)
 
     async def _erase(self, tombs: list[tuple[int, int, int]]) -> None:
         """Erase the headers of extents that left the index (held in P:tomb
@@ -660,12 +697,18 @@ class SharedChunkStore:
         data, not the header); a deleter that dies leaves the header, and
         the extent returns when the hold expires."""
         self._check_open()
-        got = await self._index.delete(normalize_key(key), self._lease_ms)
-        if got is None:
-            return False
-        self._count(deletes=1)
-        await self._erase([got])
-        return True
+        k = normalize_key(key)
+
+        async def delete() -> bool:
+            got = await self._index.delete(k, self._lease_ms)
+            if got is None:
+                return False
+            self._count(deletes=1)
+            await self._erase([got])
+            return True
+        # once Redis dropped the key, the header is erased even if the caller
+        # is cancelled meanwhile (else a rebuild would bring the chunk back)
+        return await _to_the_end(delete())
 
     def stats(self) -> dict[str, Any]:
         """Counters of this host and the pool's state in the index (a
@@ -755,6 +798,31 @@ class SharedChunkStore:
     def __repr__(self) -> str:
         uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"
         return f"SharedChunkStore({uris}, index={self._index.url!r})"
+
+
+async def _wait_out(task: asyncio.Future) -> bool:
+    """Wait until task ended, whatever cancels the caller meanwhile (the
+    task is not cancelled with it); True if the caller was cancelled."""
+    hit = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            hit = True
+    return hit
+
+
+async def _to_the_end(aw: Any) -> Any:
+    """Await aw to its end even if the caller is cancelled meanwhile; then
+    the cancel propagates (whatever aw returned or raised).  For steps that
+    must not stop half-way: a chunk that Redis took out of the index has its
+    header erased before anyone returns, or a rebuild would bring it back."""
+    task = asyncio.ensure_future(aw)
+    if await _wait_out(task):
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller sees its own cancel
+        raise asyncio.CancelledError
+    return task.result()
 
 
 async def _settle(futs: list[asyncio.Future]) -> None:
