@@ -304,3 +304,34 @@ def test_rebuild_refuses_while_another_host_creates_the_pool(tmp_path, redis_ser
     creator.close()
     with pytest.raises(errors.NotAStoreError, match="creating"):
         rebuild(pool.uris, redis_server.url)
+
+
+def test_of_two_creates_of_one_name_at_once_one_wins_and_the_other_writes_nothing(
+        tmp_path, redis_server):
+    import threading
+    sides = {s: [str(tmp_path / f"{s}{i}.img") for i in range(2)] for s in ("x", "y")}
+    go = threading.Barrier(2)
+    out: dict[str, Any] = {}
+
+    def create(side: str) -> None:
+        go.wait()
+        try:
+            st = SharedChunkStore(sides[side], redis_server.url, create=True, size=16 * MiB)
+        except (errors.DeviceBusyError, errors.NotAStoreError) as e:
+            out[side] = e
+        else:
+            out[side] = st
+
+    ts = [threading.Thread(target=create, args=(s,)) for s in sides]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    won = [s for s, v in out.items() if isinstance(v, SharedChunkStore)]
+    assert len(won) == 1, out
+    lost = "y" if won == ["x"] else "x"
+    assert not any(os.path.exists(u) for u in sides[lost]), "the refused create wrote"
+    st = out[won[0]]
+    st.batch_put_blocking(["k"], [value("b")])
+    assert_chunks(st, {"k": value("b")})
+    st.close()
