@@ -9,7 +9,7 @@ must never find the old chunk landing in it.
 factory that reads ``expected`` into ``buf``), cancels it at several
 moments -- before it ran at all, once it reached its first suspension,
 once the first piece's bytes showed, half-way, once bytes of the last
-piece showed, and at random times --, then, as soon as the call returned,
+piece showed, and once bytes showed at random places --, then, as soon as the call returned,
 fills the buffer with a sentinel and watches it.  Any byte that is not the
 sentinel afterwards landed after the call returned.
 
@@ -51,7 +51,9 @@ async def _until(cond: Callable[[], bool], task: asyncio.Future, limit: float) -
 
 
 async def cancel_once(read: Callable[[], Awaitable[Any]], buf: np.ndarray, expected: np.ndarray,
-                      moment: str, *, piece: int, watch_s: float, delay: float = 0.0) -> Trial:
+                      moment: str, *, piece: int, watch_s: float, where: float = 0.0) -> Trial:
+    """One trial; where: for the moment "random", where in the chunk (0..1)
+    bytes must have landed before the cancel."""
     n = expected.nbytes
     buf[:] = 0
     task = asyncio.ensure_future(read())
@@ -65,8 +67,9 @@ async def cancel_once(read: Callable[[], Awaitable[Any]], buf: np.ndarray, expec
     elif moment == "last":
         last = (n - 1) // piece * piece
         await _until(lambda: bool(buf[last:n].any()), task, 10)
-    elif moment == "random":
-        await asyncio.sleep(delay)
+    elif moment == "random":  # once the piece at a random place shows bytes
+        pos = int(where * (n // piece)) * piece
+        await _until(lambda: bool(buf[pos:pos + piece].any()), task, 10)
     # "before": cancelled before the coroutine took its first step
     landed = np.count_nonzero(buf[:n])
     task.cancel()
@@ -90,7 +93,6 @@ async def check_cancellation(read: Callable[[], Awaitable[Any]], buf: np.ndarray
     times; assert that no byte changed after any call returned and that at
     least one cancel caught the read with bytes landed and others still to
     come (else the harness proved nothing).  Returns the trials."""
-    # how long a whole read takes here, to spread the random moments over it
     t0 = time.monotonic()
     buf[:] = 0
     await read()
@@ -101,7 +103,7 @@ async def check_cancellation(read: Callable[[], Awaitable[Any]], buf: np.ndarray
               for m in MOMENTS]
     for _ in range(randoms):
         trials.append(await cancel_once(read, buf, expected, "random", piece=piece,
-                                        watch_s=watch_s, delay=rng.uniform(0, whole)))
+                                        watch_s=watch_s, where=rng.random()))
     bad = [t for t in trials if t.changed]
     assert not bad, ("bytes landed in the caller's buffer after the call returned: "
                      + "; ".join(f"{t.changed} bytes after a cancel at {t.moment!r}" for t in bad))
