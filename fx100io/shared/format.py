@@ -14,6 +14,7 @@ published in the index.
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 import uuid
@@ -31,6 +32,22 @@ HDR_MAGIC = b"FXSHEXT1"
 HDR_FMT = "<8s16sIIQQII"
 HDR_LEN = struct.calcsize(HDR_FMT)
 KEY_MAX = _core.KEY_MAX
+
+
+# A pool's name is part of every Redis key of its index (``fx100io:{name}:...``)
+# and of the pattern that finds them: glob characters (``* ? [ ] \\``) would
+# make one pool's name match another's keys, and ``{ }`` would move the
+# Cluster hash tag.  So: letters, digits, dot, underscore and hyphen.
+NAME_RULE = "1 to 64 characters of A-Z a-z 0-9 . _ -, the first a letter or digit"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: object) -> str:
+    """name if it is a valid pool name, else InvalidArgumentError naming the rule."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise InvalidArgumentError(22, f"a shared pool's name must be {NAME_RULE} (it is part "
+                                   f"of the index's Redis keys), got {name!r}")
+    return name
 
 
 def align_up(n: int, a: int = BLOCK) -> int:

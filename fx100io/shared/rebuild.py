@@ -95,6 +95,8 @@ def rebuild(uris: list[str], index: str = DEFAULT_INDEX, *, name: str | None = N
             **opts: Any) -> dict[str, Any]:
     """Scan the namespaces and install the index they imply; returns a
     report (chunks, bytes, headers seen, rejected)."""
+    if name is not None:
+        fmt.check_name(name)
     devices = [open_device(u, **opts) for u in uris]
     try:
         nss = SharedChunkStore._load(devices, list(uris), name)

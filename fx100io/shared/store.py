@@ -28,7 +28,8 @@ deletes raise IndexUnavailableError, within the socket timeout, and for
 
 Every extent that leaves the index (a delete, a newer put of its key, an
 eviction) has its header erased before its space is reused (see
-``rebuild``).  A put that finds no room evicts least recently used chunks
+``rebuild``), even where the put or delete that took it out is cancelled
+once its script was sent: the cancel propagates after the erase.  A put that finds no room evicts least recently used chunks
 (by order of last access); one that fails all the same (DeviceFullError)
 leaves them evicted.
 """
@@ -45,7 +46,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from fx100io import _core
+from fx100io import _core, fabric_uri
 from fx100io.device import Device, open_device
 from fx100io.errors import (
     BlockingCallInLoopError,
@@ -87,6 +88,24 @@ class Namespace:
     @property
     def index(self) -> int:
         return self.sb.dev_index
+
+
+def _probe(uri: str, opts: dict[str, Any]) -> fmt.Superblock | None:
+    """The shared pool's superblock on uri as it is now (opened read-only),
+    or None where there is none (no such file yet, empty, something else)."""
+    try:
+        d = open_device(uri, **{**opts, "readonly": True})
+    except FileNotFoundError:
+        return None
+    try:
+        raw = aligned_array(fmt.BLOCK)
+        if d.size < fmt.BLOCK or d.read_into_blocking(0, raw) < fmt.BLOCK:
+            return None
+        return fmt.Superblock.decode(raw.tobytes(), d.uri)
+    except NotAStoreError:
+        return None
+    finally:
+        d.close()
 
 
 def _as_member(ns: Namespace) -> Member:
@@ -136,10 +155,15 @@ class SharedChunkStore:
     lease_s (how long an unpublished allocation outlives its host, 30),
     pin_s (how long a reader's pin outlives its reader, 30), timeout
     (Redis socket timeouts: 0.5 s, or FX100IO_INDEX_TIMEOUT from the
-    environment), retry_after (1 s), force (with
-    create: replace another pool's index of the same name in Redis,
-    which create otherwise refuses), and the device options of
-    :func:`open_device`.
+    environment), retry_after (1 s), force (with create: format and
+    install all the same where create refuses: Redis holds a pool of that
+    name, or a namespace holds a pool whose index is in this Redis; those
+    pools are wiped), and the device options of :func:`open_device`.
+
+    A pool's name is 1 to 64 characters of A-Z a-z 0-9 . _ - (the first a
+    letter or digit): it is part of the index's Redis keys.  create claims
+    the name in Redis before it writes a byte, so a create that is refused
+    changes nothing.
 
     The blocking twins run on one event loop thread of the store's own,
     whatever thread calls them: one Redis connection pool and one I/O
@@ -175,20 +199,19 @@ class SharedChunkStore:
                               bytes_written=0, bytes_read=0, index_errors=0, superseded=0)
         devices: list[Device] = []
         try:
-            for u in uri_list:
-                devices.append(open_device(u, create=create, size=size if create else None,
-                                           **opts))
             if create:
-                self._ns = self._format(devices, uri_list, name or "pool")
+                self._create(uri_list, index, fmt.check_name("pool" if name is None else name), size, capacity,
+                             force, devices, timeout=timeout, retry_after=retry_after, **opts)
             else:
+                if name is not None:
+                    fmt.check_name(name)
+                for u in uri_list:
+                    devices.append(open_device(u, **opts))
                 self._ns = self._load(devices, uri_list, name)
-            pool = self._ns[0].sb
-            self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
-                                     retry_after=retry_after)
-            self._index.check_policy()
-            if create:
-                self._install(capacity, force)
-            else:
+                pool = self._ns[0].sb
+                self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
+                                         retry_after=retry_after)
+                self._index.check_policy()
                 self._check_index()
         except BaseException:
             for d in devices:
@@ -196,21 +219,61 @@ class SharedChunkStore:
             raise
 
     # ------------------------------------------------------------ format/open
-    @staticmethod
-    def _format(devices: list[Device], uris: list[str], name: str) -> list[Namespace]:
-        if not name or len(name.encode()) > 64 or any(c in name for c in "{}: "):
-            raise InvalidArgumentError(22, f"pool name must be 1-64 bytes without '{{}}: ', "
-                                       f"got {name!r}")
+    def _create(self, uris: list[str], url: str, name: str, size: int | None,
+                capacity: int | None, force: bool, devices: list[Device], *, timeout: float,
+                retry_after: float, **opts: Any) -> None:
+        """Create the pool: claim its name in Redis, check that no namespace
+        holds a live pool, and only then write a byte.  A refusal leaves the
+        namespaces and Redis as they were; a create that dies after its
+        first write leaves its claim, which a create over the same
+        namespaces takes over at once (they carry its set id) and any other
+        after lease_s.  force skips the refusals (and wipes those pools)."""
         set_id = fmt.new_set_id()
-        out = []
-        for i, d in enumerate(devices):
-            sb = fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
-            raw = aligned_array(fmt.BLOCK)
-            raw[:] = memoryview(sb.encode())
-            d.write_from_blocking(0, raw)
-            d.flush_blocking()
-            out.append(Namespace(d, sb))
-        return out
+        found = [_probe(u, opts) for u in uris]
+        idx = self._index = RedisIndex(url, name, set_id, timeout=timeout,
+                                       retry_after=retry_after)
+        idx.check_policy()
+        prev = idx.claim(self._host, self._lease_ms, force, [sb.set_id for sb in found if sb])
+        wrote = False
+        try:
+            for u, sb in zip(uris, found):
+                if sb is None:
+                    continue
+                state = idx.pool_of(sb.name, sb.set_id)
+                if state is None:
+                    continue  # no index of that pool here: nothing live to destroy
+                if not force:
+                    raise NotAStoreError(
+                        17, f"the namespace holds pool {sb.name!r} (its index is "
+                        f"{'installed' if state == 'live' else 'being created'} in "
+                        f"{idx.url}): refusing to format it; pass force=True to wipe that "
+                        "pool", fabric_uri.redact(u))
+                if sb.name != name:  # (one of this name is replaced by the install)
+                    idx.wipe_pool(sb.name, sb.set_id)
+            for u in uris:
+                devices.append(open_device(u, create=True, size=size, **opts))
+            sbs = [fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
+                   for i, d in enumerate(devices)]
+            wrote = True
+            self._ns = [self._write_superblock(d, sb) for d, sb in zip(devices, sbs)]
+            self._install(capacity)
+        except BaseException:
+            if not wrote:  # nothing written: the name goes back as it was
+                try:
+                    idx.unclaim(prev)
+                except Exception as e:  # noqa: BLE001 (the claim then ends after lease_s)
+                    log.warning("fx100io: could not give back the claim on pool %r: %s",
+                                name, e)
+            idx.close()
+            raise
+
+    @staticmethod
+    def _write_superblock(d: Device, sb: fmt.Superblock) -> Namespace:
+        raw = aligned_array(fmt.BLOCK)
+        raw[:] = memoryview(sb.encode())
+        d.write_from_blocking(0, raw)
+        d.flush_blocking()
+        return Namespace(d, sb)
 
     @staticmethod
     def _load(devices: list[Device], uris: list[str], name: str | None) -> list[Namespace]:
@@ -241,10 +304,9 @@ class SharedChunkStore:
         return [ns.sb.data_size if per is None else min(per, ns.sb.data_size)
                 for ns in self._ns]
 
-    def _install(self, capacity: int | None, force: bool) -> None:
+    def _install(self, capacity: int | None) -> None:
         free = [[(ns.sb.data_off, ns.sb.data_size)] for ns in self._ns]
-        self._index.install(len(self._ns), self._caps(capacity), free,
-                            replace="any" if force else "same")
+        self._index.install(len(self._ns), self._caps(capacity), free, replace="claimed")
 
     def _check_index(self) -> None:
         """A pool whose index is down opens (gets miss until it is back);
@@ -292,11 +354,9 @@ class SharedChunkStore:
         exts = [fmt.extent_len(mv.nbytes) for _k, mv, _ns in placed]
         wants = [(ns.index, ext) for (_k, _mv, ns), ext in zip(placed, exts)]
         for _round in range(16):
-            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            got, evicted = await self._alloc(wants)
             if got is not None:
                 break
-            # chunks were evicted to make room: their headers go before their space
-            await self._erase(evicted)
         else:
             raise DeviceFullError(28, "no space for this put after evicting chunks 16 times: "
                                   "the rest is being written or read", self._index.url)
@@ -340,9 +400,14 @@ class SharedChunkStore:
             await keeper.stop()
             rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
                     for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
-            res, retired = await self._index.publish(self._lease_ms, rows)
-            published = True
-            await self._erase(retired)  # the keys' older versions
+
+            async def publish() -> list[int]:
+                nonlocal published
+                res, retired = await self._index.publish(self._lease_ms, rows)
+                published = True
+                await self._erase(retired)  # the keys' older versions
+                return res
+            res = await _to_the_end(publish())
             if -1 in res:
                 raise FxTimeoutError(
                     62, f"{res.count(-1)} of {len(res)} chunks were not published: their "
@@ -350,8 +415,8 @@ class SharedChunkStore:
             self._count(superseded=res.count(0))
         except BaseException:
             await keeper.stop()
-            if eraser is not None:
-                await asyncio.shield(eraser)
+            if eraser is not None:  # evicted chunks: their headers are erased first
+                await _wait_out(eraser)
             writes = [f for *_x, fs, _p in started for f in fs] + headers
             pending = [f for f in writes if not f.done()]
             if pending:
@@ -369,6 +434,39 @@ class SharedChunkStore:
         if eraser is not None:
             await eraser
         self._count(puts=len(items), bytes_written=sum(mv.nbytes for _k, mv in items))
+
+    async def _alloc(self, wants: list[tuple[int, int]]
+                     ) -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+        """One allocation round (see RedisIndex.alloc).  Where it evicted
+        chunks and found no room yet, their headers are erased before it
+        returns.  A cancel once the script was sent waits for its answer:
+        the allocations go back and the evicted chunks' headers are erased
+        before the cancel propagates."""
+        async def round_() -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            if got is None:
+                # chunks were evicted to make room: their headers go before their space
+                await self._erase(evicted)
+            return got, evicted
+
+        task = asyncio.ensure_future(round_())
+        if not await _wait_out(task):
+            return task.result()
+        if not task.cancelled() and task.exception() is None:
+            got, evicted = task.result()
+            if got is not None:  # allocated meanwhile: give it back
+                await _wait_out(asyncio.ensure_future(self._give_back(wants, got, evicted)))
+        raise asyncio.CancelledError
+
+    async def _give_back(self, wants: list[tuple[int, int]], got: list[tuple[int, int]],
+                         evicted: list[tuple[int, int, int]]) -> None:
+        await self._erase(evicted)
+        leases = [f"{d}:{off}:{ext}:{ver}" for (d, ext), (off, ver) in zip(wants, got)]
+        try:
+            await self._index.abort(leases)
+        except Exception as e:  # noqa: BLE001 (the leases expire instead)
+            log.warning("fx100io: could not give back %d extents (%s); they return when "
+                        "their lease expires", len(leases), e)
 
     async def _erase(self, tombs: list[tuple[int, int, int]]) -> None:
         """Erase the headers of extents that left the index (held in P:tomb
@@ -437,13 +535,13 @@ class SharedChunkStore:
             self._count(gets=len(nkeys), misses=len(nkeys), index_errors=1)
             return out
         corrupt: list[tuple[bytes, Hit]] = []
+        started: list[tuple[Namespace, int, Hit, memoryview, list, Any]] = []
         try:
             for key, h, mv in zip(nkeys, hits, mvs):
                 if h is not None and mv.nbytes < h.length:
                     raise BufferTooSmallError(
                         22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
                         f"{h.length} bytes under key {key!r}")
-            started = []
             for i, (h, mv) in enumerate(zip(hits, mvs)):
                 if h is None:
                     continue
@@ -457,7 +555,9 @@ class SharedChunkStore:
                 started.append((ns, i, h, view, ns.dev.start(parts), fixup))
             for ns, i, h, view, fs, fixup in started:
                 res = 0
-                done = [await f for f in fs]
+                # shield: a cancel must not cancel the futures, whose I/O goes
+                # on regardless; the cleanup below waits for them instead
+                done = [await asyncio.shield(f) for f in fs]
                 for r, *_x in done:
                     res = r if r < 0 or res < 0 else res + r
                 if fixup is not None and res >= 0:
@@ -474,6 +574,12 @@ class SharedChunkStore:
                     corrupt.append((nkeys[i], h))
                     continue
                 out[i] = True
+        except BaseException:
+            # reads already started still land in the caller's buffers (a
+            # cancel does not stop the I/O): return only once they have, and
+            # keep the extents pinned until then
+            await _settle([f for *_x, fs, _fix in started for f in fs])
+            raise
         finally:
             pins = [h.pin for h in hits if h is not None]
             if pins and wait_unpin:
@@ -591,12 +697,18 @@ class SharedChunkStore:
         data, not the header); a deleter that dies leaves the header, and
         the extent returns when the hold expires."""
         self._check_open()
-        got = await self._index.delete(normalize_key(key), self._lease_ms)
-        if got is None:
-            return False
-        self._count(deletes=1)
-        await self._erase([got])
-        return True
+        k = normalize_key(key)
+
+        async def delete() -> bool:
+            got = await self._index.delete(k, self._lease_ms)
+            if got is None:
+                return False
+            self._count(deletes=1)
+            await self._erase([got])
+            return True
+        # once Redis dropped the key, the header is erased even if the caller
+        # is cancelled meanwhile (else a rebuild would bring the chunk back)
+        return await _to_the_end(delete())
 
     def stats(self) -> dict[str, Any]:
         """Counters of this host and the pool's state in the index (a
@@ -686,6 +798,47 @@ class SharedChunkStore:
     def __repr__(self) -> str:
         uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"
         return f"SharedChunkStore({uris}, index={self._index.url!r})"
+
+
+async def _wait_out(task: asyncio.Future) -> bool:
+    """Wait until task ended, whatever cancels the caller meanwhile (the
+    task is not cancelled with it); True if the caller was cancelled."""
+    hit = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            hit = True
+    return hit
+
+
+async def _to_the_end(aw: Any) -> Any:
+    """Await aw to its end even if the caller is cancelled meanwhile; then
+    the cancel propagates (whatever aw returned or raised).  For steps that
+    must not stop half-way: a chunk that Redis took out of the index has its
+    header erased before anyone returns, or a rebuild would bring it back."""
+    task = asyncio.ensure_future(aw)
+    if await _wait_out(task):
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller sees its own cancel
+        raise asyncio.CancelledError
+    return task.result()
+
+
+async def _settle(futs: list[asyncio.Future]) -> None:
+    """Wait until every I/O of futs ended, even if the caller is cancelled
+    meanwhile (the I/O would go on after the caller left), and mark their
+    errors retrieved: the caller is already failing for its own reason."""
+    pending = [f for f in futs if not f.done()]
+    while pending:
+        try:
+            await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        except asyncio.CancelledError:
+            pass  # cancelled again: the I/O still has to end first
+        pending = [f for f in pending if not f.done()]
+    for f in futs:
+        if not f.cancelled():
+            f.exception()
 
 
 class _LeaseKeeper:
