@@ -1061,6 +1061,25 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	if (c->state == TGT_CONN_WAIT_CONNECT &&
 	    !(fabrics && ((const uint8_t *)sqe)[4] == NVMF_FCTYPE_CONNECT))
 		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR), 0, 0);
+	/* A Connect's data is exactly 1024 bytes (as nvmet insists): checked
+	 * before any of it is fetched, so that a host nobody knows yet cannot
+	 * make us allocate and R2T for more.  Such a host is broken or
+	 * hostile: it gets the status and the connection ends. */
+	if (fabrics && ((const uint8_t *)sqe)[4] == NVMF_FCTYPE_CONNECT &&
+	    sgl->length != sizeof(struct nvmf_connect_data)) {
+		int ret = send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
+
+		tgt_log(t, "%s: Connect with %u bytes of data (must be %zu); closing", c->peer,
+		        sgl->length, sizeof(struct nvmf_connect_data));
+		c->state = TGT_CONN_CLOSING;
+		return ret ? ret : -ECONNABORTED;
+	}
+	/* Until the queue is live (Connected and, where its host must,
+	 * authenticated) the only data a command may bring is a Connect's or
+	 * an authentication message, none longer than FX_TGT_AUTH_BUF: no
+	 * 64 KiB collections for a host that has proved nothing. */
+	if (!atomic_load(&c->live) && dir == 1 && sgl->length > FX_TGT_AUTH_BUF)
+		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
 	/* Before the queue has authenticated, only what authenticates it
 	 * runs (nothing is fetched with R2T for the others). */
 	if (!tgt_auth_allows(c, sqe)) {
