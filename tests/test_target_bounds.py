@@ -11,8 +11,10 @@ peer to the target than one from 127.0.0.1."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
+import time
 
 from test_target import CMD, R2T, RSP, Closed, Host, start_target
 
@@ -73,3 +75,28 @@ def test_connect_data_must_be_exactly_1024_bytes(start_target):
     h.close()
     t.stop()
     assert "Connect with 65536 bytes of data (must be 1024)" in t.stderr
+
+
+def test_log_lines_are_bounded_target_wide(start_target):
+    """Every malformed first PDU is worth a line about its connection; 600
+    connections that each send one make at most the burst (100) plus 20 a
+    second, and the lines left out are counted in the log."""
+    t = start_target()
+    t0 = time.monotonic()
+    n = 600
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", t.port), timeout=5)
+        s.sendall(struct.pack("<BBBBI", CMD, 0, 72, 0, 72) + bytes(64))  # not an ICReq
+        s.recv(256)  # its C2HTermReq
+        s.close()
+    time.sleep(1.2)  # (the listener says what it left out once the flood is over)
+    elapsed = time.monotonic() - t0
+    h = Host(t.port)  # still served
+    h.icreq()
+    assert h.connect(0).ok
+    h.close()
+    t.stop()
+    lines = [x for x in t.stderr.splitlines() if "first PDU is not an ICReq" in x]
+    left_out = sum(int(m) for m in re.findall(r"\((\d+) log lines? left out", t.stderr))
+    assert len(lines) <= 100 + 20 * elapsed + 1, (len(lines), elapsed)
+    assert len(lines) + left_out >= n, (len(lines), left_out)

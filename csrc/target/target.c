@@ -40,19 +40,79 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fx_target *g_targets;
 
+/* Take a log line from the target's bucket (FX_TGT_LOG_BURST lines, refilled
+ * at FX_TGT_LOG_PER_S a second): 1 when it may be written, with *said the
+ * lines dropped since the last one written; 0 (counted) when not. */
+static int log_take(const struct fx_target *t, unsigned *said)
+{
+	/* (the limiter is the one part of a const target that logging
+	 * changes; the target itself was never defined const) */
+	struct tgt_loglim *l = (struct tgt_loglim *)&t->loglim;
+	uint64_t now = tgt_now_ms();
+	int ok;
+
+	pthread_mutex_lock(&l->lock);
+	if (now > l->refill_ms) {
+		uint64_t add = (now - l->refill_ms) * FX_TGT_LOG_PER_S;
+
+		/* (in thousandths of a line: no float, no lost fractions) */
+		l->milli = l->milli + add > FX_TGT_LOG_BURST * 1000ull ? FX_TGT_LOG_BURST * 1000ull
+		                                                        : l->milli + add;
+		l->refill_ms = now;
+	}
+	ok = l->milli >= 1000;
+	if (ok) {
+		l->milli -= 1000;
+		*said = l->dropped;
+		l->dropped = 0;
+	} else {
+		l->dropped++;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return ok;
+}
+
 void tgt_log(const struct fx_target *t, const char *fmt, ...)
 {
+	unsigned dropped = 0;
 	va_list ap;
 
 	if (t && t->quiet)
 		return;
+	/* Most lines are about one connection, and any host can make as
+	 * many connections as it likes: the whole target writes a bounded
+	 * number of lines, and says how many it left out. */
+	if (t && !log_take(t, &dropped))
+		return;
 	flockfile(stderr);
+	if (dropped)
+		fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
+		        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
 	fputs("fx100io target: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
 	funlockfile(stderr);
+}
+
+/* The listener's tick: lines left out are said once the flood is over,
+ * not only with the next line, which may never come. */
+static void log_flush(struct fx_target *t)
+{
+	unsigned dropped = 0;
+
+	pthread_mutex_lock(&t->loglim.lock);
+	dropped = t->loglim.dropped;
+	pthread_mutex_unlock(&t->loglim.lock);
+	if (t->quiet || !dropped)
+		return;
+	if (log_take(t, &dropped) && dropped) {
+		flockfile(stderr);
+		fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
+		        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
+		funlockfile(stderr);
+	}
 }
 
 uint64_t tgt_now_ms(void)
@@ -264,6 +324,7 @@ static void target_free(struct fx_target *t)
 	pthread_cond_destroy(&t->dh_cond);
 	pthread_cond_destroy(&t->drain_cond);
 	pthread_mutex_destroy(&t->lock);
+	pthread_mutex_destroy(&t->loglim.lock);
 	free(t);
 }
 
@@ -285,6 +346,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 		return -ENOMEM;
 	t->lfd = -1;
 	t->wake[0] = t->wake[1] = -1;
+	pthread_mutex_init(&t->loglim.lock, NULL);
+	t->loglim.milli = FX_TGT_LOG_BURST * 1000ull;
+	t->loglim.refill_ms = tgt_now_ms();
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->dh_cond, NULL);
 	pthread_cond_init(&t->drain_cond, NULL);
@@ -1142,6 +1206,7 @@ int fx_target_run(struct fx_target *t)
 		check_handshakes(t);
 		check_kato(t);
 		check_idle(t);
+		log_flush(t);
 	}
 
 	/* Stop: refuse new connections, end the live ones, wait for them. */

@@ -69,6 +69,10 @@
 #define FX_TGT_AUTH_BACKOFF_MS 500u
 #define FX_TGT_AUTH_BACKOFF_MAX_MS 8000u
 #define FX_TGT_AUTH_BACKOFF_SLOTS 64u
+/* Log lines of the whole target: a burst of FX_TGT_LOG_BURST, then
+ * FX_TGT_LOG_PER_S a second; the rest are counted and the count said. */
+#define FX_TGT_LOG_BURST 100u
+#define FX_TGT_LOG_PER_S 20u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -282,8 +286,17 @@ struct tgt_conn {
 	pthread_mutex_t *send_lock;
 };
 
+/* The log's rate limit (target.c, tgt_log). */
+struct tgt_loglim {
+	pthread_mutex_t lock;
+	uint64_t milli;     /* lines that may be written now, in thousandths */
+	uint64_t refill_ms;
+	unsigned dropped;   /* lines left out since the last one written */
+};
+
 struct fx_target {
 	struct fx_target *next_global;
+	struct tgt_loglim loglim;
 	pthread_mutex_t lock;
 	char subnqn[NVMF_NQN_SIZE];
 	struct tgt_ns *ns;
