@@ -1074,12 +1074,6 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		c->state = TGT_CONN_CLOSING;
 		return ret ? ret : -ECONNABORTED;
 	}
-	/* Until the queue is live (Connected and, where its host must,
-	 * authenticated) the only data a command may bring is a Connect's or
-	 * an authentication message, none longer than FX_TGT_AUTH_BUF: no
-	 * 64 KiB collections for a host that has proved nothing. */
-	if (!atomic_load(&c->live) && dir == 1 && sgl->length > FX_TGT_AUTH_BUF)
-		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
 	/* Before the queue has authenticated, only what authenticates it
 	 * runs (nothing is fetched with R2T for the others). */
 	if (!tgt_auth_allows(c, sqe)) {
@@ -1092,6 +1086,12 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		return send_resp(c, sqe->cid,
 		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
 	}
+	/* Until the queue is live (Connected and, where its host must,
+	 * authenticated) the only data a command may bring is an authentication
+	 * message (a Connect's is checked above), none longer than FX_TGT_AUTH_BUF: no
+	 * 64 KiB collections for a host that has proved nothing. */
+	if (!atomic_load(&c->live) && dir == 1 && sgl->length > FX_TGT_AUTH_BUF)
+		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
 
 	/* A command served here in line may wait (on the disk, or for a DH
 	 * slot in authentication): what the engine has prepared goes first

@@ -22,6 +22,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -824,6 +825,31 @@ static void reap(struct fx_target *t, int wait_all)
 	}
 }
 
+/* What the target's per-peer bounds (DH work, a share of the I/O buffers)
+ * count a connection against: its source address, IPv4 (mapped or not) as
+ * itself, IPv6 by its /64 prefix, since a host that has one IPv6 address
+ * usually has its whole /64 to pick others from. */
+static void peer_key(const struct sockaddr_storage *ss, char *out, size_t n)
+{
+	char host[64] = "?";
+
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+		const uint8_t *a = s6->sin6_addr.s6_addr;
+
+		if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+			snprintf(out, n, "%x:%x:%x:%x::/64", a[0] << 8 | a[1], a[2] << 8 | a[3],
+			         a[4] << 8 | a[5], a[6] << 8 | a[7]);
+			return;
+		}
+		inet_ntop(AF_INET, a + 12, host, sizeof(host));
+	} else {
+		getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), NULL, 0,
+		            NI_NUMERICHOST);
+	}
+	snprintf(out, n, "%s", host);
+}
+
 static void peer_name(const struct sockaddr_storage *ss, char *out, size_t n)
 {
 	char host[64] = "?", serv[16] = "?";
@@ -883,6 +909,7 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 		return;
 	}
 	peer_name(ss, c->peer, sizeof(c->peer));
+	peer_key(ss, c->peer_key, sizeof(c->peer_key));
 	{
 		struct sockaddr_storage ls;
 		socklen_t ll = sizeof(ls);
@@ -926,6 +953,7 @@ int tgt_serve_fd(struct fx_target *t, int fd)
 		return -ENOMEM;
 	}
 	snprintf(c->peer, sizeof(c->peer), "fd %d", fd);
+	snprintf(c->peer_key, sizeof(c->peer_key), "fd");
 	pthread_mutex_lock(&t->lock);
 	c->next = t->conns;
 	t->conns = c;

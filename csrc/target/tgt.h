@@ -60,7 +60,8 @@
 #define FX_TGT_AUTH_MAX_DH 2u
 #define FX_TGT_AUTH_DH_WAIT_MS 2000u
 /* Failed transactions in a row for one host NQN from one peer address
- * (across connections) that made us do DH work (a key pair: the group is
+ * (across connections) that made us do DH work (those abandoned after our
+ * Challenge, by a new Negotiate, a Failure2 or the connection's end, too) (a key pair: the group is
  * not null) before a new one must wait: FX_TGT_AUTH_BACKOFF_MS, doubled
  * with each further failure up to FX_TGT_AUTH_BACKOFF_MAX_MS; meanwhile a
  * Negotiate gets Failure1 at once, at no DH cost.  A success clears it.  FX_TGT_AUTH_BACKOFF_SLOTS (host, address) pairs are
@@ -73,6 +74,19 @@
  * FX_TGT_LOG_PER_S a second; the rest are counted and the count said. */
 #define FX_TGT_LOG_BURST 100u
 #define FX_TGT_LOG_PER_S 20u
+/* DH work per peer address (target.c, peer_key), whatever host NQN it
+ * names: each Challenge with a DH group (a key pair now, a key agreement
+ * at the Reply) takes a token from the address's bucket of
+ * FX_TGT_AUTH_DH_BURST, refilled at FX_TGT_AUTH_DH_PER_S a second; a
+ * Reply that proves the host's secret gives it back, so a host that
+ * authenticates never runs dry, however many queues it connects, while
+ * one that abandons or fails its transactions gets this many at most.
+ * An address with no token left gets Failure1 at once, at no DH cost.
+ * FX_TGT_AUTH_DH_PEERS addresses are remembered, the least recently
+ * used one replaced. */
+#define FX_TGT_AUTH_DH_BURST 32u
+#define FX_TGT_AUTH_DH_PER_S 4u
+#define FX_TGT_AUTH_DH_PEERS 256u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -142,6 +156,13 @@ struct tgt_auth_backoff {
 	unsigned fails;     /* failed transactions in a row */
 	uint64_t last_ms;   /* of the last failure */
 	uint64_t until_ms;  /* no new transaction before */
+};
+
+/* One peer address's DH tokens (auth.c; under the target's lock). */
+struct tgt_dh_peer {
+	char addr[64];      /* "": a free slot */
+	uint64_t milli;     /* tokens, in thousandths */
+	uint64_t refill_ms; /* last refilled (and used) */
 };
 
 enum tgt_ctrl_state {
@@ -225,6 +246,7 @@ struct tgt_conn {
 	uint64_t accepted_ms;
 	int deadline_hit;   /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
+	char peer_key[64];   /* the peer's address as per-peer bounds count it (target.c) */
 	char local_addr[64]; /* address the host reached us at (discovery traddr) */
 	int local_family;
 	enum tgt_conn_state state;
@@ -332,6 +354,9 @@ struct fx_target {
 	unsigned dh_running;
 	_Atomic uint64_t dh_ops;
 	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
+	struct tgt_dh_peer dh_peers[FX_TGT_AUTH_DH_PEERS];
+	/* transactions that cost DH work and were abandoned (for tests) */
+	_Atomic uint64_t auth_abandoned;
 	pthread_cond_t drain_cond; /* a controller's io_live went down (with lock) */
 	/* Test knobs from the environment (read once at create; see
 	 * target.c): FX100IO_TARGET_INLINE=1 serves I/O queues one command
