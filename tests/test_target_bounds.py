@@ -11,6 +11,7 @@ peer to the target than one from 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import struct
@@ -18,7 +19,7 @@ import threading
 import time
 
 import test_target_auth as auth
-from test_target import CMD, HOST_A, R2T, RSP, Closed, Host, start_target
+from test_target import CMD, HOST_A, R2T, RSP, Closed, Host, sqe, start_target
 
 __all__ = ["start_target"]  # (the fixture, imported for this module's tests)
 
@@ -86,7 +87,7 @@ def test_log_lines_are_bounded_target_wide(start_target):
     t = start_target()
     t0 = time.monotonic()
     n = 600
-    for i in range(n):
+    for _ in range(n):
         s = socket.create_connection(("127.0.0.1", t.port), timeout=5)
         s.sendall(struct.pack("<BBBBI", CMD, 0, 72, 0, 72) + bytes(64))  # not an ICReq
         s.recv(256)  # its C2HTermReq
@@ -209,3 +210,166 @@ def test_no_large_data_before_a_queue_has_authenticated(start_target):
     assert cqe.sc == SC_SGL_LENGTH_INVALID and cqe.status & DNR
     assert "failure" not in auth.authenticate(h, auth.SECRET_A, groups=(0,))
     h.close()
+
+
+# ------------------------------------------------- the I/O buffer budget
+
+MiB = 1 << 20
+
+
+def _admin_from(port: int, addr: str, queues: int = 0) -> Host:
+    h = from_addr(port, addr)
+    h.icreq()
+    assert h.connect(0).ok
+    h.enable()
+    if queues:
+        assert h.set_queues(queues) >= queues
+    return h
+
+
+def _io_from(port: int, addr: str, cntlid: int, qid: int) -> Host:
+    h = from_addr(port, addr)
+    h.icreq()
+    assert h.connect(qid, cntlid=cntlid, sqsize=127).ok
+    return h
+
+
+def _r2ts(hosts: list[Host], seconds: float) -> int:
+    """R2Ts the target sends these queues within seconds (each one is a
+    write's buffer taken from the budget)."""
+    n = 0
+    end = time.monotonic() + seconds
+    for h in hosts:
+        h.sock.settimeout(max(0.05, end - time.monotonic()))
+        try:
+            while True:
+                p = h.recv_pdu()
+                assert p.type == R2T, p
+                n += 1
+        except TimeoutError:
+            pass
+        h.sock.settimeout(10)
+    return n
+
+
+def _drop_cache(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_one_host_holding_all_it_can_leaves_room_for_another(start_target):
+    """Budget 16 MiB.  A host at 127.0.0.1 opens 4 I/O queues and sends 4
+    writes of 4 MiB on each, never their data: each R2T is a 4 MiB buffer
+    held for twice the stall timeout.  It gets 3 (3/4 of the budget for a
+    lone address; a queue alone could take 32 MiB), not 16.  Meanwhile a
+    host at 127.0.0.2 writes 1 MiB and reads 1 MiB (from the disk, not the
+    page cache: an O_DIRECT buffer) at once, byte for byte."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000",
+                     sizes=(64 << 20,))
+    hog = _admin_from(t.port, "127.0.0.1", queues=4)
+    hog_q = [_io_from(t.port, "127.0.0.1", hog.cntlid, q) for q in range(1, 5)]
+    for i, q in enumerate(hog_q):
+        for j in range(4):
+            slba = (i * 4 + j) * 8192
+            q.submit(sqe(0x01, nsid=1, cdw10=slba, cdw12=8191), bytes(4 * MiB), incapsule=False)
+    assert _r2ts(hog_q, 1.0) == 3
+    good = _admin_from(t.port, "127.0.0.2", queues=1)
+    gq = _io_from(t.port, "127.0.0.2", good.cntlid, 1)
+    data = os.urandom(MiB)
+    t0 = time.monotonic()
+    assert gq.write(40 * 2048, data, 512, incapsule=False).ok
+    took_w = time.monotonic() - t0
+    _drop_cache(t.paths[0])
+    with open(t.paths[0], "rb") as f:
+        f.seek(48 * MiB)
+        want = f.read(MiB)
+    t0 = time.monotonic()
+    cqe, got = gq.read(48 * 2048, 2048, 512)
+    took_r = time.monotonic() - t0
+    assert cqe.ok and got == want
+    assert took_w < 0.5 and took_r < 0.5, (took_w, took_r)
+    with open(t.paths[0], "rb") as f:
+        f.seek(40 * MiB)
+        assert f.read(MiB) == data
+    # the host holding 12 MiB gets no more while another address is served
+    assert _r2ts(hog_q, 0.3) == 0
+    for h in [*hog_q, hog, gq, good]:
+        h.close()
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_io_buffers_of_many_queues_that_never_read_stay_within_the_budget(start_target):
+    """8 I/O queues each read 8 x 4 MiB from the disk and never read their
+    socket: the target's buffers stay within the 16 MiB budget (its resident
+    memory grows by less than 32 MiB, where 8 queues of 32 MiB could hold
+    256 MiB), and a host at 127.0.0.2 still reads 1 MiB byte for byte at once."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000",
+                     sizes=(64 << 20,))
+    warm = _admin_from(t.port, "127.0.0.3", queues=1)  # (threads and arenas of a queue up)
+    wq = _io_from(t.port, "127.0.0.3", warm.cntlid, 1)
+    assert wq.read(0, 8, 512)[0].ok
+    _drop_cache(t.paths[0])
+    rss0 = _rss_mib(t.proc.pid)
+    hog = _admin_from(t.port, "127.0.0.1", queues=8)
+    hog_q = []
+    for q in range(1, 9):
+        h = _io_from(t.port, "127.0.0.1", hog.cntlid, q)
+        h.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        hog_q.append(h)
+    for q in hog_q:
+        for j in range(8):
+            q.submit(sqe(0x02, nsid=1, cdw10=j * 8192 % (64 * 2048), cdw12=8191),
+                     data_in=4 * MiB)
+    time.sleep(1.5)
+    grew = _rss_mib(t.proc.pid) - rss0
+    with open(t.paths[0], "rb") as f:
+        f.seek(60 * MiB)
+        want = f.read(MiB)
+    _drop_cache(t.paths[0])
+    good = _admin_from(t.port, "127.0.0.2", queues=1)
+    gq = _io_from(t.port, "127.0.0.2", good.cntlid, 1)
+    t0 = time.monotonic()
+    cqe, got = gq.read(60 * 2048, 2048, 512)
+    took = time.monotonic() - t0
+    assert cqe.ok and got == want
+    assert took < 0.5, took
+    assert grew < 32, f"target grew by {grew:.0f} MiB"
+    for h in [*hog_q, hog, gq, good, wq, warm]:
+        h.close()
+
+
+def test_admin_data_of_many_connections_comes_out_of_the_budget(start_target):
+    """80 connections each ask for 4 admin commands' data of 64 KiB by R2T
+    (Set Features, Host Identifier) and never send it: the R2Ts together
+    stay within a lone address's part of the 16 MiB budget (12 MiB: 192
+    buffers; 320 were given before), the rest fail at once, retryable."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000")
+    hosts = [_admin_from(t.port, "127.0.0.1") for _ in range(80)]
+    r2ts = fails = 0
+    for h in hosts:
+        for _ in range(4):
+            h.submit(sqe(0x09, cdw10=0x81), bytes(65536), incapsule=False)
+    for h in hosts:
+        for _ in range(4):
+            p = h.recv_pdu()
+            if p.type == R2T:
+                r2ts += 1
+            else:
+                assert p.type == RSP, p
+                status = struct.unpack_from("<H", p.header, 8 + 14)[0] >> 1
+                assert status & 0xFF and not status & DNR, hex(status)
+                fails += 1
+    assert r2ts == 12 * MiB // 65536 and fails == 320 - r2ts, (r2ts, fails)
+    for h in hosts:
+        h.close()

@@ -850,6 +850,7 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 
 	if (s->buf) {
 		free(s->buf);
+		tgt_iobufs_give(c, s->len);
 		c->r2t_bufs--;
 	}
 	memset(s, 0, sizeof(*s));
@@ -882,8 +883,15 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 	s->off = off;
 	s->r2t_ms = tgt_now_ms();
 	if (!ns) {
+		/* (out of the target's buffer budget, without waiting: the
+		 * host retries) */
+		if (tgt_iobufs_try(c, len) < 0) {
+			r2t_release(c, (unsigned)idx);
+			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+		}
 		s->buf = malloc(len);
 		if (!s->buf) {
+			tgt_iobufs_give(c, len);
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
@@ -1239,6 +1247,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 	r2t_release(c, idx);
 	ret = run_admin(c, &sqe, buf, len);
 	free(buf);
+	tgt_iobufs_give(c, len);
 	return ret;
 }
 
@@ -1422,7 +1431,10 @@ void *tgt_conn_main(void *arg)
 	shutdown(c->fd, SHUT_RDWR);
 	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)
-		free(c->r2t[i].buf);
+		if (c->r2t[i].buf) {
+			free(c->r2t[i].buf);
+			tgt_iobufs_give(c, c->r2t[i].len);
+		}
 	free(c->r2t);
 	free(c->r2t_free);
 	free(c->icd);

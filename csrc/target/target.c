@@ -322,6 +322,7 @@ static void target_free(struct fx_target *t)
 		close(t->wake[0]);
 	if (t->wake[1] >= 0)
 		close(t->wake[1]);
+	tgt_iobufs_fini(t);
 	pthread_cond_destroy(&t->dh_cond);
 	pthread_cond_destroy(&t->drain_cond);
 	pthread_mutex_destroy(&t->lock);
@@ -381,6 +382,20 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	                                                           : FX_TGT_DEFAULT_IDLE_MS;
 	t->verbose = cfg->verbose;
 	t->quiet = cfg->quiet;
+	{
+		uint64_t budget = cfg->io_buffer_budget_mib ? (uint64_t)cfg->io_buffer_budget_mib << 20
+		                                            : FX_TGT_IO_BUFFER_BUDGET;
+
+		if (budget < FX_TGT_IO_BUDGET_MIN || budget > SIZE_MAX / 2) {
+			tgt_log(t, "I/O buffer budget of %u MiB: at least %u MiB", cfg->io_buffer_budget_mib,
+			        FX_TGT_IO_BUDGET_MIN >> 20);
+			ret = -EINVAL;
+			goto fail;
+		}
+		ret = tgt_iobufs_init(t, (size_t)budget);
+		if (ret < 0)
+			goto fail;
+	}
 	t->next_cntlid = 1;
 
 	/* Serial number: 16 hex digits of the subsystem NQN's hash, so every
@@ -791,6 +806,7 @@ static void check_kato(struct fx_target *t)
 
 static void conn_free(struct tgt_conn *c)
 {
+	tgt_iopeer_put(c);
 	if (c->fd >= 0)
 		close(c->fd);
 	free(c);
@@ -910,6 +926,10 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 	}
 	peer_name(ss, c->peer, sizeof(c->peer));
 	peer_key(ss, c->peer_key, sizeof(c->peer_key));
+	if (tgt_iopeer_get(c) < 0) {
+		conn_free(c);
+		return;
+	}
 	{
 		struct sockaddr_storage ls;
 		socklen_t ll = sizeof(ls);
@@ -954,6 +974,10 @@ int tgt_serve_fd(struct fx_target *t, int fd)
 	}
 	snprintf(c->peer, sizeof(c->peer), "fd %d", fd);
 	snprintf(c->peer_key, sizeof(c->peer_key), "fd");
+	if (tgt_iopeer_get(c) < 0) {
+		conn_free(c);
+		return -ENOMEM;
+	}
 	pthread_mutex_lock(&t->lock);
 	c->next = t->conns;
 	t->conns = c;
@@ -1234,6 +1258,7 @@ int fx_target_run(struct fx_target *t)
 		check_handshakes(t);
 		check_kato(t);
 		check_idle(t);
+		tgt_iobufs_tick(t);
 		log_flush(t);
 	}
 

@@ -99,8 +99,23 @@
  * takes a whole 2 MiB page, io.c), at once; a
  * queue never holds more than its depth. */
 #define FX_TGT_IO_BUDGET (32u << 20)
-/* Buffers an I/O queue with nothing in flight keeps for its next commands. */
+/* The I/O buffers of all connections together (io.c, struct tgt_iobufs):
+ * at most the budget (--io-buffer-budget, this by default; at least
+ * FX_TGT_IO_BUDGET_MIN, two of the largest commands), shared between peer
+ * addresses (target.c, peer_key): while n addresses have buffers or wait
+ * for them, one may take more only up to budget / n, and a lone one up to
+ * three quarters, so that a newcomer always finds room at once however
+ * much the others hold and however long they hold it (a host that does
+ * not read its socket keeps its reads' buffers for the stall timeout).  A
+ * command that does not fit waits, in its queue's order, for room.
+ * Admin and Fabrics data collected by R2T comes out of the same budget
+ * (without waiting: a retryable error when there is no room). */
+#define FX_TGT_IO_BUFFER_BUDGET (256u << 20)
+#define FX_TGT_IO_BUDGET_MIN (2u * FX_TGT_MAX_XFER)
+/* Buffers kept for reuse once the whole target has had nothing in flight
+ * for a moment (the cache otherwise keeps what the last 100 ms used). */
 #define FX_TGT_IO_IDLE_CACHE (4u << 20)
+#define FX_TGT_BUF_CLASSES 7
 /* io_uring workers (bounded and unbounded, each) per queue's ring. */
 #define FX_TGT_IO_WORKERS 2u
 /* O_DIRECT file I/O: offset, length and buffer aligned to this. */
@@ -146,6 +161,31 @@ struct tgt_dhchap_host {
 };
 
 struct tgt_auth; /* one queue's DH-HMAC-CHAP transaction (auth.c) */
+
+/* One peer address's part of the I/O buffer budget (io.c; under the
+ * budget's lock): one per address with a connection. */
+struct tgt_iopeer {
+	struct tgt_iopeer *next;
+	char key[64];
+	unsigned conns;  /* connections from it */
+	size_t held;     /* bytes of buffers its commands hold */
+	unsigned waiting; /* its queues waiting for room */
+};
+
+/* The target-wide I/O buffer budget (io.c). */
+struct tgt_iobufs {
+	pthread_mutex_t lock;
+	size_t budget;
+	size_t used;       /* in commands' hands */
+	size_t cached;     /* kept for reuse, freed when room is needed */
+	size_t peak;       /* most used since the last trim (the listener's tick) */
+	void **cache[FX_TGT_BUF_CLASSES];
+	unsigned ncache[FX_TGT_BUF_CLASSES], cache_max[FX_TGT_BUF_CLASSES];
+	struct tgt_iopeer *peers;
+	unsigned active;   /* peers holding buffers or waiting for them */
+	struct tgt_ioq *waiters; /* queues waiting for room (woken on any release) */
+	uint64_t waited;   /* times a command had to wait for room */
+};
 struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
 
 /* Failed authentications of one host from one address (auth.c; under the
@@ -247,6 +287,7 @@ struct tgt_conn {
 	int deadline_hit;   /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
 	char peer_key[64];   /* the peer's address as per-peer bounds count it (target.c) */
+	struct tgt_iopeer *iopeer; /* its account in the I/O buffer budget */
 	char local_addr[64]; /* address the host reached us at (discovery traddr) */
 	int local_family;
 	enum tgt_conn_state state;
@@ -334,6 +375,7 @@ struct fx_target {
 	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
 	uint32_t max_conns, handshake_ms, stall_ms;
 	uint32_t idle_ms;        /* 0: never reap idle queues */
+	struct tgt_iobufs iobufs;
 	int verbose, quiet;
 	uint8_t serial[20];
 	int lfd;
@@ -479,6 +521,18 @@ void tgt_send_lock(struct tgt_conn *c);
 void tgt_send_unlock(struct tgt_conn *c);
 
 /* io.c: the I/O engine of a live I/O queue */
+/* The I/O buffer budget: set up (budget bytes; 0 or -ENOMEM), freed;
+ * a connection's peer account taken (0 or -ENOMEM) and given back;
+ * admin/Fabrics data of n bytes taken (0, or -ENOBUFS when there is no
+ * room now) and given back; the listener's tick (frees what the cache
+ * keeps beyond what was recently used). */
+int tgt_iobufs_init(struct fx_target *t, size_t budget);
+void tgt_iobufs_fini(struct fx_target *t);
+int tgt_iopeer_get(struct tgt_conn *c);
+void tgt_iopeer_put(struct tgt_conn *c);
+int tgt_iobufs_try(struct tgt_conn *c, size_t n);
+void tgt_iobufs_give(struct tgt_conn *c, size_t n);
+void tgt_iobufs_tick(struct fx_target *t);
 /* Start it (c->ioq, c->send_lock) for a queue of c->sqsize + 1 entries:
  * 0, or -errno when io_uring is not to be had (the queue then serves in
  * line; logged once per target). */
