@@ -18,8 +18,9 @@ import struct
 import threading
 import time
 
+import pytest
 import test_target_auth as auth
-from test_target import CMD, HOST_A, R2T, RSP, Closed, Host, sqe, start_target
+from test_target import CMD, HOST_A, NQN, R2T, RSP, Closed, Host, sqe, start_target
 
 __all__ = ["start_target"]  # (the fixture, imported for this module's tests)
 
@@ -373,3 +374,47 @@ def test_admin_data_of_many_connections_comes_out_of_the_budget(start_target):
     assert r2ts == 12 * MiB // 65536 and fails == 320 - r2ts, (r2ts, fails)
     for h in hosts:
         h.close()
+
+
+def test_binding_and_cli_take_the_budget(tmp_path):
+    """target_serve(io_buffer_budget_mib=) is honoured (8 MiB: a lone
+    address gets 6 MiB, one 4 MiB write buffer), under 8 MiB is refused, and
+    so is the CLI's --io-buffer-budget 7."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    from fx100io import _core, errors
+
+    ns = tmp_path / "ns.img"
+    ns.write_bytes(bytes(16 << 20))
+    p = subprocess.run([sys.executable, "-m", "fx100io", "target", "--namespace", str(ns),
+                        "--io-buffer-budget", "7"], capture_output=True, text=True, timeout=60,
+                       cwd=str(REPO))
+    assert p.returncode == 2 and "--io-buffer-budget must be 8.." in p.stderr, p
+    with pytest.raises(errors.InvalidArgumentError):
+        _core.target_serve("127.0.0.1", "0", NQN, [str(ns)], quiet=True, io_buffer_budget_mib=4)
+    ports: list[int] = []
+    ready = threading.Event()
+
+    def run() -> None:
+        _core.target_serve("127.0.0.1", "0", NQN, [str(ns)], quiet=True, io_buffer_budget_mib=8,
+                           stall_timeout_ms=5000, ready=lambda p: (ports.append(p), ready.set()))
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    try:
+        assert ready.wait(10)
+        a = _admin_from(ports[0], "127.0.0.1", queues=1)
+        q = _io_from(ports[0], "127.0.0.1", a.cntlid, 1)
+        for j in range(3):
+            q.submit(sqe(0x01, nsid=1, cdw10=j * 8192, cdw12=8191), bytes(4 * MiB),
+                     incapsule=False)
+        assert _r2ts([q], 0.5) == 1
+        q.close()
+        a.close()
+    finally:
+        _core.target_stop()
+        th.join(10)
+    assert not th.is_alive()
