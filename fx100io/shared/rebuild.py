@@ -32,8 +32,9 @@ rolled back (an everysec AOF losing its last second, a failover) resumes
 above the versions it lost as long as the Redis hosts' clocks agree to
 within that outage.
 
-It refuses to replace the index of another pool of the same name (pass
-force).  Run it while no host is writing (hosts that are running see
+It refuses to replace the index of another pool of the same name, or a
+create's claim on the name while that create is under way (pass force).
+A name given (--name) must follow the pool-name rule (format.NAME_RULE).  Run it while no host is writing (hosts that are running see
 "index lost" until it ends, and keep working after).
 """
 

@@ -29,9 +29,13 @@ deletes raise IndexUnavailableError, within the socket timeout, and for
 Every extent that leaves the index (a delete, a newer put of its key, an
 eviction) has its header erased before its space is reused (see
 ``rebuild``), even where the put or delete that took it out is cancelled
-once its script was sent: the cancel propagates after the erase.  A put that finds no room evicts least recently used chunks
-(by order of last access); one that fails all the same (DeviceFullError)
-leaves them evicted.
+once its script was sent: the cancel propagates after the erase.  A put
+that finds no room evicts least recently used chunks (by order of last
+access); one that fails all the same (DeviceFullError) leaves them
+evicted.
+
+A cancelled get returns only once every read it started has landed: no
+byte of the caller's buffers changes after it returned.
 """
 
 from __future__ import annotations
@@ -200,8 +204,9 @@ class SharedChunkStore:
         devices: list[Device] = []
         try:
             if create:
-                self._create(uri_list, index, fmt.check_name("pool" if name is None else name), size, capacity,
-                             force, devices, timeout=timeout, retry_after=retry_after, **opts)
+                pool_name = fmt.check_name("pool" if name is None else name)
+                self._create(uri_list, index, pool_name, size, capacity, force, devices,
+                             timeout=timeout, retry_after=retry_after, **opts)
             else:
                 if name is not None:
                     fmt.check_name(name)
