@@ -117,7 +117,7 @@ class LiveSharedUnderPlain(LiveShared):
         fx100io.ChunkStore(self.uris[:1], create=True, size=32 * MiB).close()
 
     def refused(self) -> type[BaseException]:
-        return OSError
+        return errors.NotAStoreError
 
 
 STORES = [
@@ -125,10 +125,8 @@ STORES = [
     pytest.param(LiveShared, {"name": "prod"}, id="SharedChunkStore-same-name"),
     pytest.param(LiveShared, {"name": "other"}, id="SharedChunkStore-other-name"),
     pytest.param(LiveShared, {}, id="SharedChunkStore-default-name"),
-    # ChunkStore's format knows nothing of shared pools (nor of their Redis)
-    pytest.param(LiveSharedUnderPlain, {}, id="ChunkStore-over-a-shared-pool", marks=pytest.mark.xfail(
-        strict=True, reason="ChunkStore(create=True) formats a namespace of a live shared pool: "
-        "fx100io/store/chunkstore.py _format does not look at what the device holds")),
+    # ChunkStore's create looks at what the device holds: a shared pool's namespace
+    pytest.param(LiveSharedUnderPlain, {}, id="ChunkStore-over-a-shared-pool"),
 ]
 
 
@@ -335,3 +333,14 @@ def test_of_two_creates_of_one_name_at_once_one_wins_and_the_other_writes_nothin
     st.batch_put_blocking(["k"], [value("b")])
     assert_chunks(st, {"k": value("b")})
     st.close()
+
+
+def test_chunkstore_create_with_force_formats_a_shared_namespace(tmp_path, redis_server) -> None:
+    """force=True is the way to reuse a shared pool's namespace as a local
+    store: it formats, and the local store works."""
+    pool = LiveSharedUnderPlain(tmp_path, redis_server)
+    pool.st.close()
+    with fx100io.ChunkStore(pool.uris[:1], create=True, size=32 * MiB, force=True) as st:
+        want = {"a": value("a", "local")}
+        st.batch_put_blocking(list(want), list(want.values()))
+        assert_chunks(st, want)

@@ -45,6 +45,7 @@ from fx100io.errors import (
     error_from_errno,
 )
 from fx100io.pool import aligned_array
+from fx100io.shared.format import SB_MAGIC as SHARED_SB_MAGIC
 from fx100io.store import layout
 from fx100io.store.flock import lock_device, unlock
 from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
@@ -139,8 +140,10 @@ class ChunkStore:
     """A persistent key -> chunk store over one device or several (striped).
 
     ``ChunkStore(uris, create=False, size=None, **opts)``: ``create=True``
-    formats the devices (files are created or grown to ``size`` bytes);
-    otherwise an existing store is opened and its chunks are found again.
+    formats the devices (files are created or grown to ``size`` bytes),
+    but refuses (NotAStoreError) a device holding a shared pool's namespace
+    unless ``force=True``; otherwise an existing store is opened and its
+    chunks are found again.
 
     Options: capacity (bytes of chunk data kept before LRU eviction; default
     all of the data area), index_size (bytes per index half, default about
@@ -149,7 +152,8 @@ class ChunkStore:
     """
 
     def __init__(self, uris: str | Sequence[str], create: bool = False, size: int | None = None,
-                 *, capacity: int | None = None, index_size: int | None = None, **opts: Any):
+                 *, capacity: int | None = None, index_size: int | None = None, force: bool = False,
+                 **opts: Any):
         uri_list = [uris] if isinstance(uris, str) else list(uris)
         if not uri_list:
             raise InvalidArgumentError(22, "ChunkStore needs at least one device URI")
@@ -174,6 +178,8 @@ class ChunkStore:
             # the devices' URIs: on the kernel path without their DH-HMAC-CHAP secrets
             names = [d.uri for d in devices]
             if create:
+                if not force:
+                    self._refuse_shared_pools(devices)
                 self._members = self._format(devices, names, index_size)
             else:
                 self._members = self._load(devices, names)
@@ -187,6 +193,21 @@ class ChunkStore:
             m.capacity = m.sb.data_size if per_dev is None else min(per_dev, m.sb.data_size)
 
     # ------------------------------------------------------------ format/load
+    @staticmethod
+    def _refuse_shared_pools(devices: list[Device]) -> None:
+        """A namespace of a shared pool is not this store's to format: other
+        hosts may be using it, and its index lives in Redis, where a local
+        create cannot see it.  Checked on every device before any is
+        written."""
+        for d in devices:
+            raw = aligned_array(layout.BLOCK)
+            d.read_into_blocking(0, raw)
+            if raw[:len(SHARED_SB_MAGIC)].tobytes() == SHARED_SB_MAGIC:
+                raise NotAStoreError(
+                    17, "the device holds a namespace of a shared pool (SharedChunkStore); "
+                    "ChunkStore(create=True) would destroy that pool: pass force=True to "
+                    "format it anyway", d.uri)
+
     def _format(self, devices: list[Device], uris: list[str],
                 index_size: int | None) -> list[Member]:
         set_id = layout.new_set_id()
