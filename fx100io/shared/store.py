@@ -41,6 +41,7 @@ byte of the caller's buffers changes after it returned.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -918,11 +919,37 @@ class _Runner:
                 t.start()
                 self._loop, self._thread = loop, t
             loop = self._loop
-        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        # The call's task is made here, not by run_coroutine_threadsafe, so
+        # an interrupted caller can wait for the task itself to end.
+        ended = threading.Event()
+        result: concurrent.futures.Future = concurrent.futures.Future()
+        tasks: list[asyncio.Task] = []
+
+        def finish(t: asyncio.Task) -> None:
+            ended.set()
+            if t.cancelled():
+                result.cancel()
+            elif t.exception() is not None:
+                result.set_exception(t.exception())  # type: ignore[arg-type]
+            else:
+                result.set_result(t.result())
+
+        def start() -> None:
+            tasks.append(loop.create_task(coro))
+            tasks[0].add_done_callback(finish)
+        loop.call_soon_threadsafe(start)
         try:
-            return fut.result()
+            return result.result()
         except BaseException:
-            fut.cancel()
+            # Interrupted (KeyboardInterrupt in this thread): the call is
+            # cancelled and waited out before the interrupt goes on, so the
+            # reads it started have landed and no byte of the caller's
+            # buffers changes after this returns.  (start() runs first: the
+            # loop takes callbacks in order.)  A second interrupt, or the
+            # loop stopping, cuts the wait short.
+            loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+            while not ended.wait(0.05) and loop.is_running():
+                pass
             raise
 
     def close(self, last: Any) -> None:

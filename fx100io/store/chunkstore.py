@@ -45,7 +45,6 @@ from fx100io.errors import (
     error_from_errno,
 )
 from fx100io.pool import aligned_array
-from fx100io.shared.format import SB_MAGIC as SHARED_SB_MAGIC
 from fx100io.store import layout
 from fx100io.store.flock import lock_device, unlock
 from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
@@ -199,6 +198,9 @@ class ChunkStore:
         hosts may be using it, and its index lives in Redis, where a local
         create cannot see it.  Checked on every device before any is
         written."""
+        # here, not at the top: fx100io.shared imports this module
+        from fx100io.shared.format import SB_MAGIC as SHARED_SB_MAGIC
+
         for d in devices:
             raw = aligned_array(layout.BLOCK)
             d.read_into_blocking(0, raw)
