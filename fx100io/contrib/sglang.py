@@ -24,7 +24,9 @@ What it translates (the logic lives in ChunkStore):
   layout (TP/PP/DP/CP/DCP rank), the pool layout as SGLang names it (page_first and
   page_first_direct order a page's bytes differently), dtype, page size and the pool's
   geometry (layers, heads, head dims, the sizes of a page's pieces): a chunk is never
-  read into pages of another shape. The name does not say which weights: serving new
+  read into pages of another shape. Every field is escaped one-to-one and written out
+  in full (fx100io.contrib._sglang_keys), so no two of these share a store key. The
+  name does not say which weights: serving new
   weights under the same name needs a new ``namespace`` (or ``clear()``).
   With MLA the TP ranks hold the same KV and share one key: only the writer rank
   (``is_storage_writer``) writes, so TP > 1 needs ``shared_index`` (one pool that every
@@ -51,11 +53,9 @@ import collections
 import concurrent.futures
 import ctypes
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +65,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from fx100io.store import ChunkStore
 from fx100io.store.chunkstore import _gather, _nbytes, _scatter, aligned_array
 
+from . import _sglang_keys as sgl_keys
 from ._runtime import Breaker, LoopRunner, TimedOut, is_device_error
 from ._settings import BackendConfigError, BackendSettings, open_backend_store, parse_settings
 
@@ -88,11 +89,6 @@ SGLANG_KEYS = (
 )
 # pool tensors the backend registers as io_uring fixed buffers, where the pool has them
 POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer")
-
-
-def _model_tag(name: str | None) -> str:
-    """The served model name, escaped one-to-one (no two names share a tag)."""
-    return urllib.parse.quote(name or "", safe="") or "~"
 
 
 def rank_scope(cfg: HiCacheStorageConfig) -> str:
@@ -179,8 +175,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         # exactly as SGLang's cache controller reads it (a string "0" is true there)
         self.zero_copy = bool(extra.get("interface_v1", 0))
         namespace = str(extra.get("namespace") or "")
-        self._scope = (f"sgl/{urllib.parse.quote(namespace, safe='') or '~'}/"
-                       f"{_model_tag(storage_config.model_name)}/{rank_scope(storage_config)}")
+        self._scope = sgl_keys.scope(namespace, storage_config.model_name, rank_scope(storage_config))
         if (storage_config.is_mla_model
                 and storage_config.tp_size > max(1, getattr(storage_config, "dcp_size", 1))
                 and not self.settings.shared_index):
@@ -243,13 +238,12 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         except Exception:
             if self.zero_copy:
                 raise
-        geometry = ",".join(
-            f"{a}={getattr(mem_pool_host, a, None)}"
-            for a in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_lora_rank",
-                      "qk_rope_head_dim", "start_layer", "end_layer"))
-        geometry += ";" + ",".join(map(str, self._page_sizes))
-        tag = hashlib.sha256(geometry.encode()).hexdigest()[:16]
-        self._page_prefix = f"{self._scope}/{layout}.{dtype}.p{page_size}.g{tag}"
+        geometry = sgl_keys.geometry(
+            [(a, getattr(mem_pool_host, a, None))
+             for a in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_lora_rank",
+                       "qk_rope_head_dim", "start_layer", "end_layer")],
+            self._page_sizes)
+        self._page_prefix = sgl_keys.page_prefix(self._scope, layout, dtype, page_size, geometry)
         self._register_pool(mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -293,11 +287,10 @@ class FX100ioHiCacheStorage(HiCacheStorage):
     def _page_key(self, key: str) -> str:
         if self._page_prefix is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
-        return f"{self._page_prefix}/{key}"
+        return sgl_keys.page_key(self._page_prefix, key)
 
     def _flat_key(self, key: str) -> str:
-        # the non-zero-copy calls move a tensor SGLang shaped; kept apart from pages
-        return f"{self._scope}/flat/{key}"
+        return sgl_keys.flat_key(self._scope, key)
 
     # ------------------------------------------------------------ plumbing
     def _run(self, coro: Any, bounded: bool = True) -> Any:
