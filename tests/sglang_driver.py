@@ -319,6 +319,9 @@ def check_bad_config(d: str) -> None:
         (dict(extra_for(f"{d}/bad.img"), devicez="x"), "extra_config.devicez"),
         (dict(extra_for(f"{d}/bad.img"), size="lots"), "extra_config.size"),
         (dict(extra_for(f"{d}/bad.img"), queue_depth="-3"), "extra_config.queue_depth"),
+        # 'always' would format a live shared pool at every start: refused at parse time
+        (dict(extra_for(f"{d}/bad.img"), create="always", shared_index="redis://127.0.0.1:1/0"),
+         "extra_config.create"),
     ]
     for extra, needle in cases:
         try:
@@ -327,6 +330,7 @@ def check_bad_config(d: str) -> None:
             assert needle in str(exc), (needle, str(exc))
         else:
             raise AssertionError(f"no error for {needle}")
+    assert not os.path.exists(f"{d}/bad.img")  # refused before anything was made
     # strings, as a JSON config carries them, are read as the plugin reads them
     b = attach(pool, extra_for(f"{d}/strings.img", queue_depth="8", direct="false",
                                max_io="1M", capacity="32M"))

@@ -444,6 +444,9 @@ def main(workdir: str) -> int:
             ({k: v for k, v in entry(img).items() if k != "devices"},
              "secondary_tiers[FX100ioTier].devices"),
             (entry(img, queue_depth="many"), "secondary_tiers[FX100ioTier].queue_depth"),
+            # 'always' would format a live shared pool at every start: refused when parsed
+            (entry(img, create="always", shared_index="redis://127.0.0.1:1/0"),
+             "secondary_tiers[FX100ioTier].create"),
         ]
         for cfg, expect in cases:
             try:
