@@ -42,13 +42,16 @@ What it translates (the logic lives in ChunkStore):
   error, timeout or corrupt chunk answers False / a miss, never wrong bytes, and a
   device or transport failure (not a full device or a bad argument) leaves the device
   alone for ``retry_after_s`` (misses meanwhile). close() waits up to timeout_s for
-  calls in flight, then fails them; calls after close miss at once.
+  calls in flight, then cancels them and waits until their I/O has ended (a cancelled
+  read answers False only once nothing more lands in its pages); calls after close
+  miss at once.
 - Chunks persist: a new instance on the same devices (after a restart, or a detach and
   re-attach in the same process) finds every chunk written before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import ctypes
@@ -192,7 +195,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         self._registrations: list[Any] = []
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._inflight: set[concurrent.futures.Future[Any]] = set()
+        # calls running on the loop, each until its coroutine has ended there
+        self._inflight: dict[concurrent.futures.Future[Any], _Call] = {}
         self._calls = 0
         self._closed = False
         self._breaker = Breaker(self.settings.retry_after_s, logger, engine="SGLang")
@@ -296,36 +300,44 @@ class FX100ioHiCacheStorage(HiCacheStorage):
     def _run(self, coro: Any, bounded: bool = True) -> Any:
         """Run a store coroutine on the loop thread and wait for it to end.
 
-        ``bounded``: give up after timeout_s and cancel it (a put cancelled before its
-        index commit is never found). A read (``bounded=False``) is waited for until
-        it ends, for its buffers are SGLang's pages: they must not be written after we
-        return. Fabric devices end every command within io_timeout_ms (timeout_s unless
-        the URI says otherwise); a local file's read is the kernel's and is not bounded.
-        After close() every call fails at once; close() ends calls still in flight."""
+        Whatever happens, this returns only once the coroutine has ended on the loop:
+        its buffers are SGLang's pages, which SGLang reuses as soon as we return, and a
+        store call that is cancelled still lets the pieces already sent land.
+        ``bounded``: after timeout_s the call is cancelled (a put cancelled before its
+        index commit is never found), and we wait for it to end. A read
+        (``bounded=False``) is waited for until it ends. Fabric devices end every
+        command within io_timeout_ms (timeout_s unless the URI says otherwise); a local
+        file's read is the kernel's and is not bounded. After close() every call fails
+        at once; close() cancels calls still in flight and waits for them to end."""
+        call = _Call()
         with self._lock:
             if self._closed:
                 if hasattr(coro, "close"):
                     coro.close()
                 raise StoreClosed("the backend is closed")
             try:
-                fut = self._runner.submit(coro)
+                fut = self._runner.submit(call.run(coro))
             except RuntimeError:
                 if hasattr(coro, "close"):
                     coro.close()
                 raise
-            self._inflight.add(fut)
+            self._inflight[fut] = call
         try:
             try:
                 return fut.result(timeout=self.settings.timeout_s if bounded else None)
             except concurrent.futures.TimeoutError:
-                fut.cancel()
+                call.cancel(self._runner.loop)
+                try:
+                    fut.result()  # ended: cancelled, or done just now
+                except (concurrent.futures.CancelledError, Exception):  # noqa: BLE001
+                    pass
                 raise TimedOut(f"store call still running after {self.settings.timeout_s}s") \
                     from None
             except concurrent.futures.CancelledError:
                 raise StoreClosed("the backend closed during the call") from None
         finally:
             with self._lock:
-                self._inflight.discard(fut)
+                self._inflight.pop(fut, None)
                 self._idle.notify_all()
 
     def _usable(self) -> bool:
@@ -567,30 +579,72 @@ class FX100ioHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Close the store (durable already), release the devices and the pool's
-        registration; a new instance may open the same devices in this process."""
+        registration; a new instance may open the same devices in this process.
+
+        Calls in flight get timeout_s to end; then they are cancelled, and close waits
+        for them to end (their pieces already sent still land in SGLang's pages, so
+        neither they nor close return before). Only if one still runs after another
+        timeout_s (a device that never answers) does close give up: the store, its
+        loop and the pool's registration then stay as they are, for the call's I/O
+        still uses them, and the call itself returns only when that I/O ends."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True  # no call starts from here on
-            # calls in flight end first (bounded: a wedged one is failed below)
             deadline = time.monotonic() + self.settings.timeout_s
             while self._inflight and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
-            stuck = list(self._inflight)
+            stuck = list(self._inflight.values())
+            if stuck:
+                logger.error("fx100io: closing with %d store calls still running; "
+                             "cancelling them", len(stuck))
+                for call in stuck:
+                    call.cancel(self._runner.loop)  # their callers return False / misses
+                deadline = time.monotonic() + self.settings.timeout_s
+                while self._inflight and time.monotonic() < deadline:
+                    self._idle.wait(max(0.0, deadline - time.monotonic()))
+            if self._inflight:
+                logger.error("fx100io: %d store calls did not end after cancelling; the "
+                             "store stays open under them", len(self._inflight))
+                return
 
         async def shut() -> None:
             if hasattr(self._store, "aclose"):
                 await self._store.aclose()  # index commits still queued end off the loop
             self._backend.close()
         try:
-            if stuck:
-                logger.error("fx100io: closing with %d store calls still running; "
-                             "they fail", len(stuck))
-                for f in stuck:
-                    f.cancel()  # their callers return False / misses now
             self._runner.call(shut(), wait_s=max(60.0, self.settings.timeout_s))
         finally:
             for r in self._registrations:
                 r.close()
             self._registrations.clear()
             self._runner.stop()
+
+
+class _Call:
+    """One store call on the loop, cancellable from any thread: cancelling cancels its
+    task on the loop (the caller's future then ends once the task has), or, before the
+    task started, makes it end before it touches the store."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+
+    async def run(self, coro: Any) -> Any:
+        with self._mu:
+            if self._cancelled:
+                coro.close()
+                raise asyncio.CancelledError
+            self._task = asyncio.current_task()
+        return await coro
+
+    def cancel(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._mu:
+            self._cancelled = True
+            task = self._task
+        if task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is closed: the task ended with it
+                pass
