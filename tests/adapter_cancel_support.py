@@ -42,7 +42,8 @@ class LandingStore:
         self.pause_s = pause_s
         self.in_flight = in_flight
         self.landing = threading.Event()  # set once the first piece of a read landed
-        self.late_pieces = 0  # pieces landed after a cancel (the test needs some)
+        self.late_pieces = 0  # pieces landed after a cancel
+        self.running = 0  # reads still landing (a call that returned meanwhile is early)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -50,7 +51,15 @@ class LandingStore:
     async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
         dests = [_parts(b) for b in bufs]
         bounce = [bytearray(sum(p.nbytes for p in d)) for d in dests]
-        hits = await self._real.batch_get(list(keys), bounce)
+        self.running += 1
+        try:
+            return await self._land_all(await self._real.batch_get(list(keys), bounce),
+                                        bounce, dests)
+        finally:
+            self.running -= 1
+
+    async def _land_all(self, hits: list[bool], bounce: list[bytearray],
+                        dests: list[list[memoryview]]) -> list[bool]:
         steps = []
         for src, dst in zip(bounce, dests):
             pos = 0

@@ -545,6 +545,9 @@ class FX100ioBackend(StoragePluginInterface):
             late = True
             self._failed(f"put of {len(batch)} chunks", exc)
             return 0
+        except asyncio.CancelledError:
+            late = True  # the write still reads the buffers: bounded() releases them
+            raise
         except Exception as exc:  # noqa: BLE001
             self._failed(f"put of {len(batch)} chunks", exc)
             return 0
@@ -719,7 +722,8 @@ class FX100ioBackend(StoragePluginInterface):
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),
             )
-        except TimedOut:
+        except (TimedOut, asyncio.CancelledError):
+            # still reading into them: bounded() releases them once the reads end
             for i, _ in idx:
                 objs[i] = None
             raise
