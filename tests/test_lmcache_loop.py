@@ -35,11 +35,12 @@ class Ticker:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.max_gap = 0.0
+        self._stopping = threading.Event()
         self._task = asyncio.run_coroutine_threadsafe(self._tick(), self.loop)
 
     async def _tick(self) -> None:
         last = time.monotonic()
-        while True:
+        while not self._stopping.is_set():
             await asyncio.sleep(0.005)
             now = time.monotonic()
             self.max_gap = max(self.max_gap, now - last)
@@ -50,7 +51,8 @@ class Ticker:
         self.max_gap = 0.0
 
     def stop(self) -> None:
-        self._task.cancel()
+        self._stopping.set()
+        self._task.result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
