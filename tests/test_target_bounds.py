@@ -129,15 +129,20 @@ def _challenge(h: Host, tid: int) -> bool:
 
 def test_abandoned_transactions_count_as_failures(start_target):
     """A host that takes our Challenge (a DH key pair, ffdhe8192) and never
-    answers, starting another transaction or closing the connection
-    instead, fails as one with a wrong secret does: after 16 from one
+    answers, starting another transaction, sending Failure2 or closing the
+    connection instead, fails as one with a wrong secret does: after 16 from one
     address its next one waits (Failure1 at once, no DH work), each is
     logged, and a host at another address is not held back."""
     t = auth.keyed(start_target, "--dhchap-dhgroup", "ffdhe8192")
     for _ in range(4):
         h = _auth_host(t.port, "127.0.0.1")
-        for tid in range(4):  # 3 left for the next Negotiate, the 4th by the close
+        # two left for the next Negotiate, one ended with Failure2, the
+        # last left by the close
+        for tid in range(4):
             assert _challenge(h, tid)
+            if tid == 2:
+                assert auth.send(h, struct.pack("<BBHHBB", 0, 0xF0, 0, tid, 1,
+                                                auth.RC_FAILED)).ok
         h.close()
     time.sleep(0.3)  # (the closes are seen by the target's threads)
     h = _auth_host(t.port, "127.0.0.1")
@@ -148,7 +153,8 @@ def test_abandoned_transactions_count_as_failures(start_target):
     h.close()
     log = auth.log_of(t)
     assert log.count("abandoned DH-HMAC-CHAP authentication after our challenge (started "
-                     "another)") == 12, log
+                     "another)") == 8, log
+    assert log.count("ended DH-HMAC-CHAP authentication with Failure2") == 4, log
     assert log.count("abandoned DH-HMAC-CHAP authentication after our challenge (closed the "
                      "connection)") == 4, log
     assert "too many failed attempts from this address" in log
