@@ -1053,6 +1053,7 @@ int tgt_ioq_start(struct tgt_conn *c)
 	q->wake_fd = eventfd(0, EFD_CLOEXEC);
 	if (q->wake_fd < 0) {
 		r = -errno;
+		ioq_cant(c, "no eventfd", -r);
 		goto fail_mem;
 	}
 	r = io_uring_queue_init(entries, &q->ring, 0);
