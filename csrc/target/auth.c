@@ -419,7 +419,6 @@ static void abandoned(struct tgt_conn *c, const char *how)
 		return;
 	a->counted = 1;
 	backoff_failed(c);
-	atomic_fetch_add(&c->t->auth_abandoned, 1);
 	if (c->t->stop)
 		return; /* (our own stop ends it: nothing to say) */
 	tgt_log(c->t, "%s qid %u: host %s abandoned DH-HMAC-CHAP authentication after our "

@@ -516,7 +516,6 @@ static int reserve_locked(struct tgt_ioq *q, uint32_t cap)
 		q->pool_next = b->waiters;
 		b->waiters = q;
 		peer_change_locked(b, q->c->iopeer, 0, 0, 1);
-		b->waited++;
 	}
 	pthread_mutex_unlock(&b->lock);
 	if (ok)
