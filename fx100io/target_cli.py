@@ -217,7 +217,7 @@ def _raise_open_files_limit(connections: int) -> None:
     try:
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 2 * connections + 256  # a socket and an io_uring per queue
+        want = 3 * connections + 256  # a socket, an io_uring and an eventfd per queue
         if soft != resource.RLIM_INFINITY and soft < want:
             new = want if hard == resource.RLIM_INFINITY else min(want, hard)
             if new > soft:

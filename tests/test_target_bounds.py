@@ -129,15 +129,20 @@ def _challenge(h: Host, tid: int) -> bool:
 
 def test_abandoned_transactions_count_as_failures(start_target):
     """A host that takes our Challenge (a DH key pair, ffdhe8192) and never
-    answers, starting another transaction or closing the connection
-    instead, fails as one with a wrong secret does: after 16 from one
+    answers, starting another transaction, sending Failure2 or closing the
+    connection instead, fails as one with a wrong secret does: after 16 from one
     address its next one waits (Failure1 at once, no DH work), each is
     logged, and a host at another address is not held back."""
     t = auth.keyed(start_target, "--dhchap-dhgroup", "ffdhe8192")
     for _ in range(4):
         h = _auth_host(t.port, "127.0.0.1")
-        for tid in range(4):  # 3 left for the next Negotiate, the 4th by the close
+        # two left for the next Negotiate, one ended with Failure2, the
+        # last left by the close
+        for tid in range(4):
             assert _challenge(h, tid)
+            if tid == 2:
+                assert auth.send(h, struct.pack("<BBHHBB", 0, 0xF0, 0, tid, 1,
+                                                auth.RC_FAILED)).ok
         h.close()
     time.sleep(0.3)  # (the closes are seen by the target's threads)
     h = _auth_host(t.port, "127.0.0.1")
@@ -148,7 +153,8 @@ def test_abandoned_transactions_count_as_failures(start_target):
     h.close()
     log = auth.log_of(t)
     assert log.count("abandoned DH-HMAC-CHAP authentication after our challenge (started "
-                     "another)") == 12, log
+                     "another)") == 8, log
+    assert log.count("ended DH-HMAC-CHAP authentication with Failure2") == 4, log
     assert log.count("abandoned DH-HMAC-CHAP authentication after our challenge (closed the "
                      "connection)") == 4, log
     assert "too many failed attempts from this address" in log
@@ -418,3 +424,31 @@ def test_binding_and_cli_take_the_budget(tmp_path):
         _core.target_stop()
         th.join(10)
     assert not th.is_alive()
+
+
+def test_a_command_waiting_for_the_budget_starts_when_another_queue_frees_room(start_target):
+    """Budget 8 MiB: a lone address may hold 6 MiB.  Its write of 4 MiB on
+    one queue gets its R2T; a second 4 MiB write on another queue waits for
+    room (no R2T), and gets it as soon as the first one's data is in and
+    its buffer is given back (another queue's release wakes it); both
+    land byte for byte."""
+    t = start_target("--io-buffer-budget", "8", sizes=(32 << 20,))
+    a = _admin_from(t.port, "127.0.0.1", queues=2)
+    qa = _io_from(t.port, "127.0.0.1", a.cntlid, 1)
+    qb = _io_from(t.port, "127.0.0.1", a.cntlid, 2)
+    da, db = os.urandom(4 * MiB), os.urandom(4 * MiB)
+    cid_a = qa.submit(sqe(0x01, nsid=1, cdw10=0, cdw12=8191), da, incapsule=False)
+    time.sleep(0.2)
+    cid_b = qb.submit(sqe(0x01, nsid=1, cdw10=8192, cdw12=8191), db, incapsule=False)
+    qb.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        qb.recv_pdu()  # waits for room: no R2T
+    qb.sock.settimeout(10)
+    assert qa.complete(cid_a, da)[0].ok
+    t0 = time.monotonic()
+    assert qb.complete(cid_b, db)[0].ok
+    assert time.monotonic() - t0 < 1.0
+    with open(t.paths[0], "rb") as f:
+        assert f.read(8 * MiB) == da + db
+    for h in (qa, qb, a):
+        h.close()

@@ -182,6 +182,8 @@ const struct tgt_dhchap_host *tgt_auth_host(const struct fx_target *t, const cha
 
 /* ------------------------------------------------------------ a queue */
 
+static void abandoned(struct tgt_conn *c, const char *how);
+
 /* Forget the transaction's secrets: the DH key pair, session key and
  * challenges (what a later transaction must not reuse). */
 static void transaction_wipe(struct tgt_auth *a)
@@ -210,8 +212,6 @@ int tgt_auth_queue_start(struct tgt_conn *c, const struct tgt_dhchap_host *h)
 	c->auth = a;
 	return 0;
 }
-
-static void abandoned(struct tgt_conn *c, const char *how);
 
 void tgt_auth_queue_free(struct tgt_conn *c)
 {
@@ -419,7 +419,6 @@ static void abandoned(struct tgt_conn *c, const char *how)
 		return;
 	a->counted = 1;
 	backoff_failed(c);
-	atomic_fetch_add(&c->t->auth_abandoned, 1);
 	if (c->t->stop)
 		return; /* (our own stop ends it: nothing to say) */
 	tgt_log(c->t, "%s qid %u: host %s abandoned DH-HMAC-CHAP authentication after our "

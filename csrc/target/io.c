@@ -152,6 +152,7 @@ struct tgt_ioq {
 	uint64_t wake_val;
 	struct tgt_ioq *pool_next; /* in the budget's waiters (under its lock) */
 	int pool_waiting;
+	uint32_t pool_need; /* what its next command needs */
 };
 
 /* Hand the operations prepared so far to the kernel.  Under q->lock.  The
@@ -442,18 +443,27 @@ static int pool_take_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_t n
 	return 1;
 }
 
-/* Every queue waiting for room tries again (under b->lock); those that
- * still do not fit wait anew. */
+/* The queues waiting for room whose next command now fits try again
+ * (under b->lock).  Only those: a host whose queues wait above their share
+ * must not make every other host's completion wake them all in vain. */
 static void wake_waiters_locked(struct tgt_iobufs *b)
 {
-	while (b->waiters) {
-		struct tgt_ioq *q = b->waiters;
+	struct tgt_ioq **pp = &b->waiters;
+
+	while (*pp) {
+		struct tgt_ioq *q = *pp;
+		struct tgt_iopeer *p = q->c->iopeer;
 		uint64_t one = 1;
 
-		b->waiters = q->pool_next;
+		if (b->used + q->pool_need > b->budget ||
+		    p->held + q->pool_need > share_locked(b, p)) {
+			pp = &q->pool_next;
+			continue;
+		}
+		*pp = q->pool_next;
 		q->pool_next = NULL;
 		q->pool_waiting = 0;
-		peer_change_locked(b, q->c->iopeer, 0, 0, -1);
+		peer_change_locked(b, p, 0, 0, -1);
 		if (write(q->wake_fd, &one, sizeof(one)) < 0) {
 			/* (cannot fail but for a counter at its maximum, which
 			 * is a pending wake-up too) */
@@ -482,6 +492,8 @@ static void pool_unwait_locked(struct tgt_iobufs *b, struct tgt_ioq *q)
 	q->pool_next = NULL;
 	q->pool_waiting = 0;
 	peer_change_locked(b, q->c->iopeer, 0, 0, -1);
+	/* (its peer may have gone idle: the others' shares grew) */
+	wake_waiters_locked(b);
 }
 
 /* Room for a buffer of cap bytes in the queue's budget and the target's
@@ -499,11 +511,11 @@ static int reserve_locked(struct tgt_ioq *q, uint32_t cap)
 	if (ok) {
 		pool_unwait_locked(b, q);
 	} else if (!q->pool_waiting) {
+		q->pool_need = cap;
 		q->pool_waiting = 1;
 		q->pool_next = b->waiters;
 		b->waiters = q;
 		peer_change_locked(b, q->c->iopeer, 0, 0, 1);
-		b->waited++;
 	}
 	pthread_mutex_unlock(&b->lock);
 	if (ok)
@@ -1040,6 +1052,7 @@ int tgt_ioq_start(struct tgt_conn *c)
 	q->wake_fd = eventfd(0, EFD_CLOEXEC);
 	if (q->wake_fd < 0) {
 		r = -errno;
+		ioq_cant(c, "no eventfd", -r);
 		goto fail_mem;
 	}
 	r = io_uring_queue_init(entries, &q->ring, 0);

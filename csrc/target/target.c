@@ -450,18 +450,19 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	ret = do_listen(t, cfg->host, cfg->port);
 	if (ret < 0)
 		goto fail;
-	/* Each connection is two descriptors (its socket, and its I/O
-	 * engine's io_uring once it moves data), each namespace two (buffered
-	 * and O_DIRECT): a limit above what the process may open would turn
-	 * into accept() or the engine's start failing with EMFILE. */
+	/* Each connection is three descriptors (its socket, and its I/O
+	 * engine's io_uring and wake eventfd once it moves data), each
+	 * namespace two (buffered and O_DIRECT): a limit above what the
+	 * process may open would turn into accept() or the engine's start
+	 * failing with EMFILE. */
 	{
 		struct rlimit rl;
 		/* listener, pipe, the caller's, and the namespaces' */
 		const rlim_t spare = 64 + 2 * (rlim_t)t->n_ns;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-		    2 * (rlim_t)t->max_conns + spare > rl.rlim_cur) {
-			uint32_t n = rl.rlim_cur > spare + 32 ? (uint32_t)((rl.rlim_cur - spare) / 2) : 16u;
+		    3 * (rlim_t)t->max_conns + spare > rl.rlim_cur) {
+			uint32_t n = rl.rlim_cur > spare + 48 ? (uint32_t)((rl.rlim_cur - spare) / 3) : 16u;
 
 			tgt_log(t, "connection limit lowered from %u to %u by the open files limit %llu "
 			        "(ulimit -n)", t->max_conns, n, (unsigned long long)rl.rlim_cur);

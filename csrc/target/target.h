@@ -8,7 +8,8 @@
  * an engine (io.c) that keeps many Reads and Writes in flight on an io_uring
  * (O_DIRECT for uncached data, sendfile for cached) and answers each from
  * its own thread as its disk I/O completes, its data buffers bounded per
- * connection (FX_TGT_IO_BUDGET, 32 MiB).  Connections are bounded in number and must finish their
+ * connection (FX_TGT_IO_BUDGET, 32 MiB) and target-wide (io_buffer_budget_mib,
+ * shared fairly between peer addresses).  Connections are bounded in number and must finish their
  * handshake in time; no thread waits forever on a host that went silent in
  * the middle of a PDU or stopped reading (see the limits below).
  *

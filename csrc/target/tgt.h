@@ -183,8 +183,7 @@ struct tgt_iobufs {
 	unsigned ncache[FX_TGT_BUF_CLASSES], cache_max[FX_TGT_BUF_CLASSES];
 	struct tgt_iopeer *peers;
 	unsigned active;   /* peers holding buffers or waiting for them */
-	struct tgt_ioq *waiters; /* queues waiting for room (woken on any release) */
-	uint64_t waited;   /* times a command had to wait for room */
+	struct tgt_ioq *waiters; /* queues waiting for room (woken when theirs fits) */
 };
 struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
 
@@ -397,8 +396,6 @@ struct fx_target {
 	_Atomic uint64_t dh_ops;
 	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
 	struct tgt_dh_peer dh_peers[FX_TGT_AUTH_DH_PEERS];
-	/* transactions that cost DH work and were abandoned (for tests) */
-	_Atomic uint64_t auth_abandoned;
 	pthread_cond_t drain_cond; /* a controller's io_live went down (with lock) */
 	/* Test knobs from the environment (read once at create; see
 	 * target.c): FX100IO_TARGET_INLINE=1 serves I/O queues one command
