@@ -9,7 +9,8 @@ must never find the old chunk landing in it.
 factory that reads ``expected`` into ``buf``), cancels it at several
 moments -- before it ran at all, once it reached its first suspension,
 once the first piece's bytes showed, half-way, once bytes of the last
-piece showed, and once bytes showed at random places --, then, as soon as the call returned,
+piece showed, cancelled again while it waits its I/O out, and once bytes
+showed at random places --, then, as soon as the call returned,
 fills the buffer with a sentinel and watches it.  Any byte that is not the
 sentinel afterwards landed after the call returned.
 
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 SENTINEL = 0xA5
-MOMENTS = ("before", "submitted", "first", "middle", "last")
+MOMENTS = ("before", "submitted", "first", "middle", "last", "twice")
 
 
 @dataclass
@@ -59,7 +60,7 @@ async def cancel_once(read: Callable[[], Awaitable[Any]], buf: np.ndarray, expec
     task = asyncio.ensure_future(read())
     if moment == "submitted":
         await asyncio.sleep(0)
-    elif moment == "first":
+    elif moment in ("first", "twice"):
         await _until(lambda: bool(buf[:piece].any()), task, 10)
     elif moment == "middle":
         mid = n // 2 // piece * piece
@@ -73,6 +74,12 @@ async def cancel_once(read: Callable[[], Awaitable[Any]], buf: np.ndarray, expec
     # "before": cancelled before the coroutine took its first step
     landed = np.count_nonzero(buf[:n])
     task.cancel()
+    if moment == "twice":
+        # cancelled again while it waits out its I/O (a timeout, then a
+        # shutdown): the second cancel must not cut that wait short
+        for _ in range(3):
+            await asyncio.sleep(0)
+            task.cancel()
     try:
         await task
         cancelled = False

@@ -49,6 +49,7 @@ from fx100io.store import layout
 from fx100io.store.flock import lock_device, unlock
 from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
 from fx100io.store.loop import run_blocking
+from fx100io.store.settle import settle
 from fx100io.store.space import Entry, Member
 
 log = logging.getLogger("fx100io")
@@ -455,12 +456,10 @@ class ChunkStore:
             # may be reused only after they have (cancelling the await does
             # not cancel the I/O).
             writes = [f for _m, _i, segs in started for _mv, fs, _parts in segs for f in fs]
-            pending = [f for f in writes if not f.done()]
-            if pending:
-                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-            for f in writes:  # their errors are this put's, raised below: mark them seen
-                if not f.cancelled():
-                    f.exception()
+            try:
+                await settle(writes)
+            except asyncio.CancelledError:
+                pass  # cancelled again while waiting: this put is failing anyway
             with self._mu:
                 for m, off, length in taken:
                     if m.log.in_doubt:
@@ -582,12 +581,10 @@ class ChunkStore:
                 # reads already handed to the kernel still land in the caller's
                 # buffers: return only once they have
                 reads = [f for *_x, segs, _s in started for _v, fs, _f in segs for f in fs]
-                pending = [f for f in reads if not f.done()]
-                if pending:
-                    await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-                for f in reads:
-                    if not f.cancelled():
-                        f.exception()
+                try:
+                    await settle(reads)
+                except asyncio.CancelledError:
+                    pass  # cancelled again while waiting: raised below all the same
                 raise
         finally:
             with self._mu:
