@@ -260,10 +260,11 @@ class ChunkStore:
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
-    async def _commit(self, m: Member, recs: list[Record], apply: Any = None) -> int:
+    async def _commit(self, m: Member, recs: list[Record], apply: Any = None,
+                      failed: Any = None) -> int:
         """Append records to m's index log durably, then apply them to
         memory, off the event loop (see IndexLog.commit_async)."""
-        return await m.log.commit_async(recs, lambda: self._live(m), apply)
+        return await m.log.commit_async(recs, lambda: self._live(m), apply, failed)
 
     def _live(self, m: Member) -> list[Entry]:
         """What m's log holds now: the index, and the entries on their way
@@ -360,6 +361,7 @@ class ChunkStore:
         has them (a compaction meanwhile kept them, see _live), so they are
         still the store's."""
         applied: list[int] = []
+        settled: list[bool] = []
 
         def apply(seq: int) -> None:
             # on the log's thread, before its next commit: from here on a
@@ -369,22 +371,30 @@ class ChunkStore:
                 for e in gone:
                     m.leaving.pop(id(e), None)
             done(m, gone)
-        try:
-            await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)
-                                   for e in gone], apply)
-        except BaseException:
+
+        def failed() -> None:
+            # On the log's thread, under its lock, before any later commit
+            # is applied: a newer put of one of these keys (and its delete)
+            # can only come after, so "not stored again meanwhile" is exact.
+            settled.append(True)
             with self._mu:
                 for e in gone:
                     m.leaving.pop(id(e), None)
-            if restore and not applied:
-                with self._mu:
-                    for e in reversed(gone):
-                        if e.key not in self._entries:
-                            self._entries[e.key] = e
-                            m.lru[e.key] = e
-                            m.lru.move_to_end(e.key, last=False)
-                        else:  # superseded meanwhile: only its extent is left
-                            m.release(e)
+                if not restore or applied:
+                    return
+                for e in reversed(gone):
+                    if e.key not in self._entries:
+                        self._entries[e.key] = e
+                        m.lru[e.key] = e
+                        m.lru.move_to_end(e.key, last=False)
+                    else:  # superseded meanwhile: only its extent is left
+                        m.release(e)
+        try:
+            await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)
+                                   for e in gone], apply, failed)
+        except BaseException:
+            if not applied and not settled:
+                failed()  # the commit never ran (its thread was shut down)
             raise
 
     def _evicted(self, m: Member, victims: list[Entry]) -> None:
