@@ -133,3 +133,29 @@ def test_a_failed_close_is_logged(tmp_path, ticker):
     with LogCapture() as logs:
         backend.close()
     assert "the index log could not be closed" in logs.text()
+
+
+def test_a_close_that_outlasts_its_wait_keeps_the_devices_locked(tmp_path, ticker, monkeypatch):
+    """A store still closing when close() gives up waiting keeps its devices
+    locked (it still writes them): a second plugin on the same device is
+    refused until the close has ended, and then opens."""
+    backend = _plugin(f"file://{tmp_path}/kv.img", ticker.loop)
+    store = backend._store
+    real = store._close_logs
+
+    def slow_close_logs() -> None:
+        time.sleep(3 * SLOW_S)  # a long compaction
+        real()
+
+    store._close_logs = slow_close_logs
+    monkeypatch.setattr(FX100ioBackend, "_close_wait_s", lambda self: SLOW_S / 2)
+    with LogCapture() as logs:
+        backend.close()
+    assert "still closing" in logs.text()
+    with pytest.raises(PluginStartError):
+        _plugin(f"file://{tmp_path}/kv.img", ticker.loop)
+    # once the close has ended in the background, the devices are let go
+    deadline = time.monotonic() + 10
+    while backend._device_locks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _plugin(f"file://{tmp_path}/kv.img", ticker.loop).close()

@@ -166,8 +166,9 @@ class FX100ioBackend(StoragePluginInterface):
         with concurrent.futures.ThreadPoolExecutor(1, "fx100io-lmcache-open") as pool:
             return pool.submit(fn).result()
 
-    def _close_store(self) -> None:
-        """Close the store without blocking LMCache's loop.
+    def _close_store(self) -> bool:
+        """Close the store without blocking LMCache's loop; False while it is
+        still closing in the background.
 
         The wait for index commits still queued (and a compaction they may start) runs
         on a worker thread (``aclose``); the devices are closed on the loop thread,
@@ -180,16 +181,37 @@ class FX100ioBackend(StoragePluginInterface):
                 logger.warning("fx100io: store closed on LMCache's event loop; the loop "
                                "waits for its queued index commits")
             store.close()
-            return
+            return True
+        # "waiting" -> "done" (closed in time) or "abandoned" (we stopped waiting:
+        # the close unlocks the devices itself when it ends)
+        state = ["waiting"]
+        state_mu = threading.Lock()
+
+        async def close_then_unlock() -> None:
+            try:
+                await store.aclose()
+            finally:
+                with state_mu:
+                    if state[0] == "abandoned":
+                        self._unlock_devices()
+                    state[0] = "done"
         try:
-            runner.call(store.aclose(), self._close_wait_s())
+            runner.call(close_then_unlock(), self._close_wait_s())
         except LoopGone:  # the loop ended just now: nothing else uses the queues
             store.close()
         except TimedOut:
+            with state_mu:
+                if state[0] == "done":
+                    return True
+                state[0] = "abandoned"
             # still closing on the loop (a long compaction): it ends the devices when
-            # done; nothing here may close them under it
+            # done; nothing here may close them under it, nor stop that loop, nor
+            # unlock the devices it still writes
             logger.warning("fx100io: the store is still closing after %.0fs; it finishes "
-                           "in the background", self._close_wait_s())
+                           "in the background, and its devices stay locked until then",
+                           self._close_wait_s())
+            return False
+        return True
 
     def _close_wait_s(self) -> float:
         return max(60.0, self._wait_s())
@@ -915,12 +937,14 @@ class FX100ioBackend(StoragePluginInterface):
         if draining and not self.flush(timeout=self._wait_s()):
             logger.warning("fx100io: closing with puts still in flight")
         self._closed = True
+        closed = True
         try:
-            self._close_store()
+            closed = self._close_store()
         except Exception as exc:  # noqa: BLE001
             logger.warning("fx100io: closing the store failed: %r", exc)
-        self._runner.stop()
-        self._unlock_devices()
+        if closed:
+            self._runner.stop()
+            self._unlock_devices()
         self._unregister_pool()
         logger.info("fx100io LMCache plugin %r closed", self.options.name)
 
