@@ -74,6 +74,7 @@ from fx100io.shared.index import (
     parse_entry,
 )
 from fx100io.store.chunkstore import ChunkStore, normalize_key
+from fx100io.store.layout import SB_MAGIC as PLAIN_MAGIC
 from fx100io.store.space import Member
 
 log = logging.getLogger("fx100io")
@@ -95,22 +96,45 @@ class Namespace:
         return self.sb.dev_index
 
 
-def _probe(uri: str, opts: dict[str, Any]) -> fmt.Superblock | None:
-    """The shared pool's superblock on uri as it is now (opened read-only),
-    or None where there is none (no such file yet, empty, something else)."""
+class _Found:
+    """What a namespace held before a create: block 0 as it was (None where
+    there was no such file yet, or a shorter one: it reads as zeros once
+    created), the shared pool's superblock there if any, and whether it is
+    a ChunkStore's."""
+
+    def __init__(self, raw: bytes | None, sb: fmt.Superblock | None, plain: bool):
+        self.raw = raw
+        self.sb = sb
+        self.plain = plain
+
+    def same(self, now: bytes) -> bool:
+        """Whether block 0 still holds what it held when probed."""
+        return now == (self.raw if self.raw is not None else bytes(len(now)))
+
+
+def _probe(uri: str, opts: dict[str, Any]) -> _Found:
+    """What uri holds as it is now (opened read-only)."""
     try:
         d = open_device(uri, **{**opts, "readonly": True})
     except FileNotFoundError:
-        return None
+        return _Found(None, None, False)
     try:
         raw = aligned_array(fmt.BLOCK)
         if d.size < fmt.BLOCK or d.read_into_blocking(0, raw) < fmt.BLOCK:
-            return None
-        return fmt.Superblock.decode(raw.tobytes(), d.uri)
-    except NotAStoreError:
-        return None
+            return _Found(None, None, False)
+        got = raw.tobytes()
+        try:
+            return _Found(got, fmt.Superblock.decode(got, d.uri), False)
+        except NotAStoreError:
+            return _Found(got, None, got[:len(PLAIN_MAGIC)] == PLAIN_MAGIC)
     finally:
         d.close()
+
+
+def _block0(d: Device) -> bytes:
+    raw = aligned_array(fmt.BLOCK)
+    got = d.read_into_blocking(0, raw)
+    return raw.tobytes()[:got]
 
 
 def _as_member(ns: Namespace) -> Member:
@@ -162,8 +186,9 @@ class SharedChunkStore:
     (Redis socket timeouts: 0.5 s, or FX100IO_INDEX_TIMEOUT from the
     environment), retry_after (1 s), force (with create: format and
     install all the same where create refuses: Redis holds a pool of that
-    name, or a namespace holds a pool whose index is in this Redis; those
-    pools are wiped), and the device options of :func:`open_device`.
+    name, a namespace holds a ChunkStore or any shared pool, whether its
+    index is in this Redis, lost, or elsewhere; those are wiped), and the
+    device options of :func:`open_device`.
 
     A pool's name is 1 to 64 characters of A-Z a-z 0-9 . _ - (the first a
     letter or digit): it is part of the index's Redis keys.  create claims
@@ -228,50 +253,131 @@ class SharedChunkStore:
     def _create(self, uris: list[str], url: str, name: str, size: int | None,
                 capacity: int | None, force: bool, devices: list[Device], *, timeout: float,
                 retry_after: float, **opts: Any) -> None:
-        """Create the pool: claim its name in Redis, check that no namespace
-        holds a live pool, and only then write a byte.  A refusal leaves the
-        namespaces and Redis as they were; a create that dies after its
-        first write leaves its claim, which a create over the same
-        namespaces takes over at once (they carry its set id) and any other
-        after lease_s.  force skips the refusals (and wipes those pools)."""
+        """Create the pool: check what each namespace holds, claim the name
+        in Redis, and only then write a byte.  Without force it refuses a
+        namespace that holds a ChunkStore, or any shared pool but a create
+        of its own name that died (its claim's deadline passed): a pool
+        whose index is live here, being created, lost (``fx100io
+        shared-rebuild`` recovers it) or kept in another Redis.  A refusal
+        leaves the namespaces and Redis as they were.
+
+        Two creates over the same namespaces under different names (or
+        with different Redis servers) claim different names, so the
+        namespaces themselves arbitrate: before each superblock it writes,
+        a create renews its claim and re-reads block 0, and refuses where it
+        is no longer what it probed (another create wrote there); at the
+        install it re-reads every superblock and refuses unless all are its
+        own.  A create refused that way puts back the blocks it wrote that
+        still hold its superblock, and gives the name back.  What remains:
+        two creates whose re-read and write of one namespace interleave
+        (one read and one write apart) both write it; then at most one of
+        them installs, and the other may also put back the block it wrote
+        over the winner's (both then refuse, or the winner's pool misses a
+        superblock and does not open).  A create that dies after its first
+        write leaves its claim, and its namespaces may be formatted again
+        once the claim's deadline passed (lease_s after its last renewal)."""
         set_id = fmt.new_set_id()
         found = [_probe(u, opts) for u in uris]
+        for u, f in zip(uris, found):
+            if f.plain and not force:
+                raise NotAStoreError(
+                    17, "the namespace holds a ChunkStore: refusing to format it; pass "
+                    "force=True to wipe that store", fabric_uri.redact(u))
         idx = self._index = RedisIndex(url, name, set_id, timeout=timeout,
                                        retry_after=retry_after)
         idx.check_policy()
-        prev = idx.claim(self._host, self._lease_ms, force, [sb.set_id for sb in found if sb])
-        wrote = False
+        prev = idx.claim(self._host, self._lease_ms, force)
+        # P:meta of this name before the claim (a flat list of bytes)
+        before = {prev[i]: prev[i + 1] for i in range(0, len(prev), 2)}
+        written: list[tuple[Device, _Found]] = []
         try:
-            for u, sb in zip(uris, found):
-                if sb is None:
-                    continue
-                state = idx.pool_of(sb.name, sb.set_id)
-                if state is None:
-                    continue  # no index of that pool here: nothing live to destroy
-                if not force:
-                    raise NotAStoreError(
-                        17, f"the namespace holds pool {sb.name!r} (its index is "
-                        f"{'installed' if state == 'live' else 'being created'} in "
-                        f"{idx.url}): refusing to format it; pass force=True to wipe that "
-                        "pool", fabric_uri.redact(u))
-                if sb.name != name:  # (one of this name is replaced by the install)
-                    idx.wipe_pool(sb.name, sb.set_id)
+            for u, f in zip(uris, found):
+                if f.sb is not None:
+                    self._may_format(idx, u, f.sb, name, before, force)
             for u in uris:
                 devices.append(open_device(u, create=True, size=size, **opts))
             sbs = [fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
                    for i, d in enumerate(devices)]
-            wrote = True
-            self._ns = [self._write_superblock(d, sb) for d, sb in zip(devices, sbs)]
+            self._ns = []
+            for d, sb, f in zip(devices, sbs, found):
+                idx.renew_claim(self._lease_ms)  # still ours, and lease_s more to write
+                if not f.same(_block0(d)):
+                    raise NotAStoreError(
+                        17, "the namespace changed since this create looked at it (another "
+                        "create formatted it at the same time?): refusing to format it",
+                        d.uri)
+                written.append((d, f))
+                self._ns.append(self._write_superblock(d, sb))
             self._install(capacity)
-        except BaseException:
-            if not wrote:  # nothing written: the name goes back as it was
-                try:
-                    idx.unclaim(prev)
-                except Exception as e:  # noqa: BLE001 (the claim then ends after lease_s)
-                    log.warning("fx100io: could not give back the claim on pool %r: %s",
-                                name, e)
+        except NotAStoreError:
+            # refused (nothing written yet, or another create raced this one):
+            # what this create wrote goes back, then its claim
+            if self._put_back(written, set_id):
+                self._unclaim(idx, prev, name)
             idx.close()
             raise
+        except BaseException:
+            if not written:  # nothing written: the name goes back as it was
+                self._unclaim(idx, prev, name)
+            idx.close()
+            raise
+
+    @staticmethod
+    def _may_format(idx: RedisIndex, u: str, sb: fmt.Superblock, name: str,
+                    before: dict[Any, Any], force: bool) -> None:
+        """Refuse (unless force) to format a namespace that holds the shared
+        pool sb, but where it is a create that died."""
+        if sb.name == name and before.get(b"set_id") == sb.set_id.hex().encode():
+            # this name's claim or index (CLAIM granted it: a create that died, or force)
+            return
+        state = idx.pool_of(sb.name, sb.set_id)
+        if state == "dead":
+            if sb.name != name:  # its name is free again
+                idx.wipe_pool(sb.name, sb.set_id)
+            return
+        if not force:
+            if state is None:
+                why = (f"Redis at {idx.url} holds no index of it: it was lost (`fx100io "
+                       "shared-rebuild` re-derives it from the namespaces), or it is kept "
+                       "in another Redis")
+            else:
+                why = (f"its index is {'installed' if state == 'live' else 'being created'} "
+                       f"in {idx.url}")
+            raise NotAStoreError(
+                17, f"the namespace holds shared pool {sb.name!r} ({why}): refusing to "
+                "format it; pass force=True to wipe that pool", fabric_uri.redact(u))
+        if state is not None and sb.name != name:  # (one of this name the install replaces)
+            idx.wipe_pool(sb.name, sb.set_id)
+
+    @staticmethod
+    def _put_back(written: list[tuple[Device, _Found]], set_id: bytes) -> bool:
+        """Put back block 0 of each namespace this create wrote, where it
+        still holds its superblock; True if none is left with one."""
+        clean = True
+        for d, f in written:
+            try:
+                now = _block0(d)
+                try:
+                    mine = fmt.Superblock.decode(now, d.uri).set_id == set_id
+                except NotAStoreError:
+                    mine = False
+                if not mine:
+                    continue  # another create's by now: not ours to touch
+                raw = aligned_array(fmt.BLOCK)
+                raw[:] = memoryview(f.raw if f.raw is not None else bytes(fmt.BLOCK))
+                d.write_from_blocking(0, raw)
+                d.flush_blocking()
+            except OSError as e:
+                log.warning("fx100io: could not put back block 0 of %s: %s", d.uri, e)
+                clean = False
+        return clean
+
+    @staticmethod
+    def _unclaim(idx: RedisIndex, prev: list[Any], name: str) -> None:
+        try:
+            idx.unclaim(prev)
+        except Exception as e:  # noqa: BLE001 (the claim then ends after lease_s)
+            log.warning("fx100io: could not give back the claim on pool %r: %s", name, e)
 
     @staticmethod
     def _write_superblock(d: Device, sb: fmt.Superblock) -> Namespace:
@@ -311,8 +417,17 @@ class SharedChunkStore:
                 for ns in self._ns]
 
     def _install(self, capacity: int | None) -> None:
+        def all_ours() -> None:
+            # another create may have formatted a namespace since we wrote it
+            for ns in self._ns:
+                if _block0(ns.dev) != ns.sb.encode():
+                    raise NotAStoreError(
+                        17, "the namespace no longer holds this create's superblock (another "
+                        "create formatted it at the same time?): nothing installed",
+                        ns.dev.uri)
         free = [[(ns.sb.data_off, ns.sb.data_size)] for ns in self._ns]
-        self._index.install(len(self._ns), self._caps(capacity), free, replace="claimed")
+        self._index.install(len(self._ns), self._caps(capacity), free, replace="claimed",
+                            check=all_ours)
 
     def _check_index(self) -> None:
         """A pool whose index is down opens (gets miss until it is back);
