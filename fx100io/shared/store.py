@@ -535,26 +535,32 @@ class SharedChunkStore:
                     "allocation lease expired before their data was durable (raise lease_s?)")
             self._count(superseded=res.count(0))
         except BaseException:
-            await keeper.stop()
+            # Every step of this cleanup goes to its end however many times
+            # the caller is cancelled meanwhile: writes still in flight land
+            # in the extents before they are given back, else another put
+            # could be handed them under our writes; and extents not given
+            # back stay taken until their leases expire.
+            await keeper.settle()
             if eraser is not None:  # evicted chunks: their headers are erased first
                 await _wait_out(eraser)
-            writes = [f for *_x, fs, _p in started for f in fs] + headers
-            pending = [f for f in writes if not f.done()]
-            if pending:
-                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-            for f in writes:
-                if not f.cancelled():
-                    f.exception()
+            await _settle([f for *_x, fs, _p in started for f in fs] + headers)
             if not published:
-                try:
-                    await self._index.abort(leases)
-                except Exception as e:  # noqa: BLE001 (the leases expire instead)
-                    log.warning("fx100io: could not give back %d extents (%s); they return "
-                                "when their lease expires", len(leases), e)
+                await _wait_out(asyncio.ensure_future(self._abort(leases)))
             raise
-        if eraser is not None:
-            await eraser
+        if eraser is not None and await _wait_out(eraser):
+            # cancelled while the evicted chunks' headers were being erased:
+            # the erase went on to its end (a cancel inside it would leave
+            # them erased but not flushed); the put is published all the same
+            raise asyncio.CancelledError
         self._count(puts=len(items), bytes_written=sum(mv.nbytes for _k, mv in items))
+
+    async def _abort(self, leases: list[str]) -> None:
+        """Give back the extents of a put that publishes nothing."""
+        try:
+            await self._index.abort(leases)
+        except Exception as e:  # noqa: BLE001 (the leases expire instead)
+            log.warning("fx100io: could not give back %d extents (%s); they return when "
+                        "their lease expires", len(leases), e)
 
     async def _alloc(self, wants: list[tuple[int, int]]
                      ) -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
@@ -582,19 +588,18 @@ class SharedChunkStore:
     async def _give_back(self, wants: list[tuple[int, int]], got: list[tuple[int, int]],
                          evicted: list[tuple[int, int, int]]) -> None:
         await self._erase(evicted)
-        leases = [f"{d}:{off}:{ext}:{ver}" for (d, ext), (off, ver) in zip(wants, got)]
-        try:
-            await self._index.abort(leases)
-        except Exception as e:  # noqa: BLE001 (the leases expire instead)
-            log.warning("fx100io: could not give back %d extents (%s); they return when "
-                        "their lease expires", len(leases), e)
+        await self._abort([f"{d}:{off}:{ext}:{ver}" for (d, ext), (off, ver) in zip(wants, got)])
 
     async def _erase(self, tombs: list[tuple[int, int, int]]) -> None:
         """Erase the headers of extents that left the index (held in P:tomb
         meanwhile), so that a rebuild of the index does not bring them back,
         then let the index retire them.  Never raises but cancellation: a
         header that could not be erased is logged, and its extent freed
-        when the hold expires or at once."""
+        when the hold expires or at once.  Cancelled, it waits for the
+        erasing writes it started and leaves the extents held: they are
+        freed when the hold expires, never before the erased headers are
+        flushed (else a rebuild could bring back a chunk whose extent holds
+        another's data by then)."""
         if not tombs:
             return
         t0 = time.monotonic()
@@ -611,10 +616,9 @@ class SharedChunkStore:
                     c = await asyncio.shield(f)
                     if c[0] < 0:
                         raise error_from_errno(-c[0], "erase extent header")
-            finally:
-                rest = [f for f in futs if not f.done()]
-                if rest:
-                    await asyncio.shield(asyncio.gather(*rest, return_exceptions=True))
+            except BaseException:
+                await _settle(futs)  # blank goes only once no write reads it
+                raise
             for ns in devs.values():
                 await ns.dev.flush()
             if time.monotonic() - t0 > self._lease_ms / 1000:
@@ -625,11 +629,11 @@ class SharedChunkStore:
             log.warning("fx100io: %d chunks left the index, but their headers could not be "
                         "erased (%s): a rebuild of the index may bring them back",
                         len(tombs), e)
-        finally:
-            try:
-                await self._index.tomb_done(tombs)
-            except (IndexUnavailableError, IndexLostError):
-                pass  # the hold expires, then the extents are freed
+        # (a cancel skips this: the hold expires, then the extents are freed)
+        try:
+            await self._index.tomb_done(tombs)
+        except (IndexUnavailableError, IndexLostError):
+            pass  # the hold expires, then the extents are freed
 
     # ------------------------------------------------------------------ get
     async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
@@ -1004,6 +1008,13 @@ class _LeaseKeeper:
         if not self._task.done():
             self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+    async def settle(self) -> None:
+        """stop(), waiting for the renewal task to end even through repeated
+        cancels of the caller (a cleanup that must go on)."""
+        if not self._task.done():
+            self._task.cancel()
+        await _settle([self._task])
 
 
 class _Call:
