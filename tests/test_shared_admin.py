@@ -203,6 +203,35 @@ def test_names_within_the_rule_make_pools(tmp_path, redis_server, name):
         assert st.batch_get_blocking(["k"], [bytearray(1)]) == [True]
 
 
+@pytest.mark.parametrize("name", ["p*", "team[1]", "é"])
+def test_a_pool_an_older_fxio_named_outside_the_rule_opens_and_rebuilds_without_a_name(
+        tmp_path, redis_server, monkeypatch, capsys, name):
+    """Pools made before the name rule keep working: opened without name=,
+    rebuilt without --name; given the name, the refusal says so."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "check_name", lambda n, given_for="": n)  # the older rule
+        st = SharedChunkStore(uris, redis_server.url, create=True, size=32 * MiB, name=name)
+    want = {k: value(k) for k in SIZES}
+    st.batch_put_blocking(list(want), list(want.values()))
+    st.close()
+    with pytest.raises(errors.InvalidArgumentError, match="without name="):
+        SharedChunkStore(uris, redis_server.url, name=name)
+    with SharedChunkStore(uris, redis_server.url) as st:
+        assert_chunks(st, want)
+    redis_server.client().flushall()  # the index is lost
+    assert cli_main(["shared-rebuild", "--index", redis_server.url, "--name", name,
+                     *uris]) == 1
+    assert "without --name" in capsys.readouterr().err
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["shared-rebuild", "--index", redis_server.url, *uris]) == 0
+    assert json.loads(out.getvalue())["chunks"] == len(want)
+    with SharedChunkStore(uris, redis_server.url) as st:
+        assert_chunks(st, want)
+        assert sorted(st.keys()) == sorted(k.encode() for k in want)
+
+
 @pytest.mark.parametrize("glob, victim", [("p*", "prod"), ("team[1]", "team1"),
                                           ("a?c", "abc"), ("x\\y", "xy")])
 def test_installing_an_index_never_reaches_another_pools_keys(tmp_path, redis_server, glob,

@@ -235,7 +235,7 @@ class SharedChunkStore:
                              timeout=timeout, retry_after=retry_after, **opts)
             else:
                 if name is not None:
-                    fmt.check_name(name)
+                    fmt.check_name(name, given_for="name=")
                 for u in uri_list:
                     devices.append(open_device(u, **opts))
                 self._ns = self._load(devices, uri_list, name)
