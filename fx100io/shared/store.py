@@ -1107,7 +1107,11 @@ class _Runner:
                 return
             call.task = loop.create_task(coro)
             call.task.add_done_callback(finish)
-        loop.call_soon_threadsafe(start)
+        try:
+            loop.call_soon_threadsafe(start)
+        except RuntimeError:  # close() closed the loop since: it failed this call
+            coro.close()
+            call.fail(StoreClosedError(9, "SharedChunkStore is closed"))
         try:
             return call.result.result()
         except BaseException:
