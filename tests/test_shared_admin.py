@@ -303,6 +303,29 @@ def test_a_create_that_died_after_formatting_is_taken_over_once_its_claim_ended(
         assert st.batch_get_blocking(["k"], [bytearray(1)]) == [True]
 
 
+def test_a_create_of_another_name_formats_the_namespaces_of_a_create_that_died(
+        tmp_path, redis_server, monkeypatch):
+    """Once the dead create's claim ended, its half-formatted namespaces are
+    free for a create of any name, and its name is free again."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+
+    def die(self: Any, capacity: Any) -> None:
+        raise KeyboardInterrupt("died before installing the index")
+
+    with monkeypatch.context() as m:
+        m.setattr(SharedChunkStore, "_install", die)
+        with pytest.raises(KeyboardInterrupt):
+            SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, name="x",
+                             lease_s=1)
+    with pytest.raises(errors.NotAStoreError, match="being created"):
+        SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, name="y")
+    time.sleep(1.1)
+    with SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, name="y") as st:
+        st.batch_put_blocking(["k"], [value("a")])
+        assert_chunks(st, {"k": value("a")})
+    assert redis_server.client().keys("fx100io:{x}*") == []
+
+
 def test_a_running_create_is_not_taken_over_by_another_of_its_name(tmp_path, redis_server,
                                                                    monkeypatch):
     """A second create of the name over the same namespaces, started once

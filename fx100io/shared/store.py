@@ -197,7 +197,10 @@ class SharedChunkStore:
 
     The blocking twins run on one event loop thread of the store's own,
     whatever thread calls them: one Redis connection pool and one I/O
-    queue per store, not per calling thread.
+    queue per store, not per calling thread.  close() cancels the blocking
+    calls other threads are inside, waits for them (5 s at most; their
+    reads land, their extents go back), and they raise StoreClosedError;
+    so does every call after close().
     """
 
     def __init__(self, uris: str | Sequence[str], index: str = DEFAULT_INDEX,
@@ -291,9 +294,12 @@ class SharedChunkStore:
         before = {prev[i]: prev[i + 1] for i in range(0, len(prev), 2)}
         written: list[tuple[Device, _Found]] = []
         try:
-            for u, f in zip(uris, found):
-                if f.sb is not None:
-                    self._may_format(idx, u, f.sb, name, before, force)
+            # every namespace checked before any other pool's index is wiped
+            # (namespaces of one pool share it)
+            wipe = {(sb.name, sb.set_id) for u, f in zip(uris, found) if (sb := f.sb)
+                    and self._may_format(idx, u, sb, name, before, force)}
+            for other, other_set in wipe:
+                idx.wipe_pool(other, other_set)
             for u in uris:
                 devices.append(open_device(u, create=True, size=size, **opts))
             sbs = [fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
@@ -324,30 +330,29 @@ class SharedChunkStore:
 
     @staticmethod
     def _may_format(idx: RedisIndex, u: str, sb: fmt.Superblock, name: str,
-                    before: dict[Any, Any], force: bool) -> None:
+                    before: dict[Any, Any], force: bool) -> bool:
         """Refuse (unless force) to format a namespace that holds the shared
-        pool sb, but where it is a create that died."""
+        pool sb, but where it is a create that died; True where the index
+        (or claim) of that pool, under another name, is to be wiped."""
         if sb.name == name and before.get(b"set_id") == sb.set_id.hex().encode():
-            # this name's claim or index (CLAIM granted it: a create that died, or force)
-            return
+            # this name's claim or index (CLAIM granted it: a create that died,
+            # or force); the install replaces it
+            return False
         state = idx.pool_of(sb.name, sb.set_id)
-        if state == "dead":
-            if sb.name != name:  # its name is free again
-                idx.wipe_pool(sb.name, sb.set_id)
-            return
-        if not force:
-            if state is None:
-                why = (f"Redis at {idx.url} holds no index of it: it was lost (`fx100io "
-                       "shared-rebuild` re-derives it from the namespaces), or it is kept "
-                       "in another Redis")
-            else:
-                why = (f"its index is {'installed' if state == 'live' else 'being created'} "
-                       f"in {idx.url}")
-            raise NotAStoreError(
-                17, f"the namespace holds shared pool {sb.name!r} ({why}): refusing to "
-                "format it; pass force=True to wipe that pool", fabric_uri.redact(u))
-        if state is not None and sb.name != name:  # (one of this name the install replaces)
-            idx.wipe_pool(sb.name, sb.set_id)
+        if state is not None and (state == "dead" or force):
+            return sb.name != name  # (one of this name the install replaces)
+        if state is None and force:
+            return False
+        if state is None:
+            why = (f"Redis at {idx.url} holds no index of it: it was lost (`fx100io "
+                   "shared-rebuild` re-derives it from the namespaces), or it is kept in "
+                   "another Redis")
+        else:
+            why = (f"its index is {'installed' if state == 'live' else 'being created'} in "
+                   f"{idx.url}")
+        raise NotAStoreError(
+            17, f"the namespace holds shared pool {sb.name!r} ({why}): refusing to format "
+            "it; pass force=True to wipe that pool", fabric_uri.redact(u))
 
     @staticmethod
     def _put_back(written: list[tuple[Device, _Found]], set_id: bytes) -> bool:
