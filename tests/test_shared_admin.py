@@ -72,6 +72,7 @@ class LivePlain:
     """A ChunkStore open in this process, with chunks in it."""
 
     def __init__(self, tmp_path: Path, srv: Any):
+        self.srv = srv
         self.uris = [str(tmp_path / "plain.img")]
         self.st = fx100io.ChunkStore(self.uris, create=True, size=32 * MiB)
         self.want = {k: value(k) for k in SIZES}
@@ -120,8 +121,19 @@ class LiveSharedUnderPlain(LiveShared):
         return errors.NotAStoreError
 
 
+class LivePlainUnderShared(LivePlain):
+    """A live ChunkStore, and a SharedChunkStore create over its namespace."""
+
+    def create_again(self, **kw: Any) -> None:
+        SharedChunkStore(self.uris, self.srv.url, create=True, size=32 * MiB).close()
+
+    def refused(self) -> type[BaseException]:
+        return errors.NotAStoreError
+
+
 STORES = [
     pytest.param(LivePlain, {}, id="ChunkStore"),
+    pytest.param(LivePlainUnderShared, {}, id="SharedChunkStore-over-a-ChunkStore"),
     pytest.param(LiveShared, {"name": "prod"}, id="SharedChunkStore-same-name"),
     pytest.param(LiveShared, {"name": "other"}, id="SharedChunkStore-other-name"),
     pytest.param(LiveShared, {}, id="SharedChunkStore-default-name"),
@@ -191,6 +203,35 @@ def test_names_within_the_rule_make_pools(tmp_path, redis_server, name):
         assert st.batch_get_blocking(["k"], [bytearray(1)]) == [True]
 
 
+@pytest.mark.parametrize("name", ["p*", "team[1]", "é"])
+def test_a_pool_an_older_fxio_named_outside_the_rule_opens_and_rebuilds_without_a_name(
+        tmp_path, redis_server, monkeypatch, capsys, name):
+    """Pools made before the name rule keep working: opened without name=,
+    rebuilt without --name; given the name, the refusal says so."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "check_name", lambda n, given_for="": n)  # the older rule
+        st = SharedChunkStore(uris, redis_server.url, create=True, size=32 * MiB, name=name)
+    want = {k: value(k) for k in SIZES}
+    st.batch_put_blocking(list(want), list(want.values()))
+    st.close()
+    with pytest.raises(errors.InvalidArgumentError, match="without name="):
+        SharedChunkStore(uris, redis_server.url, name=name)
+    with SharedChunkStore(uris, redis_server.url) as st:
+        assert_chunks(st, want)
+    redis_server.client().flushall()  # the index is lost
+    assert cli_main(["shared-rebuild", "--index", redis_server.url, "--name", name,
+                     *uris]) == 1
+    assert "without --name" in capsys.readouterr().err
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["shared-rebuild", "--index", redis_server.url, *uris]) == 0
+    assert json.loads(out.getvalue())["chunks"] == len(want)
+    with SharedChunkStore(uris, redis_server.url) as st:
+        assert_chunks(st, want)
+        assert sorted(st.keys()) == sorted(k.encode() for k in want)
+
+
 @pytest.mark.parametrize("glob, victim", [("p*", "prod"), ("team[1]", "team1"),
                                           ("a?c", "abc"), ("x\\y", "xy")])
 def test_installing_an_index_never_reaches_another_pools_keys(tmp_path, redis_server, glob,
@@ -222,7 +263,7 @@ def test_a_create_that_died_after_its_claim_holds_the_name_until_the_claim_ends(
     deadline, then goes ahead."""
     uris = [str(tmp_path / "a.img")]
     dead = RedisIndex(redis_server.url, "pool", fmt.new_set_id())
-    dead.claim("deadhost", 1500, False, [])
+    dead.claim("deadhost", 1500, False)
     dead.close()
     with pytest.raises(errors.DeviceBusyError, match="being created by deadhost"):
         SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
@@ -233,7 +274,7 @@ def test_a_create_that_died_after_its_claim_holds_the_name_until_the_claim_ends(
         assert st.batch_get_blocking(["k"], [bytearray(1)]) == [True]
 
 
-def test_a_create_that_died_after_formatting_is_taken_over_on_the_same_namespaces(
+def test_a_create_that_died_after_formatting_is_taken_over_once_its_claim_ended(
         tmp_path, redis_server, monkeypatch):
     uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
 
@@ -243,20 +284,182 @@ def test_a_create_that_died_after_formatting_is_taken_over_on_the_same_namespace
     with monkeypatch.context() as m:
         m.setattr(SharedChunkStore, "_install", die)
         with pytest.raises(KeyboardInterrupt):
-            SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
+            SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, lease_s=1.5)
     # the claim stays: hosts see a pool being created, not an empty one
     with SharedChunkStore(uris, redis_server.url) as half:
         with pytest.raises(IndexLostError, match="being created"):
             half.batch_put_blocking(["k"], [b"v"])
-    # a create of the name elsewhere waits for that claim
-    with pytest.raises(errors.DeviceBusyError):
-        SharedChunkStore([str(tmp_path / "elsewhere.img")], redis_server.url, create=True,
-                         size=16 * MiB)
-    # the same namespaces carry the claim's set id: a create there takes over at once
+    # a create of the name waits for that claim, elsewhere or on the same
+    # namespaces (they carry its set id, but it may still be writing)
+    for where in ([str(tmp_path / "elsewhere.img")], uris):
+        with pytest.raises(errors.DeviceBusyError):
+            SharedChunkStore(where, redis_server.url, create=True, size=16 * MiB)
+    files = file_digests(uris)
+    assert file_digests(uris) == files
+    time.sleep(1.6)  # the claim ended: its create is dead
     with SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB) as st:
         st.batch_put_blocking(["k"], [b"v"])
     with SharedChunkStore(uris, redis_server.url) as st:
         assert st.batch_get_blocking(["k"], [bytearray(1)]) == [True]
+
+
+def test_a_create_of_another_name_formats_the_namespaces_of_a_create_that_died(
+        tmp_path, redis_server, monkeypatch):
+    """Once the dead create's claim ended, its half-formatted namespaces are
+    free for a create of any name, and its name is free again."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+
+    def die(self: Any, capacity: Any) -> None:
+        raise KeyboardInterrupt("died before installing the index")
+
+    with monkeypatch.context() as m:
+        m.setattr(SharedChunkStore, "_install", die)
+        with pytest.raises(KeyboardInterrupt):
+            SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, name="x",
+                             lease_s=1)
+    with pytest.raises(errors.NotAStoreError, match="being created"):
+        SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, name="y")
+    time.sleep(1.1)
+    with SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, name="y") as st:
+        st.batch_put_blocking(["k"], [value("a")])
+        assert_chunks(st, {"k": value("a")})
+    assert redis_server.client().keys("fx100io:{x}*") == []
+
+
+def test_a_running_create_is_not_taken_over_by_another_of_its_name(tmp_path, redis_server,
+                                                                   monkeypatch):
+    """A second create of the name over the same namespaces, started once
+    the first wrote its first superblock, is refused; the first completes."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+    real = SharedChunkStore._write_superblock
+    seen: list[Any] = []
+
+    def write(d: Any, sb: Any) -> Any:
+        ns = real(d, sb)
+        if not seen:
+            seen.append(True)  # (a nested create that went ahead would write too)
+            with pytest.raises(errors.DeviceBusyError, match="being created"):
+                SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
+        return ns
+
+    monkeypatch.setattr(SharedChunkStore, "_write_superblock", staticmethod(write))
+    st = SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
+    monkeypatch.setattr(SharedChunkStore, "_write_superblock", staticmethod(real))
+    assert seen
+    want = {k: value(k) for k in SIZES}
+    st.batch_put_blocking(list(want), list(want.values()))
+    st.close()
+    with SharedChunkStore(uris, redis_server.url) as st:
+        assert_chunks(st, want)
+
+
+def test_a_create_whose_claim_was_taken_writes_nothing_more(tmp_path, redis_server,
+                                                            monkeypatch):
+    """Another create takes the name with force while the first is between
+    two superblocks: the first writes no more, puts back what it wrote, and
+    the second's pool works."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+    other = [str(tmp_path / "other.img")]
+    real = SharedChunkStore._write_superblock
+    won: list[Any] = []
+
+    def write(d: Any, sb: Any) -> Any:
+        ns = real(d, sb)
+        if not won:
+            won.append(None)  # (the nested create writes superblocks too)
+            won[0] = SharedChunkStore(other, redis_server.url, create=True, size=16 * MiB,
+                                      force=True)
+        return ns
+
+    monkeypatch.setattr(SharedChunkStore, "_write_superblock", staticmethod(write))
+    with pytest.raises(errors.NotAStoreError, match="claim of this create .* is gone"):
+        SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
+    monkeypatch.setattr(SharedChunkStore, "_write_superblock", staticmethod(real))
+    # the first namespace's superblock went back (zeros), the second was never written
+    assert Path(uris[0]).read_bytes()[:fmt.BLOCK] == bytes(fmt.BLOCK)
+    assert Path(uris[1]).read_bytes()[:fmt.BLOCK] == bytes(fmt.BLOCK)
+    won[0].batch_put_blocking(["k"], [value("b")])
+    assert_chunks(won[0], {"k": value("b")})
+    won[0].close()
+
+
+@pytest.mark.parametrize("ndevs", [1, 2])
+def test_two_creates_of_other_names_over_the_same_namespaces_do_not_both_win(
+        tmp_path, redis_server, monkeypatch, ndevs):
+    """Create "a" looked at the namespaces; create "b" then runs all of its
+    create over them before "a" writes a byte (their claims are on other
+    names): "a" refuses without writing, "b"'s pool keeps its chunks."""
+    import fx100io.shared.store as store_mod
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(ndevs)]
+    real = store_mod.open_device
+    b: list[Any] = []
+
+    def opening(uri: str, **kw: Any) -> Any:
+        if kw.get("create") and not b:
+            b.append(None)  # (the nested create opens them too)
+            b[0] = SharedChunkStore(uris, redis_server.url, create=True, name="b",
+                                    size=16 * MiB)
+        return real(uri, **kw)
+
+    monkeypatch.setattr(store_mod, "open_device", opening)
+    with pytest.raises(errors.NotAStoreError, match="changed since this create looked"):
+        SharedChunkStore(uris, redis_server.url, create=True, name="a", size=16 * MiB)
+    monkeypatch.setattr(store_mod, "open_device", real)
+    assert redis_server.client().hget("fx100io:{a}:meta", "set_id") is None  # name given back
+    want = {k: value(k) for k in SIZES}
+    b[0].batch_put_blocking(list(want), list(want.values()))
+    assert_chunks(b[0], want)
+    b[0].close()
+    with SharedChunkStore(uris, redis_server.url, name="b") as st:
+        assert_chunks(st, want)
+
+
+def test_a_create_whose_namespace_was_formatted_by_another_installs_nothing(
+        tmp_path, redis_server, monkeypatch):
+    """Two creates of other names over the same two namespaces interleave
+    their superblocks; at the install, the first finds the second's
+    superblock on a namespace and refuses, installing nothing, and puts back
+    the block it wrote (it still holds its superblock)."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+    idx = RedisIndex(redis_server.url, "a", fmt.new_set_id())
+    real_install = RedisIndex.install
+
+    def install(self: Any, *a: Any, **kw: Any) -> Any:
+        if self.name == "a":  # meanwhile "b" formats the second namespace
+            sb = fmt.plan(16 * MiB, 1, 2, fmt.new_set_id(), "b", uris[1])
+            with fx100io.open_device(uris[1]) as d:
+                SharedChunkStore._write_superblock(d, sb)
+        return real_install(self, *a, **kw)
+
+    monkeypatch.setattr(RedisIndex, "install", install)
+    with pytest.raises(errors.NotAStoreError, match="no longer holds this create's"):
+        SharedChunkStore(uris, redis_server.url, create=True, name="a", size=16 * MiB)
+    idx.close()
+    assert redis_server.client().keys("fx100io:{a}*") == []
+    assert Path(uris[0]).read_bytes()[:fmt.BLOCK] == bytes(fmt.BLOCK)
+    assert Path(uris[1]).read_bytes()[:16] == fmt.SB_MAGIC
+
+
+def test_create_refuses_a_pool_whose_index_is_not_in_this_redis(tmp_path, redis_server):
+    """A pool whose index was lost, or is kept in another Redis (here db 1):
+    create refuses without force, and says how to recover it."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+    other_db = redis_server.url[:-1] + "1"
+    st = SharedChunkStore(uris, other_db, create=True, size=32 * MiB, name="prod")
+    want = {k: value(k) for k in SIZES}
+    st.batch_put_blocking(list(want), list(want.values()))
+    files = file_digests(uris)
+    keys = redis_snapshot(redis_server.client())
+    for name in ("prod", "other"):
+        with pytest.raises(errors.NotAStoreError, match="fx100io shared-rebuild"):
+            SharedChunkStore(uris, redis_server.url, create=True, size=32 * MiB, name=name)
+    assert file_digests(uris) == files
+    assert redis_snapshot(redis_server.client()) == keys
+    assert_chunks(st, want)
+    st.close()
+    # force formats it all the same
+    with SharedChunkStore(uris, redis_server.url, create=True, size=32 * MiB, force=True) as st:
+        assert st.keys() == []
 
 
 # ------------------------------------------------------------ rebuild and delete
@@ -298,10 +501,33 @@ def test_rebuild_refuses_while_another_host_creates_the_pool(tmp_path, redis_ser
     pool.st.close()
     redis_server.client().flushall()  # the index is lost ...
     creator = RedisIndex(redis_server.url, "prod", fmt.new_set_id())
-    creator.claim("otherhost", 60_000, False, [])  # ... and another host creates "prod"
+    creator.claim("otherhost", 60_000, False)  # ... and another host creates "prod"
     creator.close()
     with pytest.raises(errors.NotAStoreError, match="creating"):
         rebuild(pool.uris, redis_server.url)
+
+
+def test_rebuild_replaces_the_claim_of_a_create_that_died_once_it_ended(
+        tmp_path, redis_server, monkeypatch):
+    """A create that died after formatting leaves its claim: shared-rebuild
+    waits for it (the create may be running), then, without --force,
+    installs an index of the namespaces."""
+    uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
+
+    def die(self: Any, capacity: Any) -> None:
+        raise KeyboardInterrupt("died before installing the index")
+
+    with monkeypatch.context() as m:
+        m.setattr(SharedChunkStore, "_install", die)
+        with pytest.raises(KeyboardInterrupt):
+            SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB, lease_s=1)
+    with pytest.raises(errors.NotAStoreError, match="creating"):
+        rebuild(uris, redis_server.url)
+    time.sleep(1.1)
+    assert rebuild(uris, redis_server.url)["chunks"] == 0
+    with SharedChunkStore(uris, redis_server.url) as st:
+        st.batch_put_blocking(["k"], [value("a")])
+        assert_chunks(st, {"k": value("a")})
 
 
 def test_of_two_creates_of_one_name_at_once_one_wins_and_the_other_writes_nothing(

@@ -42,11 +42,18 @@ NAME_RULE = "1 to 64 characters of A-Z a-z 0-9 . _ -, the first a letter or digi
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def check_name(name: object) -> str:
-    """name if it is a valid pool name, else InvalidArgumentError naming the rule."""
+def check_name(name: object, given_for: str = "") -> str:
+    """name if it is a valid pool name, else InvalidArgumentError naming the
+    rule.  given_for: the option that names an existing pool (name=,
+    --name); an older fx100io allowed other names, and the message then
+    says how such a pool is opened all the same."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        hint = ""
+        if given_for:
+            hint = (f"; a pool that an older fx100io made under such a name is opened, and "
+                    f"rebuilt, without {given_for} (its name is read from its namespaces)")
         raise InvalidArgumentError(22, f"a shared pool's name must be {NAME_RULE} (it is part "
-                                   f"of the index's Redis keys), got {name!r}")
+                                   f"of the index's Redis keys), got {name!r}{hint}")
     return name
 
 

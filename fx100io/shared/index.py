@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,12 @@ def _password(url: str) -> str | None:
 def _tomb(m: bytes | str) -> tuple[int, int, int]:
     d, off, ext = (int(x) for x in (m.decode() if isinstance(m, bytes) else m).split(":"))
     return d, off, ext
+
+
+def _claim_running(until: str | None, sec: int, usec: int) -> bool:
+    """Whether a claim whose claim_until is until (ms, Redis's clock) is
+    still running at Redis's TIME (sec, usec)."""
+    return int(until or 0) > int(sec) * 1000 + int(usec) // 1000
 
 
 def glob_escape(text: str) -> str:
@@ -311,13 +317,19 @@ class RedisIndex:
                 "maxmemory-policy noeviction (the pool evicts chunks itself, under its "
                 "capacity)", self.url)
 
-    def claim(self, host: str, claim_ms: int, force: bool, found: Sequence[bytes]
-              ) -> list[Any]:
+    def claim(self, host: str, claim_ms: int, force: bool) -> list[Any]:
         """Claim this pool's name for a create, before it writes any byte
-        (see lua.CLAIM); found: the set ids the namespaces carry now.
-        Returns what unclaim() needs to give the name back."""
-        return list(self.run_sync("claim", [host, claim_ms, int(force),
-                                            *sorted({f.hex() for f in found})]))
+        (see lua.CLAIM).  Returns what unclaim() needs to give the name back."""
+        return list(self.run_sync("claim", [host, claim_ms, int(force)]))
+
+    def renew_claim(self, claim_ms: int) -> None:
+        """Push this create's claim claim_ms ahead, before it writes a
+        superblock; NotAStoreError where the claim is no longer its own."""
+        if not int(self.run_sync("claim_renew", [claim_ms])):
+            raise NotAStoreError(
+                17, f"the claim of this create on pool {self.name!r} is gone (another create "
+                "took it over, with force or after the claim's deadline): writing nothing "
+                "more", self.url)
 
     def unclaim(self, prev: list[Any]) -> None:
         """Give back a claim (a create refused before it wrote a byte)."""
@@ -326,12 +338,21 @@ class RedisIndex:
     def pool_of(self, name: str, set_id: bytes) -> str | None:
         """Whether Redis holds the index of the pool called name whose
         namespaces carry set_id: "live" (installed), "claim" (being
-        created), or None (no index of that pool here: lost, or never)."""
-        got = self.call_sync(lambda r, p: r.hmget(f"{prefix_of(name)}:meta", "set_id", "fmt"))
-        sid, kind = (None if v is None else v.decode() for v in got)
+        created: the claim's deadline has not passed), "dead" (a claim
+        whose deadline passed: that create died), or None (nothing of
+        that pool here: its index lost, in another Redis, or never made)."""
+        def go(r: redis.Redis, _p: str) -> tuple[Any, ...]:
+            with r.pipeline(transaction=True) as pipe:
+                pipe.hmget(f"{prefix_of(name)}:meta", "set_id", "fmt", "claim_until")
+                pipe.time()
+                return tuple(pipe.execute())
+        got, (sec, usec) = self.call_sync(go)
+        sid, kind, until = (None if v is None else v.decode() for v in got)
         if sid != set_id.hex():
             return None
-        return "claim" if kind == "claim" else "live"
+        if kind != "claim":
+            return "live"
+        return "claim" if _claim_running(until, sec, usec) else "dead"
 
     def wipe_pool(self, name: str, set_id: bytes) -> None:
         """Delete the index of the pool called name, if it is still the one
@@ -352,31 +373,42 @@ class RedisIndex:
 
     def install(self, ndevs: int, caps: list[int], free: list[list[tuple[int, int]]],
                 entries: Sequence[tuple[bytes, str, int]] = (), used: list[int] | None = None,
-                ver: int = 0, replace: str = "any") -> None:
+                ver: int = 0, replace: str = "any",
+                check: Callable[[], None] | None = None) -> None:
         """Replace whatever Redis holds under this pool's prefix by a fresh
         index (format, rebuild), in one transaction: scripts see the old
         index or the new one, never a half-written one.  replace: "any"
-        replaces any index there; "same" only one of this pool (or none),
-        refusing another pool's of the same name and another create's
-        claim; "claimed" only this create's own claim (see claim()).  The
+        replaces any index there; "same" only one of this pool (or none, or
+        a create's claim whose deadline passed: that create died), refusing
+        another pool's of the same name and a create's claim still running;
+        "claimed" only this create's own claim (see claim()).  check, if
+        given, runs once the index is watched and before it is replaced
+        (create re-reads its superblocks there); it raises to refuse.  The
         check and the replacement are one transaction (WATCH): a claim or
         an index that appears between them makes this raise, not replace."""
         def go(r: redis.Redis, p: str) -> None:
             with r.pipeline(transaction=True) as pipe:
                 pipe.watch(f"{p}:meta")
-                got: Any = pipe.hmget(f"{p}:meta", "set_id", "fmt")
-                sid, kind = (None if v is None else v.decode() for v in got)
+                got: Any = pipe.hmget(f"{p}:meta", "set_id", "fmt", "claim_until")
+                sid, kind, until = (None if v is None else v.decode() for v in got)
                 if replace == "claimed" and (sid != self.set_id or kind != "claim"):
                     raise NotAStoreError(
                         17, f"the claim of this create on pool {self.name!r} is gone (another "
                         "create took it over, with force?): the namespaces just formatted are "
                         "not this pool's", self.url)
-                if replace == "same" and sid is not None and (sid != self.set_id
-                                                              or kind == "claim"):
+                if replace == "same" and kind == "claim":
+                    sec, usec = pipe.time()
+                    if _claim_running(until, sec, usec):
+                        raise NotAStoreError(
+                            17, f"another host is creating a pool named {self.name!r} (its "
+                            "claim has not ended): wait for it, or pass force=True", self.url)
+                elif replace == "same" and sid is not None and sid != self.set_id:
                     raise NotAStoreError(
                         17, f"Redis holds the index of another pool named {self.name!r} "
-                        "(other namespaces), or another host is creating one: pass another "
-                        "name, or force=True to wipe that pool's index", self.url)
+                        "(other namespaces): pass another name, or force=True to wipe that "
+                        "pool's index", self.url)
+                if check is not None:
+                    check()
                 ver_now = int(pipe.get(f"{p}:ver") or 0)
                 # the name is checked (format.check_name) and escaped all the same:
                 # a pattern must never reach another pool's keys

@@ -424,16 +424,17 @@ return {redis.call('HLEN', P .. ':idx'), devs, redis.call('HGETALL', P .. ':cnt'
         redis.call('HLEN', P .. ':limbo')}
 """
 
-# ARGV: set_id (the new pool's), host, claim_ms, force (0/1), then the set
-# ids the namespaces to be formatted carry now.  Claims the pool's name
-# before a create writes any byte: P:meta becomes {set_id, fmt "claim",
-# claim_by, claim_until}.  Granted where Redis holds nothing under the
-# name; where it holds a claim whose create is over (its deadline passed)
-# or that is this create's own unfinished one (the namespaces already carry
-# its set id: formatted, never installed); and, with force, over anything.
-# Refused (FXLIVE) over a pool's index, and (FXBUSY) over another create's
-# claim that is still running.  Returns the previous P:meta (a flat list),
-# which UNCLAIM puts back should the create be refused after all.
+# ARGV: set_id (the new pool's), host, claim_ms, force (0/1).  Claims the
+# pool's name before a create writes any byte: P:meta becomes {set_id, fmt
+# "claim", claim_by, claim_until}.  Granted where Redis holds nothing under
+# the name, or a claim whose deadline passed (that create died; the
+# namespaces it formatted may be formatted again), and, with force, over
+# anything.  Refused (FXLIVE) over a pool's index, and (FXBUSY) over a
+# claim whose deadline has not passed: that create may still be writing
+# superblocks (it renews its claim before each one, see CLAIM_RENEW), even
+# where the namespaces already carry its set id.  Returns the previous
+# P:meta (a flat list), which UNCLAIM puts back should the create be
+# refused after all.
 CLAIM = PRELUDE + r"""
 local now = now_ms()
 local prev = redis.call('HGETALL', P .. ':meta')
@@ -446,12 +447,8 @@ if m.set_id and not force then
       .. '(set id ' .. m.set_id .. '): refusing to create it again; pass another name, or '
       .. 'force=True to wipe that pool')
   end
-  local ours = false
-  for i = 5, #ARGV do
-    if ARGV[i] == m.set_id then ours = true end
-  end
   local left = tonumber(m.claim_until or '0') - now
-  if not ours and left > 0 then
+  if left > 0 then
     return redis.error_reply('FXBUSY this pool is being created by ' .. (m.claim_by or '?')
       .. ' (its claim ends in ' .. S(left) .. ' ms unless that create completes)')
   end
@@ -460,6 +457,17 @@ redis.call('DEL', P .. ':meta')
 redis.call('HSET', P .. ':meta', 'set_id', ARGV[1], 'fmt', 'claim', 'claim_by', ARGV[2],
            'claim_until', S(now + tonumber(ARGV[3])))
 return prev
+"""
+
+# ARGV: set_id, claim_ms.  A create renews its claim before each superblock
+# it writes: claim_until moves claim_ms ahead.  Returns 0 where the claim is
+# no longer this create's (taken over with force, or after its deadline):
+# the create must then write nothing more.
+CLAIM_RENEW = PRELUDE + r"""
+local m = redis.call('HMGET', P .. ':meta', 'set_id', 'fmt')
+if m[1] ~= ARGV[1] or m[2] ~= 'claim' then return 0 end
+redis.call('HSET', P .. ':meta', 'claim_until', S(now_ms() + tonumber(ARGV[2])))
+return 1
 """
 
 # ARGV: set_id, then the flat P:meta that CLAIM returned.  A create that is
@@ -475,4 +483,5 @@ return 1
 
 SCRIPTS = dict(alloc=ALLOC, publish=PUBLISH, abort=ABORT, get_begin=GET_BEGIN,
                get_end=GET_END, renew=RENEW, exists=EXISTS, drop=DROP, delete=DELETE,
-               tomb_done=TOMB_DONE, stats=STATS, claim=CLAIM, unclaim=UNCLAIM)
+               tomb_done=TOMB_DONE, stats=STATS, claim=CLAIM, claim_renew=CLAIM_RENEW,
+               unclaim=UNCLAIM)
