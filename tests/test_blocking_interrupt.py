@@ -31,7 +31,13 @@ data = chunk_bytes("interrupt", CH)
 st.batch_put_blocking(["k"], [data])
 buf = aligned_array(CH)
 caught = changed = 0
-for trial in range(6):
+# the watcher must get the GIL while the read runs (a loaded machine reads a
+# cached chunk in a few ms): switch often, and try until a few interrupts
+# fell while a read was in flight
+sys.setswitchinterval(1e-5)
+for trial in range(60):
+    if caught >= 3:
+        break
     buf[:] = 0
     running = [True]
 

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from fx100io import _core
 from fx100io.errors import InvalidArgumentError, NotAStoreError
+from fx100io.store import layout
 
 BLOCK = 4096
-SB_MAGIC = b"FX100IO\x00SHARED\x00\x00"
+SB_MAGIC = layout.SHARED_SB_MAGIC
 SB_FMT = "<16sII16sII QQ Q 64s"
 SB_LEN = struct.calcsize(SB_FMT)
 VERSION = 1

@@ -199,13 +199,10 @@ class ChunkStore:
         hosts may be using it, and its index lives in Redis, where a local
         create cannot see it.  Checked on every device before any is
         written."""
-        # here, not at the top: fx100io.shared imports this module
-        from fx100io.shared.format import SB_MAGIC as SHARED_SB_MAGIC
-
         for d in devices:
             raw = aligned_array(layout.BLOCK)
             d.read_into_blocking(0, raw)
-            if raw[:len(SHARED_SB_MAGIC)].tobytes() == SHARED_SB_MAGIC:
+            if raw[:len(layout.SHARED_SB_MAGIC)].tobytes() == layout.SHARED_SB_MAGIC:
                 raise NotAStoreError(
                     17, "the device holds a namespace of a shared pool (SharedChunkStore); "
                     "ChunkStore(create=True) would destroy that pool: pass force=True to "
