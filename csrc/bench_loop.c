@@ -117,6 +117,8 @@ struct fx_bl {
 	int stopping;
 	int err;
 	int ring_err; /* the failure was the backend's, not an I/O's */
+	uint64_t stall_ns;    /* see fx_bl_params.stall_ns */
+	uint64_t progress_ns; /* last completion seen, or last run with none in flight */
 	uint64_t err_off;
 	int err_read;
 	unsigned err_status;
@@ -728,6 +730,7 @@ int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out)
 	b->random_map = p->random_map;
 	b->asked = p->flags;
 	b->batch = p->batch_submit;
+	b->stall_ns = p->stall_ns ? p->stall_ns : FX_BL_STALL_LIMIT_NS;
 	b->bufs = p->bufs;
 	b->rng = p->seed ^ 0x6A09E667F3BCC909ull;
 	unsigned bits = 2;
@@ -915,6 +918,17 @@ int fx_bl_run(struct fx_bl *b, uint64_t slice_end_ns)
 		unsigned got = be->reap(b, t1);
 		if (b->ring_err)
 			return -b->err;
+		if (got || !b->inflight || !b->progress_ns) {
+			b->progress_ns = t1;
+		} else if (be == &uring_backend && t1 - b->progress_ns >= b->stall_ns) {
+			/* I/O in flight and not one completion for stall_ns: the
+			 * kernel has lost them (seen once: 16 writes taken from the
+			 * SQ, no CQE ever, nothing at the disk).  Fail the run with a
+			 * clear error; close() then gives up on what is in flight and
+			 * keeps its buffers. */
+			fail_backend(b, ETIMEDOUT);
+			return -ETIMEDOUT;
+		}
 		if (b->end_ns && t1 >= b->end_ns)
 			b->stopping = 1;
 		if (!got && (ret == -EAGAIN || ret == -EBUSY))
@@ -951,6 +965,11 @@ int fx_bl_queue_foreign_nop(struct fx_bl *b)
 void fx_bl_stop(struct fx_bl *b)
 {
 	b->stopping = 1;
+}
+
+uint64_t fx_bl_stall_ns(const struct fx_bl *b)
+{
+	return b->stall_ns;
 }
 
 int fx_bl_ring_failed(const struct fx_bl *b)

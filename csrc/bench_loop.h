@@ -74,7 +74,15 @@ struct fx_bl_params {
 	 * The io_uring options (SQPOLL, REGFILES, FIXEDBUFS, REGRING) do not
 	 * apply and are refused (-EINVAL). */
 	struct fx_queue *queue;
+	/* io_uring backend: with I/O in flight and no completion for this
+	 * long, the run fails with -ETIMEDOUT instead of waiting for good (a
+	 * ring that lost its completions must not hang a benchmark or a test
+	 * run).  0 = FX_BL_STALL_LIMIT_NS.  A queue has its own command
+	 * timeouts. */
+	uint64_t stall_ns;
 };
+
+#define FX_BL_STALL_LIMIT_NS 60000000000ull
 
 /* Which backend a loop runs on (fx_bl_backend). */
 #define FX_BL_BACKEND_URING 0
@@ -106,6 +114,8 @@ void fx_bl_stop(struct fx_bl *b);
  * flight), which is no I/O's and has no offset; 0 when the failure was an
  * I/O's or there was none. */
 int fx_bl_ring_failed(const struct fx_bl *b);
+/* The stall limit the loop runs with (fx_bl_params.stall_ns). */
+uint64_t fx_bl_stall_ns(const struct fx_bl *b);
 /* The failed I/O: its errno, offset and direction (1 = read). */
 void fx_bl_error(const struct fx_bl *b, int *err, uint64_t *off, int *is_read);
 /* Its raw NVMe status (fx_cqe.status) when the transport gave one, else 0. */

@@ -2,7 +2,7 @@
 
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
-from libc.errno cimport EAGAIN, ENODATA
+from libc.errno cimport EAGAIN, ENODATA, ETIMEDOUT
 
 from fx100io.errors import error_from_status
 
@@ -47,6 +47,7 @@ cdef extern from "bench_loop.h" nogil:
         void **bufs
         uint32_t batch_submit
         fx_queue *queue
+        uint64_t stall_ns
     struct fx_bl:
         pass
     int fx_bl_create(const fx_bl_params *p, fx_bl **out)
@@ -58,6 +59,7 @@ cdef extern from "bench_loop.h" nogil:
     void fx_bl_stop(fx_bl *b)
     void fx_bl_error(const fx_bl *b, int *err, uint64_t *off, int *is_read)
     int fx_bl_ring_failed(const fx_bl *b)
+    uint64_t fx_bl_stall_ns(const fx_bl *b)
     const fx_bl_dir *fx_bl_stats(const fx_bl *b, int is_read)
     const uint64_t *fx_bl_depths(const fx_bl *b)
     uint64_t fx_bl_inflight(const fx_bl *b)
@@ -130,7 +132,7 @@ cdef class BenchLoop:
                   bint random=False, bint random_map=True, double read_fraction=1.0,
                   uint64_t seed=0, uint64_t passes=1, uint64_t ios=0, uint64_t end_ns=0,
                   unsigned flags=0,
-                  uint32_t batch_submit=0):
+                  uint32_t batch_submit=0, double stall_s=0.0):
         cdef fx_bl_params p
         cdef int rc
         cdef Py_ssize_t i, n
@@ -176,6 +178,9 @@ cdef class BenchLoop:
         p.bufs = self.addrs
         p.batch_submit = batch_submit
         p.queue = self.q
+        if stall_s < 0:
+            raise ValueError(f"stall_s must be >= 0 (0: the default), got {stall_s}")
+        p.stall_ns = <uint64_t>(stall_s * 1e9)
         with nogil:
             rc = fx_bl_create(&p, &self.b)
         check(rc, "set up the I/O loop")
@@ -304,7 +309,12 @@ cdef class BenchLoop:
             return rc == 1
         err = fx_bl_ring_failed(b)
         if err:
-            if queue is None:
+            if queue is None and err == ETIMEDOUT:
+                e = error_from_errno(err, f"the kernel posted no completion on the I/O loop's ring "
+                                          f"for {fx_bl_stall_ns(b) / 1e9:g} s with "
+                                          f"{fx_bl_inflight(b)} I/Os in flight "
+                                          f"(ring features: {', '.join(self.features) or 'none'})")
+            elif queue is None:
                 e = error_from_errno(err, "io_uring_enter on the I/O loop's ring")
             elif err == EAGAIN:
                 e = error_from_errno(err, f"the queue of {queue.dev.target} took no I/O with none in flight")

@@ -27,7 +27,7 @@ def auth_error() -> str: ...
 def target_serve(host: str, port: str, subnqn: str, namespaces: Any, *, block_size: int = 512,
                  allow_hosts: Any = (), dhchap_hosts: Any = (), dhchap_hashes: Any = (),
                  dhchap_dhgroups: Any = (), max_io_queues: int = 0, max_connections: int = 0,
-                 handshake_timeout_ms: int = 0, stall_timeout_ms: int = 0,
+                 io_buffer_budget_mib: int = 0, handshake_timeout_ms: int = 0, stall_timeout_ms: int = 0,
                  idle_timeout_ms: int = 300000,
                  fault_drop_after: int = 0,
                  fault_delay_ms: int = 0, fault_corrupt_ddgst: int = 0, verbose: bool = False,

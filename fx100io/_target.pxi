@@ -24,6 +24,7 @@ cdef extern from "target/target.h" nogil:
         uint32_t block_size
         uint32_t max_io_queues
         uint32_t max_connections
+        uint32_t io_buffer_budget_mib
         uint32_t handshake_timeout_ms
         uint32_t stall_timeout_ms
         uint32_t idle_timeout_ms
@@ -64,6 +65,7 @@ def _dhchap_mask(names, table, what):
 def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int block_size=512,
                  allow_hosts=(), dhchap_hosts=(), dhchap_hashes=(), dhchap_dhgroups=(),
                  unsigned int max_io_queues=0, unsigned int max_connections=0,
+                 unsigned int io_buffer_budget_mib=0,
                  unsigned int handshake_timeout_ms=0, unsigned int stall_timeout_ms=0,
                  unsigned int idle_timeout_ms=300000,
                  unsigned int fault_drop_after=0,
@@ -90,7 +92,11 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     Connected queue whose controller has keep alive off (KATO 0).  At the
     connection limit a new connection evicts one still in its handshake, else
     the longest idle KATO-0 queue idle for 1 s (or handshake_timeout_ms when
-    shorter), else it is closed."""
+    shorter), else it is closed.  io_buffer_budget_mib (256, at least 8): MiB
+    of data buffers of all connections together (commands in flight, admin
+    data), each I/O queue at most 32 MiB, shared between peer addresses:
+    while n addresses hold some or wait, one may take more only up to 1/n of
+    it, a lone one 3/4; commands that do not fit wait for room."""
     cdef fx_target_config cfg
     cdef fx_target *t = NULL
     cdef const char **paths = NULL
@@ -137,6 +143,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.block_size = block_size
         cfg.max_io_queues = max_io_queues
         cfg.max_connections = max_connections
+        cfg.io_buffer_budget_mib = io_buffer_budget_mib
         cfg.handshake_timeout_ms = handshake_timeout_ms
         cfg.stall_timeout_ms = stall_timeout_ms
         cfg.idle_timeout_ms = idle_timeout_ms if idle_timeout_ms else FX_TARGET_IDLE_NEVER

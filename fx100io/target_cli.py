@@ -77,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
                      "evicts the oldest still in its handshake, else the longest idle queue "
                      "of a controller without keep alive (KATO 0) idle for 1 s or more, else "
                      "it is closed at once; with a log line")
+    lim.add_argument("--io-buffer-budget", type=int, default=256, metavar="MIB",
+                     help="MiB of data buffers for all connections together (default 256, "
+                     "at least 8): commands in flight and admin data, each I/O queue at most "
+                     "32 MiB; shared between peer addresses (while n have some or wait, one "
+                     "may take more only up to 1/n, a lone one 3/4), so that a host that "
+                     "holds all it can never keeps another waiting; commands that do not "
+                     "fit wait for room")
     lim.add_argument("--handshake-timeout-ms", type=int, default=10000, metavar="MS",
                      help="close a connection that has not completed ICReq and Connect this "
                      "long after it connected (default 10000)")
@@ -210,7 +217,7 @@ def _raise_open_files_limit(connections: int) -> None:
     try:
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 2 * connections + 256  # a socket and an io_uring per queue
+        want = 3 * connections + 256  # a socket, an io_uring and an eventfd per queue
         if soft != resource.RLIM_INFINITY and soft < want:
             new = want if hard == resource.RLIM_INFINITY else min(want, hard)
             if new > soft:
@@ -246,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         for opt in ("max_connections", "handshake_timeout_ms", "stall_timeout_ms"):
             if not 1 <= getattr(args, opt) <= 0xFFFFFFFF:
                 raise ValueError(f"--{opt.replace('_', '-')} must be 1..4294967295")
+        if not 8 <= args.io_buffer_budget <= 1 << 22:
+            raise ValueError("--io-buffer-budget must be 8..4194304 (MiB)")
         if not 0 <= args.idle_timeout_ms <= 0xFFFFFFFF:
             raise ValueError("--idle-timeout-ms must be 0..4294967295 (0: never)")
     except ValueError as e:
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                                dhchap_dhgroups=dhgroups,
                                max_io_queues=args.max_io_queues,
                                max_connections=args.max_connections,
+                               io_buffer_budget_mib=args.io_buffer_budget,
                                handshake_timeout_ms=args.handshake_timeout_ms,
                                stall_timeout_ms=args.stall_timeout_ms,
                                idle_timeout_ms=args.idle_timeout_ms,

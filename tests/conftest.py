@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,43 @@ def pytest_make_collect_report(collector):
     outcome = yield
     _fail_missing_dependency(outcome.get_result())
 
+
+
+# The per-test limit (pyproject's faulthandler_timeout) dumps stacks and exits
+# from C; the dump does not say which test hung.  A timer a little earlier
+# names it, on the stderr the test's output capture does not swallow.  (If the
+# hung test holds the GIL the name is missing but the dump still comes.)
+_NAME_LEAD_S = 2.0
+
+
+def _stderr_outside_capture(config) -> int | None:
+    fd = getattr(config, "_fx100io_stderr_fd", None)
+    if fd is None:
+        try:
+            fd = os.dup(sys.__stderr__.fileno()) if sys.__stderr__ else None
+        except (OSError, ValueError):
+            fd = None
+        config._fx100io_stderr_fd = fd
+    return fd
+
+
+def pytest_configure(config) -> None:
+    _stderr_outside_capture(config)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    limit = float(item.config.getini("faulthandler_timeout") or 0)
+    fd = _stderr_outside_capture(item.config)
+    timer = None
+    if limit > _NAME_LEAD_S and fd is not None:
+        msg = (f"\nfx100io: {item.nodeid} has run for {limit - _NAME_LEAD_S:.0f} s; "
+               f"every thread's stack follows, then the run exits\n").encode()
+        timer = threading.Timer(limit - _NAME_LEAD_S, os.write, (fd, msg))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()

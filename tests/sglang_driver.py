@@ -319,6 +319,9 @@ def check_bad_config(d: str) -> None:
         (dict(extra_for(f"{d}/bad.img"), devicez="x"), "extra_config.devicez"),
         (dict(extra_for(f"{d}/bad.img"), size="lots"), "extra_config.size"),
         (dict(extra_for(f"{d}/bad.img"), queue_depth="-3"), "extra_config.queue_depth"),
+        # 'always' would format a live shared pool at every start: refused at parse time
+        (dict(extra_for(f"{d}/bad.img"), create="always", shared_index="redis://127.0.0.1:1/0"),
+         "extra_config.create"),
     ]
     for extra, needle in cases:
         try:
@@ -327,6 +330,7 @@ def check_bad_config(d: str) -> None:
             assert needle in str(exc), (needle, str(exc))
         else:
             raise AssertionError(f"no error for {needle}")
+    assert not os.path.exists(f"{d}/bad.img")  # refused before anything was made
     # strings, as a JSON config carries them, are read as the plugin reads them
     b = attach(pool, extra_for(f"{d}/strings.img", queue_depth="8", direct="false",
                                max_io="1M", capacity="32M"))
@@ -737,6 +741,48 @@ def check_world_size_counts_dp(d: str) -> None:
     assert worker_index(cfg)[1] >= 8  # without dp_size, at least up to this rank's group
 
 
+def check_cancelled_read_never_lands_after_return(d: str) -> None:
+    """close() at random moments of a read still landing in SGLang's pages: once
+    batch_get_v1 returned, no byte of those pages changes (the pieces a cancelled
+    read had already sent land before it returns, never after)."""
+    import random
+    import time
+
+    from adapter_cancel_support import LandingStore, watch_unchanged
+
+    from fx100io.contrib.sglang import _byte_view
+
+    rng = random.Random(25)
+    late = 0
+    for trial in range(6):
+        pool = HostPool(8)
+        keys = keys_for(2, f"cancel{trial}")
+        # timeout_s: how long close() lets a call run before it cancels it
+        b = attach(pool, extra_for(f"{d}/cancel-{trial}.img", timeout_s="0.05"))
+        pool.fill(0, 1)
+        pool.fill(1, 2)
+        assert b.batch_set_v1(keys, pool.indices([0, 1])) == [True, True]
+        landing = LandingStore(b._store, piece=2048)
+        b._store = landing
+        out: dict = {}
+        t = threading.Thread(target=lambda b=b, keys=keys, pool=pool, out=out: out.setdefault(
+            "r", b.batch_get_v1(keys, pool.indices([4, 5]))), daemon=True)
+        t.start()
+        assert landing.landing.wait(60)
+        time.sleep(rng.uniform(0, 0.08))
+        closer = threading.Thread(target=b.close, daemon=True)
+        closer.start()
+        t.join(120)
+        assert not t.is_alive(), "batch_get_v1 never returned"
+        ptrs, sizes = pool.get_page_buffer_meta(pool.indices([4, 5]))
+        problem = watch_unchanged([_byte_view(int(p), int(n)) for p, n in zip(ptrs, sizes)])
+        closer.join(120)
+        assert not closer.is_alive(), "close() hung"
+        assert problem is None, f"trial {trial}: {problem} (returned {out.get('r')})"
+        late += landing.late_pieces
+    assert late > 0, "no close came while a read was landing: the check proved nothing"
+
+
 CHECKS = {
     "round_trip_page_first": lambda d: check_round_trip_other_pages(d, "page_first"),
     "round_trip_layer_first": lambda d: check_round_trip_other_pages(d, "layer_first"),
@@ -763,6 +809,7 @@ CHECKS = {
     "world_size_counts_dp": check_world_size_counts_dp,
     "clear_own_scope_off_loop": check_clear_own_scope_off_loop,
     "store_bounce_on_whole_block_device": check_store_bounce_on_whole_block_device,
+    "cancelled_read_never_lands_after_return": check_cancelled_read_never_lands_after_return,
 }
 
 

@@ -561,6 +561,38 @@ def test_close_that_gives_up_keeps_the_buffers(pool) -> None:
         os.close(w)
 
 
+@pytest.mark.parametrize("flags", [0, ALL_OPTS])
+def test_io_that_never_completes_fails_the_run_instead_of_hanging(pool, flags) -> None:
+    """A ring that took I/O and posts no completion for the stall limit
+    (reads of an empty pipe stand for completions the kernel lost) ends
+    the run with a clear ETIMEDOUT naming the ring, not a wait for good;
+    the buffers the kernel may still use are kept."""
+    bs = 4 * KiB
+    r, w = os.pipe()
+    try:
+        bufs = bufs_of(pool, 4, bs, 0)
+        bl = _core.BenchLoop(r, 0, 1, bs, bufs, passes=0, flags=flags, stall_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as ei:
+            for _ in range(200):  # 50 ms slices; the limit ends it long before
+                bl.run(time.monotonic_ns() + 50_000_000)
+        assert time.monotonic() - t0 < 10
+        e = ei.value
+        assert e.errno == errno.ETIMEDOUT
+        assert e.offset is None and e.is_read is None
+        assert "no completion on the I/O loop's ring for 0.5 s with 4 I/Os in flight" in str(e)
+        assert bl.close(limit_ns=20_000_000) is False
+        assert [m.obj for m in _core._bench_leaked[-1]] == bufs
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_stall_limit_must_not_be_negative(tmp_path: Path, pool) -> None:
+    with open(os.devnull, "rb") as f, pytest.raises(ValueError, match="stall_s"):
+        _core.BenchLoop(f.fileno(), 0, 1, 4096, bufs_of(pool, 1, 4096, 0), stall_s=-1)
+
+
 def test_bad_read_fraction_refused(tmp_path: Path, pool) -> None:
     f = tmp_path / "r.img"
     make_file(f, 64 * KiB)

@@ -50,6 +50,7 @@ CHECKS = [
     "world_size_counts_dp",
     "clear_own_scope_off_loop",
     "store_bounce_on_whole_block_device",
+    "cancelled_read_never_lands_after_return",
 ]
 
 

@@ -23,6 +23,7 @@ from shared_hosts import Host
 from shared_redis import RedisServer
 
 from fx100io.shared import SharedChunkStore
+from fx100io.shared.index import glob_escape, prefix_of
 from fx100io.shared.rebuild import rebuild
 
 if not IN_CI:
@@ -122,7 +123,7 @@ class SharedModel(RuleBasedStateMachine):
     @rule()
     def lose_index_and_rebuild(self) -> None:
         r = _ctx["redis"].client()
-        gone = list(r.scan_iter(match=f"fx100io:{{{self.name}}}:*"))
+        gone = list(r.scan_iter(match=glob_escape(prefix_of(self.name)) + ":*"))
         if gone:
             r.delete(*gone)
         rebuild(self.uris, _ctx["redis"].url, name=self.name, capacity=self.cap)

@@ -481,7 +481,7 @@ def test_failed_del_commit_keeps_the_chunks(tmp_file, monkeypatch):
     the operation fails and the chunks stay as they were: still listed and
     readable, now and after a reopen (their records are still in the log)."""
     from fx100io.store.index_log import REC_DEL, IndexLog
-    real = IndexLog.commit
+    real = IndexLog._commit_locked
 
     def no_dels(self, recs, live, apply=None):
         if all(r[0] == REC_DEL for r in recs):
@@ -492,12 +492,12 @@ def test_failed_del_commit_keeps_the_chunks(tmp_file, monkeypatch):
     with fx100io.ChunkStore(path, create=True, size=32 << 20, capacity=3 * 8192) as st:
         keys = ["a", "b", "c"]
         st.batch_put_blocking(keys, [_value(k, 1) * 300 for k in keys])  # 2 blocks each
-        monkeypatch.setattr(IndexLog, "commit", no_dels)
+        monkeypatch.setattr(IndexLog, "_commit_locked", no_dels)
         with pytest.raises(errors.DeviceIOError, match="injected"):
             st.batch_put_blocking(["d"], [_value("d", 1) * 300])  # must evict "a"
         with pytest.raises(errors.DeviceIOError, match="injected"):
             st.delete_blocking("b")
-        monkeypatch.setattr(IndexLog, "commit", real)
+        monkeypatch.setattr(IndexLog, "_commit_locked", real)
         assert sorted(st.keys()) == [b"a", b"b", b"c"]
         outs = [bytearray(7200) for _ in keys]
         assert st.batch_get_blocking(keys, outs) == [True] * 3

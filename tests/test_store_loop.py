@@ -101,10 +101,10 @@ def test_cancelled_put_waits_for_its_commit(tmp_file, monkeypatch):
     real = IndexLog.commit
     committing = threading.Event()
 
-    def slow_commit(self, recs, live, apply=None):
+    def slow_commit(self, recs, live, apply=None, failed=None):
         committing.set()
         time.sleep(0.2)
-        return real(self, recs, live, apply)
+        return real(self, recs, live, apply, failed)
 
     async def main():
         async with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
@@ -143,9 +143,9 @@ def test_aclose_waits_for_queued_commits_off_the_loop(tmp_file, monkeypatch):
     from fx100io.store.index_log import IndexLog
     real = IndexLog.commit
 
-    def slow_commit(self, recs, live, apply=None):
+    def slow_commit(self, recs, live, apply=None, failed=None):
         time.sleep(0.4)
-        return real(self, recs, live, apply)
+        return real(self, recs, live, apply, failed)
 
     async def main():
         st = fx100io.ChunkStore(str(tmp_file), create=True, size=64 << 20)

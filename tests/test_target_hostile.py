@@ -654,8 +654,8 @@ def test_writes_whose_data_stops_short_do_not_hold_buffers_forever(tmp_path, cha
 
 def test_connection_limit_from_the_open_files_limit_leaves_room_for_engines(backing, tmp_path):
     """Under a low `ulimit -n` the connection limit is lowered so that every
-    connection up to it can also hold its I/O engine's io_uring descriptor
-    (and each namespace its two): filled to the limit with queues that
+    connection up to it can also hold its I/O engine's io_uring and eventfd
+    descriptors (and each namespace its two): filled to the limit with queues that
     moved data, no descriptor runs out (no EMFILE in accept(), no queue
     falling back to in-line service for want of one)."""
     import re
@@ -663,7 +663,7 @@ def test_connection_limit_from_the_open_files_limit_leaves_room_for_engines(back
 
     def low_limit() -> None:
         # (soft and hard: the CLI lifts the soft limit toward the hard one)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (150, 150))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
 
     log = tmp_path / "target.log"
     with open(log, "w") as err:
@@ -692,6 +692,7 @@ def test_connection_limit_from_the_open_files_limit_leaves_room_for_engines(back
                 assert c.ok
         text = log.read_text()
         assert "accept:" not in text and "Too many open files" not in text, text[-2000:]
+        assert "serve one command at a time" not in text, text[-2000:]
         assert proc.poll() is None
         for h in hosts:
             h.close()

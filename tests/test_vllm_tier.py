@@ -77,6 +77,7 @@ CHECKS = [
     "touch_keeps_a_chunk_from_eviction",
     "kv_events_stored_and_evicted",
     "kv_events_off_unless_asked_and_on_globally",
+    "load_never_lands_after_the_job_is_reported",
     "shutdown_then_recreate",
 ]
 

@@ -444,6 +444,9 @@ def main(workdir: str) -> int:
             ({k: v for k, v in entry(img).items() if k != "devices"},
              "secondary_tiers[FX100ioTier].devices"),
             (entry(img, queue_depth="many"), "secondary_tiers[FX100ioTier].queue_depth"),
+            # 'always' would format a live shared pool at every start: refused when parsed
+            (entry(img, create="always", shared_index="redis://127.0.0.1:1/0"),
+             "secondary_tiers[FX100ioTier].create"),
         ]
         for cfg, expect in cases:
             try:
@@ -1040,6 +1043,43 @@ def main(workdir: str) -> int:
         # the device was let go: it opens again
         load_tier(entry(os.path.join(workdir, "events-shared.img")), primary).shutdown()
 
+    @check("load_never_lands_after_the_job_is_reported")
+    def _landing() -> None:
+        """A load whose pieces land slowly, stopped at random moments the ways vLLM
+        can stop waiting (polling past timeout_s, which trips the breaker; shutdown):
+        once its job is reported, or shutdown returned, no byte of its rows changes."""
+        import random
+
+        from adapter_cancel_support import LandingStore, watch_unchanged
+
+        tier = load_tier(entry(os.path.join(workdir, "landing.img"), create="always",
+                               timeout_s="0.05", retry_after_s="0"), primary)
+        real = tier._backend.store
+        rng = random.Random(27)
+        ks = [key(70_000 + i) for i in range(2)]
+        primary.fill(4, 1)
+        primary.fill(5, 2)
+        tier.submit_store(job(1, ks, [4, 5], False))
+        assert [r.success for r in finish(tier)] == [True]
+        rows = [primary.arr[6], primary.arr[7]]
+        for trial in range(5):
+            landing = LandingStore(real, piece=8192, pause_s=0.002)
+            tier._backend.store = landing
+            time.sleep(0.01)  # retry_after_s=0: a tripped breaker lets the job in
+            tier.submit_load(job(10 + trial, ks, [6, 7], True))
+            assert landing.landing.wait(WAIT_S)
+            time.sleep(rng.uniform(0, 0.1))
+            if trial == 4:
+                tier.shutdown()  # waits for the job: vLLM frees the rows after this
+            else:
+                deadline = time.monotonic() + WAIT_S
+                while not any(r.job_id == 10 + trial for r in tier.get_finished_jobs()):
+                    assert time.monotonic() < deadline, "the load job was never reported"
+                    time.sleep(0.002)
+            assert landing.running == 0, "reported while its read was still landing"
+            problem = watch_unchanged(rows)
+            assert problem is None, f"trial {trial}: {problem}"
+
     @check("shutdown_then_recreate")
     def _recreate() -> None:
         for _ in range(3):
@@ -1053,7 +1093,8 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _touch, _events, _events_off, _recreate):
+               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _touch, _events, _events_off, _landing,
+               _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -24,7 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 "$PY" -m pip install --quiet --disable-pip-version-check numpy "Cython>=3.0" setuptools wheel \
-  pytest pytest-asyncio redis
+  "pytest>=9" pytest-asyncio redis
 # --no-build-isolation: build against the Cython just installed, offline-friendly
 "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e .
 # Byte-compile the package (an editable install leaves it as sources): a CLI

@@ -15,11 +15,13 @@
  * re-authenticates (its I/O goes on, as with Linux's nvmet); if that fails,
  * the queue is closed once Failure1 is sent (or at its next other command),
  * never left answering every command with an error.  The cost an
- * unauthenticated host can impose is bounded three ways: FX_TGT_AUTH_MAX_TRIES
+ * unauthenticated host can impose is bounded four ways: FX_TGT_AUTH_MAX_TRIES
  * transactions per queue, FX_TGT_AUTH_MAX_DH DH operations at once in the
- * target, and a growing wait for a host NQN from an address after
- * FX_TGT_AUTH_FREE_FAILS failed transactions in a row that cost us DH work
- * (tgt.h).  Errors in what the host sends (lengths, T_ID, a message
+ * target, a bucket of DH tokens per peer address whatever host NQN it names
+ * (a Challenge takes one, proving the secret gives it back), and a growing
+ * wait for a host NQN from an address after FX_TGT_AUTH_FREE_FAILS failed
+ * transactions in a row that cost us DH work, those the host abandoned
+ * after our Challenge included (tgt.h).  Errors in what the host sends (lengths, T_ID, a message
  * out of order, a DH value out of range) are not NVMe errors: the AUTH_Send
  * completes and the reason goes back in Failure1, as Linux's nvmet does;
  * only malformed commands (SECP/SPSP, TL/AL against the data) get an error
@@ -54,6 +56,7 @@ struct tgt_auth {
 	int logged;        /* this transaction's failure has been logged */
 	int counted;       /* ... and counted against the host's address */
 	int costly;        /* this transaction made us do DH operations */
+	int token;         /* ... and holds its address's DH token (tgt.h) */
 	int close_pending; /* a re-authentication failed: close the queue */
 	unsigned tries;    /* transactions started since the last success */
 	uint16_t t_id;
@@ -179,6 +182,8 @@ const struct tgt_dhchap_host *tgt_auth_host(const struct fx_target *t, const cha
 
 /* ------------------------------------------------------------ a queue */
 
+static void abandoned(struct tgt_conn *c, const char *how);
+
 /* Forget the transaction's secrets: the DH key pair, session key and
  * challenges (what a later transaction must not reuse). */
 static void transaction_wipe(struct tgt_auth *a)
@@ -212,6 +217,7 @@ void tgt_auth_queue_free(struct tgt_conn *c)
 {
 	if (!c->auth)
 		return;
+	abandoned(c, "closed the connection");
 	transaction_wipe(c->auth);
 	fx_auth_wipe(c->auth, sizeof(*c->auth));
 	free(c->auth);
@@ -267,16 +273,62 @@ static void dh_leave(struct fx_target *t)
 	pthread_mutex_unlock(&t->lock);
 }
 
-/* The peer's address without its port (c->peer is "addr:port"). */
-static void peer_addr(const struct tgt_conn *c, char *out, size_t n)
+/* The peer's DH tokens, refilled to now (a new slot is full).  Under
+ * t->lock. */
+static struct tgt_dh_peer *dh_peer_locked(struct tgt_conn *c, uint64_t now)
 {
-	const char *colon = strrchr(c->peer, ':');
-	size_t len = colon ? (size_t)(colon - c->peer) : strlen(c->peer);
+	struct fx_target *t = c->t;
+	struct tgt_dh_peer *p = NULL;
 
-	if (len >= n)
-		len = n - 1;
-	memcpy(out, c->peer, len);
-	out[len] = 0;
+	for (unsigned i = 0; i < FX_TGT_AUTH_DH_PEERS && !p; i++)
+		if (t->dh_peers[i].addr[0] && strcmp(t->dh_peers[i].addr, c->peer_key) == 0)
+			p = &t->dh_peers[i];
+	if (!p) {
+		for (unsigned i = 0; i < FX_TGT_AUTH_DH_PEERS; i++) {
+			struct tgt_dh_peer *q = &t->dh_peers[i];
+
+			if (!p || !q->addr[0] || (p->addr[0] && q->refill_ms < p->refill_ms))
+				p = q;
+		}
+		snprintf(p->addr, sizeof(p->addr), "%s", c->peer_key);
+		p->milli = FX_TGT_AUTH_DH_BURST * 1000ull;
+		p->refill_ms = now;
+	}
+	if (now > p->refill_ms) {
+		uint64_t m = p->milli + (now - p->refill_ms) * FX_TGT_AUTH_DH_PER_S;
+
+		p->milli = m > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull : m;
+		p->refill_ms = now;
+	}
+	return p;
+}
+
+/* Take one of the peer address's DH tokens: 0, or the ms until it has one. */
+static uint64_t dh_token_take(struct tgt_conn *c)
+{
+	struct tgt_dh_peer *p;
+	uint64_t wait = 0;
+
+	pthread_mutex_lock(&c->t->lock);
+	p = dh_peer_locked(c, tgt_now_ms());
+	if (p->milli >= 1000)
+		p->milli -= 1000;
+	else
+		wait = (1000 - p->milli + FX_TGT_AUTH_DH_PER_S - 1) / FX_TGT_AUTH_DH_PER_S;
+	pthread_mutex_unlock(&c->t->lock);
+	return wait;
+}
+
+/* The host proved its secret: the transaction's token goes back. */
+static void dh_token_give_back(struct tgt_conn *c)
+{
+	struct tgt_dh_peer *p;
+
+	pthread_mutex_lock(&c->t->lock);
+	p = dh_peer_locked(c, tgt_now_ms());
+	p->milli = p->milli + 1000 > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull
+	                                                            : p->milli + 1000;
+	pthread_mutex_unlock(&c->t->lock);
 }
 
 /* The (host, address) slot of this queue, under t->lock; with create, a
@@ -285,9 +337,8 @@ static struct tgt_auth_backoff *backoff_slot(struct tgt_conn *c, int create)
 {
 	struct fx_target *t = c->t;
 	struct tgt_auth_backoff *old = NULL;
-	char addr[sizeof(t->auth_backoff[0].addr)];
+	const char *addr = c->peer_key;
 
-	peer_addr(c, addr, sizeof(addr));
 	for (unsigned i = 0; i < FX_TGT_AUTH_BACKOFF_SLOTS; i++) {
 		struct tgt_auth_backoff *b = &t->auth_backoff[i];
 
@@ -351,6 +402,30 @@ static uint64_t backoff_wait(struct tgt_conn *c)
 	return wait;
 }
 
+/*
+ * A transaction that made us do DH work ended neither in success nor in a
+ * failure we found: the host left it (how: a new Negotiate, a Failure2,
+ * the connection's end).  That is what a host that knows only a host NQN
+ * does to make us spend (a Challenge costs a key pair, abandoning it costs
+ * the host nothing): a failure like any other, for the backoff and the log
+ * (whose lines are bounded target-wide).
+ */
+static void abandoned(struct tgt_conn *c, const char *how)
+{
+	struct tgt_auth *a = c->auth;
+	char hp[NVMF_NQN_SIZE];
+
+	if (!a->costly || a->counted)
+		return;
+	a->counted = 1;
+	backoff_failed(c);
+	if (c->t->stop)
+		return; /* (our own stop ends it: nothing to say) */
+	tgt_log(c->t, "%s qid %u: host %s abandoned DH-HMAC-CHAP authentication after our "
+	        "challenge (%s); counted as a failed attempt", c->peer, c->qid,
+	        tgt_printable(hp, sizeof(hp), a->host->hostnqn), how);
+}
+
 int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
 {
 	uint8_t fctype;
@@ -406,6 +481,7 @@ static void authenticated(struct tgt_conn *c)
 	char hp[NVMF_NQN_SIZE];
 
 	a->authenticated = 1;
+	a->counted = 1; /* (settled: never abandoned) */
 	a->close_pending = 0; /* (proved itself again after a failure) */
 	a->tries = 0;
 	a->step = STEP_DONE;
@@ -439,10 +515,12 @@ static int on_negotiate(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	int hash, group;
 	uint64_t wait;
 
+	abandoned(c, "started another");
 	transaction_wipe(a);
 	a->logged = 0;
 	a->counted = 0;
 	a->costly = 0;
+	a->token = 0;
 	/* (a re-authentication: the queue stays authenticated meanwhile) */
 	if (fx_auth_negotiate_parse(m, len, &neg, &rc, &why) < 0) {
 		a->t_id = len >= 6 ? (uint16_t)(m[4] | m[5] << 8) : 0;
@@ -521,6 +599,12 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	fx_auth_wipe(r1, sizeof(r1));
 	if (!ok)
 		return fail(c, FX_AUTH_FAIL_FAILED, NULL);
+	/* The host knows its secret: whatever comes next, its DH work was no
+	 * abuse, and its address keeps its token. */
+	if (a->token) {
+		a->token = 0;
+		dh_token_give_back(c);
+	}
 	/* The host has proved itself: its I/O queue takes its qid now. */
 	if (tgt_ctrl_claim_qid(c) < 0)
 		return fail(c, FX_AUTH_FAIL_FAILED, "another queue of the controller has this qid");
@@ -585,6 +669,10 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 		 * a queue that was authenticated (re-authentication) goes. */
 		if (a->authenticated || a->close_pending)
 			r->close_after = 1;
+		if (a->costly && !a->counted) { /* (logged below) */
+			a->counted = 1;
+			backoff_failed(c);
+		}
 		a->authenticated = 0;
 		a->step = STEP_DONE;
 		transaction_wipe(a);
@@ -662,6 +750,18 @@ static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 		a->dh = NULL;
 		int ret;
 
+		uint64_t wait = dh_token_take(c);
+
+		if (wait) {
+			char msg[160];
+
+			snprintf(msg, sizeof(msg), "too many DH transactions from this address (%u, then "
+			         "%u a second, that did not authenticate); next one in %llu ms",
+			         FX_TGT_AUTH_DH_BURST, FX_TGT_AUTH_DH_PER_S, (unsigned long long)wait);
+			fail(c, FX_AUTH_FAIL_FAILED, msg);
+			return BUILD_FAILED;
+		}
+		a->token = 1;
 		if (dh_enter(c->t) < 0) {
 			fail(c, FX_AUTH_FAIL_FAILED, "too many authentications at once");
 			return BUILD_FAILED;

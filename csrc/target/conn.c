@@ -850,6 +850,7 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 
 	if (s->buf) {
 		free(s->buf);
+		tgt_iobufs_give(c, s->len);
 		c->r2t_bufs--;
 	}
 	memset(s, 0, sizeof(*s));
@@ -882,8 +883,15 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 	s->off = off;
 	s->r2t_ms = tgt_now_ms();
 	if (!ns) {
+		/* (out of the target's buffer budget, without waiting: the
+		 * host retries) */
+		if (tgt_iobufs_try(c, len) < 0) {
+			r2t_release(c, (unsigned)idx);
+			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
+		}
 		s->buf = malloc(len);
 		if (!s->buf) {
+			tgt_iobufs_give(c, len);
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
@@ -1061,6 +1069,19 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	if (c->state == TGT_CONN_WAIT_CONNECT &&
 	    !(fabrics && ((const uint8_t *)sqe)[4] == NVMF_FCTYPE_CONNECT))
 		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_CMD_SEQ_ERROR), 0, 0);
+	/* A Connect's data is exactly 1024 bytes (as nvmet insists): checked
+	 * before any of it is fetched, so that a host nobody knows yet cannot
+	 * make us allocate and R2T for more.  Such a host is broken or
+	 * hostile: it gets the status and the connection ends. */
+	if (fabrics && ((const uint8_t *)sqe)[4] == NVMF_FCTYPE_CONNECT &&
+	    sgl->length != sizeof(struct nvmf_connect_data)) {
+		int ret = send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
+
+		tgt_log(t, "%s: Connect with %u bytes of data (must be %zu); closing", c->peer,
+		        sgl->length, sizeof(struct nvmf_connect_data));
+		c->state = TGT_CONN_CLOSING;
+		return ret ? ret : -ECONNABORTED;
+	}
 	/* Before the queue has authenticated, only what authenticates it
 	 * runs (nothing is fetched with R2T for the others). */
 	if (!tgt_auth_allows(c, sqe)) {
@@ -1073,6 +1094,12 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		return send_resp(c, sqe->cid,
 		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
 	}
+	/* Until the queue is live (Connected and, where its host must,
+	 * authenticated) the only data a command may bring is an authentication
+	 * message (a Connect's is checked above), none longer than FX_TGT_AUTH_BUF: no
+	 * 64 KiB collections for a host that has proved nothing. */
+	if (!atomic_load(&c->live) && dir == 1 && sgl->length > FX_TGT_AUTH_BUF)
+		return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
 
 	/* A command served here in line may wait (on the disk, or for a DH
 	 * slot in authentication): what the engine has prepared goes first
@@ -1220,6 +1247,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 	r2t_release(c, idx);
 	ret = run_admin(c, &sqe, buf, len);
 	free(buf);
+	tgt_iobufs_give(c, len);
 	return ret;
 }
 
@@ -1403,7 +1431,10 @@ void *tgt_conn_main(void *arg)
 	shutdown(c->fd, SHUT_RDWR);
 	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)
-		free(c->r2t[i].buf);
+		if (c->r2t[i].buf) {
+			free(c->r2t[i].buf);
+			tgt_iobufs_give(c, c->r2t[i].len);
+		}
 	free(c->r2t);
 	free(c->r2t_free);
 	free(c->icd);

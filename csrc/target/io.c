@@ -38,14 +38,22 @@
  * 8 commands of the 4 MiB MDTS, 16 of 1 MiB; each buffer is the power of
  * two at or above its command's length, so 2 MiB + 512 bytes counts 4 MiB,
  * and from 1 MiB up whole 2 MiB huge pages where the kernel has them, so
- * 1 MiB counts 2 MiB: see buf_alloc); a command that does not fit
- * waits in a FIFO, holding only its slot (the queue's depth bounds slots),
- * and starts when a buffer is freed.  A write's buffer is taken before its
- * R2T goes out, so a host can never make us hold data we have no room for,
- * and its data is due within 2 x stall_ms of the R2T (conn.c).  Ended
- * commands' buffers are kept for the next, within the budget; once
- * nothing has been in flight for IDLE_TRIM_MS, at most FX_TGT_IO_IDLE_CACHE
- * of them.
+ * 1 MiB counts 2 MiB: see buf_alloc), and those of all queues together at
+ * most the target's budget (--io-buffer-budget), of which each peer
+ * address gets a fair share (tgt.h, FX_TGT_IO_BUFFER_BUDGET): a host that
+ * opens many queues and never reads its socket holds its reads' buffers
+ * until the stall timeout, and must not make anyone else wait that long.
+ * A command that does not fit waits in its queue's FIFO, holding only its
+ * slot (the queue's depth bounds slots), and starts when a buffer of its
+ * queue is freed, or when the target's budget frees room (any queue's
+ * release wakes the queues waiting on it through their eventfd, whose
+ * read the engine keeps on its ring).  A write's buffer is taken before
+ * its R2T goes out, so a host can never make us hold data we have no room
+ * for, and its data is due within 2 x stall_ms of the R2T (conn.c).
+ * Ended commands' buffers are kept for the next command of any queue,
+ * within the budget (a room-seeking command frees them first); every
+ * 100 ms the cache is trimmed to what the last 100 ms used beyond what is
+ * in use, FX_TGT_IO_IDLE_CACHE at least (tgt_iobufs_tick).
  *
  * Known limit: a read found cached by mincore() is sent with sendfile()
  * on the engine's thread; pages evicted in between are read from the disk
@@ -61,6 +69,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -74,11 +83,10 @@
 #define STOP_TAG 0xFFFFFFFFFFFFFFFEull
 /* Buffer classes: commands up to 64 KiB, 128 KiB, ... FX_TGT_MAX_XFER. */
 #define BUF_MIN_SHIFT 16
-#define BUF_CLASSES 7
-#define CACHE_PER_CLASS 32
-#define IDLE_TRIM_MS 100
+#define BUF_CLASSES FX_TGT_BUF_CLASSES
 _Static_assert((1u << (BUF_MIN_SHIFT + BUF_CLASSES - 1)) == FX_TGT_MAX_XFER, "buffer classes");
-_Static_assert(CACHE_PER_CLASS * (1u << BUF_MIN_SHIFT) <= FX_TGT_IO_BUDGET, "cache per class");
+/* The read of the queue's wake eventfd: room in the target's budget. */
+#define WAKE_TAG 0xFFFFFFFFFFFFFFFDull
 
 enum tgt_io_state {
 	TGT_IO_FREE,
@@ -137,12 +145,14 @@ struct tgt_ioq {
 	size_t unsent_bytes; /* their bytes (about: what an error left counts until the next flush) */
 	int stopping;       /* the connection ends: no more sends or submissions */
 	uint8_t *chunk;     /* the engine thread's staging (cached reads with a digest) */
-	/* Buffers of commands that ended, kept for the next (a fresh one
-	 * costs page faults and zeroing, a large part of the CPU a read
-	 * takes): one stack per size class; used + cached <= the budget. */
-	void *cache[BUF_CLASSES][CACHE_PER_CLASS];
-	unsigned ncache[BUF_CLASSES];
-	size_t cached;
+	/* Commands waiting for room in the target's budget (not only the
+	 * queue's own): whichever thread frees room writes wake_fd, whose
+	 * read the engine keeps armed on its ring (WAKE_TAG). */
+	int wake_fd;
+	uint64_t wake_val;
+	struct tgt_ioq *pool_next; /* in the budget's waiters (under its lock) */
+	int pool_waiting;
+	uint32_t pool_need; /* what its next command needs */
 };
 
 /* Hand the operations prepared so far to the kernel.  Under q->lock.  The
@@ -220,6 +230,24 @@ static void queue_locked(struct tgt_ioq *q, uint64_t tag)
 	q->sqes++;
 	if (++q->unsent >= FLUSH_BATCH)
 		flush_locked(q);
+}
+
+/* Keep a read of the wake eventfd on the ring (under q->lock): it
+ * completes when another thread frees room in the target's budget. */
+static void arm_wake_locked(struct tgt_ioq *q)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
+
+	if (!sqe) { /* (cannot happen: the ring has room for it too) */
+		flush_locked(q);
+		sqe = io_uring_get_sqe(&q->ring);
+		if (!sqe)
+			abort();
+	}
+	io_uring_prep_read(sqe, q->wake_fd, &q->wake_val, sizeof(q->wake_val), 0);
+	io_uring_sqe_set_data64(sqe, WAKE_TAG);
+	q->sqes++;
+	q->unsent++;
 }
 
 /*
@@ -360,61 +388,297 @@ static void buf_free(void *p, unsigned k)
 		free(p);
 }
 
-/* Drop cached buffers until want more bytes fit beside them.  Under q->lock. */
-static void cache_trim_locked(struct tgt_ioq *q, size_t want)
+/* ------------------------------------------- the target's buffer budget */
+
+/* Peer p's bytes held and queues waiting change (under b->lock): the
+ * count of active peers follows. */
+static void peer_change_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_t add,
+                               size_t sub, int wait)
 {
-	for (unsigned k = BUF_CLASSES; k-- > 0 && q->used + q->cached + want > FX_TGT_IO_BUDGET;)
-		while (q->ncache[k] && q->used + q->cached + want > FX_TGT_IO_BUDGET) {
-			buf_free(q->cache[k][--q->ncache[k]], k);
-			q->cached -= class_bytes(k);
+	int was = p->held || p->waiting;
+
+	p->held = p->held + add - sub;
+	p->waiting = (unsigned)((int)p->waiting + wait);
+	if (was && !(p->held || p->waiting))
+		b->active--;
+	else if (!was && (p->held || p->waiting))
+		b->active++;
+}
+
+/* The most peer p may hold now (under b->lock): an equal part for each
+ * peer with buffers or waiting for them, and three quarters of the budget
+ * for a lone one, so that room is left for whoever comes next; never less
+ * than one command of the largest size. */
+static size_t share_locked(const struct tgt_iobufs *b, const struct tgt_iopeer *p)
+{
+	unsigned n = b->active + !(p->held || p->waiting);
+	size_t share = n <= 1 ? b->budget - b->budget / 4 : b->budget / n;
+
+	return share < FX_TGT_MAX_XFER ? FX_TGT_MAX_XFER : share;
+}
+
+/* Free cached buffers, the largest first, until at most keep bytes are
+ * cached (under b->lock). */
+static void cache_trim_locked(struct tgt_iobufs *b, size_t keep)
+{
+	for (unsigned k = BUF_CLASSES; k-- > 0 && b->cached > keep;)
+		while (b->ncache[k] && b->cached > keep) {
+			buf_free(b->cache[k][--b->ncache[k]], k);
+			b->cached -= class_bytes(k);
 		}
 }
 
-/* A buffer of buf_cap(len) bytes, cached or new (its budget is reserved). */
+/* Reserve n bytes for peer p (under b->lock): 1, or 0 when that would
+ * take the target past its budget or p past its share. */
+static int pool_take_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_t n)
+{
+	if (b->used + n > b->budget || p->held + n > share_locked(b, p))
+		return 0;
+	if (b->used + b->cached + n > b->budget)
+		cache_trim_locked(b, b->budget - b->used - n);
+	b->used += n;
+	if (b->used > b->peak)
+		b->peak = b->used;
+	peer_change_locked(b, p, n, 0, 0);
+	return 1;
+}
+
+/* The queues waiting for room whose next command now fits try again
+ * (under b->lock).  Only those: a host whose queues wait above their share
+ * must not make every other host's completion wake them all in vain. */
+static void wake_waiters_locked(struct tgt_iobufs *b)
+{
+	struct tgt_ioq **pp = &b->waiters;
+
+	while (*pp) {
+		struct tgt_ioq *q = *pp;
+		struct tgt_iopeer *p = q->c->iopeer;
+		uint64_t one = 1;
+
+		if (b->used + q->pool_need > b->budget ||
+		    p->held + q->pool_need > share_locked(b, p)) {
+			pp = &q->pool_next;
+			continue;
+		}
+		*pp = q->pool_next;
+		q->pool_next = NULL;
+		q->pool_waiting = 0;
+		peer_change_locked(b, p, 0, 0, -1);
+		if (write(q->wake_fd, &one, sizeof(one)) < 0) {
+			/* (cannot fail but for a counter at its maximum, which
+			 * is a pending wake-up too) */
+		}
+	}
+}
+
+static void pool_give_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_t n)
+{
+	b->used -= n;
+	peer_change_locked(b, p, 0, n, 0);
+	wake_waiters_locked(b);
+}
+
+/* q is no longer waiting for room (under b->lock). */
+static void pool_unwait_locked(struct tgt_iobufs *b, struct tgt_ioq *q)
+{
+	struct tgt_ioq **pp;
+
+	if (!q->pool_waiting)
+		return;
+	for (pp = &b->waiters; *pp && *pp != q; pp = &(*pp)->pool_next)
+		;
+	if (*pp)
+		*pp = q->pool_next;
+	q->pool_next = NULL;
+	q->pool_waiting = 0;
+	peer_change_locked(b, q->c->iopeer, 0, 0, -1);
+	/* (its peer may have gone idle: the others' shares grew) */
+	wake_waiters_locked(b);
+}
+
+/* Room for a buffer of cap bytes in the queue's budget and the target's
+ * (under q->lock): 1, or 0, and then the queue is woken once the
+ * target's budget frees room (its own completions wake it anyway). */
+static int reserve_locked(struct tgt_ioq *q, uint32_t cap)
+{
+	struct tgt_iobufs *b = &q->c->t->iobufs;
+	int ok;
+
+	if (q->used + cap > FX_TGT_IO_BUDGET)
+		return 0;
+	pthread_mutex_lock(&b->lock);
+	ok = pool_take_locked(b, q->c->iopeer, cap);
+	if (ok) {
+		pool_unwait_locked(b, q);
+	} else if (!q->pool_waiting) {
+		q->pool_need = cap;
+		q->pool_waiting = 1;
+		q->pool_next = b->waiters;
+		b->waiters = q;
+		peer_change_locked(b, q->c->iopeer, 0, 0, 1);
+	}
+	pthread_mutex_unlock(&b->lock);
+	if (ok)
+		q->used += cap;
+	return ok;
+}
+
+/* Give back a reservation whose buffer never came (under q->lock). */
+static void unreserve_locked(struct tgt_ioq *q, uint32_t cap)
+{
+	struct tgt_iobufs *b = &q->c->t->iobufs;
+
+	q->used -= cap;
+	pthread_mutex_lock(&b->lock);
+	pool_give_locked(b, q->c->iopeer, cap);
+	pthread_mutex_unlock(&b->lock);
+}
+
+/* A buffer of class k for a reserved command: cached or new. */
 static void *buf_get(struct tgt_ioq *q, uint32_t len)
 {
+	struct tgt_iobufs *b = &q->c->t->iobufs;
 	unsigned k = buf_class(len);
 	void *p = NULL;
 
-	pthread_mutex_lock(&q->lock);
-	if (q->ncache[k]) {
-		p = q->cache[k][--q->ncache[k]];
-		q->cached -= class_bytes(k);
-	} else {
-		/* (used already counts this one) */
-		cache_trim_locked(q, 0);
+	pthread_mutex_lock(&b->lock);
+	if (b->ncache[k]) {
+		p = b->cache[k][--b->ncache[k]];
+		b->cached -= class_bytes(k);
 	}
-	pthread_mutex_unlock(&q->lock);
+	pthread_mutex_unlock(&b->lock);
 	return p ? p : buf_alloc(k);
 }
 
-/* Keep a buffer of class k for the next command, or free it.  Under
- * q->lock, after its budget was given back. */
-static void buf_put_locked(struct tgt_ioq *q, void *p, unsigned k)
+/* A command's buffer (class k, cap bytes reserved) is done with: kept
+ * for the next command of any queue (a fresh one costs page faults and
+ * zeroing, a large part of the CPU a read takes), and its room given back.
+ * Under q->lock. */
+static void buf_put_locked(struct tgt_ioq *q, void *p, unsigned k, uint32_t cap)
 {
-	uint32_t cap = class_bytes(k);
+	struct tgt_iobufs *b = &q->c->t->iobufs;
+	int keep;
 
-	if (!q->stopping && q->ncache[k] < CACHE_PER_CLASS &&
-	    q->used + q->cached + cap <= FX_TGT_IO_BUDGET) {
-		q->cache[k][q->ncache[k]++] = p;
-		q->cached += cap;
-	} else {
-		buf_free(p, k);
+	q->used -= cap;
+	pthread_mutex_lock(&b->lock);
+	keep = b->ncache[k] < b->cache_max[k];
+	if (keep) {
+		b->cache[k][b->ncache[k]++] = p;
+		b->cached += class_bytes(k);
 	}
+	pool_give_locked(b, q->c->iopeer, cap);
+	pthread_mutex_unlock(&b->lock);
+	if (!keep)
+		buf_free(p, k);
+}
+
+int tgt_iobufs_init(struct fx_target *t, size_t budget)
+{
+	struct tgt_iobufs *b = &t->iobufs;
+
+	pthread_mutex_init(&b->lock, NULL);
+	b->budget = budget;
+	for (unsigned k = 0; k < BUF_CLASSES; k++) {
+		/* (used + cached <= budget: never more of a class than fit) */
+		b->cache_max[k] = (unsigned)(budget / class_bytes(k));
+		b->cache[k] = calloc(b->cache_max[k] ? b->cache_max[k] : 1, sizeof(void *));
+		if (!b->cache[k])
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+void tgt_iobufs_fini(struct fx_target *t)
+{
+	struct tgt_iobufs *b = &t->iobufs;
+
+	if (!b->budget)
+		return; /* (never set up) */
+	cache_trim_locked(b, 0);
+	for (unsigned k = 0; k < BUF_CLASSES; k++)
+		free(b->cache[k]);
+	pthread_mutex_destroy(&b->lock);
+}
+
+int tgt_iopeer_get(struct tgt_conn *c)
+{
+	struct tgt_iobufs *b = &c->t->iobufs;
+	struct tgt_iopeer *p;
+
+	pthread_mutex_lock(&b->lock);
+	for (p = b->peers; p && strcmp(p->key, c->peer_key) != 0; p = p->next)
+		;
+	if (!p && (p = calloc(1, sizeof(*p))) != NULL) {
+		snprintf(p->key, sizeof(p->key), "%s", c->peer_key);
+		p->next = b->peers;
+		b->peers = p;
+	}
+	if (p)
+		p->conns++;
+	pthread_mutex_unlock(&b->lock);
+	c->iopeer = p;
+	return p ? 0 : -ENOMEM;
+}
+
+void tgt_iopeer_put(struct tgt_conn *c)
+{
+	struct tgt_iobufs *b = &c->t->iobufs;
+	struct tgt_iopeer *p = c->iopeer, **pp;
+
+	if (!p)
+		return;
+	c->iopeer = NULL;
+	pthread_mutex_lock(&b->lock);
+	if (--p->conns == 0) {
+		for (pp = &b->peers; *pp && *pp != p; pp = &(*pp)->next)
+			;
+		if (*pp)
+			*pp = p->next;
+		free(p);
+	}
+	pthread_mutex_unlock(&b->lock);
+}
+
+int tgt_iobufs_try(struct tgt_conn *c, size_t n)
+{
+	struct tgt_iobufs *b = &c->t->iobufs;
+	int ok;
+
+	pthread_mutex_lock(&b->lock);
+	ok = pool_take_locked(b, c->iopeer, n);
+	pthread_mutex_unlock(&b->lock);
+	return ok ? 0 : -ENOBUFS;
+}
+
+void tgt_iobufs_give(struct tgt_conn *c, size_t n)
+{
+	struct tgt_iobufs *b = &c->t->iobufs;
+
+	pthread_mutex_lock(&b->lock);
+	pool_give_locked(b, c->iopeer, n);
+	pthread_mutex_unlock(&b->lock);
+}
+
+/* Every 100 ms: the cache keeps what the last 100 ms needed beyond what is
+ * in use now (FX_TGT_IO_IDLE_CACHE at least), not the whole budget after a
+ * burst.  (Not at once when a queue goes idle: buffers freed and faulted
+ * in again whenever a few commands leave the target empty for an instant
+ * would cost most of a cold read's CPU.) */
+void tgt_iobufs_tick(struct fx_target *t)
+{
+	struct tgt_iobufs *b = &t->iobufs;
+	size_t keep;
+
+	pthread_mutex_lock(&b->lock);
+	keep = b->peak - b->used;
+	if (keep < FX_TGT_IO_IDLE_CACHE)
+		keep = FX_TGT_IO_IDLE_CACHE;
+	cache_trim_locked(b, keep);
+	b->peak = b->used;
+	pthread_mutex_unlock(&b->lock);
 }
 
 static __thread int on_engine; /* this thread is a queue's engine */
-
-/* A queue with nothing in flight keeps little (a thousand idle queues must
- * not hold their whole budgets); the largest go first.  Under q->lock. */
-static void idle_trim_locked(struct tgt_ioq *q)
-{
-	for (unsigned k = BUF_CLASSES; q->nfree == q->n && k-- > 0;)
-		while (q->ncache[k] && q->cached > FX_TGT_IO_IDLE_CACHE) {
-			buf_free(q->cache[k][--q->ncache[k]], k);
-			q->cached -= class_bytes(k);
-		}
-}
 
 /* Give slot idx back (its I/O is over, its answer sent or abandoned).
  * Under q->lock. */
@@ -422,21 +686,14 @@ static void release_locked(struct tgt_ioq *q, unsigned idx)
 {
 	struct tgt_io *io = &q->io[idx];
 
-	if (io->buf) {
-		q->used -= io->cap;
-		buf_put_locked(q, io->buf, buf_class(io->len));
-	}
+	if (io->buf)
+		buf_put_locked(q, io->buf, buf_class(io->len), io->cap);
 	if (io->state == TGT_IO_WAIT_DATA)
 		atomic_fetch_sub(&q->c->h2c_wait, 1);
 	memset(io, 0, sizeof(*io));
 	io->next = -1;
 	q->free_idx[q->nfree++] = (uint16_t)idx;
 	atomic_fetch_sub(&q->c->r2t_busy, 1);
-	/* Nothing in flight: the engine thread trims the cache once the
-	 * queue has stayed idle for a moment (ioq_main); from any other
-	 * thread, or where it cannot wait with a timeout, at once. */
-	if (!on_engine || !(q->ring.features & IORING_FEAT_EXT_ARG))
-		idle_trim_locked(q);
 }
 
 static int is_stopping(struct tgt_ioq *q);
@@ -456,7 +713,7 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		uint32_t len = io->len;
 		int ret = 0;
 
-		q->used -= io->cap; /* (release frees no buffer) */
+		unreserve_locked(q, io->cap); /* (release frees no buffer) */
 		release_locked(q, idx);
 		pthread_mutex_unlock(&q->lock);
 		tgt_log(c->t, "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
@@ -514,8 +771,7 @@ static int reserve_and_start(struct tgt_ioq *q, unsigned idx)
 
 	pthread_mutex_lock(&q->lock);
 	io->cap = buf_cap(io->len);
-	if (!q->stopping && q->fifo_head < 0 && q->used + io->cap <= FX_TGT_IO_BUDGET) {
-		q->used += io->cap;
+	if (!q->stopping && q->fifo_head < 0 && reserve_locked(q, io->cap)) {
 		pthread_mutex_unlock(&q->lock);
 		return start_io(q, idx);
 	}
@@ -554,14 +810,13 @@ static void start_waiting(struct tgt_ioq *q)
 
 		pthread_mutex_lock(&q->lock);
 		idx = q->fifo_head;
-		if (idx < 0 || q->stopping || q->used + q->io[idx].cap > FX_TGT_IO_BUDGET) {
+		if (idx < 0 || q->stopping || !reserve_locked(q, q->io[idx].cap)) {
 			pthread_mutex_unlock(&q->lock);
 			return;
 		}
 		q->fifo_head = q->io[idx].next;
 		if (q->fifo_head < 0)
 			q->fifo_tail = -1;
-		q->used += q->io[idx].cap;
 		pthread_mutex_unlock(&q->lock);
 		int ret = start_io(q, (unsigned)idx);
 
@@ -696,29 +951,9 @@ static void *ioq_main(void *arg)
 		struct io_uring_cqe *cqe;
 		uint64_t tag;
 		unsigned left, batch;
-		int r, res, lazy;
+		int r, res, woken = 0;
 
-		/* A queue that just went idle keeps its buffers for IDLE_TRIM_MS:
-		 * trimming at once would free and fault them in again whenever
-		 * a few commands per queue leave it empty for an instant (a
-		 * fresh 2 MiB page is zeroed: most of a cold read's CPU). */
-		pthread_mutex_lock(&q->lock);
-		lazy = q->nfree == q->n && q->cached > FX_TGT_IO_IDLE_CACHE &&
-		       (q->ring.features & IORING_FEAT_EXT_ARG);
-		pthread_mutex_unlock(&q->lock);
-		if (lazy) {
-			struct __kernel_timespec ts = { 0, IDLE_TRIM_MS * 1000000ll };
-
-			r = io_uring_wait_cqe_timeout(&q->ring, &cqe, &ts);
-			if (r == -ETIME) {
-				pthread_mutex_lock(&q->lock);
-				idle_trim_locked(q);
-				pthread_mutex_unlock(&q->lock);
-				continue;
-			}
-		} else {
-			r = io_uring_wait_cqe(&q->ring, &cqe);
-		}
+		r = io_uring_wait_cqe(&q->ring, &cqe);
 		if (r < 0) {
 			if (r != -EINTR && r != -EAGAIN && r != -ETIME) {
 				tgt_log(q->c->t, "%s qid %u: io_uring wait: %s", q->c->peer, q->c->qid,
@@ -741,10 +976,20 @@ static void *ioq_main(void *arg)
 			pthread_mutex_lock(&q->lock);
 			q->sqes--;
 			pthread_mutex_unlock(&q->lock);
-			if (tag == STOP_TAG)
+			if (tag == STOP_TAG) {
 				stop_seen = 1;
-			else
+			} else if (tag == WAKE_TAG) {
+				/* room in the target's budget: armed again, and
+				 * the commands waiting for it try once the batch is
+				 * answered */
+				pthread_mutex_lock(&q->lock);
+				if (!q->stopping)
+					arm_wake_locked(q);
+				pthread_mutex_unlock(&q->lock);
+				woken = 1;
+			} else {
 				on_cqe(q, (unsigned)tag, res);
+			}
 			/* Enough for the largest request a disk takes whole: it
 			 * goes now, not after the rest of the batch's sends. */
 			pthread_mutex_lock(&q->lock);
@@ -752,6 +997,8 @@ static void *ioq_main(void *arg)
 				flush_locked(q);
 			pthread_mutex_unlock(&q->lock);
 		} while (--batch && io_uring_peek_cqe(&q->ring, &cqe) == 0);
+		if (woken)
+			start_waiting(q);
 		pthread_mutex_lock(&q->lock);
 		flush_locked(q);
 		pthread_mutex_unlock(&q->lock);
@@ -787,6 +1034,7 @@ int tgt_ioq_start(struct tgt_conn *c)
 	q->c = c;
 	q->n = n;
 	q->fifo_head = q->fifo_tail = -1;
+	q->wake_fd = -1;
 	q->io = calloc(n, sizeof(*q->io));
 	q->free_idx = calloc(n, sizeof(*q->free_idx));
 	q->chunk = malloc(FX_TGT_CHUNK);
@@ -798,8 +1046,15 @@ int tgt_ioq_start(struct tgt_conn *c)
 		q->io[i].next = -1;
 		q->free_idx[q->nfree++] = (uint16_t)i;
 	}
-	while (entries < n + 2)
+	while (entries < n + 3) /* (the slots, the stop marker, the wake read) */
 		entries <<= 1;
+	/* (blocking: the ring's read waits on it rather than fail) */
+	q->wake_fd = eventfd(0, EFD_CLOEXEC);
+	if (q->wake_fd < 0) {
+		r = -errno;
+		ioq_cant(c, "no eventfd", -r);
+		goto fail_mem;
+	}
 	r = io_uring_queue_init(entries, &q->ring, 0);
 	if (r < 0) {
 		ioq_cant(c, "no io_uring", -r);
@@ -820,6 +1075,8 @@ int tgt_ioq_start(struct tgt_conn *c)
 		io_uring_register_iowq_max_workers(&q->ring, workers);
 	}
 	pthread_mutex_init(&q->lock, NULL);
+	arm_wake_locked(q); /* (no other thread has q yet) */
+	flush_locked(q);
 	pthread_mutexattr_init(&ma);
 	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
 	pthread_mutex_init(&q->send_lock, &ma);
@@ -841,6 +1098,8 @@ int tgt_ioq_start(struct tgt_conn *c)
 	return 0;
 
 fail_mem:
+	if (q->wake_fd >= 0)
+		close(q->wake_fd);
 	free(q->io);
 	free(q->free_idx);
 	free(q->chunk);
@@ -868,8 +1127,23 @@ void tgt_ioq_stop(struct tgt_conn *c)
 	queue_locked(q, STOP_TAG);
 	flush_locked(q);
 	pthread_mutex_unlock(&q->lock);
+	{
+		/* the armed wake read completes (and is not armed again) */
+		uint64_t one = 1;
+
+		if (write(q->wake_fd, &one, sizeof(one)) < 0) {
+			/* (a counter at its maximum: the read completes anyway) */
+		}
+	}
 	/* (returns once every disk I/O submitted has completed) */
 	pthread_join(q->thread, NULL);
+	{
+		struct tgt_iobufs *b = &c->t->iobufs;
+
+		pthread_mutex_lock(&b->lock);
+		pool_unwait_locked(b, q);
+		pthread_mutex_unlock(&b->lock);
+	}
 	/* Only this thread now; the ring is idle.  Commands that never got
 	 * to the disk (waiting for room or for their data) just go. */
 	for (unsigned i = 0; i < q->n; i++)
@@ -879,10 +1153,8 @@ void tgt_ioq_stop(struct tgt_conn *c)
 				        tgt_io_state_str(q->io[i].state));
 			release_locked(q, i);
 		}
-	for (unsigned k = 0; k < BUF_CLASSES; k++)
-		while (q->ncache[k])
-			buf_free(q->cache[k][--q->ncache[k]], k);
 	io_uring_queue_exit(&q->ring);
+	close(q->wake_fd);
 	c->ioq = NULL;
 	c->send_lock = NULL;
 	pthread_mutex_destroy(&q->lock);

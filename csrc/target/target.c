@@ -22,6 +22,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,19 +41,79 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fx_target *g_targets;
 
+/* Take a log line from the target's bucket (FX_TGT_LOG_BURST lines, refilled
+ * at FX_TGT_LOG_PER_S a second): 1 when it may be written, with *said the
+ * lines dropped since the last one written; 0 (counted) when not. */
+static int log_take(const struct fx_target *t, unsigned *said)
+{
+	/* (the limiter is the one part of a const target that logging
+	 * changes; the target itself was never defined const) */
+	struct tgt_loglim *l = (struct tgt_loglim *)&t->loglim;
+	uint64_t now = tgt_now_ms();
+	int ok;
+
+	pthread_mutex_lock(&l->lock);
+	if (now > l->refill_ms) {
+		uint64_t add = (now - l->refill_ms) * FX_TGT_LOG_PER_S;
+
+		/* (in thousandths of a line: no float, no lost fractions) */
+		l->milli = l->milli + add > FX_TGT_LOG_BURST * 1000ull ? FX_TGT_LOG_BURST * 1000ull
+		                                                        : l->milli + add;
+		l->refill_ms = now;
+	}
+	ok = l->milli >= 1000;
+	if (ok) {
+		l->milli -= 1000;
+		*said = l->dropped;
+		l->dropped = 0;
+	} else {
+		l->dropped++;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return ok;
+}
+
 void tgt_log(const struct fx_target *t, const char *fmt, ...)
 {
+	unsigned dropped = 0;
 	va_list ap;
 
 	if (t && t->quiet)
 		return;
+	/* Most lines are about one connection, and any host can make as
+	 * many connections as it likes: the whole target writes a bounded
+	 * number of lines, and says how many it left out. */
+	if (t && !log_take(t, &dropped))
+		return;
 	flockfile(stderr);
+	if (dropped)
+		fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
+		        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
 	fputs("fx100io target: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
 	funlockfile(stderr);
+}
+
+/* The listener's tick: lines left out are said once the flood is over,
+ * not only with the next line, which may never come. */
+static void log_flush(struct fx_target *t)
+{
+	unsigned dropped = 0;
+
+	pthread_mutex_lock(&t->loglim.lock);
+	dropped = t->loglim.dropped;
+	pthread_mutex_unlock(&t->loglim.lock);
+	if (t->quiet || !dropped)
+		return;
+	if (log_take(t, &dropped) && dropped) {
+		flockfile(stderr);
+		fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
+		        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
+		funlockfile(stderr);
+	}
 }
 
 uint64_t tgt_now_ms(void)
@@ -261,9 +322,11 @@ static void target_free(struct fx_target *t)
 		close(t->wake[0]);
 	if (t->wake[1] >= 0)
 		close(t->wake[1]);
+	tgt_iobufs_fini(t);
 	pthread_cond_destroy(&t->dh_cond);
 	pthread_cond_destroy(&t->drain_cond);
 	pthread_mutex_destroy(&t->lock);
+	pthread_mutex_destroy(&t->loglim.lock);
 	free(t);
 }
 
@@ -285,6 +348,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 		return -ENOMEM;
 	t->lfd = -1;
 	t->wake[0] = t->wake[1] = -1;
+	pthread_mutex_init(&t->loglim.lock, NULL);
+	t->loglim.milli = FX_TGT_LOG_BURST * 1000ull;
+	t->loglim.refill_ms = tgt_now_ms();
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->dh_cond, NULL);
 	pthread_cond_init(&t->drain_cond, NULL);
@@ -316,6 +382,20 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	                                                           : FX_TGT_DEFAULT_IDLE_MS;
 	t->verbose = cfg->verbose;
 	t->quiet = cfg->quiet;
+	{
+		uint64_t budget = cfg->io_buffer_budget_mib ? (uint64_t)cfg->io_buffer_budget_mib << 20
+		                                            : FX_TGT_IO_BUFFER_BUDGET;
+
+		if (budget < FX_TGT_IO_BUDGET_MIN || budget > SIZE_MAX / 2) {
+			tgt_log(t, "I/O buffer budget of %u MiB: at least %u MiB", cfg->io_buffer_budget_mib,
+			        FX_TGT_IO_BUDGET_MIN >> 20);
+			ret = -EINVAL;
+			goto fail;
+		}
+		ret = tgt_iobufs_init(t, (size_t)budget);
+		if (ret < 0)
+			goto fail;
+	}
 	t->next_cntlid = 1;
 
 	/* Serial number: 16 hex digits of the subsystem NQN's hash, so every
@@ -370,18 +450,19 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	ret = do_listen(t, cfg->host, cfg->port);
 	if (ret < 0)
 		goto fail;
-	/* Each connection is two descriptors (its socket, and its I/O
-	 * engine's io_uring once it moves data), each namespace two (buffered
-	 * and O_DIRECT): a limit above what the process may open would turn
-	 * into accept() or the engine's start failing with EMFILE. */
+	/* Each connection is three descriptors (its socket, and its I/O
+	 * engine's io_uring and wake eventfd once it moves data), each
+	 * namespace two (buffered and O_DIRECT): a limit above what the
+	 * process may open would turn into accept() or the engine's start
+	 * failing with EMFILE. */
 	{
 		struct rlimit rl;
 		/* listener, pipe, the caller's, and the namespaces' */
 		const rlim_t spare = 64 + 2 * (rlim_t)t->n_ns;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-		    2 * (rlim_t)t->max_conns + spare > rl.rlim_cur) {
-			uint32_t n = rl.rlim_cur > spare + 32 ? (uint32_t)((rl.rlim_cur - spare) / 2) : 16u;
+		    3 * (rlim_t)t->max_conns + spare > rl.rlim_cur) {
+			uint32_t n = rl.rlim_cur > spare + 48 ? (uint32_t)((rl.rlim_cur - spare) / 3) : 16u;
 
 			tgt_log(t, "connection limit lowered from %u to %u by the open files limit %llu "
 			        "(ulimit -n)", t->max_conns, n, (unsigned long long)rl.rlim_cur);
@@ -726,6 +807,7 @@ static void check_kato(struct fx_target *t)
 
 static void conn_free(struct tgt_conn *c)
 {
+	tgt_iopeer_put(c);
 	if (c->fd >= 0)
 		close(c->fd);
 	free(c);
@@ -758,6 +840,31 @@ static void reap(struct fx_target *t, int wait_all)
 			pthread_join(c->thread, NULL);
 		conn_free(c);
 	}
+}
+
+/* What the target's per-peer bounds (DH work, a share of the I/O buffers)
+ * count a connection against: its source address, IPv4 (mapped or not) as
+ * itself, IPv6 by its /64 prefix, since a host that has one IPv6 address
+ * usually has its whole /64 to pick others from. */
+static void peer_key(const struct sockaddr_storage *ss, char *out, size_t n)
+{
+	char host[64] = "?";
+
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+		const uint8_t *a = s6->sin6_addr.s6_addr;
+
+		if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+			snprintf(out, n, "%x:%x:%x:%x::/64", a[0] << 8 | a[1], a[2] << 8 | a[3],
+			         a[4] << 8 | a[5], a[6] << 8 | a[7]);
+			return;
+		}
+		inet_ntop(AF_INET, a + 12, host, sizeof(host));
+	} else {
+		getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), NULL, 0,
+		            NI_NUMERICHOST);
+	}
+	snprintf(out, n, "%s", host);
 }
 
 static void peer_name(const struct sockaddr_storage *ss, char *out, size_t n)
@@ -819,6 +926,11 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 		return;
 	}
 	peer_name(ss, c->peer, sizeof(c->peer));
+	peer_key(ss, c->peer_key, sizeof(c->peer_key));
+	if (tgt_iopeer_get(c) < 0) {
+		conn_free(c);
+		return;
+	}
 	{
 		struct sockaddr_storage ls;
 		socklen_t ll = sizeof(ls);
@@ -862,6 +974,11 @@ int tgt_serve_fd(struct fx_target *t, int fd)
 		return -ENOMEM;
 	}
 	snprintf(c->peer, sizeof(c->peer), "fd %d", fd);
+	snprintf(c->peer_key, sizeof(c->peer_key), "fd");
+	if (tgt_iopeer_get(c) < 0) {
+		conn_free(c);
+		return -ENOMEM;
+	}
 	pthread_mutex_lock(&t->lock);
 	c->next = t->conns;
 	t->conns = c;
@@ -1142,6 +1259,8 @@ int fx_target_run(struct fx_target *t)
 		check_handshakes(t);
 		check_kato(t);
 		check_idle(t);
+		tgt_iobufs_tick(t);
+		log_flush(t);
 	}
 
 	/* Stop: refuse new connections, end the live ones, wait for them. */

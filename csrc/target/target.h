@@ -8,7 +8,8 @@
  * an engine (io.c) that keeps many Reads and Writes in flight on an io_uring
  * (O_DIRECT for uncached data, sendfile for cached) and answers each from
  * its own thread as its disk I/O completes, its data buffers bounded per
- * connection (FX_TGT_IO_BUDGET, 32 MiB).  Connections are bounded in number and must finish their
+ * connection (FX_TGT_IO_BUDGET, 32 MiB) and target-wide (io_buffer_budget_mib,
+ * shared fairly between peer addresses).  Connections are bounded in number and must finish their
  * handshake in time; no thread waits forever on a host that went silent in
  * the middle of a PDU or stopped reading (see the limits below).
  *
@@ -87,6 +88,13 @@ struct fx_target_config {
 	 * as busy while any queue of its controller gets commands.  Controllers
 	 * with a KATO are left to their KATO. */
 	uint32_t max_connections;
+	/* io_buffer_budget_mib (256; at least 8): the data buffers of every
+	 * connection together (commands in flight, Admin data collected by
+	 * R2T), shared between peer addresses: while n addresses hold some
+	 * or wait, one may take more only up to 1/n of it, a lone one 3/4
+	 * (so a newcomer finds room at once); each I/O queue also at most
+	 * 32 MiB.  Commands that do not fit wait for room. */
+	uint32_t io_buffer_budget_mib;
 	uint32_t handshake_timeout_ms;
 	uint32_t stall_timeout_ms;
 	uint32_t idle_timeout_ms;
@@ -100,7 +108,7 @@ struct fx_target_config {
 
 /*
  * Validate cfg, open the namespaces (read-write), bind and listen.
- * -EINVAL (bad config: no namespaces, bad block size, NQN too long, a
+ * -EINVAL (bad config: no namespaces, bad block size, an I/O buffer budget under 8 MiB, NQN too long, a
  * namespace smaller than one block, a DH-HMAC-CHAP secret that does not
  * parse (logged without the secret), no usable hash or DH group),
  * -ENOENT/-EACCES/-EISDIR (a namespace), -EADDRINUSE/-EADDRNOTAVAIL (listen address), -ENOMEM.

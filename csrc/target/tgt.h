@@ -60,7 +60,8 @@
 #define FX_TGT_AUTH_MAX_DH 2u
 #define FX_TGT_AUTH_DH_WAIT_MS 2000u
 /* Failed transactions in a row for one host NQN from one peer address
- * (across connections) that made us do DH work (a key pair: the group is
+ * (across connections) that made us do DH work (those abandoned after our
+ * Challenge, by a new Negotiate, a Failure2 or the connection's end, too) (a key pair: the group is
  * not null) before a new one must wait: FX_TGT_AUTH_BACKOFF_MS, doubled
  * with each further failure up to FX_TGT_AUTH_BACKOFF_MAX_MS; meanwhile a
  * Negotiate gets Failure1 at once, at no DH cost.  A success clears it.  FX_TGT_AUTH_BACKOFF_SLOTS (host, address) pairs are
@@ -69,6 +70,23 @@
 #define FX_TGT_AUTH_BACKOFF_MS 500u
 #define FX_TGT_AUTH_BACKOFF_MAX_MS 8000u
 #define FX_TGT_AUTH_BACKOFF_SLOTS 64u
+/* Log lines of the whole target: a burst of FX_TGT_LOG_BURST, then
+ * FX_TGT_LOG_PER_S a second; the rest are counted and the count said. */
+#define FX_TGT_LOG_BURST 100u
+#define FX_TGT_LOG_PER_S 20u
+/* DH work per peer address (target.c, peer_key), whatever host NQN it
+ * names: each Challenge with a DH group (a key pair now, a key agreement
+ * at the Reply) takes a token from the address's bucket of
+ * FX_TGT_AUTH_DH_BURST, refilled at FX_TGT_AUTH_DH_PER_S a second; a
+ * Reply that proves the host's secret gives it back, so a host that
+ * authenticates never runs dry, however many queues it connects, while
+ * one that abandons or fails its transactions gets this many at most.
+ * An address with no token left gets Failure1 at once, at no DH cost.
+ * FX_TGT_AUTH_DH_PEERS addresses are remembered, the least recently
+ * used one replaced. */
+#define FX_TGT_AUTH_DH_BURST 32u
+#define FX_TGT_AUTH_DH_PER_S 4u
+#define FX_TGT_AUTH_DH_PEERS 256u
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -81,8 +99,23 @@
  * takes a whole 2 MiB page, io.c), at once; a
  * queue never holds more than its depth. */
 #define FX_TGT_IO_BUDGET (32u << 20)
-/* Buffers an I/O queue with nothing in flight keeps for its next commands. */
+/* The I/O buffers of all connections together (io.c, struct tgt_iobufs):
+ * at most the budget (--io-buffer-budget, this by default; at least
+ * FX_TGT_IO_BUDGET_MIN, two of the largest commands), shared between peer
+ * addresses (target.c, peer_key): while n addresses have buffers or wait
+ * for them, one may take more only up to budget / n, and a lone one up to
+ * three quarters, so that a newcomer always finds room at once however
+ * much the others hold and however long they hold it (a host that does
+ * not read its socket keeps its reads' buffers for the stall timeout).  A
+ * command that does not fit waits, in its queue's order, for room.
+ * Admin and Fabrics data collected by R2T comes out of the same budget
+ * (without waiting: a retryable error when there is no room). */
+#define FX_TGT_IO_BUFFER_BUDGET (256u << 20)
+#define FX_TGT_IO_BUDGET_MIN (2u * FX_TGT_MAX_XFER)
+/* Buffers kept for reuse once the whole target has had nothing in flight
+ * for a moment (the cache otherwise keeps what the last 100 ms used). */
 #define FX_TGT_IO_IDLE_CACHE (4u << 20)
+#define FX_TGT_BUF_CLASSES 7
 /* io_uring workers (bounded and unbounded, each) per queue's ring. */
 #define FX_TGT_IO_WORKERS 2u
 /* O_DIRECT file I/O: offset, length and buffer aligned to this. */
@@ -128,6 +161,30 @@ struct tgt_dhchap_host {
 };
 
 struct tgt_auth; /* one queue's DH-HMAC-CHAP transaction (auth.c) */
+
+/* One peer address's part of the I/O buffer budget (io.c; under the
+ * budget's lock): one per address with a connection. */
+struct tgt_iopeer {
+	struct tgt_iopeer *next;
+	char key[64];
+	unsigned conns;  /* connections from it */
+	size_t held;     /* bytes of buffers its commands hold */
+	unsigned waiting; /* its queues waiting for room */
+};
+
+/* The target-wide I/O buffer budget (io.c). */
+struct tgt_iobufs {
+	pthread_mutex_t lock;
+	size_t budget;
+	size_t used;       /* in commands' hands */
+	size_t cached;     /* kept for reuse, freed when room is needed */
+	size_t peak;       /* most used since the last trim (the listener's tick) */
+	void **cache[FX_TGT_BUF_CLASSES];
+	unsigned ncache[FX_TGT_BUF_CLASSES], cache_max[FX_TGT_BUF_CLASSES];
+	struct tgt_iopeer *peers;
+	unsigned active;   /* peers holding buffers or waiting for them */
+	struct tgt_ioq *waiters; /* queues waiting for room (woken when theirs fits) */
+};
 struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
 
 /* Failed authentications of one host from one address (auth.c; under the
@@ -138,6 +195,13 @@ struct tgt_auth_backoff {
 	unsigned fails;     /* failed transactions in a row */
 	uint64_t last_ms;   /* of the last failure */
 	uint64_t until_ms;  /* no new transaction before */
+};
+
+/* One peer address's DH tokens (auth.c; under the target's lock). */
+struct tgt_dh_peer {
+	char addr[64];      /* "": a free slot */
+	uint64_t milli;     /* tokens, in thousandths */
+	uint64_t refill_ms; /* last refilled (and used) */
 };
 
 enum tgt_ctrl_state {
@@ -221,6 +285,8 @@ struct tgt_conn {
 	uint64_t accepted_ms;
 	int deadline_hit;   /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
+	char peer_key[64];   /* the peer's address as per-peer bounds count it (target.c) */
+	struct tgt_iopeer *iopeer; /* its account in the I/O buffer budget */
 	char local_addr[64]; /* address the host reached us at (discovery traddr) */
 	int local_family;
 	enum tgt_conn_state state;
@@ -282,8 +348,17 @@ struct tgt_conn {
 	pthread_mutex_t *send_lock;
 };
 
+/* The log's rate limit (target.c, tgt_log). */
+struct tgt_loglim {
+	pthread_mutex_t lock;
+	uint64_t milli;     /* lines that may be written now, in thousandths */
+	uint64_t refill_ms;
+	unsigned dropped;   /* lines left out since the last one written */
+};
+
 struct fx_target {
 	struct fx_target *next_global;
+	struct tgt_loglim loglim;
 	pthread_mutex_t lock;
 	char subnqn[NVMF_NQN_SIZE];
 	struct tgt_ns *ns;
@@ -299,6 +374,7 @@ struct fx_target {
 	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
 	uint32_t max_conns, handshake_ms, stall_ms;
 	uint32_t idle_ms;        /* 0: never reap idle queues */
+	struct tgt_iobufs iobufs;
 	int verbose, quiet;
 	uint8_t serial[20];
 	int lfd;
@@ -319,6 +395,7 @@ struct fx_target {
 	unsigned dh_running;
 	_Atomic uint64_t dh_ops;
 	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
+	struct tgt_dh_peer dh_peers[FX_TGT_AUTH_DH_PEERS];
 	pthread_cond_t drain_cond; /* a controller's io_live went down (with lock) */
 	/* Test knobs from the environment (read once at create; see
 	 * target.c): FX100IO_TARGET_INLINE=1 serves I/O queues one command
@@ -441,6 +518,18 @@ void tgt_send_lock(struct tgt_conn *c);
 void tgt_send_unlock(struct tgt_conn *c);
 
 /* io.c: the I/O engine of a live I/O queue */
+/* The I/O buffer budget: set up (budget bytes; 0 or -ENOMEM), freed;
+ * a connection's peer account taken (0 or -ENOMEM) and given back;
+ * admin/Fabrics data of n bytes taken (0, or -ENOBUFS when there is no
+ * room now) and given back; the listener's tick (frees what the cache
+ * keeps beyond what was recently used). */
+int tgt_iobufs_init(struct fx_target *t, size_t budget);
+void tgt_iobufs_fini(struct fx_target *t);
+int tgt_iopeer_get(struct tgt_conn *c);
+void tgt_iopeer_put(struct tgt_conn *c);
+int tgt_iobufs_try(struct tgt_conn *c, size_t n);
+void tgt_iobufs_give(struct tgt_conn *c, size_t n);
+void tgt_iobufs_tick(struct fx_target *t);
 /* Start it (c->ioq, c->send_lock) for a queue of c->sqsize + 1 entries:
  * 0, or -errno when io_uring is not to be had (the queue then serves in
  * line; logged once per target). */

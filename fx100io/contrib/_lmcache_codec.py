@@ -23,9 +23,12 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from . import _keys
+
 # Version tag in every store key: a future incompatible layout gets new names
-# instead of misreading old chunks.
-NAMESPACE = "lmc1"
+# instead of misreading old chunks. lmc1 named keys by to_string() (ambiguous, see
+# lmcache_key_text); its chunks are not read any more (misses, evicted as space is needed).
+NAMESPACE = "lmc2"
 MAX_STORE_KEY = 1024
 # Long LMCache keys (many request tags) are hashed so they fit the store's limit;
 # the record keeps the full key, so a hash collision is detected rather than served.
@@ -42,22 +45,34 @@ class RecordError(ValueError):
 
 
 def lmcache_key_text(key: Any) -> str:
-    """A unique, stable text for an LMCache key.
+    """A unique, stable text for an LMCache key: every field that LMCache's ``==``
+    compares, escaped and joined one-to-one (:mod:`._keys`).
 
-    ``to_string()`` already carries model, world size, worker, hash and dtype (and the
-    layer for layerwise keys); we add the key's class and the hash's type because
-    ``to_string`` alone renders the int hash 0x1234 and the bytes hash b"\\x12\\x34"
-    the same way, and a layer key can look like a chunk key with one more field.
+    ``to_string()`` is not that: it joins the tags as ``k%v`` with ``@``, so the tags
+    {user: "alice@b%c"} and {user: "alice", b: "c"} read the same, and it renders the
+    int hash 0x1234 and the bytes hash b"\\x12\\x34" alike. Here each field stands
+    alone, typed where LMCache's ``==`` tells types apart, and the key's class comes
+    first (a layer key has one more field).
     """
-    layer = "L" if hasattr(key, "layer_id") else "C"
-    hash_kind = "b" if isinstance(key.chunk_hash, (bytes, bytearray)) else "i"
-    return f"{layer}{hash_kind}/{key.to_string()}"
+    fields = [type(key).__name__, _keys.typed(key.model_name), _keys.typed(key.world_size),
+              _keys.typed(key.worker_id), _keys.typed(key.chunk_hash), str(key.dtype)]
+    if hasattr(key, "layer_id"):
+        fields.append(_keys.typed(key.layer_id))
+    tags = getattr(key, "tags", None)
+    if tags is None:
+        fields.append("T-")
+    else:
+        fields.append(f"T{len(tags)}")
+        for name, value in tags:
+            fields += [_keys.typed(name), _keys.typed(value)]
+    return _keys.join(fields)
 
 
 def _name(kind: str, text: str) -> str:
     raw = text.encode("utf-8")
     if len(raw) > _HASH_OVER:
-        text = "h/" + hashlib.blake2b(raw, digest_size=32).hexdigest()
+        # "#" never follows the kind in a plain name (a "/" does): the two never meet
+        return f"{NAMESPACE}/{kind}#" + hashlib.blake2b(raw, digest_size=32).hexdigest()
     name = f"{NAMESPACE}/{kind}/{text}"
     assert len(name.encode("utf-8")) <= MAX_STORE_KEY
     return name

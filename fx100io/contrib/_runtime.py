@@ -206,12 +206,11 @@ async def bounded(
     """Await a store request for at most timeout_s, without cancelling it.
 
     On timeout, raises TimedOut and arranges for ``on_late`` to run once the request
-    finally completes (successfully or not), which is when its buffers are free.
+    finally completes (successfully or not), which is when its buffers are free. If the
+    awaiting coroutine itself is cancelled, the request goes on the same way: the
+    CancelledError propagates and ``on_late`` runs when the request ends.
     """
     task = asyncio.ensure_future(awaitable)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    if done:
-        return task.result()
 
     def finished(t: asyncio.Future[T]) -> None:
         if not t.cancelled():
@@ -222,5 +221,15 @@ async def bounded(
             except Exception:
                 logger.exception("fx100io: releasing buffers of a late request failed")
 
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        # The caller was cancelled, not the request: its I/O goes on in the caller's
+        # buffers, which are released (on_late) only once it ends, as after a timeout.
+        # The caller must not release them itself.
+        task.add_done_callback(finished)
+        raise
+    if done:
+        return task.result()
     task.add_done_callback(finished)
     raise TimedOut(f"store request still running after {timeout_s:.1f}s")

@@ -282,7 +282,7 @@ def parse_settings(
         raise BackendConfigError(
             f"{where}create: expected one of {list(CREATE_MODES)}, got {ours.get('create')!r} "
             "('auto' formats only a missing or empty file; 'always' erases the store at "
-            "every start)"
+            "every start, and is refused with shared_index)"
         )
 
     if "direct" in ours and "o_direct" in ours:
@@ -305,6 +305,17 @@ def parse_settings(
             "attached by the kernel with nvme-cli and used as block devices)"
         )
 
+    shared_index = _parse_shared_index(ours.get("shared_index"), where + "shared_index")
+    if create == "always" and shared_index:
+        # 'always' formats at every start; a shared pool is live across restarts and
+        # hosts, so the second start (a restart, another host) would erase every chunk
+        # every host stored. Refused here, before any device or key is touched.
+        raise BackendConfigError(
+            f"{where}create: 'always' cannot be used with {where}shared_index: it would "
+            "format the shared pool at every start, erasing what every host stored. "
+            "Create the pool once (fx100io.SharedChunkStore(..., create=True)), then "
+            f"start with {where}create: auto (or never), which opens it")
+
     return BackendSettings(
         name=name,
         where=where,
@@ -326,7 +337,7 @@ def parse_settings(
         ),
         register_buffers=parse_bool(ours.get("register_buffers"), where + "register_buffers", True),
         path=path,
-        shared_index=_parse_shared_index(ours.get("shared_index"), where + "shared_index"),
+        shared_index=shared_index,
         shared_name=str(ours["shared_name"]) if ours.get("shared_name") else None,
     )
 
@@ -341,9 +352,9 @@ def should_create(options: BackendSettings) -> bool:
     if options.create == "always":
         return True
     if options.create == "never" or options.shared_index:
-        # A shared pool is formatted once, for every host (create: always on one
-        # of them, or SharedChunkStore(..., create=True)): hosts starting at
-        # once must not each format it.
+        # A shared pool is formatted once, for every host, by
+        # SharedChunkStore(..., create=True) (create: always with a shared index is
+        # refused by parse_settings): hosts starting at once must not each format it.
         return False
     paths = [file_path(uri) for uri in options.devices]
     if any(p is None or p.startswith("/dev/") for p in paths):

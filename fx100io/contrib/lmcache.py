@@ -129,8 +129,11 @@ class FX100ioBackend(StoragePluginInterface):
             self._unlock_devices()
             raise
         try:
-            # Opened on the loop thread, where all its I/O will run (see _on_loop).
-            self._store = self._on_loop(lambda: open_store(self.options, create, logger))
+            # Opened here, on the thread that builds the plugin, never on LMCache's loop:
+            # formatting a device or replaying up to 128 MiB of index log would stall
+            # every coroutine of the StorageManager meanwhile. (The queue this thread
+            # gets on the device stays idle; the loop gets its own for the I/O.)
+            self._store = self._off_loop(lambda: open_store(self.options, create, logger))
         except Exception:
             self._runner.stop()
             self._unlock_devices()
@@ -150,31 +153,68 @@ class FX100ioBackend(StoragePluginInterface):
             )
         logger.info("fx100io LMCache plugin %r ready: %s", self.options.name, self.options.describe())
 
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
-        """Run a blocking store call (open, close) on the plugin's loop thread.
+    def _off_loop(self, fn: Callable[[], Any]) -> Any:
+        """Run a blocking call (the store's open) anywhere but on the loop thread.
 
-        fx100io gives every thread its own queue on a device, and a queue is best torn
-        down by the thread that owns it: closing an nvme+tcp device from another thread
-        waits out a 5 s drain, since its ring (SINGLE_ISSUER/DEFER_TASKRUN) only
-        completes work for its owner. All reads and writes already run on the loop, so
-        opening and closing there too leaves no queue on any other thread, and an
-        engine shutdown does not stall. Without a running loop it runs right here.
-        """
+        Built from LMCache's own thread it just runs; built on the loop thread itself
+        (a plugin made from a coroutine) it runs on a worker thread while the
+        constructor waits, which blocks the loop all the same: say so."""
+        if not self._runner.on_loop_thread():
+            return fn()
+        logger.warning("fx100io: plugin built on LMCache's event loop; the loop waits "
+                       "while the store opens")
+        with concurrent.futures.ThreadPoolExecutor(1, "fx100io-lmcache-open") as pool:
+            return pool.submit(fn).result()
+
+    def _close_store(self) -> bool:
+        """Close the store without blocking LMCache's loop; False while it is
+        still closing in the background.
+
+        The wait for index commits still queued (and a compaction they may start) runs
+        on a worker thread (``aclose``); the devices are closed on the loop thread,
+        which owns the queues all reads and writes used (an nvme+tcp queue is best torn
+        down by its owner). With no running loop the store closes right here."""
+        store = self._store
         runner = self._runner
         if runner.on_loop_thread() or not runner.wait_running(1.0):
-            return fn()
+            if runner.on_loop_thread():
+                logger.warning("fx100io: store closed on LMCache's event loop; the loop "
+                               "waits for its queued index commits")
+            store.close()
+            return True
+        # "waiting" -> "done" (closed in time) or "abandoned" (we stopped waiting:
+        # the close unlocks the devices itself when it ends)
+        state = ["waiting"]
+        state_mu = threading.Lock()
 
-        async def run() -> Any:
-            return fn()
-
-        return runner.call(run(), self._wait_s())
-
-    def _close_store(self) -> None:
+        async def close_then_unlock() -> None:
+            try:
+                await store.aclose()
+            finally:
+                with state_mu:
+                    if state[0] == "abandoned":
+                        self._unlock_devices()
+                    state[0] = "done"
         try:
-            self._on_loop(self._store.close)
+            runner.call(close_then_unlock(), self._close_wait_s())
+        except LoopGone:  # the loop ended just now: nothing else uses the queues
+            store.close()
         except TimedOut:
-            logger.warning("fx100io: the event loop did not close the store in time; closing it here")
-            self._store.close()
+            with state_mu:
+                if state[0] == "done":
+                    return True
+                state[0] = "abandoned"
+            # still closing on the loop (a long compaction): it ends the devices when
+            # done; nothing here may close them under it, nor stop that loop, nor
+            # unlock the devices it still writes
+            logger.warning("fx100io: the store is still closing after %.0fs; it finishes "
+                           "in the background, and its devices stay locked until then",
+                           self._close_wait_s())
+            return False
+        return True
+
+    def _close_wait_s(self) -> float:
+        return max(60.0, self._wait_s())
 
     def _unlock_devices(self) -> None:
         unlock_devices(getattr(self, "_device_locks", []))
@@ -527,6 +567,9 @@ class FX100ioBackend(StoragePluginInterface):
             late = True
             self._failed(f"put of {len(batch)} chunks", exc)
             return 0
+        except asyncio.CancelledError:
+            late = True  # the write still reads the buffers: bounded() releases them
+            raise
         except Exception as exc:  # noqa: BLE001
             self._failed(f"put of {len(batch)} chunks", exc)
             return 0
@@ -701,7 +744,8 @@ class FX100ioBackend(StoragePluginInterface):
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),
             )
-        except TimedOut:
+        except (TimedOut, asyncio.CancelledError):
+            # still reading into them: bounded() releases them once the reads end
             for i, _ in idx:
                 objs[i] = None
             raise
@@ -893,12 +937,14 @@ class FX100ioBackend(StoragePluginInterface):
         if draining and not self.flush(timeout=self._wait_s()):
             logger.warning("fx100io: closing with puts still in flight")
         self._closed = True
+        closed = True
         try:
-            self._close_store()
+            closed = self._close_store()
         except Exception as exc:  # noqa: BLE001
             logger.warning("fx100io: closing the store failed: %r", exc)
-        self._runner.stop()
-        self._unlock_devices()
+        if closed:
+            self._runner.stop()
+            self._unlock_devices()
         self._unregister_pool()
         logger.info("fx100io LMCache plugin %r closed", self.options.name)
 

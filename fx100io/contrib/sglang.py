@@ -24,7 +24,9 @@ What it translates (the logic lives in ChunkStore):
   layout (TP/PP/DP/CP/DCP rank), the pool layout as SGLang names it (page_first and
   page_first_direct order a page's bytes differently), dtype, page size and the pool's
   geometry (layers, heads, head dims, the sizes of a page's pieces): a chunk is never
-  read into pages of another shape. The name does not say which weights: serving new
+  read into pages of another shape. Every field is escaped one-to-one and written out
+  in full (fx100io.contrib._sglang_keys), so no two of these share a store key. The
+  name does not say which weights: serving new
   weights under the same name needs a new ``namespace`` (or ``clear()``).
   With MLA the TP ranks hold the same KV and share one key: only the writer rank
   (``is_storage_writer``) writes, so TP > 1 needs ``shared_index`` (one pool that every
@@ -40,22 +42,23 @@ What it translates (the logic lives in ChunkStore):
   error, timeout or corrupt chunk answers False / a miss, never wrong bytes, and a
   device or transport failure (not a full device or a bad argument) leaves the device
   alone for ``retry_after_s`` (misses meanwhile). close() waits up to timeout_s for
-  calls in flight, then fails them; calls after close miss at once.
+  calls in flight, then cancels them and waits until their I/O has ended (a cancelled
+  read answers False only once nothing more lands in its pages); calls after close
+  miss at once.
 - Chunks persist: a new instance on the same devices (after a restart, or a detach and
   re-attach in the same process) finds every chunk written before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import ctypes
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +68,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from fx100io.store import ChunkStore
 from fx100io.store.chunkstore import _gather, _nbytes, _scatter, aligned_array
 
+from . import _sglang_keys as sgl_keys
 from ._runtime import Breaker, LoopRunner, TimedOut, is_device_error
 from ._settings import BackendConfigError, BackendSettings, open_backend_store, parse_settings
 
@@ -88,11 +92,6 @@ SGLANG_KEYS = (
 )
 # pool tensors the backend registers as io_uring fixed buffers, where the pool has them
 POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer")
-
-
-def _model_tag(name: str | None) -> str:
-    """The served model name, escaped one-to-one (no two names share a tag)."""
-    return urllib.parse.quote(name or "", safe="") or "~"
 
 
 def rank_scope(cfg: HiCacheStorageConfig) -> str:
@@ -179,8 +178,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         # exactly as SGLang's cache controller reads it (a string "0" is true there)
         self.zero_copy = bool(extra.get("interface_v1", 0))
         namespace = str(extra.get("namespace") or "")
-        self._scope = (f"sgl/{urllib.parse.quote(namespace, safe='') or '~'}/"
-                       f"{_model_tag(storage_config.model_name)}/{rank_scope(storage_config)}")
+        self._scope = sgl_keys.scope(namespace, storage_config.model_name, rank_scope(storage_config))
         if (storage_config.is_mla_model
                 and storage_config.tp_size > max(1, getattr(storage_config, "dcp_size", 1))
                 and not self.settings.shared_index):
@@ -197,7 +195,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         self._registrations: list[Any] = []
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._inflight: set[concurrent.futures.Future[Any]] = set()
+        # calls running on the loop, each until its coroutine has ended there
+        self._inflight: dict[concurrent.futures.Future[Any], _Call] = {}
         self._calls = 0
         self._closed = False
         self._breaker = Breaker(self.settings.retry_after_s, logger, engine="SGLang")
@@ -243,13 +242,12 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         except Exception:
             if self.zero_copy:
                 raise
-        geometry = ",".join(
-            f"{a}={getattr(mem_pool_host, a, None)}"
-            for a in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_lora_rank",
-                      "qk_rope_head_dim", "start_layer", "end_layer"))
-        geometry += ";" + ",".join(map(str, self._page_sizes))
-        tag = hashlib.sha256(geometry.encode()).hexdigest()[:16]
-        self._page_prefix = f"{self._scope}/{layout}.{dtype}.p{page_size}.g{tag}"
+        geometry = sgl_keys.geometry(
+            [(a, getattr(mem_pool_host, a, None))
+             for a in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_lora_rank",
+                       "qk_rope_head_dim", "start_layer", "end_layer")],
+            self._page_sizes)
+        self._page_prefix = sgl_keys.page_prefix(self._scope, layout, dtype, page_size, geometry)
         self._register_pool(mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -293,46 +291,53 @@ class FX100ioHiCacheStorage(HiCacheStorage):
     def _page_key(self, key: str) -> str:
         if self._page_prefix is None:
             raise RuntimeError("no host pool registered yet (register_mem_pool_host)")
-        return f"{self._page_prefix}/{key}"
+        return sgl_keys.page_key(self._page_prefix, key)
 
     def _flat_key(self, key: str) -> str:
-        # the non-zero-copy calls move a tensor SGLang shaped; kept apart from pages
-        return f"{self._scope}/flat/{key}"
+        return sgl_keys.flat_key(self._scope, key)
 
     # ------------------------------------------------------------ plumbing
     def _run(self, coro: Any, bounded: bool = True) -> Any:
         """Run a store coroutine on the loop thread and wait for it to end.
 
-        ``bounded``: give up after timeout_s and cancel it (a put cancelled before its
-        index commit is never found). A read (``bounded=False``) is waited for until
-        it ends, for its buffers are SGLang's pages: they must not be written after we
-        return. Fabric devices end every command within io_timeout_ms (timeout_s unless
-        the URI says otherwise); a local file's read is the kernel's and is not bounded.
-        After close() every call fails at once; close() ends calls still in flight."""
+        Whatever happens, this returns only once the coroutine has ended on the loop:
+        its buffers are SGLang's pages, which SGLang reuses as soon as we return, and a
+        store call that is cancelled still lets the pieces already sent land.
+        ``bounded``: after timeout_s the call is cancelled (a put cancelled before its
+        index commit is never found), and we wait for it to end. A read
+        (``bounded=False``) is waited for until it ends. Fabric devices end every
+        command within io_timeout_ms (timeout_s unless the URI says otherwise); a local
+        file's read is the kernel's and is not bounded. After close() every call fails
+        at once; close() cancels calls still in flight and waits for them to end."""
+        call = _Call()
         with self._lock:
             if self._closed:
                 if hasattr(coro, "close"):
                     coro.close()
                 raise StoreClosed("the backend is closed")
             try:
-                fut = self._runner.submit(coro)
+                fut = self._runner.submit(call.run(coro))
             except RuntimeError:
                 if hasattr(coro, "close"):
                     coro.close()
                 raise
-            self._inflight.add(fut)
+            self._inflight[fut] = call
         try:
             try:
                 return fut.result(timeout=self.settings.timeout_s if bounded else None)
             except concurrent.futures.TimeoutError:
-                fut.cancel()
+                call.cancel(self._runner.loop)
+                try:
+                    fut.result()  # ended: cancelled, or done just now
+                except (concurrent.futures.CancelledError, Exception):  # noqa: BLE001
+                    pass
                 raise TimedOut(f"store call still running after {self.settings.timeout_s}s") \
                     from None
             except concurrent.futures.CancelledError:
                 raise StoreClosed("the backend closed during the call") from None
         finally:
             with self._lock:
-                self._inflight.discard(fut)
+                self._inflight.pop(fut, None)
                 self._idle.notify_all()
 
     def _usable(self) -> bool:
@@ -574,30 +579,72 @@ class FX100ioHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Close the store (durable already), release the devices and the pool's
-        registration; a new instance may open the same devices in this process."""
+        registration; a new instance may open the same devices in this process.
+
+        Calls in flight get timeout_s to end; then they are cancelled, and close waits
+        for them to end (their pieces already sent still land in SGLang's pages, so
+        neither they nor close return before). Only if one still runs after another
+        timeout_s (a device that never answers) does close give up: the store, its
+        loop and the pool's registration then stay as they are, for the call's I/O
+        still uses them, and the call itself returns only when that I/O ends."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True  # no call starts from here on
-            # calls in flight end first (bounded: a wedged one is failed below)
             deadline = time.monotonic() + self.settings.timeout_s
             while self._inflight and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
-            stuck = list(self._inflight)
+            stuck = list(self._inflight.values())
+            if stuck:
+                logger.error("fx100io: closing with %d store calls still running; "
+                             "cancelling them", len(stuck))
+                for call in stuck:
+                    call.cancel(self._runner.loop)  # their callers return False / misses
+                deadline = time.monotonic() + self.settings.timeout_s
+                while self._inflight and time.monotonic() < deadline:
+                    self._idle.wait(max(0.0, deadline - time.monotonic()))
+            if self._inflight:
+                logger.error("fx100io: %d store calls did not end after cancelling; the "
+                             "store stays open under them", len(self._inflight))
+                return
 
         async def shut() -> None:
             if hasattr(self._store, "aclose"):
                 await self._store.aclose()  # index commits still queued end off the loop
             self._backend.close()
         try:
-            if stuck:
-                logger.error("fx100io: closing with %d store calls still running; "
-                             "they fail", len(stuck))
-                for f in stuck:
-                    f.cancel()  # their callers return False / misses now
             self._runner.call(shut(), wait_s=max(60.0, self.settings.timeout_s))
         finally:
             for r in self._registrations:
                 r.close()
             self._registrations.clear()
             self._runner.stop()
+
+
+class _Call:
+    """One store call on the loop, cancellable from any thread: cancelling cancels its
+    task on the loop (the caller's future then ends once the task has), or, before the
+    task started, makes it end before it touches the store."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+
+    async def run(self, coro: Any) -> Any:
+        with self._mu:
+            if self._cancelled:
+                coro.close()
+                raise asyncio.CancelledError
+            self._task = asyncio.current_task()
+        return await coro
+
+    def cancel(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._mu:
+            self._cancelled = True
+            task = self._task
+        if task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is closed: the task ended with it
+                pass

@@ -46,8 +46,6 @@ rows of a finished job at once.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
-import json
 import logging
 import threading
 import time
@@ -70,8 +68,10 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
+from . import _vllm_keys as vllm_keys
 from ._runtime import LoopRunner
 from ._settings import BackendSettings, open_backend_store, parse_bool, parse_settings
+from ._vllm_keys import namespace
 
 logger = logging.getLogger("fx100io.contrib.vllm")
 
@@ -80,36 +80,6 @@ WHERE = "secondary_tiers[FX100ioTier]."
 # for jobs still in flight before it gives up on them.
 OPEN_WAIT_S = 300.0
 SHUTDOWN_WAIT_S = 60.0
-
-
-def namespace(offloading_spec: Any, chunk_bytes: int, extra: str | None = None) -> bytes:
-    """What makes two vLLM instances' chunks interchangeable, as a 16-byte digest.
-
-    An OffloadKey names token content only; the bytes of a chunk also depend on the
-    model, its KV dtype, the cache groups and the parallel layout, so all of it (and
-    the chunk's size) goes into every store key.
-    """
-    cfg = getattr(offloading_spec, "config", None)
-    fields: dict[str, Any] = {"chunk_bytes": int(chunk_bytes)}
-    if cfg is not None:
-        par = cfg.parallel
-        fields.update(
-            model=str(cfg.model.name),
-            dtype=str(cfg.model.dtype),
-            tokens_per_hash=int(cfg.cache.tokens_per_hash),
-            blocks_per_chunk=int(cfg.cache.blocks_per_chunk),
-            groups=[[int(g.tokens_per_block), list(g.layer_names)] for g in cfg.groups],
-            parallel=[int(par.tp_size), int(par.pp_size), int(par.pcp_size),
-                      int(par.dcp_size), int(par.world_size), int(par.rank)],
-            replicated_layout=bool(getattr(cfg, "replicated_layout", False)),
-            canonical_layout=bool(getattr(cfg, "canonical_layout", False)),
-            kv_cache_layout=getattr(cfg, "kv_cache_layout", None),
-        )
-    if extra is not None:
-        # What vLLM does not say: the weights' revision, a fine-tune, a quantisation.
-        fields["namespace"] = extra
-    raw = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(raw).digest()[:16]
 
 
 def _expand_dp(params: dict[str, Any], offloading_spec: Any) -> dict[str, Any]:
@@ -173,8 +143,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         self._nchunks = primary_kv_view.shape[0] if primary_kv_view.shape else 0
         # One flat byte view of the primary tier: chunk c is [c*size, (c+1)*size).
         self._flat: memoryview | None = primary_kv_view.cast("B")
-        digest = namespace(offloading_spec, self._chunk_bytes, extra_ns)
-        self._prefix = b"vllm:" + digest.hex().encode() + b":"
+        self._prefix = vllm_keys.prefix(namespace(offloading_spec, self._chunk_bytes, extra_ns))
 
         # Scheduler-thread state (vLLM serialises every call under its lock).
         self._jobs: dict[JobId, tuple[concurrent.futures.Future[JobResult], TransferJob]] = {}
@@ -260,7 +229,7 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
 
     # ------------------------------------------------------------ keys and views
     def _key(self, key: OffloadKey) -> bytes:
-        return self._prefix + bytes(key).hex().encode()
+        return vllm_keys.chunk_key(self._prefix, bytes(key))
 
     def _rows(self, chunk_ids: Any) -> list[memoryview]:
         flat = self._flat

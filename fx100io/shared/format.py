@@ -14,6 +14,7 @@ published in the index.
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 import uuid
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 
 from fx100io import _core
 from fx100io.errors import InvalidArgumentError, NotAStoreError
+from fx100io.store import layout
 
 BLOCK = 4096
-SB_MAGIC = b"FX100IO\x00SHARED\x00\x00"
+SB_MAGIC = layout.SHARED_SB_MAGIC
 SB_FMT = "<16sII16sII QQ Q 64s"
 SB_LEN = struct.calcsize(SB_FMT)
 VERSION = 1
@@ -31,6 +33,29 @@ HDR_MAGIC = b"FXSHEXT1"
 HDR_FMT = "<8s16sIIQQII"
 HDR_LEN = struct.calcsize(HDR_FMT)
 KEY_MAX = _core.KEY_MAX
+
+
+# A pool's name is part of every Redis key of its index (``fx100io:{name}:...``)
+# and of the pattern that finds them: glob characters (``* ? [ ] \\``) would
+# make one pool's name match another's keys, and ``{ }`` would move the
+# Cluster hash tag.  So: letters, digits, dot, underscore and hyphen.
+NAME_RULE = "1 to 64 characters of A-Z a-z 0-9 . _ -, the first a letter or digit"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: object, given_for: str = "") -> str:
+    """name if it is a valid pool name, else InvalidArgumentError naming the
+    rule.  given_for: the option that names an existing pool (name=,
+    --name); an older fx100io allowed other names, and the message then
+    says how such a pool is opened all the same."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        hint = ""
+        if given_for:
+            hint = (f"; a pool that an older fx100io made under such a name is opened, and "
+                    f"rebuilt, without {given_for} (its name is read from its namespaces)")
+        raise InvalidArgumentError(22, f"a shared pool's name must be {NAME_RULE} (it is part "
+                                   f"of the index's Redis keys), got {name!r}{hint}")
+    return name
 
 
 def align_up(n: int, a: int = BLOCK) -> int:

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,13 @@ except ImportError as e:  # only the shared pool needs it
     raise ImportError(f"fx100io.SharedChunkStore needs the redis package (pip install redis): "
                       f"{e}") from e
 
-from fx100io.errors import DeviceFullError, Fx100ioError, InvalidArgumentError, NotAStoreError
+from fx100io.errors import (
+    DeviceBusyError,
+    DeviceFullError,
+    Fx100ioError,
+    InvalidArgumentError,
+    NotAStoreError,
+)
 from fx100io.shared import lua
 from fx100io.uri_redact import redact_url
 
@@ -72,6 +78,23 @@ def _tomb(m: bytes | str) -> tuple[int, int, int]:
     return d, off, ext
 
 
+def _claim_running(until: str | None, sec: int, usec: int) -> bool:
+    """Whether a claim whose claim_until is until (ms, Redis's clock) is
+    still running at Redis's TIME (sec, usec)."""
+    return int(until or 0) > int(sec) * 1000 + int(usec) // 1000
+
+
+def glob_escape(text: str) -> str:
+    """text as a literal in a Redis MATCH pattern: every glob character
+    (and the backslash) escaped, so a name never matches another's keys."""
+    return "".join("\\" + c if c in "*?[]^-\\" else c for c in text)
+
+
+def prefix_of(name: str) -> str:
+    """The prefix of every key of the index of the pool called name."""
+    return f"fx100io:{{{name}}}"
+
+
 def parse_entry(v: bytes) -> tuple[int, int, int, int, int, int]:
     d, off, ext, length, crc, ver = (int(x) for x in v.split())
     return d, off, ext, length, crc, ver
@@ -85,7 +108,8 @@ class RedisIndex:
                                        f"{redact_url(url)!r}")
         self._url = url  # may carry a password: only the clients see it
         self.url = redact_url(url)  # for messages, logs, reprs and stats
-        self.prefix = f"fx100io:{{{name}}}"
+        self.name = name
+        self.prefix = prefix_of(name)
         self.set_id = set_id.hex()
         self.timeout = timeout
         self.retry_after = retry_after
@@ -149,6 +173,12 @@ class RedisIndex:
                 return DeviceFullError(28, msg.split("FXFULL ", 1)[-1], self.url)
             if "FXBAD" in msg:
                 return NotAStoreError(22, msg.split("FXBAD ", 1)[-1], self.url)
+            if "FXLIVE" in msg:
+                return NotAStoreError(17, f"pool {self.name!r}: "
+                                      + msg.split("FXLIVE ", 1)[-1], self.url)
+            if "FXBUSY" in msg:
+                return DeviceBusyError(16, f"pool {self.name!r}: "
+                                       + msg.split("FXBUSY ", 1)[-1], self.url)
         self._down_until = time.monotonic() + self.retry_after
         log.warning("fx100io: index %s unavailable: %s", self.url, msg)
         return self._unavailable(msg)
@@ -287,44 +317,135 @@ class RedisIndex:
                 "maxmemory-policy noeviction (the pool evicts chunks itself, under its "
                 "capacity)", self.url)
 
+    def claim(self, host: str, claim_ms: int, force: bool) -> list[Any]:
+        """Claim this pool's name for a create, before it writes any byte
+        (see lua.CLAIM).  Returns what unclaim() needs to give the name back."""
+        return list(self.run_sync("claim", [host, claim_ms, int(force)]))
+
+    def renew_claim(self, claim_ms: int) -> None:
+        """Push this create's claim claim_ms ahead, before it writes a
+        superblock; NotAStoreError where the claim is no longer its own."""
+        if not int(self.run_sync("claim_renew", [claim_ms])):
+            raise NotAStoreError(
+                17, f"the claim of this create on pool {self.name!r} is gone (another create "
+                "took it over, with force or after the claim's deadline): writing nothing "
+                "more", self.url)
+
+    def unclaim(self, prev: list[Any]) -> None:
+        """Give back a claim (a create refused before it wrote a byte)."""
+        self.run_sync("unclaim", prev)
+
+    def pool_of(self, name: str, set_id: bytes) -> str | None:
+        """Whether Redis holds the index of the pool called name whose
+        namespaces carry set_id: "live" (installed), "claim" (being
+        created: the claim's deadline has not passed), "dead" (a claim
+        whose deadline passed: that create died), or None (nothing of
+        that pool here: its index lost, in another Redis, or never made)."""
+        def go(r: redis.Redis, _p: str) -> tuple[Any, ...]:
+            with r.pipeline(transaction=True) as pipe:
+                pipe.hmget(f"{prefix_of(name)}:meta", "set_id", "fmt", "claim_until")
+                pipe.time()
+                return tuple(pipe.execute())
+        got, (sec, usec) = self.call_sync(go)
+        sid, kind, until = (None if v is None else v.decode() for v in got)
+        if sid != set_id.hex():
+            return None
+        if kind != "claim":
+            return "live"
+        return "claim" if _claim_running(until, sec, usec) else "dead"
+
+    def wipe_pool(self, name: str, set_id: bytes) -> None:
+        """Delete the index of the pool called name, if it is still the one
+        of the namespaces that carry set_id (create with force formats them:
+        that pool's hosts must see its index lost, not allocate on them)."""
+        p = prefix_of(name)
+
+        def go(r: redis.Redis, _p: str) -> None:
+            with r.pipeline(transaction=True) as pipe:
+                pipe.watch(f"{p}:meta")
+                if pipe.hget(f"{p}:meta", "set_id") != set_id.hex().encode():
+                    return
+                old = list(pipe.scan_iter(match=f"{glob_escape(p)}:*", count=1000))
+                pipe.multi()
+                pipe.delete(*old)
+                pipe.execute()
+        self.call_sync(go)
+
     def install(self, ndevs: int, caps: list[int], free: list[list[tuple[int, int]]],
                 entries: Sequence[tuple[bytes, str, int]] = (), used: list[int] | None = None,
-                ver: int = 0, replace: str | None = "any") -> None:
+                ver: int = 0, replace: str = "any",
+                check: Callable[[], None] | None = None) -> None:
         """Replace whatever Redis holds under this pool's prefix by a fresh
         index (format, rebuild), in one transaction: scripts see the old
         index or the new one, never a half-written one.  replace: "any"
-        replaces any index there; "same" only one of this pool (or none),
-        refusing another pool's of the same name."""
+        replaces any index there; "same" only one of this pool (or none, or
+        a create's claim whose deadline passed: that create died), refusing
+        another pool's of the same name and a create's claim still running;
+        "claimed" only this create's own claim (see claim()).  check, if
+        given, runs once the index is watched and before it is replaced
+        (create re-reads its superblocks there); it raises to refuse.  The
+        check and the replacement are one transaction (WATCH): a claim or
+        an index that appears between them makes this raise, not replace."""
         def go(r: redis.Redis, p: str) -> None:
-            ver_now = int(r.get(f"{p}:ver") or 0)
-            if replace != "any":
-                sid: Any = r.hget(f"{p}:meta", "set_id")
-                if sid is not None and sid.decode() != self.set_id:
+            with r.pipeline(transaction=True) as pipe:
+                pipe.watch(f"{p}:meta")
+                got: Any = pipe.hmget(f"{p}:meta", "set_id", "fmt", "claim_until")
+                sid, kind, until = (None if v is None else v.decode() for v in got)
+                if replace == "claimed" and (sid != self.set_id or kind != "claim"):
                     raise NotAStoreError(
-                        17, f"Redis already holds the index of another pool named {p[9:-1]!r} "
+                        17, f"the claim of this create on pool {self.name!r} is gone (another "
+                        "create took it over, with force?): the namespaces just formatted are "
+                        "not this pool's", self.url)
+                if replace == "same" and kind == "claim":
+                    sec, usec = pipe.time()
+                    if _claim_running(until, sec, usec):
+                        raise NotAStoreError(
+                            17, f"another host is creating a pool named {self.name!r} (its "
+                            "claim has not ended): wait for it, or pass force=True", self.url)
+                elif replace == "same" and sid is not None and sid != self.set_id:
+                    raise NotAStoreError(
+                        17, f"Redis holds the index of another pool named {self.name!r} "
                         "(other namespaces): pass another name, or force=True to wipe that "
                         "pool's index", self.url)
-            old = list(r.scan_iter(match=f"{p}:*", count=1000))
-            pipe = r.pipeline(transaction=True)
-            if old:
-                pipe.delete(*old)
-            meta: dict[Any, Any] = {"set_id": self.set_id, "fmt": 2, "ndevs": ndevs}
-            for d, cap in enumerate(caps):
-                meta[f"cap:{d}"] = cap
-            pipe.hset(f"{p}:meta", mapping=meta)
-            # never back: versions already handed out may be on the namespaces
-            pipe.set(f"{p}:ver", max(ver, ver_now))
-            for d, extents in enumerate(free):
-                if extents:
-                    pipe.zadd(f"{p}:free:{d}", {str(o): o for o, _ in extents})
-                    pipe.zadd(f"{p}:fsz:{d}", {str(o): n for o, n in extents})
-                    pipe.hset(f"{p}:flen:{d}", mapping={str(o): n for o, n in extents})
-                pipe.hset(f"{p}:used", str(d), 0 if used is None else used[d])
-            for key, value, atime in entries:
-                pipe.hset(f"{p}:idx", key, value)
-                pipe.zadd(f"{p}:at:{value.split()[0]}", {key: atime})
-            pipe.execute()
-        self.call_sync(go)
+                if check is not None:
+                    check()
+                ver_now = int(pipe.get(f"{p}:ver") or 0)
+                # the name is checked (format.check_name) and escaped all the same:
+                # a pattern must never reach another pool's keys
+                old = list(pipe.scan_iter(match=f"{glob_escape(p)}:*", count=1000))
+                pipe.multi()
+                self._fill(pipe, p, old, ver_now, ndevs, caps, free, entries, used, ver)
+                pipe.execute()
+        try:
+            self.call_sync(go)
+        except redis.WatchError:
+            raise NotAStoreError(
+                16, f"pool {self.name!r}: its index changed while it was being installed "
+                "(another create or rebuild at the same time?): nothing was installed",
+                self.url) from None
+
+    def _fill(self, pipe: Any, p: str, old: list[Any], ver_now: int, ndevs: int,
+              caps: list[int], free: list[list[tuple[int, int]]],
+              entries: Sequence[tuple[bytes, str, int]], used: list[int] | None,
+              ver: int) -> None:
+        """Queue on pipe the commands that replace the keys old by a fresh index."""
+        if old:
+            pipe.delete(*old)
+        meta: dict[Any, Any] = {"set_id": self.set_id, "fmt": 2, "ndevs": ndevs}
+        for d, cap in enumerate(caps):
+            meta[f"cap:{d}"] = cap
+        pipe.hset(f"{p}:meta", mapping=meta)
+        # never back: versions already handed out may be on the namespaces
+        pipe.set(f"{p}:ver", max(ver, ver_now))
+        for d, extents in enumerate(free):
+            if extents:
+                pipe.zadd(f"{p}:free:{d}", {str(o): o for o, _ in extents})
+                pipe.zadd(f"{p}:fsz:{d}", {str(o): n for o, n in extents})
+                pipe.hset(f"{p}:flen:{d}", mapping={str(o): n for o, n in extents})
+            pipe.hset(f"{p}:used", str(d), 0 if used is None else used[d])
+        for key, value, atime in entries:
+            pipe.hset(f"{p}:idx", key, value)
+            pipe.zadd(f"{p}:at:{value.split()[0]}", {key: atime})
 
     # ------------------------------------------------------------ lifetime
     async def aclose_loop(self) -> None:

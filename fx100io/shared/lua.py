@@ -7,7 +7,9 @@ foreign index is refused (FXLOST) instead of being written to.
 
 Keys under the prefix P:
 
-    P:meta         hash: set_id, fmt (2), ndevs, cap:<d> (capacity per namespace)
+    P:meta         hash: set_id, fmt (2), ndevs, cap:<d> (capacity per namespace);
+                   while a create is under way only set_id, fmt "claim",
+                   claim_by (the creating host) and claim_until (ms)
     P:ver          counter: versions and access stamps (``stamp``): never
                    below Redis's clock in microseconds, so a counter that a
                    failover or a lost AOF second rolled back resumes above
@@ -53,6 +55,10 @@ local function meta_ok()
 end
 local function lost()
   local m = redis.call('HMGET', P .. ':meta', 'set_id', 'fmt')
+  if m[2] == 'claim' then
+    return redis.error_reply('FXLOST this pool is being created (formatted, its index not yet '
+      .. 'installed): retry once the create ended, or create it again')
+  end
   if m[1] == ARGV[1] then
     return redis.error_reply('FXLOST the index of this pool was written by an older fx100io: '
       .. 'run fx100io shared-rebuild')
@@ -418,6 +424,64 @@ return {redis.call('HLEN', P .. ':idx'), devs, redis.call('HGETALL', P .. ':cnt'
         redis.call('HLEN', P .. ':limbo')}
 """
 
+# ARGV: set_id (the new pool's), host, claim_ms, force (0/1).  Claims the
+# pool's name before a create writes any byte: P:meta becomes {set_id, fmt
+# "claim", claim_by, claim_until}.  Granted where Redis holds nothing under
+# the name, or a claim whose deadline passed (that create died; the
+# namespaces it formatted may be formatted again), and, with force, over
+# anything.  Refused (FXLIVE) over a pool's index, and (FXBUSY) over a
+# claim whose deadline has not passed: that create may still be writing
+# superblocks (it renews its claim before each one, see CLAIM_RENEW), even
+# where the namespaces already carry its set id.  Returns the previous
+# P:meta (a flat list), which UNCLAIM puts back should the create be
+# refused after all.
+CLAIM = PRELUDE + r"""
+local now = now_ms()
+local prev = redis.call('HGETALL', P .. ':meta')
+local m = {}
+for i = 1, #prev, 2 do m[prev[i]] = prev[i + 1] end
+local force = ARGV[4] == '1'
+if m.set_id and not force then
+  if m.fmt ~= 'claim' then
+    return redis.error_reply('FXLIVE Redis already holds the index of a pool of this name '
+      .. '(set id ' .. m.set_id .. '): refusing to create it again; pass another name, or '
+      .. 'force=True to wipe that pool')
+  end
+  local left = tonumber(m.claim_until or '0') - now
+  if left > 0 then
+    return redis.error_reply('FXBUSY this pool is being created by ' .. (m.claim_by or '?')
+      .. ' (its claim ends in ' .. S(left) .. ' ms unless that create completes)')
+  end
+end
+redis.call('DEL', P .. ':meta')
+redis.call('HSET', P .. ':meta', 'set_id', ARGV[1], 'fmt', 'claim', 'claim_by', ARGV[2],
+           'claim_until', S(now + tonumber(ARGV[3])))
+return prev
+"""
+
+# ARGV: set_id, claim_ms.  A create renews its claim before each superblock
+# it writes: claim_until moves claim_ms ahead.  Returns 0 where the claim is
+# no longer this create's (taken over with force, or after its deadline):
+# the create must then write nothing more.
+CLAIM_RENEW = PRELUDE + r"""
+local m = redis.call('HMGET', P .. ':meta', 'set_id', 'fmt')
+if m[1] ~= ARGV[1] or m[2] ~= 'claim' then return 0 end
+redis.call('HSET', P .. ':meta', 'claim_until', S(now_ms() + tonumber(ARGV[2])))
+return 1
+"""
+
+# ARGV: set_id, then the flat P:meta that CLAIM returned.  A create that is
+# refused after its claim (before writing any byte) gives the name back:
+# P:meta is as it was, if the claim is still this create's.
+UNCLAIM = PRELUDE + r"""
+local m = redis.call('HMGET', P .. ':meta', 'set_id', 'fmt')
+if m[1] ~= ARGV[1] or m[2] ~= 'claim' then return 0 end
+redis.call('DEL', P .. ':meta')
+if #ARGV > 1 then redis.call('HSET', P .. ':meta', unpack(ARGV, 2)) end
+return 1
+"""
+
 SCRIPTS = dict(alloc=ALLOC, publish=PUBLISH, abort=ABORT, get_begin=GET_BEGIN,
                get_end=GET_END, renew=RENEW, exists=EXISTS, drop=DROP, delete=DELETE,
-               tomb_done=TOMB_DONE, stats=STATS)
+               tomb_done=TOMB_DONE, stats=STATS, claim=CLAIM, claim_renew=CLAIM_RENEW,
+               unclaim=UNCLAIM)

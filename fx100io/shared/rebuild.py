@@ -32,9 +32,15 @@ rolled back (an everysec AOF losing its last second, a failover) resumes
 above the versions it lost as long as the Redis hosts' clocks agree to
 within that outage.
 
-It refuses to replace the index of another pool of the same name (pass
-force).  Run it while no host is writing (hosts that are running see
-"index lost" until it ends, and keep working after).
+It refuses to replace the index of another pool of the same name, or a
+create's claim on the name while that create is under way (pass force).
+A name given (--name) must follow the pool-name rule (format.NAME_RULE); a
+pool that an older fx100io made under a name outside it is rebuilt without
+--name (the name comes from its superblocks, and every key pattern is
+escaped).  A create that died leaves its claim on the name: the rebuild
+replaces it once the claim's deadline passed.  Run it while no host is
+writing (hosts that are running see "index lost" until it ends, and keep
+working after).
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ def rebuild(uris: list[str], index: str = DEFAULT_INDEX, *, name: str | None = N
             **opts: Any) -> dict[str, Any]:
     """Scan the namespaces and install the index they imply; returns a
     report (chunks, bytes, headers seen, rejected)."""
+    if name is not None:
+        fmt.check_name(name, given_for="--name")
     devices = [open_device(u, **opts) for u in uris]
     try:
         nss = SharedChunkStore._load(devices, list(uris), name)
@@ -166,7 +174,8 @@ def main(argv: list[str]) -> int:
         "holds; run it while no host writes.")
     p.add_argument("namespaces", nargs="+", help="every namespace URI of the pool")
     p.add_argument("--index", default=DEFAULT_INDEX, help="redis://host:port/db")
-    p.add_argument("--name", help="the pool's name (checked against the namespaces)")
+    p.add_argument("--name", help="the pool's name (checked against the namespaces); "
+                   "leave it out for a pool named by an older fx100io outside today's rule")
     p.add_argument("--capacity", type=int, help="bytes of extents kept, whole pool")
     p.add_argument("--no-verify", action="store_true",
                    help="trust headers without reading the data to check its CRC32C")

@@ -28,14 +28,20 @@ deletes raise IndexUnavailableError, within the socket timeout, and for
 
 Every extent that leaves the index (a delete, a newer put of its key, an
 eviction) has its header erased before its space is reused (see
-``rebuild``).  A put that finds no room evicts least recently used chunks
-(by order of last access); one that fails all the same (DeviceFullError)
-leaves them evicted.
+``rebuild``), even where the put or delete that took it out is cancelled
+once its script was sent: the cancel propagates after the erase.  A put
+that finds no room evicts least recently used chunks (by order of last
+access); one that fails all the same (DeviceFullError) leaves them
+evicted.
+
+A cancelled get returns only once every read it started has landed: no
+byte of the caller's buffers changes after it returned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -45,7 +51,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from fx100io import _core
+from fx100io import _core, fabric_uri
 from fx100io.device import Device, open_device
 from fx100io.errors import (
     BlockingCallInLoopError,
@@ -68,6 +74,7 @@ from fx100io.shared.index import (
     parse_entry,
 )
 from fx100io.store.chunkstore import ChunkStore, normalize_key
+from fx100io.store.layout import SB_MAGIC as PLAIN_MAGIC
 from fx100io.store.space import Member
 
 log = logging.getLogger("fx100io")
@@ -87,6 +94,47 @@ class Namespace:
     @property
     def index(self) -> int:
         return self.sb.dev_index
+
+
+class _Found:
+    """What a namespace held before a create: block 0 as it was (None where
+    there was no such file yet, or a shorter one: it reads as zeros once
+    created), the shared pool's superblock there if any, and whether it is
+    a ChunkStore's."""
+
+    def __init__(self, raw: bytes | None, sb: fmt.Superblock | None, plain: bool):
+        self.raw = raw
+        self.sb = sb
+        self.plain = plain
+
+    def same(self, now: bytes) -> bool:
+        """Whether block 0 still holds what it held when probed."""
+        return now == (self.raw if self.raw is not None else bytes(len(now)))
+
+
+def _probe(uri: str, opts: dict[str, Any]) -> _Found:
+    """What uri holds as it is now (opened read-only)."""
+    try:
+        d = open_device(uri, **{**opts, "readonly": True})
+    except FileNotFoundError:
+        return _Found(None, None, False)
+    try:
+        raw = aligned_array(fmt.BLOCK)
+        if d.size < fmt.BLOCK or d.read_into_blocking(0, raw) < fmt.BLOCK:
+            return _Found(None, None, False)
+        got = raw.tobytes()
+        try:
+            return _Found(got, fmt.Superblock.decode(got, d.uri), False)
+        except NotAStoreError:
+            return _Found(got, None, got[:len(PLAIN_MAGIC)] == PLAIN_MAGIC)
+    finally:
+        d.close()
+
+
+def _block0(d: Device) -> bytes:
+    raw = aligned_array(fmt.BLOCK)
+    got = d.read_into_blocking(0, raw)
+    return raw.tobytes()[:got]
 
 
 def _as_member(ns: Namespace) -> Member:
@@ -136,14 +184,23 @@ class SharedChunkStore:
     lease_s (how long an unpublished allocation outlives its host, 30),
     pin_s (how long a reader's pin outlives its reader, 30), timeout
     (Redis socket timeouts: 0.5 s, or FX100IO_INDEX_TIMEOUT from the
-    environment), retry_after (1 s), force (with
-    create: replace another pool's index of the same name in Redis,
-    which create otherwise refuses), and the device options of
-    :func:`open_device`.
+    environment), retry_after (1 s), force (with create: format and
+    install all the same where create refuses: Redis holds a pool of that
+    name, a namespace holds a ChunkStore or any shared pool, whether its
+    index is in this Redis, lost, or elsewhere; those are wiped), and the
+    device options of :func:`open_device`.
+
+    A pool's name is 1 to 64 characters of A-Z a-z 0-9 . _ - (the first a
+    letter or digit): it is part of the index's Redis keys.  create claims
+    the name in Redis before it writes a byte, so a create that is refused
+    changes nothing.
 
     The blocking twins run on one event loop thread of the store's own,
     whatever thread calls them: one Redis connection pool and one I/O
-    queue per store, not per calling thread.
+    queue per store, not per calling thread.  close() cancels the blocking
+    calls other threads are inside, waits for them (5 s at most; their
+    reads land, their extents go back), and they raise StoreClosedError;
+    so does every call after close().
     """
 
     def __init__(self, uris: str | Sequence[str], index: str = DEFAULT_INDEX,
@@ -175,20 +232,20 @@ class SharedChunkStore:
                               bytes_written=0, bytes_read=0, index_errors=0, superseded=0)
         devices: list[Device] = []
         try:
-            for u in uri_list:
-                devices.append(open_device(u, create=create, size=size if create else None,
-                                           **opts))
             if create:
-                self._ns = self._format(devices, uri_list, name or "pool")
+                pool_name = fmt.check_name("pool" if name is None else name)
+                self._create(uri_list, index, pool_name, size, capacity, force, devices,
+                             timeout=timeout, retry_after=retry_after, **opts)
             else:
+                if name is not None:
+                    fmt.check_name(name, given_for="name=")
+                for u in uri_list:
+                    devices.append(open_device(u, **opts))
                 self._ns = self._load(devices, uri_list, name)
-            pool = self._ns[0].sb
-            self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
-                                     retry_after=retry_after)
-            self._index.check_policy()
-            if create:
-                self._install(capacity, force)
-            else:
+                pool = self._ns[0].sb
+                self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
+                                         retry_after=retry_after)
+                self._index.check_policy()
                 self._check_index()
         except BaseException:
             for d in devices:
@@ -196,21 +253,144 @@ class SharedChunkStore:
             raise
 
     # ------------------------------------------------------------ format/open
-    @staticmethod
-    def _format(devices: list[Device], uris: list[str], name: str) -> list[Namespace]:
-        if not name or len(name.encode()) > 64 or any(c in name for c in "{}: "):
-            raise InvalidArgumentError(22, f"pool name must be 1-64 bytes without '{{}}: ', "
-                                       f"got {name!r}")
+    def _create(self, uris: list[str], url: str, name: str, size: int | None,
+                capacity: int | None, force: bool, devices: list[Device], *, timeout: float,
+                retry_after: float, **opts: Any) -> None:
+        """Create the pool: check what each namespace holds, claim the name
+        in Redis, and only then write a byte.  Without force it refuses a
+        namespace that holds a ChunkStore, or any shared pool but a create
+        of its own name that died (its claim's deadline passed): a pool
+        whose index is live here, being created, lost (``fx100io
+        shared-rebuild`` recovers it) or kept in another Redis.  A refusal
+        leaves the namespaces and Redis as they were.
+
+        Two creates over the same namespaces under different names (or
+        with different Redis servers) claim different names, so the
+        namespaces themselves arbitrate: before each superblock it writes,
+        a create renews its claim and re-reads block 0, and refuses where it
+        is no longer what it probed (another create wrote there); at the
+        install it re-reads every superblock and refuses unless all are its
+        own.  A create refused that way puts back the blocks it wrote that
+        still hold its superblock, and gives the name back.  What remains:
+        two creates whose re-read and write of one namespace interleave
+        (one read and one write apart) both write it; then at most one of
+        them installs, and the other may also put back the block it wrote
+        over the winner's (both then refuse, or the winner's pool misses a
+        superblock and does not open).  A create that dies after its first
+        write leaves its claim, and its namespaces may be formatted again
+        once the claim's deadline passed (lease_s after its last renewal)."""
         set_id = fmt.new_set_id()
-        out = []
-        for i, d in enumerate(devices):
-            sb = fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
-            raw = aligned_array(fmt.BLOCK)
-            raw[:] = memoryview(sb.encode())
-            d.write_from_blocking(0, raw)
-            d.flush_blocking()
-            out.append(Namespace(d, sb))
-        return out
+        found = [_probe(u, opts) for u in uris]
+        for u, f in zip(uris, found):
+            if f.plain and not force:
+                raise NotAStoreError(
+                    17, "the namespace holds a ChunkStore: refusing to format it; pass "
+                    "force=True to wipe that store", fabric_uri.redact(u))
+        idx = self._index = RedisIndex(url, name, set_id, timeout=timeout,
+                                       retry_after=retry_after)
+        idx.check_policy()
+        prev = idx.claim(self._host, self._lease_ms, force)
+        # P:meta of this name before the claim (a flat list of bytes)
+        before = {prev[i]: prev[i + 1] for i in range(0, len(prev), 2)}
+        written: list[tuple[Device, _Found]] = []
+        try:
+            # every namespace checked before any other pool's index is wiped
+            # (namespaces of one pool share it)
+            wipe = {(sb.name, sb.set_id) for u, f in zip(uris, found) if (sb := f.sb)
+                    and self._may_format(idx, u, sb, name, before, force)}
+            for other, other_set in wipe:
+                idx.wipe_pool(other, other_set)
+            for u in uris:
+                devices.append(open_device(u, create=True, size=size, **opts))
+            sbs = [fmt.plan(d.size, i, len(devices), set_id, name, d.uri)
+                   for i, d in enumerate(devices)]
+            self._ns = []
+            for d, sb, f in zip(devices, sbs, found):
+                idx.renew_claim(self._lease_ms)  # still ours, and lease_s more to write
+                if not f.same(_block0(d)):
+                    raise NotAStoreError(
+                        17, "the namespace changed since this create looked at it (another "
+                        "create formatted it at the same time?): refusing to format it",
+                        d.uri)
+                written.append((d, f))
+                self._ns.append(self._write_superblock(d, sb))
+            self._install(capacity)
+        except NotAStoreError:
+            # refused (nothing written yet, or another create raced this one):
+            # what this create wrote goes back, then its claim
+            if self._put_back(written, set_id):
+                self._unclaim(idx, prev, name)
+            idx.close()
+            raise
+        except BaseException:
+            if not written:  # nothing written: the name goes back as it was
+                self._unclaim(idx, prev, name)
+            idx.close()
+            raise
+
+    @staticmethod
+    def _may_format(idx: RedisIndex, u: str, sb: fmt.Superblock, name: str,
+                    before: dict[Any, Any], force: bool) -> bool:
+        """Refuse (unless force) to format a namespace that holds the shared
+        pool sb, but where it is a create that died; True where the index
+        (or claim) of that pool, under another name, is to be wiped."""
+        if sb.name == name and before.get(b"set_id") == sb.set_id.hex().encode():
+            # this name's claim or index (CLAIM granted it: a create that died,
+            # or force); the install replaces it
+            return False
+        state = idx.pool_of(sb.name, sb.set_id)
+        if state is not None and (state == "dead" or force):
+            return sb.name != name  # (one of this name the install replaces)
+        if state is None and force:
+            return False
+        if state is None:
+            why = (f"Redis at {idx.url} holds no index of it: it was lost (`fx100io "
+                   "shared-rebuild` re-derives it from the namespaces), or it is kept in "
+                   "another Redis")
+        else:
+            why = (f"its index is {'installed' if state == 'live' else 'being created'} in "
+                   f"{idx.url}")
+        raise NotAStoreError(
+            17, f"the namespace holds shared pool {sb.name!r} ({why}): refusing to format "
+            "it; pass force=True to wipe that pool", fabric_uri.redact(u))
+
+    @staticmethod
+    def _put_back(written: list[tuple[Device, _Found]], set_id: bytes) -> bool:
+        """Put back block 0 of each namespace this create wrote, where it
+        still holds its superblock; True if none is left with one."""
+        clean = True
+        for d, f in written:
+            try:
+                now = _block0(d)
+                try:
+                    mine = fmt.Superblock.decode(now, d.uri).set_id == set_id
+                except NotAStoreError:
+                    mine = False
+                if not mine:
+                    continue  # another create's by now: not ours to touch
+                raw = aligned_array(fmt.BLOCK)
+                raw[:] = memoryview(f.raw if f.raw is not None else bytes(fmt.BLOCK))
+                d.write_from_blocking(0, raw)
+                d.flush_blocking()
+            except OSError as e:
+                log.warning("fx100io: could not put back block 0 of %s: %s", d.uri, e)
+                clean = False
+        return clean
+
+    @staticmethod
+    def _unclaim(idx: RedisIndex, prev: list[Any], name: str) -> None:
+        try:
+            idx.unclaim(prev)
+        except Exception as e:  # noqa: BLE001 (the claim then ends after lease_s)
+            log.warning("fx100io: could not give back the claim on pool %r: %s", name, e)
+
+    @staticmethod
+    def _write_superblock(d: Device, sb: fmt.Superblock) -> Namespace:
+        raw = aligned_array(fmt.BLOCK)
+        raw[:] = memoryview(sb.encode())
+        d.write_from_blocking(0, raw)
+        d.flush_blocking()
+        return Namespace(d, sb)
 
     @staticmethod
     def _load(devices: list[Device], uris: list[str], name: str | None) -> list[Namespace]:
@@ -241,10 +421,18 @@ class SharedChunkStore:
         return [ns.sb.data_size if per is None else min(per, ns.sb.data_size)
                 for ns in self._ns]
 
-    def _install(self, capacity: int | None, force: bool) -> None:
+    def _install(self, capacity: int | None) -> None:
+        def all_ours() -> None:
+            # another create may have formatted a namespace since we wrote it
+            for ns in self._ns:
+                if _block0(ns.dev) != ns.sb.encode():
+                    raise NotAStoreError(
+                        17, "the namespace no longer holds this create's superblock (another "
+                        "create formatted it at the same time?): nothing installed",
+                        ns.dev.uri)
         free = [[(ns.sb.data_off, ns.sb.data_size)] for ns in self._ns]
-        self._index.install(len(self._ns), self._caps(capacity), free,
-                            replace="any" if force else "same")
+        self._index.install(len(self._ns), self._caps(capacity), free, replace="claimed",
+                            check=all_ours)
 
     def _check_index(self) -> None:
         """A pool whose index is down opens (gets miss until it is back);
@@ -292,11 +480,9 @@ class SharedChunkStore:
         exts = [fmt.extent_len(mv.nbytes) for _k, mv, _ns in placed]
         wants = [(ns.index, ext) for (_k, _mv, ns), ext in zip(placed, exts)]
         for _round in range(16):
-            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            got, evicted = await self._alloc(wants)
             if got is not None:
                 break
-            # chunks were evicted to make room: their headers go before their space
-            await self._erase(evicted)
         else:
             raise DeviceFullError(28, "no space for this put after evicting chunks 16 times: "
                                   "the rest is being written or read", self._index.url)
@@ -340,42 +526,85 @@ class SharedChunkStore:
             await keeper.stop()
             rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
                     for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
-            res, retired = await self._index.publish(self._lease_ms, rows)
-            published = True
-            await self._erase(retired)  # the keys' older versions
+
+            async def publish() -> list[int]:
+                nonlocal published
+                res, retired = await self._index.publish(self._lease_ms, rows)
+                published = True
+                await self._erase(retired)  # the keys' older versions
+                return res
+            res = await _to_the_end(publish())
             if -1 in res:
                 raise FxTimeoutError(
                     62, f"{res.count(-1)} of {len(res)} chunks were not published: their "
                     "allocation lease expired before their data was durable (raise lease_s?)")
             self._count(superseded=res.count(0))
         except BaseException:
-            await keeper.stop()
-            if eraser is not None:
-                await asyncio.shield(eraser)
-            writes = [f for *_x, fs, _p in started for f in fs] + headers
-            pending = [f for f in writes if not f.done()]
-            if pending:
-                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-            for f in writes:
-                if not f.cancelled():
-                    f.exception()
+            # Every step of this cleanup goes to its end however many times
+            # the caller is cancelled meanwhile: writes still in flight land
+            # in the extents before they are given back, else another put
+            # could be handed them under our writes; and extents not given
+            # back stay taken until their leases expire.
+            await keeper.settle()
+            if eraser is not None:  # evicted chunks: their headers are erased first
+                await _wait_out(eraser)
+            await _settle([f for *_x, fs, _p in started for f in fs] + headers)
             if not published:
-                try:
-                    await self._index.abort(leases)
-                except Exception as e:  # noqa: BLE001 (the leases expire instead)
-                    log.warning("fx100io: could not give back %d extents (%s); they return "
-                                "when their lease expires", len(leases), e)
+                await _wait_out(asyncio.ensure_future(self._abort(leases)))
             raise
-        if eraser is not None:
-            await eraser
+        if eraser is not None and await _wait_out(eraser):
+            # cancelled while the evicted chunks' headers were being erased:
+            # the erase went on to its end (a cancel inside it would leave
+            # them erased but not flushed); the put is published all the same
+            raise asyncio.CancelledError
         self._count(puts=len(items), bytes_written=sum(mv.nbytes for _k, mv in items))
+
+    async def _abort(self, leases: list[str]) -> None:
+        """Give back the extents of a put that publishes nothing."""
+        try:
+            await self._index.abort(leases)
+        except Exception as e:  # noqa: BLE001 (the leases expire instead)
+            log.warning("fx100io: could not give back %d extents (%s); they return when "
+                        "their lease expires", len(leases), e)
+
+    async def _alloc(self, wants: list[tuple[int, int]]
+                     ) -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+        """One allocation round (see RedisIndex.alloc).  Where it evicted
+        chunks and found no room yet, their headers are erased before it
+        returns.  A cancel once the script was sent waits for its answer:
+        the allocations go back and the evicted chunks' headers are erased
+        before the cancel propagates."""
+        async def round_() -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
+            got, evicted = await self._index.alloc(self._lease_ms, wants)
+            if got is None:
+                # chunks were evicted to make room: their headers go before their space
+                await self._erase(evicted)
+            return got, evicted
+
+        task = asyncio.ensure_future(round_())
+        if not await _wait_out(task):
+            return task.result()
+        if not task.cancelled() and task.exception() is None:
+            got, evicted = task.result()
+            if got is not None:  # allocated meanwhile: give it back
+                await _wait_out(asyncio.ensure_future(self._give_back(wants, got, evicted)))
+        raise asyncio.CancelledError
+
+    async def _give_back(self, wants: list[tuple[int, int]], got: list[tuple[int, int]],
+                         evicted: list[tuple[int, int, int]]) -> None:
+        await self._erase(evicted)
+        await self._abort([f"{d}:{off}:{ext}:{ver}" for (d, ext), (off, ver) in zip(wants, got)])
 
     async def _erase(self, tombs: list[tuple[int, int, int]]) -> None:
         """Erase the headers of extents that left the index (held in P:tomb
         meanwhile), so that a rebuild of the index does not bring them back,
         then let the index retire them.  Never raises but cancellation: a
         header that could not be erased is logged, and its extent freed
-        when the hold expires or at once."""
+        when the hold expires or at once.  Cancelled, it waits for the
+        erasing writes it started and leaves the extents held: they are
+        freed when the hold expires, never before the erased headers are
+        flushed (else a rebuild could bring back a chunk whose extent holds
+        another's data by then)."""
         if not tombs:
             return
         t0 = time.monotonic()
@@ -392,10 +621,9 @@ class SharedChunkStore:
                     c = await asyncio.shield(f)
                     if c[0] < 0:
                         raise error_from_errno(-c[0], "erase extent header")
-            finally:
-                rest = [f for f in futs if not f.done()]
-                if rest:
-                    await asyncio.shield(asyncio.gather(*rest, return_exceptions=True))
+            except BaseException:
+                await _settle(futs)  # blank goes only once no write reads it
+                raise
             for ns in devs.values():
                 await ns.dev.flush()
             if time.monotonic() - t0 > self._lease_ms / 1000:
@@ -406,11 +634,11 @@ class SharedChunkStore:
             log.warning("fx100io: %d chunks left the index, but their headers could not be "
                         "erased (%s): a rebuild of the index may bring them back",
                         len(tombs), e)
-        finally:
-            try:
-                await self._index.tomb_done(tombs)
-            except (IndexUnavailableError, IndexLostError):
-                pass  # the hold expires, then the extents are freed
+        # (a cancel skips this: the hold expires, then the extents are freed)
+        try:
+            await self._index.tomb_done(tombs)
+        except (IndexUnavailableError, IndexLostError):
+            pass  # the hold expires, then the extents are freed
 
     # ------------------------------------------------------------------ get
     async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
@@ -437,13 +665,13 @@ class SharedChunkStore:
             self._count(gets=len(nkeys), misses=len(nkeys), index_errors=1)
             return out
         corrupt: list[tuple[bytes, Hit]] = []
+        started: list[tuple[Namespace, int, Hit, memoryview, list, Any]] = []
         try:
             for key, h, mv in zip(nkeys, hits, mvs):
                 if h is not None and mv.nbytes < h.length:
                     raise BufferTooSmallError(
                         22, f"buffer of {mv.nbytes} bytes is smaller than the chunk of "
                         f"{h.length} bytes under key {key!r}")
-            started = []
             for i, (h, mv) in enumerate(zip(hits, mvs)):
                 if h is None:
                     continue
@@ -457,7 +685,9 @@ class SharedChunkStore:
                 started.append((ns, i, h, view, ns.dev.start(parts), fixup))
             for ns, i, h, view, fs, fixup in started:
                 res = 0
-                done = [await f for f in fs]
+                # shield: a cancel must not cancel the futures, whose I/O goes
+                # on regardless; the cleanup below waits for them instead
+                done = [await asyncio.shield(f) for f in fs]
                 for r, *_x in done:
                     res = r if r < 0 or res < 0 else res + r
                 if fixup is not None and res >= 0:
@@ -474,6 +704,12 @@ class SharedChunkStore:
                     corrupt.append((nkeys[i], h))
                     continue
                 out[i] = True
+        except BaseException:
+            # reads already started still land in the caller's buffers (a
+            # cancel does not stop the I/O): return only once they have, and
+            # keep the extents pinned until then
+            await _settle([f for *_x, fs, _fix in started for f in fs])
+            raise
         finally:
             pins = [h.pin for h in hits if h is not None]
             if pins and wait_unpin:
@@ -591,12 +827,18 @@ class SharedChunkStore:
         data, not the header); a deleter that dies leaves the header, and
         the extent returns when the hold expires."""
         self._check_open()
-        got = await self._index.delete(normalize_key(key), self._lease_ms)
-        if got is None:
-            return False
-        self._count(deletes=1)
-        await self._erase([got])
-        return True
+        k = normalize_key(key)
+
+        async def delete() -> bool:
+            got = await self._index.delete(k, self._lease_ms)
+            if got is None:
+                return False
+            self._count(deletes=1)
+            await self._erase([got])
+            return True
+        # once Redis dropped the key, the header is erased even if the caller
+        # is cancelled meanwhile (else a rebuild would bring the chunk back)
+        return await _to_the_end(delete())
 
     def stats(self) -> dict[str, Any]:
         """Counters of this host and the pool's state in the index (a
@@ -688,6 +930,47 @@ class SharedChunkStore:
         return f"SharedChunkStore({uris}, index={self._index.url!r})"
 
 
+async def _wait_out(task: asyncio.Future) -> bool:
+    """Wait until task ended, whatever cancels the caller meanwhile (the
+    task is not cancelled with it); True if the caller was cancelled."""
+    hit = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            hit = True
+    return hit
+
+
+async def _to_the_end(aw: Any) -> Any:
+    """Await aw to its end even if the caller is cancelled meanwhile; then
+    the cancel propagates (whatever aw returned or raised).  For steps that
+    must not stop half-way: a chunk that Redis took out of the index has its
+    header erased before anyone returns, or a rebuild would bring it back."""
+    task = asyncio.ensure_future(aw)
+    if await _wait_out(task):
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller sees its own cancel
+        raise asyncio.CancelledError
+    return task.result()
+
+
+async def _settle(futs: list[asyncio.Future]) -> None:
+    """Wait until every I/O of futs ended, even if the caller is cancelled
+    meanwhile (the I/O would go on after the caller left), and mark their
+    errors retrieved: the caller is already failing for its own reason."""
+    pending = [f for f in futs if not f.done()]
+    while pending:
+        try:
+            await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        except asyncio.CancelledError:
+            pass  # cancelled again: the I/O still has to end first
+        pending = [f for f in pending if not f.done()]
+    for f in futs:
+        if not f.cancelled():
+            f.exception()
+
+
 class _LeaseKeeper:
     """Renews a put's leases while it writes.  ``check()`` raises where a
     lease is gone or was last confirmed too long ago to be sure it is still
@@ -731,16 +1014,53 @@ class _LeaseKeeper:
             self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
+    async def settle(self) -> None:
+        """stop(), waiting for the renewal task to end even through repeated
+        cancels of the caller (a cleanup that must go on)."""
+        if not self._task.done():
+            self._task.cancel()
+        await _settle([self._task])
+
+
+class _Call:
+    """One blocking call on the runner's loop: its coroutine, its task once
+    the loop made it, its outcome for the calling thread, and whether it
+    ended (its task finished, or it was failed without one)."""
+
+    def __init__(self, coro: Any):
+        self.coro = coro
+        self.task: asyncio.Task | None = None
+        self.ended = threading.Event()
+        self.result: concurrent.futures.Future = concurrent.futures.Future()
+
+    def fail(self, e: BaseException) -> None:
+        if not self.result.done():
+            try:
+                self.result.set_exception(e)
+            except concurrent.futures.InvalidStateError:
+                pass  # its task ended meanwhile: that outcome stands
+        self.ended.set()
+
 
 class _Runner:
     """The one event loop, on a thread of its own, that runs a store's
     blocking twins for every calling thread: a thread that calls them once
-    and ends leaves nothing behind (no loop, no Redis connection)."""
+    and ends leaves nothing behind (no loop, no Redis connection).
+
+    close() cancels the calls in flight and waits for them (their reads
+    land, their extents go back) before it stops the loop; a call it could
+    not wait out, or that never started, fails with StoreClosedError, so no
+    caller waits for ever on a stopped loop.  Once closed, a call raises
+    StoreClosedError at once: no loop is started again."""
+
+    CLOSE_WAIT_S = 5.0
 
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
+        self._calls: set[_Call] = set()
 
     def run(self, coro: Any) -> Any:
         try:
@@ -752,7 +1072,13 @@ class _Runner:
             raise BlockingCallInLoopError(
                 35, "a *_blocking method was called from a running event loop; await the "
                 "async method instead")
+        call = _Call(coro)
         with self._mu:
+            # checked under the lock close() takes: a call either is in
+            # _calls before close() looks, or sees the store closed
+            if self._closed:
+                coro.close()
+                raise StoreClosedError(9, "SharedChunkStore is closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 t = threading.Thread(target=loop.run_forever, name="fx100io-shared",
@@ -760,26 +1086,98 @@ class _Runner:
                 t.start()
                 self._loop, self._thread = loop, t
             loop = self._loop
-        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+            self._calls.add(call)
+
+        def finish(t: asyncio.Task) -> None:
+            with self._mu:
+                self._calls.discard(call)
+                closing = self._closed
+            if t.cancelled():
+                if closing:  # cancelled by close(), not by its caller
+                    call.fail(StoreClosedError(9, "SharedChunkStore was closed during this "
+                                               "call"))
+                    return
+                call.result.cancel()
+            elif t.exception() is not None:
+                call.result.set_exception(t.exception())  # type: ignore[arg-type]
+            else:
+                call.result.set_result(t.result())
+            call.ended.set()
+
+        def start() -> None:
+            # The call's task is made here, not by run_coroutine_threadsafe,
+            # so an interrupted caller can wait for the task itself to end.
+            if call.result.done():  # failed by close() before the loop got here
+                coro.close()
+                return
+            call.task = loop.create_task(coro)
+            call.task.add_done_callback(finish)
         try:
-            return fut.result()
+            loop.call_soon_threadsafe(start)
+        except RuntimeError:  # close() closed the loop since: it failed this call
+            coro.close()
+            call.fail(StoreClosedError(9, "SharedChunkStore is closed"))
+        try:
+            return call.result.result()
         except BaseException:
-            fut.cancel()
+            # Interrupted (KeyboardInterrupt in this thread): the call is
+            # cancelled and waited out before the interrupt goes on, so the
+            # reads it started have landed and no byte of the caller's
+            # buffers changes after this returns.  (start() runs first: the
+            # loop takes callbacks in order.)  A second interrupt, or the
+            # loop stopping, cuts the wait short.  A call that ended (its
+            # own error, or failed by close()) has nothing to cancel.
+            if not call.ended.is_set():
+                try:
+                    loop.call_soon_threadsafe(self._cancel, call)
+                except RuntimeError:  # the loop is closed: close() failed the call
+                    pass
+                while not call.ended.wait(0.05) and loop.is_running():
+                    pass
             raise
 
+    @staticmethod
+    def _cancel(call: _Call) -> None:
+        if call.task is not None:
+            call.task.cancel()
+
     def close(self, last: Any) -> None:
-        """Run last() (closing the loop's Redis client) on the loop, then
-        stop it."""
+        """Cancel the calls in flight and wait for them (CLOSE_WAIT_S at
+        most), run last() (closing the loop's Redis client) on the loop,
+        stop it, and fail whatever call is still pending."""
         with self._mu:
+            self._closed = True
             loop, t = self._loop, self._thread
             self._loop = self._thread = None
+            calls = list(self._calls)
         if loop is None or t is None:
             return
+        if calls:
+            def cancel_all() -> None:
+                for c in calls:
+                    self._cancel(c)
+            loop.call_soon_threadsafe(cancel_all)
+            deadline = time.monotonic() + self.CLOSE_WAIT_S
+            for c in calls:
+                if not c.ended.wait(max(0.0, deadline - time.monotonic())):
+                    log.warning("fx100io: a call on the shared pool did not end within "
+                                "%g s of close(); stopping its loop all the same",
+                                self.CLOSE_WAIT_S)
+                    break
         try:
             asyncio.run_coroutine_threadsafe(last(), loop).result(timeout=5)
         except Exception:  # noqa: BLE001 (best effort: the sockets go with the loop)
             pass
         loop.call_soon_threadsafe(loop.stop)
         t.join(timeout=5)
+        # no caller waits for ever on a loop that stopped under its call
+        with self._mu:
+            left = list(self._calls)
+            self._calls.clear()
+        for c in left:
+            c.fail(StoreClosedError(9, "SharedChunkStore was closed during this call"))
         if not t.is_alive():
+            for c in left:
+                if c.task is None:  # its start() never ran: nothing else will close it
+                    c.coro.close()
             loop.close()

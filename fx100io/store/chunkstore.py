@@ -49,6 +49,7 @@ from fx100io.store import layout
 from fx100io.store.flock import lock_device, unlock
 from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
 from fx100io.store.loop import run_blocking
+from fx100io.store.settle import settle
 from fx100io.store.space import Entry, Member
 
 log = logging.getLogger("fx100io")
@@ -139,8 +140,10 @@ class ChunkStore:
     """A persistent key -> chunk store over one device or several (striped).
 
     ``ChunkStore(uris, create=False, size=None, **opts)``: ``create=True``
-    formats the devices (files are created or grown to ``size`` bytes);
-    otherwise an existing store is opened and its chunks are found again.
+    formats the devices (files are created or grown to ``size`` bytes),
+    but refuses (NotAStoreError) a device holding a shared pool's namespace
+    unless ``force=True``; otherwise an existing store is opened and its
+    chunks are found again.
 
     Options: capacity (bytes of chunk data kept before LRU eviction; default
     all of the data area), index_size (bytes per index half, default about
@@ -149,7 +152,8 @@ class ChunkStore:
     """
 
     def __init__(self, uris: str | Sequence[str], create: bool = False, size: int | None = None,
-                 *, capacity: int | None = None, index_size: int | None = None, **opts: Any):
+                 *, capacity: int | None = None, index_size: int | None = None, force: bool = False,
+                 **opts: Any):
         uri_list = [uris] if isinstance(uris, str) else list(uris)
         if not uri_list:
             raise InvalidArgumentError(22, "ChunkStore needs at least one device URI")
@@ -174,6 +178,8 @@ class ChunkStore:
             # the devices' URIs: on the kernel path without their DH-HMAC-CHAP secrets
             names = [d.uri for d in devices]
             if create:
+                if not force:
+                    self._refuse_shared_pools(devices)
                 self._members = self._format(devices, names, index_size)
             else:
                 self._members = self._load(devices, names)
@@ -187,6 +193,21 @@ class ChunkStore:
             m.capacity = m.sb.data_size if per_dev is None else min(per_dev, m.sb.data_size)
 
     # ------------------------------------------------------------ format/load
+    @staticmethod
+    def _refuse_shared_pools(devices: list[Device]) -> None:
+        """A namespace of a shared pool is not this store's to format: other
+        hosts may be using it, and its index lives in Redis, where a local
+        create cannot see it.  Checked on every device before any is
+        written."""
+        for d in devices:
+            raw = aligned_array(layout.BLOCK)
+            d.read_into_blocking(0, raw)
+            if raw[:len(layout.SHARED_SB_MAGIC)].tobytes() == layout.SHARED_SB_MAGIC:
+                raise NotAStoreError(
+                    17, "the device holds a namespace of a shared pool (SharedChunkStore); "
+                    "ChunkStore(create=True) would destroy that pool: pass force=True to "
+                    "format it anyway", d.uri)
+
     def _format(self, devices: list[Device], uris: list[str],
                 index_size: int | None) -> list[Member]:
         set_id = layout.new_set_id()
@@ -236,14 +257,30 @@ class ChunkStore:
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
-    async def _commit(self, m: Member, recs: list[Record], apply: Any = None) -> int:
+    async def _commit(self, m: Member, recs: list[Record], apply: Any = None,
+                      failed: Any = None) -> int:
         """Append records to m's index log durably, then apply them to
         memory, off the event loop (see IndexLog.commit_async)."""
-        return await m.log.commit_async(recs, lambda: self._live(m), apply)
+        return await m.log.commit_async(recs, lambda: self._live(m), apply, failed)
 
     def _live(self, m: Member) -> list[Entry]:
+        """What m's log holds now: the index, and the entries on their way
+        out (oldest version first, so the newest of a key wins)."""
         with self._mu:
-            return list(m.lru.values())
+            # one pass over the index, no second copy: a compaction snapshots
+            # millions of entries on the log's thread, with the GIL held
+            live = sorted(m.leaving.values(), key=lambda e: e.seq) if m.leaving else []
+            live.extend(m.lru.values())
+            return live
+
+    def _take_out(self, m: Member, e: Entry) -> None:
+        """Remove e from the index ahead of its DEL commit (with self._mu
+        held: a compaction snapshot sees it in the index or leaving, never
+        in neither)."""
+        if self._entries.get(e.key) is e:
+            del self._entries[e.key]
+        m.lru.pop(e.key, None)
+        m.leaving[id(e)] = e
 
     @staticmethod
     def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
@@ -310,38 +347,54 @@ class ChunkStore:
                         28, f"no space for a chunk of {length} bytes: every chunk is in use",
                         m.dev.target)
                 for victim in victims:
-                    del m.lru[victim.key]
-                    if self._entries.get(victim.key) is victim:
-                        del self._entries[victim.key]
+                    self._take_out(m, victim)
             await self._commit_dels(m, victims, self._evicted)
 
     async def _commit_dels(self, m: Member, gone: list[Entry], done: Any,
                            restore: bool = True) -> None:
-        """Log DEL records for entries already taken out of the index; once
-        they are durable, done(m, gone).  If the commit fails, the entries
-        still hold their extents (reusing blocks the log points at could let
-        a crash resurrect an old record over new data) and, unless restore
-        is False, go back into the index as the oldest chunks, where the
-        key was not stored again meanwhile: the log still has them, so they
-        are still the store's."""
+        """Log DEL records for entries already taken out of the index (by
+        _take_out); once they are durable, done(m, gone).  If the commit
+        fails, the entries still hold their extents (reusing blocks the log
+        points at could let a crash resurrect an old record over new data)
+        and, unless restore is False, go back into the index as the oldest
+        chunks, where the key was not stored again meanwhile: the log still
+        has them (a compaction meanwhile kept them, see _live), so they are
+        still the store's."""
         applied: list[int] = []
+        settled: list[bool] = []
 
         def apply(seq: int) -> None:
+            # on the log's thread, before its next commit: from here on a
+            # compaction must not keep them
             applied.append(seq)
+            with self._mu:
+                for e in gone:
+                    m.leaving.pop(id(e), None)
             done(m, gone)
+
+        def failed() -> None:
+            # On the log's thread, under its lock, before any later commit
+            # is applied: a newer put of one of these keys (and its delete)
+            # can only come after, so "not stored again meanwhile" is exact.
+            settled.append(True)
+            with self._mu:
+                for e in gone:
+                    m.leaving.pop(id(e), None)
+                if not restore or applied:
+                    return
+                for e in reversed(gone):
+                    if e.key not in self._entries:
+                        self._entries[e.key] = e
+                        m.lru[e.key] = e
+                        m.lru.move_to_end(e.key, last=False)
+                    else:  # superseded meanwhile: only its extent is left
+                        m.release(e)
         try:
             await self._commit(m, [Record(REC_DEL, e.key, m.index, e.off, e.length, 0)
-                                   for e in gone], apply)
+                                   for e in gone], apply, failed)
         except BaseException:
-            if restore and not applied:
-                with self._mu:
-                    for e in reversed(gone):
-                        if e.key not in self._entries:
-                            self._entries[e.key] = e
-                            m.lru[e.key] = e
-                            m.lru.move_to_end(e.key, last=False)
-                        else:  # superseded meanwhile: only its extent is left
-                            m.release(e)
+            if not applied and not settled:
+                failed()  # the commit never ran (its thread was shut down)
             raise
 
     def _evicted(self, m: Member, victims: list[Entry]) -> None:
@@ -413,12 +466,10 @@ class ChunkStore:
             # may be reused only after they have (cancelling the await does
             # not cancel the I/O).
             writes = [f for _m, _i, segs in started for _mv, fs, _parts in segs for f in fs]
-            pending = [f for f in writes if not f.done()]
-            if pending:
-                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-            for f in writes:  # their errors are this put's, raised below: mark them seen
-                if not f.cancelled():
-                    f.exception()
+            try:
+                await settle(writes)
+            except asyncio.CancelledError:
+                pass  # cancelled again while waiting: this put is failing anyway
             with self._mu:
                 for m, off, length in taken:
                     if m.log.in_doubt:
@@ -540,12 +591,10 @@ class ChunkStore:
                 # reads already handed to the kernel still land in the caller's
                 # buffers: return only once they have
                 reads = [f for *_x, segs, _s in started for _v, fs, _f in segs for f in fs]
-                pending = [f for f in reads if not f.done()]
-                if pending:
-                    await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-                for f in reads:
-                    if not f.cancelled():
-                        f.exception()
+                try:
+                    await settle(reads)
+                except asyncio.CancelledError:
+                    pass  # cancelled again while waiting: raised below all the same
                 raise
         finally:
             with self._mu:
@@ -568,8 +617,7 @@ class ChunkStore:
         with self._mu:
             if self._entries.get(e.key) is not e:
                 return False
-            del self._entries[e.key]
-            m.lru.pop(e.key, None)
+            self._take_out(m, e)
         # A corrupt chunk stays out of the index even if its DEL is lost.
         await self._commit_dels(m, [e], self._released, restore=not corrupt)
         return True
@@ -632,8 +680,7 @@ class ChunkStore:
                 e = self._entries.get(k)
                 if e is None:
                     continue
-                del self._entries[k]
-                self._members[e.dev].lru.pop(k, None)
+                self._take_out(self._members[e.dev], e)
                 by_member.setdefault(e.dev, []).append((i, e))
         error: BaseException | None = None
         for dev, pairs in by_member.items():

@@ -182,43 +182,58 @@ class IndexLog:
         return segs, sum(layout.align_up(len(s), self.sb.block_size) for s in segs)
 
     def commit(self, recs: Sequence[Sequence], live: Callable[[], Iterable[Any]],
-               apply: Callable[[int], None] | None = None) -> int:
+               apply: Callable[[int], None] | None = None,
+               failed: Callable[[], None] | None = None) -> int:
         """Make recs durable, in order, as one commit; returns the sequence
         number their keys' versions carry.  live() returns the current live
         entries (objects with .key .off .length .crc), read only if the
         commit triggers a compaction; apply(seq) runs after the records are
         durable, still under the lock.  Raises DeviceFullError, with nothing
         changed on the device or in memory, when the commit cannot fit even
-        in a freshly compacted half."""
+        in a freshly compacted half.  If the commit fails, failed() runs
+        before the error is raised, still under the lock: a caller that
+        undoes in memory what it did ahead of the commit does so before any
+        later commit is applied."""
         with self.lock:
-            if self._in_doubt:
-                raise DeviceIOError(
-                    5, f"the store's index is in doubt after a failed compaction "
-                    f"({self._in_doubt}); no change is accepted until the store is closed and "
-                    "reopened (reopening finds every change acknowledged before it)",
-                    self.dev.target)
-            segs, need = self._encode(self.generation, self.seq + 1, recs)
-            if self._tainted or self.tail + need > self.sb.index_half:
-                self._compact(live, recs)
-            else:
-                try:
-                    for seg in segs:
-                        self.write_at(self.half, self.tail, seg)
-                        self.seq += 1
-                        self.tail += layout.align_up(len(seg), self.sb.block_size)
-                    self.dev.flush_blocking()
-                except BaseException:
-                    # Part of this failed commit may be on the device, and a
-                    # later flush could make it durable: never append after
-                    # it; the next commit moves to a fresh half.
-                    self._tainted = True
-                    raise
-            if apply is not None:
-                apply(self.seq)
-            return self.seq
+            try:
+                return self._commit_locked(recs, live, apply)
+            except BaseException:
+                if failed is not None:
+                    failed()
+                raise
+
+    def _commit_locked(self, recs: Sequence[Sequence], live: Callable[[], Iterable[Any]],
+                       apply: Callable[[int], None] | None) -> int:
+        """commit() with self.lock held."""
+        if self._in_doubt:
+            raise DeviceIOError(
+                5, f"the store's index is in doubt after a failed compaction "
+                f"({self._in_doubt}); no change is accepted until the store is closed and "
+                "reopened (reopening finds every change acknowledged before it)",
+                self.dev.target)
+        segs, need = self._encode(self.generation, self.seq + 1, recs)
+        if self._tainted or self.tail + need > self.sb.index_half:
+            self._compact(live, recs)
+        else:
+            try:
+                for seg in segs:
+                    self.write_at(self.half, self.tail, seg)
+                    self.seq += 1
+                    self.tail += layout.align_up(len(seg), self.sb.block_size)
+                self.dev.flush_blocking()
+            except BaseException:
+                # Part of this failed commit may be on the device, and a
+                # later flush could make it durable: never append after
+                # it; the next commit moves to a fresh half.
+                self._tainted = True
+                raise
+        if apply is not None:
+            apply(self.seq)
+        return self.seq
 
     async def commit_async(self, recs: Sequence[Sequence], live: Callable[[], Iterable[Any]],
-                           apply: Callable[[int], None] | None = None) -> int:
+                           apply: Callable[[int], None] | None = None,
+                           failed: Callable[[], None] | None = None) -> int:
         """:meth:`commit` on the log's own thread; the caller's event loop
         runs meanwhile.  Commits of every caller still go through the one
         lock, in the order they take it, so the durability protocol's
@@ -231,7 +246,7 @@ class IndexLog:
         or the error raised) and only then raises CancelledError, so the
         caller's cleanup never races a commit that may yet succeed."""
         fut = asyncio.get_running_loop().run_in_executor(
-            self._executor(), self.commit, recs, live, apply)
+            self._executor(), self.commit, recs, live, apply, failed)
         cancelled = False
         while True:
             try:

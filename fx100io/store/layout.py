@@ -25,6 +25,10 @@ from fx100io.errors import InvalidArgumentError, NotAStoreError
 
 BLOCK = 4096
 SB_MAGIC = b"FX100IO\x00STORE\x00v1"
+# A shared pool's namespace (fx100io/shared/format.py) starts with this
+# instead; declared here so that each kind of store can refuse the other's
+# devices without importing the other (the shared one needs redis).
+SHARED_SB_MAGIC = b"FX100IO\x00SHARED\x00\x00"
 SB_FMT = "<16sII Q 16s II QQ QQ Q"
 SB_CRC_AT = struct.calcsize(SB_FMT)
 IDX_MAGIC = b"FXIDXHDR"

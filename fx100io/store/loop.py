@@ -26,4 +26,15 @@ def run_blocking(coro: Any) -> Any:
     loop = getattr(_tls, "loop", None)
     if loop is None or loop.is_closed():
         loop = _tls.loop = asyncio.new_event_loop()
-    return loop.run_until_complete(coro)
+    task = loop.create_task(coro)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException:
+        # Interrupted (KeyboardInterrupt in this thread): the call is
+        # cancelled and run to its end before the interrupt goes on, so the
+        # reads it started have landed and no byte of the caller's buffers
+        # changes after this returns.  A second interrupt cuts that short.
+        if not task.done():
+            task.cancel()
+            loop.run_until_complete(asyncio.wait([task]))
+        raise

@@ -42,6 +42,10 @@ class Member:
     alloc: _core.Allocator = field(init=False)
     used: int = 0
     lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
+    # Entries out of the index whose DEL records are not durable yet: the
+    # log still holds them, so a compaction meanwhile must keep them too, or
+    # a failed DEL would restore chunks the log no longer has (id -> Entry).
+    leaving: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.alloc = _core.Allocator(self.sb.data_off, self.sb.data_size, self.sb.block_size)

@@ -1,0 +1,121 @@
+"""close() of a shared pool while other threads are inside its blocking
+calls: each of them returns (StoreClosedError, or its own outcome) within
+a bound, close() returns, and no loop thread outlives the store; a
+blocking call after close() raises StoreClosedError and starts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from shared_redis import serve
+
+from fx100io import errors
+from fx100io.shared import SharedChunkStore
+from fx100io.shared import store as store_mod
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path):
+    yield from serve(tmp_path)
+
+
+def loop_threads() -> int:
+    return sum(t.name == "fx100io-shared" for t in threading.enumerate())
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run fn in a thread; its outcome (value or exception) lands in the list."""
+    out: list[Any] = []
+
+    def go() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001 (the test looks at it)
+            out.append(e)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t, out
+
+
+def stall_gets(st: SharedChunkStore, entered: threading.Event, cancellable: bool) -> None:
+    """Make every get of st wait inside its index call (for ever), having
+    set entered; cancellable=False: it ignores cancels for 3 s first."""
+    async def get_begin(*_a: Any, **_kw: Any) -> Any:
+        entered.set()
+        if not cancellable:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 3:
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    pass
+        await asyncio.Event().wait()
+    st._index.get_begin = get_begin  # type: ignore[method-assign]
+
+
+def test_close_during_a_blocking_get_ends_it_with_store_closed(tmp_path, redis_server):
+    base = loop_threads()
+    st = SharedChunkStore([str(tmp_path / "a.img")], redis_server.url, create=True,
+                          size=16 * MiB)
+    st.batch_put_blocking(["k"], [np.full(8192, 7, np.uint8)])
+    entered = threading.Event()
+    stall_gets(st, entered, cancellable=True)
+    t, out = in_thread(lambda: st.batch_get_blocking(["k"], [np.zeros(8192, np.uint8)]))
+    assert entered.wait(5)
+    t0 = time.monotonic()
+    st.close()
+    t.join(5)
+    assert not t.is_alive(), "the blocking get still waits after close()"
+    assert time.monotonic() - t0 < 5
+    assert isinstance(out[0], errors.StoreClosedError), out
+    # later calls: refused at once, no loop thread started again
+    for _ in range(3):
+        with pytest.raises(errors.StoreClosedError):
+            st.batch_get_blocking(["k"], [np.zeros(8192, np.uint8)])
+        with pytest.raises(errors.StoreClosedError):
+            st.batch_put_blocking(["k"], [b"x"])
+    assert loop_threads() == base
+
+
+def test_close_does_not_wait_for_ever_for_a_call_that_ignores_its_cancel(
+        tmp_path, redis_server, monkeypatch):
+    """A call that does not end within the bound: close() stops the loop all
+    the same, and the caller gets StoreClosedError, not a hang and not the
+    error of scheduling on a closed loop."""
+    monkeypatch.setattr(store_mod._Runner, "CLOSE_WAIT_S", 0.3, raising=False)
+    st = SharedChunkStore([str(tmp_path / "a.img")], redis_server.url, create=True,
+                          size=16 * MiB)
+    entered = threading.Event()
+    stall_gets(st, entered, cancellable=False)
+    t, out = in_thread(lambda: st.batch_get_blocking(["k"], [np.zeros(64, np.uint8)]))
+    assert entered.wait(5)
+    t0 = time.monotonic()
+    st.close()
+    assert time.monotonic() - t0 < 12
+    t.join(5)
+    assert not t.is_alive(), "the blocking get still waits after close()"
+    assert isinstance(out[0], errors.StoreClosedError), out
+
+
+def test_closing_a_store_no_blocking_call_used_then_calling_starts_no_loop(
+        tmp_path, redis_server):
+    base = loop_threads()
+    st = SharedChunkStore([str(tmp_path / "a.img")], redis_server.url, create=True,
+                          size=16 * MiB)
+    st.close()
+    for _ in range(5):
+        with pytest.raises(errors.StoreClosedError):
+            st.batch_get_blocking(["k"], [np.zeros(64, np.uint8)])
+        with pytest.raises(errors.StoreClosedError):
+            st.batch_exists_blocking(["k"])
+        with pytest.raises(errors.StoreClosedError):
+            st.delete_blocking("k")
+    assert loop_threads() == base
