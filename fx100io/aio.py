@@ -167,6 +167,26 @@ class QueueDriver:
         else:
             w.append(result)
 
+    def withdraw(self, waiter: Any) -> asyncio.Future | None:
+        """The caller awaiting waiter (a future of submit) was cancelled.  A
+        request not handed to C yet is taken back (nothing moved): None.  One
+        in flight gets a fresh future, resolved when its completion is
+        reaped: until then the kernel or the transport may still move the
+        caller's buffer, so the caller waits for it before returning."""
+        tag = next((t for t, w in self._waiters.items() if w is waiter), None)
+        if tag is None:
+            return None  # it had completed already
+        for i, queued in enumerate(self._backlog):
+            if queued[4] == tag:
+                del self._backlog[i]
+                self._waiters.pop(tag, None)
+                self._keep.pop(tag, None)
+                self._want_crc.discard(tag)
+                return None
+        fresh = waiter.get_loop().create_future()
+        self._waiters[tag] = fresh
+        return fresh
+
     def _reap(self) -> None:
         want_crc = self._want_crc
         while True:

@@ -289,15 +289,20 @@ class Device:
         return self._driver(True).submit([self._request(op, off, buf) for op, off, buf in reqs])
 
     async def read_into(self, offset: int, buf: Any) -> int:
-        """Read len(buf) bytes at offset into buf; returns bytes read (short at end)."""
+        """Read len(buf) bytes at offset into buf; returns bytes read (short at
+        end).  Cancelled, it returns only once the read stopped touching buf."""
         r = self._request(_core.OP_READ, offset, buf)
-        (f,) = self._driver(True).submit([r])
-        return self._check(r, await f)
+        drv = self._driver(True)
+        (f,) = drv.submit([r])
+        return self._check(r, await _io_done(drv, f))
 
     async def write_from(self, offset: int, buf: Any) -> int:
+        """Write buf at offset.  Cancelled, it returns only once the write
+        stopped reading buf (it may or may not have landed)."""
         r = self._request(_core.OP_WRITE, offset, buf)
-        (f,) = self._driver(True).submit([r])
-        return self._check(r, await f)
+        drv = self._driver(True)
+        (f,) = drv.submit([r])
+        return self._check(r, await _io_done(drv, f))
 
     async def flush(self) -> None:
         """Make completed writes durable (fdatasync)."""
@@ -404,3 +409,26 @@ def open_device(uri: str, **opts: Any) -> Device:
     Files and block devices are opened as they are with either).
     """
     return Device(os.fspath(uri) if isinstance(uri, os.PathLike) else uri, **opts)
+
+
+async def _io_done(drv: QueueDriver, f: Any) -> Any:
+    """Await one request's future.  If the caller is cancelled, the cancel
+    goes on only once the request is back from C (a read still lands in the
+    caller's buffer until then, a write still reads it); one not yet handed
+    to C is simply taken back.  A plain await costs nothing more on the way
+    that is not cancelled."""
+    try:
+        return await f
+    except BaseException:
+        if f.cancelled():
+            import asyncio
+
+            fresh = drv.withdraw(f)
+            while fresh is not None and not fresh.done():
+                try:
+                    await asyncio.wait([fresh])
+                except asyncio.CancelledError:
+                    pass  # cancelled again: the request still has to come back
+            if fresh is not None and not fresh.cancelled():
+                fresh.exception()  # seen: the caller is being cancelled
+        raise

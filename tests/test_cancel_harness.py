@@ -89,20 +89,11 @@ async def device_block_reader(tmp_path: Path, request: Any) -> AsyncIterator[Rea
         yield r
 
 
-# Device.read_into awaits its one request's future without a shield: a cancel
-# cancels the future, read_into raises at once, and the request -- already in
-# the C queue, or still in the driver's backlog, which hands it to C on the
-# next turn -- goes on writing its pieces into the buffer.
-DEVICE_XFAIL = pytest.mark.xfail(
-    strict=True, reason="Device.read_into (fx100io/device.py) returns on cancel while its "
-    "request's pieces still land in the buffer: it awaits the request's future unshielded and "
-    "nothing waits for the request to end")
-
 READERS = [
     pytest.param(chunkstore_reader, id="ChunkStore.batch_get"),
     pytest.param(shared_reader, id="SharedChunkStore.batch_get"),
-    pytest.param(device_file_reader, id="Device.read_into-file", marks=DEVICE_XFAIL),
-    pytest.param(device_block_reader, id="Device.read_into-block", marks=DEVICE_XFAIL),
+    pytest.param(device_file_reader, id="Device.read_into-file"),
+    pytest.param(device_block_reader, id="Device.read_into-block"),
 ]
 
 
