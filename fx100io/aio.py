@@ -49,6 +49,8 @@ class QueueDriver:
         self.fd = queue.fd
         #: made for an event loop waiting on fd (FX_QUEUE_FD_WAKE)
         self.fd_wake = fd_wake
+        #: its queue was handed out by Device.raw_queue(): never replaced
+        self.raw = False
         self._waiters: dict[int, Any] = {}
         self._keep: dict[int, Any] = {}
         self._want_crc: set[int] = set()
@@ -159,7 +161,10 @@ class QueueDriver:
         if w is None:
             return
         if not isinstance(w, list):
-            if not w.cancelled():
+            # (a waiter whose loop was closed meanwhile, e.g. a withdrawn
+            # read's, has nobody to wake: setting it would raise here and
+            # lose the completions reaped with it)
+            if not w.cancelled() and not w.get_loop().is_closed():
                 if isinstance(result, BaseException):
                     w.set_exception(result)
                 else:

@@ -217,7 +217,7 @@ class Device:
         for C waits."""
         d = getattr(self._local, "driver", None)
         if d is not None:
-            if not fd_wake or d.fd_wake or not d.idle:
+            if not fd_wake or d.fd_wake or not d.idle or d.raw:
                 return d
             self._drop_driver(d)  # idle, made for C waits: replaced below
         if self._closed:
@@ -318,8 +318,12 @@ class Device:
         GIL, ``reap()`` returns ``[(tag, res, status, crc32c), ...]``.  Keep each
         buffer alive until its completion is reaped, and use no other I/O call
         of this device on this thread while such requests are outstanding: it
-        would reap their completions."""
-        return self._driver().queue
+        would reap their completions.  The queue stays this thread's for good
+        (an async call later on this thread uses it too, rather than replace
+        it under the caller)."""
+        d = self._driver()
+        d.raw = True
+        return d.queue
 
     # -- blocking twins ------------------------------------------------------
     def submit_blocking(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
