@@ -452,3 +452,56 @@ def test_a_command_waiting_for_the_budget_starts_when_another_queue_frees_room(s
         assert f.read(8 * MiB) == da + db
     for h in (qa, qb, a):
         h.close()
+
+
+@pytest.mark.parametrize("hogs", [1, 2, 3])
+def test_hosts_at_several_addresses_holding_r2ts_leave_room_for_another(start_target, hogs):
+    """Budget 16 MiB.  Hosts at 1, 2 or 3 addresses each send 4 writes of
+    4 MiB and never their data: shares are checked when a buffer is taken,
+    so the first takes its lone 3/4 and the second the last quarter.  While
+    a host waits for room, one that holds more than its share and sends no
+    write data is closed within FX_TGT_SQUEEZE_MS (500 ms), not after the
+    2 x stall_ms data timeout (10 s here): a host at 127.0.0.2 then writes
+    1 MiB and reads 1 MiB from the disk promptly, byte for byte."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000",
+                     sizes=(64 << 20,))
+    keep = []
+    got = []
+    for i in range(hogs):
+        addr = f"127.0.0.{10 + i}"
+        a = _admin_from(t.port, addr, queues=1)
+        q = _io_from(t.port, addr, a.cntlid, 1)
+        for j in range(4):
+            q.submit(sqe(0x01, nsid=1, cdw10=(i * 4 + j) * 8192, cdw12=8191), bytes(4 * MiB),
+                     incapsule=False)
+        try:
+            got.append(_r2ts([q], 0.3))
+        except (OSError, Closed):
+            got.append(-1)
+        keep += [a, q]
+    assert got[0] == 3, got
+    good = _admin_from(t.port, "127.0.0.2", queues=1)
+    gq = _io_from(t.port, "127.0.0.2", good.cntlid, 1)
+    gq.sock.settimeout(30)
+    data = os.urandom(MiB)
+    t0 = time.monotonic()
+    assert gq.write(40 * 2048, data, 512, incapsule=False).ok
+    took_w = time.monotonic() - t0
+    _drop_cache(t.paths[0])
+    with open(t.paths[0], "rb") as f:
+        f.seek(48 * MiB)
+        want = f.read(MiB)
+    t0 = time.monotonic()
+    cqe, rd = gq.read(48 * 2048, 2048, 512)
+    took_r = time.monotonic() - t0
+    assert cqe.ok and rd == want
+    with open(t.paths[0], "rb") as f:
+        f.seek(40 * MiB)
+        assert f.read(MiB) == data
+    assert took_w < 1.5 and took_r < 1.5, (hogs, got, took_w, took_r)
+    for h in [*keep, gq, good]:
+        try:
+            h.close()
+        except OSError:
+            pass
+    assert t.proc.poll() is None

@@ -119,6 +119,20 @@ static int data_overdue(struct tgt_conn *c)
 	if (!atomic_load(&c->h2c_wait))
 		return 0;
 	now = tgt_now_ms();
+	if (atomic_load(&c->t->iobufs.nwait)) {
+		uint64_t last = atomic_load(&c->h2c_last_ms);
+		uint32_t squeeze = c->t->stall_ms / 4u < FX_TGT_SQUEEZE_MS ? c->t->stall_ms / 4u
+		                                                          : FX_TGT_SQUEEZE_MS;
+
+		/* (tgt.h, FX_TGT_SQUEEZE_MS) */
+		if (now >= last && now - last >= squeeze && tgt_iobufs_over_share(c)) {
+			tgt_log(c->t, "%s qid %u: holds more than its share of the I/O buffers while "
+			        "others wait, and sent no write data for %u ms; closing", c->peer,
+			        c->qid, squeeze);
+			c->state = TGT_CONN_CLOSING;
+			return -ETIMEDOUT;
+		}
+	}
 	if (now < c->data_check_ms)
 		return 0;
 	c->data_check_ms = now + c->t->stall_ms / 4u;
@@ -133,6 +147,27 @@ static int data_overdue(struct tgt_conn *c)
 	        "closing", c->peer, c->qid, (unsigned long long)limit);
 	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
+}
+
+/*
+ * The receive timeout between PDUs.  With writes waiting for their data,
+ * the receive wakes every FX_TGT_SQUEEZE_POLL_MS, so that data_overdue's
+ * squeeze (tgt.h, FX_TGT_SQUEEZE_MS) acts soon after another host starts
+ * waiting for room; otherwise stall_ms.  woke: a receive just timed out.
+ * Back to stall_ms only once such a wake finds no write waiting, so that a
+ * writer's queue, its writes coming and going, costs no system call a PDU.
+ */
+static void idle_rcvtimeo(struct tgt_conn *c, int woke)
+{
+	uint32_t stall = c->t->stall_ms;
+	uint32_t poll = stall < FX_TGT_SQUEEZE_POLL_MS ? stall : FX_TGT_SQUEEZE_POLL_MS;
+
+	if (atomic_load(&c->h2c_wait)) {
+		if (c->rcvtimeo_ms != poll)
+			set_rcvtimeo(c, poll);
+	} else if (c->rcvtimeo_ms != stall && (woke || c->rcvtimeo_ms != poll)) {
+		set_rcvtimeo(c, stall);
+	}
 }
 
 /*
@@ -152,8 +187,7 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 
 		if (ret)
 			return ret;
-		if (c->rcvtimeo_ms != c->t->stall_ms)
-			set_rcvtimeo(c, c->t->stall_ms);
+		idle_rcvtimeo(c, 0);
 		atomic_store(&c->wait_since_ms, tgt_now_ms());
 	}
 	while (n) {
@@ -185,8 +219,11 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 		} else if (r == 0) {
 			return -ECONNRESET;
 		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			/* (inside a PDU: pdu_time_left says whether its deadline
+			 * passed; the receive timeout may be the shorter poll) */
 			if (!start)
-				return stalled(c);
+				continue;
+			idle_rcvtimeo(c, 1);
 			if ((ret = data_overdue(c)) != 0)
 				return ret;
 		} else if (errno != EINTR) {
@@ -805,7 +842,7 @@ static int r2t_alloc(struct tgt_conn *c)
 	if (!c->r2t_nfree)
 		return -1;
 	atomic_fetch_add(&c->r2t_busy, 1);
-	atomic_fetch_add(&c->h2c_wait, 1);
+	tgt_h2c_wait_add(c);
 	return c->r2t_free[--c->r2t_nfree];
 }
 

@@ -399,6 +399,7 @@ static void peer_change_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_
 
 	p->held = p->held + add - sub;
 	p->waiting = (unsigned)((int)p->waiting + wait);
+	atomic_store(&b->nwait, (unsigned)((int)atomic_load(&b->nwait) + wait));
 	if (was && !(p->held || p->waiting))
 		b->active--;
 	else if (!was && (p->held || p->waiting))
@@ -650,6 +651,29 @@ int tgt_iobufs_try(struct tgt_conn *c, size_t n)
 	return ok ? 0 : -ENOBUFS;
 }
 
+/* The connection's address holds more than its share while some queue
+ * waits for room (tgt.h, FX_TGT_SQUEEZE_MS). */
+int tgt_iobufs_over_share(struct tgt_conn *c)
+{
+	struct tgt_iobufs *b = &c->t->iobufs;
+	int over;
+
+	if (!c->iopeer || !atomic_load(&b->nwait))
+		return 0;
+	pthread_mutex_lock(&b->lock);
+	over = b->waiters && c->iopeer->held > share_locked(b, c->iopeer);
+	pthread_mutex_unlock(&b->lock);
+	return over;
+}
+
+/* One more write waits for its data; the first starts the clock of
+ * data_overdue's squeeze (conn.c). */
+void tgt_h2c_wait_add(struct tgt_conn *c)
+{
+	if (atomic_fetch_add(&c->h2c_wait, 1) == 0)
+		atomic_store(&c->h2c_last_ms, tgt_now_ms());
+}
+
 void tgt_iobufs_give(struct tgt_conn *c, size_t n)
 {
 	struct tgt_iobufs *b = &c->t->iobufs;
@@ -737,7 +761,7 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		io->state = TGT_IO_WAIT_DATA;
 		io->done = 0;
 		io->r2t_ms = tgt_now_ms();
-		atomic_fetch_add(&c->h2c_wait, 1);
+		tgt_h2c_wait_add(c);
 		pthread_mutex_unlock(&q->lock);
 		/* (checked under the send lock: nothing follows a quiesce) */
 		tgt_send_lock(c);
@@ -1317,6 +1341,7 @@ int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad)
 	if (bad && !io->err)
 		io->err = TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT);
 	io->done += datal;
+	atomic_store(&c->h2c_last_ms, tgt_now_ms());
 	if (io->done < io->len)
 		return 0;
 	if (c->t->fault_disk_delay_ms) { /* (test knob: a slow disk under writes) */

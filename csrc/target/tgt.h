@@ -112,6 +112,19 @@
  * (without waiting: a retryable error when there is no room). */
 #define FX_TGT_IO_BUFFER_BUDGET (256u << 20)
 #define FX_TGT_IO_BUDGET_MIN (2u * FX_TGT_MAX_XFER)
+/* Shares are checked when a buffer is taken, and a write's buffer is taken
+ * at its R2T: hosts at two addresses that take R2Ts and never send the data
+ * would otherwise hold the whole budget (3/4 + 1/4) until the data timeout
+ * (2 x stall_ms) while everyone else waits.  So while any queue waits for
+ * room, a connection whose address holds more than its share and that has
+ * writes waiting for data must have sent some write data within the last
+ * FX_TGT_SQUEEZE_MS (stall_ms / 4 if less), or it is closed and its
+ * buffers go back: what it holds beyond its share is then given back
+ * within that time, and the waiting host's share, at least one command of
+ * the largest size, fits.  A host that is sending its data keeps going;
+ * connections are polled that often only while someone waits. */
+#define FX_TGT_SQUEEZE_MS 500u
+#define FX_TGT_SQUEEZE_POLL_MS 50u
 /* Buffers kept for reuse once the whole target has had nothing in flight
  * for a moment (the cache otherwise keeps what the last 100 ms used). */
 #define FX_TGT_IO_IDLE_CACHE (4u << 20)
@@ -184,6 +197,7 @@ struct tgt_iobufs {
 	struct tgt_iopeer *peers;
 	unsigned active;   /* peers holding buffers or waiting for them */
 	struct tgt_ioq *waiters; /* queues waiting for room (woken when theirs fits) */
+	atomic_uint nwait;  /* how many: read without the lock by connections' threads */
 };
 struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
 
@@ -280,6 +294,11 @@ struct tgt_conn {
 	 * otherwise hold its buffers for ever).  data_check_ms: next check. */
 	atomic_uint h2c_wait;
 	uint64_t data_check_ms;
+	/* When write data last came in, or the connection began waiting for
+	 * some (h2c_wait 0 -> 1): a connection that holds more than its
+	 * address's share of the I/O budget while others wait for room must
+	 * keep its data coming (FX_TGT_SQUEEZE_MS; conn.c, data_overdue). */
+	_Atomic uint64_t h2c_last_ms;
 	uint64_t pdu_deadline_ms; /* the PDU being received must be complete by then */
 	uint32_t rcvtimeo_ms;     /* SO_RCVTIMEO now set on fd */
 	uint64_t accepted_ms;
@@ -529,6 +548,8 @@ int tgt_iopeer_get(struct tgt_conn *c);
 void tgt_iopeer_put(struct tgt_conn *c);
 int tgt_iobufs_try(struct tgt_conn *c, size_t n);
 void tgt_iobufs_give(struct tgt_conn *c, size_t n);
+int tgt_iobufs_over_share(struct tgt_conn *c);
+void tgt_h2c_wait_add(struct tgt_conn *c);
 void tgt_iobufs_tick(struct fx_target *t);
 /* Start it (c->ioq, c->send_lock) for a queue of c->sqsize + 1 entries:
  * 0, or -errno when io_uring is not to be had (the queue then serves in
