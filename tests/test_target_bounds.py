@@ -505,3 +505,28 @@ def test_hosts_at_several_addresses_holding_r2ts_leave_room_for_another(start_ta
         except OSError:
             pass
     assert t.proc.poll() is None
+
+
+def test_a_full_budget_still_lets_hosts_connect_with_data_by_r2t(start_target):
+    """Budget 16 MiB, filled by write R2Ts from two addresses (12 + 4 MiB,
+    nobody waiting).  A host at a third address whose Connect data (1024
+    bytes) comes by R2T still connects: Connect and authentication data are
+    not taken from the I/O budget (bounded per connection instead)."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000",
+                     sizes=(64 << 20,))
+    keep = []
+    for addr, n, want in (("127.0.0.1", 4, 3), ("127.0.0.3", 1, 1)):
+        a = _admin_from(t.port, addr, queues=1)
+        q = _io_from(t.port, addr, a.cntlid, 1)
+        for j in range(n):
+            q.submit(sqe(0x01, nsid=1, cdw10=j * 8192, cdw12=8191), bytes(4 * MiB),
+                     incapsule=False)
+        assert _r2ts([q], 0.5) == want
+        keep += [a, q]
+    h = from_addr(t.port, "127.0.0.2")
+    h.icreq()
+    cqe = h.connect(0, incapsule=False)
+    assert cqe.ok, hex(cqe.status)
+    h.enable()
+    for x in [*keep, h]:
+        x.close()

@@ -881,13 +881,33 @@ static int go_live(struct tgt_conn *c)
 	return 0;
 }
 
+/*
+ * The part of a collection of len bytes (admin/Fabrics data by R2T) taken
+ * from the target's I/O buffer budget.  A Connect's 1024 bytes and an
+ * authentication message (at most FX_TGT_AUTH_BUF) are not: a host must be
+ * able to connect and authenticate while others fill the budget, and such
+ * a buffer is bounded per connection (FX_TGT_R2T_BUFS of them), like abuf,
+ * by the connection limit.  Larger admin data, only once the queue is live,
+ * comes from the budget.
+ */
+static size_t r2t_budget_part(uint32_t len)
+{
+	return len > FX_TGT_AUTH_BUF ? len : 0;
+}
+
+static void r2t_budget_give(struct tgt_conn *c, uint32_t len)
+{
+	if (r2t_budget_part(len))
+		tgt_iobufs_give(c, r2t_budget_part(len));
+}
+
 static void r2t_release(struct tgt_conn *c, unsigned idx)
 {
 	struct tgt_r2t *s = &c->r2t[idx];
 
 	if (s->buf) {
 		free(s->buf);
-		tgt_iobufs_give(c, s->len);
+		r2t_budget_give(c, s->len);
 		c->r2t_bufs--;
 	}
 	memset(s, 0, sizeof(*s));
@@ -920,15 +940,15 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 	s->off = off;
 	s->r2t_ms = tgt_now_ms();
 	if (!ns) {
-		/* (out of the target's buffer budget, without waiting: the
-		 * host retries) */
-		if (tgt_iobufs_try(c, len) < 0) {
+		/* (large ones out of the target's buffer budget, without
+		 * waiting: the host retries; r2t_budget_part) */
+		if (r2t_budget_part(len) && tgt_iobufs_try(c, r2t_budget_part(len)) < 0) {
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
 		s->buf = malloc(len);
 		if (!s->buf) {
-			tgt_iobufs_give(c, len);
+			r2t_budget_give(c, len);
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
@@ -1284,7 +1304,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 	r2t_release(c, idx);
 	ret = run_admin(c, &sqe, buf, len);
 	free(buf);
-	tgt_iobufs_give(c, len);
+	r2t_budget_give(c, len);
 	return ret;
 }
 
@@ -1470,7 +1490,7 @@ void *tgt_conn_main(void *arg)
 	for (unsigned i = 0; i < c->r2t_n; i++)
 		if (c->r2t[i].buf) {
 			free(c->r2t[i].buf);
-			tgt_iobufs_give(c, c->r2t[i].len);
+			r2t_budget_give(c, c->r2t[i].len);
 		}
 	free(c->r2t);
 	free(c->r2t_free);
