@@ -87,6 +87,21 @@
 #define FX_TGT_AUTH_DH_BURST 32u
 #define FX_TGT_AUTH_DH_PER_S 4u
 #define FX_TGT_AUTH_DH_PEERS 256u
+/* An address's bucket is shared by every host NQN it names, so a neighbour
+ * behind the same address (NAT, the same IPv6 /64) could drain it and lock
+ * out a host that has the right secret.  A (host NQN, address) pair that
+ * proved its secret within FX_TGT_AUTH_TRUST_MS has a bucket of its own
+ * (the same size and refill), which only transactions naming that host
+ * from that address use; FX_TGT_AUTH_DH_TRUSTED pairs are remembered, the
+ * longest unproven replaced (only a proof creates one).  A slot of the
+ * address table is replaced only once its bucket has refilled (forgetting
+ * it then gives nothing away); while none has, new addresses share one
+ * overflow bucket.  A Challenge that finds its bucket empty waits for the
+ * next token when that is at most FX_TGT_AUTH_DH_TOKEN_WAIT_MS away (one
+ * token's refill), rather than fail a host that only came at a bad time. */
+#define FX_TGT_AUTH_DH_TRUSTED 256u
+#define FX_TGT_AUTH_TRUST_MS (3600u * 1000u)
+#define FX_TGT_AUTH_DH_TOKEN_WAIT_MS (1000u / FX_TGT_AUTH_DH_PER_S)
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -216,6 +231,16 @@ struct tgt_dh_peer {
 	char addr[64];      /* "": a free slot */
 	uint64_t milli;     /* tokens, in thousandths */
 	uint64_t refill_ms; /* last refilled (and used) */
+};
+
+/* A (host, address) pair that proved its secret: its own DH tokens
+ * (auth.c; under the target's lock). */
+struct tgt_dh_trust {
+	const struct tgt_dhchap_host *host; /* NULL: a free slot */
+	char addr[64];
+	uint64_t ok_ms;     /* its last proof */
+	uint64_t milli;     /* tokens, in thousandths */
+	uint64_t refill_ms;
 };
 
 enum tgt_ctrl_state {
@@ -415,6 +440,8 @@ struct fx_target {
 	_Atomic uint64_t dh_ops;
 	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
 	struct tgt_dh_peer dh_peers[FX_TGT_AUTH_DH_PEERS];
+	struct tgt_dh_peer dh_overflow; /* addresses that found no slot */
+	struct tgt_dh_trust dh_trusted[FX_TGT_AUTH_DH_TRUSTED];
 	pthread_cond_t drain_cond; /* a controller's io_live went down (with lock) */
 	/* Test knobs from the environment (read once at create; see
 	 * target.c): FX100IO_TARGET_INLINE=1 serves I/O queues one command
