@@ -106,6 +106,47 @@ def test_log_lines_are_bounded_target_wide(start_target):
     assert len(lines) + left_out >= n, (len(lines), left_out)
 
 
+def test_a_log_flood_does_not_hide_failed_authentications(start_target):
+    """While connections from 127.0.0.5 flood the log with malformed first
+    PDUs, a host at 127.0.0.9 fails authentication 10 times (wrong secret):
+    every failure is in the log, as its own line or counted in a line like
+    "127.0.0.9: 3 x failed authentication as host ..." (lines that matter
+    are never left out silently)."""
+    t = auth.keyed(start_target)
+    stop = time.monotonic() + 3.0
+
+    def flood() -> None:
+        while time.monotonic() < stop:
+            s = socket.socket()
+            s.bind(("127.0.0.5", 0))
+            s.connect(("127.0.0.1", t.port))
+            s.sendall(struct.pack("<BBBBI", CMD, 0, 72, 0, 72) + bytes(64))
+            try:
+                s.recv(256)
+            except OSError:
+                pass
+            s.close()
+
+    th = threading.Thread(target=flood)
+    th.start()
+    time.sleep(0.5)
+    for _ in range(10):
+        h = _auth_host(t.port, "127.0.0.9")
+        assert "failure" in auth.authenticate(h, auth.SECRET_B, groups=(0,))
+        h.close()
+        time.sleep(0.1)
+    th.join()
+    time.sleep(1.5)  # (the counts are said within a second)
+    t.stop()
+    log = t.stderr
+    assert "left out" in log  # (the flood was over the bucket)
+    whole = [x for x in log.splitlines()
+             if "127.0.0.9" in x and "failed DH-HMAC-CHAP authentication" in x]
+    counted = sum(int(m) for m in re.findall(
+        r"127\.0\.0\.9: (\d+) x failed authentication as host " + re.escape(HOST_A), log))
+    assert len(whole) + counted == 10, (len(whole), counted)
+
+
 # ------------------------------------------- DH work before authentication
 
 def _auth_host(port: int, addr: str, hostnqn: str = HOST_A) -> Host:

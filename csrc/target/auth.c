@@ -498,7 +498,7 @@ static uint64_t backoff_wait(struct tgt_conn *c)
 static void abandoned(struct tgt_conn *c, const char *how)
 {
 	struct tgt_auth *a = c->auth;
-	char hp[NVMF_NQN_SIZE];
+	char hp[NVMF_NQN_SIZE], what[200];
 
 	if (!a->costly || a->counted)
 		return;
@@ -506,9 +506,11 @@ static void abandoned(struct tgt_conn *c, const char *how)
 	backoff_failed(c);
 	if (c->t->stop)
 		return; /* (our own stop ends it: nothing to say) */
-	tgt_log(c->t, "%s qid %u: host %s abandoned DH-HMAC-CHAP authentication after our "
-	        "challenge (%s); counted as a failed attempt", c->peer, c->qid,
-	        tgt_printable(hp, sizeof(hp), a->host->hostnqn), how);
+	tgt_printable(hp, sizeof(hp), a->host->hostnqn);
+	snprintf(what, sizeof(what), "abandoned authentication as host %.160s", hp);
+	tgt_log_must(c->t, c->peer_key, what, "%s qid %u: host %s abandoned DH-HMAC-CHAP "
+	             "authentication after our challenge (%s); counted as a failed attempt",
+	             c->peer, c->qid, hp, how);
 }
 
 int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
@@ -532,7 +534,7 @@ int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
 static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 {
 	struct tgt_auth *a = c->auth;
-	char hp[NVMF_NQN_SIZE];
+	char hp[NVMF_NQN_SIZE], what[200];
 
 	if (a->authenticated)
 		a->close_pending = 1; /* a re-authentication: the queue goes */
@@ -550,8 +552,11 @@ static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 	if (a->logged)
 		return 0;
 	a->logged = 1;
-	tgt_log(c->t, "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
-	        c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+	tgt_printable(hp, sizeof(hp), a->host->hostnqn);
+	snprintf(what, sizeof(what), "failed authentication as host %.160s", hp);
+	tgt_log_must(c->t, c->peer_key, what,
+	        "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
+	        c->qid, hp,
 	        rc == FX_AUTH_FAIL_FAILED && !detail ? "response mismatch (wrong secret?)"
 	                                             : fx_auth_reason_str(rc),
 	        detail ? ": " : "", detail ? detail : "");

@@ -861,7 +861,8 @@ static int go_live(struct tgt_conn *c)
 			c->abuf_len = c->abuf ? FX_TGT_AUTH_BUF : 0;
 		}
 		if (!c->abuf) {
-			tgt_log(c->t, "%s qid %u: out of memory", c->peer, c->qid);
+			tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
+			             "%s qid %u: out of memory", c->peer, c->qid);
 			return -ENOMEM;
 		}
 		return 0;
@@ -873,7 +874,8 @@ static int go_live(struct tgt_conn *c)
 		c->abuf_len = FX_TGT_ADMIN_BUF;
 	}
 	if (!c->chunk || c->abuf_len < FX_TGT_ADMIN_BUF || r2t_table(c, c->sqsize + 1u) < 0) {
-		tgt_log(c->t, "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
+		tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
+		             "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
 		return -ENOMEM;
 	}
 	if (tgt_auth_done(c))

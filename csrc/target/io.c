@@ -740,7 +740,8 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		unreserve_locked(q, io->cap); /* (release frees no buffer) */
 		release_locked(q, idx);
 		pthread_mutex_unlock(&q->lock);
-		tgt_log(c->t, "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
+		tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
+		             "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
 		        len);
 		/* (checked under the send lock, as every send of ours: a stopping
 		 * queue sends nothing, and its thread's join waits for no send) */

@@ -74,6 +74,12 @@
  * FX_TGT_LOG_PER_S a second; the rest are counted and the count said. */
 #define FX_TGT_LOG_BURST 100u
 #define FX_TGT_LOG_PER_S 20u
+/* Lines that matter (a failed authentication, a refusal, an internal error)
+ * are never left out silently: past the bucket, they are counted per peer
+ * address and kind, FX_TGT_LOG_AGG kinds a second (the rest as one count),
+ * and each count is said once a second ("127.0.0.9: 10 x failed
+ * authentication as host X"), however many lines a flood makes. */
+#define FX_TGT_LOG_AGG 32u
 /* DH work per peer address (target.c, peer_key), whatever host NQN it
  * names: each Challenge with a DH group (a key pair now, a key agreement
  * at the Reply) takes a token from the address's bucket of
@@ -393,11 +399,23 @@ struct tgt_conn {
 };
 
 /* The log's rate limit (target.c, tgt_log). */
+/* Lines that must not be lost (failed authentications, refusals, internal
+ * errors) that the bucket left out, counted per address and kind and said
+ * once a second (target.c, tgt_log_must). */
+struct tgt_log_agg {
+	char peer[64];      /* "": a free slot */
+	char what[200];
+	unsigned n;
+};
+
 struct tgt_loglim {
 	pthread_mutex_t lock;
 	uint64_t milli;     /* lines that may be written now, in thousandths */
 	uint64_t refill_ms;
 	unsigned dropped;   /* lines left out since the last one written */
+	struct tgt_log_agg agg[FX_TGT_LOG_AGG];
+	unsigned agg_other; /* ... of addresses that found no slot */
+	uint64_t agg_ms;    /* last said */
 };
 
 struct fx_target {
@@ -485,6 +503,8 @@ static inline uint32_t tgt_user_timeout_ms(const struct fx_target *t)
 
 void tgt_log(const struct fx_target *t, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+void tgt_log_must(const struct fx_target *t, const char *peer, const char *what,
+                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 uint64_t tgt_now_ms(void);
 /* s made safe to log (NQNs come from the wire): non-printable bytes become
  * '?'; returns buf. */
