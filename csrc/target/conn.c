@@ -564,6 +564,30 @@ int tgt_send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t len)
 }
 
 /*
+ * After a C2HTermReq: closing a socket with unread data in it resets the
+ * connection, and a reset discards what is still in our send queue (the
+ * C2HTermReq itself, behind answers a host that is slow to read has not
+ * taken yet).  So: FIN after what was sent, then read and drop what the
+ * host still sends, until its close or FX_TGT_TERM_LINGER_MS at most (a
+ * host that keeps sending holds the thread no longer than that).
+ */
+static void linger_after_term(struct tgt_conn *c)
+{
+	uint64_t end = tgt_now_ms() + FX_TGT_TERM_LINGER_MS;
+	uint8_t sink[4096];
+
+	if (shutdown(c->fd, SHUT_WR) < 0)
+		return;
+	set_rcvtimeo(c, 50);
+	while (tgt_now_ms() < end) {
+		ssize_t r = recv(c->fd, sink, sizeof(sink), 0);
+
+		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			break;
+	}
+}
+
+/*
  * End the connection for a fatal transport error: C2HTermReq with the fatal
  * error status, the field's byte offset (FEI) and up to 152 bytes of the
  * offending header, then the caller closes.  Returns -EPROTO.
@@ -1487,6 +1511,8 @@ void *tgt_conn_main(void *arg)
 	c->state = TGT_CONN_CLOSING;
 	tgt_conn_drained(c);
 	tgt_conn_detach(c);
+	if (ret == -EPROTO)
+		linger_after_term(c);
 	shutdown(c->fd, SHUT_RDWR);
 	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)

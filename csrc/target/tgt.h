@@ -145,6 +145,9 @@
  * the largest size, fits.  A host that is sending its data keeps going;
  * connections are polled that often only while someone waits. */
 #define FX_TGT_SQUEEZE_MS 500u
+/* After a C2HTermReq, how long the connection drains the host's data before
+ * it closes (conn.c, linger_after_term). */
+#define FX_TGT_TERM_LINGER_MS 1000u
 #define FX_TGT_SQUEEZE_POLL_MS 50u
 /* Buffers kept for reuse once the whole target has had nothing in flight
  * for a moment (the cache otherwise keeps what the last 100 ms used). */
