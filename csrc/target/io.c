@@ -49,7 +49,9 @@
  * release wakes the queues waiting on it through their eventfd, whose
  * read the engine keeps on its ring).  A write's buffer is taken before
  * its R2T goes out, so a host can never make us hold data we have no room
- * for, and its data is due within 2 x stall_ms of the R2T (conn.c).
+ * for, and its data is due within 2 x stall_ms of the R2T (conn.c); while
+ * any queue waits for room, within FX_TGT_SQUEEZE_MS for a connection whose
+ * address holds more than its share (tgt.h).
  * Ended commands' buffers are kept for the next command of any queue,
  * within the budget (a room-seeking command frees them first); every
  * 100 ms the cache is trimmed to what the last 100 ms used beyond what is

@@ -129,8 +129,11 @@
  * much the others hold and however long they hold it (a host that does
  * not read its socket keeps its reads' buffers for the stall timeout).  A
  * command that does not fit waits, in its queue's order, for room.
- * Admin and Fabrics data collected by R2T comes out of the same budget
- * (without waiting: a retryable error when there is no room). */
+ * Admin data collected by R2T comes out of the same budget (without
+ * waiting: a retryable error when there is no room); Connect and
+ * authentication data do not (conn.c, r2t_budget_part).  A host above its
+ * share that sends no write data while others wait is closed
+ * (FX_TGT_SQUEEZE_MS). */
 #define FX_TGT_IO_BUFFER_BUDGET (256u << 20)
 #define FX_TGT_IO_BUDGET_MIN (2u * FX_TGT_MAX_XFER)
 /* Shares are checked when a buffer is taken, and a write's buffer is taken
