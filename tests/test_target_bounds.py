@@ -106,6 +106,47 @@ def test_log_lines_are_bounded_target_wide(start_target):
     assert len(lines) + left_out >= n, (len(lines), left_out)
 
 
+def test_a_log_flood_does_not_hide_failed_authentications(start_target):
+    """While connections from 127.0.0.5 flood the log with malformed first
+    PDUs, a host at 127.0.0.9 fails authentication 10 times (wrong secret):
+    every failure is in the log, as its own line or counted in a line like
+    "127.0.0.9: 3 x failed authentication as host ..." (lines that matter
+    are never left out silently)."""
+    t = auth.keyed(start_target)
+    stop = time.monotonic() + 3.0
+
+    def flood() -> None:
+        while time.monotonic() < stop:
+            s = socket.socket()
+            s.bind(("127.0.0.5", 0))
+            s.connect(("127.0.0.1", t.port))
+            s.sendall(struct.pack("<BBBBI", CMD, 0, 72, 0, 72) + bytes(64))
+            try:
+                s.recv(256)
+            except OSError:
+                pass
+            s.close()
+
+    th = threading.Thread(target=flood)
+    th.start()
+    time.sleep(0.5)
+    for _ in range(10):
+        h = _auth_host(t.port, "127.0.0.9")
+        assert "failure" in auth.authenticate(h, auth.SECRET_B, groups=(0,))
+        h.close()
+        time.sleep(0.1)
+    th.join()
+    time.sleep(1.5)  # (the counts are said within a second)
+    t.stop()
+    log = t.stderr
+    assert "left out" in log  # (the flood was over the bucket)
+    whole = [x for x in log.splitlines()
+             if "127.0.0.9" in x and "failed DH-HMAC-CHAP authentication" in x]
+    counted = sum(int(m) for m in re.findall(
+        r"127\.0\.0\.9: (\d+) x failed authentication as host " + re.escape(HOST_A), log))
+    assert len(whole) + counted == 10, (len(whole), counted)
+
+
 # ------------------------------------------- DH work before authentication
 
 def _auth_host(port: int, addr: str, hostnqn: str = HOST_A) -> Host:
@@ -202,6 +243,98 @@ def test_dh_work_per_address_is_bounded_whatever_host_nqn(start_target):
     assert refused[0] > 0
     assert served[0] <= 32 + 4 * elapsed + 1, (served[0], refused[0], elapsed)
     assert "too many DH transactions from this address" in auth.log_of(t)
+
+
+NQNS = [HOST_A[:-2] + f"{0xa0 + i:02x}" for i in range(8)]
+KEYS = [a for n in NQNS for a in ("--dhchap-key", f"{n}={auth.SECRET_A}")]
+
+
+def _chal(h: Host, tid: int, group: int = 1) -> bool:
+    """Negotiate a DH group and receive: True for a Challenge, False for a
+    Failure1."""
+    assert auth.send(h, auth.negotiate(tid, groups=(group,))).ok
+    cqe, m = auth.receive(h)
+    assert cqe.ok, cqe
+    if auth.failure(m):
+        return False
+    assert auth.parse_challenge(m)["group"] == group
+    return True
+
+
+def _drain(port: int, addr: str, limit: int = 200) -> int:
+    """Challenges (ffdhe2048) an address gets at once: before its first
+    refusal or first wait for a token (a Challenge that takes 150 ms or
+    more), 4 a connection, host NQNs rotated so that no per-host backoff
+    stops it."""
+    n = 0
+    while n < limit:
+        h = _auth_host(port, addr, NQNS[(n // 4) % len(NQNS)])
+        for tid in range(4):
+            t0 = time.monotonic()
+            if not _chal(h, tid) or time.monotonic() - t0 >= 0.15:
+                h.close()
+                return n
+            n += 1
+        h.close()
+    return n
+
+
+def test_an_address_pushed_out_of_the_table_keeps_its_spent_bucket(start_target):
+    """An address that spent its 32 DH tokens, then 256 other addresses (one
+    challenge each, the size of the address table): it gets no more than the
+    refill of the elapsed time (4 a second), not a fresh bucket.  A slot is
+    replaced only once its bucket has refilled; meanwhile the newcomers
+    share the overflow bucket."""
+    t = start_target(*KEYS, "--dhchap-dhgroup", "ffdhe2048")
+    first = _drain(t.port, "127.0.0.1")
+    t0 = time.monotonic()
+    for i in range(256):
+        h = _auth_host(t.port, f"127.0.{1 + i // 250}.{1 + i % 250}", NQNS[i % len(NQNS)])
+        _chal(h, 0)
+        h.close()
+    again = _drain(t.port, "127.0.0.1")
+    elapsed = time.monotonic() - t0
+    assert first >= 32
+    assert again <= 4 * elapsed + 2, (first, again, elapsed)
+
+
+def test_a_neighbour_at_the_same_address_does_not_lock_out_a_keyed_host(start_target):
+    """A host behind the same address (NAT, the same IPv6 /64) abandons
+    challenges under other host NQNs and drains the address's bucket.  A
+    host with the right secret that has not yet authenticated from there
+    waits for the next token (at most 250 ms) rather than fail; one that
+    has authenticated from there lately has a bucket of its own, and
+    succeeds every time while the abuse goes on."""
+    t = start_target(*KEYS, "--dhchap-key", f"{HOST_A}={auth.SECRET_A}",
+                     "--dhchap-dhgroup", "ffdhe2048")
+    assert _drain(t.port, "127.0.0.1") >= 32
+    h = _auth_host(t.port, "127.0.0.1")
+    ch = auth.authenticate(h, auth.SECRET_A, groups=(1,))
+    h.close()
+    assert "failure" not in ch, ch
+    stop = time.monotonic() + 4.0
+
+    def abuse() -> None:
+        i = 0
+        while time.monotonic() < stop:
+            h = _auth_host(t.port, "127.0.0.1", NQNS[i % len(NQNS)])
+            for tid in range(4):
+                _chal(h, tid)
+            h.close()
+            i += 1
+
+    th = threading.Thread(target=abuse)
+    th.start()
+    time.sleep(0.5)
+    ok = tries = 0
+    while time.monotonic() < stop - 0.5:
+        h = _auth_host(t.port, "127.0.0.1")
+        ok += "failure" not in auth.authenticate(h, auth.SECRET_A, groups=(1,))
+        tries += 1
+        h.close()
+        time.sleep(0.1)
+    th.join()
+    assert tries >= 5 and ok == tries, (ok, tries)
 
 
 def test_no_large_data_before_a_queue_has_authenticated(start_target):
@@ -452,3 +585,81 @@ def test_a_command_waiting_for_the_budget_starts_when_another_queue_frees_room(s
         assert f.read(8 * MiB) == da + db
     for h in (qa, qb, a):
         h.close()
+
+
+@pytest.mark.parametrize("hogs", [1, 2, 3])
+def test_hosts_at_several_addresses_holding_r2ts_leave_room_for_another(start_target, hogs):
+    """Budget 16 MiB.  Hosts at 1, 2 or 3 addresses each send 4 writes of
+    4 MiB and never their data: shares are checked when a buffer is taken,
+    so the first takes its lone 3/4 and the second the last quarter.  While
+    a host waits for room, one that holds more than its share and sends no
+    write data is closed within FX_TGT_SQUEEZE_MS (500 ms), not after the
+    2 x stall_ms data timeout (10 s here): a host at 127.0.0.2 then writes
+    1 MiB and reads 1 MiB from the disk promptly, byte for byte."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000",
+                     sizes=(64 << 20,))
+    keep = []
+    got = []
+    for i in range(hogs):
+        addr = f"127.0.0.{10 + i}"
+        a = _admin_from(t.port, addr, queues=1)
+        q = _io_from(t.port, addr, a.cntlid, 1)
+        for j in range(4):
+            q.submit(sqe(0x01, nsid=1, cdw10=(i * 4 + j) * 8192, cdw12=8191), bytes(4 * MiB),
+                     incapsule=False)
+        try:
+            got.append(_r2ts([q], 0.3))
+        except (OSError, Closed):
+            got.append(-1)
+        keep += [a, q]
+    assert got[0] == 3, got
+    good = _admin_from(t.port, "127.0.0.2", queues=1)
+    gq = _io_from(t.port, "127.0.0.2", good.cntlid, 1)
+    gq.sock.settimeout(30)
+    data = os.urandom(MiB)
+    t0 = time.monotonic()
+    assert gq.write(40 * 2048, data, 512, incapsule=False).ok
+    took_w = time.monotonic() - t0
+    _drop_cache(t.paths[0])
+    with open(t.paths[0], "rb") as f:
+        f.seek(48 * MiB)
+        want = f.read(MiB)
+    t0 = time.monotonic()
+    cqe, rd = gq.read(48 * 2048, 2048, 512)
+    took_r = time.monotonic() - t0
+    assert cqe.ok and rd == want
+    with open(t.paths[0], "rb") as f:
+        f.seek(40 * MiB)
+        assert f.read(MiB) == data
+    assert took_w < 1.5 and took_r < 1.5, (hogs, got, took_w, took_r)
+    for h in [*keep, gq, good]:
+        try:
+            h.close()
+        except OSError:
+            pass
+    assert t.proc.poll() is None
+
+
+def test_a_full_budget_still_lets_hosts_connect_with_data_by_r2t(start_target):
+    """Budget 16 MiB, filled by write R2Ts from two addresses (12 + 4 MiB,
+    nobody waiting).  A host at a third address whose Connect data (1024
+    bytes) comes by R2T still connects: Connect and authentication data are
+    not taken from the I/O budget (bounded per connection instead)."""
+    t = start_target("--io-buffer-budget", "16", "--stall-timeout-ms", "5000",
+                     sizes=(64 << 20,))
+    keep = []
+    for addr, n, want in (("127.0.0.1", 3, 3), ("127.0.0.3", 1, 1)):
+        a = _admin_from(t.port, addr, queues=1)
+        q = _io_from(t.port, addr, a.cntlid, 1)
+        for j in range(n):
+            q.submit(sqe(0x01, nsid=1, cdw10=j * 8192, cdw12=8191), bytes(4 * MiB),
+                     incapsule=False)
+        assert _r2ts([q], 0.5) == want
+        keep += [a, q]
+    h = from_addr(t.port, "127.0.0.2")
+    h.icreq()
+    cqe = h.connect(0, incapsule=False)
+    assert cqe.ok, hex(cqe.status)
+    h.enable()
+    for x in [*keep, h]:
+        x.close()

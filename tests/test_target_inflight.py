@@ -695,3 +695,34 @@ def test_bad_h2c_data_ends_the_queue_and_nothing_follows_the_termreq(backing, ca
         assert after == 0, f"{after} PDUs after the C2HTermReq"
         assert proc.poll() is None
         assert a.cmd(sqe(0x18))[0].ok   # the controller lives on
+
+
+def test_the_termreq_reaches_a_host_slow_to_read_that_sent_more(backing):
+    """A host that has not yet read the answers of 2 reads (512 KiB) sends
+    H2CData for no R2T and more bytes after it.  The C2HTermReq queued
+    behind those answers still reaches it once it reads: the target sends
+    FIN after it and drains what the host sent, instead of closing with
+    unread data (a reset, which discards what is still queued to send)."""
+    with serve([backing], NQN) as (_, port, proc):
+        a = admin(port)
+        a.set_queues(1)
+        q = io_queue(port, a.cntlid, 1)
+        q.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        for i in range(2):
+            q.submit(sqe(0x02, nsid=1, cdw10=i * 512, cdw12=511), data_in=256 * 1024)
+        time.sleep(0.3)
+        q.send_pdu(H2C_DATA, struct.pack("<HHII4x", 1, 0x8000 | 1000, 0, 4096), bytes(4096))
+        q.sock.sendall(bytes(65536))   # (more than the target will read)
+        time.sleep(0.5)
+        term = None
+        try:
+            while term is None:
+                p = q.recv_pdu()
+                if p.type == C2H_TERM:
+                    term = p
+        except (Closed, ConnectionError, TimeoutError):
+            pass
+        assert term is not None, "no C2HTermReq"
+        assert proc.poll() is None
+        q.close()
+        a.close()

@@ -130,7 +130,8 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		if (h) {
 			if (tgt_auth_queue_start(c, h) < 0) {
 				/* (the controller or queue goes with the connection) */
-				tgt_log(t, "%s: out of memory for authentication", c->peer);
+				tgt_log_must(t, c->peer_key, "internal error: out of memory",
+				             "%s: out of memory for authentication", c->peer);
 				r->close_after = 1;
 				return TGT_SF(0, NVME_SC_INTERNAL);
 			}

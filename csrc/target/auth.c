@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nvmf/auth_msg.h"
 #include "tgt.h"
@@ -56,7 +57,7 @@ struct tgt_auth {
 	int logged;        /* this transaction's failure has been logged */
 	int counted;       /* ... and counted against the host's address */
 	int costly;        /* this transaction made us do DH operations */
-	int token;         /* ... and holds its address's DH token (tgt.h) */
+	int token;         /* ... and holds a DH token (tgt.h): 1 its address's, 2 its pair's */
 	int close_pending; /* a re-authentication failed: close the queue */
 	unsigned tries;    /* transactions started since the last success */
 	uint16_t t_id;
@@ -273,8 +274,21 @@ static void dh_leave(struct fx_target *t)
 	pthread_mutex_unlock(&t->lock);
 }
 
-/* The peer's DH tokens, refilled to now (a new slot is full).  Under
- * t->lock. */
+/* A bucket of DH tokens refilled to now. */
+static void bucket_refill(uint64_t *milli, uint64_t *refill_ms, uint64_t now)
+{
+	if (now > *refill_ms) {
+		uint64_t m = *milli + (now - *refill_ms) * FX_TGT_AUTH_DH_PER_S;
+
+		*milli = m > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull : m;
+		*refill_ms = now;
+	}
+}
+
+/* The peer address's DH tokens, refilled to now.  A new address takes a
+ * free slot or one whose bucket has refilled (a full bucket is what a new
+ * slot starts with: replacing it gives nobody more); with none such, the
+ * overflow bucket that all such addresses share (tgt.h).  Under t->lock. */
 static struct tgt_dh_peer *dh_peer_locked(struct tgt_conn *c, uint64_t now)
 {
 	struct fx_target *t = c->t;
@@ -283,51 +297,122 @@ static struct tgt_dh_peer *dh_peer_locked(struct tgt_conn *c, uint64_t now)
 	for (unsigned i = 0; i < FX_TGT_AUTH_DH_PEERS && !p; i++)
 		if (t->dh_peers[i].addr[0] && strcmp(t->dh_peers[i].addr, c->peer_key) == 0)
 			p = &t->dh_peers[i];
-	if (!p) {
-		for (unsigned i = 0; i < FX_TGT_AUTH_DH_PEERS; i++) {
-			struct tgt_dh_peer *q = &t->dh_peers[i];
+	for (unsigned i = 0; i < FX_TGT_AUTH_DH_PEERS && !p; i++) {
+		struct tgt_dh_peer *q = &t->dh_peers[i];
 
-			if (!p || !q->addr[0] || (p->addr[0] && q->refill_ms < p->refill_ms))
-				p = q;
+		if (q->addr[0])
+			bucket_refill(&q->milli, &q->refill_ms, now);
+		if (!q->addr[0] || q->milli >= FX_TGT_AUTH_DH_BURST * 1000ull) {
+			p = q;
+			snprintf(p->addr, sizeof(p->addr), "%s", c->peer_key);
+			p->milli = FX_TGT_AUTH_DH_BURST * 1000ull;
+			p->refill_ms = now;
 		}
+	}
+	if (!p) {
+		p = &t->dh_overflow;
+		if (!p->refill_ms) { /* (first use) */
+			p->milli = FX_TGT_AUTH_DH_BURST * 1000ull;
+			p->refill_ms = now;
+		}
+	}
+	bucket_refill(&p->milli, &p->refill_ms, now);
+	return p;
+}
+
+/* The queue's (host, address) pair if it proved its secret within
+ * FX_TGT_AUTH_TRUST_MS, its bucket refilled to now; else NULL.  Under
+ * t->lock. */
+static struct tgt_dh_trust *dh_trusted_locked(struct tgt_conn *c, uint64_t now)
+{
+	struct fx_target *t = c->t;
+
+	for (unsigned i = 0; i < FX_TGT_AUTH_DH_TRUSTED; i++) {
+		struct tgt_dh_trust *p = &t->dh_trusted[i];
+
+		if (p->host && p->host == c->auth->host && strcmp(p->addr, c->peer_key) == 0) {
+			if (now >= p->ok_ms && now - p->ok_ms >= FX_TGT_AUTH_TRUST_MS)
+				return NULL;
+			bucket_refill(&p->milli, &p->refill_ms, now);
+			return p;
+		}
+	}
+	return NULL;
+}
+
+/* The queue's host proved its secret: its pair (host, address) gets a
+ * bucket of its own, or keeps it (tgt.h, FX_TGT_AUTH_DH_TRUSTED). */
+static void dh_trust(struct tgt_conn *c)
+{
+	struct fx_target *t = c->t;
+	struct tgt_dh_trust *p = NULL, *old = NULL;
+	uint64_t now = tgt_now_ms();
+
+	pthread_mutex_lock(&t->lock);
+	for (unsigned i = 0; i < FX_TGT_AUTH_DH_TRUSTED && !p; i++) {
+		struct tgt_dh_trust *q = &t->dh_trusted[i];
+
+		if (q->host == c->auth->host && strcmp(q->addr, c->peer_key) == 0)
+			p = q;
+		else if (!old || !q->host || (old->host && q->ok_ms < old->ok_ms))
+			old = q;
+	}
+	if (!p) {
+		p = old;
+		p->host = c->auth->host;
 		snprintf(p->addr, sizeof(p->addr), "%s", c->peer_key);
 		p->milli = FX_TGT_AUTH_DH_BURST * 1000ull;
 		p->refill_ms = now;
 	}
-	if (now > p->refill_ms) {
-		uint64_t m = p->milli + (now - p->refill_ms) * FX_TGT_AUTH_DH_PER_S;
-
-		p->milli = m > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull : m;
-		p->refill_ms = now;
-	}
-	return p;
+	p->ok_ms = now;
+	pthread_mutex_unlock(&t->lock);
 }
 
-/* Take one of the peer address's DH tokens: 0, or the ms until it has one. */
-static uint64_t dh_token_take(struct tgt_conn *c)
+/* Take a DH token: the pair's own when its host proved itself from this
+ * address lately, else the address's.  0 (and *which: 2 the pair's, 1 the
+ * address's), or the ms until there is one. */
+static uint64_t dh_token_take_once(struct tgt_conn *c, int *which)
 {
-	struct tgt_dh_peer *p;
-	uint64_t wait = 0;
+	struct tgt_dh_trust *tp;
+	uint64_t *milli, wait = 0, now = tgt_now_ms();
 
 	pthread_mutex_lock(&c->t->lock);
-	p = dh_peer_locked(c, tgt_now_ms());
-	if (p->milli >= 1000)
-		p->milli -= 1000;
+	tp = dh_trusted_locked(c, now);
+	*which = tp ? 2 : 1;
+	milli = tp ? &tp->milli : &dh_peer_locked(c, now)->milli;
+	if (*milli >= 1000)
+		*milli -= 1000;
 	else
-		wait = (1000 - p->milli + FX_TGT_AUTH_DH_PER_S - 1) / FX_TGT_AUTH_DH_PER_S;
+		wait = (1000 - *milli + FX_TGT_AUTH_DH_PER_S - 1) / FX_TGT_AUTH_DH_PER_S;
 	pthread_mutex_unlock(&c->t->lock);
 	return wait;
 }
 
-/* The host proved its secret: the transaction's token goes back. */
-static void dh_token_give_back(struct tgt_conn *c)
+static uint64_t dh_token_take(struct tgt_conn *c, int *which)
 {
-	struct tgt_dh_peer *p;
+	uint64_t wait = dh_token_take_once(c, which);
+
+	/* (a short wait, when the next token is that close, rather than a
+	 * failure: tgt.h) */
+	if (wait && wait <= FX_TGT_AUTH_DH_TOKEN_WAIT_MS) {
+		usleep((useconds_t)wait * 1000u);
+		wait = dh_token_take_once(c, which);
+	}
+	return wait;
+}
+
+/* The host proved its secret: the transaction's token goes back where it
+ * came from (which: dh_token_take's). */
+static void dh_token_give_back(struct tgt_conn *c, int which)
+{
+	uint64_t *milli, now = tgt_now_ms();
+	struct tgt_dh_trust *tp;
 
 	pthread_mutex_lock(&c->t->lock);
-	p = dh_peer_locked(c, tgt_now_ms());
-	p->milli = p->milli + 1000 > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull
-	                                                            : p->milli + 1000;
+	tp = which == 2 ? dh_trusted_locked(c, now) : NULL;
+	milli = tp ? &tp->milli : &dh_peer_locked(c, now)->milli;
+	*milli = *milli + 1000 > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull
+	                                                        : *milli + 1000;
 	pthread_mutex_unlock(&c->t->lock);
 }
 
@@ -413,7 +498,7 @@ static uint64_t backoff_wait(struct tgt_conn *c)
 static void abandoned(struct tgt_conn *c, const char *how)
 {
 	struct tgt_auth *a = c->auth;
-	char hp[NVMF_NQN_SIZE];
+	char hp[NVMF_NQN_SIZE], what[200];
 
 	if (!a->costly || a->counted)
 		return;
@@ -421,9 +506,11 @@ static void abandoned(struct tgt_conn *c, const char *how)
 	backoff_failed(c);
 	if (c->t->stop)
 		return; /* (our own stop ends it: nothing to say) */
-	tgt_log(c->t, "%s qid %u: host %s abandoned DH-HMAC-CHAP authentication after our "
-	        "challenge (%s); counted as a failed attempt", c->peer, c->qid,
-	        tgt_printable(hp, sizeof(hp), a->host->hostnqn), how);
+	tgt_printable(hp, sizeof(hp), a->host->hostnqn);
+	snprintf(what, sizeof(what), "abandoned authentication as host %.160s", hp);
+	tgt_log_must(c->t, c->peer_key, what, "%s qid %u: host %s abandoned DH-HMAC-CHAP "
+	             "authentication after our challenge (%s); counted as a failed attempt",
+	             c->peer, c->qid, hp, how);
 }
 
 int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
@@ -447,7 +534,7 @@ int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
 static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 {
 	struct tgt_auth *a = c->auth;
-	char hp[NVMF_NQN_SIZE];
+	char hp[NVMF_NQN_SIZE], what[200];
 
 	if (a->authenticated)
 		a->close_pending = 1; /* a re-authentication: the queue goes */
@@ -465,8 +552,11 @@ static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 	if (a->logged)
 		return 0;
 	a->logged = 1;
-	tgt_log(c->t, "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
-	        c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+	tgt_printable(hp, sizeof(hp), a->host->hostnqn);
+	snprintf(what, sizeof(what), "failed authentication as host %.160s", hp);
+	tgt_log_must(c->t, c->peer_key, what,
+	        "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
+	        c->qid, hp,
 	        rc == FX_AUTH_FAIL_FAILED && !detail ? "response mismatch (wrong secret?)"
 	                                             : fx_auth_reason_str(rc),
 	        detail ? ": " : "", detail ? detail : "");
@@ -602,9 +692,10 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	/* The host knows its secret: whatever comes next, its DH work was no
 	 * abuse, and its address keeps its token. */
 	if (a->token) {
+		dh_token_give_back(c, a->token);
 		a->token = 0;
-		dh_token_give_back(c);
 	}
+	dh_trust(c);
 	/* The host has proved itself: its I/O queue takes its qid now. */
 	if (tgt_ctrl_claim_qid(c) < 0)
 		return fail(c, FX_AUTH_FAIL_FAILED, "another queue of the controller has this qid");
@@ -750,7 +841,8 @@ static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 		a->dh = NULL;
 		int ret;
 
-		uint64_t wait = dh_token_take(c);
+		int which;
+		uint64_t wait = dh_token_take(c, &which);
 
 		if (wait) {
 			char msg[160];
@@ -761,7 +853,7 @@ static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 			fail(c, FX_AUTH_FAIL_FAILED, msg);
 			return BUILD_FAILED;
 		}
-		a->token = 1;
+		a->token = which;
 		if (dh_enter(c->t) < 0) {
 			fail(c, FX_AUTH_FAIL_FAILED, "too many authentications at once");
 			return BUILD_FAILED;

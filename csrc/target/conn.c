@@ -119,6 +119,20 @@ static int data_overdue(struct tgt_conn *c)
 	if (!atomic_load(&c->h2c_wait))
 		return 0;
 	now = tgt_now_ms();
+	if (atomic_load(&c->t->iobufs.nwait)) {
+		uint64_t last = atomic_load(&c->h2c_last_ms);
+		uint32_t squeeze = c->t->stall_ms / 4u < FX_TGT_SQUEEZE_MS ? c->t->stall_ms / 4u
+		                                                          : FX_TGT_SQUEEZE_MS;
+
+		/* (tgt.h, FX_TGT_SQUEEZE_MS) */
+		if (now >= last && now - last >= squeeze && tgt_iobufs_over_share(c)) {
+			tgt_log(c->t, "%s qid %u: holds more than its share of the I/O buffers while "
+			        "others wait, and sent no write data for %u ms; closing", c->peer,
+			        c->qid, squeeze);
+			c->state = TGT_CONN_CLOSING;
+			return -ETIMEDOUT;
+		}
+	}
 	if (now < c->data_check_ms)
 		return 0;
 	c->data_check_ms = now + c->t->stall_ms / 4u;
@@ -133,6 +147,27 @@ static int data_overdue(struct tgt_conn *c)
 	        "closing", c->peer, c->qid, (unsigned long long)limit);
 	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
+}
+
+/*
+ * The receive timeout between PDUs.  With writes waiting for their data,
+ * the receive wakes every FX_TGT_SQUEEZE_POLL_MS, so that data_overdue's
+ * squeeze (tgt.h, FX_TGT_SQUEEZE_MS) acts soon after another host starts
+ * waiting for room; otherwise stall_ms.  woke: a receive just timed out.
+ * Back to stall_ms only once such a wake finds no write waiting, so that a
+ * writer's queue, its writes coming and going, costs no system call a PDU.
+ */
+static void idle_rcvtimeo(struct tgt_conn *c, int woke)
+{
+	uint32_t stall = c->t->stall_ms;
+	uint32_t poll = stall < FX_TGT_SQUEEZE_POLL_MS ? stall : FX_TGT_SQUEEZE_POLL_MS;
+
+	if (atomic_load(&c->h2c_wait)) {
+		if (c->rcvtimeo_ms != poll)
+			set_rcvtimeo(c, poll);
+	} else if (c->rcvtimeo_ms != stall && (woke || c->rcvtimeo_ms != poll)) {
+		set_rcvtimeo(c, stall);
+	}
 }
 
 /*
@@ -152,8 +187,7 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 
 		if (ret)
 			return ret;
-		if (c->rcvtimeo_ms != c->t->stall_ms)
-			set_rcvtimeo(c, c->t->stall_ms);
+		idle_rcvtimeo(c, 0);
 		atomic_store(&c->wait_since_ms, tgt_now_ms());
 	}
 	while (n) {
@@ -185,8 +219,11 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 		} else if (r == 0) {
 			return -ECONNRESET;
 		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			/* (inside a PDU: pdu_time_left says whether its deadline
+			 * passed; the receive timeout may be the shorter poll) */
 			if (!start)
-				return stalled(c);
+				continue;
+			idle_rcvtimeo(c, 1);
 			if ((ret = data_overdue(c)) != 0)
 				return ret;
 		} else if (errno != EINTR) {
@@ -527,6 +564,30 @@ int tgt_send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t len)
 }
 
 /*
+ * After a C2HTermReq: closing a socket with unread data in it resets the
+ * connection, and a reset discards what is still in our send queue (the
+ * C2HTermReq itself, behind answers a host that is slow to read has not
+ * taken yet).  So: FIN after what was sent, then read and drop what the
+ * host still sends, until its close or FX_TGT_TERM_LINGER_MS at most (a
+ * host that keeps sending holds the thread no longer than that).
+ */
+static void linger_after_term(struct tgt_conn *c)
+{
+	uint64_t end = tgt_now_ms() + FX_TGT_TERM_LINGER_MS;
+	uint8_t sink[4096];
+
+	if (shutdown(c->fd, SHUT_WR) < 0)
+		return;
+	set_rcvtimeo(c, 50);
+	while (tgt_now_ms() < end) {
+		ssize_t r = recv(c->fd, sink, sizeof(sink), 0);
+
+		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			break;
+	}
+}
+
+/*
  * End the connection for a fatal transport error: C2HTermReq with the fatal
  * error status, the field's byte offset (FEI) and up to 152 bytes of the
  * offending header, then the caller closes.  Returns -EPROTO.
@@ -805,7 +866,7 @@ static int r2t_alloc(struct tgt_conn *c)
 	if (!c->r2t_nfree)
 		return -1;
 	atomic_fetch_add(&c->r2t_busy, 1);
-	atomic_fetch_add(&c->h2c_wait, 1);
+	tgt_h2c_wait_add(c);
 	return c->r2t_free[--c->r2t_nfree];
 }
 
@@ -824,7 +885,8 @@ static int go_live(struct tgt_conn *c)
 			c->abuf_len = c->abuf ? FX_TGT_AUTH_BUF : 0;
 		}
 		if (!c->abuf) {
-			tgt_log(c->t, "%s qid %u: out of memory", c->peer, c->qid);
+			tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
+			             "%s qid %u: out of memory", c->peer, c->qid);
 			return -ENOMEM;
 		}
 		return 0;
@@ -836,12 +898,33 @@ static int go_live(struct tgt_conn *c)
 		c->abuf_len = FX_TGT_ADMIN_BUF;
 	}
 	if (!c->chunk || c->abuf_len < FX_TGT_ADMIN_BUF || r2t_table(c, c->sqsize + 1u) < 0) {
-		tgt_log(c->t, "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
+		tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
+		             "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
 		return -ENOMEM;
 	}
 	if (tgt_auth_done(c))
 		atomic_store(&c->live, 1);
 	return 0;
+}
+
+/*
+ * The part of a collection of len bytes (admin/Fabrics data by R2T) taken
+ * from the target's I/O buffer budget.  A Connect's 1024 bytes and an
+ * authentication message (at most FX_TGT_AUTH_BUF) are not: a host must be
+ * able to connect and authenticate while others fill the budget, and such
+ * a buffer is bounded per connection (FX_TGT_R2T_BUFS of them), like abuf,
+ * by the connection limit.  Larger admin data, only once the queue is live,
+ * comes from the budget.
+ */
+static size_t r2t_budget_part(uint32_t len)
+{
+	return len > FX_TGT_AUTH_BUF ? len : 0;
+}
+
+static void r2t_budget_give(struct tgt_conn *c, uint32_t len)
+{
+	if (r2t_budget_part(len))
+		tgt_iobufs_give(c, r2t_budget_part(len));
 }
 
 static void r2t_release(struct tgt_conn *c, unsigned idx)
@@ -850,7 +933,7 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 
 	if (s->buf) {
 		free(s->buf);
-		tgt_iobufs_give(c, s->len);
+		r2t_budget_give(c, s->len);
 		c->r2t_bufs--;
 	}
 	memset(s, 0, sizeof(*s));
@@ -883,15 +966,15 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 	s->off = off;
 	s->r2t_ms = tgt_now_ms();
 	if (!ns) {
-		/* (out of the target's buffer budget, without waiting: the
-		 * host retries) */
-		if (tgt_iobufs_try(c, len) < 0) {
+		/* (large ones out of the target's buffer budget, without
+		 * waiting: the host retries; r2t_budget_part) */
+		if (r2t_budget_part(len) && tgt_iobufs_try(c, r2t_budget_part(len)) < 0) {
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
 		s->buf = malloc(len);
 		if (!s->buf) {
-			tgt_iobufs_give(c, len);
+			r2t_budget_give(c, len);
 			r2t_release(c, (unsigned)idx);
 			return send_resp(c, sqe->cid, TGT_SF(0, NVME_SC_INTERNAL), 0, 0);
 		}
@@ -1247,7 +1330,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 	r2t_release(c, idx);
 	ret = run_admin(c, &sqe, buf, len);
 	free(buf);
-	tgt_iobufs_give(c, len);
+	r2t_budget_give(c, len);
 	return ret;
 }
 
@@ -1428,12 +1511,14 @@ void *tgt_conn_main(void *arg)
 	c->state = TGT_CONN_CLOSING;
 	tgt_conn_drained(c);
 	tgt_conn_detach(c);
+	if (ret == -EPROTO)
+		linger_after_term(c);
 	shutdown(c->fd, SHUT_RDWR);
 	tgt_auth_queue_free(c);
 	for (unsigned i = 0; i < c->r2t_n; i++)
 		if (c->r2t[i].buf) {
 			free(c->r2t[i].buf);
-			tgt_iobufs_give(c, c->r2t[i].len);
+			r2t_budget_give(c, c->r2t[i].len);
 		}
 	free(c->r2t);
 	free(c->r2t_free);

@@ -49,7 +49,9 @@
  * release wakes the queues waiting on it through their eventfd, whose
  * read the engine keeps on its ring).  A write's buffer is taken before
  * its R2T goes out, so a host can never make us hold data we have no room
- * for, and its data is due within 2 x stall_ms of the R2T (conn.c).
+ * for, and its data is due within 2 x stall_ms of the R2T (conn.c); while
+ * any queue waits for room, within FX_TGT_SQUEEZE_MS for a connection whose
+ * address holds more than its share (tgt.h).
  * Ended commands' buffers are kept for the next command of any queue,
  * within the budget (a room-seeking command frees them first); every
  * 100 ms the cache is trimmed to what the last 100 ms used beyond what is
@@ -399,6 +401,7 @@ static void peer_change_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_
 
 	p->held = p->held + add - sub;
 	p->waiting = (unsigned)((int)p->waiting + wait);
+	atomic_store(&b->nwait, (unsigned)((int)atomic_load(&b->nwait) + wait));
 	if (was && !(p->held || p->waiting))
 		b->active--;
 	else if (!was && (p->held || p->waiting))
@@ -650,6 +653,29 @@ int tgt_iobufs_try(struct tgt_conn *c, size_t n)
 	return ok ? 0 : -ENOBUFS;
 }
 
+/* The connection's address holds more than its share while some queue
+ * waits for room (tgt.h, FX_TGT_SQUEEZE_MS). */
+int tgt_iobufs_over_share(struct tgt_conn *c)
+{
+	struct tgt_iobufs *b = &c->t->iobufs;
+	int over;
+
+	if (!c->iopeer || !atomic_load(&b->nwait))
+		return 0;
+	pthread_mutex_lock(&b->lock);
+	over = b->waiters && c->iopeer->held > share_locked(b, c->iopeer);
+	pthread_mutex_unlock(&b->lock);
+	return over;
+}
+
+/* One more write waits for its data; the first starts the clock of
+ * data_overdue's squeeze (conn.c). */
+void tgt_h2c_wait_add(struct tgt_conn *c)
+{
+	if (atomic_fetch_add(&c->h2c_wait, 1) == 0)
+		atomic_store(&c->h2c_last_ms, tgt_now_ms());
+}
+
 void tgt_iobufs_give(struct tgt_conn *c, size_t n)
 {
 	struct tgt_iobufs *b = &c->t->iobufs;
@@ -716,7 +742,8 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		unreserve_locked(q, io->cap); /* (release frees no buffer) */
 		release_locked(q, idx);
 		pthread_mutex_unlock(&q->lock);
-		tgt_log(c->t, "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
+		tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
+		             "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
 		        len);
 		/* (checked under the send lock, as every send of ours: a stopping
 		 * queue sends nothing, and its thread's join waits for no send) */
@@ -737,7 +764,7 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		io->state = TGT_IO_WAIT_DATA;
 		io->done = 0;
 		io->r2t_ms = tgt_now_ms();
-		atomic_fetch_add(&c->h2c_wait, 1);
+		tgt_h2c_wait_add(c);
 		pthread_mutex_unlock(&q->lock);
 		/* (checked under the send lock: nothing follows a quiesce) */
 		tgt_send_lock(c);
@@ -1317,6 +1344,7 @@ int tgt_ioq_h2c_done(struct tgt_conn *c, uint16_t ttag, uint32_t datal, int bad)
 	if (bad && !io->err)
 		io->err = TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT);
 	io->done += datal;
+	atomic_store(&c->h2c_last_ms, tgt_now_ms());
 	if (io->done < io->len)
 		return 0;
 	if (c->t->fault_disk_delay_ms) { /* (test knob: a slow disk under writes) */

@@ -97,11 +97,94 @@ void tgt_log(const struct fx_target *t, const char *fmt, ...)
 	funlockfile(stderr);
 }
 
+/*
+ * A line that must not be lost (tgt.h, FX_TGT_LOG_AGG): written like any
+ * other while the bucket allows; past it, counted for (peer, what) and
+ * said with its count by the listener's tick within a second.
+ */
+void tgt_log_must(const struct fx_target *t, const char *peer, const char *what,
+                  const char *fmt, ...)
+{
+	struct tgt_loglim *l = (struct tgt_loglim *)&t->loglim;
+	struct tgt_log_agg *slot = NULL;
+	unsigned dropped = 0;
+	va_list ap;
+
+	if (t->quiet)
+		return;
+	if (log_take(t, &dropped)) {
+		flockfile(stderr);
+		if (dropped)
+			fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
+			        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
+		fputs("fx100io target: ", stderr);
+		va_start(ap, fmt);
+		vfprintf(stderr, fmt, ap);
+		va_end(ap);
+		fputc('\n', stderr);
+		funlockfile(stderr);
+		return;
+	}
+	pthread_mutex_lock(&l->lock);
+	/* (log_take counted it as left out: it is said here instead) */
+	if (l->dropped)
+		l->dropped--;
+	for (unsigned i = 0; i < FX_TGT_LOG_AGG && !slot; i++)
+		if (!l->agg[i].peer[0] ||
+		    (strcmp(l->agg[i].peer, peer) == 0 && strcmp(l->agg[i].what, what) == 0))
+			slot = &l->agg[i];
+	if (slot) {
+		if (!slot->peer[0]) {
+			snprintf(slot->peer, sizeof(slot->peer), "%s", peer);
+			snprintf(slot->what, sizeof(slot->what), "%s", what);
+		}
+		slot->n++;
+	} else {
+		l->agg_other++;
+	}
+	pthread_mutex_unlock(&l->lock);
+}
+
+/* The counts of tgt_log_must, once a second (by the listener's tick);
+ * never held back by the bucket: at most FX_TGT_LOG_AGG + 1 lines. */
+static void log_agg_flush(struct fx_target *t)
+{
+	struct tgt_loglim *l = &t->loglim;
+	struct tgt_log_agg agg[FX_TGT_LOG_AGG];
+	unsigned other, n = 0;
+	uint64_t now = tgt_now_ms();
+
+	pthread_mutex_lock(&l->lock);
+	if (now - l->agg_ms < 1000 || (!l->agg[0].peer[0] && !l->agg_other)) {
+		pthread_mutex_unlock(&l->lock);
+		return;
+	}
+	l->agg_ms = now;
+	for (; n < FX_TGT_LOG_AGG && l->agg[n].peer[0]; n++)
+		agg[n] = l->agg[n];
+	memset(l->agg, 0, sizeof(l->agg));
+	other = l->agg_other;
+	l->agg_other = 0;
+	pthread_mutex_unlock(&l->lock);
+	if (t->quiet)
+		return;
+	flockfile(stderr);
+	for (unsigned i = 0; i < n; i++)
+		fprintf(stderr, "fx100io target: %s: %u x %s (more log lines than %u a second)\n",
+		        agg[i].peer, agg[i].n, agg[i].what, FX_TGT_LOG_PER_S);
+	if (other)
+		fprintf(stderr, "fx100io target: %u more failures or refusals from other addresses "
+		        "(more log lines than %u a second)\n", other, FX_TGT_LOG_PER_S);
+	funlockfile(stderr);
+}
+
 /* The listener's tick: lines left out are said once the flood is over,
  * not only with the next line, which may never come. */
 static void log_flush(struct fx_target *t)
 {
 	unsigned dropped = 0;
+
+	log_agg_flush(t);
 
 	pthread_mutex_lock(&t->loglim.lock);
 	dropped = t->loglim.dropped;

@@ -74,6 +74,12 @@
  * FX_TGT_LOG_PER_S a second; the rest are counted and the count said. */
 #define FX_TGT_LOG_BURST 100u
 #define FX_TGT_LOG_PER_S 20u
+/* Lines that matter (a failed authentication, a refusal, an internal error)
+ * are never left out silently: past the bucket, they are counted per peer
+ * address and kind, FX_TGT_LOG_AGG kinds a second (the rest as one count),
+ * and each count is said once a second ("127.0.0.9: 10 x failed
+ * authentication as host X"), however many lines a flood makes. */
+#define FX_TGT_LOG_AGG 32u
 /* DH work per peer address (target.c, peer_key), whatever host NQN it
  * names: each Challenge with a DH group (a key pair now, a key agreement
  * at the Reply) takes a token from the address's bucket of
@@ -87,6 +93,21 @@
 #define FX_TGT_AUTH_DH_BURST 32u
 #define FX_TGT_AUTH_DH_PER_S 4u
 #define FX_TGT_AUTH_DH_PEERS 256u
+/* An address's bucket is shared by every host NQN it names, so a neighbour
+ * behind the same address (NAT, the same IPv6 /64) could drain it and lock
+ * out a host that has the right secret.  A (host NQN, address) pair that
+ * proved its secret within FX_TGT_AUTH_TRUST_MS has a bucket of its own
+ * (the same size and refill), which only transactions naming that host
+ * from that address use; FX_TGT_AUTH_DH_TRUSTED pairs are remembered, the
+ * longest unproven replaced (only a proof creates one).  A slot of the
+ * address table is replaced only once its bucket has refilled (forgetting
+ * it then gives nothing away); while none has, new addresses share one
+ * overflow bucket.  A Challenge that finds its bucket empty waits for the
+ * next token when that is at most FX_TGT_AUTH_DH_TOKEN_WAIT_MS away (one
+ * token's refill), rather than fail a host that only came at a bad time. */
+#define FX_TGT_AUTH_DH_TRUSTED 256u
+#define FX_TGT_AUTH_TRUST_MS (3600u * 1000u)
+#define FX_TGT_AUTH_DH_TOKEN_WAIT_MS (1000u / FX_TGT_AUTH_DH_PER_S)
 /* A connection thread needs a few KiB of stack (ASan builds some more):
  * 512 KiB instead of the default 8 MiB keeps a thousand of them cheap. */
 #define FX_TGT_THREAD_STACK (512u << 10)
@@ -108,10 +129,29 @@
  * much the others hold and however long they hold it (a host that does
  * not read its socket keeps its reads' buffers for the stall timeout).  A
  * command that does not fit waits, in its queue's order, for room.
- * Admin and Fabrics data collected by R2T comes out of the same budget
- * (without waiting: a retryable error when there is no room). */
+ * Admin data collected by R2T comes out of the same budget (without
+ * waiting: a retryable error when there is no room); Connect and
+ * authentication data do not (conn.c, r2t_budget_part).  A host above its
+ * share that sends no write data while others wait is closed
+ * (FX_TGT_SQUEEZE_MS). */
 #define FX_TGT_IO_BUFFER_BUDGET (256u << 20)
 #define FX_TGT_IO_BUDGET_MIN (2u * FX_TGT_MAX_XFER)
+/* Shares are checked when a buffer is taken, and a write's buffer is taken
+ * at its R2T: hosts at two addresses that take R2Ts and never send the data
+ * would otherwise hold the whole budget (3/4 + 1/4) until the data timeout
+ * (2 x stall_ms) while everyone else waits.  So while any queue waits for
+ * room, a connection whose address holds more than its share and that has
+ * writes waiting for data must have sent some write data within the last
+ * FX_TGT_SQUEEZE_MS (stall_ms / 4 if less), or it is closed and its
+ * buffers go back: what it holds beyond its share is then given back
+ * within that time, and the waiting host's share, at least one command of
+ * the largest size, fits.  A host that is sending its data keeps going;
+ * connections are polled that often only while someone waits. */
+#define FX_TGT_SQUEEZE_MS 500u
+/* After a C2HTermReq, how long the connection drains the host's data before
+ * it closes (conn.c, linger_after_term). */
+#define FX_TGT_TERM_LINGER_MS 1000u
+#define FX_TGT_SQUEEZE_POLL_MS 50u
 /* Buffers kept for reuse once the whole target has had nothing in flight
  * for a moment (the cache otherwise keeps what the last 100 ms used). */
 #define FX_TGT_IO_IDLE_CACHE (4u << 20)
@@ -184,6 +224,7 @@ struct tgt_iobufs {
 	struct tgt_iopeer *peers;
 	unsigned active;   /* peers holding buffers or waiting for them */
 	struct tgt_ioq *waiters; /* queues waiting for room (woken when theirs fits) */
+	atomic_uint nwait;  /* how many: read without the lock by connections' threads */
 };
 struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
 
@@ -202,6 +243,16 @@ struct tgt_dh_peer {
 	char addr[64];      /* "": a free slot */
 	uint64_t milli;     /* tokens, in thousandths */
 	uint64_t refill_ms; /* last refilled (and used) */
+};
+
+/* A (host, address) pair that proved its secret: its own DH tokens
+ * (auth.c; under the target's lock). */
+struct tgt_dh_trust {
+	const struct tgt_dhchap_host *host; /* NULL: a free slot */
+	char addr[64];
+	uint64_t ok_ms;     /* its last proof */
+	uint64_t milli;     /* tokens, in thousandths */
+	uint64_t refill_ms;
 };
 
 enum tgt_ctrl_state {
@@ -280,6 +331,11 @@ struct tgt_conn {
 	 * otherwise hold its buffers for ever).  data_check_ms: next check. */
 	atomic_uint h2c_wait;
 	uint64_t data_check_ms;
+	/* When write data last came in, or the connection began waiting for
+	 * some (h2c_wait 0 -> 1): a connection that holds more than its
+	 * address's share of the I/O budget while others wait for room must
+	 * keep its data coming (FX_TGT_SQUEEZE_MS; conn.c, data_overdue). */
+	_Atomic uint64_t h2c_last_ms;
 	uint64_t pdu_deadline_ms; /* the PDU being received must be complete by then */
 	uint32_t rcvtimeo_ms;     /* SO_RCVTIMEO now set on fd */
 	uint64_t accepted_ms;
@@ -349,11 +405,23 @@ struct tgt_conn {
 };
 
 /* The log's rate limit (target.c, tgt_log). */
+/* Lines that must not be lost (failed authentications, refusals, internal
+ * errors) that the bucket left out, counted per address and kind and said
+ * once a second (target.c, tgt_log_must). */
+struct tgt_log_agg {
+	char peer[64];      /* "": a free slot */
+	char what[200];
+	unsigned n;
+};
+
 struct tgt_loglim {
 	pthread_mutex_t lock;
 	uint64_t milli;     /* lines that may be written now, in thousandths */
 	uint64_t refill_ms;
 	unsigned dropped;   /* lines left out since the last one written */
+	struct tgt_log_agg agg[FX_TGT_LOG_AGG];
+	unsigned agg_other; /* ... of addresses that found no slot */
+	uint64_t agg_ms;    /* last said */
 };
 
 struct fx_target {
@@ -396,6 +464,8 @@ struct fx_target {
 	_Atomic uint64_t dh_ops;
 	struct tgt_auth_backoff auth_backoff[FX_TGT_AUTH_BACKOFF_SLOTS];
 	struct tgt_dh_peer dh_peers[FX_TGT_AUTH_DH_PEERS];
+	struct tgt_dh_peer dh_overflow; /* addresses that found no slot */
+	struct tgt_dh_trust dh_trusted[FX_TGT_AUTH_DH_TRUSTED];
 	pthread_cond_t drain_cond; /* a controller's io_live went down (with lock) */
 	/* Test knobs from the environment (read once at create; see
 	 * target.c): FX100IO_TARGET_INLINE=1 serves I/O queues one command
@@ -439,6 +509,8 @@ static inline uint32_t tgt_user_timeout_ms(const struct fx_target *t)
 
 void tgt_log(const struct fx_target *t, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+void tgt_log_must(const struct fx_target *t, const char *peer, const char *what,
+                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 uint64_t tgt_now_ms(void);
 /* s made safe to log (NQNs come from the wire): non-printable bytes become
  * '?'; returns buf. */
@@ -529,6 +601,8 @@ int tgt_iopeer_get(struct tgt_conn *c);
 void tgt_iopeer_put(struct tgt_conn *c);
 int tgt_iobufs_try(struct tgt_conn *c, size_t n);
 void tgt_iobufs_give(struct tgt_conn *c, size_t n);
+int tgt_iobufs_over_share(struct tgt_conn *c);
+void tgt_h2c_wait_add(struct tgt_conn *c);
 void tgt_iobufs_tick(struct fx_target *t);
 /* Start it (c->ioq, c->send_lock) for a queue of c->sqsize + 1 entries:
  * 0, or -errno when io_uring is not to be had (the queue then serves in
