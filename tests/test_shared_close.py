@@ -119,3 +119,48 @@ def test_closing_a_store_no_blocking_call_used_then_calling_starts_no_loop(
         with pytest.raises(errors.StoreClosedError):
             st.delete_blocking("k")
     assert loop_threads() == base
+
+
+def test_a_call_registered_just_before_close_never_starts() -> None:
+    """close() can run between a blocking call's registration and the start
+    of its task on the loop (the calling thread preempted there): the task
+    is then cancelled before its first step, and the caller gets
+    StoreClosedError at once, not after the call ran its course."""
+    runner = store_mod._Runner()
+    runner.run(asyncio.sleep(0))  # the loop is up
+    loop = runner._loop
+    real = loop.call_soon_threadsafe
+    preempted = threading.Event()
+
+    def preempt_before_start(cb: Any, *a: Any, **k: Any) -> Any:
+        if getattr(cb, "__name__", "") == "start" and not preempted.is_set():
+            preempted.set()
+            time.sleep(0.3)  # close() runs meanwhile
+        return real(cb, *a, **k)
+    loop.call_soon_threadsafe = preempt_before_start
+    ran: list[str] = []
+
+    async def long_call() -> str:
+        ran.append("started")
+        await asyncio.sleep(5)
+        return "done"
+    out: dict[str, Any] = {}
+
+    def caller() -> None:
+        try:
+            out["r"] = runner.run(long_call())
+        except BaseException as e:  # noqa: BLE001
+            out["r"] = e
+    t = threading.Thread(target=caller)
+    t.start()
+    preempted.wait(5)
+
+    async def last() -> None:
+        pass
+    t0 = time.monotonic()
+    runner.close(last)
+    t.join(5)
+    assert not t.is_alive()
+    assert time.monotonic() - t0 < 3
+    assert isinstance(out["r"], errors.StoreClosedError), out
+    assert ran == []

@@ -1112,6 +1112,12 @@ class _Runner:
                 return
             call.task = loop.create_task(coro)
             call.task.add_done_callback(finish)
+            with self._mu:
+                closing = self._closed
+            if closing:
+                # close() looked at the calls before this task existed: it
+                # must not start (its first step is a cancel)
+                call.task.cancel()
         try:
             loop.call_soon_threadsafe(start)
         except RuntimeError:  # close() closed the loop since: it failed this call
