@@ -13,7 +13,11 @@ from shared_redis import serve
 from tests.conftest import run_python
 
 CHILD = r"""
-import sys, threading, time, _thread
+import signal, sys, threading, time, _thread
+# A shell that starts the suite in the background ignores SIGINT, and a
+# Python started so has no KeyboardInterrupt handler: interrupt_main()
+# would then do nothing.  Ctrl-C as a user's program has it:
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
 import fx100io
 from fx100io.pool import aligned_array

@@ -244,9 +244,9 @@ def test_eviction_of_many_keys_is_one_index_commit(device, monkeypatch):
         commits = []
         real = ChunkStore._commit
 
-        async def counting(self, m, recs, apply=None):
+        async def counting(self, m, recs, apply=None, failed=None):
             commits.append(len(recs))
-            return await real(self, m, recs, apply)
+            return await real(self, m, recs, apply, failed)
 
         monkeypatch.setattr(ChunkStore, "_commit", counting)
         ad.delete(keys)
