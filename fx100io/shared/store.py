@@ -75,6 +75,7 @@ from fx100io.shared.index import (
 )
 from fx100io.store.chunkstore import ChunkStore, normalize_key
 from fx100io.store.layout import SB_MAGIC as PLAIN_MAGIC
+from fx100io.store.settle import settle
 from fx100io.store.space import Member
 
 log = logging.getLogger("fx100io")
@@ -956,19 +957,12 @@ async def _to_the_end(aw: Any) -> Any:
 
 
 async def _settle(futs: list[asyncio.Future]) -> None:
-    """Wait until every I/O of futs ended, even if the caller is cancelled
-    meanwhile (the I/O would go on after the caller left), and mark their
-    errors retrieved: the caller is already failing for its own reason."""
-    pending = [f for f in futs if not f.done()]
-    while pending:
-        try:
-            await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
-        except asyncio.CancelledError:
-            pass  # cancelled again: the I/O still has to end first
-        pending = [f for f in pending if not f.done()]
-    for f in futs:
-        if not f.cancelled():
-            f.exception()
+    """fx100io.store.settle.settle, with a cancel during the wait dropped:
+    every caller is already failing for its own reason, and raises that."""
+    try:
+        await settle(futs)
+    except asyncio.CancelledError:
+        pass
 
 
 class _LeaseKeeper:
