@@ -5,7 +5,7 @@
  * Set Features, Get Log Page, Keep Alive), the controller object with its
  * admin queue and keep-alive thread, and discovery.
  *
- * It is split by what depends on the fabric (see DESIGN.md):
+ * It is split by what depends on the fabric (see docs/architecture.md):
  *   nvmf/nvmf.h          addressing, parameters, the per-transport table,
  *                        Connect/Property helpers (nvmf/common.c)
  *   nvmf/ctrl.h          the controller and discovery, on any transport

@@ -59,7 +59,8 @@ extern void (*fx_pool_release_hook)(int slot, uint32_t gen);
 /* ------------------------------------------------------------- transport */
 
 /*
- * A transport plugs in through one const ops table (DESIGN rule 1).  Generic
+ * A transport plugs in through one const ops table
+ * (docs/architecture.md rule 1).  Generic
  * code calls only through it; capabilities are FX_CAP_* flags.
  */
 struct fx_transport_ops {

@@ -1,5 +1,6 @@
 /*
- * The table of caller requests every queue keeps: a slab (DESIGN rule 5:
+ * The table of caller requests every queue keeps: a slab
+ * (docs/architecture.md rule 5:
  * user_data is an index, never a pointer), a FIFO of requests with bytes
  * left to issue, and a ring of finished ones waiting to be reaped.
  */

@@ -44,7 +44,8 @@ unsigned fx_tcp_hdr_init(struct nvme_tcp_hdr *h, uint8_t type, uint32_t datalen,
  * initiators keep one per command (transport/tcp_ctrl.c's blocking control
  * path and transport/tcp.c's io_uring data path) and ask the functions below before
  * they act on an R2T, a C2HData or a response: one rule, one place
- * (DESIGN rule 13).  A function that refuses returns -EPROTO and leaves
+ * (docs/architecture.md rule 13).  A function that refuses returns -EPROTO
+ * and leaves
  * why (for the log) and fes/fei (for an H2CTermReq) here; the caller fails
  * the command and tears the connection down.
  */

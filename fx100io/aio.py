@@ -1,4 +1,4 @@
-"""Completions into asyncio without threads (DESIGN rule 4).
+"""Completions into asyncio without threads (docs/architecture.md rule 4).
 
 A :class:`QueueDriver` owns one C queue, used by one thread.  Each request
 gets a tag; its waiter (an asyncio future, or a holder for blocking calls)
@@ -139,7 +139,7 @@ class QueueDriver:
 
     def _drain_backlog(self) -> None:
         """Hand waiting requests to C; what does not fit (all request slots
-        taken) waits for the next reap (DESIGN rule 5)."""
+        taken) waits for the next reap (docs/architecture.md rule 5)."""
         while self._backlog:
             try:
                 n = self.queue.submit(self._backlog)

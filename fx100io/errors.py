@@ -1,4 +1,4 @@
-"""The exception hierarchy (DESIGN rule 3).
+"""The exception hierarchy (docs/architecture.md rule 3).
 
 Every error fx100io raises is an :class:`Fx100ioError`, which is an
 ``OSError`` carrying ``errno``.  Where a builtin says the same thing, the
@@ -158,7 +158,7 @@ _BY_ERRNO: dict[int, type[Fx100ioError]] = {
 
 
 def error_from_errno(err: int, what: str | None = None) -> Fx100ioError:
-    """The exception for a C return code -err (one table, DESIGN rule 3)."""
+    """The exception for a C return code -err (one table, docs/architecture.md rule 3)."""
     cls = _BY_ERRNO.get(err, Fx100ioError)
     return cls(err, os.strerror(err), what)
 

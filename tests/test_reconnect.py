@@ -1,4 +1,4 @@
-"""A lost NVMe/TCP connection never freezes the event loop (DESIGN rule 14).
+"""A lost NVMe/TCP connection never freezes the event loop (docs/architecture.md rule 14).
 
 A 10 ms ticker coroutine runs on the loop while reads go through a target
 frozen with SIGSTOP (its socket still accepts TCP, so a connect attempt waits

@@ -78,7 +78,7 @@ def test_shared_option_never_formats_on_its_own(tmp_path, redis_server):
 
 
 def test_a_hanging_index_never_blocks_the_plugins_event_loop(tmp_path, monkeypatch):
-    """House rule 14: while redis-server hangs (SIGSTOP), every call of the
+    """docs/architecture.md rule 14: while redis-server hangs (SIGSTOP), every call of the
     plugin that runs on LMCache's event loop (loads with and without known
     records, the async load, the async put, a remove on the loop) answers
     without a Redis round trip on the loop: a 10 ms ticker there never

@@ -1,4 +1,4 @@
-"""DESIGN rule 14 for the store: index commits and compactions do not run on
+"""docs/architecture.md rule 14 for the store: index commits and compactions do not run on
 the event loop of an async caller."""
 
 from __future__ import annotations

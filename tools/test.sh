@@ -59,6 +59,6 @@ tools/asan_guest.sh
 # tools/fuzz.sh installs clang 14 + libFuzzer if missing.
 tools/fuzz.sh "${FUZZ_SECONDS:-60}"
 
-# House style (DESIGN rule 12): lint and type-check the Python.
+# House style (docs/architecture.md rule 12): lint and type-check the Python.
 "$PY" -m ruff check .
 "$PY" -m mypy fx100io

@@ -162,7 +162,7 @@ struct fx_req {
 	uint8_t flags; /* FX_REQ_* */
 };
 
-/* One completion record for every request (DESIGN rule 3). */
+/* One completion record for every request (docs/architecture.md rule 3). */
 struct fx_cqe {
 	uint64_t tag;
 	int64_t res;     /* bytes transferred, or -errno */

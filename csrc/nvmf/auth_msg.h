@@ -4,7 +4,8 @@
  * "Authentication"), with the build and parse helpers the initiator
  * (nvmf/auth_host.c) and our target (target/auth.c) share.
  *
- * Parsing is the one place where the length rules live (DESIGN rule 13):
+ * Parsing is the one place where the length rules live
+ * (docs/architecture.md rule 13):
  * every parse function checks that what the header says fits in the bytes
  * it was given, never reads past len, and accepts trailing bytes (a
  * controller returns AL bytes whatever the message's size).  On error it

@@ -3,7 +3,8 @@
  * (nvmf/dev.c): the URI options, the controller (opened, checked, re-opened
  * when the target forgot it), the I/O queue ids handed to queues, one
  * blocking connect attempt for an I/O queue, and the per-queue connector
- * thread that runs those attempts off the caller's thread (DESIGN rule 14).
+ * thread that runs those attempts off the caller's thread
+ * (docs/architecture.md rule 14).
  *
  * A transport's data path (transport/tcp.c, transport/rdma.c) embeds struct
  * fx_nvmf_dev in its device and keeps only what is its own: how commands
@@ -87,7 +88,8 @@ uint32_t fx_nvmf_xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba);
 /* ---------------------------------------------------------- wait policy */
 
 /*
- * What a queue does with a request no connection can carry (DESIGN rule 13):
+ * What a queue does with a request no connection can carry
+ * (docs/architecture.md rule 13):
  * it waits for a reconnect until max_reconnects attempts have failed or
  * io_timeout_ms has passed, both counted from when it was submitted or the
  * queue began waiting, whichever is later.  The same for every transport.

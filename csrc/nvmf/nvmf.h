@@ -1,5 +1,5 @@
 /*
- * What every NVMe-oF transport shares (see DESIGN.md, csrc/nvmf/): the
+ * What every NVMe-oF transport shares (see docs/architecture.md): the
  * addressing and connect parameters, the per-transport table the generic
  * code drives queues through, and the helpers that build and decode the
  * Fabrics commands (Connect, Property Get/Set) the same way on any fabric.

@@ -21,7 +21,7 @@ record that is already in the log.  Every commit and compaction of one log
 is serialised by ``IndexLog.lock``.  Its I/O is blocking: :meth:`commit`
 runs on the calling thread, :meth:`commit_async` on the log's own thread,
 so that an event loop keeps running while a compaction rewrites up to a
-whole index half (DESIGN rule 14).
+whole index half (docs/architecture.md rule 14).
 """
 
 from __future__ import annotations
