@@ -2,7 +2,7 @@
 
 The PDUs are hand-coded here with struct, independently of fx100io's own implementation, so
 these tests check the lab (and give fx100io a known-good reference exchange), not our code.
-Layouts follow NVMe/TCP 1.0 and NVMe-oF 1.1 (see /work/shared/DESIGN.md).
+Layouts follow NVMe/TCP 1.0 and NVMe-oF 1.1 (see docs/nvme-tcp.md, "The protocol in one page").
 """
 
 from __future__ import annotations
