@@ -1,5 +1,5 @@
 """A real redis-server for the shared pool's tests: its own loopback port
-and directory, AOF with appendfsync always (what the README asks of a
+and directory, AOF with appendfsync always (what docs/shared-pool.md asks of a
 deployment), never the system's service."""
 
 from __future__ import annotations

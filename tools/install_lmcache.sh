@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the real lmcache package on a CPU-only machine, for the fx100io LMCache plugin
-# and its tests (recipe in shared/notes/lmcache.md).
+# and its tests (docs/lmcache.md, "Install").
 #
 # Why not a plain `pip install lmcache`: its declared dependencies pull CUDA builds of torch
 # and its native extension is for GPUs. The plugin contract only needs lmcache's Python

@@ -2,7 +2,7 @@
 # Builds the virtual environment in which the SGLang HiCache backend is tested and
 # benchmarked: the real sglang package, without its dependencies, plus the three modules
 # that sglang.srt.mem_cache.hicache_storage and its backend factory import (pybase64,
-# triton, starlette). Recipe in shared/notes/serving-engines.md.
+# triton, starlette). See docs/sglang.md.
 #
 # Why a venv of its own: sglang pins CUDA builds of torch and dozens of packages; installed
 # with them it would replace what the rest of the suite runs on. The venv sees the system

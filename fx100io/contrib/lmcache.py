@@ -1,7 +1,6 @@
 """LMCache storage plugin backed by an fx100io ChunkStore.
 
-Load it from an LMCache config (every key is documented in README.md, section
-"LMCache storage plugin")::
+Load it from an LMCache config (every key is documented in docs/lmcache.md)::
 
     storage_plugins: ["fx100io"]
     extra_config:
@@ -89,8 +88,7 @@ class FX100ioBackend(StoragePluginInterface):
             logger.critical(
                 "fx100io LMCache plugin NOT loaded: %s. LMCache will run WITHOUT the "
                 "fx100io storage tier. Fix the storage_plugin.<name>.* keys in "
-                "extra_config (every key is documented in fx100io's README.md, section "
-                "'LMCache storage plugin').",
+                "extra_config (every key is documented in fx100io's docs/lmcache.md).",
                 exc,
             )
             raise

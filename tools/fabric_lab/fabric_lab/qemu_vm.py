@@ -83,7 +83,7 @@ def command_line(config: LabConfig, image: GuestImage, files: RunFiles,
     cmd = [
         "qemu-system-x86_64", "-name", "fx100io-fabric-lab",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-        # TCG: this machine's KVM is unusable (see /work/shared/notes/fabric-lab.md).
+        # TCG: the test machines' KVM is unusable (tools/fabric_lab/README.md).
         "-accel", "tcg,thread=multi", "-cpu", "max",
         "-smp", str(config.guest_cpus), "-m", str(config.memory_mib()),
         "-kernel", str(image.kernel), "-initrd", str(files.boot_initramfs),
