@@ -58,7 +58,6 @@ import builtins
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import hashlib
 import hmac
 import json
@@ -79,7 +78,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from fx100io import fabric_uri, uri_redact
+from fx100io import fabric_uri, locks, uri_redact
 from fx100io.errors import (
     DeviceBusyError,
     DeviceIOError,
@@ -800,7 +799,7 @@ _registry_lock = threading.Lock()  # guards the dicts below only; never held acr
 @dataclass
 class _Hold:
     users: int  # attachments in this process
-    fd: int  # the shared flock on the controller's lock file
+    lock: locks.FileLock  # the shared lock on the controller's lock file
 
 
 # controller name -> this process's hold on it
@@ -815,27 +814,6 @@ def _lock_file(name: str) -> Path:
         raise DevicePermissionError(e.errno or errno.EACCES, f"cannot make {RUNDIR} (the kernel "
                                     f"path's lock files): {e.strerror}") from None
     return RUNDIR / name
-
-
-def _flock(path: Path, mode: int, timeout: float) -> int | None:
-    """An fd holding flock mode on path, or None when that took longer than timeout (0: one
-    try)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    deadline = time.monotonic() + timeout
-    ok = False
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                ok = True
-                return fd
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(0.02)
-    finally:
-        if not ok:
-            os.close(fd)
 
 
 def _target_key(transport: str, traddr: str, trsvcid: str, subnqn: str, hostnqn: str) -> str:
@@ -855,13 +833,11 @@ def _target_lock(t: Target, timeout: float, where: str) -> Iterator[None]:
     if not tl.acquire(timeout=wait):
         raise busy
     try:
-        fd = _flock(_lock_file(f"connect-{key}.lock"), fcntl.LOCK_EX, wait)
-        if fd is None:
+        held = locks.lock(_lock_file(f"connect-{key}.lock"), timeout=wait, create=True)
+        if held is None:
             raise busy
-        try:
+        with held:
             yield
-        finally:
-            os.close(fd)
     finally:
         tl.release()
 
@@ -894,12 +870,12 @@ def _record_of(c: Controller) -> dict[str, Any] | None:
 def _claimed(name: str) -> bool:
     """Whether some process holds controller name (its lock file is locked)."""
     try:
-        fd = _flock(_lock_file(f"ctrl-{name}.lock"), fcntl.LOCK_EX, 0)
+        held = locks.lock(_lock_file(f"ctrl-{name}.lock"), create=True)
     except Fx100ioError:
         return True  # cannot tell: leave it
-    if fd is None:
+    if held is None:
         return True
-    os.close(fd)
+    held.release()
     return False
 
 
@@ -910,17 +886,17 @@ def _hold(name: str, timeout: float, where: str) -> None:
         if h is not None:
             h.users += 1
             return
-    fd = _flock(_lock_file(f"ctrl-{name}.lock"), fcntl.LOCK_SH, timeout)
-    if fd is None:
+    held = locks.lock(_lock_file(f"ctrl-{name}.lock"), shared=True, timeout=timeout, create=True)
+    if held is None:
         raise DeviceBusyError(errno.EBUSY, f"controller {name} is being detached by another "
                               "process", where)
     with _registry_lock:
         h = _attached.get(name)
         if h is None:
-            _attached[name] = _Hold(1, fd)
+            _attached[name] = _Hold(1, held)
             return
         h.users += 1  # another thread of this process was quicker
-    os.close(fd)
+    held.release()
 
 
 def _unhold(name: str) -> bool:
@@ -933,19 +909,19 @@ def _unhold(name: str) -> bool:
         if h.users > 0:
             return False
         del _attached[name]
-        os.close(h.fd)
+        h.lock.release()
     return True
 
 
 def _detach_if_unused(c: Controller) -> None:
     """Detach c if fx100io attached it and no process holds it any more."""
     try:
-        fd = _flock(_lock_file(f"ctrl-{c.name}.lock"), fcntl.LOCK_EX, 0)
+        held = locks.lock(_lock_file(f"ctrl-{c.name}.lock"), create=True)
     except Fx100ioError:
         return
-    if fd is None:
+    if held is None:
         return  # another process uses it
-    try:
+    with held:
         live = read_controller(c.name)
         if live is None or _identity(live) != _identity(c) or _record_of(live) is None:
             return  # gone, another controller now, or not attached by fx100io
@@ -954,8 +930,6 @@ def _detach_if_unused(c: Controller) -> None:
         if not live.sysfs_path.exists():
             with contextlib.suppress(OSError):
                 (RUNDIR / f"ctrl-{c.name}.json").unlink()
-    finally:
-        os.close(fd)
 
 
 def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DEFAULT_NS_TIMEOUT,
@@ -1061,7 +1035,7 @@ def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) ->
     with _registry_lock:
         holds = [h for h in (_attached.pop(n, None) for n in names) if h is not None]
     for h in holds:
-        os.close(h.fd)
+        h.lock.release()
     for n in names:
         with contextlib.suppress(OSError):
             (RUNDIR / f"ctrl-{n}.json").unlink()
