@@ -204,6 +204,25 @@ def test_secrets_go_in_a_config_file_not_in_argv():
     assert kernel.redact(f"{URI}&dhchap_secret={SECRET}").endswith("dhchap_secret=***")
 
 
+def test_fabric_uris_one_parser_reads_the_kernel_paths_uris_and_keywords():
+    # a secret with "+" from the URI, the other as a keyword: both reach the kernel as written
+    t = kernel.target_of(f"{URI}&dhchap_ctrl_secret={CTRL_SECRET}", dhchap_secret=SECRET)
+    assert t.secrets == {"dhchap_secret": SECRET, "dhchap_ctrl_secret": CTRL_SECRET}
+    # a keyword secret overrides the URI's
+    t = kernel.target_of(f"{URI}&dhchap_secret={CTRL_SECRET}", dhchap_secret=SECRET)
+    assert t.secrets == {"dhchap_secret": SECRET}
+    # the userspace initiator's options are ignored here, even ones it would refuse
+    t = kernel.target_of(f"{URI}&io_timeout_ms=0&max_xfer=x&queues=2")
+    assert t.options == (("--nr-io-queues", "2"),)
+    with pytest.raises(errors.InvalidArgumentError, match="queues must be an integer"):
+        kernel.target_of(URI, queues=0)
+    # the pair rule names the kernel path's words, whichever side gave the secrets
+    with pytest.raises(errors.InvalidArgumentError, match=r"needs dhchap_secret too"):
+        kernel.target_of(URI, dhchap_ctrl_secret=CTRL_SECRET)
+    with pytest.raises(errors.InvalidArgumentError, match=r"needs dhchap_secret too"):
+        kernel.target_of(f"{URI}&dhchap_ctrl_secret={CTRL_SECRET}")
+
+
 def test_cli_options_are_nvme_clis():
     a = _parser("connect").parse_args([
         "nvme+tcp://h/n", "--hostnqn", HOST, "--hostid", HID, "--nr-io-queues", "3",

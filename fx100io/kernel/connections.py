@@ -10,7 +10,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from fx100io import fabric_uri
 from fx100io.errors import (
@@ -62,6 +61,7 @@ from fx100io.kernel.uri_args import (
     OPTION_NAMES,
     Target,
     default_host_identity,
+    query_keys,
     redact,
     target_of,
     uuid_form,
@@ -157,7 +157,7 @@ def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) ->
         if t is None:
             raise InvalidArgumentError(22, f"disconnect() takes a Controller, a controller name or "
                                        f"a URI, got {target!r}")
-        host = "hostnqn" in dict(parse_qsl(urlsplit(target).query))
+        host = "hostnqn" in query_keys(target)
         names = [c.name for c in controllers() if matches(c, t, host=host)]
     for n in names:
         delete_controller(n, timeout)
@@ -169,16 +169,12 @@ def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, An
     """The discovery log of nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT], read by the
     kernel (``nvme discover -o json``): one dict per record with trtype, adrfam, subtype
     ("nvme", "discovery"), subtype_text, treq, portid, trsvcid, subnqn, traddr, ..."""
-    scheme = fabric_uri.scheme_of(uri)
-    parts = urlsplit(uri)
-    q = dict(parse_qsl(parts.query, keep_blank_values=True))
-    host, port, _, _ = fabric_uri.discovery_target(urlunsplit(parts._replace(path="")))
+    host, port, nqn, hid, _, _ = fabric_uri.discovery_options(uri)
+    given = query_keys(uri)
     dnqn, did = default_host_identity()
-    hostnqn = fabric_uri._text("the host NQN", q["hostnqn"], fabric_uri.NQN_MAX, uri) \
-        if "hostnqn" in q else dnqn
-    hostid = uuid_form(fabric_uri._hostid(q["hostid"], uri)) if "hostid" in q else \
-        in_use_hostid(hostnqn) or did
-    transport = fabric_uri.SCHEMES[scheme]
+    hostnqn = nqn if "hostnqn" in given else dnqn
+    hostid = uuid_form(hid) if "hostid" in given else in_use_hostid(hostnqn) or did
+    transport = fabric_uri.SCHEMES[fabric_uri.scheme_of(uri)]
     nvme = nvme_cli_path()
     check_kernel(transport)
     klog = KernelLog()

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
 
 from fx100io import fabric_uri, uri_redact
 from fx100io.errors import InvalidArgumentError
@@ -113,23 +113,26 @@ def redact(uri: str) -> str:
     return uri_redact.redact(uri)
 
 
-def _split_query(uri: str) -> tuple[str, dict[str, str], dict[str, str]]:
-    """(the URI without secrets and userspace-only keys, the query as given, secrets)."""
-    fabric_uri.scheme_of(uri)
+def query_keys(uri: str) -> set[str]:
+    """The option names uri's query spells out.  fabric_uri.parse() fills in hostnqn and
+    hostid when they are absent, and the kernel path's defaults for them differ (nvme-cli's
+    /etc/nvme identity), so it needs to know which ones the URI gave; values are read by
+    fabric_uri.parse() only."""
+    return {unquote_plus(pair.partition("=")[0]) for pair in urlsplit(uri).query.split("&")
+            if pair}
+
+
+def with_query(uri: str, values: Mapping[str, Any], drop: tuple[str, ...] = ()) -> str:
+    """uri with query options set to values (True/False as 1/0) and the options drop left
+    out; every other pair is kept byte for byte (a secret's "+" stays a plus).  For
+    connect()'s keywords and the commands' --hostnqn / --hostid."""
     parts = urlsplit(uri)
-    given: dict[str, str] = {}
-    secrets: dict[str, str] = {}
-    kept: list[tuple[str, str]] = []
-    # a secret is base64: its "+" is a plus, never a form-encoded space (nvme gen-dhchap-key's
-    # output pasted into a URI as it is)
-    literal = dict(parse_qsl(parts.query.replace("+", "%2B"), keep_blank_values=True))
-    for k, v in parse_qsl(parts.query, keep_blank_values=True):
-        given[k] = v
-        if k in SECRET_KEYS:
-            secrets[k] = check_secret(k, literal[k], uri)
-        elif k not in USERSPACE_ONLY:
-            kept.append((k, v))
-    return urlunsplit(parts._replace(query=urlencode(kept, safe=":@/"))), given, secrets
+    kept = [pair for pair in parts.query.split("&")
+            if pair and unquote_plus(pair.partition("=")[0]) not in {*drop, *values}]
+    for k, v in values.items():
+        text = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        kept.append(f"{quote(k, safe='')}={quote(text, safe=':@/')}")
+    return urlunsplit(parts._replace(query="&".join(kept)))
 
 
 def target_of(uri: str, **opts: Any) -> Target:
@@ -139,23 +142,23 @@ def target_of(uri: str, **opts: Any) -> Target:
     kernel_only = {k: opts.pop(k) for k in [*opts] if k in KERNEL_ONLY}
     secrets_kw = {k: opts.pop(k) for k in [*opts] if k in SECRET_KEYS}
     if opts:  # URI keys given as keywords: merged into the query, checked as the URI is
-        parts = urlsplit(uri)
-        q = dict(parse_qsl(parts.query, keep_blank_values=True))
-        for k, v in opts.items():
-            q[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
-        uri = urlunsplit(parts._replace(query=urlencode([*q.items()], safe=":@/")))
-    stripped, given, secrets = _split_query(uri)
-    for k, v in secrets_kw.items():
-        if v is not None:
-            secrets[k] = check_secret(k, v, redact(uri))
-    if "dhchap_ctrl_secret" in secrets and "dhchap_secret" not in secrets:
+        uri = with_query(uri, opts)
+    fabric_uri.scheme_of(uri)
+    secrets_kw = {k: check_secret(k, v, redact(uri)) for k, v in secrets_kw.items()
+                  if v is not None}
+    given = query_keys(uri)
+    named = given | secrets_kw.keys()
+    if "dhchap_ctrl_secret" in named and "dhchap_secret" not in named:
         raise InvalidArgumentError(22, "dhchap_ctrl_secret (bidirectional authentication) needs "
                                    "dhchap_secret too", redact(uri))
     try:
-        p = fabric_uri.parse(stripped)
+        # fabric_uri's one parser reads every value, the secrets given as keywords too; the
+        # userspace-only options are left out: ignored here, even malformed, as they always were
+        p = fabric_uri.parse(with_query(uri, secrets_kw, drop=USERSPACE_ONLY))
     except InvalidArgumentError as e:
         e.target = redact(uri)
         raise
+    secrets = {k: p[k] for k in SECRET_KEYS if k in p}
     if not p["subnqn"]:
         raise InvalidArgumentError(22, "the URI needs a subsystem NQN as its path "
                                    "(nvme+tcp://HOST:PORT/SUBNQN)", redact(uri))
