@@ -31,6 +31,18 @@ def _another_process_can_lock(path) -> bool:
     return got
 
 
+def _held_until_both_go(path, a, b) -> None:
+    """a and b hold path together: it stays locked until both are released."""
+    assert a is not None and b is not None
+    assert locks.lock(path) is None
+    a.release()
+    assert locks.lock(path) is None
+    b.release()
+    free = locks.lock(path)
+    assert free is not None
+    free.release()
+
+
 def test_exclusive_refuses_a_second_holder_even_in_this_process(tmp_path):
     path = tmp_path / "f.lock"
     first = locks.lock(path, create=True)
@@ -45,14 +57,8 @@ def test_exclusive_refuses_a_second_holder_even_in_this_process(tmp_path):
 
 def test_shared_locks_share_and_keep_an_exclusive_out(tmp_path):
     path = tmp_path / "f.lock"
-    a = locks.lock(path, shared=True, create=True)
-    b = locks.lock(path, shared=True)
-    assert a is not None and b is not None
-    assert locks.lock(path) is None
-    a.release()
-    assert locks.lock(path) is None
-    b.release()
-    assert locks.lock(path) is not None
+    _held_until_both_go(path, locks.lock(path, shared=True, create=True),
+                        locks.lock(path, shared=True))
 
 
 def test_timeout_waits_then_gives_up(tmp_path):
@@ -91,25 +97,16 @@ def test_a_claim_lets_one_lock_of_this_process_in(tmp_path):
     claim = locks.claim(path, create=True)
     assert claim is not None and path.exists()
     inside = locks.lock(path, inside_claim=True)
-    assert inside is not None
     assert locks.lock(path, inside_claim=True) is None  # one at a time
-    assert locks.lock(path) is None  # a lock outside the claim is refused
-    claim.release()  # the lock inside keeps the file locked
-    assert locks.lock(path) is None
-    inside.release()
-    assert locks.lock(path) is not None
+    _held_until_both_go(path, claim, inside)  # a lock outside the claim is refused meanwhile
 
 
 def test_a_claim_keeps_other_processes_out_and_counts_its_handles(tmp_path):
     path = tmp_path / "dev.img"
     c1 = locks.claim(path, create=True)
     c2 = locks.claim(path)  # this process again: counted
-    assert c1 is not None and c2 is not None
     assert not _another_process_can_lock(path)
-    c1.release()
-    assert locks.lock(path) is None
-    c2.release()
-    assert locks.lock(path) is not None
+    _held_until_both_go(path, c1, c2)
 
 
 def test_a_file_locked_outside_a_claim_cannot_be_claimed(tmp_path):
