@@ -108,3 +108,18 @@ def test_a_second_process_on_the_same_file_is_refused(tmp_path):
     p.start()
     assert q.get(timeout=60) == "opened"
     p.join(60)
+
+
+def test_the_claim_outlives_another_descriptor_of_the_file_closing(tmp_path):
+    # a POSIX lock (lockf) was dropped when any descriptor of the file closed, e.g. a probe
+    uri = f"file://{tmp_path}/kv.img"
+    s = parse_settings({"devices": uri, "size": "32M", "direct": "false"}, WHERE)
+    with open_backend_store(s):
+        os.close(os.open(tmp_path / "kv.img", os.O_RDONLY))
+        ctx = multiprocessing.get_context("spawn")
+        q = ctx.Queue()
+        p = ctx.Process(target=_open_in_child, args=(uri, q))
+        p.start()
+        msg = q.get(timeout=60)
+        p.join(60)
+    assert "in use by another process" in msg and "adapter_params.devices" in msg
