@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             from fx100io.bench import main as bench
             return bench(rest)
         if cmd in ("discover", "connect", "disconnect", "list"):
-            from fx100io.kernel_cli import main as kernel_cli
+            from fx100io.kernel.cli import main as kernel_cli
             return kernel_cli(cmd, rest)
         if cmd == "rdma-devices":
             from fx100io.rdma_devices import main as rdma_devices

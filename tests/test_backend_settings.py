@@ -91,20 +91,33 @@ def _open_in_child(uri: str, q) -> None:
         q.put(str(exc))
 
 
-def test_a_second_process_on_the_same_file_is_refused(tmp_path):
-    uri = f"file://{tmp_path}/kv.img"
-    s = parse_settings({"devices": uri, "size": "32M", "direct": "false"}, WHERE)
-    b = open_backend_store(s)
+def _open_in_another_process(uri: str) -> str:
+    """What a second process opening uri's store says ("opened", or its error)."""
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_open_in_child, args=(uri, q))
     p.start()
-    msg = q.get(timeout=60)
+    said = q.get(timeout=60)
     p.join(60)
+    return said
+
+
+def test_a_second_process_on_the_same_file_is_refused(tmp_path):
+    uri = f"file://{tmp_path}/kv.img"
+    s = parse_settings({"devices": uri, "size": "32M", "direct": "false"}, WHERE)
+    b = open_backend_store(s)
+    msg = _open_in_another_process(uri)
     assert "in use by another process" in msg and "adapter_params.devices" in msg
     b.close()
     b.close()  # idempotent
-    p = ctx.Process(target=_open_in_child, args=(uri, q))
-    p.start()
-    assert q.get(timeout=60) == "opened"
-    p.join(60)
+    assert _open_in_another_process(uri) == "opened"
+
+
+def test_the_claim_outlives_another_descriptor_of_the_file_closing(tmp_path):
+    # a POSIX lock (lockf) was dropped when any descriptor of the file closed, e.g. a probe
+    uri = f"file://{tmp_path}/kv.img"
+    s = parse_settings({"devices": uri, "size": "32M", "direct": "false"}, WHERE)
+    with open_backend_store(s):
+        os.close(os.open(tmp_path / "kv.img", os.O_RDONLY))
+        msg = _open_in_another_process(uri)
+    assert "in use by another process" in msg and "adapter_params.devices" in msg

@@ -17,7 +17,7 @@ import pytest
 
 import fx100io
 from fx100io import errors, kernel
-from fx100io.kernel_cli import _parser, connect_options
+from fx100io.kernel.cli import _parser, connect_options
 
 DATA = Path(__file__).parent / "data" / "nvme_cli"
 RAM = "nqn.2026-11.io.fx100:lab-ram"
@@ -95,14 +95,14 @@ def fake_sys(tmp_path, monkeypatch):
     (dev / "kmsg").write_text("")
     (sysfs / "module" / "nvme_tcp").mkdir(parents=True)
     (sysfs / "module" / "nvme_rdma").mkdir(parents=True)
-    monkeypatch.setattr(kernel, "SYSFS", sysfs)
-    monkeypatch.setattr(kernel, "DEVDIR", dev)
-    monkeypatch.setattr(kernel, "_is_block_device", lambda p: Path(p).is_file())
+    monkeypatch.setattr(kernel.sysfs, "SYSFS", sysfs)
+    monkeypatch.setattr(kernel.sysfs, "DEVDIR", dev)
+    monkeypatch.setattr(kernel.sysfs, "_is_block_device", lambda p: Path(p).is_file())
     # the cross-process lock files and the secrets' temporary directories
-    monkeypatch.setattr(kernel, "RUNDIR", tmp_path / "run", raising=False)
+    monkeypatch.setattr(kernel.holds, "RUNDIR", tmp_path / "run")
     (tmp_path / "shm").mkdir()
-    monkeypatch.setattr(kernel, "SECRET_TMPDIR", str(tmp_path / "shm"), raising=False)
-    monkeypatch.setattr(kernel, "_attached", {})
+    monkeypatch.setattr(kernel.secrets, "SECRET_TMPDIR", str(tmp_path / "shm"))
+    monkeypatch.setattr(kernel.holds, "_attached", {})
     return sysfs, dev
 
 
@@ -115,13 +115,13 @@ def test_controllers_from_captured_sysfs(fake_sys):
     assert (c1.hostnqn, c1.hostid, c1.cntlid, c1.queue_count, c1.kato) == (HOST, HID, 1, 3, 5)
     assert c2.kato == 7  # connect-rdma-nvme: -k 7
     # the multipath path nvme1c1n1 is served by the subsystem's head nvme1n1
-    assert c1.block_devices() == {1: f"{kernel.DEVDIR}/nvme1n1"}
-    assert c1.namespaces == [f"{kernel.DEVDIR}/nvme1n1"]
+    assert c1.block_devices() == {1: f"{kernel.sysfs.DEVDIR}/nvme1n1"}
+    assert c1.namespaces == [f"{kernel.sysfs.DEVDIR}/nvme1n1"]
     assert [c.name for c in kernel.list(all_transports=True)] == ["nvme0", "nvme1", "nvme2"]
     assert kernel.subsystems() == {"nvme-subsys0": "nqn.2019-08.org.qemu:fxlab0",
                                    "nvme-subsys1": RAM, "nvme-subsys2": NV}
     d = c2.as_dict()
-    assert d["namespaces"] == [f"{kernel.DEVDIR}/nvme2n1"] and d["address"].startswith("traddr=")
+    assert d["namespaces"] == [f"{kernel.sysfs.DEVDIR}/nvme2n1"] and d["address"].startswith("traddr=")
 
 
 def test_namespace_wait_is_bounded_with_a_clear_error(fake_sys):
@@ -158,11 +158,11 @@ def test_argv_mapping():
 def test_default_host_identity_is_nvme_clis(tmp_path, monkeypatch):
     (tmp_path / "hostnqn").write_text("nqn.2014-08.org.nvmexpress:uuid:1234\n")
     (tmp_path / "hostid").write_text("ab9e7d1c-3f2a-4e5d-8c6b-7a9f0e1d2c3b\n")
-    monkeypatch.setattr(kernel, "ETC_NVME", tmp_path)
+    monkeypatch.setattr(kernel.uri_args, "ETC_NVME", tmp_path)
     t = kernel.target_of(f"nvme+tcp://h/{RAM}")
     assert (t.hostnqn, t.hostid) == ("nqn.2014-08.org.nvmexpress:uuid:1234",
                                      "ab9e7d1c-3f2a-4e5d-8c6b-7a9f0e1d2c3b")
-    monkeypatch.setattr(kernel, "ETC_NVME", tmp_path / "none")
+    monkeypatch.setattr(kernel.uri_args, "ETC_NVME", tmp_path / "none")
     nqn, hid = fx100io.host_identity()
     t = kernel.target_of(f"nvme+tcp://h/{RAM}")
     assert (t.hostnqn, t.hostid.replace("-", "")) == (nqn, hid)
@@ -202,6 +202,25 @@ def test_secrets_go_in_a_config_file_not_in_argv():
                                                 "trsvcid": "4420",
                                                 "dhchap_ctrl_key": CTRL_SECRET}]}]}]
     assert kernel.redact(f"{URI}&dhchap_secret={SECRET}").endswith("dhchap_secret=***")
+
+
+def test_fabric_uris_one_parser_reads_the_kernel_paths_uris_and_keywords():
+    # a secret with "+" from the URI, the other as a keyword: both reach the kernel as written
+    t = kernel.target_of(f"{URI}&dhchap_ctrl_secret={CTRL_SECRET}", dhchap_secret=SECRET)
+    assert t.secrets == {"dhchap_secret": SECRET, "dhchap_ctrl_secret": CTRL_SECRET}
+    # a keyword secret overrides the URI's
+    t = kernel.target_of(f"{URI}&dhchap_secret={CTRL_SECRET}", dhchap_secret=SECRET)
+    assert t.secrets == {"dhchap_secret": SECRET}
+    # the userspace initiator's options are ignored here, even ones it would refuse
+    t = kernel.target_of(f"{URI}&io_timeout_ms=0&max_xfer=x&queues=2")
+    assert t.options == (("--nr-io-queues", "2"),)
+    with pytest.raises(errors.InvalidArgumentError, match="queues must be an integer"):
+        kernel.target_of(URI, queues=0)
+    # the pair rule names the kernel path's words, whichever side gave the secrets
+    with pytest.raises(errors.InvalidArgumentError, match=r"needs dhchap_secret too"):
+        kernel.target_of(URI, dhchap_ctrl_secret=CTRL_SECRET)
+    with pytest.raises(errors.InvalidArgumentError, match=r"needs dhchap_secret too"):
+        kernel.target_of(f"{URI}&dhchap_ctrl_secret={CTRL_SECRET}")
 
 
 def test_cli_options_are_nvme_clis():
@@ -358,12 +377,12 @@ def test_connect_and_disconnect(fake_nvme):
     with kernel.connect(URI + "&queues=1") as c:
         assert (c.name, c.subsysnqn, c.transport, c.address) == ("nvme3", RAM, "tcp", NVME3["address"])
         assert c.expected_nsids == (1,)
-        assert c.namespaces == [f"{kernel.DEVDIR}/nvme1n1"]
+        assert c.namespaces == [f"{kernel.sysfs.DEVDIR}/nvme1n1"]
         assert [x.name for x in kernel.list()] == ["nvme3"]
     assert kernel.list() == []
     argvs = [c["argv"] for c in fake_nvme.calls()]
     assert argvs[0][:2] == ["connect", "--transport"] and "--nr-io-queues=1" in argvs[0]
-    assert argvs[1] == ["list-ns", f"{kernel.DEVDIR}/nvme3", "--output-format=json"]
+    assert argvs[1] == ["list-ns", f"{kernel.sysfs.DEVDIR}/nvme3", "--output-format=json"]
     assert argvs[2] == ["disconnect", "--device", "nvme3"]
 
 
@@ -507,17 +526,17 @@ def test_one_process_release_does_not_detach_a_controller_another_process_uses(f
     close must leave it to worker 1, and worker 1's close (the last user) detaches it."""
     _play_nvme3(fake_nvme)
     a = kernel.attach(URI)                          # process A connects
-    reg_a = dict(kernel._attached)
-    kernel._attached.clear()                        # process B: its own, empty registry
+    reg_a = dict(kernel.holds._attached)
+    kernel.holds._attached.clear()                        # process B: its own, empty registry
     b = kernel.attach(URI.replace("?", "?ns=1&"))   # B reuses A's live controller
     assert len(_connects(fake_nvme)) == 1 and b.controller.name == a.controller.name
-    reg_b = dict(kernel._attached)
-    kernel._attached.clear()
-    kernel._attached.update(reg_a)                  # back in process A
+    reg_b = dict(kernel.holds._attached)
+    kernel.holds._attached.clear()
+    kernel.holds._attached.update(reg_a)                  # back in process A
     a.release()
     assert b.controller.sysfs_path.exists(), "detached under process B"
-    kernel._attached.clear()
-    kernel._attached.update(reg_b)                  # process B closes: nobody uses it now
+    kernel.holds._attached.clear()
+    kernel.holds._attached.update(reg_b)                  # process B closes: nobody uses it now
     b.release()
     assert not b.controller.sysfs_path.exists()
 
@@ -535,8 +554,8 @@ def test_a_failed_connect_does_not_detach_another_process_controller(fake_nvme):
     """Another process's fresh controller shows up while this connect fails: it is claimed
     (its holder lock is taken), so the cleanup leaves it."""
     import fcntl
-    kernel.RUNDIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(kernel.RUNDIR / "ctrl-nvme3.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    kernel.holds.RUNDIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(kernel.holds.RUNDIR / "ctrl-nvme3.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_SH)                  # "process A" holds nvme3
     try:
         fake_nvme.play(**failing("connect-no-subsys", "dmesg-no-subsys.txt",
@@ -631,7 +650,7 @@ def test_stale_secret_files_of_dead_processes_are_removed(fake_nvme):
     import subprocess
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()                                       # a pid that is gone
-    shm = Path(kernel.SECRET_TMPDIR)
+    shm = Path(kernel.secrets.SECRET_TMPDIR)
     stale = shm / f"fx100io-nvme-{p.pid}-abcd"
     stale.mkdir()
     (stale / "config.json").write_text(json.dumps([{"dhchap_key": SECRET}]))

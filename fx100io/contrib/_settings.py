@@ -15,15 +15,13 @@ the fx100io package, and with it the C extension, for the size units).
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from fx100io import units
+from fx100io import locks, units
 from fx100io.uri_redact import redact, redact_url
 
 logger = logging.getLogger("fx100io.contrib")
@@ -442,20 +440,21 @@ def prepare_files(options: BackendSettings, create: bool) -> None:
             os.makedirs(parent, exist_ok=True)
 
 
-def lock_devices(options: BackendSettings, create: bool) -> list[int]:
+def lock_devices(options: BackendSettings, create: bool) -> list[locks.FileLock]:
     """Claim each local device for this process, or fail at start.
 
     A store's index lives in the memory of the process that opened it, so two
     processes on one device (typically two tensor-parallel workers given the same
-    path) would overwrite each other's chunks. A POSIX lock makes the second one
-    fail loudly instead. Files that do not exist yet are created empty first (they
+    path) would overwrite each other's chunks. A claim (fx100io.locks) makes the second
+    one fail loudly instead. Files that do not exist yet are created empty first (they
     are about to be formatted; an empty file is still 'fresh' to create: auto).
-    POSIX locks belong to the process: a second store on the same file in the same
-    process is not stopped here (ChunkStore refuses it itself).
+    The claim belongs to the process: this process's store takes its own lock inside
+    it, and a second store on the same file in the same process is not stopped here
+    (ChunkStore refuses it itself).
     """
-    fds: list[int] = []
+    held: list[locks.FileLock] = []
     if options.shared_index:
-        return fds  # a shared pool: every host opens the same devices, by design
+        return held  # a shared pool: every host opens the same devices, by design
     try:
         for uri in options.devices:
             path = file_path(uri)
@@ -463,29 +462,22 @@ def lock_devices(options: BackendSettings, create: bool) -> list[int]:
                 continue
             if not os.path.exists(path) and (not create or path.startswith("/dev/")):
                 continue  # nothing to lock; opening will say it is missing
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fds.append(fd)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
+            claim = locks.claim(path, create=True, mode=0o644)
+            if claim is None:
                 raise BackendStartError(
                     f"{path} is in use by another process; give each worker its own "
                     f"device, e.g. {options.where}devices = "
                     '"file:///var/lib/fx100io/kv-{worker_id}.img"'
-                ) from None
+                )
+            held.append(claim)
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        locks.release_all(held)
         raise
-    return fds
+    return held
 
 
-def unlock_devices(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)  # closing drops the POSIX lock
-    fds.clear()
+def unlock_devices(held: list[locks.FileLock]) -> None:
+    locks.release_all(held)
 
 
 def open_store(options: BackendSettings, create: bool, log: logging.Logger | None = None) -> Any:
@@ -564,9 +556,9 @@ def open_store(options: BackendSettings, create: bool, log: logging.Logger | Non
 class BackendStore:
     """An opened store and the device locks that go with it; ``close()`` releases both."""
 
-    def __init__(self, store: Any, locks: list[int]) -> None:
+    def __init__(self, store: Any, held: list[locks.FileLock]) -> None:
         self.store = store
-        self._locks = locks
+        self._locks = held
         self._closed = False
 
     def close(self) -> None:
@@ -592,10 +584,10 @@ def open_backend_store(settings: BackendSettings, *, log: logging.Logger | None 
     queues (ChunkStore gives each thread its own), so use and close it from there."""
     create = should_create(settings)
     prepare_files(settings, create)
-    locks = lock_devices(settings, create)
+    held = lock_devices(settings, create)
     try:
         store = open_store(settings, create, log)
     except BaseException:
-        unlock_devices(locks)
+        unlock_devices(held)
         raise
-    return BackendStore(store, locks)
+    return BackendStore(store, held)

@@ -44,6 +44,7 @@ from fx100io.errors import (
     StoreClosedError,
     error_from_errno,
 )
+from fx100io.locks import FileLock
 from fx100io.pool import aligned_array
 from fx100io.store import layout
 from fx100io.store.flock import lock_device, unlock
@@ -168,13 +169,13 @@ class ChunkStore:
         self._counters = dict(puts=0, gets=0, hits=0, misses=0, corruptions=0, evictions=0,
                               deletes=0, bytes_written=0, bytes_read=0)
         devices: list[Device] = []
-        self._locks: list[int] = []
+        self._locks: list[FileLock] = []
         try:
             for u in uri_list:
                 devices.append(open_device(u, create=create, size=size if create else None, **opts))
-                fd = lock_device(devices[-1])
-                if fd is not None:
-                    self._locks.append(fd)
+                held = lock_device(devices[-1])
+                if held is not None:
+                    self._locks.append(held)
             # the devices' URIs: on the kernel path without their DH-HMAC-CHAP secrets
             names = [d.uri for d in devices]
             if create:

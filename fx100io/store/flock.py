@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-
+from fx100io import locks
 from fx100io.device import Device
 from fx100io.errors import DeviceBusyError
 
 
-def lock_device(d: Device) -> int | None:
-    """Lock a local device for this process; returns the fd that holds the
-    lock (close it to unlock), or None where the device is not local.
+def lock_device(d: Device) -> locks.FileLock | None:
+    """Lock a local device for this store; returns the lock (release it to unlock), or
+    None where the device is not local.
 
     The index lives in the owning process's memory, so a second writer would
-    corrupt it.  flock() is released by the kernel when the process dies,
-    so a crash never leaves a device locked."""
+    corrupt it.  The lock (fx100io.locks) is released by the kernel when the process
+    dies, so a crash never leaves a device locked; an adapter's claim on the device
+    (fx100io.contrib) lets this process's one store in."""
     if d.transport not in ("file", "psync"):
         return None  # remote namespaces: the target owns exclusivity
-    fd = os.open(d.target, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+    held = locks.lock(d.target, inside_claim=True)
+    if held is None:
         raise DeviceBusyError(16, "device is in use by another ChunkStore (close it first, "
-                              "or give each process its own device)", d.uri) from None
-    return fd
+                              "or give each process its own device)", d.uri)
+    return held
 
 
-def unlock(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)  # closing drops the flock
-    fds.clear()
+def unlock(held: list[locks.FileLock]) -> None:
+    locks.release_all(held)

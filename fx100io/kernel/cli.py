@@ -98,13 +98,10 @@ def connect_options(a: argparse.Namespace, env: dict[str, str] | None = None) ->
 
 
 def _with_host(uri: str, a: argparse.Namespace) -> str:
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    from fx100io.kernel.uri_args import with_query
 
-    q = dict(parse_qsl(urlsplit(uri).query, keep_blank_values=True))
-    for name in ("hostnqn", "hostid"):
-        if getattr(a, name, None):
-            q[name] = getattr(a, name)
-    return urlunsplit(urlsplit(uri)._replace(query=urlencode([*q.items()], safe=":@/")))
+    return with_query(uri, {name: getattr(a, name) for name in ("hostnqn", "hostid")
+                            if getattr(a, name, None)})
 
 
 def main(cmd: str, argv: list[str]) -> int:

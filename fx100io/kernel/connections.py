@@ -1,0 +1,324 @@
+"""connect, disconnect, discover, attach and list: the kernel path's operations."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fx100io import fabric_uri
+from fx100io.errors import (
+    DeviceBusyError,
+    DeviceNotFoundError,
+    Fx100ioError,
+    FxTimeoutError,
+    InvalidArgumentError,
+)
+from fx100io.kernel import holds, sysfs
+from fx100io.kernel.diagnose import KernelLog, classify_connect_failure
+from fx100io.kernel.holds import (
+    claimed,
+    detach_if_unused,
+    hold,
+    identity,
+    record_of,
+    target_lock,
+    unhold,
+    write_record,
+)
+from fx100io.kernel.nvme_cli import (
+    DEFAULT_TIMEOUT,
+    active_nsids,
+    check_kernel,
+    delete_controller,
+    module_loaded,
+    nvme_cli_path,
+    parse_connect_output,
+    parse_discover_output,
+    run,
+)
+from fx100io.kernel.secrets import check_secrets_applied, secret_config
+from fx100io.kernel.sysfs import (
+    CTRL_NAME,
+    DEFAULT_NS_TIMEOUT,
+    Controller,
+    check_block_device,
+    controllers,
+    in_use_hostid,
+    matches,
+    read_attr,
+    read_controller,
+    settle_hostid,
+    sysfs_options,
+)
+from fx100io.kernel.uri_args import (
+    DISCOVERY_NQN,
+    OPTION_NAMES,
+    Target,
+    default_host_identity,
+    query_keys,
+    redact,
+    target_of,
+    uuid_form,
+)
+
+log = logging.getLogger("fx100io")
+
+
+def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DEFAULT_NS_TIMEOUT,
+            **opts: Any) -> Controller:
+    """Attach uri's subsystem through the kernel (``nvme connect``); returns the
+    :class:`Controller`, which detaches on ``with`` exit.  Raises DevicePermissionError
+    (host not allowed, authentication failed), DeviceNotFoundError (no such subsystem),
+    FxConnectionError (nothing listens), DeviceBusyError (this host is already connected
+    there), KernelSupportError (a module missing, no authentication in this kernel),
+    NvmeCliNotFoundError.  A connect that fails leaves no controller of its own behind."""
+    t = target_of(uri, **opts)
+    where = redact(uri)
+    with target_lock(t, timeout, where):
+        return _connect(t, where, timeout, ns_timeout)
+
+
+def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Controller:
+    nvme = nvme_cli_path()
+    check_kernel(t.transport)
+    t = settle_hostid(t)
+    loaded = module_loaded(t.transport)
+    before = {c.name for c in controllers()}
+    klog = KernelLog()
+    argv = t.argv(nvme)
+    try:
+        with secret_config(t) as cfg:
+            if cfg is not None:
+                argv.insert(2, f"--config={cfg}")
+            try:
+                r = run(argv, timeout, where)
+            except FxTimeoutError:
+                _cleanup_new(before, t)
+                raise
+        if r.returncode != 0:
+            _cleanup_new(before, t)
+            raise classify_connect_failure(t, r.stderr, klog.read(), loaded, where)
+        try:
+            name = parse_connect_output(r.stdout)
+        except BaseException:
+            _cleanup_new(before, t)
+            raise
+        try:
+            c = read_controller(name)
+            if c is None:
+                raise DeviceNotFoundError(errno.ENODEV, f"nvme connect said {name}, but "
+                                          f"{sysfs.SYSFS}/class/nvme/{name} is not there", where)
+            c.owned = True
+            c.ns_timeout = ns_timeout
+            check_secrets_applied(c, t, where)
+            c.expected_nsids = active_nsids(nvme, name)
+            return c
+        except BaseException:
+            _cleanup_new(before, t, name)
+            raise
+    finally:
+        klog.close()
+
+
+def _cleanup_new(before: set[str], t: Target, name: str | None = None) -> None:
+    """Detach what a connect that failed half way left: the controller nvme-cli named (name),
+    else controllers of t that appeared since before and that no process holds (connects to
+    t are serialised by target_lock, so one of fx100io's own is held by then)."""
+    if name is not None:
+        names = [name] if name not in before else []
+    else:
+        names = [c.name for c in controllers()
+                 if c.name not in before and matches(c, t) and not claimed(c.name)]
+    for n in names:
+        log.warning("fx100io: detaching %s, left behind by a failed connect to %s", n, t.subnqn)
+        with contextlib.suppress(Fx100ioError):
+            delete_controller(n)
+
+
+def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
+    """Detach a controller (a :class:`Controller`, or a name like ``nvme3``), or every
+    controller of a URI's subsystem at its address (and host, when the URI names one).
+    Returns the names detached; checks in sysfs that they are gone."""
+    if isinstance(target, Controller):
+        names = [target.name]
+    elif isinstance(target, str) and CTRL_NAME.fullmatch(target):
+        names = [target]
+    elif isinstance(target, str) and target.startswith("/dev/") and CTRL_NAME.fullmatch(
+            os.path.basename(target)):
+        names = [os.path.basename(target)]
+    else:
+        t = target_of(target) if isinstance(target, str) else None
+        if t is None:
+            raise InvalidArgumentError(22, f"disconnect() takes a Controller, a controller name or "
+                                       f"a URI, got {target!r}")
+        host = "hostnqn" in query_keys(target)
+        names = [c.name for c in controllers() if matches(c, t, host=host)]
+    for n in names:
+        delete_controller(n, timeout)
+    holds.forget(names)
+    return names
+
+
+def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
+    """The discovery log of nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT], read by the
+    kernel (``nvme discover -o json``): one dict per record with trtype, adrfam, subtype
+    ("nvme", "discovery"), subtype_text, treq, portid, trsvcid, subnqn, traddr, ..."""
+    host, port, nqn, hid, _, _ = fabric_uri.discovery_options(uri)
+    given = query_keys(uri)
+    dnqn, did = default_host_identity()
+    hostnqn = nqn if "hostnqn" in given else dnqn
+    hostid = uuid_form(hid) if "hostid" in given else in_use_hostid(hostnqn) or did
+    transport = fabric_uri.SCHEMES[fabric_uri.scheme_of(uri)]
+    nvme = nvme_cli_path()
+    check_kernel(transport)
+    klog = KernelLog()
+    try:
+        r = run([nvme, "discover", "--transport", transport, "--traddr", host, "--trsvcid", port,
+                  "--hostnqn", hostnqn, "--hostid", hostid, "--output-format=json"], timeout, uri)
+        if r.returncode != 0:
+            t = Target(transport, host, port, DISCOVERY_NQN, hostnqn, hostid)
+            raise classify_connect_failure(t, r.stderr, klog.read(), module_loaded(transport), uri)
+        return parse_discover_output(r.stdout)
+    finally:
+        klog.close()
+
+
+@dataclass
+class Attachment:
+    """A namespace block device that :func:`attach` found or attached; release() detaches the
+    controller when fx100io attached it and no attachment of any process on this host uses it
+    any more."""
+
+    controller: Controller
+    path: str
+    attached: bool  # this call made the controller
+    _released: bool = field(default=False, repr=False)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if unhold(self.controller.name):
+            detach_if_unused(self.controller)
+
+
+# controller states the kernel passes through on its way to "live" (a reconnect after a loss)
+_PENDING_STATES = ("new", "connecting", "resetting")
+
+
+def _mismatch(c: Controller, t: Target) -> str | None:
+    """Why live controller c is not what t asks for (secrets, options), or None.  Secrets are
+    compared in constant time and never named by value."""
+    for key in ("dhchap_secret", "dhchap_ctrl_secret"):
+        want = t.secrets.get(key)
+        if want is None:
+            continue
+        have = read_attr(c.sysfs_path / key)
+        if not hmac.compare_digest(have.encode(), want.encode()):
+            return (f"it was not attached with this {key} (it holds another key, or none), so "
+                    "reusing it would skip the authentication asked for")
+    rec = record_of(c)
+    known: dict[str, str] = ({str(o[0]): str(o[1]) for o in rec["options"]} if rec is not None
+                             else sysfs_options(c))
+    for opt, value in t.options:
+        if opt == "--duplicate-connect":
+            continue
+        name = OPTION_NAMES.get(opt, opt)
+        if opt not in known:
+            if rec is not None:
+                return f"it was attached without {name}"
+            return (f"whether it has {name} cannot be told (fx100io did not attach it, and sysfs "
+                    "does not show it)")
+        if known[opt] != value:
+            return f"it was attached with another {name} ({opt} {known[opt]}, not {value})"
+    return None
+
+
+def _reusable(t: Target, where: str, timeout: float, duplicate: bool) -> Controller | None:
+    """The live controller of t that attach() may use as it is, None to connect one.  Waits
+    (up to timeout) for one the kernel is reconnecting; refuses one with other secrets or
+    options (DeviceBusyError) unless duplicate (then a second controller is made)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cands = [c for c in controllers() if matches(c, t)]
+        live = [c for c in cands if c.state == "live"]
+        refused: tuple[str, str] | None = None
+        for c in live:
+            why = _mismatch(c, t)
+            if why is None:
+                return c
+            refused = refused or (c.name, why)
+        if refused is not None:
+            if duplicate:
+                return None
+            name, why = refused
+            raise DeviceBusyError(errno.EBUSY, f"this host already holds controller {name} for "
+                                  f"this subsystem and address, but {why}; it is not reused: "
+                                  f"detach it (fx100io disconnect {name}), ask for what it has, "
+                                  "or pass duplicate_connect=True for a second controller", where)
+        pending = [c for c in cands if c.state in _PENDING_STATES]
+        if not pending:
+            return None
+        if time.monotonic() >= deadline:
+            c = pending[0]
+            raise DeviceBusyError(errno.EBUSY, f"controller {c.name} of this subsystem is in "
+                                  f"state {c.state!r} (the kernel is reconnecting it) and did not "
+                                  f"become live within {timeout:g} s; wait for it, or detach it "
+                                  f"(fx100io disconnect {c.name})", where)
+        time.sleep(0.05)
+
+
+def attach(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DEFAULT_NS_TIMEOUT,
+           **opts: Any) -> Attachment:
+    """The block device of uri's namespace (``ns``, 1), attaching the controller through the
+    kernel unless this host already holds a live one for that subsystem and address with the
+    same secrets and options (then it is shared; a controller fx100io did not attach is left
+    attached).  A live one with other secrets or options is refused (DeviceBusyError naming
+    the option) rather than used without them."""
+    t = target_of(uri, **opts)
+    where = redact(uri)
+    duplicate = bool(opts.get("duplicate_connect"))
+    with target_lock(t, timeout, where):
+        for _ in range(3):
+            c = _reusable(t, where, timeout, duplicate)
+            made = c is None
+            if c is None:
+                c = _connect(t, where, timeout, ns_timeout)
+                c.owned = False
+                try:
+                    hold(c.name, timeout, where)
+                    write_record(c, t)
+                except BaseException:
+                    unhold(c.name)
+                    with contextlib.suppress(Fx100ioError):
+                        delete_controller(c.name)
+                    raise
+                break
+            c.ns_timeout = ns_timeout
+            hold(c.name, timeout, where)
+            now = read_controller(c.name)
+            if now is not None and identity(now) == identity(c):
+                break
+            unhold(c.name)  # detached by its last user meanwhile: look again
+        else:
+            raise DeviceBusyError(errno.EBUSY, "the controller kept going away while attaching",
+                                  where)
+    a = Attachment(c, "", made)
+    try:
+        a.path = c.namespace(t.nsid)
+        check_block_device(a.path, t, where)
+    except BaseException:
+        a.release()
+        raise
+    return a
+
+
+def list_controllers(*, all_transports: bool = False) -> list[Controller]:
+    """The fabrics controllers the kernel holds now (sysfs; works with any nvme-cli)."""
+    return controllers(all_transports=all_transports)

@@ -1,0 +1,203 @@
+"""A fabric URI (and connect()'s keywords) as the arguments of ``nvme connect``: see
+fx100io.kernel's documentation for which option becomes which nvme-cli flag."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
+
+from fx100io import fabric_uri, uri_redact
+from fx100io.errors import InvalidArgumentError
+from fx100io.kernel.nvme_cli import NVME_CLI
+
+ETC_NVME = Path("/etc/nvme")
+SECRET_KEYS = uri_redact.SECRET_OPTIONS
+
+
+# URI options of the userspace initiator that the kernel has no per-controller knob for
+USERSPACE_ONLY = ("connect_timeout_ms", "io_timeout_ms", "max_xfer", "reconnect_ms",
+                  "max_reconnects")
+
+
+# keyword-only options of connect() that only the kernel path has: name -> (nvme-cli option,
+# kind)
+KERNEL_ONLY = {"ctrl_loss_tmo": ("--ctrl-loss-tmo", int), "reconnect_delay": ("--reconnect-delay", int),
+               "host_iface": ("--host-iface", str), "host_traddr": ("--host-traddr", str),
+               "duplicate_connect": ("--duplicate-connect", bool)}
+
+
+# nvme-cli option -> the URI key / keyword that gives it, for messages
+OPTION_NAMES = {"--nr-io-queues": "queues", "--queue-size": "qsize", "--keep-alive-tmo": "kato_ms",
+                "--hdr-digest": "hdgst", "--data-digest": "ddgst",
+                **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A connect request: where, as whom, with which options (secrets kept apart)."""
+
+    transport: str  # "tcp" | "rdma"
+    traddr: str
+    trsvcid: str
+    subnqn: str
+    hostnqn: str
+    hostid: str  # UUID form
+    nsid: int = 1
+    options: tuple[tuple[str, str], ...] = ()  # (nvme-cli option, value or "") in order
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    hostid_given: bool = True  # False: the default, which may yield to the kernel's (in_use_hostid)
+
+    def argv(self, nvme: str = NVME_CLI) -> list[str]:
+        """``nvme connect`` without secrets (they go in a config file)."""
+        argv = [nvme, "connect", "--transport", self.transport, "--traddr", self.traddr,
+                "--trsvcid", self.trsvcid, "--nqn", self.subnqn, "--hostnqn", self.hostnqn,
+                "--hostid", self.hostid]
+        for opt, value in self.options:
+            argv += [opt] if value == "" else [f"{opt}={value}"]
+        # no --verbose: at -vv libnvme logs the whole option string, secrets included
+        return argv + ["--output-format=json"]
+
+    def config_json(self) -> list[dict[str, Any]]:
+        """nvme-cli's JSON configuration (libnvme's config.json) that carries the secrets:
+        the host key on the host, the controller key on this subsystem's port.  The host
+        must name both hostnqn and hostid, or libnvme makes a second host without the key."""
+        host: dict[str, Any] = {"hostnqn": self.hostnqn, "hostid": self.hostid}
+        if "dhchap_secret" in self.secrets:
+            host["dhchap_key"] = self.secrets["dhchap_secret"]
+        port: dict[str, Any] = {"transport": self.transport, "traddr": self.traddr,
+                                "trsvcid": self.trsvcid}
+        if "dhchap_ctrl_secret" in self.secrets:
+            port["dhchap_ctrl_key"] = self.secrets["dhchap_ctrl_secret"]
+        host["subsystems"] = [{"nqn": self.subnqn, "ports": [port]}]
+        return [host]
+
+
+def uuid_form(hostid_hex: str) -> str:
+    return str(uuid.UUID(hex=hostid_hex))
+
+
+def default_host_identity() -> tuple[str, str]:
+    """(host NQN, host ID as a UUID) nvme-cli would use: /etc/nvme/hostnqn and hostid,
+    each falling back to fx100io's stable identity."""
+    nqn, hid = fabric_uri.host_identity()
+    try:
+        nqn = (ETC_NVME / "hostnqn").read_text().strip() or nqn
+    except OSError:
+        pass
+    try:
+        text = (ETC_NVME / "hostid").read_text().strip()
+        hid = uuid.UUID(text).hex if text else hid
+    except (OSError, ValueError):
+        pass
+    return nqn, uuid_form(hid)
+
+
+def check_secret(key: str, value: Any, uri: str) -> str:
+    """A secret given as a keyword must be a string; fabric_uri.parse() checks its form (the
+    message names the option, never the value)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(22, f"{key} must be a DH-HMAC-CHAP secret in the form "
+                                   "`nvme gen-dhchap-key` prints (DHHC-1:0N:<base64>:)",
+                                   redact(uri))
+    return value
+
+
+def redact(uri: str) -> str:
+    """The URI with secret values replaced, for messages (fx100io.uri_redact's rule)."""
+    return uri_redact.redact(uri)
+
+
+def query_keys(uri: str) -> set[str]:
+    """The option names uri's query spells out.  fabric_uri.parse() fills in hostnqn and
+    hostid when they are absent, and the kernel path's defaults for them differ (nvme-cli's
+    /etc/nvme identity), so it needs to know which ones the URI gave; values are read by
+    fabric_uri.parse() only."""
+    return {unquote_plus(pair.partition("=")[0]) for pair in urlsplit(uri).query.split("&")
+            if pair}
+
+
+def with_query(uri: str, values: Mapping[str, Any], drop: tuple[str, ...] = ()) -> str:
+    """uri with query options set to values (True/False as 1/0) and the options drop left
+    out; every other pair is kept byte for byte (a secret's "+" stays a plus).  For
+    connect()'s keywords and the commands' --hostnqn / --hostid."""
+    parts = urlsplit(uri)
+    kept = [pair for pair in parts.query.split("&")
+            if pair and unquote_plus(pair.partition("=")[0]) not in {*drop, *values}]
+    for k, v in values.items():
+        text = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        kept.append(f"{quote(k, safe='')}={quote(text, safe=':@/')}")
+    return urlunsplit(parts._replace(query="&".join(kept)))
+
+
+def target_of(uri: str, **opts: Any) -> Target:
+    """What ``nvme connect`` gets for uri plus keyword overrides (see the module's doc)."""
+    if not isinstance(uri, str):
+        raise InvalidArgumentError(22, f"expected an nvme+tcp:// or nvme+rdma:// URI, got {uri!r}")
+    kernel_only = {k: opts.pop(k) for k in [*opts] if k in KERNEL_ONLY}
+    secrets_kw = {k: opts.pop(k) for k in [*opts] if k in SECRET_KEYS}
+    if opts:  # URI keys given as keywords: merged into the query, checked as the URI is
+        uri = with_query(uri, opts)
+    fabric_uri.scheme_of(uri)
+    secrets_kw = {k: check_secret(k, v, redact(uri)) for k, v in secrets_kw.items()
+                  if v is not None}
+    given = query_keys(uri)
+    named = given | secrets_kw.keys()
+    if "dhchap_ctrl_secret" in named and "dhchap_secret" not in named:
+        raise InvalidArgumentError(22, "dhchap_ctrl_secret (bidirectional authentication) needs "
+                                   "dhchap_secret too", redact(uri))
+    try:
+        # fabric_uri's one parser reads every value, the secrets given as keywords too; the
+        # userspace-only options are left out: ignored here, even malformed, as they always were
+        p = fabric_uri.parse(with_query(uri, secrets_kw, drop=USERSPACE_ONLY))
+    except InvalidArgumentError as e:
+        e.target = redact(uri)
+        raise
+    secrets = {k: p[k] for k in SECRET_KEYS if k in p}
+    if not p["subnqn"]:
+        raise InvalidArgumentError(22, "the URI needs a subsystem NQN as its path "
+                                   "(nvme+tcp://HOST:PORT/SUBNQN)", redact(uri))
+    transport = fabric_uri.SCHEMES[fabric_uri.scheme_of(uri)]
+    dnqn, did = default_host_identity()
+    hostnqn = p["hostnqn"] if "hostnqn" in given else dnqn
+    hostid = uuid_form(p["hostid"]) if "hostid" in given else did
+    options: list[tuple[str, str]] = []
+    if "queues" in p:
+        options.append(("--nr-io-queues", p["queues"]))
+    if "qsize" in p:
+        options.append(("--queue-size", p["qsize"]))
+    if "kato_ms" in p:
+        ms = int(p["kato_ms"])
+        if ms == 0:
+            raise InvalidArgumentError(22, "kato_ms=0 (keep alive off) cannot be asked of the "
+                                       "kernel's initiator; give a timeout, or leave kato_ms out "
+                                       "for the kernel's default", redact(uri))
+        options.append(("--keep-alive-tmo", str(math.ceil(ms / 1000))))
+    if p.get("hdgst") == "1":
+        options.append(("--hdr-digest", ""))
+    if p.get("ddgst") == "1":
+        options.append(("--data-digest", ""))
+    for k, v in kernel_only.items():
+        opt, kind = KERNEL_ONLY[k]
+        if kind is bool:
+            if v:
+                options.append((opt, ""))
+        elif kind is int:
+            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+                raise InvalidArgumentError(22, f"{k} must be an int (seconds; -1: forever)")
+            options.append((opt, str(v)))
+        else:
+            fabric_uri._text(k, str(v), fabric_uri.HOST_MAX, redact(uri))
+            options.append((opt, str(v)))
+    return Target(transport, p["host"], p["port"], p["subnqn"], hostnqn, hostid,
+                  int(p.get("nsid", "1")), tuple(options), secrets, "hostid" in given)
+
+
+def options_text(t: Target) -> str:
+    """The connect command as a user could type it (no secrets), for messages and --dry-run."""
+    return " ".join(quote(a, safe="/:=.,@-_") for a in t.argv())
