@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fx100io import units
+from fx100io.errors import Fx100ioValueError
 from fx100io.uri_redact import redact, redact_url
 
 logger = logging.getLogger("fx100io.contrib")
@@ -43,7 +44,7 @@ PATHS = ("user", "kernel")
 _FABRIC_SCHEMES = ("nvme+tcp", "nvme+rdma")
 
 
-class BackendConfigError(ValueError):
+class BackendConfigError(Fx100ioValueError):
     """A backend setting is missing or malformed (the message names the key)."""
 
 
