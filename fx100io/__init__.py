@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fx100io import errors
 
 if TYPE_CHECKING:  # the names below are imported on first use (see __getattr__)
-    from fx100io.device import Device, open_device
+    from fx100io.device import OP_CRC32C, OP_FLUSH, OP_READ, OP_WRITE, Device, open_device
     from fx100io.fabric_uri import discover, host_identity
     from fx100io.pool import BufferPool, RegisteredMemory, register_memory
     from fx100io.shared import SharedChunkStore  # noqa: F401 - in __all__ only where redis is installed
@@ -20,6 +20,10 @@ if TYPE_CHECKING:  # the names below are imported on first use (see __getattr__)
 _LAZY = {
     "Device": "fx100io.device",
     "open_device": "fx100io.device",
+    "OP_READ": "fx100io.device",
+    "OP_WRITE": "fx100io.device",
+    "OP_FLUSH": "fx100io.device",
+    "OP_CRC32C": "fx100io.device",
     "discover": "fx100io.fabric_uri",
     "host_identity": "fx100io.fabric_uri",
     "BufferPool": "fx100io.pool",
@@ -31,7 +35,7 @@ _LAZY = {
 }
 
 __all__ = ["BufferPool", "ChunkStore", "RegisteredMemory", "register_memory", "Device", "discover",
-           "host_identity", "open_device", "errors"]
+           "host_identity", "open_device", "errors", "OP_READ", "OP_WRITE", "OP_FLUSH", "OP_CRC32C"]
 if importlib.util.find_spec("redis") is not None:  # `import *` must work without it
     __all__.insert(2, "SharedChunkStore")
 __version__ = "0.1.0"

@@ -35,6 +35,22 @@ cdef extern from "fabric.h" nogil:
     void fx_nvmf_params_wipe(fx_nvmf_params *p)
     const char *fx_nvmf_auth_error()
 
+cdef extern from "nvmf/dev.h" nogil:
+    const char *const *fx_nvmf_dev_keys()
+
+
+def fabric_target_keys():
+    """The keys the C transport reads from a target string (csrc/nvmf/dev.c),
+    for the test that holds them to fx100io/fabric_options.py."""
+    cdef const char *const *keys = fx_nvmf_dev_keys()
+    out = []
+    cdef int i = 0
+    while keys[i] != NULL:
+        out.append(keys[i].decode())
+        i += 1
+    return tuple(out)
+
+
 cdef extern from "nvmf/auth_crypto.h" nogil:
     struct fx_auth_key:
         _u8 len

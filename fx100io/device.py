@@ -35,6 +35,14 @@ PATHS = ("user", "kernel")
 DEFAULT_QUEUE_DEPTH = 64
 DEFAULT_MAX_IO = 1 << 20
 
+# The request op codes of Device.submit / start / submit_blocking: public
+# here so that callers need not reach into the C extension for them.
+OP_READ: int = _core.OP_READ
+OP_WRITE: int = _core.OP_WRITE
+OP_FLUSH: int = _core.OP_FLUSH
+#: OR into OP_READ / OP_WRITE: the completion also carries the bytes' CRC32C
+OP_CRC32C: int = _core.OP_CRC32C
+
 
 def parse_uri(uri: str) -> tuple[str, str]:
     """(scheme, target) of a device URI; plain paths are files.  For

@@ -57,6 +57,20 @@ class InvalidArgumentError(Fx100ioError, ValueError):
     """An argument is out of range or malformed."""
 
 
+class Fx100ioValueError(Fx100ioError, ValueError):
+    """A value fx100io cannot use, raised with a message only, as a ValueError is
+    (``raise BackendConfigError("size: ...")``); its errno is EINVAL.  The base of
+    the package's own ValueErrors, so ``except ValueError`` keeps catching them."""
+
+    def __init__(self, *args: object) -> None:
+        # one argument: the message; two or three (errno, message, target): what
+        # unpickling and Fx100ioError's callers pass
+        if len(args) == 1:
+            super().__init__(_errno.EINVAL, str(args[0]))
+        else:
+            super().__init__(*args)  # type: ignore[arg-type]
+
+
 class KeyTooLongError(InvalidArgumentError):
     """A key is empty or longer than 1 KiB."""
 

@@ -13,7 +13,9 @@ reconnect_ms (pause after a failed connect attempt, 200) and max_reconnects
 (failed connect attempts a waiting request sits through, 3).  hdgst and
 ddgst are NVMe/TCP's; qsize (entries per I/O queue, 2..128, at most what
 the controller allows; the controller's limit by default) is NVMe/RDMA's.
-hostid may be written as a UUID.
+hostid may be written as a UUID.  The options are declared once, in
+fx100io/fabric_options.py (types, ranges, transports, the kernel path's
+nvme-cli flags, which are secret).
 
 In-band authentication (DH-HMAC-CHAP, both transports): dhchap_secret is the
 host's secret and dhchap_ctrl_secret the controller's (which also makes the
@@ -56,6 +58,7 @@ import uuid
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from fx100io import _core
+from fx100io import fabric_options as fo
 from fx100io.errors import InvalidArgumentError, error_from_errno
 from fx100io.uri_redact import REDACTED, SECRET_OPTIONS, redact  # noqa: F401 - re-exported
 
@@ -63,15 +66,14 @@ DEFAULT_PORT = 4420
 NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
 _NAMESPACE = uuid.UUID("6f1c3e52-9a4b-4f0e-8d2a-f100d100f100")
 
-INT_OPTIONS = {"ns": "nsid", "queues": "queues", "kato_ms": "kato_ms",
-               "connect_timeout_ms": "connect_timeout_ms", "io_timeout_ms": "io_timeout_ms",
-               "max_xfer": "max_xfer", "reconnect_ms": "reconnect_ms",
-               "max_reconnects": "max_reconnects", "qsize": "qsize"}
-BOOL_OPTIONS = ("hdgst", "ddgst")
-SCHEMES = {"nvme+tcp": "tcp", "nvme+rdma": "rdma"}
+SCHEMES = {fo.TCP: "tcp", fo.RDMA: "rdma"}
+# The option table (fabric_options) seen by kind, as the parser below uses it:
+# URI key -> C target key for integers, the booleans, the free-text ones
+INT_OPTIONS = {o.name: o.key for o in fo.OPTIONS if o.kind == fo.INT}
+BOOL_OPTIONS = tuple(o.name for o in fo.OPTIONS if o.kind == fo.BOOL)
+STR_OPTIONS = tuple(o.name for o in fo.OPTIONS if o.kind == fo.TEXT)
 # options that only one transport has
-TRANSPORT_ONLY = {"hdgst": "nvme+tcp", "ddgst": "nvme+tcp", "qsize": "nvme+rdma"}
-STR_OPTIONS = ("hostnqn", "hostid")
+TRANSPORT_ONLY = {o.name: o.schemes[0] for o in fo.OPTIONS if len(o.schemes) == 1}
 
 
 def host_identity() -> tuple[str, str]:
@@ -92,14 +94,7 @@ def host_identity() -> tuple[str, str]:
 # anything longer or larger would be cut or wrap silently there.
 HOST_MAX = 255  # bytes
 NQN_MAX = 223  # bytes: the NVMe limit on an NQN
-INT_RANGES = {"ns": (1, 0xFFFFFFFE),  # 0xFFFFFFFF is the broadcast NSID
-              "queues": (1, 64), "kato_ms": (0, 0xFFFFFFFF),
-              "connect_timeout_ms": (1, 0x7FFFFFFF), "io_timeout_ms": (1, 0x7FFFFFFF),
-              "max_xfer": (1, 0xFFFFFFFF),
-              # 0: no pause between attempts / fail at once while disconnected
-              "reconnect_ms": (0, 0x7FFFFFFF), "max_reconnects": (0, 0x7FFFFFFF),
-              # Linux's NVMe/RDMA host and target stop at 128 entries; so do we
-              "qsize": (2, 128)}
+INT_RANGES = {o.name: o.range for o in fo.OPTIONS if o.range is not None}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -181,24 +176,25 @@ def parse(uri: str) -> dict[str, str]:
         v = values[-1]
         if TRANSPORT_ONLY.get(key, scheme) != scheme:
             raise _bad(f"URI option {key} is for {TRANSPORT_ONLY[key]} URIs, not {scheme}", uri)
-        if key in INT_OPTIONS:
-            lo, hi = INT_RANGES[key]
+        spec = fo.BY_NAME.get(key)
+        if spec is None:
+            known = sorted(fo.BY_NAME)
+            raise _bad(f"unknown URI option {key!r} (known: {', '.join(known)})", uri)
+        if spec.kind == fo.INT:
+            lo, hi = spec.range or (0, 0)
             # [0-9], not str.isdigit(): that also takes "²" and other scripts' digits
             if not re.fullmatch(r"[0-9]{1,20}", v) or not lo <= int(v) <= hi:
                 raise _bad(f"URI option {key} must be an integer in {lo}..{hi}"
-                           + (" (0 turns keep alive off)" if key == "kato_ms" else ""), uri)
-            opts[INT_OPTIONS[key]] = str(int(v))
-        elif key in BOOL_OPTIONS:
+                           + spec.range_note, uri)
+            opts[spec.key] = str(int(v))
+        elif spec.kind == fo.BOOL:
             if v not in ("0", "1", "true", "false"):
                 raise _bad(f"URI option {key} must be 0 or 1", uri)
-            opts[key] = "1" if v in ("1", "true") else "0"
-        elif key in STR_OPTIONS:
-            opts[key] = v
-        elif key in SECRET_OPTIONS:
-            opts[key] = _secret(key, raw[key], uri)
+            opts[spec.key] = "1" if v in ("1", "true") else "0"
+        elif spec.kind == fo.TEXT:
+            opts[spec.key] = v
         else:
-            known = sorted([*INT_OPTIONS, *BOOL_OPTIONS, *STR_OPTIONS, *SECRET_OPTIONS])
-            raise _bad(f"unknown URI option {key!r} (known: {', '.join(known)})", uri)
+            opts[spec.key] = _secret(key, raw[key], uri)
     _secrets_pair(opts, uri)
     nqn, hid = host_identity()
     opts["hostnqn"] = _text("the host NQN", opts.get("hostnqn", nqn), NQN_MAX, uri)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-# passed to C apart from the target string (fabric_uri), shown as *** here
-SECRET_OPTIONS = ("dhchap_secret", "dhchap_ctrl_secret")
+from fx100io import fabric_options
+
+# the option table's secrets: passed to C apart from the target string
+# (fabric_uri), shown as *** here
+SECRET_OPTIONS = fabric_options.SECRET_OPTIONS
 REDACTED = "***"
 
 
@@ -57,7 +60,7 @@ def redact(uri: str) -> str:
 
 MASK = REDACTED
 # query keys whose values are secrets (Redis clients' and NVMe DH-HMAC-CHAP's)
-SECRET_QUERY_KEYS = frozenset({"password", "dhchap_secret", "dhchap_ctrl_secret"})
+SECRET_QUERY_KEYS = frozenset({"password", *SECRET_OPTIONS})
 
 
 def redact_url(url: object) -> str:

@@ -34,7 +34,7 @@ import pytest
 from target_process import serve
 
 import fx100io
-from fx100io import _core
+from fx100io import OP_READ
 
 MiB = 1 << 20
 NQN = "nqn.2026-12.io.fx100:wakeup"
@@ -169,7 +169,7 @@ def test_each_completion_is_noticed_when_its_data_has_arrived(relayed_target: Re
             seen: list[tuple[int, bool]] = []
             for i in range(1, READS + 1):
                 witnessed: asyncio.Future[None] = loop.create_future()
-                (fut,) = dev.start([(_core.OP_READ, i * MiB, buf)])
+                (fut,) = dev.start([(OP_READ, i * MiB, buf)])
 
                 def on_witness(i: int = i, fut: asyncio.Future = fut,
                                witnessed: asyncio.Future = witnessed) -> None:

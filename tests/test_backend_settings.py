@@ -121,3 +121,22 @@ def test_the_claim_outlives_another_descriptor_of_the_file_closing(tmp_path):
         os.close(os.open(tmp_path / "kv.img", os.O_RDONLY))
         msg = _open_in_another_process(uri)
     assert "in use by another process" in msg and "adapter_params.devices" in msg
+
+
+def test_each_setting_is_declared_once_and_everything_reads_that_declaration():
+    """The known keys, the defaults, describe() and the documented list all come from the
+    settings' one declaration (their fields of BackendSettings)."""
+    from fx100io.contrib._settings import KNOWN_KEYS, SETTINGS, documented_settings
+
+    names = [f.name for f in SETTINGS]
+    assert {*names, "o_direct"} == KNOWN_KEYS
+    s = parse_settings({"devices": "/tmp/x.img"}, WHERE)
+    for f in SETTINGS:
+        if f.name != "devices":
+            assert getattr(s, f.name) == f.metadata["default"], f.name
+    doc = documented_settings()
+    assert [line.split(":")[0].split(" ")[0] for line in doc] == names
+    shown = [part.split("=")[0] for part in s.describe().split(" ")]
+    assert shown == [n for n in names if n not in ("shared_index", "shared_name")]
+    with_pool = parse_settings({"devices": "/tmp/x.img", "shared_index": "redis://:pw@h/0"}, WHERE)
+    assert with_pool.describe().endswith(" shared_index=redis://:***@h/0")

@@ -18,8 +18,8 @@ from target_process import serve
 import fx100io
 from fx100io import _core, errors
 
-READ = _core.OP_READ | _core.OP_CRC32C
-WRITE = _core.OP_WRITE | _core.OP_CRC32C
+READ = fx100io.OP_READ | fx100io.OP_CRC32C
+WRITE = fx100io.OP_WRITE | fx100io.OP_CRC32C
 
 
 def test_combine_matches_whole_buffer():

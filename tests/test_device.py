@@ -216,7 +216,7 @@ def test_psync_more_requests_than_slots(tmp_file):
                              slots=4) as dev:
         dev.write_from_blocking(0, data)
         outs = [bytearray(4096) for _ in range(10)]
-        done = dev.submit_blocking([(fx100io._core.OP_READ, i * 4096, o) for i, o in enumerate(outs)])
+        done = dev.submit_blocking([(fx100io.OP_READ, i * 4096, o) for i, o in enumerate(outs)])
         assert [res for res, _ in done] == [4096] * 10
         assert b"".join(outs) == data.tobytes()
 
@@ -228,8 +228,8 @@ def test_empty_requests_beyond_slots_each_complete_once(tmp_file, engine):
     completion ring rather than overwrite completions not yet reaped."""
     with fx100io.open_device(str(tmp_file), create=True, size=1 << 20, engine=engine,
                              slots=2) as dev:
-        reqs = [(fx100io._core.OP_READ, 0, bytearray(0)) for _ in range(5)]
-        reqs.append((fx100io._core.OP_READ, 0, bytearray(512)))
+        reqs = [(fx100io.OP_READ, 0, bytearray(0)) for _ in range(5)]
+        reqs.append((fx100io.OP_READ, 0, bytearray(512)))
         # async with a deadline: a lost completion fails the test instead of hanging it
         done = asyncio.run(asyncio.wait_for(dev.submit(reqs), 10))
         assert done == [(0, 0)] * 5 + [(512, 0)]
@@ -245,7 +245,7 @@ def test_raw_queue_round_trip(tmp_file):
             b[:] = chunk_bytes(f"raw-{i}", 4096)
         q = dev.raw_queue()
         addr = [fx100io._core.buffer_address(b, True)[0] for b in src]
-        assert q.submit([(fx100io._core.OP_WRITE, a, 4096, i * 8192, 100 + i)
+        assert q.submit([(fx100io.OP_WRITE, a, 4096, i * 8192, 100 + i)
                          for i, a in enumerate(addr)]) == 4
         done = {}
         while len(done) < 4:

@@ -14,7 +14,7 @@ import pytest
 from shared_host import check_value, make_value
 from shared_redis import RedisServer, serve
 
-from fx100io import _core, errors
+from fx100io import OP_WRITE, errors
 from fx100io.shared import IndexUnavailableError, SharedChunkStore
 from fx100io.shared import format as fmt
 
@@ -40,7 +40,7 @@ class SlowWrites:
 
     def start(self, parts: list) -> list:
         real = self._dev.start(parts)
-        if not any(op & _core.OP_WRITE for op, *_x in parts):
+        if not any(op & OP_WRITE for op, *_x in parts):
             return real
 
         async def late(f: Any) -> Any:

@@ -27,6 +27,57 @@ static int parse_hostid(const char *v, uint8_t out[16])
 	return 0;
 }
 
+/*
+ * The keys of the target string, one name each: the option table
+ * (fx100io/fabric_options.py) must list the same ones, and
+ * tests/test_fabric_options.py reads this list (fx_nvmf_dev_keys) to check.
+ * parse_kv's switch has no default, so -Wswitch fails the build when a key
+ * has no case.
+ */
+enum dev_key {
+	K_HOST, K_PORT, K_SUBNQN, K_HOSTNQN, K_HOSTID, K_NSID, K_QUEUES, K_QSIZE,
+	K_HDGST, K_DDGST, K_KATO_MS, K_CONNECT_TIMEOUT_MS, K_IO_TIMEOUT_MS,
+	K_RECONNECT_MS, K_MAX_RECONNECTS, K_MAX_XFER, K_DHCHAP_SECRET,
+	K_DHCHAP_CTRL_SECRET,
+	K_UNKNOWN /* not a key: what key_of gives a name it does not know */
+};
+
+static const char *const dev_keys[K_UNKNOWN + 1] = {
+	[K_HOST] = "host",
+	[K_PORT] = "port",
+	[K_SUBNQN] = "subnqn",
+	[K_HOSTNQN] = "hostnqn",
+	[K_HOSTID] = "hostid",
+	[K_NSID] = "nsid",
+	[K_QUEUES] = "queues",
+	[K_QSIZE] = "qsize",
+	[K_HDGST] = "hdgst",
+	[K_DDGST] = "ddgst",
+	[K_KATO_MS] = "kato_ms",
+	[K_CONNECT_TIMEOUT_MS] = "connect_timeout_ms",
+	[K_IO_TIMEOUT_MS] = "io_timeout_ms",
+	[K_RECONNECT_MS] = "reconnect_ms",
+	[K_MAX_RECONNECTS] = "max_reconnects",
+	[K_MAX_XFER] = "max_xfer",
+	[K_DHCHAP_SECRET] = "dhchap_secret",
+	[K_DHCHAP_CTRL_SECRET] = "dhchap_ctrl_secret",
+	[K_UNKNOWN] = NULL,
+};
+
+const char *const *fx_nvmf_dev_keys(void)
+{
+	return dev_keys;
+}
+
+static enum dev_key key_of(const char *k)
+{
+	int i = 0;
+
+	while (i < K_UNKNOWN && strcmp(k, dev_keys[i]))
+		i++;
+	return (enum dev_key)i;
+}
+
 static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 {
 	char *copy = strdup(target), *save = NULL;
@@ -48,44 +99,66 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 			continue;
 		*eq = 0;
 		const char *k = line, *v = eq + 1;
-		if (!strcmp(k, "host"))
-			snprintf(d->addr.host, sizeof(d->addr.host), "%s", v);
-		else if (!strcmp(k, "port"))
-			snprintf(d->addr.port, sizeof(d->addr.port), "%s", v);
-		else if (!strcmp(k, "subnqn"))
-			snprintf(d->params.subnqn, sizeof(d->params.subnqn), "%s", v);
-		else if (!strcmp(k, "hostnqn"))
-			snprintf(d->params.hostnqn, sizeof(d->params.hostnqn), "%s", v);
-		else if (!strcmp(k, "hostid"))
-			ret = parse_hostid(v, d->params.hostid);
-		else if (!strcmp(k, "nsid"))
-			d->nsid = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "queues"))
-			d->queues = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "qsize"))
-			d->qsize = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "hdgst"))
-			d->params.hdgst = atoi(v) != 0;
-		else if (!strcmp(k, "ddgst"))
-			d->params.ddgst = atoi(v) != 0;
-		else if (!strcmp(k, "kato_ms"))
-			d->params.kato_ms = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "connect_timeout_ms"))
-			d->params.timeout_ms = atoi(v);
-		else if (!strcmp(k, "io_timeout_ms"))
-			d->io_timeout_ms = atoi(v);
-		else if (!strcmp(k, "reconnect_ms"))
-			d->reconnect_ms = atoi(v);
-		else if (!strcmp(k, "max_reconnects"))
-			d->max_reconnects = atoi(v);
-		else if (!strcmp(k, "max_xfer"))
-			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
-		else if (!strcmp(k, "dhchap_secret") || !strcmp(k, "dhchap_ctrl_secret")) {
-			const char *why = NULL;
+		const char *why = NULL;
+		enum dev_key key = key_of(k);
 
-			ret = fx_nvmf_params_set_secret(&d->params, k[7] == 'c', v, &why);
+		switch (key) {
+		case K_HOST:
+			snprintf(d->addr.host, sizeof(d->addr.host), "%s", v);
+			break;
+		case K_PORT:
+			snprintf(d->addr.port, sizeof(d->addr.port), "%s", v);
+			break;
+		case K_SUBNQN:
+			snprintf(d->params.subnqn, sizeof(d->params.subnqn), "%s", v);
+			break;
+		case K_HOSTNQN:
+			snprintf(d->params.hostnqn, sizeof(d->params.hostnqn), "%s", v);
+			break;
+		case K_HOSTID:
+			ret = parse_hostid(v, d->params.hostid);
+			break;
+		case K_NSID:
+			d->nsid = (uint32_t)strtoul(v, NULL, 10);
+			break;
+		case K_QUEUES:
+			d->queues = (uint32_t)strtoul(v, NULL, 10);
+			break;
+		case K_QSIZE:
+			d->qsize = (uint32_t)strtoul(v, NULL, 10);
+			break;
+		case K_HDGST:
+			d->params.hdgst = atoi(v) != 0;
+			break;
+		case K_DDGST:
+			d->params.ddgst = atoi(v) != 0;
+			break;
+		case K_KATO_MS:
+			d->params.kato_ms = (uint32_t)strtoul(v, NULL, 10);
+			break;
+		case K_CONNECT_TIMEOUT_MS:
+			d->params.timeout_ms = atoi(v);
+			break;
+		case K_IO_TIMEOUT_MS:
+			d->io_timeout_ms = atoi(v);
+			break;
+		case K_RECONNECT_MS:
+			d->reconnect_ms = atoi(v);
+			break;
+		case K_MAX_RECONNECTS:
+			d->max_reconnects = atoi(v);
+			break;
+		case K_MAX_XFER:
+			d->max_xfer = (uint32_t)strtoul(v, NULL, 10);
+			break;
+		case K_DHCHAP_SECRET:
+		case K_DHCHAP_CTRL_SECRET:
+			ret = fx_nvmf_params_set_secret(&d->params, key == K_DHCHAP_CTRL_SECRET, v, &why);
 			if (ret)
 				fprintf(stderr, "fx100io: %s: %s: %s\n", d->label, k, why);
+			break;
+		case K_UNKNOWN: /* ignored, as fabric_uri never writes one */
+			break;
 		}
 	}
 	fx_auth_wipe(copy, strlen(target)); /* it held the secrets' text */

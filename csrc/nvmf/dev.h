@@ -57,6 +57,9 @@ struct fx_nvmf_dev {
 int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr,
                      const char *label, const char *target, struct fx_dev_info *info);
 void fx_nvmf_dev_fini(struct fx_nvmf_dev *d);
+/* The keys fx_nvmf_dev_init reads from target, NULL-terminated (for the test
+ * that holds them to fx100io/fabric_options.py). */
+const char *const *fx_nvmf_dev_keys(void);
 
 /* What one connect attempt for an I/O queue hands back. */
 struct fx_nvmf_io_conn {

@@ -23,6 +23,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from fx100io.errors import Fx100ioValueError
+
 from . import _keys
 
 # Version tag in every store key: a future incompatible layout gets new names
@@ -40,7 +42,7 @@ _HEADER = struct.Struct("<5sBI")  # magic, version, payload length
 MAX_RECORD = 1 << 20
 
 
-class RecordError(ValueError):
+class RecordError(Fx100ioValueError):
     """A stored record is damaged or belongs to another key."""
 
 

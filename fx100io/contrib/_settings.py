@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fx100io import locks, units
+from fx100io.errors import Fx100ioValueError
 from fx100io.uri_redact import redact, redact_url
 
 logger = logging.getLogger("fx100io.contrib")
@@ -32,27 +33,6 @@ DEFAULT_NAME = "fx100io"
 CREATE_MODES = ("auto", "never", "always")
 ENGINES = ("auto", "io_uring", "psync")
 
-# Keys we understand; anything else under our prefix is a typo worth reporting.
-KNOWN_KEYS = frozenset(
-    {
-        "devices",
-        "size",
-        "create",
-        "queue_depth",
-        "max_io",
-        "direct",
-        "o_direct",
-        "engine",
-        "capacity",
-        "host_nqn",
-        "timeout_s",
-        "retry_after_s",
-        "register_buffers",
-        "path",
-        "shared_index",
-        "shared_name",
-    }
-)
 # how nvme+tcp:// and nvme+rdma:// devices are reached: fx100io's own initiator, or the
 # kernel's (attached with nvme-cli, then used as a block device)
 PATHS = ("user", "kernel")
@@ -62,54 +42,12 @@ PATHS = ("user", "kernel")
 _FABRIC_SCHEMES = ("nvme+tcp", "nvme+rdma")
 
 
-class BackendConfigError(ValueError):
+class BackendConfigError(Fx100ioValueError):
     """A backend setting is missing or malformed (the message names the key)."""
 
 
 class BackendStartError(RuntimeError):
     """The configured devices could not be opened, formatted or claimed."""
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class BackendSettings:
-    # the backend's name in log lines, and the prefix of its keys in error messages
-    name: str
-    where: str
-    devices: tuple[str, ...]
-    size: int | None
-    create: str
-    queue_depth: int
-    max_io: int
-    direct: Any  # True, False or "auto"
-    engine: str
-    capacity: int | None
-    host_nqn: str | None
-    timeout_s: float
-    retry_after_s: float
-    register_buffers: bool
-    path: str = "user"
-    # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
-    # It may carry a password: out of the repr, masked in describe().
-    shared_index: str | None = dataclasses.field(default=None, repr=False)
-    shared_name: str | None = None
-
-    def __repr__(self) -> str:
-        # device URIs may carry DH-HMAC-CHAP secrets: never print them
-        return f"BackendSettings(name={self.name!r}, {self.describe()})"
-
-    def describe(self) -> str:
-        """One log line that says what the backend was asked to open."""
-        return (
-            f"devices={','.join(redact(d) for d in self.devices)} size={self.size} "
-            f"create={self.create} "
-            f"queue_depth={self.queue_depth} max_io={self.max_io} "
-            f"direct={self.direct} engine={self.engine} "
-            f"capacity={self.capacity} "
-            f"host_nqn={self.host_nqn} timeout_s={self.timeout_s} "
-            f"retry_after_s={self.retry_after_s} register_buffers={self.register_buffers} "
-            f"path={self.path}"
-            + (f" shared_index={redact_url(self.shared_index)}" if self.shared_index else "")
-        )
 
 
 def parse_size(value: Any, what: str) -> int | None:
@@ -170,11 +108,11 @@ def _parse_number(value: Any, what: str, default: float, minimum: float, integer
     return number
 
 
-def _parse_max_io(value: Any, what: str) -> int:
+def _parse_max_io(value: Any, what: str, default: int) -> int:
     """Bytes per I/O piece: a size, a multiple of 4 KiB from 4 KiB to 1 GiB."""
     n = parse_size(value, what)
     if n is None:
-        return 4 << 20
+        return default
     if n < 4096 or n > 1 << 30 or n % 4096:
         raise BackendConfigError(f"{what}: expected a multiple of 4KiB between 4KiB and 1GiB, got {value!r}")
     return n
@@ -230,6 +168,149 @@ def _parse_shared_index(value: Any, what: str) -> str | None:
     return url
 
 
+# How a setting is declared: what its key takes (parse(value, what, default) -> the typed
+# value, or BackendConfigError naming `what`, the key as the user wrote it), the value an
+# absent or empty key stands for, what it means, and how describe() shows it (None: not
+# shown).
+Parser = Callable[[Any, str, Any], Any]
+
+
+def _choice(choices: tuple[str, ...], hint: str) -> Parser:
+    """A parser for one of choices (any case, spaces around ignored)."""
+    def parse(value: Any, what: str, _default: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise BackendConfigError(f"{what}: expected one of {list(choices)}, got {value!r} ({hint})")
+        return text
+    return parse
+
+
+def _number(minimum: float, integer: bool) -> Parser:
+    if integer:
+        return lambda value, what, default: _parse_number(value, what, default, minimum, True)
+    return lambda value, what, default: float(_parse_number(value, what, default, minimum, False))
+
+
+def _size(value: Any, what: str, _default: None) -> int | None:
+    return parse_size(value, what)
+
+
+def _text_or_none(value: Any, what: str, _default: None) -> str | None:
+    return str(value) if value else None
+
+
+def _setting(parse: Parser | None, default: Any, doc: str, *,
+             show: Callable[[Any], str | None] | None = str, aliases: tuple[str, ...] = (),
+             field_default: Any = dataclasses.MISSING) -> Any:
+    meta = {"parse": parse, "default": default, "doc": doc, "show": show, "aliases": aliases}
+    if field_default is dataclasses.MISSING:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=field_default, metadata=meta)
+
+
+def _show_devices(devices: tuple[str, ...]) -> str:
+    return ",".join(redact(d) for d in devices)
+
+
+def _show_shared_index(url: str | None) -> str | None:
+    # it may carry a password: masked
+    return redact_url(url) if url else None
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class BackendSettings:
+    """A backend's settings: each field below that is declared with _setting() is one
+    key of every engine's configuration (the same name under each engine's prefix), and
+    its declaration is the only one: the known keys, parsing, defaults, describe() and
+    the documented list (documented_settings) are all read from it."""
+
+    # the backend's name in log lines, and the prefix of its keys in error messages
+    name: str
+    where: str
+    # parsed by parse_settings itself: it fills in worker placeholders and the host NQN
+    devices: tuple[str, ...] = _setting(
+        None, None, "one or more comma-separated device URIs (file:///path, /path, "
+        "nvme+tcp://..., nvme+rdma://...); {worker_id} and {world_size} are filled in",
+        show=_show_devices)
+    size: int | None = _setting(
+        _size, None,
+        "bytes to format a new store with (K, M, G, T: binary units)")
+    create: str = _setting(
+        _choice(CREATE_MODES, "'auto' formats only a missing or empty file; 'always' erases "
+                "the store at every start, and is refused with shared_index"), "auto",
+        "when to format: auto (a missing or empty file, or a blank device), never, always")
+    # 16 pieces of 4 MiB in flight: on the fast device this beat 64 x 1 MiB by
+    # about 5% in cold prefix loads (fewer, larger requests for the loop driver),
+    # and tied on the virtio disk (tools/bench_lmcache).
+    queue_depth: int = _setting(_number(1, True), 16, "I/O pieces in flight, at least 1")
+    max_io: int = _setting(
+        _parse_max_io, 4 << 20, "bytes per I/O piece: a multiple of 4 KiB from 4 KiB to 1 GiB")
+    direct: Any = _setting(  # True, False or "auto"
+        lambda v, what, _default: parse_direct(v, what), "auto",
+        "O_DIRECT: true, false or auto (where the filesystem has it)", aliases=("o_direct",))
+    engine: str = _setting(
+        _choice(ENGINES, "'auto' uses io_uring and falls back to plain pread/pwrite, with a "
+                "warning, where io_uring is disabled"), "auto",
+        "auto, io_uring or psync")
+    capacity: int | None = _setting(
+        _size, None, "bytes the store may fill (all of it)")
+    host_nqn: str | None = _setting(
+        _text_or_none, None, "host NQN for nvme+tcp:// and nvme+rdma:// devices")
+    timeout_s: float = _setting(
+        _number(0.001, False), 30.0,
+        "seconds a store request may take before it counts as failed, at least 0.001")
+    retry_after_s: float = _setting(
+        _number(0.0, False), 10.0,
+        "seconds the backend answers 'miss' after a device failure before trying again")
+    register_buffers: bool = _setting(
+        parse_bool, True, "register the engine's buffers with the kernel")
+    path: str = _setting(
+        _choice(PATHS, "'user': nvme+tcp:// and nvme+rdma:// devices through fx100io's own "
+                "initiator; 'kernel': attached by the kernel with nvme-cli and used as block "
+                "devices"), "user",
+        "user or kernel: how nvme+tcp:// and nvme+rdma:// devices are reached",
+        field_default="user")
+    # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
+    # It may carry a password: out of the repr, masked in describe().
+    shared_index: str | None = _setting(
+        lambda v, what, _default: _parse_shared_index(v, what), None,
+        "redis:// URL of a shared pool's index", show=_show_shared_index, field_default=None)
+    shared_name: str | None = _setting(
+        _text_or_none, None, "the shared pool's name", show=None, field_default=None)
+
+    def __repr__(self) -> str:
+        # device URIs may carry DH-HMAC-CHAP secrets: never print them
+        return f"BackendSettings(name={self.name!r}, {self.describe()})"
+
+    def describe(self) -> str:
+        """One log line that says what the backend was asked to open."""
+        shown = []
+        for f in SETTINGS:
+            show = f.metadata["show"]
+            text = show(getattr(self, f.name)) if show else None
+            if text is not None:
+                shown.append(f"{f.name}={text}")
+        return " ".join(shown)
+
+
+# the dataclass's fields that are settings, in the order they are read and shown
+SETTINGS = tuple(f for f in dataclasses.fields(BackendSettings) if "parse" in f.metadata)
+# Keys we understand; anything else under our prefix is a typo worth reporting.
+KNOWN_KEYS = frozenset(
+    name for f in SETTINGS for name in (f.name, *f.metadata["aliases"]))
+
+
+def documented_settings() -> list[str]:
+    """The settings as the documentation lists them: one line each."""
+    lines = []
+    for f in SETTINGS:
+        also = "".join(f" (also {a})" for a in f.metadata["aliases"])
+        default = f.metadata["default"]
+        shown = "" if default is None else f" (default: {default})"
+        lines.append(f"{f.name}{also}: {f.metadata['doc']}{shown}")
+    return lines
+
+
 def parse_settings(
     values: Mapping[str, Any],
     where: str,
@@ -252,6 +333,34 @@ def parse_settings(
             f"unknown key(s) {[where + k for k in unknown]}; known: {sorted(KNOWN_KEYS)}"
         )
 
+    typed: dict[str, Any] = {"devices": _parse_devices(ours, where, worker_id, world_size)}
+    for f in SETTINGS:
+        parse = f.metadata["parse"]
+        if parse is None:
+            continue
+        given = [k for k in (f.name, *f.metadata["aliases"]) if k in ours]
+        if len(given) > 1:
+            raise BackendConfigError(f"{where}{given[0]} and {where}{given[1]} are the same "
+                                     "option; set one")
+        key = given[0] if given else f.name
+        default = f.metadata["default"]
+        typed[f.name] = parse(ours.get(key, default), where + key, default)
+
+    if typed["create"] == "always" and typed["shared_index"]:
+        # 'always' formats at every start; a shared pool is live across restarts and
+        # hosts, so the second start (a restart, another host) would erase every chunk
+        # every host stored. Refused here, before any device or key is touched.
+        raise BackendConfigError(
+            f"{where}create: 'always' cannot be used with {where}shared_index: it would "
+            "format the shared pool at every start, erasing what every host stored. "
+            "Create the pool once (fx100io.SharedChunkStore(..., create=True)), then "
+            f"start with {where}create: auto (or never), which opens it")
+    return BackendSettings(name=name, where=where, **typed)
+
+
+def _parse_devices(ours: Mapping[str, Any], where: str, worker_id: int, world_size: int
+                   ) -> tuple[str, ...]:
+    """The devices setting: URIs checked, placeholders filled, the host NQN carried."""
     raw_devices = ours.get("devices")
     if raw_devices is None or str(raw_devices).strip() == "":
         raise BackendConfigError(
@@ -274,70 +383,7 @@ def parse_settings(
     if len(set(devices)) != len(devices):
         raise BackendConfigError(
             f"{where}devices: the same device is listed twice: {redact(str(raw_devices))!r}")
-
-    create = str(ours.get("create", "auto")).strip().lower()
-    if create not in CREATE_MODES:
-        raise BackendConfigError(
-            f"{where}create: expected one of {list(CREATE_MODES)}, got {ours.get('create')!r} "
-            "('auto' formats only a missing or empty file; 'always' erases the store at "
-            "every start, and is refused with shared_index)"
-        )
-
-    if "direct" in ours and "o_direct" in ours:
-        raise BackendConfigError(f"{where}direct and {where}o_direct are the same option; set one")
-    direct_key = "o_direct" if "o_direct" in ours else "direct"
-
-    engine = str(ours.get("engine", "auto")).strip().lower()
-    if engine not in ENGINES:
-        raise BackendConfigError(
-            f"{where}engine: expected one of {list(ENGINES)}, got {ours.get('engine')!r} ('auto' "
-            "uses io_uring and falls back to plain pread/pwrite, with a warning, where io_uring "
-            "is disabled)"
-        )
-
-    path = str(ours.get("path", "user")).strip().lower()
-    if path not in PATHS:
-        raise BackendConfigError(
-            f"{where}path: expected one of {list(PATHS)}, got {ours.get('path')!r} ('user': "
-            "nvme+tcp:// and nvme+rdma:// devices through fx100io's own initiator; 'kernel': "
-            "attached by the kernel with nvme-cli and used as block devices)"
-        )
-
-    shared_index = _parse_shared_index(ours.get("shared_index"), where + "shared_index")
-    if create == "always" and shared_index:
-        # 'always' formats at every start; a shared pool is live across restarts and
-        # hosts, so the second start (a restart, another host) would erase every chunk
-        # every host stored. Refused here, before any device or key is touched.
-        raise BackendConfigError(
-            f"{where}create: 'always' cannot be used with {where}shared_index: it would "
-            "format the shared pool at every start, erasing what every host stored. "
-            "Create the pool once (fx100io.SharedChunkStore(..., create=True)), then "
-            f"start with {where}create: auto (or never), which opens it")
-
-    return BackendSettings(
-        name=name,
-        where=where,
-        devices=tuple(devices),
-        size=parse_size(ours.get("size"), where + "size"),
-        create=create,
-        # 16 pieces of 4 MiB in flight: on the fast device this beat 64 x 1 MiB by
-        # about 5% in cold prefix loads (fewer, larger requests for the loop driver),
-        # and tied on the virtio disk (tools/bench_lmcache).
-        queue_depth=_parse_number(ours.get("queue_depth"), where + "queue_depth", 16, 1, True),
-        max_io=_parse_max_io(ours.get("max_io"), where + "max_io"),
-        direct=parse_direct(ours.get(direct_key), where + direct_key),
-        engine=engine,
-        capacity=parse_size(ours.get("capacity"), where + "capacity"),
-        host_nqn=None if host_nqn is None else str(host_nqn),
-        timeout_s=float(_parse_number(ours.get("timeout_s"), where + "timeout_s", 30.0, 0.001, False)),
-        retry_after_s=float(
-            _parse_number(ours.get("retry_after_s"), where + "retry_after_s", 10.0, 0.0, False)
-        ),
-        register_buffers=parse_bool(ours.get("register_buffers"), where + "register_buffers", True),
-        path=path,
-        shared_index=shared_index,
-        shared_name=str(ours["shared_name"]) if ours.get("shared_name") else None,
-    )
+    return tuple(devices)
 
 
 def should_create(options: BackendSettings) -> bool:

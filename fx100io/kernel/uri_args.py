@@ -11,17 +11,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
 
-from fx100io import fabric_uri, uri_redact
+from fx100io import fabric_options, fabric_uri, uri_redact
 from fx100io.errors import InvalidArgumentError
 from fx100io.kernel.nvme_cli import NVME_CLI
 
 ETC_NVME = Path("/etc/nvme")
-SECRET_KEYS = uri_redact.SECRET_OPTIONS
+SECRET_KEYS = fabric_options.SECRET_OPTIONS
 
 
 # URI options of the userspace initiator that the kernel has no per-controller knob for
-USERSPACE_ONLY = ("connect_timeout_ms", "io_timeout_ms", "max_xfer", "reconnect_ms",
-                  "max_reconnects")
+USERSPACE_ONLY = tuple(o.name for o in fabric_options.OPTIONS if o.userspace_only)
 
 
 # keyword-only options of connect() that only the kernel path has: name -> (nvme-cli option,
@@ -31,9 +30,10 @@ KERNEL_ONLY = {"ctrl_loss_tmo": ("--ctrl-loss-tmo", int), "reconnect_delay": ("-
                "duplicate_connect": ("--duplicate-connect", bool)}
 
 
-# nvme-cli option -> the URI key / keyword that gives it, for messages
-OPTION_NAMES = {"--nr-io-queues": "queues", "--queue-size": "qsize", "--keep-alive-tmo": "kato_ms",
-                "--hdr-digest": "hdgst", "--data-digest": "ddgst",
+# nvme-cli option -> the URI key / keyword that gives it, for messages (hostnqn and hostid
+# are the endpoint's identity, never the subject of an option message)
+OPTION_NAMES = {**{o.kernel_flag: o.name for o in fabric_options.OPTIONS
+                   if o.kernel_flag and o.kind != fabric_options.TEXT},
                 **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
