@@ -272,7 +272,7 @@ def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
         raise _bad("discover() takes nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]", uri)
     parts, host, port = _endpoint(uri)
     nqn, hid = host_identity()
-    q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    q = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     raw = _raw_query(parts.query)
     secrets = {k: _secret(k, raw[k], uri) for k in SECRET_OPTIONS if k in raw}
     _secrets_pair(secrets, uri)

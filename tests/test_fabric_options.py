@@ -133,3 +133,14 @@ def test_the_kernel_path_gives_nvme_cli_the_tables_flags(scheme):
     assert carried == {fo.BY_NAME[n].kernel_config_key: _value(fo.BY_NAME[n])
                        for n in fo.SECRET_OPTIONS}
     assert not any(SECRET in a or CTRL_SECRET in a for a in argv)
+
+
+@pytest.mark.parametrize("key", ["hostnqn", "hostid"])
+def test_discovery_refuses_a_blank_identity_as_parse_does(key):
+    """A blank hostnqn= or hostid= is refused by discovery as by every other parse, never
+    quietly replaced by this machine's identity."""
+    uri = f"nvme+tcp://127.0.0.1:4420/?{key}="
+    with pytest.raises(InvalidArgumentError):
+        fabric_uri.discovery_options(uri)
+    with pytest.raises(InvalidArgumentError):
+        fabric_uri.parse(f"nvme+tcp://127.0.0.1:4420/{NQN}?{key}=")
