@@ -140,8 +140,10 @@ def main(cmd: str, argv: list[str]) -> int:
     # list
     ctrls = kernel.list()
     if a.uri:
+        from fx100io.kernel.uri_args import query_keys
+
         t = kernel.target_of(a.uri)
-        ctrls = [c for c in ctrls if kernel.matches(c, t, host="hostnqn" in a.uri)]
+        ctrls = [c for c in ctrls if kernel.matches(c, t, host="hostnqn" in query_keys(a.uri))]
     if as_json:
         print(json.dumps({"controllers": [c.as_dict() for c in ctrls]}, indent=2))
     else:
