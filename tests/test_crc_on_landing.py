@@ -57,7 +57,7 @@ def test_crc_of_reads_and_writes(tmp_path, engine):
             assert np.array_equal(o, b)
             assert d[2] == _core.crc32c(b)
         # without the flag the completion keeps its two fields
-        assert dev.submit_blocking([(_core.OP_READ, 0, outs[0])]) == [(4096, 0)]
+        assert dev.submit_blocking([(fx100io.OP_READ, 0, outs[0])]) == [(4096, 0)]
 
 
 @pytest.mark.parametrize("engine", ["io_uring", "psync"])
@@ -105,9 +105,9 @@ def test_crc_async_many_requests(tmp_path):
 def test_crc_flag_refused_on_flush(tmp_path):
     with fx100io.open_device(str(tmp_path / "d.img"), create=True, size=1 << 20) as dev:
         with pytest.raises(errors.InvalidArgumentError):
-            dev.submit_blocking([(_core.OP_FLUSH | _core.OP_CRC32C, 0, None)])
+            dev.submit_blocking([(fx100io.OP_FLUSH | fx100io.OP_CRC32C, 0, None)])
         with pytest.raises(errors.InvalidArgumentError):
-            dev.submit_blocking([(_core.OP_READ | (0x80 << 8), 0, bytearray(512))])
+            dev.submit_blocking([(fx100io.OP_READ | (0x80 << 8), 0, bytearray(512))])
 
 
 @pytest.mark.parametrize("digests", [0, 1], ids=["plain", "digests"])

@@ -186,7 +186,7 @@ def flushes_during(path: str, run: Callable[[], Result]) -> tuple[Result, int | 
 
 def device_read_crc(target: str, offset: int, bufs: list[np.ndarray], crc: bool) -> Result:
     """32 MiB reads, all in flight at once, with or without OP_CRC32C."""
-    op = _core.OP_READ | (_core.OP_CRC32C if crc else 0)
+    op = fx100io.OP_READ | (fx100io.OP_CRC32C if crc else 0)
 
     async def run() -> Result:
         with fx100io.open_device(target, queue_depth=64) as dev:
