@@ -49,7 +49,7 @@ async def chunkstore_reader(tmp_path: Path, request: Any) -> AsyncIterator[Reade
 
 @contextlib.asynccontextmanager
 async def shared_reader(tmp_path: Path, request: Any) -> AsyncIterator[Reader]:
-    from fx100io.shared import SharedChunkStore
+    from fx100io.store.shared import SharedChunkStore
     srv = request.getfixturevalue("redis_server")
     data = chunk_bytes("cancel", CHUNK)
     st = SharedChunkStore([str(tmp_path / "sh.img")], srv.url, create=True,

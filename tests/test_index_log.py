@@ -1,4 +1,4 @@
-"""The index log alone (fx100io.store.index_log), without a ChunkStore:
+"""The index log alone (fx100io.store.local.index_log), without a ChunkStore:
 appends, compaction (with the commit that triggers it folded in), replay
 after a reopen, torn segments, the scrub after the tail, and a commit that
 cannot fit."""
@@ -9,8 +9,8 @@ import pytest
 
 from fx100io import errors
 from fx100io.device import open_device
-from fx100io.store import index_log, layout
-from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Live, Record
+from fx100io.store.local import index_log, layout
+from fx100io.store.local.index_log import REC_DEL, REC_PUT, IndexLog, Live, Record
 
 
 class Harness:

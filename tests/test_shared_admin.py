@@ -22,10 +22,10 @@ from shared_redis import serve
 import fx100io
 from fx100io import errors
 from fx100io.cli import main as cli_main
-from fx100io.shared import IndexLostError, SharedChunkStore
-from fx100io.shared import format as fmt
-from fx100io.shared.index import RedisIndex
-from fx100io.shared.rebuild import rebuild
+from fx100io.store.shared import IndexLostError, SharedChunkStore
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.index import RedisIndex
+from fx100io.store.shared.rebuild import rebuild
 
 MiB = 1 << 20
 SIZES = {"a": 5000, "b": MiB + 7, "c": 3 * MiB, "d": 1}
@@ -389,7 +389,7 @@ def test_two_creates_of_other_names_over_the_same_namespaces_do_not_both_win(
     """Create "a" looked at the namespaces; create "b" then runs all of its
     create over them before "a" writes a byte (their claims are on other
     names): "a" refuses without writing, "b"'s pool keeps its chunks."""
-    import fx100io.shared.store as store_mod
+    import fx100io.store.shared.store as store_mod
     uris = [str(tmp_path / f"ns{i}.img") for i in range(ndevs)]
     real = store_mod.open_device
     b: list[Any] = []

@@ -16,8 +16,8 @@ import pytest
 from shared_redis import serve
 
 from fx100io import errors
-from fx100io.shared import SharedChunkStore
-from fx100io.shared import store as store_mod
+from fx100io.store.shared import SharedChunkStore
+from fx100io.store.shared import store as store_mod
 
 MiB = 1 << 20
 

@@ -18,7 +18,7 @@ from shared_hosts import Host
 from shared_redis import RedisServer, serve
 
 from fx100io import errors
-from fx100io.shared import IndexLostError, IndexUnavailableError, SharedChunkStore
+from fx100io.store.shared import IndexLostError, IndexUnavailableError, SharedChunkStore
 
 MiB = 1 << 20
 
@@ -266,7 +266,7 @@ def test_redis_unreachable_fails_fast_without_blocking_the_loop(tmp_path):
 
 
 def test_index_lost_is_said_and_rebuild_brings_it_back(tmp_path, redis_server):
-    from fx100io.shared.rebuild import rebuild
+    from fx100io.store.shared.rebuild import rebuild
     uris = paths(tmp_path)
     st = SharedChunkStore(uris, redis_server.url, create=True, size=64 * MiB)
     keys = [f"r{i}" for i in range(12)]

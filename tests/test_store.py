@@ -306,7 +306,7 @@ def test_leftover_segment_after_tail_is_not_chained(tmp_file):
     generation after the tail; reopening erases it, so a later commit that
     ends just before it cannot make replay chain into it."""
     from fx100io import _core
-    from fx100io.store import layout
+    from fx100io.store.local import layout
     with fx100io.ChunkStore(str(tmp_file), create=True, size=16 << 20) as st:
         st.batch_put_blocking(["a"], [b"A" * 100])
         m = st._members[0]
@@ -465,7 +465,7 @@ def test_superblock_geometry_is_checked(tmp_file, field, value, why):
     refused with a clear error before anything is replayed."""
     import dataclasses
 
-    from fx100io.store import layout
+    from fx100io.store.local import layout
     path = str(tmp_file)
     fx100io.ChunkStore(path, create=True, size=32 << 20).close()
     with open(path, "r+b") as f:
@@ -480,7 +480,7 @@ def test_failed_del_commit_keeps_the_chunks(tmp_file, monkeypatch):
     """When the DEL records of an eviction or a delete cannot be written,
     the operation fails and the chunks stay as they were: still listed and
     readable, now and after a reopen (their records are still in the log)."""
-    from fx100io.store.index_log import REC_DEL, IndexLog
+    from fx100io.store.local.index_log import REC_DEL, IndexLog
     real = IndexLog._commit_locked
 
     def no_dels(self, recs, live, apply=None):
@@ -517,7 +517,7 @@ def test_a_put_that_fails_in_a_compaction_left_in_doubt_keeps_its_extents(tmp_fi
     extents must not have been handed to later puts in the meantime: after
     the reopen the key reads back exactly what that put wrote (before: a
     later put's data overwrote it and the reopen found a CRC mismatch)."""
-    import fx100io.store.index_log as index_log
+    import fx100io.store.local.index_log as index_log
     st = fx100io.ChunkStore(str(tmp_file), create=True, size=128 << 20, index_size=1 << 20)
     keys = [f"k{i:04}" for i in range(2000)]
     m = st._members[0]

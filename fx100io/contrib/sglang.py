@@ -66,7 +66,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from fx100io.store import ChunkStore
-from fx100io.store.chunkstore import _gather, _nbytes, _scatter, aligned_array
+from fx100io.store.local.chunk_store import _gather, _nbytes, _scatter, aligned_array
 
 from . import _sglang_keys as sgl_keys
 from ._runtime import Breaker, LoopRunner, TimedOut, is_device_error

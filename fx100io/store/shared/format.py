@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from fx100io import _core
 from fx100io.errors import InvalidArgumentError, NotAStoreError
-from fx100io.store import layout
+from fx100io.store.local import layout
 
 BLOCK = 4096
 SB_MAGIC = layout.SHARED_SB_MAGIC

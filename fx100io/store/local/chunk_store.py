@@ -45,12 +45,12 @@ from fx100io.errors import (
     error_from_errno,
 )
 from fx100io.pool import aligned_array
-from fx100io.store import layout
+from fx100io.store.core.loop import run_blocking
+from fx100io.store.core.settle import settle
 from fx100io.store.flock import lock_device, unlock
-from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
-from fx100io.store.loop import run_blocking
-from fx100io.store.settle import settle
-from fx100io.store.space import Entry, Member
+from fx100io.store.local import layout
+from fx100io.store.local.index_log import REC_DEL, REC_PUT, IndexLog, Record
+from fx100io.store.local.space import Entry, Member
 
 log = logging.getLogger("fx100io")
 

@@ -65,18 +65,18 @@ from fx100io.errors import (
     error_from_errno,
 )
 from fx100io.pool import aligned_array
-from fx100io.shared import format as fmt
-from fx100io.shared.index import (
+from fx100io.store.core.settle import settle
+from fx100io.store.local.chunk_store import ChunkStore, normalize_key
+from fx100io.store.local.layout import SB_MAGIC as PLAIN_MAGIC
+from fx100io.store.local.space import Member
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.index import (
     Hit,
     IndexLostError,
     IndexUnavailableError,
     RedisIndex,
     parse_entry,
 )
-from fx100io.store.chunkstore import ChunkStore, normalize_key
-from fx100io.store.layout import SB_MAGIC as PLAIN_MAGIC
-from fx100io.store.settle import settle
-from fx100io.store.space import Member
 
 log = logging.getLogger("fx100io")
 
@@ -957,7 +957,7 @@ async def _to_the_end(aw: Any) -> Any:
 
 
 async def _settle(futs: list[asyncio.Future]) -> None:
-    """fx100io.store.settle.settle, with a cancel during the wait dropped:
+    """fx100io.store.core.settle.settle, with a cancel during the wait dropped:
     every caller is already failing for its own reason, and raises that."""
     try:
         await settle(futs)

@@ -25,7 +25,7 @@ from fx100io.errors import InvalidArgumentError, NotAStoreError
 
 BLOCK = 4096
 SB_MAGIC = b"FX100IO\x00STORE\x00v1"
-# A shared pool's namespace (fx100io/shared/format.py) starts with this
+# A shared pool's namespace (fx100io/store/shared/format.py) starts with this
 # instead; declared here so that each kind of store can refuse the other's
 # devices without importing the other (the shared one needs redis).
 SHARED_SB_MAGIC = b"FX100IO\x00SHARED\x00\x00"
