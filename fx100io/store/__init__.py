@@ -15,8 +15,9 @@ Three packages side by side:
 ``flock`` holds one ChunkStore per device.
 """
 
+from fx100io.store.core.keys import KEY_MAX, normalize_key
 from fx100io.store.core.loop import run_blocking
-from fx100io.store.local.chunk_store import KEY_MAX, ChunkStore, normalize_key
+from fx100io.store.local.chunk_store import ChunkStore
 from fx100io.store.local.index_log import SEGMENT_RECORDS, IndexLog
 from fx100io.store.local.space import Entry, Member
 
