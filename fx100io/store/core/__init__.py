@@ -1,8 +1,9 @@
 """What the local and the shared chunk store share, written once.
 
 - ``api``: the store API as a Protocol, which every store satisfies;
-- ``twins``: the blocking twins and context managers, derived from the
-  async methods through each store's runner;
+- ``base``: the base class of a store: the blocking twins and context
+  managers, derived from the async methods through each store's runner,
+  and the open/closed state;
 - ``keys``: key normalisation and its limit;
 - ``pieces``: a caller's buffers as pieces, gathered, scattered, CRC-joined;
 - ``extent_io``: moving one chunk to or from an extent, its CRC32C

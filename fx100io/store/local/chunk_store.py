@@ -39,11 +39,11 @@ from fx100io.errors import (
     DeviceFullError,
     InvalidArgumentError,
     NotAStoreError,
-    StoreClosedError,
     error_from_errno,
 )
 from fx100io.pool import aligned_array
 from fx100io.store.core import extent_io
+from fx100io.store.core.base import StoreBase
 from fx100io.store.core.extent_io import READ, WRITE, landed, written
 from fx100io.store.core.keys import normalize_key
 from fx100io.store.core.loop import run_blocking
@@ -66,7 +66,6 @@ from fx100io.store.core.superblock import (
     read_block0,
     write_block0,
 )
-from fx100io.store.core.twins import BlockingTwins
 from fx100io.store.flock import lock_device, unlock
 from fx100io.store.local import layout
 from fx100io.store.local.index_log import REC_DEL, REC_PUT, IndexLog, Record
@@ -75,7 +74,7 @@ from fx100io.store.local.space import Entry, Member
 log = logging.getLogger("fx100io")
 
 
-class ChunkStore(BlockingTwins):
+class ChunkStore(StoreBase):
     """A persistent key -> chunk store over one device or several (striped).
 
     ``ChunkStore(uris, create=False, size=None, **opts)``: ``create=True``
@@ -178,10 +177,6 @@ class ChunkStore(BlockingTwins):
         return members
 
     # ------------------------------------------------------------- helpers
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(9, "ChunkStore is closed")
-
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
@@ -640,10 +635,6 @@ class ChunkStore(BlockingTwins):
         for m in self._members:
             m.dev.close()
         unlock(self._locks)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def __repr__(self) -> str:
         uris = [m.dev.uri for m in self._members] if not self._closed else "closed"

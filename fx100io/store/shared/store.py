@@ -58,10 +58,10 @@ from fx100io.errors import (
     FxTimeoutError,
     InvalidArgumentError,
     NotAStoreError,
-    StoreClosedError,
     error_from_errno,
 )
 from fx100io.pool import aligned_array
+from fx100io.store.core.base import StoreBase
 from fx100io.store.core.extent_io import READ, WRITE, chunk_crc, io_parts, landed, written
 from fx100io.store.core.keys import normalize_key
 from fx100io.store.core.pieces import one_buffer
@@ -75,7 +75,6 @@ from fx100io.store.core.superblock import (
     read_block0,
     write_block0,
 )
-from fx100io.store.core.twins import BlockingTwins
 from fx100io.store.shared import format as fmt
 from fx100io.store.shared.index import (
     Hit,
@@ -156,7 +155,7 @@ def default_index_timeout() -> float:
     return value
 
 
-class SharedChunkStore(BlockingTwins):
+class SharedChunkStore(StoreBase):
     """A key -> chunk store shared by every host that opens the same
     namespaces and the same Redis index.
 
@@ -426,10 +425,6 @@ class SharedChunkStore(BlockingTwins):
                                  "name?)", self._index.url)
 
     # ------------------------------------------------------------ helpers
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(9, "SharedChunkStore is closed")
-
     def _ns_of(self, key: bytes) -> Namespace:
         return self._ns[_core.crc32c(key) % len(self._ns)]
 
@@ -863,10 +858,6 @@ class SharedChunkStore(BlockingTwins):
             await asyncio.gather(*mine, return_exceptions=True)
         await self._index.aclose_loop()
         self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def __repr__(self) -> str:
         uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"

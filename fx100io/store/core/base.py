@@ -1,4 +1,5 @@
-"""The blocking twins and the context managers of a store, written once:
+"""What every store is made of besides its own I/O, written once: the
+open/closed state, and the blocking twins and context managers:
 each ``*_blocking`` method runs its async twin to the end through the
 store's runner (``_run_blocking``): the local store's per-thread loop
 (fx100io.store.core.loop), the shared store's loop thread of its own.  A
@@ -11,12 +12,25 @@ from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
-S = TypeVar("S", bound="BlockingTwins")
+from fx100io.errors import StoreClosedError
+
+S = TypeVar("S", bound="StoreBase")
 
 
-class BlockingTwins(ABC):
+class StoreBase(ABC):
     """Base of a store: it gives the runner and the async API, and gets the
-    blocking twins and the context managers."""
+    blocking twins and the context managers.  It sets _closed (False until
+    close())."""
+
+    _closed: bool
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(9, f"{type(self).__name__} is closed")
 
     @abstractmethod
     def _run_blocking(self, coro: Coroutine[Any, Any, Any]) -> Any:
