@@ -70,36 +70,6 @@ def test_many_concurrent_batches_one_loop(tmp_file):
     assert results == [True] * 32
 
 
-def test_blocking_from_four_threads(tmp_file):
-    size = 1 << 20
-    st = fx100io.ChunkStore(str(tmp_file), create=True, size=256 << 20)
-    bad = []
-
-    def worker(t):
-        try:
-            for r in range(6):
-                keys = [f"w{t}-{r}-{i}" for i in range(3)]
-                st.batch_put_blocking(keys, fill(keys, [size] * 3))
-                outs = [np.empty(size, np.uint8) for _ in keys]
-                if st.batch_get_blocking(keys, outs) != [True] * 3:
-                    bad.append(("miss", t, r))
-                for o, k in zip(outs, keys):
-                    if not np.array_equal(o, chunk_bytes(k, size)):
-                        bad.append(("bytes", k))
-        except Exception as e:
-            bad.append(e)
-
-    ths = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join()
-    st.close()
-    assert bad == []
-    with fx100io.ChunkStore(str(tmp_file)) as st2:
-        assert st2.stats()["chunks"] == 4 * 6 * 3
-
-
 def test_loop_device_store(loop_device):
     keys = [f"L{i}" for i in range(6)]
     sizes = [(3 << 20) + i * 1000 for i in range(6)]
