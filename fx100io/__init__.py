@@ -10,8 +10,8 @@ if TYPE_CHECKING:  # the names below are imported on first use (see __getattr__)
     from fx100io.device import OP_CRC32C, OP_FLUSH, OP_READ, OP_WRITE, Device, open_device
     from fx100io.fabric_uri import discover, host_identity
     from fx100io.pool import BufferPool, RegisteredMemory, register_memory
-    from fx100io.shared import SharedChunkStore  # noqa: F401 - in __all__ only where redis is installed
     from fx100io.store import ChunkStore
+    from fx100io.store.shared import SharedChunkStore  # noqa: F401 - in __all__ only where redis is installed
 
 # Each public name and the module it lives in.  They are imported on first
 # use, not here: a command such as `python -m fx100io bench` needs neither
@@ -31,7 +31,7 @@ _LAZY = {
     "register_memory": "fx100io.pool",
     "ChunkStore": "fx100io.store",
     # only the shared pool needs the redis package
-    "SharedChunkStore": "fx100io.shared",
+    "SharedChunkStore": "fx100io.store.shared",
 }
 
 __all__ = ["BufferPool", "ChunkStore", "RegisteredMemory", "register_memory", "Device", "discover",

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             from fx100io.rdma_devices import main as rdma_devices
             return rdma_devices(rest)
         if cmd == "shared-rebuild":
-            from fx100io.shared.rebuild import main as shared_rebuild
+            from fx100io.store.shared.rebuild import main as shared_rebuild
             return shared_rebuild(rest)
     except OSError as e:  # fx100io errors are OSErrors with a clear message
         print(f"fx100io {cmd}: {e}", file=sys.stderr)

@@ -53,7 +53,7 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # a test that waits too long asks where we are
     sys.path.insert(0, ".")
     import fx100io
-    from fx100io.shared import SharedChunkStore
+    from fx100io.store.shared import SharedChunkStore
     uris, index, opts = sys.argv[1].split(","), sys.argv[2], json.loads(sys.argv[3])
     st = SharedChunkStore(uris, index, **opts) if uris != [""] else None
     buf = np.zeros(MAX, np.uint8)

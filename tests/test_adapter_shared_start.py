@@ -21,7 +21,7 @@ import pytest
 from shared_redis import serve
 
 from fx100io.contrib._settings import BackendConfigError, parse_settings
-from fx100io.shared import SharedChunkStore
+from fx100io.store.shared import SharedChunkStore
 
 
 @pytest.fixture

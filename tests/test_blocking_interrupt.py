@@ -29,7 +29,7 @@ opts = dict(create=True, size=3 * CH, max_io=128 << 10, queue_depth=4)
 if kind == "ChunkStore":
     st = fx100io.ChunkStore([path], **opts)
 else:
-    from fx100io.shared import SharedChunkStore
+    from fx100io.store.shared import SharedChunkStore
     st = SharedChunkStore([path], url, **opts)
 data = chunk_bytes("interrupt", CH)
 st.batch_put_blocking(["k"], [data])

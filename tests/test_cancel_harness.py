@@ -1,8 +1,8 @@
 """Every async read into a caller's buffer, cancelled at any moment, leaves
-the buffer alone once the call returned (tests/cancel_harness.py): the
-ChunkStore, the SharedChunkStore, Device.read_into on a file and on a
-block device (the kernel NVMe-oF path is Device on a /dev/nvmeXnY: a loop
-device stands for it)."""
+the buffer alone once the call returned (tests/cancel_harness.py):
+Device.read_into on a file and on a block device (the kernel NVMe-oF path
+is Device on a /dev/nvmeXnY: a loop device stands for it).  Each store's
+batch_get is checked the same way in tests/test_store_conformance.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from cancel_harness import check_cancellation
 from conftest import chunk_bytes
-from shared_redis import serve
 
 import fx100io
 from fx100io.pool import aligned_array
@@ -27,39 +26,6 @@ PIECE = 128 << 10
 DEV_OPTS = dict(max_io=PIECE, queue_depth=4)
 
 Reader = tuple[Callable[[], Awaitable[Any]], np.ndarray, np.ndarray]
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path):
-    yield from serve(tmp_path)
-
-
-@contextlib.asynccontextmanager
-async def chunkstore_reader(tmp_path: Path, request: Any) -> AsyncIterator[Reader]:
-    data = chunk_bytes("cancel", CHUNK)
-    st = fx100io.ChunkStore([str(tmp_path / "cs.img")], create=True, size=CHUNK * 2 + 32 * MiB,
-                            **DEV_OPTS)
-    try:
-        await st.batch_put(["k"], [data])
-        buf = aligned_array(CHUNK)
-        yield (lambda: st.batch_get(["k"], [buf])), buf, data
-    finally:
-        await st.aclose()
-
-
-@contextlib.asynccontextmanager
-async def shared_reader(tmp_path: Path, request: Any) -> AsyncIterator[Reader]:
-    from fx100io.shared import SharedChunkStore
-    srv = request.getfixturevalue("redis_server")
-    data = chunk_bytes("cancel", CHUNK)
-    st = SharedChunkStore([str(tmp_path / "sh.img")], srv.url, create=True,
-                          size=CHUNK * 2 + 32 * MiB, **DEV_OPTS)
-    try:
-        await st.batch_put(["k"], [data])
-        buf = aligned_array(CHUNK)
-        yield (lambda: st.batch_get(["k"], [buf])), buf, data
-    finally:
-        await st.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -90,8 +56,6 @@ async def device_block_reader(tmp_path: Path, request: Any) -> AsyncIterator[Rea
 
 
 READERS = [
-    pytest.param(chunkstore_reader, id="ChunkStore.batch_get"),
-    pytest.param(shared_reader, id="SharedChunkStore.batch_get"),
     pytest.param(device_file_reader, id="Device.read_into-file"),
     pytest.param(device_block_reader, id="Device.read_into-block"),
 ]

@@ -1,4 +1,4 @@
-"""The index log alone (fx100io.store.index_log), without a ChunkStore:
+"""The index log alone (fx100io.store.local.index_log), without a ChunkStore:
 appends, compaction (with the commit that triggers it folded in), replay
 after a reopen, torn segments, the scrub after the tail, and a commit that
 cannot fit."""
@@ -9,8 +9,9 @@ import pytest
 
 from fx100io import errors
 from fx100io.device import open_device
-from fx100io.store import index_log, layout
-from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Live, Record
+from fx100io.store.core.superblock import new_set_id
+from fx100io.store.local import index_log, layout
+from fx100io.store.local.index_log import REC_DEL, REC_PUT, IndexLog, Live, Record
 
 
 class Harness:
@@ -19,7 +20,7 @@ class Harness:
     def __init__(self, path, index_half: int):
         self.path = str(path)
         self.dev = open_device(self.path, create=True, size=(2 << 20) + 2 * index_half)
-        self.sb = layout.plan(self.dev.size, self.dev.block_size, 0, 1, layout.new_set_id(),
+        self.sb = layout.plan(self.dev.size, self.dev.block_size, 0, 1, new_set_id(),
                               index_half, self.path)
         self.log = IndexLog.format(self.dev, self.sb)
         self.model: dict[bytes, Live] = {}

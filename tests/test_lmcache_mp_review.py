@@ -132,7 +132,7 @@ async def _make_event() -> asyncio.Event:
 def _shared_pair(tmp_path, arena):
     from shared_redis import serve
 
-    from fx100io.shared import SharedChunkStore
+    from fx100io.store.shared import SharedChunkStore
 
     gen = serve(tmp_path)
     redis = next(gen)
@@ -145,7 +145,7 @@ def _shared_pair(tmp_path, arena):
 
 
 def test_shared_index_never_asked_synchronously_on_the_loop(tmp_path):
-    from fx100io.shared import SharedChunkStore
+    from fx100io.store.shared import SharedChunkStore
 
     arena = Arena(4 << 20)
     gen, a, b = _shared_pair(tmp_path, arena)
@@ -231,7 +231,7 @@ class _Listener:
 
 
 def test_eviction_of_many_keys_is_one_index_commit(device, monkeypatch):
-    from fx100io.store.chunkstore import ChunkStore
+    from fx100io.store.local.chunk_store import ChunkStore
 
     arena = Arena(1 << 20)
     ad = load_adapter(spec(device), arena)
@@ -286,7 +286,7 @@ def test_deletes_are_reported_even_when_the_caller_stopped_waiting(device):
 
 
 def test_chunkstore_batch_delete_is_durable_and_per_key(tmp_path):
-    from fx100io.store.chunkstore import ChunkStore
+    from fx100io.store.local.chunk_store import ChunkStore
 
     path = str(tmp_path / "s.img")
     with ChunkStore(path, create=True, size=16 << 20) as s:

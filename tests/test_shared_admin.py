@@ -22,10 +22,11 @@ from shared_redis import serve
 import fx100io
 from fx100io import errors
 from fx100io.cli import main as cli_main
-from fx100io.shared import IndexLostError, SharedChunkStore
-from fx100io.shared import format as fmt
-from fx100io.shared.index import RedisIndex
-from fx100io.shared.rebuild import rebuild
+from fx100io.store.core.superblock import new_set_id
+from fx100io.store.shared import IndexLostError, SharedChunkStore
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.index import RedisIndex
+from fx100io.store.shared.rebuild import rebuild
 
 MiB = 1 << 20
 SIZES = {"a": 5000, "b": MiB + 7, "c": 3 * MiB, "d": 1}
@@ -244,7 +245,7 @@ def test_installing_an_index_never_reaches_another_pools_keys(tmp_path, redis_se
     st.batch_put_blocking(list(want), list(want.values()))
     theirs = {k: v for k, v in redis_snapshot(redis_server.client()).items()
               if k.startswith(f"fx100io:{{{victim}}}".encode())}
-    idx = RedisIndex(redis_server.url, glob, fmt.new_set_id())
+    idx = RedisIndex(redis_server.url, glob, new_set_id())
     try:
         idx.install(1, [MiB], [[(4096, MiB)]])
     finally:
@@ -262,7 +263,7 @@ def test_a_create_that_died_after_its_claim_holds_the_name_until_the_claim_ends(
     create of the name is refused (nothing written) until the claim's
     deadline, then goes ahead."""
     uris = [str(tmp_path / "a.img")]
-    dead = RedisIndex(redis_server.url, "pool", fmt.new_set_id())
+    dead = RedisIndex(redis_server.url, "pool", new_set_id())
     dead.claim("deadhost", 1500, False)
     dead.close()
     with pytest.raises(errors.DeviceBusyError, match="being created by deadhost"):
@@ -389,7 +390,7 @@ def test_two_creates_of_other_names_over_the_same_namespaces_do_not_both_win(
     """Create "a" looked at the namespaces; create "b" then runs all of its
     create over them before "a" writes a byte (their claims are on other
     names): "a" refuses without writing, "b"'s pool keeps its chunks."""
-    import fx100io.shared.store as store_mod
+    import fx100io.store.shared.store as store_mod
     uris = [str(tmp_path / f"ns{i}.img") for i in range(ndevs)]
     real = store_mod.open_device
     b: list[Any] = []
@@ -421,12 +422,12 @@ def test_a_create_whose_namespace_was_formatted_by_another_installs_nothing(
     superblock on a namespace and refuses, installing nothing, and puts back
     the block it wrote (it still holds its superblock)."""
     uris = [str(tmp_path / f"ns{i}.img") for i in range(2)]
-    idx = RedisIndex(redis_server.url, "a", fmt.new_set_id())
+    idx = RedisIndex(redis_server.url, "a", new_set_id())
     real_install = RedisIndex.install
 
     def install(self: Any, *a: Any, **kw: Any) -> Any:
         if self.name == "a":  # meanwhile "b" formats the second namespace
-            sb = fmt.plan(16 * MiB, 1, 2, fmt.new_set_id(), "b", uris[1])
+            sb = fmt.plan(16 * MiB, 1, 2, new_set_id(), "b", uris[1])
             with fx100io.open_device(uris[1]) as d:
                 SharedChunkStore._write_superblock(d, sb)
         return real_install(self, *a, **kw)
@@ -500,7 +501,7 @@ def test_rebuild_refuses_while_another_host_creates_the_pool(tmp_path, redis_ser
     pool = LiveShared(tmp_path, redis_server)
     pool.st.close()
     redis_server.client().flushall()  # the index is lost ...
-    creator = RedisIndex(redis_server.url, "prod", fmt.new_set_id())
+    creator = RedisIndex(redis_server.url, "prod", new_set_id())
     creator.claim("otherhost", 60_000, False)  # ... and another host creates "prod"
     creator.close()
     with pytest.raises(errors.NotAStoreError, match="creating"):

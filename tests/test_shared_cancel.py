@@ -15,9 +15,9 @@ import pytest
 from conftest import chunk_bytes
 from shared_redis import serve
 
-from fx100io.shared import SharedChunkStore
-from fx100io.shared import format as fmt
-from fx100io.shared.rebuild import rebuild
+from fx100io.store.shared import SharedChunkStore
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.rebuild import rebuild
 
 MiB = 1 << 20
 N = 200_000

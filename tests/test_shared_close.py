@@ -16,8 +16,8 @@ import pytest
 from shared_redis import serve
 
 from fx100io import errors
-from fx100io.shared import SharedChunkStore
-from fx100io.shared import store as store_mod
+from fx100io.store.shared import SharedChunkStore
+from fx100io.store.shared.runner import Runner
 
 MiB = 1 << 20
 
@@ -90,7 +90,7 @@ def test_close_does_not_wait_for_ever_for_a_call_that_ignores_its_cancel(
     """A call that does not end within the bound: close() stops the loop all
     the same, and the caller gets StoreClosedError, not a hang and not the
     error of scheduling on a closed loop."""
-    monkeypatch.setattr(store_mod._Runner, "CLOSE_WAIT_S", 0.3, raising=False)
+    monkeypatch.setattr(Runner, "CLOSE_WAIT_S", 0.3, raising=False)
     st = SharedChunkStore([str(tmp_path / "a.img")], redis_server.url, create=True,
                           size=16 * MiB)
     entered = threading.Event()
@@ -126,7 +126,7 @@ def test_a_call_registered_just_before_close_never_starts() -> None:
     of its task on the loop (the calling thread preempted there): the task
     is then cancelled before its first step, and the caller gets
     StoreClosedError at once, not after the call ran its course."""
-    runner = store_mod._Runner()
+    runner = Runner()
     runner.run(asyncio.sleep(0))  # the loop is up
     loop = runner._loop
     real = loop.call_soon_threadsafe

@@ -12,7 +12,7 @@ from shared_host import check_value
 from shared_hosts import Host
 from shared_redis import serve
 
-from fx100io.shared import SharedChunkStore
+from fx100io.store.shared import SharedChunkStore
 
 pytest_plugins = ["lab_fixture"]
 pytestmark = pytest.mark.lab

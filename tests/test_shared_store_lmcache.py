@@ -29,7 +29,7 @@ from test_lmcache_support import (
 )
 
 from fx100io.contrib._lmcache_config import PluginConfigError, parse_options
-from fx100io.shared import SharedChunkStore
+from fx100io.store.shared import SharedChunkStore
 
 
 @pytest.fixture

@@ -22,9 +22,9 @@ from conftest import IN_CI
 from shared_hosts import Host
 from shared_redis import RedisServer
 
-from fx100io.shared import SharedChunkStore
-from fx100io.shared.index import glob_escape, prefix_of
-from fx100io.shared.rebuild import rebuild
+from fx100io.store.shared import SharedChunkStore
+from fx100io.store.shared.index import glob_escape, prefix_of
+from fx100io.store.shared.rebuild import rebuild
 
 if not IN_CI:
     pytest.importorskip("hypothesis")

@@ -16,9 +16,9 @@ from shared_host import make_value
 from shared_redis import RedisServer, serve
 
 from fx100io import errors
-from fx100io.shared import IndexLostError, IndexUnavailableError, SharedChunkStore
-from fx100io.shared import format as fmt
-from fx100io.shared.rebuild import rebuild
+from fx100io.store.shared import IndexLostError, IndexUnavailableError, SharedChunkStore
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.rebuild import rebuild
 from fx100io.uri_redact import redact
 
 MiB = 1 << 20

@@ -15,8 +15,8 @@ from shared_host import check_value, make_value
 from shared_redis import RedisServer, serve
 
 from fx100io import OP_WRITE, errors
-from fx100io.shared import IndexUnavailableError, SharedChunkStore
-from fx100io.shared import format as fmt
+from fx100io.store.shared import IndexUnavailableError, SharedChunkStore
+from fx100io.store.shared import format as fmt
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ from tests.conftest import run_python
 SETUP = r"""
 import asyncio, os, sys
 import fx100io
-from fx100io.store.index_log import REC_DEL
+from fx100io.store.local.index_log import REC_DEL
 from tests.conftest import chunk_bytes
 
 path, how = sys.argv[1], sys.argv[2]

@@ -97,7 +97,7 @@ def test_cancelled_put_waits_for_its_commit(tmp_file, monkeypatch):
     the commit runs to its end, the caller sees CancelledError only after
     that, and the store stays consistent: the chunk is there with its
     extent accounted for (not given back while an entry points at it)."""
-    from fx100io.store.index_log import IndexLog
+    from fx100io.store.local.index_log import IndexLog
     real = IndexLog.commit
     committing = threading.Event()
 
@@ -140,7 +140,7 @@ def test_aclose_waits_for_queued_commits_off_the_loop(tmp_file, monkeypatch):
     """`async with` / aclose(): closing waits for index commits already
     queued (here a slow one), without stalling the event loop meanwhile; the
     put that was running completes and is durable."""
-    from fx100io.store.index_log import IndexLog
+    from fx100io.store.local.index_log import IndexLog
     real = IndexLog.commit
 
     def slow_commit(self, recs, live, apply=None, failed=None):

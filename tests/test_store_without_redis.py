@@ -15,7 +15,7 @@ with fx100io.ChunkStore(sys.argv[1], create=True, size=16 << 20) as st:
     buf = np.zeros(5000, np.uint8)
     assert st.batch_get_blocking(["k"], [buf]) == [True] and (buf == 7).all()
 try:
-    from fx100io.shared import SharedChunkStore  # noqa: F401
+    from fx100io.store.shared import SharedChunkStore  # noqa: F401
 except ImportError as e:
     assert "pip install redis" in str(e), e
     print("shared pool refused clearly")

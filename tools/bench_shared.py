@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fx100io  # noqa: E402
-from fx100io.shared import SharedChunkStore  # noqa: E402
+from fx100io.store.shared import SharedChunkStore  # noqa: E402
 
 MiB = 1 << 20
 

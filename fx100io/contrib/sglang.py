@@ -65,8 +65,9 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
+from fx100io.pool import aligned_array
 from fx100io.store import ChunkStore
-from fx100io.store.chunkstore import _gather, _nbytes, _scatter, aligned_array
+from fx100io.store.core.pieces import gather, nbytes, scatter
 
 from . import _sglang_keys as sgl_keys
 from ._runtime import Breaker, LoopRunner, TimedOut, is_device_error
@@ -401,7 +402,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             hits = await self._store.batch_get([names[i] for i in want], flat)
             for i, f, ok in zip(want, flat, hits):
                 if ok:
-                    _scatter(f, bufs[i])
+                    scatter(f, bufs[i])
         else:
             hits = await self._store.batch_get([names[i] for i in want], [bufs[i] for i in want])
         for i, ok in zip(want, hits):
@@ -413,14 +414,14 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         key); (chunks, bytes) written."""
         have = await self._sizes(names)
         # a chunk of another size under the key (never a page of this pool) is replaced
-        todo = [i for i, n in enumerate(have) if n != _nbytes(bufs[i])]
+        todo = [i for i, n in enumerate(have) if n != nbytes(bufs[i])]
         if not todo:
             return 0, 0
         data = [bufs[i] for i in todo]
         if self._gather:
-            data = [_gather(b) for b in data]
+            data = [gather(b) for b in data]
         await self._store.batch_put([names[i] for i in todo], data)
-        return len(todo), sum(_nbytes(bufs[i]) for i in todo)
+        return len(todo), sum(nbytes(bufs[i]) for i in todo)
 
     # ------------------------------------------------------------ zero copy
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
@@ -494,7 +495,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         try:
             bufs = [[_tensor_bytes(t, writable=True)] for t in target_locations]
             hits = self._run(self._get_exact([self._flat_key(k) for k in keys], bufs,
-                                             [_nbytes(b) for b in bufs]), bounded=False)
+                                             [nbytes(b) for b in bufs]), bounded=False)
         except Exception as exc:  # noqa: BLE001
             self._fail("batch_get", exc)
             return [None] * len(keys)

@@ -55,9 +55,9 @@ from typing import Any
 from fx100io import _core
 from fx100io.device import Device, open_device
 from fx100io.pool import aligned_array
-from fx100io.shared import format as fmt
-from fx100io.shared.index import RedisIndex
-from fx100io.shared.store import DEFAULT_INDEX, Namespace, SharedChunkStore
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.index import RedisIndex
+from fx100io.store.shared.store import DEFAULT_INDEX, Namespace, SharedChunkStore
 
 SCAN_PIECE = 8 << 20
 

@@ -17,30 +17,25 @@ from __future__ import annotations
 import os
 import struct
 import time
-import uuid
 from dataclasses import dataclass
 
-from fx100io import _core
 from fx100io.errors import InvalidArgumentError, NotAStoreError
+from fx100io.store.core.superblock import (
+    BLOCK,
+    SB_MAGIC,
+    align_up,
+    is_sealed,
+    seal,
+    unseal_superblock,
+)
 
-BLOCK = 4096
-SB_MAGIC = b"FX100IO\x00STORE\x00v1"
-# A shared pool's namespace (fx100io/shared/format.py) starts with this
-# instead; declared here so that each kind of store can refuse the other's
-# devices without importing the other (the shared one needs redis).
-SHARED_SB_MAGIC = b"FX100IO\x00SHARED\x00\x00"
 SB_FMT = "<16sII Q 16s II QQ QQ Q"
-SB_CRC_AT = struct.calcsize(SB_FMT)
 IDX_MAGIC = b"FXIDXHDR"
 IDX_FMT = "<8sQ"
 VERSION = 1
 MIN_INDEX_HALF = 1 << 20
 MAX_INDEX_HALF = 128 << 20
 MAX_BLOCK = 1 << 20
-
-
-def align_up(n: int, a: int = BLOCK) -> int:
-    return (n + a - 1) // a * a
 
 
 @dataclass
@@ -57,23 +52,18 @@ class Superblock:
     created_ns: int
 
     def encode(self) -> bytes:
-        body = struct.pack(SB_FMT, SB_MAGIC, VERSION, self.block_size, self.dev_size, self.set_id,
-                           self.dev_index, self.ndevs, self.index_off, self.index_half,
-                           self.data_off, self.data_size, self.created_ns)
-        body += struct.pack("<I", _core.crc32c(body))
-        return body.ljust(BLOCK, b"\0")
+        return seal(struct.pack(SB_FMT, SB_MAGIC, VERSION, self.block_size, self.dev_size,
+                                self.set_id, self.dev_index, self.ndevs, self.index_off,
+                                self.index_half, self.data_off, self.data_size,
+                                self.created_ns))
 
     @classmethod
     def decode(cls, raw: bytes, target: str) -> Superblock:
-        if raw[:16] != SB_MAGIC:
-            raise NotAStoreError(
-                22, "no fx100io store on this device (pass create=True to format it)", target)
-        body = raw[:SB_CRC_AT]
-        (crc,) = struct.unpack_from("<I", raw, SB_CRC_AT)
-        if crc != _core.crc32c(body):
-            raise NotAStoreError(74, "the store's superblock is corrupt (checksum mismatch)", target)
         (_, version, bs, dev_size, set_id, idx, ndevs, ioff, ihalf, doff, dsize,
-         created) = struct.unpack(SB_FMT, body)
+         created) = unseal_superblock(
+            raw, SB_MAGIC, SB_FMT, target,
+            absent="no fx100io store on this device (pass create=True to format it)",
+            corrupt="the store's superblock is corrupt (checksum mismatch)")
         if version != VERSION:
             raise NotAStoreError(22, f"store format version {version} is not supported", target)
         return cls(bs, dev_size, set_id, idx, ndevs, ioff, ihalf, doff, dsize, created)
@@ -141,10 +131,6 @@ def plan(dev_size: int, block_size: int, dev_index: int, ndevs: int, set_id: byt
                       data_off, data_size, time.time_ns())
 
 
-def new_set_id() -> bytes:
-    return uuid.uuid4().bytes
-
-
 def new_generation() -> int:
     """A random first generation, so the segments of an earlier store on
     the same device can never pass for this one's."""
@@ -152,15 +138,12 @@ def new_generation() -> int:
 
 
 def encode_index_header(generation: int) -> bytes:
-    body = struct.pack(IDX_FMT, IDX_MAGIC, generation)
-    return (body + struct.pack("<I", _core.crc32c(body))).ljust(BLOCK, b"\0")
+    return seal(struct.pack(IDX_FMT, IDX_MAGIC, generation))
 
 
 def decode_index_header(raw: bytes) -> int | None:
     """Generation of a valid index half header, else None."""
-    n = struct.calcsize(IDX_FMT)
     magic, gen = struct.unpack_from(IDX_FMT, raw)
-    (crc,) = struct.unpack_from("<I", raw, n)
-    if magic != IDX_MAGIC or crc != _core.crc32c(raw[:n]):
+    if magic != IDX_MAGIC or not is_sealed(raw, struct.calcsize(IDX_FMT)):
         return None
     return int(gen)

@@ -41,52 +41,57 @@ byte of the caller's buffers changes after it returned.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any
 
 from fx100io import _core, fabric_uri
 from fx100io.device import Device, open_device
 from fx100io.errors import (
-    BlockingCallInLoopError,
     BufferTooSmallError,
     DeviceFullError,
     FxTimeoutError,
     InvalidArgumentError,
     NotAStoreError,
-    ReadOnlyBufferError,
-    StoreClosedError,
     error_from_errno,
 )
 from fx100io.pool import aligned_array
-from fx100io.shared import format as fmt
-from fx100io.shared.index import (
+from fx100io.store.core.base import StoreBase
+from fx100io.store.core.extent_io import READ, WRITE, chunk_crc, io_parts, landed, written
+from fx100io.store.core.keys import normalize_key
+from fx100io.store.core.pieces import one_buffer
+from fx100io.store.core.settle import settle
+from fx100io.store.core.superblock import (
+    BLOCK,
+    SB_MAGIC,
+    check_same_set,
+    check_whole_set,
+    new_set_id,
+    read_block0,
+    write_block0,
+)
+from fx100io.store.shared import format as fmt
+from fx100io.store.shared.index import (
     Hit,
     IndexLostError,
     IndexUnavailableError,
     RedisIndex,
     parse_entry,
 )
-from fx100io.store.chunkstore import ChunkStore, normalize_key
-from fx100io.store.layout import SB_MAGIC as PLAIN_MAGIC
-from fx100io.store.settle import settle
-from fx100io.store.space import Member
+from fx100io.store.shared.runner import Runner
 
 log = logging.getLogger("fx100io")
 
-READ, WRITE = _core.OP_READ, _core.OP_WRITE
 DEFAULT_INDEX = "redis://127.0.0.1:6379/0"
 
 
 class Namespace:
-    """One namespace of the pool.  ``dev`` is all ChunkStore's I/O helpers
-    (_io_parts, _chunk_crc) use of a member, so they serve here as well."""
+    """One namespace of the pool: its device and its superblock."""
 
     def __init__(self, dev: Device, sb: fmt.Superblock):
         self.dev = dev
@@ -120,38 +125,15 @@ def _probe(uri: str, opts: dict[str, Any]) -> _Found:
     except FileNotFoundError:
         return _Found(None, None, False)
     try:
-        raw = aligned_array(fmt.BLOCK)
-        if d.size < fmt.BLOCK or d.read_into_blocking(0, raw) < fmt.BLOCK:
+        got = read_block0(d) if d.size >= BLOCK else b""
+        if len(got) < BLOCK:
             return _Found(None, None, False)
-        got = raw.tobytes()
         try:
             return _Found(got, fmt.Superblock.decode(got, d.uri), False)
         except NotAStoreError:
-            return _Found(got, None, got[:len(PLAIN_MAGIC)] == PLAIN_MAGIC)
+            return _Found(got, None, got[:len(SB_MAGIC)] == SB_MAGIC)
     finally:
         d.close()
-
-
-def _block0(d: Device) -> bytes:
-    raw = aligned_array(fmt.BLOCK)
-    got = d.read_into_blocking(0, raw)
-    return raw.tobytes()[:got]
-
-
-def _as_member(ns: Namespace) -> Member:
-    return cast(Member, ns)
-
-
-def _buffer(b: Any, writable: bool) -> memoryview:
-    try:
-        mv = memoryview(b)
-    except TypeError:
-        raise InvalidArgumentError(22, f"expected a buffer, got {type(b).__name__}") from None
-    if writable and mv.readonly:
-        raise ReadOnlyBufferError(30, "cannot read a chunk into a read-only buffer")
-    if not mv.contiguous:
-        raise InvalidArgumentError(22, "buffers must be contiguous")
-    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
 
 
 DEFAULT_INDEX_TIMEOUT_S = 0.5
@@ -173,7 +155,7 @@ def default_index_timeout() -> float:
     return value
 
 
-class SharedChunkStore:
+class SharedChunkStore(StoreBase):
     """A key -> chunk store shared by every host that opens the same
     namespaces and the same Redis index.
 
@@ -224,7 +206,7 @@ class SharedChunkStore:
                 raise InvalidArgumentError(22, f"{what} must be at least 0.001 s, got {v!r}")
         self._closed = False
         self._bg: set[asyncio.Task] = set()
-        self._runner = _Runner()
+        self._runner = Runner()
         self._mu = threading.Lock()
         self._lease_ms = int(lease_s * 1000)
         self._pin_ms = int(pin_s * 1000)
@@ -280,7 +262,7 @@ class SharedChunkStore:
         superblock and does not open).  A create that dies after its first
         write leaves its claim, and its namespaces may be formatted again
         once the claim's deadline passed (lease_s after its last renewal)."""
-        set_id = fmt.new_set_id()
+        set_id = new_set_id()
         found = [_probe(u, opts) for u in uris]
         for u, f in zip(uris, found):
             if f.plain and not force:
@@ -308,7 +290,7 @@ class SharedChunkStore:
             self._ns = []
             for d, sb, f in zip(devices, sbs, found):
                 idx.renew_claim(self._lease_ms)  # still ours, and lease_s more to write
-                if not f.same(_block0(d)):
+                if not f.same(read_block0(d)):
                     raise NotAStoreError(
                         17, "the namespace changed since this create looked at it (another "
                         "create formatted it at the same time?): refusing to format it",
@@ -362,17 +344,14 @@ class SharedChunkStore:
         clean = True
         for d, f in written:
             try:
-                now = _block0(d)
+                now = read_block0(d)
                 try:
                     mine = fmt.Superblock.decode(now, d.uri).set_id == set_id
                 except NotAStoreError:
                     mine = False
                 if not mine:
                     continue  # another create's by now: not ours to touch
-                raw = aligned_array(fmt.BLOCK)
-                raw[:] = memoryview(f.raw if f.raw is not None else bytes(fmt.BLOCK))
-                d.write_from_blocking(0, raw)
-                d.flush_blocking()
+                write_block0(d, f.raw if f.raw is not None else bytes(BLOCK))
             except OSError as e:
                 log.warning("fx100io: could not put back block 0 of %s: %s", d.uri, e)
                 clean = False
@@ -387,10 +366,7 @@ class SharedChunkStore:
 
     @staticmethod
     def _write_superblock(d: Device, sb: fmt.Superblock) -> Namespace:
-        raw = aligned_array(fmt.BLOCK)
-        raw[:] = memoryview(sb.encode())
-        d.write_from_blocking(0, raw)
-        d.flush_blocking()
+        write_block0(d, sb.encode())
         return Namespace(d, sb)
 
     @staticmethod
@@ -398,22 +374,17 @@ class SharedChunkStore:
         sbs = []
         uris = [d.uri for d in devices]  # redacted: these go into messages
         for d, u in zip(devices, uris):
-            raw = aligned_array(fmt.BLOCK)
-            d.read_into_blocking(0, raw)
-            sb = fmt.Superblock.decode(raw.tobytes(), u)
+            # a short read (a namespace under one block) reads as zeros after its end
+            sb = fmt.Superblock.decode(read_block0(d).ljust(BLOCK, b"\0"), u)
             if sb.data_off + sb.data_size > d.size:
                 raise NotAStoreError(22, "the namespace is smaller than the pool's layout", u)
             sbs.append(sb)
-        for sb, u in zip(sbs, uris):
-            if sb.set_id != sbs[0].set_id:
-                raise NotAStoreError(22, f"namespace belongs to another pool than {uris[0]}", u)
+        check_same_set(sbs, uris, "namespace belongs to another pool than")
         if name is not None and sbs[0].name != name:
             raise NotAStoreError(22, f"the pool on these namespaces is {sbs[0].name!r}, "
                                  f"not {name!r}", uris[0])
-        ndevs = sbs[0].ndevs
-        if ndevs != len(devices) or sorted(sb.dev_index for sb in sbs) != list(range(ndevs)):
-            raise NotAStoreError(22, f"the pool has {ndevs} namespaces; {len(devices)} given "
-                                 "(pass every namespace of the pool)", uris[0])
+        check_whole_set(sbs, uris, "the pool has {ndevs} namespaces; {given} given "
+                        "(pass every namespace of the pool)")
         order = sorted(range(len(devices)), key=lambda i: sbs[i].dev_index)
         return [Namespace(devices[i], sbs[i]) for i in order]
 
@@ -426,7 +397,7 @@ class SharedChunkStore:
         def all_ours() -> None:
             # another create may have formatted a namespace since we wrote it
             for ns in self._ns:
-                if _block0(ns.dev) != ns.sb.encode():
+                if read_block0(ns.dev) != ns.sb.encode():
                     raise NotAStoreError(
                         17, "the namespace no longer holds this create's superblock (another "
                         "create formatted it at the same time?): nothing installed",
@@ -454,10 +425,6 @@ class SharedChunkStore:
                                  "name?)", self._index.url)
 
     # ------------------------------------------------------------ helpers
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(9, "SharedChunkStore is closed")
-
     def _ns_of(self, key: bytes) -> Namespace:
         return self._ns[_core.crc32c(key) % len(self._ns)]
 
@@ -474,7 +441,7 @@ class SharedChunkStore:
         self._check_open()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
-        items = [(normalize_key(k), _buffer(b, False)) for k, b in zip(keys, bufs)]
+        items = [(normalize_key(k), one_buffer(b, False)) for k, b in zip(keys, bufs)]
         if not items:
             return
         placed = [(key, mv, self._ns_of(key)) for key, mv in items]
@@ -499,21 +466,15 @@ class SharedChunkStore:
         try:
             for i, ((_key, mv, ns), (off, _ver)) in enumerate(zip(placed, allocs)):
                 if mv.nbytes:
-                    parts = ChunkStore._io_parts(_as_member(ns), WRITE, off + fmt.BLOCK, mv)[0]
+                    parts = io_parts(ns.dev, WRITE, off + BLOCK, mv)[0]
                     started.append((ns, i, mv, ns.dev.start(parts), parts))
             crcs = [0] * len(placed)
             for ns, i, mv, fs, parts in started:
-                done = []
-                for f, (_op, off, _b) in zip(fs, parts):
-                    c = await asyncio.shield(f)
-                    if c[0] < 0:
-                        raise error_from_errno(-c[0], f"{ns.dev.target}: write chunk at {off}")
-                    done.append(c)
-                crcs[i] = ChunkStore._chunk_crc(_as_member(ns), mv, done)
+                crcs[i] = chunk_crc(ns.dev, mv, await written(ns.dev, fs, parts))
             keeper.check()  # the extents are still ours: their headers may go there
             bufs_alive = []
             for (key, mv, ns), (off, ver), crc in zip(placed, allocs, crcs):
-                hdr = aligned_array(fmt.BLOCK)
+                hdr = aligned_array(BLOCK)
                 hdr[:] = memoryview(fmt.ExtentHeader(ns.sb.set_id, ns.index, ver, mv.nbytes,
                                                      crc, key).encode())
                 bufs_alive.append(hdr)
@@ -610,7 +571,7 @@ class SharedChunkStore:
             return
         t0 = time.monotonic()
         try:
-            blank = aligned_array(fmt.BLOCK)
+            blank = aligned_array(BLOCK)
             blank[:] = 0
             futs, devs = [], {}
             for d, off, _ext in tombs:
@@ -654,7 +615,7 @@ class SharedChunkStore:
         self._check_open()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
-        mvs = [_buffer(b, True) for b in bufs]
+        mvs = [one_buffer(b, True) for b in bufs]
         nkeys = [normalize_key(k) for k in keys]
         out = [False] * len(nkeys)
         if not nkeys:
@@ -681,24 +642,16 @@ class SharedChunkStore:
                     continue
                 ns = self._ns[h.dev]
                 view = mv[:h.length]
-                parts, fixup = ChunkStore._io_parts(_as_member(ns), READ, h.off + fmt.BLOCK,
-                                                    view)
+                parts, fixup = io_parts(ns.dev, READ, h.off + BLOCK, view)
                 started.append((ns, i, h, view, ns.dev.start(parts), fixup))
             for ns, i, h, view, fs, fixup in started:
-                res = 0
-                # shield: a cancel must not cancel the futures, whose I/O goes
-                # on regardless; the cleanup below waits for them instead
-                done = [await asyncio.shield(f) for f in fs]
-                for r, *_x in done:
-                    res = r if r < 0 or res < 0 else res + r
-                if fixup is not None and res >= 0:
-                    res = fixup(res)
+                res, done = await landed(fs, fixup)
                 if res != h.length:
                     why = (error_from_errno(-res, ns.dev.target) if res < 0
                            else f"short read {res} of {h.length}")
                     log.error("fx100io: read of chunk %r failed: %s", nkeys[i], why)
                     continue
-                if ChunkStore._chunk_crc(_as_member(ns), view, done) != h.crc:
+                if chunk_crc(ns.dev, view, done) != h.crc:
                     log.warning("fx100io: chunk %r on %s at %d failed its CRC32C check (torn, "
                                 "or its extent was reused): a miss", nkeys[i], ns.dev.target,
                                 h.off)
@@ -877,18 +830,14 @@ class SharedChunkStore:
         return s
 
     # ----------------------------------------------------------- blocking twins
-    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
-        return self._runner.run(self.batch_put(keys, bufs))
+    def _run_blocking(self, coro: Any) -> Any:
+        # the store's one loop thread, whatever thread calls
+        return self._runner.run(coro)
 
-    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+    def _get_to_the_end(self, keys: Sequence[Any], bufs: Sequence[Any]
+                        ) -> Coroutine[Any, Any, list[bool]]:
         # the pins are dropped before returning: no task outlives the call
-        return self._runner.run(self._get(keys, bufs, wait_unpin=True))
-
-    def batch_exists_blocking(self, keys: Iterable[Any]) -> int:
-        return self._runner.run(self.batch_exists(keys))
-
-    def delete_blocking(self, key: Any) -> bool:
-        return self._runner.run(self.delete(key))
+        return self._get(keys, bufs, wait_unpin=True)
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
@@ -909,22 +858,6 @@ class SharedChunkStore:
             await asyncio.gather(*mine, return_exceptions=True)
         await self._index.aclose_loop()
         self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __enter__(self) -> SharedChunkStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> SharedChunkStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         uris = [ns.dev.uri for ns in self._ns] if not self._closed else "closed"
@@ -957,7 +890,7 @@ async def _to_the_end(aw: Any) -> Any:
 
 
 async def _settle(futs: list[asyncio.Future]) -> None:
-    """fx100io.store.settle.settle, with a cancel during the wait dropped:
+    """fx100io.store.core.settle.settle, with a cancel during the wait dropped:
     every caller is already failing for its own reason, and raises that."""
     try:
         await settle(futs)
@@ -1014,170 +947,3 @@ class _LeaseKeeper:
         if not self._task.done():
             self._task.cancel()
         await _settle([self._task])
-
-
-class _Call:
-    """One blocking call on the runner's loop: its coroutine, its task once
-    the loop made it, its outcome for the calling thread, and whether it
-    ended (its task finished, or it was failed without one)."""
-
-    def __init__(self, coro: Any):
-        self.coro = coro
-        self.task: asyncio.Task | None = None
-        self.ended = threading.Event()
-        self.result: concurrent.futures.Future = concurrent.futures.Future()
-
-    def fail(self, e: BaseException) -> None:
-        if not self.result.done():
-            try:
-                self.result.set_exception(e)
-            except concurrent.futures.InvalidStateError:
-                pass  # its task ended meanwhile: that outcome stands
-        self.ended.set()
-
-
-class _Runner:
-    """The one event loop, on a thread of its own, that runs a store's
-    blocking twins for every calling thread: a thread that calls them once
-    and ends leaves nothing behind (no loop, no Redis connection).
-
-    close() cancels the calls in flight and waits for them (their reads
-    land, their extents go back) before it stops the loop; a call it could
-    not wait out, or that never started, fails with StoreClosedError, so no
-    caller waits for ever on a stopped loop.  Once closed, a call raises
-    StoreClosedError at once: no loop is started again."""
-
-    CLOSE_WAIT_S = 5.0
-
-    def __init__(self) -> None:
-        self._mu = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._calls: set[_Call] = set()
-
-    def run(self, coro: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            coro.close()
-            raise BlockingCallInLoopError(
-                35, "a *_blocking method was called from a running event loop; await the "
-                "async method instead")
-        call = _Call(coro)
-        with self._mu:
-            # checked under the lock close() takes: a call either is in
-            # _calls before close() looks, or sees the store closed
-            if self._closed:
-                coro.close()
-                raise StoreClosedError(9, "SharedChunkStore is closed")
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                t = threading.Thread(target=loop.run_forever, name="fx100io-shared",
-                                     daemon=True)
-                t.start()
-                self._loop, self._thread = loop, t
-            loop = self._loop
-            self._calls.add(call)
-
-        def finish(t: asyncio.Task) -> None:
-            with self._mu:
-                self._calls.discard(call)
-                closing = self._closed
-            if t.cancelled():
-                if closing:  # cancelled by close(), not by its caller
-                    call.fail(StoreClosedError(9, "SharedChunkStore was closed during this "
-                                               "call"))
-                    return
-                call.result.cancel()
-            elif t.exception() is not None:
-                call.result.set_exception(t.exception())  # type: ignore[arg-type]
-            else:
-                call.result.set_result(t.result())
-            call.ended.set()
-
-        def start() -> None:
-            # The call's task is made here, not by run_coroutine_threadsafe,
-            # so an interrupted caller can wait for the task itself to end.
-            if call.result.done():  # failed by close() before the loop got here
-                coro.close()
-                return
-            call.task = loop.create_task(coro)
-            call.task.add_done_callback(finish)
-            with self._mu:
-                closing = self._closed
-            if closing:
-                # close() looked at the calls before this task existed: it
-                # must not start (its first step is a cancel)
-                call.task.cancel()
-        try:
-            loop.call_soon_threadsafe(start)
-        except RuntimeError:  # close() closed the loop since: it failed this call
-            coro.close()
-            call.fail(StoreClosedError(9, "SharedChunkStore is closed"))
-        try:
-            return call.result.result()
-        except BaseException:
-            # Interrupted (KeyboardInterrupt in this thread): the call is
-            # cancelled and waited out before the interrupt goes on, so the
-            # reads it started have landed and no byte of the caller's
-            # buffers changes after this returns.  (start() runs first: the
-            # loop takes callbacks in order.)  A second interrupt, or the
-            # loop stopping, cuts the wait short.  A call that ended (its
-            # own error, or failed by close()) has nothing to cancel.
-            if not call.ended.is_set():
-                try:
-                    loop.call_soon_threadsafe(self._cancel, call)
-                except RuntimeError:  # the loop is closed: close() failed the call
-                    pass
-                while not call.ended.wait(0.05) and loop.is_running():
-                    pass
-            raise
-
-    @staticmethod
-    def _cancel(call: _Call) -> None:
-        if call.task is not None:
-            call.task.cancel()
-
-    def close(self, last: Any) -> None:
-        """Cancel the calls in flight and wait for them (CLOSE_WAIT_S at
-        most), run last() (closing the loop's Redis client) on the loop,
-        stop it, and fail whatever call is still pending."""
-        with self._mu:
-            self._closed = True
-            loop, t = self._loop, self._thread
-            self._loop = self._thread = None
-            calls = list(self._calls)
-        if loop is None or t is None:
-            return
-        if calls:
-            def cancel_all() -> None:
-                for c in calls:
-                    self._cancel(c)
-            loop.call_soon_threadsafe(cancel_all)
-            deadline = time.monotonic() + self.CLOSE_WAIT_S
-            for c in calls:
-                if not c.ended.wait(max(0.0, deadline - time.monotonic())):
-                    log.warning("fx100io: a call on the shared pool did not end within "
-                                "%g s of close(); stopping its loop all the same",
-                                self.CLOSE_WAIT_S)
-                    break
-        try:
-            asyncio.run_coroutine_threadsafe(last(), loop).result(timeout=5)
-        except Exception:  # noqa: BLE001 (best effort: the sockets go with the loop)
-            pass
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(timeout=5)
-        # no caller waits for ever on a loop that stopped under its call
-        with self._mu:
-            left = list(self._calls)
-            self._calls.clear()
-        for c in left:
-            c.fail(StoreClosedError(9, "SharedChunkStore was closed during this call"))
-        if not t.is_alive():
-            for c in left:
-                if c.task is None:  # its start() never ran: nothing else will close it
-                    c.coro.close()
-            loop.close()

@@ -13,7 +13,7 @@ the same Redis index.  One job per module:
   (``fx100io shared-rebuild``).
 """
 
-from fx100io.shared.index import IndexLostError, IndexUnavailableError
-from fx100io.shared.store import SharedChunkStore
+from fx100io.store.shared.index import IndexLostError, IndexUnavailableError
+from fx100io.store.shared.store import SharedChunkStore
 
 __all__ = ["IndexLostError", "IndexUnavailableError", "SharedChunkStore"]

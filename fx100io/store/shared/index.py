@@ -32,7 +32,7 @@ from fx100io.errors import (
     InvalidArgumentError,
     NotAStoreError,
 )
-from fx100io.shared import lua
+from fx100io.store.shared import lua
 from fx100io.uri_redact import redact_url
 
 log = logging.getLogger("fx100io")

@@ -37,7 +37,7 @@ from fx100io import _core
 from fx100io.device import Device
 from fx100io.errors import DeviceFullError, DeviceIOError, NotAStoreError, StoreClosedError
 from fx100io.pool import aligned_array
-from fx100io.store import layout
+from fx100io.store.local import layout
 
 #: Records per index segment: a segment is written as one block-aligned
 #: write, so keep it well under the index half.

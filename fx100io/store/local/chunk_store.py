@@ -38,106 +38,44 @@ from fx100io.errors import (
     BufferTooSmallError,
     DeviceFullError,
     InvalidArgumentError,
-    KeyTooLongError,
     NotAStoreError,
-    ReadOnlyBufferError,
-    StoreClosedError,
     error_from_errno,
 )
 from fx100io.locks import FileLock
 from fx100io.pool import aligned_array
-from fx100io.store import layout
+from fx100io.store.core import extent_io
+from fx100io.store.core.base import StoreBase
+from fx100io.store.core.extent_io import READ, WRITE, landed, written
+from fx100io.store.core.keys import normalize_key
+from fx100io.store.core.loop import run_blocking
+from fx100io.store.core.pieces import (
+    gather,
+    join_crc,
+    limit,
+    nbytes,
+    pieces,
+    placed_pieces,
+    scatter,
+)
+from fx100io.store.core.settle import settle
+from fx100io.store.core.superblock import (
+    BLOCK,
+    SHARED_SB_MAGIC,
+    check_same_set,
+    check_whole_set,
+    new_set_id,
+    read_block0,
+    write_block0,
+)
 from fx100io.store.flock import lock_device, unlock
-from fx100io.store.index_log import REC_DEL, REC_PUT, IndexLog, Record
-from fx100io.store.loop import run_blocking
-from fx100io.store.settle import settle
-from fx100io.store.space import Entry, Member
+from fx100io.store.local import layout
+from fx100io.store.local.index_log import REC_DEL, REC_PUT, IndexLog, Record
+from fx100io.store.local.space import Entry, Member
 
 log = logging.getLogger("fx100io")
 
-KEY_MAX = _core.KEY_MAX
-READ, WRITE, FLUSH = _core.OP_READ, _core.OP_WRITE, _core.OP_FLUSH
-CRC = _core.OP_CRC32C
 
-
-def normalize_key(key: Any) -> bytes:
-    if isinstance(key, str):
-        k = key.encode()
-    elif isinstance(key, (bytes, bytearray, memoryview)):
-        k = bytes(key)
-    else:
-        raise InvalidArgumentError(22, f"keys are str or bytes, got {type(key).__name__}")
-    if not 0 < len(k) <= KEY_MAX:
-        raise KeyTooLongError(22, f"key must be 1 to {KEY_MAX} bytes, got {len(k)}")
-    return k
-
-
-def _pieces(b: Any, writable: bool) -> list[memoryview]:
-    """One chunk's memory as byte memoryviews: a buffer, or a list or tuple
-    of buffers holding the chunk piece after piece."""
-    out = []
-    for one in (b if isinstance(b, (list, tuple)) else (b,)):
-        try:
-            mv = memoryview(one)
-        except TypeError:
-            raise InvalidArgumentError(
-                22, f"expected a buffer, got {type(one).__name__}") from None
-        if writable and mv.readonly:
-            raise ReadOnlyBufferError(30, "cannot read a chunk into a read-only buffer")
-        if not mv.contiguous:
-            raise InvalidArgumentError(22, "buffers must be contiguous")
-        out.append(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv)
-    return out
-
-
-def _nbytes(pieces: list[memoryview]) -> int:
-    return sum(p.nbytes for p in pieces)
-
-
-def _placed_pieces(pieces: list[memoryview]) -> list[tuple[int, memoryview]]:
-    """(position in the chunk, piece) for every piece that holds bytes."""
-    out, pos = [], 0
-    for p in pieces:
-        if p.nbytes:
-            out.append((pos, p))
-        pos += p.nbytes
-    return out
-
-
-def _limit(pieces: list[memoryview], n: int) -> list[memoryview]:
-    """The first n bytes of the pieces."""
-    out = []
-    for p in pieces:
-        if n <= 0:
-            break
-        out.append(p[:n])
-        n -= min(n, p.nbytes)
-    return out
-
-
-def _gather(pieces: list[memoryview]) -> memoryview:
-    """The pieces one after the other in one new aligned buffer."""
-    out = aligned_array(_nbytes(pieces)).data
-    pos = 0
-    for p in pieces:
-        out[pos:pos + p.nbytes] = p
-        pos += p.nbytes
-    return out
-
-
-def _scatter(src: memoryview, pieces: list[memoryview]) -> None:
-    pos = 0
-    for p in pieces:
-        p[:] = src[pos:pos + p.nbytes]
-        pos += p.nbytes
-
-
-def _join_crc(crc: int, crc_len: int, piece_crc: int, piece_len: int) -> int:
-    """The CRC32C of a run of bytes followed by a piece, from both CRCs."""
-    return _core.crc32c_combine(crc, piece_crc, piece_len) if crc_len else piece_crc
-
-
-class ChunkStore:
+class ChunkStore(StoreBase):
     """A persistent key -> chunk store over one device or several (striped).
 
     ``ChunkStore(uris, create=False, size=None, **opts)``: ``create=True``
@@ -201,9 +139,7 @@ class ChunkStore:
         create cannot see it.  Checked on every device before any is
         written."""
         for d in devices:
-            raw = aligned_array(layout.BLOCK)
-            d.read_into_blocking(0, raw)
-            if raw[:len(layout.SHARED_SB_MAGIC)].tobytes() == layout.SHARED_SB_MAGIC:
+            if read_block0(d)[:len(SHARED_SB_MAGIC)] == SHARED_SB_MAGIC:
                 raise NotAStoreError(
                     17, "the device holds a namespace of a shared pool (SharedChunkStore); "
                     "ChunkStore(create=True) would destroy that pool: pass force=True to "
@@ -211,36 +147,27 @@ class ChunkStore:
 
     def _format(self, devices: list[Device], uris: list[str],
                 index_size: int | None) -> list[Member]:
-        set_id = layout.new_set_id()
+        set_id = new_set_id()
         members = []
         for i, d in enumerate(devices):
             sb = layout.plan(d.size, d.block_size, i, len(devices), set_id, index_size, uris[i])
             # Both index halves first, superblock last: a device whose
             # format was interrupted is not mistaken for a store.
             index = IndexLog.format(d, sb)
-            raw = aligned_array(layout.BLOCK)
-            raw[:] = memoryview(sb.encode())
-            d.write_from_blocking(0, raw)
-            d.flush_blocking()
+            write_block0(d, sb.encode())
             members.append(Member(d, sb, index, sb.data_size))
         return members
 
     def _load(self, devices: list[Device], uris: list[str]) -> list[Member]:
         sbs = []
         for d, u in zip(devices, uris):
-            raw = aligned_array(layout.BLOCK)
-            d.read_into_blocking(0, raw)
-            sb = layout.Superblock.decode(raw.tobytes(), u)
+            # a short read (a file under one block) reads as zeros after its end
+            sb = layout.Superblock.decode(read_block0(d).ljust(BLOCK, b"\0"), u)
             layout.check_geometry(sb, d.size, d.block_size, u)
             sbs.append(sb)
-        ndevs = sbs[0].ndevs
-        for sb, u in zip(sbs, uris):
-            if sb.set_id != sbs[0].set_id:
-                raise NotAStoreError(22, "device belongs to a different store than "
-                                     f"{uris[0]}", u)
-        if ndevs != len(devices) or sorted(sb.dev_index for sb in sbs) != list(range(ndevs)):
-            raise NotAStoreError(22, f"the store has {ndevs} devices; {len(devices)} given "
-                                 "(pass every device of the store)", uris[0])
+        check_same_set(sbs, uris, "device belongs to a different store than")
+        check_whole_set(sbs, uris, "the store has {ndevs} devices; {given} given "
+                        "(pass every device of the store)")
         members = []
         for i in sorted(range(len(devices)), key=lambda i: sbs[i].dev_index):
             index, found = IndexLog.open(devices[i], sbs[i])
@@ -251,10 +178,6 @@ class ChunkStore:
         return members
 
     # ------------------------------------------------------------- helpers
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(9, "ChunkStore is closed")
-
     def _member_of(self, key: bytes) -> Member:
         return self._members[_core.crc32c(key) % len(self._members)]
 
@@ -283,51 +206,10 @@ class ChunkStore:
         m.lru.pop(e.key, None)
         m.leaving[id(e)] = e
 
-    @staticmethod
-    def _io_parts(m: Member, op: int, off: int, mv: memoryview) -> tuple[list, Any]:
-        """The I/Os that move mv at off, the first asking for its CRC32C
-        (computed in C as its pieces land).  Devices that move whole blocks
-        only (NVMe-oF) get the last partial block through a zero-padded
-        bounce block: the extent owns that whole block, so padding is safe
-        here.  For reads, fixup(total) copies the tail in and returns the
-        bytes that belong to the chunk."""
-        n = mv.nbytes
-        head = ChunkStore._bounced_head(m, n)
-        if head == n:
-            return [(op | CRC, off, mv)], None
-        bs = m.dev.block_size
-        rem = n - head
-        tail = aligned_array(bs)
-        parts: list[tuple[int, int, Any]] = [(op | CRC, off, mv[:head])] if head else []
-        parts.append((op, off + head, tail))
-        if op == WRITE:
-            tail[:rem] = mv[head:]
-            return parts, None
-
-        def fixup(total: int) -> int:
-            if total < n:
-                return total
-            mv[head:] = tail[:rem].tobytes()  # under one block
-            return n
-        return parts, fixup
-
-    @staticmethod
-    def _bounced_head(m: Member, n: int) -> int:
-        """Bytes of an n-byte chunk moved in place; the rest (under one block)
-        goes through a bounce block on devices that move whole blocks only."""
-        return n - n % m.dev.block_size if m.dev.aligned_only else n
-
-    @staticmethod
-    def _chunk_crc(m: Member, mv: memoryview, done: list) -> int:
-        """The CRC32C of mv from the completions of its _io_parts: the first
-        part's comes from C; a bounced tail (under one block) is summed here
-        over the bytes that belong to the chunk, and the two are joined."""
-        n = mv.nbytes
-        head = ChunkStore._bounced_head(m, n)
-        if head == n:
-            return done[0][2]
-        tail_crc = _core.crc32c(mv[head:])
-        return _core.crc32c_combine(done[0][2], tail_crc, n - head) if head else tail_crc
+    # Attributes, not calls of extent_io: a diagnostic (tools/bench_lmcache
+    # --skip-crc) swaps them on one store to read without the CRC32C check.
+    _io_parts = staticmethod(extent_io.io_parts)
+    _chunk_crc = staticmethod(extent_io.chunk_crc)
 
     # ------------------------------------------------------------------ put
     async def _allocate(self, m: Member, length: int, taken: list) -> int:
@@ -419,44 +301,36 @@ class ChunkStore:
         self._check_open()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
-        items = [(normalize_key(k), _pieces(b, writable=False)) for k, b in zip(keys, bufs)]
+        items = [(normalize_key(k), pieces(b, writable=False)) for k, b in zip(keys, bufs)]
         if not items:
             return
         taken: list = []
         started: list = []
         try:
-            placed = [(key, pieces, self._member_of(key)) for key, pieces in items]
-            offs = [await self._allocate(m, _nbytes(pieces), taken)
-                    for _key, pieces, m in placed]
+            placed = [(key, ps, self._member_of(key)) for key, ps in items]
+            offs = [await self._allocate(m, nbytes(ps), taken) for _key, ps, m in placed]
             # Every write at once; each chunk's CRC32C is computed in C as its
             # pieces leave, while the device works on the rest.
-            for i, ((_key, pieces, m), off) in enumerate(zip(placed, offs)):
+            for i, ((_key, ps, m), off) in enumerate(zip(placed, offs)):
                 segs: list = []
                 started.append((m, i, segs))  # each piece is recorded once it started
-                for pos, mv in _placed_pieces(self._gathered(m, pieces, WRITE)):
-                    parts = self._io_parts(m, WRITE, off + pos, mv)[0]
+                for pos, mv in placed_pieces(self._gathered(m, ps, WRITE)):
+                    parts = self._io_parts(m.dev, WRITE, off + pos, mv)[0]
                     segs.append((mv, m.dev.start(parts), parts))
             crcs = [0] * len(placed)  # an empty chunk's CRC32C is 0
             for m, i, segs in started:
                 crc, crc_len = 0, 0
                 for mv, fs, parts in segs:
-                    done = []
-                    for f, (_op, off, _b) in zip(fs, parts):
-                        # shield: a cancelled put must still see its writes end
-                        completion = await asyncio.shield(f)
-                        if completion[0] < 0:
-                            raise error_from_errno(-completion[0],
-                                                   f"{m.dev.target}: write chunk at {off}")
-                        done.append(completion)
-                    crc = _join_crc(crc, crc_len, self._chunk_crc(m, mv, done), mv.nbytes)
+                    done = await written(m.dev, fs, parts)
+                    crc = join_crc(crc, crc_len, self._chunk_crc(m.dev, mv, done), mv.nbytes)
                     crc_len += mv.nbytes
                 crcs[i] = crc
             members = {id(m): m for m, *_ in started}
             for m in members.values():
                 await m.dev.flush()
             by_member: dict[int, tuple[Member, list]] = {}
-            for (key, pieces, m), off, crc in zip(placed, offs, crcs):
-                by_member.setdefault(id(m), (m, []))[1].append((key, off, _nbytes(pieces), crc))
+            for (key, ps, m), off, crc in zip(placed, offs, crcs):
+                by_member.setdefault(id(m), (m, []))[1].append((key, off, nbytes(ps), crc))
             for m, rows in by_member.values():
                 recs = [Record(REC_PUT, key, m.index, off, n, crc) for key, off, n, crc in rows]
                 await self._commit(m, recs,
@@ -482,19 +356,19 @@ class ChunkStore:
             raise
         with self._mu:
             self._counters["puts"] += len(items)
-            self._counters["bytes_written"] += sum(_nbytes(p) for _, p in items)
+            self._counters["bytes_written"] += sum(nbytes(p) for _, p in items)
 
     @staticmethod
-    def _gathered(m: Member, pieces: list[memoryview], op: int) -> list[memoryview]:
+    def _gathered(m: Member, ps: list[memoryview], op: int) -> list[memoryview]:
         """The pieces as they can move in place: a device that moves whole
         blocks only needs every piece but the last to be whole blocks (the
         next one starts on a block); otherwise the chunk goes through one
         aligned bounce buffer (filled here for a write; for a read the
-        caller scatters it, see _scatter)."""
-        if len(pieces) < 2 or not m.dev.aligned_only or all(
-                p.nbytes % m.dev.block_size == 0 for p in pieces[:-1]):
-            return pieces
-        return [_gather(pieces) if op == WRITE else aligned_array(_nbytes(pieces)).data]
+        caller scatters it, see pieces.scatter)."""
+        if len(ps) < 2 or not m.dev.aligned_only or all(
+                p.nbytes % m.dev.block_size == 0 for p in ps[:-1]):
+            return ps
+        return [gather(ps) if op == WRITE else aligned_array(nbytes(ps)).data]
 
     def _apply_puts(self, m: Member, rows: list, seq: int, taken: list) -> None:
         """Point the keys at their new extents, now owned by their entries
@@ -520,15 +394,15 @@ class ChunkStore:
         self._check_open()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
-        vecs = [_pieces(b, writable=True) for b in bufs]
+        vecs = [pieces(b, writable=True) for b in bufs]
         nkeys = [normalize_key(k) for k in keys]
         hits: list[Entry | None] = []
         with self._mu:
-            for key, pieces in zip(nkeys, vecs):
+            for key, ps in zip(nkeys, vecs):
                 e = self._entries.get(key)
-                if e is not None and _nbytes(pieces) < e.length:
+                if e is not None and nbytes(ps) < e.length:
                     raise BufferTooSmallError(
-                        22, f"buffer of {_nbytes(pieces)} bytes is smaller than the chunk of "
+                        22, f"buffer of {nbytes(ps)} bytes is smaller than the chunk of "
                         f"{e.length} bytes under key {key!r}")
                 hits.append(e)
             for e in hits:
@@ -538,36 +412,31 @@ class ChunkStore:
         out = [False] * len(nkeys)
         try:
             groups: dict[int, list] = {}
-            for i, (e, pieces) in enumerate(zip(hits, vecs)):
+            for i, (e, ps) in enumerate(zip(hits, vecs)):
                 if e is None:
                     continue
                 if e.length == 0:
                     out[i] = True
                     continue
-                groups.setdefault(e.dev, []).append((i, e, _limit(pieces, e.length)))
+                groups.setdefault(e.dev, []).append((i, e, limit(ps, e.length)))
             started: list = []
             corrupt: list = []
             try:
                 for dev, rows in groups.items():
                     m = self._members[dev]
-                    for i, e, pieces in rows:
-                        moved = self._gathered(m, pieces, READ)
+                    for i, e, ps in rows:
+                        moved = self._gathered(m, ps, READ)
                         segs: list = []
                         # recorded before its pieces start: each started piece is
                         # awaited below, or by the cleanup if a later start fails
-                        started.append((m, i, e, segs, pieces if moved is not pieces else None))
-                        for pos, view in _placed_pieces(moved):
-                            parts, fixup = self._io_parts(m, READ, e.off + pos, view)
+                        started.append((m, i, e, segs, ps if moved is not ps else None))
+                        for pos, view in placed_pieces(moved):
+                            parts, fixup = self._io_parts(m.dev, READ, e.off + pos, view)
                             segs.append((view, m.dev.start(parts), fixup))
                 for m, i, e, segs, scatter_to in started:
                     total, crc, crc_len, failed = 0, 0, 0, None
                     for view, fs, fixup in segs:
-                        res = 0
-                        done = [await asyncio.shield(f) for f in fs]
-                        for r, *_ in done:
-                            res = r if r < 0 or res < 0 else res + r
-                        if fixup is not None and res >= 0:
-                            res = fixup(res)
+                        res, done = await landed(fs, fixup)
                         if failed is not None:
                             continue
                         if res != view.nbytes:
@@ -575,7 +444,8 @@ class ChunkStore:
                                       else f"short read {total + res} of {e.length}")
                             continue
                         total += res
-                        crc = _join_crc(crc, crc_len, self._chunk_crc(m, view, done), view.nbytes)
+                        crc = join_crc(crc, crc_len, self._chunk_crc(m.dev, view, done),
+                                       view.nbytes)
                         crc_len += view.nbytes
                     if failed is not None:
                         log.error("fx100io: read of chunk %r failed: %s", e.key, failed)
@@ -586,7 +456,7 @@ class ChunkStore:
                         corrupt.append((m, e))
                         continue
                     if scatter_to is not None:
-                        _scatter(segs[0][0], scatter_to)
+                        scatter(segs[0][0], scatter_to)
                     out[i] = True
             except BaseException:
                 # reads already handed to the kernel still land in the caller's
@@ -733,18 +603,9 @@ class ChunkStore:
                 for m in self._members]
             return s
 
-    # ----------------------------------------------------------- blocking twins
-    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
-        return run_blocking(self.batch_put(keys, bufs))
-
-    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
-        return run_blocking(self.batch_get(keys, bufs))
-
-    def batch_exists_blocking(self, keys: Iterable[Any]) -> int:
-        return run_blocking(self.batch_exists(keys))
-
-    def delete_blocking(self, key: Any) -> bool:
-        return run_blocking(self.delete(key))
+    def _run_blocking(self, coro: Any) -> Any:
+        # this thread's own loop: each thread gets its own device queues
+        return run_blocking(coro)
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
@@ -775,22 +636,6 @@ class ChunkStore:
         for m in self._members:
             m.dev.close()
         unlock(self._locks)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __enter__(self) -> ChunkStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> ChunkStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         uris = [m.dev.uri for m in self._members] if not self._closed else "closed"

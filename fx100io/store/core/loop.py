@@ -11,18 +11,23 @@ from fx100io.errors import BlockingCallInLoopError
 _tls = threading.local()
 
 
-def run_blocking(coro: Any) -> Any:
-    """Run a coroutine to completion on this thread's private event loop:
-    the blocking twins share the async code and its queue per thread."""
+def refuse_in_running_loop(coro: Any) -> None:
+    """A blocking call from a coroutine would stall its loop (or deadlock on
+    it): close coro and raise, before anything runs."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        coro.close()
-        raise BlockingCallInLoopError(
-            35, "a *_blocking method was called from a running event loop; await the async "
-            "method instead")
+        return
+    coro.close()
+    raise BlockingCallInLoopError(
+        35, "a *_blocking method was called from a running event loop; await the async "
+        "method instead")
+
+
+def run_blocking(coro: Any) -> Any:
+    """Run a coroutine to completion on this thread's private event loop:
+    the blocking twins share the async code and its queue per thread."""
+    refuse_in_running_loop(coro)
     loop = getattr(_tls, "loop", None)
     if loop is None or loop.is_closed():
         loop = _tls.loop = asyncio.new_event_loop()

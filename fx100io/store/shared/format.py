@@ -17,22 +17,24 @@ from __future__ import annotations
 import re
 import struct
 import time
-import uuid
 from dataclasses import dataclass
 
-from fx100io import _core
 from fx100io.errors import InvalidArgumentError, NotAStoreError
-from fx100io.store import layout
+from fx100io.store.core.keys import KEY_MAX
+from fx100io.store.core.superblock import (
+    BLOCK,
+    align_up,
+    is_sealed,
+    seal,
+    unseal_superblock,
+)
+from fx100io.store.core.superblock import SHARED_SB_MAGIC as SB_MAGIC
 
-BLOCK = 4096
-SB_MAGIC = layout.SHARED_SB_MAGIC
 SB_FMT = "<16sII16sII QQ Q 64s"
-SB_LEN = struct.calcsize(SB_FMT)
 VERSION = 1
 HDR_MAGIC = b"FXSHEXT1"
 HDR_FMT = "<8s16sIIQQII"
 HDR_LEN = struct.calcsize(HDR_FMT)
-KEY_MAX = _core.KEY_MAX
 
 
 # A pool's name is part of every Redis key of its index (``fx100io:{name}:...``)
@@ -58,10 +60,6 @@ def check_name(name: object, given_for: str = "") -> str:
     return name
 
 
-def align_up(n: int, a: int = BLOCK) -> int:
-    return (n + a - 1) // a * a
-
-
 def extent_len(length: int) -> int:
     """Bytes an extent for a chunk of length bytes takes: header + data."""
     return BLOCK + align_up(length)
@@ -78,22 +76,16 @@ class Superblock:
     name: str
 
     def encode(self) -> bytes:
-        body = struct.pack(SB_FMT, SB_MAGIC, VERSION, BLOCK, self.set_id, self.dev_index,
-                           self.ndevs, self.data_off, self.data_size, self.created_ns,
-                           self.name.encode()[:64])
-        return (body + struct.pack("<I", _core.crc32c(body))).ljust(BLOCK, b"\0")
+        return seal(struct.pack(SB_FMT, SB_MAGIC, VERSION, BLOCK, self.set_id, self.dev_index,
+                                self.ndevs, self.data_off, self.data_size, self.created_ns,
+                                self.name.encode()[:64]))
 
     @classmethod
     def decode(cls, raw: bytes, target: str) -> Superblock:
-        if raw[:16] != SB_MAGIC:
-            raise NotAStoreError(22, "no shared fx100io pool on this namespace "
-                                 "(pass create=True to format it)", target)
-        (crc,) = struct.unpack_from("<I", raw, SB_LEN)
-        if crc != _core.crc32c(raw[:SB_LEN]):
-            raise NotAStoreError(74, "the pool's superblock is corrupt (checksum mismatch)",
-                                 target)
-        _, version, bs, set_id, idx, ndevs, doff, dsize, created, name = struct.unpack_from(
-            SB_FMT, raw)
+        _, version, bs, set_id, idx, ndevs, doff, dsize, created, name = unseal_superblock(
+            raw, SB_MAGIC, SB_FMT, target,
+            absent="no shared fx100io pool on this namespace (pass create=True to format it)",
+            corrupt="the pool's superblock is corrupt (checksum mismatch)")
         if version != VERSION or bs != BLOCK:
             raise NotAStoreError(22, f"shared pool format {version}/{bs} is not supported",
                                  target)
@@ -110,10 +102,6 @@ def plan(dev_size: int, dev_index: int, ndevs: int, set_id: bytes, name: str,
     return Superblock(set_id, dev_index, ndevs, data_off, data_size, time.time_ns(), name)
 
 
-def new_set_id() -> bytes:
-    return uuid.uuid4().bytes
-
-
 @dataclass
 class ExtentHeader:
     set_id: bytes
@@ -124,9 +112,8 @@ class ExtentHeader:
     key: bytes
 
     def encode(self) -> bytes:
-        body = struct.pack(HDR_FMT, HDR_MAGIC, self.set_id, self.dev_index, 0, self.version,
-                           self.length, self.crc, len(self.key)) + self.key
-        return (body + struct.pack("<I", _core.crc32c(body))).ljust(BLOCK, b"\0")
+        return seal(struct.pack(HDR_FMT, HDR_MAGIC, self.set_id, self.dev_index, 0,
+                                self.version, self.length, self.crc, len(self.key)) + self.key)
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> ExtentHeader | None:
@@ -139,7 +126,6 @@ class ExtentHeader:
         if not 0 < klen <= KEY_MAX or HDR_LEN + klen + 4 > BLOCK:
             return None
         end = HDR_LEN + klen
-        (hcrc,) = struct.unpack_from("<I", raw, end)
-        if hcrc != _core.crc32c(raw[:end]):
+        if not is_sealed(raw, end):
             return None
         return cls(set_id, dev, ver, length, crc, raw[HDR_LEN:end])

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from fx100io import _core
 from fx100io.device import Device
-from fx100io.store import layout
-from fx100io.store.index_log import IndexLog, Live
+from fx100io.store.local import layout
+from fx100io.store.local.index_log import IndexLog, Live
 
 log = logging.getLogger("fx100io")
 
