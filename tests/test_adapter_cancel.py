@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import pytest
-from adapter_cancel_support import LandingStore, watch_unchanged
+from support.adapter_cancel import LandingStore, watch_unchanged
 
 TRIALS = 6
 

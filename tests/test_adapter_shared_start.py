@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shared_redis import serve
+from support.shared_redis import serve
 
 from fx100io.contrib._settings import BackendConfigError, parse_settings
 from fx100io.shared import SharedChunkStore

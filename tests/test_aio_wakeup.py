@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from target_process import serve
+from support.target_process import serve
 
 import fx100io
 from fx100io import OP_READ

@@ -48,7 +48,7 @@ def initial_bytes() -> bytes:
 @pytest.fixture
 def target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """(URI, namespace file) of our target serving a 4 MiB file of known bytes."""
-    from target_process import serve
+    from support.target_process import serve
 
     ns = tmp_path / "ns.img"
     ns.write_bytes(initial_bytes())
@@ -315,7 +315,7 @@ def test_ctrl_c_stops_a_queue_job_and_it_still_reports(target) -> None:
 def test_target_killed_mid_run_ends_the_job_with_a_clear_error(tmp_path: Path) -> None:
     """The target dies under a running job: the job ends (no hang) with an
     error naming the I/O, its offset and the transport's reason."""
-    from target_process import serve
+    from support.target_process import serve
 
     ns = tmp_path / "ns.img"
     ns.write_bytes(b"\0" * NS_SIZE)

@@ -159,7 +159,7 @@ def test_short_job_on_every_transport(transport: str, tmp_path: Path, request: p
     args = ["--rw=randrw", "--bs=4k", "--iodepth=8", "--runtime=1", "--direct=1"]
     if transport == "nvme+tcp":
         # our own target on loopback, over a real file
-        from target_process import serve
+        from support.target_process import serve
 
         backing = tmp_path / "ns.img"
         backing.write_bytes(b"\0" * (8 * MiB))

@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shared_redis import serve
-
-from tests.conftest import run_python
+from support import run_python
+from support.shared_redis import serve
 
 CHILD = r"""
 import signal, sys, threading, time, _thread
@@ -21,7 +20,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
 import fx100io
 from fx100io.pool import aligned_array
-from tests.conftest import chunk_bytes
+from tests.support import chunk_bytes
 
 kind, path, url = sys.argv[1:4]
 CH = 64 << 20

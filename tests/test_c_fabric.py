@@ -9,13 +9,13 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
-from target_process import serve
+from support import REPO
+from support.target_process import serve
 
 CDIR = REPO / "tests" / "c"
 NQN = "nqn.2026-12.io.fx100:c-fabric"
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 
 
 def _build(sanitize: bool) -> str:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cancel_harness import check_cancellation
-from conftest import chunk_bytes
-from shared_redis import serve
+from support import chunk_bytes
+from support.cancel_harness import check_cancellation
+from support.shared_redis import serve
 
 import fx100io
 from fx100io.pool import aligned_array

@@ -14,7 +14,7 @@ import sys
 import time
 
 import numpy as np
-from conftest import REPO, chunk_bytes
+from support import REPO, chunk_bytes
 
 import fx100io
 
@@ -22,7 +22,7 @@ WRITER = r"""
 import sys, os
 sys.path.insert(0, "tests")
 import fx100io
-from conftest import chunk_bytes
+from support import chunk_bytes
 path, run, acks, maxsize = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 st = fx100io.ChunkStore(path)
 ack = open(acks, "a", buffering=1)
@@ -87,7 +87,7 @@ EVICT_WRITER = r"""
 import sys
 sys.path.insert(0, "tests")
 import fx100io
-from conftest import chunk_bytes
+from support import chunk_bytes
 path, run, log, maxsize = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 st = fx100io.ChunkStore(path, capacity=2 << 20)  # under pressure within a few puts
 print("ready", flush=True)

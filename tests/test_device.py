@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
+from support import chunk_bytes
 
 import fx100io
 from fx100io import errors
@@ -153,7 +153,7 @@ def test_features_probe_reports_ring_setup(tmp_file):
 
 
 def test_plain_ring_fallback_stays_correct(tmp_file):
-    from conftest import run_python
+    from support import run_python
     code = f"""
 import fx100io, numpy as np
 dev = fx100io.open_device({str(tmp_file)!r}, create=True, size=4 << 20)

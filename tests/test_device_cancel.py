@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from target_process import serve
+from support.target_process import serve
 
 import fx100io
 

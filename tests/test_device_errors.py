@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes, run_python
+from support import chunk_bytes, run_python
 
 import fx100io
 from fx100io import errors

@@ -12,11 +12,11 @@ import os
 import time
 from urllib.parse import quote
 
-import dhchap_reference as R
 import numpy as np
 import pytest
-from auth_target import ASCR, ATR, HOSTILE, AuthTarget
-from evil_target import EvilTarget
+from support import dhchap_reference as R
+from support.auth_target import ASCR, ATR, HOSTILE, AuthTarget
+from support.evil_target import EvilTarget
 
 import fx100io
 from fx100io import errors, fabric_uri
@@ -332,7 +332,7 @@ def test_redact():
 def test_discover_takes_secrets(tmp_path):
     """A discovery controller that does not ask: the secrets are simply not
     used; one that asks and refuses: the reason, as for a device."""
-    from target_process import serve
+    from support.target_process import serve
 
     img = tmp_path / "ns.img"
     img.write_bytes(bytes(1 << 20))
@@ -376,7 +376,7 @@ def test_bench_errors_hide_secrets():
     import subprocess
     import sys
 
-    from conftest import REPO
+    from support import REPO
 
     u = f"nvme+tcp://127.0.0.1:1/nqn.x?dhchap_secret={GOOD}&connect_timeout_ms=500"
     env = dict(os.environ, PYTHONPATH=str(REPO))

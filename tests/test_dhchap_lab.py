@@ -22,7 +22,7 @@ import pytest
 import fx100io
 from fx100io import errors
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 
 AUTH = "lab-auth"

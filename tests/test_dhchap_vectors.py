@@ -13,9 +13,9 @@ import shutil
 import struct
 import subprocess
 
-import dhchap_reference as R
 import pytest
-from conftest import REPO
+from support import REPO
+from support import dhchap_reference as R
 
 HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100"
 SUBNQN = "nqn.2026-01.io.fx100io:vectors"

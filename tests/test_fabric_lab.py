@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 # The fixture comes from the lab_fixture plugin (a conftest may load it too; loading twice is
 # harmless).
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 
 pytestmark = pytest.mark.lab
 

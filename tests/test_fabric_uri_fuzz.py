@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from target_process import serve
+from support.target_process import serve
 
 import fx100io
 from fx100io import fabric_uri

@@ -36,7 +36,7 @@ import pytest
 
 import fx100io
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ import os
 import re
 import shlex
 
-import dhchap_reference as ref
 import pytest
+from support import dhchap_reference as ref
 from test_kernel_initiator import (
     Region,
     _backing_bytes,
@@ -34,7 +34,7 @@ from test_kernel_initiator import (
     our_target,
 )
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 __all__ = ["lab"]  # (the fixture, imported for this module's tests)
 

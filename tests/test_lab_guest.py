@@ -15,7 +15,7 @@ import pytest
 
 import fx100io
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 
 CHECKOUT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ fx100io's own NVMe/TCP target) is in test_lmcache_nvme_tcp.py.
 from __future__ import annotations
 
 import pytest
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     LookupRecorder,
     cold_cpu_tier,

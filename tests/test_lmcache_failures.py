@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     MODEL,
     CacheEngineKey,
@@ -225,7 +225,7 @@ def test_stalled_reads_time_out_and_buffers_wait_for_the_late_completion(device)
 
 
 def test_stalled_prefetch_answers_the_scheduler(device):
-    from test_lmcache_support import LookupRecorder
+    from support.lmcache import LookupRecorder
 
     tokens = torch.arange(2 * CHUNK)
     kv = random_kv(len(tokens), seed=7)
@@ -316,7 +316,7 @@ def test_a_second_process_on_the_same_device_is_refused(device, tmp_path):
             f"""
             import sys
             sys.path.insert(0, {os.path.dirname(__file__)!r})
-            from test_lmcache_support import make_config, make_metadata
+            from support.lmcache import make_config, make_metadata
             from fx100io.contrib.lmcache import FX100ioBackend, PluginStartError
             try:
                 FX100ioBackend(config=make_config({device!r}), metadata=make_metadata())

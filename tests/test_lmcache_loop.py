@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from test_lmcache_support import LogCapture, make_config, make_metadata
+from support.lmcache import LogCapture, make_config, make_metadata
 
 import fx100io.contrib.lmcache as plugin_mod
 from fx100io.contrib.lmcache import FX100ioBackend, PluginStartError

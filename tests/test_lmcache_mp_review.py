@@ -130,7 +130,7 @@ async def _make_event() -> asyncio.Event:
 
 
 def _shared_pair(tmp_path, arena):
-    from shared_redis import serve
+    from support.shared_redis import serve
 
     from fx100io.shared import SharedChunkStore
 

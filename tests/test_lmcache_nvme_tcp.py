@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from target_process import serve
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     LogCapture,
     cold_cpu_tier,
@@ -24,6 +23,7 @@ from test_lmcache_support import (
     random_kv,
     torch,
 )
+from support.target_process import serve
 
 NQN = "nqn.2026-11.io.fx100:lmcache-test"
 NAMESPACE_BYTES = 64 << 20

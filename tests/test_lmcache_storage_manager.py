@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 import pytest
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     MODEL,
     CacheEngineKey,
@@ -286,8 +286,8 @@ def test_chunks_persist_across_processes(device, tmp_path):
         f"""
         import sys, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_lmcache_support import *
-        from test_lmcache_support import make_storage_manager, make_config, fill_obj, plugin_of
+        from support.lmcache import *
+        from support.lmcache import make_storage_manager, make_config, fill_obj, plugin_of
         sm = make_storage_manager(make_config({device!r}))
         meta = sm.storage_backends["LocalCPUBackend"].metadata
         keys = [CacheEngineKey({MODEL!r}, 1, 0, h, torch.bfloat16) for h in (901, -902, b"\\x09" * 32)]
@@ -485,7 +485,7 @@ def test_a_load_is_one_parallel_batch(sm):
 
 def test_async_lookup_and_prefetch_with_layerwise_keys(device):
     """StorageManager.async_lookup_and_prefetch over per-layer keys (keys_per_chunk > 1)."""
-    from test_lmcache_support import LookupRecorder
+    from support.lmcache import LookupRecorder
 
     layers = 4
     chunks = [CacheEngineKey(MODEL, 1, 0, h, torch.bfloat16) for h in (-1700, 1701)]

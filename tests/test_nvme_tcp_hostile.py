@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from evil_target import READ_SCENARIOS, WRITE_SCENARIOS, EvilTarget
+from support.evil_target import READ_SCENARIOS, WRITE_SCENARIOS, EvilTarget
 
 import fx100io
 from fx100io import errors

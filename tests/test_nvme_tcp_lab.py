@@ -6,12 +6,12 @@ import asyncio
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
+from support import chunk_bytes
 
 import fx100io
 from fx100io import errors
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 
 
@@ -144,7 +144,7 @@ def test_blocking_from_threads_share_one_controller(fabric_lab):
 def test_tshark_decodes_our_initiator(fabric_lab, tmp_path):
     """Wireshark's NVMe/TCP dissector reads every PDU we send and receive,
     digests on and off, reads and R2T-driven writes, with nothing malformed."""
-    from tshark_capture import capture, decode
+    from support.tshark_capture import capture, decode
     pcap = tmp_path / "initiator.pcapng"
     with capture(fabric_lab.port, pcap):
         for q in ({}, {"hdgst": 1, "ddgst": 1}):

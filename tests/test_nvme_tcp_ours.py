@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
-from target_process import serve, wait_port_free
+from support import chunk_bytes
+from support.target_process import serve, wait_port_free
 
 import fx100io
 from fx100io import errors

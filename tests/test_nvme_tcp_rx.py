@@ -21,8 +21,8 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
-from target_process import serve
+from support import chunk_bytes
+from support.target_process import serve
 
 import fx100io
 

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-import rdma_cm_check as chk
+from support import rdma_cm_check as chk
 
 HERE = Path(__file__).resolve().parent
 

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
-from target_process import serve, wait_port_free
+from support import chunk_bytes
+from support.target_process import serve, wait_port_free
 
 import fx100io
 from fx100io import errors
@@ -474,7 +474,7 @@ CLOSE_UNDER_A_BLOCKED_READER = r"""
 import os, signal, sys, threading, time
 import numpy as np
 sys.path.insert(0, "tests")
-from target_process import serve
+from support.target_process import serve
 from test_reconnect import NQN, dev_uri, freeze
 import fx100io
 from fx100io import errors
@@ -518,7 +518,7 @@ def test_close_from_another_thread_under_a_blocked_reader(tmp_path, io_timeout_m
     a segfault); the waiter gets DeviceClosedError and close returns within
     the controller's shutdown bound.  In a child, so a crash is a failure,
     not the end of the suite."""
-    from conftest import run_python
+    from support import run_python
     img = tmp_path / "ns.img"
     with open(img, "wb") as f:
         f.truncate(16 << 20)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from target_process import serve
+from support.target_process import serve
 
 import fx100io
 

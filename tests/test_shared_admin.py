@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
-from shared_redis import serve
+from support import chunk_bytes
+from support.shared_redis import serve
 
 import fx100io
 from fx100io import errors

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
-from shared_redis import serve
+from support import chunk_bytes
+from support.shared_redis import serve
 
 from fx100io.shared import SharedChunkStore
 from fx100io.shared import format as fmt

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from shared_redis import serve
+from support.shared_redis import serve
 
 from fx100io import errors
 from fx100io.shared import SharedChunkStore

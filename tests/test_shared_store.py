@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from shared_host import check_value, make_value
-from shared_hosts import Host
-from shared_redis import RedisServer, serve
+from support.shared_host import check_value, make_value
+from support.shared_hosts import Host
+from support.shared_redis import RedisServer, serve
 
 from fx100io import errors
 from fx100io.shared import IndexLostError, IndexUnavailableError, SharedChunkStore
@@ -436,7 +436,7 @@ def test_redis_restarted_mid_load(tmp_path):
 
 
 def test_three_hosts_over_nvme_tcp(tmp_path, redis_server):
-    from target_process import serve as serve_target
+    from support.target_process import serve as serve_target
     nqn = "nqn.2026-12.io.fx100:shared"
     backing = []
     for i in range(2):
@@ -463,7 +463,7 @@ def test_three_hosts_over_nvme_tcp(tmp_path, redis_server):
 
 
 def test_loop_devices_and_the_rebuild_command(tmp_path, redis_server):
-    from conftest import _make_loop, run_python
+    from support import _make_loop, run_python
     devs = []
     try:
         for i in range(2):

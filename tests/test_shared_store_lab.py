@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from shared_host import check_value
-from shared_hosts import Host
-from shared_redis import serve
+from support.shared_host import check_value
+from support.shared_hosts import Host
+from support.shared_redis import serve
 
 from fx100io.shared import SharedChunkStore
 
-pytest_plugins = ["lab_fixture"]
+pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 
 

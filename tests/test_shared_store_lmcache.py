@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from shared_redis import RedisServer, serve
-from test_lmcache_storage_manager import keys_for, put_chunks
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     PLUGIN,
     cold_cpu_tier,
@@ -27,6 +25,8 @@ from test_lmcache_support import (
     random_kv,
     torch,
 )
+from support.shared_redis import RedisServer, serve
+from test_lmcache_storage_manager import keys_for, put_chunks
 
 from fx100io.contrib._lmcache_config import PluginConfigError, parse_options
 from fx100io.shared import SharedChunkStore

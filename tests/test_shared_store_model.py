@@ -18,9 +18,9 @@ import itertools
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
-from shared_hosts import Host
-from shared_redis import RedisServer
+from support import IN_CI
+from support.shared_hosts import Host
+from support.shared_redis import RedisServer
 
 from fx100io.shared import SharedChunkStore
 from fx100io.shared.index import glob_escape, prefix_of

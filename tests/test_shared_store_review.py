@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from shared_host import make_value
-from shared_redis import RedisServer, serve
+from support.shared_host import make_value
+from support.shared_redis import RedisServer, serve
 
 from fx100io import errors
 from fx100io.shared import IndexLostError, IndexUnavailableError, SharedChunkStore

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from shared_host import check_value, make_value
-from shared_redis import RedisServer, serve
+from support.shared_host import check_value, make_value
+from support.shared_redis import RedisServer, serve
 
 from fx100io import OP_WRITE, errors
 from fx100io.shared import IndexUnavailableError, SharedChunkStore
@@ -182,7 +182,7 @@ def test_the_index_password_never_shows(tmp_path, caplog):
 
 
 def test_the_lmcache_plugin_log_line_hides_the_password():
-    from test_lmcache_support import PLUGIN, plugin_extra
+    from support.lmcache import PLUGIN, plugin_extra
 
     from fx100io.contrib._lmcache_config import PluginConfigError, parse_options
     extra = plugin_extra("file:///tmp/x.img", shared_index=f"redis://u:{SECRET}@h:6379/0")

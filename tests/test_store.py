@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes, run_python
+from support import chunk_bytes, run_python
 
 import fx100io
 from fx100io import errors
@@ -32,7 +32,7 @@ def test_round_trip_and_reopen_in_new_process(tmp_file, engine):
     code = f"""
 import fx100io, numpy as np, sys
 sys.path.insert(0, "tests")
-from conftest import chunk_bytes
+from support import chunk_bytes
 st = fx100io.ChunkStore({str(tmp_file)!r}, engine={engine!r})
 sizes = {SIZES!r}
 keys = [f"chunk-{{n}}" for n in sizes]

@@ -9,9 +9,9 @@ import asyncio
 
 import numpy as np
 import pytest
+from support import chunk_bytes
 
 import fx100io
-from tests.conftest import chunk_bytes
 
 MiB = 1 << 20
 CHUNK = 32 * MiB

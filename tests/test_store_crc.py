@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
-from target_process import serve
+from support import chunk_bytes
+from support.target_process import serve
 
 import fx100io
 from fx100io import _core

@@ -10,14 +10,13 @@ another batch's commit that folded into one), then fails.  The store then
 from __future__ import annotations
 
 import pytest
-
-from tests.conftest import run_python
+from support import run_python
 
 SETUP = r"""
 import asyncio, os, sys
 import fx100io
 from fx100io.store.index_log import REC_DEL
-from tests.conftest import chunk_bytes
+from tests.support import chunk_bytes
 
 path, how = sys.argv[1], sys.argv[2]
 st = fx100io.ChunkStore(path, create=True, size=8 << 20)
@@ -54,7 +53,7 @@ CHECK = r"""
 import sys
 import numpy as np
 import fx100io
-from tests.conftest import chunk_bytes
+from tests.support import chunk_bytes
 
 with fx100io.ChunkStore(sys.argv[1]) as st:
     for k in ["keep-a", "keep-b", "victim"]:

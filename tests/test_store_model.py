@@ -33,8 +33,8 @@ import time
 import traceback
 
 import pytest
-from conftest import IN_CI, REPO
-from store_model_values import BLOCK, SIZES, SMALL_KEYS, make_value
+from support import IN_CI, REPO
+from support.store_model_values import BLOCK, SIZES, SMALL_KEYS, make_value
 
 import fx100io
 from fx100io import errors
@@ -55,7 +55,7 @@ WRITER = r"""
 import sys
 sys.path.insert(0, "tests")
 import fx100io
-from store_model_values import SMALL_KEYS, SIZES, blocks, make_value
+from support.store_model_values import SMALL_KEYS, SIZES, blocks, make_value
 paths, capacity, tag, seed = sys.argv[1].split(","), sys.argv[2], sys.argv[3], int(sys.argv[4])
 st = fx100io.ChunkStore(paths, capacity=None if capacity == "-" else int(capacity))
 out = sys.stdout

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
+from support import chunk_bytes
 
 import fx100io
 from fx100io import errors

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import run_python
+from support import run_python
 
 CODE = r"""
 import sys

@@ -16,8 +16,8 @@ import secrets
 import struct
 import time
 
-import dhchap_reference as ref
 import pytest
+from support import dhchap_reference as ref
 from test_target import HOST_A, HOST_B, NQN, Closed, Host, discover, sqe, start_target
 
 __all__ = ["start_target"]  # (the fixture, imported for this module's tests)

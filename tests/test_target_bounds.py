@@ -522,7 +522,7 @@ def test_binding_and_cli_take_the_budget(tmp_path):
     import subprocess
     import sys
 
-    from conftest import REPO
+    from support import REPO
 
     from fx100io import _core, errors
 

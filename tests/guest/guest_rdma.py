@@ -4,7 +4,7 @@ where soft-RoCE gives an RDMA device (this host's kernel has none): they are mar
 one pytest process in the guest and reports each outcome on the host, so they count in the
 suite's totals like any other test.
 
-A test module loads this file and the lab as plugins: `pytest_plugins = ["lab_fixture",
+A test module loads this file and the lab as plugins: `pytest_plugins = ["support.lab_fixture",
 "guest_rdma"]`, which gives it the `rdma_lab` fixture.
 """
 

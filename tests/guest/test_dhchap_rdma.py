@@ -14,7 +14,7 @@ from rdma_uris import rdma_uri
 import fx100io
 from fx100io import errors
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 

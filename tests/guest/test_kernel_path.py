@@ -19,13 +19,13 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
 from rdma_uris import MiB
+from support import chunk_bytes
 
 import fx100io
 from fx100io import errors, kernel
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 SUBSYS = Path("/sys/class/nvme-subsystem")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from rdma_uris import rdma_uri
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     cold_cpu_tier,
     destroy_engine,
@@ -16,7 +16,7 @@ from test_lmcache_support import (
     torch,
 )
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 # each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 

@@ -12,7 +12,7 @@ import pytest
 
 from fx100io import rdma_devices
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 # each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 

@@ -11,14 +11,14 @@ import sys
 import time
 from typing import Any
 
-from conftest import REPO
+from support import REPO
 
 
 class Host:
     def __init__(self, uris: list[str], index: str, **opts: Any):
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "shared_host.py"), ",".join(uris), index,
+            [sys.executable, str(REPO / "tests" / "support" / "shared_host.py"), ",".join(uris), index,
              json.dumps(opts)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             cwd=str(REPO), env=env)
         self._buf = b""

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
+
+from support import IN_CI
 
 
 def require_redis() -> str:

@@ -1,7 +1,7 @@
 """pytest plugin: the `fabric_lab` fixture, a real Linux NVMe-oF target in a QEMU guest.
 
-Load it with `pytest_plugins = ["lab_fixture"]` in a test module or in the top-level
-tests/conftest.py (tests/ must be on sys.path, as pytest's default import mode arranges).
+Load it with `pytest_plugins = ["support.lab_fixture"]` in a test module or in the top-level
+tests/conftest.py (tests/ is on sys.path: pyproject's pythonpath).
 
 The fixture uses the lab the test command started (`lab.py run -- python3 -m pytest ...`),
 or starts one itself and stops it when the last pytest process using it is done (so
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-_LAB_TOOLS = Path(__file__).resolve().parents[1] / "tools" / "fabric_lab"
+_LAB_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "fabric_lab"
 if str(_LAB_TOOLS) not in sys.path:
     sys.path.insert(0, str(_LAB_TOOLS))
 

@@ -1050,7 +1050,7 @@ def main(workdir: str) -> int:
         once its job is reported, or shutdown returned, no byte of its rows changes."""
         import random
 
-        from adapter_cancel_support import LandingStore, watch_unchanged
+        from adapter_cancel import LandingStore, watch_unchanged
 
         tier = load_tier(entry(os.path.join(workdir, "landing.img"), create="always",
                                timeout_s="0.05", retry_after_s="0"), primary)

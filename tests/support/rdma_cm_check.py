@@ -164,7 +164,7 @@ def import_pyverbs() -> None:
     """Make `import pyverbs.*` work, through fx100io's finder (it knows where Debian's
     python3-pyverbs lives; this checkout's fx100io when run as a script), else the
     plain import."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if repo not in sys.path:
         sys.path.append(repo)
     try:

@@ -748,7 +748,7 @@ def check_cancelled_read_never_lands_after_return(d: str) -> None:
     import random
     import time
 
-    from adapter_cancel_support import LandingStore, watch_unchanged
+    from adapter_cancel import LandingStore, watch_unchanged
 
     from fx100io.contrib.sglang import _byte_view
 

@@ -18,8 +18,8 @@ import socket
 import struct
 import threading
 
-import dhchap_reference as R
-from evil_target import F_LAST, EvilTarget, _c2h, _r2t, _rsp
+from support import dhchap_reference as R
+from support.evil_target import F_LAST, EvilTarget, _c2h, _r2t, _rsp
 
 SUBNQN = "nqn.2026-11.io.evil"
 ATR, ASCR = 1 << 17, 1 << 18

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from conftest import REPO
+from support import REPO
 
 
 @contextlib.contextmanager
