@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bench_run import bench, popen_until_jobs_run
+from support.bench import bench, popen_until_jobs_run
 
 REPO = Path(__file__).resolve().parent.parent
 KiB, MiB = 1 << 10, 1 << 20

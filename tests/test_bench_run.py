@@ -3,19 +3,18 @@ this build has.  Jobs are tiny (a few MiB, well under 2 s each)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from support.bench import bench, popen_until_jobs_run
 
-from fx100io.bench import cli, verify
+from fx100io.bench import verify
 from fx100io.bench.options import KV_MODELS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,32 +33,6 @@ def _core_missing() -> str | None:
 
 
 pytestmark = pytest.mark.skipif(_core_missing() is not None, reason=str(_core_missing()))
-
-
-def bench(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    rc = cli.run(list(argv), stdout=out, stderr=err)
-    return rc, out.getvalue(), err.getvalue()
-
-
-def popen_until_jobs_run(cmd: list[str]) -> tuple[subprocess.Popen, bytearray, threading.Thread]:
-    """Start a bench command and return once its jobs run (its status line began on
-    stderr): the process, what stderr said so far (still growing) and its reader."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
-    seen = bytearray()
-    running = threading.Event()
-
-    def watch_stderr() -> None:
-        assert p.stderr is not None
-        while chunk := p.stderr.read1(4096):
-            seen.extend(chunk)
-            if b"Jobs:" in seen:
-                running.set()
-
-    reader = threading.Thread(target=watch_stderr, daemon=True)
-    reader.start()
-    assert running.wait(120), seen.decode(errors="replace")
-    return p, seen, reader
 
 
 def bench_json(*argv: str, expect_rc: int = 0) -> dict:

@@ -17,7 +17,7 @@ import shlex
 
 import pytest
 from support import dhchap_reference as ref
-from test_kernel_initiator import (
+from support.kernel_lab import (
     Region,
     _backing_bytes,
     _connect_command,

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("lmcache")
 
-from test_lmcache_mp import (  # noqa: E402
+from support.lmcache_mp import (  # noqa: E402
     Arena,
     content,
     fill,
@@ -533,7 +533,7 @@ def test_only_the_stable_part_of_the_arena_is_registered(device):
     import argparse
 
     from lmcache.v1.distributed.l2_adapters import create_l2_adapter
-    from test_lmcache_mp import parse_args_to_l2_adapters_config
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
 
     cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[spec(device)]))
     ad = create_l2_adapter(cfg.adapters[0], l1_memory_desc=lazy)

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
     pytest.skip(f"lmcache's server stack is missing ({exc}): run tools/install_lmcache.sh",
                 allow_module_level=True)
 
-from test_lmcache_mp import Arena, content, fill, key, load, load_adapter, spec, store  # noqa: E402
+from support.lmcache_mp import Arena, content, fill, key, load, load_adapter, spec, store  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,11 +20,13 @@ from support.lmcache import (
     MemoryFormat,
     cold_cpu_tier,
     fill_obj,
+    keys_for,
     make_config,
     make_metadata,
     make_storage_manager,
     obj_bytes,
     plugin_of,
+    put_chunks,
     torch,
 )
 
@@ -39,23 +41,6 @@ def sm(device):
     manager = make_storage_manager(make_config(device))
     yield manager
     manager.close()
-
-
-def keys_for(hashes, worker_id=0, world_size=1, dtype=torch.bfloat16):
-    return [CacheEngineKey(MODEL, world_size, worker_id, h, dtype) for h in hashes]
-
-
-def put_chunks(manager, keys, seed0=0, num_tokens=CHUNK):
-    """Allocate, fill and put one chunk per key; returns the expected bytes."""
-    meta = manager.storage_backends["LocalCPUBackend"].metadata
-    objs, expected = [], []
-    for i, _ in enumerate(keys):
-        obj = manager.allocate(meta.get_shapes(num_tokens), meta.get_dtypes())
-        assert obj is not None
-        expected.append(fill_obj(obj, seed0 + i))
-        objs.append(obj)
-    manager.batched_put(keys, objs)
-    return expected
 
 
 def test_put_clear_cpu_tier_get_is_byte_exact(sm):

@@ -16,17 +16,18 @@ from support.lmcache import (
     PLUGIN,
     cold_cpu_tier,
     destroy_engine,
+    keys_for,
     make_config,
     make_engine,
     make_storage_manager,
     obj_bytes,
     plugin_extra,
     plugin_of,
+    put_chunks,
     random_kv,
     torch,
 )
 from support.shared_redis import RedisServer, serve
-from test_lmcache_storage_manager import keys_for, put_chunks
 
 from fx100io.contrib._lmcache_config import PluginConfigError, parse_options
 from fx100io.shared import SharedChunkStore

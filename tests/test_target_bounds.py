@@ -19,8 +19,8 @@ import threading
 import time
 
 import pytest
-import test_target_auth as auth
-from test_target import CMD, HOST_A, NQN, R2T, RSP, Closed, Host, sqe, start_target
+from support import target_auth_host as auth
+from support.target_host import CMD, HOST_A, NQN, R2T, RSP, Closed, Host, sqe, start_target
 
 __all__ = ["start_target"]  # (the fixture, imported for this module's tests)
 

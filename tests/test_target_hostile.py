@@ -21,8 +21,8 @@ import time
 import numpy as np
 import pytest
 from support import REPO, chunk_bytes
+from support.target_host import CMD, F_LAST, H2C_DATA, ICREQ, NQN, R2T, Closed, Host, admin, io_queue, sqe
 from support.target_process import fds, serve, settled, threads
-from test_target import CMD, F_LAST, H2C_DATA, ICREQ, NQN, R2T, Closed, Host, admin, io_queue, sqe
 
 import fx100io
 

@@ -27,8 +27,8 @@ from typing import TypeVar
 import numpy as np
 import pytest
 from support import chunk_bytes
+from support.target_host import C2H_DATA, H2C_DATA, NQN, R2T, RSP, Closed, Host, admin, io_queue, sqe
 from support.target_process import fds, serve, settled, threads
-from test_target import C2H_DATA, H2C_DATA, NQN, R2T, RSP, Closed, Host, admin, io_queue, sqe
 
 import fx100io
 

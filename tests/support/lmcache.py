@@ -259,3 +259,20 @@ class LogCapture(logging.Handler):
 
     def text(self, min_level: int = logging.DEBUG) -> str:
         return "\n".join(r.getMessage() for r in self.records if r.levelno >= min_level)
+
+
+def keys_for(hashes, worker_id=0, world_size=1, dtype=torch.bfloat16):
+    return [CacheEngineKey(MODEL, world_size, worker_id, h, dtype) for h in hashes]
+
+
+def put_chunks(manager, keys, seed0=0, num_tokens=CHUNK):
+    """Allocate, fill and put one chunk per key; returns the expected bytes."""
+    meta = manager.storage_backends["LocalCPUBackend"].metadata
+    objs, expected = [], []
+    for i, _ in enumerate(keys):
+        obj = manager.allocate(meta.get_shapes(num_tokens), meta.get_dtypes())
+        assert obj is not None
+        expected.append(fill_obj(obj, seed0 + i))
+        objs.append(obj)
+    manager.batched_put(keys, objs)
+    return expected
