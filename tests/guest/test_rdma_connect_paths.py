@@ -38,7 +38,7 @@ def c_check(lab, nqn: str, hsqsize: int | None = None) -> dict:
 
 def py_check(lab, nqn: str, hsqsize: int | None = None) -> dict:
     extra = ["--hsqsize", str(hsqsize)] if hsqsize is not None else []
-    return run_json([sys.executable, str(REPO / "tests" / "rdma_cm_check.py"), "--addr", lab.host,
+    return run_json([sys.executable, str(REPO / "tests" / "support" / "rdma_cm_check.py"), "--addr", lab.host,
                      "--port", str(lab.rdma_port), "--subnqn", nqn, "--hostnqn",
                      lab.allowed_host_nqn, *extra])
 

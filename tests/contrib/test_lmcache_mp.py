@@ -388,7 +388,7 @@ def test_lmcache_bench_l2_verifies_our_adapter(tmp_path):
     import sys
 
     env = dict(os.environ, LMCACHE_DISABLE_BANNER="1",
-               PYTHONPATH=os.pathsep.join([str(os.path.dirname(os.path.dirname(__file__))),
+               PYTHONPATH=os.pathsep.join([str(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
                                            os.environ.get("PYTHONPATH", "")]))
     for kind in ("plugin", "native_plugin"):
         js = spec(f"file://{tmp_path}/{kind}.img", kind)

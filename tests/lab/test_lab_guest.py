@@ -18,7 +18,7 @@ import fx100io
 pytest_plugins = ["support.lab_fixture"]
 pytestmark = pytest.mark.lab
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"  # Debian's python3-pyverbs
 
 

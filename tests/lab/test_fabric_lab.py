@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 # The fixture comes from the lab_fixture plugin (a conftest may load it too; loading twice is
 # harmless).
 pytest_plugins = ["support.lab_fixture"]

@@ -17,7 +17,7 @@ from support.bench import bench, popen_until_jobs_run
 from fx100io.bench import verify
 from fx100io.bench.options import KV_MODELS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
 
 

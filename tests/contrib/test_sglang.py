@@ -18,9 +18,9 @@ from support.target_process import serve
 
 import fx100io
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FX100IO_SGLANG_VENV", "/var/cache/fx100io/venv-sglang"))
-DRIVER = Path(__file__).resolve().parent / "sglang_driver.py"
+DRIVER = Path(__file__).resolve().parents[1] / "support" / "sglang_driver.py"
 # the fx100io the suite runs on (the checkout, or the ASan suite's copy of it)
 PKG_ROOT = Path(fx100io.__file__).resolve().parent.parent
 

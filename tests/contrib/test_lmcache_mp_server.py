@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
 
 from support.lmcache_mp import Arena, content, fill, key, load, load_adapter, spec, store  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

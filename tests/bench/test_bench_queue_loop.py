@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from support.bench import bench, popen_until_jobs_run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
 NQN = "nqn.2026-11.io.fx100:benchq"
 NS_SIZE = 4 * MiB

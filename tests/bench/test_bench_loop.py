@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
 
 _core = pytest.importorskip("fx100io._core")
@@ -652,7 +652,7 @@ def test_a_read_job_on_the_c_loop_imports_neither_numpy_nor_asyncio(tmp_path: Pa
         "print(rc, 'numpy' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=str(Path(__file__).resolve().parent.parent))
+                       cwd=str(Path(__file__).resolve().parents[2]))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "64", "False", "False", "0", "True"], (r.stdout, r.stderr)
 

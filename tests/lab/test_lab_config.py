@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "fabric_lab"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "fabric_lab"))
 
 from fabric_lab import lab_config  # noqa: E402
 from fabric_lab.lab_config import HostKey, LabConfig, LabConfigError  # noqa: E402

@@ -315,7 +315,7 @@ def test_a_second_process_on_the_same_device_is_refused(device, tmp_path):
         child = textwrap.dedent(
             f"""
             import sys
-            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})
             from support.lmcache import make_config, make_metadata
             from fx100io.contrib.lmcache import FX100ioBackend, PluginStartError
             try:

@@ -17,7 +17,7 @@ import pytest
 
 from fx100io import rdma_devices as rd
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 FAKE_INIT = """
 import os, sys

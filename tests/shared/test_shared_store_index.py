@@ -263,6 +263,6 @@ def test_star_import_without_redis():
             "from fx100io import *\n"
             "print(ChunkStore.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=str(Path(__file__).parent.parent))
+                         cwd=str(Path(__file__).parents[2]))
     assert out.returncode == 0, out.stderr
     assert "ChunkStore" in out.stdout

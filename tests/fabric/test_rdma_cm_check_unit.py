@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import rdma_cm_check as chk
 
-HERE = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 def put(buf: bytearray, off: int, value: int, size: int) -> None:
@@ -151,7 +151,7 @@ def test_result_line_keys():
 def test_script_without_rdma_reports_json_not_a_traceback():
     """On a host without RDMA (or without pyverbs) the script still prints one JSON line
     with the error, and exits non-zero."""
-    p = subprocess.run([sys.executable, str(HERE / "rdma_cm_check.py"), "--addr", "127.0.0.1",
+    p = subprocess.run([sys.executable, str(SUPPORT / "rdma_cm_check.py"), "--addr", "127.0.0.1",
                         "--port", "4421", "--subnqn", "nqn.a", "--hostnqn", "nqn.b",
                         "--timeout", "2"], capture_output=True, text=True, timeout=60)
     lines = p.stdout.strip().splitlines()

@@ -19,7 +19,7 @@ import fx100io
 from fx100io import errors, kernel
 from fx100io.kernel.cli import _parser, connect_options
 
-DATA = Path(__file__).parent / "data" / "nvme_cli"
+DATA = Path(__file__).parents[1] / "data" / "nvme_cli"
 RAM = "nqn.2026-11.io.fx100:lab-ram"
 NV = "nqn.2026-11.io.fx100:lab-nvme"
 HOST = "nqn.2026-11.io.fx100:lab-host"
@@ -244,7 +244,7 @@ def fake_nvme(fake_sys, tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     exe = bindir / "nvme"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fake_nvme.py'} \"$@\"\n")
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parents[1] / 'support' / 'fake_nvme.py'} \"$@\"\n")
     exe.chmod(0o755)
     scenario, logf = tmp_path / "scenario.json", tmp_path / "calls.log"
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")

@@ -473,7 +473,7 @@ def test_uri_options_are_checked():
 CLOSE_UNDER_A_BLOCKED_READER = r"""
 import os, signal, sys, threading, time
 import numpy as np
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/fabric"]
 from support.target_process import serve
 from test_reconnect import NQN, dev_uri, freeze
 import fx100io

@@ -270,7 +270,7 @@ def test_chunks_persist_across_processes(device, tmp_path):
     child = textwrap.dedent(
         f"""
         import sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})
         from support.lmcache import *
         from support.lmcache import make_storage_manager, make_config, fill_obj, plugin_of
         sm = make_storage_manager(make_config({device!r}))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FX100IO_VLLM_VENV", "/var/cache/fx100io/venv-vllm"))
 VPY = VENV / "bin" / "python"
 
@@ -37,7 +37,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("vllm")
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
-        [str(VPY), str(ROOT / "tests" / "vllm_tier_driver.py"), str(work)],
+        [str(VPY), str(ROOT / "tests" / "support" / "vllm_tier_driver.py"), str(work)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     checks = {}
