@@ -3,7 +3,7 @@ returned (or after the memory went back to the engine).
 
 One contract over every adapter's load. The store under the adapter lands its reads
 slowly, piece by piece, and keeps landing the pieces already sent when cancelled
-(tests/adapter_cancel_support.py), as a device does. Each trial cancels at a random
+(tests/support/adapter_cancel.py), as a device does. Each trial cancels at a random
 moment of the read, waits for the call to return, fills the memory with a sentinel and
 watches it for half a second: not one byte may change.
 
@@ -13,7 +13,7 @@ watches it for half a second: not one byte may change.
   pool is whole again.
 - LMCache MP (both adapter types): close() at a random moment of a load; the watch
   starts once the load's result was published and close() returned.
-- SGLang: close() at a random moment of batch_get_v1 (tests/sglang_driver.py
+- SGLang: close() at a random moment of batch_get_v1 (tests/support/sglang_driver.py
   ``cancelled_read_never_lands_after_return``, run by test_sglang.py in SGLang's venv).
 """
 
@@ -35,7 +35,7 @@ TRIALS = 6
 # ------------------------------------------------------------------ LMCache in-process
 @pytest.mark.parametrize("how", ["cancelled", "timed_out"])
 def test_lmcache_load_never_lands_after_it_returned(tmp_path, how):
-    support = pytest.importorskip("test_lmcache_support")
+    support = pytest.importorskip("support.lmcache")
     torch = support.torch
     rng = random.Random(25)
     manager = support.make_storage_manager(
@@ -120,7 +120,7 @@ def _native_round(client: Any, submit: Any) -> list[bool] | None:
 
 @pytest.mark.parametrize("kind", ["plugin", "native"])
 def test_lmcache_mp_load_never_lands_after_close_returned(tmp_path, kind):
-    mpt = pytest.importorskip("test_lmcache_mp")
+    mpt = pytest.importorskip("support.lmcache_mp")
     from fx100io.contrib.lmcache_mp import FX100ioNativeClient
 
     torch = mpt.torch

@@ -268,7 +268,7 @@ def test_lmcache_record_refuses_a_key_forced_onto_another_keys_chunk(tmp_path, m
     A's store keys (what a hash collision of a long key would do): the record, which
     holds A's whole key, makes the read a miss instead of handing out A's bytes. A and
     B are the tag pair that LMCache's to_string() renders alike."""
-    support = pytest.importorskip("test_lmcache_support")
+    support = pytest.importorskip("support.lmcache")
     torch = support.torch
     from fx100io.contrib import _lmcache_codec as codec
 

@@ -10,7 +10,7 @@ byte for byte (and the pool still opens for another host).
 
 LMCache's two adapters run here against a real redis-server; SGLang's and vLLM's config
 paths refuse it through their own constructors in their engines' venvs (the bad-config
-checks of tests/sglang_driver.py and tests/vllm_tier_driver.py).
+checks of tests/support/sglang_driver.py and tests/support/vllm_tier_driver.py).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_create_always_with_a_shared_index_is_refused_naming_the_key(where):
 
 # ------------------------------------------------------------------ LMCache in-process
 def test_lmcache_plugin_refuses_create_always_on_a_shared_pool(pool, tmp_path):
-    support = pytest.importorskip("test_lmcache_support")
+    support = pytest.importorskip("support.lmcache")
     from fx100io.contrib._lmcache_config import PluginConfigError, parse_options
 
     device, index = pool
@@ -67,7 +67,7 @@ def test_lmcache_plugin_refuses_create_always_on_a_shared_pool(pool, tmp_path):
 
 
 def test_lmcache_plugin_restarted_on_a_shared_pool_reads_its_chunks_back(pool):
-    support = pytest.importorskip("test_lmcache_support")
+    support = pytest.importorskip("support.lmcache")
     torch = support.torch
     from fx100io.contrib import _lmcache_codec as codec
 
@@ -114,7 +114,7 @@ def test_lmcache_mp_refuses_create_always_on_a_shared_pool(pool):
 
 
 def test_lmcache_mp_restarted_on_a_shared_pool_reads_its_chunks_back(pool):
-    mpt = pytest.importorskip("test_lmcache_mp")
+    mpt = pytest.importorskip("support.lmcache_mp")
     from fx100io.contrib._lmcache_mp_core import object_key_name
 
     device, index = pool

@@ -1,6 +1,6 @@
 """The plugin under LMCache's real StorageManager: put, drop the CPU tier, get back.
 
-Run: python3 -m pytest tests/test_lmcache_*.py
+Run: python3 -m pytest tests/contrib/test_lmcache_*.py
 """
 
 from __future__ import annotations

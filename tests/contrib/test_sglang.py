@@ -2,7 +2,7 @@
 factory (``--hicache-storage-backend dynamic``) in the venv of tools/install_sglang.sh.
 
 sglang pins its own torch and many packages, so it lives in a venv of its own: each test
-here runs tests/sglang_driver.py with that venv's python, on this checkout's fx100io,
+here runs tests/support/sglang_driver.py with that venv's python, on this checkout's fx100io,
 and asserts what the driver found (byte-exact pages, hit counts, errors)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """fx100io's vLLM secondary tier, loaded by the real vllm package's own tier loader.
 
 vllm 0.33 pins a CUDA build of torch, so it lives in a venv of its own
-(tools/install_vllm.sh); tests/vllm_tier_driver.py runs there once per session, loads the
+(tools/install_vllm.sh); tests/support/vllm_tier_driver.py runs there once per session, loads the
 tier through SecondaryTierFactory over vLLM's own primary memory, and reports one JSON
 line per check. Each test below asserts one of those checks.
 """

@@ -1,5 +1,5 @@
 """Every async read into a caller's buffer, cancelled at any moment, leaves
-the buffer alone once the call returned (tests/cancel_harness.py): the
+the buffer alone once the call returned (tests/support/cancel_harness.py): the
 ChunkStore, the SharedChunkStore, Device.read_into on a file and on a
 block device (the kernel NVMe-oF path is Device on a /dev/nvmeXnY: a loop
 device stands for it)."""

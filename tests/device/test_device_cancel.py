@@ -1,5 +1,5 @@
 """Device's cancel path over NVMe/TCP, beyond the harness's bytes
-(tests/test_cancel_harness.py): a cancelled read whose event loop is closed
+(tests/device/test_cancel_harness.py): a cancelled read whose event loop is closed
 before its request came back does not cost the next loop on the thread its
 completions, and a queue handed out by raw_queue() stays the caller's."""
 

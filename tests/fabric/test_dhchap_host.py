@@ -1,10 +1,10 @@
 """DH-HMAC-CHAP on the initiator (csrc/nvmf/auth_host.c) against a
-controller computed by the pure-Python reference (tests/auth_target.py):
+controller computed by the pure-Python reference (tests/support/auth_target.py):
 every hash and DH group, bidirectional, admin and I/O queues and their
 reconnects, the errors a user sees (wrong secret, missing secret, secure
 channel asked), hostile controller messages, and that secrets never show in
 a URI, repr or error.  The same exchanges against the Linux target are in
-tests/test_dhchap_lab.py."""
+tests/fabric/test_dhchap_lab.py."""
 
 from __future__ import annotations
 

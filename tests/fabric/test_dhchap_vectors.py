@@ -1,5 +1,5 @@
 """DH-HMAC-CHAP crypto in C (csrc/nvmf/auth_crypto.c, on OpenSSL) against
-the pure-Python reference (tests/dhchap_reference.py) on random inputs:
+the pure-Python reference (tests/support/dhchap_reference.py) on random inputs:
 secret parsing (incl. secrets made by the real nvme-cli when it is
 installed), key transform, hashes, HMAC, augmented challenge, both response
 MACs, and finite-field DH in every RFC 7919 group.  The C side runs as

@@ -1,4 +1,4 @@
-"""The pure parts of tests/rdma_cm_check.py, byte for byte against the NVMe/RDMA and
+"""The pure parts of tests/support/rdma_cm_check.py, byte for byte against the NVMe/RDMA and
 NVMe-oF layouts (docs/nvme-rdma.md): the CM private data, the keyed SGL
 descriptor, the Connect and Property Get SQEs, the Connect data, and the decoders of
 the accept, the reject and the CQE.  The expected bytes are written out by offset (or

@@ -1,6 +1,6 @@
 """What the tests in tests/guest share.  Their bodies run inside the fabric lab's guest,
 where soft-RoCE gives an RDMA device (this host's kernel has none): they are marked
-`@pytest.mark.guest`, and the lab plugin (tests/lab_fixture.py) runs each module's tests in
+`@pytest.mark.guest`, and the lab plugin (tests/support/lab_fixture.py) runs each module's tests in
 one pytest process in the guest and reports each outcome on the host, so they count in the
 suite's totals like any other test.
 

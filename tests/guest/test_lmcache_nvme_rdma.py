@@ -17,7 +17,7 @@ from support.lmcache import (
 )
 
 pytest_plugins = ["support.lab_fixture", "guest_rdma"]
-# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+# each test body runs inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 NUM_TOKENS = 3 * CHUNK + 5

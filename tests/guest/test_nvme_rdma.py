@@ -23,7 +23,7 @@ import fx100io
 from fx100io import errors
 
 pytest_plugins = ["support.lab_fixture", "guest_rdma"]
-# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+# each test body runs inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 

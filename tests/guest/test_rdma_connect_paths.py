@@ -1,4 +1,4 @@
-"""Our C connect path and an independent one (pyverbs, tests/rdma_cm_check.py) against the
+"""Our C connect path and an independent one (pyverbs, tests/support/rdma_cm_check.py) against the
 same nvmet-rdma port: both must agree on what the target says."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from fx100io import rdma_devices
 
 pytest_plugins = ["support.lab_fixture", "guest_rdma"]
-# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+# each test body runs inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 REPO = Path(__file__).resolve().parents[2]

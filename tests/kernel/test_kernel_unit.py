@@ -1,6 +1,6 @@
 """fx100io.kernel without a lab: parsing what the real nvme-cli 2.3 printed and what sysfs
 held in the lab guest (tests/data/nvme_cli, see its README), the URI -> nvme-cli argument
-mapping, and error mapping with a stand-in `nvme` on PATH (tests/fake_nvme.py) that replays
+mapping, and error mapping with a stand-in `nvme` on PATH (tests/support/fake_nvme.py) that replays
 the real error texts and kernel log lines.  The same paths against the real kernel and
 nvme-cli: tests/guest/test_kernel_path.py."""
 

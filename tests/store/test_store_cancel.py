@@ -1,7 +1,7 @@
 """A ChunkStore put cancelled while its writes are in flight -- once, or
 again while it waits them out -- gives its space back once they landed:
 the store still takes as many chunks as it was sized for, and those read
-back byte-exact.  (Reads cancelled at any moment: tests/test_cancel_harness.py.)"""
+back byte-exact.  (Reads cancelled at any moment: tests/device/test_cancel_harness.py.)"""
 
 from __future__ import annotations
 

@@ -2,13 +2,13 @@
 initiator's side (csrc/nvmf/auth_host.c) without the fabric lab.
 
 The controller's side is computed with the pure-Python reference
-(tests/dhchap_reference.py), independently of fx100io's C code, on top of
-tests/evil_target.py's control and data path: every queue's Connect answers
+(tests/support/dhchap_reference.py), independently of fx100io's C code, on top of
+tests/support/evil_target.py's control and data path: every queue's Connect answers
 ATR, and until the queue authenticated every other command fails with
 "Authentication Required".  Scenarios make the controller misbehave in the
 ways a broken or hostile one could (HOSTILE), or fail the host the way a
 correct one does (a wrong host secret gets AUTH_Failure1).  The Linux
-target's side of the same exchange is tests/test_dhchap_lab.py's.
+target's side of the same exchange is tests/fabric/test_dhchap_lab.py's.
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ class EvilTarget:
             if evil_here:
                 self.io_closed.set()
 
-    # Hooks for in-band authentication (tests/auth_target.py): this target
+    # Hooks for in-band authentication (tests/support/auth_target.py): this target
     # asks for none and refuses AUTH_Send/AUTH_Receive (Invalid Opcode).
     def _connect_dw0(self, qid: int, data: bytes) -> int:
         return 1  # CNTLID 1

@@ -1,4 +1,4 @@
-"""A stand-in for nvme-cli in unit tests of fx100io.kernel (tests/test_kernel_unit.py): it
+"""A stand-in for nvme-cli in unit tests of fx100io.kernel (tests/kernel/test_kernel_unit.py): it
 replays what the real nvme-cli 2.3 printed (tests/data/nvme_cli) and changes a fake sysfs
 the way the kernel would.
 

@@ -264,12 +264,12 @@ _guest_batches: dict[str, dict] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "guest: runs inside the fabric lab's guest userland (tests/lab_fixture.py); "
+        "markers", "guest: runs inside the fabric lab's guest userland (tests/support/lab_fixture.py); "
                    "the test takes the fabric_lab fixture")
 
 
 # Plugins the guest's pytest does without: under TCG, importing hypothesis alone takes longer
-# than the rest of pytest's start (27 s -> 10 s to collect tests/test_lab_guest.py).
+# than the rest of pytest's start (27 s -> 10 s to collect tests/lab/test_lab_guest.py).
 _GUEST_PYTEST_ARGS = "-p no:hypothesispytest -p no:benchmark -p no:anyio"
 
 

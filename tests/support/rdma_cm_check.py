@@ -25,11 +25,11 @@ connect_status is the NVMe status field of the Connect response (SCT << 8 | SC, 
 success).  Exit status 0 when connected and the Connect succeeded, 1 otherwise, 2 when
 pyverbs is missing or the arguments are wrong.
 
-    python3 tests/rdma_cm_check.py --addr 10.88.0.2 --port 4421 \\
+    python3 tests/support/rdma_cm_check.py --addr 10.88.0.2 --port 4421 \\
         --subnqn nqn.2024-01.io.fx100io:lab --hostnqn nqn.2014-08.org.nvmexpress:uuid:...
 
 The byte builders and decoders at the top need no pyverbs and are unit-tested on any
-host (tests/test_rdma_cm_check_unit.py); only run_check() needs an RDMA device.
+host (tests/fabric/test_rdma_cm_check_unit.py); only run_check() needs an RDMA device.
 """
 
 from __future__ import annotations

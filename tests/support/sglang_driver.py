@@ -1,6 +1,6 @@
 """Drives fx100io's SGLang HiCache backend through SGLang's own backend factory.
 
-Run by tests/test_sglang.py with the python of tools/install_sglang.sh's venv (the real
+Run by tests/contrib/test_sglang.py with the python of tools/install_sglang.sh's venv (the real
 sglang package), the checkout on PYTHONPATH. It loads the backend the way a server with
 ``--hicache-storage-backend dynamic`` does (StorageBackendFactory.create_backend with the
 extra-config dict, then register_mem_pool_host), against a small host pool of our own

@@ -1,5 +1,5 @@
 """One host of a shared pool, as its own process, driven by JSON lines on
-stdin (tests/test_shared_store*.py start several).  Every value embeds its
+stdin (tests/shared/test_shared_store*.py start several).  Every value embeds its
 key and a tag and is otherwise derived from them, so the host checks each
 chunk it reads itself: right bytes, or a miss, never anything else.
 

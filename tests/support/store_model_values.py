@@ -1,4 +1,4 @@
-"""Values of the store model (tests/test_store_model.py) and its killed
+"""Values of the store model (tests/store/test_store_model.py) and its killed
 writer process: each embeds its key and a version, so an older value or
 another key's can never pass for the right one."""
 

@@ -1,7 +1,7 @@
 """Drives fx100io's vLLM tier through vLLM's own loader, inside the vllm venv.
 
-Run by tests/test_vllm_tier.py as
-    <venv>/bin/python tests/vllm_tier_driver.py WORKDIR
+Run by tests/contrib/test_vllm_tier.py as
+    <venv>/bin/python tests/support/vllm_tier_driver.py WORKDIR
 with the checkout on PYTHONPATH. It loads FX100ioTier the way TieringOffloadingSpec loads
 a secondary tier (SecondaryTierFactory.create_secondary_tier with a config entry that
 names the class and its module), over the primary tier vLLM itself builds (a
