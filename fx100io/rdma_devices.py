@@ -3,7 +3,7 @@
 pyverbs is the Python binding of rdma-core's libibverbs and librdmacm.  fx100io
 uses it only where Python needs verbs and not on the data path: to list the
 host's RDMA devices and ports, to tell tests why they skip, and for an
-independent NVMe/RDMA connect check (tests/rdma_cm_check.py).
+independent NVMe/RDMA connect check (tests/support/rdma_cm_check.py).
 
 How pyverbs is found: a normal ``import pyverbs`` first (a virtual environment
 or an interpreter that already sees it).  Failing that, Debian's

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from support import IN_CI, _make_loop
 
 # A shared pool's Redis index answers within 0.5 s on a quiet host; the suite runs on
 # loaded 2-core machines, where a Redis on the same host can take longer, so stores
@@ -21,41 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FX100IO_INDEX_TIMEOUT", "5")
 
 
-def chunk_bytes(key: str, n: int) -> np.ndarray:
-    """Deterministic content for a key, so any reader can tell right bytes
-    from wrong ones without being told what was written."""
-    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 120,
-               check: bool = True) -> subprocess.CompletedProcess:
-    """Run code in a fresh interpreter (a new process proves persistence)."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                       env=full_env, timeout=timeout, cwd=str(REPO))
-    if check and p.returncode != 0:
-        raise AssertionError(f"child failed rc={p.returncode}\nstdout:{p.stdout}\nstderr:{p.stderr}")
-    return p
-
-
 @pytest.fixture
 def tmp_file(tmp_path: Path) -> Path:
     """A path on the test machine's real disk (ext4 here), not tmpfs."""
     return tmp_path / "dev.img"
-
-
-def _make_loop(backing: Path, size: int, block_size: int) -> str:
-    with open(backing, "wb") as f:
-        f.truncate(size)
-    if shutil.which("losetup") is None:
-        pytest.skip("losetup is not installed (util-linux)")
-    p = subprocess.run(["losetup", "-f", "--show", "-b", str(block_size), "--direct-io=on",
-                        str(backing)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot attach a loop device here (needs root and /dev/loop*): {p.stderr.strip()}")
-    return p.stdout.strip()
 
 
 @pytest.fixture
@@ -82,7 +47,6 @@ def loop_device_512(tmp_path: Path):
 # instead of hiding as a skip.  What a machine truly cannot do (mount
 # without privileges, mlock under ASan) and explicit opt-outs
 # (FX100IO_LAB=off) stay skips.
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 INSTALLED_BY_TEST_COMMAND = ("losetup", "cannot attach a loop device", "tshark", "lmcache",
                              "make/gcc", "fabric lab needs", "without --rdma", "user-mode",
                              "fio is not installed", "matplotlib", "hypothesis")

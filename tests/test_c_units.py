@@ -5,7 +5,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from support import REPO
 
 
 @pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "asan-ubsan"])

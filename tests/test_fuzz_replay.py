@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from support import REPO
 
 
 def test_fuzz_corpora_replay():

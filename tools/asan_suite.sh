@@ -19,9 +19,9 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$scratch"
 "$PY" -m pytest -q -p no:cacheprovider "$@" \
-  tests/test_device.py tests/test_device_errors.py tests/test_store.py tests/test_crash.py \
-  tests/test_crc_on_landing.py tests/test_nvme_tcp_ours.py tests/test_nvme_tcp_hostile.py tests/test_nvme_tcp_rx.py \
-  tests/test_target.py tests/test_target_hostile.py tests/test_target_inflight.py \
-  tests/test_reconnect.py tests/test_fabric_uri_fuzz.py tests/test_index_log.py tests/test_store_loop.py tests/test_store_model.py \
-  tests/test_kernel_unit.py tests/test_shared_store.py tests/test_shared_store_model.py tests/test_shared_store_safety.py tests/test_shared_store_review.py \
-  tests/test_dhchap_host.py tests/test_target_auth.py tests/test_bench_loop.py tests/test_bench_queue_loop.py tests/test_store_pieces.py tests/test_lmcache_mp.py tests/test_lmcache_mp_review.py tests/test_store_crc.py tests/test_vllm_tier.py
+  tests/device/test_device.py tests/device/test_device_errors.py tests/store/test_store.py tests/store/test_crash.py \
+  tests/device/test_crc_on_landing.py tests/fabric/test_nvme_tcp_ours.py tests/fabric/test_nvme_tcp_hostile.py tests/fabric/test_nvme_tcp_rx.py \
+  tests/target/test_target.py tests/target/test_target_hostile.py tests/target/test_target_inflight.py \
+  tests/fabric/test_reconnect.py tests/fabric/test_fabric_uri_fuzz.py tests/store/test_index_log.py tests/store/test_store_loop.py tests/store/test_store_model.py \
+  tests/kernel/test_kernel_unit.py tests/shared/test_shared_store.py tests/shared/test_shared_store_model.py tests/shared/test_shared_store_safety.py tests/shared/test_shared_store_index.py \
+  tests/fabric/test_dhchap_host.py tests/target/test_target_auth.py tests/bench/test_bench_loop.py tests/bench/test_bench_queue_loop.py tests/store/test_store_pieces.py tests/contrib/test_lmcache_mp.py tests/contrib/test_lmcache_mp_failures.py tests/store/test_store_crc.py tests/contrib/test_vllm_tier.py

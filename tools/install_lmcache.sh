@@ -21,7 +21,7 @@ DEPS=(
   "numpy<=${NUMPY_CAP}" pyyaml msgspec pyzmq psutil "prometheus_client<=0.24.1" aiofiles
   aiofile sortedcontainers blake3 aiohttp safetensors cachetools py-cpuinfo nvtx redis
   requests numba transformers cryptography
-  # `lmcache server` (the multi-process mode, tests/test_lmcache_mp_server.py): its HTTP
+  # `lmcache server` (the multi-process mode, tests/contrib/test_lmcache_mp_server.py): its HTTP
   # stack; lmcache 0.5.6 caps opentelemetry at 1.40
   "opentelemetry-api<=1.40.0" "opentelemetry-sdk<=1.40.0" fastapi uvicorn httpx
 )

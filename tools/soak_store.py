@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Soak the ChunkStore against its model: run the state machine of
-tests/test_store_model.py with fresh random seeds until time is up.
+tests/store/test_store_model.py with fresh random seeds until time is up.
 
     python3 tools/soak_store.py --minutes 30
     python3 tools/soak_store.py --seed 1234567      # rerun one seed

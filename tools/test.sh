@@ -23,10 +23,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check matplotlib ruff mypy hypothesis
 tools/install_lmcache.sh "$PY"
-# The real sglang package in a venv of its own (tests/test_sglang.py).
+# The real sglang package in a venv of its own (tests/contrib/test_sglang.py).
 tools/install_sglang.sh "$PY" >/dev/null
 # vllm 0.33.0's tiering modules in a venv of their own (its torch pin is a CUDA build).
-# Exit 3: vllm could not be downloaded (offline); tests/test_vllm_tier.py then skips, saying so.
+# Exit 3: vllm could not be downloaded (offline); tests/contrib/test_vllm_tier.py then skips, saying so.
 rc=0; tools/install_vllm.sh "$PY" >/dev/null || rc=$?
 [ "$rc" = 0 ] || [ "$rc" = 3 ] || exit "$rc"
 

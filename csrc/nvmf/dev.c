@@ -30,7 +30,7 @@ static int parse_hostid(const char *v, uint8_t out[16])
 /*
  * The keys of the target string, one name each: the option table
  * (fx100io/fabric_options.py) must list the same ones, and
- * tests/test_fabric_options.py reads this list (fx_nvmf_dev_keys) to check.
+ * tests/fabric/test_fabric_options.py reads this list (fx_nvmf_dev_keys) to check.
  * parse_kv's switch has no default, so -Wswitch fails the build when a key
  * has no case.
  */

@@ -438,7 +438,7 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	pthread_cond_init(&t->dh_cond, NULL);
 	pthread_cond_init(&t->drain_cond, NULL);
 	{
-		/* Test knobs (tests/test_target_inflight.py): the in-line path
+		/* Test knobs (tests/target/test_target_inflight.py): the in-line path
 		 * where io_uring works, a slow disk under writes. */
 		const char *e = getenv("FX100IO_TARGET_INLINE");
 

@@ -1,7 +1,7 @@
 /*
  * csrc/nvmf/auth_crypto.c driven line by line from stdin, so that
- * tests/test_dhchap_vectors.py can check it against the pure-Python
- * reference (tests/dhchap_reference.py) on many random inputs.  Binary
+ * tests/fabric/test_dhchap_vectors.py can check it against the pure-Python
+ * reference (tests/support/dhchap_reference.py) on many random inputs.  Binary
  * values are hex; one answer line per command line:
  *
  *   parse SECRET                          -> ok HH KEYHEX | err WHY

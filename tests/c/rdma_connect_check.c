@@ -1,6 +1,6 @@
 /*
  * Our NVMe/RDMA connect path (transport/rdma_conn.c) on one queue, printed
- * as one JSON line in the shape of tests/rdma_cm_check.py (the pyverbs
+ * as one JSON line in the shape of tests/support/rdma_cm_check.py (the pyverbs
  * implementation), so a test can compare the two against the same target:
  *
  *   tests/c/build/rdma_connect_check ADDR PORT SUBNQN HOSTNQN [HSQSIZE]

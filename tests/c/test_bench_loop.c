@@ -311,7 +311,7 @@ static void test_uniform_random(void)
 }
 
 /* ios (fio's io_size, number_ios) in place of passes: fewer than a pass
- * ends early, more wraps around (which blocks: tests/test_bench_loop.py). */
+ * ends early, more wraps around (which blocks: tests/bench/test_bench_loop.py). */
 static void test_ios_instead_of_passes(void)
 {
 	enum { BS = 4096, N = 64, DEPTH = 4 };

@@ -25,8 +25,8 @@ PUT, DEL = _core.REC_PUT, _core.REC_DEL
 
 def auth_host_seeds() -> dict[str, bytes]:
     """fuzz_auth_host: a controller's challenge and success1 as the Python
-    reference (tests/dhchap_reference.py) makes them."""
-    sys.path.insert(0, str(HERE.parent))
+    reference (tests/support/dhchap_reference.py) makes them."""
+    sys.path.insert(0, str(HERE.parent / "support"))
     import dhchap_reference as R
 
     def challenge(hid: int, gid: int, x: int = 0x1234567) -> bytes:

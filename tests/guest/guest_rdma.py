@@ -1,10 +1,10 @@
 """What the tests in tests/guest share.  Their bodies run inside the fabric lab's guest,
 where soft-RoCE gives an RDMA device (this host's kernel has none): they are marked
-`@pytest.mark.guest`, and the lab plugin (tests/lab_fixture.py) runs each module's tests in
+`@pytest.mark.guest`, and the lab plugin (tests/support/lab_fixture.py) runs each module's tests in
 one pytest process in the guest and reports each outcome on the host, so they count in the
 suite's totals like any other test.
 
-A test module loads this file and the lab as plugins: `pytest_plugins = ["lab_fixture",
+A test module loads this file and the lab as plugins: `pytest_plugins = ["support.lab_fixture",
 "guest_rdma"]`, which gives it the `rdma_lab` fixture.
 """
 

@@ -1,6 +1,6 @@
 """DH-HMAC-CHAP over NVMe/RDMA: our initiator authenticating to the Linux target's lab-auth
 subsystem on its NVMe/RDMA port (soft-RoCE in the guest; the bodies run there).  The TCP
-cases, every hash and DH group among them, are tests/test_dhchap_lab.py."""
+cases, every hash and DH group among them, are tests/fabric/test_dhchap_lab.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rdma_uris import rdma_uri
 import fx100io
 from fx100io import errors
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 

@@ -2,7 +2,7 @@
 through nvme-cli 2.3, attaches the lab's subsystems; fx100io's engine and store run on the
 resulting block device.
 
-The bodies run inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest): the host has
+The bodies run inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest): the host has
 no nvme-fabrics modules; the guest has them loaded, and its target is the same kernel, reached
 over its own address.  The guest's /dev/nvme0n1 is QEMU's PCIe drive behind lab-nvme: these
 tests never open it, only namespaces the kernel path attached.
@@ -19,13 +19,13 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
 from rdma_uris import MiB
+from support import chunk_bytes
 
 import fx100io
 from fx100io import errors, kernel
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 SUBSYS = Path("/sys/class/nvme-subsystem")
@@ -259,7 +259,7 @@ OTHER = "DHHC-1:00:Vse+lQXC74j55LLeogykqUyoq6cyGRWl2MHdprBpN13YAtvd:"
 
 # A kernel built without CONFIG_NVME_AUTH (Debian's 6.1) takes dhchap_secret and ignores it;
 # the kernel path then detaches and raises KernelSupportError. The lab boots 6.12, which has
-# authentication, so tests/test_kernel_unit.py checks that case on the sysfs 6.1 shows
+# authentication, so tests/kernel/test_kernel_unit.py checks that case on the sysfs 6.1 shows
 # (test_a_kernel_without_authentication_gets_its_controller_detached).
 
 

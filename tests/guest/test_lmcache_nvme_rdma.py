@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from rdma_uris import rdma_uri
-from test_lmcache_support import (
+from support.lmcache import (
     CHUNK,
     cold_cpu_tier,
     destroy_engine,
@@ -16,8 +16,8 @@ from test_lmcache_support import (
     torch,
 )
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
-# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
+# each test body runs inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 NUM_TOKENS = 3 * CHUNK + 5

@@ -1,4 +1,4 @@
-"""Our C connect path and an independent one (pyverbs, tests/rdma_cm_check.py) against the
+"""Our C connect path and an independent one (pyverbs, tests/support/rdma_cm_check.py) against the
 same nvmet-rdma port: both must agree on what the target says."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from fx100io import rdma_devices
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
-# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
+# each test body runs inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def c_check(lab, nqn: str, hsqsize: int | None = None) -> dict:
 
 def py_check(lab, nqn: str, hsqsize: int | None = None) -> dict:
     extra = ["--hsqsize", str(hsqsize)] if hsqsize is not None else []
-    return run_json([sys.executable, str(REPO / "tests" / "rdma_cm_check.py"), "--addr", lab.host,
+    return run_json([sys.executable, str(REPO / "tests" / "support" / "rdma_cm_check.py"), "--addr", lab.host,
                      "--port", str(lab.rdma_port), "--subnqn", nqn, "--hostnqn",
                      lab.allowed_host_nqn, *extra])
 

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import chunk_bytes
 from rdma_uris import MiB, rdma_uri
+from support import chunk_bytes
 
 import fx100io
 from fx100io import errors
 
-pytest_plugins = ["lab_fixture", "guest_rdma"]
-# each test body runs inside the lab guest (tests/lab_fixture.py: @pytest.mark.guest)
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
+# each test body runs inside the lab guest (tests/support/lab_fixture.py: @pytest.mark.guest)
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
 NVMET = Path("/sys/kernel/config/nvmet")

@@ -1,6 +1,6 @@
 """The chunk store API that every store offers (ChunkStore,
 SharedChunkStore), as a Protocol: what an adapter may rely on whichever
-store it is given, and what tests/test_store_conformance.py checks of each."""
+store it is given, and what tests/store/test_store_conformance.py checks of each."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """pytest plugin loaded by the pytest run that executes `@pytest.mark.guest` tests inside the
-guest (tests/lab_fixture.py): it writes each test's outcome to the JSON file named by
+guest (tests/support/lab_fixture.py): it writes each test's outcome to the JSON file named by
 $FX100IO_GUEST_PYTEST_REPORT, where the host's pytest reads it and reports the test as its own.
 """
 

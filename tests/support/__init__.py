@@ -1,0 +1,55 @@
+"""What the tests share besides fixtures (those are tests/conftest.py's): the
+checkout's root, whether this is CI, deterministic chunk data, a fresh
+interpreter, a loop device.  The other modules of this package are the
+helpers of one area each (a target process, a Redis server, a hostile
+target, the fabric lab plugin, ...).  tests/ is on sys.path (pyproject's
+pythonpath), so a test in any folder imports them as `support.<module>`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# CI=true: the test command has installed every dependency, and tests/conftest.py
+# fails a skip that names one of them.
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def chunk_bytes(key: str, n: int) -> np.ndarray:
+    """Deterministic content for a key, so any reader can tell right bytes
+    from wrong ones without being told what was written."""
+    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 120,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter (a new process proves persistence)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       env=full_env, timeout=timeout, cwd=str(REPO))
+    if check and p.returncode != 0:
+        raise AssertionError(f"child failed rc={p.returncode}\nstdout:{p.stdout}\nstderr:{p.stderr}")
+    return p
+
+
+def _make_loop(backing: Path, size: int, block_size: int) -> str:
+    with open(backing, "wb") as f:
+        f.truncate(size)
+    if shutil.which("losetup") is None:
+        pytest.skip("losetup is not installed (util-linux)")
+    p = subprocess.run(["losetup", "-f", "--show", "-b", str(block_size), "--direct-io=on",
+                        str(backing)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot attach a loop device here (needs root and /dev/loop*): {p.stderr.strip()}")
+    return p.stdout.strip()

@@ -1,0 +1,80 @@
+"""Start `fx100io target` as a real subprocess on loopback for a test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from support import REPO
+
+
+@contextlib.contextmanager
+def serve(namespaces: list[str], nqn: str, *extra: str, port: int = 0,
+          block_size: int = 512,
+          log: Path | None = None) -> Iterator[tuple[str, int, subprocess.Popen]]:
+    """Yield (host, port, process) once the target prints its endpoint.
+
+    Quiet by default; with log, the target logs to that file instead (a file,
+    not a pipe: an undrained pipe would block the target's logging)."""
+    cmd = [sys.executable, "-m", "fx100io", "target", "--listen", f"127.0.0.1:{port}",
+           "--nqn", nqn, "--block-size", str(block_size), *([] if log else ["-q"]), *extra]
+    for ns in namespaces:
+        cmd += ["--namespace", ns]
+    err_to = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 (closed below)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_to, text=True, cwd=str(REPO))
+    try:
+        line = p.stdout.readline() if p.stdout else ""
+        if "listening on nvme+tcp://" not in line:
+            err = p.stderr.read() if p.stderr else (log.read_text() if log else "")
+            raise AssertionError(f"target did not start: {line!r} {err[-2000:]}")
+        hostport = line.split("nvme+tcp://", 1)[1].split("/", 1)[0]
+        host, _, port_s = hostport.rpartition(":")
+        yield host, int(port_s), p
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if log:
+            err_to.close()  # type: ignore[union-attr]
+
+
+def wait_port_free(port: int, seconds: float = 5.0) -> None:
+    import socket
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        with socket.socket() as s:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def threads(pid: int) -> int:
+    """Threads of a running target process."""
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    """Open descriptors of a running target process."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled(fn, pid: int, want_at_most: int, seconds: float = 10.0) -> int:  # noqa: ANN001
+    """fn(pid) once it is <= want_at_most, or its last value after seconds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        v = fn(pid)
+        if v <= want_at_most or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)
