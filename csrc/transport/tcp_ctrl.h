@@ -61,7 +61,7 @@ void fx_nvmf_conn_close(struct fx_nvmf_conn *c);
  * dptr, sends it (with in-capsule data for writes up to the capsule size,
  * otherwise R2T/H2CData), receives C2HData into data (reads) and the
  * CapsuleResp.  *cqe gets the completion.  -ETIMEDOUT, -ECONNRESET, -EPROTO
- * (bad PDU, or an R2T, C2HData or success the rules in tcp_pdu.h do not
+ * (bad PDU, or an R2T, C2HData or success the rules in nvme_tcp/xfer.h do not
  * allow: the connection is unusable afterwards), -EIO (NVMe status not
  * success; see cqe->status).
  */

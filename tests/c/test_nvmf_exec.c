@@ -10,7 +10,8 @@
  * 127.0.0.1 (no other network).
  */
 #include "fabric.h"
-#include "tcp_pdu.h"
+#include "nvme_tcp/pdu.h"
+#include "nvme_tcp/xfer.h"
 #include "check.h"
 
 #include <arpa/inet.h>
@@ -746,7 +747,7 @@ static void test_exec(void)
 				  &cqe, NULL, &ok),
 			 0);
 		CHECK(ok);
-		/* R2Ts must ask for the data in order (tcp_pdu.c's rule) */
+		/* R2Ts must ask for the data in order (nvme_tcp/xfer.c's rule) */
 		FRESH();
 		CHECK_EQ(run_case("write, two R2Ts out of order", s_write_two_r2t, o, buf, &cqe,
 				  NULL, NULL),

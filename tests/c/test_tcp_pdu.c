@@ -1,10 +1,11 @@
 /*
- * tcp_pdu.c without a network: a table of good and bad common headers for
+ * nvme_tcp/pdu.c and nvme_tcp/xfer.c without a network: a table of good and bad common headers for
  * both directions and digest settings, the header digest against a CRC32C
  * computed independently, and fx_tcp_hdr_init's output fed back through
  * fx_tcp_pdu_check (what one side builds, the other must accept).
  */
-#include "tcp_pdu.h"
+#include "nvme_tcp/pdu.h"
+#include "nvme_tcp/xfer.h"
 #include "check.h"
 
 #include <errno.h>
