@@ -1,7 +1,7 @@
-# Binding of the NVMe-oF control path (csrc/fabric.c): discovery; included by _core.pyx.
+# Binding of the NVMe-oF control path (csrc/nvmf/): discovery; included by _core.pyx.
 from libc.stdint cimport uint8_t as _u8, uint16_t as _u16, uint32_t as _u32
 
-cdef extern from "fabric.h" nogil:
+cdef extern from "nvmf/ctrl.h" nogil:
     struct fx_nvmf_addr:
         char host[256]
         char port[16]
@@ -25,8 +25,6 @@ cdef extern from "fabric.h" nogil:
         char traddr[256]
     struct fx_nvmf_transport:
         pass
-    const fx_nvmf_transport fx_nvmf_tcp_transport
-    const fx_nvmf_transport fx_nvmf_rdma_transport
     int fx_nvmf_discover_tr(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
                             const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
                             _u16 *status)
@@ -34,6 +32,12 @@ cdef extern from "fabric.h" nogil:
                                   const char **why)
     void fx_nvmf_params_wipe(fx_nvmf_params *p)
     const char *fx_nvmf_auth_error()
+
+cdef extern from "transport/tcp_ctrl.h" nogil:
+    const fx_nvmf_transport fx_nvmf_tcp_transport
+
+cdef extern from "transport/rdma_conn.h" nogil:
+    const fx_nvmf_transport fx_nvmf_rdma_transport
 
 cdef extern from "nvmf/auth_crypto.h" nogil:
     struct fx_auth_key:

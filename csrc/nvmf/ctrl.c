@@ -204,9 +204,14 @@ int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvm
 	c->tr = tr;
 	/* The controller's own storage for the admin queue (see ctrl.h);
 	 * from here on it is only the opaque queue tr drives. */
-	c->aq = &c->admin;
+	c->aq = calloc(1, tr->queue_size);
+	if (!c->aq) {
+		free(c);
+		return -ENOMEM;
+	}
 	r = pthread_mutex_init(&c->lock, NULL);
 	if (r) {
+		free(c->aq);
 		free(c);
 		return -r;
 	}
@@ -275,6 +280,7 @@ fail:
 fail_connect:
 	pthread_mutex_destroy(&c->lock);
 	fx_nvmf_params_wipe(&c->params);
+	free(c->aq);
 	free(c);
 	return r;
 }
@@ -367,5 +373,6 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c)
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
 	fx_nvmf_params_wipe(&c->params);
+	free(c->aq);
 	free(c);
 }

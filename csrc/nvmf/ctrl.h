@@ -11,24 +11,17 @@
 #include <stdint.h>
 
 #include "nvmf/nvmf.h"
-/* Only for the admin queue's storage below. */
-#include "transport/rdma_conn.h"
-#include "transport/tcp_ctrl.h"
 
 /* An open controller: admin queue, identify data, keep-alive thread. */
 struct fx_nvmf_ctrl {
 	struct fx_nvmf_addr addr;
 	struct fx_nvmf_params params;
 	/* The transport and its admin queue: generic code reaches the queue
-	 * only as aq, through tr. */
+	 * only as aq, through tr.  aq is tr->queue_size bytes of the
+	 * controller's (ctrl.c allocates them), so this layer never needs to
+	 * know a transport's queue type. */
 	const struct fx_nvmf_transport *tr;
 	void *aq;
-	/* Storage aq points at, one member per transport.  Tests read the
-	 * negotiated TCP parameters from admin; generic code never reads it. */
-	union {
-		struct fx_nvmf_conn admin;
-		struct fx_rdma_conn admin_rdma;
-	};
 	pthread_mutex_t lock; /* serialises admin commands (keep alive vs others) */
 	pthread_t ka_thread;
 	int ka_running;

@@ -11,6 +11,7 @@
 #ifndef FX100IO_NVMF_NVMF_H
 #define FX100IO_NVMF_NVMF_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,33 +53,11 @@ int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *te
 /* Wipe the secrets a params holds. */
 void fx_nvmf_params_wipe(struct fx_nvmf_params *p);
 
-/*
- * In-band authentication after a successful Fabrics Connect on queue q
- * (nvmf/auth_host.c); every transport's connect calls it with the Connect
- * response's DW0, so the admin queue, every I/O queue and every reconnect
- * authenticate.  0: the controller asked for none, or DH-HMAC-CHAP
- * succeeded (bidirectionally when p has a controller secret).  Errors
- * (the queue is then unusable; the caller closes it):
- *   -EACCES  authentication required and no dhchap_secret given, or none
- *            asked although p has a controller secret (not for discovery); the
- *            controller's AUTH_Failure1 (wrong secret, ...); the
- *            controller's response did not match dhchap_ctrl_secret
- *   -EPROTONOSUPPORT  the controller requires secure channel concatenation
- *   -EPROTO  a malformed or unexpected message, a DH value out of range
- *   -EIO     an AUTH_Send/Receive completed with an NVMe error status
- *   -ETIMEDOUT  the transaction did not end by deadline (the connect's,
- *            on fx_nvmf_now_ms's clock; 0: each command gets the queue's
- *            own timeout)
- *   or what the transport's exec returned.
- * The reason, in words, is fx_nvmf_auth_error() on the same thread.
- */
-int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
-		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0,
-		      int64_t deadline);
 /* Why this thread's last connect failed authentication ("" if it did not:
- * cleared by every Connect, fx_nvmf_connect_cmd). */
+ * cleared by every Connect, fx_nvmf_connect_cmd; set by nvmf/auth_host.c). */
 const char *fx_nvmf_auth_error(void);
 void fx_nvmf_auth_error_clear(void);
+void fx_nvmf_auth_error_vset(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 
 /*
  * One transport, as the generic controller code sees it.  Const and

@@ -38,6 +38,7 @@
 
 #include "fabric.h" /* the TCP controller entry points defined at the end */
 #include "fx100io.h"
+#include "nvmf/auth_host.h"
 #include "nvme_tcp/pdu.h"
 #include "nvme_tcp/sock.h"
 #include "nvme_tcp/xfer.h"

@@ -214,10 +214,12 @@ int main(int argc, char **argv)
 	printf("  ioccsz     %u bytes, icdoff %u\n", c->ioccsz_bytes, c->icdoff);
 	printf("  nn         %u\n  io queues  %u granted, sqsize %u (0's based)\n", c->nn,
 	       c->io_queues, c->io_sqsize);
-	printf("  admin      hdgst %d ddgst %d cpda %u maxh2cdata %u\n", c->admin.hdgst,
-	       c->admin.ddgst, c->admin.cpda, c->admin.maxh2cdata);
-	CHECK_EQ(c->admin.hdgst, p.hdgst);
-	CHECK_EQ(c->admin.ddgst, p.ddgst);
+	const struct fx_nvmf_conn *admin = c->aq; /* an NVMe/TCP controller's admin queue */
+
+	printf("  admin      hdgst %d ddgst %d cpda %u maxh2cdata %u\n", admin->hdgst,
+	       admin->ddgst, admin->cpda, admin->maxh2cdata);
+	CHECK_EQ(admin->hdgst, p.hdgst);
+	CHECK_EQ(admin->ddgst, p.ddgst);
 	CHECK(c->io_queues >= 1);
 	CHECK(c->nn >= nsid);
 	CHECK(c->ioccsz_bytes >= 64);

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "nvmf/auth_crypto.h"
+#include "nvmf/auth_host.h"
 #include "nvmf/auth_msg.h"
 #include "nvmf/nvmf.h"
 
