@@ -25,19 +25,19 @@ cdef extern from "nvmf/ctrl.h" nogil:
         char traddr[256]
     struct fx_nvmf_transport:
         pass
-    int fx_nvmf_discover_tr(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
-                            const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
-                            _u16 *status)
+    int fx_nvmf_discover(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
+                         const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
+                         _u16 *status)
     int fx_nvmf_params_set_secret(fx_nvmf_params *p, int ctrl, const char *text,
                                   const char **why)
     void fx_nvmf_params_wipe(fx_nvmf_params *p)
     const char *fx_nvmf_auth_error()
 
 cdef extern from "transport/tcp_ctrl.h" nogil:
-    const fx_nvmf_transport fx_nvmf_tcp_transport
+    const fx_nvmf_transport fx_tcp_transport
 
 cdef extern from "transport/rdma_conn.h" nogil:
-    const fx_nvmf_transport fx_nvmf_rdma_transport
+    const fx_nvmf_transport fx_rdma_transport
 
 cdef extern from "nvmf/auth_crypto.h" nogil:
     struct fx_auth_key:
@@ -87,9 +87,9 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
     cdef _u16 status = 0
     cdef int rc
     if transport == "tcp":
-        tr = &fx_nvmf_tcp_transport
+        tr = &fx_tcp_transport
     elif transport == "rdma":
-        tr = &fx_nvmf_rdma_transport
+        tr = &fx_rdma_transport
     else:
         raise error_from_errno(22, f"discover: unknown transport {transport!r}")
     memset(&a, 0, sizeof(a))
@@ -111,7 +111,7 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
             raise error_from_errno(22, "discover: malformed "
                                    + ("dhchap_ctrl_secret" if ctrl else "dhchap_secret"))
     with nogil:
-        rc = fx_nvmf_discover_tr(tr, &a, &p, &e, &n, &status)
+        rc = fx_nvmf_discover(tr, &a, &p, &e, &n, &status)
         fx_nvmf_params_wipe(&p)
     check(rc, f"discover nvme+{transport}://{host}:{port}")
     out = []

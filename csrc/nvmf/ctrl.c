@@ -185,9 +185,9 @@ static void parse_idctrl(struct fx_nvmf_ctrl *c)
 	c->nn = fx_nvmf_le32(id + NVME_IDC_NN);
 }
 
-int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-			 const struct fx_nvmf_params *p, uint16_t want_io_queues,
-			 struct fx_nvmf_ctrl **out, uint16_t *status)
+int fx_nvmf_ctrl_open(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+		      const struct fx_nvmf_params *p, uint16_t want_io_queues,
+		      struct fx_nvmf_ctrl **out, uint16_t *status)
 {
 	struct fx_nvmf_ctrl *c;
 	int r;

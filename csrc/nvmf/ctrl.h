@@ -47,9 +47,9 @@ struct fx_nvmf_ctrl {
  * kato/3) when kato_ms > 0.  Errors as tr's connect, plus -ETIMEDOUT
  * (CSTS.RDY never set).
  */
-int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-                         const struct fx_nvmf_params *p, uint16_t want_io_queues,
-                         struct fx_nvmf_ctrl **out, uint16_t *status);
+int fx_nvmf_ctrl_open(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+                      const struct fx_nvmf_params *p, uint16_t want_io_queues,
+                      struct fx_nvmf_ctrl **out, uint16_t *status);
 /* Identify Namespace: size in blocks and block size (nsze * lba_size fits in
  * 64 bits).  -ENODEV (nsid not active), -EPROTO (unusable LBA format or a size
  * that overflows 64 bits). */
@@ -68,9 +68,9 @@ int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void
  * 0x70, re-read if GENCTR changes), disconnect.  *entries is malloc'ed
  * (caller frees).
  */
-int fx_nvmf_discover_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-                        const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
-                        uint32_t *n, uint16_t *status);
+int fx_nvmf_discover(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+                     const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
+                     uint32_t *n, uint16_t *status);
 
 /*
  * The discovery log reader fx_nvmf_discover() uses, on any source of log

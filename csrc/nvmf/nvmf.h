@@ -6,7 +6,9 @@
  *
  * Generic code (nvmf/ctrl.c, nvmf/discovery.c) never looks inside a queue:
  * a queue is whatever the transport's connect filled in, handled as void *.
- * Every function returns 0 or -errno, as fabric.h describes.
+ * Every function returns 0 or -errno; NVMe error statuses become -EIO (or
+ * a more specific errno where one fits) with the raw status field reported
+ * through the status out-parameter where there is one.
  */
 #ifndef FX100IO_NVMF_NVMF_H
 #define FX100IO_NVMF_NVMF_H
@@ -66,8 +68,8 @@ void fx_nvmf_auth_error_vset(const char *fmt, va_list ap) __attribute__((format(
  * connect: bring queue qid up to a completed Fabrics Connect (qid 0: admin,
  *   cntlid ignored; qid > 0: I/O queue of controller cntlid) into the
  *   caller's storage q; *cntlid_out gets the controller id.  Errors as
- *   fx_nvmf_tcp_connect in fabric.h.  On failure q holds nothing to close.
- * exec: one command, synchronously (fx_nvmf_exec's contract).  timeout_ms
+ *   fx_tcp_connect in transport/tcp_ctrl.h.  On failure q holds nothing to close.
+ * exec: one command, synchronously (fx_tcp_exec's contract).  timeout_ms
  *   > 0 caps the wait below the queue's own timeout (close uses it so a
  *   dead target cannot hold it for a full command timeout); 0: the queue's.
  * shutdown: make the queue fail every later command at once, without

@@ -122,8 +122,7 @@ static int rdma_dev_open(const struct fx_transport_ops *ops, const char *target,
 	if (!d)
 		return -ENOMEM;
 	d->base.ops = ops;
-	ret = fx_nvmf_dev_init(&d->nd, &fx_nvmf_rdma_transport, "nvme+rdma", target,
-	                       &d->base.info);
+	ret = fx_nvmf_dev_init(&d->nd, &fx_rdma_transport, "nvme+rdma", target, &d->base.info);
 	if (ret < 0) {
 		free(d);
 		return ret;

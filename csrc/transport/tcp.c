@@ -45,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../fabric.h"
+#include "tcp_ctrl.h"
 #include "../internal.h"
 #include "../nvmf/dev.h"
 #include "../reqs.h"
@@ -97,8 +97,7 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 	if (!d)
 		return -ENOMEM;
 	d->base.ops = ops;
-	ret = fx_nvmf_dev_init(&d->nd, &fx_nvmf_tcp_transport, "nvme+tcp", target,
-	                       &d->base.info);
+	ret = fx_nvmf_dev_init(&d->nd, &fx_tcp_transport, "nvme+tcp", target, &d->base.info);
 	if (ret < 0) {
 		free(d);
 		return ret;
@@ -180,7 +179,7 @@ struct tcp_queue;
 struct conn {
 	struct tcp_queue *q;
 	unsigned idx;
-	struct fx_nvmf_conn nc;
+	struct fx_tcp_conn nc;
 	/* qid, controller epoch, in-capsule size and ICDOFF of the live
 	 * connection, copied at connect: another thread may re-open (and
 	 * free) the controller while this connection sends */
@@ -809,7 +808,7 @@ static void arm_wake(struct tcp_queue *q)
 
 /* Take a connection the connect attempt made (nc: connected past Connect,
  * io: what dev_connect_io said of it). */
-static void conn_adopt(struct conn *c, const struct fx_nvmf_conn *nc,
+static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
                        const struct fx_nvmf_io_conn *io)
 {
 	struct tcp_queue *q = c->q;
@@ -882,7 +881,7 @@ static void cx_request(struct tcp_queue *q, struct conn *c)
 static int cx_collect(struct tcp_queue *q)
 {
 	struct fx_nvmf_io_conn io;
-	struct fx_nvmf_conn nc;
+	struct fx_tcp_conn nc;
 	unsigned ci;
 
 	if (!q->cx_busy)
@@ -1379,7 +1378,7 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		/* At creation the caller waits (without the GIL): an open
 		 * that cannot connect fails here, with why. */
 		struct fx_nvmf_io_conn io;
-		struct fx_nvmf_conn nc = {.fd = -1};
+		struct fx_tcp_conn nc = {.fd = -1};
 		fx_nvmf_dev_connect_io(&d->nd, NULL, &nc, &io);
 		ret = io.err;
 		if (ret < 0)

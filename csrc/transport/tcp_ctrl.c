@@ -36,7 +36,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fabric.h" /* the TCP controller entry points defined at the end */
 #include "fx100io.h"
 #include "nvmf/auth_host.h"
 #include "nvme_tcp/pdu.h"
@@ -80,7 +79,7 @@ static int recv_discard(int fd, size_t len, int64_t deadline)
 
 /* Stream errors leave the PDU stream out of step: make the socket unusable
  * (but keep the fd, which its owner closes) so the next call fails fast. */
-static int conn_fail(struct fx_nvmf_conn *c, int err)
+static int conn_fail(struct fx_tcp_conn *c, int err)
 {
 	if (c->fd >= 0 && (err == -EPROTO || err == -ETIMEDOUT || err == -ECONNRESET ||
 			   err == -EPIPE || err == -ECANCELED))
@@ -91,7 +90,7 @@ static int conn_fail(struct fx_nvmf_conn *c, int err)
 /* Tell the controller why we drop the connection (best effort), then fail
  * with -EPROTO.  hdr/hlen: the offending header, sent back as the spec asks
  * (at most 152 bytes). */
-static int proto_fail(struct fx_nvmf_conn *c, uint16_t fes, uint32_t fei, const void *hdr,
+static int proto_fail(struct fx_tcp_conn *c, uint16_t fes, uint32_t fei, const void *hdr,
 		      unsigned hlen)
 {
 	uint8_t b[FX_TCP_TERM_MAX];
@@ -128,7 +127,7 @@ static const char *fes_str(uint16_t fes)
  * we sent (FES 1..6 -> -EPROTO) or gave some other reason (-ECONNRESET); it
  * closes the connection either way.
  */
-static int recv_hdr(struct fx_nvmf_conn *c, union rx_hdr *h, uint32_t max_plen,
+static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen,
 		    int64_t deadline)
 {
 	int r = recv_full(c->fd, &h->ch, sizeof(h->ch), deadline);
@@ -172,7 +171,7 @@ static int recv_hdr(struct fx_nvmf_conn *c, union rx_hdr *h, uint32_t max_plen,
 /* ------------------------------------------------------------ commands */
 
 /* Send CapsuleCmd with incap bytes of data (0 or len) in the capsule. */
-static int send_capsule(struct fx_nvmf_conn *c, const struct nvme_sqe *sqe, const void *data,
+static int send_capsule(struct fx_tcp_conn *c, const struct nvme_sqe *sqe, const void *data,
 			uint32_t incap, int64_t deadline)
 {
 	uint8_t b[FX_TCP_HEAD_MAX];
@@ -192,7 +191,7 @@ static int send_capsule(struct fx_nvmf_conn *c, const struct nvme_sqe *sqe, cons
 
 /* Answer an R2T: H2CData PDUs of at most maxh2cdata covering
  * [r2to, r2to + r2tl) of data, the last one flagged LAST_PDU. */
-static int send_h2c(struct fx_nvmf_conn *c, uint16_t cid, uint16_t ttag, const uint8_t *data,
+static int send_h2c(struct fx_tcp_conn *c, uint16_t cid, uint16_t ttag, const uint8_t *data,
 		    uint32_t r2to, uint32_t r2tl, int64_t deadline)
 {
 	uint32_t off = r2to, end = r2to + r2tl;
@@ -231,7 +230,7 @@ static int send_h2c(struct fx_nvmf_conn *c, uint16_t cid, uint16_t ttag, const u
  * The whole exchange for one command.  incap_max: the most write data that
  * may travel in the capsule on this queue (larger writes wait for R2T).
  */
-static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
+static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
 		    int write, uint32_t incap_max, struct nvme_cqe *cqe, int cap_ms)
 {
 	uint8_t *buf = data;
@@ -385,8 +384,8 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 	}
 }
 
-int fx_nvmf_exec(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
-		 int write, struct nvme_cqe *cqe)
+int fx_tcp_exec(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
+		struct nvme_cqe *cqe)
 {
 	return exec_cmd(c, sqe, data, len, write, c->incap_max, cqe, 0);
 }
@@ -467,7 +466,7 @@ static int tcp_open(const struct fx_nvmf_addr *a, int64_t deadline, int *out)
 	return err;
 }
 
-static int ic_exchange(struct fx_nvmf_conn *c, int want_hdgst, int want_ddgst, int64_t deadline)
+static int ic_exchange(struct fx_tcp_conn *c, int want_hdgst, int want_ddgst, int64_t deadline)
 {
 	struct nvme_tcp_icreq_pdu req;
 	uint8_t asked = (uint8_t)((want_hdgst ? NVME_TCP_HDGST_ENABLE : 0) |
@@ -517,9 +516,8 @@ static int ic_exchange(struct fx_nvmf_conn *c, int want_hdgst, int want_ddgst, i
 	return 0;
 }
 
-int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-			uint16_t qid, uint16_t sqsize, uint16_t cntlid, struct fx_nvmf_conn *out,
-			uint16_t *status)
+int fx_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
+		   uint16_t sqsize, uint16_t cntlid, struct fx_tcp_conn *out, uint16_t *status)
 {
 	if (status)
 		*status = 0;
@@ -540,7 +538,7 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 	out->sqsize = sqsize;
 	/* Admin: NVMe/TCP's 8 KiB.  I/O: what the admin queue's Identify
 	 * said (p->io_incap_max), for the AUTH_Send after Connect; the data
-	 * path's own limit is the caller's, see fabric.h. */
+	 * path's own limit is the caller's (transport/tcp.c). */
 	out->incap_max = qid == 0 ? ADMIN_INCAPSULE_MAX : p->io_incap_max;
 	r = ic_exchange(out, p->hdgst, p->ddgst, deadline);
 	if (r)
@@ -566,16 +564,16 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 		goto fail;
 	out->cntlid = qid ? cntlid : (uint16_t)(cqe.dw0 & 0xffff);
 	/* In-band authentication, when the Connect response asks for it. */
-	r = fx_nvmf_auth_host(&fx_nvmf_tcp_transport, out, p, qid, cqe.dw0, deadline);
+	r = fx_nvmf_auth_host(&fx_tcp_transport, out, p, qid, cqe.dw0, deadline);
 	if (r)
 		goto fail;
 	return 0;
 fail:
-	fx_nvmf_conn_close(out);
+	fx_tcp_conn_close(out);
 	return r;
 }
 
-void fx_nvmf_conn_close(struct fx_nvmf_conn *c)
+void fx_tcp_conn_close(struct fx_tcp_conn *c)
 {
 	if (c->fd >= 0)
 		close(c->fd);
@@ -588,8 +586,8 @@ static int tcp_q_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_para
 			 uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
 			 uint16_t *cntlid_out, uint16_t *status)
 {
-	struct fx_nvmf_conn *c = q;
-	int r = fx_nvmf_tcp_connect(a, p, qid, sqsize, cntlid, c, status);
+	struct fx_tcp_conn *c = q;
+	int r = fx_tcp_connect(a, p, qid, sqsize, cntlid, c, status);
 
 	if (!r)
 		*cntlid_out = c->cntlid;
@@ -599,7 +597,7 @@ static int tcp_q_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_para
 static int tcp_q_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
 		      struct nvme_cqe *cqe, int timeout_ms)
 {
-	struct fx_nvmf_conn *c = q;
+	struct fx_tcp_conn *c = q;
 
 	return exec_cmd(c, sqe, data, len, write, c->incap_max, cqe, timeout_ms);
 }
@@ -608,7 +606,7 @@ static int tcp_q_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, i
  * wakes with an error, and the owner still closes it exactly once. */
 static void tcp_q_shutdown(void *q)
 {
-	struct fx_nvmf_conn *c = q;
+	struct fx_tcp_conn *c = q;
 
 	if (c->fd >= 0)
 		shutdown(c->fd, SHUT_RDWR);
@@ -616,36 +614,36 @@ static void tcp_q_shutdown(void *q)
 
 static void tcp_q_close(void *q)
 {
-	fx_nvmf_conn_close(q);
+	fx_tcp_conn_close(q);
 }
 
-const struct fx_nvmf_transport fx_nvmf_tcp_transport = {
+const struct fx_nvmf_transport fx_tcp_transport = {
 	.name = "tcp",
-	.queue_size = sizeof(struct fx_nvmf_conn),
+	.queue_size = sizeof(struct fx_tcp_conn),
 	.connect = tcp_q_connect,
 	.exec = tcp_q_exec,
 	.shutdown = tcp_q_shutdown,
 	.close = tcp_q_close,
 };
 
-int fx_nvmf_prop_get(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t *val)
+int fx_tcp_prop_get(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t *val)
 {
-	return fx_nvmf_q_prop_get(&fx_nvmf_tcp_transport, c, off, size8, val, 0);
+	return fx_nvmf_q_prop_get(&fx_tcp_transport, c, off, size8, val, 0);
 }
 
-int fx_nvmf_prop_set(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t val)
+int fx_tcp_prop_set(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t val)
 {
-	return fx_nvmf_q_prop_set(&fx_nvmf_tcp_transport, c, off, size8, val, 0);
+	return fx_nvmf_q_prop_set(&fx_tcp_transport, c, off, size8, val, 0);
 }
 
-int fx_nvmf_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-		      uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status)
+int fx_tcp_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+		     uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status)
 {
-	return fx_nvmf_ctrl_open_tr(&fx_nvmf_tcp_transport, a, p, want_io_queues, out, status);
+	return fx_nvmf_ctrl_open(&fx_tcp_transport, a, p, want_io_queues, out, status);
 }
 
-int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-		     struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status)
+int fx_tcp_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+		    struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status)
 {
-	return fx_nvmf_discover_tr(&fx_nvmf_tcp_transport, a, p, entries, n, status);
+	return fx_nvmf_discover(&fx_tcp_transport, a, p, entries, n, status);
 }
