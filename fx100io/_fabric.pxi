@@ -1,7 +1,7 @@
-# Binding of the NVMe-oF control path (csrc/nvmf/): discovery; included by _core.pyx.
+# Binding of the NVMe-oF control path (csrc/host/): discovery; included by _core.pyx.
 from libc.stdint cimport uint8_t as _u8, uint16_t as _u16, uint32_t as _u32
 
-cdef extern from "nvmf/ctrl.h" nogil:
+cdef extern from "host/ctrl.h" nogil:
     struct fx_nvmf_addr:
         char host[256]
         char port[16]
@@ -39,7 +39,7 @@ cdef extern from "transport/tcp_ctrl.h" nogil:
 cdef extern from "transport/rdma_conn.h" nogil:
     const fx_nvmf_transport fx_rdma_transport
 
-cdef extern from "nvmf/auth_crypto.h" nogil:
+cdef extern from "auth/auth_crypto.h" nogil:
     struct fx_auth_key:
         _u8 len
     int fx_auth_key_parse(const char *text, fx_auth_key *key, const char **why)
@@ -58,7 +58,7 @@ cdef str _fixed(const char *p, size_t n):
 
 def dhchap_secret_error(str text):
     """None when text is a well-formed DH-HMAC-CHAP secret (DHHC-1:HH:...:),
-    else why not, in words that never quote it (csrc/nvmf/auth_crypto.c
+    else why not, in words that never quote it (csrc/auth/auth_crypto.c
     parses it: the one parser, also used at open)."""
     cdef fx_auth_key k
     cdef const char *why = NULL

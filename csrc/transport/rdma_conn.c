@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/auth_host.h"
+#include "host/auth_host.h"
 
 /* The private data of the CM connect request (NVMe/RDMA transport spec). */
 struct rdma_cm_req_priv {

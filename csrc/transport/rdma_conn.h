@@ -16,7 +16,7 @@
 #include <rdma/rdma_cma.h>
 #include <stdint.h>
 
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 #include "transport/rdma_mem.h"
 
 #define FX_RDMA_WR_SEND (1ull << 32)

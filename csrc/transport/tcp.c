@@ -2,7 +2,7 @@
  * The NVMe/TCP transport: a namespace of a remote NVMe-oF controller, read
  * and written from userspace over io_uring sockets.
  *
- * The device owns the controller (admin queue and keep alive, nvmf/ctrl.c).
+ * The device owns the controller (admin queue and keep alive, host/ctrl.c).
  * Each fx_queue (one per thread) connects `queues` I/O queues of its own,
  * each a TCP connection driven by one io_uring ring.  Per connection there
  * is always one recv in flight and at most one sendmsg, so the byte stream
@@ -22,7 +22,7 @@
  *
  * Reconnecting never blocks the queue's thread (the event loop, for async
  * callers): a connection that is down and needed is handed to the queue's
- * connector thread (nvmf/dev.c, as the URI options, the controller and the
+ * connector thread (host/dev.c, as the URI options, the controller and the
  * qid map), which does the TCP connect, ICReq, Connect and, when the
  * controller is gone, its re-open, all blocking and without the GIL, then
  * posts the connected socket to a slot and writes an eventfd that the ring
@@ -47,7 +47,7 @@
 
 #include "tcp_ctrl.h"
 #include "../internal.h"
-#include "../nvmf/dev.h"
+#include "../host/dev.h"
 #include "../reqs.h"
 #include "../nvme_tcp/pdu.h"
 #include "../nvme_tcp/xfer.h"
@@ -82,7 +82,7 @@ enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4, UD_CANCEL = 5
 /* --------------------------------------------------------------- device */
 
 /* The URI options, the controller, the qid map and the connect attempts
- * are nvmf/dev.c's (nd); what is here is how commands move. */
+ * are host/dev.c's (nd); what is here is how commands move. */
 struct tcp_dev {
 	struct fx_dev base;
 	struct fx_nvmf_dev nd;

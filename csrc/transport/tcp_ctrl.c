@@ -1,6 +1,6 @@
 /*
  * NVMe-oF control path over TCP on blocking sockets (see tcp_ctrl.h):
- * the TCP transport table the generic controller code (nvmf/) drives.
+ * the TCP transport table the generic controller code (host/) drives.
  *
  * One command at a time per connection: the caller (or the controller's
  * mutex) serialises, so a connection never has more than one command or one
@@ -37,7 +37,7 @@
 #include <unistd.h>
 
 #include "fx100io.h"
-#include "nvmf/auth_host.h"
+#include "host/auth_host.h"
 #include "nvme_tcp/pdu.h"
 #include "nvme_tcp/sock.h"
 #include "nvme_tcp/xfer.h"
@@ -242,7 +242,7 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 		return -EINVAL;
 
 	/* cap_ms > 0 shortens the queue's own timeout (see the table in
-	 * nvmf/nvmf.h); it never lengthens it. */
+	 * host/nvmf.h); it never lengthens it. */
 	int timeout_ms = c->timeout_ms;
 
 	if (cap_ms > 0 && (timeout_ms <= 0 || timeout_ms > cap_ms))

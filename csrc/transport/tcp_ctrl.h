@@ -2,8 +2,8 @@
  * The NVMe/TCP side of the control path (transport/tcp_ctrl.c): TCP
  * connect, ICReq/ICResp and Fabrics Connect on a blocking socket, and
  * synchronous commands on it (in-capsule data, R2T/H2CData, C2HData).  It
- * implements the transport table of nvmf/nvmf.h (fx_tcp_transport),
- * through which the generic controller code (nvmf/ctrl.c) drives it.
+ * implements the transport table of host/nvmf.h (fx_tcp_transport),
+ * through which the generic controller code (host/ctrl.c) drives it.
  *
  * The data path does not go through here: an I/O queue is connected with
  * fx_tcp_connect() and its socket is then driven by io_uring
@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/ctrl.h"
-#include "nvmf/nvmf.h"
+#include "host/ctrl.h"
+#include "host/nvmf.h"
 
 /* One connected queue (admin or I/O): a TCP socket past ICResp and Connect. */
 struct fx_tcp_conn {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 #include "transport/rdma_conn.h"
 
 int main(int argc, char **argv)

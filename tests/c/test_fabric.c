@@ -1,6 +1,6 @@
 /*
  * End-to-end check of the NVMe/TCP control path (csrc/transport/tcp_ctrl.c
- * over csrc/nvmf/) against a live target, normally the fabric lab's Linux nvmet:
+ * over csrc/host/) against a live target, normally the fabric lab's Linux nvmet:
  *
  *   python3 tools/fabric_lab/lab.py exec -- \
  *       tests/c/build/test_fabric [options] ADDR PORT SUBNQN

@@ -1,18 +1,18 @@
 /*
  * The host's side of in-band authentication (DH-HMAC-CHAP,
- * nvmf/auth_host.c), which every transport's connect runs after Fabrics
- * Connect.  The reason for a failure is fx_nvmf_auth_error() (nvmf/nvmf.h).
+ * host/auth_host.c), which every transport's connect runs after Fabrics
+ * Connect.  The reason for a failure is fx_nvmf_auth_error() (host/nvmf.h).
  */
-#ifndef FX100IO_NVMF_AUTH_HOST_H
-#define FX100IO_NVMF_AUTH_HOST_H
+#ifndef FX100IO_HOST_AUTH_HOST_H
+#define FX100IO_HOST_AUTH_HOST_H
 
 #include <stdint.h>
 
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 
 /*
  * In-band authentication after a successful Fabrics Connect on queue q
- * (nvmf/auth_host.c); every transport's connect calls it with the Connect
+ * (host/auth_host.c); every transport's connect calls it with the Connect
  * response's DW0, so the admin queue, every I/O queue and every reconnect
  * authenticate.  0: the controller asked for none, or DH-HMAC-CHAP
  * succeeded (bidirectionally when p has a controller secret).  Errors

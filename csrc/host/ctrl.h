@@ -1,16 +1,16 @@
 /*
- * The NVMe-oF controller, the same on every fabric (nvmf/ctrl.c,
- * nvmf/discovery.c): admin queue set-up through a transport table
- * (nvmf/nvmf.h), CAP/VS, enable, Identify, Number of Queues, keep alive,
+ * The NVMe-oF controller, the same on every fabric (host/ctrl.c,
+ * host/discovery.c): admin queue set-up through a transport table
+ * (host/nvmf.h), CAP/VS, enable, Identify, Number of Queues, keep alive,
  * shutdown, Identify Namespace and the discovery log.
  */
-#ifndef FX100IO_NVMF_CTRL_H
-#define FX100IO_NVMF_CTRL_H
+#ifndef FX100IO_HOST_CTRL_H
+#define FX100IO_HOST_CTRL_H
 
 #include <pthread.h>
 #include <stdint.h>
 
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 
 /* An open controller: admin queue, identify data, keep-alive thread. */
 struct fx_nvmf_ctrl {

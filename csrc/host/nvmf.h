@@ -1,24 +1,24 @@
 /*
- * What every NVMe-oF transport shares (see DESIGN.md, csrc/nvmf/): the
+ * What every NVMe-oF transport shares (see DESIGN.md, csrc/host/): the
  * addressing and connect parameters, the per-transport table the generic
  * code drives queues through, and the helpers that build and decode the
  * Fabrics commands (Connect, Property Get/Set) the same way on any fabric.
  *
- * Generic code (nvmf/ctrl.c, nvmf/discovery.c) never looks inside a queue:
+ * Generic code (host/ctrl.c, host/discovery.c) never looks inside a queue:
  * a queue is whatever the transport's connect filled in, handled as void *.
  * Every function returns 0 or -errno; NVMe error statuses become -EIO (or
  * a more specific errno where one fits) with the raw status field reported
  * through the status out-parameter where there is one.
  */
-#ifndef FX100IO_NVMF_NVMF_H
-#define FX100IO_NVMF_NVMF_H
+#ifndef FX100IO_HOST_NVMF_H
+#define FX100IO_HOST_NVMF_H
 
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/auth_crypto.h"
+#include "auth/auth_crypto.h"
 
 struct fx_nvmf_transport;
 
@@ -56,7 +56,7 @@ int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *te
 void fx_nvmf_params_wipe(struct fx_nvmf_params *p);
 
 /* Why this thread's last connect failed authentication ("" if it did not:
- * cleared by every Connect, fx_nvmf_connect_cmd; set by nvmf/auth_host.c). */
+ * cleared by every Connect, fx_nvmf_connect_cmd; set by host/auth_host.c). */
 const char *fx_nvmf_auth_error(void);
 void fx_nvmf_auth_error_clear(void);
 void fx_nvmf_auth_error_vset(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));

@@ -1,10 +1,10 @@
 /*
- * An NVMe-oF namespace as a device, on any transport (see nvmf/dev.h).
+ * An NVMe-oF namespace as a device, on any transport (see host/dev.h).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "nvmf/dev.h"
+#include "host/dev.h"
 
 #include <errno.h>
 #include <stdio.h>

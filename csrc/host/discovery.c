@@ -1,12 +1,12 @@
 /*
- * Discovery on any transport (see nvmf/ctrl.h): the discovery log reader,
+ * Discovery on any transport (see host/ctrl.h): the discovery log reader,
  * which only needs a source of log bytes (so it is fuzzed on its own), and
  * a one-shot discovery controller that feeds it through Get Log Page.
  */
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/ctrl.h"
+#include "host/ctrl.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -41,7 +41,7 @@ int64_t fx_nvmf_deadline_in(int timeout_ms)
 
 /* The last authentication failure of this thread (see nvmf.h): kept
  * here, with the other per-thread connect state, so that the Connect
- * helpers clear it without reaching into nvmf/auth_host.c, which sets it. */
+ * helpers clear it without reaching into host/auth_host.c, which sets it. */
 static _Thread_local char auth_err[320];
 
 const char *fx_nvmf_auth_error(void)

@@ -21,11 +21,11 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/auth_host.h"
+#include "host/auth_host.h"
 
-#include "nvmf/auth_crypto.h"
-#include "nvmf/auth_msg.h"
-#include "nvmf/nvmf.h"
+#include "auth/auth_crypto.h"
+#include "auth/auth_msg.h"
+#include "host/nvmf.h"
 
 #include <errno.h>
 #include <stdarg.h>

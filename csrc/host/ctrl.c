@@ -1,5 +1,5 @@
 /*
- * The NVMe-oF controller on any transport (see nvmf/ctrl.h): the admin
+ * The NVMe-oF controller on any transport (see host/ctrl.h): the admin
  * queue is connected, driven and closed only through the transport's table,
  * so this file knows nothing of sockets, PDUs or queue pairs.
  *
@@ -10,7 +10,7 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/ctrl.h"
+#include "host/ctrl.h"
 
 #include <errno.h>
 #include <limits.h>
