@@ -1,7 +1,7 @@
-# Binding of the NVMe-oF control path (csrc/fabric.c): discovery; included by _core.pyx.
+# Binding of the NVMe-oF control path (csrc/host/): discovery; included by _core.pyx.
 from libc.stdint cimport uint8_t as _u8, uint16_t as _u16, uint32_t as _u32
 
-cdef extern from "fabric.h" nogil:
+cdef extern from "host/ctrl.h" nogil:
     struct fx_nvmf_addr:
         char host[256]
         char port[16]
@@ -25,22 +25,20 @@ cdef extern from "fabric.h" nogil:
         char traddr[256]
     struct fx_nvmf_transport:
         pass
-    const fx_nvmf_transport fx_nvmf_tcp_transport
-    const fx_nvmf_transport fx_nvmf_rdma_transport
-    int fx_nvmf_discover_tr(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
-                            const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
-                            _u16 *status)
+    int fx_nvmf_discover(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
+                         const fx_nvmf_params *p, nvmf_disc_log_entry **entries, _u32 *n,
+                         _u16 *status)
     int fx_nvmf_params_set_secret(fx_nvmf_params *p, int ctrl, const char *text,
                                   const char **why)
     void fx_nvmf_params_wipe(fx_nvmf_params *p)
     const char *fx_nvmf_auth_error()
 
-cdef extern from "nvmf/dev.h" nogil:
+cdef extern from "host/dev.h" nogil:
     const char *const *fx_nvmf_dev_keys()
 
 
 def fabric_target_keys():
-    """The keys the C transport reads from a target string (csrc/nvmf/dev.c),
+    """The keys the C transport reads from a target string (csrc/host/dev.c),
     for the test that holds them to fx100io/fabric_options.py."""
     cdef const char *const *keys = fx_nvmf_dev_keys()
     out = []
@@ -51,7 +49,13 @@ def fabric_target_keys():
     return tuple(out)
 
 
-cdef extern from "nvmf/auth_crypto.h" nogil:
+cdef extern from "transport/tcp_ctrl.h" nogil:
+    const fx_nvmf_transport fx_tcp_transport
+
+cdef extern from "transport/rdma_conn.h" nogil:
+    const fx_nvmf_transport fx_rdma_transport
+
+cdef extern from "auth/auth_crypto.h" nogil:
     struct fx_auth_key:
         _u8 len
     int fx_auth_key_parse(const char *text, fx_auth_key *key, const char **why)
@@ -70,7 +74,7 @@ cdef str _fixed(const char *p, size_t n):
 
 def dhchap_secret_error(str text):
     """None when text is a well-formed DH-HMAC-CHAP secret (DHHC-1:HH:...:),
-    else why not, in words that never quote it (csrc/nvmf/auth_crypto.c
+    else why not, in words that never quote it (csrc/auth/auth_crypto.c
     parses it: the one parser, also used at open)."""
     cdef fx_auth_key k
     cdef const char *why = NULL
@@ -99,9 +103,9 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
     cdef _u16 status = 0
     cdef int rc
     if transport == "tcp":
-        tr = &fx_nvmf_tcp_transport
+        tr = &fx_tcp_transport
     elif transport == "rdma":
-        tr = &fx_nvmf_rdma_transport
+        tr = &fx_rdma_transport
     else:
         raise error_from_errno(22, f"discover: unknown transport {transport!r}")
     memset(&a, 0, sizeof(a))
@@ -123,7 +127,7 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
             raise error_from_errno(22, "discover: malformed "
                                    + ("dhchap_ctrl_secret" if ctrl else "dhchap_secret"))
     with nogil:
-        rc = fx_nvmf_discover_tr(tr, &a, &p, &e, &n, &status)
+        rc = fx_nvmf_discover(tr, &a, &p, &e, &n, &status)
         fx_nvmf_params_wipe(&p)
     check(rc, f"discover nvme+{transport}://{host}:{port}")
     out = []

@@ -1,7 +1,7 @@
 """The NVMe-oF URI's query options, declared once.
 
 Each row says what the option is called in a URI, what the C transport's
-target string calls it (csrc/nvmf/dev.c reads those key=value lines), which
+target string calls it (csrc/host/dev.c reads those key=value lines), which
 values it takes, which transports have it, how the kernel path hands it to
 ``nvme connect`` and whether it is a secret.  fabric_uri's parser checks URIs
 against this table, uri_redact hides the secret ones, and tests hold the C

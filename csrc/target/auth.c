@@ -26,8 +26,8 @@
  * completes and the reason goes back in Failure1, as Linux's nvmet does;
  * only malformed commands (SECP/SPSP, TL/AL against the data) get an error
  * status.  One log line per failed transaction names the host and the
- * reason, never a secret.  The crypto is nvmf/auth_crypto.c (libcrypto);
- * the messages are parsed and built by nvmf/auth_msg.h, as the initiator's.
+ * reason, never a secret.  The crypto is auth/auth_crypto.c (libcrypto);
+ * the messages are parsed and built by auth/auth_msg.h, as the initiator's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvmf/auth_msg.h"
+#include "auth/auth_msg.h"
 #include "tgt.h"
 
 enum tgt_auth_step {

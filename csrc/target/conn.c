@@ -45,11 +45,12 @@
 #include <unistd.h>
 
 #include "fx100io.h"
-#include "tcp_pdu.h"
+#include "nvme_tcp/pdu.h"
+#include "nvme_tcp/sock.h"
 #include "tgt.h"
 
-/* Largest header we read: ICReq (128) + header digest, with room to spare. */
-#define HDR_BUF 160
+/* Room for any header we read or build (nvme_tcp/pdu.h). */
+#define HDR_BUF FX_TCP_HEAD_MAX
 
 const char *tgt_conn_state_str(enum tgt_conn_state s)
 {
@@ -324,36 +325,25 @@ static int send_errno(struct tgt_conn *c, int e)
 	return send_said_why(c, -EPIPE);
 }
 
+/* Every byte of iov[0..cnt) on the socket, whose SO_SNDTIMEO is stall_ms:
+ * a send that would block means the host stopped reading.  more: the PDU
+ * goes on (MSG_MORE). */
 static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 {
-	struct msghdr m;
+	size_t sent = 0;
+	int ret = fx_tcp_sendv(c->fd, iov, cnt, more ? MSG_MORE : 0, FX_TCP_NO_DEADLINE, -1, &sent);
 
-	while (cnt > 0) {
-		ssize_t r;
-
-		memset(&m, 0, sizeof(m));
-		m.msg_iov = iov;
-		m.msg_iovlen = (size_t)cnt;
-		r = sendmsg(c->fd, &m, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return send_stalled(c);
-			return send_errno(c, errno);
-		}
-		while (cnt > 0 && (size_t)r >= iov->iov_len) {
-			r -= (ssize_t)iov->iov_len;
-			iov++;
-			cnt--;
-		}
-		if (cnt > 0) {
-			iov->iov_base = (uint8_t *)iov->iov_base + r;
-			iov->iov_len -= (size_t)r;
-		}
-		c->send_short = cnt > 0; /* (see send_errno) */
+	if (!ret) {
+		c->send_short = 0;
+		return 0;
 	}
-	return 0;
+	/* A send that got some bytes out and then failed returned short
+	 * (see send_errno). */
+	if (sent)
+		c->send_short = 1;
+	if (ret == -EAGAIN)
+		return send_stalled(c);
+	return send_errno(c, -ret);
 }
 
 void tgt_send_lock(struct tgt_conn *c)
@@ -388,22 +378,13 @@ static int pdu_sent(struct tgt_conn *c)
 	return 0;
 }
 
-/* Header digest and zero padding up to pdo after a header built in b. */
-static unsigned head_finish(struct tgt_conn *c, uint8_t *b, unsigned hlen, unsigned pdo)
+/* Header digest and zero padding up to pdo after a header built in b
+ * (HDR_BUF bytes; padding to any HPDA <= 31 fits). */
+static unsigned head_finish(uint8_t *b)
 {
-	unsigned n = hlen;
+	int n = fx_tcp_head_finish(b, HDR_BUF);
 
-	if (c->hdgst) {
-		uint32_t d = fx_tcp_hdgst(b, hlen);
-
-		memcpy(b + n, &d, 4);
-		n += 4;
-	}
-	if (pdo > n) {
-		memset(b + n, 0, pdo - n);
-		n = pdo;
-	}
-	return n;
+	return n < 0 ? 0 : (unsigned)n; /* (cannot fail: HDR_BUF holds any) */
 }
 
 static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1)
@@ -424,7 +405,7 @@ static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0
 	cqe.status = (uint16_t)(sf << 1); /* phase tag 0: fabrics have no CQ memory */
 	memcpy(b + sizeof(*h), &cqe, sizeof(cqe));
 	iov.iov_base = b;
-	iov.iov_len = head_finish(c, b, h->hlen, 0);
+	iov.iov_len = head_finish(b);
 	if (c->t->verbose && sf)
 		tgt_log(c->t, "%s qid %u: cid %u status sct %u sc 0x%02x%s", c->peer, c->qid, cid,
 		        NVME_SCT(sf), NVME_SC(sf), (sf & NVME_DNR) ? " dnr" : "");
@@ -446,7 +427,7 @@ static unsigned c2h_head(struct tgt_conn *c, uint8_t *b, uint16_t cid, uint32_t 
                          uint32_t len, int last)
 {
 	struct nvme_tcp_data_pdu *d = (struct nvme_tcp_data_pdu *)b;
-	unsigned pdo = fx_tcp_hdr_init(&d->hdr, NVME_TCP_C2H_DATA, len, c->hdgst, c->ddgst, c->hpda);
+	fx_tcp_hdr_init(&d->hdr, NVME_TCP_C2H_DATA, len, c->hdgst, c->ddgst, c->hpda);
 
 	d->cccid = cid;
 	d->ttag = 0;
@@ -455,21 +436,21 @@ static unsigned c2h_head(struct tgt_conn *c, uint8_t *b, uint16_t cid, uint32_t 
 	memset(d->rsvd, 0, sizeof(d->rsvd));
 	if (last)
 		d->hdr.flags |= NVME_TCP_F_DATA_LAST;
-	return head_finish(c, b, sizeof(*d), pdo);
+	return head_finish(b);
 }
 
-static uint32_t c2h_ddgst(struct tgt_conn *c, const void *data, uint32_t len)
+/* Count a C2HData PDU; --fault-corrupt-ddgst flips the data digest
+ * (ddgst, NULL without one) of every Nth. */
+static void c2h_count(struct tgt_conn *c, uint32_t *ddgst)
 {
-	uint32_t crc = fx_crc32c(0, data, len);
 	uint32_t n = c->t->fault_corrupt_ddgst;
 
 	c->c2h_sent++;
-	if (n && c->c2h_sent % n == 0) {
+	if (ddgst && n && c->c2h_sent % n == 0) {
 		tgt_log(c->t, "%s: fault injection: corrupting the data digest of C2HData #%u",
 		        c->peer, c->c2h_sent);
-		crc ^= 0xFFFFFFFFu;
+		*ddgst ^= 0xFFFFFFFFu;
 	}
-	return crc;
 }
 
 /* One C2HData PDU carrying a buffer. */
@@ -479,20 +460,10 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 	uint8_t b[HDR_BUF];
 	struct iovec iov[3];
 	uint32_t crc = 0;
-	int n = 2, ret;
+	int n, ret;
 
-	iov[0].iov_base = b;
-	iov[0].iov_len = c2h_head(c, b, cid, datao, len, last);
-	iov[1].iov_base = (void *)data;
-	iov[1].iov_len = len;
-	if (c->ddgst) {
-		crc = c2h_ddgst(c, data, len);
-		iov[2].iov_base = &crc;
-		iov[2].iov_len = 4;
-		n = 3;
-	} else {
-		c->c2h_sent++;
-	}
+	n = fx_tcp_pdu_iov(iov, b, c2h_head(c, b, cid, datao, len, last), data, len, &crc);
+	c2h_count(c, c->ddgst ? &crc : NULL);
 	ret = send_iov(c, iov, n, 0);
 	return ret ? ret : pdu_sent(c);
 }
@@ -549,7 +520,7 @@ static int send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t le
 	r->r2tl = len;
 	memset(r->rsvd, 0, sizeof(r->rsvd));
 	iov.iov_base = b;
-	iov.iov_len = head_finish(c, b, sizeof(*r), 0);
+	iov.iov_len = head_finish(b);
 	tgt_send_lock(c);
 	ret = send_iov(c, &iov, 1, 0);
 	if (!ret)
@@ -595,22 +566,13 @@ static void linger_after_term(struct tgt_conn *c)
 static int term(struct tgt_conn *c, const uint8_t *hdr, unsigned hdr_len, uint16_t fes,
                 uint32_t fei, const char *why)
 {
-	uint8_t b[sizeof(struct nvme_tcp_term_pdu) + 152];
-	struct nvme_tcp_term_pdu *p = (struct nvme_tcp_term_pdu *)b;
-	unsigned copy = hdr_len < 152 ? hdr_len : 152;
+	uint8_t b[FX_TCP_TERM_MAX];
 	struct iovec iov;
 
 	tgt_log(c->t, "%s qid %u: %s; sending C2HTermReq (fes %u) and closing", c->peer, c->qid,
 	        why, fes);
-	memset(b, 0, sizeof(*p));
-	fx_tcp_hdr_init(&p->hdr, NVME_TCP_C2H_TERM, 0, 0, 0, 0);
-	p->hdr.plen = (uint32_t)(sizeof(*p) + copy);
-	p->fes = fes;
-	p->feil = (uint16_t)(fei & 0xFFFF);
-	p->feiu = (uint16_t)(fei >> 16);
-	memcpy(b + sizeof(*p), hdr, copy);
 	iov.iov_base = b;
-	iov.iov_len = sizeof(*p) + copy;
+	iov.iov_len = fx_tcp_term_build(b, NVME_TCP_C2H_TERM, fes, fei, hdr, hdr_len);
 	tgt_send_lock(c);
 	send_iov(c, &iov, 1, 0);
 	tgt_ioq_quiesce(c); /* (nothing may follow the C2HTermReq) */
@@ -1252,10 +1214,10 @@ static int recv_data(struct tgt_conn *c, const struct nvme_tcp_hdr *h, unsigned 
 	if (h->flags & NVME_TCP_F_DDGST) {
 		uint32_t d;
 
-		ret = recv_all(c, &d, 4);
+		ret = recv_all(c, &d, sizeof(d));
 		if (ret)
 			return ret;
-		if (d != fx_crc32c(0, buf, datal)) {
+		if (d != fx_tcp_ddgst(buf, datal)) {
 			*bad = 1;
 			tgt_log(c->t, "%s qid %u: data digest error (failing the command)", c->peer, c->qid);
 		}
@@ -1271,7 +1233,7 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	int bad = 0, ret;
 
 	if (h->plen > have) {
-		unsigned dd = (h->flags & NVME_TCP_F_DDGST) ? 4 : 0;
+		unsigned dd = (h->flags & NVME_TCP_F_DDGST) ? NVME_TCP_DIGEST_LEN : 0;
 
 		/* fx_tcp_pdu_check() made have <= pdo < plen - dd */
 		icd_len = h->plen - h->pdo - dd;
@@ -1337,7 +1299,7 @@ static int finish_r2t(struct tgt_conn *c, unsigned idx)
 static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 {
 	const struct nvme_tcp_data_pdu *d = (const struct nvme_tcp_data_pdu *)hb;
-	unsigned dd = (d->hdr.flags & NVME_TCP_F_DDGST) ? 4 : 0;
+	unsigned dd = (d->hdr.flags & NVME_TCP_F_DDGST) ? NVME_TCP_DIGEST_LEN : 0;
 	uint32_t datal = d->hdr.plen - d->hdr.pdo - dd; /* > 0: checked */
 	struct tgt_r2t *s;
 	int bad, ret;
@@ -1392,11 +1354,11 @@ static uint32_t max_plen(uint8_t type)
 	/* Header + digest + the most pad a pdo byte can express + data + digest */
 	switch (type) {
 	case NVME_TCP_CMD:
-		return 255 + FX_TGT_ICD_MAX + 4;
+		return UINT8_MAX + FX_TGT_ICD_MAX + NVME_TCP_DIGEST_LEN;
 	case NVME_TCP_H2C_DATA:
-		return 255 + FX_TGT_MAXH2CDATA + 4;
+		return UINT8_MAX + FX_TGT_MAXH2CDATA + NVME_TCP_DIGEST_LEN;
 	default: /* ICReq (exactly 128) and TermReq (header + 152) */
-		return sizeof(struct nvme_tcp_term_pdu) + 152;
+		return FX_TCP_TERM_MAX;
 	}
 }
 
@@ -1442,13 +1404,8 @@ static int recv_pdu(struct tgt_conn *c)
 	ret = recv_all(c, hb + sizeof(*h), (size_t)n - sizeof(*h));
 	if (ret)
 		return ret;
-	if (h->flags & NVME_TCP_F_HDGST) {
-		uint32_t want = fx_tcp_hdgst(hb, h->hlen), got;
-
-		memcpy(&got, hb + h->hlen, 4);
-		if (got != want)
-			return term(c, hb, h->hlen, NVME_TCP_FES_HDR_DIGEST_ERR, 0, "header digest error");
-	}
+	if (fx_tcp_hdgst_check(hb, (unsigned)n) < 0)
+		return term(c, hb, h->hlen, NVME_TCP_FES_HDR_DIGEST_ERR, 0, "header digest error");
 	switch (h->type) {
 	case NVME_TCP_ICREQ:
 		return on_icreq(c, hb);

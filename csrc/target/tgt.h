@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/auth_msg.h"
+#include "auth/auth_msg.h"
 #include "target.h"
 
 /* Limits we advertise.  MDTS is in units of the 4 KiB minimum page: 2^10
@@ -173,7 +173,7 @@
 #define TGT_SC_SGL_INVALID_DATA 0x0F
 #define TGT_SC_TRANSIENT_TRANSPORT 0x22
 #define TGT_SC_AER_LIMIT 0x05        /* SCT 1 */
-/* Fabrics Disconnect (nvmf/auth_msg.h has AUTH_Send/AUTH_Receive's
+/* Fabrics Disconnect (auth/auth_msg.h has AUTH_Send/AUTH_Receive's
  * types, the Connect response's ATR bit and Authentication Required) */
 #define TGT_FCTYPE_DISCONNECT 0x08
 #define TGT_SC_WRITE_FAULT 0x80      /* SCT 2 */

@@ -2,7 +2,7 @@
  * The NVMe/RDMA transport: a namespace of a remote NVMe-oF controller read
  * and written from userspace over RDMA (librdmacm + libibverbs).
  *
- * The device owns the controller (nvmf/dev.c: admin queue over RDMA, keep
+ * The device owns the controller (host/dev.c: admin queue over RDMA, keep
  * alive, re-open).  Each fx_queue (one per thread) connects `queues` I/O
  * queues of its own, each one RC queue pair (transport/rdma_conn.c).  A
  * command is its 64-byte capsule sent by SEND; its data never passes
@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "nvmf/dev.h"
+#include "host/dev.h"
 #include "reqs.h"
 #include "transport/rdma_conn.h"
 
@@ -122,8 +122,7 @@ static int rdma_dev_open(const struct fx_transport_ops *ops, const char *target,
 	if (!d)
 		return -ENOMEM;
 	d->base.ops = ops;
-	ret = fx_nvmf_dev_init(&d->nd, &fx_nvmf_rdma_transport, "nvme+rdma", target,
-	                       &d->base.info);
+	ret = fx_nvmf_dev_init(&d->nd, &fx_rdma_transport, "nvme+rdma", target, &d->base.info);
 	if (ret < 0) {
 		free(d);
 		return ret;

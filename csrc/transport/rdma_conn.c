@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 
 #include "fx100io/nvme.h"
+#include "host/auth_host.h"
 
 /* The private data of the CM connect request (NVMe/RDMA transport spec). */
 struct rdma_cm_req_priv {
@@ -322,7 +323,7 @@ int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p
 		struct nvmf_connect_data cd;
 
 		fx_nvmf_connect_cmd(p, qid, sqsize, cntlid, &sqe, &cd);
-		r = fx_nvmf_rdma_transport.exec(c, &sqe, &cd, sizeof(cd), 1, &cqe, 0);
+		r = fx_rdma_transport.exec(c, &sqe, &cd, sizeof(cd), 1, &cqe, 0);
 		if (r == -EIO) {
 			uint16_t sf = fx_nvmf_status_field(&cqe);
 			if (status)
@@ -331,7 +332,7 @@ int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p
 		} else if (!r) {
 			c->cntlid = (uint16_t)(cqe.dw0 & 0xffff);
 			/* In-band authentication, when the Connect response asks for it. */
-			r = fx_nvmf_auth_host(&fx_nvmf_rdma_transport, c, p, qid, cqe.dw0,
+			r = fx_nvmf_auth_host(&fx_rdma_transport, c, p, qid, cqe.dw0,
 					      deadline);
 		}
 	}
@@ -538,7 +539,7 @@ static void conn_close(void *q)
 	fx_rdma_close(q);
 }
 
-const struct fx_nvmf_transport fx_nvmf_rdma_transport = {
+const struct fx_nvmf_transport fx_rdma_transport = {
 	.name = "rdma",
 	.queue_size = sizeof(struct fx_rdma_conn),
 	.max_xfer = FX_RDMA_SGL_MAX,

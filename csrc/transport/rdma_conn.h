@@ -3,7 +3,7 @@
  * one RC queue pair, its completion queue and channel, the capsule and
  * response buffers, brought up to a completed Fabrics Connect.  The admin
  * queue runs commands on it synchronously (the nvmf transport table
- * fx_nvmf_rdma_transport); the data path (transport/rdma.c) drives its
+ * fx_rdma_transport); the data path (transport/rdma.c) drives its
  * I/O queues itself with the same buffers.
  *
  * Work request ids: a SEND carries FX_RDMA_WR_SEND | slot, a RECV the index
@@ -16,7 +16,7 @@
 #include <rdma/rdma_cma.h>
 #include <stdint.h>
 
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 #include "transport/rdma_mem.h"
 
 #define FX_RDMA_WR_SEND (1ull << 32)
@@ -47,7 +47,7 @@ struct fx_rdma_conn {
 	struct ibv_mr *rsp_mr;
 };
 
-extern const struct fx_nvmf_transport fx_nvmf_rdma_transport;
+extern const struct fx_nvmf_transport fx_rdma_transport;
 
 /*
  * CM connect (address, route, QP, the private data), then Fabrics Connect

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 
 #define MAX_PDS 8
 #define RETRY_FAILED_MS 5000 /* a failed registration is tried again after this */

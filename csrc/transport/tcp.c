@@ -2,7 +2,7 @@
  * The NVMe/TCP transport: a namespace of a remote NVMe-oF controller, read
  * and written from userspace over io_uring sockets.
  *
- * The device owns the controller (admin queue and keep alive, nvmf/ctrl.c).
+ * The device owns the controller (admin queue and keep alive, host/ctrl.c).
  * Each fx_queue (one per thread) connects `queues` I/O queues of its own,
  * each a TCP connection driven by one io_uring ring.  Per connection there
  * is always one recv in flight and at most one sendmsg, so the byte stream
@@ -22,7 +22,7 @@
  *
  * Reconnecting never blocks the queue's thread (the event loop, for async
  * callers): a connection that is down and needed is handed to the queue's
- * connector thread (nvmf/dev.c, as the URI options, the controller and the
+ * connector thread (host/dev.c, as the URI options, the controller and the
  * qid map), which does the TCP connect, ICReq, Connect and, when the
  * controller is gone, its re-open, all blocking and without the GIL, then
  * posts the connected socket to a slot and writes an eventfd that the ring
@@ -45,13 +45,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../fabric.h"
+#include "tcp_ctrl.h"
 #include "../internal.h"
-#include "../nvmf/dev.h"
+#include "../host/dev.h"
 #include "../reqs.h"
-#include "../tcp_pdu.h"
+#include "../nvme_tcp/pdu.h"
+#include "../nvme_tcp/xfer.h"
 
-#define RX_HDR_MAX (24 + NVME_TCP_DIGEST_LEN)
+/* Every PDU the host receives after ICResp has a 24-byte header
+ * (CapsuleResp, C2HData, R2T, C2HTermReq). */
+#define RX_HLEN FX_TCP_RSP_HLEN
+_Static_assert(FX_TCP_DATA_HLEN == RX_HLEN && sizeof(struct nvme_tcp_r2t_pdu) == RX_HLEN &&
+                       sizeof(struct nvme_tcp_term_pdu) == RX_HLEN,
+               "one header length for every PDU the data path receives");
+#define RX_HDR_MAX (RX_HLEN + NVME_TCP_DIGEST_LEN)
 #define TX_BATCH 64 /* send items per sendmsg */
 #define CID_SLOT_BITS 10
 #define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
@@ -75,7 +82,7 @@ enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4, UD_CANCEL = 5
 /* --------------------------------------------------------------- device */
 
 /* The URI options, the controller, the qid map and the connect attempts
- * are nvmf/dev.c's (nd); what is here is how commands move. */
+ * are host/dev.c's (nd); what is here is how commands move. */
 struct tcp_dev {
 	struct fx_dev base;
 	struct fx_nvmf_dev nd;
@@ -90,8 +97,7 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 	if (!d)
 		return -ENOMEM;
 	d->base.ops = ops;
-	ret = fx_nvmf_dev_init(&d->nd, &fx_nvmf_tcp_transport, "nvme+tcp", target,
-	                       &d->base.info);
+	ret = fx_nvmf_dev_init(&d->nd, &fx_tcp_transport, "nvme+tcp", target, &d->base.info);
 	if (ret < 0) {
 		free(d);
 		return ret;
@@ -123,7 +129,7 @@ struct cmd {
 	uint32_t req;   /* request slot */
 	char *data;
 	uint32_t len;
-	struct fx_tcp_xfer x; /* what the PDU rules allow next (tcp_pdu.c) */
+	struct fx_tcp_xfer x; /* what the PDU rules allow next (nvme_tcp/xfer.c) */
 	/* Queued send items that point into data.  At most the capsule plus
 	 * the H2CData of one R2T (fx_tcp_xfer_r2t allows one outstanding,
 	 * in order, inside the transfer), so it cannot wrap. */
@@ -142,8 +148,10 @@ struct send_item {
 	uint8_t h2c;     /* H2CData answering the command's open R2T */
 	struct iovec iov[4];
 	int niov;
-	uint8_t hdr[72 + NVME_TCP_DIGEST_LEN];
-	uint8_t ddgst[NVME_TCP_DIGEST_LEN];
+	/* a capsule's header and digest; a peer alignment that would pad
+	 * past them is refused (-EPROTO) */
+	uint8_t hdr[FX_TCP_CMD_HLEN + NVME_TCP_DIGEST_LEN];
+	uint32_t ddgst;
 };
 
 /* DOWN -> CONNECTING (the connector has it) -> LIVE -> DRAINING (kernel
@@ -171,7 +179,7 @@ struct tcp_queue;
 struct conn {
 	struct tcp_queue *q;
 	unsigned idx;
-	struct fx_nvmf_conn nc;
+	struct fx_tcp_conn nc;
 	/* qid, controller epoch, in-capsule size and ICDOFF of the live
 	 * connection, copied at connect: another thread may re-open (and
 	 * free) the controller while this connection sends */
@@ -303,7 +311,7 @@ static void rx_expect_header(struct conn *c)
 {
 	c->rx = RX_HDR;
 	c->rx_have = 0;
-	c->rx_need = 24 + (c->nc.hdgst ? NVME_TCP_DIGEST_LEN : 0);
+	c->rx_need = RX_HLEN + (c->nc.hdgst ? NVME_TCP_DIGEST_LEN : 0);
 	c->rx_cmd = NULL;
 }
 
@@ -457,12 +465,6 @@ static void on_send(struct conn *c, int res)
 	kick_send(c);
 }
 
-static void put_ddgst(uint8_t *out, const void *data, uint32_t len)
-{
-	uint32_t crc = fx_crc32c(0, data, len);
-	memcpy(out, &crc, 4);
-}
-
 /* Queue a CapsuleCmd for command m (with in-capsule data when it fits). */
 static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 {
@@ -477,14 +479,9 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	int incapsule = c->io.icdoff == 0 && m->opcode == NVME_CMD_WRITE && m->len <= incap_max &&
 	                m->len > 0;
 	uint32_t datalen = incapsule ? m->len : 0;
-	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)it->hdr;
-	unsigned pdo = fx_tcp_hdr_init(h, NVME_TCP_CMD, datalen, c->nc.hdgst, c->nc.ddgst,
-	                               c->nc.cpda);
-	if (pdo > sizeof(it->hdr)) {
-		free(it); /* a controller alignment we do not pad for */
-		return -EPROTO;
-	}
-	struct nvme_sqe *s = (struct nvme_sqe *)(it->hdr + 8);
+	struct nvme_tcp_cmd_pdu *pdu = (struct nvme_tcp_cmd_pdu *)it->hdr;
+	fx_tcp_hdr_init(&pdu->hdr, NVME_TCP_CMD, datalen, c->nc.hdgst, c->nc.ddgst, c->nc.cpda);
+	struct nvme_sqe *s = &pdu->sqe;
 	s->opcode = m->opcode;
 	s->flags = NVME_CMD_SGL_METABUF;
 	s->cid = cid;
@@ -498,31 +495,16 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	s->dptr.length = m->len;
 	s->dptr.type = incapsule ? NVME_SGL_DATA_BLOCK_OFFSET : NVME_SGL_TRANSPORT_DATA_BLOCK;
 	s->dptr.addr = 0;
-	fx_tcp_xfer_init(&m->x, m->len, m->opcode == NVME_CMD_WRITE, incapsule);
-	unsigned hl = 72;
-	if (c->nc.hdgst) {
-		uint32_t dg = fx_tcp_hdgst(it->hdr, 72);
-		memcpy(it->hdr + 72, &dg, 4);
-		hl += 4;
+	int head = fx_tcp_head_finish(it->hdr, sizeof(it->hdr));
+	if (head < 0) {
+		free(it); /* a controller alignment we do not pad for */
+		return head;
 	}
-	it->iov[0].iov_base = it->hdr;
-	it->iov[0].iov_len = hl;
-	it->niov = 1;
+	fx_tcp_xfer_init(&m->x, m->len, m->opcode == NVME_CMD_WRITE, incapsule);
+	it->niov = fx_tcp_pdu_iov(it->iov, it->hdr, (unsigned)head, m->data, datalen, &it->ddgst);
 	if (incapsule) {
-		/* pdo == hl as we never pad (cpda 0 is what targets send);
-		 * a target asking for padding gets it from the zeroed tail. */
-		if (pdo > hl) {
-			it->iov[0].iov_len = pdo;
-		}
-		it->iov[it->niov].iov_base = m->data;
-		it->iov[it->niov++].iov_len = m->len;
 		it->cmd = m;
 		m->sends++;
-		if (c->nc.ddgst) {
-			put_ddgst(it->ddgst, m->data, m->len);
-			it->iov[it->niov].iov_base = it->ddgst;
-			it->iov[it->niov++].iov_len = 4;
-		}
 	}
 	queue_item(c, it);
 	return 0;
@@ -539,39 +521,24 @@ static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, 
 		if (!it)
 			return -ENOMEM;
 		struct nvme_tcp_data_pdu *p = (struct nvme_tcp_data_pdu *)it->hdr;
-		unsigned pdo = fx_tcp_hdr_init(&p->hdr, NVME_TCP_H2C_DATA, n, c->nc.hdgst,
-		                               c->nc.ddgst, c->nc.cpda);
-		if (pdo > sizeof(it->hdr)) {
-			free(it);
-			return -EPROTO;
-		}
+		fx_tcp_hdr_init(&p->hdr, NVME_TCP_H2C_DATA, n, c->nc.hdgst, c->nc.ddgst, c->nc.cpda);
 		p->cccid = cid;
 		p->ttag = ttag;
 		p->datao = off;
 		p->datal = n;
 		if (n == len)
 			p->hdr.flags |= NVME_TCP_F_DATA_LAST;
-		unsigned hl = 24;
-		if (c->nc.hdgst) {
-			uint32_t dg = fx_tcp_hdgst(it->hdr, 24);
-			memcpy(it->hdr + 24, &dg, 4);
-			hl += 4;
+		int head = fx_tcp_head_finish(it->hdr, sizeof(it->hdr));
+		if (head < 0) {
+			free(it);
+			return head;
 		}
-		it->iov[0].iov_base = it->hdr;
-		it->iov[0].iov_len = pdo > hl ? pdo : hl;
-		it->iov[1].iov_base = m->data + off;
-		it->iov[1].iov_len = n;
-		it->niov = 2;
+		it->niov = fx_tcp_pdu_iov(it->iov, it->hdr, (unsigned)head, m->data + off, n,
+		                          &it->ddgst);
 		it->cmd = m;
 		it->h2c = 1;
 		m->sends++;
 		m->r2t_items++;
-		if (c->nc.ddgst) {
-			put_ddgst(it->ddgst, m->data + off, n);
-			it->iov[2].iov_base = it->ddgst;
-			it->iov[2].iov_len = 4;
-			it->niov = 3;
-		}
 		queue_item(c, it);
 		off += n;
 		len -= n;
@@ -610,7 +577,7 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 	fx_req_piece_done(&c->q->t, ri, err, bytes, status);
 }
 
-/* A PDU for command m broke tcp_pdu.c's rules: say which and why; the
+/* A PDU for command m broke nvme_tcp/xfer.c's rules: say which and why; the
  * caller tears the connection down, which fails m with -EPROTO. */
 static int cmd_proto_err(struct conn *c, struct cmd *m, uint16_t cid, const char *what)
 {
@@ -620,7 +587,7 @@ static int cmd_proto_err(struct conn *c, struct cmd *m, uint16_t cid, const char
 }
 
 /* A response (or its deferred effect) for m with status field sf: complete
- * m if tcp_pdu.c's rule lets the response complete it, else fail it. */
+ * m if nvme_tcp/xfer.c's rule lets the response complete it, else fail it. */
 static int rsp_finish(struct conn *c, struct cmd *m, uint16_t sf)
 {
 	if (fx_tcp_xfer_rsp(&m->x, sf) < 0) {
@@ -640,20 +607,16 @@ static int on_header(struct conn *c)
 	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)c->rxhdr;
 	int need = fx_tcp_pdu_check(h, 1, c->nc.hdgst, c->nc.ddgst, UINT32_MAX);
 
-	if (need < 0 || h->hlen != 24)
+	if (need < 0 || h->hlen != RX_HLEN)
 		return -EPROTO;
-	if (c->nc.hdgst) {
-		uint32_t got, want = fx_tcp_hdgst(c->rxhdr, 24);
-		memcpy(&got, c->rxhdr + 24, 4);
-		if (got != want)
-			return -EBADMSG;
-	}
-	unsigned hl = 24 + (c->nc.hdgst ? 4 : 0);
+	if (fx_tcp_hdgst_check(c->rxhdr, (unsigned)need) < 0)
+		return -EBADMSG;
+	unsigned hl = (unsigned)need;
 	switch (h->type) {
 	case NVME_TCP_RSP: {
 		if (h->plen != hl)
 			return -EPROTO;
-		struct nvme_cqe *cqe = (struct nvme_cqe *)(c->rxhdr + 8);
+		struct nvme_cqe *cqe = &((struct nvme_tcp_rsp_pdu *)c->rxhdr)->cqe;
 		struct cmd *m = find_cmd(c, cqe->cid);
 		if (!m || m->rsp_seen)
 			return -EPROTO; /* unknown command id, or a second response */
@@ -703,7 +666,7 @@ static int on_header(struct conn *c)
 		struct cmd *m = find_cmd(c, p->cccid);
 		if (h->plen != hl || !m || m->rsp_seen)
 			return -EPROTO;
-		/* tcp_pdu.c's rule: one outstanding, in order, no repeats,
+		/* nvme_tcp/xfer.c's rule: one outstanding, in order, no repeats,
 		 * inside the transfer; so what we queue is bounded by it. */
 		if (fx_tcp_xfer_r2t(&m->x, p->r2to, p->r2tl) < 0)
 			return cmd_proto_err(c, m, p->cccid, "R2T");
@@ -725,8 +688,8 @@ static int on_data_complete(struct conn *c)
 {
 	struct cmd *m = c->rx_cmd;
 	if (c->nc.ddgst) {
-		uint32_t got, want = fx_crc32c(0, m->data + c->rx_datao, c->rx_datal);
-		memcpy(&got, c->rx_dg, 4);
+		uint32_t got, want = fx_tcp_ddgst(m->data + c->rx_datao, c->rx_datal);
+		memcpy(&got, c->rx_dg, sizeof(got));
 		if (got != want)
 			return -EBADMSG; /* never hand back bytes that failed */
 	}
@@ -756,7 +719,7 @@ static int rx_advance(struct conn *c)
 		if (c->nc.ddgst) {
 			c->rx = RX_DDGST;
 			c->rx_have = 0;
-			c->rx_need = 4;
+			c->rx_need = NVME_TCP_DIGEST_LEN;
 			return 0;
 		}
 		return on_data_complete(c);
@@ -845,7 +808,7 @@ static void arm_wake(struct tcp_queue *q)
 
 /* Take a connection the connect attempt made (nc: connected past Connect,
  * io: what dev_connect_io said of it). */
-static void conn_adopt(struct conn *c, const struct fx_nvmf_conn *nc,
+static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
                        const struct fx_nvmf_io_conn *io)
 {
 	struct tcp_queue *q = c->q;
@@ -918,7 +881,7 @@ static void cx_request(struct tcp_queue *q, struct conn *c)
 static int cx_collect(struct tcp_queue *q)
 {
 	struct fx_nvmf_io_conn io;
-	struct fx_nvmf_conn nc;
+	struct fx_tcp_conn nc;
 	unsigned ci;
 
 	if (!q->cx_busy)
@@ -1415,7 +1378,7 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		/* At creation the caller waits (without the GIL): an open
 		 * that cannot connect fails here, with why. */
 		struct fx_nvmf_io_conn io;
-		struct fx_nvmf_conn nc = {.fd = -1};
+		struct fx_tcp_conn nc = {.fd = -1};
 		fx_nvmf_dev_connect_io(&d->nd, NULL, &nc, &io);
 		ret = io.err;
 		if (ret < 0)

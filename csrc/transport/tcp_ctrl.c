@@ -1,6 +1,6 @@
 /*
  * NVMe-oF control path over TCP on blocking sockets (see tcp_ctrl.h):
- * the TCP transport table the generic controller code (nvmf/) drives.
+ * the TCP transport table the generic controller code (host/) drives.
  *
  * One command at a time per connection: the caller (or the controller's
  * mutex) serialises, so a connection never has more than one command or one
@@ -36,28 +36,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fabric.h" /* the TCP controller entry points defined at the end */
 #include "fx100io.h"
-#include "tcp_pdu.h"
+#include "host/auth_host.h"
+#include "nvme_tcp/pdu.h"
+#include "nvme_tcp/sock.h"
+#include "nvme_tcp/xfer.h"
 
 /* NVMe/TCP: the admin queue takes up to 8 KiB of in-capsule data. */
 #define ADMIN_INCAPSULE_MAX 8192
 #define CONNECT_DATA_LEN 1024
-/* Largest header incl. digest we ever read on the host side. */
-#define RX_HDR_MAX 160
-
-struct rsp_pdu {
-	struct nvme_tcp_hdr hdr;
-	struct nvme_cqe cqe;
-} FX_PACKED;
-_Static_assert(sizeof(struct rsp_pdu) == 24, "CapsuleResp");
-
-struct cmd_pdu {
-	struct nvme_tcp_hdr hdr;
-	struct nvme_sqe sqe;
-} FX_PACKED;
-_Static_assert(sizeof(struct cmd_pdu) == 72, "CapsuleCmd");
-
 /* A received header (plus header digest), typed views over the bytes. */
 union rx_hdr {
 	struct nvme_tcp_hdr ch;
@@ -65,131 +52,34 @@ union rx_hdr {
 	struct nvme_tcp_term_pdu term;
 	struct nvme_tcp_data_pdu data;
 	struct nvme_tcp_r2t_pdu r2t;
-	struct rsp_pdu rsp;
-	uint8_t raw[RX_HDR_MAX];
+	struct nvme_tcp_rsp_pdu rsp;
+	uint8_t raw[FX_TCP_HEAD_MAX];
 };
-
-static const uint8_t zero_pad[256];
 
 /* --------------------------------------------------------- socket I/O */
 
-/* Wait for ev on fd until the deadline.  POLLERR/POLLHUP count as ready:
- * the following send/recv reports the real error.  -ECANCELED when the
- * thread's cancel fd fires first. */
-static int wait_fd(int fd, short ev, int64_t deadline)
-{
-	int cancel_fd = fx_nvmf_cancel_fd();
-
-	for (;;) {
-		int64_t left = deadline - fx_nvmf_now_ms();
-
-		if (left <= 0)
-			return -ETIMEDOUT;
-		struct pollfd p[2] = {{.fd = fd, .events = ev}, {.fd = cancel_fd, .events = POLLIN}};
-		int r = poll(p, cancel_fd >= 0 ? 2 : 1, left > INT_MAX ? INT_MAX : (int)left);
-
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (r == 0)
-			return -ETIMEDOUT;
-		if (cancel_fd >= 0 && p[1].revents)
-			return -ECANCELED;
-		if (p[0].revents & POLLNVAL)
-			return -EBADF;
-		return 0;
-	}
-}
-
-/* Send every byte of iov[0..cnt) (iov is consumed). */
+/* nvme_tcp/sock.c's I/O with this thread's cancel fd: a cancelled call
+ * stops waiting at once (-ECANCELED). */
 static int send_iov(int fd, struct iovec *iov, int cnt, int64_t deadline)
 {
-	while (cnt > 0) {
-		if (iov->iov_len == 0) {
-			iov++;
-			cnt--;
-			continue;
-		}
-		struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-		/* MSG_NOSIGNAL: a peer that went away is -ECONNRESET, not
-		 * SIGPIPE killing the process. */
-		ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+	int r = fx_tcp_sendv(fd, iov, cnt, MSG_DONTWAIT, deadline, fx_nvmf_cancel_fd(), NULL);
 
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				int r = wait_fd(fd, POLLOUT, deadline);
-
-				if (r)
-					return r;
-				continue;
-			}
-			return errno == EPIPE ? -ECONNRESET : -errno;
-		}
-		size_t done = (size_t)n;
-
-		while (cnt > 0 && done >= iov->iov_len) {
-			done -= iov->iov_len;
-			iov++;
-			cnt--;
-		}
-		if (cnt > 0) {
-			iov->iov_base = (char *)iov->iov_base + done;
-			iov->iov_len -= done;
-		}
-	}
-	return 0;
+	return r == -EPIPE ? -ECONNRESET : r;
 }
 
 static int recv_full(int fd, void *buf, size_t len, int64_t deadline)
 {
-	char *p = buf;
-
-	while (len) {
-		ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
-
-		if (n > 0) {
-			p += n;
-			len -= (size_t)n;
-			continue;
-		}
-		if (n == 0)
-			return -ECONNRESET; /* orderly close mid-PDU or mid-command */
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			int r = wait_fd(fd, POLLIN, deadline);
-
-			if (r)
-				return r;
-			continue;
-		}
-		return -errno;
-	}
-	return 0;
+	return fx_tcp_recv_full(fd, buf, len, deadline, fx_nvmf_cancel_fd());
 }
 
 static int recv_discard(int fd, size_t len, int64_t deadline)
 {
-	uint8_t sink[256];
-
-	while (len) {
-		size_t k = len < sizeof(sink) ? len : sizeof(sink);
-		int r = recv_full(fd, sink, k, deadline);
-
-		if (r)
-			return r;
-		len -= k;
-	}
-	return 0;
+	return fx_tcp_recv_discard(fd, len, deadline, fx_nvmf_cancel_fd());
 }
 
 /* Stream errors leave the PDU stream out of step: make the socket unusable
  * (but keep the fd, which its owner closes) so the next call fails fast. */
-static int conn_fail(struct fx_nvmf_conn *c, int err)
+static int conn_fail(struct fx_tcp_conn *c, int err)
 {
 	if (c->fd >= 0 && (err == -EPROTO || err == -ETIMEDOUT || err == -ECONNRESET ||
 			   err == -EPIPE || err == -ECANCELED))
@@ -200,22 +90,14 @@ static int conn_fail(struct fx_nvmf_conn *c, int err)
 /* Tell the controller why we drop the connection (best effort), then fail
  * with -EPROTO.  hdr/hlen: the offending header, sent back as the spec asks
  * (at most 152 bytes). */
-static int proto_fail(struct fx_nvmf_conn *c, uint16_t fes, uint32_t fei, const void *hdr,
+static int proto_fail(struct fx_tcp_conn *c, uint16_t fes, uint32_t fei, const void *hdr,
 		      unsigned hlen)
 {
-	struct nvme_tcp_term_pdu t;
-	unsigned n = hlen > 152 ? 152 : hlen;
-
-	fx_tcp_hdr_init(&t.hdr, NVME_TCP_H2C_TERM, 0, 0, 0, 0);
-	t.hdr.plen = sizeof(t) + n;
-	t.fes = fes;
-	t.feil = (uint16_t)fei;
-	t.feiu = (uint16_t)(fei >> 16);
-	memset(t.rsvd, 0, sizeof(t.rsvd));
-	struct iovec iov[2] = {{&t, sizeof(t)}, {(void *)hdr, n}};
+	uint8_t b[FX_TCP_TERM_MAX];
+	struct iovec iov = {b, fx_tcp_term_build(b, NVME_TCP_H2C_TERM, fes, fei, hdr, hlen)};
 
 	if (c->fd >= 0)
-		(void)send_iov(c->fd, iov, hdr ? 2 : 1, fx_nvmf_now_ms() + 100);
+		(void)send_iov(c->fd, &iov, 1, fx_nvmf_now_ms() + 100);
 	return conn_fail(c, -EPROTO);
 }
 
@@ -245,7 +127,7 @@ static const char *fes_str(uint16_t fes)
  * we sent (FES 1..6 -> -EPROTO) or gave some other reason (-ECONNRESET); it
  * closes the connection either way.
  */
-static int recv_hdr(struct fx_nvmf_conn *c, union rx_hdr *h, uint32_t max_plen,
+static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen,
 		    int64_t deadline)
 {
 	int r = recv_full(c->fd, &h->ch, sizeof(h->ch), deadline);
@@ -279,17 +161,9 @@ static int recv_hdr(struct fx_nvmf_conn *c, union rx_hdr *h, uint32_t max_plen,
 			       : -ECONNRESET;
 	}
 
-	unsigned hlen = h->ch.hlen;
-
-	if ((unsigned)n > hlen) { /* header digest present */
-		uint32_t want = fx_tcp_hdgst(h->raw, hlen), got;
-
-		memcpy(&got, h->raw + hlen, sizeof(got));
-		if (got != want) {
-			fx_nvmf_log("qid %u: header digest mismatch on PDU type 0x%02x", c->qid,
-			            h->ch.type);
-			return proto_fail(c, NVME_TCP_FES_HDR_DIGEST_ERR, 0, h->raw, hlen);
-		}
+	if (fx_tcp_hdgst_check(h->raw, (unsigned)n) < 0) {
+		fx_nvmf_log("qid %u: header digest mismatch on PDU type 0x%02x", c->qid, h->ch.type);
+		return proto_fail(c, NVME_TCP_FES_HDR_DIGEST_ERR, 0, h->raw, h->ch.hlen);
 	}
 	return n;
 }
@@ -297,38 +171,27 @@ static int recv_hdr(struct fx_nvmf_conn *c, union rx_hdr *h, uint32_t max_plen,
 /* ------------------------------------------------------------ commands */
 
 /* Send CapsuleCmd with incap bytes of data (0 or len) in the capsule. */
-static int send_capsule(struct fx_nvmf_conn *c, const struct nvme_sqe *sqe, const void *data,
+static int send_capsule(struct fx_tcp_conn *c, const struct nvme_sqe *sqe, const void *data,
 			uint32_t incap, int64_t deadline)
 {
-	struct cmd_pdu pdu;
-	uint32_t hd, dd;
-	struct iovec iov[6];
-	int k = 0;
+	uint8_t b[FX_TCP_HEAD_MAX];
+	struct nvme_tcp_cmd_pdu *pdu = (struct nvme_tcp_cmd_pdu *)b;
+	struct iovec iov[3];
+	uint32_t dd;
 
-	unsigned pdo = fx_tcp_hdr_init(&pdu.hdr, NVME_TCP_CMD, incap, c->hdgst, c->ddgst, c->cpda);
+	fx_tcp_hdr_init(&pdu->hdr, NVME_TCP_CMD, incap, c->hdgst, c->ddgst, c->cpda);
+	pdu->sqe = *sqe;
+	int head = fx_tcp_head_finish(b, sizeof(b));
 
-	pdu.sqe = *sqe;
-	iov[k++] = (struct iovec){&pdu, sizeof(pdu)};
-	if (c->hdgst) {
-		hd = fx_tcp_hdgst(&pdu, sizeof(pdu));
-		iov[k++] = (struct iovec){&hd, sizeof(hd)};
-	}
-	if (incap) {
-		unsigned hdr_end = sizeof(pdu) + (c->hdgst ? NVME_TCP_DIGEST_LEN : 0);
-
-		iov[k++] = (struct iovec){(void *)zero_pad, pdo - hdr_end};
-		iov[k++] = (struct iovec){(void *)data, incap};
-		if (c->ddgst) {
-			dd = fx_crc32c(0, data, incap);
-			iov[k++] = (struct iovec){&dd, sizeof(dd)};
-		}
-	}
-	return send_iov(c->fd, iov, k, deadline);
+	if (head < 0)
+		return head;
+	return send_iov(c->fd, iov, fx_tcp_pdu_iov(iov, b, (unsigned)head, data, incap, &dd),
+			deadline);
 }
 
 /* Answer an R2T: H2CData PDUs of at most maxh2cdata covering
  * [r2to, r2to + r2tl) of data, the last one flagged LAST_PDU. */
-static int send_h2c(struct fx_nvmf_conn *c, uint16_t cid, uint16_t ttag, const uint8_t *data,
+static int send_h2c(struct fx_tcp_conn *c, uint16_t cid, uint16_t ttag, const uint8_t *data,
 		    uint32_t r2to, uint32_t r2tl, int64_t deadline)
 {
 	uint32_t off = r2to, end = r2to + r2tl;
@@ -336,33 +199,25 @@ static int send_h2c(struct fx_nvmf_conn *c, uint16_t cid, uint16_t ttag, const u
 
 	while (off < end) {
 		uint32_t n = end - off < maxd ? end - off : maxd;
-		struct nvme_tcp_data_pdu p;
-		uint32_t hd, dd;
-		struct iovec iov[5];
-		int k = 0;
-		unsigned pdo = fx_tcp_hdr_init(&p.hdr, NVME_TCP_H2C_DATA, n, c->hdgst, c->ddgst,
-					       c->cpda);
-		unsigned hdr_end = sizeof(p) + (c->hdgst ? NVME_TCP_DIGEST_LEN : 0);
+		uint8_t b[FX_TCP_HEAD_MAX];
+		struct nvme_tcp_data_pdu *p = (struct nvme_tcp_data_pdu *)b;
+		struct iovec iov[3];
+		uint32_t dd;
 
-		p.cccid = cid;
-		p.ttag = ttag;
-		p.datao = off;
-		p.datal = n;
-		memset(p.rsvd, 0, sizeof(p.rsvd));
+		fx_tcp_hdr_init(&p->hdr, NVME_TCP_H2C_DATA, n, c->hdgst, c->ddgst, c->cpda);
+		p->cccid = cid;
+		p->ttag = ttag;
+		p->datao = off;
+		p->datal = n;
+		memset(p->rsvd, 0, sizeof(p->rsvd));
 		if (off + n == end)
-			p.hdr.flags |= NVME_TCP_F_DATA_LAST;
-		iov[k++] = (struct iovec){&p, sizeof(p)};
-		if (c->hdgst) {
-			hd = fx_tcp_hdgst(&p, sizeof(p));
-			iov[k++] = (struct iovec){&hd, sizeof(hd)};
-		}
-		iov[k++] = (struct iovec){(void *)zero_pad, pdo - hdr_end};
-		iov[k++] = (struct iovec){(void *)(data + off), n};
-		if (c->ddgst) {
-			dd = fx_crc32c(0, data + off, n);
-			iov[k++] = (struct iovec){&dd, sizeof(dd)};
-		}
-		int r = send_iov(c->fd, iov, k, deadline);
+			p->hdr.flags |= NVME_TCP_F_DATA_LAST;
+		int head = fx_tcp_head_finish(b, sizeof(b));
+
+		if (head < 0)
+			return conn_fail(c, head);
+		int r = send_iov(c->fd, iov, fx_tcp_pdu_iov(iov, b, (unsigned)head, data + off, n, &dd),
+				 deadline);
 
 		if (r)
 			return conn_fail(c, r);
@@ -375,7 +230,7 @@ static int send_h2c(struct fx_nvmf_conn *c, uint16_t cid, uint16_t ttag, const u
  * The whole exchange for one command.  incap_max: the most write data that
  * may travel in the capsule on this queue (larger writes wait for R2T).
  */
-static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
+static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
 		    int write, uint32_t incap_max, struct nvme_cqe *cqe, int cap_ms)
 {
 	uint8_t *buf = data;
@@ -387,7 +242,7 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 		return -EINVAL;
 
 	/* cap_ms > 0 shortens the queue's own timeout (see the table in
-	 * nvmf/nvmf.h); it never lengthens it. */
+	 * host/nvmf.h); it never lengthens it. */
 	int timeout_ms = c->timeout_ms;
 
 	if (cap_ms > 0 && (timeout_ms <= 0 || timeout_ms > cap_ms))
@@ -436,7 +291,7 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
 						  h.ch.hlen);
 			}
-			/* In order and inside the buffer (tcp_pdu.c's rule), so
+			/* In order and inside the buffer (nvme_tcp/xfer.c's rule), so
 			 * success means every byte was written exactly once. */
 			if (fx_tcp_xfer_c2h(&x, &h.data, dd != 0) < 0) {
 				fx_nvmf_log("qid %u: cid %u: %s (datao %u datal %u, payload %u, %u of %u "
@@ -458,7 +313,7 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 				r = recv_full(c->fd, &got, sizeof(got), deadline);
 				if (r)
 					return conn_fail(c, r);
-				if (got != fx_crc32c(0, buf + at, payload)) {
+				if (got != fx_tcp_ddgst(buf + at, payload)) {
 					/* The stream is intact; only this data is bad.
 					 * Finish the command, then fail it like Linux
 					 * does (Data Transfer Error). */
@@ -529,8 +384,8 @@ static int exec_cmd(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, ui
 	}
 }
 
-int fx_nvmf_exec(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
-		 int write, struct nvme_cqe *cqe)
+int fx_tcp_exec(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
+		struct nvme_cqe *cqe)
 {
 	return exec_cmd(c, sqe, data, len, write, c->incap_max, cqe, 0);
 }
@@ -580,7 +435,7 @@ static int tcp_open(const struct fx_nvmf_addr *a, int64_t deadline, int *out)
 				close(fd);
 				continue;
 			}
-			int r = wait_fd(fd, POLLOUT, deadline), soerr = 0;
+			int r = fx_tcp_wait(fd, POLLOUT, deadline, fx_nvmf_cancel_fd()), soerr = 0;
 			socklen_t sl = sizeof(soerr);
 
 			if (!r && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
@@ -611,7 +466,7 @@ static int tcp_open(const struct fx_nvmf_addr *a, int64_t deadline, int *out)
 	return err;
 }
 
-static int ic_exchange(struct fx_nvmf_conn *c, int want_hdgst, int want_ddgst, int64_t deadline)
+static int ic_exchange(struct fx_tcp_conn *c, int want_hdgst, int want_ddgst, int64_t deadline)
 {
 	struct nvme_tcp_icreq_pdu req;
 	uint8_t asked = (uint8_t)((want_hdgst ? NVME_TCP_HDGST_ENABLE : 0) |
@@ -633,7 +488,7 @@ static int ic_exchange(struct fx_nvmf_conn *c, int want_hdgst, int want_ddgst, i
 	/* digests are off until ICResp has been read */
 	c->hdgst = c->ddgst = 0;
 	/* room for a C2HTermReq refusing us instead */
-	r = recv_hdr(c, &h, sizeof(struct nvme_tcp_term_pdu) + 152, deadline);
+	r = recv_hdr(c, &h, FX_TCP_TERM_MAX, deadline);
 	if (r < 0)
 		return r;
 	if (h.ch.type != NVME_TCP_ICRESP) {
@@ -661,9 +516,8 @@ static int ic_exchange(struct fx_nvmf_conn *c, int want_hdgst, int want_ddgst, i
 	return 0;
 }
 
-int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-			uint16_t qid, uint16_t sqsize, uint16_t cntlid, struct fx_nvmf_conn *out,
-			uint16_t *status)
+int fx_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
+		   uint16_t sqsize, uint16_t cntlid, struct fx_tcp_conn *out, uint16_t *status)
 {
 	if (status)
 		*status = 0;
@@ -684,7 +538,7 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 	out->sqsize = sqsize;
 	/* Admin: NVMe/TCP's 8 KiB.  I/O: what the admin queue's Identify
 	 * said (p->io_incap_max), for the AUTH_Send after Connect; the data
-	 * path's own limit is the caller's, see fabric.h. */
+	 * path's own limit is the caller's (transport/tcp.c). */
 	out->incap_max = qid == 0 ? ADMIN_INCAPSULE_MAX : p->io_incap_max;
 	r = ic_exchange(out, p->hdgst, p->ddgst, deadline);
 	if (r)
@@ -710,16 +564,16 @@ int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_param
 		goto fail;
 	out->cntlid = qid ? cntlid : (uint16_t)(cqe.dw0 & 0xffff);
 	/* In-band authentication, when the Connect response asks for it. */
-	r = fx_nvmf_auth_host(&fx_nvmf_tcp_transport, out, p, qid, cqe.dw0, deadline);
+	r = fx_nvmf_auth_host(&fx_tcp_transport, out, p, qid, cqe.dw0, deadline);
 	if (r)
 		goto fail;
 	return 0;
 fail:
-	fx_nvmf_conn_close(out);
+	fx_tcp_conn_close(out);
 	return r;
 }
 
-void fx_nvmf_conn_close(struct fx_nvmf_conn *c)
+void fx_tcp_conn_close(struct fx_tcp_conn *c)
 {
 	if (c->fd >= 0)
 		close(c->fd);
@@ -732,8 +586,8 @@ static int tcp_q_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_para
 			 uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
 			 uint16_t *cntlid_out, uint16_t *status)
 {
-	struct fx_nvmf_conn *c = q;
-	int r = fx_nvmf_tcp_connect(a, p, qid, sqsize, cntlid, c, status);
+	struct fx_tcp_conn *c = q;
+	int r = fx_tcp_connect(a, p, qid, sqsize, cntlid, c, status);
 
 	if (!r)
 		*cntlid_out = c->cntlid;
@@ -743,7 +597,7 @@ static int tcp_q_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_para
 static int tcp_q_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
 		      struct nvme_cqe *cqe, int timeout_ms)
 {
-	struct fx_nvmf_conn *c = q;
+	struct fx_tcp_conn *c = q;
 
 	return exec_cmd(c, sqe, data, len, write, c->incap_max, cqe, timeout_ms);
 }
@@ -752,7 +606,7 @@ static int tcp_q_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, i
  * wakes with an error, and the owner still closes it exactly once. */
 static void tcp_q_shutdown(void *q)
 {
-	struct fx_nvmf_conn *c = q;
+	struct fx_tcp_conn *c = q;
 
 	if (c->fd >= 0)
 		shutdown(c->fd, SHUT_RDWR);
@@ -760,36 +614,36 @@ static void tcp_q_shutdown(void *q)
 
 static void tcp_q_close(void *q)
 {
-	fx_nvmf_conn_close(q);
+	fx_tcp_conn_close(q);
 }
 
-const struct fx_nvmf_transport fx_nvmf_tcp_transport = {
+const struct fx_nvmf_transport fx_tcp_transport = {
 	.name = "tcp",
-	.queue_size = sizeof(struct fx_nvmf_conn),
+	.queue_size = sizeof(struct fx_tcp_conn),
 	.connect = tcp_q_connect,
 	.exec = tcp_q_exec,
 	.shutdown = tcp_q_shutdown,
 	.close = tcp_q_close,
 };
 
-int fx_nvmf_prop_get(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t *val)
+int fx_tcp_prop_get(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t *val)
 {
-	return fx_nvmf_q_prop_get(&fx_nvmf_tcp_transport, c, off, size8, val, 0);
+	return fx_nvmf_q_prop_get(&fx_tcp_transport, c, off, size8, val, 0);
 }
 
-int fx_nvmf_prop_set(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t val)
+int fx_tcp_prop_set(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t val)
 {
-	return fx_nvmf_q_prop_set(&fx_nvmf_tcp_transport, c, off, size8, val, 0);
+	return fx_nvmf_q_prop_set(&fx_tcp_transport, c, off, size8, val, 0);
 }
 
-int fx_nvmf_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-		      uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status)
+int fx_tcp_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+		     uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status)
 {
-	return fx_nvmf_ctrl_open_tr(&fx_nvmf_tcp_transport, a, p, want_io_queues, out, status);
+	return fx_nvmf_ctrl_open(&fx_tcp_transport, a, p, want_io_queues, out, status);
 }
 
-int fx_nvmf_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-		     struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status)
+int fx_tcp_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+		    struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status)
 {
-	return fx_nvmf_discover_tr(&fx_nvmf_tcp_transport, a, p, entries, n, status);
+	return fx_nvmf_discover(&fx_tcp_transport, a, p, entries, n, status);
 }

@@ -2,11 +2,11 @@
  * The NVMe/TCP side of the control path (transport/tcp_ctrl.c): TCP
  * connect, ICReq/ICResp and Fabrics Connect on a blocking socket, and
  * synchronous commands on it (in-capsule data, R2T/H2CData, C2HData).  It
- * implements the transport table of nvmf/nvmf.h (fx_nvmf_tcp_transport),
- * through which the generic controller code (nvmf/ctrl.c) drives it.
+ * implements the transport table of host/nvmf.h (fx_tcp_transport),
+ * through which the generic controller code (host/ctrl.c) drives it.
  *
  * The data path does not go through here: an I/O queue is connected with
- * fx_nvmf_tcp_connect() and its socket is then driven by io_uring
+ * fx_tcp_connect() and its socket is then driven by io_uring
  * (transport/tcp.c).
  */
 #ifndef FX100IO_TRANSPORT_TCP_CTRL_H
@@ -14,10 +14,12 @@
 
 #include <stdint.h>
 
-#include "nvmf/nvmf.h"
+#include "fx100io/nvme.h"
+#include "host/ctrl.h"
+#include "host/nvmf.h"
 
 /* One connected queue (admin or I/O): a TCP socket past ICResp and Connect. */
-struct fx_nvmf_conn {
+struct fx_tcp_conn {
 	int fd;
 	int hdgst, ddgst;     /* negotiated */
 	uint8_t cpda;         /* controller's PDU data alignment (4-byte units, 0's based) */
@@ -27,8 +29,8 @@ struct fx_nvmf_conn {
 	uint16_t sqsize;      /* 0's based, as sent in Connect */
 	uint16_t next_cid;
 	int timeout_ms;
-	/* Most write data fx_nvmf_exec() sends in the capsule; larger writes
-	 * wait for R2T.  fx_nvmf_tcp_connect() sets 8192 on the admin queue
+	/* Most write data fx_tcp_exec() sends in the capsule; larger writes
+	 * wait for R2T.  fx_tcp_connect() sets 8192 on the admin queue
 	 * (NVMe/TCP) and the params' io_incap_max on I/O queues, which the
 	 * caller sets to IOCCSZ*16 - 64 from Identify (ctrl->ioccsz_bytes -
 	 * 64; the AUTH_Send after Connect needs it already): Linux's
@@ -39,8 +41,8 @@ struct fx_nvmf_conn {
 	uint32_t incap_max;
 };
 
-/* The NVMe/TCP transport table; its queues are struct fx_nvmf_conn. */
-extern const struct fx_nvmf_transport fx_nvmf_tcp_transport;
+/* The NVMe/TCP transport table; its queues are struct fx_tcp_conn. */
+extern const struct fx_nvmf_transport fx_tcp_transport;
 
 /*
  * TCP connect, ICReq/ICResp, Fabrics Connect (qid 0: admin with cntlid
@@ -51,24 +53,32 @@ extern const struct fx_nvmf_transport fx_nvmf_tcp_transport;
  * -ENOENT (Connect: no such subsystem / invalid parameters), -EIO (other
  * NVMe status; *status holds the status field), -ENOMEM.
  */
-int fx_nvmf_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-                        uint16_t qid, uint16_t sqsize, uint16_t cntlid,
-                        struct fx_nvmf_conn *out, uint16_t *status);
-void fx_nvmf_conn_close(struct fx_nvmf_conn *c);
+int fx_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
+                   uint16_t sqsize, uint16_t cntlid, struct fx_tcp_conn *out, uint16_t *status);
+void fx_tcp_conn_close(struct fx_tcp_conn *c);
 
 /*
  * Run one command synchronously on a connected queue: fills sqe->cid and
  * dptr, sends it (with in-capsule data for writes up to the capsule size,
  * otherwise R2T/H2CData), receives C2HData into data (reads) and the
  * CapsuleResp.  *cqe gets the completion.  -ETIMEDOUT, -ECONNRESET, -EPROTO
- * (bad PDU, or an R2T, C2HData or success the rules in tcp_pdu.h do not
+ * (bad PDU, or an R2T, C2HData or success the rules in nvme_tcp/xfer.h do not
  * allow: the connection is unusable afterwards), -EIO (NVMe status not
  * success; see cqe->status).
  */
-int fx_nvmf_exec(struct fx_nvmf_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len,
-                 int write, struct nvme_cqe *cqe);
+int fx_tcp_exec(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
+                struct nvme_cqe *cqe);
 
-int fx_nvmf_prop_get(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t *val);
-int fx_nvmf_prop_set(struct fx_nvmf_conn *c, uint32_t off, int size8, uint64_t val);
+int fx_tcp_prop_get(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t *val);
+int fx_tcp_prop_set(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t val);
+
+/* fx_nvmf_ctrl_open over NVMe/TCP.  Errors as fx_tcp_connect, plus
+ * -ETIMEDOUT (CSTS.RDY never set). */
+int fx_tcp_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+                     uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status);
+
+/* fx_nvmf_discover over NVMe/TCP. */
+int fx_tcp_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
+                    struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status);
 
 #endif

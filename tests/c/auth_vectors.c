@@ -1,5 +1,5 @@
 /*
- * csrc/nvmf/auth_crypto.c driven line by line from stdin, so that
+ * csrc/auth/auth_crypto.c driven line by line from stdin, so that
  * tests/fabric/test_dhchap_vectors.py can check it against the pure-Python
  * reference (tests/support/dhchap_reference.py) on many random inputs.  Binary
  * values are hex; one answer line per command line:
@@ -14,7 +14,7 @@
  *
  * (ROLE: host or ctrl.)  Not a test by itself; built by `make all`.
  */
-#include "nvmf/auth_crypto.h"
+#include "auth/auth_crypto.h"
 
 #include <stdio.h>
 #include <stdlib.h>

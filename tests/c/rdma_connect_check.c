@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 #include "transport/rdma_conn.h"
 
 int main(int argc, char **argv)
@@ -39,7 +39,7 @@ int main(int argc, char **argv)
 
 	int r = fx_rdma_connect(&a, &p, 0, sqsize, 0xFFFF, &c, &status);
 	if (r == 0)
-		r = fx_nvmf_q_prop_get(&fx_nvmf_rdma_transport, &c, NVME_REG_CAP, 1, &cap, 0);
+		r = fx_nvmf_q_prop_get(&fx_rdma_transport, &c, NVME_REG_CAP, 1, &cap, 0);
 	printf("{\"connected\": %s, \"crqsize\": %u, \"cntlid\": %u, \"connect_status\": %u, "
 	       "\"cap\": %llu, \"errno\": %d, \"error\": \"%s\"}\n",
 	       r == 0 ? "true" : "false", r == 0 ? c.crqsize : 0, r == 0 ? c.cntlid : 0, status,

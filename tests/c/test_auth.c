@@ -1,14 +1,14 @@
 /*
  * DH-HMAC-CHAP: secret parsing, key transform, response MACs, augmented
- * challenge and DH (csrc/nvmf/auth_crypto.c) against vectors computed by the
+ * challenge and DH (csrc/auth/auth_crypto.c) against vectors computed by the
  * pure-Python reference (tests/support/dhchap_reference.py) and one secret made by
  * nvme-cli 2.3's gen-dhchap-key; the message build/parse helpers
- * (csrc/nvmf/auth_msg.h) on round trips and on every truncation and
+ * (csrc/auth/auth_msg.h) on round trips and on every truncation and
  * hostile field value.  tests/fabric/test_dhchap_vectors.py checks many more
  * random vectors through tests/c/auth_vectors.
  */
-#include "nvmf/auth_crypto.h"
-#include "nvmf/auth_msg.h"
+#include "auth/auth_crypto.h"
+#include "auth/auth_msg.h"
 #include "check.h"
 
 #include <stdlib.h>

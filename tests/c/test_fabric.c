@@ -1,13 +1,13 @@
 /*
- * End-to-end check of the NVMe/TCP control path (csrc/fabric.c) against a
- * live target, normally the fabric lab's Linux nvmet:
+ * End-to-end check of the NVMe/TCP control path (csrc/transport/tcp_ctrl.c
+ * over csrc/host/) against a live target, normally the fabric lab's Linux nvmet:
  *
  *   python3 tools/fabric_lab/lab.py exec -- \
  *       tests/c/build/test_fabric [options] ADDR PORT SUBNQN
  *
  * Opens the controller (Connect, CAP/VS, CC.EN, Identify, Number of Queues,
  * keep alive), prints Identify and namespace data, runs discovery, connects
- * I/O queue 1 and writes then reads back blocks through fx_nvmf_exec (small
+ * I/O queue 1 and writes then reads back blocks through fx_tcp_exec (small
  * in one R2T, large across several H2CData PDUs), checks that reads never
  * touch bytes past the buffer and that an out-of-range read reports the
  * NVMe status.  Without a target (no ADDR argument, no FX_NVMF_ADDR) it
@@ -23,7 +23,7 @@
  *   -e ERRNO     expect opening the controller to fail with this errno
  *                (EACCES, ENOENT, ...) and stop there
  */
-#include "fabric.h"
+#include "transport/tcp_ctrl.h"
 #include "check.h"
 
 #include <errno.h>
@@ -72,7 +72,7 @@ static void print_field(const char *label, const void *p, int n)
 	printf("  %-10s %.*s\n", label, n, s);
 }
 
-static int rw(struct fx_nvmf_conn *q, int write, uint32_t nsid, uint64_t slba, uint32_t nlb,
+static int rw(struct fx_tcp_conn *q, int write, uint32_t nsid, uint64_t slba, uint32_t nlb,
 	      void *buf, uint32_t len, struct nvme_cqe *cqe)
 {
 	struct nvme_sqe sqe;
@@ -83,12 +83,12 @@ static int rw(struct fx_nvmf_conn *q, int write, uint32_t nsid, uint64_t slba, u
 	sqe.cdw10 = (uint32_t)slba;
 	sqe.cdw11 = (uint32_t)(slba >> 32);
 	sqe.cdw12 = nlb - 1;
-	return fx_nvmf_exec(q, &sqe, buf, len, write, cqe);
+	return fx_tcp_exec(q, &sqe, buf, len, write, cqe);
 }
 
 /* Write a pattern to nlb blocks at slba, read it back into a buffer with a
  * guard zone, compare, and check the guard is untouched. */
-static void write_read_check(struct fx_nvmf_conn *q, uint32_t nsid, uint64_t slba, uint32_t nlb,
+static void write_read_check(struct fx_tcp_conn *q, uint32_t nsid, uint64_t slba, uint32_t nlb,
 			     uint32_t bs, uint64_t *seed)
 {
 	uint32_t len = nlb * bs;
@@ -183,7 +183,7 @@ int main(int argc, char **argv)
 	       hostnqn, p.hdgst ? "H" : "-", p.ddgst ? "D" : "-", p.kato_ms);
 
 	struct fx_nvmf_ctrl *c = NULL;
-	int r = fx_nvmf_ctrl_open(&addr, &p, 1, &c, &status);
+	int r = fx_tcp_ctrl_open(&addr, &p, 1, &c, &status);
 
 	if (expect_err) {
 		printf("open: %d (%s) status 0x%x\n", r, errno_name(-r), status);
@@ -192,7 +192,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (r) {
-		fprintf(stderr, "fx_nvmf_ctrl_open: %d (%s, %s) status 0x%x\n", r, errno_name(-r),
+		fprintf(stderr, "fx_tcp_ctrl_open: %d (%s, %s) status 0x%x\n", r, errno_name(-r),
 			strerror(-r), status);
 		return 1;
 	}
@@ -214,10 +214,12 @@ int main(int argc, char **argv)
 	printf("  ioccsz     %u bytes, icdoff %u\n", c->ioccsz_bytes, c->icdoff);
 	printf("  nn         %u\n  io queues  %u granted, sqsize %u (0's based)\n", c->nn,
 	       c->io_queues, c->io_sqsize);
-	printf("  admin      hdgst %d ddgst %d cpda %u maxh2cdata %u\n", c->admin.hdgst,
-	       c->admin.ddgst, c->admin.cpda, c->admin.maxh2cdata);
-	CHECK_EQ(c->admin.hdgst, p.hdgst);
-	CHECK_EQ(c->admin.ddgst, p.ddgst);
+	const struct fx_tcp_conn *admin = c->aq; /* an NVMe/TCP controller's admin queue */
+
+	printf("  admin      hdgst %d ddgst %d cpda %u maxh2cdata %u\n", admin->hdgst,
+	       admin->ddgst, admin->cpda, admin->maxh2cdata);
+	CHECK_EQ(admin->hdgst, p.hdgst);
+	CHECK_EQ(admin->ddgst, p.ddgst);
 	CHECK(c->io_queues >= 1);
 	CHECK(c->nn >= nsid);
 	CHECK(c->ioccsz_bytes >= 64);
@@ -244,7 +246,7 @@ int main(int argc, char **argv)
 	uint32_t ne = 0;
 	int seen = 0;
 
-	r = fx_nvmf_discover(&addr, &p, &e, &ne, &status);
+	r = fx_tcp_discover(&addr, &p, &e, &ne, &status);
 	if (r)
 		fprintf(stderr, "discover: %d (%s) status 0x%x\n", r, strerror(-r), status);
 	CHECK_EQ(r, 0);
@@ -262,10 +264,10 @@ int main(int argc, char **argv)
 	CHECK(seen); /* a subsystem we may connect to is one discovery lists */
 
 	/* ---- I/O queue 1 */
-	struct fx_nvmf_conn q;
+	struct fx_tcp_conn q;
 	struct nvme_cqe cqe;
 
-	r = fx_nvmf_tcp_connect(&addr, &p, 1, c->io_sqsize, c->cntlid, &q, &status);
+	r = fx_tcp_connect(&addr, &p, 1, c->io_sqsize, c->cntlid, &q, &status);
 	if (r)
 		fprintf(stderr, "I/O connect: %d (%s) status 0x%x\n", r, strerror(-r), status);
 	CHECK_EQ(r, 0);
@@ -309,7 +311,7 @@ int main(int argc, char **argv)
 	 * PDU's data, so it fails every PDU but a single one per command ("data
 	 * digest error", connection dropped).  Our digest is the PDU's, as the
 	 * spec says; nvmet never asks for more than MAXH2CDATA in one R2T, so
-	 * fx_nvmf_exec sends it one PDU. */
+	 * fx_tcp_exec sends it one PDU. */
 	if (!q.ddgst) {
 		uint32_t saved = q.maxh2cdata;
 
@@ -346,7 +348,7 @@ int main(int argc, char **argv)
 		printf("  controller still alive after idling\n");
 	}
 
-	fx_nvmf_conn_close(&q);
+	fx_tcp_conn_close(&q);
 	fx_nvmf_ctrl_close(c);
 	printf("PASS\n");
 	return 0;

@@ -1,16 +1,17 @@
 /*
- * fabric.c's handling of what a controller sends, against a scripted peer:
- * the things the Linux target in the fabric lab (test_fabric) never does on
- * purpose.  Malformed or out-of-range PDUs must fail with -EPROTO without a
+ * transport/tcp_ctrl.c's handling of what a controller sends, against a
+ * scripted peer: the things the Linux target in the fabric lab (test_fabric)
+ * never does on purpose.  Malformed or out-of-range PDUs must fail with -EPROTO without a
  * byte written outside the caller's buffer, a TermReq must end the command
  * with a clear errno, digests must be checked, deadlines must hold, and
  * ICResp/Connect answers must map to the documented errnos.
  *
- * fx_nvmf_exec runs over a socketpair; fx_nvmf_tcp_connect over TCP on
+ * fx_tcp_exec runs over a socketpair; fx_tcp_connect over TCP on
  * 127.0.0.1 (no other network).
  */
-#include "fabric.h"
-#include "tcp_pdu.h"
+#include "transport/tcp_ctrl.h"
+#include "nvme_tcp/pdu.h"
+#include "nvme_tcp/xfer.h"
 #include "check.h"
 
 #include <arpa/inet.h>
@@ -548,7 +549,7 @@ static int run_case(const char *name, script_fn fn, struct case_opts o, uint8_t 
 	int sv[2];
 	struct run r;
 	pthread_t th;
-	struct fx_nvmf_conn c;
+	struct fx_tcp_conn c;
 	struct nvme_sqe sqe;
 
 	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
@@ -576,7 +577,7 @@ static int run_case(const char *name, script_fn fn, struct case_opts o, uint8_t 
 	CHECK_EQ(pthread_create(&th, NULL, peer_main, &r), 0);
 	if (o.write)
 		memcpy(buf, pattern, o.len);
-	int ret = fx_nvmf_exec(&c, &sqe, buf, o.len, o.write, cqe);
+	int ret = fx_tcp_exec(&c, &sqe, buf, o.len, o.write, cqe);
 
 	/* a second command on a connection that failed must fail too */
 	if (ret == -EPROTO || ret == -ECONNRESET || ret == -ETIMEDOUT) {
@@ -585,9 +586,9 @@ static int run_case(const char *name, script_fn fn, struct case_opts o, uint8_t 
 
 		memset(&s2, 0, sizeof(s2));
 		s2.opcode = NVME_ADMIN_KEEP_ALIVE;
-		CHECK(fx_nvmf_exec(&c, &s2, NULL, 0, 0, &c2) < 0);
+		CHECK(fx_tcp_exec(&c, &s2, NULL, 0, 0, &c2) < 0);
 	}
-	fx_nvmf_conn_close(&c);
+	fx_tcp_conn_close(&c);
 	pthread_join(th, NULL);
 	close(sv[1]);
 	if (term_fes)
@@ -614,7 +615,7 @@ static void test_exec(void)
 	struct case_opts rd = {.len = L};
 	struct case_opts wr = {.len = 3000, .write = 1, .maxh2c = 1000};
 
-	printf("fx_nvmf_exec against a scripted controller:\n");
+	printf("fx_tcp_exec against a scripted controller:\n");
 #define FRESH() memset(buf, GUARD_BYTE, sizeof(buf))
 
 	for (int hd = 0; hd <= 1; hd++)
@@ -746,7 +747,7 @@ static void test_exec(void)
 				  &cqe, NULL, &ok),
 			 0);
 		CHECK(ok);
-		/* R2Ts must ask for the data in order (tcp_pdu.c's rule) */
+		/* R2Ts must ask for the data in order (nvme_tcp/xfer.c's rule) */
 		FRESH();
 		CHECK_EQ(run_case("write, two R2Ts out of order", s_write_two_r2t, o, buf, &cqe,
 				  NULL, NULL),
@@ -889,7 +890,7 @@ out:
 }
 
 static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd,
-			struct fx_nvmf_conn *c, uint16_t *status, struct ctl *seen)
+			struct fx_tcp_conn *c, uint16_t *status, struct ctl *seen)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(sa);
@@ -914,10 +915,10 @@ static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd
 	p.kato_ms = 4000;
 	p.timeout_ms = 3000;
 	CHECK_EQ(pthread_create(&th, NULL, ctl_main, &t), 0);
-	int r = fx_nvmf_tcp_connect(&a, &p, 0, 31, 0xffff, c, status);
+	int r = fx_tcp_connect(&a, &p, 0, 31, 0xffff, c, status);
 
 	if (!r)
-		fx_nvmf_conn_close(c);
+		fx_tcp_conn_close(c);
 	pthread_join(th, NULL);
 	close(t.lfd);
 	*seen = t;
@@ -927,13 +928,13 @@ static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd
 
 static void test_connect(void)
 {
-	struct fx_nvmf_conn c;
+	struct fx_tcp_conn c;
 	uint16_t st;
 	struct ctl seen;
 	struct ctl good = {.maxdata = 65536, .cntlid = 7};
 	struct ctl t;
 
-	printf("fx_nvmf_tcp_connect against a scripted controller on 127.0.0.1:\n");
+	printf("fx_tcp_connect against a scripted controller on 127.0.0.1:\n");
 	CHECK_EQ(connect_case("good", good, 0, 0, &c, &st, &seen), 0);
 	CHECK(seen.connect_ok);
 	CHECK_EQ(c.cntlid, 7);
@@ -995,15 +996,15 @@ static void test_connect(void)
 		snprintf(p.hostnqn, sizeof(p.hostnqn), "nqn.2014-08.io.fx100:h");
 		snprintf(p.subnqn, sizeof(p.subnqn), "nqn.2014-08.io.fx100:s");
 		p.timeout_ms = 2000;
-		CHECK_EQ(fx_nvmf_tcp_connect(&a, &p, 0, 31, 0xffff, &c, &st), -ECONNREFUSED);
+		CHECK_EQ(fx_tcp_connect(&a, &p, 0, 31, 0xffff, &c, &st), -ECONNREFUSED);
 		p.subnqn[0] = 0;
-		CHECK_EQ(fx_nvmf_tcp_connect(&a, &p, 0, 31, 0xffff, &c, &st), -EINVAL);
+		CHECK_EQ(fx_tcp_connect(&a, &p, 0, 31, 0xffff, &c, &st), -EINVAL);
 	}
 }
 
 /* ------------------------------------- controller open, keep alive, discovery */
 
-/* A minimal admin controller: enough for fx_nvmf_ctrl_open, ns_info, close
+/* A minimal admin controller: enough for fx_tcp_ctrl_open, ns_info, close
  * and discovery, with knobs to fail keep alive and churn the discovery
  * log's generation counter. */
 struct mini {
@@ -1224,7 +1225,7 @@ static void test_ctrl(void)
 	m.ka_fail_after = 3;
 	mini_start(&m, &th, &a, &p);
 	p.kato_ms = 300; /* keep alive every 100 ms */
-	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 8, &c, &st), 0);
+	CHECK_EQ(fx_tcp_ctrl_open(&a, &p, 8, &c, &st), 0);
 	CHECK_EQ(c->cntlid, 5);
 	CHECK_EQ(c->vs, 0x10400);
 	CHECK_EQ(c->mdts_bytes, 8192);
@@ -1250,7 +1251,7 @@ static void test_ctrl(void)
 	/* a healthy controller is shut down on close */
 	m.ka_fail_after = -1;
 	m.ka_count = 0;
-	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 1, &c, &st), 0);
+	CHECK_EQ(fx_tcp_ctrl_open(&a, &p, 1, &c, &st), 0);
 	usleep(250000);
 	CHECK(m.ka_count >= 1);
 	CHECK_EQ(c->ka_failed, 0);
@@ -1266,7 +1267,7 @@ static void test_ctrl(void)
 	m.numrec = 20;
 	m.genctr_changes = 3;
 	m.hdr_reads = 0;
-	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), 0);
+	CHECK_EQ(fx_tcp_discover(&a, &p, &e, &n, &st), 0);
 	printf("  discovery: %u records after %d header reads\n", n, m.hdr_reads);
 	CHECK_EQ(n, 20);
 	CHECK_EQ(m.hdr_reads, 4);
@@ -1281,7 +1282,7 @@ static void test_ctrl(void)
 	free(e);
 
 	m.numrec = 0;
-	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), 0);
+	CHECK_EQ(fx_tcp_discover(&a, &p, &e, &n, &st), 0);
 	CHECK_EQ(n, 0);
 	free(e);
 
@@ -1293,7 +1294,7 @@ static void test_ctrl(void)
 	m.mdts = 37;
 	m.ioccsz = 1u << 28;
 	m.nsze = 1ULL << 53;
-	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 1, &c, &st), 0);
+	CHECK_EQ(fx_tcp_ctrl_open(&a, &p, 1, &c, &st), 0);
 	CHECK_EQ(c->mdts_bytes, 0x80000000u);
 	CHECK_EQ(c->ioccsz_bytes, UINT32_MAX);
 	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), -EPROTO);
@@ -1301,7 +1302,7 @@ static void test_ctrl(void)
 	m.mpsmin = 0;
 	m.mdts = 3;
 	m.nsze = (1ULL << 52) - 1; /* the largest that fits with 4 KiB blocks */
-	CHECK_EQ(fx_nvmf_ctrl_open(&a, &p, 1, &c, &st), 0);
+	CHECK_EQ(fx_tcp_ctrl_open(&a, &p, 1, &c, &st), 0);
 	CHECK_EQ(c->mdts_bytes, 32768);
 	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), 0);
 	CHECK_EQ(nsze, (1ULL << 52) - 1);
@@ -1312,7 +1313,7 @@ static void test_ctrl(void)
 
 	m.numrec = 2;
 	m.genctr_changes = 1000; /* never settles */
-	CHECK_EQ(fx_nvmf_discover(&a, &p, &e, &n, &st), -EAGAIN);
+	CHECK_EQ(fx_tcp_discover(&a, &p, &e, &n, &st), -EAGAIN);
 	CHECK(e == NULL);
 	printf("  discovery with a log that never settles: -EAGAIN\n");
 	mini_stop(&m, th);

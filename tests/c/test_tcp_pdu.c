@@ -1,10 +1,13 @@
 /*
- * tcp_pdu.c without a network: a table of good and bad common headers for
- * both directions and digest settings, the header digest against a CRC32C
- * computed independently, and fx_tcp_hdr_init's output fed back through
- * fx_tcp_pdu_check (what one side builds, the other must accept).
+ * nvme_tcp/pdu.c and nvme_tcp/xfer.c without a network: a table of good and
+ * bad common headers for both directions and digest settings, the header
+ * digest against a CRC32C computed independently, fx_tcp_hdr_init's output
+ * fed back through fx_tcp_pdu_check (what one side builds, the other must
+ * accept), and the PDUs fx_tcp_head_finish, fx_tcp_pdu_iov and
+ * fx_tcp_term_build lay out.
  */
-#include "tcp_pdu.h"
+#include "nvme_tcp/pdu.h"
+#include "nvme_tcp/xfer.h"
 #include "check.h"
 
 #include <errno.h>
@@ -337,6 +340,90 @@ static void test_xfer(void)
 	printf("xfer rules: ok\n");
 }
 
+/* Building PDUs to send (fx_tcp_head_finish, fx_tcp_pdu_iov,
+ * fx_tcp_term_build): what goes on the wire, byte for byte, and that the
+ * receiving side's checks accept it. */
+static void test_build(void)
+{
+	uint8_t data[100], b[FX_TCP_HEAD_MAX];
+	struct nvme_tcp_cmd_pdu *cmd = (struct nvme_tcp_cmd_pdu *)b;
+	struct iovec iov[3];
+	uint32_t dd = 0, want;
+	int n, k;
+
+	for (unsigned i = 0; i < sizeof(data); i++)
+		data[i] = (uint8_t)(i * 7 + 1);
+	CHECK_EQ(FX_TCP_CMD_HLEN, 72);
+	CHECK_EQ(FX_TCP_RSP_HLEN, 24);
+	CHECK_EQ(FX_TCP_DATA_HLEN, 24);
+
+	/* a capsule with data, both digests, the peer's alignment 31 (128
+	 * bytes): header, its digest, zeros up to pdo 128, data, data digest */
+	memset(b, 0xAA, sizeof(b));
+	fx_tcp_hdr_init(&cmd->hdr, NVME_TCP_CMD, sizeof(data), 1, 1, 31);
+	memset(&cmd->sqe, 0x11, sizeof(cmd->sqe));
+	n = fx_tcp_head_finish(b, sizeof(b));
+	CHECK_EQ(n, 128);
+	want = fx_tcp_hdgst(b, 72);
+	CHECK_EQ(memcmp(b + 72, &want, 4), 0);
+	for (int i = 76; i < 128; i++)
+		CHECK_EQ(b[i], 0);
+	CHECK_EQ(fx_tcp_hdgst_check(b, 76), 0);
+	k = fx_tcp_pdu_iov(iov, b, (unsigned)n, data, sizeof(data), &dd);
+	CHECK_EQ(k, 3);
+	CHECK(iov[0].iov_base == b && iov[0].iov_len == 128);
+	CHECK(iov[1].iov_base == data && iov[1].iov_len == sizeof(data));
+	CHECK(iov[2].iov_base == &dd && iov[2].iov_len == 4);
+	CHECK_EQ(dd, fx_tcp_ddgst(data, sizeof(data)));
+	CHECK_EQ(cmd->hdr.plen, 128 + sizeof(data) + 4);
+	CHECK_EQ(fx_tcp_pdu_check(&cmd->hdr, 0, 1, 1, MAXP), 76);
+	/* one flipped header bit: the digest no longer matches */
+	b[9] ^= 1;
+	CHECK_EQ(fx_tcp_hdgst_check(b, 76), -EBADMSG);
+	/* a buffer too small for the padding is refused, not overrun */
+	fx_tcp_hdr_init(&cmd->hdr, NVME_TCP_CMD, sizeof(data), 1, 1, 31);
+	CHECK_EQ(fx_tcp_head_finish(b, FX_TCP_CMD_HLEN + 4), -EPROTO);
+
+	/* without data or digests: the header alone, no padding */
+	fx_tcp_hdr_init(&cmd->hdr, NVME_TCP_CMD, 0, 0, 0, 31);
+	n = fx_tcp_head_finish(b, sizeof(b));
+	CHECK_EQ(n, 72);
+	CHECK_EQ(fx_tcp_pdu_iov(iov, b, (unsigned)n, NULL, 0, &dd), 1);
+	CHECK_EQ(fx_tcp_hdgst_check(b, 72), 0);
+
+	/* data without a data digest: two iovecs */
+	struct nvme_tcp_data_pdu *d = (struct nvme_tcp_data_pdu *)b;
+
+	fx_tcp_hdr_init(&d->hdr, NVME_TCP_H2C_DATA, 10, 1, 0, 0);
+	n = fx_tcp_head_finish(b, sizeof(b));
+	CHECK_EQ(n, 28);
+	CHECK_EQ(fx_tcp_pdu_iov(iov, b, (unsigned)n, data, 10, &dd), 2);
+	CHECK_EQ(d->hdr.plen, 38);
+
+	/* TermReq: at most 152 bytes of the offending header, no digests */
+	uint8_t t[FX_TCP_TERM_MAX], big[200];
+	const struct nvme_tcp_term_pdu *tp = (const struct nvme_tcp_term_pdu *)t;
+
+	memset(big, 0x5C, sizeof(big));
+	CHECK_EQ(fx_tcp_term_build(t, NVME_TCP_C2H_TERM, NVME_TCP_FES_HDR_DIGEST_ERR, 0x12345,
+				   big, sizeof(big)),
+		 24 + 152);
+	CHECK_EQ(tp->hdr.type, NVME_TCP_C2H_TERM);
+	CHECK_EQ(tp->hdr.hlen, 24);
+	CHECK_EQ(tp->hdr.plen, 24 + 152);
+	CHECK_EQ(tp->hdr.flags, 0);
+	CHECK_EQ(tp->fes, NVME_TCP_FES_HDR_DIGEST_ERR);
+	CHECK_EQ(tp->feil, 0x2345);
+	CHECK_EQ(tp->feiu, 0x1);
+	CHECK_EQ(memcmp(t + 24, big, 152), 0);
+	CHECK_EQ(fx_tcp_pdu_check(&tp->hdr, 1, 1, 1, MAXP), 24);
+	CHECK_EQ(fx_tcp_term_build(t, NVME_TCP_H2C_TERM, 1, 0, big, 8), 32);
+	CHECK_EQ(fx_tcp_pdu_check(&tp->hdr, 0, 0, 0, MAXP), 24);
+	CHECK_EQ(fx_tcp_term_build(t, NVME_TCP_H2C_TERM, 1, 0, NULL, 8), 24);
+	CHECK_EQ(tp->hdr.plen, 24);
+	printf("building PDUs: ok\n");
+}
+
 int main(void)
 {
 	test_hlen();
@@ -345,6 +432,7 @@ int main(void)
 	test_init_roundtrip();
 	test_fuzz();
 	test_xfer();
+	test_build();
 	printf("test_tcp_pdu: ok\n");
 	return 0;
 }

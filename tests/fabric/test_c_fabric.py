@@ -1,6 +1,6 @@
 """tests/c/test_fabric: the blocking NVMe/TCP control path in C (Connect,
 properties, Identify, discovery, keep alive, an I/O queue's reads and writes
-through fx_nvmf_exec) against two live targets: our own on loopback, and the
+through fx_tcp_exec) against two live targets: our own on loopback, and the
 real Linux target in the fabric lab.  Built plain and under ASan+UBSan."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DH-HMAC-CHAP on the initiator (csrc/nvmf/auth_host.c) against a
+"""DH-HMAC-CHAP on the initiator (csrc/host/auth_host.c) against a
 controller computed by the pure-Python reference (tests/support/auth_target.py):
 every hash and DH group, bidirectional, admin and I/O queues and their
 reconnects, the errors a user sees (wrong secret, missing secret, secure

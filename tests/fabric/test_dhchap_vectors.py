@@ -1,4 +1,4 @@
-"""DH-HMAC-CHAP crypto in C (csrc/nvmf/auth_crypto.c, on OpenSSL) against
+"""DH-HMAC-CHAP crypto in C (csrc/auth/auth_crypto.c, on OpenSSL) against
 the pure-Python reference (tests/support/dhchap_reference.py) on random inputs:
 secret parsing (incl. secrets made by the real nvme-cli when it is
 installed), key transform, hashes, HMAC, augmented challenge, both response

@@ -1,5 +1,5 @@
 """The NVMe-oF URI option table (fx100io/fabric_options.py) against the three
-places that read options: the C transport's key list (csrc/nvmf/dev.c), the
+places that read options: the C transport's key list (csrc/host/dev.c), the
 Python parser (fabric_uri) and the kernel path's nvme-cli flags (kernel)."""
 
 from __future__ import annotations

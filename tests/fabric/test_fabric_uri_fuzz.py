@@ -23,7 +23,7 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 HOSTID = "00112233445566778899aabbccddeeff"
 ME = f"hostnqn=nqn.2014-08.io.fx100:me&hostid={HOSTID}"
 
-# What C's parse_kv (csrc/nvmf/dev.c) reads exactly: its field sizes
+# What C's parse_kv (csrc/host/dev.c) reads exactly: its field sizes
 # and integer types.
 STR_MAX = {"host": 255, "port": 15, "subnqn": 223, "hostnqn": 223}
 U32 = 2**32 - 1

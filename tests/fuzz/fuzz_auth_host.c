@@ -1,6 +1,6 @@
 /*
- * The initiator's DH-HMAC-CHAP (fx_nvmf_auth_host, csrc/nvmf/auth_host.c,
- * and the message parsers of csrc/nvmf/auth_msg.h it calls) against a
+ * The initiator's DH-HMAC-CHAP (fx_nvmf_auth_host, csrc/host/auth_host.c,
+ * and the message parsers of csrc/auth/auth_msg.h it calls) against a
  * controller that answers AUTH_Receive with arbitrary bytes.
  *
  * Input: u8 flags; then up to two messages, each u16 length (little
@@ -26,9 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nvmf/auth_crypto.h"
-#include "nvmf/auth_msg.h"
-#include "nvmf/nvmf.h"
+#include "auth/auth_crypto.h"
+#include "host/auth_host.h"
+#include "auth/auth_msg.h"
+#include "host/nvmf.h"
 
 #define FAIL(...) \
 	do { \

@@ -1,5 +1,5 @@
 /*
- * The discovery log reader (fx_nvmf_disc_log_read, csrc/fabric.c) against
+ * The discovery log reader (fx_nvmf_disc_log_read, csrc/host/discovery.c) against
  * a controller that sends arbitrary log pages and changes them under us.
  *
  * Input: u8 script[8]; the log page (what is past the input reads as
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fabric.h"
+#include "host/ctrl.h"
 
 #define FAIL(...) \
 	do { \

@@ -335,7 +335,7 @@ static void h_setup(uint8_t cfg)
 	memset(&H, 0, sizeof(H));
 	H.d.base.info.block_size = H_BLOCK;
 	H.d.base.info.size = 1 << 30;
-	H.d.nd.tr = &fx_nvmf_tcp_transport;
+	H.d.nd.tr = &fx_tcp_transport;
 	H.d.nd.label = "nvme+tcp";
 	H.d.nd.info = &H.d.base.info;
 	H.d.nd.nsid = 1;

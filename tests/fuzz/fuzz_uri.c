@@ -1,6 +1,6 @@
-/* fuzz-excludes: nvmf/dev.c */
+/* fuzz-excludes: host/dev.c */
 /*
- * The NVMe-oF device's target string (parse_kv in csrc/nvmf/dev.c, which
+ * The NVMe-oF device's target string (parse_kv in csrc/host/dev.c, which
  * the nvme+tcp and nvme+rdma devices share): the "key=value" lines
  * fx100io.fabric_uri.to_transport_target() makes of an nvme+tcp:// (or
  * nvme+rdma://) URI.
@@ -14,7 +14,7 @@
  * must be accepted or refused exactly as a reference parser here says, and
  * accepted with exactly its values.
  */
-#include "nvmf/dev.c"
+#include "host/dev.c"
 
 #include <ctype.h>
 #include <limits.h>

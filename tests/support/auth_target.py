@@ -1,5 +1,5 @@
 """An NVMe/TCP controller that requires DH-HMAC-CHAP, for tests of the
-initiator's side (csrc/nvmf/auth_host.c) without the fabric lab.
+initiator's side (csrc/host/auth_host.c) without the fabric lab.
 
 The controller's side is computed with the pure-Python reference
 (tests/support/dhchap_reference.py), independently of fx100io's C code, on top of

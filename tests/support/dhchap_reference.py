@@ -1,5 +1,5 @@
 """DH-HMAC-CHAP (NVMe in-band authentication) in plain Python: the
-independent reference the C implementation (csrc/nvmf/auth_crypto.c, on
+independent reference the C implementation (csrc/auth/auth_crypto.c, on
 OpenSSL) is checked against.  Only hashlib, hmac, zlib, base64 and pow();
 the RFC 7919 primes are rebuilt from their defining formula, so they do not
 come from the library under test.

@@ -5,7 +5,7 @@
  * little-endian hosts (x86-64, aarch64) and asserts sizes and offsets so a
  * layout mistake fails the build, not the wire.
  *
- * Shared by the initiator (csrc/nvmf/, csrc/transport/tcp_ctrl.c,
+ * Shared by the initiator (csrc/host/, csrc/transport/tcp_ctrl.c,
  * csrc/transport/tcp.c) and our target (csrc/target/).
  */
 #ifndef FX100IO_NVME_H

@@ -1,6 +1,6 @@
 /*
  * DH-HMAC-CHAP cryptography (NVMe Base 2.x, "Authentication"), shared by
- * the initiator (nvmf/auth_host.c) and our target (target/auth.c), on
+ * the initiator (host/auth_host.c) and our target (target/auth.c), on
  * OpenSSL 3 libcrypto: no primitive is written here, only the protocol's
  * compositions of them.
  *
@@ -24,8 +24,8 @@
  * that held a secret or a derived key is wiped before it is freed or goes
  * out of scope; nothing here logs.
  */
-#ifndef FX100IO_NVMF_AUTH_CRYPTO_H
-#define FX100IO_NVMF_AUTH_CRYPTO_H
+#ifndef FX100IO_AUTH_AUTH_CRYPTO_H
+#define FX100IO_AUTH_AUTH_CRYPTO_H
 
 #include <stddef.h>
 #include <stdint.h>

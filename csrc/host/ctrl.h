@@ -1,34 +1,27 @@
 /*
- * The NVMe-oF controller, the same on every fabric (nvmf/ctrl.c,
- * nvmf/discovery.c): admin queue set-up through a transport table
- * (nvmf/nvmf.h), CAP/VS, enable, Identify, Number of Queues, keep alive,
+ * The NVMe-oF controller, the same on every fabric (host/ctrl.c,
+ * host/discovery.c): admin queue set-up through a transport table
+ * (host/nvmf.h), CAP/VS, enable, Identify, Number of Queues, keep alive,
  * shutdown, Identify Namespace and the discovery log.
  */
-#ifndef FX100IO_NVMF_CTRL_H
-#define FX100IO_NVMF_CTRL_H
+#ifndef FX100IO_HOST_CTRL_H
+#define FX100IO_HOST_CTRL_H
 
 #include <pthread.h>
 #include <stdint.h>
 
-#include "nvmf/nvmf.h"
-/* Only for the admin queue's storage below. */
-#include "transport/rdma_conn.h"
-#include "transport/tcp_ctrl.h"
+#include "host/nvmf.h"
 
 /* An open controller: admin queue, identify data, keep-alive thread. */
 struct fx_nvmf_ctrl {
 	struct fx_nvmf_addr addr;
 	struct fx_nvmf_params params;
 	/* The transport and its admin queue: generic code reaches the queue
-	 * only as aq, through tr. */
+	 * only as aq, through tr.  aq is tr->queue_size bytes of the
+	 * controller's (ctrl.c allocates them), so this layer never needs to
+	 * know a transport's queue type. */
 	const struct fx_nvmf_transport *tr;
 	void *aq;
-	/* Storage aq points at, one member per transport.  Tests read the
-	 * negotiated TCP parameters from admin; generic code never reads it. */
-	union {
-		struct fx_nvmf_conn admin;
-		struct fx_rdma_conn admin_rdma;
-	};
 	pthread_mutex_t lock; /* serialises admin commands (keep alive vs others) */
 	pthread_t ka_thread;
 	int ka_running;
@@ -54,9 +47,9 @@ struct fx_nvmf_ctrl {
  * kato/3) when kato_ms > 0.  Errors as tr's connect, plus -ETIMEDOUT
  * (CSTS.RDY never set).
  */
-int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-                         const struct fx_nvmf_params *p, uint16_t want_io_queues,
-                         struct fx_nvmf_ctrl **out, uint16_t *status);
+int fx_nvmf_ctrl_open(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+                      const struct fx_nvmf_params *p, uint16_t want_io_queues,
+                      struct fx_nvmf_ctrl **out, uint16_t *status);
 /* Identify Namespace: size in blocks and block size (nsze * lba_size fits in
  * 64 bits).  -ENODEV (nsid not active), -EPROTO (unusable LBA format or a size
  * that overflows 64 bits). */
@@ -75,9 +68,9 @@ int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void
  * 0x70, re-read if GENCTR changes), disconnect.  *entries is malloc'ed
  * (caller frees).
  */
-int fx_nvmf_discover_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-                        const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
-                        uint32_t *n, uint16_t *status);
+int fx_nvmf_discover(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+                     const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
+                     uint32_t *n, uint16_t *status);
 
 /*
  * The discovery log reader fx_nvmf_discover() uses, on any source of log

@@ -2,7 +2,7 @@
  * NVMe in-band authentication (DH-HMAC-CHAP) on the wire: the AUTH_Send /
  * AUTH_Receive commands and the messages they carry (NVMe Base 2.x,
  * "Authentication"), with the build and parse helpers the initiator
- * (nvmf/auth_host.c) and our target (target/auth.c) share.
+ * (host/auth_host.c) and our target (target/auth.c) share.
  *
  * Parsing is the one place where the length rules live
  * (docs/architecture.md rule 13):
@@ -18,8 +18,8 @@
  * hash and DH group are ones that were offered/selected, and that HL is
  * the selected hash's length.
  */
-#ifndef FX100IO_NVMF_AUTH_MSG_H
-#define FX100IO_NVMF_AUTH_MSG_H
+#ifndef FX100IO_AUTH_AUTH_MSG_H
+#define FX100IO_AUTH_AUTH_MSG_H
 
 #include <errno.h>
 #include <stddef.h>
@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/auth_crypto.h"
+#include "auth/auth_crypto.h"
 
 /* Fabrics command types */
 #define NVMF_FCTYPE_AUTH_SEND 0x05

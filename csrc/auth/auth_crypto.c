@@ -1,7 +1,7 @@
 /*
  * DH-HMAC-CHAP cryptography on OpenSSL 3 libcrypto (see auth_crypto.h).
  */
-#include "nvmf/auth_crypto.h"
+#include "auth/auth_crypto.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,12 +1,12 @@
 /*
- * Discovery on any transport (see nvmf/ctrl.h): the discovery log reader,
+ * Discovery on any transport (see host/ctrl.h): the discovery log reader,
  * which only needs a source of log bytes (so it is fuzzed on its own), and
  * a one-shot discovery controller that feeds it through Get Log Page.
  */
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/ctrl.h"
+#include "host/ctrl.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -88,9 +88,9 @@ static int disc_get_log(void *ctrl, uint64_t off, void *buf, uint32_t len, uint1
 	return fx_nvmf_ctrl_get_log(ctrl, NVME_LOG_DISCOVERY, off, buf, len, status);
 }
 
-int fx_nvmf_discover_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-			const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
-			uint32_t *n, uint16_t *status)
+int fx_nvmf_discover(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+		     const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
+		     uint32_t *n, uint16_t *status)
 {
 	struct fx_nvmf_params dp = *p;
 	struct fx_nvmf_ctrl *c;
@@ -105,7 +105,7 @@ int fx_nvmf_discover_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf
 	memcpy(dp.subnqn, NVMF_DISCOVERY_NQN, sizeof(NVMF_DISCOVERY_NQN));
 	/* One short exchange: no keep-alive needed. */
 	dp.kato_ms = 0;
-	r = fx_nvmf_ctrl_open_tr(tr, a, &dp, 0, &c, status);
+	r = fx_nvmf_ctrl_open(tr, a, &dp, 0, &c, status);
 	if (r)
 		return r;
 	r = fx_nvmf_disc_log_read(disc_get_log, c, entries, n, status, &why);

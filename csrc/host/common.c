@@ -6,7 +6,7 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/nvmf.h"
+#include "host/nvmf.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -37,6 +37,26 @@ int64_t fx_nvmf_now_ms(void)
 int64_t fx_nvmf_deadline_in(int timeout_ms)
 {
 	return fx_nvmf_now_ms() + (timeout_ms > 0 ? timeout_ms : FX_NVMF_DEFAULT_TIMEOUT_MS);
+}
+
+/* The last authentication failure of this thread (see nvmf.h): kept
+ * here, with the other per-thread connect state, so that the Connect
+ * helpers clear it without reaching into host/auth_host.c, which sets it. */
+static _Thread_local char auth_err[320];
+
+const char *fx_nvmf_auth_error(void)
+{
+	return auth_err;
+}
+
+void fx_nvmf_auth_error_clear(void)
+{
+	auth_err[0] = 0;
+}
+
+void fx_nvmf_auth_error_vset(const char *fmt, va_list ap)
+{
+	vsnprintf(auth_err, sizeof(auth_err), fmt, ap);
 }
 
 /* The calling thread's cancel eventfd (fx_nvmf_set_cancel_fd), -1: none.

@@ -1,10 +1,10 @@
 /*
- * An NVMe-oF namespace as a device, on any transport (see nvmf/dev.h).
+ * An NVMe-oF namespace as a device, on any transport (see host/dev.h).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "nvmf/dev.h"
+#include "host/dev.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -191,7 +191,7 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	struct fx_nvmf_ctrl *c = NULL, *old;
 	/* Enough I/O queues for several threads' queues. */
 	uint16_t want = (uint16_t)(d->queues * 8 < 64 ? d->queues * 8 : 64);
-	int ret = fx_nvmf_ctrl_open_tr(d->tr, &d->addr, &d->params, want, &c, status);
+	int ret = fx_nvmf_ctrl_open(d->tr, &d->addr, &d->params, want, &c, status);
 
 	if (ret < 0)
 		return ret;

@@ -1,5 +1,5 @@
 /*
- * DH-HMAC-CHAP, the host's side (see nvmf.h: fx_nvmf_auth_host): run on a
+ * DH-HMAC-CHAP, the host's side (see auth_host.h): run on a
  * queue right after its Fabrics Connect completed, when the controller's
  * Connect response asks for it, through the transport's synchronous exec:
  *
@@ -21,28 +21,17 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/auth_crypto.h"
-#include "nvmf/auth_msg.h"
-#include "nvmf/nvmf.h"
+#include "host/auth_host.h"
+
+#include "auth/auth_crypto.h"
+#include "auth/auth_msg.h"
+#include "host/nvmf.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The last authentication failure of this thread (see nvmf.h). */
-static _Thread_local char auth_err[320];
-
-const char *fx_nvmf_auth_error(void)
-{
-	return auth_err;
-}
-
-void fx_nvmf_auth_error_clear(void)
-{
-	auth_err[0] = 0;
-}
 
 static int fail(uint16_t qid, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -51,9 +40,9 @@ static int fail(uint16_t qid, int rc, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(auth_err, sizeof(auth_err), fmt, ap);
+	fx_nvmf_auth_error_vset(fmt, ap);
 	va_end(ap);
-	fx_nvmf_log("qid %u: DH-HMAC-CHAP: %s", qid, auth_err);
+	fx_nvmf_log("qid %u: DH-HMAC-CHAP: %s", qid, fx_nvmf_auth_error());
 	return rc;
 }
 
@@ -396,6 +385,6 @@ int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
 	fx_auth_wipe(t.buf, FX_AUTH_RECV_LEN);
 	free(t.buf);
 	if (r == 0)
-		auth_err[0] = 0;
+		fx_nvmf_auth_error_clear();
 	return r;
 }

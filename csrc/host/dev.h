@@ -1,6 +1,6 @@
 /*
  * A namespace of a remote NVMe-oF controller as a device, on any transport
- * (nvmf/dev.c): the URI options, the controller (opened, checked, re-opened
+ * (host/dev.c): the URI options, the controller (opened, checked, re-opened
  * when the target forgot it), the I/O queue ids handed to queues, one
  * blocking connect attempt for an I/O queue, and the per-queue connector
  * thread that runs those attempts off the caller's thread
@@ -10,15 +10,15 @@
  * fx_nvmf_dev in its device and keeps only what is its own: how commands
  * move.
  */
-#ifndef FX100IO_NVMF_DEV_H
-#define FX100IO_NVMF_DEV_H
+#ifndef FX100IO_HOST_DEV_H
+#define FX100IO_HOST_DEV_H
 
 #include <pthread.h>
 #include <stdint.h>
 
 #include "fx100io.h"
-#include "nvmf/ctrl.h"
-#include "nvmf/nvmf.h"
+#include "host/ctrl.h"
+#include "host/nvmf.h"
 
 #define FX_NVMF_RECONNECT_MS_DEFAULT 200 /* between failed connect attempts */
 #define FX_NVMF_MAX_RECONNECTS_DEFAULT 3 /* failed attempts a waiting request sits through */

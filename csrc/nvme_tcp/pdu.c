@@ -1,9 +1,9 @@
 /*
- * NVMe/TCP PDU header rules (NVMe/TCP Transport 1.0, section 3.6), shared by
- * the initiator (transport/tcp_ctrl.c, transport/tcp.c) and our target
- * (target/).
+ * NVMe/TCP PDUs (NVMe/TCP Transport 1.0, section 3.6), shared by the
+ * initiator (transport/tcp_ctrl.c, transport/tcp.c) and our target
+ * (target/): the header rules, and how a PDU is laid out to send.
  *
- * Everything here looks only at the 8-byte common header, so a receiver can
+ * The checks look only at the 8-byte common header, so a receiver can
  * decide how many more bytes to read before it trusts anything else: the
  * lengths in a header from the network are checked here once, and code
  * further on may then size reads from them.
@@ -11,17 +11,13 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "tcp_pdu.h"
+#include "nvme_tcp/pdu.h"
 
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "fx100io.h"
-
-/* TermReq carries at most this much of the offending PDU after its header
- * (the spec's "maximum of 152 bytes" for the Data field of H2C/C2HTermReq). */
-#define TERM_MAX_DATA 152
 
 unsigned fx_tcp_pdu_hlen(uint8_t type)
 {
@@ -104,7 +100,7 @@ int fx_tcp_pdu_check(const struct nvme_tcp_hdr *h, int from_controller, int hdgs
 			/* fixed size: nothing may follow the 128 bytes */
 			if (plen != hlen)
 				return -EPROTO;
-		} else if (plen < hlen || plen > hlen + TERM_MAX_DATA) {
+		} else if (plen < hlen || plen > hlen + FX_TCP_TERM_DATA_MAX) {
 			return -EPROTO;
 		}
 		return (int)hlen;
@@ -181,111 +177,81 @@ unsigned fx_tcp_hdr_init(struct nvme_tcp_hdr *h, uint8_t type, uint32_t datalen,
 	return pdo;
 }
 
-/* ------------------------------------------------ command transfer rules */
+/* ------------------------------------------------------- building PDUs */
 
-void fx_tcp_xfer_init(struct fx_tcp_xfer *x, uint32_t len, int write, int incapsule)
+int fx_tcp_head_finish(uint8_t *b, unsigned cap)
 {
-	memset(x, 0, sizeof(*x));
-	x->len = len;
-	x->write = !!write;
-	x->incapsule = !!(write && incapsule);
-	if (x->incapsule)
-		x->requested = x->sent = len;
-}
+	const struct nvme_tcp_hdr *h = (const struct nvme_tcp_hdr *)b;
+	unsigned n = h->hlen;
 
-static int refuse(struct fx_tcp_xfer *x, uint16_t fes, uint32_t fei, const char *why)
-{
-	x->fes = fes;
-	x->fei = fei;
-	x->why = why;
-	return -EPROTO;
-}
+	if ((h->flags & NVME_TCP_F_HDGST) && n + NVME_TCP_DIGEST_LEN > cap)
+		return -EPROTO;
+	if (h->flags & NVME_TCP_F_HDGST) {
+		uint32_t d = fx_tcp_hdgst(b, n);
 
-int fx_tcp_xfer_r2t(struct fx_tcp_xfer *x, uint32_t r2to, uint32_t r2tl)
-{
-	const uint32_t off_r2to = offsetof(struct nvme_tcp_r2t_pdu, r2to);
-	const uint32_t off_r2tl = offsetof(struct nvme_tcp_r2t_pdu, r2tl);
-
-	if (!x->write)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "R2T for a command without write data");
-	if (x->incapsule)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "R2T for data sent in the capsule");
-	if (x->r2t_open)
-		return refuse(x, NVME_TCP_FES_R2T_LIMIT_EXCEEDED, 0,
-			      "R2T while another R2T of the command is outstanding");
-	if (r2to != x->requested)
-		return refuse(x, NVME_TCP_FES_DATA_OUT_OF_RANGE, off_r2to,
-			      r2to < x->requested ? "R2T repeats data already requested"
-						  : "R2T skips data (out of order)");
-	if (r2tl == 0)
-		return refuse(x, NVME_TCP_FES_DATA_OUT_OF_RANGE, off_r2tl, "R2T of length 0");
-	/* r2to <= len holds (r2to == requested <= len): no overflow */
-	if (r2tl > x->len - r2to)
-		return refuse(x, NVME_TCP_FES_DATA_OUT_OF_RANGE, off_r2tl,
-			      "R2T past the end of the transfer");
-	x->requested += r2tl;
-	x->r2t_open = 1;
-	return 0;
-}
-
-void fx_tcp_xfer_r2t_sent(struct fx_tcp_xfer *x)
-{
-	if (x->r2t_open) {
-		x->r2t_open = 0;
-		x->sent = x->requested;
+		memcpy(b + n, &d, sizeof(d));
+		n += NVME_TCP_DIGEST_LEN;
 	}
-}
-
-int fx_tcp_xfer_c2h(struct fx_tcp_xfer *x, const struct nvme_tcp_data_pdu *p, int ddgst)
-{
-	const struct nvme_tcp_hdr *h = &p->hdr;
-	uint64_t payload_end = (uint64_t)h->pdo + p->datal + (ddgst ? NVME_TCP_DIGEST_LEN : 0);
-
-	if (x->write)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "C2HData for a write");
-	if (x->last)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "C2HData after LAST_PDU");
-	if (p->datal == 0 || payload_end != h->plen)
-		return refuse(x, NVME_TCP_FES_DATA_OUT_OF_RANGE,
-			      offsetof(struct nvme_tcp_data_pdu, datal),
-			      "C2HData length disagrees with the PDU");
-	/* In order: datao == bytes so far also catches gaps and repeats, so a
-	 * complete transfer means every byte was written once. */
-	if (p->datao != x->received)
-		return refuse(x, NVME_TCP_FES_DATA_OUT_OF_RANGE,
-			      offsetof(struct nvme_tcp_data_pdu, datao), "C2HData out of order");
-	if (p->datal > x->len - x->received)
-		return refuse(x, NVME_TCP_FES_DATA_OUT_OF_RANGE,
-			      offsetof(struct nvme_tcp_data_pdu, datal),
-			      "C2HData past the end of the buffer");
-	if (h->flags & NVME_TCP_F_DATA_SUCCESS) {
-		/* No CapsuleResp follows: only on the PDU that ends the data. */
-		if (!(h->flags & NVME_TCP_F_DATA_LAST))
-			return refuse(x, NVME_TCP_FES_INVALID_PDU_HDR, 1,
-				      "C2HData SUCCESS without LAST_PDU");
-		if (p->datal != x->len - x->received)
-			return refuse(x, NVME_TCP_FES_INVALID_PDU_HDR, 1,
-				      "C2HData SUCCESS before the end of the data");
+	if (h->pdo > n) {
+		/* the peer's alignment: zeros between header and data */
+		if (h->pdo > cap)
+			return -EPROTO;
+		memset(b + n, 0, h->pdo - n);
+		n = h->pdo;
 	}
-	return 0;
+	return (int)n;
 }
 
-int fx_tcp_xfer_c2h_done(struct fx_tcp_xfer *x, const struct nvme_tcp_data_pdu *p)
+int fx_tcp_pdu_iov(struct iovec *iov, const void *head, unsigned head_len, const void *data,
+                   uint32_t datalen, uint32_t *ddgst)
 {
-	x->received += p->datal;
-	if (p->hdr.flags & NVME_TCP_F_DATA_LAST)
-		x->last = 1;
-	return (p->hdr.flags & NVME_TCP_F_DATA_SUCCESS) != 0;
+	const struct nvme_tcp_hdr *h = head;
+	int k = 0;
+
+	iov[k++] = (struct iovec){(void *)head, head_len};
+	if (datalen) {
+		iov[k++] = (struct iovec){(void *)data, datalen};
+		if (h->flags & NVME_TCP_F_DDGST) {
+			*ddgst = fx_tcp_ddgst(data, datalen);
+			iov[k++] = (struct iovec){ddgst, NVME_TCP_DIGEST_LEN};
+		}
+	}
+	return k;
 }
 
-int fx_tcp_xfer_rsp(struct fx_tcp_xfer *x, uint16_t status_field)
+unsigned fx_tcp_term_build(uint8_t *b, uint8_t type, uint16_t fes, uint32_t fei,
+                           const void *hdr, unsigned hdr_len)
 {
-	if (status_field)
-		return 0; /* the controller failed it: nothing to trust */
-	if (!x->write && x->received != x->len)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "success before all read data arrived");
-	if (x->write && (x->r2t_open || x->sent != x->len))
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0,
-			      "success before all write data was requested and sent");
-	return 0;
+	struct nvme_tcp_term_pdu *t = (struct nvme_tcp_term_pdu *)b;
+	unsigned copy = hdr_len < FX_TCP_TERM_DATA_MAX ? hdr_len : FX_TCP_TERM_DATA_MAX;
+
+	if (!hdr)
+		copy = 0;
+	memset(t, 0, sizeof(*t));
+	fx_tcp_hdr_init(&t->hdr, type, 0, 0, 0, 0);
+	t->hdr.plen = (uint32_t)(sizeof(*t) + copy);
+	t->fes = fes;
+	t->feil = (uint16_t)(fei & 0xFFFF);
+	t->feiu = (uint16_t)(fei >> 16);
+	if (copy)
+		memcpy(b + sizeof(*t), hdr, copy);
+	return (unsigned)sizeof(*t) + copy;
+}
+
+/* ------------------------------------------------------------- digests */
+
+int fx_tcp_hdgst_check(const void *hdr, unsigned n)
+{
+	const struct nvme_tcp_hdr *h = hdr;
+	uint32_t got;
+
+	if (n <= h->hlen)
+		return 0; /* no header digest on this PDU */
+	memcpy(&got, (const uint8_t *)hdr + h->hlen, sizeof(got));
+	return got == fx_tcp_hdgst(hdr, h->hlen) ? 0 : -EBADMSG;
+}
+
+uint32_t fx_tcp_ddgst(const void *data, uint32_t len)
+{
+	return fx_crc32c(0, data, len);
 }

@@ -1,21 +1,24 @@
 /*
- * What every NVMe-oF transport shares (see docs/architecture.md): the
+ * What every NVMe-oF transport shares (see docs/architecture.md, csrc/host/): the
  * addressing and connect parameters, the per-transport table the generic
  * code drives queues through, and the helpers that build and decode the
  * Fabrics commands (Connect, Property Get/Set) the same way on any fabric.
  *
- * Generic code (nvmf/ctrl.c, nvmf/discovery.c) never looks inside a queue:
+ * Generic code (host/ctrl.c, host/discovery.c) never looks inside a queue:
  * a queue is whatever the transport's connect filled in, handled as void *.
- * Every function returns 0 or -errno, as fabric.h describes.
+ * Every function returns 0 or -errno; NVMe error statuses become -EIO (or
+ * a more specific errno where one fits) with the raw status field reported
+ * through the status out-parameter where there is one.
  */
-#ifndef FX100IO_NVMF_NVMF_H
-#define FX100IO_NVMF_NVMF_H
+#ifndef FX100IO_HOST_NVMF_H
+#define FX100IO_HOST_NVMF_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "fx100io/nvme.h"
-#include "nvmf/auth_crypto.h"
+#include "auth/auth_crypto.h"
 
 struct fx_nvmf_transport;
 
@@ -52,33 +55,11 @@ int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *te
 /* Wipe the secrets a params holds. */
 void fx_nvmf_params_wipe(struct fx_nvmf_params *p);
 
-/*
- * In-band authentication after a successful Fabrics Connect on queue q
- * (nvmf/auth_host.c); every transport's connect calls it with the Connect
- * response's DW0, so the admin queue, every I/O queue and every reconnect
- * authenticate.  0: the controller asked for none, or DH-HMAC-CHAP
- * succeeded (bidirectionally when p has a controller secret).  Errors
- * (the queue is then unusable; the caller closes it):
- *   -EACCES  authentication required and no dhchap_secret given, or none
- *            asked although p has a controller secret (not for discovery); the
- *            controller's AUTH_Failure1 (wrong secret, ...); the
- *            controller's response did not match dhchap_ctrl_secret
- *   -EPROTONOSUPPORT  the controller requires secure channel concatenation
- *   -EPROTO  a malformed or unexpected message, a DH value out of range
- *   -EIO     an AUTH_Send/Receive completed with an NVMe error status
- *   -ETIMEDOUT  the transaction did not end by deadline (the connect's,
- *            on fx_nvmf_now_ms's clock; 0: each command gets the queue's
- *            own timeout)
- *   or what the transport's exec returned.
- * The reason, in words, is fx_nvmf_auth_error() on the same thread.
- */
-int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
-		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0,
-		      int64_t deadline);
 /* Why this thread's last connect failed authentication ("" if it did not:
- * cleared by every Connect, fx_nvmf_connect_cmd). */
+ * cleared by every Connect, fx_nvmf_connect_cmd; set by host/auth_host.c). */
 const char *fx_nvmf_auth_error(void);
 void fx_nvmf_auth_error_clear(void);
+void fx_nvmf_auth_error_vset(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 
 /*
  * One transport, as the generic controller code sees it.  Const and
@@ -87,8 +68,8 @@ void fx_nvmf_auth_error_clear(void);
  * connect: bring queue qid up to a completed Fabrics Connect (qid 0: admin,
  *   cntlid ignored; qid > 0: I/O queue of controller cntlid) into the
  *   caller's storage q; *cntlid_out gets the controller id.  Errors as
- *   fx_nvmf_tcp_connect in fabric.h.  On failure q holds nothing to close.
- * exec: one command, synchronously (fx_nvmf_exec's contract).  timeout_ms
+ *   fx_tcp_connect in transport/tcp_ctrl.h.  On failure q holds nothing to close.
+ * exec: one command, synchronously (fx_tcp_exec's contract).  timeout_ms
  *   > 0 caps the wait below the queue's own timeout (close uses it so a
  *   dead target cannot hold it for a full command timeout); 0: the queue's.
  * shutdown: make the queue fail every later command at once, without

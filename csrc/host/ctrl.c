@@ -1,5 +1,5 @@
 /*
- * The NVMe-oF controller on any transport (see nvmf/ctrl.h): the admin
+ * The NVMe-oF controller on any transport (see host/ctrl.h): the admin
  * queue is connected, driven and closed only through the transport's table,
  * so this file knows nothing of sockets, PDUs or queue pairs.
  *
@@ -10,7 +10,7 @@
 #ifndef _GNU_SOURCE /* tests/c/Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
 #endif
-#include "nvmf/ctrl.h"
+#include "host/ctrl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -185,9 +185,9 @@ static void parse_idctrl(struct fx_nvmf_ctrl *c)
 	c->nn = fx_nvmf_le32(id + NVME_IDC_NN);
 }
 
-int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-			 const struct fx_nvmf_params *p, uint16_t want_io_queues,
-			 struct fx_nvmf_ctrl **out, uint16_t *status)
+int fx_nvmf_ctrl_open(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
+		      const struct fx_nvmf_params *p, uint16_t want_io_queues,
+		      struct fx_nvmf_ctrl **out, uint16_t *status)
 {
 	struct fx_nvmf_ctrl *c;
 	int r;
@@ -204,9 +204,14 @@ int fx_nvmf_ctrl_open_tr(const struct fx_nvmf_transport *tr, const struct fx_nvm
 	c->tr = tr;
 	/* The controller's own storage for the admin queue (see ctrl.h);
 	 * from here on it is only the opaque queue tr drives. */
-	c->aq = &c->admin;
+	c->aq = calloc(1, tr->queue_size);
+	if (!c->aq) {
+		free(c);
+		return -ENOMEM;
+	}
 	r = pthread_mutex_init(&c->lock, NULL);
 	if (r) {
+		free(c->aq);
 		free(c);
 		return -r;
 	}
@@ -275,6 +280,7 @@ fail:
 fail_connect:
 	pthread_mutex_destroy(&c->lock);
 	fx_nvmf_params_wipe(&c->params);
+	free(c->aq);
 	free(c);
 	return r;
 }
@@ -367,5 +373,6 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c)
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
 	fx_nvmf_params_wipe(&c->params);
+	free(c->aq);
 	free(c);
 }
