@@ -30,8 +30,7 @@ struct fx_alloc {
 	size_t cap;
 };
 
-int fx_alloc_create(uint64_t base, uint64_t size, uint32_t align,
-		    struct fx_alloc **out)
+int fx_alloc_create(uint64_t base, uint64_t size, uint32_t align, struct fx_alloc **out)
 {
 	struct fx_alloc *a;
 
@@ -119,8 +118,7 @@ static void remove_at(struct fx_alloc *a, size_t i)
  * rounded length cannot overflow: end - off is a multiple of the unit, so
  * len <= end - off implies roundup(len) <= end - off.
  */
-static int check_range(const struct fx_alloc *a, uint64_t off, uint64_t len,
-		       uint64_t *rlen)
+static int check_range(const struct fx_alloc *a, uint64_t off, uint64_t len, uint64_t *rlen)
 {
 	if (len == 0 || (off & a->mask))
 		return -EINVAL;

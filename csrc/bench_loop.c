@@ -30,8 +30,8 @@
 
 #define WAIT_SLICE_NS 250000000ull /* longest wait before looking at the clock */
 #define DRAIN_LIMIT_NS 30000000000ull
-#define BACKOFF_NS 50000 /* 50 us */
-#define QUEUE_WAIT_MS 250    /* WAIT_SLICE_NS for fx_queue_wait */
+#define BACKOFF_NS 50000  /* 50 us */
+#define QUEUE_WAIT_MS 250 /* WAIT_SLICE_NS for fx_queue_wait */
 #define QUEUE_REAP_BATCH 64
 #define URING_OPTS (FX_BL_SQPOLL | FX_BL_REGFILES | FX_BL_FIXEDBUFS | FX_BL_REGRING)
 
@@ -47,8 +47,8 @@ struct slot {
 
 /* The queue backend's tags: a marker bit, the slot's generation, the slot. */
 #define QTAG_MARK (1ull << 63)
-#define QTAG(s, gen) (QTAG_MARK | ((uint64_t)((gen) & 0x7fffffffu) << 32) | (uint64_t)(s))
-#define QTAG_SLOT(tag) ((uint32_t)((tag) & 0xffffffffu))
+#define QTAG(s, gen) (QTAG_MARK | ((uint64_t)((gen)&0x7fffffffu) << 32) | (uint64_t)(s))
+#define QTAG_SLOT(tag) ((uint32_t)((tag)&0xffffffffu))
 
 struct fx_bl;
 
@@ -103,11 +103,11 @@ struct fx_bl {
 
 	/* the access pattern */
 	uint64_t rng;
-	uint64_t pass;     /* pass whose keys are loaded */
+	uint64_t pass; /* pass whose keys are loaded */
 	uint64_t keys[4];
 	unsigned half;
 	uint64_t half_mask;
-	uint64_t domain;   /* 1 << (2 * half) */
+	uint64_t domain; /* 1 << (2 * half) */
 
 	void *const *bufs;
 	struct slot *slots;
@@ -116,7 +116,7 @@ struct fx_bl {
 	uint64_t inflight;
 	int stopping;
 	int err;
-	int ring_err; /* the failure was the backend's, not an I/O's */
+	int ring_err;         /* the failure was the backend's, not an I/O's */
 	uint64_t stall_ns;    /* see fx_bl_params.stall_ns */
 	uint64_t progress_ns; /* last completion seen, or last run with none in flight */
 	uint64_t err_off;
@@ -400,7 +400,8 @@ static inline int64_t tag_slot(const struct fx_bl *b, uint64_t tag)
 
 /* One completion: res bytes moved, or -errno; status the raw NVMe status
  * when there is one.  Tags that are none of ours are ignored. */
-static inline void complete(struct fx_bl *b, uint64_t tag, int64_t res, unsigned status, uint64_t t1)
+static inline void complete(struct fx_bl *b, uint64_t tag, int64_t res, unsigned status,
+			    uint64_t t1)
 {
 	int64_t slot = tag_slot(b, tag);
 
@@ -411,7 +412,8 @@ static inline void complete(struct fx_bl *b, uint64_t tag, int64_t res, unsigned
 
 	release_slot(b, s);
 	if (res <= 0 || status) {
-		int err = res < 0 ? (res < -4095 ? EIO : (int)-res) : (res == 0 && !status ? ENODATA : EIO);
+		int err = res < 0 ? (res < -4095 ? EIO : (int)-res)
+				  : (res == 0 && !status ? ENODATA : EIO);
 		fail_io(b, err, sl->off, sl->is_read, status);
 		return;
 	}
@@ -482,7 +484,8 @@ static unsigned uring_reap(struct fx_bl *b, uint64_t t1)
 
 	/* Completions that are no slot's (liburing's own timeout on kernels
 	 * without IORING_FEAT_EXT_ARG) are consumed and ignored. */
-	io_uring_for_each_cqe(&b->ring, head, cqe) {
+	io_uring_for_each_cqe(&b->ring, head, cqe)
+	{
 		n++;
 		complete(b, cqe->user_data, cqe->res, 0, t1);
 	}

@@ -23,15 +23,15 @@ struct fx_queue;
 #define FX_BL_SUB (1u << FX_BL_SUB_BITS)
 #define FX_BL_EXACT (2u * FX_BL_SUB)
 #define FX_BL_NBUCKETS (FX_BL_EXACT + (64u - FX_BL_SUB_BITS - 1u) * FX_BL_SUB)
-#define FX_BL_MAX_DEPTH 32768 /* most I/Os in flight one loop takes */
+#define FX_BL_MAX_DEPTH 32768   /* most I/Os in flight one loop takes */
 #define FX_BL_MAX_DEPTH_HIST 64 /* depth histogram: 0..64, the last is ">= 64" */
 
 /* Options (fx_bl_params.flags) and what fx_bl_features() reports. */
-#define FX_BL_SQPOLL 0x1      /* kernel thread polls the submission queue */
-#define FX_BL_REGFILES 0x2    /* the fd as a registered (fixed) file */
-#define FX_BL_FIXEDBUFS 0x4   /* the buffers registered (READ/WRITE_FIXED) */
-#define FX_BL_REGRING 0x8     /* the ring's own fd registered */
-#define FX_BL_STAMP 0x100     /* writes carry their offset in their first 8 bytes */
+#define FX_BL_SQPOLL 0x1    /* kernel thread polls the submission queue */
+#define FX_BL_REGFILES 0x2  /* the fd as a registered (fixed) file */
+#define FX_BL_FIXEDBUFS 0x4 /* the buffers registered (READ/WRITE_FIXED) */
+#define FX_BL_REGRING 0x8   /* the ring's own fd registered */
+#define FX_BL_STAMP 0x100   /* writes carry their offset in their first 8 bytes */
 /* Only in fx_bl_features(): how completions are run. */
 #define FX_BL_DEFER_TASKRUN 0x10000
 #define FX_BL_COOP_TASKRUN 0x20000
@@ -49,21 +49,21 @@ struct fx_bl_dir {
 };
 
 struct fx_bl_params {
-	int fd;                /* the io_uring backend's file; ignored with queue */
-	uint32_t bs;           /* bytes per I/O, > 0 */
-	uint32_t depth;        /* I/Os in flight, one buffer each */
-	uint64_t start;        /* byte offset of block 0 */
-	uint64_t nblocks;      /* blocks in the region, > 0 */
-	uint64_t passes;       /* walks over the region; 0 = until stopped */
-	uint64_t ios;          /* > 0: I/Os in all (fio's io_size, number_ios), in place
+	int fd;           /* the io_uring backend's file; ignored with queue */
+	uint32_t bs;      /* bytes per I/O, > 0 */
+	uint32_t depth;   /* I/Os in flight, one buffer each */
+	uint64_t start;   /* byte offset of block 0 */
+	uint64_t nblocks; /* blocks in the region, > 0 */
+	uint64_t passes;  /* walks over the region; 0 = until stopped */
+	uint64_t ios;     /* > 0: I/Os in all (fio's io_size, number_ios), in place
 	                        * of passes x nblocks; past nblocks it wraps around */
-	uint64_t end_ns;       /* CLOCK_MONOTONIC instant to stop; 0 = none */
+	uint64_t end_ns;  /* CLOCK_MONOTONIC instant to stop; 0 = none */
 	uint64_t seed;
-	double read_fraction;  /* 1.0 all reads, 0.0 all writes */
-	int random;            /* random order, else sequential */
-	int random_map;        /* random: every block once per pass */
-	unsigned flags;        /* FX_BL_* options asked for */
-	void *const *bufs;     /* depth buffers of bs bytes each */
+	double read_fraction; /* 1.0 all reads, 0.0 all writes */
+	int random;           /* random order, else sequential */
+	int random_map;       /* random: every block once per pass */
+	unsigned flags;       /* FX_BL_* options asked for */
+	void *const *bufs;    /* depth buffers of bs bytes each */
 	/* Hand I/Os to the backend as soon as this many are prepared (fio's
 	 * iodepth_batch_submit: 1 = each at once); 0 = all of a refill
 	 * together, with the wait for the next completions. */
@@ -95,7 +95,8 @@ struct fx_bl;
 int fx_bl_create(const struct fx_bl_params *p, struct fx_bl **out);
 unsigned fx_bl_features(const struct fx_bl *b);
 int fx_bl_backend(const struct fx_bl *b);
-unsigned fx_bl_refused(const struct fx_bl *b, int *errnos /* [4]: SQPOLL, REGFILES, FIXEDBUFS, REGRING */);
+unsigned fx_bl_refused(const struct fx_bl *b,
+		       int *errnos /* [4]: SQPOLL, REGFILES, FIXEDBUFS, REGRING */);
 
 /* Run until a completion is seen at or after slice_end_ns (returns 0, with
  * the freed slots refilled and submitted so the queue stays full),

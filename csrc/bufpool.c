@@ -20,7 +20,7 @@ struct fx_pool {
 	uint64_t map_size; /* what was mapped */
 	int pinned;
 	int huge;
-	int slot0;  /* first registry slot, -1 when not registered */
+	int slot0; /* first registry slot, -1 when not registered */
 	int nslots;
 	int external; /* fx_pool_wrap: the memory is the caller's */
 };
@@ -69,8 +69,7 @@ static void registry_publish(struct fx_pool *p)
 	pthread_mutex_unlock(&registry.lock);
 }
 
-int fx_pool_lookup(const void *addr, uint64_t len, struct iovec *iov,
-                   uint32_t *gen)
+int fx_pool_lookup(const void *addr, uint64_t len, struct iovec *iov, uint32_t *gen)
 {
 	uintptr_t a = (uintptr_t)addr;
 	int found = -1;
@@ -112,8 +111,7 @@ int fx_pool_create(uint64_t size, unsigned flags, struct fx_pool **out)
 	if (!(flags & FX_POOL_NO_HUGE)) {
 		uint64_t hs = (size + HUGE_2M - 1) & ~(HUGE_2M - 1);
 		m = mmap(NULL, hs, PROT_READ | PROT_WRITE,
-		         MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE,
-		         -1, 0);
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0);
 		if (m != MAP_FAILED) {
 			p->huge = 1;
 			p->map_size = hs;
@@ -121,8 +119,8 @@ int fx_pool_create(uint64_t size, unsigned flags, struct fx_pool **out)
 	}
 	if (m == MAP_FAILED) {
 		p->map_size = (size + 4095) & ~4095ULL;
-		m = mmap(NULL, p->map_size, PROT_READ | PROT_WRITE,
-		         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		m = mmap(NULL, p->map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			 0);
 		if (m == MAP_FAILED) {
 			ret = -errno;
 			free(p);
@@ -213,7 +211,19 @@ void fx_pool_destroy(struct fx_pool *p)
 	free(p);
 }
 
-void *fx_pool_base(const struct fx_pool *p) { return p->base; }
-uint64_t fx_pool_size(const struct fx_pool *p) { return p->size; }
-int fx_pool_pinned(const struct fx_pool *p) { return p->pinned; }
-int fx_pool_huge(const struct fx_pool *p) { return p->huge; }
+void *fx_pool_base(const struct fx_pool *p)
+{
+	return p->base;
+}
+uint64_t fx_pool_size(const struct fx_pool *p)
+{
+	return p->size;
+}
+int fx_pool_pinned(const struct fx_pool *p)
+{
+	return p->pinned;
+}
+int fx_pool_huge(const struct fx_pool *p)
+{
+	return p->huge;
+}

@@ -60,8 +60,7 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static inline uint32_t load_le32(const unsigned char *p)
 {
 	/* byte loads keep the table path endian-neutral; gcc fuses them */
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* Advance the raw register over n zero bytes (init-time only: O(n)). */
@@ -88,16 +87,15 @@ static void build_shift(uint32_t tab[4][256], size_t n)
 		for (unsigned b = 1; b < 256; b++) {
 			unsigned low = b & -b;
 
-			tab[k][b] = tab[k][b ^ low] ^
-				    basis[8 * k + __builtin_ctz(low)];
+			tab[k][b] = tab[k][b ^ low] ^ basis[8 * k + __builtin_ctz(low)];
 		}
 	}
 }
 
 static inline uint32_t shift(uint32_t tab[4][256], uint32_t crc)
 {
-	return tab[0][crc & 0xff] ^ tab[1][(crc >> 8) & 0xff] ^
-	       tab[2][(crc >> 16) & 0xff] ^ tab[3][crc >> 24];
+	return tab[0][crc & 0xff] ^ tab[1][(crc >> 8) & 0xff] ^ tab[2][(crc >> 16) & 0xff] ^
+	       tab[3][crc >> 24];
 }
 
 /*
@@ -155,7 +153,7 @@ static struct fold_k k_2048, k_512, k_384, k_256, k_128;
 
 static struct fold_k fold_const(unsigned d)
 {
-	struct fold_k k = { (uint64_t)xpow(d + 63) << 32, (uint64_t)xpow(d - 1) << 32 };
+	struct fold_k k = {(uint64_t)xpow(d + 63) << 32, (uint64_t)xpow(d - 1) << 32};
 	return k;
 }
 #endif
@@ -184,8 +182,7 @@ static void crc_init(void)
 	__builtin_cpu_init();
 	have_sse42 = __builtin_cpu_supports("sse4.2");
 	have_vpclmul = have_sse42 && __builtin_cpu_supports("pclmul") &&
-		       __builtin_cpu_supports("avx512f") &&
-		       __builtin_cpu_supports("vpclmulqdq");
+		       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
 	const char *want = getenv("FX100IO_CRC32C");
 	if (want && !strcmp(want, "table"))
 		have_sse42 = have_vpclmul = 0;
@@ -234,8 +231,7 @@ static inline uint64_t load64(const unsigned char *p)
  * shift1(crc(0, B)) ^ crc(0, C), computed as two shift-and-xor steps.
  */
 __attribute__((target("sse4.2"))) static inline uint64_t
-three_lanes(uint64_t c0, const unsigned char *p, size_t lane,
-	    uint32_t tab[4][256])
+three_lanes(uint64_t c0, const unsigned char *p, size_t lane, uint32_t tab[4][256])
 {
 	uint64_t c1 = 0, c2 = 0;
 
@@ -318,8 +314,8 @@ FOLD_TARGET static uint64_t crc_fold(uint32_t crc, const unsigned char **pp, siz
 	return c;
 }
 
-__attribute__((target("sse4.2"))) static uint32_t
-crc_hw(uint32_t crc, const unsigned char *p, size_t len)
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p,
+							 size_t len)
 {
 	uint64_t c = crc;
 

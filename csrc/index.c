@@ -82,9 +82,8 @@ size_t fx_index_rec_size(unsigned key_len)
 	return (FX_REC_HDR_SIZE + (size_t)key_len + 7) & ~(size_t)7;
 }
 
-int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq,
-			    const struct fx_index_rec *recs, unsigned n,
-			    void *out, size_t cap)
+int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq, const struct fx_index_rec *recs,
+			    unsigned n, void *out, size_t cap)
 {
 	uint8_t *p = out;
 	uint64_t payload = 0, size;
@@ -95,8 +94,7 @@ int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq,
 	for (unsigned i = 0; i < n; i++) {
 		const struct fx_index_rec *r = &recs[i];
 
-		if (r->key_len == 0 || r->key_len > FX_KEY_MAX || !r->key ||
-		    !valid_type(r->type))
+		if (r->key_len == 0 || r->key_len > FX_KEY_MAX || !r->key || !valid_type(r->type))
 			return -EINVAL;
 		payload += fx_index_rec_size(r->key_len);
 	}
@@ -135,9 +133,8 @@ int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq,
 	return (int64_t)size;
 }
 
-int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation,
-			    uint64_t *seq, struct fx_index_rec *recs,
-			    unsigned max, unsigned *nrecs)
+int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation, uint64_t *seq,
+			    struct fx_index_rec *recs, unsigned max, unsigned *nrecs)
 {
 	const uint8_t *p = buf;
 	uint8_t hdr[FX_SEG_HDR_SIZE];
@@ -156,8 +153,7 @@ int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation,
 		return -EBADMSG;
 	plen = get32(p + H_PLEN);
 	n = get32(p + H_NRECS);
-	if (plen > len - FX_SEG_HDR_SIZE || plen % 8 ||
-	    (uint64_t)n * FX_REC_HDR_SIZE > plen)
+	if (plen > len - FX_SEG_HDR_SIZE || plen % 8 || (uint64_t)n * FX_REC_HDR_SIZE > plen)
 		return -EBADMSG;
 
 	memcpy(hdr, p, sizeof(hdr));
@@ -181,8 +177,7 @@ int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation,
 		if (plen - pos < FX_REC_HDR_SIZE)
 			return -EBADMSG;
 		key_len = get16(r + R_KEYLEN);
-		if (key_len == 0 || key_len > FX_KEY_MAX ||
-		    !valid_type(r[R_TYPE]))
+		if (key_len == 0 || key_len > FX_KEY_MAX || !valid_type(r[R_TYPE]))
 			return -EBADMSG;
 		rsize = fx_index_rec_size(key_len);
 		if (rsize > plen - pos)

@@ -47,8 +47,7 @@ void fx_ring_flush_events(struct fx_ring *r);
 
 /* Slot of the registry that holds [addr, addr+len) and that slot's iovec and
  * generation; -1 if none.  Thread-safe. */
-int fx_pool_lookup(const void *addr, uint64_t len, struct iovec *iov,
-                   uint32_t *gen);
+int fx_pool_lookup(const void *addr, uint64_t len, struct iovec *iov, uint32_t *gen);
 
 /* Slot's iovec and generation when it holds a pool (its index), else -1. */
 int fx_pool_slot(int slot, struct iovec *iov, uint32_t *gen);
@@ -66,13 +65,12 @@ extern void (*fx_pool_release_hook)(int slot, uint32_t gen);
 struct fx_transport_ops {
 	const char *name;
 	int (*dev_open)(const struct fx_transport_ops *ops, const char *target,
-	                const struct fx_dev_opts *opts, struct fx_dev **out);
+			const struct fx_dev_opts *opts, struct fx_dev **out);
 	void (*dev_close)(struct fx_dev *d);
 	int (*queue_create)(struct fx_dev *d, const struct fx_queue_opts *opts,
-	                    struct fx_queue **out);
+			    struct fx_queue **out);
 	void (*queue_destroy)(struct fx_queue *q);
-	int (*queue_submit)(struct fx_queue *q, const struct fx_req *reqs,
-	                    unsigned n);
+	int (*queue_submit)(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
 	int (*queue_reap)(struct fx_queue *q, struct fx_cqe *out, unsigned max);
 	int (*queue_wait)(struct fx_queue *q, unsigned min, int timeout_ms);
 };
@@ -113,12 +111,12 @@ int64_t fx_now_ms(void);
  * more work) and sleep in the ring until at least min requests are done or
  * timeout_ms passes (-ETIME; < 0 waits forever).  -EINTR on a signal.
  */
-int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
-                      void (*process)(struct fx_queue *q), unsigned min, int timeout_ms);
+int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r, void (*process)(struct fx_queue *q),
+		      unsigned min, int timeout_ms);
 /* The non-blocking reap of ring-driven queues: clear the eventfd, run
  * process(q), hand out up to max finished requests. */
 int fx_ring_reap(struct fx_queue *q, struct fx_ring *r, void (*process)(struct fx_queue *q),
-                 struct fx_cqe *out, unsigned max);
+		 struct fx_cqe *out, unsigned max);
 
 extern const struct fx_transport_ops fx_transport_file;
 extern const struct fx_transport_ops fx_transport_psync;

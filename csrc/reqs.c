@@ -10,7 +10,6 @@
 
 #include "reqs.h"
 
-
 int fx_reqs_init(struct req_table *t, unsigned slots)
 {
 	/* every count and index starts at 0, wherever the table lives (a
@@ -124,8 +123,7 @@ void fx_reqs_fifo_fail_head(struct req_table *t, int err)
 		fx_req_complete(t, ri);
 }
 
-void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes,
-                       uint16_t status)
+void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes, uint16_t status)
 {
 	struct req *r = &t->reqs[ri];
 

@@ -20,7 +20,7 @@ struct req {
 	int err;         /* first error, 0 if none */
 	uint32_t inflight;
 	uint8_t op;
-	uint8_t flags;   /* FX_REQ_* */
+	uint8_t flags; /* FX_REQ_* */
 	uint8_t eof;
 	uint16_t status; /* raw NVMe status field of the first failed command */
 	/* FX_REQ_CRC32C: XOR of every finished range's raw CRC, each shifted
@@ -72,8 +72,7 @@ void fx_reqs_fifo_fail_head(struct req_table *t, int err);
 
 /* One piece (command) of request ri is over: err/status (first ones win)
  * and bytes moved; completes the request when it was its last. */
-void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes,
-                       uint16_t status);
+void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes, uint16_t status);
 
 /* Add the bytes [p, p+n) of request r (moved, so in the caller's buffer) to
  * its CRC32C; a no-op without FX_REQ_CRC32C. */

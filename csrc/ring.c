@@ -21,11 +21,10 @@ static const struct {
 	unsigned setup;
 	unsigned features;
 } probe_order[] = {
-	{IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
-	     IORING_SETUP_DEFER_TASKRUN,
+	{IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
 	 FX_RING_SINGLE_ISSUER | FX_RING_DEFER_TASKRUN},
-	{IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
-	     IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+	{IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN |
+		 IORING_SETUP_TASKRUN_FLAG,
 	 FX_RING_SINGLE_ISSUER | FX_RING_COOP_TASKRUN},
 	{IORING_SETUP_COOP_TASKRUN, FX_RING_COOP_TASKRUN},
 	{0, 0},
@@ -49,8 +48,7 @@ int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags)
 	else if (queue_flags & FX_QUEUE_FD_WAKE)
 		first = 1;
 
-	for (size_t i = first; i < sizeof(probe_order) / sizeof(probe_order[0]);
-	     i++) {
+	for (size_t i = first; i < sizeof(probe_order) / sizeof(probe_order[0]); i++) {
 		memset(&p, 0, sizeof(p));
 		p.flags = probe_order[i].setup;
 		ret = io_uring_queue_init_params(entries, &r->uring, &p);
@@ -112,8 +110,7 @@ int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len)
 	if (r->installed[slot] == UINT32_MAX)
 		return -1;
 	/* Replacing a slot drops the old pool's pages from this ring. */
-	if (io_uring_register_buffers_update_tag(&r->uring, slot, &iov, &tag,
-	                                         1) != 1) {
+	if (io_uring_register_buffers_update_tag(&r->uring, slot, &iov, &tag, 1) != 1) {
 		/* Usually RLIMIT_MEMLOCK; the pool's pinned flag tells the
 		 * user why.  Plain reads stay correct. */
 		r->installed[slot] = UINT32_MAX;
@@ -143,8 +140,8 @@ int64_t fx_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
-                      void (*process)(struct fx_queue *q), unsigned min, int timeout_ms)
+int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r, void (*process)(struct fx_queue *q),
+		      unsigned min, int timeout_ms)
 {
 	int64_t deadline = timeout_ms >= 0 ? fx_now_ms() + timeout_ms : -1;
 
@@ -174,7 +171,7 @@ int fx_ring_wait_done(struct fx_queue *q, struct fx_ring *r,
 }
 
 int fx_ring_reap(struct fx_queue *q, struct fx_ring *r, void (*process)(struct fx_queue *q),
-                 struct fx_cqe *out, unsigned max)
+		 struct fx_cqe *out, unsigned max)
 {
 	fx_ring_flush_events(r);
 	process(q);

@@ -15,8 +15,8 @@ static const struct fx_transport_ops *const transports[] = {
 	&fx_transport_rdma,
 };
 
-int fx_dev_open(const char *transport, const char *target,
-                const struct fx_dev_opts *opts, struct fx_dev **out)
+int fx_dev_open(const char *transport, const char *target, const struct fx_dev_opts *opts,
+		struct fx_dev **out)
 {
 	static const struct fx_dev_opts defaults = {.direct = 1};
 
@@ -25,8 +25,7 @@ int fx_dev_open(const char *transport, const char *target,
 	for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++)
 		if (strcmp(transports[i]->name, transport) == 0)
 			return transports[i]->dev_open(transports[i], target,
-			                               opts ? opts : &defaults,
-			                               out);
+						       opts ? opts : &defaults, out);
 	return -EINVAL;
 }
 
@@ -41,8 +40,7 @@ void fx_dev_close(struct fx_dev *d)
 		d->ops->dev_close(d);
 }
 
-int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts,
-                    struct fx_queue **out)
+int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts, struct fx_queue **out)
 {
 	struct fx_queue_opts o = {0};
 
@@ -84,11 +82,20 @@ int fx_queue_wait(struct fx_queue *q, unsigned min, int timeout_ms)
 	return q->ops->queue_wait(q, min, timeout_ms);
 }
 
-int fx_queue_fd(const struct fx_queue *q) { return q->poll_fd; }
+int fx_queue_fd(const struct fx_queue *q)
+{
+	return q->poll_fd;
+}
 
-unsigned fx_queue_pending(const struct fx_queue *q) { return q->reqs->pending; }
+unsigned fx_queue_pending(const struct fx_queue *q)
+{
+	return q->reqs->pending;
+}
 
-unsigned fx_queue_features(const struct fx_queue *q) { return q->features; }
+unsigned fx_queue_features(const struct fx_queue *q)
+{
+	return q->features;
+}
 
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out)
 {

@@ -10,7 +10,7 @@
 # clang-format, version 1:14.0-55.7~deb12u1).  Other versions format some
 # constructs differently, so with another version the result is only advisory,
 # and the script says so.  CLANG_FORMAT=/path/to/clang-format picks the binary.
-# Not yet run by tools/test.sh: the tree is reformatted in one commit first.
+# tools/test.sh runs it after ruff.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

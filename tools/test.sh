@@ -14,9 +14,10 @@ PY="${PYTHON:-python3}"
 
 tools/setup.sh
 # Peers the tests talk to or decode with: tshark (an independent NVMe/TCP
-# dissector), iperf3 (benchmarks), matplotlib (bench --plot), ruff/mypy.
+# dissector), iperf3 (benchmarks), matplotlib (bench --plot), ruff/mypy,
+# clang-format (the C house style).
 need=()
-for p in tshark iperf3; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+for p in tshark iperf3 clang-format; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
@@ -59,6 +60,8 @@ tools/asan_guest.sh
 # tools/fuzz.sh installs clang 14 + libFuzzer if missing.
 tools/fuzz.sh "${FUZZ_SECONDS:-60}"
 
-# House style (docs/architecture.md rule 12): lint and type-check the Python.
+# House style (docs/architecture.md rule 12): lint and type-check the Python,
+# and the C as .clang-format says.
 "$PY" -m ruff check .
 "$PY" -m mypy fx100io
+tools/check_c_format.sh

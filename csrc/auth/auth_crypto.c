@@ -30,12 +30,9 @@ static const struct {
 	const char *name;
 	size_t len;
 } groups[] = {
-	[FX_AUTH_DHGROUP_NULL] = {"null", 0},
-	[FX_AUTH_DHGROUP_2048] = {"ffdhe2048", 256},
-	[FX_AUTH_DHGROUP_3072] = {"ffdhe3072", 384},
-	[FX_AUTH_DHGROUP_4096] = {"ffdhe4096", 512},
-	[FX_AUTH_DHGROUP_6144] = {"ffdhe6144", 768},
-	[FX_AUTH_DHGROUP_8192] = {"ffdhe8192", 1024},
+	[FX_AUTH_DHGROUP_NULL] = {"null", 0},        [FX_AUTH_DHGROUP_2048] = {"ffdhe2048", 256},
+	[FX_AUTH_DHGROUP_3072] = {"ffdhe3072", 384}, [FX_AUTH_DHGROUP_4096] = {"ffdhe4096", 512},
+	[FX_AUTH_DHGROUP_6144] = {"ffdhe6144", 768}, [FX_AUTH_DHGROUP_8192] = {"ffdhe8192", 1024},
 };
 
 size_t fx_auth_hash_len(uint8_t hash_id)
@@ -184,8 +181,8 @@ struct piece {
 	size_t len;
 };
 
-static int hmac_pieces(uint8_t hash_id, const uint8_t *key, size_t key_len,
-		       const struct piece *pc, int n, uint8_t *out)
+static int hmac_pieces(uint8_t hash_id, const uint8_t *key, size_t key_len, const struct piece *pc,
+		       int n, uint8_t *out)
 {
 	const char *md = fx_auth_hash_name(hash_id);
 	size_t hl = fx_auth_hash_len(hash_id), outl = 0;
@@ -223,8 +220,8 @@ out:
 	return rc;
 }
 
-int fx_auth_hmac(uint8_t hash_id, const uint8_t *key, size_t key_len, const void *data,
-		 size_t len, uint8_t *out)
+int fx_auth_hmac(uint8_t hash_id, const uint8_t *key, size_t key_len, const void *data, size_t len,
+		 uint8_t *out)
 {
 	struct piece pc = {data, len};
 
@@ -287,8 +284,13 @@ int fx_auth_response_mac(enum fx_auth_role role, uint8_t hash_id, const uint8_t 
 {
 	size_t hl = fx_auth_hash_len(hash_id);
 	uint8_t head[7] = {
-		(uint8_t)seq, (uint8_t)(seq >> 8), (uint8_t)(seq >> 16), (uint8_t)(seq >> 24),
-		(uint8_t)t_id, (uint8_t)(t_id >> 8), sc_c,
+		(uint8_t)seq,
+		(uint8_t)(seq >> 8),
+		(uint8_t)(seq >> 16),
+		(uint8_t)(seq >> 24),
+		(uint8_t)t_id,
+		(uint8_t)(t_id >> 8),
+		sc_c,
 	};
 	static const uint8_t zero[1];
 	const char *first, *second, *label;
@@ -307,8 +309,12 @@ int fx_auth_response_mac(enum fx_auth_role role, uint8_t hash_id, const uint8_t 
 		return -EINVAL;
 	}
 	struct piece pc[] = {
-		{chal, hl},  {head, sizeof(head)},   {label, strlen(label)},
-		{first, strlen(first)}, {zero, 1}, {second, strlen(second)},
+		{chal, hl},
+		{head, sizeof(head)},
+		{label, strlen(label)},
+		{first, strlen(first)},
+		{zero, 1},
+		{second, strlen(second)},
 	};
 
 	return hmac_pieces(hash_id, tkey, tkey_len, pc, (int)(sizeof(pc) / sizeof(pc[0])), out);

@@ -84,8 +84,8 @@ void fx_auth_wipe(void *p, size_t len);
 int fx_auth_key_transform(const struct fx_auth_key *key, const char *nqn, uint8_t *out);
 
 /* HMAC_H(key, data) and H(data) into out (fx_auth_hash_len(hash_id) bytes). */
-int fx_auth_hmac(uint8_t hash_id, const uint8_t *key, size_t key_len, const void *data,
-		 size_t len, uint8_t *out);
+int fx_auth_hmac(uint8_t hash_id, const uint8_t *key, size_t key_len, const void *data, size_t len,
+		 uint8_t *out);
 int fx_auth_hash(uint8_t hash_id, const void *data, size_t len, uint8_t *out);
 
 /* Ca = HMAC_H(H(sess), c), c and out fx_auth_hash_len(hash_id) bytes. */

@@ -429,7 +429,7 @@ struct fx_auth_reply {
 	uint8_t hl;
 	uint8_t cvalid;
 	uint16_t dhvlen;
-	uint32_t seqnum;    /* S2; 0 when no controller challenge */
+	uint32_t seqnum;     /* S2; 0 when no controller challenge */
 	const uint8_t *rval; /* R1[hl] */
 	const uint8_t *cval; /* C2[hl] (meaningful when cvalid) */
 	const uint8_t *dhv;  /* host's DH public value, NULL when dhvlen is 0 */

@@ -60,7 +60,7 @@ struct txn {
 	uint16_t qid;
 	uint16_t t_id;
 	int64_t deadline; /* the connect's (fx_nvmf_now_ms clock), 0: none */
-	uint8_t *buf; /* FX_AUTH_RECV_LEN bytes: every message in and out */
+	uint8_t *buf;     /* FX_AUTH_RECV_LEN bytes: every message in and out */
 };
 
 /* The wait allowed for the next command: what is left of the connect's
@@ -137,8 +137,10 @@ static int auth_recv(struct txn *t, const char *what)
 #define FAILURE2_WAIT_MS 2000
 static void send_failure2(struct txn *t, uint8_t reason)
 {
-	struct fx_auth_failure f = {.id = FX_AUTH_ID_FAILURE2, .t_id = t->t_id,
-				    .rescode = FX_AUTH_RESCODE_FAILED, .rescode_exp = reason};
+	struct fx_auth_failure f = {.id = FX_AUTH_ID_FAILURE2,
+				    .t_id = t->t_id,
+				    .rescode = FX_AUTH_RESCODE_FAILED,
+				    .rescode_exp = reason};
 	int n = fx_auth_failure_build(t->buf, FX_AUTH_RECV_LEN, &f);
 	struct nvme_sqe sqe;
 	struct nvme_cqe cqe;
@@ -194,7 +196,10 @@ static int run(struct txn *t)
 	const struct fx_nvmf_params *p = t->p;
 	const int bidi = p->dhchap_ctrl_key.len != 0;
 	struct fx_auth_negotiate neg = {
-		.t_id = t->t_id, .sc_c = FX_AUTH_SC_C_NONE, .nhash = 3, .ndh = 6,
+		.t_id = t->t_id,
+		.sc_c = FX_AUTH_SC_C_NONE,
+		.nhash = 3,
+		.ndh = 6,
 		.hash_ids = {FX_AUTH_HASH_SHA256, FX_AUTH_HASH_SHA384, FX_AUTH_HASH_SHA512},
 		.dh_ids = {FX_AUTH_DHGROUP_NULL, FX_AUTH_DHGROUP_2048, FX_AUTH_DHGROUP_3072,
 			   FX_AUTH_DHGROUP_4096, FX_AUTH_DHGROUP_6144, FX_AUTH_DHGROUP_8192},
@@ -270,8 +275,13 @@ static int run(struct txn *t)
 		goto out;
 	}
 	struct fx_auth_reply rep = {
-		.t_id = t->t_id, .hl = (uint8_t)hl, .cvalid = (uint8_t)bidi,
-		.dhvlen = (uint16_t)plen, .seqnum = s2, .rval = r1, .cval = c2,
+		.t_id = t->t_id,
+		.hl = (uint8_t)hl,
+		.cvalid = (uint8_t)bidi,
+		.dhvlen = (uint16_t)plen,
+		.seqnum = s2,
+		.rval = r1,
+		.cval = c2,
 		.dhv = plen ? pub : NULL,
 	};
 	n = fx_auth_reply_build(t->buf, FX_AUTH_RECV_LEN, &rep);
@@ -308,8 +318,8 @@ static int run(struct txn *t)
 	}
 	if (s1.hl != hl) {
 		send_failure2(t, FX_AUTH_FAIL_HASH_UNUSABLE);
-		r = fail(t->qid, -EPROTO, "Success1's HL %u differs from the challenge's %zu", s1.hl,
-			 hl);
+		r = fail(t->qid, -EPROTO, "Success1's HL %u differs from the challenge's %zu",
+			 s1.hl, hl);
 		goto out;
 	}
 	if (!bidi)
@@ -350,18 +360,18 @@ out:
 	return r;
 }
 
-int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
-		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0,
-		      int64_t deadline)
+int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q, const struct fx_nvmf_params *p,
+		      uint16_t qid, uint32_t connect_dw0, int64_t deadline)
 {
 	if (!(connect_dw0 & (FX_NVMF_CONNECT_ATR | FX_NVMF_CONNECT_ASCR))) {
 		/* A controller secret says the controller must prove itself:
 		 * one that asks for no authentication never does.  (Discovery
 		 * controllers need not: the device's own connect checks.) */
 		if (p->dhchap_ctrl_key.len && strcmp(p->subnqn, NVMF_DISCOVERY_NQN) != 0)
-			return fail(qid, -EACCES,
-				    "the controller did not authenticate itself (dhchap_ctrl_secret "
-				    "given, but its Connect response asks for no authentication)");
+			return fail(
+				qid, -EACCES,
+				"the controller did not authenticate itself (dhchap_ctrl_secret "
+				"given, but its Connect response asks for no authentication)");
 		return 0;
 	}
 	if (connect_dw0 & FX_NVMF_CONNECT_ASCR)
@@ -374,8 +384,8 @@ int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
 			    "the subsystem requires DH-HMAC-CHAP authentication; give "
 			    "dhchap_secret=... (the host's DHHC-1 secret) in the URI");
 
-	struct txn t = {.tr = tr, .q = q, .p = p, .qid = qid, .t_id = next_tid(),
-			.deadline = deadline};
+	struct txn t = {
+		.tr = tr, .q = q, .p = p, .qid = qid, .t_id = next_tid(), .deadline = deadline};
 	int r;
 
 	t.buf = calloc(1, FX_AUTH_RECV_LEN);

@@ -30,7 +30,6 @@
  *   or what the transport's exec returned.
  * The reason, in words, is fx_nvmf_auth_error() on the same thread.
  */
-int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q,
-		      const struct fx_nvmf_params *p, uint16_t qid, uint32_t connect_dw0,
-		      int64_t deadline);
+int fx_nvmf_auth_host(const struct fx_nvmf_transport *tr, void *q, const struct fx_nvmf_params *p,
+		      uint16_t qid, uint32_t connect_dw0, int64_t deadline);
 #endif

@@ -32,8 +32,7 @@ static int admin_exec(struct fx_nvmf_ctrl *c, struct nvme_sqe *sqe, void *data, 
 	return c->tr->exec(c->aq, sqe, data, len, write, cqe, 0);
 }
 
-static int identify(struct fx_nvmf_ctrl *c, uint8_t cns, uint32_t nsid, void *buf,
-		    uint16_t *status)
+static int identify(struct fx_nvmf_ctrl *c, uint8_t cns, uint32_t nsid, void *buf, uint16_t *status)
 {
 	struct nvme_sqe sqe;
 	struct nvme_cqe cqe;
@@ -49,8 +48,8 @@ static int identify(struct fx_nvmf_ctrl *c, uint8_t cns, uint32_t nsid, void *bu
 	return r;
 }
 
-int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void *buf,
-			 uint32_t len, uint16_t *status)
+int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void *buf, uint32_t len,
+			 uint16_t *status)
 {
 	uint8_t *p = buf;
 	/* One command may move at most MDTS; keep chunks dword multiples. */
@@ -116,8 +115,10 @@ static void *ka_main(void *arg)
 		}
 		pthread_mutex_unlock(&c->lock);
 		if (r) {
-			fx_nvmf_log("cntlid %u: keep alive failed (%s, status 0x%x); controller lost",
-			            c->cntlid, strerror(-r), r == -EIO ? fx_nvmf_status_field(&cqe) : 0);
+			fx_nvmf_log(
+				"cntlid %u: keep alive failed (%s, status 0x%x); controller lost",
+				c->cntlid, strerror(-r),
+				r == -EIO ? fx_nvmf_status_field(&cqe) : 0);
 			break;
 		}
 		next = fx_nvmf_now_ms() + interval;
@@ -149,7 +150,7 @@ static int ctrl_enable(struct fx_nvmf_ctrl *c)
 			return r;
 		if (csts & NVME_CSTS_CFS) {
 			fx_nvmf_log("controller fatal status after CC.EN=1 (CC 0x%llx CSTS 0x%llx)",
-			            (unsigned long long)cc, (unsigned long long)csts);
+				    (unsigned long long)cc, (unsigned long long)csts);
 			return -EIO;
 		}
 		if (csts & NVME_CSTS_RDY)
@@ -285,8 +286,7 @@ fail_connect:
 	return r;
 }
 
-int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
-			 uint32_t *lba_size)
+int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze, uint32_t *lba_size)
 {
 	uint8_t *id;
 	uint16_t sf = 0;
@@ -317,14 +317,14 @@ int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
 	lbads = id[NVME_IDNS_LBAF + 4 * fmt + 2];
 	if (fmt > id[NVME_IDNS_NLBAF] || lbads < 9 || lbads > 31) {
 		fx_nvmf_log("nsid %u: unusable LBA format %u (NLBAF %u, LBADS %u)", nsid, fmt,
-		            id[NVME_IDNS_NLBAF], lbads);
+			    id[NVME_IDNS_NLBAF], lbads);
 		r = -EPROTO;
 		goto out;
 	}
 	/* The byte size must fit the 64 bits everything above counts in. */
 	if (size > UINT64_MAX >> lbads) {
-		fx_nvmf_log("nsid %u: unusable size: %llu blocks of %u bytes overflow 64 bits", nsid,
-		            (unsigned long long)size, 1u << lbads);
+		fx_nvmf_log("nsid %u: unusable size: %llu blocks of %u bytes overflow 64 bits",
+			    nsid, (unsigned long long)size, 1u << lbads);
 		r = -EPROTO;
 		goto out;
 	}

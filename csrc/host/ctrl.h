@@ -26,7 +26,7 @@ struct fx_nvmf_ctrl {
 	pthread_t ka_thread;
 	int ka_running;
 	int ka_stop;
-	int ka_failed;        /* keep alive failed: the controller is gone */
+	int ka_failed; /* keep alive failed: the controller is gone */
 	uint64_t cap;
 	uint32_t vs;
 	uint8_t idctrl[4096];
@@ -35,8 +35,8 @@ struct fx_nvmf_ctrl {
 	                        * (IOCCSZ * 16, clamped to UINT32_MAX) */
 	uint16_t icdoff;       /* in-capsule data offset, 16-byte units */
 	uint32_t nn;
-	uint16_t io_queues;    /* granted by Set Features Number of Queues */
-	uint16_t io_sqsize;    /* 0's based queue size for I/O queues */
+	uint16_t io_queues; /* granted by Set Features Number of Queues */
+	uint16_t io_sqsize; /* 0's based queue size for I/O queues */
 	uint16_t cntlid;
 };
 
@@ -48,19 +48,18 @@ struct fx_nvmf_ctrl {
  * (CSTS.RDY never set).
  */
 int fx_nvmf_ctrl_open(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-                      const struct fx_nvmf_params *p, uint16_t want_io_queues,
-                      struct fx_nvmf_ctrl **out, uint16_t *status);
+		      const struct fx_nvmf_params *p, uint16_t want_io_queues,
+		      struct fx_nvmf_ctrl **out, uint16_t *status);
 /* Identify Namespace: size in blocks and block size (nsze * lba_size fits in
  * 64 bits).  -ENODEV (nsid not active), -EPROTO (unusable LBA format or a size
  * that overflows 64 bits). */
-int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
-                         uint32_t *lba_size);
+int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze, uint32_t *lba_size);
 /* Stop keep alive, shut the controller down (CC.SHN), close the admin queue. */
 void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c);
 /* Get Log Page lid from off (chunks of MDTS), on the admin queue; the
  * caller holds c->lock or is the controller's only user. */
-int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void *buf,
-                         uint32_t len, uint16_t *status);
+int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void *buf, uint32_t len,
+			 uint16_t *status);
 
 /*
  * Discovery over transport tr: connect to the discovery controller at a
@@ -69,8 +68,8 @@ int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void
  * (caller frees).
  */
 int fx_nvmf_discover(const struct fx_nvmf_transport *tr, const struct fx_nvmf_addr *a,
-                     const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
-                     uint32_t *n, uint16_t *status);
+		     const struct fx_nvmf_params *p, struct nvmf_disc_log_entry **entries,
+		     uint32_t *n, uint16_t *status);
 
 /*
  * The discovery log reader fx_nvmf_discover() uses, on any source of log
@@ -84,9 +83,9 @@ int fx_nvmf_discover(const struct fx_nvmf_transport *tr, const struct fx_nvmf_ad
  * the log never settled, -ENOMEM, or what get_log returned.
  */
 typedef int (*fx_nvmf_get_log_fn)(void *ctx, uint64_t off, void *buf, uint32_t len,
-                                  uint16_t *status);
+				  uint16_t *status);
 int fx_nvmf_disc_log_read(fx_nvmf_get_log_fn get_log, void *ctx,
-                          struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status,
-                          const char **why);
+			  struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status,
+			  const char **why);
 
 #endif

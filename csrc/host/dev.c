@@ -35,9 +35,23 @@ static int parse_hostid(const char *v, uint8_t out[16])
  * has no case.
  */
 enum dev_key {
-	K_HOST, K_PORT, K_SUBNQN, K_HOSTNQN, K_HOSTID, K_NSID, K_QUEUES, K_QSIZE,
-	K_HDGST, K_DDGST, K_KATO_MS, K_CONNECT_TIMEOUT_MS, K_IO_TIMEOUT_MS,
-	K_RECONNECT_MS, K_MAX_RECONNECTS, K_MAX_XFER, K_DHCHAP_SECRET,
+	K_HOST,
+	K_PORT,
+	K_SUBNQN,
+	K_HOSTNQN,
+	K_HOSTID,
+	K_NSID,
+	K_QUEUES,
+	K_QSIZE,
+	K_HDGST,
+	K_DDGST,
+	K_KATO_MS,
+	K_CONNECT_TIMEOUT_MS,
+	K_IO_TIMEOUT_MS,
+	K_RECONNECT_MS,
+	K_MAX_RECONNECTS,
+	K_MAX_XFER,
+	K_DHCHAP_SECRET,
 	K_DHCHAP_CTRL_SECRET,
 	K_UNKNOWN /* not a key: what key_of gives a name it does not know */
 };
@@ -153,7 +167,8 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 			break;
 		case K_DHCHAP_SECRET:
 		case K_DHCHAP_CTRL_SECRET:
-			ret = fx_nvmf_params_set_secret(&d->params, key == K_DHCHAP_CTRL_SECRET, v, &why);
+			ret = fx_nvmf_params_set_secret(&d->params, key == K_DHCHAP_CTRL_SECRET, v,
+							&why);
 			if (ret)
 				fprintf(stderr, "fx100io: %s: %s: %s\n", d->label, k, why);
 			break;
@@ -204,9 +219,9 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
 	if (ret == 0 && !fx_nvmf_xfer_size(d->max_xfer, mdts, lba)) {
 		fprintf(stderr,
-		        "fx100io: %s: nsid %u: blocks of %u bytes exceed the controller's "
-		        "largest transfer (MDTS %u bytes)\n",
-		        d->label, d->nsid, lba, c->mdts_bytes);
+			"fx100io: %s: nsid %u: blocks of %u bytes exceed the controller's "
+			"largest transfer (MDTS %u bytes)\n",
+			d->label, d->nsid, lba, c->mdts_bytes);
 		ret = -EPROTO;
 	}
 	if (ret < 0) {
@@ -243,8 +258,8 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	return 0;
 }
 
-int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr,
-                     const char *label, const char *target, struct fx_dev_info *info)
+int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr, const char *label,
+		     const char *target, struct fx_dev_info *info)
 {
 	uint16_t status = 0;
 	int ret;
@@ -349,7 +364,7 @@ static int ctrl_gone(struct fx_nvmf_dev *d)
 }
 
 void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
-                            struct fx_nvmf_io_conn *res)
+			    struct fx_nvmf_io_conn *res)
 {
 	uint16_t status = 0;
 	int ret = -ENOTCONN;
@@ -391,7 +406,7 @@ void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
 
 		p.io_incap_max = res->icdoff == 0 ? res->incap_max : 0;
 		ret = d->tr->connect(&d->addr, &p, (uint16_t)qid, sqsize, cntlid, q, &got_cntlid,
-		                     &status);
+				     &status);
 		fx_nvmf_params_wipe(&p);
 		if (ret == 0) {
 			res->epoch = epoch;
@@ -467,8 +482,8 @@ void fx_nvmf_waits_stamp(struct fx_nvmf_waits *w, uint32_t ri, int64_t now)
 	w->fails_at[ri] = w->cx_fails;
 }
 
-int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, uint32_t ri,
-                        int err, int64_t now)
+int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, uint32_t ri, int err,
+			int64_t now)
 {
 	if (!w->disc_at) {
 		w->disc_at = now;
@@ -477,7 +492,7 @@ int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, ui
 	int64_t since = w->queued_at[ri] > w->disc_at ? w->queued_at[ri] : w->disc_at;
 	/* attempts counted from the later of the two (wrap-safe) */
 	uint32_t base = w->fails_at[ri] - w->disc_fails < (1u << 31) ? w->fails_at[ri]
-	                                                             : w->disc_fails;
+								     : w->disc_fails;
 	if (w->cx_fails - base >= (uint32_t)d->max_reconnects)
 		return err;
 	if (now - since >= d->io_timeout_ms)
@@ -560,8 +575,8 @@ int fx_nvmf_cx_request(struct fx_nvmf_connector *x, unsigned conn)
 	return ret;
 }
 
-int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn,
-                       struct fx_nvmf_io_conn *res, void *q_out)
+int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn, struct fx_nvmf_io_conn *res,
+		       void *q_out)
 {
 	uint64_t v;
 	int done;

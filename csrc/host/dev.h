@@ -25,7 +25,7 @@
 
 struct fx_nvmf_dev {
 	const struct fx_nvmf_transport *tr;
-	const char *label; /* the URI scheme, for logs: "nvme+rdma" */
+	const char *label;        /* the URI scheme, for logs: "nvme+rdma" */
 	struct fx_dev_info *info; /* the transport device's geometry, set here */
 	struct fx_nvmf_addr addr;
 	struct fx_nvmf_params params;
@@ -37,13 +37,13 @@ struct fx_nvmf_dev {
 	pthread_mutex_t open_lock;
 	struct fx_nvmf_ctrl *ctrl;
 	uint32_t nsid;
-	uint32_t queues;    /* I/O queues per fx_queue */
-	uint32_t qsize;     /* entries per I/O queue asked for (0: the controller's) */
-	uint32_t max_xfer;  /* bytes per NVMe command */
+	uint32_t queues;   /* I/O queues per fx_queue */
+	uint32_t qsize;    /* entries per I/O queue asked for (0: the controller's) */
+	uint32_t max_xfer; /* bytes per NVMe command */
 	int io_timeout_ms;
 	int reconnect_ms;
 	int max_reconnects;
-	uint8_t *qid_used;  /* [1..ctrl->io_queues] */
+	uint8_t *qid_used;   /* [1..ctrl->io_queues] */
 	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
 	uint16_t next_qid;
 };
@@ -54,8 +54,8 @@ struct fx_nvmf_dev {
  * nothing is left to release.  -EINVAL (bad options), the transport's
  * connect errors, -ENODEV (no such namespace), -EPROTO.
  */
-int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr,
-                     const char *label, const char *target, struct fx_dev_info *info);
+int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr, const char *label,
+		     const char *target, struct fx_dev_info *info);
 void fx_nvmf_dev_fini(struct fx_nvmf_dev *d);
 /* The keys fx_nvmf_dev_init reads from target, NULL-terminated (for the test
  * that holds them to fx100io/fabric_options.py). */
@@ -69,7 +69,7 @@ struct fx_nvmf_io_conn {
 	uint32_t max_xfer;  /* bytes per command under this controller */
 	uint16_t icdoff;
 	uint16_t qid;
-	uint16_t sqsize;    /* 0's based */
+	uint16_t sqsize; /* 0's based */
 };
 
 /*
@@ -80,7 +80,7 @@ struct fx_nvmf_io_conn {
  * calling thread's cancel fd (fx_nvmf_set_cancel_fd) cuts network waits.
  */
 void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
-                            struct fx_nvmf_io_conn *res);
+			    struct fx_nvmf_io_conn *res);
 /* Close a connected I/O queue and give its qid back. */
 void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_io_conn *res);
 
@@ -112,8 +112,8 @@ void fx_nvmf_waits_fini(struct fx_nvmf_waits *w);
 void fx_nvmf_waits_stamp(struct fx_nvmf_waits *w, uint32_t ri, int64_t now);
 /* 0: request ri waits for a connection; else the errno to fail it with
  * (err, the last attempt's error, or -ETIMEDOUT). */
-int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, uint32_t ri,
-                        int err, int64_t now);
+int fx_nvmf_waits_check(struct fx_nvmf_waits *w, const struct fx_nvmf_dev *d, uint32_t ri, int err,
+			int64_t now);
 /* A connection came up: nothing waits any more. */
 static inline void fx_nvmf_waits_connected(struct fx_nvmf_waits *w)
 {
@@ -147,7 +147,7 @@ struct fx_nvmf_connector {
 	enum fx_nvmf_cx_state state;
 	unsigned conn; /* which of the queue's connections it is for */
 	struct fx_nvmf_io_conn res;
-	void *q;       /* the attempt's queue storage */
+	void *q; /* the attempt's queue storage */
 };
 
 /* -ENOMEM or -errno of eventfd; wake_fd is valid afterwards. */
@@ -157,8 +157,8 @@ int fx_nvmf_cx_init(struct fx_nvmf_connector *x, struct fx_nvmf_dev *d, int noti
 int fx_nvmf_cx_request(struct fx_nvmf_connector *x, unsigned conn);
 /* 1 and the result (the queue moved into q_out) when an attempt finished,
  * 0 while one runs or none was asked for. */
-int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn,
-                       struct fx_nvmf_io_conn *res, void *q_out);
+int fx_nvmf_cx_collect(struct fx_nvmf_connector *x, unsigned *conn, struct fx_nvmf_io_conn *res,
+		       void *q_out);
 /* Stop the thread (cutting an attempt short) and close a result nobody
  * took; the fds stay open (a queue whose poll still watches wake_fd closes
  * them with fx_nvmf_cx_fini once that poll is gone).  Never blocks past

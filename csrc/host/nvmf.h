@@ -86,9 +86,9 @@ struct fx_nvmf_transport {
 	const char *name;
 	size_t queue_size;
 	uint32_t max_xfer;
-	int (*connect)(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-		       uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
-		       uint16_t *cntlid_out, uint16_t *status);
+	int (*connect)(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
+		       uint16_t sqsize, uint16_t cntlid, void *q, uint16_t *cntlid_out,
+		       uint16_t *status);
 	int (*exec)(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
 		    struct nvme_cqe *cqe, int timeout_ms);
 	void (*shutdown)(void *q);

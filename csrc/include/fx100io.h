@@ -40,8 +40,7 @@ struct fx_alloc;
  * Lengths are rounded up to `align`.  -EINVAL (bad align, base not aligned),
  * -ENOMEM.
  */
-int fx_alloc_create(uint64_t base, uint64_t size, uint32_t align,
-                    struct fx_alloc **out);
+int fx_alloc_create(uint64_t base, uint64_t size, uint32_t align, struct fx_alloc **out);
 void fx_alloc_destroy(struct fx_alloc *a);
 /* Best fit.  -EINVAL (len 0), -ENOSPC (no free extent large enough). */
 int fx_alloc_alloc(struct fx_alloc *a, uint64_t len, uint64_t *off);
@@ -95,9 +94,8 @@ size_t fx_index_rec_size(unsigned key_len);
  * size).  Returns the segment size in bytes (header + payload, not padded
  * to a block).  -EINVAL (key_len 0 or > FX_KEY_MAX, bad type), -ENOSPC.
  */
-int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq,
-                            const struct fx_index_rec *recs, unsigned n,
-                            void *out, size_t cap);
+int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq, const struct fx_index_rec *recs,
+			    unsigned n, void *out, size_t cap);
 /*
  * Decode the segment at buf.  On success fills *seq, up to max records into
  * recs, *nrecs, and returns the segment size in bytes.  Returns 0 when the
@@ -106,9 +104,8 @@ int64_t fx_index_seg_encode(uint64_t generation, uint64_t seq,
  * CRC or a length is wrong (torn write: also end of log); -ENOSPC if more
  * than max records.  Never reads outside [buf, buf+len).
  */
-int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation,
-                            uint64_t *seq, struct fx_index_rec *recs,
-                            unsigned max, unsigned *nrecs);
+int64_t fx_index_seg_decode(const void *buf, size_t len, uint64_t generation, uint64_t *seq,
+			    struct fx_index_rec *recs, unsigned max, unsigned *nrecs);
 
 /* ------------------------------------------------------------ buffer pool */
 
@@ -172,18 +169,18 @@ struct fx_cqe {
 };
 
 struct fx_dev_opts {
-	int direct;   /* use O_DIRECT (1, default in Python) or the page cache */
+	int direct; /* use O_DIRECT (1, default in Python) or the page cache */
 	int readonly;
-	int create;   /* create the file if missing */
+	int create;    /* create the file if missing */
 	uint64_t size; /* grow a regular file to at least this size (0: keep) */
 };
 
-#define FX_CAP_DIRECT 0x1     /* O_DIRECT in use: aligned I/O bypasses cache */
-#define FX_CAP_FIXED_BUF 0x2  /* queues use registered buffers */
-#define FX_CAP_BLOCKDEV 0x4   /* target is a block device */
-#define FX_CAP_FLUSH 0x8      /* FX_OP_FLUSH makes writes durable */
+#define FX_CAP_DIRECT 0x1        /* O_DIRECT in use: aligned I/O bypasses cache */
+#define FX_CAP_FIXED_BUF 0x2     /* queues use registered buffers */
+#define FX_CAP_BLOCKDEV 0x4      /* target is a block device */
+#define FX_CAP_FLUSH 0x8         /* FX_OP_FLUSH makes writes durable */
 #define FX_CAP_ALIGNED_ONLY 0x10 /* offsets and lengths must be block multiples */
-#define FX_CAP_READONLY 0x20  /* opened read-only */
+#define FX_CAP_READONLY 0x20     /* opened read-only */
 
 struct fx_dev_info {
 	uint64_t size;       /* bytes */
@@ -225,8 +222,8 @@ struct fx_queue;
  * open/fstat/ioctl.  fx_dev may be shared by threads; each thread makes its
  * own queue.
  */
-int fx_dev_open(const char *transport, const char *target,
-                const struct fx_dev_opts *opts, struct fx_dev **out);
+int fx_dev_open(const char *transport, const char *target, const struct fx_dev_opts *opts,
+		struct fx_dev **out);
 void fx_dev_info(const struct fx_dev *d, struct fx_dev_info *info);
 /* Close the device; all its queues must be destroyed first. */
 void fx_dev_close(struct fx_dev *d);
@@ -236,8 +233,7 @@ void fx_dev_close(struct fx_dev *d);
  * -EPERM (io_uring unavailable: seccomp, kernel.io_uring_disabled), -errno of
  * io_uring_setup.
  */
-int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts,
-                    struct fx_queue **out);
+int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts, struct fx_queue **out);
 void fx_queue_destroy(struct fx_queue *q);
 /*
  * Queue requests and submit what fits in the ring.  Returns how many

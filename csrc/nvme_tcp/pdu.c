@@ -79,7 +79,7 @@ static int may_carry_data(uint8_t type)
 }
 
 int fx_tcp_pdu_check(const struct nvme_tcp_hdr *h, int from_controller, int hdgst, int ddgst,
-                     uint32_t max_plen)
+		     uint32_t max_plen)
 {
 	int dir = from_ctrl(h->type);
 	unsigned hlen = fx_tcp_pdu_hlen(h->type);
@@ -147,7 +147,7 @@ uint32_t fx_tcp_hdgst(const void *hdr, unsigned hlen)
 }
 
 unsigned fx_tcp_hdr_init(struct nvme_tcp_hdr *h, uint8_t type, uint32_t datalen, int hdgst,
-                         int ddgst, uint8_t pda)
+			 int ddgst, uint8_t pda)
 {
 	unsigned hlen = fx_tcp_pdu_hlen(type);
 	int dig = digest_capable(type);
@@ -203,7 +203,7 @@ int fx_tcp_head_finish(uint8_t *b, unsigned cap)
 }
 
 int fx_tcp_pdu_iov(struct iovec *iov, const void *head, unsigned head_len, const void *data,
-                   uint32_t datalen, uint32_t *ddgst)
+		   uint32_t datalen, uint32_t *ddgst)
 {
 	const struct nvme_tcp_hdr *h = head;
 	int k = 0;
@@ -219,8 +219,8 @@ int fx_tcp_pdu_iov(struct iovec *iov, const void *head, unsigned head_len, const
 	return k;
 }
 
-unsigned fx_tcp_term_build(uint8_t *b, uint8_t type, uint16_t fes, uint32_t fei,
-                           const void *hdr, unsigned hdr_len)
+unsigned fx_tcp_term_build(uint8_t *b, uint8_t type, uint16_t fes, uint32_t fei, const void *hdr,
+			   unsigned hdr_len)
 {
 	struct nvme_tcp_term_pdu *t = (struct nvme_tcp_term_pdu *)b;
 	unsigned copy = hdr_len < FX_TCP_TERM_DATA_MAX ? hdr_len : FX_TCP_TERM_DATA_MAX;

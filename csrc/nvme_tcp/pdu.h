@@ -58,8 +58,8 @@ unsigned fx_tcp_pdu_hlen(uint8_t type);
  * Returns the number of header bytes to read in total (hlen + header digest),
  * or -EPROTO.
  */
-int fx_tcp_pdu_check(const struct nvme_tcp_hdr *h, int from_controller, int hdgst,
-                     int ddgst, uint32_t max_plen);
+int fx_tcp_pdu_check(const struct nvme_tcp_hdr *h, int from_controller, int hdgst, int ddgst,
+		     uint32_t max_plen);
 
 /* CRC32C header digest of the first hlen bytes. */
 uint32_t fx_tcp_hdgst(const void *hdr, unsigned hlen);
@@ -71,7 +71,7 @@ uint32_t fx_tcp_hdgst(const void *hdr, unsigned hlen);
  * units 0's based), plen.  Returns pdo (0 without data).
  */
 unsigned fx_tcp_hdr_init(struct nvme_tcp_hdr *h, uint8_t type, uint32_t datalen, int hdgst,
-                         int ddgst, uint8_t pda);
+			 int ddgst, uint8_t pda);
 
 /*
  * Finish a header to send, built in b (fx_tcp_hdr_init() and the type's
@@ -88,7 +88,7 @@ int fx_tcp_head_finish(uint8_t *b, unsigned cap);
  * the iovecs.  Returns the iovec count (1 to 3).
  */
 int fx_tcp_pdu_iov(struct iovec *iov, const void *head, unsigned head_len, const void *data,
-                   uint32_t datalen, uint32_t *ddgst);
+		   uint32_t datalen, uint32_t *ddgst);
 
 /*
  * An H2CTermReq (host) or C2HTermReq (controller) in b (FX_TCP_TERM_MAX
@@ -96,8 +96,8 @@ int fx_tcp_pdu_iov(struct iovec *iov, const void *head, unsigned head_len, const
  * up to FX_TCP_TERM_DATA_MAX bytes of the offending header.  Returns its
  * length.
  */
-unsigned fx_tcp_term_build(uint8_t *b, uint8_t type, uint16_t fes, uint32_t fei,
-                           const void *hdr, unsigned hdr_len);
+unsigned fx_tcp_term_build(uint8_t *b, uint8_t type, uint16_t fes, uint32_t fei, const void *hdr,
+			   unsigned hdr_len);
 
 /*
  * A received header of n bytes (what fx_tcp_pdu_check() returned): when n

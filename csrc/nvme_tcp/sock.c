@@ -27,7 +27,8 @@ int fx_tcp_wait(int fd, short ev, int64_t deadline, int cancel_fd)
 
 		if (left <= 0)
 			return -ETIMEDOUT;
-		struct pollfd p[2] = {{.fd = fd, .events = ev}, {.fd = cancel_fd, .events = POLLIN}};
+		struct pollfd p[2] = {{.fd = fd, .events = ev},
+				      {.fd = cancel_fd, .events = POLLIN}};
 		int r = poll(p, cancel_fd >= 0 ? 2 : 1, left > INT_MAX ? INT_MAX : (int)left);
 
 		if (r < 0) {
@@ -46,7 +47,7 @@ int fx_tcp_wait(int fd, short ev, int64_t deadline, int cancel_fd)
 }
 
 int fx_tcp_sendv(int fd, struct iovec *iov, int cnt, int flags, int64_t deadline, int cancel_fd,
-                 size_t *sent)
+		 size_t *sent)
 {
 	size_t total = 0;
 	int ret = 0;

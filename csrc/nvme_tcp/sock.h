@@ -41,7 +41,7 @@ int fx_tcp_wait(int fd, short ev, int64_t deadline, int cancel_fd);
  * *sent (may be NULL) gets the bytes sent before it returned.
  */
 int fx_tcp_sendv(int fd, struct iovec *iov, int cnt, int flags, int64_t deadline, int cancel_fd,
-                 size_t *sent);
+		 size_t *sent);
 
 /*
  * Receive exactly len bytes into buf before the deadline (MSG_DONTWAIT

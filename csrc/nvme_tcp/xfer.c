@@ -36,7 +36,8 @@ int fx_tcp_xfer_r2t(struct fx_tcp_xfer *x, uint32_t r2to, uint32_t r2tl)
 	const uint32_t off_r2tl = offsetof(struct nvme_tcp_r2t_pdu, r2tl);
 
 	if (!x->write)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "R2T for a command without write data");
+		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0,
+			      "R2T for a command without write data");
 	if (x->incapsule)
 		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "R2T for data sent in the capsule");
 	if (x->r2t_open)
@@ -112,7 +113,8 @@ int fx_tcp_xfer_rsp(struct fx_tcp_xfer *x, uint16_t status_field)
 	if (status_field)
 		return 0; /* the controller failed it: nothing to trust */
 	if (!x->write && x->received != x->len)
-		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0, "success before all read data arrived");
+		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0,
+			      "success before all read data arrived");
 	if (x->write && (x->r2t_open || x->sent != x->len))
 		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0,
 			      "success before all write data was requested and sent");

@@ -19,10 +19,10 @@
 
 static uint64_t cap_value(void)
 {
-	return (uint64_t)FX_TGT_MQES       /* MQES, 0's based */
-	       | (1ull << 16)              /* CQR: queues are contiguous (fabrics) */
+	return (uint64_t)FX_TGT_MQES /* MQES, 0's based */
+	       | (1ull << 16)        /* CQR: queues are contiguous (fabrics) */
 	       | ((uint64_t)CAP_TO_500MS << 24) | (1ull << 37) /* CSS: NVM command set */
-	       /* MPSMIN = MPSMAX = 0: 4 KiB pages, DSTRD 0 */;
+		/* MPSMIN = MPSMAX = 0: 4 KiB pages, DSTRD 0 */;
 }
 
 static void put16(uint8_t *p, uint16_t v)
@@ -104,9 +104,9 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 			return TGT_SF(1, NVME_SC_CONNECT_CTRL_BUSY);
 		r->dw0 = ctrl->cntlid;
 		tgt_log(t, "%s: host %s connected to %s: controller %u, KATO %u ms, %s%s", c->peer,
-		        hp, sp, ctrl->cntlid, cmd->kato,
-		        c->hdgst ? "header digest" : "no header digest",
-		        c->ddgst ? ", data digest" : "");
+			hp, sp, ctrl->cntlid, cmd->kato,
+			c->hdgst ? "header digest" : "no header digest",
+			c->ddgst ? ", data digest" : "");
 	} else {
 		uint32_t ipo = 0;
 
@@ -119,8 +119,8 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		}
 		r->dw0 = d.cntlid;
 		if (t->verbose)
-			tgt_log(t, "%s: I/O queue %u of controller %u (sqsize %u)", c->peer, cmd->qid,
-			        d.cntlid, cmd->sqsize + 1u);
+			tgt_log(t, "%s: I/O queue %u of controller %u (sqsize %u)", c->peer,
+				cmd->qid, d.cntlid, cmd->sqsize + 1u);
 	}
 	if (!discovery) {
 		const struct tgt_dhchap_host *h = tgt_auth_host(t, d.hostnqn);
@@ -131,7 +131,7 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 			if (tgt_auth_queue_start(c, h) < 0) {
 				/* (the controller or queue goes with the connection) */
 				tgt_log_must(t, c->peer_key, "internal error: out of memory",
-				             "%s: out of memory for authentication", c->peer);
+					     "%s: out of memory for authentication", c->peer);
 				r->close_after = 1;
 				return TGT_SF(0, NVME_SC_INTERNAL);
 			}
@@ -224,7 +224,8 @@ static uint16_t prop_set(struct tgt_conn *c, struct tgt_req *r)
 	pthread_mutex_unlock(&t->lock);
 	/* (logged outside the lock: a slow stderr must not stall other queues) */
 	if (t->verbose || before != after)
-		tgt_log(t, "controller %u: CC 0x%08x -> %s", ctrl->cntlid, v, tgt_ctrl_state_str(after));
+		tgt_log(t, "controller %u: CC 0x%08x -> %s", ctrl->cntlid, v,
+			tgt_ctrl_state_str(after));
 	return 0;
 }
 
@@ -238,39 +239,39 @@ static void id_ctrl(struct tgt_conn *c, uint8_t *id)
 
 	memset(id, 0, 4096);
 	/* VID/SSVID 0: no PCI vendor behind a software target */
-	memcpy(id + 4, t->serial, 20);                     /* SN */
+	memcpy(id + 4, t->serial, 20);                                       /* SN */
 	put_str(id + 24, 40, disc ? "fx100io discovery" : "fx100io target"); /* MN */
-	put_str(id + 64, 8, "0.1.0");                      /* FR */
-	id[72] = 6;                                        /* RAB */
-	id[76] = disc ? 0 : 0x02;                          /* CMIC: several controllers */
+	put_str(id + 64, 8, "0.1.0");                                        /* FR */
+	id[72] = 6;                                                          /* RAB */
+	id[76] = disc ? 0 : 0x02; /* CMIC: several controllers */
 	id[NVME_IDC_MDTS] = FX_TGT_MDTS;
 	put16(id + NVME_IDC_CNTLID, ctrl->cntlid);
 	put32(id + NVME_IDC_VER, VS_1_3);
-	id[111] = disc ? 2 : 1;                            /* CNTRLTYPE: discovery / I/O */
-	id[258] = 3;                                       /* ACL */
-	id[259] = FX_TGT_AERL;                             /* AERL */
-	id[261] = 1u << 2;                                 /* LPA: extended Get Log Page (LPO, NUMDU) */
+	id[111] = disc ? 2 : 1; /* CNTRLTYPE: discovery / I/O */
+	id[258] = 3;            /* ACL */
+	id[259] = FX_TGT_AERL;  /* AERL */
+	id[261] = 1u << 2;      /* LPA: extended Get Log Page (LPO, NUMDU) */
 	put16(id + NVME_IDC_KAS, FX_TGT_KAS);
-	id[512] = 0x66;                                    /* SQES: 64-byte entries */
-	id[513] = 0x44;                                    /* CQES: 16-byte entries */
+	id[512] = 0x66; /* SQES: 64-byte entries */
+	id[513] = 0x44; /* CQES: 16-byte entries */
 	put16(id + NVME_IDC_MAXCMD, FX_TGT_MQES + 1);
 	put32(id + NVME_IDC_NN, disc ? 0 : t->n_ns);
 	if (!disc) {
-		put16(id + 520, 1u << 3);                      /* ONCS: Write Zeroes */
-		id[525] = 1;                                   /* VWC: we cache (page cache); Flush syncs */
+		put16(id + 520, 1u << 3); /* ONCS: Write Zeroes */
+		id[525] = 1;              /* VWC: we cache (page cache); Flush syncs */
 	}
 	/* SGLS: SGLs supported (bit 0) and the address field as an offset
 	 * into the capsule (bit 20), which is what lets hosts send
 	 * in-capsule data. */
 	put32(id + NVME_IDC_SGLS, (1u << 0) | (1u << 20));
 	snprintf((char *)id + NVME_IDC_SUBNQN, NVMF_NQN_SIZE, "%s",
-	         disc ? NVMF_DISCOVERY_NQN : t->subnqn);
+		 disc ? NVMF_DISCOVERY_NQN : t->subnqn);
 	put32(id + NVME_IDC_IOCCSZ, (64 + FX_TGT_ICD_MAX) / 16);
 	put32(id + NVME_IDC_IORCSZ, 16 / 16);
 	put16(id + NVME_IDC_ICDOFF, 0);
-	id[1802] = 0;                                      /* FCATT: dynamic controller model */
+	id[1802] = 0; /* FCATT: dynamic controller model */
 	id[NVME_IDC_MSDBD] = 1;
-	put16(id + 1804, 1u << 0);                         /* OFCS: Disconnect supported */
+	put16(id + 1804, 1u << 0); /* OFCS: Disconnect supported */
 }
 
 static void id_ns(struct fx_target *t, const struct tgt_ns *ns, uint8_t *id)
@@ -278,12 +279,12 @@ static void id_ns(struct fx_target *t, const struct tgt_ns *ns, uint8_t *id)
 	memset(id, 0, 4096);
 	put64(id + NVME_IDNS_NSZE, ns->nsze);
 	put64(id + NVME_IDNS_NCAP, ns->nsze);
-	put64(id + 16, ns->nsze);                          /* NUSE */
-	id[NVME_IDNS_NLBAF] = 0;                           /* one LBA format */
+	put64(id + 16, ns->nsze); /* NUSE */
+	id[NVME_IDNS_NLBAF] = 0;  /* one LBA format */
 	id[NVME_IDNS_FLBAS] = 0;
-	id[30] = 1;                                        /* NMIC: shared by our controllers */
-	memcpy(id + 104, ns->nguid, 16);                   /* NGUID */
-	id[NVME_IDNS_LBAF + 2] = (uint8_t)t->lba_shift;    /* LBAF0: LBADS, no metadata */
+	id[30] = 1;                                     /* NMIC: shared by our controllers */
+	memcpy(id + 104, ns->nguid, 16);                /* NGUID */
+	id[NVME_IDNS_LBAF + 2] = (uint8_t)t->lba_shift; /* LBAF0: LBADS, no metadata */
 }
 
 static uint16_t identify(struct tgt_conn *c, struct tgt_req *r)
@@ -381,7 +382,8 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 	uint64_t page_len = 0;
 
 	if (len > FX_TGT_ADMIN_BUF || len > r->sgl_len)
-		return TGT_SF_DNR(0, len > r->sgl_len ? TGT_SC_SGL_INVALID_DATA : NVME_SC_INVALID_FIELD);
+		return TGT_SF_DNR(0, len > r->sgl_len ? TGT_SC_SGL_INVALID_DATA
+						      : NVME_SC_INVALID_FIELD);
 	if (off & 3)
 		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 	memset(r->out, 0, (size_t)len);
@@ -396,7 +398,7 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 		if (tgt_host_allowed(c->t, c->ctrl->hostnqn))
 			disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_NVME, c->t->subnqn);
 		disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_CURRENT_DISCOVERY,
-		           NVMF_DISCOVERY_NQN);
+			   NVMF_DISCOVERY_NQN);
 		h->genctr = 1;
 		h->numrec = n;
 		h->recfmt = 0;
@@ -436,10 +438,12 @@ static uint16_t features(struct tgt_conn *c, struct tgt_req *r, int set)
 				sf = TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 				break;
 			}
-			ctrl->io_queues = (uint16_t)(want < t->max_io_queues ? want : t->max_io_queues);
+			ctrl->io_queues = (uint16_t)(want < t->max_io_queues ? want
+									     : t->max_io_queues);
 			r->dw0 = (ctrl->io_queues - 1u) | (uint32_t)(ctrl->io_queues - 1u) << 16;
 		} else {
-			uint32_t n = sel == 1 || !ctrl->io_queues ? t->max_io_queues : ctrl->io_queues;
+			uint32_t n = sel == 1 || !ctrl->io_queues ? t->max_io_queues
+								  : ctrl->io_queues;
 
 			r->dw0 = (n - 1u) | (n - 1u) << 16;
 		}

@@ -62,7 +62,7 @@ struct tgt_auth {
 	unsigned tries;    /* transactions started since the last success */
 	uint16_t t_id;
 	uint8_t hash, dhgid, hl;
-	uint8_t reason;    /* Failure1's reason code explanation (FX_AUTH_FAIL_*) */
+	uint8_t reason; /* Failure1's reason code explanation (FX_AUTH_FAIL_*) */
 	int bidir;
 	uint32_t s1, s2;
 	uint8_t c1[FX_AUTH_MAX_HASH_LEN], c2[FX_AUTH_MAX_HASH_LEN];
@@ -94,8 +94,8 @@ static const char *step_str(enum tgt_auth_step s)
 
 /* ------------------------------------------------------------ config */
 
-static int parse_secret(struct fx_target *t, const char *hostnqn, const char *text,
-                        const char *opt, struct fx_auth_key *key)
+static int parse_secret(struct fx_target *t, const char *hostnqn, const char *text, const char *opt,
+			struct fx_auth_key *key)
 {
 	const char *why = NULL;
 	char hp[NVMF_NQN_SIZE];
@@ -103,8 +103,8 @@ static int parse_secret(struct fx_target *t, const char *hostnqn, const char *te
 	if (text && fx_auth_key_parse(text, key, &why) == 0)
 		return 0;
 	tgt_printable(hp, sizeof(hp), hostnqn);
-	tgt_log(t, "%s for host %s: %s", opt, hp, text ? (why ? why : "not a DHHC-1 secret")
-	                                               : "missing");
+	tgt_log(t, "%s for host %s: %s", opt, hp,
+		text ? (why ? why : "not a DHHC-1 secret") : "missing");
 	return -EINVAL;
 }
 
@@ -112,13 +112,16 @@ int tgt_auth_config(struct fx_target *t, const struct fx_target_config *cfg)
 {
 	uint32_t hashes = cfg->dhchap_hashes ? cfg->dhchap_hashes : FX_TARGET_DHCHAP_HASHES_ALL;
 	uint32_t groups = cfg->dhchap_dhgroups ? cfg->dhchap_dhgroups
-	                                       : FX_TARGET_DHCHAP_DHGROUPS_ALL;
+					       : FX_TARGET_DHCHAP_DHGROUPS_ALL;
 	int ret;
 
 	if (!(hashes & FX_TARGET_DHCHAP_HASHES_ALL) || (hashes & ~FX_TARGET_DHCHAP_HASHES_ALL) ||
-	    !(groups & FX_TARGET_DHCHAP_DHGROUPS_ALL) || (groups & ~FX_TARGET_DHCHAP_DHGROUPS_ALL)) {
-		tgt_log(t, "DH-HMAC-CHAP: hash mask 0x%x / DH group mask 0x%x names no usable or an "
-		        "unknown id", hashes, groups);
+	    !(groups & FX_TARGET_DHCHAP_DHGROUPS_ALL) ||
+	    (groups & ~FX_TARGET_DHCHAP_DHGROUPS_ALL)) {
+		tgt_log(t,
+			"DH-HMAC-CHAP: hash mask 0x%x / DH group mask 0x%x names no usable or an "
+			"unknown id",
+			hashes, groups);
 		return -EINVAL;
 	}
 	t->dhchap_hashes = hashes;
@@ -141,7 +144,7 @@ int tgt_auth_config(struct fx_target *t, const struct fx_target_config *cfg)
 				char hp[NVMF_NQN_SIZE];
 
 				tgt_log(t, "DH-HMAC-CHAP: two secrets for host %s",
-				        tgt_printable(hp, sizeof(hp), in->hostnqn));
+					tgt_printable(hp, sizeof(hp), in->hostnqn));
 				return -EINVAL;
 			}
 		t->n_dhchap = i + 1; /* (freed from here on) */
@@ -151,7 +154,7 @@ int tgt_auth_config(struct fx_target *t, const struct fx_target_config *cfg)
 			return ret;
 		if (in->ctrl_secret) {
 			ret = parse_secret(t, in->hostnqn, in->ctrl_secret,
-			                   "DH-HMAC-CHAP controller secret", &h->ctrl_key);
+					   "DH-HMAC-CHAP controller secret", &h->ctrl_key);
 			if (ret)
 				return ret;
 			h->has_ctrl_key = 1;
@@ -412,7 +415,7 @@ static void dh_token_give_back(struct tgt_conn *c, int which)
 	tp = which == 2 ? dh_trusted_locked(c, now) : NULL;
 	milli = tp ? &tp->milli : &dh_peer_locked(c, now)->milli;
 	*milli = *milli + 1000 > FX_TGT_AUTH_DH_BURST * 1000ull ? FX_TGT_AUTH_DH_BURST * 1000ull
-	                                                        : *milli + 1000;
+								: *milli + 1000;
 	pthread_mutex_unlock(&c->t->lock);
 }
 
@@ -453,7 +456,7 @@ static void backoff_failed(struct tgt_conn *c)
 	if (b->fails >= FX_TGT_AUTH_FREE_FAILS) {
 		unsigned sh = b->fails - FX_TGT_AUTH_FREE_FAILS;
 		uint64_t wait = sh > 8 ? FX_TGT_AUTH_BACKOFF_MAX_MS
-		                       : (uint64_t)FX_TGT_AUTH_BACKOFF_MS << sh;
+				       : (uint64_t)FX_TGT_AUTH_BACKOFF_MS << sh;
 
 		if (wait > FX_TGT_AUTH_BACKOFF_MAX_MS)
 			wait = FX_TGT_AUTH_BACKOFF_MAX_MS;
@@ -508,9 +511,10 @@ static void abandoned(struct tgt_conn *c, const char *how)
 		return; /* (our own stop ends it: nothing to say) */
 	tgt_printable(hp, sizeof(hp), a->host->hostnqn);
 	snprintf(what, sizeof(what), "abandoned authentication as host %.160s", hp);
-	tgt_log_must(c->t, c->peer_key, what, "%s qid %u: host %s abandoned DH-HMAC-CHAP "
-	             "authentication after our challenge (%s); counted as a failed attempt",
-	             c->peer, c->qid, hp, how);
+	tgt_log_must(c->t, c->peer_key, what,
+		     "%s qid %u: host %s abandoned DH-HMAC-CHAP "
+		     "authentication after our challenge (%s); counted as a failed attempt",
+		     c->peer, c->qid, hp, how);
 }
 
 int tgt_auth_allows(const struct tgt_conn *c, const struct nvme_sqe *sqe)
@@ -555,11 +559,11 @@ static int fail(struct tgt_conn *c, uint8_t rc, const char *detail)
 	tgt_printable(hp, sizeof(hp), a->host->hostnqn);
 	snprintf(what, sizeof(what), "failed authentication as host %.160s", hp);
 	tgt_log_must(c->t, c->peer_key, what,
-	        "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
-	        c->qid, hp,
-	        rc == FX_AUTH_FAIL_FAILED && !detail ? "response mismatch (wrong secret?)"
-	                                             : fx_auth_reason_str(rc),
-	        detail ? ": " : "", detail ? detail : "");
+		     "%s qid %u: host %s failed DH-HMAC-CHAP authentication: %s%s%s", c->peer,
+		     c->qid, hp,
+		     rc == FX_AUTH_FAIL_FAILED && !detail ? "response mismatch (wrong secret?)"
+							  : fx_auth_reason_str(rc),
+		     detail ? ": " : "", detail ? detail : "");
 	return 0;
 }
 
@@ -571,16 +575,16 @@ static void authenticated(struct tgt_conn *c)
 	char hp[NVMF_NQN_SIZE];
 
 	a->authenticated = 1;
-	a->counted = 1; /* (settled: never abandoned) */
+	a->counted = 1;       /* (settled: never abandoned) */
 	a->close_pending = 0; /* (proved itself again after a failure) */
 	a->tries = 0;
 	a->step = STEP_DONE;
 	backoff_succeeded(c);
 	if (c->qid == 0 || c->t->verbose)
 		tgt_log(c->t, "%s qid %u: host %s authenticated (DH-HMAC-CHAP, %s, DH group %s%s)",
-		        c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
-		        fx_auth_hash_name(a->hash), fx_auth_dhgroup_name(a->dhgid),
-		        a->bidir ? ", bidirectional" : "");
+			c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+			fx_auth_hash_name(a->hash), fx_auth_dhgroup_name(a->dhgid),
+			a->bidir ? ", bidirectional" : "");
 }
 
 /* The strongest id of mask (bit 1u << id) that the host lists too. */
@@ -628,8 +632,8 @@ static int on_negotiate(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 		char msg[96];
 
 		snprintf(msg, sizeof(msg),
-		         "too many failed attempts from this address; next one in %llu ms",
-		         (unsigned long long)wait);
+			 "too many failed attempts from this address; next one in %llu ms",
+			 (unsigned long long)wait);
 		a->counted = 1; /* (waiting does not make the wait longer) */
 		return fail(c, FX_AUTH_FAIL_FAILED, msg);
 	}
@@ -664,9 +668,10 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	if (rep.t_id != a->t_id)
 		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "T_ID is not the transaction's");
 	if (rep.hl != a->hl)
-		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "HL is not the negotiated hash's length");
+		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD,
+			    "HL is not the negotiated hash's length");
 	if (a->dhgid == FX_AUTH_DHGROUP_NULL ? rep.dhvlen != 0
-	                                     : (rep.dhvlen == 0 || rep.dhvlen > dh_len))
+					     : (rep.dhvlen == 0 || rep.dhvlen > dh_len))
 		return fail(c, FX_AUTH_FAIL_INCORRECT_PAYLOAD, "DHVLEN does not fit the DH group");
 	if (rep.dhvlen) {
 		int ret;
@@ -677,13 +682,14 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 		dh_leave(c->t);
 
 		if (ret == -EPROTO)
-			return fail(c, FX_AUTH_FAIL_DHGROUP_UNUSABLE, "the host's DH value is out of range");
+			return fail(c, FX_AUTH_FAIL_DHGROUP_UNUSABLE,
+				    "the host's DH value is out of range");
 		if (ret < 0)
 			return fail(c, FX_AUTH_FAIL_FAILED, "DH key agreement failed");
 		a->sess_len = dh_len;
 	}
 	if (fx_auth_response(FX_AUTH_ROLE_HOST, a->hash, &a->host->key, a->c1, a->sess, a->sess_len,
-	                     a->s1, a->t_id, 0, a->host->hostnqn, t->subnqn, r1) < 0)
+			     a->s1, a->t_id, 0, a->host->hostnqn, t->subnqn, r1) < 0)
 		return fail(c, FX_AUTH_FAIL_FAILED, "computing the expected response failed");
 	ok = fx_auth_mac_equal(r1, rep.rval, a->hl);
 	fx_auth_wipe(r1, sizeof(r1));
@@ -705,9 +711,10 @@ static int on_reply(struct tgt_conn *c, const uint8_t *m, uint32_t len)
 	a->bidir = rep.cvalid && a->s2 != 0;
 	if (a->bidir) {
 		if (!a->host->has_ctrl_key)
-			return fail(c, FX_AUTH_FAIL_FAILED,
-			            "the host asks us to authenticate, but we have no controller secret "
-			            "for it (--dhchap-ctrl-key)");
+			return fail(
+				c, FX_AUTH_FAIL_FAILED,
+				"the host asks us to authenticate, but we have no controller secret "
+				"for it (--dhchap-ctrl-key)");
 		memcpy(a->c2, rep.cval, a->hl);
 	}
 	a->step = STEP_SUCCESS1;
@@ -745,7 +752,7 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 	}
 	if (c->t->verbose)
 		tgt_log(c->t, "%s qid %u: AUTH_Send %u bytes, type 0x%02x id 0x%02x in step %s",
-		        c->peer, c->qid, tl, type, id, step_str(a->step));
+			c->peer, c->qid, tl, type, id, step_str(a->step));
 	if (type == FX_AUTH_TYPE_COMMON && id == FX_AUTH_ID_NEGOTIATE) {
 		on_negotiate(c, m, tl);
 		return 0;
@@ -768,13 +775,14 @@ uint16_t tgt_auth_send(struct tgt_conn *c, struct tgt_req *r)
 		a->step = STEP_DONE;
 		transaction_wipe(a);
 		if (!a->logged)
-			tgt_log(c->t, "%s qid %u: host %s ended DH-HMAC-CHAP authentication with "
-			        "Failure2 (%s)", c->peer, c->qid,
-			        tgt_printable(hp, sizeof(hp), a->host->hostnqn),
-			        !ok ? "malformed"
-			        : f2.rescode_exp == FX_AUTH_FAIL_FAILED
-			            ? "our response did not match its controller secret"
-			            : fx_auth_reason_str(f2.rescode_exp));
+			tgt_log(c->t,
+				"%s qid %u: host %s ended DH-HMAC-CHAP authentication with "
+				"Failure2 (%s)",
+				c->peer, c->qid, tgt_printable(hp, sizeof(hp), a->host->hostnqn),
+				!ok ? "malformed"
+				: f2.rescode_exp == FX_AUTH_FAIL_FAILED
+					? "our response did not match its controller secret"
+					: fx_auth_reason_str(f2.rescode_exp));
 		a->logged = 1;
 		return 0;
 	}
@@ -847,9 +855,11 @@ static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 		if (wait) {
 			char msg[160];
 
-			snprintf(msg, sizeof(msg), "too many DH transactions from this address (%u, then "
-			         "%u a second, that did not authenticate); next one in %llu ms",
-			         FX_TGT_AUTH_DH_BURST, FX_TGT_AUTH_DH_PER_S, (unsigned long long)wait);
+			snprintf(msg, sizeof(msg),
+				 "too many DH transactions from this address (%u, then "
+				 "%u a second, that did not authenticate); next one in %llu ms",
+				 FX_TGT_AUTH_DH_BURST, FX_TGT_AUTH_DH_PER_S,
+				 (unsigned long long)wait);
 			fail(c, FX_AUTH_FAIL_FAILED, msg);
 			return BUILD_FAILED;
 		}
@@ -859,7 +869,8 @@ static uint16_t build_challenge(struct tgt_conn *c, uint8_t *out, uint32_t al)
 			return BUILD_FAILED;
 		}
 		a->costly = 1;
-		ret = fx_auth_dh_new(a->dhgid, &a->dh) < 0 || fx_auth_dh_pub(a->dh, dhv, dh_len) < 0;
+		ret = fx_auth_dh_new(a->dhgid, &a->dh) < 0 ||
+		      fx_auth_dh_pub(a->dh, dhv, dh_len) < 0;
 		dh_leave(c->t);
 		if (ret)
 			return TGT_SF(0, NVME_SC_INTERNAL);
@@ -875,15 +886,15 @@ static uint16_t build_success1(struct tgt_conn *c, uint8_t *out, uint32_t al)
 	struct tgt_auth *a = c->auth;
 	const struct fx_target *t = c->t;
 	uint8_t r2[FX_AUTH_MAX_HASH_LEN];
-	struct fx_auth_success1 s1 = {.t_id = a->t_id, .hl = a->hl, .rvalid = (uint8_t)a->bidir,
-	                              .rval = r2};
+	struct fx_auth_success1 s1 = {
+		.t_id = a->t_id, .hl = a->hl, .rvalid = (uint8_t)a->bidir, .rval = r2};
 	int n;
 
 	if (al < sizeof(struct nvmf_auth_success1_hdr) + a->hl)
 		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 	if (a->bidir &&
 	    fx_auth_response(FX_AUTH_ROLE_CTRL, a->hash, &a->host->ctrl_key, a->c2, a->sess,
-	                     a->sess_len, a->s2, a->t_id, 0, a->host->hostnqn, t->subnqn, r2) < 0)
+			     a->sess_len, a->s2, a->t_id, 0, a->host->hostnqn, t->subnqn, r2) < 0)
 		return TGT_SF(0, NVME_SC_INTERNAL);
 	n = fx_auth_success1_build(out, al, &s1);
 	fx_auth_wipe(r2, sizeof(r2));
@@ -916,7 +927,7 @@ uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 		al = r->out_cap;
 	if (c->t->verbose)
 		tgt_log(c->t, "%s qid %u: AUTH_Receive %u bytes in step %s", c->peer, c->qid, al,
-		        step_str(a->step));
+			step_str(a->step));
 	/* The message, zero padded to AL (the host's buffer), as nvmet does */
 	memset(r->out, 0, al);
 	/* An authenticated queue with no transaction going: nothing to
@@ -935,24 +946,24 @@ uint16_t tgt_auth_receive(struct tgt_conn *c, struct tgt_req *r)
 		sf = build_success1(c, r->out, al);
 		break;
 	default:
-	failure1: {
-		struct fx_auth_failure f1 = {.id = FX_AUTH_ID_FAILURE1, .t_id = a->t_id,
-		                             .rescode = FX_AUTH_RESCODE_FAILED};
+failure1 : {
+	struct fx_auth_failure f1 = {
+		.id = FX_AUTH_ID_FAILURE1, .t_id = a->t_id, .rescode = FX_AUTH_RESCODE_FAILED};
 
-		/* Nothing for the host to receive now: it is out of step. */
-		if (a->step != STEP_FAILURE1)
-			fail(c, FX_AUTH_FAIL_INCORRECT_MESSAGE, "AUTH_Receive with no message to send");
-		f1.rescode_exp = a->reason;
-		if (fx_auth_failure_build(r->out, al, &f1) < 0)
-			return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
-		a->step = STEP_DONE;
-		/* A failed re-authentication: the queue goes once the host
+	/* Nothing for the host to receive now: it is out of step. */
+	if (a->step != STEP_FAILURE1)
+		fail(c, FX_AUTH_FAIL_INCORRECT_MESSAGE, "AUTH_Receive with no message to send");
+	f1.rescode_exp = a->reason;
+	if (fx_auth_failure_build(r->out, al, &f1) < 0)
+		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
+	a->step = STEP_DONE;
+	/* A failed re-authentication: the queue goes once the host
 		 * has its Failure1 (it reconnects and authenticates anew). */
-		if (a->close_pending)
-			r->close_after = 1;
-		sf = 0;
-		break;
-	}
+	if (a->close_pending)
+		r->close_after = 1;
+	sf = 0;
+	break;
+}
 	}
 	if (sf)
 		return sf;

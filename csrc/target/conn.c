@@ -72,8 +72,10 @@ const char *tgt_conn_state_str(enum tgt_conn_state s)
 /* The PDU being received is not complete stall_ms after its first byte. */
 static int stalled(struct tgt_conn *c)
 {
-	tgt_log(c->t, "%s qid %u: host stalled in the middle of a PDU (not complete %u ms after "
-	        "its first byte); closing", c->peer, c->qid, c->t->stall_ms);
+	tgt_log(c->t,
+		"%s qid %u: host stalled in the middle of a PDU (not complete %u ms after "
+		"its first byte); closing",
+		c->peer, c->qid, c->t->stall_ms);
 	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
 }
@@ -123,13 +125,14 @@ static int data_overdue(struct tgt_conn *c)
 	if (atomic_load(&c->t->iobufs.nwait)) {
 		uint64_t last = atomic_load(&c->h2c_last_ms);
 		uint32_t squeeze = c->t->stall_ms / 4u < FX_TGT_SQUEEZE_MS ? c->t->stall_ms / 4u
-		                                                          : FX_TGT_SQUEEZE_MS;
+									   : FX_TGT_SQUEEZE_MS;
 
 		/* (tgt.h, FX_TGT_SQUEEZE_MS) */
 		if (now >= last && now - last >= squeeze && tgt_iobufs_over_share(c)) {
-			tgt_log(c->t, "%s qid %u: holds more than its share of the I/O buffers while "
-			        "others wait, and sent no write data for %u ms; closing", c->peer,
-			        c->qid, squeeze);
+			tgt_log(c->t,
+				"%s qid %u: holds more than its share of the I/O buffers while "
+				"others wait, and sent no write data for %u ms; closing",
+				c->peer, c->qid, squeeze);
 			c->state = TGT_CONN_CLOSING;
 			return -ETIMEDOUT;
 		}
@@ -144,8 +147,10 @@ static int data_overdue(struct tgt_conn *c)
 			oldest = c->r2t[i].r2t_ms;
 	if (!oldest || now < oldest || now - oldest < limit)
 		return 0;
-	tgt_log(c->t, "%s qid %u: host sent not all of a write's data within %llu ms of its R2T; "
-	        "closing", c->peer, c->qid, (unsigned long long)limit);
+	tgt_log(c->t,
+		"%s qid %u: host sent not all of a write's data within %llu ms of its R2T; "
+		"closing",
+		c->peer, c->qid, (unsigned long long)limit);
 	c->state = TGT_CONN_CLOSING;
 	return -ETIMEDOUT;
 }
@@ -263,7 +268,7 @@ static int send_stalled(struct tgt_conn *c)
 	c->send_short = 0;
 	if (say_why_first(c))
 		tgt_log(c->t, "%s qid %u: host stopped reading (nothing sent for %u ms); closing",
-		        c->peer, c->qid, c->t->stall_ms);
+			c->peer, c->qid, c->t->stall_ms);
 	return send_said_why(c, -ETIMEDOUT);
 }
 
@@ -319,9 +324,11 @@ static int send_errno(struct tgt_conn *c, int e)
 	if (e != EPIPE || !was_short || !closed_on_a_shut_window(c->fd))
 		return -e;
 	if (say_why_first(c))
-		tgt_log(c->t, "%s qid %u: host stopped reading (its window shut), then the connection "
-		        "ended in the middle of a send (TCP's user timeout, %u ms, or a reset by the "
-		        "host); closing", c->peer, c->qid, tgt_user_timeout_ms(c->t));
+		tgt_log(c->t,
+			"%s qid %u: host stopped reading (its window shut), then the connection "
+			"ended in the middle of a send (TCP's user timeout, %u ms, or a reset by the "
+			"host); closing",
+			c->peer, c->qid, tgt_user_timeout_ms(c->t));
 	return send_said_why(c, -EPIPE);
 }
 
@@ -371,7 +378,7 @@ static int pdu_sent(struct tgt_conn *c)
 	c->pdus_sent++;
 	if (t->fault_drop_after && c->pdus_sent >= t->fault_drop_after) {
 		tgt_log(t, "%s: fault injection: dropping the connection after %u PDUs", c->peer,
-		        c->pdus_sent);
+			c->pdus_sent);
 		tgt_conn_shut(c);
 		return -ECONNABORTED;
 	}
@@ -408,7 +415,7 @@ static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0
 	iov.iov_len = head_finish(b);
 	if (c->t->verbose && sf)
 		tgt_log(c->t, "%s qid %u: cid %u status sct %u sc 0x%02x%s", c->peer, c->qid, cid,
-		        NVME_SCT(sf), NVME_SC(sf), (sf & NVME_DNR) ? " dnr" : "");
+			NVME_SCT(sf), NVME_SC(sf), (sf & NVME_DNR) ? " dnr" : "");
 	tgt_send_lock(c);
 	ret = send_iov(c, &iov, 1, 0);
 	if (!ret)
@@ -423,8 +430,8 @@ int tgt_send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, u
 }
 
 /* Build a C2HData header for len bytes at datao into b; returns its size. */
-static unsigned c2h_head(struct tgt_conn *c, uint8_t *b, uint16_t cid, uint32_t datao,
-                         uint32_t len, int last)
+static unsigned c2h_head(struct tgt_conn *c, uint8_t *b, uint16_t cid, uint32_t datao, uint32_t len,
+			 int last)
 {
 	struct nvme_tcp_data_pdu *d = (struct nvme_tcp_data_pdu *)b;
 	fx_tcp_hdr_init(&d->hdr, NVME_TCP_C2H_DATA, len, c->hdgst, c->ddgst, c->hpda);
@@ -448,14 +455,14 @@ static void c2h_count(struct tgt_conn *c, uint32_t *ddgst)
 	c->c2h_sent++;
 	if (ddgst && n && c->c2h_sent % n == 0) {
 		tgt_log(c->t, "%s: fault injection: corrupting the data digest of C2HData #%u",
-		        c->peer, c->c2h_sent);
+			c->peer, c->c2h_sent);
 		*ddgst ^= 0xFFFFFFFFu;
 	}
 }
 
 /* One C2HData PDU carrying a buffer. */
 static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void *data,
-                    uint32_t len, int last)
+		    uint32_t len, int last)
 {
 	uint8_t b[HDR_BUF];
 	struct iovec iov[3];
@@ -564,13 +571,13 @@ static void linger_after_term(struct tgt_conn *c)
  * offending header, then the caller closes.  Returns -EPROTO.
  */
 static int term(struct tgt_conn *c, const uint8_t *hdr, unsigned hdr_len, uint16_t fes,
-                uint32_t fei, const char *why)
+		uint32_t fei, const char *why)
 {
 	uint8_t b[FX_TCP_TERM_MAX];
 	struct iovec iov;
 
 	tgt_log(c->t, "%s qid %u: %s; sending C2HTermReq (fes %u) and closing", c->peer, c->qid,
-	        why, fes);
+		why, fes);
 	iov.iov_base = b;
 	iov.iov_len = fx_tcp_term_build(b, NVME_TCP_C2H_TERM, fes, fei, hdr, hdr_len);
 	tgt_send_lock(c);
@@ -647,7 +654,7 @@ static int sock_errno(int e)
  * negative errno when the connection broke.
  */
 static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
-                     uint64_t off, uint32_t len)
+		     uint64_t off, uint32_t len)
 {
 	uint32_t sent = 0;
 	uint16_t sf = 0;
@@ -686,7 +693,8 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 			ssize_t got = pread_full(ns->fd, chunk, n, off + sent);
 
 			if (got < (ssize_t)n) {
-				memset(chunk + (got > 0 ? got : 0), 0, n - (uint32_t)(got > 0 ? got : 0));
+				memset(chunk + (got > 0 ? got : 0), 0,
+				       n - (uint32_t)(got > 0 ? got : 0));
 				sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
 			}
 			iov.iov_base = chunk;
@@ -716,8 +724,8 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 	return sf;
 }
 
-int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
-                  uint64_t off, uint32_t len)
+int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns, uint64_t off,
+		  uint32_t len)
 {
 	int ret;
 
@@ -738,7 +746,7 @@ static struct tgt_ns *find_ns(struct fx_target *t, uint32_t nsid)
 
 /* Validate an I/O Read/Write/Write Zeroes range: ns, byte offset, bytes. */
 static uint16_t io_range(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns **ns,
-                         uint64_t *off, uint32_t *len, int data)
+			 uint64_t *off, uint32_t *len, int data)
 {
 	struct fx_target *t = c->t;
 	uint64_t slba = (uint64_t)sqe->cdw10 | ((uint64_t)sqe->cdw11 << 32);
@@ -777,7 +785,8 @@ static uint16_t write_zeroes(struct tgt_conn *c, struct tgt_ns *ns, uint64_t off
 {
 	/* Both files and block devices take ZERO_RANGE (KEEP_SIZE is what
 	 * a block device insists on); fall back to writing zeros. */
-	if (fallocate(ns->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+	if (fallocate(ns->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) ==
+	    0)
 		return 0;
 	memset(c->chunk, 0, FX_TGT_CHUNK);
 	for (uint32_t done = 0; done < len;) {
@@ -848,7 +857,7 @@ static int go_live(struct tgt_conn *c)
 		}
 		if (!c->abuf) {
 			tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
-			             "%s qid %u: out of memory", c->peer, c->qid);
+				     "%s qid %u: out of memory", c->peer, c->qid);
 			return -ENOMEM;
 		}
 		return 0;
@@ -861,7 +870,7 @@ static int go_live(struct tgt_conn *c)
 	}
 	if (!c->chunk || c->abuf_len < FX_TGT_ADMIN_BUF || r2t_table(c, c->sqsize + 1u) < 0) {
 		tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
-		             "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
+			     "%s qid %u: out of memory for the queue's buffers", c->peer, c->qid);
 		return -ENOMEM;
 	}
 	if (tgt_auth_done(c))
@@ -907,7 +916,7 @@ static void r2t_release(struct tgt_conn *c, unsigned idx)
 /* Fetch a command's data with R2T: I/O writes go to ns as they arrive,
  * anything else is collected in a buffer and executed when complete. */
 static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t len,
-                     struct tgt_ns *ns, uint64_t off)
+		     struct tgt_ns *ns, uint64_t off)
 {
 	struct tgt_r2t *s;
 	int idx;
@@ -947,7 +956,7 @@ static int start_r2t(struct tgt_conn *c, const struct nvme_sqe *sqe, uint32_t le
 
 /* Run a Fabrics or admin command whose data (if any) is all here. */
 static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t *data,
-                     uint32_t data_len)
+		     uint32_t data_len)
 {
 	struct tgt_req r;
 	uint16_t sf;
@@ -994,7 +1003,7 @@ static int run_admin(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8
 }
 
 static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t *icd,
-                  uint32_t icd_len, int incapsule)
+		  uint32_t icd_len, int incapsule)
 {
 	struct fx_target *t = c->t;
 	uint32_t slen = sqe->dptr.length;
@@ -1065,7 +1074,7 @@ static unsigned xfer_dir(const struct nvme_sqe *sqe)
 }
 
 static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t *icd,
-                      uint32_t icd_len, int icd_bad)
+		      uint32_t icd_len, int icd_bad)
 {
 	struct fx_target *t = c->t;
 	const struct nvme_sgl_desc *sgl = &sqe->dptr;
@@ -1076,12 +1085,14 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	int incapsule = 0;
 
 	if (t->verbose && fabrics)
-		tgt_log(t, "%s qid %u: cid %u fabrics fctype 0x%02x sgl type 0x%02x len %u", c->peer,
-		        c->qid, sqe->cid, ((const uint8_t *)sqe)[4], sgl->type, sgl->length);
+		tgt_log(t, "%s qid %u: cid %u fabrics fctype 0x%02x sgl type 0x%02x len %u",
+			c->peer, c->qid, sqe->cid, ((const uint8_t *)sqe)[4], sgl->type,
+			sgl->length);
 	else if (t->verbose)
-		tgt_log(t, "%s qid %u: cid %u opcode 0x%02x nsid %u cdw10 0x%x sgl type 0x%02x len %u",
-		        c->peer, c->qid, sqe->cid, sqe->opcode, sqe->nsid, sqe->cdw10, sgl->type,
-		        sgl->length);
+		tgt_log(t,
+			"%s qid %u: cid %u opcode 0x%02x nsid %u cdw10 0x%x sgl type 0x%02x len %u",
+			c->peer, c->qid, sqe->cid, sqe->opcode, sqe->nsid, sqe->cdw10, sgl->type,
+			sgl->length);
 	if (t->fault_delay_ms) {
 		tgt_ioq_kick(c);
 		usleep(t->fault_delay_ms * 1000u);
@@ -1099,15 +1110,17 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 			/* In-capsule data: only host-to-controller, and the
 			 * descriptor's offset/length must lie in what came. */
 			if (dir != 1)
-				return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_TYPE), 0, 0);
+				return send_resp(c, sqe->cid,
+						 TGT_SF_DNR(0, NVME_SC_SGL_INVALID_TYPE), 0, 0);
 			if (sgl->addr > icd_len || sgl->length > icd_len - sgl->addr)
-				return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_OFFSET), 0,
-				                 0);
+				return send_resp(c, sqe->cid,
+						 TGT_SF_DNR(0, NVME_SC_SGL_INVALID_OFFSET), 0, 0);
 			data = icd + sgl->addr;
 			data_len = sgl->length;
 			incapsule = 1;
 		} else if (sgl->type != NVME_SGL_TRANSPORT_DATA_BLOCK) {
-			return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_TYPE), 0, 0);
+			return send_resp(c, sqe->cid, TGT_SF_DNR(0, NVME_SC_SGL_INVALID_TYPE), 0,
+					 0);
 		}
 	}
 
@@ -1123,7 +1136,7 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 		int ret = send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
 
 		tgt_log(t, "%s: Connect with %u bytes of data (must be %zu); closing", c->peer,
-		        sgl->length, sizeof(struct nvmf_connect_data));
+			sgl->length, sizeof(struct nvmf_connect_data));
 		c->state = TGT_CONN_CLOSING;
 		return ret ? ret : -ECONNABORTED;
 	}
@@ -1137,7 +1150,8 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 			return -ECONNABORTED;
 		}
 		return send_resp(c, sqe->cid,
-		                 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0, 0);
+				 TGT_SF_DNR(FX_NVME_SCT_CMD_SPECIFIC, FX_NVME_SC_AUTH_REQUIRED), 0,
+				 0);
 	}
 	/* Until the queue is live (Connected and, where its host must,
 	 * authenticated) the only data a command may bring is an authentication
@@ -1150,13 +1164,14 @@ static int on_command(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint
 	 * slot in authentication): what the engine has prepared goes first
 	 * (io.c, queue_locked).  Reads and R2T writes are the engine's. */
 	if (c->ioq && (fabrics || (sqe->opcode != NVME_CMD_READ &&
-	                           (sqe->opcode != NVME_CMD_WRITE || incapsule))))
+				   (sqe->opcode != NVME_CMD_WRITE || incapsule))))
 		tgt_ioq_kick(c);
 	if (fabrics || c->qid == 0) {
 		/* Data that did not come in the capsule is fetched first. */
 		if (dir == 1 && sgl->length && !incapsule) {
 			if (sgl->length > FX_TGT_ADMIN_BUF)
-				return send_resp(c, sqe->cid, TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
+				return send_resp(c, sqe->cid,
+						 TGT_SF_DNR(0, TGT_SC_SGL_INVALID_DATA), 0, 0);
 			return start_r2t(c, sqe, sgl->length, NULL, 0);
 		}
 		return run_admin(c, sqe, data, data_len);
@@ -1175,10 +1190,11 @@ static int on_icreq(struct tgt_conn *c, uint8_t *hb)
 
 	if (q->pfv != 0)
 		return term(c, hb, sizeof(*q), NVME_TCP_FES_UNSUPPORTED_PARAM,
-		            offsetof(struct nvme_tcp_icreq_pdu, pfv), "ICReq asks for an unknown PDU format");
+			    offsetof(struct nvme_tcp_icreq_pdu, pfv),
+			    "ICReq asks for an unknown PDU format");
 	if (q->hpda > 31)
 		return term(c, hb, sizeof(*q), NVME_TCP_FES_INVALID_PDU_HDR,
-		            offsetof(struct nvme_tcp_icreq_pdu, hpda), "ICReq HPDA out of range");
+			    offsetof(struct nvme_tcp_icreq_pdu, hpda), "ICReq HPDA out of range");
 	memset(&p, 0, sizeof(p));
 	fx_tcp_hdr_init(&p.hdr, NVME_TCP_ICRESP, 0, 0, 0, 0);
 	p.pfv = 0;
@@ -1199,8 +1215,8 @@ static int on_icreq(struct tgt_conn *c, uint8_t *hb)
 
 /* Receive a PDU's data field into buf: skip the pad up to pdo, read datal
  * bytes and check the data digest.  *bad = 1 on a digest mismatch. */
-static int recv_data(struct tgt_conn *c, const struct nvme_tcp_hdr *h, unsigned have,
-                     uint8_t *buf, uint32_t datal, int *bad)
+static int recv_data(struct tgt_conn *c, const struct nvme_tcp_hdr *h, unsigned have, uint8_t *buf,
+		     uint32_t datal, int *bad)
 {
 	int ret;
 
@@ -1219,7 +1235,8 @@ static int recv_data(struct tgt_conn *c, const struct nvme_tcp_hdr *h, unsigned 
 			return ret;
 		if (d != fx_tcp_ddgst(buf, datal)) {
 			*bad = 1;
-			tgt_log(c->t, "%s qid %u: data digest error (failing the command)", c->peer, c->qid);
+			tgt_log(c->t, "%s qid %u: data digest error (failing the command)", c->peer,
+				c->qid);
 		}
 	}
 	return 0;
@@ -1239,7 +1256,8 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 		icd_len = h->plen - h->pdo - dd;
 		if (icd_len > FX_TGT_ICD_MAX)
 			return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
-			            offsetof(struct nvme_tcp_hdr, plen), "in-capsule data larger than IOCCSZ");
+				    offsetof(struct nvme_tcp_hdr, plen),
+				    "in-capsule data larger than IOCCSZ");
 		if (!c->icd && !(c->icd = malloc(FX_TGT_ICD_MAX)))
 			return -ENOMEM;
 		ret = recv_data(c, h, have, c->icd, icd_len, &bad);
@@ -1248,8 +1266,8 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	}
 	memcpy(&sqe, hb + sizeof(*h), sizeof(sqe));
 	__atomic_store_n(&c->sqhd,
-	                 (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u),
-	                 __ATOMIC_RELAXED);
+			 (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u),
+			 __ATOMIC_RELAXED);
 	/* Only an authenticated queue keeps its controller alive: one that
 	 * merely knows the host NQN and controller ID must not. */
 	if (c->ctrl && tgt_auth_done(c))
@@ -1306,15 +1324,18 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 
 	if (d->datal != datal)
 		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
-		            offsetof(struct nvme_tcp_data_pdu, datal), "H2CData DATAL disagrees with PLEN");
+			    offsetof(struct nvme_tcp_data_pdu, datal),
+			    "H2CData DATAL disagrees with PLEN");
 	if (datal > FX_TGT_MAXH2CDATA)
 		return term(c, hb, have, NVME_TCP_FES_DATA_LIMIT_EXCEEDED,
-		            offsetof(struct nvme_tcp_data_pdu, datal), "H2CData larger than MAXH2CDATA");
+			    offsetof(struct nvme_tcp_data_pdu, datal),
+			    "H2CData larger than MAXH2CDATA");
 	if (c->ioq && (d->ttag & TGT_TTAG_IO)) {
 		const char *why = NULL;
 		uint32_t fei = 0;
 		uint16_t fes = 0;
-		uint8_t *dst = tgt_ioq_h2c_dest(c, d->ttag, d->cccid, d->datao, datal, &why, &fei, &fes);
+		uint8_t *dst = tgt_ioq_h2c_dest(c, d->ttag, d->cccid, d->datao, datal, &why, &fei,
+						&fes);
 
 		if (!dst)
 			return term(c, hb, have, fes, fei, why);
@@ -1326,14 +1347,16 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	}
 	if (d->ttag >= c->r2t_n || !c->r2t[d->ttag].active)
 		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
-		            offsetof(struct nvme_tcp_data_pdu, ttag), "H2CData for no R2T of ours");
+			    offsetof(struct nvme_tcp_data_pdu, ttag), "H2CData for no R2T of ours");
 	s = &c->r2t[d->ttag];
 	if (s->sqe.cid != d->cccid)
 		return term(c, hb, have, NVME_TCP_FES_INVALID_PDU_HDR,
-		            offsetof(struct nvme_tcp_data_pdu, cccid), "H2CData CCCID does not match its R2T");
+			    offsetof(struct nvme_tcp_data_pdu, cccid),
+			    "H2CData CCCID does not match its R2T");
 	if (d->datao != s->done || datal > s->len - s->done)
 		return term(c, hb, have, NVME_TCP_FES_DATA_OUT_OF_RANGE,
-		            offsetof(struct nvme_tcp_data_pdu, datao), "H2CData outside the R2T's range");
+			    offsetof(struct nvme_tcp_data_pdu, datao),
+			    "H2CData outside the R2T's range");
 
 	ret = recv_data(c, &d->hdr, have, s->buf ? s->buf + s->done : c->chunk, datal, &bad);
 	if (ret)
@@ -1378,8 +1401,9 @@ static int recv_pdu(struct tgt_conn *c)
 
 		if (h->hlen == sizeof(*p) && h->plen >= sizeof(*p) &&
 		    recv_all(c, hb + sizeof(*h), sizeof(*p) - sizeof(*h)) == 0)
-			tgt_log(c->t, "%s qid %u: host terminated the connection (H2CTermReq fes %u)",
-			        c->peer, c->qid, p->fes);
+			tgt_log(c->t,
+				"%s qid %u: host terminated the connection (H2CTermReq fes %u)",
+				c->peer, c->qid, p->fes);
 		else
 			tgt_log(c->t, "%s qid %u: host terminated the connection", c->peer, c->qid);
 		c->state = TGT_CONN_CLOSING;
@@ -1387,17 +1411,19 @@ static int recv_pdu(struct tgt_conn *c)
 	}
 	if ((c->state == TGT_CONN_WAIT_ICREQ) != (h->type == NVME_TCP_ICREQ))
 		return term(c, hb, sizeof(*h), NVME_TCP_FES_PDU_SEQ_ERR, 0,
-		            c->state == TGT_CONN_WAIT_ICREQ ? "first PDU is not an ICReq"
-		                                            : "second ICReq");
+			    c->state == TGT_CONN_WAIT_ICREQ ? "first PDU is not an ICReq"
+							    : "second ICReq");
 	n = fx_tcp_pdu_check(h, 0, c->hdgst, c->ddgst, max_plen(h->type));
 	if (n < 0) {
 		uint32_t fei = bad_field(h, c->hdgst);
-		int too_long = fei == offsetof(struct nvme_tcp_hdr, plen) && h->plen > max_plen(h->type) &&
-		               (h->type == NVME_TCP_CMD || h->type == NVME_TCP_H2C_DATA);
+		int too_long = fei == offsetof(struct nvme_tcp_hdr, plen) &&
+			       h->plen > max_plen(h->type) &&
+			       (h->type == NVME_TCP_CMD || h->type == NVME_TCP_H2C_DATA);
 
 		return term(c, hb, sizeof(*h),
-		            too_long ? NVME_TCP_FES_DATA_LIMIT_EXCEEDED : NVME_TCP_FES_INVALID_PDU_HDR, fei,
-		            "malformed PDU header");
+			    too_long ? NVME_TCP_FES_DATA_LIMIT_EXCEEDED
+				     : NVME_TCP_FES_INVALID_PDU_HDR,
+			    fei, "malformed PDU header");
 	}
 	if ((unsigned)n > sizeof(hb)) /* cannot happen: hlen <= 128 */
 		return term(c, hb, sizeof(*h), NVME_TCP_FES_INVALID_PDU_HDR, 2, "header too long");
@@ -1414,7 +1440,8 @@ static int recv_pdu(struct tgt_conn *c)
 	case NVME_TCP_H2C_DATA:
 		return on_h2c_data(c, hb, (unsigned)n);
 	default:
-		return term(c, hb, (unsigned)n, NVME_TCP_FES_INVALID_PDU_HDR, 0, "unexpected PDU type");
+		return term(c, hb, (unsigned)n, NVME_TCP_FES_INVALID_PDU_HDR, 0,
+			    "unexpected PDU type");
 	}
 }
 
@@ -1458,10 +1485,12 @@ void *tgt_conn_main(void *arg)
 	if (ret == -ETIMEDOUT && !t->stop && c->state != TGT_CONN_CLOSING)
 		/* TCP gave up: keepalive probes or our data unacknowledged (or
 		 * refused by a zero window) for longer than the user timeout */
-		tgt_log(t, "%s qid %u: host stopped reading or vanished (nothing acknowledged for "
-		        "%u ms); closed", c->peer, c->qid, tgt_user_timeout_ms(t));
+		tgt_log(t,
+			"%s qid %u: host stopped reading or vanished (nothing acknowledged for "
+			"%u ms); closed",
+			c->peer, c->qid, tgt_user_timeout_ms(t));
 	else if (ret != -ECONNRESET && ret != -EPROTO && ret != -ECONNABORTED && !t->stop &&
-	         c->state != TGT_CONN_CLOSING)
+		 c->state != TGT_CONN_CLOSING)
 		tgt_log(t, "%s qid %u: connection ended: %s", c->peer, c->qid, strerror(-ret));
 	else if (t->verbose)
 		tgt_log(t, "%s qid %u: closed (%s)", c->peer, c->qid, tgt_conn_state_str(c->state));

@@ -94,7 +94,7 @@ enum tgt_io_state {
 	TGT_IO_FREE,
 	TGT_IO_WAIT_BUF,  /* in the FIFO, waiting for room in the budget */
 	TGT_IO_WAIT_DATA, /* write: R2T sent, its H2CData coming in */
-	TGT_IO_DISK,      /* its ring operation submitted (a NOP hands over a cached read or an error) */
+	TGT_IO_DISK, /* its ring operation submitted (a NOP hands over a cached read or an error) */
 };
 
 static const char *tgt_io_state_str(enum tgt_io_state s)
@@ -116,18 +116,18 @@ struct tgt_io {
 	enum tgt_io_state state;
 	int write;
 	int fua;
-	int direct;  /* the disk I/O goes through ns->dfd */
-	int cached;  /* read: sent from the page cache (sendfile), no buffer */
+	int direct; /* the disk I/O goes through ns->dfd */
+	int cached; /* read: sent from the page cache (sendfile), no buffer */
 	uint16_t cid;
 	uint16_t err; /* status of the response (digest error, read or write fault) */
 	struct tgt_ns *ns;
 	uint64_t off;
 	uint32_t len;
-	uint32_t done; /* write in WAIT_DATA: bytes received; in DISK: bytes moved */
-	uint32_t cap;  /* the buffer's size (its class), what the budget counts */
+	uint32_t done;   /* write in WAIT_DATA: bytes received; in DISK: bytes moved */
+	uint32_t cap;    /* the buffer's size (its class), what the budget counts */
 	uint64_t r2t_ms; /* write: when its R2T went out (its data is due within 2 x stall_ms) */
 	uint8_t *buf;
-	int next;      /* FIFO link */
+	int next; /* FIFO link */
 };
 
 struct tgt_ioq {
@@ -140,13 +140,13 @@ struct tgt_ioq {
 	struct tgt_io *io;
 	uint16_t *free_idx;
 	unsigned n, nfree;
-	size_t used;        /* bytes of buffers held */
+	size_t used; /* bytes of buffers held */
 	int fifo_head, fifo_tail;
-	unsigned sqes;      /* prepared, not yet reaped */
-	unsigned unsent;    /* prepared, not yet handed to the kernel (queue_locked) */
+	unsigned sqes;       /* prepared, not yet reaped */
+	unsigned unsent;     /* prepared, not yet handed to the kernel (queue_locked) */
 	size_t unsent_bytes; /* their bytes (about: what an error left counts until the next flush) */
-	int stopping;       /* the connection ends: no more sends or submissions */
-	uint8_t *chunk;     /* the engine thread's staging (cached reads with a digest) */
+	int stopping;        /* the connection ends: no more sends or submissions */
+	uint8_t *chunk;      /* the engine thread's staging (cached reads with a digest) */
 	/* Commands waiting for room in the target's budget (not only the
 	 * queue's own): whichever thread frees room writes wake_fd, whose
 	 * read the engine keeps armed on its ring (WAKE_TAG). */
@@ -167,12 +167,13 @@ static void flush_locked(struct tgt_ioq *q)
 	for (unsigned tries = 0; q->unsent && tries < 1000; tries++) {
 		int r = io_uring_submit(&q->ring);
 
-		if (r == -EINTR || r == -EAGAIN || r == -EBUSY || (r == 0 && io_uring_sq_ready(&q->ring))) {
+		if (r == -EINTR || r == -EAGAIN || r == -EBUSY ||
+		    (r == 0 && io_uring_sq_ready(&q->ring))) {
 			if (r != -EINTR)
 				usleep(100);
 		} else if (r < 0) {
 			tgt_log(q->c->t, "%s qid %u: io_uring submit: %s", q->c->peer, q->c->qid,
-			        strerror(-r));
+				strerror(-r));
 			break;
 		}
 		q->unsent = io_uring_sq_ready(&q->ring);
@@ -364,7 +365,7 @@ static void *buf_alloc(unsigned k)
 		/* over-map by one huge page, keep the aligned middle (n is a
 		 * multiple of HUGE_BYTES, so the tail piece is never empty) */
 		uint8_t *m = mmap(NULL, n + HUGE_BYTES, PROT_READ | PROT_WRITE,
-		                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+				  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		uintptr_t a;
 
 		if (m == MAP_FAILED)
@@ -374,7 +375,8 @@ static void *buf_alloc(unsigned k)
 			(void)munmap(m, a - (uintptr_t)m);
 		(void)munmap((void *)(a + n), (uintptr_t)m + n + HUGE_BYTES - (a + n));
 		if (huge_madvise)
-			(void)madvise((void *)a, n, MADV_HUGEPAGE); /* a hint: small pages still work */
+			(void)madvise((void *)a, n,
+				      MADV_HUGEPAGE); /* a hint: small pages still work */
 		return (void *)a;
 	}
 	if (posix_memalign(&p, FX_TGT_DIO_ALIGN, n) != 0)
@@ -394,8 +396,8 @@ static void buf_free(void *p, unsigned k)
 
 /* Peer p's bytes held and queues waiting change (under b->lock): the
  * count of active peers follows. */
-static void peer_change_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_t add,
-                               size_t sub, int wait)
+static void peer_change_locked(struct tgt_iobufs *b, struct tgt_iopeer *p, size_t add, size_t sub,
+			       int wait)
 {
 	int was = p->held || p->waiting;
 
@@ -743,8 +745,8 @@ static int start_io(struct tgt_ioq *q, unsigned idx)
 		release_locked(q, idx);
 		pthread_mutex_unlock(&q->lock);
 		tgt_log_must(c->t, c->peer_key, "internal error: out of memory",
-		             "%s qid %u: out of memory for a %u-byte command buffer", c->peer, c->qid,
-		        len);
+			     "%s qid %u: out of memory for a %u-byte command buffer", c->peer,
+			     c->qid, len);
 		/* (checked under the send lock, as every send of ours: a stopping
 		 * queue sends nothing, and its thread's join waits for no send) */
 		tgt_send_lock(c);
@@ -919,9 +921,10 @@ static void on_cqe(struct tgt_ioq *q, unsigned idx, int res)
 			/* EOF (the file shrank) or an I/O error: a read sends
 			 * zeros so the stream stays whole, and both fail */
 			if (c->t->verbose)
-				tgt_log(c->t, "%s qid %u: cid %u %s at %llu failed: %s", c->peer, c->qid,
-				        io->cid, io->write ? "write" : "read", (unsigned long long)io->off,
-				        res < 0 ? strerror(-res) : "end of file");
+				tgt_log(c->t, "%s qid %u: cid %u %s at %llu failed: %s", c->peer,
+					c->qid, io->cid, io->write ? "write" : "read",
+					(unsigned long long)io->off,
+					res < 0 ? strerror(-res) : "end of file");
 			if (io->write) {
 				io->err = TGT_SF(2, TGT_SC_WRITE_FAULT);
 			} else {
@@ -983,8 +986,8 @@ static void *ioq_main(void *arg)
 		r = io_uring_wait_cqe(&q->ring, &cqe);
 		if (r < 0) {
 			if (r != -EINTR && r != -EAGAIN && r != -ETIME) {
-				tgt_log(q->c->t, "%s qid %u: io_uring wait: %s", q->c->peer, q->c->qid,
-				        strerror(-r));
+				tgt_log(q->c->t, "%s qid %u: io_uring wait: %s", q->c->peer,
+					q->c->qid, strerror(-r));
 				usleep(1000);
 			}
 			continue;
@@ -1044,7 +1047,7 @@ static int ioq_cant(struct tgt_conn *c, const char *what, int err)
 {
 	if (!atomic_exchange(&c->t->ioq_cant_logged, 1))
 		tgt_log(c->t, "%s qid %u: %s: %s; I/O queues serve one command at a time", c->peer,
-		        c->qid, what, strerror(err));
+			c->qid, what, strerror(err));
 	return -err;
 }
 
@@ -1176,8 +1179,8 @@ void tgt_ioq_stop(struct tgt_conn *c)
 	for (unsigned i = 0; i < q->n; i++)
 		if (q->io[i].state != TGT_IO_FREE) {
 			if (c->t->verbose)
-				tgt_log(c->t, "%s qid %u: cid %u dropped (%s)", c->peer, c->qid, q->io[i].cid,
-				        tgt_io_state_str(q->io[i].state));
+				tgt_log(c->t, "%s qid %u: cid %u dropped (%s)", c->peer, c->qid,
+					q->io[i].cid, tgt_io_state_str(q->io[i].state));
 			release_locked(q, i);
 		}
 	io_uring_queue_exit(&q->ring);
@@ -1286,8 +1289,8 @@ int tgt_ioq_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t o
 	return reserve_and_start(q, (unsigned)idx);
 }
 
-int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns *ns,
-                  uint64_t off, uint32_t len)
+int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns *ns, uint64_t off,
+		  uint32_t len)
 {
 	struct tgt_ioq *q = c->ioq;
 	int idx = slot_alloc(q);
@@ -1307,7 +1310,7 @@ int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns 
 }
 
 uint8_t *tgt_ioq_h2c_dest(struct tgt_conn *c, uint16_t ttag, uint16_t cccid, uint32_t datao,
-                          uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes)
+			  uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes)
 {
 	struct tgt_ioq *q = c->ioq;
 	unsigned idx = ttag & ~TGT_TTAG_IO;

@@ -58,7 +58,7 @@ static int log_take(const struct fx_target *t, unsigned *said)
 
 		/* (in thousandths of a line: no float, no lost fractions) */
 		l->milli = l->milli + add > FX_TGT_LOG_BURST * 1000ull ? FX_TGT_LOG_BURST * 1000ull
-		                                                        : l->milli + add;
+								       : l->milli + add;
 		l->refill_ms = now;
 	}
 	ok = l->milli >= 1000;
@@ -88,7 +88,7 @@ void tgt_log(const struct fx_target *t, const char *fmt, ...)
 	flockfile(stderr);
 	if (dropped)
 		fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
-		        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
+			dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
 	fputs("fx100io target: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
@@ -102,8 +102,8 @@ void tgt_log(const struct fx_target *t, const char *fmt, ...)
  * other while the bucket allows; past it, counted for (peer, what) and
  * said with its count by the listener's tick within a second.
  */
-void tgt_log_must(const struct fx_target *t, const char *peer, const char *what,
-                  const char *fmt, ...)
+void tgt_log_must(const struct fx_target *t, const char *peer, const char *what, const char *fmt,
+		  ...)
 {
 	struct tgt_loglim *l = (struct tgt_loglim *)&t->loglim;
 	struct tgt_log_agg *slot = NULL;
@@ -115,8 +115,9 @@ void tgt_log_must(const struct fx_target *t, const char *peer, const char *what,
 	if (log_take(t, &dropped)) {
 		flockfile(stderr);
 		if (dropped)
-			fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
-			        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
+			fprintf(stderr,
+				"fx100io target: (%u log line%s left out: more than %u a second)\n",
+				dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
 		fputs("fx100io target: ", stderr);
 		va_start(ap, fmt);
 		vfprintf(stderr, fmt, ap);
@@ -171,10 +172,12 @@ static void log_agg_flush(struct fx_target *t)
 	flockfile(stderr);
 	for (unsigned i = 0; i < n; i++)
 		fprintf(stderr, "fx100io target: %s: %u x %s (more log lines than %u a second)\n",
-		        agg[i].peer, agg[i].n, agg[i].what, FX_TGT_LOG_PER_S);
+			agg[i].peer, agg[i].n, agg[i].what, FX_TGT_LOG_PER_S);
 	if (other)
-		fprintf(stderr, "fx100io target: %u more failures or refusals from other addresses "
-		        "(more log lines than %u a second)\n", other, FX_TGT_LOG_PER_S);
+		fprintf(stderr,
+			"fx100io target: %u more failures or refusals from other addresses "
+			"(more log lines than %u a second)\n",
+			other, FX_TGT_LOG_PER_S);
 	funlockfile(stderr);
 }
 
@@ -194,7 +197,7 @@ static void log_flush(struct fx_target *t)
 	if (log_take(t, &dropped) && dropped) {
 		flockfile(stderr);
 		fprintf(stderr, "fx100io target: (%u log line%s left out: more than %u a second)\n",
-		        dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
+			dropped, dropped == 1 ? "" : "s", FX_TGT_LOG_PER_S);
 		funlockfile(stderr);
 	}
 }
@@ -294,13 +297,14 @@ static int open_ns(struct fx_target *t, struct tgt_ns *ns, const char *path, uin
 	} else if (S_ISREG(st.st_mode)) {
 		bytes = (uint64_t)st.st_size;
 	} else {
-		tgt_log(t, "namespace %u %s is neither a regular file nor a block device", nsid, path);
+		tgt_log(t, "namespace %u %s is neither a regular file nor a block device", nsid,
+			path);
 		return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
 	}
 	ns->nsze = bytes >> t->lba_shift; /* a partial last block is not served */
 	if (ns->nsze == 0) {
 		tgt_log(t, "namespace %u %s is smaller than one %u-byte block", nsid, path,
-		        t->block_size);
+			t->block_size);
 		return -EINVAL;
 	}
 	/* The I/O engine reads data that is not in the page cache with
@@ -331,7 +335,7 @@ static int open_ns(struct fx_target *t, struct tgt_ns *ns, const char *path, uin
 		ns->map = NULL;
 	if (!t->quiet && t->verbose)
 		tgt_log(t, "namespace %u %s: O_DIRECT %s, cache residency %s", nsid, path,
-		        ns->dfd >= 0 ? "yes" : "no (buffered)", ns->map ? "known" : "unknown");
+			ns->dfd >= 0 ? "yes" : "no (buffered)", ns->map ? "known" : "unknown");
 	ns_ids(t->subnqn, ns);
 	return 0;
 }
@@ -346,16 +350,16 @@ static int do_listen(struct fx_target *t, const char *host, const char *port)
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = AI_PASSIVE;
 	ret = getaddrinfo(host && host[0] ? host : NULL, port && port[0] ? port : "4420", &hints,
-	                  &res);
+			  &res);
 	if (ret != 0) {
-		tgt_log(t, "cannot resolve listen address %s:%s: %s", host ? host : "", port ? port : "",
-		        gai_strerror(ret));
+		tgt_log(t, "cannot resolve listen address %s:%s: %s", host ? host : "",
+			port ? port : "", gai_strerror(ret));
 		return ret == EAI_SERVICE ? -EINVAL : -EADDRNOTAVAIL;
 	}
 	ret = -EADDRNOTAVAIL;
 	for (ai = res; ai; ai = ai->ai_next) {
 		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-		            ai->ai_protocol);
+			    ai->ai_protocol);
 		if (fd < 0) {
 			ret = -errno;
 			continue;
@@ -458,20 +462,21 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t->fault_corrupt_ddgst = cfg->fault_corrupt_ddgst;
 	t->max_conns = cfg->max_connections ? cfg->max_connections : FX_TGT_DEFAULT_MAX_CONNS;
 	t->handshake_ms = cfg->handshake_timeout_ms ? cfg->handshake_timeout_ms
-	                                            : FX_TGT_DEFAULT_HANDSHAKE_MS;
+						    : FX_TGT_DEFAULT_HANDSHAKE_MS;
 	t->stall_ms = cfg->stall_timeout_ms ? cfg->stall_timeout_ms : FX_TGT_DEFAULT_STALL_MS;
 	t->idle_ms = cfg->idle_timeout_ms == FX_TARGET_IDLE_NEVER ? 0
-	             : cfg->idle_timeout_ms                        ? cfg->idle_timeout_ms
-	                                                           : FX_TGT_DEFAULT_IDLE_MS;
+		     : cfg->idle_timeout_ms                       ? cfg->idle_timeout_ms
+								  : FX_TGT_DEFAULT_IDLE_MS;
 	t->verbose = cfg->verbose;
 	t->quiet = cfg->quiet;
 	{
-		uint64_t budget = cfg->io_buffer_budget_mib ? (uint64_t)cfg->io_buffer_budget_mib << 20
-		                                            : FX_TGT_IO_BUFFER_BUDGET;
+		uint64_t budget = cfg->io_buffer_budget_mib
+					  ? (uint64_t)cfg->io_buffer_budget_mib << 20
+					  : FX_TGT_IO_BUFFER_BUDGET;
 
 		if (budget < FX_TGT_IO_BUDGET_MIN || budget > SIZE_MAX / 2) {
-			tgt_log(t, "I/O buffer budget of %u MiB: at least %u MiB", cfg->io_buffer_budget_mib,
-			        FX_TGT_IO_BUDGET_MIN >> 20);
+			tgt_log(t, "I/O buffer budget of %u MiB: at least %u MiB",
+				cfg->io_buffer_budget_mib, FX_TGT_IO_BUDGET_MIN >> 20);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -545,10 +550,14 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
 		    3 * (rlim_t)t->max_conns + spare > rl.rlim_cur) {
-			uint32_t n = rl.rlim_cur > spare + 48 ? (uint32_t)((rl.rlim_cur - spare) / 3) : 16u;
+			uint32_t n = rl.rlim_cur > spare + 48
+					     ? (uint32_t)((rl.rlim_cur - spare) / 3)
+					     : 16u;
 
-			tgt_log(t, "connection limit lowered from %u to %u by the open files limit %llu "
-			        "(ulimit -n)", t->max_conns, n, (unsigned long long)rl.rlim_cur);
+			tgt_log(t,
+				"connection limit lowered from %u to %u by the open files limit %llu "
+				"(ulimit -n)",
+				t->max_conns, n, (unsigned long long)rl.rlim_cur);
 			t->max_conns = n;
 		}
 	}
@@ -635,15 +644,17 @@ static void wait_host_drained_locked(struct fx_target *t, const char *hostnqn)
 		if (!busy || t->stop)
 			return;
 		if (pthread_cond_timedwait(&t->drain_cond, &t->lock, &until) == ETIMEDOUT) {
-			tgt_log(t, "a dead controller's I/O queues still have disk I/O in flight after "
-			        "%u ms; new controller for the same host anyway", t->handshake_ms);
+			tgt_log(t,
+				"a dead controller's I/O queues still have disk I/O in flight after "
+				"%u ms; new controller for the same host anyway",
+				t->handshake_ms);
 			return;
 		}
 	}
 }
 
 struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *hostnqn,
-                              const uint8_t hostid[16], uint32_t kato_ms)
+			      const uint8_t hostid[16], uint32_t kato_ms)
 {
 	struct fx_target *t = conn->t;
 	struct tgt_ctrl *c = calloc(1, sizeof(*c));
@@ -693,7 +704,7 @@ struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *
 }
 
 uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *hostnqn,
-                            uint16_t qid, uint32_t *ipo_attr)
+			    uint16_t qid, uint32_t *ipo_attr)
 {
 	struct fx_target *t = conn->t;
 	struct tgt_ctrl *c;
@@ -881,7 +892,7 @@ static void check_kato(struct fx_target *t)
 	/* (logged outside the lock: a slow stderr must not stall other queues) */
 	for (unsigned i = 0; i < n; i++)
 		tgt_log(t, "controller %u (host %s): no command within KATO %u ms, dropped it",
-		        gone[i].cntlid, gone[i].host, gone[i].kato_ms);
+			gone[i].cntlid, gone[i].host, gone[i].kato_ms);
 	if (more)
 		tgt_log(t, "%u more controllers dropped for keep alive timeout", more);
 }
@@ -939,13 +950,13 @@ static void peer_key(const struct sockaddr_storage *ss, char *out, size_t n)
 
 		if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
 			snprintf(out, n, "%x:%x:%x:%x::/64", a[0] << 8 | a[1], a[2] << 8 | a[3],
-			         a[4] << 8 | a[5], a[6] << 8 | a[7]);
+				 a[4] << 8 | a[5], a[6] << 8 | a[7]);
 			return;
 		}
 		inet_ntop(AF_INET, a + 12, host, sizeof(host));
 	} else {
 		getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), NULL, 0,
-		            NI_NUMERICHOST);
+			    NI_NUMERICHOST);
 	}
 	snprintf(out, n, "%s", host);
 }
@@ -954,10 +965,10 @@ static void peer_name(const struct sockaddr_storage *ss, char *out, size_t n)
 {
 	char host[64] = "?", serv[16] = "?";
 
-	getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), serv, sizeof(serv),
-	            NI_NUMERICHOST | NI_NUMERICSERV);
+	getnameinfo((const struct sockaddr *)ss, sizeof(*ss), host, sizeof(host), serv,
+		    sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
 	snprintf(out, n, "%s%s%s:%s", ss->ss_family == AF_INET6 ? "[" : "", host,
-	         ss->ss_family == AF_INET6 ? "]" : "", serv);
+		 ss->ss_family == AF_INET6 ? "]" : "", serv);
 }
 
 /* Socket options set once per connection, never per PDU.  The timeouts make
@@ -1020,12 +1031,14 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 
 		if (getsockname(fd, (struct sockaddr *)&ls, &ll) == 0) {
 			c->local_family = ls.ss_family;
-			getnameinfo((struct sockaddr *)&ls, ll, c->local_addr, sizeof(c->local_addr), NULL,
-			            0, NI_NUMERICHOST);
+			getnameinfo((struct sockaddr *)&ls, ll, c->local_addr,
+				    sizeof(c->local_addr), NULL, 0, NI_NUMERICHOST);
 			/* An IPv4 host reaching a "::" listener: advertise the
 			 * IPv4 address it used, not the mapped form. */
-			if (strncmp(c->local_addr, "::ffff:", 7) == 0 && strchr(c->local_addr, '.')) {
-				memmove(c->local_addr, c->local_addr + 7, strlen(c->local_addr + 7) + 1);
+			if (strncmp(c->local_addr, "::ffff:", 7) == 0 &&
+			    strchr(c->local_addr, '.')) {
+				memmove(c->local_addr, c->local_addr + 7,
+					strlen(c->local_addr + 7) + 1);
 				c->local_family = AF_INET;
 			}
 		}
@@ -1085,8 +1098,7 @@ int tgt_serve_fd(struct fx_target *t, int fd)
  * waiting for its next PDU; an admin queue also needs its controller to have
  * had no command on any queue (closing it ends the controller).  0 when it
  * is busy, not Connected, kept alive by a KATO, or already closing. */
-static uint64_t idle_age_locked(const struct fx_target *t, const struct tgt_conn *c,
-                                uint64_t now)
+static uint64_t idle_age_locked(const struct fx_target *t, const struct tgt_conn *c, uint64_t now)
 {
 	uint64_t since = atomic_load(&c->wait_since_ms), last;
 
@@ -1115,7 +1127,7 @@ static uint64_t idle_age_locked(const struct fx_target *t, const struct tgt_conn
 static uint32_t idle_grace_ms(const struct fx_target *t)
 {
 	return t->handshake_ms < FX_TGT_EVICT_IDLE_GRACE_MS ? t->handshake_ms
-	                                                     : FX_TGT_EVICT_IDLE_GRACE_MS;
+							    : FX_TGT_EVICT_IDLE_GRACE_MS;
 }
 
 /* Say what the connection limit did, in one or two lines a second at most:
@@ -1129,18 +1141,22 @@ static void limit_notice(struct fx_target *t)
 	if (t->lim_log_ms && now - t->lim_log_ms < 1000)
 		return;
 	if (t->lim_refused)
-		tgt_log(t, "refused %u connection%s (the last from %s): connection limit %u reached "
-		        "(--max-connections), every connection busy, kept alive or closing", t->lim_refused,
-		        t->lim_refused == 1 ? "" : "s", t->lim_peer, t->max_conns);
+		tgt_log(t,
+			"refused %u connection%s (the last from %s): connection limit %u reached "
+			"(--max-connections), every connection busy, kept alive or closing",
+			t->lim_refused, t->lim_refused == 1 ? "" : "s", t->lim_peer, t->max_conns);
 	if (t->lim_evicted)
-		tgt_log(t, "closed %u connection%s still in their ICReq/Connect handshake, oldest first, "
-		        "to make room for new ones: connection limit %u reached (--max-connections)",
-		        t->lim_evicted, t->lim_evicted == 1 ? "" : "s", t->max_conns);
+		tgt_log(t,
+			"closed %u connection%s still in their ICReq/Connect handshake, oldest first, "
+			"to make room for new ones: connection limit %u reached (--max-connections)",
+			t->lim_evicted, t->lim_evicted == 1 ? "" : "s", t->max_conns);
 	if (t->lim_idle_evicted)
-		tgt_log(t, "closed %u idle Connected connection%s (controller keep alive off, KATO 0; "
-		        "nothing received for %u ms or more), longest idle first, to make room for new "
-		        "ones: connection limit %u reached (--max-connections)", t->lim_idle_evicted,
-		        t->lim_idle_evicted == 1 ? "" : "s", idle_grace_ms(t), t->max_conns);
+		tgt_log(t,
+			"closed %u idle Connected connection%s (controller keep alive off, KATO 0; "
+			"nothing received for %u ms or more), longest idle first, to make room for new "
+			"ones: connection limit %u reached (--max-connections)",
+			t->lim_idle_evicted, t->lim_idle_evicted == 1 ? "" : "s", idle_grace_ms(t),
+			t->max_conns);
 	t->lim_log_ms = now;
 	t->lim_refused = t->lim_evicted = t->lim_idle_evicted = 0;
 }
@@ -1266,11 +1282,15 @@ static void check_handshakes(struct fx_target *t)
 	}
 	pthread_mutex_unlock(&t->lock);
 	if (n == 1)
-		tgt_log(t, "%s: no ICReq/Connect (and authentication, where required) within %u ms of "
-		        "connecting, closed it", first, t->handshake_ms);
+		tgt_log(t,
+			"%s: no ICReq/Connect (and authentication, where required) within %u ms of "
+			"connecting, closed it",
+			first, t->handshake_ms);
 	else if (n)
-		tgt_log(t, "closed %u connections (%s, ...) that did not complete ICReq/Connect (and "
-		        "authentication, where required) within %u ms", n, first, t->handshake_ms);
+		tgt_log(t,
+			"closed %u connections (%s, ...) that did not complete ICReq/Connect (and "
+			"authentication, where required) within %u ms",
+			n, first, t->handshake_ms);
 	limit_notice(t); /* what the last second's flood left unsaid */
 }
 
@@ -1295,9 +1315,10 @@ static void check_idle(struct fx_target *t)
 	}
 	pthread_mutex_unlock(&t->lock);
 	if (n)
-		tgt_log(t, "closed %u idle connection%s (%s%s): controller keep alive off (KATO 0) and "
-		        "nothing received for %u ms (--idle-timeout-ms)", n, n == 1 ? "" : "s", first,
-		        n == 1 ? "" : ", ...", t->idle_ms);
+		tgt_log(t,
+			"closed %u idle connection%s (%s%s): controller keep alive off (KATO 0) and "
+			"nothing received for %u ms (--idle-timeout-ms)",
+			n, n == 1 ? "" : "s", first, n == 1 ? "" : ", ...", t->idle_ms);
 }
 
 int fx_target_run(struct fx_target *t)
@@ -1305,7 +1326,8 @@ int fx_target_run(struct fx_target *t)
 	int ret = 0;
 
 	while (!t->stop) {
-		struct pollfd p[2] = {{.fd = t->lfd, .events = POLLIN}, {.fd = t->wake[0], .events = POLLIN}};
+		struct pollfd p[2] = {{.fd = t->lfd, .events = POLLIN},
+				      {.fd = t->wake[0], .events = POLLIN}};
 		int n = poll(p, 2, 100);
 
 		if (n < 0 && errno != EINTR) {
@@ -1332,7 +1354,8 @@ int fx_target_run(struct fx_target *t)
 					admit(t, fd, &ss);
 					continue;
 				}
-				if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+				if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
+				    errno == ENOBUFS) {
 					tgt_log(t, "accept: %s (will retry)", strerror(errno));
 					usleep(50 * 1000);
 				}

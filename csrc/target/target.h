@@ -45,9 +45,9 @@ struct fx_target_dhchap_host {
 #define FX_TARGET_DHCHAP_DHGROUPS_ALL 0x3Fu /* null (0), ffdhe2048 (1) ... ffdhe8192 (5) */
 
 struct fx_target_config {
-	const char *host;      /* listen address (literal or name), e.g. "127.0.0.1", "::" */
-	const char *port;      /* service; "0" picks a free port (see fx_target_port) */
-	const char *subnqn;    /* our NVM subsystem's NQN */
+	const char *host;            /* listen address (literal or name), e.g. "127.0.0.1", "::" */
+	const char *port;            /* service; "0" picks a free port (see fx_target_port) */
+	const char *subnqn;          /* our NVM subsystem's NQN */
 	const char *const *ns_paths; /* namespace i+1 is ns_paths[i]: file or block device */
 	unsigned n_ns;
 	const char *const *allow_hosts; /* host NQNs allowed to connect; n_allow 0 = any */
@@ -62,7 +62,7 @@ struct fx_target_config {
 	 * of those the host offers too, the strongest is used. */
 	uint32_t dhchap_hashes;
 	uint32_t dhchap_dhgroups;
-	uint32_t block_size;   /* 512 or 4096 */
+	uint32_t block_size;    /* 512 or 4096 */
 	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
 	/* Limits against hosts that are hostile, broken or gone; 0 = default.
 	 * max_connections (1024; fewer when the open files limit is lower):
@@ -99,11 +99,12 @@ struct fx_target_config {
 	uint32_t stall_timeout_ms;
 	uint32_t idle_timeout_ms;
 	/* fault injection for tests; 0 = off */
-	uint32_t fault_drop_after;   /* close a connection after it sent this many PDUs */
-	uint32_t fault_delay_ms;     /* sleep before answering each command */
-	uint32_t fault_corrupt_ddgst; /* corrupt the data digest of every Nth C2HData of a connection */
-	int verbose;           /* 0: errors and connects to stderr; 1: also every command */
-	int quiet;             /* no log lines at all (benchmarks) */
+	uint32_t fault_drop_after; /* close a connection after it sent this many PDUs */
+	uint32_t fault_delay_ms;   /* sleep before answering each command */
+	uint32_t
+		fault_corrupt_ddgst; /* corrupt the data digest of every Nth C2HData of a connection */
+	int verbose;                 /* 0: errors and connects to stderr; 1: also every command */
+	int quiet;                   /* no log lines at all (benchmarks) */
 };
 
 /*

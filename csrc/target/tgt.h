@@ -22,19 +22,19 @@
  * commands, while a connection never buffers more than FX_TGT_CHUNK. */
 #define FX_TGT_MDTS 10
 #define FX_TGT_MAX_XFER (4096u << FX_TGT_MDTS)
-#define FX_TGT_MQES 1023u        /* 0's based: 1024-entry queues */
-#define FX_TGT_ICD_MAX 16384u    /* in-capsule data per command (IOCCSZ) */
+#define FX_TGT_MQES 1023u         /* 0's based: 1024-entry queues */
+#define FX_TGT_ICD_MAX 16384u     /* in-capsule data per command (IOCCSZ) */
 #define FX_TGT_MAXH2CDATA 131072u /* bytes per H2CData PDU (ICResp) */
-#define FX_TGT_CHUNK 262144u     /* C2HData PDU size when we must touch the data */
-#define FX_TGT_ADMIN_BUF 65536u  /* largest admin data transfer (log pages) */
+#define FX_TGT_CHUNK 262144u      /* C2HData PDU size when we must touch the data */
+#define FX_TGT_ADMIN_BUF 65536u   /* largest admin data transfer (log pages) */
 /* A queue's admin data buffer until its host has authenticated: what an
  * AUTH_Receive needs (a Challenge is at most 16 + 64 + 1024 bytes; hosts
  * ask for 4 KiB).  A longer AL gets this much, the message zero padded. */
 #define FX_TGT_AUTH_BUF 4096u
-#define FX_TGT_R2T_BUFS 4u       /* admin/Fabrics data collections at once, per queue */
-#define FX_TGT_AERL 3u           /* 0's based: up to 4 outstanding AERs */
+#define FX_TGT_R2T_BUFS 4u /* admin/Fabrics data collections at once, per queue */
+#define FX_TGT_AERL 3u     /* 0's based: up to 4 outstanding AERs */
 #define FX_TGT_DEFAULT_IO_QUEUES 64u
-#define FX_TGT_KAS 10u           /* keep alive granularity, 100 ms units */
+#define FX_TGT_KAS 10u /* keep alive granularity, 100 ms units */
 /* Defaults of the limits that keep hostile or dead hosts from exhausting us
  * (fx_target_config says what each bounds). */
 #define FX_TGT_DEFAULT_MAX_CONNS 1024u
@@ -172,7 +172,7 @@
 #define TGT_SC_CMD_SEQ_ERROR 0x0C
 #define TGT_SC_SGL_INVALID_DATA 0x0F
 #define TGT_SC_TRANSIENT_TRANSPORT 0x22
-#define TGT_SC_AER_LIMIT 0x05        /* SCT 1 */
+#define TGT_SC_AER_LIMIT 0x05 /* SCT 1 */
 /* Fabrics Disconnect (auth/auth_msg.h has AUTH_Send/AUTH_Receive's
  * types, the Connect response's ATR bit and Authentication Required) */
 #define TGT_FCTYPE_DISCONNECT 0x08
@@ -183,8 +183,8 @@ struct tgt_ns {
 	uint32_t nsid;
 	int fd;
 	int is_bdev;
-	int dfd;       /* the same, O_DIRECT (-1: not possible here) */
-	void *map;     /* read-only mapping for mincore(): is a range cached? */
+	int dfd;   /* the same, O_DIRECT (-1: not possible here) */
+	void *map; /* read-only mapping for mincore(): is a range cached? */
 	size_t map_len;
 	char *path;
 	uint64_t nsze; /* blocks */
@@ -207,8 +207,8 @@ struct tgt_auth; /* one queue's DH-HMAC-CHAP transaction (auth.c) */
 struct tgt_iopeer {
 	struct tgt_iopeer *next;
 	char key[64];
-	unsigned conns;  /* connections from it */
-	size_t held;     /* bytes of buffers its commands hold */
+	unsigned conns;   /* connections from it */
+	size_t held;      /* bytes of buffers its commands hold */
 	unsigned waiting; /* its queues waiting for room */
 };
 
@@ -216,26 +216,26 @@ struct tgt_iopeer {
 struct tgt_iobufs {
 	pthread_mutex_t lock;
 	size_t budget;
-	size_t used;       /* in commands' hands */
-	size_t cached;     /* kept for reuse, freed when room is needed */
-	size_t peak;       /* most used since the last trim (the listener's tick) */
+	size_t used;   /* in commands' hands */
+	size_t cached; /* kept for reuse, freed when room is needed */
+	size_t peak;   /* most used since the last trim (the listener's tick) */
 	void **cache[FX_TGT_BUF_CLASSES];
 	unsigned ncache[FX_TGT_BUF_CLASSES], cache_max[FX_TGT_BUF_CLASSES];
 	struct tgt_iopeer *peers;
-	unsigned active;   /* peers holding buffers or waiting for them */
+	unsigned active;         /* peers holding buffers or waiting for them */
 	struct tgt_ioq *waiters; /* queues waiting for room (woken when theirs fits) */
-	atomic_uint nwait;  /* how many: read without the lock by connections' threads */
+	atomic_uint nwait;       /* how many: read without the lock by connections' threads */
 };
-struct tgt_ioq;  /* one I/O queue's engine: commands in flight (io.c) */
+struct tgt_ioq; /* one I/O queue's engine: commands in flight (io.c) */
 
 /* Failed authentications of one host from one address (auth.c; under the
  * target's lock). */
 struct tgt_auth_backoff {
 	const struct tgt_dhchap_host *host; /* NULL: free slot */
 	char addr[64];
-	unsigned fails;     /* failed transactions in a row */
-	uint64_t last_ms;   /* of the last failure */
-	uint64_t until_ms;  /* no new transaction before */
+	unsigned fails;    /* failed transactions in a row */
+	uint64_t last_ms;  /* of the last failure */
+	uint64_t until_ms; /* no new transaction before */
 };
 
 /* One peer address's DH tokens (auth.c; under the target's lock). */
@@ -250,8 +250,8 @@ struct tgt_dh_peer {
 struct tgt_dh_trust {
 	const struct tgt_dhchap_host *host; /* NULL: a free slot */
 	char addr[64];
-	uint64_t ok_ms;     /* its last proof */
-	uint64_t milli;     /* tokens, in thousandths */
+	uint64_t ok_ms; /* its last proof */
+	uint64_t milli; /* tokens, in thousandths */
 	uint64_t refill_ms;
 };
 
@@ -270,16 +270,16 @@ struct tgt_ctrl {
 	int discovery;
 	char hostnqn[NVMF_NQN_SIZE];
 	uint8_t hostid[16];
-	unsigned refs;          /* connections using it; under t->lock */
+	unsigned refs; /* connections using it; under t->lock */
 	/* under t->lock: */
 	enum tgt_ctrl_state state;
 	uint32_t cc;
 	uint32_t csts;
-	uint16_t io_queues;     /* granted by Set Features (count, not 0's based); 0: not yet */
-	uint8_t *qid_used;      /* [max_io_queues + 1] */
+	uint16_t io_queues; /* granted by Set Features (count, not 0's based); 0: not yet */
+	uint8_t *qid_used;  /* [max_io_queues + 1] */
 	uint32_t kato_ms;
-	uint32_t aec;           /* Asynchronous Event Configuration (stored only) */
-	uint32_t wce;           /* volatile write cache enable */
+	uint32_t aec;                 /* Asynchronous Event Configuration (stored only) */
+	uint32_t wce;                 /* volatile write cache enable */
 	_Atomic uint64_t last_cmd_ms; /* for KATO: any command on any of its queues */
 	/* I/O queues attached whose disk I/O may still be running (under
 	 * t->lock; t->drain_cond signals a decrease): a reset is reported
@@ -305,9 +305,9 @@ struct tgt_r2t {
 	uint32_t done;     /* bytes received so far, in order */
 	struct tgt_ns *ns; /* I/O write: data goes straight to ns at off */
 	uint64_t off;
-	uint8_t *buf;      /* admin/Fabrics: data collected here (len bytes) */
-	uint16_t err;      /* status to report once all data is in (digest error, write fault) */
-	uint64_t r2t_ms;   /* when the R2T went out */
+	uint8_t *buf;    /* admin/Fabrics: data collected here (len bytes) */
+	uint16_t err;    /* status to report once all data is in (digest error, write fault) */
+	uint64_t r2t_ms; /* when the R2T went out */
 };
 
 struct tgt_conn {
@@ -316,8 +316,8 @@ struct tgt_conn {
 	int fd;
 	pthread_t thread;
 	int thread_started;
-	atomic_int done;    /* thread finished; the listener joins and frees */
-	atomic_int live;    /* Connect done: no handshake deadline any more */
+	atomic_int done; /* thread finished; the listener joins and frees */
+	atomic_int live; /* Connect done: no handshake deadline any more */
 	/* When the thread began waiting for the next PDU with nothing in hand
 	 * (0: it is inside a PDU or busy with a command): the idle reaper's
 	 * clock for queues whose controller has no keep alive. */
@@ -339,25 +339,25 @@ struct tgt_conn {
 	uint64_t pdu_deadline_ms; /* the PDU being received must be complete by then */
 	uint32_t rcvtimeo_ms;     /* SO_RCVTIMEO now set on fd */
 	uint64_t accepted_ms;
-	int deadline_hit;   /* the listener shut it (handshake deadline, limit, idle; under lock) */
+	int deadline_hit; /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
-	char peer_key[64];   /* the peer's address as per-peer bounds count it (target.c) */
+	char peer_key[64];         /* the peer's address as per-peer bounds count it (target.c) */
 	struct tgt_iopeer *iopeer; /* its account in the I/O buffer budget */
-	char local_addr[64]; /* address the host reached us at (discovery traddr) */
+	char local_addr[64];       /* address the host reached us at (discovery traddr) */
 	int local_family;
 	enum tgt_conn_state state;
 	int hdgst, ddgst;
 	uint8_t hpda;
 	struct tgt_ctrl *ctrl; /* set under t->lock */
 	uint16_t qid;
-	int qid_released;   /* a controller reset already freed qid (under t->lock) */
+	int qid_released; /* a controller reset already freed qid (under t->lock) */
 	/* qid is ours in ctrl->qid_used (under t->lock): at Connect for a host
 	 * without a secret, only once its host has proved itself otherwise
 	 * (tgt_ctrl_claim_qid), so that a queue that cannot authenticate
 	 * never keeps the real host from connecting that qid. */
 	int qid_claimed;
-	int io_counted;     /* counted in ctrl->io_live until drained (under t->lock) */
-	uint16_t sqsize;    /* 0's based */
+	int io_counted;  /* counted in ctrl->io_live until drained (under t->lock) */
+	uint16_t sqsize; /* 0's based */
 	uint16_t sqhd;
 	uint32_t pdus_sent;
 	/* The last send call returned short: the host took nothing more for
@@ -366,7 +366,7 @@ struct tgt_conn {
 	 * error it took is lost (see send_errno).  Under the send lock. */
 	int send_short;
 	uint32_t c2h_sent;
-	unsigned aers;      /* Async Event Requests held (never answered: no events) */
+	unsigned aers; /* Async Event Requests held (never answered: no events) */
 	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
 	 * succeeds, the queue takes only AUTH_Send/AUTH_Receive (and
 	 * Disconnect), and stays under the handshake deadline: live is set
@@ -377,19 +377,19 @@ struct tgt_conn {
 	 * must (until then abuf is FX_TGT_AUTH_BUF bytes, and no chunk and no
 	 * R2T table for the queue's depth), so that a connection that never
 	 * gets that far costs a thread and a socket, not half a megabyte. */
-	uint8_t *icd;       /* in-capsule data (FX_TGT_ICD_MAX) */
-	uint8_t *chunk;     /* data staging (FX_TGT_CHUNK >= FX_TGT_MAXH2CDATA) */
-	uint8_t *abuf;      /* admin data out (abuf_len: FX_TGT_ADMIN_BUF once live) */
+	uint8_t *icd;   /* in-capsule data (FX_TGT_ICD_MAX) */
+	uint8_t *chunk; /* data staging (FX_TGT_CHUNK >= FX_TGT_MAXH2CDATA) */
+	uint8_t *abuf;  /* admin data out (abuf_len: FX_TGT_ADMIN_BUF once live) */
 	uint32_t abuf_len;
 	struct tgt_r2t *r2t; /* [r2t_n]: one per command the queue may hold */
 	uint16_t *r2t_free;
 	unsigned r2t_n, r2t_nfree;
-	unsigned r2t_bufs;  /* R2Ts whose data is collected in a buffer (admin, Fabrics) */
+	unsigned r2t_bufs; /* R2Ts whose data is collected in a buffer (admin, Fabrics) */
 	/* A live I/O queue's engine (NULL: admin queue, not live yet, or no
 	 * io_uring here: commands are then served one at a time, in line).
 	 * Set and cleared by the connection's own thread only. */
 	struct tgt_ioq *ioq;
-	int ioq_failed;     /* could not start it: serve in line */
+	int ioq_failed;        /* could not start it: serve in line */
 	atomic_int engine_err; /* the engine's first failed send (it shut the socket) */
 	/* Why the connection ends was logged: the engine's sends and this
 	 * thread's receive may both see one broken connection, and one line
@@ -409,16 +409,16 @@ struct tgt_conn {
  * errors) that the bucket left out, counted per address and kind and said
  * once a second (target.c, tgt_log_must). */
 struct tgt_log_agg {
-	char peer[64];      /* "": a free slot */
+	char peer[64]; /* "": a free slot */
 	char what[200];
 	unsigned n;
 };
 
 struct tgt_loglim {
 	pthread_mutex_t lock;
-	uint64_t milli;     /* lines that may be written now, in thousandths */
+	uint64_t milli; /* lines that may be written now, in thousandths */
 	uint64_t refill_ms;
-	unsigned dropped;   /* lines left out since the last one written */
+	unsigned dropped; /* lines left out since the last one written */
 	struct tgt_log_agg agg[FX_TGT_LOG_AGG];
 	unsigned agg_other; /* ... of addresses that found no slot */
 	uint64_t agg_ms;    /* last said */
@@ -441,21 +441,21 @@ struct fx_target {
 	uint32_t max_io_queues;
 	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
 	uint32_t max_conns, handshake_ms, stall_ms;
-	uint32_t idle_ms;        /* 0: never reap idle queues */
+	uint32_t idle_ms; /* 0: never reap idle queues */
 	struct tgt_iobufs iobufs;
 	int verbose, quiet;
 	uint8_t serial[20];
 	int lfd;
 	int port;
-	int wake[2];        /* self-pipe: fx_target_stop() wakes the listener */
+	int wake[2]; /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;
-	struct tgt_conn *conns;  /* under lock */
-	unsigned n_conns;        /* in conns, finished or not; under lock */
+	struct tgt_conn *conns; /* under lock */
+	unsigned n_conns;       /* in conns, finished or not; under lock */
 	/* listener only: what the connection limit did since the last line */
 	uint64_t lim_log_ms;
 	unsigned lim_refused, lim_evicted, lim_idle_evicted;
 	char lim_peer[80];
-	struct tgt_ctrl *ctrls;  /* under lock */
+	struct tgt_ctrl *ctrls; /* under lock */
 	/* DH-HMAC-CHAP: DH operations running (under lock; dh_cond signals a
 	 * free one), DH operations done (for tests and logs), and the
 	 * failures per host and address */
@@ -480,15 +480,15 @@ struct fx_target {
 /* A command as the executors see it. */
 struct tgt_req {
 	const struct nvme_sqe *sqe;
-	const uint8_t *data;  /* host-to-controller data, data_len bytes (NULL: none) */
+	const uint8_t *data; /* host-to-controller data, data_len bytes (NULL: none) */
 	uint32_t data_len;
-	uint32_t sgl_len;     /* the host's buffer for controller-to-host data */
-	uint8_t *out;         /* controller-to-host data goes here (out_cap bytes) ... */
+	uint32_t sgl_len; /* the host's buffer for controller-to-host data */
+	uint8_t *out;     /* controller-to-host data goes here (out_cap bytes) ... */
 	uint32_t out_cap;
-	uint32_t out_len;     /* ... this many bytes (set by the executor) */
-	uint32_t dw0, dw1;    /* CQE result */
-	int hold;             /* no response now (Async Event Request) */
-	int close_after;      /* Disconnect: close the queue after answering */
+	uint32_t out_len;  /* ... this many bytes (set by the executor) */
+	uint32_t dw0, dw1; /* CQE result */
+	int hold;          /* no response now (Async Event Request) */
+	int close_after;   /* Disconnect: close the queue after answering */
 };
 
 /* End a connection on purpose from any thread: its threads wake up, and
@@ -507,10 +507,9 @@ static inline uint32_t tgt_user_timeout_ms(const struct fx_target *t)
 	return t->stall_ms > 0x7FFFFFFFu ? 0xFFFFFFFFu : 2 * t->stall_ms;
 }
 
-void tgt_log(const struct fx_target *t, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-void tgt_log_must(const struct fx_target *t, const char *peer, const char *what,
-                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void tgt_log(const struct fx_target *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tgt_log_must(const struct fx_target *t, const char *peer, const char *what, const char *fmt,
+		  ...) __attribute__((format(printf, 4, 5)));
 uint64_t tgt_now_ms(void);
 /* s made safe to log (NQNs come from the wire): non-printable bytes become
  * '?'; returns buf. */
@@ -525,11 +524,11 @@ int tgt_host_allowed(const struct fx_target *t, const char *hostnqn);
 /* Admin Connect: a new controller owned by conn (conn->ctrl, qid 0); NULL when
  * out of memory or controller IDs. */
 struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *hostnqn,
-                              const uint8_t hostid[16], uint32_t kato_ms);
+			      const uint8_t hostid[16], uint32_t kato_ms);
 /* I/O Connect: join controller cntlid as queue qid.  0, or a status field
  * (with *ipo_attr the Connect Invalid Parameters dw0). */
 uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *hostnqn,
-                            uint16_t qid, uint32_t *ipo_attr);
+			    uint16_t qid, uint32_t *ipo_attr);
 void tgt_conn_detach(struct tgt_conn *c);
 /* The connection's disk I/O is over (its engine stopped or its thread
  * left the command loop): it no longer counts in ctrl->io_live. */
@@ -582,10 +581,9 @@ void *tgt_conn_main(void *arg);
  * response's status (>= 0) or -errno.  tgt_send_data: C2HData from buf. */
 int tgt_send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1);
 int tgt_send_r2t(struct tgt_conn *c, uint16_t cid, uint16_t ttag, uint32_t len);
-int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
-                  uint64_t off, uint32_t len);
-int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t len,
-                  uint16_t sf);
+int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns, uint64_t off,
+		  uint32_t len);
+int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t len, uint16_t sf);
 void tgt_send_lock(struct tgt_conn *c);
 void tgt_send_unlock(struct tgt_conn *c);
 
@@ -626,15 +624,14 @@ void tgt_ioq_stop(struct tgt_conn *c);
 void tgt_ioq_quiesce(struct tgt_conn *c);
 /* Read / Write (data by R2T) of a validated range; the engine answers.
  * 0, or -errno when the connection broke. */
-int tgt_ioq_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off,
-                 uint32_t len);
-int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns *ns,
-                  uint64_t off, uint32_t len);
+int tgt_ioq_read(struct tgt_conn *c, uint16_t cid, struct tgt_ns *ns, uint64_t off, uint32_t len);
+int tgt_ioq_write(struct tgt_conn *c, const struct nvme_sqe *sqe, struct tgt_ns *ns, uint64_t off,
+		  uint32_t len);
 /* H2CData for one of the engine's R2Ts (ttag has TGT_TTAG_IO): checks it
  * as on_h2c_data does for the table's (NULL when the PDU is to be refused,
  * *why and *fei saying why); else where the datal bytes go. */
 uint8_t *tgt_ioq_h2c_dest(struct tgt_conn *c, uint16_t ttag, uint16_t cccid, uint32_t datao,
-                          uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes);
+			  uint32_t datal, const char **why, uint32_t *fei, uint16_t *fes);
 /* When the oldest write still waiting for its data got its R2T (0: none). */
 uint64_t tgt_ioq_oldest_r2t_ms(struct tgt_conn *c);
 /* The datal bytes are in (bad: their digest did not match). */

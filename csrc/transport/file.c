@@ -35,7 +35,7 @@ static int open_fd(const char *path, int flags)
 }
 
 int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
-                     const struct fx_dev_opts *o, struct fx_dev **out)
+		     const struct fx_dev_opts *o, struct fx_dev **out)
 {
 	struct file_dev *d;
 	struct stat st;
@@ -169,7 +169,10 @@ struct crc_work {
 	char *addr;
 };
 
-static unsigned fifo_len(const struct req_table *t) { return t->nfifo; }
+static unsigned fifo_len(const struct req_table *t)
+{
+	return t->nfifo;
+}
 
 /* Prepare one SQE for piece pi. */
 static void prep_piece(struct file_queue *q, uint32_t pi)
@@ -198,17 +201,14 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 		unsigned len = (unsigned)p->len;
 		if (r->op == FX_OP_READ) {
 			if (bi >= 0)
-				io_uring_prep_read_fixed(sqe, fd, p->addr, len,
-				                         p->off, bi);
+				io_uring_prep_read_fixed(sqe, fd, p->addr, len, p->off, bi);
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
 		} else {
 			if (bi >= 0)
-				io_uring_prep_write_fixed(sqe, fd, p->addr, len,
-				                          p->off, bi);
+				io_uring_prep_write_fixed(sqe, fd, p->addr, len, p->off, bi);
 			else
-				io_uring_prep_write(sqe, fd, p->addr, len,
-				                    p->off);
+				io_uring_prep_write(sqe, fd, p->addr, len, p->off);
 		}
 	}
 	if (q->fixed_files)
@@ -290,8 +290,7 @@ static void maybe_complete(struct file_queue *q, uint32_t i)
 
 	if (r->inflight || r->crc_pending)
 		return;
-	if (r->op == FX_OP_FLUSH ? r->issued != 0
-	                         : (r->issued >= r->len || r->err || r->eof))
+	if (r->op == FX_OP_FLUSH ? r->issued != 0 : (r->issued >= r->len || r->err || r->eof))
 		fx_req_complete(&q->t, i);
 }
 
@@ -331,11 +330,12 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		if ((r->flags & FX_REQ_CRC32C) && got) {
 			if (q->nwork == q->depth)
 				run_crc_work(q); /* a piece has one SQE in flight: not reached */
-			q->work[q->nwork++] = (struct crc_work){ i, (uint32_t)got, p->addr };
+			q->work[q->nwork++] = (struct crc_work){i, (uint32_t)got, p->addr};
 			r->crc_pending++;
 		}
 		if (r->op == FX_OP_READ)
-			q->base.stats.bytes_direct += got; /* the kernel wrote the caller's buffer */
+			q->base.stats
+				.bytes_direct += got; /* the kernel wrote the caller's buffer */
 		if (got < p->len) {
 			if (got == 0) {
 				if (r->op == FX_OP_READ)
@@ -378,8 +378,7 @@ static int process_cqes(struct file_queue *q)
 	return total;
 }
 
-static int fq_submit(struct fx_queue *base, const struct fx_req *reqs,
-                     unsigned n)
+static int fq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned n)
 {
 	struct file_queue *q = (struct file_queue *)base;
 	unsigned k;
@@ -411,7 +410,7 @@ static int fq_reap(struct fx_queue *base, struct fx_cqe *out, unsigned max)
 static int fq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 {
 	return fx_ring_wait_done(base, &((struct file_queue *)base)->ring, fq_process, min,
-	                         timeout_ms);
+				 timeout_ms);
 }
 
 static void fq_destroy(struct fx_queue *base)
@@ -426,7 +425,8 @@ static void fq_destroy(struct fx_queue *base)
 		if (io_uring_wait_cqe(&q->ring.uring, &cqe) < 0)
 			break;
 		unsigned n = 0, head;
-		io_uring_for_each_cqe(&q->ring.uring, head, cqe) {
+		io_uring_for_each_cqe(&q->ring.uring, head, cqe)
+		{
 			q->nfree_pieces++;
 			n++;
 		}
@@ -440,8 +440,7 @@ static void fq_destroy(struct fx_queue *base)
 	free(q);
 }
 
-static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
-                     struct fx_queue **out)
+static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct fx_queue **out)
 {
 	struct file_dev *d = (struct file_dev *)dev;
 	struct file_queue *q = calloc(1, sizeof(*q));

@@ -15,7 +15,7 @@ struct file_dev {
 };
 
 int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
-                     const struct fx_dev_opts *o, struct fx_dev **out);
+		     const struct fx_dev_opts *o, struct fx_dev **out);
 void fx_file_dev_close(struct fx_dev *dev);
 
 #endif

@@ -23,8 +23,7 @@ struct psync_queue {
 
 static ssize_t xfer(int fd, int op, char *addr, size_t len, off_t off)
 {
-	return op == FX_OP_READ ? pread(fd, addr, len, off)
-	                        : pwrite(fd, addr, len, off);
+	return op == FX_OP_READ ? pread(fd, addr, len, off) : pwrite(fd, addr, len, off);
 }
 
 /* Do one range on one descriptor, looping over short transfers. */
@@ -32,8 +31,7 @@ static int do_range(struct psync_queue *q, struct req *r, int fd, uint64_t from,
 {
 	while (from < to && !r->eof) {
 		q->base.stats.ios++;
-		ssize_t got = xfer(fd, r->op, r->addr + from, to - from,
-		                   (off_t)(r->off + from));
+		ssize_t got = xfer(fd, r->op, r->addr + from, to - from, (off_t)(r->off + from));
 		if (got < 0) {
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
@@ -70,8 +68,7 @@ static void run(struct psync_queue *q, struct req *r)
 	r->err = ret;
 }
 
-static int pq_submit(struct fx_queue *base, const struct fx_req *reqs,
-                     unsigned n)
+static int pq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned n)
 {
 	struct psync_queue *q = (struct psync_queue *)base;
 	unsigned k;
@@ -124,8 +121,7 @@ static void pq_destroy(struct fx_queue *base)
 	free(q);
 }
 
-static int pq_create(struct fx_dev *dev, const struct fx_queue_opts *o,
-                     struct fx_queue **out)
+static int pq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct fx_queue **out)
 {
 	struct file_dev *d = (struct file_dev *)dev;
 	struct psync_queue *q = calloc(1, sizeof(*q));

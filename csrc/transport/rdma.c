@@ -43,7 +43,7 @@
 #define CID_SLOT_BITS 8
 #define CID_SLOT_MASK ((1u << CID_SLOT_BITS) - 1)
 #define TICK_MS 100
-#define BOUNCE_MAX 8 /* bounce buffers per queue (of xfer bytes each) */
+#define BOUNCE_MAX 8            /* bounce buffers per queue (of xfer bytes each) */
 #define BOUNCE_BYTES (8u << 20) /* ... and no more than this in all, but one */
 
 struct rdma_dev {
@@ -58,7 +58,7 @@ struct rcmd {
 	uint8_t rsp_seen; /* response seen */
 	uint8_t opcode;
 	uint16_t status;
-	int16_t bounce;   /* bounce buffer index, -1: the caller's memory */
+	int16_t bounce; /* bounce buffer index, -1: the caller's memory */
 	uint32_t req;
 	char *data;
 	uint32_t len;
@@ -77,7 +77,7 @@ struct rconn {
 	int64_t retry_at;
 	uint32_t fails;
 	int ever_connected;
-	uint16_t limit;   /* commands in flight at most: ours and the target's */
+	uint16_t limit; /* commands in flight at most: ours and the target's */
 	struct rcmd *cmds;
 	uint16_t cmds_alloc; /* slots allocated */
 	uint16_t ncmds;      /* slots in use: no more than the queue's capsule slots */
@@ -114,7 +114,7 @@ struct rdma_queue {
 /* ---------------------------------------------------------------- device */
 
 static int rdma_dev_open(const struct fx_transport_ops *ops, const char *target,
-                         const struct fx_dev_opts *o, struct fx_dev **out)
+			 const struct fx_dev_opts *o, struct fx_dev **out)
 {
 	struct rdma_dev *d = calloc(1, sizeof(*d));
 	int ret;
@@ -127,7 +127,8 @@ static int rdma_dev_open(const struct fx_transport_ops *ops, const char *target,
 		free(d);
 		return ret;
 	}
-	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY | (o->readonly ? FX_CAP_READONLY : 0);
+	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY |
+			    (o->readonly ? FX_CAP_READONLY : 0);
 	*out = &d->base;
 	return 0;
 }
@@ -157,8 +158,8 @@ static int bounce_take(struct rdma_queue *q, struct fx_rdma_pd *pd)
 		if (!q->bmem)
 			return -ENOMEM;
 		q->bmr = fx_rdma_reg(pd, q->bmem, (size_t)n * q->bsize,
-		                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-		                         IBV_ACCESS_REMOTE_WRITE);
+				     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+					     IBV_ACCESS_REMOTE_WRITE);
 		if (!q->bmr) {
 			free(q->bmem);
 			q->bmem = NULL;
@@ -210,7 +211,6 @@ static void conn_fit_slots(struct rconn *c, uint32_t capsules)
 }
 
 /* -------------------------------------------------------------- requests */
-
 
 /* A command is over (err 0 and status 0: its data moved): data out of the
  * bounce buffer, the request accounted, the slot free. */
@@ -266,8 +266,8 @@ static void conn_fail(struct rconn *c, int err)
 		return;
 	if (err != -ECANCELED)
 		fprintf(stderr, "fx100io: nvme+rdma %s:%s: queue %u (qid %u) failed: %s\n",
-		        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->io.qid,
-		        strerror(-err));
+			q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->io.qid,
+			strerror(-err));
 	ep_del(q, c);
 	fx_nvmf_dev_close_io(&q->dev->nd, &c->rc, &c->io);
 	c->state = R_DOWN;
@@ -309,9 +309,9 @@ static int conn_adopt(struct rconn *c, const struct fx_nvmf_io_conn *io)
 		q->base.stats.reconnects++;
 		if (c->fails)
 			fprintf(stderr,
-			        "fx100io: nvme+rdma %s:%s: queue %u reconnected after %u failed "
-			        "attempts\n",
-			        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->fails);
+				"fx100io: nvme+rdma %s:%s: queue %u reconnected after %u failed "
+				"attempts\n",
+				q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->fails);
 	}
 	c->ever_connected = 1;
 	c->fails = 0;
@@ -331,10 +331,10 @@ static void conn_connect_failed(struct rconn *c, int err)
 	fx_nvmf_waits_attempt_failed(&q->waits);
 	if (c->fails++ == 0 && err != -ECANCELED)
 		fprintf(stderr,
-		        "fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s); retrying every "
-		        "%d ms while requests wait\n",
-		        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, strerror(-err),
-		        q->dev->nd.reconnect_ms);
+			"fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s); retrying every "
+			"%d ms while requests wait\n",
+			q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, strerror(-err),
+			q->dev->nd.reconnect_ms);
 }
 
 /* Hand connection c to the connector; never blocks. */
@@ -413,14 +413,17 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 	struct fx_nvmf_dev *d = &q->dev->nd;
 	uint16_t slot = (uint16_t)(m - c->cmds);
 	struct nvme_sqe *sqe = (struct nvme_sqe *)(c->rc.sqes + (size_t)slot * 64);
-	struct ibv_sge sge[2] = {{.addr = (uintptr_t)sqe, .length = 64, .lkey = c->rc.sqe_mr->lkey}};
-	struct ibv_send_wr wr = {
-		.wr_id = FX_RDMA_WR_SEND | slot,
-		.sg_list = sge,
-		.num_sge = 1,
-		.opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_SIGNALED,
-	}, *bad;
+	struct ibv_sge sge[2] = {
+		{.addr = (uintptr_t)sqe, .length = 64, .lkey = c->rc.sqe_mr->lkey}};
+	struct ibv_send_wr wr =
+				   {
+					   .wr_id = FX_RDMA_WR_SEND | slot,
+					   .sg_list = sge,
+					   .num_sge = 1,
+					   .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED,
+				   },
+			   *bad;
 	uint32_t lkey = 0, rkey = 0;
 	char *buf = m->data;
 
@@ -548,8 +551,8 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 	if (wc->status != IBV_WC_SUCCESS) {
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
 			fprintf(stderr, "fx100io: nvme+rdma: qid %u: %s %s\n", c->io.qid,
-			        wc->wr_id & FX_RDMA_WR_SEND ? "send" : "receive",
-			        ibv_wc_status_str(wc->status));
+				wc->wr_id & FX_RDMA_WR_SEND ? "send" : "receive",
+				ibv_wc_status_str(wc->status));
 		return wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO;
 	}
 	if (wc->wr_id & FX_RDMA_WR_SEND) {
@@ -573,9 +576,9 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 	struct rcmd *m = slot < c->ncmds ? &c->cmds[slot] : NULL;
 	if (!m || !m->busy || m->rsp_seen || m->gen != (uint8_t)(resp.cid >> CID_SLOT_BITS)) {
 		fprintf(stderr,
-		        "fx100io: nvme+rdma: qid %u: response for command id 0x%x, which is not "
-		        "in flight\n",
-		        c->io.qid, resp.cid);
+			"fx100io: nvme+rdma: qid %u: response for command id 0x%x, which is not "
+			"in flight\n",
+			c->io.qid, resp.cid);
 		return -EPROTO;
 	}
 	m->rsp_seen = 1;

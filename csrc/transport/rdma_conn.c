@@ -101,7 +101,7 @@ static int wait_readable(const int *fds, int n, int64_t deadline)
 /* The next CM event, which must be want.  Copies up to 32 bytes of its
  * private data (accept or reject) into priv.  Errors describe the event. */
 static int cm_wait(struct fx_rdma_conn *c, enum rdma_cm_event_type want, int64_t deadline,
-                   uint8_t *priv, int *status)
+		   uint8_t *priv, int *status)
 {
 	struct rdma_cm_event *ev;
 
@@ -175,7 +175,7 @@ void fx_rdma_keyed_sgl(struct nvme_sqe *sqe, uint64_t addr, uint32_t len, uint32
 
 /* Address and route resolution: the RDMA device that reaches a. */
 static int resolve(struct fx_rdma_conn *c, const struct fx_nvmf_addr *a, int timeout_ms,
-                   int64_t deadline)
+		   int64_t deadline)
 {
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
 	int st = 0, r;
@@ -216,8 +216,10 @@ static int make_qp(struct fx_rdma_conn *c)
 		.send_cq = c->cq,
 		.recv_cq = c->cq,
 		.qp_type = IBV_QPT_RC,
-		.cap = {.max_send_wr = nsq + 1, .max_recv_wr = (uint32_t)c->nrecv + 1,
-		        .max_send_sge = 2, .max_recv_sge = 1},
+		.cap = {.max_send_wr = nsq + 1,
+			.max_recv_wr = (uint32_t)c->nrecv + 1,
+			.max_send_sge = 2,
+			.max_recv_sge = 1},
 	};
 	if (rdma_create_qp(c->id, fx_rdma_pd_ibv(c->pd), &qa))
 		return errno ? -errno : -ENOMEM;
@@ -263,20 +265,22 @@ static int cm_connect(struct fx_rdma_conn *c, int64_t deadline)
 	/* The target RDMA-READs write data from us: as many reads in flight
 	 * as the device takes. */
 	if (ibv_query_device(c->id->verbs, &da) == 0)
-		cp.responder_resources = (uint8_t)(da.max_qp_rd_atom > 255 ? 255 : da.max_qp_rd_atom);
+		cp.responder_resources = (uint8_t)(da.max_qp_rd_atom > 255 ? 255
+									   : da.max_qp_rd_atom);
 	if (rdma_connect(c->id, &cp))
 		return -errno;
 	int r = cm_wait(c, RDMA_CM_EVENT_ESTABLISHED, deadline, back, &st);
 	if (r == -ECONNREFUSED) {
 		uint16_t sts = fx_nvmf_le16(back + 2);
 		if (st == 28 && fx_nvmf_le16(back) == 0 && sts) /* consumer reject */
-			fx_nvmf_log("qid %u: the target rejected the RDMA connection: %s (status %u; "
-			            "hrqsize %u, hsqsize %u)",
-			            c->qid, fx_rdma_reject_reason(sts), sts, c->nrecv, c->sqsize);
+			fx_nvmf_log(
+				"qid %u: the target rejected the RDMA connection: %s (status %u; "
+				"hrqsize %u, hsqsize %u)",
+				c->qid, fx_rdma_reject_reason(sts), sts, c->nrecv, c->sqsize);
 		else
 			fx_nvmf_log("qid %u: RDMA connection rejected (CM reason %d): no NVMe/RDMA "
-			            "port there?",
-			            c->qid, st);
+				    "port there?",
+				    c->qid, st);
 		return r;
 	}
 	if (r)
@@ -287,7 +291,7 @@ static int cm_connect(struct fx_rdma_conn *c, int64_t deadline)
 }
 
 int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
-                    uint16_t sqsize, uint16_t cntlid, struct fx_rdma_conn *c, uint16_t *status)
+		    uint16_t sqsize, uint16_t cntlid, struct fx_rdma_conn *c, uint16_t *status)
 {
 	int timeout = p->timeout_ms > 0 ? p->timeout_ms : FX_NVMF_DEFAULT_TIMEOUT_MS;
 	int64_t deadline = fx_nvmf_deadline_in(timeout);
@@ -332,8 +336,7 @@ int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p
 		} else if (!r) {
 			c->cntlid = (uint16_t)(cqe.dw0 & 0xffff);
 			/* In-band authentication, when the Connect response asks for it. */
-			r = fx_nvmf_auth_host(&fx_rdma_transport, c, p, qid, cqe.dw0,
-					      deadline);
+			r = fx_nvmf_auth_host(&fx_rdma_transport, c, p, qid, cqe.dw0, deadline);
 		}
 	}
 	if (r)
@@ -390,7 +393,7 @@ void fx_rdma_cq_rearm(struct fx_rdma_conn *c)
 
 /* One work completion of a synchronous command (see conn_exec). */
 static int sync_wc(struct fx_rdma_conn *c, const struct ibv_wc *wc, uint16_t cid, int *sent,
-                   int *got, struct nvme_cqe *cqe)
+		   int *got, struct nvme_cqe *cqe)
 {
 	struct nvme_cqe resp;
 	uint32_t idx = (uint32_t)wc->wr_id;
@@ -440,7 +443,7 @@ int fx_rdma_cm_event_check(struct fx_rdma_conn *c)
  * it fail at once.
  */
 static int conn_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
-                     struct nvme_cqe *cqe, int timeout_ms)
+		     struct nvme_cqe *cqe, int timeout_ms)
 {
 	struct fx_rdma_conn *c = q;
 	struct ibv_mr *mr = NULL;
@@ -455,8 +458,8 @@ static int conn_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 	if (len) {
 		/* the target only reads what we send, only writes what we read */
 		mr = fx_rdma_reg(c->pd, data, len,
-		                 write ? IBV_ACCESS_REMOTE_READ
-		                       : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+				 write ? IBV_ACCESS_REMOTE_READ
+				       : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 		if (!mr)
 			return errno ? -errno : -ENOMEM;
 	}
@@ -465,13 +468,15 @@ static int conn_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 	fx_rdma_keyed_sgl(sqe, len ? (uintptr_t)data : 0, len, mr ? mr->rkey : 0);
 	memcpy(c->sqes, sqe, sizeof(*sqe));
 	struct ibv_sge sge = {.addr = (uintptr_t)c->sqes, .length = 64, .lkey = c->sqe_mr->lkey};
-	struct ibv_send_wr wr = {
-		.wr_id = FX_RDMA_WR_SEND,
-		.sg_list = &sge,
-		.num_sge = 1,
-		.opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_SIGNALED,
-	}, *bad;
+	struct ibv_send_wr wr =
+				   {
+					   .wr_id = FX_RDMA_WR_SEND,
+					   .sg_list = &sge,
+					   .num_sge = 1,
+					   .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED,
+				   },
+			   *bad;
 	r = ibv_post_send(c->qp, &wr, &bad);
 	if (r) {
 		r = -r;
@@ -522,9 +527,9 @@ out:
 	return r;
 }
 
-static int conn_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-                        uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
-                        uint16_t *cntlid_out, uint16_t *status)
+static int conn_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
+			uint16_t sqsize, uint16_t cntlid, void *q, uint16_t *cntlid_out,
+			uint16_t *status)
 {
 	struct fx_rdma_conn *c = q;
 	int r = fx_rdma_connect(a, p, qid, sqsize, cntlid, c, status);

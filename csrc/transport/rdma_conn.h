@@ -39,11 +39,11 @@ struct fx_rdma_conn {
 	uint16_t crqsize; /* the controller's receive queue size (accept) */
 	uint16_t next_cid;
 	int timeout_ms;
-	int shut;         /* shut down: every later command fails */
-	int connected;    /* the CM connection was established */
-	uint8_t *sqes;    /* (sqsize + 1) capsules of 64 bytes */
+	int shut;      /* shut down: every later command fails */
+	int connected; /* the CM connection was established */
+	uint8_t *sqes; /* (sqsize + 1) capsules of 64 bytes */
 	struct ibv_mr *sqe_mr;
-	uint8_t *rsps;    /* nrecv responses of 16 bytes */
+	uint8_t *rsps; /* nrecv responses of 16 bytes */
 	struct ibv_mr *rsp_mr;
 };
 
@@ -58,8 +58,7 @@ extern const struct fx_nvmf_transport fx_rdma_transport;
  * -ETIMEDOUT, -ECANCELED, -EACCES/-ENOENT/-EIO (Connect status), -ENOMEM.
  */
 int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
-                    uint16_t sqsize, uint16_t cntlid, struct fx_rdma_conn *out,
-                    uint16_t *status);
+		    uint16_t sqsize, uint16_t cntlid, struct fx_rdma_conn *out, uint16_t *status);
 void fx_rdma_close(struct fx_rdma_conn *c);
 
 /* Post the receive buffer idx again. 0 or -errno. */

@@ -150,9 +150,10 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 	pthread_mutex_lock(&pds_lock);
 	while (pd->slot[s].state == SLOT_BUSY)
 		pthread_cond_wait(&pds_cond, &pds_lock);
-	if (pd->slot[s].gen == gen && (pd->slot[s].state == SLOT_READY ||
-	                               (pd->slot[s].state == SLOT_FAILED &&
-	                                fx_nvmf_now_ms() - pd->slot[s].failed_at < RETRY_FAILED_MS))) {
+	if (pd->slot[s].gen == gen &&
+	    (pd->slot[s].state == SLOT_READY ||
+	     (pd->slot[s].state == SLOT_FAILED &&
+	      fx_nvmf_now_ms() - pd->slot[s].failed_at < RETRY_FAILED_MS))) {
 		int ret = pd->slot[s].state == SLOT_READY ? 0 : -ENOENT;
 		pthread_mutex_unlock(&pds_lock);
 		return ret;
@@ -178,14 +179,14 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 	if (!mr && fx_nvmf_now_ms() - last_log_ms >= LOG_EVERY_MS) {
 		last_log_ms = fx_nvmf_now_ms();
 		fprintf(stderr,
-		        "fx100io: nvme+rdma: registering %zu bytes of pool memory for RDMA failed (%s)%s; "
-		        "I/O on it goes through bounce buffers (a copy) and registering is retried "
-		        "every %d s\n",
-		        iov->iov_len, strerror(err),
-		        err == ENOMEM || err == EAGAIN || err == EPERM
-		                ? ": raise RLIMIT_MEMLOCK (ulimit -l) for pinned memory"
-		                : "",
-		        RETRY_FAILED_MS / 1000);
+			"fx100io: nvme+rdma: registering %zu bytes of pool memory for RDMA failed (%s)%s; "
+			"I/O on it goes through bounce buffers (a copy) and registering is retried "
+			"every %d s\n",
+			iov->iov_len, strerror(err),
+			err == ENOMEM || err == EAGAIN || err == EPERM
+				? ": raise RLIMIT_MEMLOCK (ulimit -l) for pinned memory"
+				: "",
+			RETRY_FAILED_MS / 1000);
 	}
 	pd->slot[s].mr = mr;
 	pd->slot[s].failed_at = fx_nvmf_now_ms();
@@ -196,7 +197,7 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 }
 
 int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
-                      uint32_t *rkey)
+		      uint32_t *rkey)
 {
 	struct iovec iov;
 	uint32_t gen;

@@ -34,7 +34,7 @@ struct ibv_pd *fx_rdma_pd_ibv(const struct fx_rdma_pd *pd);
  * Thread-safe.
  */
 int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
-                      uint32_t *rkey);
+		      uint32_t *rkey);
 
 /* Register every pool there is now in pd (queue creation does it, on the
  * caller's thread, so first I/Os do not pay for it). */

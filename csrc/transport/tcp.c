@@ -56,8 +56,8 @@
  * (CapsuleResp, C2HData, R2T, C2HTermReq). */
 #define RX_HLEN FX_TCP_RSP_HLEN
 _Static_assert(FX_TCP_DATA_HLEN == RX_HLEN && sizeof(struct nvme_tcp_r2t_pdu) == RX_HLEN &&
-                       sizeof(struct nvme_tcp_term_pdu) == RX_HLEN,
-               "one header length for every PDU the data path receives");
+		       sizeof(struct nvme_tcp_term_pdu) == RX_HLEN,
+	       "one header length for every PDU the data path receives");
 #define RX_HDR_MAX (RX_HLEN + NVME_TCP_DIGEST_LEN)
 #define TX_BATCH 64 /* send items per sendmsg */
 #define CID_SLOT_BITS 10
@@ -89,7 +89,7 @@ struct tcp_dev {
 };
 
 static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
-                        const struct fx_dev_opts *o, struct fx_dev **out)
+			const struct fx_dev_opts *o, struct fx_dev **out)
 {
 	struct tcp_dev *d = calloc(1, sizeof(*d));
 	int ret;
@@ -104,10 +104,11 @@ static int tcp_dev_open(const struct fx_transport_ops *ops, const char *target,
 	}
 	if (d->nd.ctrl->icdoff)
 		fprintf(stderr,
-		        "fx100io: nvme+tcp: controller reports in-capsule data offset (ICDOFF) %u; "
-		        "writes go by R2T, never in the capsule\n",
-		        d->nd.ctrl->icdoff);
-	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY | (o->readonly ? FX_CAP_READONLY : 0);
+			"fx100io: nvme+tcp: controller reports in-capsule data offset (ICDOFF) %u; "
+			"writes go by R2T, never in the capsule\n",
+			d->nd.ctrl->icdoff);
+	d->base.info.caps = FX_CAP_FLUSH | FX_CAP_ALIGNED_ONLY |
+			    (o->readonly ? FX_CAP_READONLY : 0);
 	*out = &d->base;
 	return 0;
 }
@@ -126,7 +127,7 @@ struct cmd {
 	uint8_t busy;
 	uint8_t gen;
 	uint8_t opcode;
-	uint32_t req;   /* request slot */
+	uint32_t req; /* request slot */
 	char *data;
 	uint32_t len;
 	struct fx_tcp_xfer x; /* what the PDU rules allow next (nvme_tcp/xfer.c) */
@@ -135,8 +136,8 @@ struct cmd {
 	 * in order, inside the transfer), so it cannot wrap. */
 	uint32_t sends;
 	uint32_t r2t_items; /* H2CData items of the open R2T not yet sent */
-	uint8_t rsp_seen;  /* response arrived while sends were pending */
-	uint8_t big;       /* BIG_CMD: longer than RX_SMALL_MAX, BIG_READ: and a read */
+	uint8_t rsp_seen;   /* response arrived while sends were pending */
+	uint8_t big;        /* BIG_CMD: longer than RX_SMALL_MAX, BIG_READ: and a read */
 	uint16_t rsp_status;
 	uint64_t slba;
 	int64_t deadline;
@@ -185,9 +186,9 @@ struct conn {
 	 * free) the controller while this connection sends */
 	struct fx_nvmf_io_conn io;
 	enum conn_state state;
-	int err;            /* why it went down */
-	int64_t retry_at;   /* earliest reconnect */
-	uint32_t fails;     /* connect attempts failed since it was last live */
+	int err;          /* why it went down */
+	int64_t retry_at; /* earliest reconnect */
+	uint32_t fails;   /* connect attempts failed since it was last live */
 	int ever_connected;
 	int recv_busy, send_busy;
 	struct cmd *cmds;
@@ -196,11 +197,11 @@ struct conn {
 	uint16_t nfree;
 	uint16_t limit; /* in flight at most: slots, and the live queue's SQ less one */
 	/* receive */
-	uint8_t *stage;    /* RX_STAGE bytes: bulk receives while reads are small */
+	uint8_t *stage;     /* RX_STAGE bytes: bulk receives while reads are small */
 	uint32_t big_reads; /* reads in flight longer than RX_SMALL_MAX */
 	uint32_t big_cmds;  /* commands in flight longer than RX_SMALL_MAX */
-	int rx_staged;     /* the recv in flight targets stage */
-	int rx_cancel;     /* we asked the kernel to cancel that recv */
+	int rx_staged;      /* the recv in flight targets stage */
+	int rx_cancel;      /* we asked the kernel to cancel that recv */
 	enum rx_state rx;
 	uint8_t rxhdr[RX_HDR_MAX];
 	uint8_t rxpad[256];
@@ -232,9 +233,9 @@ struct tcp_queue {
 	 * on first need: most queues never lose a connection; cx.q is NULL
 	 * until then).  The ring polls cx.wake_fd (UD_WAKE). */
 	struct fx_nvmf_connector cx;
-	int cx_busy;        /* an attempt is out (a conn is CONNECTING) */
-	int wake_armed;     /* the poll on cx.wake_fd is in the ring */
-	int starved;        /* requests wait for a connection */
+	int cx_busy;                /* an attempt is out (a conn is CONNECTING) */
+	int wake_armed;             /* the poll on cx.wake_fd is in the ring */
+	int starved;                /* requests wait for a connection */
 	struct fx_nvmf_waits waits; /* requests waiting for a connection */
 };
 
@@ -477,7 +478,7 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 	 * is where it belongs only when ICDOFF is 0 (as NVMe/TCP targets
 	 * report); otherwise every write goes by R2T. */
 	int incapsule = c->io.icdoff == 0 && m->opcode == NVME_CMD_WRITE && m->len <= incap_max &&
-	                m->len > 0;
+			m->len > 0;
 	uint32_t datalen = incapsule ? m->len : 0;
 	struct nvme_tcp_cmd_pdu *pdu = (struct nvme_tcp_cmd_pdu *)it->hdr;
 	fx_tcp_hdr_init(&pdu->hdr, NVME_TCP_CMD, datalen, c->nc.hdgst, c->nc.ddgst, c->nc.cpda);
@@ -512,7 +513,7 @@ static int send_capsule(struct conn *c, struct cmd *m, uint16_t cid)
 
 /* Answer an R2T with H2CData PDUs of at most maxh2cdata bytes. */
 static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, uint32_t off,
-                    uint32_t len)
+		    uint32_t len)
 {
 	uint32_t maxd = c->nc.maxh2cdata ? c->nc.maxh2cdata : len;
 	while (len) {
@@ -521,7 +522,8 @@ static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, 
 		if (!it)
 			return -ENOMEM;
 		struct nvme_tcp_data_pdu *p = (struct nvme_tcp_data_pdu *)it->hdr;
-		fx_tcp_hdr_init(&p->hdr, NVME_TCP_H2C_DATA, n, c->nc.hdgst, c->nc.ddgst, c->nc.cpda);
+		fx_tcp_hdr_init(&p->hdr, NVME_TCP_H2C_DATA, n, c->nc.hdgst, c->nc.ddgst,
+				c->nc.cpda);
 		p->cccid = cid;
 		p->ttag = ttag;
 		p->datao = off;
@@ -534,7 +536,7 @@ static int send_h2c(struct conn *c, struct cmd *m, uint16_t cid, uint16_t ttag, 
 			return head;
 		}
 		it->niov = fx_tcp_pdu_iov(it->iov, it->hdr, (unsigned)head, m->data + off, n,
-		                          &it->ddgst);
+					  &it->ddgst);
 		it->cmd = m;
 		it->h2c = 1;
 		m->sends++;
@@ -582,7 +584,7 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 static int cmd_proto_err(struct conn *c, struct cmd *m, uint16_t cid, const char *what)
 {
 	fprintf(stderr, "fx100io: nvme+tcp: qid %u: cid %u: bad %s: %s (%s of %u bytes)\n",
-	        c->nc.qid, cid, what, m->x.why, m->x.write ? "write" : "read", m->len);
+		c->nc.qid, cid, what, m->x.why, m->x.write ? "write" : "read", m->len);
 	return -EPROTO;
 }
 
@@ -591,9 +593,8 @@ static int cmd_proto_err(struct conn *c, struct cmd *m, uint16_t cid, const char
 static int rsp_finish(struct conn *c, struct cmd *m, uint16_t sf)
 {
 	if (fx_tcp_xfer_rsp(&m->x, sf) < 0) {
-		int ret = cmd_proto_err(c, m, (uint16_t)((m->gen << CID_SLOT_BITS) |
-		                                         (m - c->cmds)),
-		                        "response");
+		int ret = cmd_proto_err(c, m, (uint16_t)((m->gen << CID_SLOT_BITS) | (m - c->cmds)),
+					"response");
 		cmd_done(c, m, ret, 0);
 		return ret;
 	}
@@ -778,7 +779,8 @@ static void on_recv(struct conn *c, int res)
 		ret = rx_feed(c, c->stage, (size_t)res);
 	} else {
 		if (c->rx == RX_DATA)
-			c->q->base.stats.bytes_direct += (unsigned)res; /* recv wrote the caller's buffer */
+			c->q->base.stats.bytes_direct += (unsigned)
+				res; /* recv wrote the caller's buffer */
 		c->rx_have += (unsigned)res;
 		if (c->rx_have == c->rx_need)
 			ret = rx_advance(c);
@@ -792,7 +794,6 @@ static void on_recv(struct conn *c, int res)
 }
 
 /* -------------------------------------------------------------- requests */
-
 
 static void arm_wake(struct tcp_queue *q)
 {
@@ -809,7 +810,7 @@ static void arm_wake(struct tcp_queue *q)
 /* Take a connection the connect attempt made (nc: connected past Connect,
  * io: what dev_connect_io said of it). */
 static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
-                       const struct fx_nvmf_io_conn *io)
+		       const struct fx_nvmf_io_conn *io)
 {
 	struct tcp_queue *q = c->q;
 
@@ -822,9 +823,9 @@ static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
 		q->base.stats.reconnects++;
 		if (c->fails)
 			fprintf(stderr,
-			        "fx100io: nvme+tcp %s:%s: connection %u reconnected after %u failed "
-			        "attempts\n",
-			        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->fails);
+				"fx100io: nvme+tcp %s:%s: connection %u reconnected after %u failed "
+				"attempts\n",
+				q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, c->fails);
 	}
 	c->ever_connected = 1;
 	c->fails = 0;
@@ -845,10 +846,10 @@ static void conn_connect_failed(struct conn *c, int err)
 	fx_nvmf_waits_attempt_failed(&q->waits);
 	if (c->fails++ == 0 && err != -ECANCELED)
 		fprintf(stderr,
-		        "fx100io: nvme+tcp %s:%s: connection %u %s: connect failed (%s); retrying "
-		        "every %d ms while requests wait\n",
-		        q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, conn_state_str(c->state),
-		        strerror(-err), q->dev->nd.reconnect_ms);
+			"fx100io: nvme+tcp %s:%s: connection %u %s: connect failed (%s); retrying "
+			"every %d ms while requests wait\n",
+			q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx,
+			conn_state_str(c->state), strerror(-err), q->dev->nd.reconnect_ms);
 }
 
 /* Hand connection c to the connector; never blocks (one attempt at a time
@@ -1288,7 +1289,8 @@ static void tq_destroy(struct fx_queue *base)
 		if (io_uring_submit_and_wait_timeout(&q->ring.uring, &cqe, 1, &ts, NULL) == -EEXIST)
 			break;
 		unsigned n = 0, head;
-		io_uring_for_each_cqe(&q->ring.uring, head, cqe) {
+		io_uring_for_each_cqe(&q->ring.uring, head, cqe)
+		{
 			uint64_t ud = cqe->user_data;
 			unsigned kind = ud & 0xff, ci = (unsigned)(ud >> 8);
 			if (ci < q->nconns && kind == UD_RECV)
@@ -1420,4 +1422,3 @@ const struct fx_transport_ops fx_transport_tcp = {
 	.queue_reap = tq_reap,
 	.queue_wait = tq_wait,
 };
-

@@ -127,8 +127,7 @@ static const char *fes_str(uint16_t fes)
  * we sent (FES 1..6 -> -EPROTO) or gave some other reason (-ECONNRESET); it
  * closes the connection either way.
  */
-static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen,
-		    int64_t deadline)
+static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen, int64_t deadline)
 {
 	int r = recv_full(c->fd, &h->ch, sizeof(h->ch), deadline);
 
@@ -138,8 +137,8 @@ static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen,
 
 	if (n < 0) {
 		fx_nvmf_log("qid %u: malformed PDU header (type 0x%02x flags 0x%02x hlen %u pdo %u "
-		            "plen %u)",
-		            c->qid, h->ch.type, h->ch.flags, h->ch.hlen, h->ch.pdo, h->ch.plen);
+			    "plen %u)",
+			    c->qid, h->ch.type, h->ch.flags, h->ch.hlen, h->ch.pdo, h->ch.plen);
 		return proto_fail(c, NVME_TCP_FES_INVALID_PDU_HDR, 0, &h->ch, sizeof(h->ch));
 	}
 	if ((unsigned)n > sizeof(*h))
@@ -154,15 +153,17 @@ static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen,
 
 		(void)recv_discard(c->fd, h->ch.plen - (uint32_t)n, fx_nvmf_now_ms() + 100);
 		fx_nvmf_log("qid %u: controller terminated the connection: FES 0x%x (%s), FEI 0x%x",
-		            c->qid, fes, fes_str(fes), fei);
+			    c->qid, fes, fes_str(fes), fei);
 		shutdown(c->fd, SHUT_RDWR);
-		return (fes >= NVME_TCP_FES_INVALID_PDU_HDR && fes <= NVME_TCP_FES_UNSUPPORTED_PARAM)
+		return (fes >= NVME_TCP_FES_INVALID_PDU_HDR &&
+			fes <= NVME_TCP_FES_UNSUPPORTED_PARAM)
 			       ? -EPROTO
 			       : -ECONNRESET;
 	}
 
 	if (fx_tcp_hdgst_check(h->raw, (unsigned)n) < 0) {
-		fx_nvmf_log("qid %u: header digest mismatch on PDU type 0x%02x", c->qid, h->ch.type);
+		fx_nvmf_log("qid %u: header digest mismatch on PDU type 0x%02x", c->qid,
+			    h->ch.type);
 		return proto_fail(c, NVME_TCP_FES_HDR_DIGEST_ERR, 0, h->raw, h->ch.hlen);
 	}
 	return n;
@@ -216,7 +217,8 @@ static int send_h2c(struct fx_tcp_conn *c, uint16_t cid, uint16_t ttag, const ui
 
 		if (head < 0)
 			return conn_fail(c, head);
-		int r = send_iov(c->fd, iov, fx_tcp_pdu_iov(iov, b, (unsigned)head, data + off, n, &dd),
+		int r = send_iov(c->fd, iov,
+				 fx_tcp_pdu_iov(iov, b, (unsigned)head, data + off, n, &dd),
 				 deadline);
 
 		if (r)
@@ -287,17 +289,17 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 
 			if (h.data.cccid != cid) {
 				fx_nvmf_log("qid %u: C2HData for cid %u, waiting for %u", c->qid,
-				            h.data.cccid, cid);
-				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
-						  h.ch.hlen);
+					    h.data.cccid, cid);
+				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw, h.ch.hlen);
 			}
 			/* In order and inside the buffer (nvme_tcp/xfer.c's rule), so
 			 * success means every byte was written exactly once. */
 			if (fx_tcp_xfer_c2h(&x, &h.data, dd != 0) < 0) {
-				fx_nvmf_log("qid %u: cid %u: %s (datao %u datal %u, payload %u, %u of %u "
-				            "bytes so far)",
-				            c->qid, cid, x.why, h.data.datao, h.data.datal, payload,
-				            x.received, len);
+				fx_nvmf_log(
+					"qid %u: cid %u: %s (datao %u datal %u, payload %u, %u of %u "
+					"bytes so far)",
+					c->qid, cid, x.why, h.data.datao, h.data.datal, payload,
+					x.received, len);
 				return proto_fail(c, x.fes, x.fei, h.raw, h.ch.hlen);
 			}
 			uint32_t at = x.received;
@@ -318,8 +320,8 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 					 * Finish the command, then fail it like Linux
 					 * does (Data Transfer Error). */
 					fx_nvmf_log("qid %u: data digest mismatch (cid %u datao %u "
-					            "datal %u)",
-					            c->qid, cid, at, payload);
+						    "datal %u)",
+						    c->qid, cid, at, payload);
 					ddgst_bad = 1;
 				}
 			}
@@ -336,14 +338,14 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 			break;
 		}
 		case NVME_TCP_R2T:
-			if (h.r2t.cccid != cid ||
-			    fx_tcp_xfer_r2t(&x, h.r2t.r2to, h.r2t.r2tl) < 0) {
-				fx_nvmf_log("qid %u: bad R2T (cccid %u cid %u r2to %u r2tl %u, %s of %u "
-				            "bytes%s): %s",
-				            c->qid, h.r2t.cccid, cid, h.r2t.r2to, h.r2t.r2tl,
-				            write ? "write" : "read", len,
-				            incap ? " sent in-capsule" : "",
-				            h.r2t.cccid != cid ? "unknown command" : x.why);
+			if (h.r2t.cccid != cid || fx_tcp_xfer_r2t(&x, h.r2t.r2to, h.r2t.r2tl) < 0) {
+				fx_nvmf_log(
+					"qid %u: bad R2T (cccid %u cid %u r2to %u r2tl %u, %s of %u "
+					"bytes%s): %s",
+					c->qid, h.r2t.cccid, cid, h.r2t.r2to, h.r2t.r2tl,
+					write ? "write" : "read", len,
+					incap ? " sent in-capsule" : "",
+					h.r2t.cccid != cid ? "unknown command" : x.why);
 				if (h.r2t.cccid != cid)
 					return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
 							  h.ch.hlen);
@@ -357,16 +359,15 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 		case NVME_TCP_RSP:
 			*cqe = h.rsp.cqe;
 			if (cqe->cid != cid) {
-				fx_nvmf_log("qid %u: CapsuleResp for cid %u, waiting for %u", c->qid,
-				            cqe->cid, cid);
-				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw,
-						  h.ch.hlen);
+				fx_nvmf_log("qid %u: CapsuleResp for cid %u, waiting for %u",
+					    c->qid, cqe->cid, cid);
+				return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw, h.ch.hlen);
 			}
 			/* Success must mean the whole transfer happened:
 			 * otherwise the caller would trust stale bytes. */
 			if (fx_tcp_xfer_rsp(&x, fx_nvmf_status_field(cqe)) < 0) {
-				fx_nvmf_log("qid %u: cid %u: %s (%u of %u bytes)", c->qid, cid, x.why,
-				            write ? x.sent : x.received, len);
+				fx_nvmf_log("qid %u: cid %u: %s (%u of %u bytes)", c->qid, cid,
+					    x.why, write ? x.sent : x.received, len);
 				return conn_fail(c, -EPROTO);
 			}
 			if (fx_nvmf_status_field(cqe))
@@ -378,7 +379,7 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 			return 0;
 		default:
 			fx_nvmf_log("qid %u: unexpected PDU type 0x%02x during a command", c->qid,
-			            h.ch.type);
+				    h.ch.type);
 			return proto_fail(c, NVME_TCP_FES_PDU_SEQ_ERR, 0, h.raw, h.ch.hlen);
 		}
 	}
@@ -475,7 +476,7 @@ static int ic_exchange(struct fx_tcp_conn *c, int want_hdgst, int want_ddgst, in
 	memset(&req, 0, sizeof(req));
 	fx_tcp_hdr_init(&req.hdr, NVME_TCP_ICREQ, 0, 0, 0, 0);
 	req.pfv = 0;
-	req.hpda = 0;   /* we take C2H data at any dword offset */
+	req.hpda = 0; /* we take C2H data at any dword offset */
 	req.digest = asked;
 	req.maxr2t = 0; /* one R2T at a time: we run one command at a time */
 	struct iovec iov = {&req, sizeof(req)};
@@ -498,15 +499,16 @@ static int ic_exchange(struct fx_tcp_conn *c, int want_hdgst, int want_ddgst, in
 	const struct nvme_tcp_icresp_pdu *ic = &h.icresp;
 
 	if (ic->pfv != 0 || ic->maxdata < 4096 || ic->cpda > 31 || (ic->digest & ~asked)) {
-		fx_nvmf_log("unusable ICResp: pfv %u maxh2cdata %u cpda %u digests 0x%x (asked 0x%x)",
-		            ic->pfv, ic->maxdata, ic->cpda, ic->digest, asked);
-		uint32_t fei = ic->pfv ? offsetof(struct nvme_tcp_icresp_pdu, pfv)
+		fx_nvmf_log(
+			"unusable ICResp: pfv %u maxh2cdata %u cpda %u digests 0x%x (asked 0x%x)",
+			ic->pfv, ic->maxdata, ic->cpda, ic->digest, asked);
+		uint32_t fei = ic->pfv              ? offsetof(struct nvme_tcp_icresp_pdu, pfv)
 			       : ic->maxdata < 4096 ? offsetof(struct nvme_tcp_icresp_pdu, maxdata)
-			       : ic->cpda > 31	    ? offsetof(struct nvme_tcp_icresp_pdu, cpda)
+			       : ic->cpda > 31      ? offsetof(struct nvme_tcp_icresp_pdu, cpda)
 						    : offsetof(struct nvme_tcp_icresp_pdu, digest);
-		return proto_fail(c, ic->pfv ? NVME_TCP_FES_UNSUPPORTED_PARAM
-					     : NVME_TCP_FES_INVALID_PDU_HDR,
-				  fei, h.raw, h.ch.hlen);
+		return proto_fail(
+			c, ic->pfv ? NVME_TCP_FES_UNSUPPORTED_PARAM : NVME_TCP_FES_INVALID_PDU_HDR,
+			fei, h.raw, h.ch.hlen);
 	}
 	/* The controller may grant fewer digests than asked; it decides. */
 	c->hdgst = !!(ic->digest & NVME_TCP_HDGST_ENABLE);
@@ -582,9 +584,9 @@ void fx_tcp_conn_close(struct fx_tcp_conn *c)
 
 /* ------------------------------------------------ transport table */
 
-static int tcp_q_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-			 uint16_t qid, uint16_t sqsize, uint16_t cntlid, void *q,
-			 uint16_t *cntlid_out, uint16_t *status)
+static int tcp_q_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
+			 uint16_t sqsize, uint16_t cntlid, void *q, uint16_t *cntlid_out,
+			 uint16_t *status)
 {
 	struct fx_tcp_conn *c = q;
 	int r = fx_tcp_connect(a, p, qid, sqsize, cntlid, c, status);

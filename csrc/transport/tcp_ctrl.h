@@ -21,12 +21,12 @@
 /* One connected queue (admin or I/O): a TCP socket past ICResp and Connect. */
 struct fx_tcp_conn {
 	int fd;
-	int hdgst, ddgst;     /* negotiated */
-	uint8_t cpda;         /* controller's PDU data alignment (4-byte units, 0's based) */
-	uint32_t maxh2cdata;  /* from ICResp */
+	int hdgst, ddgst;    /* negotiated */
+	uint8_t cpda;        /* controller's PDU data alignment (4-byte units, 0's based) */
+	uint32_t maxh2cdata; /* from ICResp */
 	uint16_t qid;
 	uint16_t cntlid;
-	uint16_t sqsize;      /* 0's based, as sent in Connect */
+	uint16_t sqsize; /* 0's based, as sent in Connect */
 	uint16_t next_cid;
 	int timeout_ms;
 	/* Most write data fx_tcp_exec() sends in the capsule; larger writes
@@ -54,7 +54,7 @@ extern const struct fx_nvmf_transport fx_tcp_transport;
  * NVMe status; *status holds the status field), -ENOMEM.
  */
 int fx_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
-                   uint16_t sqsize, uint16_t cntlid, struct fx_tcp_conn *out, uint16_t *status);
+		   uint16_t sqsize, uint16_t cntlid, struct fx_tcp_conn *out, uint16_t *status);
 void fx_tcp_conn_close(struct fx_tcp_conn *c);
 
 /*
@@ -67,7 +67,7 @@ void fx_tcp_conn_close(struct fx_tcp_conn *c);
  * success; see cqe->status).
  */
 int fx_tcp_exec(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
-                struct nvme_cqe *cqe);
+		struct nvme_cqe *cqe);
 
 int fx_tcp_prop_get(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t *val);
 int fx_tcp_prop_set(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t val);
@@ -75,10 +75,10 @@ int fx_tcp_prop_set(struct fx_tcp_conn *c, uint32_t off, int size8, uint64_t val
 /* fx_nvmf_ctrl_open over NVMe/TCP.  Errors as fx_tcp_connect, plus
  * -ETIMEDOUT (CSTS.RDY never set). */
 int fx_tcp_ctrl_open(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-                     uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status);
+		     uint16_t want_io_queues, struct fx_nvmf_ctrl **out, uint16_t *status);
 
 /* fx_nvmf_discover over NVMe/TCP. */
 int fx_tcp_discover(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
-                    struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status);
+		    struct nvmf_disc_log_entry **entries, uint32_t *n, uint16_t *status);
 
 #endif

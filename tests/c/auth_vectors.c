@@ -106,7 +106,8 @@ int main(void)
 
 			if (unhex(tok[2], a, sizeof(a), &na) || unhex(tok[3], b, sizeof(b), &nb))
 				return 2;
-			if (nb != fx_auth_hash_len(hid) || fx_auth_augmented_challenge(hid, a, na, b, out))
+			if (nb != fx_auth_hash_len(hid) ||
+			    fx_auth_augmented_challenge(hid, a, na, b, out))
 				printf("err\n");
 			else
 				hex(out, fx_auth_hash_len(hid)), printf("\n");
@@ -123,10 +124,10 @@ int main(void)
 			nc = 0;
 			if (strcmp(tok[6], "-") && unhex(tok[6], c, sizeof(c), &nc))
 				return 2;
-			int r = fx_auth_response(role, hid, &k, b, c, nc,
-						 (uint32_t)strtoul(tok[7], NULL, 0),
-						 (uint16_t)strtoul(tok[8], NULL, 0),
-						 (uint8_t)strtoul(tok[9], NULL, 0), tok[10], tok[11], out);
+			int r = fx_auth_response(
+				role, hid, &k, b, c, nc, (uint32_t)strtoul(tok[7], NULL, 0),
+				(uint16_t)strtoul(tok[8], NULL, 0),
+				(uint8_t)strtoul(tok[9], NULL, 0), tok[10], tok[11], out);
 			if (r)
 				printf("err %d\n", r);
 			else

@@ -9,30 +9,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(cond)                                                          \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fflush(stdout);                                      \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n",         \
-				__FILE__, __LINE__, #cond);                  \
-			exit(1);                                             \
-		}                                                            \
+#define CHECK(cond)                                                                              \
+	do {                                                                                     \
+		if (!(cond)) {                                                                   \
+			fflush(stdout);                                                          \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+			exit(1);                                                                 \
+		}                                                                                \
 	} while (0)
 
 /* Compare as signed 64-bit so -errno results print readably. */
-#define CHECK_EQ(a, b)                                                       \
-	do {                                                                 \
-		long long a_ = (long long)(a), b_ = (long long)(b);          \
-		if (a_ != b_) {                                              \
-			fflush(stdout);                                      \
-			fprintf(stderr,                                      \
-				"%s:%d: CHECK failed: %s == %s "             \
-				"(%lld / 0x%llx vs %lld / 0x%llx)\n",        \
-				__FILE__, __LINE__, #a, #b, a_,              \
-				(unsigned long long)a_, b_,                  \
-				(unsigned long long)b_);                     \
-			exit(1);                                             \
-		}                                                            \
+#define CHECK_EQ(a, b)                                                                      \
+	do {                                                                                \
+		long long a_ = (long long)(a), b_ = (long long)(b);                         \
+		if (a_ != b_) {                                                             \
+			fflush(stdout);                                                     \
+			fprintf(stderr,                                                     \
+				"%s:%d: CHECK failed: %s == %s "                            \
+				"(%lld / 0x%llx vs %lld / 0x%llx)\n",                       \
+				__FILE__, __LINE__, #a, #b, a_, (unsigned long long)a_, b_, \
+				(unsigned long long)b_);                                    \
+			exit(1);                                                            \
+		}                                                                           \
 	} while (0)
 
 /* splitmix64: deterministic, seedable, good enough for test sequences. */

@@ -42,8 +42,7 @@ static size_t model_runs(const struct model *m, struct run *out)
 	return n;
 }
 
-static void check_gauges(const struct model *m, const struct fx_alloc *a,
-			 struct run *runs)
+static void check_gauges(const struct model *m, const struct fx_alloc *a, struct run *runs)
 {
 	size_t n = model_runs(m, runs), free_units = 0, largest = 0;
 
@@ -62,13 +61,12 @@ static void check_gauges(const struct model *m, const struct fx_alloc *a,
  * [off, off+len): -EINVAL for bad ranges, else whether every unit covered
  * is in the required state.
  */
-static int model_range(const struct model *m, uint64_t off, uint64_t len,
-		       int want_used, size_t *u0, size_t *nu)
+static int model_range(const struct model *m, uint64_t off, uint64_t len, int want_used, size_t *u0,
+		       size_t *nu)
 {
 	uint64_t end = m->base + m->units * m->align;
 
-	if (len == 0 || (off & (m->align - 1)) || off < m->base || off >= end ||
-	    len > end - off)
+	if (len == 0 || (off & (m->align - 1)) || off < m->base || off >= end || len > end - off)
 		return -EINVAL;
 	*u0 = (off - m->base) / m->align;
 	*nu = (len + m->align - 1) / m->align;
@@ -110,10 +108,9 @@ static uint64_t rand_off(uint64_t *rng, const struct model *m)
 	return off;
 }
 
-static void random_run(uint64_t *rng, uint64_t base, uint32_t align,
-		       size_t units, int steps)
+static void random_run(uint64_t *rng, uint64_t base, uint32_t align, size_t units, int steps)
 {
-	struct model m = { base, align, units, calloc(units, 1) };
+	struct model m = {base, align, units, calloc(units, 1)};
 	struct run *runs = malloc((units + 1) * sizeof(*runs));
 	struct live *live = malloc(units * sizeof(*live));
 	size_t nlive = 0;
@@ -289,8 +286,8 @@ static void test_edges(void)
 	fx_alloc_destroy(a);
 
 	/* space ending at the top of the address range: no overflow */
-	CHECK_EQ(fx_alloc_create(UINT64_MAX - (1ULL << 20) + 1 - 4096,
-				 (1ULL << 20) + 4095, 4096, &a),
+	CHECK_EQ(fx_alloc_create(UINT64_MAX - (1ULL << 20) + 1 - 4096, (1ULL << 20) + 4095, 4096,
+				 &a),
 		 0);
 	CHECK_EQ(fx_alloc_free_bytes(a), 1ULL << 20);
 	CHECK_EQ(fx_alloc_reserve(a, UINT64_MAX - 4095 - 4096, 4096), 0);

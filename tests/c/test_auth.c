@@ -50,14 +50,22 @@ static const struct {
 	{"DHHC-1:01:ICgwOEBIUFhgaHB4gIiQmKCosLjAyNDY4Ojw+AAIEBhKWqU/:", 1, 32, 8},
 	{"DHHC-1:02:ICkyO0RNVl9ocXqDjJWep7C5wsvU3ebv+AEKExwlLjdW1I9k:", 2, 32, 9},
 	{"DHHC-1:03:ICo0PkhSXGZweoSOmKKstsDK1N7o8vwGEBokLjhCTFbsCYaG:", 3, 32, 10},
-	{"DHHC-1:00:MDc+RUxTWmFob3Z9hIuSmaCnrrW8w8rR2N/m7fT7AgkQFx4lLDM6QUhPVl1ka3J51wkKvA==:", 0, 48, 7},
-	{"DHHC-1:01:MDhASFBYYGhweICIkJigqLC4wMjQ2ODo8PgACBAYICgwOEBIUFhgaHB4gIiQmKCoym42OQ==:", 1, 48, 8},
-	{"DHHC-1:02:MDlCS1RdZm94gYqTnKWut8DJ0tvk7fb/CBEaIyw1PkdQWWJrdH2Gj5ihqrO8xc7XYENJLg==:", 2, 48, 9},
-	{"DHHC-1:03:MDpETlhibHaAipSeqLK8xtDa5O74AgwWICo0PkhSXGZweoSOmKKstsDK1N7o8vwG0F48TA==:", 3, 48, 10},
-	{"DHHC-1:00:QEdOVVxjanF4f4aNlJuiqbC3vsXM09rh6O/2/QQLEhkgJy41PENKUVhfZm10e4KJkJeepayzusHIz9bd5Ovy+eQYloY=:", 0, 64, 7},
-	{"DHHC-1:01:QEhQWGBocHiAiJCYoKiwuMDI0Njg6PD4AAgQGCAoMDhASFBYYGhweICIkJigqLC4wMjQ2ODo8PgACBAYICgwOExZgqs=:", 1, 64, 8},
-	{"DHHC-1:02:QElSW2Rtdn+IkZqjrLW+x9DZ4uv0/QYPGCEqMzxFTldgaXJ7hI2Wn6ixusPM1d7n8PkCCxQdJi84QUpTXGVud34c9pA=:", 2, 64, 9},
-	{"DHHC-1:03:QEpUXmhyfIaQmqSuuMLM1uDq9P4IEhwmMDpETlhibHaAipSeqLK8xtDa5O74AgwWICo0PkhSXGZweoSOmKKstv0Fptc=:", 3, 64, 10},
+	{"DHHC-1:00:MDc+RUxTWmFob3Z9hIuSmaCnrrW8w8rR2N/m7fT7AgkQFx4lLDM6QUhPVl1ka3J51wkKvA==:", 0,
+	 48, 7},
+	{"DHHC-1:01:MDhASFBYYGhweICIkJigqLC4wMjQ2ODo8PgACBAYICgwOEBIUFhgaHB4gIiQmKCoym42OQ==:", 1,
+	 48, 8},
+	{"DHHC-1:02:MDlCS1RdZm94gYqTnKWut8DJ0tvk7fb/CBEaIyw1PkdQWWJrdH2Gj5ihqrO8xc7XYENJLg==:", 2,
+	 48, 9},
+	{"DHHC-1:03:MDpETlhibHaAipSeqLK8xtDa5O74AgwWICo0PkhSXGZweoSOmKKstsDK1N7o8vwG0F48TA==:", 3,
+	 48, 10},
+	{"DHHC-1:00:QEdOVVxjanF4f4aNlJuiqbC3vsXM09rh6O/2/QQLEhkgJy41PENKUVhfZm10e4KJkJeepayzusHIz9bd5Ovy+eQYloY=:",
+	 0, 64, 7},
+	{"DHHC-1:01:QEhQWGBocHiAiJCYoKiwuMDI0Njg6PD4AAgQGCAoMDhASFBYYGhweICIkJigqLC4wMjQ2ODo8PgACBAYICgwOExZgqs=:",
+	 1, 64, 8},
+	{"DHHC-1:02:QElSW2Rtdn+IkZqjrLW+x9DZ4uv0/QYPGCEqMzxFTldgaXJ7hI2Wn6ixusPM1d7n8PkCCxQdJi84QUpTXGVud34c9pA=:",
+	 2, 64, 9},
+	{"DHHC-1:03:QEpUXmhyfIaQmqSuuMLM1uDq9P4IEhwmMDpETlhibHaAipSeqLK8xtDa5O74AgwWICo0PkhSXGZweoSOmKKstv0Fptc=:",
+	 3, 64, 10},
 };
 
 static void test_parse_good(void)
@@ -86,7 +94,9 @@ static void test_parse_good(void)
 	struct fx_auth_key k;
 
 	CHECK_EQ(fx_auth_key_parse("DHHC-1:02:lDurJbZQKwJvaimqEhaWEwkCIvQdyUUePC2ic0krn9A432YL/"
-				   "uGsvibvMFEGhcKybvDTag==:", &k, NULL), 0);
+				   "uGsvibvMFEGhcKybvDTag==:",
+				   &k, NULL),
+		 0);
 	CHECK_EQ(k.hash, 2);
 	CHECK_EQ(k.len, 48);
 	check_hex(k.key, "943bab25b6502b026f6a29aa12169613090222f41dc9451e3c2da273492b9fd0"
@@ -141,7 +151,8 @@ static void test_parse_bad(void)
 	t[12] = t[12] == 'A' ? 'B' : 'A';
 	expect_bad(t, "CRC");
 	/* wrong lengths: 40 bytes + CRC; 31-byte key; nothing */
-	expect_bad("DHHC-1:00:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA:", "32, 48 or 64");
+	expect_bad("DHHC-1:00:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA:",
+		   "32, 48 or 64");
 	expect_bad("DHHC-1:00:ICcuNTxDSlFYX2ZtdHuCiZCXnqWss7rByM/W3eTr8vmMpzd:", "32, 48 or 64");
 	expect_bad("DHHC-1:00::", "32, 48 or 64");
 	/* 48 characters decoding to 34 bytes + "==": length, not a crash */
@@ -195,26 +206,38 @@ static void test_response(void)
 		int dh;
 		const char *want;
 	} v[] = {
-		{1, FX_AUTH_ROLE_HOST, 0, "bf7efd448455321c0d70e15c78b9f584a982fdba1486f59e86269e2d27ecfac6"},
-		{1, FX_AUTH_ROLE_HOST, 1, "8f81535956b29bb13f9d3c3e0490127605675d482e9ea23f32d309072f57ddc6"},
-		{1, FX_AUTH_ROLE_CTRL, 0, "5f258f6064d8da28e1048d60a6a4685b3bc710f27b80a981c9b9bfe2e2e1f8b8"},
-		{1, FX_AUTH_ROLE_CTRL, 1, "e8c79447d21716b6491e6cc9297f49a28c7845e8e880140d3d8b46361912eafb"},
-		{2, FX_AUTH_ROLE_HOST, 0, "4a1770db012ddebc9da87c229dd0465efb53c4752055f3475d68ff8679c53763"
-					  "e39d5da1695fed87ca9df300e9cbe706"},
-		{2, FX_AUTH_ROLE_HOST, 1, "5be964c90ddc7075613807a8f42db69f4a7fec1b1a2eb5ffe89a1a12e4141d5b"
-					  "ae0c318e204ee59df413417e14dc5bd7"},
-		{2, FX_AUTH_ROLE_CTRL, 0, "cfb6e33aa3aef309247a4cfd974f23f95a119e25e3d5cbb1b700d4dbd80b4c60"
-					  "c6b9e9fd800342816f0ef36d81956bd2"},
-		{2, FX_AUTH_ROLE_CTRL, 1, "915e54a90771c3bf1202843ff368801c894958a534972d821d558c350f3948b8"
-					  "eaa23de43da89d44c55a805f9cd893cf"},
-		{3, FX_AUTH_ROLE_HOST, 0, "5cd567fde49de87058c3837e0e05744a03b2283185d8598c3e51c208c33dd1af"
-					  "59d51f8dfaf81d87cd560b7927fcca9dc0bba2c5af85b1f1c8823d35dd236786"},
-		{3, FX_AUTH_ROLE_HOST, 1, "6745ab7b9c4406c59177b3a8f8b2ded1ecd07ed559c3c059da8e82e63446e7e5"
-					  "d8094ae9da2563e0ade7e648e0b27289119f3937baf40d069fe6681f953117b2"},
-		{3, FX_AUTH_ROLE_CTRL, 0, "ef6269f2fdd6cf353d690e5aaec6c95ac96a903a52edd2890540959ce186fe90"
-					  "52398efd2bfefc3efe16f170de1cdd3e8320d0d3844a29985f5a6f8137e08160"},
-		{3, FX_AUTH_ROLE_CTRL, 1, "9ef34940eef43c9e1de7fe1f69ae385c7c41fc69be70e8c21cac73ac9de058a6"
-					  "e9eb9d650c8e27d5469b3ce1d702b97f61b9f3b78f01533ebb544bb13c051b80"},
+		{1, FX_AUTH_ROLE_HOST, 0,
+		 "bf7efd448455321c0d70e15c78b9f584a982fdba1486f59e86269e2d27ecfac6"},
+		{1, FX_AUTH_ROLE_HOST, 1,
+		 "8f81535956b29bb13f9d3c3e0490127605675d482e9ea23f32d309072f57ddc6"},
+		{1, FX_AUTH_ROLE_CTRL, 0,
+		 "5f258f6064d8da28e1048d60a6a4685b3bc710f27b80a981c9b9bfe2e2e1f8b8"},
+		{1, FX_AUTH_ROLE_CTRL, 1,
+		 "e8c79447d21716b6491e6cc9297f49a28c7845e8e880140d3d8b46361912eafb"},
+		{2, FX_AUTH_ROLE_HOST, 0,
+		 "4a1770db012ddebc9da87c229dd0465efb53c4752055f3475d68ff8679c53763"
+		 "e39d5da1695fed87ca9df300e9cbe706"},
+		{2, FX_AUTH_ROLE_HOST, 1,
+		 "5be964c90ddc7075613807a8f42db69f4a7fec1b1a2eb5ffe89a1a12e4141d5b"
+		 "ae0c318e204ee59df413417e14dc5bd7"},
+		{2, FX_AUTH_ROLE_CTRL, 0,
+		 "cfb6e33aa3aef309247a4cfd974f23f95a119e25e3d5cbb1b700d4dbd80b4c60"
+		 "c6b9e9fd800342816f0ef36d81956bd2"},
+		{2, FX_AUTH_ROLE_CTRL, 1,
+		 "915e54a90771c3bf1202843ff368801c894958a534972d821d558c350f3948b8"
+		 "eaa23de43da89d44c55a805f9cd893cf"},
+		{3, FX_AUTH_ROLE_HOST, 0,
+		 "5cd567fde49de87058c3837e0e05744a03b2283185d8598c3e51c208c33dd1af"
+		 "59d51f8dfaf81d87cd560b7927fcca9dc0bba2c5af85b1f1c8823d35dd236786"},
+		{3, FX_AUTH_ROLE_HOST, 1,
+		 "6745ab7b9c4406c59177b3a8f8b2ded1ecd07ed559c3c059da8e82e63446e7e5"
+		 "d8094ae9da2563e0ade7e648e0b27289119f3937baf40d069fe6681f953117b2"},
+		{3, FX_AUTH_ROLE_CTRL, 0,
+		 "ef6269f2fdd6cf353d690e5aaec6c95ac96a903a52edd2890540959ce186fe90"
+		 "52398efd2bfefc3efe16f170de1cdd3e8320d0d3844a29985f5a6f8137e08160"},
+		{3, FX_AUTH_ROLE_CTRL, 1,
+		 "9ef34940eef43c9e1de7fe1f69ae385c7c41fc69be70e8c21cac73ac9de058a6"
+		 "e9eb9d650c8e27d5469b3ce1d702b97f61b9f3b78f01533ebb544bb13c051b80"},
 	};
 	struct fx_auth_key k = {.hash = 2, .len = 48};
 	uint8_t chal[64], sess[100], out[64], want[64];
@@ -228,8 +251,8 @@ static void test_response(void)
 		size_t hl = fx_auth_hash_len(v[i].hid);
 
 		CHECK_EQ(fx_auth_response(v[i].role, v[i].hid, &k, chal, v[i].dh ? sess : NULL,
-					  v[i].dh ? sizeof(sess) : 0, 0x12345678, 0xabcd, 0, HOSTNQN,
-					  SUBNQN, out),
+					  v[i].dh ? sizeof(sess) : 0, 0x12345678, 0xabcd, 0,
+					  HOSTNQN, SUBNQN, out),
 			 0);
 		check_hex(out, v[i].want);
 		unhex(v[i].want, want, hl);
@@ -246,15 +269,14 @@ static void test_response(void)
 }
 
 /* dhchap_reference.dh_shared(1, x, dh_pub(1, y)) for the x, y below */
-static const char *SHARED_2048 =
-	"ce7c53bac0a733ab41123466d19100e45ee516438e3e0612809e541f6b629e84"
-	"ea1c337a69deb858108b932a85230aebc4ddead199e6832e3db26dfce2e97f47"
-	"1a83d8b8917ed018f66aa9db6211e02513aa4e1f7f8201d4d349829ff15f11ea"
-	"d554c8e7e6d72ef7d2bedaf57662dd4446c57167380ef5138005bdea6d50b643"
-	"38c59b1bba561d8ba39d1c405c4d5b730c869af87bd73a6ec72558536d1db2b7"
-	"eda7ed84daf2ec8a8d3b7ed68ff10a0db87936bd201153b90ef946bb839587dc"
-	"235a1f6854891c3aea9ad28cfefb057daeff564ca7e1f9aa4534e94a1b4b0e18"
-	"886d6b9e9616a574a017e5779b18b103f647dabad04811cc68539b3b6d2c9212";
+static const char *SHARED_2048 = "ce7c53bac0a733ab41123466d19100e45ee516438e3e0612809e541f6b629e84"
+				 "ea1c337a69deb858108b932a85230aebc4ddead199e6832e3db26dfce2e97f47"
+				 "1a83d8b8917ed018f66aa9db6211e02513aa4e1f7f8201d4d349829ff15f11ea"
+				 "d554c8e7e6d72ef7d2bedaf57662dd4446c57167380ef5138005bdea6d50b643"
+				 "38c59b1bba561d8ba39d1c405c4d5b730c869af87bd73a6ec72558536d1db2b7"
+				 "eda7ed84daf2ec8a8d3b7ed68ff10a0db87936bd201153b90ef946bb839587dc"
+				 "235a1f6854891c3aea9ad28cfefb057daeff564ca7e1f9aa4534e94a1b4b0e18"
+				 "886d6b9e9616a574a017e5779b18b103f647dabad04811cc68539b3b6d2c9212";
 
 static void test_dh(void)
 {
@@ -395,8 +417,11 @@ static void test_cmd(void)
 
 static void test_negotiate(void)
 {
-	struct fx_auth_negotiate m = {.t_id = 0x1234, .nhash = 3, .ndh = 6,
-				      .hash_ids = {1, 2, 3}, .dh_ids = {0, 1, 2, 3, 4, 5}};
+	struct fx_auth_negotiate m = {.t_id = 0x1234,
+				      .nhash = 3,
+				      .ndh = 6,
+				      .hash_ids = {1, 2, 3},
+				      .dh_ids = {0, 1, 2, 3, 4, 5}};
 	struct fx_auth_negotiate p;
 	uint8_t buf[128], reason;
 	const char *why;
@@ -448,8 +473,14 @@ static void test_negotiate(void)
 static void test_challenge(void)
 {
 	static uint8_t c1[64], dhv[1024], buf[2048];
-	struct fx_auth_challenge m = {.t_id = 7, .hl = 48, .hashid = 2, .dhgid = 3,
-				      .dhvlen = 512, .seqnum = 0xdeadbeef, .cval = c1, .dhv = dhv};
+	struct fx_auth_challenge m = {.t_id = 7,
+				      .hl = 48,
+				      .hashid = 2,
+				      .dhgid = 3,
+				      .dhvlen = 512,
+				      .seqnum = 0xdeadbeef,
+				      .cval = c1,
+				      .dhv = dhv};
 	struct fx_auth_challenge p;
 	uint8_t reason;
 	const char *why;
@@ -525,8 +556,14 @@ static void test_challenge(void)
 static void test_reply(void)
 {
 	static uint8_t r[64], c[64], dhv[1024], buf[2048];
-	struct fx_auth_reply m = {.t_id = 9, .hl = 64, .cvalid = 1, .dhvlen = 1024,
-				  .seqnum = 0x01020304, .rval = r, .cval = c, .dhv = dhv};
+	struct fx_auth_reply m = {.t_id = 9,
+				  .hl = 64,
+				  .cvalid = 1,
+				  .dhvlen = 1024,
+				  .seqnum = 0x01020304,
+				  .rval = r,
+				  .cval = c,
+				  .dhv = dhv};
 	struct fx_auth_reply p;
 	uint8_t reason;
 	const char *why;
@@ -574,9 +611,11 @@ static void test_success_failure(void)
 	uint8_t r2[48], buf[128], reason;
 	const char *why;
 	struct fx_auth_success1 m = {.t_id = 3, .hl = 48, .rvalid = 1, .rval = r2}, p;
-	struct fx_auth_failure f = {.id = FX_AUTH_ID_FAILURE1, .t_id = 3,
+	struct fx_auth_failure f = {.id = FX_AUTH_ID_FAILURE1,
+				    .t_id = 3,
 				    .rescode = FX_AUTH_RESCODE_FAILED,
-				    .rescode_exp = FX_AUTH_FAIL_FAILED}, fp;
+				    .rescode_exp = FX_AUTH_FAIL_FAILED},
+			       fp;
 	uint16_t tid;
 
 	memset(r2, 0x5a, sizeof(r2));

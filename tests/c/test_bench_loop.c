@@ -45,7 +45,8 @@ static void test_buckets(void)
 		CHECK_EQ(fx_bl_bucket_value((uint32_t)v), v);
 	}
 	/* (values clamp at INT64_MAX, as in Python: the top buckets stay empty) */
-	for (uint32_t i = FX_BL_EXACT; i < FX_BL_NBUCKETS && fx_bl_bucket_value(i) <= (uint64_t)INT64_MAX; i++)
+	for (uint32_t i = FX_BL_EXACT;
+	     i < FX_BL_NBUCKETS && fx_bl_bucket_value(i) <= (uint64_t)INT64_MAX; i++)
 		CHECK_EQ(fx_bl_bucket(fx_bl_bucket_value(i)), i);
 	uint32_t prev = 0;
 	uint64_t s = 1;
@@ -133,9 +134,18 @@ static void test_write_pass_and_errors(void)
 	unsigned flag_sets[] = {0, FX_BL_REGFILES | FX_BL_FIXEDBUFS | FX_BL_REGRING};
 	for (unsigned f = 0; f < 2; f++) {
 		struct fx_bl_params p = {
-			.fd = fd, .bs = BS, .depth = DEPTH, .start = 0, .nblocks = N, .passes = 1,
-			.seed = 3 + f, .read_fraction = 0.0, .random = 1, .random_map = 1,
-			.flags = flag_sets[f] | FX_BL_STAMP, .bufs = bufs,
+			.fd = fd,
+			.bs = BS,
+			.depth = DEPTH,
+			.start = 0,
+			.nblocks = N,
+			.passes = 1,
+			.seed = 3 + f,
+			.read_fraction = 0.0,
+			.random = 1,
+			.random_map = 1,
+			.flags = flag_sets[f] | FX_BL_STAMP,
+			.bufs = bufs,
 		};
 		struct fx_bl *b;
 		CHECK_EQ(fx_bl_create(&p, &b), 0);
@@ -166,8 +176,13 @@ static void test_write_pass_and_errors(void)
 
 	/* reading past the end: the first short I/O ends the run, the rest drain */
 	struct fx_bl_params p = {
-		.fd = fd, .bs = BS, .depth = DEPTH, .nblocks = 2 * N, .passes = 1,
-		.read_fraction = 1.0, .bufs = bufs,
+		.fd = fd,
+		.bs = BS,
+		.depth = DEPTH,
+		.nblocks = 2 * N,
+		.passes = 1,
+		.read_fraction = 1.0,
+		.bufs = bufs,
 	};
 	struct fx_bl *b;
 	CHECK_EQ(fx_bl_create(&p, &b), 0);
@@ -279,9 +294,17 @@ static void test_uniform_random(void)
 		CHECK_EQ(ftruncate(fd, 0), 0);
 		CHECK_EQ(ftruncate(fd, (off_t)N * BS), 0);
 		struct fx_bl_params p = {
-			.fd = fd, .bs = BS, .depth = DEPTH, .nblocks = N, .passes = 1, .seed = 99,
-			.read_fraction = 0.0, .random = 1, .random_map = 0,
-			.flags = FX_BL_STAMP, .bufs = bufs,
+			.fd = fd,
+			.bs = BS,
+			.depth = DEPTH,
+			.nblocks = N,
+			.passes = 1,
+			.seed = 99,
+			.read_fraction = 0.0,
+			.random = 1,
+			.random_map = 0,
+			.flags = FX_BL_STAMP,
+			.bufs = bufs,
 		};
 		struct fx_bl *b;
 		CHECK_EQ(fx_bl_create(&p, &b), 0);
@@ -325,8 +348,17 @@ static void test_ios_instead_of_passes(void)
 	uint64_t want[] = {N / 4, N * 5 / 2};
 	for (int k = 0; k < 2; k++) {
 		struct fx_bl_params p = {
-			.fd = fd, .bs = BS, .depth = DEPTH, .nblocks = N, .passes = 1, .ios = want[k],
-			.seed = 7, .read_fraction = 1.0, .random = 1, .random_map = 1, .bufs = bufs,
+			.fd = fd,
+			.bs = BS,
+			.depth = DEPTH,
+			.nblocks = N,
+			.passes = 1,
+			.ios = want[k],
+			.seed = 7,
+			.read_fraction = 1.0,
+			.random = 1,
+			.random_map = 1,
+			.bufs = bufs,
 		};
 		struct fx_bl *b;
 		CHECK_EQ(fx_bl_create(&p, &b), 0);
@@ -351,8 +383,13 @@ static void test_destroy_gives_up(void)
 	int pfd[2];
 	CHECK_EQ(pipe(pfd), 0);
 	struct fx_bl_params p = {
-		.fd = pfd[0], .bs = BS, .depth = DEPTH, .nblocks = 1, .passes = 0,
-		.read_fraction = 1.0, .bufs = bufs,
+		.fd = pfd[0],
+		.bs = BS,
+		.depth = DEPTH,
+		.nblocks = 1,
+		.passes = 0,
+		.read_fraction = 1.0,
+		.bufs = bufs,
 	};
 	struct fx_bl *b;
 	CHECK_EQ(fx_bl_create(&p, &b), 0);
@@ -361,7 +398,6 @@ static void test_destroy_gives_up(void)
 	CHECK_EQ(fx_bl_destroy_within(b, 20000000ull), -EBUSY);
 	close(pfd[0]);
 	close(pfd[1]);
-
 }
 
 /* ------------------------------------------------------------ a queue */
@@ -381,7 +417,7 @@ struct fx_queue {
 	int have_old;
 	unsigned submits, waits;
 	unsigned most_per_submit; /* the most requests one submit was offered */
-	uint64_t *per_block; /* I/Os seen per block */
+	uint64_t *per_block;      /* I/Os seen per block */
 	struct fx_cqe done[FQ_MAX];
 	unsigned ndone;
 };
@@ -490,8 +526,12 @@ static void test_queue_backend(void)
 	static unsigned char mem[DEPTH][BS];
 	void *bufs[DEPTH];
 	struct fx_queue q = {
-		.disk = disk, .size = sizeof(disk), .accept_max = 3, .cap = 5,
-		.fail_off = UINT64_MAX, .per_block = per_block,
+		.disk = disk,
+		.size = sizeof(disk),
+		.accept_max = 3,
+		.cap = 5,
+		.fail_off = UINT64_MAX,
+		.per_block = per_block,
 	};
 	for (int i = 0; i < DEPTH; i++) {
 		bufs[i] = mem[i];
@@ -501,9 +541,18 @@ static void test_queue_backend(void)
 	/* a write pass, random order: every block exactly once, stamped,
 	 * though the queue takes 3 per call and holds 5 */
 	struct fx_bl_params p = {
-		.fd = -1, .bs = BS, .depth = DEPTH, .nblocks = N, .passes = 1, .seed = 9,
-		.read_fraction = 0.0, .random = 1, .random_map = 1, .flags = FX_BL_STAMP,
-		.bufs = bufs, .queue = &q,
+		.fd = -1,
+		.bs = BS,
+		.depth = DEPTH,
+		.nblocks = N,
+		.passes = 1,
+		.seed = 9,
+		.read_fraction = 0.0,
+		.random = 1,
+		.random_map = 1,
+		.flags = FX_BL_STAMP,
+		.bufs = bufs,
+		.queue = &q,
 	};
 	struct fx_bl *b;
 	CHECK_EQ(fx_bl_create(&p, &b), 0);

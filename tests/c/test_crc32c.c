@@ -75,8 +75,7 @@ static void test_short_lengths(uint64_t *rng)
 		for (size_t len = 0; len <= MAXLEN; len++) {
 			uint32_t seed = (len & 1) ? (uint32_t)test_rand(rng) : 0;
 
-			CHECK_EQ(fx_crc32c(seed, buf + al, len),
-				 ref_bitwise(seed, buf + al, len));
+			CHECK_EQ(fx_crc32c(seed, buf + al, len), ref_bitwise(seed, buf + al, len));
 		}
 	}
 	free(buf);
@@ -90,8 +89,16 @@ static void test_short_lengths(uint64_t *rng)
 static void test_lane_boundaries(uint64_t *rng)
 {
 	static const size_t centers[] = {
-		768, 1536, 2304, 24576, 24576 + 768, 2 * 24576,
-		2 * 24576 + 2 * 768, 3 * 24576 + 767, 65536, 131072,
+		768,
+		1536,
+		2304,
+		24576,
+		24576 + 768,
+		2 * 24576,
+		2 * 24576 + 2 * 768,
+		3 * 24576 + 767,
+		65536,
+		131072,
 	};
 	size_t cap = 3 * 24576 + 767 + 64 + 8;
 	uint8_t *buf = malloc(cap);
@@ -128,8 +135,7 @@ static void test_random_large(uint64_t *rng)
 		size_t al = test_rand(rng) % 64;
 		size_t len = test_rand(rng) % (cap - al);
 
-		CHECK_EQ(fx_crc32c(0, buf + al, len),
-			 ref_bytewise(0, buf + al, len));
+		CHECK_EQ(fx_crc32c(0, buf + al, len), ref_bytewise(0, buf + al, len));
 	}
 	CHECK_EQ(fx_crc32c(0, buf, cap), ref_bytewise(0, buf, cap));
 	free(buf);
@@ -183,8 +189,7 @@ static void test_combine(uint64_t *rng)
 	for (size_t len = 0; len <= 300; len++)
 		for (size_t cut = 0; cut <= len; cut++)
 			CHECK_EQ(fx_crc32c_combine(fx_crc32c(0, buf, cut),
-						   fx_crc32c(0, buf + cut, len - cut),
-						   len - cut),
+						   fx_crc32c(0, buf + cut, len - cut), len - cut),
 				 fx_crc32c(0, buf, len));
 	for (int k = 0; k < 200; k++) {
 		size_t cut = test_rand(rng) % (LEN + 1);
@@ -215,7 +220,7 @@ static void test_combine(uint64_t *rng)
 
 static void bench(void)
 {
-	static const size_t sizes[] = { 4096, 65536, 1u << 20, 64u << 20 };
+	static const size_t sizes[] = {4096, 65536, 1u << 20, 64u << 20};
 	uint8_t *buf = malloc(64u << 20);
 	volatile uint32_t sink = 0;
 
@@ -249,8 +254,7 @@ int main(void)
 			c = (c & 1) ? (c >> 1) ^ POLY : c >> 1;
 		ref_tab[i] = c;
 	}
-	printf("test_crc32c (%s path), seed 0x%llx\n", fx_crc32c_impl(),
-	       (unsigned long long)seed);
+	printf("test_crc32c (%s path), seed 0x%llx\n", fx_crc32c_impl(), (unsigned long long)seed);
 	test_vectors();
 	test_short_lengths(&rng);
 	test_lane_boundaries(&rng);

@@ -35,25 +35,37 @@
 static const char *errno_name(int e)
 {
 	switch (e) {
-	case EACCES: return "EACCES";
-	case ENOENT: return "ENOENT";
-	case EIO: return "EIO";
-	case EPROTO: return "EPROTO";
-	case ECONNRESET: return "ECONNRESET";
-	case ECONNREFUSED: return "ECONNREFUSED";
-	case ETIMEDOUT: return "ETIMEDOUT";
-	case EHOSTUNREACH: return "EHOSTUNREACH";
-	case ENODEV: return "ENODEV";
-	case EINVAL: return "EINVAL";
-	case 0: return "0";
-	default: return "?";
+	case EACCES:
+		return "EACCES";
+	case ENOENT:
+		return "ENOENT";
+	case EIO:
+		return "EIO";
+	case EPROTO:
+		return "EPROTO";
+	case ECONNRESET:
+		return "ECONNRESET";
+	case ECONNREFUSED:
+		return "ECONNREFUSED";
+	case ETIMEDOUT:
+		return "ETIMEDOUT";
+	case EHOSTUNREACH:
+		return "EHOSTUNREACH";
+	case ENODEV:
+		return "ENODEV";
+	case EINVAL:
+		return "EINVAL";
+	case 0:
+		return "0";
+	default:
+		return "?";
 	}
 }
 
 static int errno_from_name(const char *s)
 {
-	static const int all[] = {EACCES, ENOENT, EIO, EPROTO, ECONNRESET, ECONNREFUSED,
-				  ETIMEDOUT, EHOSTUNREACH, ENODEV, EINVAL};
+	static const int all[] = {EACCES,       ENOENT,    EIO,          EPROTO, ECONNRESET,
+				  ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ENODEV, EINVAL};
 
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 		if (!strcmp(s, errno_name(all[i])))
@@ -139,16 +151,31 @@ int main(int argc, char **argv)
 	p.timeout_ms = 15000;
 	while ((opt = getopt(argc, argv, "q:gGk:s:n:e:")) != -1) {
 		switch (opt) {
-		case 'q': hostnqn = optarg; break;
-		case 'g': p.hdgst = 1; break;
-		case 'G': p.ddgst = 1; break;
-		case 'k': p.kato_ms = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 's': idle_s = atoi(optarg); break;
-		case 'n': nsid = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'e': expect_err = errno_from_name(optarg); break;
+		case 'q':
+			hostnqn = optarg;
+			break;
+		case 'g':
+			p.hdgst = 1;
+			break;
+		case 'G':
+			p.ddgst = 1;
+			break;
+		case 'k':
+			p.kato_ms = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 's':
+			idle_s = atoi(optarg);
+			break;
+		case 'n':
+			nsid = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'e':
+			expect_err = errno_from_name(optarg);
+			break;
 		default:
-			fprintf(stderr, "usage: %s [-q hostnqn] [-g] [-G] [-k kato_ms] [-s idle_s] "
-					"[-n nsid] [-e ERRNO] ADDR PORT SUBNQN\n",
+			fprintf(stderr,
+				"usage: %s [-q hostnqn] [-g] [-G] [-k kato_ms] [-s idle_s] "
+				"[-n nsid] [-e ERRNO] ADDR PORT SUBNQN\n",
 				argv[0]);
 			return 2;
 		}
@@ -179,8 +206,8 @@ int main(int argc, char **argv)
 		memcpy(p.hostid + 4 * i, &h, 4);
 	}
 
-	printf("target %s:%s subsystem %s host %s digests %s%s kato %u ms\n", a, port, nqn,
-	       hostnqn, p.hdgst ? "H" : "-", p.ddgst ? "D" : "-", p.kato_ms);
+	printf("target %s:%s subsystem %s host %s digests %s%s kato %u ms\n", a, port, nqn, hostnqn,
+	       p.hdgst ? "H" : "-", p.ddgst ? "D" : "-", p.kato_ms);
 
 	struct fx_nvmf_ctrl *c = NULL;
 	int r = fx_tcp_ctrl_open(&addr, &p, 1, &c, &status);
@@ -216,8 +243,8 @@ int main(int argc, char **argv)
 	       c->io_queues, c->io_sqsize);
 	const struct fx_tcp_conn *admin = c->aq; /* an NVMe/TCP controller's admin queue */
 
-	printf("  admin      hdgst %d ddgst %d cpda %u maxh2cdata %u\n", admin->hdgst,
-	       admin->ddgst, admin->cpda, admin->maxh2cdata);
+	printf("  admin      hdgst %d ddgst %d cpda %u maxh2cdata %u\n", admin->hdgst, admin->ddgst,
+	       admin->cpda, admin->maxh2cdata);
 	CHECK_EQ(admin->hdgst, p.hdgst);
 	CHECK_EQ(admin->ddgst, p.ddgst);
 	CHECK(c->io_queues >= 1);
@@ -231,8 +258,8 @@ int main(int argc, char **argv)
 
 	r = fx_nvmf_ctrl_ns_info(c, nsid, &nsze, &bs);
 	CHECK_EQ(r, 0);
-	printf("namespace %u: %llu blocks of %u bytes (%llu MiB)\n", nsid,
-	       (unsigned long long)nsze, bs, (unsigned long long)(nsze * bs >> 20));
+	printf("namespace %u: %llu blocks of %u bytes (%llu MiB)\n", nsid, (unsigned long long)nsze,
+	       bs, (unsigned long long)(nsze * bs >> 20));
 	CHECK(bs >= 512 && nsze > 0);
 	uint64_t dummy;
 	uint32_t dbs;
@@ -254,9 +281,8 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < ne; i++) {
 		printf("  [%u] trtype %u adrfam %u subtype %u portid %u treq 0x%x %.*s:%.*s %.*s\n",
 		       i, e[i].trtype, e[i].adrfam, e[i].subtype, e[i].portid, e[i].treq,
-		       (int)strnlen(e[i].traddr, 256), e[i].traddr,
-		       (int)strnlen(e[i].trsvcid, 32), e[i].trsvcid,
-		       (int)strnlen(e[i].subnqn, 256), e[i].subnqn);
+		       (int)strnlen(e[i].traddr, 256), e[i].traddr, (int)strnlen(e[i].trsvcid, 32),
+		       e[i].trsvcid, (int)strnlen(e[i].subnqn, 256), e[i].subnqn);
 		if (e[i].trtype == NVMF_TRTYPE_TCP && !strncmp(e[i].subnqn, nqn, 256))
 			seen = 1;
 	}
@@ -279,7 +305,8 @@ int main(int argc, char **argv)
 	q.incap_max = c->ioccsz_bytes > 64 ? c->ioccsz_bytes - 64 : 0;
 	printf("  in-capsule writes up to %u bytes\n", q.incap_max);
 
-	uint64_t seed = test_seed() ^ (uint64_t)bs ^ (uint64_t)p.hdgst << 8 ^ (uint64_t)p.ddgst << 9;
+	uint64_t seed = test_seed() ^ (uint64_t)bs ^ (uint64_t)p.hdgst << 8 ^
+			(uint64_t)p.ddgst << 9;
 	uint64_t base = nsze / 2; /* away from any partition table */
 
 	write_read_check(&q, nsid, base, 1, bs, &seed);

@@ -24,8 +24,7 @@ static uint64_t rd64(const uint8_t *p)
 
 static uint32_t rd32(const uint8_t *p)
 {
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 static void wr32(uint8_t *p, uint32_t v)
@@ -73,16 +72,20 @@ static void test_layout(void)
 {
 	static const uint8_t key[] = "chunk-a"; /* 7 bytes -> padded to 8 */
 	struct fx_index_rec r[2] = {
-		{ .type = FX_REC_PUT, .flags = 0x5a, .key_len = 7,
-		  .data_crc = 0xdeadbeef, .off = 0x1122334455667788ULL,
-		  .len = 0x0000000100000000ULL, .dev = 0xa1b2c3d4, .key = key },
-		{ .type = FX_REC_DEL, .key_len = 1, .key = key },
+		{.type = FX_REC_PUT,
+		 .flags = 0x5a,
+		 .key_len = 7,
+		 .data_crc = 0xdeadbeef,
+		 .off = 0x1122334455667788ULL,
+		 .len = 0x0000000100000000ULL,
+		 .dev = 0xa1b2c3d4,
+		 .key = key},
+		{.type = FX_REC_DEL, .key_len = 1, .key = key},
 	};
 	uint8_t seg[256];
 
 	memset(seg, 0xee, sizeof(seg));
-	CHECK_EQ(fx_index_seg_encode(GEN, 42, r, 2, seg, sizeof(seg)),
-		 64 + 40 + 40);
+	CHECK_EQ(fx_index_seg_encode(GEN, 42, r, 2, seg, sizeof(seg)), 64 + 40 + 40);
 	CHECK(memcmp(seg, "FFXSEG01", 8) == 0);
 	CHECK_EQ(rd64(seg + 8), GEN);
 	CHECK_EQ(rd64(seg + 16), 42);
@@ -126,7 +129,7 @@ static void test_layout(void)
 static void test_encode_errors(void)
 {
 	static const uint8_t key[FX_KEY_MAX + 1];
-	struct fx_index_rec r = { .type = FX_REC_PUT, .key_len = 4, .key = key };
+	struct fx_index_rec r = {.type = FX_REC_PUT, .key_len = 4, .key = key};
 	uint8_t seg[2048];
 
 	r.key_len = 0;
@@ -134,8 +137,7 @@ static void test_encode_errors(void)
 	r.key_len = FX_KEY_MAX + 1;
 	CHECK_EQ(fx_index_seg_encode(GEN, 1, &r, 1, seg, sizeof(seg)), -EINVAL);
 	r.key_len = FX_KEY_MAX;
-	CHECK_EQ(fx_index_seg_encode(GEN, 1, &r, 1, seg, sizeof(seg)),
-		 64 + 32 + FX_KEY_MAX);
+	CHECK_EQ(fx_index_seg_encode(GEN, 1, &r, 1, seg, sizeof(seg)), 64 + 32 + FX_KEY_MAX);
 	r.key_len = 4;
 	r.type = 0;
 	CHECK_EQ(fx_index_seg_encode(GEN, 1, &r, 1, seg, sizeof(seg)), -EINVAL);
@@ -162,8 +164,7 @@ static void test_encode_errors(void)
 	free(out);
 }
 
-static unsigned rand_recs(uint64_t *rng, struct fx_index_rec *r, unsigned max,
-			  uint8_t *keys)
+static unsigned rand_recs(uint64_t *rng, struct fx_index_rec *r, unsigned max, uint8_t *keys)
 {
 	unsigned n = test_rand(rng) % (max + 1);
 
@@ -189,8 +190,7 @@ static unsigned rand_recs(uint64_t *rng, struct fx_index_rec *r, unsigned max,
 	return n;
 }
 
-static void check_same(const struct fx_index_rec *a,
-		       const struct fx_index_rec *b)
+static void check_same(const struct fx_index_rec *a, const struct fx_index_rec *b)
 {
 	CHECK_EQ(a->type, b->type);
 	CHECK_EQ(a->flags, b->flags);
@@ -231,29 +231,23 @@ static void test_round_trip(uint64_t *rng)
 		uint8_t *ex = exact_copy(seg, sz);
 
 		nrecs = 9999;
-		CHECK_EQ(fx_index_seg_decode(ex, sz, GEN, &seq, outr, MAXR + 1,
-					     &nrecs), sz);
+		CHECK_EQ(fx_index_seg_decode(ex, sz, GEN, &seq, outr, MAXR + 1, &nrecs), sz);
 		CHECK_EQ(seq, sq);
 		CHECK_EQ(nrecs, n);
 		for (unsigned i = 0; i < n; i++) {
 			check_same(&outr[i], &in[i]);
-			CHECK(outr[i].key >= ex + 64 &&
-			      outr[i].key + outr[i].key_len <= ex + sz);
+			CHECK(outr[i].key >= ex + 64 && outr[i].key + outr[i].key_len <= ex + sz);
 		}
 		free(ex);
-		CHECK_EQ(fx_index_seg_decode(seg, SEGCAP + 100, GEN, &seq, outr,
-					     n, &nrecs), sz);
-		CHECK_EQ(fx_index_seg_decode(seg, SEGCAP + 100, GEN + 1, &seq,
-					     outr, n, &nrecs), 0);
-		CHECK_EQ(fx_index_seg_decode(seg, SEGCAP + 100, ~GEN, &seq,
-					     outr, n, &nrecs), 0);
+		CHECK_EQ(fx_index_seg_decode(seg, SEGCAP + 100, GEN, &seq, outr, n, &nrecs), sz);
+		CHECK_EQ(fx_index_seg_decode(seg, SEGCAP + 100, GEN + 1, &seq, outr, n, &nrecs), 0);
+		CHECK_EQ(fx_index_seg_decode(seg, SEGCAP + 100, ~GEN, &seq, outr, n, &nrecs), 0);
 		if (n) {
 			nrecs = 0;
-			CHECK_EQ(fx_index_seg_decode(seg, sz, GEN, &seq, outr,
-						     n - 1, &nrecs), -ENOSPC);
+			CHECK_EQ(fx_index_seg_decode(seg, sz, GEN, &seq, outr, n - 1, &nrecs),
+				 -ENOSPC);
 			CHECK_EQ(nrecs, n);
-			CHECK_EQ(fx_index_seg_decode(seg, sz, GEN, &seq, NULL,
-						     0, &nrecs), -ENOSPC);
+			CHECK_EQ(fx_index_seg_decode(seg, sz, GEN, &seq, NULL, 0, &nrecs), -ENOSPC);
 			CHECK_EQ(nrecs, n);
 		}
 	}
@@ -288,7 +282,7 @@ static void test_flips_and_truncations(uint64_t *rng)
 {
 	static struct fx_index_rec in[6], outr[6];
 	static uint8_t keys[6 * FX_KEY_MAX];
-	static const uint8_t masks[] = { 0x01, 0x80, 0xff, 0x10 };
+	static const uint8_t masks[] = {0x01, 0x80, 0xff, 0x10};
 	uint8_t *seg = malloc(SEGCAP);
 	uint64_t seq;
 	unsigned n, nrecs;
@@ -306,8 +300,7 @@ static void test_flips_and_truncations(uint64_t *rng)
 				uint8_t *b = exact_copy(seg, sz);
 
 				b[i] ^= masks[m];
-				CHECK_EQ(fx_index_seg_decode(b, sz, GEN, &seq,
-							     outr, 6, &nrecs),
+				CHECK_EQ(fx_index_seg_decode(b, sz, GEN, &seq, outr, 6, &nrecs),
 					 i < 16 ? 0 : -EBADMSG);
 				free(b);
 			}
@@ -315,8 +308,7 @@ static void test_flips_and_truncations(uint64_t *rng)
 		for (int64_t k = 0; k < sz; k++) {
 			uint8_t *b = exact_copy(seg, k);
 
-			CHECK_EQ(fx_index_seg_decode(b, k, GEN, &seq, outr, 6,
-						     &nrecs),
+			CHECK_EQ(fx_index_seg_decode(b, k, GEN, &seq, outr, 6, &nrecs),
 				 k < 16 ? 0 : -EBADMSG);
 			free(b);
 		}
@@ -339,40 +331,38 @@ static void test_crafted(uint64_t *rng)
 
 	for (int i = 0; i < 4; i++) {
 		keys[i * FX_KEY_MAX] = (uint8_t)i;
-		in[i] = (struct fx_index_rec){ .type = FX_REC_PUT, .key_len = 8,
-					       .key = keys + i * FX_KEY_MAX };
+		in[i] = (struct fx_index_rec){
+			.type = FX_REC_PUT, .key_len = 8, .key = keys + i * FX_KEY_MAX};
 	}
 	sz = fx_index_seg_encode(GEN, 1, in, 4, seg, sizeof(seg));
 	CHECK_EQ(sz, 64 + 4 * 40);
 	(void)rng;
 
-#define MUTATE(stmt, plen, want)                                             \
-	do {                                                                 \
-		uint8_t t_[sizeof(seg)];                                     \
-		memcpy(t_, seg, sizeof(seg));                                \
-		stmt;                                                        \
-		fix_crc(t_, (plen));                                         \
-		uint8_t *b_ = exact_copy(t_, sz);                            \
-		CHECK_EQ(fx_index_seg_decode(b_, sz, GEN, &seq, outr, 8,     \
-					     &nrecs),                        \
-			 (want));                                            \
-		free(b_);                                                    \
+#define MUTATE(stmt, plen, want)                                                           \
+	do {                                                                               \
+		uint8_t t_[sizeof(seg)];                                                   \
+		memcpy(t_, seg, sizeof(seg));                                              \
+		stmt;                                                                      \
+		fix_crc(t_, (plen));                                                       \
+		uint8_t *b_ = exact_copy(t_, sz);                                          \
+		CHECK_EQ(fx_index_seg_decode(b_, sz, GEN, &seq, outr, 8, &nrecs), (want)); \
+		free(b_);                                                                  \
 	} while (0)
 
 	MUTATE((void)0, 160, sz);
-	MUTATE(wr32(t_ + 28, 3), 160, -EBADMSG);	/* fewer recs than payload */
-	MUTATE(wr32(t_ + 28, 5), 160, -EBADMSG);	/* more recs than payload */
+	MUTATE(wr32(t_ + 28, 3), 160, -EBADMSG); /* fewer recs than payload */
+	MUTATE(wr32(t_ + 28, 5), 160, -EBADMSG); /* more recs than payload */
 	MUTATE(wr32(t_ + 28, 0xffffffff), 160, -EBADMSG);
-	MUTATE(wr32(t_ + 24, 152), 152, -EBADMSG);	/* last record cut */
-	MUTATE(wr32(t_ + 24, 156), 156, -EBADMSG);	/* not 8-aligned */
-	MUTATE(wr32(t_ + 24, 168), 160, -EBADMSG);	/* past the buffer */
+	MUTATE(wr32(t_ + 24, 152), 152, -EBADMSG); /* last record cut */
+	MUTATE(wr32(t_ + 24, 156), 156, -EBADMSG); /* not 8-aligned */
+	MUTATE(wr32(t_ + 24, 168), 160, -EBADMSG); /* past the buffer */
 	MUTATE(wr32(t_ + 24, 0xfffffff8), 160, -EBADMSG);
-	MUTATE(t_[64 + 2] = 0, 160, -EBADMSG);		/* key_len 0 */
+	MUTATE(t_[64 + 2] = 0, 160, -EBADMSG);                         /* key_len 0 */
 	MUTATE((t_[64 + 2] = 0x01, t_[64 + 3] = 0x04), 160, -EBADMSG); /* 1025 */
-	MUTATE(t_[64 + 3] = 0xff, 160, -EBADMSG);	/* huge key_len */
-	MUTATE(t_[64 + 120 + 2] = 16, 160, -EBADMSG);	/* last key overruns */
-	MUTATE(t_[64 + 80 + 2] = 16, 160, -EBADMSG);	/* misframes the rest */
-	MUTATE(t_[64] = 0, 160, -EBADMSG);		/* bad type */
+	MUTATE(t_[64 + 3] = 0xff, 160, -EBADMSG);                      /* huge key_len */
+	MUTATE(t_[64 + 120 + 2] = 16, 160, -EBADMSG);                  /* last key overruns */
+	MUTATE(t_[64 + 80 + 2] = 16, 160, -EBADMSG);                   /* misframes the rest */
+	MUTATE(t_[64] = 0, 160, -EBADMSG);                             /* bad type */
 	MUTATE(t_[64 + 40] = 3, 160, -EBADMSG);
 	/* a record grows by 8 and nrecs drops by one: still consistent */
 	MUTATE((t_[64 + 2] = 16, wr32(t_ + 28, 3)), 160, -EBADMSG);
@@ -389,8 +379,8 @@ static void test_crafted(uint64_t *rng)
 static void test_hostile(uint64_t *rng)
 {
 	static struct fx_index_rec outr[16];
-	static const uint16_t kls[] = { 0, 1, 7, 8, 9, 16, 1024, 1025, 0xffff };
-	size_t counts[5] = { 0 };
+	static const uint16_t kls[] = {0, 1, 7, 8, 9, 16, 1024, 1025, 0xffff};
+	size_t counts[5] = {0};
 	uint64_t seq;
 	unsigned nrecs;
 
@@ -441,8 +431,7 @@ static void test_hostile(uint64_t *rng)
 				fix_crc(b, plen);
 		}
 		unsigned max = test_rand(rng) % 17;
-		int64_t rc = fx_index_seg_decode(b, len, GEN, &seq, outr, max,
-						 &nrecs);
+		int64_t rc = fx_index_seg_decode(b, len, GEN, &seq, outr, max, &nrecs);
 
 		if (rc > 0) {
 			CHECK(kind == 2);
@@ -451,8 +440,7 @@ static void test_hostile(uint64_t *rng)
 			for (unsigned i = 0; i < nrecs; i++) {
 				CHECK(outr[i].key >= b + 64);
 				CHECK(outr[i].key + outr[i].key_len <= b + rc);
-				CHECK(outr[i].key_len >= 1 &&
-				      outr[i].key_len <= FX_KEY_MAX);
+				CHECK(outr[i].key_len >= 1 && outr[i].key_len <= FX_KEY_MAX);
 			}
 			counts[0]++;
 		} else if (rc == 0) {
@@ -466,11 +454,10 @@ static void test_hostile(uint64_t *rng)
 		}
 		free(b);
 	}
-	printf("  hostile: %zu ok, %zu not-ours, %zu bad, %zu nospc\n",
-	       counts[0], counts[1], counts[2], counts[3]);
+	printf("  hostile: %zu ok, %zu not-ours, %zu bad, %zu nospc\n", counts[0], counts[1],
+	       counts[2], counts[3]);
 	/* the generator must actually reach every outcome */
-	CHECK(counts[0] > 1000 && counts[1] > 1000 && counts[2] > 1000 &&
-	      counts[3] > 100);
+	CHECK(counts[0] > 1000 && counts[1] > 1000 && counts[2] > 1000 && counts[3] > 100);
 }
 
 int main(void)

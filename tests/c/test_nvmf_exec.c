@@ -200,8 +200,7 @@ static void s_read_ok(struct peer *p)
 
 static void s_read_success_flag(struct peer *p)
 {
-	p_c2h(p, p->sqe.cid, 0, pattern, p->len,
-	      NVME_TCP_F_DATA_LAST | NVME_TCP_F_DATA_SUCCESS, 0);
+	p_c2h(p, p->sqe.cid, 0, pattern, p->len, NVME_TCP_F_DATA_LAST | NVME_TCP_F_DATA_SUCCESS, 0);
 }
 
 static void s_success_without_last(struct peer *p)
@@ -625,8 +624,8 @@ static void test_exec(void)
 			o.hdgst = hd;
 			o.ddgst = dd;
 			FRESH();
-			CHECK_EQ(run_case("read, two C2HData + CapsuleResp", s_read_ok, o, buf, &cqe,
-					  NULL, NULL),
+			CHECK_EQ(run_case("read, two C2HData + CapsuleResp", s_read_ok, o, buf,
+					  &cqe, NULL, NULL),
 				 0);
 			CHECK(memcmp(buf, pattern, L) == 0);
 			guard_ok(buf, L);
@@ -651,9 +650,9 @@ static void test_exec(void)
 	CHECK_EQ(cqe.status, 0);
 
 	FRESH();
-	CHECK_EQ(run_case("SUCCESS without LAST", s_success_without_last, rd, buf, &cqe, NULL,
-			  NULL),
-		 -EPROTO);
+	CHECK_EQ(
+		run_case("SUCCESS without LAST", s_success_without_last, rd, buf, &cqe, NULL, NULL),
+		-EPROTO);
 
 	FRESH();
 	CHECK_EQ(run_case("C2HData longer than the buffer", s_c2h_past_end, rd, buf, &cqe, &fes,
@@ -663,8 +662,8 @@ static void test_exec(void)
 	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
 
 	FRESH();
-	CHECK_EQ(run_case("C2HData offset past the end", s_c2h_offset_past_end, rd, buf, &cqe,
-			  &fes, NULL),
+	CHECK_EQ(run_case("C2HData offset past the end", s_c2h_offset_past_end, rd, buf, &cqe, &fes,
+			  NULL),
 		 -EPROTO);
 	guard_ok(buf, L);
 	for (uint32_t i = 0; i < L; i++)
@@ -673,21 +672,21 @@ static void test_exec(void)
 	FRESH();
 	CHECK_EQ(run_case("C2HData with a gap", s_c2h_gap, rd, buf, &cqe, NULL, NULL), -EPROTO);
 	FRESH();
-	CHECK_EQ(run_case("C2HData for another command", s_c2h_wrong_cid, rd, buf, &cqe, &fes,
-			  NULL),
-		 -EPROTO);
+	CHECK_EQ(
+		run_case("C2HData for another command", s_c2h_wrong_cid, rd, buf, &cqe, &fes, NULL),
+		-EPROTO);
 	CHECK_EQ(fes, NVME_TCP_FES_PDU_SEQ_ERR);
 	FRESH();
 	CHECK_EQ(run_case("C2HData after LAST_PDU", s_c2h_after_last, rd, buf, &cqe, NULL, NULL),
 		 -EPROTO);
 	FRESH();
-	CHECK_EQ(run_case("success after half the data", s_short_then_success, rd, buf, &cqe,
-			  NULL, NULL),
-		 -EPROTO);
-	FRESH();
-	CHECK_EQ(run_case("CapsuleResp for another cid", s_rsp_wrong_cid, rd, buf, &cqe, NULL,
+	CHECK_EQ(run_case("success after half the data", s_short_then_success, rd, buf, &cqe, NULL,
 			  NULL),
 		 -EPROTO);
+	FRESH();
+	CHECK_EQ(
+		run_case("CapsuleResp for another cid", s_rsp_wrong_cid, rd, buf, &cqe, NULL, NULL),
+		-EPROTO);
 
 	FRESH();
 	CHECK_EQ(run_case("NVMe error status", s_rsp_error, rd, buf, &cqe, &fes, NULL), -EIO);
@@ -761,8 +760,8 @@ static void test_exec(void)
 	CHECK_EQ(run_case("200 R2Ts for the same range", s_r2t_flood, wr, buf, &cqe, NULL, NULL),
 		 -EPROTO);
 	FRESH();
-	CHECK_EQ(run_case("write success after half the data", s_write_early_success, wr, buf,
-			  &cqe, NULL, NULL),
+	CHECK_EQ(run_case("write success after half the data", s_write_early_success, wr, buf, &cqe,
+			  NULL, NULL),
 		 -EPROTO);
 	FRESH();
 	CHECK_EQ(run_case("write success without an R2T", s_write_success_no_r2t, wr, buf, &cqe,
@@ -773,8 +772,7 @@ static void test_exec(void)
 		 -EPROTO);
 	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
 	FRESH();
-	CHECK_EQ(run_case("R2T past the end", s_r2t_past_end, wr, buf, &cqe, &fes, NULL),
-		 -EPROTO);
+	CHECK_EQ(run_case("R2T past the end", s_r2t_past_end, wr, buf, &cqe, &fes, NULL), -EPROTO);
 	CHECK_EQ(fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
 	FRESH();
 	CHECK_EQ(run_case("R2T of length 0", s_r2t_zero, wr, buf, &cqe, NULL, NULL), -EPROTO);
@@ -1009,8 +1007,8 @@ static void test_connect(void)
  * log's generation counter. */
 struct mini {
 	int lfd;
-	int ka_fail_after;   /* answer keep alive with an error after this many (-1: never) */
-	int genctr_changes;  /* header reads whose GENCTR differs from the previous */
+	int ka_fail_after;  /* answer keep alive with an error after this many (-1: never) */
+	int genctr_changes; /* header reads whose GENCTR differs from the previous */
 	uint32_t numrec;
 	/* identify/CAP overrides (0: the defaults below) */
 	unsigned mpsmin, mdts;
@@ -1133,7 +1131,8 @@ static void *mini_main(void *arg)
 			} else if (q.opcode == NVME_ADMIN_IDENTIFY) {
 				memset(data, 0, 4096);
 				if (q.cdw10 == NVME_ID_CNS_CTRL) {
-					data[NVME_IDC_MDTS] = (uint8_t)(m->mdts ? m->mdts : 1); /* 8 KiB */
+					data[NVME_IDC_MDTS] = (uint8_t)(m->mdts ? m->mdts
+										: 1); /* 8 KiB */
 					uint32_t io = m->ioccsz ? m->ioccsz : 4;
 
 					memcpy(data + NVME_IDC_IOCCSZ, &io, 4);
@@ -1144,7 +1143,8 @@ static void *mini_main(void *arg)
 
 					memcpy(data + NVME_IDNS_NSZE, &nsze, 8);
 					data[NVME_IDNS_NLBAF] = 1;
-					data[NVME_IDNS_FLBAS] = 0x11; /* format 1, high bits ignored */
+					data[NVME_IDNS_FLBAS] =
+						0x11; /* format 1, high bits ignored */
 					data[NVME_IDNS_LBAF + 2] = 9;
 					data[NVME_IDNS_LBAF + 4 + 2] = 12;
 				}

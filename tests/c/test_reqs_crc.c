@@ -14,11 +14,14 @@
 
 #include <string.h>
 
-static uint32_t one_request(struct req_table *t, char *buf, uint64_t len, uint64_t *rng,
-			    int fail)
+static uint32_t one_request(struct req_table *t, char *buf, uint64_t len, uint64_t *rng, int fail)
 {
-	struct fx_req fr = { .tag = 7, .op = FX_OP_READ, .flags = FX_REQ_CRC32C,
-			     .addr = buf, .len = len, .off = 0 };
+	struct fx_req fr = {.tag = 7,
+			    .op = FX_OP_READ,
+			    .flags = FX_REQ_CRC32C,
+			    .addr = buf,
+			    .len = len,
+			    .off = 0};
 	uint64_t starts[4096], lens[4096];
 	unsigned n = 0;
 	struct fx_cqe c;
@@ -69,8 +72,8 @@ static uint32_t one_request(struct req_table *t, char *buf, uint64_t len, uint64
 
 int main(void)
 {
-	static const uint64_t lens[] = { 1, 7, 4095, 4096, 4097, 65536 + 17, 1 << 20,
-					 (3 << 20) + 4097, (9 << 20) + 777 };
+	static const uint64_t lens[] = {
+		1, 7, 4095, 4096, 4097, 65536 + 17, 1 << 20, (3 << 20) + 4097, (9 << 20) + 777};
 	uint64_t rng = 12345;
 	struct req_table t;
 	size_t max = (9 << 20) + 777;

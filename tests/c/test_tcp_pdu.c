@@ -33,7 +33,8 @@ struct hcase {
 static const struct hcase cases[] = {
 	/* initialize connection */
 	{"icresp", C2H, 0, 0, NVME_TCP_ICRESP, 0, 128, 0, 128, 128},
-	{"icresp digests ignored before negotiation", C2H, 1, 1, NVME_TCP_ICRESP, 0, 128, 0, 128, 128},
+	{"icresp digests ignored before negotiation", C2H, 1, 1, NVME_TCP_ICRESP, 0, 128, 0, 128,
+	 128},
 	{"icresp with HDGSTF", C2H, 0, 0, NVME_TCP_ICRESP, HD, 128, 0, 128, -EPROTO},
 	{"icresp short plen", C2H, 0, 0, NVME_TCP_ICRESP, 0, 128, 0, 127, -EPROTO},
 	{"icresp long plen", C2H, 0, 0, NVME_TCP_ICRESP, 0, 128, 0, 132, -EPROTO},
@@ -76,7 +77,8 @@ static const struct hcase cases[] = {
 	{"c2hdata missing DDGSTF", C2H, 1, 1, NVME_TCP_C2H_DATA, HD, 24, 28, 28 + 512, -EPROTO},
 	{"c2hdata unexpected DDGSTF", C2H, 0, 0, NVME_TCP_C2H_DATA, DD, 24, 24, 24 + 516, -EPROTO},
 	{"c2hdata empty", C2H, 0, 0, NVME_TCP_C2H_DATA, LAST, 24, 24, 24, -EPROTO},
-	{"c2hdata empty with digests", C2H, 1, 1, NVME_TCP_C2H_DATA, HD | DD, 24, 28, 28 + 4, -EPROTO},
+	{"c2hdata empty with digests", C2H, 1, 1, NVME_TCP_C2H_DATA, HD | DD, 24, 28, 28 + 4,
+	 -EPROTO},
 	{"c2hdata pdo inside header", C2H, 0, 0, NVME_TCP_C2H_DATA, 0, 24, 16, 24 + 64, -EPROTO},
 	{"c2hdata pdo inside hdgst", C2H, 1, 0, NVME_TCP_C2H_DATA, HD, 24, 24, 28 + 64, -EPROTO},
 	{"c2hdata pdo at plen", C2H, 0, 0, NVME_TCP_C2H_DATA, 0, 24, 88, 88, -EPROTO},
@@ -106,13 +108,17 @@ static void test_table(void)
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct hcase *c = &cases[i];
 		struct nvme_tcp_hdr h = {
-			.type = c->type, .flags = c->flags, .hlen = c->hlen, .pdo = c->pdo,
+			.type = c->type,
+			.flags = c->flags,
+			.hlen = c->hlen,
+			.pdo = c->pdo,
 			.plen = c->plen,
 		};
 		int r = fx_tcp_pdu_check(&h, c->from_ctrl, c->hdgst, c->ddgst, MAXP);
 
 		if (r != c->want) {
-			fprintf(stderr, "case %zu \"%s\": got %d want %d\n", i, c->what, r, c->want);
+			fprintf(stderr, "case %zu \"%s\": got %d want %d\n", i, c->what, r,
+				c->want);
 			CHECK_EQ(r, c->want);
 		}
 	}
@@ -195,8 +201,7 @@ static void test_init_roundtrip(void)
 							CHECK(pdo >= hlen + hdl);
 							CHECK_EQ(pdo % ((pda + 1) * 4), 0);
 							CHECK(pdo < hlen + hdl + (pda + 1) * 4);
-							CHECK_EQ(h.plen,
-								 pdo + len + (dd ? 4 : 0));
+							CHECK_EQ(h.plen, pdo + len + (dd ? 4 : 0));
 						} else {
 							CHECK_EQ(pdo, 0);
 							CHECK_EQ(h.pdo, 0);
@@ -206,9 +211,9 @@ static void test_init_roundtrip(void)
 						if (!len && (type == NVME_TCP_H2C_DATA ||
 							     type == NVME_TCP_C2H_DATA))
 							continue;
-						CHECK_EQ(fx_tcp_pdu_check(&h, to_host, hd, dd,
-									  MAXP),
-							 (int)(hlen + hdl));
+						CHECK_EQ(
+							fx_tcp_pdu_check(&h, to_host, hd, dd, MAXP),
+							(int)(hlen + hdl));
 						/* ...and the other direction refuses it. */
 						CHECK_EQ(fx_tcp_pdu_check(&h, !to_host, hd, dd,
 									  MAXP),
@@ -283,8 +288,8 @@ static void test_xfer(void)
 
 	/* a write by R2T: in order, one outstanding, inside, no repeats */
 	fx_tcp_xfer_init(&x, 8192, 1, 0);
-	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO); /* nothing requested yet */
-	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0x4002), 0);  /* an error status may end it */
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO);          /* nothing requested yet */
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0x4002), 0);           /* an error status may end it */
 	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 4096), -EPROTO); /* skips data */
 	CHECK_EQ(x.fes, NVME_TCP_FES_DATA_OUT_OF_RANGE);
 	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 0), -EPROTO);
@@ -294,9 +299,9 @@ static void test_xfer(void)
 	CHECK_EQ(x.fes, NVME_TCP_FES_R2T_LIMIT_EXCEEDED);
 	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO);
 	fx_tcp_xfer_r2t_sent(&x);
-	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 4096), -EPROTO); /* repeat */
+	CHECK_EQ(fx_tcp_xfer_r2t(&x, 0, 4096), -EPROTO);           /* repeat */
 	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 0xfffff000u), -EPROTO); /* wraps 32 bits */
-	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO); /* half the data */
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO);                 /* half the data */
 	CHECK_EQ(fx_tcp_xfer_r2t(&x, 4096, 4096), 0);
 	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO); /* requested, not sent yet */
 	fx_tcp_xfer_r2t_sent(&x);
@@ -321,7 +326,7 @@ static void test_xfer(void)
 	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 1), -EPROTO); /* plen has no digest */
 	d.hdr.flags |= NVME_TCP_F_DATA_SUCCESS | NVME_TCP_F_DATA_LAST;
 	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO); /* SUCCESS before the end */
-	d.hdr.flags &= (uint8_t)~(NVME_TCP_F_DATA_SUCCESS | NVME_TCP_F_DATA_LAST);
+	d.hdr.flags &= (uint8_t) ~(NVME_TCP_F_DATA_SUCCESS | NVME_TCP_F_DATA_LAST);
 	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), 0);
 	CHECK_EQ(fx_tcp_xfer_c2h_done(&x, &d), 0);
 	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 3072, 0, 0, 0);
@@ -405,8 +410,8 @@ static void test_build(void)
 	const struct nvme_tcp_term_pdu *tp = (const struct nvme_tcp_term_pdu *)t;
 
 	memset(big, 0x5C, sizeof(big));
-	CHECK_EQ(fx_tcp_term_build(t, NVME_TCP_C2H_TERM, NVME_TCP_FES_HDR_DIGEST_ERR, 0x12345,
-				   big, sizeof(big)),
+	CHECK_EQ(fx_tcp_term_build(t, NVME_TCP_C2H_TERM, NVME_TCP_FES_HDR_DIGEST_ERR, 0x12345, big,
+				   sizeof(big)),
 		 24 + 152);
 	CHECK_EQ(tp->hdr.type, NVME_TCP_C2H_TERM);
 	CHECK_EQ(tp->hdr.hlen, 24);

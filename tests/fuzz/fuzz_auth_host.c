@@ -31,11 +31,11 @@
 #include "auth/auth_msg.h"
 #include "host/nvmf.h"
 
-#define FAIL(...) \
-	do { \
+#define FAIL(...)                                                \
+	do {                                                     \
 		fprintf(stderr, "fuzz_auth_host: " __VA_ARGS__); \
-		fprintf(stderr, "\n"); \
-		abort(); \
+		fprintf(stderr, "\n");                           \
+		abort();                                         \
 	} while (0)
 
 struct fake {
@@ -146,12 +146,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!ready) {
 		snprintf(p.hostnqn, sizeof(p.hostnqn), "nqn.2014-08.org.nvmexpress:uuid:fuzz");
 		snprintf(p.subnqn, sizeof(p.subnqn), "nqn.2026-11.io.fx100:fuzz");
-		if (fx_nvmf_params_set_secret(&p, 0,
-					      "DHHC-1:00:ICcuNTxDSlFYX2ZtdHuCiZCXnqWss7rByM/W3eTr8vmMpzdS:",
-					      NULL) ||
-		    fx_nvmf_params_set_secret(&p, 1,
-					      "DHHC-1:01:ICgwOEBIUFhgaHB4gIiQmKCosLjAyNDY4Ojw+AAIEBhKWqU/:",
-					      NULL))
+		if (fx_nvmf_params_set_secret(
+			    &p, 0,
+			    "DHHC-1:00:ICcuNTxDSlFYX2ZtdHuCiZCXnqWss7rByM/W3eTr8vmMpzdS:", NULL) ||
+		    fx_nvmf_params_set_secret(
+			    &p, 1,
+			    "DHHC-1:01:ICgwOEBIUFhgaHB4gIiQmKCosLjAyNDY4Ojw+AAIEBhKWqU/:", NULL))
 			FAIL("test secrets");
 		ready = 1;
 	}

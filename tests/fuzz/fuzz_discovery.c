@@ -24,11 +24,11 @@
 
 #include "host/ctrl.h"
 
-#define FAIL(...) \
-	do { \
+#define FAIL(...)                                                \
+	do {                                                     \
 		fprintf(stderr, "fuzz_discovery: " __VA_ARGS__); \
-		fprintf(stderr, "\n"); \
-		abort(); \
+		fprintf(stderr, "\n");                           \
+		abort();                                         \
 	} while (0)
 
 #define SCRIPT 8
@@ -39,7 +39,7 @@
 
 struct ctrl {
 	const uint8_t *script;
-	uint8_t *log; /* the log as the controller holds it now */
+	uint8_t *log;   /* the log as the controller holds it now */
 	size_t log_len; /* bytes of the log that are not zero */
 	unsigned calls, fails, hdr_reads;
 	int changed;
@@ -126,7 +126,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	numrec = le64(c.log + 8);
 	if (r == 0) {
 		if (n != numrec && !c.lied)
-			FAIL("%u entries returned, the log has %llu", n, (unsigned long long)numrec);
+			FAIL("%u entries returned, the log has %llu", n,
+			     (unsigned long long)numrec);
 		if ((n == 0) != (e == NULL))
 			FAIL("%u entries at %p", n, (void *)e);
 		for (uint32_t i = 0; i < n; i++) {
@@ -135,7 +136,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 			memset(want, 0, sizeof(want));
 			if (at < c.log_len)
-				memcpy(want, c.log + at, c.log_len - at < ENTRY ? c.log_len - at : ENTRY);
+				memcpy(want, c.log + at,
+				       c.log_len - at < ENTRY ? c.log_len - at : ENTRY);
 			if (!c.lied && memcmp(&e[i], want, ENTRY))
 				FAIL("entry %u is not what the log holds now", i);
 		}

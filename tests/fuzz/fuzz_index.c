@@ -24,11 +24,11 @@
 
 #include "fx100io.h"
 
-#define FAIL(...) \
-	do { \
+#define FAIL(...)                                            \
+	do {                                                 \
 		fprintf(stderr, "fuzz_index: " __VA_ARGS__); \
-		fprintf(stderr, "\n"); \
-		abort(); \
+		fprintf(stderr, "\n");                       \
+		abort();                                     \
 	} while (0)
 
 static uint64_t le64(const uint8_t *p)
@@ -42,8 +42,7 @@ static uint64_t le64(const uint8_t *p)
 
 static uint32_t le32(const uint8_t *p)
 {
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 static void put32(uint8_t *p, uint32_t v)
@@ -110,7 +109,8 @@ static int64_t decode_checked(const uint8_t *p, size_t len, uint64_t gen, uint64
 	}
 	size = fx_index_seg_decode(p, len, gen, &seq2, recs, n, &n2);
 	if (size <= 0 || n2 != n || seq2 != seq)
-		FAIL("decode with enough slots: %lld, %u records (%u before)", (long long)size, n2, n);
+		FAIL("decode with enough slots: %lld, %u records (%u before)", (long long)size, n2,
+		     n);
 	if ((uint64_t)size > len || size < FX_SEG_HDR_SIZE || size % 8)
 		FAIL("segment size %lld with %zu bytes left", (long long)size, len);
 	for (unsigned i = 0; i < n; i++) {
@@ -167,7 +167,7 @@ static int64_t decode_checked(const uint8_t *p, size_t len, uint64_t gen, uint64
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static const size_t block[4] = { 8, 64, 512, 4096 };
+	static const size_t block[4] = {8, 64, 512, 4096};
 	uint8_t ctl;
 	uint64_t gen, seq, last_seq = 0;
 	size_t len, pos, bs, extra;

@@ -35,7 +35,7 @@
 #define AUTH_NQN "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b"
 /* (test secrets: keys 00 01 .. 1f, SHA-256 transform; c8 c9 .. 1f, SHA-512) */
 #define AUTH_SECRET "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
-#define AUTH_CTRL_SECRET                                                                       \
+#define AUTH_CTRL_SECRET                                                                             \
 	"DHHC-1:03:yMnKy8zNzs/Q0dLT1NXW19jZ2tvc3d7f4OHi4+Tl5ucAAQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRob" \
 	"HB0eHy3QCJM=:"
 
@@ -102,7 +102,7 @@ static void must(int ok, const char *what)
 }
 
 static void send_pdu(int fd, uint8_t type, uint8_t hlen, const uint8_t *spec, size_t slen,
-                     const uint8_t *data, size_t dlen)
+		     const uint8_t *data, size_t dlen)
 {
 	uint8_t b[128 + 1024];
 	uint32_t plen = (uint32_t)(hlen + dlen);
@@ -209,16 +209,16 @@ static void setup(void)
 	memset(sqe, 0, sizeof(sqe));
 	sqe[0] = NVME_FABRICS_OPCODE;
 	sqe[1] = 0x40;
-	sqe[2] = 1;                        /* cid */
+	sqe[2] = 1; /* cid */
 	sqe[4] = NVMF_FCTYPE_CONNECT;
 	v32 = sizeof(data);
-	memcpy(sqe + 32, &v32, 4);         /* SGL length */
+	memcpy(sqe + 32, &v32, 4); /* SGL length */
 	sqe[39] = NVME_SGL_DATA_BLOCK_OFFSET;
 	v16 = 31;
-	memcpy(sqe + 44, &v16, 2);         /* sqsize; qid 0, KATO 0 */
+	memcpy(sqe + 44, &v16, 2); /* sqsize; qid 0, KATO 0 */
 	memset(data, 0, sizeof(data));
 	for (int i = 0; i < 16; i++)
-		data[i] = (uint8_t)i;          /* hostid */
+		data[i] = (uint8_t)i; /* hostid */
 	v16 = 0xFFFF;
 	memcpy(data + 16, &v16, 2);
 	memcpy(data + 256, SUBNQN, strlen(SUBNQN));

@@ -53,13 +53,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define H_CHECK(cond)                                                                  \
-	do {                                                                           \
-		if (!(cond)) {                                                         \
+#define H_CHECK(cond)                                                                      \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
 			fprintf(stderr, "%s:%d: harness invariant failed: %s\n", __FILE__, \
-			        __LINE__, #cond);                                      \
-			abort();                                                       \
-		}                                                                      \
+				__LINE__, #cond);                                          \
+			abort();                                                           \
+		}                                                                          \
 	} while (0)
 
 #define H_SQ 64
@@ -78,8 +78,8 @@ static const struct {
 	uint32_t len;
 	uint64_t off;
 } h_reqs[] = {
-	{FX_OP_READ, 4096, 0},     {FX_OP_WRITE, 1024, 8192}, {FX_OP_READ, 20480, 16384},
-	{FX_OP_WRITE, 12288, 65536}, {FX_OP_FLUSH, 0, 0},     {FX_OP_READ, 512, 131072},
+	{FX_OP_READ, 4096, 0},       {FX_OP_WRITE, 1024, 8192}, {FX_OP_READ, 20480, 16384},
+	{FX_OP_WRITE, 12288, 65536}, {FX_OP_FLUSH, 0, 0},       {FX_OP_READ, 512, 131072},
 };
 #define H_NREQ (sizeof(h_reqs) / sizeof(h_reqs[0]))
 
@@ -118,12 +118,12 @@ static struct harness H;
 static void (*h_read_check)(unsigned req, const char *buf, uint32_t len);
 static int h_trace = -1; /* FX_TCP_RX_TRACE=1: print each step (crash triage) */
 
-#define H_TRACE(...)                                                                  \
-	do {                                                                          \
-		if (h_trace < 0)                                                      \
-			h_trace = getenv("FX_TCP_RX_TRACE") != NULL;                   \
-		if (h_trace)                                                          \
-			fprintf(stderr, "harness: " __VA_ARGS__);                     \
+#define H_TRACE(...)                                                 \
+	do {                                                         \
+		if (h_trace < 0)                                     \
+			h_trace = getenv("FX_TCP_RX_TRACE") != NULL; \
+		if (h_trace)                                         \
+			fprintf(stderr, "harness: " __VA_ARGS__);    \
 	} while (0)
 
 static void h_fake_ring(struct io_uring *u, unsigned sq_entries)
@@ -199,11 +199,11 @@ static void h_take(void)
 			H_CHECK(!H.recv_armed);
 			H_CHECK(s->len > 0);
 			H_CHECK(h_inside(dst, s->len, c->rxhdr, sizeof(c->rxhdr)) ||
-			        h_inside(dst, s->len, c->rxpad, sizeof(c->rxpad)) ||
-			        (c->stage && h_inside(dst, s->len, c->stage, RX_STAGE)) ||
-			        h_inside(dst, s->len, c->rx_dg, sizeof(c->rx_dg)) ||
-			        (h_owner(dst, s->len) >= 0 &&
-			         h_reqs[h_owner(dst, s->len)].op == FX_OP_READ));
+				h_inside(dst, s->len, c->rxpad, sizeof(c->rxpad)) ||
+				(c->stage && h_inside(dst, s->len, c->stage, RX_STAGE)) ||
+				h_inside(dst, s->len, c->rx_dg, sizeof(c->rx_dg)) ||
+				(h_owner(dst, s->len) >= 0 &&
+				 h_reqs[h_owner(dst, s->len)].op == FX_OP_READ));
 			H.recv_armed = 1;
 			H.recv_dst = dst;
 			H.recv_len = s->len;
@@ -246,7 +246,8 @@ static void h_reap(void)
 			r->res = out[k].res;
 			if (h_reqs[out[k].tag].op == FX_OP_WRITE)
 				for (uint32_t i = 0; i < h_reqs[out[k].tag].len; i++)
-					H_CHECK((uint8_t)r->buf[i] == (uint8_t)(i * 7 + out[k].tag));
+					H_CHECK((uint8_t)r->buf[i] ==
+						(uint8_t)(i * 7 + out[k].tag));
 			if (out[k].res >= 0)
 				H_CHECK(out[k].res == h_reqs[out[k].tag].len);
 			if (out[k].res >= 0 && h_read_check && h_reqs[out[k].tag].op == FX_OP_READ)
@@ -400,8 +401,11 @@ static void h_setup(uint8_t cfg)
 		H_CHECK(!len || H.reqs[i].buf);
 		for (uint32_t k = 0; k < len; k++)
 			H.reqs[i].buf[k] = h_reqs[i].op == FX_OP_WRITE ? (char)(k * 7 + i) : 0;
-		r[i] = (struct fx_req){.tag = i, .addr = H.reqs[i].buf, .len = len,
-		                       .off = h_reqs[i].off, .op = h_reqs[i].op};
+		r[i] = (struct fx_req){.tag = i,
+				       .addr = H.reqs[i].buf,
+				       .len = len,
+				       .off = h_reqs[i].off,
+				       .op = h_reqs[i].op};
 	}
 	H_CHECK(fx_reqs_accept(&q->t, r, H_NREQ) == H_NREQ);
 	issue(q);

@@ -19,11 +19,11 @@
 #include <ctype.h>
 #include <limits.h>
 
-#define FAIL(...) \
-	do { \
+#define FAIL(...)                                          \
+	do {                                               \
 		fprintf(stderr, "fuzz_uri: " __VA_ARGS__); \
-		fprintf(stderr, "\n"); \
-		abort(); \
+		fprintf(stderr, "\n");                     \
+		abort();                                   \
 	} while (0)
 
 struct ref {
@@ -106,7 +106,8 @@ static int ref_parse(const char *s, struct ref *r)
 			for (int i = 0; ok && i < 32; i++)
 				ok = isxdigit((unsigned char)v[i]);
 			for (int i = 0; ok && i < 16; i++)
-				r->hostid[i] = (uint8_t)(hexval(v[2 * i]) << 4 | hexval(v[2 * i + 1]));
+				r->hostid[i] = (uint8_t)(hexval(v[2 * i]) << 4 |
+							 hexval(v[2 * i + 1]));
 		} else if (!strcmp(line, "nsid"))
 			ok = decimal(v, UINT32_MAX, &r->nsid);
 		else if (!strcmp(line, "queues"))
@@ -154,7 +155,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (r == 0) {
 		if (!d->addr.host[0] || !memchr(d->addr.host, 0, sizeof(d->addr.host)) ||
 		    !d->addr.port[0] || !memchr(d->addr.port, 0, sizeof(d->addr.port)) ||
-		    !d->params.subnqn[0] || !memchr(d->params.subnqn, 0, sizeof(d->params.subnqn)) ||
+		    !d->params.subnqn[0] ||
+		    !memchr(d->params.subnqn, 0, sizeof(d->params.subnqn)) ||
 		    !d->params.hostnqn[0] ||
 		    !memchr(d->params.hostnqn, 0, sizeof(d->params.hostnqn)))
 			FAIL("accepted without host, port, subsystem or host NQN");

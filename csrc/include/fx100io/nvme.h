@@ -129,9 +129,9 @@ struct nvme_sgl_desc {
 } FX_PACKED;
 _Static_assert(sizeof(struct nvme_sgl_desc) == 16, "SGL");
 
-#define NVME_SGL_DATA_BLOCK_OFFSET 0x01      /* data block, offset: in-capsule */
-#define NVME_SGL_TRANSPORT_DATA_BLOCK 0x5A   /* transport data block, transport A */
-#define NVME_SGL_KEYED_DATA_BLOCK 0x40       /* keyed data block, address (RDMA) */
+#define NVME_SGL_DATA_BLOCK_OFFSET 0x01    /* data block, offset: in-capsule */
+#define NVME_SGL_TRANSPORT_DATA_BLOCK 0x5A /* transport data block, transport A */
+#define NVME_SGL_KEYED_DATA_BLOCK 0x40     /* keyed data block, address (RDMA) */
 
 /* PSDT = 01b: SGLs for data, metadata in one contiguous buffer. Fabrics
  * commands must use SGLs. */
@@ -275,7 +275,7 @@ _Static_assert(offsetof(struct nvmf_property_cmd, value) == 48, "value");
 #define NVME_REG_VS 0x08
 #define NVME_REG_CC 0x14
 #define NVME_REG_CSTS 0x1c
-#define NVME_CAP_MQES(cap) ((uint32_t)((cap)&0xffff)) /* 0's based */
+#define NVME_CAP_MQES(cap) ((uint32_t)((cap)&0xffff))            /* 0's based */
 #define NVME_CAP_TIMEOUT(cap) ((uint32_t)(((cap) >> 24) & 0xff)) /* 500 ms units */
 #define NVME_CC_ENABLE 0x1
 #define NVME_CC_CSS_NVM (0u << 4)
@@ -311,8 +311,8 @@ _Static_assert(offsetof(struct nvmf_property_cmd, value) == 48, "value");
 
 /* Discovery log page (LID 0x70). */
 struct nvmf_disc_log_entry {
-	uint8_t trtype; /* 1 RDMA, 3 TCP */
-	uint8_t adrfam; /* 1 IPv4, 2 IPv6 */
+	uint8_t trtype;  /* 1 RDMA, 3 TCP */
+	uint8_t adrfam;  /* 1 IPv4, 2 IPv6 */
 	uint8_t subtype; /* 1 referral, 2 NVM subsystem, 3 current discovery */
 	uint8_t treq;
 	uint16_t portid;
