@@ -161,7 +161,9 @@ def claim(path: str | os.PathLike[str], *, create: bool = False, mode: int = 0o6
 
 def _leave_claim(key: tuple[int, int], was_claim: bool) -> None:
     with _claims_mu:
-        c = _claims[key]
+        c = _claims.get(key)
+        if c is None:  # a claim of the parent, forgotten at fork (_forget_claims_in_child)
+            return
         if was_claim:
             c.claims -= 1
         else:
@@ -176,3 +178,23 @@ def release_all(locks: list[FileLock]) -> None:
     for lk in locks:
         lk.release()
     locks.clear()
+
+
+def _forget_claims_in_child() -> None:
+    """A forked child inherits its parent's claims: their descriptors (and with them the
+    flocks) and the registry.  Neither is the child's: were they kept, the child's claim
+    would count as one more of the parent's and its store would open inside it, so two
+    processes would write one device.  The child drops both; its own claim then takes a
+    flock of its own, which the parent's refuses, and the device is let go of when the
+    parent releases it, whatever the child still runs."""
+    global _claims_mu
+    _claims_mu = threading.Lock()  # another thread may have held it at fork
+    for c in _claims.values():
+        try:
+            os.close(c.fd)
+        except OSError:
+            pass
+    _claims.clear()
+
+
+os.register_at_fork(after_in_child=_forget_claims_in_child)

@@ -114,3 +114,31 @@ def test_a_file_locked_outside_a_claim_cannot_be_claimed(tmp_path):
     with locks.lock(path, create=True):
         assert locks.claim(path) is None
     assert locks._claims == {}
+
+
+def test_a_forked_child_holds_none_of_its_parents_claims(tmp_path):
+    """A child forked while the parent claims a file can neither claim it nor take a lock
+    inside the parent's claim (two processes would write one device), and once the parent
+    releases, the file is free although the child still runs."""
+    path = tmp_path / "dev.img"
+    claim = locks.claim(path, create=True)
+    assert claim is not None
+    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then stay alive until told
+        try:
+            said = [locks.claim(path) is None, locks.lock(path, inside_claim=True) is None]
+            os.write(w, bytes(said))
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(r, 2) == b"\x01\x01"  # both refused in the child
+        claim.release()
+        assert _another_process_can_lock(path)  # the child's copy holds nothing
+    finally:
+        os.write(go_w, b"x")
+        os.waitpid(pid, 0)
+        for fd in (r, w, go_r, go_w):
+            os.close(fd)
