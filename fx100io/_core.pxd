@@ -85,6 +85,9 @@ cdef extern from "fx100io.h" nogil:
         uint64_t size
         uint32_t block_size
         uint32_t caps
+        uint8_t nguid[16]
+        uint8_t eui64[8]
+        uint8_t uuid[16]
 
     struct fx_queue_opts:
         uint32_t depth

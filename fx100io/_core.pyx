@@ -362,6 +362,13 @@ cdef class Dev:
     def caps(self):
         return self.info().caps
 
+    @property
+    def ns_ids(self):
+        """(nguid, eui64, uuid) of an NVMe-oF namespace, bytes each (all
+        zeroes where the namespace has none, and for files)."""
+        cdef fx_dev_info i = self.info()
+        return (bytes(i.nguid[:16]), bytes(i.eui64[:8]), bytes(i.uuid[:16]))
+
 
 cdef class Queue:
     """One submission/completion queue on a device; use from one thread."""

@@ -419,8 +419,19 @@ def open_device(uri: str, **opts: Any) -> Device:
     and the device runs on its /dev/nvmeXnY with io_uring and O_DIRECT like any
     block device; closing detaches the controller if this device attached it.
     Files and block devices are opened as they are with either).
+
+    An NVMe-oF URI naming several paths to one subsystem
+    (``nvme+tcp://A:4420,B:4420/NQN``) or ``paths=discover`` gives a
+    :class:`fx100io.multipath.MultipathDevice`: the same calls, each request
+    moved to another live path when its path fails (docs/nvme-tcp.md).
     """
-    return Device(os.fspath(uri) if isinstance(uri, os.PathLike) else uri, **opts)
+    uri = os.fspath(uri) if isinstance(uri, os.PathLike) else uri
+    if isinstance(uri, str) and opts.get("path", "user") == "user" and \
+            uri.split("://", 1)[0].lower() in fabric_uri.SCHEMES and fabric_uri.is_multipath(uri):
+        from fx100io.multipath import MultipathDevice
+
+        return MultipathDevice(uri, **opts)  # type: ignore[return-value]
+    return Device(uri, **opts)
 
 
 async def _io_done(drv: QueueDriver, f: Any) -> Any:

@@ -24,6 +24,7 @@ INT = "int"  # decimal digits only, within range
 BOOL = "bool"  # 0, 1, true or false; the transport gets 0 or 1
 TEXT = "text"  # a string the parser checks on its own (hostnqn, hostid)
 SECRET = "secret"  # a DH-HMAC-CHAP secret, checked by the C parser that reads it
+CHOICE = "choice"  # one of FabricOption.choices
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class FabricOption:
     # where a secret goes in nvme-cli's JSON configuration (the kernel path never puts
     # a secret on a command line)
     kernel_config_key: str | None = None
+    # CHOICE only: the values it takes, the first being the default
+    choices: tuple[str, ...] = ()
+    # read by the multipath layer (fx100io/multipath.py) above the C devices, which never
+    # see it: it has no key in the C target string
+    multipath: bool = False
 
     @property
     def key(self) -> str:
@@ -83,6 +89,13 @@ OPTIONS: tuple[FabricOption, ...] = (
                  kernel_flag="--hostid"),
     FabricOption("dhchap_secret", SECRET, "the host's DH-HMAC-CHAP secret",
                  kernel_config_key="dhchap_key"),
+    FabricOption("paths", CHOICE, "which paths to the subsystem a URI names: 'listed' (the "
+                 "comma-separated HOST:PORT list of its authority) or 'discover' (those and "
+                 "every address the discovery log lists for the subsystem)",
+                 choices=("listed", "discover"), userspace_only=True, multipath=True),
+    FabricOption("policy", CHOICE, "how I/O is spread over the live paths: 'round-robin' or "
+                 "'queue-depth' (the path with the fewest commands in flight)",
+                 choices=("round-robin", "queue-depth"), userspace_only=True, multipath=True),
     FabricOption("dhchap_ctrl_secret", SECRET, "the controller's DH-HMAC-CHAP secret "
                  "(bidirectional authentication)", kernel_config_key="dhchap_ctrl_key"),
 )
@@ -97,4 +110,4 @@ SECRET_OPTIONS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.secret)
 
 def target_keys() -> tuple[str, ...]:
     """Every key the C transport's target string may carry."""
-    return (*ENDPOINT_KEYS, *(o.key for o in OPTIONS))
+    return (*ENDPOINT_KEYS, *(o.key for o in OPTIONS if not o.multipath))

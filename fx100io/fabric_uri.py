@@ -193,6 +193,10 @@ def parse(uri: str) -> dict[str, str]:
             opts[spec.key] = "1" if v in ("1", "true") else "0"
         elif spec.kind == fo.TEXT:
             opts[spec.key] = v
+        elif spec.kind == fo.CHOICE:
+            if v not in spec.choices:
+                raise _bad(f"URI option {key} must be one of {', '.join(spec.choices)}", uri)
+            # the multipath layer's (multipath_options): no C device reads it
         else:
             opts[spec.key] = _secret(key, raw[key], uri)
     _secrets_pair(opts, uri)
@@ -200,6 +204,45 @@ def parse(uri: str) -> dict[str, str]:
     opts["hostnqn"] = _text("the host NQN", opts.get("hostnqn", nqn), NQN_MAX, uri)
     opts["hostid"] = _hostid(opts.get("hostid", hid), uri)
     return opts
+
+
+def split_paths(uri: str) -> list[str]:
+    """The one-path URIs of a URI whose authority lists several paths to
+    one subsystem (``nvme+tcp://10.0.0.1:4420,10.0.1.1:4420/NQN?...``), in
+    order, each with the whole path and query; [uri] for a one-path URI.
+    Each is checked as parse() checks a URI."""
+    scheme = scheme_of(uri)
+    rest = uri.split("://", 1)[1]
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    hosts = netloc.split(",")
+    if len(hosts) == 1:
+        parse(uri)
+        return [uri]
+    if any(not h for h in hosts):
+        raise _bad("an empty path in the URI's HOST:PORT list", uri)
+    out = [f"{scheme}://{h}{tail}" for h in hosts]
+    seen = set()
+    for one in out:
+        opts = parse(one)
+        where = (opts["host"], opts["port"])
+        if where in seen:
+            raise _bad(f"path {where[0]}:{where[1]} is listed twice", uri)
+        seen.add(where)
+    return out
+
+
+def is_multipath(uri: str) -> bool:
+    """Whether an NVMe-oF URI asks for the multipath layer: several paths
+    in its authority, or paths=discover."""
+    return len(split_paths(uri)) > 1 or multipath_options(uri)["paths"] == "discover"
+
+
+def multipath_options(uri: str) -> dict[str, str]:
+    """The multipath options of a URI (fabric_options rows with
+    multipath=True), each its default when absent; checked by parse()."""
+    q = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query, keep_blank_values=True).items()}
+    return {o.name: q.get(o.name, o.choices[0]) for o in fo.OPTIONS if o.multipath}
 
 
 def _secrets_pair(opts: dict[str, str], uri: str) -> None:

@@ -286,12 +286,43 @@ fail_connect:
 	return r;
 }
 
+/* Walk a Namespace Identification Descriptor list (4096 bytes from the
+ * controller: every length is checked against the page's end, and a
+ * descriptor of the wrong length for its type is skipped). */
+static void ns_desc_list(const uint8_t *page, struct fx_nvmf_ns_ids *ids)
+{
+	size_t off = 0;
+
+	while (off + sizeof(struct nvme_ns_id_desc) <= 4096) {
+		const struct nvme_ns_id_desc *h = (const void *)(page + off);
+		size_t body = off + sizeof(*h);
+
+		if (h->nidt == 0 || h->nidl == 0 || body + h->nidl > 4096)
+			return;
+		if (h->nidt == NVME_NIDT_EUI64 && h->nidl == 8)
+			memcpy(ids->eui64, page + body, 8);
+		else if (h->nidt == NVME_NIDT_NGUID && h->nidl == 16)
+			memcpy(ids->nguid, page + body, 16);
+		else if (h->nidt == NVME_NIDT_UUID && h->nidl == 16)
+			memcpy(ids->uuid, page + body, 16);
+		off = body + h->nidl;
+	}
+}
+
 int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze, uint32_t *lba_size)
+{
+	return fx_nvmf_ctrl_ns_info_ids(c, nsid, nsze, lba_size, NULL);
+}
+
+int fx_nvmf_ctrl_ns_info_ids(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
+			     uint32_t *lba_size, struct fx_nvmf_ns_ids *ids)
 {
 	uint8_t *id;
 	uint16_t sf = 0;
 	int r;
 
+	if (ids)
+		memset(ids, 0, sizeof(*ids));
 	if (nsid == 0 || nsid == 0xffffffffu)
 		return -EINVAL;
 	id = malloc(4096);
@@ -330,6 +361,23 @@ int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze, 
 	}
 	*nsze = size;
 	*lba_size = 1u << lbads;
+	if (ids) {
+		memcpy(ids->nguid, id + NVME_IDNS_NGUID, 16);
+		memcpy(ids->eui64, id + NVME_IDNS_EUI64, 8);
+		ids->anagrpid = fx_nvmf_le32(id + NVME_IDNS_ANAGRPID);
+		static const uint8_t zero[16];
+		/* Only when Identify gave neither (Linux's target reports a
+		 * UUID alone by default): CNS 03h is optional before NVMe 1.3,
+		 * and a refusal costs only the UUID. */
+		if (!memcmp(ids->nguid, zero, 16) && !memcmp(ids->eui64, zero, 8)) {
+			memset(id, 0, 4096);
+			pthread_mutex_lock(&c->lock);
+			int r2 = identify(c, NVME_ID_CNS_NS_DESC_LIST, nsid, id, &sf);
+			pthread_mutex_unlock(&c->lock);
+			if (r2 == 0)
+				ns_desc_list(id, ids);
+		}
+	}
 out:
 	free(id);
 	return r;

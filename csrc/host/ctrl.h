@@ -54,6 +54,20 @@ int fx_nvmf_ctrl_open(const struct fx_nvmf_transport *tr, const struct fx_nvmf_a
  * 64 bits).  -ENODEV (nsid not active), -EPROTO (unusable LBA format or a size
  * that overflows 64 bits). */
 int fx_nvmf_ctrl_ns_info(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze, uint32_t *lba_size);
+/* A namespace's identifiers; all zeroes: the namespace has none of that
+ * kind. */
+struct fx_nvmf_ns_ids {
+	uint8_t nguid[16];
+	uint8_t eui64[8];
+	uint8_t uuid[16];
+	uint32_t anagrpid; /* 0: the controller reports no ANA group */
+};
+/* fx_nvmf_ctrl_ns_info, and the identifiers: NGUID, EUI-64 and ANAGRPID
+ * from the same Identify Namespace; only where it gave neither NGUID nor
+ * EUI-64, the Namespace Identification Descriptor list (CNS 03h) too, for a
+ * UUID (a controller that refuses it leaves ids zero). */
+int fx_nvmf_ctrl_ns_info_ids(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
+			     uint32_t *lba_size, struct fx_nvmf_ns_ids *ids);
 /* Stop keep alive, shut the controller down (CC.SHN), close the admin queue. */
 void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c);
 /* Get Log Page lid from off (chunks of MDTS), on the admin queue; the

@@ -216,7 +216,8 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	uint32_t mdts = c->mdts_bytes;
 	if (d->tr->max_xfer && (!mdts || d->tr->max_xfer < mdts))
 		mdts = d->tr->max_xfer;
-	ret = fx_nvmf_ctrl_ns_info(c, d->nsid, &nsze, &lba);
+	struct fx_nvmf_ns_ids ids;
+	ret = fx_nvmf_ctrl_ns_info_ids(c, d->nsid, &nsze, &lba, &ids);
 	if (ret == 0 && !fx_nvmf_xfer_size(d->max_xfer, mdts, lba)) {
 		fprintf(stderr,
 			"fx100io: %s: nsid %u: blocks of %u bytes exceed the controller's "
@@ -235,7 +236,9 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	}
 	pthread_mutex_lock(&d->lock);
 	old = d->ctrl;
-	if (old && (lba != d->info->block_size || nsze * lba != d->info->size)) {
+	if (old && (lba != d->info->block_size || nsze * lba != d->info->size ||
+		    memcmp(ids.nguid, d->info->nguid, 16) || memcmp(ids.eui64, d->info->eui64, 8) ||
+		    memcmp(ids.uuid, d->info->uuid, 16))) {
 		/* A different namespace behind the same name: never write
 		 * to it as if it were the old one. */
 		pthread_mutex_unlock(&d->lock);
@@ -249,6 +252,9 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	d->ctrl_epoch++;
 	d->info->size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
 	d->info->block_size = lba;
+	memcpy(d->info->nguid, ids.nguid, 16);
+	memcpy(d->info->eui64, ids.eui64, 8);
+	memcpy(d->info->uuid, ids.uuid, 16);
 	d->max_xfer = fx_nvmf_xfer_size(d->max_xfer, mdts, lba);
 	pthread_mutex_unlock(&d->lock);
 	/* Only open_lock holders use a ctrl pointer beyond lock, so the old

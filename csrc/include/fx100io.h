@@ -186,6 +186,12 @@ struct fx_dev_info {
 	uint64_t size;       /* bytes */
 	uint32_t block_size; /* logical block size: alignment for direct I/O */
 	uint32_t caps;       /* FX_CAP_* */
+	/* NVMe-oF: the namespace's identifiers (all zeroes where it has none,
+	 * and for files), so that several paths can be checked to reach one
+	 * namespace. */
+	uint8_t nguid[16];
+	uint8_t eui64[8];
+	uint8_t uuid[16];
 };
 
 struct fx_queue_opts {

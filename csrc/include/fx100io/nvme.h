@@ -350,4 +350,52 @@ _Static_assert(sizeof(struct nvmf_disc_log_hdr) == 1024, "disc hdr");
 
 #define NVMF_NQN_SIZE 256
 
+/* ---- multipath: namespace identifiers and ANA (NVMe Base 2.0) ----
+ * What the host needs to recognise one namespace behind several
+ * controllers and to follow its Asymmetric Namespace Access state. */
+#define NVME_ID_CNS_NS_DESC_LIST 0x03 /* Namespace Identification Descriptors */
+#define NVME_IDNS_ANAGRPID 92         /* u32 */
+#define NVME_IDNS_NGUID 104           /* 16 bytes */
+#define NVME_IDNS_EUI64 120           /* 8 bytes */
+/* A Namespace Identification Descriptor: NIDT, NIDL, 2 reserved, then NIDL
+ * bytes of identifier; the list ends at a NIDT of 0 or after 4096 bytes. */
+struct nvme_ns_id_desc {
+	uint8_t nidt;
+	uint8_t nidl;
+	uint8_t rsvd[2];
+};
+_Static_assert(sizeof(struct nvme_ns_id_desc) == 4, "NS id descriptor header");
+#define NVME_NIDT_EUI64 0x1 /* NIDL 8 */
+#define NVME_NIDT_NGUID 0x2 /* NIDL 16 */
+#define NVME_NIDT_UUID 0x3  /* NIDL 16 */
+#define NVME_LOG_ANA 0x0c
+/* ANA log page: this header, then one descriptor per group, each followed
+ * by NNSIDS 32-bit NSIDs. */
+struct nvme_ana_log_hdr {
+	uint64_t chgcnt;
+	uint16_t ngrps;
+	uint8_t rsvd[6];
+};
+_Static_assert(sizeof(struct nvme_ana_log_hdr) == 16, "ANA log header");
+struct nvme_ana_group_desc {
+	uint32_t grpid;
+	uint32_t nnsids;
+	uint64_t chgcnt;
+	uint8_t state; /* bits 3:0, NVME_ANA_* */
+	uint8_t rsvd[15];
+};
+_Static_assert(sizeof(struct nvme_ana_group_desc) == 32, "ANA group descriptor");
+enum nvme_ana_state {
+	NVME_ANA_OPTIMIZED = 0x1,
+	NVME_ANA_NONOPTIMIZED = 0x2,
+	NVME_ANA_INACCESSIBLE = 0x3,
+	NVME_ANA_PERSISTENT_LOSS = 0x4,
+	NVME_ANA_CHANGE = 0xf,
+};
+/* Path Related Status (SCT 3h): the command did not run on this path. */
+#define NVME_SCT_PATH 0x3
+#define NVME_SC_ANA_PERSISTENT_LOSS 0x01
+#define NVME_SC_ANA_INACCESSIBLE 0x02
+#define NVME_SC_ANA_TRANSITION 0x03
+
 #endif
