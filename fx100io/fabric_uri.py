@@ -2,6 +2,8 @@
 
 ``nvme+tcp://HOST:PORT/SUBNQN?ns=1&queues=4&hdgst=1&ddgst=1&hostnqn=...``
 ``nvme+rdma://HOST:PORT/SUBNQN?ns=1&queues=4&qsize=128&hostnqn=...``
+``nvme+tcp://HOST1:PORT1,HOST2:PORT2/SUBNQN?policy=queue-depth`` (several
+paths to one namespace: fx100io/multipath.py; options paths and policy)
 
 Query options: ns (namespace id, 1), queues (I/O connections per thread, 1),
 hdgst / ddgst (header / data digests, 0), hostnqn and hostid (default: this
