@@ -73,6 +73,9 @@ struct fx_transport_ops {
 	int (*queue_submit)(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
 	int (*queue_reap)(struct fx_queue *q, struct fx_cqe *out, unsigned max);
 	int (*queue_wait)(struct fx_queue *q, unsigned min, int timeout_ms);
+	/* NVMe-oF: the namespace's ANA group and state (fx_dev_ana); NULL
+	 * where the transport has no controller behind it. */
+	int (*dev_ana)(struct fx_dev *d, uint32_t *grpid, uint8_t *state);
 };
 
 /* Every transport's device and queue start with these headers. */

@@ -34,6 +34,15 @@ void fx_dev_info(const struct fx_dev *d, struct fx_dev_info *info)
 	*info = d->info;
 }
 
+int fx_dev_ana(struct fx_dev *d, uint32_t *grpid, uint8_t *state)
+{
+	if (!d || !grpid || !state)
+		return -EINVAL;
+	if (!d->ops->dev_ana)
+		return -EOPNOTSUPP;
+	return d->ops->dev_ana(d, grpid, state);
+}
+
 void fx_dev_close(struct fx_dev *d)
 {
 	if (d)

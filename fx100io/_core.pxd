@@ -105,6 +105,7 @@ cdef extern from "fx100io.h" nogil:
     int fx_dev_open(const char *transport, const char *target,
                     const fx_dev_opts *opts, fx_dev **out)
     void fx_dev_get_info "fx_dev_info"(const fx_dev *d, fx_dev_info *info)
+    int fx_dev_ana(fx_dev *d, uint32_t *grpid, uint8_t *state)
     void fx_dev_close(fx_dev *d)
     int fx_queue_create(fx_dev *d, const fx_queue_opts *opts, fx_queue **out)
     void fx_queue_destroy(fx_queue *q)

@@ -362,6 +362,20 @@ cdef class Dev:
     def caps(self):
         return self.info().caps
 
+    def ana_state(self):
+        """(ANA group id, state) of an NVMe-oF namespace, read from its
+        controller's ANA log page now (blocks on the network, without the
+        GIL); OSError (EOPNOTSUPP where there is no ANA reporting)."""
+        cdef uint32_t grpid = 0
+        cdef uint8_t state = 0
+        cdef int rc
+        if self.d == NULL:
+            raise error_from_errno(9, self.target)
+        with nogil:
+            rc = fx_dev_ana(self.d, &grpid, &state)
+        check(rc, self.target)
+        return (grpid, state)
+
     @property
     def ns_ids(self):
         """(nguid, eui64, uuid) of an NVMe-oF namespace, bytes each (all

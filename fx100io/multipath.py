@@ -20,7 +20,14 @@ What moves a request: a path error (a dropped or refused connection, a
 command past io_timeout_ms, a protocol error, a controller re-opened onto
 another namespace, or an NVMe Path Related Status, SCT 3h, without DNR).
 Anything else (a media error, a bad argument) is the caller's answer on any
-path and is returned as is.  A path that failed is taken out of the rotation
+path and is returned as is.  Requests go to optimized paths (ANA: the
+namespace's group state in each controller's ANA log page, LID 0Ch; a
+controller that reports no ANA counts as optimized), to non-optimized ones
+only when no optimized one is live, never to inaccessible ones.  The ANA
+log of each path is read at open, when a path comes back, and every
+ANA_POLL_S by one thread of the device (the asynchronous event notice is
+not handled yet); a Path Related Status on a completion takes the path out
+at once.  A path that failed is taken out of the rotation
 and a thread of its own (never the caller's, never the event loop) brings it
 back: it re-opens the path's Device if it had none, then reads one block
 until a read succeeds, reconnect_ms apart.  While no path is live a request
@@ -79,6 +86,12 @@ SCT_PATH = 0x3  # Path Related Status: 01h persistent loss, 02h inaccessible, 03
 WAIT_STEP_S = 0.02  # how often a request with no live path looks again
 
 LIVE, DOWN, REFUSED = "live", "down", "refused"
+# ANA states (NVMe Base 2.0, the ANA log page), and ours for "none reported"
+ANA_NONE, ANA_OPTIMIZED, ANA_NONOPTIMIZED, ANA_INACCESSIBLE, ANA_LOSS, ANA_CHANGE = 0, 1, 2, 3, 4, 15
+ANA_NAMES = {ANA_NONE: "none", ANA_OPTIMIZED: "optimized", ANA_NONOPTIMIZED: "non-optimized",
+             ANA_INACCESSIBLE: "inaccessible", ANA_LOSS: "persistent-loss",
+             ANA_CHANGE: "change"}
+ANA_POLL_S = 1.0  # how often the ANA log of each path is read (until the AER is handled)
 
 
 def path_error(res: int, status: int) -> bool:
@@ -110,9 +123,17 @@ class _Path:
         self.errors = 0
         self.failovers = 0
         self.prober: threading.Thread | None = None
+        #: ANA state of the namespace's group on this path (ANA_*); ANA_NONE
+        #: where the controller reports none (the path counts as optimized)
+        self.ana = ANA_NONE
+        self.ana_group = 0
+        #: held around calls into the path's C device from the threads of
+        #: this module (ANA reads), so that close never frees it under them
+        self.dev_lock = threading.Lock()
 
     def stats(self) -> dict[str, Any]:
         return {"path": self.label, "state": self.state, "why": self.why,
+                "ana_group": self.ana_group, "ana_state": ANA_NAMES.get(self.ana, str(self.ana)),
                 "commands": self.commands, "bytes": self.bytes, "errors": self.errors,
                 "failovers": self.failovers, "inflight": self.inflight}
 
@@ -161,6 +182,13 @@ class MultipathDevice:
                 log.warning("fx100io: multipath %s: path %s is down at open (%s); it is "
                             "retried in the background", self.uri, p.label, p.why)
                 self._start_prober(p)
+        for p in self._paths:
+            self._read_ana(p)
+        self._watcher: threading.Thread | None = None
+        if any(p.ana_group for p in self._paths):
+            self._watcher = threading.Thread(target=self._watch_ana, daemon=True,
+                                             name="fx100io-mpath-ana")
+            self._watcher.start()
         self.target = self._live()[0].dev.target  # type: ignore[union-attr]
         self.transport = self._live()[0].dev.transport  # type: ignore[union-attr]
         self.engine = "io_uring"
@@ -199,10 +227,11 @@ class MultipathDevice:
         return [p for p in self._paths if p.state == LIVE]
 
     def _pick(self) -> _Path | None:
-        """A live path by the policy, or None.  (Step 1 has no ANA: every
-        live path counts as optimized.)"""
+        """A live path by the policy, or None: an optimized one (or one
+        whose controller reports no ANA), else a non-optimized one."""
         with self._lock:
-            live = self._live()
+            live = [p for p in self._live() if p.ana in (ANA_NONE, ANA_OPTIMIZED)] or \
+                [p for p in self._live() if p.ana == ANA_NONOPTIMIZED]
             if not live:
                 return None
             if self.policy == "queue-depth":
@@ -230,6 +259,34 @@ class MultipathDevice:
             log.warning("fx100io: multipath %s: path %s failed (%s); its requests move to "
                         "another path", self.uri, p.label, p.why)
             self._start_prober(p)
+
+    def _read_ana(self, p: _Path) -> None:
+        """Read path p's ANA state from its controller (blocks on the
+        network: never on an event loop)."""
+        with p.dev_lock:
+            dev = p.dev
+            if dev is None or self._closed:
+                return
+            try:
+                grp, state = dev._dev.ana_state()
+            except OSError as e:
+                if e.errno == _errno.EOPNOTSUPP:
+                    grp, state = 0, ANA_NONE
+                else:
+                    return  # no controller now: the path's errors say so
+        with self._lock:
+            if state != p.ana and p.ana_group:
+                log.warning("fx100io: multipath %s: path %s: ANA group %d is %s (was %s)",
+                            self.uri, p.label, grp, ANA_NAMES.get(state, state),
+                            ANA_NAMES.get(p.ana, p.ana))
+            p.ana_group, p.ana = grp, state
+
+    def _watch_ana(self) -> None:
+        """Re-read every opened path's ANA state, ANA_POLL_S apart."""
+        while not self._closing.wait(ANA_POLL_S):
+            for p in self._paths:
+                if p.dev is not None and p.state != REFUSED:
+                    self._read_ana(p)
 
     def _release(self, p: _Path) -> None:
         with self._lock:
@@ -260,6 +317,7 @@ class MultipathDevice:
                 if buf is None:
                     buf = bytearray(dev.block_size)
                 dev.read_into_blocking(0, buf)
+                self._read_ana(p)
             except PathMismatchError as e:
                 log.error("fx100io: multipath %s: %s", self.uri, e)
                 with self._lock:
@@ -491,11 +549,15 @@ class MultipathDevice:
     def _close_paths(self) -> None:
         with self._lock:
             self._closed = True
-            devs = [p.dev for p in self._paths if p.dev is not None]
+            devs = [(p, p.dev) for p in self._paths if p.dev is not None]
             probers = [p.prober for p in self._paths if p.prober is not None]
         self._closing.set()
-        for d in devs:
-            d.close()
+        for p, d in devs:
+            with p.dev_lock:
+                d.close()
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            probers.append(watcher)
         for t in probers:
             if t is not threading.current_thread():
                 t.join(timeout=5)

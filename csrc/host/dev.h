@@ -45,6 +45,7 @@ struct fx_nvmf_dev {
 	int max_reconnects;
 	uint8_t *qid_used;   /* [1..ctrl->io_queues] */
 	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
+	uint32_t anagrpid;   /* the namespace's ANA group (0: none reported) */
 	uint16_t next_qid;
 };
 
@@ -83,6 +84,16 @@ void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
 			    struct fx_nvmf_io_conn *res);
 /* Close a connected I/O queue and give its qid back. */
 void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_io_conn *res);
+
+/*
+ * The namespace's ANA group and its state now (NVME_ANA_*), from the
+ * controller's ANA log page (LID 0Ch, read on the admin queue; waits on the
+ * network, so never call it on an event loop).  -EOPNOTSUPP (the namespace
+ * reports no ANA group, or the controller has no ANA log), -ENOTCONN (no
+ * controller now), -ENOENT (the log has no descriptor for the group),
+ * -EPROTO (a malformed page), the admin queue's errors.
+ */
+int fx_nvmf_dev_ana(struct fx_nvmf_dev *d, uint32_t *grpid, uint8_t *state);
 
 /* Bytes per command: want (0: 1 MiB) within MDTS and NLB, whole blocks;
  * 0 when not even one block fits. */

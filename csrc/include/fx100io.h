@@ -231,6 +231,15 @@ struct fx_queue;
 int fx_dev_open(const char *transport, const char *target, const struct fx_dev_opts *opts,
 		struct fx_dev **out);
 void fx_dev_info(const struct fx_dev *d, struct fx_dev_info *info);
+/*
+ * An NVMe-oF namespace's ANA group and its Asymmetric Namespace Access
+ * state now (1 optimized, 2 non-optimized, 3 inaccessible, 4 persistent
+ * loss, 15 change), read from the controller's ANA log page; blocks on the
+ * network (call it off any event loop).  -EOPNOTSUPP (not NVMe-oF, or the
+ * namespace reports no ANA group), -ENOTCONN (no controller now), -ENOENT,
+ * -EPROTO (a malformed log page), the admin queue's errors.
+ */
+int fx_dev_ana(struct fx_dev *d, uint32_t *grpid, uint8_t *state);
 /* Close the device; all its queues must be destroyed first. */
 void fx_dev_close(struct fx_dev *d);
 

@@ -861,6 +861,11 @@ fail:
 	return ret;
 }
 
+static int rdma_dev_ana(struct fx_dev *d, uint32_t *grpid, uint8_t *state)
+{
+	return fx_nvmf_dev_ana(&((struct rdma_dev *)d)->nd, grpid, state);
+}
+
 const struct fx_transport_ops fx_transport_rdma = {
 	.name = "nvme+rdma",
 	.dev_open = rdma_dev_open,
@@ -870,4 +875,5 @@ const struct fx_transport_ops fx_transport_rdma = {
 	.queue_submit = rq_submit,
 	.queue_reap = rq_reap,
 	.queue_wait = rq_wait,
+	.dev_ana = rdma_dev_ana,
 };

@@ -1412,6 +1412,11 @@ fail:
 	return ret;
 }
 
+static int tcp_dev_ana(struct fx_dev *d, uint32_t *grpid, uint8_t *state)
+{
+	return fx_nvmf_dev_ana(&((struct tcp_dev *)d)->nd, grpid, state);
+}
+
 const struct fx_transport_ops fx_transport_tcp = {
 	.name = "nvme+tcp",
 	.dev_open = tcp_dev_open,
@@ -1421,4 +1426,5 @@ const struct fx_transport_ops fx_transport_tcp = {
 	.queue_submit = tq_submit,
 	.queue_reap = tq_reap,
 	.queue_wait = tq_wait,
+	.dev_ana = tcp_dev_ana,
 };

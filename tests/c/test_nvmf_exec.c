@@ -10,6 +10,7 @@
  * 127.0.0.1 (no other network).
  */
 #include "transport/tcp_ctrl.h"
+#include "host/ana.h"
 #include "nvme_tcp/pdu.h"
 #include "nvme_tcp/xfer.h"
 #include "check.h"
@@ -1319,6 +1320,45 @@ static void test_ctrl(void)
 	mini_stop(&m, th);
 }
 
+/* The ANA log page parser against pages a controller could send, the
+ * hostile ones included: every count is held to the page's length. */
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void test_ana_log(void)
+{
+	uint8_t log[16 + 2 * 32 + 2 * 4] = {0};
+	uint8_t st = 0;
+	uint64_t cnt = 0;
+
+	log[8] = 2;            /* NGRPS */
+	put_le32(log + 16, 5); /* group 5 */
+	put_le32(log + 20, 2); /* two NSIDs follow */
+	log[24] = 7;           /* CHGCNT */
+	log[32] = NVME_ANA_NONOPTIMIZED;
+	put_le32(log + 48, 1);
+	put_le32(log + 52, 2);
+	put_le32(log + 56, 9);                  /* group 9 */
+	log[72] = 0xf0 | NVME_ANA_INACCESSIBLE; /* reserved bits ignored */
+	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 5, &st, &cnt), 0);
+	CHECK_EQ(st, NVME_ANA_NONOPTIMIZED);
+	CHECK_EQ(cnt, 7);
+	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 9, &st, &cnt), 0);
+	CHECK_EQ(st, NVME_ANA_INACCESSIBLE);
+	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 4, &st, &cnt), -ENOENT);
+	/* cut anywhere inside: never read past len */
+	CHECK_EQ(fx_nvmf_ana_find(log, 10, 5, &st, &cnt), -EPROTO);
+	CHECK_EQ(fx_nvmf_ana_find(log, 40, 5, &st, &cnt), -EMSGSIZE);
+	CHECK_EQ(fx_nvmf_ana_find(log, 60, 9, &st, &cnt), -EMSGSIZE);
+	/* an NSID count that runs past the page */
+	put_le32(log + 20, 0xffffffffu);
+	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 9, &st, &cnt), -EMSGSIZE);
+	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 5, &st, &cnt), 0);
+}
+
 int main(void)
 {
 	uint64_t s = test_seed();
@@ -1328,6 +1368,7 @@ int main(void)
 	test_exec();
 	test_connect();
 	test_ctrl();
+	test_ana_log();
 	printf("test_nvmf_exec: ok\n");
 	return 0;
 }

@@ -79,6 +79,26 @@ def test_uri_lists_paths():
             fabric_uri.split_paths(bad)
 
 
+def test_paths_chosen_by_ana_state():
+    """Optimized paths first, non-optimized only when no optimized one is
+    live, inaccessible ones never (the choice alone: a target that reports
+    ANA states drives it in the lab and target tests)."""
+    from fx100io import multipath as mp
+
+    dev = object.__new__(MultipathDevice)
+    dev._lock = __import__("threading").Lock()
+    dev.policy, dev._rr = "round-robin", 0
+    dev._paths = [mp._Path(f"nvme+tcp://127.0.0.1:{4420 + i}/{NQN}") for i in range(3)]
+    for p, ana in zip(dev._paths, (mp.ANA_NONOPTIMIZED, mp.ANA_OPTIMIZED, mp.ANA_INACCESSIBLE)):
+        p.state, p.ana = mp.LIVE, ana
+    picked = {dev._pick() for _ in range(6)}
+    assert picked == {dev._paths[1]}
+    dev._paths[1].state = mp.DOWN
+    assert {dev._pick() for _ in range(6)} == {dev._paths[0]}
+    dev._paths[0].ana = mp.ANA_CHANGE
+    assert dev._pick() is None
+
+
 def test_path_errors_told_from_request_errors():
     assert path_error(-104, 0)  # ECONNRESET
     assert path_error(-110, 0)  # ETIMEDOUT
@@ -108,6 +128,11 @@ def test_two_paths_one_namespace(backing):
             assert np.array_equal(out, data)
             stats = dev.path_stats()
             assert [s["state"] for s in stats] == ["live", "live"]
+            # our target reports no ANA group: both paths count as optimized
+            assert [s["ana_state"] for s in stats] == ["none", "none"]
+            with pytest.raises(OSError) as e:
+                dev._paths[0].dev._dev.ana_state()  # type: ignore[union-attr]
+            assert e.value.errno == 95  # EOPNOTSUPP
             # round-robin: both paths carried commands, every byte counted once
             assert all(s["commands"] >= 4 for s in stats), stats
             assert sum(s["bytes"] for s in stats) == 16 * BS
