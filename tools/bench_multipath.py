@@ -103,12 +103,16 @@ def main() -> int:
             one = f"nvme+tcp://127.0.0.1:{porta}/{NQN}"
             two = f"nvme+tcp://127.0.0.1:{porta},127.0.0.1:{portb}/{NQN}?policy={a.policy}"
             rates = {}
-            for name, uri in (("1 path", one), ("2 paths", two), ("1 path again", one)):
+            # the multipath layer over one path: its own cost, apart from the second path's
+            one_mp = f"{one}?paths=discover"
+            for name, uri in (("1 path", one), ("2 paths", two), ("1 path, mp", one_mp),
+                              ("1 path again", one)):
                 with fx100io.open_device(uri) as dev:
                     n, errs = asyncio.run(load(dev, a.seconds, bs, a.depth, size, a.write_pct))
                     rates[name] = n / a.seconds / 1e9
                     print(f"{name:>13}: {rates[name]:.3f} GB/s ({errs} errors)")
             base = (rates["1 path"] + rates["1 path again"]) / 2
+            print(f"multipath layer on 1 path / 1 path: {rates['1 path, mp'] / base:.3f}")
             print(f"2-path/1-path ratio: {rates['2 paths'] / base:.3f} "
                   f"(bs {a.bs}, depth {a.depth}, {a.write_pct}% writes, policy {a.policy})")
             marks: list[float] = []
