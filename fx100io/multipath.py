@@ -84,6 +84,9 @@ PATH_ERRNOS = frozenset({
 })
 SCT_PATH = 0x3  # Path Related Status: 01h persistent loss, 02h inaccessible, 03h transition
 WAIT_STEP_S = 0.02  # how often a request with no live path looks again
+# A request moves at most this many times per path: paths that keep coming
+# back and failing at once cannot keep it forever.
+MAX_MOVES = 8
 
 LIVE, DOWN, REFUSED = "live", "down", "refused"
 # ANA states (NVMe Base 2.0, the ANA log page), and ours for "none reported"
@@ -335,24 +338,28 @@ class MultipathDevice:
             return
 
     def _no_path(self, last: Completion | None) -> Completion:
-        if last is not None:
-            return last
+        """What a request gets when it found no live path for io_timeout_ms
+        (or moved MAX_MOVES times per path): -ETIMEDOUT, which _check turns
+        into an FxTimeoutError naming every path and why it is out."""
         return (-_errno.ETIMEDOUT, 0)
 
     # -- one request, over paths ---------------------------------------------
     async def _one(self, op: int, offset: int, buf: Any) -> Completion:
-        """Run one request to its end on some path: its completion, the
-        first success or the last path's error once no path was live for
-        io_timeout_ms."""
+        """Run one request to its end on some path: the first completion
+        that is not a path error, or (-ETIMEDOUT, 0) once no path was live
+        for io_timeout_ms (or it moved MAX_MOVES times per path)."""
         import asyncio
 
         from fx100io.device import _io_done
 
         last: Completion | None = None
         waiting_since: float | None = None
+        moves = 0
         while True:
             if self._closed:
                 raise DeviceClosedError(9, "device is closed", self.uri)
+            if moves >= MAX_MOVES * len(self._paths):
+                return self._no_path(last)
             p = self._pick()
             if p is None:
                 now = time.monotonic()
@@ -373,12 +380,14 @@ class MultipathDevice:
                 if isinstance(e, Exception) and _exc_path_error(e) and not self._closed:
                     self._done(p, 0, 0, e)
                     last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
+                    moves += 1
                     continue
                 self._release(p)
                 raise
             if path_error(done[0], done[1]) and not self._closed:
                 self._done(p, done[0], 0, _describe(done))
                 last = done
+                moves += 1
                 continue
             self._done(p, done[0], r[3], None)
             return done
@@ -386,9 +395,12 @@ class MultipathDevice:
     def _one_blocking(self, op: int, offset: int, buf: Any) -> Completion:
         last: Completion | None = None
         waiting_since: float | None = None
+        moves = 0
         while True:
             if self._closed:
                 raise DeviceClosedError(9, "device is closed", self.uri)
+            if moves >= MAX_MOVES * len(self._paths):
+                return self._no_path(last)
             p = self._pick()
             if p is None:
                 now = time.monotonic()
@@ -407,12 +419,14 @@ class MultipathDevice:
                 if isinstance(e, Exception) and _exc_path_error(e) and not self._closed:
                     self._done(p, 0, 0, e)
                     last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
+                    moves += 1
                     continue
                 self._release(p)
                 raise
             if path_error(done[0], done[1]) and not self._closed:
                 self._done(p, done[0], 0, _describe(done))
                 last = done
+                moves += 1
                 continue
             self._done(p, done[0], r[3], None)
             return done
@@ -423,8 +437,10 @@ class MultipathDevice:
             raise error_from_status(status, f"{self.uri} offset {offset}")
         if res < 0:
             err = error_from_errno(-res, f"{self.uri} offset {offset}")
-            if -res == _errno.ETIMEDOUT and not self._live():
-                err = FxTimeoutError(_errno.ETIMEDOUT, f"no live path for {self.io_timeout_s:g} s "
+            if -res == _errno.ETIMEDOUT:
+                err = FxTimeoutError(_errno.ETIMEDOUT, f"no path carried it (none live for "
+                                     f"{self.io_timeout_s:g} s, or each failed it {MAX_MOVES} "
+                                     "times) "
                                      f"({'; '.join(p.label + ': ' + p.why for p in self._paths)})",
                                      f"{self.uri} offset {offset}")
             raise err
