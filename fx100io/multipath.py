@@ -87,6 +87,7 @@ WAIT_STEP_S = 0.02  # how often a request with no live path looks again
 # A request moves at most this many times per path: paths that keep coming
 # back and failing at once cannot keep it forever.
 MAX_MOVES = 8
+MAX_DISCOVERY = 8  # discovery controllers paths=discover reads, referrals included
 
 LIVE, DOWN, REFUSED = "live", "down", "refused"
 # ANA states (NVMe Base 2.0, the ANA log page), and ours for "none reported"
@@ -625,8 +626,11 @@ def _member_uri(uri: str) -> str:
 
 
 def _discovered(uris: list[str]) -> list[str]:
-    """The listed paths, then every other address the discovery log of the
-    first one lists for the subsystem over the same transport."""
+    """The listed paths, then every other address of the same transport that
+    the discovery log lists for the subsystem: the log of the first listed
+    address, and of the discovery controllers its referrals name (Linux's
+    target lists only the port asked on, and points at its other ports by
+    referrals), at most MAX_DISCOVERY of them."""
     first = uris[0]
     scheme = fabric_uri.scheme_of(first)
     opts = fabric_uri.parse(first)
@@ -634,24 +638,40 @@ def _discovered(uris: list[str]) -> list[str]:
     disc_q = "&".join(kv for kv in query.split("&")
                       if kv.split("=", 1)[0] in ("hostnqn", "hostid", "dhchap_secret",
                                                  "dhchap_ctrl_secret"))
-    host = f"[{opts['host']}]" if ":" in opts["host"] else opts["host"]
-    try:
-        log_entries = fabric_uri.discover(f"{scheme}://{host}:{opts['port']}"
-                                          + (f"?{disc_q}" if disc_q else ""))
-    except OSError as e:
-        raise InvalidArgumentError(_errno.EINVAL, f"paths=discover: reading the discovery log "
-                                   f"failed: {e}", fabric_uri.redact(first)) from e
-    seen = {(fabric_uri.parse(u)["host"], fabric_uri.parse(u)["port"]) for u in uris}
-    out = list(uris)
     tail = head.split("://", 1)[1]
     tail = tail[tail.find("/"):] if "/" in tail else "/"
-    for ent in log_entries:
-        if ent.get("subnqn") != opts["subnqn"] or ent.get("trtype") != fabric_uri.SCHEMES[scheme]:
+    seen = {(fabric_uri.parse(u)["host"], fabric_uri.parse(u)["port"]) for u in uris}
+    out = list(uris)
+    todo = [(opts["host"], opts["port"])]
+    asked: set[tuple[str, str]] = set()
+    while todo and len(asked) < MAX_DISCOVERY:
+        where = todo.pop(0)
+        if where in asked:
             continue
-        addr, port = str(ent.get("traddr", "")).strip(), str(ent.get("trsvcid", "")).strip()
-        if not addr or not port or (addr, port) in seen:
+        asked.add(where)
+        host = f"[{where[0]}]" if ":" in where[0] else where[0]
+        try:
+            entries = fabric_uri.discover(f"{scheme}://{host}:{where[1]}"
+                                          + (f"?{disc_q}" if disc_q else ""))
+        except OSError as e:
+            if where == (opts["host"], opts["port"]):
+                raise InvalidArgumentError(_errno.EINVAL, f"paths=discover: reading the "
+                                           f"discovery log failed: {e}",
+                                           fabric_uri.redact(first)) from e
+            log.warning("fx100io: paths=discover: the discovery log at %s:%s: %s", *where, e)
             continue
-        seen.add((addr, port))
-        h = f"[{addr}]" if ":" in addr else addr
-        out.append(f"{scheme}://{h}:{port}{tail}" + (f"?{query}" if query else ""))
+        for ent in entries:
+            if ent.get("trtype") != fabric_uri.SCHEMES[scheme]:
+                continue
+            addr = (str(ent.get("traddr", "")).strip(), str(ent.get("trsvcid", "")).strip())
+            if not all(addr):
+                continue
+            if str(ent.get("subtype", "")).startswith("discovery"):
+                todo.append(addr)
+                continue
+            if ent.get("subnqn") != opts["subnqn"] or addr in seen:
+                continue
+            seen.add(addr)
+            h = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+            out.append(f"{scheme}://{h}:{addr[1]}{tail}" + (f"?{query}" if query else ""))
     return out

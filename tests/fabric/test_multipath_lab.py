@@ -121,3 +121,33 @@ def test_ana_states_move_traffic_with_no_failed_request(fabric_lab, second_port)
         assert asyncio.run(main_flow()) > 0
         wait_for(lambda: dev.path_stats()[0]["state"] == "live"
                  and dev.path_stats()[0]["ana_state"] == "optimized", "path 0 optimized again")
+
+
+@pytest.fixture
+def referral(fabric_lab, second_port):
+    """A referral on the lab's port to the second one: Linux's discovery
+    log lists only the port it is read on, and names the others so."""
+    main, _ = second_port
+    r = f"{NVMET}/ports/{main}/referrals/fxmp"
+    fabric_lab.guest(f"echo 0 > {r}/enable; rmdir {r}")
+    sh(fabric_lab, f"mkdir {r} && echo tcp > {r}/addr_trtype && echo ipv4 > {r}/addr_adrfam"
+                   f" && echo {fabric_lab.host} > {r}/addr_traddr && echo {PORT} > {r}/addr_trsvcid"
+                   f" && echo 1 > {r}/enable")
+    try:
+        yield second_port
+    finally:
+        fabric_lab.guest(f"echo 0 > {r}/enable; rmdir {r}")
+
+
+def test_paths_discover_follows_the_referral(fabric_lab, referral):
+    _, nqn = referral
+    uri = (f"nvme+tcp://{fabric_lab.host}:{fabric_lab.port}/{nqn}"
+           f"?hostnqn={fabric_lab.allowed_host_nqn}&paths=discover")
+    with fx100io.open_device(uri) as dev:
+        st = dev.path_stats()  # type: ignore[attr-defined]
+        assert [s["path"].split("/")[2] for s in st] == \
+            [f"{fabric_lab.host}:{fabric_lab.port}", f"{fabric_lab.host}:{PORT}"], st
+        buf = np.zeros(BS, np.uint8)
+        for _ in range(4):
+            assert dev.read_into_blocking(0, buf) == BS
+        assert all(s["commands"] >= 2 for s in dev.path_stats())
