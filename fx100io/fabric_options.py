@@ -91,7 +91,7 @@ OPTIONS: tuple[FabricOption, ...] = (
                  kernel_config_key="dhchap_key"),
     FabricOption("paths", CHOICE, "which paths to the subsystem a URI names: 'listed' (the "
                  "comma-separated HOST:PORT list of its authority) or 'discover' (those and "
-                 "every address the discovery log lists for the subsystem)",
+                 "every address the discovery log and its referrals list for the subsystem)",
                  choices=("listed", "discover"), userspace_only=True, multipath=True),
     FabricOption("policy", CHOICE, "how I/O is spread over the live paths: 'round-robin' or "
                  "'queue-depth' (the path with the fewest commands in flight)",
