@@ -7,7 +7,7 @@ Two `fx100io target` processes serve one backing file on two loopback ports
 machine's CPUs, so the goal on loopback is a 2-path/1-path ratio of at least
 0.95, not 2.
 
-    python3 tools/bench_multipath.py [--seconds 5] [--bs 1M] [--depth 16]
+    python3 tools/bench_multipath.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 16]
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ async def load(dev, seconds: float, bs: int, depth: int, size: int, write_pct: i
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bs", default="1M")
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--size", default="256M")
@@ -102,18 +103,22 @@ def main() -> int:
         try:
             one = f"nvme+tcp://127.0.0.1:{porta}/{NQN}"
             two = f"nvme+tcp://127.0.0.1:{porta},127.0.0.1:{portb}/{NQN}?policy={a.policy}"
-            rates = {}
+            runs: dict[str, list[float]] = {"1 path": [], "2 paths": [], "1 path, mp": []}
             # the multipath layer over one path: its own cost, apart from the second path's
             one_mp = f"{one}?paths=discover"
-            for name, uri in (("1 path", one), ("2 paths", two), ("1 path, mp", one_mp),
-                              ("1 path again", one)):
-                with fx100io.open_device(uri) as dev:
-                    n, errs = asyncio.run(load(dev, a.seconds, bs, a.depth, size, a.write_pct))
-                    rates[name] = n / a.seconds / 1e9
-                    print(f"{name:>13}: {rates[name]:.3f} GB/s ({errs} errors)")
-            base = (rates["1 path"] + rates["1 path again"]) / 2
-            print(f"multipath layer on 1 path / 1 path: {rates['1 path, mp'] / base:.3f}")
-            print(f"2-path/1-path ratio: {rates['2 paths'] / base:.3f} "
+            # interleaved rounds, medians: a shared machine's load drifts within a run
+            for r in range(a.rounds):
+                for name, uri in (("1 path", one), ("2 paths", two), ("1 path, mp", one_mp)):
+                    with fx100io.open_device(uri) as dev:
+                        n, errs = asyncio.run(load(dev, a.seconds, bs, a.depth, size,
+                                                   a.write_pct))
+                    runs[name].append(n / a.seconds / 1e9)
+                    print(f"round {r + 1} {name:>10}: {runs[name][-1]:.3f} GB/s ({errs} errors)")
+            med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+            base = med["1 path"]
+            print("medians: " + ", ".join(f"{k} {v:.3f} GB/s" for k, v in med.items()))
+            print(f"multipath layer on 1 path / 1 path: {med['1 path, mp'] / base:.3f}")
+            print(f"2-path/1-path ratio: {med['2 paths'] / base:.3f} "
                   f"(bs {a.bs}, depth {a.depth}, {a.write_pct}% writes, policy {a.policy})")
             marks: list[float] = []
             with fx100io.open_device(two + "&reconnect_ms=100") as dev:
