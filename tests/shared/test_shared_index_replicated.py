@@ -23,7 +23,7 @@ from support.shared_redis import RedisClusterSet, RedisSentinelSet, serve
 from fx100io import errors
 from fx100io.cli import main as cli_main
 from fx100io.store.shared import IndexUnavailableError, SharedChunkStore
-from fx100io.store.shared.index import IndexNotReplicatedError
+from fx100io.store.shared.index import IndexNotReplicatedError, glob_escape
 from fx100io.store.shared.index_url import parse_index_url
 
 MiB = 1 << 20
@@ -156,9 +156,11 @@ def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     assert len(nodes) >= 2, "the test's names should land on more than one node"
     for name, (_u, st) in pools.items():
         assert get(st, f"{name}-k")[:len(name)] == name.encode()
-    # the node of alpha's slot loses its data: rebuild over the cluster URL
+    # alpha's index is lost (its keys only: other pools may share its node):
+    # rebuild over the cluster URL
     uris, st = pools["alpha"]
-    st._index.sync_client().flushall()
+    r = st._index.sync_client()
+    r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
     assert get(st, "alpha-k") is None
     out = io.StringIO()
     with redirect_stdout(out):
@@ -169,6 +171,20 @@ def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     # another create over alpha's namespace asks alpha's own node about it
     with pytest.raises(errors.NotAStoreError):
         SharedChunkStore(uris, cluster.url(), create=True, size=16 * MiB, name="delta")
+    # the node serving beta's slot dies (no replica to promote): beta's gets
+    # miss and its puts fail within the timeout; the pools on other nodes go on
+    _u, beta = pools["beta"]
+    port = beta._index.sync_client().connection_pool.connection_kwargs["port"]
+    next(s for s in cluster.servers if s.port == port).stop(signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(IndexUnavailableError):
+        beta.batch_put_blocking(["beta-2"], [b"b2"])
+    assert time.monotonic() - t0 < 3 * beta._index.timeout + 1
+    assert get(beta, "beta-k") is None
+    for name, (_u, st) in pools.items():
+        if st._index.sync_client().connection_pool.connection_kwargs["port"] != port:
+            st.batch_put_blocking([f"{name}-2"], [b"2"])
+            assert get(st, f"{name}-2")[:1] == b"2"
     for _u, st in pools.values():
         st.close()
 
@@ -200,7 +216,8 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
         t_kill = time.monotonic()
         old.stop(signal.SIGKILL)
         # probe: gets of a chunk put before the kill, and puts, every 20 ms
-        first_miss = last_miss = first_put_fail = last_put_fail = None
+        first_miss = last_miss = last_put_fail = None
+        put_fails: dict[str, float] = {}  # exception class -> when last seen
         t_promoted = None
         n = 0
         while time.monotonic() - t_kill < 9:
@@ -214,9 +231,9 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
                 last_miss = now
             try:
                 st.batch_put_blocking([f"probe-{n}"], [b"probe"])
-            except IndexUnavailableError:
-                first_put_fail = first_put_fail or now
+            except IndexUnavailableError as e:
                 last_put_fail = now
+                put_fails[type(e).__name__] = now - t_kill
             n += 1
             time.sleep(0.02)
         for t in readers:
@@ -227,7 +244,8 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
         puts_back_s = (last_put_fail - t_kill) if last_put_fail else 0.0
         print(f"\nfailover: sentinels named a new primary {failover_s:.2f} s after the "
               f"SIGKILL; gets missed until {gets_back_s:.2f} s, puts failed until "
-              f"{puts_back_s:.2f} s after it")
+              f"{puts_back_s:.2f} s after it (last seen of each error: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in put_fails.items()) + ")")
         assert gets_back_s <= failover_s + 2.0, (gets_back_s, failover_s)
         acked = [(r["keys"], r["tag"]) for rs in replies for r in rs if "acked" in r]
         failed = sum("failed" in r for rs in replies for r in rs)

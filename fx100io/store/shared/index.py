@@ -254,9 +254,13 @@ class RedisIndex:
             await c[0].aclose()
         r = await self._new_aclient()
         with self._mu:
-            self._clients[loop] = (r, {k: r.register_script(s) for k, s in lua.SCRIPTS.items()},
-                                   gen)
-            return self._clients[loop][0], self._clients[loop][1]
+            won = self._clients.get(loop)
+            if won is None or won[2] < gen:
+                won = self._clients[loop] = (
+                    r, {k: r.register_script(s) for k, s in lua.SCRIPTS.items()}, gen)
+        if won[0] is not r:  # another call of this loop asked the cluster meanwhile
+            await r.aclose()
+        return won[0], won[1]
 
     def sync_client(self) -> redis.Redis:
         with self._mu:
@@ -476,6 +480,18 @@ class RedisIndex:
         return None if v is None else v.decode()
 
     def check_policy(self) -> None:
+        """What opening, creating and rebuilding check of Redis: its
+        maxmemory-policy (see _check_policy), and index_replicas's default,
+        asked of the primary as the pool opens (where Redis is down, at the
+        first put or delete instead)."""
+        self._check_policy()
+        if not self.down:
+            try:
+                self.replicas()
+            except IndexUnavailableError:
+                pass
+
+    def _check_policy(self) -> None:
         """Refuse a Redis that may evict keys under memory pressure: it would
         drop the index's own keys (free lists, leases, pins), not just
         chunks.  Best effort: CONFIG may be disabled or renamed."""
