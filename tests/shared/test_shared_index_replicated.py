@@ -265,3 +265,17 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
         for h in hosts:
             h.kill()
         st.close()
+
+
+def test_the_plugin_takes_sentinel_and_cluster_urls_and_hides_their_passwords():
+    pytest.importorskip("lmcache")
+    from support.lmcache import PLUGIN, plugin_extra
+
+    from fx100io.contrib._lmcache_config import parse_options
+    for url in ("redis+sentinel://:SECRETPW@s1:26379,s2:26379/mymaster/0"
+                "?sentinel_password=SECRETPW",
+                "redis+cluster://u:SECRETPW@n1:7000,n2:7000/?password=SECRETPW"):
+        opts = parse_options([PLUGIN], plugin_extra("file:///tmp/x.img", shared_index=url),
+                             "FX100ioBackend")
+        assert opts.shared_index == url  # the store gets it whole
+        assert "SECRETPW" not in opts.describe() and "SECRETPW" not in repr(opts)
