@@ -125,6 +125,16 @@ def test_a_pool_over_sentinel_puts_gets_and_waits_for_its_replicas(tmp_path, sen
         st.batch_put_blocking(["e"], [b"epsilon"])
         assert get(other, "e")[:7] == b"epsilon"
         other.close()
+        # the primary loses the pool's index: shared-rebuild over the Sentinel URL
+        r = sentinels.primary().client()
+        r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
+        assert get(st, "e") is None
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert cli_main(["shared-rebuild", "--index", sentinels.url(), *uris]) == 0
+        assert json.loads(out.getvalue())
+        time.sleep(1.1)  # the index was 'lost' for retry_after
+        assert get(st, "e")[:7] == b"epsilon" and get(st, "a")[:5] == b"alpha"
     finally:
         st.close()
 
