@@ -224,8 +224,10 @@ class RedisIndex:
     async def _new_aclient(self) -> Any:
         t, retry = self.target, ARetry(NoBackoff(), 0)
         if t.kind == "sentinel":
-            return ASentinel(t.hosts, sentinel_kwargs=self._sentinel_opts(),
-                             **self._opts()).master_for(t.service, db=t.db, retry=retry)
+            mgr = ASentinel(t.hosts, sentinel_kwargs=self._sentinel_opts(), **self._opts())
+            r = mgr.master_for(t.service, db=t.db, retry=retry)
+            r._fx_sentinels = mgr.sentinels  # closed with r (see _aclose)
+            return r
         if t.kind == "cluster":
             host, port = await self._node_of_slot()
             return aredis.Redis(host=host, port=port, retry=retry, **self._opts())
@@ -234,12 +236,27 @@ class RedisIndex:
     def _new_sync(self) -> redis.Redis:
         t, retry = self.target, Retry(NoBackoff(), 0)
         if t.kind == "sentinel":
-            return Sentinel(t.hosts, sentinel_kwargs=self._sentinel_opts(),
-                            **self._opts()).master_for(t.service, db=t.db, retry=retry)
+            mgr = Sentinel(t.hosts, sentinel_kwargs=self._sentinel_opts(), **self._opts())
+            r = mgr.master_for(t.service, db=t.db, retry=retry)
+            r._fx_sentinels = mgr.sentinels  # type: ignore[attr-defined]  # see _close_sync
+            return r
         if t.kind == "cluster":
             host, port = self._node_of_slot_sync()
             return redis.Redis(host=host, port=port, retry=retry, **self._opts())
         return redis.Redis.from_url(t.url, retry=retry, **self._opts())
+
+    @staticmethod
+    async def _aclose(r: Any) -> None:
+        """Close an asyncio client and, for Sentinel, its sentinels' clients."""
+        await r.aclose()
+        for s in getattr(r, "_fx_sentinels", ()):
+            await s.aclose()
+
+    @staticmethod
+    def _close_sync(r: Any) -> None:
+        r.close()
+        for s in getattr(r, "_fx_sentinels", ()):
+            s.close()
 
     async def _aclient(self) -> tuple[Any, dict[str, Any]]:
         loop = asyncio.get_running_loop()
@@ -251,7 +268,7 @@ class RedisIndex:
         if c is not None:  # a cluster node that failed: ask the cluster again
             with self._mu:
                 self._clients.pop(loop, None)
-            await c[0].aclose()
+            await self._aclose(c[0])
         r = await self._new_aclient()
         with self._mu:
             won = self._clients.get(loop)
@@ -259,13 +276,13 @@ class RedisIndex:
                 won = self._clients[loop] = (
                     r, {k: r.register_script(s) for k, s in lua.SCRIPTS.items()}, gen)
         if won[0] is not r:  # another call of this loop asked the cluster meanwhile
-            await r.aclose()
+            await self._aclose(r)
         return won[0], won[1]
 
     def sync_client(self) -> redis.Redis:
         with self._mu:
             if self._sync is not None and self._sync_gen != self._gen:
-                self._sync.close()
+                self._close_sync(self._sync)
                 self._sync = None
             if self._sync is None:
                 self._sync = self._new_sync()
@@ -669,7 +686,7 @@ class RedisIndex:
         with self._mu:
             c = self._clients.pop(asyncio.get_running_loop(), None)
         if c is not None:
-            await c[0].aclose()
+            await self._aclose(c[0])
 
     def close(self) -> None:
         with self._mu:
@@ -679,8 +696,8 @@ class RedisIndex:
         for loop, (r, _s, _g) in clients:
             if not loop.is_closed() and not loop.is_running():
                 try:
-                    loop.run_until_complete(r.aclose())
+                    loop.run_until_complete(self._aclose(r))
                 except Exception:  # noqa: BLE001 (best effort: the sockets go with the loop)
                     pass
         if sync is not None:
-            sync.close()
+            self._close_sync(sync)
