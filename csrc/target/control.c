@@ -280,6 +280,21 @@ answer:
 		else
 			break;
 	}
+	/* Whatever the client sent beyond the line is read and dropped
+	 * before the close (until its end or the deadline): closing with
+	 * unread bytes would reset the connection and could lose the
+	 * answer on its way. */
+	shutdown(fd, SHUT_WR);
+	for (;;) {
+		char drop[512];
+		ssize_t k = recv(fd, drop, sizeof(drop), 0);
+
+		if (k > 0 || (k < 0 && errno == EINTR))
+			continue;
+		if (k < 0 && errno == EAGAIN && wait_fd(fd, POLLIN, deadline) == 0)
+			continue;
+		break;
+	}
 	close(fd);
 	free(out);
 }

@@ -446,7 +446,10 @@ static int ports_create(struct fx_target *t, const struct fx_target_config *cfg)
 			return -EINVAL;
 		}
 	}
-	t->ana_chgcnt = 0; /* (the initial states are no change) */
+	/* (the initial states are no change) */
+	t->ana_chgcnt = 0;
+	for (unsigned i = 0; i < t->n_ports; i++)
+		memset(t->ports[i].ana_chg, 0, sizeof(t->ports[i].ana_chg));
 	return 0;
 }
 
