@@ -28,10 +28,12 @@ from support.target_host import (
     discover,
     io_queue,
     sqe,
-    start_target,  # noqa: F401 (fixture)
+    start_target,
 )
 
 from fx100io.target_ctl import TargetControlError, control
+
+__all__ = ["start_target"]  # (the fixture, imported for this module's tests)
 
 OPTIMIZED, NON_OPTIMIZED, INACCESSIBLE, PERSISTENT_LOSS, CHANGE = 1, 2, 3, 4, 0x0F
 ANA_LOG = 0x0C
