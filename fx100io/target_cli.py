@@ -187,9 +187,7 @@ def parse_listens(texts: list[str]) -> tuple[list[tuple[str, int]], list[tuple[i
             else:
                 raise ValueError(f"--listen {text!r}: unknown option {o!r} "
                                  "(ana_group=G, ana_state=STATE)")
-        if group and state is None:
-            raise ValueError(f"--listen {text!r}: ana_group names the group ana_state sets; "
-                             "give ana_state too")
+        # (ana_group alone leaves the group as it is: optimized, unless --ana-state)
         listens.append(parse_listen(addr))
         given.append(addr)
         if state is not None:

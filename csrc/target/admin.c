@@ -432,7 +432,7 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 		 * show either.) */
 		if (tgt_host_allowed(c->t, c->ctrl->hostnqn))
 			for (unsigned i = 0; i < c->t->n_ports; i++)
-				if (c->t->ports[i].lfd >= 0)
+				if (atomic_load(&c->t->ports[i].open))
 					disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_NVME,
 						   c->t->subnqn, i);
 		disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_CURRENT_DISCOVERY,
@@ -449,19 +449,20 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 	if (c->ctrl->discovery)
 		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
 	if (lid == NVME_LOG_ANA) {
-		size_t full = tgt_ana_log(c, (sqe->cdw10 >> 8) & NVME_ANA_LSP_RGO, r->out,
-					  (size_t)len);
+		int rgo = (sqe->cdw10 >> 8) & NVME_ANA_LSP_RGO;
 
-		(void)full;
-		/* (offsets past the start: the page is rebuilt, then cut) */
-		if (off) {
+		if (!off) {
+			tgt_ana_log(c, rgo, r->out, (size_t)len);
+		} else {
+			/* (from an offset: the page is built whole, then cut) */
 			uint8_t *tmp = malloc(FX_TGT_ADMIN_BUF);
+			size_t full;
 
 			if (!tmp)
 				return TGT_SF(0, NVME_SC_INTERNAL);
-			full = tgt_ana_log(c, (sqe->cdw10 >> 8) & NVME_ANA_LSP_RGO, tmp,
-					   FX_TGT_ADMIN_BUF);
-			memset(r->out, 0, (size_t)len);
+			full = tgt_ana_log(c, rgo, tmp, FX_TGT_ADMIN_BUF);
+			if (full > FX_TGT_ADMIN_BUF)
+				full = FX_TGT_ADMIN_BUF;
 			if (off < full)
 				memcpy(r->out, tmp + off,
 				       (size_t)(full - off < len ? full - off : len));

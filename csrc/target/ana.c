@@ -212,6 +212,7 @@ int tgt_port_close(struct fx_target *t, unsigned pi)
 	p = &t->ports[pi];
 	if (p->lfd < 0)
 		return -EALREADY;
+	atomic_store(&p->open, 0);
 	close(p->lfd);
 	p->lfd = -1;
 	/* Its connections end: the host sees the path die. */

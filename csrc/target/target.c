@@ -380,7 +380,9 @@ int tgt_port_listen(struct fx_target *t, struct tgt_port *p)
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 
-	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+	/* (once: a port opened again keeps its address, which connection
+	 * threads may be reading for the discovery log) */
+	if (!p->bound && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
 		if (ss.ss_family == AF_INET)
 			p->bound = ntohs(((struct sockaddr_in *)&ss)->sin_port);
 		else if (ss.ss_family == AF_INET6)
@@ -390,6 +392,7 @@ int tgt_port_listen(struct fx_target *t, struct tgt_port *p)
 			    NI_NUMERICHOST);
 	}
 	p->lfd = fd;
+	atomic_store(&p->open, 1);
 	return 0;
 }
 

@@ -206,10 +206,11 @@ struct tgt_ns {
 struct tgt_port {
 	char host[256]; /* as configured ("" = any) */
 	char svc[32];
-	int lfd;       /* -1: closed (close-port), new connects refused */
-	int bound;     /* the TCP port bound */
-	int family;    /* of the bound address */
-	char addr[64]; /* the bound address, numeric */
+	int lfd;         /* -1: closed (close-port), new connects refused (listener only) */
+	atomic_int open; /* lfd >= 0, for the discovery log's readers */
+	int bound;       /* the TCP port bound */
+	int family;      /* of the bound address */
+	char addr[64];   /* the bound address, numeric */
 	_Atomic uint8_t ana[FX_TGT_ANA_GROUPS + 1];
 	uint64_t ana_chg[FX_TGT_ANA_GROUPS + 1]; /* change count at the last change (lock) */
 };

@@ -335,7 +335,7 @@ def test_control_refuses_bad_input(start_target, ctl_path: str) -> None:
 
 @pytest.mark.parametrize("args,why", [
     (["--listen", "127.0.0.1:0,ana_state=fast"], "ANA state 'fast'"),
-    (["--listen", "127.0.0.1:0,ana_group=2"], "give ana_state too"),
+    (["--listen", "127.0.0.1:0,ana_group=33,ana_state=optimized"], "ANA group '33'"),
     (["--listen", "127.0.0.1:0,color=red"], "unknown option"),
     (["--ana-state", "3:1=optimized"], "port id 3"),
     (["--ana-state", "1=optimized"], "PORT:GROUP=STATE"),
