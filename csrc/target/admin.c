@@ -274,13 +274,13 @@ static void id_ctrl(struct tgt_conn *c, uint8_t *id)
 	put16(id + NVME_IDC_MAXCMD, FX_TGT_MQES + 1);
 	put32(id + NVME_IDC_NN, disc ? 0 : t->n_ns);
 	if (!disc) {
-		id[343] = FX_TGT_ANATT; /* ANATT (s) */
+		id[342] = FX_TGT_ANATT; /* ANATT (s), byte 342 */
 		/* ANACAP: every state reported (optimized, non-optimized,
 		 * inaccessible, persistent loss, change), and a namespace's
 		 * ANAGRPID never changes while it is attached */
-		id[344] = 0x1F | 0x40;
-		put32(id + 345, FX_TGT_ANA_GROUPS); /* ANAGRPMAX */
-		put32(id + 349, FX_TGT_ANA_GROUPS); /* NANAGRPID */
+		id[343] = 0x1F | 0x40;              /* ANACAP, byte 343 */
+		put32(id + 344, FX_TGT_ANA_GROUPS); /* ANAGRPMAX */
+		put32(id + 348, FX_TGT_ANA_GROUPS); /* NANAGRPID */
 		put32(id + 540, t->n_ns);           /* MNAN (= NN) */
 		put16(id + 520, 1u << 3);           /* ONCS: Write Zeroes */
 		id[525] = 1;                        /* VWC: we cache (page cache); Flush syncs */

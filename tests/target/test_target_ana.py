@@ -98,10 +98,13 @@ def test_identify_reports_ana(start_target, ctl_path: str) -> None:
     cmic = idc[76]
     assert cmic & 0x08 and cmic & 0x02 and cmic & 0x01  # ANA, several controllers, ports
     assert struct.unpack_from("<I", idc, 92)[0] & (1 << 11)  # OAES: ANA change notices
-    assert idc[343] > 0  # ANATT
-    assert idc[344] & 0x1F == 0x1F  # ANACAP: every state
-    anagrpmax, nanagrpid = struct.unpack_from("<II", idc, 345)
-    assert anagrpmax == nanagrpid == 32
+    # (Identify Controller bytes 338-341 NVMSETIDMAX/ENDGIDMAX, 342 ANATT, 343 ANACAP,
+    # 344-347 ANAGRPMAX, 348-351 NANAGRPID, 352-355 PELS)
+    assert idc[338:342] == bytes(4)
+    assert idc[342] == 10  # ANATT: 10 s
+    assert idc[343] == 0x5F  # ANACAP: every state, ANAGRPID fixed while attached
+    anagrpmax, nanagrpid, pels = struct.unpack_from("<III", idc, 344)
+    assert anagrpmax == nanagrpid == 32 and pels == 0
     nn = struct.unpack_from("<I", idc, 516)[0]
     mnan = struct.unpack_from("<I", idc, 540)[0]
     assert nn == mnan == 1
