@@ -351,3 +351,28 @@ def test_cli_refuses_bad_ana_options(tmp_path: Path, args: list[str], why: str) 
                         "--namespace", str(ns), *args], capture_output=True, text=True,
                        cwd=str(REPO), timeout=60)
     assert r.returncode == 2 and why in r.stderr, r.stderr
+
+
+def test_close_port_under_load(start_target, ctl_path: str) -> None:
+    """Writes and reads in flight on the port that closes: the target ends them with
+    the connection, and the other port goes on serving, byte-exact."""
+    t, p1, p2 = two_ports(start_target, ctl_path, sizes=(16 << 20,))
+    a1, q1 = live_io(p1)
+    a2, q2 = live_io(p2)
+    for i in range(32):  # pipelined: 64 KiB writes by R2T and reads, not waited for
+        q2.submit(sqe(0x01, nsid=1, cdw10=i * 128, cdw12=127), os.urandom(64 << 10),
+                  incapsule=False)
+        q2.submit(sqe(0x02, nsid=1, cdw10=i * 128, cdw12=127), data_in=64 << 10)
+    control(ctl_path, "close-port 2")
+    with pytest.raises((Closed, ConnectionResetError)):
+        while True:  # (R2Ts and answers sent before the close, then the end)
+            q2.recv_pdu()
+    # port 1, in a range port 2 never wrote
+    data = os.urandom(1 << 20)
+    for k in range(0, len(data), 256 << 10):
+        assert q1.write(8192 + k // 512, data[k:k + (256 << 10)], 512, incapsule=False).ok
+    rc, got = q1.read(8192, len(data) // 512, 512)
+    assert rc.ok and got == data
+    assert t.proc.poll() is None
+    for h in (a1, q1, a2):
+        h.close()
