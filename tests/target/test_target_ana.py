@@ -376,3 +376,21 @@ def test_close_port_under_load(start_target, ctl_path: str) -> None:
     assert t.proc.poll() is None
     for h in (a1, q1, a2):
         h.close()
+
+
+def test_serve_ports_helper(tmp_path: Path, ctl_path: str) -> None:
+    """tests/support/target_process.serve_ports, which the initiator's multipath tests
+    use: two ports, an initial state, the control socket."""
+    from support.target_process import serve_ports
+    ns = tmp_path / "ns.img"
+    ns.write_bytes(bytes(1 << 20))
+    with serve_ports([str(ns)], NQN, ["127.0.0.1:0", "127.0.0.1:0,ana_state=inaccessible"],
+                     control=ctl_path) as (ports, proc):
+        assert len(ports) == 2 and ports[0] != ports[1]
+        assert control(ctl_path, "ports").splitlines() == [
+            f"port 1 127.0.0.1:{ports[0]} open 1=optimized",
+            f"port 2 127.0.0.1:{ports[1]} open 1=inaccessible"]
+        a, q = live_io(ports[1])
+        assert (q.read(0, 1, 512)[0].sct, q.read(0, 1, 512)[0].sc) == (SCT_PATH, SC_INACCESSIBLE)
+        q.close()
+        a.close()
