@@ -437,7 +437,7 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 						   c->t->subnqn, i);
 		disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_CURRENT_DISCOVERY,
 			   NVMF_DISCOVERY_NQN, c->port);
-		h->genctr = 1;
+		h->genctr = atomic_load(&c->t->disc_genctr);
 		h->numrec = n;
 		h->recfmt = 0;
 		page_len = 1024 * (1 + n);

@@ -213,6 +213,7 @@ int tgt_port_close(struct fx_target *t, unsigned pi)
 	if (p->lfd < 0)
 		return -EALREADY;
 	atomic_store(&p->open, 0);
+	atomic_fetch_add(&t->disc_genctr, 1);
 	close(p->lfd);
 	p->lfd = -1;
 	/* Its connections end: the host sees the path die. */
@@ -239,6 +240,8 @@ int tgt_port_open(struct fx_target *t, unsigned pi)
 	if (p->lfd >= 0)
 		return -EALREADY;
 	ret = tgt_port_listen(t, p);
+	if (!ret)
+		atomic_fetch_add(&t->disc_genctr, 1);
 	if (ret < 0)
 		tgt_log(t, "port %u: cannot listen on %s:%s again: %s", pi + 1, p->host, p->svc,
 			strerror(-ret));

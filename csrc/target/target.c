@@ -505,6 +505,7 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	if (!t)
 		return -ENOMEM;
 	t->ctl_fd = -1;
+	atomic_store(&t->disc_genctr, 1);
 	t->wake[0] = t->wake[1] = -1;
 	pthread_mutex_init(&t->loglim.lock, NULL);
 	t->loglim.milli = FX_TGT_LOG_BURST * 1000ull;

@@ -486,7 +486,10 @@ struct fx_target {
 	struct tgt_port ports[FX_TGT_MAX_PORTS];
 	unsigned n_ports;
 	uint64_t ana_chgcnt; /* ANA log change count (under lock) */
-	int ctl_fd;          /* control socket (control.c), -1: none */
+	/* Discovery log generation: 1, and one more each time a port closes
+	 * or opens (its entries change) */
+	_Atomic uint64_t disc_genctr;
+	int ctl_fd; /* control socket (control.c), -1: none */
 	char ctl_path[108];
 	int wake[2]; /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;

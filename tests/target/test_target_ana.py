@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support import REPO
 from support.target_host import (
+    DISC_NQN,
     HOST_A,
     NQN,
     RSP,
@@ -81,6 +82,14 @@ def parse_ana_log(page: bytes) -> tuple[int, dict[int, tuple[int, int, list[int]
         groups[grpid] = (state & 0x0F, gchg, nsids)
         at += 32 + 4 * nnsids
     return chgcnt, groups
+
+
+def admin_disc(port: int) -> Host:
+    h = Host(port)
+    h.icreq()
+    assert h.connect(0, subnqn=DISC_NQN).ok
+    h.enable()
+    return h
 
 
 def live_io(port: int, qid: int = 1) -> tuple[Host, Host]:
@@ -268,6 +277,10 @@ def test_close_port_drops_its_connections(start_target, ctl_path: str) -> None:
     rc, got = q1.read(64, 128, 512)
     assert rc.ok and got == more
     assert [e["portid"] for e in discover(p1) if e["subnqn"] == NQN] == [1]
+    # the discovery log's generation counter moved with the change
+    d = admin_disc(p1)
+    assert d.get_log(0x70, 1024)[1][:8] == struct.pack("<Q", 2)
+    d.close()
     with pytest.raises(TargetControlError, match="already closed"):
         control(ctl_path, "close-port 2")
     # opened again: the same TCP port, served again
