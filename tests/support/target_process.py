@@ -47,6 +47,47 @@ def serve(namespaces: list[str], nqn: str, *extra: str, port: int = 0,
             err_to.close()  # type: ignore[union-attr]
 
 
+@contextlib.contextmanager
+def serve_ports(namespaces: list[str], nqn: str, listens: list[str], *extra: str,
+                control: str | None = None, block_size: int = 512,
+                log: Path | None = None) -> Iterator[tuple[list[int], subprocess.Popen]]:
+    """Yield ([TCP port of port id 1, 2, ...], process) of a target listening on each
+    of listens ('127.0.0.1:0', '127.0.0.1:0,ana_state=non-optimized', ...; options as
+    `--listen` takes them), with a control socket at control (change states, close
+    and open ports with fx100io.target_ctl.control(control, "ana-state 2 1
+    inaccessible")).  Extra arguments as serve() takes them (e.g. --ana-state)."""
+    cmd = [sys.executable, "-m", "fx100io", "target", "--nqn", nqn, "--block-size",
+           str(block_size), *([] if log else ["-q"]), *extra]
+    for listen in listens:
+        cmd += ["--listen", listen]
+    if control:
+        cmd += ["--control", control]
+    for ns in namespaces:
+        cmd += ["--namespace", ns]
+    err_to = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 (closed below)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_to, text=True, cwd=str(REPO))
+    try:
+        ports = []
+        for _ in listens:
+            line = p.stdout.readline() if p.stdout else ""
+            if "listening on nvme+tcp://" not in line:
+                err = p.stderr.read() if p.stderr else (log.read_text() if log else "")
+                raise AssertionError(f"target did not start: {line!r} {err[-2000:]}")
+            hostport = line.split("nvme+tcp://", 1)[1].split("/", 1)[0]
+            ports.append(int(hostport.rpartition(":")[2]))
+        yield ports, p
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if log:
+            err_to.close()  # type: ignore[union-attr]
+
+
 def wait_port_free(port: int, seconds: float = 5.0) -> None:
     import socket
     deadline = time.time() + seconds
