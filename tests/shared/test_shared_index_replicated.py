@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.shared_hosts import Host
-from support.shared_redis import RedisClusterSet, RedisSentinelSet, serve
+from support.shared_redis import RedisClusterSet, RedisSentinelSet, RedisServer, serve
 
 from fx100io import errors
 from fx100io.cli import main as cli_main
@@ -154,6 +154,54 @@ def test_index_replicas_is_a_keyword_too_and_must_agree_with_the_url(tmp_path, r
     st.close()
 
 
+def test_the_default_turns_to_waiting_once_a_replica_is_seen(tmp_path, redis_server):
+    """A pool opened while its primary has no replica (a replica reconnecting, the moments
+    after a failover) waits for one as soon as the primary has one: the default is never
+    settled at 0 for the process's life."""
+    uris = [str(tmp_path / "ns.img")]
+    st = SharedChunkStore(uris, redis_server.url, create=True, size=16 * MiB)
+    assert st._index.replicas() == 0
+    st.batch_put_blocking(["a"], [b"a"])
+    replica = RedisServer(tmp_path / "replica")
+    replica.start(extra=["--replicaof", "127.0.0.1", str(redis_server.port)])
+    try:
+        primary = redis_server.client()
+        deadline = time.monotonic() + 20
+        while primary.info("replication").get("slave0", {}).get("state") != "online":
+            assert time.monotonic() < deadline, "the replica never came online"
+            time.sleep(0.05)
+        assert st._index.replicas() == 1
+        st.batch_put_blocking(["b"], [b"b"])  # waited for by the replica
+        assert replica.client().keys("*")  # the index reached the replica
+        replica.stop(signal.SIGKILL)
+        while int(primary.info("replication")["connected_slaves"]) > 0:
+            assert time.monotonic() < deadline, "the primary never saw the replica go"
+            time.sleep(0.05)
+        with pytest.raises(IndexNotReplicatedError):  # 1 stays: a clear error, not silence
+            st.batch_put_blocking(["c"], [b"c"])
+        assert get(st, "b")[:1] == b"b"
+    finally:
+        replica.stop(signal.SIGKILL)
+        st.close()
+
+
+def test_a_user_that_may_not_run_info_is_told_to_give_index_replicas(tmp_path, redis_server):
+    """An ACL without @dangerous (no INFO) cannot find out the default: opening says so and
+    names the option, and with index_replicas given the pool works."""
+    r = redis_server.client()
+    r.execute_command("ACL", "SETUSER", "app", "on", ">apppw", "~*", "+@all", "-@dangerous")
+    url = f"redis://app:apppw@127.0.0.1:{redis_server.port}/0"
+    uris = [str(tmp_path / "ns.img")]
+    with pytest.raises(errors.InvalidArgumentError, match="index_replicas") as e:
+        SharedChunkStore(uris, url, create=True, size=16 * MiB)
+    assert "apppw" not in str(e.value)
+    st = SharedChunkStore(uris, url + "?index_replicas=0", create=True, size=16 * MiB,
+                          force=True)
+    st.batch_put_blocking(["a"], [b"a"])
+    assert get(st, "a")[:1] == b"a"
+    st.close()
+
+
 def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     pools = {}
     for name in ("alpha", "beta", "gamma"):  # names whose slots spread over the nodes
@@ -229,6 +277,7 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
         first_miss = last_miss = last_put_fail = None
         put_fails: dict[str, float] = {}  # exception class -> when last seen
         t_promoted = None
+        probes_acked: list[tuple[int, float]] = []  # (n, when) of the probe puts acknowledged
         n = 0
         while time.monotonic() - t_kill < 9:
             now = time.monotonic()
@@ -240,7 +289,8 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
                 first_miss = first_miss or now
                 last_miss = now
             try:
-                st.batch_put_blocking([f"probe-{n}"], [b"probe"])
+                st.batch_put_blocking([f"probe-{n}"], [b"probe-%d" % n])
+                probes_acked.append((n, now))
             except IndexUnavailableError as e:
                 last_put_fail = now
                 put_fails[type(e).__name__] = now - t_kill
@@ -263,6 +313,11 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
             [rs[-1:] for rs in replies]
         print(f"failover: {len(acked)} puts acknowledged, {failed} failed")
         assert len(acked) > 30
+        # puts resumed after the failover, and every acknowledged probe reads back
+        assert any(when > t_promoted for _, when in probes_acked), "no put after the failover"
+        for i, _ in probes_acked:
+            got = get(st, f"probe-{i}")
+            assert got is not None and got.rstrip(b"\0") == b"probe-%d" % i, i
         # every acknowledged put reads back byte-exact (the hosts check the bytes)
         for i, h in enumerate(hosts):
             mine = [(k, tag) for keys, tag in acked for k in keys if k.startswith(f"h{i}-")]

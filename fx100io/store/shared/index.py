@@ -24,7 +24,7 @@ try:
     from redis.asyncio.sentinel import Sentinel as ASentinel
     from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode, RedisCluster
-    from redis.exceptions import RedisClusterException
+    from redis.exceptions import NoPermissionError, RedisClusterException
     from redis.retry import Retry
     from redis.sentinel import Sentinel
 except ImportError as e:  # only the shared pool needs it
@@ -292,29 +292,56 @@ class RedisIndex:
             return self._sync
 
     def _replicas_of(self, info: dict[str, Any]) -> int:
-        """index_replicas: as given, else 1 where the primary had a replica
-        connected the first time it was asked (at open), else 0."""
+        """index_replicas: as given, else 1 once the primary has been seen
+        with a replica connected, else 0.  Only 1 is kept: a 0 seen while a
+        replica reconnects, or in the moments after a failover before the
+        new primary has its replicas, is asked again at the next change, so
+        a process never settles on no WAIT for its life because it opened at
+        the wrong moment."""
         if self.target.replicas is not None:
             return self.target.replicas
-        if self._default_replicas is None:
-            self._default_replicas = 1 if int(info.get("connected_slaves", 0)) > 0 else 0
-        return self._default_replicas
+        if self._default_replicas is None and int(info.get("connected_slaves", 0)) > 0:
+            self._default_replicas = 1
+        return self._default_replicas or 0
+
+    def _known_replicas(self) -> bool:
+        return self.target.replicas is not None or self._default_replicas is not None
+
+    def _no_info(self) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            1, f"the pool's index at {self.url}: this Redis user may not run INFO, so "
+            "index_replicas cannot be found out: give index_replicas=N in the index URL "
+            "(0: acknowledge without waiting for replicas)", self.url)
 
     def replicas(self) -> int:
         """index_replicas (see _replicas_of), asking the primary if need be."""
-        if self.target.replicas is not None or self._default_replicas is not None:
+        if self._known_replicas():
             return self._replicas_of({})
-        return self._replicas_of(self.call_sync(lambda r, _p: r.info("replication")))
+
+        def ask(r: Any, _p: str) -> Any:
+            try:
+                return r.info("replication")
+            except NoPermissionError:
+                return None
+        info = self.call_sync(ask)
+        if info is None:
+            raise self._no_info()
+        return self._replicas_of(info)
 
     async def _areplicas(self, r: Any) -> int:
-        if self.target.replicas is not None or self._default_replicas is not None:
+        if self._known_replicas():
             return self._replicas_of({})
-        return self._replicas_of(await r.info("replication"))
+        try:
+            info = await r.info("replication")
+        except NoPermissionError:
+            raise self._no_info() from None
+        return self._replicas_of(info)
 
     def _wait_ms(self) -> int:
         # WAIT must end before the socket timeout does, the script's own
-        # round trip included
-        return max(1, int(self.timeout * 1000 * 3 / 4))
+        # round trip included (the URL's socket_timeout, where it gives one)
+        timeout = float(self._opts().get("socket_timeout") or self.timeout)
+        return max(1, int(timeout * 1000 * 3 / 4))
 
     def _short(self, name: str, n: int, acked: int, result: Any) -> IndexNotReplicatedError:
         return IndexNotReplicatedError(

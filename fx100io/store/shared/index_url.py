@@ -46,12 +46,12 @@ class IndexTarget:
     (password, username, ssl, timeouts); sentinel_opts: those of the
     sentinels themselves; replicas: index_replicas, None for the default."""
     kind: str
-    url: str = ""
+    url: str = field(default="", repr=False)  # may carry a password
     hosts: list[tuple[str, int]] = field(default_factory=list)
     service: str = ""
     db: int = 0
-    opts: dict[str, Any] = field(default_factory=dict)
-    sentinel_opts: dict[str, Any] = field(default_factory=dict)
+    opts: dict[str, Any] = field(default_factory=dict, repr=False)  # passwords
+    sentinel_opts: dict[str, Any] = field(default_factory=dict, repr=False)
     replicas: int | None = None
 
 
