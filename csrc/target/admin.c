@@ -217,10 +217,16 @@ static uint16_t prop_set(struct tgt_conn *c, struct tgt_req *r)
 		ctrl->csts = NVME_CSTS_RDY;
 		ctrl->state = TGT_CTRL_READY;
 	} else if (!(v & NVME_CC_ENABLE) && (old & NVME_CC_ENABLE)) {
-		/* Controller reset: I/O queues do not survive it. */
+		/* Controller reset: I/O queues do not survive it, nor do the
+		 * held Async Event Requests (a reset aborts them: their CIDs
+		 * may be reused) or the event state and configuration. */
 		ctrl->csts = 0;
 		ctrl->state = TGT_CTRL_DISABLED;
 		ctrl->io_queues = 0;
+		c->aers = 0;
+		ctrl->ana_aen_pending = 0;
+		ctrl->ana_aen_masked = 0;
+		ctrl->aec = NVME_AEN_CFG_ANA_CHANGE;
 		tgt_ctrl_kill_io_locked(t, ctrl);
 		/* Reset is done (this answer, then CSTS.RDY = 0) only when
 		 * no write of the old queues can still reach the media. */

@@ -32,7 +32,7 @@
 
 #define FX_CTL_LINE 512
 #define FX_CTL_TIMEOUT_MS 1000
-#define FX_CTL_OUT 8192
+#define FX_CTL_OUT 16384 /* `ports` with 16 ports x 32 groups fits */
 
 int tgt_control_open(struct fx_target *t, const char *path)
 {
