@@ -15,6 +15,8 @@ from __future__ import annotations
 import socket
 import sys
 
+from fx100io.errors import Fx100ioValueError
+
 USAGE = """usage: fx100io target-ctl PATH COMMAND ...
 
 commands:
@@ -27,8 +29,10 @@ commands:
   ports                       each port: id, address, open/closed, groups' states"""
 
 
-class TargetControlError(RuntimeError):
-    """The target refused a control command (the message says why)."""
+class TargetControlError(Fx100ioValueError, RuntimeError):
+    """The target refused a control command (the message says why).  An
+    Fx100ioError (errno EINVAL) like everything fx100io raises, and still a
+    RuntimeError for callers that caught it as one."""
 
 
 def control(path: str, command: str, timeout: float = 5.0) -> str:
