@@ -32,10 +32,15 @@ def target_serve(host: str, port: str, subnqn: str, namespaces: Any, *, block_si
                  idle_timeout_ms: int = 300000,
                  fault_drop_after: int = 0,
                  fault_delay_ms: int = 0, fault_corrupt_ddgst: int = 0, verbose: bool = False,
-                 quiet: bool = False, ready: Any = None) -> int: ...
+                 quiet: bool = False, ready: Any = None, listens: Any = (),
+                 ana_states: Any = (), ns_ana_groups: Any = None,
+                 control_path: str | None = None, ready_ports: Any = None) -> int: ...
 def target_stop() -> None: ...
 TARGET_DHCHAP_HASHES: dict[str, int]
 TARGET_DHCHAP_DHGROUPS: dict[str, int]
+TARGET_ANA_STATES: dict[str, int]
+TARGET_MAX_PORTS: int
+TARGET_ANA_GROUPS: int
 
 class Allocator:
     def __init__(self, base: int, size: int, align: int) -> None: ...

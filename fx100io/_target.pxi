@@ -9,9 +9,22 @@ cdef extern from "target/target.h" nogil:
         const char *hostnqn
         const char *secret
         const char *ctrl_secret
+    struct fx_target_listen:
+        const char *host
+        const char *port
+    struct fx_target_ana:
+        unsigned portid
+        uint32_t group
+        uint8_t state
     struct fx_target_config:
         const char *host
         const char *port
+        const fx_target_listen *listens
+        unsigned n_listens
+        const fx_target_ana *ana
+        unsigned n_ana
+        const uint32_t *ns_ana_groups
+        const char *control_path
         const char *subnqn
         const char **ns_paths
         unsigned n_ns
@@ -38,6 +51,7 @@ cdef extern from "target/target.h" nogil:
     uint32_t FX_TARGET_DHCHAP_DHGROUPS_ALL
     int fx_target_create(const fx_target_config *cfg, fx_target **out)
     int fx_target_port(const fx_target *t)
+    int fx_target_port_of(const fx_target *t, unsigned portid)
     int fx_target_run(fx_target *t)
     void fx_target_stop(fx_target *t)
     void fx_target_stop_all()
@@ -48,6 +62,11 @@ cdef extern from "target/target.h" nogil:
 TARGET_DHCHAP_HASHES = {"sha256": 1, "sha384": 2, "sha512": 3}
 TARGET_DHCHAP_DHGROUPS = {"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096": 3,
                           "ffdhe6144": 4, "ffdhe8192": 5}
+# ANA states by name (the control socket's names)
+TARGET_ANA_STATES = {"optimized": 0x01, "non-optimized": 0x02, "inaccessible": 0x03,
+                     "persistent-loss": 0x04, "change": 0x0F}
+TARGET_MAX_PORTS = 16
+TARGET_ANA_GROUPS = 32
 
 
 def _dhchap_mask(names, table, what):
@@ -70,7 +89,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
                  unsigned int idle_timeout_ms=300000,
                  unsigned int fault_drop_after=0,
                  unsigned int fault_delay_ms=0, unsigned int fault_corrupt_ddgst=0,
-                 bint verbose=False, bint quiet=False, ready=None):
+                 bint verbose=False, bint quiet=False, ready=None,
+                 listens=(), ana_states=(), ns_ana_groups=None, control_path=None,
+                 ready_ports=None):
     """Serve namespaces (paths of files or block devices) as NVMe/TCP subsystem
     subnqn on host:port until target_stop() (from another thread or a signal
     handler).  ready(port) is called once the socket listens (port "0" picks
@@ -83,6 +104,14 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     ("sha256", "sha384", "sha512") and DH groups ("null", "ffdhe2048" ...
     "ffdhe8192") we accept (empty: all); the strongest the host offers too is
     used.
+
+    Asymmetric Namespace Access: listens, a sequence of (host, port) strings
+    (at most 16), replaces host:port with several ports, port id i+1 each;
+    ana_states, (port id, group 1..32 or 0 for every group, state name from
+    TARGET_ANA_STATES), sets initial states (default: optimized);
+    ns_ana_groups, namespace i+1's group (default 1); control_path, a unix
+    socket taking control commands (docs/target.md).  ready_ports(list of the
+    bound ports) is called once they listen.
 
     Limits (0: the default): max_connections (1024) open at once, more are
     closed at once; handshake_timeout_ms (10000) from accept to a completed
@@ -102,6 +131,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     cdef const char **paths = NULL
     cdef const char **allow = NULL
     cdef fx_target_dhchap_host *keys = NULL
+    cdef fx_target_listen *lst = NULL
+    cdef fx_target_ana *ana = NULL
+    cdef uint32_t *groups = NULL
     cdef int rc
     keep = [host.encode(), port.encode(), subnqn.encode()]
     ns_b = [_os.fsencode(p) for p in namespaces]
@@ -110,15 +142,49 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
               for h, s, c in dhchap_hosts]
     if not ns_b:
         raise error_from_errno(22, "target: no namespaces")
+    listens_b = [(h.encode(), str(pt).encode()) for h, pt in listens]
+    if len(listens_b) > TARGET_MAX_PORTS:
+        raise ValueError(f"target: {len(listens_b)} listening ports, at most {TARGET_MAX_PORTS}")
+    ana_l = []
+    for pid, grp, st in ana_states:
+        if st not in TARGET_ANA_STATES:
+            raise ValueError(f"unknown ANA state {st!r} (one of {', '.join(TARGET_ANA_STATES)})")
+        if not 0 <= grp <= TARGET_ANA_GROUPS:
+            raise ValueError(f"ANA group {grp}: 1..{TARGET_ANA_GROUPS} (0: every group)")
+        if not 1 <= pid <= max(1, len(listens_b)):
+            raise ValueError(f"ANA state for port {pid}: no such port")
+        ana_l.append((pid, grp, TARGET_ANA_STATES[st]))
+    if ns_ana_groups is not None:
+        ns_ana_groups = list(ns_ana_groups)
+        if len(ns_ana_groups) != len(ns_b):
+            raise ValueError("ns_ana_groups: one group per namespace")
+        for g in ns_ana_groups:
+            if not 1 <= g <= TARGET_ANA_GROUPS:
+                raise ValueError(f"ANA group {g}: 1..{TARGET_ANA_GROUPS}")
+    ctl_b = _os.fsencode(control_path) if control_path is not None else None
     hash_mask = _dhchap_mask(dhchap_hashes, TARGET_DHCHAP_HASHES, "hash")
     group_mask = _dhchap_mask(dhchap_dhgroups, TARGET_DHCHAP_DHGROUPS, "DH group")
     memset(&cfg, 0, sizeof(cfg))
     paths = <const char **>malloc(len(ns_b) * sizeof(char *))
     allow = <const char **>malloc((len(allow_b) or 1) * sizeof(char *))
     keys = <fx_target_dhchap_host *>malloc((len(keys_b) or 1) * sizeof(fx_target_dhchap_host))
+    lst = <fx_target_listen *>malloc((len(listens_b) or 1) * sizeof(fx_target_listen))
+    ana = <fx_target_ana *>malloc((len(ana_l) or 1) * sizeof(fx_target_ana))
+    groups = <uint32_t *>malloc((len(ns_b) or 1) * sizeof(uint32_t))
     try:
-        if paths == NULL or allow == NULL or keys == NULL:
+        if (paths == NULL or allow == NULL or keys == NULL or lst == NULL or ana == NULL
+                or groups == NULL):
             raise MemoryError()
+        for i, (hb, pb) in enumerate(listens_b):
+            lst[i].host = hb
+            lst[i].port = pb
+        for i, (pid, grp, st) in enumerate(ana_l):
+            ana[i].portid = pid
+            ana[i].group = grp
+            ana[i].state = st
+        if ns_ana_groups is not None:
+            for i, g in enumerate(ns_ana_groups):
+                groups[i] = g
         memset(keys, 0, (len(keys_b) or 1) * sizeof(fx_target_dhchap_host))
         for i, (hb, sb, cb) in enumerate(keys_b):
             keys[i].hostnqn = hb
@@ -152,12 +218,22 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.fault_corrupt_ddgst = fault_corrupt_ddgst
         cfg.verbose = verbose
         cfg.quiet = quiet
+        cfg.listens = lst
+        cfg.n_listens = len(listens_b)
+        cfg.ana = ana
+        cfg.n_ana = len(ana_l)
+        cfg.ns_ana_groups = groups if ns_ana_groups is not None else NULL
+        if ctl_b is not None:
+            cfg.control_path = ctl_b
         with nogil:
             rc = fx_target_create(&cfg, &t)
         check(rc, f"target on {host}:{port}")
         try:
             if ready is not None:
                 ready(fx_target_port(t))
+            if ready_ports is not None:
+                ready_ports([fx_target_port_of(t, i + 1)
+                             for i in range(max(1, len(listens_b)))])
             with nogil:
                 rc = fx_target_run(t)
         finally:
@@ -168,6 +244,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         free(paths)
         free(allow)
         free(keys)
+        free(lst)
+        free(ana)
+        free(groups)
     return 0
 
 

@@ -10,6 +10,7 @@ commands:
   demo     put and get KV-sized chunks in a local file-backed store, print throughput
   bench    fio-like microbenchmark (fio's options, job files and output formats)
   target   serve files and block devices as an NVMe/TCP target
+  target-ctl PATH CMD  change a running target (ANA states, ports) through its --control socket
   rdma-devices  list RDMA devices and ports (state, MTU, GIDs, netdev) through pyverbs
   discover URI    read a discovery log through the kernel (nvme-cli)
   connect URI     attach a subsystem through the kernel (nvme-cli); prints /dev/nvmeXnY
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "target":
             from fx100io.target_cli import main as target
             return target(rest)
+        if cmd == "target-ctl":
+            from fx100io.target_ctl import main as target_ctl
+            return target_ctl(rest)
         if cmd == "bench":
             from fx100io.bench import main as bench
             return bench(rest)

@@ -38,18 +38,33 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve files and block devices as NVMe/TCP namespaces (with a discovery "
         "subsystem) to any NVMe/TCP host: fx100io's initiator, Linux nvme-tcp, SPDK.",
     )
-    p.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", metavar="HOST:PORT",
+    p.add_argument("--listen", action="append", default=None,
+                   metavar="HOST:PORT[,ana_group=G][,ana_state=STATE]",
                    help="address to listen on (IPv6 as [::1]:4420; port 0 picks a free one; "
-                   f"default 0.0.0.0:{DEFAULT_PORT})")
+                   f"default 0.0.0.0:{DEFAULT_PORT}); repeatable: each is a port of its own "
+                   "(port id 1, 2, ... in order); ana_state sets this port's state of group G "
+                   "(without ana_group: of every group)")
     p.add_argument("--nqn", default=DEFAULT_NQN, help=f"subsystem NQN (default {DEFAULT_NQN})")
     p.add_argument("--namespace", action="append", default=[], metavar="PATH", required=True,
-                   help="file or block device to serve; repeat for namespaces 1, 2, ...")
+                   help="file or block device to serve; repeat for namespaces 1, 2, ...; "
+                   "PATH,ana_group=G puts it in ANA group G (1..32; default 1)")
     p.add_argument("--block-size", type=int, choices=(512, 4096), default=512,
                    help="logical block size of every namespace (default 512)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NQN",
                    help="host NQN allowed to connect; repeatable (default: any host)")
     p.add_argument("--max-io-queues", type=int, default=64, metavar="N",
                    help="I/O queues granted per controller (default 64)")
+    m = p.add_argument_group(
+        "asymmetric namespace access (several ports)",
+        "Every ANA group is optimized through every port unless told; a running target's "
+        "states change through its --control socket (fx100io target-ctl).")
+    m.add_argument("--ana-state", action="append", default=[], metavar="PORT:GROUP=STATE",
+                   help="initial state of ANA group GROUP (1..32 or all) through PORT (a port "
+                   "id or the --listen HOST:PORT): optimized, non-optimized, inaccessible, "
+                   "persistent-loss or change; repeatable")
+    m.add_argument("--control", metavar="PATH",
+                   help="unix socket (mode 0600) taking control commands: ana-state PORT GROUP "
+                   "STATE, close-port PORT, open-port PORT, ports")
     a = p.add_argument_group(
         "in-band authentication (DH-HMAC-CHAP)",
         "A host given a secret must authenticate on every queue (admin and I/O) before any "
@@ -130,6 +145,84 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"--listen {text!r}: port must be 0..65535")
     return host or "0.0.0.0", int(port)
+
+
+ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
+MAX_PORTS = 16
+ANA_GROUPS = 32
+
+
+def _ana_group(text: str, what: str, allow_all: bool = False) -> int:
+    if allow_all and text == "all":
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= ANA_GROUPS:
+        raise ValueError(f"{what}: ANA group {text!r} must be 1..{ANA_GROUPS}"
+                         + (" or all" if allow_all else ""))
+    return int(text)
+
+
+def _ana_state(text: str, what: str) -> str:
+    if text not in ANA_STATES:
+        raise ValueError(f"{what}: ANA state {text!r} must be one of {', '.join(ANA_STATES)}")
+    return text
+
+
+def parse_listens(texts: list[str]) -> tuple[list[tuple[str, int]], list[tuple[int, int, str]],
+                                              list[str]]:
+    """--listen values -> ([(host, port)], [(port id, group, state)], [text as given])."""
+    if len(texts) > MAX_PORTS:
+        raise ValueError(f"--listen: at most {MAX_PORTS} ports")
+    listens: list[tuple[str, int]] = []
+    ana: list[tuple[int, int, str]] = []
+    given: list[str] = []
+    for i, text in enumerate(texts, start=1):
+        addr, *opts = text.split(",")
+        group, state = 0, None
+        for o in opts:
+            key, eq, val = o.partition("=")
+            if key == "ana_group" and eq:
+                group = _ana_group(val, f"--listen {text!r}")
+            elif key == "ana_state" and eq:
+                state = _ana_state(val, f"--listen {text!r}")
+            else:
+                raise ValueError(f"--listen {text!r}: unknown option {o!r} "
+                                 "(ana_group=G, ana_state=STATE)")
+        # (ana_group alone leaves the group as it is: optimized, unless --ana-state)
+        listens.append(parse_listen(addr))
+        given.append(addr)
+        if state is not None:
+            ana.append((i, group, state))
+    return listens, ana, given
+
+
+def parse_ana_state(text: str, given: list[str],
+                    listens: list[tuple[str, int]]) -> tuple[int, int, str]:
+    """'PORT:GROUP=STATE' (PORT: port id or a --listen HOST:PORT) -> (port id, group, state)."""
+    left, eq, state = text.rpartition("=")
+    port_s, colon, group_s = left.rpartition(":")
+    if not eq or not colon or not port_s:
+        raise ValueError(f"--ana-state {text!r}: expected PORT:GROUP=STATE")
+    group = _ana_group(group_s, f"--ana-state {text!r}", allow_all=True)
+    _ana_state(state, f"--ana-state {text!r}")
+    if port_s.isdigit():
+        pid = int(port_s)
+    else:
+        names = [{g, f"{h}:{p}", f"[{h}]:{p}"} for g, (h, p) in zip(given, listens)]
+        found = [i for i, n in enumerate(names, start=1) if port_s in n]
+        if not found:
+            raise ValueError(f"--ana-state {text!r}: no --listen {port_s}")
+        pid = found[0]
+    if not 1 <= pid <= len(listens):
+        raise ValueError(f"--ana-state {text!r}: port id {pid}: 1..{len(listens)}")
+    return pid, group, state
+
+
+def parse_namespace(text: str) -> tuple[str, int]:
+    """'PATH[,ana_group=G]' -> (path, group)."""
+    path, sep, g = text.rpartition(",ana_group=")
+    if not sep:
+        return text, 1
+    return path, _ana_group(g, f"--namespace {text!r}")
 
 
 def _check_nqn(nqn: str, what: str) -> None:
@@ -234,7 +327,11 @@ def endpoint(host: str, port: int, nqn: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        host, port = parse_listen(args.listen)
+        listens, ana, given = parse_listens(args.listen or [f"0.0.0.0:{DEFAULT_PORT}"])
+        host, port = listens[0]
+        ana += [parse_ana_state(a, given, listens) for a in args.ana_state]
+        ns_groups = [parse_namespace(n) for n in args.namespace]
+        args.namespace = [n for n, _ in ns_groups]
         _check_nqn(args.nqn, "--nqn")
         if args.nqn == DISCOVERY_NQN:
             raise ValueError("--nqn: the discovery NQN is served anyway; name your subsystem")
@@ -267,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, BaseException | None] = {"error": None}
     stop = threading.Event()
 
-    def ready(bound_port: int) -> None:
-        print(f"listening on {endpoint(host, bound_port, args.nqn)}", flush=True)
+    def ready(bound_ports: list[int]) -> None:
+        # (one line per port, in port id order; the first as before)
+        for (h, _), bp in zip(listens, bound_ports):
+            print(f"listening on {endpoint(h, bp, args.nqn)}", flush=True)
 
     def serve() -> None:
         try:
@@ -285,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
                                fault_drop_after=args.fault_drop_after,
                                fault_delay_ms=args.fault_delay_ms,
                                fault_corrupt_ddgst=args.fault_corrupt_ddgst,
-                               verbose=args.verbose, quiet=args.quiet, ready=ready)
+                               verbose=args.verbose, quiet=args.quiet,
+                               listens=[(h, str(pt)) for h, pt in listens],
+                               ana_states=ana,
+                               ns_ana_groups=[g for _, g in ns_groups],
+                               control_path=args.control, ready_ports=ready)
         except BaseException as e:  # reported by the main thread
             result["error"] = e
 

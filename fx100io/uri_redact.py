@@ -60,7 +60,7 @@ def redact(uri: str) -> str:
 
 MASK = REDACTED
 # query keys whose values are secrets (Redis clients' and NVMe DH-HMAC-CHAP's)
-SECRET_QUERY_KEYS = frozenset({"password", *SECRET_OPTIONS})
+SECRET_QUERY_KEYS = frozenset({"password", "sentinel_password", *SECRET_OPTIONS})
 
 
 def redact_url(url: object) -> str:

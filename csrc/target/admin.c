@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -103,6 +104,18 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		if (!ctrl)
 			return TGT_SF(1, NVME_SC_CONNECT_CTRL_BUSY);
 		r->dw0 = ctrl->cntlid;
+		/* AER answers may come from the listener's thread (ana.c):
+		 * from now on this queue's sends take a lock. */
+		if (!c->own_lock_init) {
+			pthread_mutexattr_t ma;
+
+			pthread_mutexattr_init(&ma);
+			pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+			pthread_mutex_init(&c->own_send_lock, &ma);
+			pthread_mutexattr_destroy(&ma);
+			c->own_lock_init = 1;
+			c->send_lock = &c->own_send_lock;
+		}
 		tgt_log(t, "%s: host %s connected to %s: controller %u, KATO %u ms, %s%s", c->peer,
 			hp, sp, ctrl->cntlid, cmd->kato,
 			c->hdgst ? "header digest" : "no header digest",
@@ -204,10 +217,16 @@ static uint16_t prop_set(struct tgt_conn *c, struct tgt_req *r)
 		ctrl->csts = NVME_CSTS_RDY;
 		ctrl->state = TGT_CTRL_READY;
 	} else if (!(v & NVME_CC_ENABLE) && (old & NVME_CC_ENABLE)) {
-		/* Controller reset: I/O queues do not survive it. */
+		/* Controller reset: I/O queues do not survive it, nor do the
+		 * held Async Event Requests (a reset aborts them: their CIDs
+		 * may be reused) or the event state and configuration. */
 		ctrl->csts = 0;
 		ctrl->state = TGT_CTRL_DISABLED;
 		ctrl->io_queues = 0;
+		c->aers = 0;
+		ctrl->ana_aen_pending = 0;
+		ctrl->ana_aen_masked = 0;
+		ctrl->aec = NVME_AEN_CFG_ANA_CHANGE;
 		tgt_ctrl_kill_io_locked(t, ctrl);
 		/* Reset is done (this answer, then CSTS.RDY = 0) only when
 		 * no write of the old queues can still reach the media. */
@@ -243,7 +262,11 @@ static void id_ctrl(struct tgt_conn *c, uint8_t *id)
 	put_str(id + 24, 40, disc ? "fx100io discovery" : "fx100io target"); /* MN */
 	put_str(id + 64, 8, "0.1.0");                                        /* FR */
 	id[72] = 6;                                                          /* RAB */
-	id[76] = disc ? 0 : 0x02; /* CMIC: several controllers */
+	/* CMIC: several ports (when we have them), several controllers, ANA
+	 * reporting */
+	id[76] = disc ? 0 : (uint8_t)(0x02 | 0x08 | (t->n_ports > 1 ? 0x01 : 0));
+	if (!disc)
+		put32(id + 92, NVME_AEN_CFG_ANA_CHANGE); /* OAES: ANA change notices */
 	id[NVME_IDC_MDTS] = FX_TGT_MDTS;
 	put16(id + NVME_IDC_CNTLID, ctrl->cntlid);
 	put32(id + NVME_IDC_VER, VS_1_3);
@@ -257,8 +280,16 @@ static void id_ctrl(struct tgt_conn *c, uint8_t *id)
 	put16(id + NVME_IDC_MAXCMD, FX_TGT_MQES + 1);
 	put32(id + NVME_IDC_NN, disc ? 0 : t->n_ns);
 	if (!disc) {
-		put16(id + 520, 1u << 3); /* ONCS: Write Zeroes */
-		id[525] = 1;              /* VWC: we cache (page cache); Flush syncs */
+		id[342] = FX_TGT_ANATT; /* ANATT (s), byte 342 */
+		/* ANACAP: every state reported (optimized, non-optimized,
+		 * inaccessible, persistent loss, change), and a namespace's
+		 * ANAGRPID never changes while it is attached */
+		id[343] = 0x1F | 0x40;              /* ANACAP, byte 343 */
+		put32(id + 344, FX_TGT_ANA_GROUPS); /* ANAGRPMAX */
+		put32(id + 348, FX_TGT_ANA_GROUPS); /* NANAGRPID */
+		put32(id + 540, t->n_ns);           /* MNAN (= NN) */
+		put16(id + 520, 1u << 3);           /* ONCS: Write Zeroes */
+		id[525] = 1;                        /* VWC: we cache (page cache); Flush syncs */
 	}
 	/* SGLS: SGLs supported (bit 0) and the address field as an offset
 	 * into the capsule (bit 20), which is what lets hosts send
@@ -282,7 +313,8 @@ static void id_ns(struct fx_target *t, const struct tgt_ns *ns, uint8_t *id)
 	put64(id + 16, ns->nsze); /* NUSE */
 	id[NVME_IDNS_NLBAF] = 0;  /* one LBA format */
 	id[NVME_IDNS_FLBAS] = 0;
-	id[30] = 1;                                     /* NMIC: shared by our controllers */
+	id[30] = 1; /* NMIC: shared (several controllers, through several ports) */
+	put32(id + 92, ns->anagrpid);                   /* ANAGRPID */
 	memcpy(id + 104, ns->nguid, 16);                /* NGUID */
 	id[NVME_IDNS_LBAF + 2] = (uint8_t)t->lba_shift; /* LBAF0: LBADS, no metadata */
 }
@@ -353,21 +385,27 @@ static uint16_t identify(struct tgt_conn *c, struct tgt_req *r)
 
 /* ---------------------------------------------------------- log pages */
 
-static void disc_entry(struct tgt_conn *c, uint8_t *e, uint8_t subtype, const char *nqn)
+/* The entry of port pi: its own address, or (a wildcard listener) the one
+ * the host reached us at. */
+static void disc_entry(struct tgt_conn *c, uint8_t *e, uint8_t subtype, const char *nqn,
+		       unsigned pi)
 {
 	struct nvmf_disc_log_entry *d = (struct nvmf_disc_log_entry *)e;
+	const struct tgt_port *p = &c->t->ports[pi];
+	int any = strcmp(p->addr, "0.0.0.0") == 0 || strcmp(p->addr, "::") == 0 || !p->addr[0];
+	int fam = any ? c->local_family : p->family;
 
 	memset(d, 0, sizeof(*d));
 	d->trtype = NVMF_TRTYPE_TCP;
-	d->adrfam = c->local_family == AF_INET6 ? NVMF_ADRFAM_IPV6 : NVMF_ADRFAM_IPV4;
+	d->adrfam = fam == AF_INET6 ? NVMF_ADRFAM_IPV6 : NVMF_ADRFAM_IPV4;
 	d->subtype = subtype;
 	d->treq = 0; /* secure channel not specified; SQ flow control stays on */
-	d->portid = 1;
+	d->portid = (uint16_t)(pi + 1);
 	d->cntlid = 0xFFFF; /* dynamic controllers */
 	d->asqsz = 32;
-	snprintf(d->trsvcid, sizeof(d->trsvcid), "%d", c->t->port);
+	snprintf(d->trsvcid, sizeof(d->trsvcid), "%d", p->bound);
 	snprintf(d->subnqn, sizeof(d->subnqn), "%s", nqn);
-	snprintf(d->traddr, sizeof(d->traddr), "%s", c->local_addr);
+	snprintf(d->traddr, sizeof(d->traddr), "%s", any ? c->local_addr : p->addr);
 	d->tsas[0] = 0; /* SECTYPE: no security */
 }
 
@@ -378,7 +416,7 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 	uint64_t numd = ((uint64_t)(sqe->cdw11 & 0xFFFF) << 16 | (sqe->cdw10 >> 16)) + 1;
 	uint64_t len = numd * 4;
 	uint64_t off = (uint64_t)sqe->cdw12 | ((uint64_t)sqe->cdw13 << 32);
-	uint8_t page[1024 * 3];
+	uint8_t page[1024 * (2 + FX_TGT_MAX_PORTS)];
 	uint64_t page_len = 0;
 
 	if (len > FX_TGT_ADMIN_BUF || len > r->sgl_len)
@@ -393,13 +431,19 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 		unsigned n = 0;
 
 		memset(page, 0, sizeof(page));
-		/* Our NVM subsystem (only to hosts it would admit), then the
-		 * discovery subsystem itself, as current Linux targets do. */
+		/* Our NVM subsystem through each open port (only to hosts it
+		 * would admit), then the discovery subsystem itself (this
+		 * port), as current Linux targets do.  (Ports open and close on
+		 * the listener's thread; an entry read during a change may
+		 * show either.) */
 		if (tgt_host_allowed(c->t, c->ctrl->hostnqn))
-			disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_NVME, c->t->subnqn);
+			for (unsigned i = 0; i < c->t->n_ports; i++)
+				if (atomic_load(&c->t->ports[i].open))
+					disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_NVME,
+						   c->t->subnqn, i);
 		disc_entry(c, page + 1024 * (1 + n++), NVMF_SUBTYPE_CURRENT_DISCOVERY,
-			   NVMF_DISCOVERY_NQN);
-		h->genctr = 1;
+			   NVMF_DISCOVERY_NQN, c->port);
+		h->genctr = atomic_load(&c->t->disc_genctr);
 		h->numrec = n;
 		h->recfmt = 0;
 		page_len = 1024 * (1 + n);
@@ -408,9 +452,34 @@ static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)
 			       (size_t)(page_len - off < len ? page_len - off : len));
 		return 0;
 	}
-	/* Any other page of an NVM subsystem: nothing to report (zeros). */
 	if (c->ctrl->discovery)
 		return TGT_SF_DNR(0, NVME_SC_INVALID_FIELD);
+	if (lid == NVME_LOG_ANA) {
+		int rgo = (sqe->cdw10 >> 8) & NVME_ANA_LSP_RGO;
+
+		if (!off) {
+			tgt_ana_log(c, rgo, r->out, (size_t)len);
+		} else {
+			/* (from an offset: the page is built whole, then cut) */
+			uint8_t *tmp = malloc(FX_TGT_ADMIN_BUF);
+			size_t full;
+
+			if (!tmp)
+				return TGT_SF(0, NVME_SC_INTERNAL);
+			full = tgt_ana_log(c, rgo, tmp, FX_TGT_ADMIN_BUF);
+			if (full > FX_TGT_ADMIN_BUF)
+				full = FX_TGT_ADMIN_BUF;
+			if (off < full)
+				memcpy(r->out, tmp + off,
+				       (size_t)(full - off < len ? full - off : len));
+			free(tmp);
+		}
+		/* RAE (bit 15) clear: the host has seen the change */
+		if (!(sqe->cdw10 & (1u << 15)))
+			tgt_ana_log_read(c);
+		return 0;
+	}
+	/* Any other page of an NVM subsystem: nothing to report (zeros). */
 	return 0;
 }
 
@@ -454,7 +523,7 @@ static uint16_t features(struct tgt_conn *c, struct tgt_req *r, int set)
 		else
 			r->dw0 = ctrl->kato_ms;
 		break;
-	case 0x0B: /* Asynchronous Event Configuration: we never raise events */
+	case 0x0B: /* Asynchronous Event Configuration: ANA change notices (bit 11) */
 		if (set)
 			ctrl->aec = sqe->cdw11;
 		else
@@ -522,13 +591,16 @@ uint16_t tgt_exec_admin(struct tgt_conn *c, struct tgt_req *r)
 		return features(c, r, 0);
 	case NVME_ADMIN_KEEP_ALIVE:
 		return 0; /* the receive path already restarted the KATO timer */
-	case NVME_ADMIN_ASYNC_EVENT:
-		/* Held until the connection ends: we have no events to report. */
-		if (c->aers > FX_TGT_AERL)
-			return TGT_SF_DNR(1, TGT_SC_AER_LIMIT);
-		c->aers++;
-		r->hold = 1;
+	case NVME_ADMIN_ASYNC_EVENT: {
+		/* Held until an event (an ANA change of this port; ana.c);
+		 * one already waiting completes it at once. */
+		int k = tgt_ana_aer(c, r->sqe->cid, &r->dw0);
+
+		if (k < 0)
+			return (uint16_t)-k;
+		r->hold = k == 0;
 		return 0;
+	}
 	case 0x08: /* Abort: dw0 bit 0 set = not aborted (we finish commands in order) */
 		r->dw0 = 1;
 		return 0;

@@ -1013,6 +1013,16 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 	uint16_t sf;
 	int ret;
 
+	/* A namespace whose ANA group this port cannot serve now: the
+	 * path-related status tells the host to use another path. */
+	if (sqe->opcode == NVME_CMD_READ || sqe->opcode == NVME_CMD_WRITE ||
+	    sqe->opcode == NVME_CMD_WRITE_ZEROES || sqe->opcode == NVME_CMD_FLUSH) {
+		struct tgt_ns *ans = find_ns(t, sqe->nsid);
+
+		sf = ans ? tgt_ana_io_status(c, ans) : 0;
+		if (sf)
+			return send_resp(c, sqe->cid, sf, 0, 0);
+	}
 	/* The engine starts with the queue's first Read or Write: a queue that
 	 * never moves data costs one thread, not two. */
 	if (!c->ioq && !c->ioq_failed && !t->force_inline &&

@@ -340,10 +340,13 @@ static int open_ns(struct fx_target *t, struct tgt_ns *ns, const char *path, uin
 	return 0;
 }
 
-static int do_listen(struct fx_target *t, const char *host, const char *port)
+/* Bind and listen on p's address (p->svc: the TCP port bound before, when
+ * it is opened again).  0 or -errno (the caller names the address). */
+int tgt_port_listen(struct fx_target *t, struct tgt_port *p)
 {
 	struct addrinfo hints, *res = NULL, *ai;
 	int fd = -1, ret = -EADDRNOTAVAIL, one = 1;
+	const char *host = p->host, *port = p->svc;
 
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
@@ -377,13 +380,79 @@ static int do_listen(struct fx_target *t, const char *host, const char *port)
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 
-	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+	/* (once: a port opened again keeps its address, which connection
+	 * threads may be reading for the discovery log) */
+	if (!p->bound && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
 		if (ss.ss_family == AF_INET)
-			t->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+			p->bound = ntohs(((struct sockaddr_in *)&ss)->sin_port);
 		else if (ss.ss_family == AF_INET6)
-			t->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+			p->bound = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+		p->family = ss.ss_family;
+		getnameinfo((struct sockaddr *)&ss, sl, p->addr, sizeof(p->addr), NULL, 0,
+			    NI_NUMERICHOST);
 	}
-	t->lfd = fd;
+	p->lfd = fd;
+	atomic_store(&p->open, 1);
+	return 0;
+}
+
+/* The listening ports (cfg->listens, or the one of host/port), their
+ * initial ANA states and the namespaces' groups. */
+static int ports_create(struct fx_target *t, const struct fx_target_config *cfg)
+{
+	struct fx_target_listen one = {cfg->host, cfg->port};
+	const struct fx_target_listen *l = cfg->n_listens ? cfg->listens : &one;
+	unsigned n = cfg->n_listens ? cfg->n_listens : 1;
+	int ret;
+
+	if (n > FX_TGT_MAX_PORTS || (cfg->n_listens && !cfg->listens)) {
+		tgt_log(t, "%u listening ports: at most %u", n, FX_TGT_MAX_PORTS);
+		return -EINVAL;
+	}
+	for (unsigned i = 0; i < t->n_ns; i++) {
+		uint32_t g = cfg->ns_ana_groups ? cfg->ns_ana_groups[i] : 1;
+
+		if (g < 1 || g > FX_TGT_ANA_GROUPS) {
+			tgt_log(t, "namespace %u: ANA group %u (1..%u)", i + 1, g,
+				FX_TGT_ANA_GROUPS);
+			return -EINVAL;
+		}
+		t->ns[i].anagrpid = g;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		struct tgt_port *p = &t->ports[i];
+
+		p->lfd = -1;
+		if ((l[i].host && strlen(l[i].host) >= sizeof(p->host)) ||
+		    (l[i].port && strlen(l[i].port) >= sizeof(p->svc)))
+			return -EINVAL;
+		snprintf(p->host, sizeof(p->host), "%s", l[i].host ? l[i].host : "");
+		snprintf(p->svc, sizeof(p->svc), "%s", l[i].port ? l[i].port : "");
+		for (unsigned g = 0; g <= FX_TGT_ANA_GROUPS; g++)
+			atomic_store(&p->ana[g], NVME_ANA_OPTIMIZED);
+		t->n_ports = i + 1;
+		ret = tgt_port_listen(t, p);
+		if (ret < 0) {
+			tgt_log(t, "cannot listen on %s:%s: %s", p->host, p->svc, strerror(-ret));
+			return ret;
+		}
+		/* open-port binds the same TCP port again */
+		snprintf(p->svc, sizeof(p->svc), "%d", p->bound);
+	}
+	for (unsigned i = 0; i < cfg->n_ana; i++) {
+		const struct fx_target_ana *a = &cfg->ana[i];
+
+		if (a->portid < 1 || a->portid > t->n_ports ||
+		    tgt_ana_set(t, a->portid - 1, a->group, a->state) < 0) {
+			tgt_log(t, "bad ANA state: port %u group %u state %u", a->portid, a->group,
+				a->state);
+			return -EINVAL;
+		}
+	}
+	/* (the initial states are no change) */
+	t->ana_chgcnt = 0;
+	for (unsigned i = 0; i < t->n_ports; i++)
+		memset(t->ports[i].ana_chg, 0, sizeof(t->ports[i].ana_chg));
 	return 0;
 }
 
@@ -403,8 +472,10 @@ static void target_free(struct fx_target *t)
 		free(t->allow[i]);
 	free(t->allow);
 	tgt_auth_config_free(t);
-	if (t->lfd >= 0)
-		close(t->lfd);
+	for (unsigned i = 0; i < t->n_ports; i++)
+		if (t->ports[i].lfd >= 0)
+			close(t->ports[i].lfd);
+	tgt_control_close(t);
 	if (t->wake[0] >= 0)
 		close(t->wake[0]);
 	if (t->wake[1] >= 0)
@@ -433,7 +504,8 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
-	t->lfd = -1;
+	t->ctl_fd = -1;
+	atomic_store(&t->disc_genctr, 1);
 	t->wake[0] = t->wake[1] = -1;
 	pthread_mutex_init(&t->loglim.lock, NULL);
 	t->loglim.milli = FX_TGT_LOG_BURST * 1000ull;
@@ -535,9 +607,14 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 		ret = -errno;
 		goto fail;
 	}
-	ret = do_listen(t, cfg->host, cfg->port);
+	ret = ports_create(t, cfg);
 	if (ret < 0)
 		goto fail;
+	if (cfg->control_path) {
+		ret = tgt_control_open(t, cfg->control_path);
+		if (ret < 0)
+			goto fail;
+	}
 	/* Each connection is three descriptors (its socket, and its I/O
 	 * engine's io_uring and wake eventfd once it moves data), each
 	 * namespace two (buffered and O_DIRECT): a limit above what the
@@ -575,7 +652,12 @@ fail:
 
 int fx_target_port(const struct fx_target *t)
 {
-	return t->port;
+	return t->ports[0].bound;
+}
+
+int fx_target_port_of(const struct fx_target *t, unsigned portid)
+{
+	return portid >= 1 && portid <= t->n_ports ? t->ports[portid - 1].bound : -EINVAL;
 }
 
 void fx_target_stop(struct fx_target *t)
@@ -674,6 +756,8 @@ struct tgt_ctrl *tgt_ctrl_new(struct tgt_conn *conn, int discovery, const char *
 	c->state = TGT_CTRL_DISABLED;
 	c->wce = 1;
 	c->refs = 1;
+	c->port = conn->port;
+	c->aec = NVME_AEN_CFG_ANA_CHANGE;
 	atomic_store(&c->last_cmd_ms, tgt_now_ms());
 
 	pthread_mutex_lock(&t->lock);
@@ -720,6 +804,13 @@ uint16_t tgt_ctrl_attach_io(struct tgt_conn *conn, uint16_t cntlid, const char *
 	}
 	if (strcmp(c->hostnqn, hostnqn) != 0) {
 		*ipo_attr = offsetof(struct nvmf_connect_data, hostnqn);
+		sf = TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_PARAM);
+		goto out;
+	}
+	/* A controller lives on one port (its ANA states are that port's,
+	 * and closing the port ends all its queues). */
+	if (c->port != conn->port) {
+		*ipo_attr = offsetof(struct nvmf_connect_data, cntlid);
 		sf = TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_PARAM);
 		goto out;
 	}
@@ -825,6 +916,11 @@ void tgt_conn_detach(struct tgt_conn *conn)
 	struct tgt_ctrl *c;
 
 	pthread_mutex_lock(&t->lock);
+	/* No AER answer is sent on this queue any more (ana.c), and those
+	 * being sent have ended before the connection is freed. */
+	conn->aers = 0;
+	while (conn->aer_sending)
+		pthread_cond_wait(&t->drain_cond, &t->lock);
 	c = conn->ctrl;
 	if (!c) {
 		pthread_mutex_unlock(&t->lock);
@@ -904,6 +1000,8 @@ static void conn_free(struct tgt_conn *c)
 	tgt_iopeer_put(c);
 	if (c->fd >= 0)
 		close(c->fd);
+	if (c->own_lock_init)
+		pthread_mutex_destroy(&c->own_send_lock);
 	free(c);
 }
 
@@ -1009,7 +1107,8 @@ static struct tgt_conn *conn_new(struct fx_target *t, int fd)
 	return c;
 }
 
-static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
+static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storage *ss,
+		       unsigned port)
 {
 	struct tgt_conn *c = conn_new(t, fd);
 	pthread_attr_t attr;
@@ -1019,6 +1118,7 @@ static void start_conn(struct fx_target *t, int fd, const struct sockaddr_storag
 		close(fd);
 		return;
 	}
+	c->port = port;
 	peer_name(ss, c->peer, sizeof(c->peer));
 	peer_key(ss, c->peer_key, sizeof(c->peer_key));
 	if (tgt_iopeer_get(c) < 0) {
@@ -1232,7 +1332,7 @@ static int evict_idle(struct fx_target *t)
 
 /* A new connection: served, served after evicting one still in its
  * handshake or an idle one without keep alive, or refused (closed at once). */
-static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss)
+static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss, unsigned port)
 {
 	unsigned open;
 
@@ -1246,13 +1346,13 @@ static void admit(struct fx_target *t, int fd, const struct sockaddr_storage *ss
 		pthread_mutex_unlock(&t->lock);
 	}
 	if (open < t->max_conns) {
-		start_conn(t, fd, ss);
+		start_conn(t, fd, ss, port);
 	} else if (evict_pending(t)) {
 		t->lim_evicted++;
-		start_conn(t, fd, ss);
+		start_conn(t, fd, ss, port);
 	} else if (evict_idle(t)) {
 		t->lim_idle_evicted++;
-		start_conn(t, fd, ss);
+		start_conn(t, fd, ss, port);
 	} else {
 		close(fd);
 		t->lim_refused++;
@@ -1326,32 +1426,42 @@ int fx_target_run(struct fx_target *t)
 	int ret = 0;
 
 	while (!t->stop) {
-		struct pollfd p[2] = {{.fd = t->lfd, .events = POLLIN},
-				      {.fd = t->wake[0], .events = POLLIN}};
-		int n = poll(p, 2, 100);
+		/* [0] wake, [1] control, then the ports (a closed one's fd is
+		 * -1: poll skips it) */
+		struct pollfd p[2 + FX_TGT_MAX_PORTS];
+		int n;
+
+		p[0] = (struct pollfd){.fd = t->wake[0], .events = POLLIN};
+		p[1] = (struct pollfd){.fd = t->ctl_fd, .events = POLLIN};
+		for (unsigned i = 0; i < t->n_ports; i++)
+			p[2 + i] = (struct pollfd){.fd = t->ports[i].lfd, .events = POLLIN};
+		n = poll(p, 2 + t->n_ports, 100);
 
 		if (n < 0 && errno != EINTR) {
 			ret = -errno;
 			break;
 		}
-		if (n > 0 && (p[1].revents & POLLIN)) {
+		if (n > 0 && (p[0].revents & POLLIN)) {
 			char b[64];
 
 			while (read(t->wake[0], b, sizeof(b)) > 0)
 				;
 		}
 		reap(t, 0); /* first: finished connections free their slots */
-		if (n > 0 && (p[0].revents & POLLIN)) {
+		for (unsigned i = 0; n > 0 && i < t->n_ports; i++) {
+			if (!(p[2 + i].revents & POLLIN) || t->ports[i].lfd < 0)
+				continue;
 			/* A bounded burst: a flood must not keep the deadlines
 			 * and KATO below from being checked (poll returns at once
 			 * while the backlog is not empty). */
 			for (unsigned k = 0; k < 256; k++) {
 				struct sockaddr_storage ss;
 				socklen_t sl = sizeof(ss);
-				int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+				int fd = accept4(t->ports[i].lfd, (struct sockaddr *)&ss, &sl,
+						 SOCK_CLOEXEC);
 
 				if (fd >= 0) {
-					admit(t, fd, &ss);
+					admit(t, fd, &ss, i);
 					continue;
 				}
 				if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
@@ -1362,6 +1472,9 @@ int fx_target_run(struct fx_target *t)
 				break; /* EAGAIN, ECONNABORTED, EINTR, ... */
 			}
 		}
+		/* (after the accepts: a command may close a port) */
+		if (n > 0 && (p[1].revents & POLLIN))
+			tgt_control_serve(t);
 		check_handshakes(t);
 		check_kato(t);
 		check_idle(t);
@@ -1370,8 +1483,11 @@ int fx_target_run(struct fx_target *t)
 	}
 
 	/* Stop: refuse new connections, end the live ones, wait for them. */
-	close(t->lfd);
-	t->lfd = -1;
+	for (unsigned i = 0; i < t->n_ports; i++) {
+		if (t->ports[i].lfd >= 0)
+			close(t->ports[i].lfd);
+		t->ports[i].lfd = -1;
+	}
 	pthread_mutex_lock(&t->lock);
 	for (struct tgt_conn *c = t->conns; c; c = c->next)
 		tgt_conn_shut(c);

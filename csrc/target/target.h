@@ -44,9 +44,34 @@ struct fx_target_dhchap_host {
 #define FX_TARGET_DHCHAP_HASHES_ALL 0x0Eu   /* SHA-256 (1), SHA-384 (2), SHA-512 (3) */
 #define FX_TARGET_DHCHAP_DHGROUPS_ALL 0x3Fu /* null (0), ffdhe2048 (1) ... ffdhe8192 (5) */
 
+/* One listening port (port id = its index + 1). */
+struct fx_target_listen {
+	const char *host; /* address (literal or name), e.g. "127.0.0.1", "::" */
+	const char *port; /* service; "0" picks a free port */
+};
+
+/* An initial ANA state: port id (1..), ANA group (1..32; 0 = every
+ * group), state (NVME_ANA_OPTIMIZED ... NVME_ANA_CHANGE).  Every group is
+ * optimized through every port unless told. */
+struct fx_target_ana {
+	unsigned portid;
+	uint32_t group;
+	uint8_t state;
+};
+
 struct fx_target_config {
-	const char *host;            /* listen address (literal or name), e.g. "127.0.0.1", "::" */
-	const char *port;            /* service; "0" picks a free port (see fx_target_port) */
+	const char *host; /* listen address (literal or name), e.g. "127.0.0.1", "::" */
+	const char *port; /* service; "0" picks a free port (see fx_target_port) */
+	/* Several ports (up to 16; then host/port are not used): each is an
+	 * NVMe port of its own (port id, discovery log entry, ANA states). */
+	const struct fx_target_listen *listens;
+	unsigned n_listens;
+	const struct fx_target_ana *ana;
+	unsigned n_ana;
+	const uint32_t *ns_ana_groups; /* [n_ns]: namespace i+1's ANA group; NULL: all 1 */
+	/* A unix socket that takes control commands (ana-state, close-port,
+	 * open-port, ports; docs/target.md); NULL: none. */
+	const char *control_path;
 	const char *subnqn;          /* our NVM subsystem's NQN */
 	const char *const *ns_paths; /* namespace i+1 is ns_paths[i]: file or block device */
 	unsigned n_ns;
@@ -116,8 +141,9 @@ struct fx_target_config {
  */
 int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out);
 
-/* The port actually bound (useful with port "0"). */
+/* The port actually bound (useful with port "0"); of port id portid. */
 int fx_target_port(const struct fx_target *t);
+int fx_target_port_of(const struct fx_target *t, unsigned portid);
 
 /* Serve until fx_target_stop(); closes all connections before returning.
  * 0, or -errno of accept when the listening socket fails. */

@@ -34,6 +34,12 @@
 #define FX_TGT_R2T_BUFS 4u /* admin/Fabrics data collections at once, per queue */
 #define FX_TGT_AERL 3u     /* 0's based: up to 4 outstanding AERs */
 #define FX_TGT_DEFAULT_IO_QUEUES 64u
+/* Asymmetric Namespace Access (ana.c): listening ports (each its own port
+ * id, 1..), ANA groups (ids 1..FX_TGT_ANA_GROUPS; namespaces are in group
+ * 1 unless told), and the ANA Transition Time we promise (s). */
+#define FX_TGT_MAX_PORTS 16u
+#define FX_TGT_ANA_GROUPS 32u
+#define FX_TGT_ANATT 10u
 #define FX_TGT_KAS 10u /* keep alive granularity, 100 ms units */
 /* Defaults of the limits that keep hostile or dead hosts from exhausting us
  * (fx_target_config says what each bounds). */
@@ -190,6 +196,23 @@ struct tgt_ns {
 	uint64_t nsze; /* blocks */
 	uint8_t nguid[16];
 	uint8_t uuid[16];
+	uint32_t anagrpid; /* its ANA group, 1..FX_TGT_ANA_GROUPS */
+};
+
+/* A listening port: its own port id (index + 1), the address it was given
+ * and the one bound, and the state of each ANA group as seen through it
+ * (read by the I/O path without a lock: a change takes effect for the
+ * commands that come after it). */
+struct tgt_port {
+	char host[256]; /* as configured ("" = any) */
+	char svc[32];
+	int lfd;         /* -1: closed (close-port), new connects refused (listener only) */
+	atomic_int open; /* lfd >= 0, for the discovery log's readers */
+	int bound;       /* the TCP port bound */
+	int family;      /* of the bound address */
+	char addr[64];   /* the bound address, numeric */
+	_Atomic uint8_t ana[FX_TGT_ANA_GROUPS + 1];
+	uint64_t ana_chg[FX_TGT_ANA_GROUPS + 1]; /* change count at the last change (lock) */
 };
 
 /* A host that must authenticate (DH-HMAC-CHAP): its parsed secrets. */
@@ -278,7 +301,12 @@ struct tgt_ctrl {
 	uint16_t io_queues; /* granted by Set Features (count, not 0's based); 0: not yet */
 	uint8_t *qid_used;  /* [max_io_queues + 1] */
 	uint32_t kato_ms;
-	uint32_t aec;                 /* Asynchronous Event Configuration (stored only) */
+	uint32_t aec;  /* Asynchronous Event Configuration (ANA change notices on by default) */
+	unsigned port; /* index in t->ports of the port it was created on */
+	/* ANA change notice (under t->lock): to be reported (no AER was held
+	 * when the state changed), and reported but not yet cleared by a Get
+	 * Log Page of the ANA log without RAE (no other one until then). */
+	int ana_aen_pending, ana_aen_masked;
 	uint32_t wce;                 /* volatile write cache enable */
 	_Atomic uint64_t last_cmd_ms; /* for KATO: any command on any of its queues */
 	/* I/O queues attached whose disk I/O may still be running (under
@@ -366,7 +394,17 @@ struct tgt_conn {
 	 * error it took is lost (see send_errno).  Under the send lock. */
 	int send_short;
 	uint32_t c2h_sent;
-	unsigned aers; /* Async Event Requests held (never answered: no events) */
+	unsigned port; /* index in t->ports it was accepted on */
+	/* Async Event Requests held (an admin queue, under t->lock): their
+	 * CIDs, answered when an event comes (ana.c); aer_sending: answers
+	 * being sent by another thread (tgt_conn_detach waits for them). */
+	unsigned aers;
+	uint16_t aer_cid[FX_TGT_AERL + 1];
+	unsigned aer_sending;
+	/* An admin queue's send lock (recursive): AER answers come from the
+	 * listener's thread too.  own_lock_init: set up (conn.c, at Connect). */
+	pthread_mutex_t own_send_lock;
+	int own_lock_init;
 	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
 	 * succeeds, the queue takes only AUTH_Send/AUTH_Receive (and
 	 * Disconnect), and stays under the handshake deadline: live is set
@@ -445,8 +483,14 @@ struct fx_target {
 	struct tgt_iobufs iobufs;
 	int verbose, quiet;
 	uint8_t serial[20];
-	int lfd;
-	int port;
+	struct tgt_port ports[FX_TGT_MAX_PORTS];
+	unsigned n_ports;
+	uint64_t ana_chgcnt; /* ANA log change count (under lock) */
+	/* Discovery log generation: 1, and one more each time a port closes
+	 * or opens (its entries change) */
+	_Atomic uint64_t disc_genctr;
+	int ctl_fd; /* control socket (control.c), -1: none */
+	char ctl_path[108];
 	int wake[2]; /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;
 	struct tgt_conn *conns; /* under lock */
@@ -514,6 +558,37 @@ uint64_t tgt_now_ms(void);
 /* s made safe to log (NQNs come from the wire): non-printable bytes become
  * '?'; returns buf. */
 const char *tgt_printable(char *buf, size_t n, const char *s);
+
+/* ana.c: Asymmetric Namespace Access */
+/* The ANA state of ns as seen by the connection's port. */
+uint8_t tgt_ana_state(const struct tgt_conn *c, const struct tgt_ns *ns);
+/* 0 when I/O to ns may run through this connection, else the status. */
+uint16_t tgt_ana_io_status(const struct tgt_conn *c, const struct tgt_ns *ns);
+/* The ANA log page (for the controller's port) into out (cap bytes);
+ * its length (may exceed cap: the caller copies the window it wants). */
+size_t tgt_ana_log(struct tgt_conn *c, int rgo, uint8_t *out, size_t cap);
+/* An AER arrived on an admin queue: 1 when it completes now with an
+ * event (*dw0), 0 when held, or a status field (AER limit) as -sf. */
+int tgt_ana_aer(struct tgt_conn *c, uint16_t cid, uint32_t *dw0);
+/* The ANA log was read without RAE: the next change is reported. */
+void tgt_ana_log_read(struct tgt_conn *c);
+/* Set port's (index) state of group (0: every group); bumps the change
+ * count and completes an AER of each controller of that port (listener
+ * thread).  0 or -EINVAL. */
+int tgt_ana_set(struct fx_target *t, unsigned port, uint32_t group, uint8_t state);
+/* Close the port (its connections end, new connects are refused) or open
+ * it again on the same address and TCP port (listener thread). */
+int tgt_port_close(struct fx_target *t, unsigned port);
+int tgt_port_open(struct fx_target *t, unsigned port);
+int tgt_port_listen(struct fx_target *t, struct tgt_port *p);
+/* State names ("optimized", ...): the value, or 0 when unknown. */
+uint8_t tgt_ana_state_parse(const char *s);
+const char *tgt_ana_state_str(uint8_t st);
+
+/* control.c: the control socket (fx_target_config.control_path) */
+int tgt_control_open(struct fx_target *t, const char *path);
+void tgt_control_serve(struct fx_target *t); /* one client, when the socket is readable */
+void tgt_control_close(struct fx_target *t);
 
 /* admin.c */
 uint16_t tgt_exec_fabrics(struct tgt_conn *c, struct tgt_req *r);

@@ -163,8 +163,11 @@ def _parse_shared_index(value: Any, what: str) -> str | None:
     if value is None or str(value).strip() == "":
         return None
     url = str(value).strip()
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise BackendConfigError(f"{what}: expected a redis:// URL, got {redact_url(url)!r}")
+    if not url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://",
+                           "redis+cluster://")):
+        raise BackendConfigError(f"{what}: expected a redis://, rediss://, unix://, "
+                                 f"redis+sentinel:// or redis+cluster:// URL, got "
+                                 f"{redact_url(url)!r}")
     return url
 
 

@@ -1338,13 +1338,13 @@ static void test_ana_log(void)
 	put_le32(log + 16, 5); /* group 5 */
 	put_le32(log + 20, 2); /* two NSIDs follow */
 	log[24] = 7;           /* CHGCNT */
-	log[32] = NVME_ANA_NONOPTIMIZED;
+	log[32] = NVME_ANA_NON_OPTIMIZED;
 	put_le32(log + 48, 1);
 	put_le32(log + 52, 2);
 	put_le32(log + 56, 9);                  /* group 9 */
 	log[72] = 0xf0 | NVME_ANA_INACCESSIBLE; /* reserved bits ignored */
 	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 5, &st, &cnt), 0);
-	CHECK_EQ(st, NVME_ANA_NONOPTIMIZED);
+	CHECK_EQ(st, NVME_ANA_NON_OPTIMIZED);
 	CHECK_EQ(cnt, 7);
 	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 9, &st, &cnt), 0);
 	CHECK_EQ(st, NVME_ANA_INACCESSIBLE);

@@ -108,7 +108,9 @@ def main() -> None:
 def put_loop(st: object, cmd: dict, reply: object) -> None:
     keys, size, tag = cmd["keys"], cmd["size"], cmd["tag"]
     i = 0
-    while cmd.get("count") is None or i < cmd["count"]:
+    # seconds: stop once that long has passed (whatever count says)
+    deadline = time.monotonic() + cmd.get("seconds", float("inf"))
+    while (cmd.get("count") is None or i < cmd["count"]) and time.monotonic() < deadline:
         batch = [keys[(i * 3 + j) % len(keys)] for j in range(cmd.get("batch", 2))]
         batch = list(dict.fromkeys(batch))
         t = f"{tag}-{i}"

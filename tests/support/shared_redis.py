@@ -38,6 +38,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is free too
+    (Redis refuses a cluster port above 55535)."""
+    import random
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise AssertionError("no free pair of loopback ports for a cluster node")
+
+
 class RedisServer:
     def __init__(self, workdir: Path, port: int | None = None):
         self.exe = require_redis()
@@ -50,11 +66,12 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 10.0, extra: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--protected-mode", "no", "--daemonize", "no", "--logfile", "redis.log"],
+             "--protected-mode", "no", "--daemonize", "no", "--logfile", "redis.log",
+             *(extra or [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # under tools/asan_suite.sh: the sanitizers are for our extension,
             # not for redis-server (whose jemalloc they would fight)
@@ -91,3 +108,126 @@ def serve(tmp_path: Path):  # noqa: ANN201
         yield srv
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _wait(what: str, ok, timeout: float, logs: list[Path]) -> None:  # noqa: ANN001
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if ok():
+                return
+        except Exception:  # noqa: BLE001 (not up yet)
+            pass
+        time.sleep(0.1)
+    tails = "\n".join(f"--- {p}\n" + (p.read_text()[-1500:] if p.exists() else "(none)")
+                      for p in logs)
+    raise AssertionError(f"{what} within {timeout} s\n{tails}")
+
+
+class RedisSentinelSet:
+    """One primary, two replicas and three sentinels (quorum 2, down after
+    down_after_ms), each its own process, loopback port and directory."""
+
+    SERVICE = "mymaster"
+
+    def __init__(self, workdir: Path, down_after_ms: int = 1000):
+        self.exe = require_redis()
+        self.dir = workdir
+        self.down_after_ms = down_after_ms
+        self.servers = [RedisServer(workdir / f"redis{i}") for i in range(3)]
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen] = []
+
+    def url(self, query: str = "") -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}/0" + (f"?{query}" if query else "")
+
+    def start(self, timeout: float = 20.0) -> None:
+        import redis
+        primary = self.servers[0]
+        primary.start()
+        for s in self.servers[1:]:
+            s.start(extra=["--replicaof", "127.0.0.1", str(primary.port)])
+        _wait("the replicas did not sync",
+              lambda: primary.client().info("replication")["connected_slaves"] == 2
+              and all(s.client().info("replication")["master_link_status"] == "up"
+                      for s in self.servers[1:]), timeout,
+              [s.dir / "redis.log" for s in self.servers])
+        for i, port in enumerate(self.sentinel_ports):
+            d = self.dir / f"sentinel{i}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "sentinel.conf").write_text(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\n"
+                f"logfile {d / 'sentinel.log'}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.SERVICE} 10000\n"
+                f"sentinel parallel-syncs {self.SERVICE} 1\n")
+            self.sentinels.append(subprocess.Popen(
+                [self.exe, str(d / "sentinel.conf"), "--sentinel"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}))
+
+        def sentinels_ready() -> bool:
+            for port in self.sentinel_ports:
+                m = redis.Redis(port=port, socket_timeout=0.5).sentinel_master(self.SERVICE)
+                if int(m["num-slaves"]) < 2 or int(m["num-other-sentinels"]) < 2:
+                    return False
+            return True
+        _wait("the sentinels did not see the replicas and each other", sentinels_ready,
+              timeout, [self.dir / f"sentinel{i}" / "sentinel.log" for i in range(3)])
+
+    def primary(self) -> RedisServer:
+        """The server the sentinels name as primary now."""
+        import redis
+        host, port = redis.Redis(port=self.sentinel_ports[0], socket_timeout=1) \
+            .sentinel_get_master_addr_by_name(self.SERVICE)
+        return next(s for s in self.servers if s.port == int(port))
+
+    def stop(self) -> None:
+        _kill(self.sentinels)
+        for s in self.servers:
+            s.stop(signal.SIGKILL)
+
+
+class RedisClusterSet:
+    """A Redis Cluster of three primaries (no replicas), each its own
+    process, loopback port and directory."""
+
+    def __init__(self, workdir: Path):
+        self.exe = require_redis()
+        self.cli = shutil.which("redis-cli") or "redis-cli"
+        self.servers = [RedisServer(workdir / f"node{i}", free_cluster_port())
+                        for i in range(3)]
+
+    def url(self, query: str = "") -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+        return f"redis+cluster://{hosts}/" + (f"?{query}" if query else "")
+
+    def start(self, timeout: float = 30.0) -> None:
+        for s in self.servers:
+            s.start(extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                           "--cluster-node-timeout", "2000"])
+        subprocess.run([self.cli, "--cluster", "create",
+                        *(f"127.0.0.1:{s.port}" for s in self.servers), "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=timeout)
+        _wait("the cluster did not reach cluster_state:ok",
+              lambda: all(s.client().cluster("info")["cluster_state"] == "ok"
+                          for s in self.servers), timeout,
+              [s.dir / "redis.log" for s in self.servers])
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop(signal.SIGKILL)

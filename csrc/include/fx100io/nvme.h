@@ -368,34 +368,41 @@ _Static_assert(sizeof(struct nvme_ns_id_desc) == 4, "NS id descriptor header");
 #define NVME_NIDT_EUI64 0x1 /* NIDL 8 */
 #define NVME_NIDT_NGUID 0x2 /* NIDL 16 */
 #define NVME_NIDT_UUID 0x3  /* NIDL 16 */
-#define NVME_LOG_ANA 0x0c
-/* ANA log page: this header, then one descriptor per group, each followed
- * by NNSIDS 32-bit NSIDs. */
-struct nvme_ana_log_hdr {
-	uint64_t chgcnt;
-	uint16_t ngrps;
-	uint8_t rsvd[6];
-};
-_Static_assert(sizeof(struct nvme_ana_log_hdr) == 16, "ANA log header");
-struct nvme_ana_group_desc {
-	uint32_t grpid;
-	uint32_t nnsids;
-	uint64_t chgcnt;
-	uint8_t state; /* bits 3:0, NVME_ANA_* */
-	uint8_t rsvd[15];
-};
-_Static_assert(sizeof(struct nvme_ana_group_desc) == 32, "ANA group descriptor");
-enum nvme_ana_state {
-	NVME_ANA_OPTIMIZED = 0x1,
-	NVME_ANA_NONOPTIMIZED = 0x2,
-	NVME_ANA_INACCESSIBLE = 0x3,
-	NVME_ANA_PERSISTENT_LOSS = 0x4,
-	NVME_ANA_CHANGE = 0xf,
-};
-/* Path Related Status (SCT 3h): the command did not run on this path. */
+/* Asymmetric Namespace Access (NVMe Base 2.0, 8.1.1): the ANA log page
+ * (LID 0Ch; Get Log Page LSP bit 0 = RGO, only the groups without their
+ * NSID lists), the states a group has as seen through a port, the
+ * path-related statuses (SCT 3) of I/O on a path that cannot serve it,
+ * and the ANA change notice an Asynchronous Event Request completes with. */
+#define NVME_LOG_ANA 0x0C
+#define NVME_ANA_LSP_RGO 0x01
+#define NVME_ANA_OPTIMIZED 0x01
+#define NVME_ANA_NON_OPTIMIZED 0x02
+#define NVME_ANA_INACCESSIBLE 0x03
+#define NVME_ANA_PERSISTENT_LOSS 0x04
+#define NVME_ANA_CHANGE 0x0F
 #define NVME_SCT_PATH 0x3
 #define NVME_SC_ANA_PERSISTENT_LOSS 0x01
 #define NVME_SC_ANA_INACCESSIBLE 0x02
 #define NVME_SC_ANA_TRANSITION 0x03
+/* AER completion dw0: type Notice (2h), info ANA change (03h), log 0Ch */
+#define NVME_AER_ANA_CHANGE 0x000C0302u
+#define NVME_AEN_CFG_ANA_CHANGE (1u << 11) /* OAES bit and AEC (feature 0Bh) bit */
+
+struct nvme_ana_log_hdr {
+	uint64_t chgcnt;
+	uint16_t ngrps;
+	uint8_t rsvd[6];
+} FX_PACKED;
+_Static_assert(sizeof(struct nvme_ana_log_hdr) == 16, "ana hdr");
+
+/* followed by nnsids 32-bit NSIDs (none when RGO was set) */
+struct nvme_ana_group_desc {
+	uint32_t grpid;
+	uint32_t nnsids;
+	uint64_t chgcnt;
+	uint8_t state; /* bits 3:0 */
+	uint8_t rsvd[15];
+} FX_PACKED;
+_Static_assert(sizeof(struct nvme_ana_group_desc) == 32, "ana desc");
 
 #endif

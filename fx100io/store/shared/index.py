@@ -18,9 +18,15 @@ from typing import Any
 try:
     import redis
     import redis.asyncio as aredis
+    from redis.asyncio.cluster import ClusterNode as AClusterNode
+    from redis.asyncio.cluster import RedisCluster as ARedisCluster
     from redis.asyncio.retry import Retry as ARetry
+    from redis.asyncio.sentinel import Sentinel as ASentinel
     from redis.backoff import NoBackoff
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import NoPermissionError, RedisClusterException
     from redis.retry import Retry
+    from redis.sentinel import Sentinel
 except ImportError as e:  # only the shared pool needs it
     raise ImportError(f"fx100io.SharedChunkStore needs the redis package (pip install redis): "
                       f"{e}") from e
@@ -33,15 +39,49 @@ from fx100io.errors import (
     NotAStoreError,
 )
 from fx100io.store.shared import lua
+from fx100io.store.shared.index_url import IndexTarget, parse_index_url
 from fx100io.uri_redact import redact_url
 
 log = logging.getLogger("fx100io")
+
+# what Redis, the connection, the sentinels or the cluster may raise: the
+# index is unavailable (RedisClusterException, "no node serves the slot",
+# is no RedisError)
+_ERRORS = (redis.RedisError, OSError, RedisClusterException)
 
 
 class IndexUnavailableError(Fx100ioError, ConnectionError):
     """The pool's Redis index did not answer, or answered with an error of
     its own (down, unreachable, loading, busy with a long script, a replica
     after a failover, out of memory, ...)."""
+
+
+class IndexNotReplicatedError(IndexUnavailableError):
+    """An index change (a put's publish, a delete) was made on the Redis
+    primary, but fewer replicas than index_replicas confirmed it within the
+    index timeout: a failover now could lose it.  The change may stand (the
+    primary has it) or be lost; the caller must treat the put or delete as
+    not done.  result: what the script returned (the caller still erases
+    the headers of the extents it retired)."""
+
+    def __init__(self, errno_: int, msg: str, url: str, result: Any = None):
+        super().__init__(errno_, msg, url)
+        self.result = result
+
+
+# The scripts whose change, lost in a failover, could make a get return
+# the wrong bytes, or bring back what a caller was told is gone: a lost
+# publish brings back the key's older version (its extent retired and,
+# once reused, holding another chunk's bytes: the CRC32C catches that, but
+# before reuse the old bytes are served as if current); a lost delete
+# brings the key back.  Their callers wait for index_replicas replicas
+# (WAIT) before they return.  A lost alloc, renew, abort, pin, unpin, drop
+# or tomb_done costs space or a miss only: a lost alloc's lease is gone on
+# the new primary, so that put's renew fails and it publishes nothing (and
+# any of its writes that land in an extent handed out again fail the other
+# chunk's CRC32C check: a miss); a lost tomb_done or abort keeps an extent
+# held until its hold or lease expires.
+WAITED = frozenset({"publish", "delete"})
 
 
 class IndexLostError(Fx100ioError):
@@ -101,11 +141,26 @@ def parse_entry(v: bytes) -> tuple[int, int, int, int, int, int]:
 
 
 class RedisIndex:
+    """The index of one pool in one Redis deployment (see index_url): one
+    server, the primary that Sentinel names (asked again on every new
+    connection, so a failover is followed once the sentinels agree), or
+    the Cluster node that serves the pool's hash slot (all its keys share
+    the tag {name}, so one node holds the whole index; asked of the
+    cluster again after any error, so a MOVED or a dead node is followed
+    on the next call)."""
+
     def __init__(self, url: str, name: str, set_id: bytes, *, timeout: float = 0.5,
-                 retry_after: float = 1.0):
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidArgumentError(22, "index must be a redis:// URL, got "
-                                       f"{redact_url(url)!r}")
+                 retry_after: float = 1.0, replicas: int | None = None):
+        self.target: IndexTarget = parse_index_url(url)
+        if replicas is not None:
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+                raise InvalidArgumentError(22, "index_replicas must be an int >= 0, got "
+                                           f"{replicas!r}")
+            if self.target.replicas is not None and self.target.replicas != replicas:
+                raise InvalidArgumentError(
+                    22, f"index_replicas={replicas} but the index URL {redact_url(url)!r} says "
+                    f"index_replicas={self.target.replicas}")
+            self.target.replicas = replicas
         self._url = url  # may carry a password: only the clients see it
         self.url = redact_url(url)  # for messages, logs, reprs and stats
         self.name = name
@@ -118,31 +173,181 @@ class RedisIndex:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
         self._sync: redis.Redis | None = None
+        self._sync_gen = 0
         self._sync_scripts: dict[str, Any] = {}
+        # cluster: bumped on every error, so each client asks the cluster
+        # again which node serves the pool's slot
+        self._gen = 0
+        self._default_replicas: int | None = None
 
     # ------------------------------------------------------------ clients
     def _opts(self) -> dict[str, Any]:
-        return dict(socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
-                    retry_on_timeout=False)
+        o: dict[str, Any] = dict(socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
+        o.update(self.target.opts)  # the URL's own timeouts, password, ssl
+        return o
 
-    def _aclient(self) -> tuple[Any, dict[str, Any]]:
+    def _sentinel_opts(self) -> dict[str, Any]:
+        o = self._opts()
+        s: dict[str, Any] = {k: o[k] for k in ("socket_timeout", "socket_connect_timeout", "ssl") if k in o}
+        s.update(self.target.sentinel_opts)
+        return s
+
+    def _cluster_opts(self) -> dict[str, Any]:
+        return {k: v for k, v in self._opts().items()
+                if k in ("socket_timeout", "socket_connect_timeout", "password", "username",
+                         "ssl")}
+
+    def _node_of_slot_sync(self) -> tuple[str, int]:
+        """The Cluster node serving this pool's slot, as the cluster says now."""
+        rc = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.target.hosts],
+                          retry=Retry(NoBackoff(), 0), **self._cluster_opts())
+        try:
+            node = rc.get_node_from_key(self.prefix)
+            if node is None:
+                raise RedisClusterException(f"no node serves the slot of {self.prefix}")
+            return node.host, int(node.port)
+        finally:
+            rc.close()
+
+    async def _node_of_slot(self) -> tuple[str, int]:
+        rc = ARedisCluster(startup_nodes=[AClusterNode(h, p) for h, p in self.target.hosts],
+                           retry=ARetry(NoBackoff(), 0), **self._cluster_opts())
+        try:
+            await rc.initialize()
+            node = rc.get_node_from_key(self.prefix)
+            if node is None:
+                raise RedisClusterException(f"no node serves the slot of {self.prefix}")
+            return node.host, int(node.port)
+        finally:
+            await rc.aclose()
+
+    async def _new_aclient(self) -> Any:
+        t, retry = self.target, ARetry(NoBackoff(), 0)
+        if t.kind == "sentinel":
+            mgr = ASentinel(t.hosts, sentinel_kwargs=self._sentinel_opts(), **self._opts())
+            r = mgr.master_for(t.service, db=t.db, retry=retry)
+            r._fx_sentinels = mgr.sentinels  # closed with r (see _aclose)
+            return r
+        if t.kind == "cluster":
+            host, port = await self._node_of_slot()
+            return aredis.Redis(host=host, port=port, retry=retry, **self._opts())
+        return aredis.Redis.from_url(t.url, retry=retry, **self._opts())
+
+    def _new_sync(self) -> redis.Redis:
+        t, retry = self.target, Retry(NoBackoff(), 0)
+        if t.kind == "sentinel":
+            mgr = Sentinel(t.hosts, sentinel_kwargs=self._sentinel_opts(), **self._opts())
+            r = mgr.master_for(t.service, db=t.db, retry=retry)
+            r._fx_sentinels = mgr.sentinels  # type: ignore[attr-defined]  # see _close_sync
+            return r
+        if t.kind == "cluster":
+            host, port = self._node_of_slot_sync()
+            return redis.Redis(host=host, port=port, retry=retry, **self._opts())
+        return redis.Redis.from_url(t.url, retry=retry, **self._opts())
+
+    @staticmethod
+    async def _aclose(r: Any) -> None:
+        """Close an asyncio client and, for Sentinel, its sentinels' clients."""
+        await r.aclose()
+        for s in getattr(r, "_fx_sentinels", ()):
+            await s.aclose()
+
+    @staticmethod
+    def _close_sync(r: Any) -> None:
+        r.close()
+        for s in getattr(r, "_fx_sentinels", ()):
+            s.close()
+
+    async def _aclient(self) -> tuple[Any, dict[str, Any]]:
         loop = asyncio.get_running_loop()
         with self._mu:
             c = self._clients.get(loop)
-            if c is None:
-                r = aredis.Redis.from_url(self._url, retry=ARetry(NoBackoff(), 0), **self._opts())
-                c = self._clients[loop] = (r, {k: r.register_script(s)
-                                               for k, s in lua.SCRIPTS.items()})
-            return c
+            gen = self._gen
+        if c is not None and c[2] == gen:
+            return c[0], c[1]
+        if c is not None:  # a cluster node that failed: ask the cluster again
+            with self._mu:
+                self._clients.pop(loop, None)
+            await self._aclose(c[0])
+        r = await self._new_aclient()
+        with self._mu:
+            won = self._clients.get(loop)
+            if won is None or won[2] < gen:
+                won = self._clients[loop] = (
+                    r, {k: r.register_script(s) for k, s in lua.SCRIPTS.items()}, gen)
+        if won[0] is not r:  # another call of this loop asked the cluster meanwhile
+            await self._aclose(r)
+        return won[0], won[1]
 
     def sync_client(self) -> redis.Redis:
         with self._mu:
+            if self._sync is not None and self._sync_gen != self._gen:
+                self._close_sync(self._sync)
+                self._sync = None
             if self._sync is None:
-                self._sync = redis.Redis.from_url(self._url, retry=Retry(NoBackoff(), 0),
-                                                  **self._opts())
+                self._sync = self._new_sync()
+                self._sync_gen = self._gen
                 self._sync_scripts = {k: self._sync.register_script(s)
                                       for k, s in lua.SCRIPTS.items()}
             return self._sync
+
+    def _replicas_of(self, info: dict[str, Any]) -> int:
+        """index_replicas: as given, else 1 once the primary has been seen
+        with a replica connected, else 0.  Only 1 is kept: a 0 seen while a
+        replica reconnects, or in the moments after a failover before the
+        new primary has its replicas, is asked again at the next change, so
+        a process never settles on no WAIT for its life because it opened at
+        the wrong moment."""
+        if self.target.replicas is not None:
+            return self.target.replicas
+        if self._default_replicas is None and int(info.get("connected_slaves", 0)) > 0:
+            self._default_replicas = 1
+        return self._default_replicas or 0
+
+    def _known_replicas(self) -> bool:
+        return self.target.replicas is not None or self._default_replicas is not None
+
+    def _no_info(self) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            1, f"the pool's index at {self.url}: this Redis user may not run INFO, so "
+            "index_replicas cannot be found out: give index_replicas=N in the index URL "
+            "(0: acknowledge without waiting for replicas)", self.url)
+
+    def replicas(self) -> int:
+        """index_replicas (see _replicas_of), asking the primary if need be."""
+        if self._known_replicas():
+            return self._replicas_of({})
+
+        def ask(r: Any, _p: str) -> Any:
+            try:
+                return r.info("replication")
+            except NoPermissionError:
+                return None
+        info = self.call_sync(ask)
+        if info is None:
+            raise self._no_info()
+        return self._replicas_of(info)
+
+    async def _areplicas(self, r: Any) -> int:
+        if self._known_replicas():
+            return self._replicas_of({})
+        try:
+            info = await r.info("replication")
+        except NoPermissionError:
+            raise self._no_info() from None
+        return self._replicas_of(info)
+
+    def _wait_ms(self) -> int:
+        # WAIT must end before the socket timeout does, the script's own
+        # round trip included (the URL's socket_timeout, where it gives one)
+        timeout = float(self._opts().get("socket_timeout") or self.timeout)
+        return max(1, int(timeout * 1000 * 3 / 4))
+
+    def _short(self, name: str, n: int, acked: int, result: Any) -> IndexNotReplicatedError:
+        return IndexNotReplicatedError(
+            5, f"the pool's index at {self.url}: {name} was confirmed by {acked} of the "
+            f"{n} replicas index_replicas asks for within {self._wait_ms()} ms (a replica "
+            "down or lagging?): not durable against a failover", self.url, result)
 
     @property
     def down(self) -> bool:
@@ -180,41 +385,55 @@ class RedisIndex:
                 return DeviceBusyError(16, f"pool {self.name!r}: "
                                        + msg.split("FXBUSY ", 1)[-1], self.url)
         self._down_until = time.monotonic() + self.retry_after
+        if self.target.kind == "cluster":
+            with self._mu:
+                self._gen += 1
         log.warning("fx100io: index %s unavailable: %s", self.url, msg)
         return self._unavailable(msg)
 
     async def run(self, name: str, args: list[Any]) -> Any:
         if self.down:
             raise self._unavailable("it failed moments ago")
-        _r, scripts = self._aclient()
         try:
-            return await scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+            r, scripts = await self._aclient()
+            n = await self._areplicas(r) if name in WAITED else 0
+            if n == 0:
+                return await scripts[name](keys=[self.prefix], args=[self.set_id, *args])
+            # WAIT counts the writes of its own connection: the script and
+            # the WAIT go down one connection, in one pipeline
+            async with r.pipeline(transaction=False) as pipe:
+                await scripts[name](keys=[self.prefix], args=[self.set_id, *args], client=pipe)
+                pipe.execute_command("WAIT", n, self._wait_ms())
+                result, acked = await pipe.execute()
         except Fx100ioError:
             raise
-        except (redis.RedisError, OSError) as e:
+        except _ERRORS as e:
             raise self._translate(e) from e
+        if int(acked) < n:
+            raise self._short(name, n, int(acked), result)
+        return result
 
     def run_sync(self, name: str, args: list[Any]) -> Any:
         if self.down:
             raise self._unavailable("it failed moments ago")
-        self.sync_client()
         try:
+            self.sync_client()
             return self._sync_scripts[name](keys=[self.prefix], args=[self.set_id, *args])
         except Fx100ioError:
             raise
-        except (redis.RedisError, OSError) as e:
+        except _ERRORS as e:
             raise self._translate(e) from e
 
     async def call(self, fn: Any) -> Any:
         """await fn(client, prefix) on this loop's client, failing fast."""
         if self.down:
             raise self._unavailable("it failed moments ago")
-        r, _scripts = self._aclient()
         try:
+            r, _scripts = await self._aclient()
             return await fn(r, self.prefix)
         except Fx100ioError:
             raise
-        except (redis.RedisError, OSError) as e:
+        except _ERRORS as e:
             raise self._translate(e) from e
 
     def call_sync(self, fn: Any) -> Any:
@@ -225,7 +444,7 @@ class RedisIndex:
             return fn(self.sync_client(), self.prefix)
         except Fx100ioError:
             raise
-        except (redis.RedisError, OSError) as e:
+        except _ERRORS as e:
             raise self._translate(e) from e
 
     # ------------------------------------------------------------ scripts
@@ -250,7 +469,12 @@ class RedisIndex:
         args: list[Any] = [hold_ms]
         for row in rows:
             args += list(row)
-        codes, tombs = await self.run("publish", args)
+        try:
+            codes, tombs = await self.run("publish", args)
+        except IndexNotReplicatedError as e:
+            codes, tombs = e.result
+            e.result = [int(x) for x in codes], [_tomb(m) for m in tombs]
+            raise
         return [int(x) for x in codes], [_tomb(m) for m in tombs]
 
     async def abort(self, leases: list[str]) -> int:
@@ -283,7 +507,12 @@ class RedisIndex:
     async def delete(self, key: bytes, hold_ms: int) -> tuple[int, int, int] | None:
         """Drop key from the index, holding its extent (d, off, ext) for
         hold_ms until tomb_done; None if the key is not there."""
-        r = await self.run("delete", [hold_ms, key])
+        try:
+            r = await self.run("delete", [hold_ms, key])
+        except IndexNotReplicatedError as e:
+            r = e.result
+            e.result = None if r is None else (int(r[0]), int(r[1]), int(r[2]))
+            raise
         return None if r is None else (int(r[0]), int(r[1]), int(r[2]))
 
     async def tomb_done(self, extents: list[tuple[int, int, int]]) -> int:
@@ -295,6 +524,18 @@ class RedisIndex:
         return None if v is None else v.decode()
 
     def check_policy(self) -> None:
+        """What opening, creating and rebuilding check of Redis: its
+        maxmemory-policy (see _check_policy), and index_replicas's default,
+        asked of the primary as the pool opens (where Redis is down, at the
+        first put or delete instead)."""
+        self._check_policy()
+        if not self.down:
+            try:
+                self.replicas()
+            except IndexUnavailableError:
+                pass
+
+    def _check_policy(self) -> None:
         """Refuse a Redis that may evict keys under memory pressure: it would
         drop the index's own keys (free lists, leases, pins), not just
         chunks.  Best effort: CONFIG may be disabled or renamed."""
@@ -304,7 +545,7 @@ class RedisIndex:
             log.debug("fx100io: cannot read maxmemory-policy of %s: %s", self.url,
                       self._scrub(e))
             return
-        except (redis.RedisError, OSError) as e:
+        except _ERRORS as e:
             self._translate(e)  # down: the calls that follow fail fast
             return
         raw = got.get("maxmemory-policy", got.get(b"maxmemory-policy"))
@@ -335,12 +576,29 @@ class RedisIndex:
         """Give back a claim (a create refused before it wrote a byte)."""
         self.run_sync("unclaim", prev)
 
+    def _elsewhere(self, name: str) -> bool:
+        """Whether another pool's keys may be on another node (a Cluster
+        spreads names over its primaries: {name} picks the slot)."""
+        return self.target.kind == "cluster" and name != self.name
+
+    def _other(self, name: str, set_id: bytes, fn: Callable[[RedisIndex], Any]) -> Any:
+        other = RedisIndex(self._url, name, set_id, timeout=self.timeout,
+                           retry_after=self.retry_after)
+        try:
+            return fn(other)
+        finally:
+            other.close()
+
     def pool_of(self, name: str, set_id: bytes) -> str | None:
         """Whether Redis holds the index of the pool called name whose
         namespaces carry set_id: "live" (installed), "claim" (being
         created: the claim's deadline has not passed), "dead" (a claim
         whose deadline passed: that create died), or None (nothing of
         that pool here: its index lost, in another Redis, or never made)."""
+        if self._elsewhere(name):
+            got_other: str | None = self._other(name, set_id, lambda o: o.pool_of(name, set_id))
+            return got_other
+
         def go(r: redis.Redis, _p: str) -> tuple[Any, ...]:
             with r.pipeline(transaction=True) as pipe:
                 pipe.hmget(f"{prefix_of(name)}:meta", "set_id", "fmt", "claim_until")
@@ -358,6 +616,9 @@ class RedisIndex:
         """Delete the index of the pool called name, if it is still the one
         of the namespaces that carry set_id (create with force formats them:
         that pool's hosts must see its index lost, not allocate on them)."""
+        if self._elsewhere(name):
+            self._other(name, set_id, lambda o: o.wipe_pool(name, set_id))
+            return
         p = prefix_of(name)
 
         def go(r: redis.Redis, _p: str) -> None:
@@ -452,18 +713,18 @@ class RedisIndex:
         with self._mu:
             c = self._clients.pop(asyncio.get_running_loop(), None)
         if c is not None:
-            await c[0].aclose()
+            await self._aclose(c[0])
 
     def close(self) -> None:
         with self._mu:
             clients = list(self._clients.items())
             self._clients.clear()
             sync, self._sync = self._sync, None
-        for loop, (r, _s) in clients:
+        for loop, (r, _s, _g) in clients:
             if not loop.is_closed() and not loop.is_running():
                 try:
-                    loop.run_until_complete(r.aclose())
+                    loop.run_until_complete(self._aclose(r))
                 except Exception:  # noqa: BLE001 (best effort: the sockets go with the loop)
                     pass
         if sync is not None:
-            sync.close()
+            self._close_sync(sync)

@@ -173,7 +173,8 @@ def main(argv: list[str]) -> int:
         "namespaces (after Redis lost its data). Replaces whatever index of the pool Redis "
         "holds; run it while no host writes.")
     p.add_argument("namespaces", nargs="+", help="every namespace URI of the pool")
-    p.add_argument("--index", default=DEFAULT_INDEX, help="redis://host:port/db")
+    p.add_argument("--index", default=DEFAULT_INDEX, help="redis://host:port/db, redis+sentinel://s1:p1,s2:p2/service/db or "
+                   "redis+cluster://n1:p1,n2:p2/")
     p.add_argument("--name", help="the pool's name (checked against the namespaces); "
                    "leave it out for a pool named by an older fx100io outside today's rule")
     p.add_argument("--capacity", type=int, help="bytes of extents kept, whole pool")

@@ -79,6 +79,7 @@ from fx100io.store.shared import format as fmt
 from fx100io.store.shared.index import (
     Hit,
     IndexLostError,
+    IndexNotReplicatedError,
     IndexUnavailableError,
     RedisIndex,
     parse_entry,
@@ -167,7 +168,10 @@ class SharedChunkStore(StoreBase):
     lease_s (how long an unpublished allocation outlives its host, 30),
     pin_s (how long a reader's pin outlives its reader, 30), timeout
     (Redis socket timeouts: 0.5 s, or FX100IO_INDEX_TIMEOUT from the
-    environment), retry_after (1 s), force (with create: format and
+    environment), retry_after (1 s), index_replicas (how many Redis replicas
+    must confirm a put's or a delete's index change before it returns: by
+    default 1 where the primary has a replica, else 0; also an index URL
+    option; see docs/shared-pool.md), force (with create: format and
     install all the same where create refuses: Redis holds a pool of that
     name, a namespace holds a ChunkStore or any shared pool, whether its
     index is in this Redis, lost, or elsewhere; those are wiped), and the
@@ -190,7 +194,7 @@ class SharedChunkStore(StoreBase):
                  create: bool = False, size: int | None = None, *, name: str | None = None,
                  capacity: int | None = None, lease_s: float = 30.0, pin_s: float = 30.0,
                  timeout: float | None = None, retry_after: float = 1.0, force: bool = False,
-                 **opts: Any):
+                 index_replicas: int | None = None, **opts: Any):
         if timeout is None:
             timeout = default_index_timeout()
         uri_list = [uris] if isinstance(uris, str) else list(uris)
@@ -218,7 +222,8 @@ class SharedChunkStore(StoreBase):
             if create:
                 pool_name = fmt.check_name("pool" if name is None else name)
                 self._create(uri_list, index, pool_name, size, capacity, force, devices,
-                             timeout=timeout, retry_after=retry_after, **opts)
+                             timeout=timeout, retry_after=retry_after,
+                             replicas=index_replicas, **opts)
             else:
                 if name is not None:
                     fmt.check_name(name, given_for="name=")
@@ -227,7 +232,7 @@ class SharedChunkStore(StoreBase):
                 self._ns = self._load(devices, uri_list, name)
                 pool = self._ns[0].sb
                 self._index = RedisIndex(index, pool.name, pool.set_id, timeout=timeout,
-                                         retry_after=retry_after)
+                                         retry_after=retry_after, replicas=index_replicas)
                 self._index.check_policy()
                 self._check_index()
         except BaseException:
@@ -238,6 +243,7 @@ class SharedChunkStore(StoreBase):
     # ------------------------------------------------------------ format/open
     def _create(self, uris: list[str], url: str, name: str, size: int | None,
                 capacity: int | None, force: bool, devices: list[Device], *, timeout: float,
+                replicas: int | None,
                 retry_after: float, **opts: Any) -> None:
         """Create the pool: check what each namespace holds, claim the name
         in Redis, and only then write a byte.  Without force it refuses a
@@ -270,7 +276,7 @@ class SharedChunkStore(StoreBase):
                     17, "the namespace holds a ChunkStore: refusing to format it; pass "
                     "force=True to wipe that store", fabric_uri.redact(u))
         idx = self._index = RedisIndex(url, name, set_id, timeout=timeout,
-                                       retry_after=retry_after)
+                                       retry_after=retry_after, replicas=replicas)
         idx.check_policy()
         prev = idx.claim(self._host, self._lease_ms, force)
         # P:meta of this name before the claim (a flat list of bytes)
@@ -491,7 +497,14 @@ class SharedChunkStore(StoreBase):
 
             async def publish() -> list[int]:
                 nonlocal published
-                res, retired = await self._index.publish(self._lease_ms, rows)
+                try:
+                    res, retired = await self._index.publish(self._lease_ms, rows)
+                except IndexNotReplicatedError as e:
+                    # published on the primary all the same: its older
+                    # versions' headers are erased, then the put fails
+                    published = True
+                    await self._erase(e.result[1])
+                    raise
                 published = True
                 await self._erase(retired)  # the keys' older versions
                 return res
@@ -784,7 +797,12 @@ class SharedChunkStore(StoreBase):
         k = normalize_key(key)
 
         async def delete() -> bool:
-            got = await self._index.delete(k, self._lease_ms)
+            try:
+                got = await self._index.delete(k, self._lease_ms)
+            except IndexNotReplicatedError as e:
+                if e.result is not None:  # gone from the primary all the same
+                    await self._erase([e.result])
+                raise
             if got is None:
                 return False
             self._count(deletes=1)
