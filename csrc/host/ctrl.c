@@ -368,14 +368,20 @@ int fx_nvmf_ctrl_ns_info_ids(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *ns
 		static const uint8_t zero[16];
 		/* Only when Identify gave neither (Linux's target reports a
 		 * UUID alone by default): CNS 03h is optional before NVMe 1.3,
-		 * and a refusal costs only the UUID. */
+		 * and a controller's refusal (a status) costs only the UUID.
+		 * Any other failure (a timeout, a lost connection) fails the
+		 * whole call: zeroes stored for a namespace that has a UUID
+		 * would later read as "another namespace". */
 		if (!memcmp(ids->nguid, zero, 16) && !memcmp(ids->eui64, zero, 8)) {
 			memset(id, 0, 4096);
+			sf = 0;
 			pthread_mutex_lock(&c->lock);
 			int r2 = identify(c, NVME_ID_CNS_NS_DESC_LIST, nsid, id, &sf);
 			pthread_mutex_unlock(&c->lock);
 			if (r2 == 0)
 				ns_desc_list(id, ids);
+			else if (!(r2 == -EIO && sf != 0))
+				r = r2;
 		}
 	}
 out:

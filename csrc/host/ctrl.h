@@ -65,7 +65,8 @@ struct fx_nvmf_ns_ids {
 /* fx_nvmf_ctrl_ns_info, and the identifiers: NGUID, EUI-64 and ANAGRPID
  * from the same Identify Namespace; only where it gave neither NGUID nor
  * EUI-64, the Namespace Identification Descriptor list (CNS 03h) too, for a
- * UUID (a controller that refuses it leaves ids zero). */
+ * UUID (a controller that refuses it with a status leaves the UUID zero;
+ * a transport error or timeout there fails the call with that error). */
 int fx_nvmf_ctrl_ns_info_ids(struct fx_nvmf_ctrl *c, uint32_t nsid, uint64_t *nsze,
 			     uint32_t *lba_size, struct fx_nvmf_ns_ids *ids);
 /* Stop keep alive, shut the controller down (CC.SHN), close the admin queue. */

@@ -203,6 +203,30 @@ uint32_t fx_nvmf_xfer_size(uint32_t want, uint32_t mdts_bytes, uint32_t lba)
 
 /* Open (or re-open) the controller; called with open_lock held (not lock:
  * this waits on the network, up to CAP.TO). */
+/* All zeroes: the controller did not report that identifier (it has none,
+ * or refused the Identify that carries it). */
+static int id_none(const uint8_t *id, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (id[i])
+			return 0;
+	return 1;
+}
+
+/* Identifiers are compared only where both the old and the new controller
+ * reported them: one that went unreported proves nothing either way. */
+static int id_differs(const uint8_t *a, const uint8_t *b, size_t n)
+{
+	return !id_none(a, n) && !id_none(b, n) && memcmp(a, b, n) != 0;
+}
+
+/* Keep a reported identifier; an unreported one never erases a known one. */
+static void id_keep(uint8_t *have, const uint8_t *now, size_t n)
+{
+	if (!id_none(now, n))
+		memcpy(have, now, n);
+}
+
 static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 {
 	struct fx_nvmf_ctrl *c = NULL, *old;
@@ -238,9 +262,10 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	}
 	pthread_mutex_lock(&d->lock);
 	old = d->ctrl;
-	if (old && (lba != d->info->block_size || nsze * lba != d->info->size ||
-		    memcmp(ids.nguid, d->info->nguid, 16) || memcmp(ids.eui64, d->info->eui64, 8) ||
-		    memcmp(ids.uuid, d->info->uuid, 16))) {
+	if (old &&
+	    (lba != d->info->block_size || nsze * lba != d->info->size ||
+	     id_differs(ids.nguid, d->info->nguid, 16) ||
+	     id_differs(ids.eui64, d->info->eui64, 8) || id_differs(ids.uuid, d->info->uuid, 16))) {
 		/* A different namespace behind the same name: never write
 		 * to it as if it were the old one. */
 		pthread_mutex_unlock(&d->lock);
@@ -254,9 +279,9 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	d->ctrl_epoch++;
 	d->info->size = nsze * lba; /* fits: fx_nvmf_ctrl_ns_info checks */
 	d->info->block_size = lba;
-	memcpy(d->info->nguid, ids.nguid, 16);
-	memcpy(d->info->eui64, ids.eui64, 8);
-	memcpy(d->info->uuid, ids.uuid, 16);
+	id_keep(d->info->nguid, ids.nguid, 16);
+	id_keep(d->info->eui64, ids.eui64, 8);
+	id_keep(d->info->uuid, ids.uuid, 16);
 	d->anagrpid = ids.anagrpid;
 	d->max_xfer = fx_nvmf_xfer_size(d->max_xfer, mdts, lba);
 	pthread_mutex_unlock(&d->lock);

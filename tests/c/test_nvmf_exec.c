@@ -1015,6 +1015,9 @@ struct mini {
 	unsigned mpsmin, mdts;
 	uint32_t ioccsz;
 	uint64_t nsze;
+	/* CNS 03h (Namespace Identification Descriptors): 0 a UUID descriptor,
+	 * 1 refused with Invalid Field, 2 the connection dropped instead */
+	int desc_mode;
 	/* seen */
 	int ka_count, hdr_reads, shn_seen, conns;
 	uint32_t cc;
@@ -1131,7 +1134,17 @@ static void *mini_main(void *arg)
 				}
 			} else if (q.opcode == NVME_ADMIN_IDENTIFY) {
 				memset(data, 0, 4096);
-				if (q.cdw10 == NVME_ID_CNS_CTRL) {
+				if ((q.cdw10 & 0xff) == NVME_ID_CNS_NS_DESC_LIST) {
+					if (m->desc_mode == 2)
+						break;
+					if (m->desc_mode == 1) {
+						p_rsp(&p, q.cid, 0x02, 0); /* Invalid Field */
+						continue;
+					}
+					data[0] = NVME_NIDT_UUID;
+					data[1] = 16;
+					memset(data + 4, 0x5a, 16);
+				} else if (q.cdw10 == NVME_ID_CNS_CTRL) {
 					data[NVME_IDC_MDTS] = (uint8_t)(m->mdts ? m->mdts
 										: 1); /* 8 KiB */
 					uint32_t io = m->ioccsz ? m->ioccsz : 4;
@@ -1239,6 +1252,16 @@ static void test_ctrl(void)
 	CHECK_EQ(bs, 4096);
 	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 2, &nsze, &bs), -ENODEV);
 	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 0, &nsze, &bs), -EINVAL);
+	/* no NGUID or EUI-64 in Identify Namespace: the UUID from CNS 03h */
+	struct fx_nvmf_ns_ids ids;
+	CHECK_EQ(fx_nvmf_ctrl_ns_info_ids(c, 1, &nsze, &bs, &ids), 0);
+	CHECK_EQ(ids.uuid[0], 0x5a);
+	CHECK_EQ(ids.uuid[15], 0x5a);
+	/* refused with a status: no UUID, and still a namespace */
+	m.desc_mode = 1;
+	CHECK_EQ(fx_nvmf_ctrl_ns_info_ids(c, 1, &nsze, &bs, &ids), 0);
+	CHECK_EQ(ids.uuid[0], 0);
+	printf("  namespace UUID from CNS 03h; a refused CNS 03h leaves it unreported\n");
 	/* three keep alives succeed, the fourth fails: the controller is lost */
 	for (int i = 0; i < 100 && !__atomic_load_n(&c->ka_failed, __ATOMIC_ACQUIRE); i++)
 		usleep(20000);
@@ -1248,6 +1271,18 @@ static void test_ctrl(void)
 	CHECK_EQ(fx_nvmf_ctrl_ns_info(c, 1, &nsze, &bs), -ECONNRESET);
 	fx_nvmf_ctrl_close(c);
 	CHECK_EQ(m.shn_seen, 0); /* nothing to shut down on a lost controller */
+
+	/* CNS 03h lost with its connection: the call fails (retryable), it
+	 * never reports a namespace with its UUID zeroed */
+	m.ka_fail_after = -1;
+	m.desc_mode = 2;
+	CHECK_EQ(fx_tcp_ctrl_open(&a, &p, 1, &c, &st), 0);
+	int lost = fx_nvmf_ctrl_ns_info_ids(c, 1, &nsze, &bs, &ids);
+	CHECK(lost < 0);
+	printf("  CNS 03h lost with the connection: %d (not a zero UUID)\n", lost);
+	fx_nvmf_ctrl_close(c);
+	m.desc_mode = 0;
+	m.ka_fail_after = 3;
 
 	/* a healthy controller is shut down on close */
 	m.ka_fail_after = -1;
