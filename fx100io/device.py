@@ -4,6 +4,7 @@ from userspace."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from fx100io.errors import (
     DirectIONotSupportedError,
     InvalidArgumentError,
     IoUringUnavailableError,
+    PathMismatchError,
     ReadOnlyBufferError,
     UnsupportedTransportError,
     error_from_errno,
@@ -280,6 +282,11 @@ class Device:
         if status:
             raise error_from_status(status, f"{self.target} offset {req[4]}")
         if res < 0:
+            if -res == errno.ESTALE and self.transport not in ("file", "psync"):
+                # the C fabric device's re-open found another namespace behind
+                # the name (on a file, ESTALE is NFS's stale handle: left as is)
+                raise PathMismatchError(errno.ESTALE, "the controller came back onto another "
+                                        "namespace", f"{self.target} offset {req[4]}")
             raise error_from_errno(-res, f"{self.target} offset {req[4]}")
         return res
 

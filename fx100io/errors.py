@@ -174,7 +174,6 @@ _BY_ERRNO: dict[int, type[Fx100ioError]] = {
     _errno.ENETUNREACH: FxConnectionError,
     _errno.EPROTO: FxProtocolError,
     _errno.EBADMSG: FxProtocolError,
-    _errno.ESTALE: PathMismatchError,
 }
 
 

@@ -96,6 +96,10 @@ OPTIONS: tuple[FabricOption, ...] = (
     FabricOption("policy", CHOICE, "how I/O is spread over the live paths: 'round-robin' or "
                  "'queue-depth' (the path with the fewest commands in flight)",
                  choices=("round-robin", "queue-depth"), userspace_only=True, multipath=True),
+    FabricOption("unidentified_ns", CHOICE, "several paths to a namespace that reports no "
+                 "NGUID, EUI-64 or UUID: 'refuse' (two namespaces of one size could not be told "
+                 "apart) or 'allow' (matched by size and block size alone)",
+                 choices=("refuse", "allow"), userspace_only=True, multipath=True),
     FabricOption("dhchap_ctrl_secret", SECRET, "the controller's DH-HMAC-CHAP secret "
                  "(bidirectional authentication)", kernel_config_key="dhchap_ctrl_key"),
 )

@@ -34,31 +34,39 @@ until a read succeeds, reconnect_ms apart.  While no path is live a request
 waits; it fails only once it has waited io_timeout_ms with no live path.
 
 Writes: a write that fails over is re-issued whole, with the caller's data.
-A path error with a status means the command did not run; after a lost
-connection it may or may not have run on the old path.  Both copies carry
-the same data for the same blocks, so the blocks end right whichever ran.
-A caller that orders writes to the same blocks by waiting for the first's
-completion is safe when the old path's controller is gone (its process died,
-or its keep alive ran out): then no late copy can land.  After a silent
-network split, a controller still alive may run the old copy until its keep
-alive timeout (kato_ms) ends the association: a second write to the same
-blocks acknowledged within that window can be overwritten by the first one's
-data.  The kernel's multipath has the same window.
+A path error with a status (SCT 3h), or a connection that was refused or
+never made, means the command did not run: it moves at once.  After a lost
+connection or a command past io_timeout_ms it may still run on the old
+path later (a stalled target holds the capsule in its socket buffer and runs
+it when it resumes), so its re-issue is held until that controller's
+association has provably ended: the path's Device is closed (its keep alive
+stops: the host sends that controller nothing more), and then kato_ms plus
+HOLD_SLACK_S pass.  A controller that enforces its keep alive timeout has
+by then ended the association and runs none of its commands (NVMe Base 2.0,
+Keep Alive; TP4129's command quiesce time is the same wait).  So a caller
+that orders writes to the same blocks by waiting for the first's completion
+never sees the first land over the second.  The price: such a write
+completes kato_ms (default 30 s; lower it in the URI for faster failover)
+after its path failed, later than io_timeout_ms.  With kato_ms=0 (no keep
+alive) no end can be proven: the write fails with its path's error instead
+of moving.  Reads move at once.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+import ipaddress
 import logging
+import re
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from fx100io import _core, fabric_uri
 from fx100io.aio import Completion
 from fx100io.errors import (
     DeviceClosedError,
-    Fx100ioError,
     FxTimeoutError,
     InvalidArgumentError,
     NvmeStatusError,
@@ -96,6 +104,13 @@ ANA_NAMES = {ANA_NONE: "none", ANA_OPTIMIZED: "optimized", ANA_NONOPTIMIZED: "no
              ANA_INACCESSIBLE: "inaccessible", ANA_LOSS: "persistent-loss",
              ANA_CHANGE: "change"}
 ANA_POLL_S = 1.0  # how often the ANA log of each path is read (until the AER is handled)
+# Added to kato_ms before a write whose old attempt may still run is re-issued:
+# two clocks and the target's own timer granularity (ours checks every 100 ms).
+HOLD_SLACK_S = 0.5
+# Errnos that prove the command never reached a controller: it moves at once.
+NOT_SENT_ERRNOS = frozenset({_errno.ECONNREFUSED, _errno.EHOSTUNREACH, _errno.ENETUNREACH,
+                             _errno.ESTALE})
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
 
 
 def path_error(res: int, status: int) -> bool:
@@ -114,6 +129,22 @@ def _exc_path_error(e: BaseException) -> bool:
         e.errno is not None and (e.errno in PATH_ERRNOS or e.errno == _errno.EIO)
 
 
+def _is_write(op: int) -> bool:
+    return op & ~_core.OP_CRC32C == _core.OP_WRITE
+
+
+class _Fence:
+    """The end of one controller association of a path: done_at is set (on
+    the monotonic clock) once the host closed that Device, so it sends the
+    controller nothing more; the controller's keep alive timer runs out
+    kato after that."""
+
+    __slots__ = ("done_at",)
+
+    def __init__(self) -> None:
+        self.done_at: float | None = None
+
+
 class _Path:
     def __init__(self, uri: str):
         self.uri = uri
@@ -127,19 +158,96 @@ class _Path:
         self.errors = 0
         self.failovers = 0
         self.prober: threading.Thread | None = None
+        self.watcher: threading.Thread | None = None
         #: ANA state of the namespace's group on this path (ANA_*); ANA_NONE
         #: where the controller reports none (the path counts as optimized)
         self.ana = ANA_NONE
         self.ana_group = 0
-        #: held around calls into the path's C device from the threads of
-        #: this module (ANA reads), so that close never frees it under them
+        #: held around every use of the path's C device from a thread of this
+        #: module (open, probe read, ANA read, close) and around the making of
+        #: a queue on it from an event loop (taken without waiting there), so
+        #: close never frees the device under any of them
         self.dev_lock = threading.Lock()
+        #: set when a write's attempt on p.dev may still run: the prober
+        #: closes that Device first and stamps the fence
+        self.fence: _Fence | None = None
+        #: writes completed through this path since its last good flush
+        self.dirty = False
 
     def stats(self) -> dict[str, Any]:
         return {"path": self.label, "state": self.state, "why": self.why,
                 "ana_group": self.ana_group, "ana_state": ANA_NAMES.get(self.ana, str(self.ana)),
                 "commands": self.commands, "bytes": self.bytes, "errors": self.errors,
                 "failovers": self.failovers, "inflight": self.inflight}
+
+
+def _close_device(dev: Device) -> None:
+    """Close a path's Device from a thread of this module: each event loop
+    that reads one of its queues is asked to stop reading it first (a loop's
+    reader is that loop's to remove), then the Device closes (its requests in
+    flight are waited for; those waiting fail with DeviceClosedError)."""
+    import asyncio
+
+    with dev._lock:
+        drivers = list(dev._drivers)
+    for d in drivers:
+        loop = d._loop
+        if loop is None or loop.is_closed():
+            continue
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            d.detach()
+            continue
+        done = threading.Event()
+
+        def detach(d: Any = d, done: threading.Event = done) -> None:
+            try:
+                d.detach()
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(detach)
+        except RuntimeError:
+            continue  # closed meanwhile
+        done.wait(2.0)  # a loop that is not running never reads it again anyway
+    dev.close()
+
+
+def _probe_thread(ref: weakref.ref[MultipathDevice], p: _Path, closing: threading.Event,
+                  retry_s: float) -> None:
+    """Bring path p back (MultipathDevice._probe_step, retry_s apart) until
+    it is back, refused, or the device closes or is collected: the thread
+    holds the device only while a step runs, so a device nobody closed can
+    still be collected."""
+    first = True
+    while first or not closing.wait(retry_s):
+        first = False
+        self = ref()
+        if self is None:
+            return
+        try:
+            if not self._probe_step(p):
+                return
+        finally:
+            del self
+
+
+def _ana_thread(ref: weakref.ref[MultipathDevice], p: _Path, closing: threading.Event) -> None:
+    """Re-read path p's ANA state ANA_POLL_S apart: one thread per path, so
+    a path whose admin queue hangs delays only its own updates."""
+    while not closing.wait(ANA_POLL_S):
+        self = ref()
+        if self is None:
+            return
+        try:
+            if p.state != REFUSED:
+                self._read_ana(p)
+        finally:
+            del self
 
 
 class MultipathDevice:
@@ -155,11 +263,13 @@ class MultipathDevice:
         self.uri = fabric_uri.redact(uri)
         mopts = fabric_uri.multipath_options(uri)
         self.policy = mopts["policy"]
+        self._allow_unidentified = mopts["unidentified_ns"] == "allow"
         uris = fabric_uri.split_paths(uri)
         if mopts["paths"] == "discover":
             uris = _discovered(uris)
         first = fabric_uri.parse(uris[0])
         self.io_timeout_s = int(first.get("io_timeout_ms", "30000")) / 1000
+        self.kato_s = int(first.get("kato_ms", "30000")) / 1000
         self._retry_s = max(int(first.get("reconnect_ms", "200")), 50) / 1000
         self._opts = {**opts, "readonly": readonly}
         self._lock = threading.Lock()
@@ -171,7 +281,8 @@ class MultipathDevice:
         errors: list[BaseException] = []
         for p in self._paths:
             try:
-                self._attach(p, self._open_path(p))
+                with p.dev_lock:
+                    self._attach(p, self._open_path(p))
             except PathMismatchError:
                 self._close_paths()
                 raise
@@ -188,11 +299,15 @@ class MultipathDevice:
                 self._start_prober(p)
         for p in self._paths:
             self._read_ana(p)
-        self._watcher: threading.Thread | None = None
-        if any(p.ana_group for p in self._paths):
-            self._watcher = threading.Thread(target=self._watch_ana, daemon=True,
-                                             name="fx100io-mpath-ana")
-            self._watcher.start()
+        # Each path's ANA state is followed by a thread of its own whenever
+        # there is more than one path (a path down at open, or whose first
+        # read failed, may report ANA later).
+        if len(self._paths) > 1:
+            ref = weakref.ref(self)
+            for p in self._paths:
+                p.watcher = threading.Thread(target=_ana_thread, args=(ref, p, self._closing),
+                                             daemon=True, name="fx100io-mpath-ana")
+                p.watcher.start()
         self.target = self._live()[0].dev.target  # type: ignore[union-attr]
         self.transport = self._live()[0].dev.transport  # type: ignore[union-attr]
         self.engine = "io_uring"
@@ -201,22 +316,39 @@ class MultipathDevice:
 
     # -- paths -------------------------------------------------------------
     def _open_path(self, p: _Path) -> Device:
+        """Open path p's Device (the caller holds p.dev_lock) and hold it to
+        the namespace the other paths show: identifiers are compared where
+        both sides reported them."""
         dev = self._Device(p.uri, **self._opts)
         ident = (dev.size, dev.block_size, dev._dev.ns_ids)
         with self._lock:
             ref = self._ref
             if ref is None:
                 self._ref = ident
-        if ref is not None and ident != ref:
+        if ref is not None:
+            same = ident[:2] == ref[:2] and all(
+                a == b or not any(a) or not any(b) for a, b in zip(ident[2], ref[2]))
+            if not same:
+                dev.close()
+                with self._lock:
+                    p.state, p.why = REFUSED, "another namespace"
+                raise PathMismatchError(
+                    _errno.ESTALE, f"path {p.label} shows another namespace than "
+                    f"{self._paths[0].label} (size, block size, NGUID, EUI-64 or UUID differ): "
+                    "refused", self.uri)
+            with self._lock:  # identifiers one side had not reported are kept
+                assert self._ref is not None
+                self._ref = (*self._ref[:2], tuple(
+                    a if any(a) else b for a, b in zip(self._ref[2], ident[2])))
+        if not any(any(b) for b in ident[2]) and len(self._paths) > 1 and \
+                not self._allow_unidentified:
             dev.close()
             with self._lock:
-                p.state, p.why = REFUSED, "another namespace"
+                p.state, p.why = REFUSED, "no namespace identifier"
             raise PathMismatchError(
-                _errno.ESTALE, f"path {p.label} shows another namespace than {self._paths[0].label} "
-                f"(size, block size, NGUID, EUI-64 or UUID differ): refused", self.uri)
-        if ref is None and not any(any(b) for b in ident[2]):
-            log.warning("fx100io: multipath %s: the namespace reports no NGUID, EUI-64 or UUID; "
-                        "paths are matched by size and block size only", self.uri)
+                _errno.ESTALE, f"path {p.label}: the namespace reports no NGUID, EUI-64 or UUID, "
+                "so two of its paths cannot be told from paths to two namespaces of one size: "
+                "refused (unidentified_ns=allow accepts them)", self.uri)
         return dev
 
     def _attach(self, p: _Path, dev: Device) -> None:
@@ -246,30 +378,52 @@ class MultipathDevice:
             p.inflight += 1
             return p
 
-    def _done(self, p: _Path, res: int, nbytes: int, failed: BaseException | str | None) -> None:
-        start = False
+    def _done(self, p: _Path, res: int, nbytes: int, failed: BaseException | str | None,
+              write: bool = False) -> None:
         with self._lock:
             p.inflight -= 1
             if failed is None:
                 p.commands += 1
                 p.bytes += max(res, 0) if nbytes else 0
+                if write:
+                    p.dirty = True
                 return
             p.errors += 1
             p.failovers += 1
+        self._path_failed(p, failed)
+
+    def _path_failed(self, p: _Path, failed: BaseException | str,
+                     fence_of: Device | None = None) -> _Fence | None:
+        """Take p out of the rotation (its prober brings it back).  With
+        fence_of (a write's attempt on that Device may still run): the
+        fence that ends that Device's association, made if none is pending;
+        None when no end can be proven (kato_ms=0)."""
+        fence = None
+        start = False
+        with self._lock:
+            if fence_of is not None and self.kato_s > 0:
+                fence = getattr(fence_of, "_mp_fence", None)
+                if fence is None:
+                    fence = fence_of._mp_fence = _Fence()  # type: ignore[attr-defined]
+                    if p.dev is fence_of:
+                        p.fence = fence
+                    elif fence_of.closed:  # closed already: it sends nothing more
+                        fence.done_at = time.monotonic()
             if p.state == LIVE:
                 p.state, p.why = DOWN, str(failed)
                 start = True
         if start:
             log.warning("fx100io: multipath %s: path %s failed (%s); its requests move to "
                         "another path", self.uri, p.label, p.why)
-            self._start_prober(p)
+        self._start_prober(p)
+        return fence
 
     def _read_ana(self, p: _Path) -> None:
         """Read path p's ANA state from its controller (blocks on the
         network: never on an event loop)."""
         with p.dev_lock:
             dev = p.dev
-            if dev is None or self._closed:
+            if dev is None or self._closed or dev.closed:
                 return
             try:
                 grp, state = dev._dev.ana_state()
@@ -285,30 +439,38 @@ class MultipathDevice:
                             ANA_NAMES.get(p.ana, p.ana))
             p.ana_group, p.ana = grp, state
 
-    def _watch_ana(self) -> None:
-        """Re-read every opened path's ANA state, ANA_POLL_S apart."""
-        while not self._closing.wait(ANA_POLL_S):
-            for p in self._paths:
-                if p.dev is not None and p.state != REFUSED:
-                    self._read_ana(p)
-
     def _release(self, p: _Path) -> None:
         with self._lock:
             p.inflight -= 1
 
     def _start_prober(self, p: _Path) -> None:
         with self._lock:
-            if self._closed or p.state == REFUSED or (p.prober and p.prober.is_alive()):
+            if self._closed or p.state in (REFUSED, LIVE) or (p.prober and p.prober.is_alive()):
                 return
-            p.prober = threading.Thread(target=self._probe, args=(p,), daemon=True,
-                                        name="fx100io-mpath-probe")
+            p.prober = threading.Thread(target=_probe_thread,
+                                        args=(weakref.ref(self), p, self._closing, self._retry_s),
+                                        daemon=True, name="fx100io-mpath-probe")
             p.prober.start()
 
-    def _probe(self, p: _Path) -> None:
-        """Bring path p back, off every caller's thread: re-open its Device
-        if it has none, then read one block until a read succeeds."""
-        buf = None
-        while not self._closing.wait(self._retry_s):
+    def _probe_step(self, p: _Path) -> bool:
+        """One try at bringing path p back, off every caller's thread: end a
+        fenced association first (close its Device), re-open the Device if
+        there is none, then read one block: any completion that is not a
+        path error proves the path up.  False: stop (back, refused,
+        closed)."""
+        with p.dev_lock:
+            if self._closed:
+                return False
+            fence = p.fence
+            if fence is not None:
+                dev = p.dev
+                with self._lock:
+                    p.dev = None
+                if dev is not None:
+                    _close_device(dev)
+                with self._lock:
+                    fence.done_at = time.monotonic()
+                    p.fence = None
             try:
                 if p.dev is None:
                     self._attach(p, self._open_path(p))
@@ -317,32 +479,104 @@ class MultipathDevice:
                             p.state = DOWN  # opened: still proven by a read below
                 dev = p.dev
                 if dev is None:
-                    return
-                if buf is None:
-                    buf = bytearray(dev.block_size)
-                dev.read_into_blocking(0, buf)
-                self._read_ana(p)
+                    return False
+                buf = bytearray(dev.block_size)
+                try:
+                    dev.read_into_blocking(0, buf)
+                except OSError as e:
+                    if _exc_path_error(e) or isinstance(e, DeviceClosedError):
+                        raise
+                    # a media error, a reservation conflict...: the
+                    # controller answered, so the path is up
             except PathMismatchError as e:
                 log.error("fx100io: multipath %s: %s", self.uri, e)
+                dev = p.dev
                 with self._lock:
-                    p.state, p.why = REFUSED, str(e)
-                return
+                    p.state, p.why, p.dev = REFUSED, str(e), None
+                if dev is not None:  # a refused path keeps nothing open
+                    _close_device(dev)
+                return False
             except OSError as e:
                 with self._lock:
                     p.why = str(e)
-                continue
-            with self._lock:
-                if self._closed:
-                    return
-                p.state, p.why = LIVE, ""
-            log.warning("fx100io: multipath %s: path %s is back", self.uri, p.label)
-            return
+                return True
+        self._read_ana(p)
+        with self._lock:
+            if self._closed:
+                return False
+            p.state, p.why = LIVE, ""
+        log.warning("fx100io: multipath %s: path %s is back", self.uri, p.label)
+        return False
 
     def _no_path(self, last: Completion | None) -> Completion:
         """What a request gets when it found no live path for io_timeout_ms
         (or moved MAX_MOVES times per path): -ETIMEDOUT, which _check turns
         into an FxTimeoutError naming every path and why it is out."""
         return (-_errno.ETIMEDOUT, 0)
+
+    def _loop_driver(self, p: _Path, dev: Device) -> Any:
+        """This event loop thread's queue on dev, or None when it cannot be
+        had now without waiting: its making (a connect) is never raced with
+        the path's close (p.dev_lock, not waited for here)."""
+        d = getattr(dev._local, "driver", None)
+        if d is not None and (d.fd_wake or not d.idle or d.raw):
+            return d
+        if not p.dev_lock.acquire(blocking=False):
+            return None
+        try:
+            if p.dev is not dev or dev.closed or p.state != LIVE:
+                return None
+            return dev._driver(True)
+        finally:
+            p.dev_lock.release()
+
+    def _blocking_driver(self, p: _Path, dev: Device) -> Any:
+        """This thread's queue on dev (made under p.dev_lock: never raced
+        with the path's close), or None when the path went away."""
+        d = getattr(dev._local, "driver", None)
+        if d is not None:
+            return d
+        with p.dev_lock:
+            if p.dev is not dev or dev.closed:
+                return None
+            return dev._driver()
+
+    def _after(self, p: _Path, dev: Device, op: int, res: int, status: int,
+               exc: BaseException | None, sent: bool) -> tuple[str, _Fence | None]:
+        """Sort out a failed attempt of op on path p (its Device dev):
+        ("raise", None) the caller's error; ("move", None) run it on another
+        path now; ("hold", fence) a write that may still run on dev: run it
+        elsewhere once the fence says the association ended; ("fail", None)
+        a write whose old attempt may still run and no end can be proven."""
+        if exc is not None:
+            closed_under = isinstance(exc, DeviceClosedError) and \
+                (p.dev is not dev or getattr(dev, "_mp_fence", None) is not None)
+            if not (_exc_path_error(exc) or closed_under) or self._closed:
+                return "raise", None
+            err = getattr(exc, "errno", 0) or _errno.EIO
+            why: BaseException | str = exc
+        else:
+            if not path_error(res, status) or self._closed:
+                return "raise", None
+            err = -res
+            why = _describe((res, status))
+        with self._lock:
+            p.inflight -= 1
+            p.errors += 1
+            p.failovers += 1
+        may_have_run = sent and _is_write(op) and not status and err not in NOT_SENT_ERRNOS
+        if not may_have_run:
+            self._path_failed(p, why)
+            return "move", None
+        fence = self._path_failed(p, why, fence_of=dev)
+        return ("hold", fence) if fence is not None else ("fail", None)
+
+    def _hold_left(self, fence: _Fence) -> float | None:
+        """Seconds until a write held on fence may run elsewhere (0: now);
+        None while the old Device is not closed yet."""
+        if fence.done_at is None:
+            return None
+        return max(0.0, fence.done_at + self.kato_s + HOLD_SLACK_S - time.monotonic())
 
     # -- one request, over paths ---------------------------------------------
     async def _one(self, op: int, offset: int, buf: Any) -> Completion:
@@ -356,9 +590,16 @@ class MultipathDevice:
         last: Completion | None = None
         waiting_since: float | None = None
         moves = 0
+        hold: _Fence | None = None
         while True:
             if self._closed:
                 raise DeviceClosedError(9, "device is closed", self.uri)
+            if hold is not None:
+                left = self._hold_left(hold)
+                if left is None or left > 0:
+                    await asyncio.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
+                    continue
+                hold = None
             if moves >= MAX_MOVES * len(self._paths):
                 return self._no_path(last)
             p = self._pick()
@@ -369,37 +610,67 @@ class MultipathDevice:
                     return self._no_path(last)
                 await asyncio.sleep(WAIT_STEP_S)
                 continue
-            waiting_since = None
             dev = p.dev
             try:
-                assert dev is not None
-                r = dev._request(op, offset, buf)
-                drv = dev._driver(True)
-                (f,) = drv.submit([r])
-                done = await _io_done(drv, f)
-            except BaseException as e:
-                if isinstance(e, Exception) and _exc_path_error(e) and not self._closed:
-                    self._done(p, 0, 0, e)
-                    last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
-                    moves += 1
-                    continue
-                self._release(p)
-                raise
-            if path_error(done[0], done[1]) and not self._closed:
-                self._done(p, done[0], 0, _describe(done))
-                last = done
+                drv = self._loop_driver(p, dev) if dev is not None else None
+            except BaseException as e:  # this loop's queue could not be made: not sent
+                what, fence = self._after(p, dev, op, 0, 0, e, False) if \
+                    isinstance(e, Exception) and dev is not None else ("raise", None)
+                if what == "raise":
+                    self._release(p)
+                    raise
                 moves += 1
                 continue
-            self._done(p, done[0], r[3], None)
+            if drv is None:  # being closed or re-opened: look again shortly
+                self._release(p)
+                waiting_since = waiting_since or time.monotonic()
+                await asyncio.sleep(WAIT_STEP_S)
+                continue
+            assert dev is not None
+            waiting_since = None
+            sent = False
+            try:
+                r = dev._request(op, offset, buf)
+                (f,) = drv.submit([r])
+                sent = True
+                done = await _io_done(drv, f)
+            except BaseException as e:
+                what, fence = self._after(p, dev, op, 0, 0, e, sent) if isinstance(e, Exception) \
+                    else ("raise", None)
+                if what == "raise":
+                    self._release(p)
+                    raise
+                if what == "fail":
+                    raise
+                last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
+                moves += 1
+                hold = fence
+                continue
+            if path_error(done[0], done[1]) and not self._closed:
+                what, fence = self._after(p, dev, op, done[0], done[1], None, True)
+                if what == "fail":
+                    return done
+                last = done
+                moves += 1
+                hold = fence
+                continue
+            self._done(p, done[0], r[3], None, write=_is_write(op))
             return done
 
     def _one_blocking(self, op: int, offset: int, buf: Any) -> Completion:
         last: Completion | None = None
         waiting_since: float | None = None
         moves = 0
+        hold: _Fence | None = None
         while True:
             if self._closed:
                 raise DeviceClosedError(9, "device is closed", self.uri)
+            if hold is not None:
+                left = self._hold_left(hold)
+                if left is None or left > 0:
+                    time.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
+                    continue
+                hold = None
             if moves >= MAX_MOVES * len(self._paths):
                 return self._no_path(last)
             p = self._pick()
@@ -410,26 +681,50 @@ class MultipathDevice:
                     return self._no_path(last)
                 time.sleep(WAIT_STEP_S)
                 continue
-            waiting_since = None
             dev = p.dev
             try:
-                assert dev is not None
-                r = dev._request(op, offset, buf)
-                done = dev._driver().run_blocking([r])[0]
+                drv = self._blocking_driver(p, dev) if dev is not None else None
             except BaseException as e:
-                if isinstance(e, Exception) and _exc_path_error(e) and not self._closed:
-                    self._done(p, 0, 0, e)
-                    last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
-                    moves += 1
-                    continue
-                self._release(p)
-                raise
-            if path_error(done[0], done[1]) and not self._closed:
-                self._done(p, done[0], 0, _describe(done))
-                last = done
+                what, fence = self._after(p, dev, op, 0, 0, e, False) if \
+                    isinstance(e, Exception) and dev is not None else ("raise", None)
+                if what == "raise":
+                    self._release(p)
+                    raise
                 moves += 1
                 continue
-            self._done(p, done[0], r[3], None)
+            if drv is None:
+                self._release(p)
+                waiting_since = waiting_since or time.monotonic()
+                time.sleep(WAIT_STEP_S)
+                continue
+            assert dev is not None
+            waiting_since = None
+            try:
+                r = dev._request(op, offset, buf)
+                done = drv.run_blocking([r])[0]
+            except BaseException as e:
+                # run_blocking hands C the request before anything can fail
+                # but the queue: assume it was sent
+                what, fence = self._after(p, dev, op, 0, 0, e, True) if isinstance(e, Exception) \
+                    else ("raise", None)
+                if what == "raise":
+                    self._release(p)
+                    raise
+                if what == "fail":
+                    raise
+                last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
+                moves += 1
+                hold = fence
+                continue
+            if path_error(done[0], done[1]) and not self._closed:
+                what, fence = self._after(p, dev, op, done[0], done[1], None, True)
+                if what == "fail":
+                    return done
+                last = done
+                moves += 1
+                hold = fence
+                continue
+            self._done(p, done[0], r[3], None, write=_is_write(op))
             return done
 
     def _check(self, offset: int, done: Completion) -> int:
@@ -438,6 +733,9 @@ class MultipathDevice:
             raise error_from_status(status, f"{self.uri} offset {offset}")
         if res < 0:
             err = error_from_errno(-res, f"{self.uri} offset {offset}")
+            if -res == _errno.ESTALE:
+                err = PathMismatchError(_errno.ESTALE, "a path's controller came back onto "
+                                        "another namespace", f"{self.uri} offset {offset}")
             if -res == _errno.ETIMEDOUT:
                 err = FxTimeoutError(_errno.ETIMEDOUT, f"no path carried it (none live for "
                                      f"{self.io_timeout_s:g} s, or each failed it {MAX_MOVES} "
@@ -449,10 +747,15 @@ class MultipathDevice:
 
     # -- the Device API ------------------------------------------------------
     def _any_dev(self) -> Device:
-        for p in self._paths:
-            if p.dev is not None:
-                return p.dev
-        raise DeviceClosedError(9, "device is closed", self.uri)
+        """An open path's Device (a live one first), for what every path
+        answers alike (block size rules, features)."""
+        for states in ((LIVE,), (DOWN,)):
+            for p in self._paths:
+                dev = p.dev
+                if p.state in states and dev is not None and not dev.closed:
+                    return dev
+        raise DeviceClosedError(9, "device is closed" if self._closed else "no path is open",
+                                self.uri)
 
     @property
     def size(self) -> int:
@@ -508,8 +811,25 @@ class MultipathDevice:
             95, "a multipath device has no one raw queue: open one path's URI for that", self.uri)
 
     async def submit(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
+        """Run the requests concurrently.  Cancelled, it cancels every one
+        of them and returns only once each stopped touching its buffer."""
+        import asyncio
+
         futs = self.start(reqs)
-        return [await f for f in futs]
+        try:
+            return list(await asyncio.gather(*futs))
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            for f in futs:
+                while not f.done():
+                    try:
+                        await asyncio.wait([f])
+                    except asyncio.CancelledError:
+                        pass  # cancelled again: the requests still have to come back
+                if not f.cancelled():
+                    f.exception()  # seen
+            raise
 
     def start(self, reqs: list[tuple[int, int, Any]]) -> list[asyncio.Future]:
         import asyncio
@@ -526,22 +846,83 @@ class MultipathDevice:
     async def write_from(self, offset: int, buf: Any) -> int:
         return self._check(offset, await self._one(_core.OP_WRITE, offset, buf))
 
-    async def flush(self) -> None:
-        """Flush on every live path (a flush makes durable what its own
-        controller completed)."""
-        for p in self._live():
-            if p.dev is not None:
-                try:
-                    await p.dev.flush()
-                except Fx100ioError as e:
-                    if not _exc_path_error(e):
-                        raise
-                    self._done_flush_failed(p, e)
-
-    def _done_flush_failed(self, p: _Path, e: BaseException) -> None:
+    def _flush_targets(self) -> list[_Path]:
         with self._lock:
-            p.inflight += 1
-        self._done(p, 0, 0, e)
+            dirty = [p for p in self._paths if p.dirty and p.state != REFUSED]
+        return dirty
+
+    def _flush_failed(self, p: _Path, e: BaseException | str) -> None:
+        with self._lock:
+            p.dirty = True
+            p.errors += 1
+        self._path_failed(p, e)
+
+    def _flush_timeout(self, p: _Path | None) -> FxTimeoutError:
+        where = p.label + ": " + p.why if p is not None else \
+            "; ".join(q.label + ": " + q.why for q in self._paths)
+        return FxTimeoutError(_errno.ETIMEDOUT, f"flush: no path to flush through for "
+                              f"{self.io_timeout_s:g} s ({where}); writes completed before it "
+                              "may not be durable", self.uri)
+
+    async def flush(self) -> None:
+        """Make completed writes durable: a flush through every path that
+        completed writes since its last flush (the volatile write cache is
+        each controller's), or through one live path when none did.  A path
+        that is down is waited for up to io_timeout_ms (then FxTimeoutError:
+        never a success that is not one); a flush that fails on a path is
+        sent again once that path is back."""
+        import asyncio
+
+        deadline = time.monotonic() + self.io_timeout_s
+        targets: list[_Path | None] = list(self._flush_targets()) or [None]
+        for want in targets:
+            while True:
+                if self._closed:
+                    raise DeviceClosedError(9, "device is closed", self.uri)
+                p = want if want is not None and want.state == LIVE else \
+                    (self._pick_any_live() if want is None else None)
+                if want is not None and want.state == REFUSED:
+                    raise PathMismatchError(_errno.ESTALE, f"flush: path {want.label} was "
+                                            f"refused ({want.why}); writes completed through it "
+                                            "cannot be flushed", self.uri)
+                dev = p.dev if p is not None else None
+                drv = self._loop_driver(p, dev) if p is not None and dev is not None else None
+                if drv is None:
+                    if time.monotonic() >= deadline:
+                        raise self._flush_timeout(want)
+                    await asyncio.sleep(WAIT_STEP_S)
+                    continue
+                assert p is not None and dev is not None
+                with self._lock:
+                    p.dirty = False
+                from fx100io.device import _io_done
+
+                r = dev._request(_core.OP_FLUSH, 0, None)
+                try:
+                    (f,) = drv.submit([r])
+                    done = await _io_done(drv, f)
+                except BaseException as e:
+                    if isinstance(e, Exception) and (_exc_path_error(e) or isinstance(
+                            e, DeviceClosedError)) and not self._closed:
+                        self._flush_failed(p, e)
+                        continue
+                    with self._lock:
+                        p.dirty = True
+                    raise
+                if path_error(done[0], done[1]) and not self._closed:
+                    self._flush_failed(p, _describe(done))
+                    continue
+                if done[1] or done[0] < 0:
+                    with self._lock:
+                        p.dirty = True
+                    self._check(0, done)
+                break
+
+    def _pick_any_live(self) -> _Path | None:
+        p = self._pick()
+        if p is not None:
+            self._release(p)
+        return p
 
     def submit_blocking(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
         return [self._one_blocking(op, off, buf) for op, off, buf in reqs]
@@ -553,39 +934,91 @@ class MultipathDevice:
         return self._check(offset, self._one_blocking(_core.OP_WRITE, offset, buf))
 
     def flush_blocking(self) -> None:
-        for p in self._live():
-            if p.dev is not None:
+        """flush(), blocking."""
+        deadline = time.monotonic() + self.io_timeout_s
+        targets: list[_Path | None] = list(self._flush_targets()) or [None]
+        for want in targets:
+            while True:
+                if self._closed:
+                    raise DeviceClosedError(9, "device is closed", self.uri)
+                if want is not None and want.state == REFUSED:
+                    raise PathMismatchError(_errno.ESTALE, f"flush: path {want.label} was "
+                                            f"refused ({want.why}); writes completed through it "
+                                            "cannot be flushed", self.uri)
+                p = want if want is not None and want.state == LIVE else \
+                    (self._pick_any_live() if want is None else None)
+                dev = p.dev if p is not None else None
                 try:
-                    p.dev.flush_blocking()
-                except Fx100ioError as e:
-                    if not _exc_path_error(e):
+                    drv = self._blocking_driver(p, dev) if p is not None and dev is not None \
+                        else None
+                except OSError as e:
+                    if not _exc_path_error(e) or p is None:
                         raise
-                    self._done_flush_failed(p, e)
+                    self._flush_failed(p, e)
+                    drv = None
+                if drv is None:
+                    if time.monotonic() >= deadline:
+                        raise self._flush_timeout(want)
+                    time.sleep(WAIT_STEP_S)
+                    continue
+                assert p is not None and dev is not None
+                with self._lock:
+                    p.dirty = False
+                try:
+                    done = drv.run_blocking([dev._request(_core.OP_FLUSH, 0, None)])[0]
+                except Exception as e:
+                    if (_exc_path_error(e) or isinstance(e, DeviceClosedError)) and \
+                            not self._closed:
+                        self._flush_failed(p, e)
+                        continue
+                    with self._lock:
+                        p.dirty = True
+                    raise
+                if path_error(done[0], done[1]) and not self._closed:
+                    self._flush_failed(p, _describe(done))
+                    continue
+                if done[1] or done[0] < 0:
+                    with self._lock:
+                        p.dirty = True
+                    self._check(0, done)
+                break
 
     # -- lifetime ------------------------------------------------------------
     def _close_paths(self) -> None:
+        """Stop the threads, then close every path's Device: each under its
+        dev_lock, so no prober or ANA read of this module is inside it (a
+        prober in a connect finishes it first: at most connect_timeout_ms)."""
         with self._lock:
             self._closed = True
-            devs = [(p, p.dev) for p in self._paths if p.dev is not None]
-            probers = [p.prober for p in self._paths if p.prober is not None]
         self._closing.set()
-        for p, d in devs:
+        me = threading.current_thread()
+        for p in self._paths:
             with p.dev_lock:
-                d.close()
-        watcher = getattr(self, "_watcher", None)
-        if watcher is not None:
-            probers.append(watcher)
-        for t in probers:
-            if t is not threading.current_thread():
-                t.join(timeout=5)
+                with self._lock:
+                    dev, p.dev = p.dev, None
+                if dev is not None:
+                    _close_device(dev)
+                if p.fence is not None and p.fence.done_at is None:
+                    p.fence.done_at = time.monotonic()
+        for p in self._paths:
+            for t in (p.prober, p.watcher):
+                if t is not None and t is not me:
+                    t.join(timeout=10)  # they hold no device now: they see _closing and end
 
     def close(self) -> None:
         """Close every path (Device.close each: requests in flight are
         waited for, those waiting fail with DeviceClosedError) and stop the
-        threads that bring paths back."""
+        threads that bring paths back and follow ANA."""
         if self._closed:
             return
         self._close_paths()
+
+    def __del__(self) -> None:
+        # Collected unclosed: its threads end; each path's Device closes
+        # itself when collected.
+        closing = getattr(self, "_closing", None)
+        if closing is not None:
+            closing.set()
 
     def __enter__(self) -> MultipathDevice:
         return self
@@ -597,7 +1030,47 @@ class MultipathDevice:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        """Close off the event loop (a path's close may wait on the
+        network).  Cancelled, the close still ends in its thread; the device
+        is closed to new requests at once."""
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """close(), off the event loop: this loop stops reading the paths'
+        queues here, the rest runs in a thread."""
+        import asyncio
+
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True  # new requests fail from now on
+        for p in self._paths:
+            dev = p.dev
+            if dev is not None:
+                with dev._lock:
+                    drivers = list(dev._drivers)
+                for d in drivers:
+                    if d._loop is asyncio.get_running_loop():
+                        d.detach()
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+
+        def run() -> None:
+            try:
+                self._close_paths()
+            finally:
+                def end() -> None:
+                    if not ended.done():
+                        ended.set_result(None)
+
+                try:
+                    loop.call_soon_threadsafe(end)
+                except RuntimeError:
+                    pass  # the loop closed meanwhile
+
+        t = threading.Thread(target=run, daemon=True, name="fx100io-mpath-close")
+        t.start()
+        await asyncio.shield(ended)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"
@@ -619,10 +1092,25 @@ def _member_uri(uri: str) -> str:
     connections: one that dropped while another thread's proved the path
     back is re-made at once), and fails over when that attempt fails (a
     refused connect: at once) instead of sitting through several."""
+    from fx100io import fabric_options as fo
+
+    drop = {o.key for o in fo.OPTIONS if o.multipath} | {"max_reconnects"}
     head, sep, query = uri.partition("?")
-    keep = [kv for kv in query.split("&") if kv and kv.split("=", 1)[0] not in
-            ("paths", "policy", "max_reconnects")]
+    keep = [kv for kv in query.split("&") if kv and kv.split("=", 1)[0] not in drop]
     return head + "?" + "&".join([*keep, "max_reconnects=1"])
+
+
+def _valid_address(traddr: str, trsvcid: str) -> bool:
+    """Whether a discovery log entry's address is one to build a URI from:
+    a port number, and an IP literal or a host name (the log comes from the
+    network: nothing else may reach the URI's authority or query)."""
+    if not trsvcid.isdigit() or not 0 < int(trsvcid) < 65536:
+        return False
+    try:
+        ipaddress.ip_address(traddr)
+        return True
+    except ValueError:
+        return len(traddr) <= 253 and bool(_HOSTNAME.match(traddr))
 
 
 def _discovered(uris: list[str]) -> list[str]:
@@ -665,6 +1153,10 @@ def _discovered(uris: list[str]) -> list[str]:
                 continue
             addr = (str(ent.get("traddr", "")).strip(), str(ent.get("trsvcid", "")).strip())
             if not all(addr):
+                continue
+            if not _valid_address(*addr):
+                log.warning("fx100io: paths=discover: skipped a discovery log entry with a bad "
+                            "address %r port %r", addr[0][:64], addr[1][:32])
                 continue
             if str(ent.get("subtype", "")).startswith("discovery"):
                 todo.append(addr)

@@ -1,0 +1,522 @@
+"""Multipath (fx100io/multipath.py) under the faults a review found: a
+write that timed out on a stalled path must not land over a later
+acknowledged write, close racing a path's revival, flush with paths down,
+cancellation of every await, namespaces without identifiers, discovery
+entries that do not hold an address, and a device that is never closed.
+
+Real `fx100io target` processes on loopback serve one backing file; a
+stalled target is SIGSTOPped (its capsules wait in its socket buffer and run
+when it is SIGCONTed).  The unit-level ones use a stand-in Device class
+where a real target cannot show the case (a namespace with no identifier).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+from support.target_process import serve
+
+import fx100io
+from fx100io import _core, errors, fabric_uri
+from fx100io import multipath as mp
+from fx100io.device import Device
+from fx100io.multipath import MultipathDevice
+
+NQN = "nqn.2026-12.io.fx100:multipath-faults"
+BS = 4096
+SIZE = 16 << 20
+WAIT_S = 20.0
+
+
+def mp_uri(ports: list[int], **q: object) -> str:
+    query = "&".join(f"{k}={v}" for k, v in q.items())
+    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+    return f"nvme+tcp://{hosts}/{NQN}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture
+def backing(tmp_path):
+    p = tmp_path / "shared.img"
+    with open(p, "wb") as f:
+        f.truncate(SIZE)
+    return str(p)
+
+
+def wait_for(cond, what: str, seconds: float = WAIT_S) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _resume(proc) -> None:  # noqa: ANN001
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+# -- 1: a write that moved after a timeout ---------------------------------
+
+def test_write_moved_after_timeout_never_lands_over_a_later_write(backing):
+    """W1 goes to a stalled path, times out and moves; W2 to the same blocks
+    is acknowledged after W1.  The stalled target resumes and runs its copy
+    of W1: that must happen before W1's re-issue completes (the re-issue is
+    held until the old association provably ended), so the medium ends with
+    W2's bytes."""
+    kato_ms = 3000
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
+                                         connect_timeout_ms=500, kato_ms=kato_ms))
+        result: dict[str, object] = {}
+        warm, stalled = threading.Event(), threading.Event()
+
+        def writer() -> None:
+            try:
+                for i in range(4):  # this thread's queue on each path made
+                    dev.write_from_blocking(i * BS, np.full(BS, 0x11, np.uint8))
+                warm.set()
+                stalled.wait(WAIT_S)
+                for i in range(16):  # the first write that goes to b and moves is W1
+                    before = dev.path_stats()[1]["failovers"]
+                    t0 = time.monotonic()
+                    dev.write_from_blocking(i * BS, np.full(BS, 0xAA, np.uint8))
+                    if dev.path_stats()[1]["failovers"] > before:
+                        result["off"], result["w1_s"] = i * BS, time.monotonic() - t0
+                        break
+                else:
+                    result["error"] = "no write went to path b"
+                    return
+                dev.write_from_blocking(result["off"], np.full(BS, 0xBB, np.uint8))  # W2
+            except BaseException as e:  # noqa: BLE001 (reported by the test below)
+                result["error"] = e
+
+        try:
+            t = threading.Thread(target=writer)
+            t.start()
+            assert warm.wait(WAIT_S)
+            os.kill(proc_b.pid, signal.SIGSTOP)
+            stalled.set()
+            wait_for(lambda: dev.path_stats()[1]["state"] == "down", "path b down")
+            # b resumes 2 s later: W1 moved at once would be done, and W2 too,
+            # by then; held for the old controller's keep alive, W1 is not,
+            # and b's stale copy runs before W1 is re-issued
+            t.join(2.0)
+            _resume(proc_b)
+            t.join(WAIT_S)
+            assert not t.is_alive()
+            assert "error" not in result, result
+            time.sleep(1.0)  # anything still queued at b has run by now
+            with open(backing, "rb") as f:
+                f.seek(int(result["off"]))  # type: ignore[call-overload]
+                got = f.read(BS)
+            assert got == b"\xbb" * BS, f"W1 landed over W2: {got[:4]!r}"
+            # the re-issue waited for the controller's keep alive to run out
+            assert float(result["w1_s"]) >= kato_ms / 1000  # type: ignore[arg-type]
+            buf = np.zeros(BS, np.uint8)
+            assert dev.read_into_blocking(int(result["off"]), buf) == BS  # type: ignore[call-overload]
+            assert bytes(buf) == b"\xbb" * BS
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
+def test_write_with_no_keep_alive_fails_instead_of_moving(backing):
+    """kato_ms=0: nothing ends the old association, so a write whose attempt
+    may still run there is not re-issued: the caller gets the path's error."""
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
+                                         kato_ms=0))
+        try:
+            os.kill(proc_b.pid, signal.SIGSTOP)
+            failed = 0
+            for i in range(8):
+                try:
+                    dev.write_from_blocking(i * BS, np.full(BS, 0xCC, np.uint8))
+                except errors.FxTimeoutError:
+                    failed += 1
+            assert failed >= 1, dev.path_stats()
+            assert dev.path_stats()[1]["state"] == "down"
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
+# -- 2: close while a path is being brought back ---------------------------
+
+def test_close_waits_for_a_prober_inside_the_device(backing, monkeypatch):
+    """A prober thread inside a path's Device (its connect to a stalled
+    target) is never raced by close: the Device is closed only after the
+    prober's call returned."""
+    events: list[tuple[str, int, float]] = []
+    inside: dict[int, int] = {}
+    overlap: list[str] = []
+    lock = threading.Lock()
+    real_read, real_close = Device.read_into_blocking, Device.close
+
+    def read(self, off, buf):  # noqa: ANN001, ANN202
+        if not threading.current_thread().name.startswith("fx100io-mpath"):
+            return real_read(self, off, buf)
+        with lock:
+            inside[id(self)] = inside.get(id(self), 0) + 1
+            events.append(("read", id(self), time.monotonic()))
+        try:
+            return real_read(self, off, buf)
+        finally:
+            with lock:
+                inside[id(self)] -= 1
+
+    def close(self):  # noqa: ANN001, ANN202
+        with lock:
+            if inside.get(id(self)):
+                overlap.append(self.uri)
+        return real_close(self)
+
+    monkeypatch.setattr(Device, "read_into_blocking", read)
+    monkeypatch.setattr(Device, "close", close)
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=1000, connect_timeout_ms=2000,
+                                         reconnect_ms=50))
+        try:
+            buf = np.zeros(BS, np.uint8)
+            os.kill(proc_b.pid, signal.SIGSTOP)
+            for _ in range(4):  # one goes to b, times out, moves: b's prober starts
+                dev.read_into_blocking(0, buf)
+            wait_for(lambda: any(e[0] == "read" for e in events), "the prober's read")
+            time.sleep(0.3)  # inside its connect to the stalled target now
+            dev.close()
+            assert not overlap, f"a Device was closed under its prober: {overlap}"
+            for p in dev._paths:
+                assert p.prober is None or not p.prober.is_alive()
+                assert p.watcher is None or not p.watcher.is_alive()
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
+# -- 3: flush ----------------------------------------------------------------
+
+def test_flush_with_every_path_down_fails(backing):
+    with serve([backing], NQN) as (_, pa, proc_a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=800, reconnect_ms=50))
+        try:
+            dev.write_from_blocking(0, np.full(BS, 1, np.uint8))
+            dev.flush_blocking()
+            dev.write_from_blocking(0, np.full(BS, 2, np.uint8))
+            for p in (proc_a, proc_b):
+                p.kill()
+                p.wait(10)
+            t0 = time.monotonic()
+            with pytest.raises(errors.FxTimeoutError, match="flush"):
+                dev.flush_blocking()
+            assert time.monotonic() - t0 < 0.8 + 3.0
+
+            async def flush() -> None:
+                await dev.flush()
+
+            with pytest.raises(errors.FxTimeoutError, match="flush"):
+                asyncio.run(flush())
+        finally:
+            dev.close()
+
+
+def test_flush_goes_through_every_path_that_took_writes(backing):
+    """Writes spread over both paths: flush reaches both controllers; a path
+    that dies before the flush is waited for and flushed once it is back."""
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=8000, reconnect_ms=50))
+        try:
+            for i in range(8):
+                dev.write_from_blocking(i * BS, np.full(BS, i, np.uint8))
+            assert all(p.dirty for p in dev._paths)
+            dev.flush_blocking()
+            assert not any(p.dirty for p in dev._paths)
+            for i in range(8):
+                dev.write_from_blocking(i * BS, np.full(BS, 9, np.uint8))
+            assert dev._paths[1].dirty
+            proc_b.kill()
+            proc_b.wait(10)
+            done: list[BaseException | None] = []
+            t = threading.Thread(target=lambda: done.append(_try(dev.flush_blocking)))
+            t.start()
+            time.sleep(0.5)
+            assert not done, "flush returned while a path with unflushed writes was down"
+            with serve([backing], NQN, port=pb):
+                t.join(WAIT_S)
+                assert done == [None]
+            assert not any(p.dirty for p in dev._paths)
+        finally:
+            dev.close()
+
+
+def _try(fn) -> BaseException | None:  # noqa: ANN001
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001
+        return e
+    return None
+
+
+# -- 4/5: namespace identity -------------------------------------------------
+
+class _FakeDev:
+    """Stands in for a path's C device: a namespace with given identifiers."""
+
+    def __init__(self, ids: tuple[bytes, bytes, bytes]):
+        self.ns_ids = ids
+
+    def ana_state(self) -> tuple[int, int]:
+        raise OSError(95, "no ANA")
+
+
+def _fake_device_class(ids_by_port: dict[str, tuple[bytes, bytes, bytes]], read_error=None):  # noqa: ANN001, ANN202
+    class FakeDevice:
+        def __init__(self, uri: str, **_: object):
+            port = uri.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+            self.uri = uri
+            self._dev = _FakeDev(ids_by_port[port])
+            self.size, self.block_size = SIZE, 512
+            self.target, self.transport = uri, "nvme+tcp"
+            self.closed = False
+            self._lock = threading.Lock()
+            self._drivers: list[object] = []
+            self.reads = 0
+
+        def read_into_blocking(self, off: int, buf: object) -> int:
+            self.reads += 1
+            if read_error is not None:
+                raise read_error
+            return 512
+
+        def close(self) -> None:
+            self.closed = True
+
+    return FakeDevice
+
+
+Z16, Z8 = bytes(16), bytes(8)
+URI2 = f"nvme+tcp://127.0.0.1:1,127.0.0.1:2/{NQN}"
+
+
+def test_unidentified_namespace_is_refused_over_several_paths(monkeypatch):
+    import fx100io.device
+
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (Z16, Z8, Z16),
+                                                                      "2": (Z16, Z8, Z16)}))
+    with pytest.raises(errors.PathMismatchError, match="no NGUID, EUI-64 or UUID"):
+        MultipathDevice(URI2)
+    dev = MultipathDevice(URI2 + "?unidentified_ns=allow")
+    try:
+        assert [s["state"] for s in dev.path_stats()] == ["live", "live"]
+    finally:
+        dev.close()
+
+
+def test_identifiers_compared_only_where_both_paths_report_them(monkeypatch):
+    import fx100io.device
+
+    u = b"\x11" * 16
+    # path 2 did not report the UUID (its CNS 03h was refused): same namespace
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (Z16, Z8, u),
+                                                                      "2": (Z16, Z8, Z16)}))
+    dev = MultipathDevice(URI2 + "?unidentified_ns=allow")
+    try:
+        assert [s["state"] for s in dev.path_stats()] == ["live", "live"]
+    finally:
+        dev.close()
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (Z16, Z8, u),
+                                                                      "2": (Z16, Z8, b"\x22" * 16)}))
+    with pytest.raises(errors.PathMismatchError, match="another namespace"):
+        MultipathDevice(URI2)
+
+
+def test_estale_is_a_path_mismatch_only_on_fabric_devices(tmp_path):
+    assert not isinstance(errors.error_from_errno(116), errors.PathMismatchError)
+    p = tmp_path / "f.img"
+    p.write_bytes(bytes(BS))
+    with fx100io.open_device(str(p)) as dev:
+        with pytest.raises(OSError) as e:
+            dev._check((0, None, 0, BS, 0), (-116, 0))
+        assert not isinstance(e.value, errors.PathMismatchError)
+
+
+# -- 6: what proves a path up ------------------------------------------------
+
+def test_prober_counts_a_media_error_as_a_live_path(monkeypatch):
+    import fx100io.device
+
+    u = b"\x11" * 16
+    media = errors.error_from_status(0x281)  # SCT 2h: unrecovered read error on LBA 0
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class(
+        {"1": (Z16, Z8, u), "2": (Z16, Z8, u)}, read_error=media))
+    dev = MultipathDevice(URI2)
+    try:
+        p = dev._paths[1]
+        dev._path_failed(p, "test: path down")
+        wait_for(lambda: p.state == "live", "path 2 back after a media error on LBA 0")
+        # a path error does not: the path stays down
+        monkeypatch.setattr(type(p.dev), "read_into_blocking",
+                            lambda self, off, buf: (_ for _ in ()).throw(
+                                errors.error_from_errno(104)))
+        dev._path_failed(p, "test: path down again")
+        time.sleep(0.5)
+        assert p.state == "down"
+    finally:
+        dev.close()
+
+
+# -- 7/8: cancellation --------------------------------------------------------
+
+def test_cancelled_submit_cancels_and_awaits_every_request(backing):
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=1500, reconnect_ms=50))
+        started: list[asyncio.Future] = []
+        real_start = dev.start
+
+        def start(reqs):  # noqa: ANN001, ANN202
+            futs = real_start(reqs)
+            started.extend(futs)
+            return futs
+
+        dev.start = start  # type: ignore[method-assign]
+
+        async def main() -> None:
+            bufs = [np.zeros(BS, np.uint8) for _ in range(8)]
+            await dev.submit([(_core.OP_READ, 0, b) for b in bufs])  # this loop's queues made
+            os.kill(proc_b.pid, signal.SIGSTOP)
+            task = asyncio.ensure_future(dev.submit([(_core.OP_READ, i * BS, b)
+                                                     for i, b in enumerate(bufs)]))
+            await asyncio.sleep(0.2)  # some are stuck on the stalled path b
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, WAIT_S)
+            # nothing of it still runs or touches a buffer
+            assert started and all(f.done() for f in started), \
+                [f for f in started if not f.done()]
+
+        try:
+            asyncio.run(main())
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
+def test_cancelled_request_waiting_for_a_path(backing):
+    """A read waiting with no live path (asyncio.sleep) and one in flight on
+    a stalled path (_io_done) are each cancelled cleanly."""
+    with serve([backing], NQN) as (_, pa, proc_a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=3000, reconnect_ms=50))
+
+        async def main() -> None:
+            buf = np.zeros(BS, np.uint8)
+            for _ in range(4):  # this loop's queue on each path made
+                await dev.read_into(0, buf)
+            for p in (proc_a, proc_b):
+                os.kill(p.pid, signal.SIGSTOP)
+            t = asyncio.ensure_future(dev.read_into(0, buf))  # in flight on a stalled path
+            await asyncio.sleep(0.2)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(t, WAIT_S)
+            with dev._lock:  # both targets are stalled: no path comes back on its own
+                for p in dev._paths:
+                    p.state = mp.DOWN
+            t = asyncio.ensure_future(dev.read_into(0, buf))  # waiting for a path
+            await asyncio.sleep(0.1)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(t, WAIT_S)
+            assert all(s["inflight"] == 0 for s in dev.path_stats()), dev.path_stats()
+
+        try:
+            asyncio.run(main())
+        finally:
+            for p in (proc_a, proc_b):
+                _resume(p)
+            dev.close()
+
+
+def test_async_close_keeps_the_loop_running_and_survives_cancel(backing):
+    """aclose (async with's exit) closes in a thread: the loop goes on
+    meanwhile, and a cancelled close still ends with the device closed."""
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=1000, reconnect_ms=50))
+
+        async def main() -> int:
+            buf = np.zeros(BS, np.uint8)
+            await dev.read_into(0, buf)
+            os.kill(proc_b.pid, signal.SIGSTOP)  # b's close waits on its shutdown handshake
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticker = asyncio.ensure_future(tick())
+            closing = asyncio.ensure_future(dev.aclose())
+            await asyncio.sleep(0.3)
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            assert dev.closed
+            with pytest.raises(errors.DeviceClosedError):
+                await dev.read_into(0, buf)
+            ticker.cancel()
+            return ticks
+
+        try:
+            ticks = asyncio.run(main())
+            assert ticks >= 5, "the loop stood still while the device closed"
+            wait_for(lambda: all(p.dev is None for p in dev._paths), "the close thread's end")
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
+# -- 10: discovery entries -----------------------------------------------------
+
+def test_discovery_entries_with_bad_addresses_are_skipped(monkeypatch):
+    assert mp._valid_address("10.0.0.1", "4420")
+    assert mp._valid_address("fe80::1", "4420")
+    assert mp._valid_address("target-1.example", "4420")
+    for addr, port in (("10.9.9.9", "4420/NQN?ns=9#"), ("10.9.9.9", "0"), ("10.9.9.9", "99999"),
+                       ("a/b", "4420"), ("h?x=1", "4420"), ("h#x", "4420"), ("", "4420"),
+                       ("a..b", "4420"), ("x" * 300, "4420")):
+        assert not mp._valid_address(addr, port), (addr, port)
+    entries = [
+        {"trtype": "tcp", "traddr": "10.9.9.9", "trsvcid": "4420/NQN?ns=9#", "subnqn": NQN,
+         "subtype": "nvme"},
+        {"trtype": "tcp", "traddr": "10.0.0.2", "trsvcid": "4421", "subnqn": NQN,
+         "subtype": "nvme"},
+    ]
+    monkeypatch.setattr(fabric_uri, "discover", lambda uri: entries)
+    out = mp._discovered([f"nvme+tcp://10.0.0.1:4420/{NQN}?hostnqn=nqn.2014-08.io.fx100:h"])
+    assert out[1:] == [f"nvme+tcp://10.0.0.2:4421/{NQN}?hostnqn=nqn.2014-08.io.fx100:h"]
+
+
+# -- 12: a device nobody closed ------------------------------------------------
+
+def test_unclosed_device_is_collected(backing):
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, _b):
+        dev = fx100io.open_device(mp_uri([pa, pb]))
+        threads = [p.watcher for p in dev._paths if p.watcher is not None]
+        assert threads
+        ref = weakref.ref(dev)
+        del dev
+        gc.collect()
+        wait_for(lambda: ref() is None or not gc.collect(), "collection")
+        assert ref() is None, "an unclosed MultipathDevice is kept alive by its threads"
+        for t in threads:
+            t.join(5)
+            assert not t.is_alive()
+
