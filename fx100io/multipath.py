@@ -858,6 +858,12 @@ class MultipathDevice:
         self._path_failed(p, e)
 
     def _flush_timeout(self, p: _Path | None) -> FxTimeoutError:
+        """The error of a flush that found no way through p (or any path):
+        reported once, as fsync reports a lost writeback once; the next
+        flush covers the writes after it."""
+        if p is not None:
+            with self._lock:
+                p.dirty = False
         where = p.label + ": " + p.why if p is not None else \
             "; ".join(q.label + ": " + q.why for q in self._paths)
         return FxTimeoutError(_errno.ETIMEDOUT, f"flush: no path to flush through for "
@@ -868,9 +874,10 @@ class MultipathDevice:
         """Make completed writes durable: a flush through every path that
         completed writes since its last flush (the volatile write cache is
         each controller's), or through one live path when none did.  A path
-        that is down is waited for up to io_timeout_ms (then FxTimeoutError:
-        never a success that is not one); a flush that fails on a path is
-        sent again once that path is back."""
+        that is down is waited for up to io_timeout_ms, then FxTimeoutError
+        (never a success that is not one; reported once: the next flush
+        covers later writes); a flush that fails on a path is sent again
+        once that path is back."""
         import asyncio
 
         deadline = time.monotonic() + self.io_timeout_s
