@@ -25,12 +25,13 @@ namespace's group state in each controller's ANA log page, LID 0Ch; a
 controller that reports no ANA counts as optimized), to non-optimized ones
 only when no optimized one is live, never to inaccessible ones.  The ANA
 log of each path is read at open, when a path comes back, and every
-ANA_POLL_S by one thread of the device (the asynchronous event notice is
-not handled yet); a Path Related Status on a completion takes the path out
-at once.  A path that failed is taken out of the rotation
-and a thread of its own (never the caller's, never the event loop) brings it
-back: it re-opens the path's Device if it had none, then reads one block
-until a read succeeds, reconnect_ms apart.  While no path is live a request
+ANA_POLL_S by a thread per path (the asynchronous event notice is not
+handled yet); a Path Related Status on a completion takes the path out at
+once.  A path that failed is taken out of the rotation and a thread of its
+own (never the caller's, never the event loop) brings it back: it closes
+the path's Device first when a write's attempt may still run there (below),
+re-opens it if it has none, then reads one block, reconnect_ms apart, until
+the controller answers with anything that is not a path error.  While no path is live a request
 waits; it fails only once it has waited io_timeout_ms with no live path.
 
 Writes: a write that fails over is re-issued whole, with the caller's data.

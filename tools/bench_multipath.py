@@ -121,11 +121,15 @@ def main() -> int:
             print(f"2-path/1-path ratio: {med['2 paths'] / base:.3f} "
                   f"(bs {a.bs}, depth {a.depth}, {a.write_pct}% writes, policy {a.policy})")
             marks: list[float] = []
-            with fx100io.open_device(two + "&reconnect_ms=100") as dev:
+            # kato_ms=2000: a write in flight on the killed path is re-issued once
+            # that controller's keep alive ran out (docs/nvme-tcp.md, "Writes that move")
+            with fx100io.open_device(two + "&reconnect_ms=100&kato_ms=2000") as dev:
                 n, errs = asyncio.run(load(dev, a.seconds, bs, a.depth, size, a.write_pct,
                                            marks, a.seconds / 2, pb))
                 kill = -next(m for m in marks if m < 0)
-                after = sorted(m for m in marks if m >= kill)
+                # until the load stopped starting requests (the held writes end later)
+                stop = kill + a.seconds / 2
+                after = sorted(m for m in marks if kill <= m <= stop)
                 gaps = [y - x for x, y in zip([kill, *after], after)]
                 print(f"failover: {errs} failed requests, longest gap with no completion "
                       f"after the kill {max(gaps) * 1000:.1f} ms, paths "
