@@ -159,6 +159,10 @@ class _Path:
         self.errors = 0
         self.failovers = 0
         self.prober: threading.Thread | None = None
+        #: a prober owns this path's revival; cleared (under the device's
+        #: lock) in the same step that ends it, so a path failing again right
+        #: after it came back always gets a prober
+        self.probing = False
         self.watcher: threading.Thread | None = None
         #: ANA state of the namespace's group on this path (ANA_*); ANA_NONE
         #: where the controller reports none (the path counts as optimized)
@@ -233,6 +237,8 @@ def _probe_thread(ref: weakref.ref[MultipathDevice], p: _Path, closing: threadin
         try:
             if not self._probe_step(p):
                 return
+        except Exception:  # a bug must not leave the path with no prober
+            log.exception("fx100io: multipath: bringing path %s back", p.label)
         finally:
             del self
 
@@ -446,8 +452,9 @@ class MultipathDevice:
 
     def _start_prober(self, p: _Path) -> None:
         with self._lock:
-            if self._closed or p.state in (REFUSED, LIVE) or (p.prober and p.prober.is_alive()):
+            if self._closed or p.state in (REFUSED, LIVE) or p.probing:
                 return
+            p.probing = True
             p.prober = threading.Thread(target=_probe_thread,
                                         args=(weakref.ref(self), p, self._closing, self._retry_s),
                                         daemon=True, name="fx100io-mpath-probe")
@@ -461,6 +468,8 @@ class MultipathDevice:
         closed)."""
         with p.dev_lock:
             if self._closed:
+                with self._lock:
+                    p.probing = False
                 return False
             fence = p.fence
             if fence is not None:
@@ -479,7 +488,9 @@ class MultipathDevice:
                         if p.state == LIVE:
                             p.state = DOWN  # opened: still proven by a read below
                 dev = p.dev
-                if dev is None:
+                if dev is None:  # closed meanwhile
+                    with self._lock:
+                        p.probing = False
                     return False
                 buf = bytearray(dev.block_size)
                 try:
@@ -493,7 +504,7 @@ class MultipathDevice:
                 log.error("fx100io: multipath %s: %s", self.uri, e)
                 dev = p.dev
                 with self._lock:
-                    p.state, p.why, p.dev = REFUSED, str(e), None
+                    p.state, p.why, p.dev, p.probing = REFUSED, str(e), None, False
                 if dev is not None:  # a refused path keeps nothing open
                     _close_device(dev)
                 return False
@@ -503,6 +514,7 @@ class MultipathDevice:
                 return True
         self._read_ana(p)
         with self._lock:
+            p.probing = False
             if self._closed:
                 return False
             p.state, p.why = LIVE, ""
@@ -894,7 +906,14 @@ class MultipathDevice:
                                             f"refused ({want.why}); writes completed through it "
                                             "cannot be flushed", self.uri)
                 dev = p.dev if p is not None else None
-                drv = self._loop_driver(p, dev) if p is not None and dev is not None else None
+                try:
+                    drv = self._loop_driver(p, dev) if p is not None and dev is not None \
+                        else None
+                except OSError as e:  # this loop's queue could not be made
+                    if not _exc_path_error(e) or p is None:
+                        raise
+                    self._flush_failed(p, e)
+                    drv = None
                 if drv is None:
                     if time.monotonic() >= deadline:
                         raise self._flush_timeout(want)
