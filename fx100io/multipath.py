@@ -567,6 +567,7 @@ class MultipathDevice:
             if not (_exc_path_error(exc) or closed_under) or self._closed:
                 return "raise", None
             err = getattr(exc, "errno", 0) or _errno.EIO
+            status = int(getattr(exc, "status", 0) or 0)  # NvmeStatusError: did not run
             why: BaseException | str = exc
         else:
             if not path_error(res, status) or self._closed:
@@ -752,7 +753,8 @@ class MultipathDevice:
             if -res == _errno.ETIMEDOUT:
                 err = FxTimeoutError(_errno.ETIMEDOUT, f"no path carried it (none live for "
                                      f"{self.io_timeout_s:g} s, or each failed it {MAX_MOVES} "
-                                     "times) "
+                                     "times, or a write timed out with kato_ms=0, so it could "
+                                     "not move) "
                                      f"({'; '.join(p.label + ': ' + p.why for p in self._paths)})",
                                      f"{self.uri} offset {offset}")
             raise err
