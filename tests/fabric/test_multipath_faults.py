@@ -372,6 +372,39 @@ def test_prober_counts_a_media_error_as_a_live_path(monkeypatch):
         dev.close()
 
 
+def test_a_path_refused_on_revival_keeps_nothing_open(monkeypatch):
+    """Path 2's controller comes back onto another namespace: the path is
+    refused, its old and new Devices are both closed, and the other path
+    goes on."""
+    import fx100io.device
+
+    ids = {"1": (Z16, Z8, b"\x11" * 16), "2": (Z16, Z8, b"\x11" * 16)}
+    cls = _fake_device_class(ids)
+    made: list[object] = []
+    real_init = cls.__init__
+
+    def init(self, uri: str, **kw: object) -> None:
+        real_init(self, uri, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(cls, "__init__", init)
+    monkeypatch.setattr(fx100io.device, "Device", cls)
+    dev = MultipathDevice(URI2)
+    try:
+        p = dev._paths[1]
+        old = p.dev
+        ids["2"] = (Z16, Z8, b"\x22" * 16)
+        dev._path_failed(p, "test: lost", fence_of=old)  # closed, then re-opened
+        wait_for(lambda: p.state == "refused", "path 2 refused")
+        assert p.dev is None and "another namespace" in p.why
+        port2 = [d for d in made if d.uri.split("/")[2].endswith(":2")]  # type: ignore[attr-defined]
+        assert len(port2) == 2 and all(d.closed for d in port2)  # type: ignore[attr-defined]
+        assert dev._paths[0].state == "live" and not dev._paths[0].dev.closed  # type: ignore[union-attr]
+        assert dev._any_dev() is dev._paths[0].dev
+    finally:
+        dev.close()
+
+
 # -- 7/8: cancellation --------------------------------------------------------
 
 def test_cancelled_submit_cancels_and_awaits_every_request(backing):
