@@ -203,7 +203,7 @@ def _close_device(dev: Device) -> None:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is loop:
+        if running is loop or not loop.is_running():  # nothing reads it concurrently
             d.detach()
             continue
         done = threading.Event()
