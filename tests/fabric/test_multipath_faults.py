@@ -477,6 +477,45 @@ def test_cancelled_request_waiting_for_a_path(backing):
             dev.close()
 
 
+def test_cancelled_while_held_and_while_flushing(backing):
+    """A write held for a stalled path's association, and a flush waiting
+    for a path that took writes, are each cancelled at once."""
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
+                                         connect_timeout_ms=500, kato_ms=30000))
+
+        async def main() -> None:
+            data = np.full(BS, 0x5A, np.uint8)
+            for i in range(4):  # this loop's queue on each path made; both paths dirty
+                await dev.write_from(i * BS, data)
+            os.kill(proc_b.pid, signal.SIGSTOP)
+            tasks = [asyncio.ensure_future(dev.write_from(i * BS, data)) for i in range(4)]
+            while dev.path_stats()[1]["state"] == "live":
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(1.0)  # b's writes timed out and are held (kato 30 s)
+            held = [t for t in tasks if not t.done()]
+            assert held, "no write was held for the stalled path"
+            for t in held:
+                t.cancel()
+            t0 = time.monotonic()
+            for t in held:
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(t, WAIT_S)
+            assert time.monotonic() - t0 < 2.0
+            flushing = asyncio.ensure_future(dev.flush())  # b took writes and is down
+            await asyncio.sleep(0.2)
+            assert not flushing.done()
+            flushing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(flushing, WAIT_S)
+
+        try:
+            asyncio.run(main())
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
 def test_async_close_keeps_the_loop_running_and_survives_cancel(backing):
     """aclose (async with's exit) closes in a thread: the loop goes on
     meanwhile, and a cancelled close still ends with the device closed."""
