@@ -99,7 +99,7 @@ def test_write_moved_after_timeout_never_lands_over_a_later_write(backing):
                 result["error"] = e
 
         try:
-            t = threading.Thread(target=writer)
+            t = threading.Thread(target=writer, daemon=True)
             t.start()
             assert warm.wait(WAIT_S)
             os.kill(proc_b.pid, signal.SIGSTOP)
@@ -244,7 +244,7 @@ def test_flush_goes_through_every_path_that_took_writes(backing):
             proc_b.kill()
             proc_b.wait(10)
             done: list[BaseException | None] = []
-            t = threading.Thread(target=lambda: done.append(_try(dev.flush_blocking)))
+            t = threading.Thread(target=lambda: done.append(_try(dev.flush_blocking)), daemon=True)
             t.start()
             time.sleep(0.5)
             assert not done, "flush returned while a path with unflushed writes was down"
