@@ -9,7 +9,8 @@
  * controller of that port with the ANA change notice (or keeps it until the
  * host sends one), after which no other notice is sent until the host reads
  * the log without RAE.  Changes, and closing or opening a port, come from
- * the control socket (control.c) on the listener's thread.
+ * the control socket (control.c) on the listener's thread; the notices are
+ * sent by each admin queue's own thread, which the listener wakes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -137,46 +138,48 @@ void tgt_ana_log_read(struct tgt_conn *c)
 	pthread_mutex_unlock(&c->t->lock);
 }
 
-/* Tell each controller of port pi about a change: the oldest AER of its
- * admin queue completes with the notice, or the notice waits for one.
- * The answer is sent outside t->lock (a host slow to read must not stall
- * the others); aer_sending keeps the connection from being freed. */
-static void notify_port(struct fx_target *t, unsigned pi)
+/* Tell each controller of port pi about a change: the notice waits in
+ * ana_aen_pending for the oldest AER of its admin queue, whose own thread
+ * is woken to send the answer (tgt_ana_deliver).  Nothing here writes to a
+ * host's socket: a host that has stopped reading blocks its own queue's
+ * thread only, never the listener (accepts, timers, the control socket) or
+ * the notices of other hosts.  (Under t->lock; an eventfd write never
+ * blocks: EFD_NONBLOCK, and a counter near 2^64 just means "woken".) */
+static void notify_port_locked(struct fx_target *t, unsigned pi)
 {
-	for (;;) {
-		struct tgt_conn *to = NULL;
-		uint16_t cid = 0;
+	for (struct tgt_conn *c = t->conns; c; c = c->next) {
+		struct tgt_ctrl *ctrl = c->ctrl;
+		uint64_t one = 1;
 
-		pthread_mutex_lock(&t->lock);
-		for (struct tgt_conn *c = t->conns; c && !to; c = c->next) {
-			struct tgt_ctrl *ctrl = c->ctrl;
-
-			if (!ctrl || c->qid != 0 || ctrl->discovery || ctrl->port != pi ||
-			    ctrl->state == TGT_CTRL_DEAD || ctrl->ana_aen_masked)
-				continue;
-			if (!(ctrl->aec & NVME_AEN_CFG_ANA_CHANGE))
-				continue;
-			ctrl->ana_aen_masked = 1;
-			if (c->aers == 0) {
-				ctrl->ana_aen_pending = 1;
-				continue;
-			}
-			cid = c->aer_cid[0];
-			memmove(c->aer_cid, c->aer_cid + 1, (c->aers - 1) * sizeof(c->aer_cid[0]));
-			c->aers--;
-			c->aer_sending++;
-			to = c;
+		if (!ctrl || c->qid != 0 || ctrl->discovery || ctrl->port != pi ||
+		    ctrl->state == TGT_CTRL_DEAD || ctrl->ana_aen_masked)
+			continue;
+		if (!(ctrl->aec & NVME_AEN_CFG_ANA_CHANGE))
+			continue;
+		ctrl->ana_aen_masked = 1;
+		ctrl->ana_aen_pending = 1;
+		if (c->aers && c->evfd >= 0 && write(c->evfd, &one, sizeof(one)) < 0) {
+			/* (EAGAIN: a wake is already due) */
 		}
-		pthread_mutex_unlock(&t->lock);
-		if (!to)
-			return;
-		if (tgt_send_resp(to, cid, 0, NVME_AER_ANA_CHANGE, 0) < 0)
-			tgt_conn_shut(to); /* (its thread sees the broken connection) */
-		pthread_mutex_lock(&t->lock);
-		to->aer_sending--;
-		pthread_cond_broadcast(&t->drain_cond);
-		pthread_mutex_unlock(&t->lock);
 	}
+}
+
+int tgt_ana_deliver(struct tgt_conn *c)
+{
+	struct fx_target *t = c->t;
+	uint16_t cid = 0;
+	int send = 0;
+
+	pthread_mutex_lock(&t->lock);
+	if (c->ctrl && !c->ctrl->discovery && c->ctrl->ana_aen_pending && c->aers) {
+		cid = c->aer_cid[0];
+		memmove(c->aer_cid, c->aer_cid + 1, (c->aers - 1) * sizeof(c->aer_cid[0]));
+		c->aers--;
+		c->ctrl->ana_aen_pending = 0;
+		send = 1;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return send ? tgt_send_resp(c, cid, 0, NVME_AER_ANA_CHANGE, 0) : 0;
 }
 
 int tgt_ana_set(struct fx_target *t, unsigned pi, uint32_t group, uint8_t state)
@@ -193,8 +196,8 @@ int tgt_ana_set(struct fx_target *t, unsigned pi, uint32_t group, uint8_t state)
 		atomic_store(&p->ana[g], state);
 		p->ana_chg[g] = t->ana_chgcnt;
 	}
+	notify_port_locked(t, pi);
 	pthread_mutex_unlock(&t->lock);
-	notify_port(t, pi);
 	if (group)
 		tgt_log(t, "port %u: ANA group %u now %s", pi + 1, group, tgt_ana_state_str(state));
 	else

@@ -615,8 +615,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 		if (ret < 0)
 			goto fail;
 	}
-	/* Each connection is three descriptors (its socket, and its I/O
-	 * engine's io_uring and wake eventfd once it moves data), each
+	/* Each connection is three descriptors at most (its socket, and
+	 * its I/O engine's io_uring and wake eventfd once it moves data; an
+	 * NVM controller's admin queue: its event eventfd, ana.c), each
 	 * namespace two (buffered and O_DIRECT): a limit above what the
 	 * process may open would turn into accept() or the engine's start
 	 * failing with EMFILE. */
@@ -916,11 +917,8 @@ void tgt_conn_detach(struct tgt_conn *conn)
 	struct tgt_ctrl *c;
 
 	pthread_mutex_lock(&t->lock);
-	/* No AER answer is sent on this queue any more (ana.c), and those
-	 * being sent have ended before the connection is freed. */
+	/* No AER answer is sent on this queue any more (ana.c). */
 	conn->aers = 0;
-	while (conn->aer_sending)
-		pthread_cond_wait(&t->drain_cond, &t->lock);
 	c = conn->ctrl;
 	if (!c) {
 		pthread_mutex_unlock(&t->lock);
@@ -1000,8 +998,8 @@ static void conn_free(struct tgt_conn *c)
 	tgt_iopeer_put(c);
 	if (c->fd >= 0)
 		close(c->fd);
-	if (c->own_lock_init)
-		pthread_mutex_destroy(&c->own_send_lock);
+	if (c->evfd >= 0)
+		close(c->evfd);
 	free(c);
 }
 
@@ -1101,6 +1099,7 @@ static struct tgt_conn *conn_new(struct fx_target *t, int fd)
 		return NULL;
 	c->t = t;
 	c->fd = fd;
+	c->evfd = -1;
 	c->accepted_ms = tgt_now_ms();
 	c->rcvtimeo_ms = t->stall_ms;
 	conn_sockopts(t, fd);

@@ -396,15 +396,17 @@ struct tgt_conn {
 	uint32_t c2h_sent;
 	unsigned port; /* index in t->ports it was accepted on */
 	/* Async Event Requests held (an admin queue, under t->lock): their
-	 * CIDs, answered when an event comes (ana.c); aer_sending: answers
-	 * being sent by another thread (tgt_conn_detach waits for them). */
+	 * CIDs, answered by this connection's own thread when an event comes
+	 * (ana.c, tgt_ana_deliver). */
 	unsigned aers;
 	uint16_t aer_cid[FX_TGT_AERL + 1];
-	unsigned aer_sending;
-	/* An admin queue's send lock (recursive): AER answers come from the
-	 * listener's thread too.  own_lock_init: set up (conn.c, at Connect). */
-	pthread_mutex_t own_send_lock;
-	int own_lock_init;
+	/* The admin queue of an NVM controller: an eventfd (non-blocking) that
+	 * the listener writes to wake this thread for an event to announce,
+	 * polled with the socket (conn.c, recv_bytes); closed by conn_free, so
+	 * it stays valid while the connection is on t->conns.  -1: none (I/O
+	 * and discovery queues, which thus keep within the three descriptors
+	 * a connection may use). */
+	int evfd;
 	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
 	 * succeeds, the queue takes only AUTH_Send/AUTH_Receive (and
 	 * Disconnect), and stays under the handshake deadline: live is set
@@ -491,7 +493,7 @@ struct fx_target {
 	_Atomic uint64_t disc_genctr;
 	int ctl_fd; /* control socket (control.c), -1: none */
 	char ctl_path[108];
-	int wake[2]; /* self-pipe: fx_target_stop() wakes the listener */
+	int wake[2];               /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;
 	struct tgt_conn *conns; /* under lock */
 	unsigned n_conns;       /* in conns, finished or not; under lock */
@@ -572,9 +574,14 @@ size_t tgt_ana_log(struct tgt_conn *c, int rgo, uint8_t *out, size_t cap);
 int tgt_ana_aer(struct tgt_conn *c, uint16_t cid, uint32_t *dw0);
 /* The ANA log was read without RAE: the next change is reported. */
 void tgt_ana_log_read(struct tgt_conn *c);
+/* On the admin queue's own thread, woken by its evfd: answer the oldest
+ * held AER with a notice waiting for one.  0, or -errno when the send
+ * broke the connection. */
+int tgt_ana_deliver(struct tgt_conn *c);
 /* Set port's (index) state of group (0: every group); bumps the change
- * count and completes an AER of each controller of that port (listener
- * thread).  0 or -EINVAL. */
+ * count and flags the notice for each controller of that port, waking
+ * their admin queues' threads (listener thread; never writes to a host's
+ * socket).  0 or -EINVAL. */
 int tgt_ana_set(struct fx_target *t, unsigned port, uint32_t group, uint8_t state);
 /* Close the port (its connections end, new connects are refused) or open
  * it again on the same address and TCP port (listener thread). */
