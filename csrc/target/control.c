@@ -34,6 +34,25 @@
 #define FX_CTL_TIMEOUT_MS 1000
 #define FX_CTL_OUT 16384 /* `ports` with 16 ports x 32 groups fits */
 
+/* Whether a unix stream socket at path is served: a connect that is not
+ * refused (accepted, or queued: EAGAIN) means a live process listens there
+ * (another target, given the same path); so does any error other than
+ * "refused" or "gone" (the socket of something else, or not ours to
+ * reach), which we must not remove either.  Only ECONNREFUSED (nobody
+ * listens: a target that was killed left it) or ENOENT say stale. */
+static int socket_in_use(const struct sockaddr_un *sa)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int r, e;
+
+	if (fd < 0)
+		return 1; /* (cannot tell: leave it alone) */
+	r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+	e = errno;
+	close(fd);
+	return r == 0 || (e != ECONNREFUSED && e != ENOENT);
+}
+
 int tgt_control_open(struct fx_target *t, const char *path)
 {
 	struct sockaddr_un sa;
@@ -47,26 +66,50 @@ int tgt_control_open(struct fx_target *t, const char *path)
 		return -EINVAL;
 	}
 	memcpy(sa.sun_path, path, strlen(path));
-	/* A socket left by a target that was killed is replaced; anything
-	 * else at that path is not ours to remove. */
+	/* A socket left by a target that was killed is replaced; a live
+	 * one (another target given the same path) is not taken over, and
+	 * anything else at that path is not ours to remove. */
 	if (lstat(path, &st) == 0) {
 		if (!S_ISSOCK(st.st_mode)) {
 			tgt_log(t, "control socket path %s exists and is not a socket", path);
 			return -EEXIST;
+		}
+		if (socket_in_use(&sa)) {
+			tgt_log(t,
+				"control socket %s is in use (another target running with the same "
+				"--control path?): give each target its own path",
+				path);
+			return -EADDRINUSE;
 		}
 		unlink(path);
 	}
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, 0600) < 0 ||
-	    listen(fd, 8) < 0) {
+	/* The mode before the name exists: bind() creates the file with the
+	 * socket's own mode less the umask, so it is never wider than 0600,
+	 * even for an instant; chmod then sets exactly 0600 (a umask that
+	 * took the owner's bits away), still before anyone may connect
+	 * (listen). */
+	if (fchmod(fd, 0600) < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+
+		tgt_log(t, "control socket %s: %s%s", path, strerror(e),
+			e == EADDRINUSE ? " (another target took the path just now?)" : "");
+		close(fd);
+		return -e;
+	}
+	if (chmod(path, 0600) < 0 || lstat(path, &st) < 0 || listen(fd, 8) < 0) {
 		int e = errno;
 
 		tgt_log(t, "control socket %s: %s", path, strerror(e));
 		close(fd);
+		unlink(path); /* (ours: we just bound it) */
 		return -e;
 	}
+	/* What we remove at exit: this very file, not one that replaced it. */
+	t->ctl_dev = (uint64_t)st.st_dev;
+	t->ctl_ino = (uint64_t)st.st_ino;
 	t->ctl_fd = fd;
 	snprintf(t->ctl_path, sizeof(t->ctl_path), "%s", path);
 	return 0;
@@ -74,11 +117,22 @@ int tgt_control_open(struct fx_target *t, const char *path)
 
 void tgt_control_close(struct fx_target *t)
 {
+	struct stat st;
+
+	int ours;
+
 	if (t->ctl_fd < 0)
 		return;
+	/* Only the socket we bound: if someone removed it and another
+	 * target bound the path since, that one is not ours to unlink.
+	 * (Compared while our socket still holds its inode: once closed,
+	 * its number may be given to a new file.) */
+	ours = lstat(t->ctl_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+	       (uint64_t)st.st_dev == t->ctl_dev && (uint64_t)st.st_ino == t->ctl_ino;
+	if (ours)
+		unlink(t->ctl_path);
 	close(t->ctl_fd);
 	t->ctl_fd = -1;
-	unlink(t->ctl_path);
 }
 
 /* A port named by its id or its ADDR:PORT ([ADDR]:PORT for IPv6), as

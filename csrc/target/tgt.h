@@ -493,6 +493,7 @@ struct fx_target {
 	_Atomic uint64_t disc_genctr;
 	int ctl_fd; /* control socket (control.c), -1: none */
 	char ctl_path[108];
+	uint64_t ctl_dev, ctl_ino; /* the file we bound: the only one we unlink */
 	int wake[2];               /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;
 	struct tgt_conn *conns; /* under lock */
