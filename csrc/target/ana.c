@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,7 +80,7 @@ size_t tgt_ana_log(struct tgt_conn *c, int rgo, uint8_t *out, size_t cap)
 	memset(&h, 0, sizeof(h));
 	memset(out, 0, cap);
 	pthread_mutex_lock(&t->lock);
-	h.chgcnt = t->ana_chgcnt;
+	h.chgcnt = p->ana_chgcnt;
 	/* A descriptor for each group that has namespaces, in id order. */
 	for (uint32_t g = 1; g <= FX_TGT_ANA_GROUPS; g++) {
 		struct nvme_ana_group_desc d;
@@ -182,27 +183,110 @@ int tgt_ana_deliver(struct tgt_conn *c)
 	return send ? tgt_send_resp(c, cid, 0, NVME_AER_ANA_CHANGE, 0) : 0;
 }
 
-int tgt_ana_set(struct fx_target *t, unsigned pi, uint32_t group, uint8_t state)
+/* Whether group g has namespaces: only those have a descriptor in the ANA
+ * log, so only their changes are changes of the log. */
+static int group_used(const struct fx_target *t, uint32_t g)
 {
-	struct tgt_port *p;
+	for (unsigned i = 0; i < t->n_ns; i++)
+		if (t->ns[i].anagrpid == g)
+			return 1;
+	return 0;
+}
+
+/* Under t->lock: set the state of group (0: every group) through port pi,
+ * and where it is change, when it leaves it (tgt_ana_set).  Each port's
+ * ANA log is its own (a controller sees its port's states), so the counts
+ * are per port: a group descriptor's grows by one with each change of that
+ * descriptor, the log's by one for each call that changed any descriptor
+ * (a state set to what it already is changes nothing, and announces
+ * nothing).  Both wrap from 2^64 - 1 to 0, as the spec asks.  Returns
+ * whether the log changed (the notice is then flagged). */
+static int set_locked(struct fx_target *t, unsigned pi, uint32_t group, uint8_t state, uint8_t then,
+		      uint32_t after_ms)
+{
+	struct tgt_port *p = &t->ports[pi];
+	uint64_t now = tgt_now_ms();
+	int changed = 0;
+
+	for (uint32_t g = group ? group : 1; g <= (group ? group : FX_TGT_ANA_GROUPS); g++) {
+		uint8_t old = atomic_load(&p->ana[g]);
+
+		if (state == NVME_ANA_CHANGE) {
+			/* (from change to change: the new target and time) */
+			p->chg_then[g] = then                     ? then
+					 : old != NVME_ANA_CHANGE ? old
+					 : p->chg_then[g]         ? p->chg_then[g]
+								  : NVME_ANA_OPTIMIZED;
+			p->chg_due_ms[g] = now + (after_ms ? after_ms : FX_TGT_ANATT * 1000u);
+		} else {
+			p->chg_due_ms[g] = 0;
+		}
+		if (old == state)
+			continue;
+		atomic_store(&p->ana[g], state);
+		if (group_used(t, g)) {
+			p->ana_chg[g]++;
+			changed = 1;
+		}
+	}
+	if (changed) {
+		p->ana_chgcnt++;
+		notify_port_locked(t, pi);
+	}
+	return changed;
+}
+
+int tgt_ana_set(struct fx_target *t, unsigned pi, uint32_t group, uint8_t state, uint8_t then,
+		uint32_t after_ms)
+{
+	char g[16] = "every ANA group", how[96] = "";
+	int changed;
 
 	if (pi >= t->n_ports || group > FX_TGT_ANA_GROUPS || !state ||
 	    strcmp(tgt_ana_state_str(state), "?") == 0)
 		return -EINVAL;
-	p = &t->ports[pi];
+	if (then && (then == NVME_ANA_CHANGE || strcmp(tgt_ana_state_str(then), "?") == 0))
+		return -EINVAL;
+	if ((then || after_ms) && state != NVME_ANA_CHANGE)
+		return -EINVAL;
+	if (after_ms > FX_TGT_ANATT * 1000u)
+		return -EINVAL;
 	pthread_mutex_lock(&t->lock);
-	t->ana_chgcnt++;
-	for (uint32_t g = group ? group : 1; g <= (group ? group : FX_TGT_ANA_GROUPS); g++) {
-		atomic_store(&p->ana[g], state);
-		p->ana_chg[g] = t->ana_chgcnt;
-	}
-	notify_port_locked(t, pi);
+	changed = set_locked(t, pi, group, state, then, after_ms);
 	pthread_mutex_unlock(&t->lock);
 	if (group)
-		tgt_log(t, "port %u: ANA group %u now %s", pi + 1, group, tgt_ana_state_str(state));
-	else
-		tgt_log(t, "port %u: every ANA group now %s", pi + 1, tgt_ana_state_str(state));
+		snprintf(g, sizeof(g), "ANA group %u", group);
+	if (state == NVME_ANA_CHANGE)
+		snprintf(how, sizeof(how), " (then %s in %u ms)",
+			 then ? tgt_ana_state_str(then) : "its state before",
+			 after_ms ? after_ms : FX_TGT_ANATT * 1000u);
+	tgt_log(t, "port %u: %s now %s%s%s", pi + 1, g, tgt_ana_state_str(state), how,
+		changed ? "" : " (no change)");
 	return 0;
+}
+
+void tgt_ana_tick(struct fx_target *t)
+{
+	uint64_t now = tgt_now_ms();
+
+	for (unsigned pi = 0; pi < t->n_ports; pi++) {
+		struct tgt_port *p = &t->ports[pi];
+
+		for (uint32_t g = 1; g <= FX_TGT_ANA_GROUPS; g++) {
+			uint8_t then;
+
+			/* (read without the lock: only this thread and the
+			 * control commands it runs set a deadline) */
+			if (!p->chg_due_ms[g] || now < p->chg_due_ms[g])
+				continue;
+			pthread_mutex_lock(&t->lock);
+			then = p->chg_then[g];
+			set_locked(t, pi, g, then, 0, 0);
+			pthread_mutex_unlock(&t->lock);
+			tgt_log(t, "port %u: ANA group %u left change: now %s", pi + 1, g,
+				tgt_ana_state_str(then));
+		}
+	}
 }
 
 int tgt_port_close(struct fx_target *t, unsigned pi)

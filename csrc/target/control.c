@@ -10,6 +10,10 @@
  *                                GROUP: 1..32 or "all"; STATE: optimized,
  *                                non-optimized, inaccessible,
  *                                persistent-loss, change
+ *   ana-state PORT GROUP change [THEN [MS]]
+ *                                change, then THEN (default: the state
+ *                                before) after MS (default and at most
+ *                                ANATT, 10000)
  *   close-port PORT              (remove-listen) its connections end, new
  *                                connects are refused
  *   open-port PORT               listen again on the same address and port
@@ -160,11 +164,12 @@ static int find_port(const struct fx_target *t, const char *s)
 /* Run one command line; the answer goes to out. */
 static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 {
-	char *arg[5];
+	char *arg[7];
 	int n = 0, pi;
 	char *save = NULL;
 
-	for (char *w = strtok_r(line, " \t\r\n", &save); w && n < 5;
+	/* (a 7th word makes any command's count wrong) */
+	for (char *w = strtok_r(line, " \t\r\n", &save); w && n < 7;
 	     w = strtok_r(NULL, " \t\r\n", &save))
 		arg[n++] = w;
 	if (n == 0) {
@@ -200,10 +205,10 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 			snprintf(out + at, cap - at, "ok\n");
 		return;
 	}
-	if (!strcmp(arg[0], "ana-state") && n == 4) {
+	if (!strcmp(arg[0], "ana-state") && n >= 4 && n <= 6) {
 		char *end;
-		unsigned long g = strtoul(arg[2], &end, 10);
-		uint8_t st = tgt_ana_state_parse(arg[3]);
+		unsigned long g = strtoul(arg[2], &end, 10), ms = 0;
+		uint8_t st = tgt_ana_state_parse(arg[3]), then = 0;
 
 		pi = find_port(t, arg[1]);
 		if (pi < 0) {
@@ -226,7 +231,36 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 				 arg[3]);
 			return;
 		}
-		tgt_ana_set(t, (unsigned)pi, (uint32_t)g, st);
+		if (n > 4 && st != NVME_ANA_CHANGE) {
+			snprintf(out, cap,
+				 "error: a state to go to and a time are for change only "
+				 "(ana-state PORT GROUP change [STATE [MS]])\n");
+			return;
+		}
+		if (n > 4) {
+			then = tgt_ana_state_parse(arg[4]);
+			if (!then || then == NVME_ANA_CHANGE) {
+				snprintf(
+					out, cap,
+					"error: state after change %.64s: optimized, non-optimized, "
+					"inaccessible or persistent-loss\n",
+					arg[4]);
+				return;
+			}
+		}
+		if (n > 5) {
+			ms = strtoul(arg[5], &end, 10);
+			if (!isdigit((unsigned char)arg[5][0]) || *end || ms < 1 ||
+			    ms > FX_TGT_ANATT * 1000u) {
+				snprintf(
+					out, cap,
+					"error: time in change %.64s: 1..%u ms (ANATT, which hosts "
+					"are promised)\n",
+					arg[5], FX_TGT_ANATT * 1000u);
+				return;
+			}
+		}
+		tgt_ana_set(t, (unsigned)pi, (uint32_t)g, st, then, (uint32_t)ms);
 		snprintf(out, cap, "ok\n");
 		return;
 	}
@@ -254,7 +288,8 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 	}
 	snprintf(out, cap,
 		 "error: unknown command or wrong arguments: %.64s (ana-state PORT GROUP STATE, "
-		 "close-port PORT, open-port PORT, ports)\n",
+		 "ana-state PORT GROUP change [STATE [MS]], close-port PORT, open-port PORT, "
+		 "ports)\n",
 		 arg[0]);
 }
 

@@ -443,16 +443,18 @@ static int ports_create(struct fx_target *t, const struct fx_target_config *cfg)
 		const struct fx_target_ana *a = &cfg->ana[i];
 
 		if (a->portid < 1 || a->portid > t->n_ports ||
-		    tgt_ana_set(t, a->portid - 1, a->group, a->state) < 0) {
+		    tgt_ana_set(t, a->portid - 1, a->group, a->state, 0, 0) < 0) {
 			tgt_log(t, "bad ANA state: port %u group %u state %u", a->portid, a->group,
 				a->state);
 			return -EINVAL;
 		}
 	}
-	/* (the initial states are no change) */
-	t->ana_chgcnt = 0;
-	for (unsigned i = 0; i < t->n_ports; i++)
+	/* (the initial states are no change; a group that starts in change
+	 * leaves it for optimized after ANATT, as one put there later) */
+	for (unsigned i = 0; i < t->n_ports; i++) {
+		t->ports[i].ana_chgcnt = 0;
 		memset(t->ports[i].ana_chg, 0, sizeof(t->ports[i].ana_chg));
+	}
 	return 0;
 }
 
@@ -1477,6 +1479,7 @@ int fx_target_run(struct fx_target *t)
 		check_handshakes(t);
 		check_kato(t);
 		check_idle(t);
+		tgt_ana_tick(t);
 		tgt_iobufs_tick(t);
 		log_flush(t);
 	}

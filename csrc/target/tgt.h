@@ -212,7 +212,14 @@ struct tgt_port {
 	int family;      /* of the bound address */
 	char addr[64];   /* the bound address, numeric */
 	_Atomic uint8_t ana[FX_TGT_ANA_GROUPS + 1];
-	uint64_t ana_chg[FX_TGT_ANA_GROUPS + 1]; /* change count at the last change (lock) */
+	/* Under t->lock: the change counts of this port's ANA log (its
+	 * header's, each group descriptor's; ana.c, set_locked), and for a
+	 * group in change, the state it goes to and when (0: not in change;
+	 * set by the listener's thread only, which runs tgt_ana_tick). */
+	uint64_t ana_chgcnt;
+	uint64_t ana_chg[FX_TGT_ANA_GROUPS + 1];
+	uint8_t chg_then[FX_TGT_ANA_GROUPS + 1];
+	uint64_t chg_due_ms[FX_TGT_ANA_GROUPS + 1];
 };
 
 /* A host that must authenticate (DH-HMAC-CHAP): its parsed secrets. */
@@ -487,7 +494,6 @@ struct fx_target {
 	uint8_t serial[20];
 	struct tgt_port ports[FX_TGT_MAX_PORTS];
 	unsigned n_ports;
-	uint64_t ana_chgcnt; /* ANA log change count (under lock) */
 	/* Discovery log generation: 1, and one more each time a port closes
 	 * or opens (its entries change) */
 	_Atomic uint64_t disc_genctr;
@@ -579,11 +585,17 @@ void tgt_ana_log_read(struct tgt_conn *c);
  * held AER with a notice waiting for one.  0, or -errno when the send
  * broke the connection. */
 int tgt_ana_deliver(struct tgt_conn *c);
-/* Set port's (index) state of group (0: every group); bumps the change
- * count and flags the notice for each controller of that port, waking
- * their admin queues' threads (listener thread; never writes to a host's
- * socket).  0 or -EINVAL. */
-int tgt_ana_set(struct fx_target *t, unsigned port, uint32_t group, uint8_t state);
+/* Set port's (index) state of group (0: every group); where that changes
+ * the port's ANA log, bumps its change counts and flags the notice for
+ * each controller of that port, waking their admin queues' threads
+ * (listener thread; never writes to a host's socket).  A group put in
+ * change leaves it by itself after after_ms (0: ANATT; at most ANATT) for
+ * then (0: the state it had before).  0 or -EINVAL (then or after_ms
+ * without change, then change, after_ms above ANATT). */
+int tgt_ana_set(struct fx_target *t, unsigned port, uint32_t group, uint8_t state, uint8_t then,
+		uint32_t after_ms);
+/* The listener's tick: groups whose change is over go to their state. */
+void tgt_ana_tick(struct fx_target *t);
 /* Close the port (its connections end, new connects are refused) or open
  * it again on the same address and TCP port (listener thread). */
 int tgt_port_close(struct fx_target *t, unsigned port);

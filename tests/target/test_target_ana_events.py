@@ -7,25 +7,32 @@ own.  Helpers and the control socket fixture are test_target_ana's."""
 from __future__ import annotations
 
 import fcntl
+import os
 import socket
 import struct
 import termios
 import time
+from pathlib import Path
 
+import pytest
 from support.target_host import RSP, Host, admin, sqe, start_target
 from test_target_ana import (
     AER_ANA,
+    CHANGE,
     NON_OPTIMIZED,
+    OPTIMIZED,
+    PERSISTENT_LOSS,
     aer,
     ctl_path,
     get_ana_log,
     keep_alive_is_next,
+    live_io,
     next_rsp,
     parse_ana_log,
     two_ports,
 )
 
-from fx100io.target_ctl import control
+from fx100io.target_ctl import TargetControlError, control
 
 __all__ = ["ctl_path", "start_target"]  # (fixtures, imported for this module's tests)
 
@@ -99,3 +106,122 @@ def test_notice_reaches_a_host_inside_a_pdu(start_target, ctl_path: str) -> None
     h.sock.settimeout(5)
     assert h.recv_pdu().type == RSP
     h.close()
+
+
+def wait_state(ctl: str, line: int, want: str, seconds: float = 15.0) -> str:
+    """`ports`' line for port line+1 once it ends with want (or the last one seen)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = control(ctl, "ports", timeout=5).splitlines()[line]
+        if got.endswith(want) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def test_change_is_left_for_the_state_asked(start_target, ctl_path: str) -> None:
+    """`ana-state PORT GROUP change THEN MS`: the group is in change (I/O fails with
+    Asymmetric Access Transition), then in THEN after MS, announced by a second
+    notice once the host has read the log."""
+    t, p1, _ = two_ports(start_target, ctl_path)
+    h = admin(p1)
+    h.sock.settimeout(5)
+    cid = aer(h)
+    control(ctl_path, "ana-state 1 1 change non-optimized 700")
+    c = next_rsp(h)
+    assert c.cid == cid and c.dw0 == AER_ANA, c
+    cqe, page = get_ana_log(h)  # (without RAE: the next change is announced)
+    assert cqe.ok and parse_ana_log(page)[1][1][0] == CHANGE
+    cid2 = aer(h)
+    c = next_rsp(h)  # (within the socket's 5 s)
+    assert c.cid == cid2 and c.dw0 == AER_ANA, c
+    cqe, page = get_ana_log(h)
+    chg, groups = parse_ana_log(page)
+    assert groups[1][0] == NON_OPTIMIZED and chg == 2 and groups[1][1] == 2
+    assert control(ctl_path, "ports").splitlines()[0].endswith("1=non-optimized")
+    h.close()
+
+
+def test_change_is_left_after_anatt(start_target, ctl_path: str) -> None:
+    """Without THEN and MS (and for a group that starts in change): back to the
+    state before (optimized at the start) after ANATT, 10 s, well before a Linux host
+    resets the controller (2 x ANATT); I/O then goes through again."""
+    t, p1, p2 = two_ports(start_target, ctl_path, "--ana-state", "2:1=change")
+    control(ctl_path, "ana-state 1 1 non-optimized")
+    control(ctl_path, "ana-state 1 1 change")
+    lines = control(ctl_path, "ports").splitlines()
+    assert lines[0].endswith("1=change") and lines[1].endswith("1=change"), lines
+    assert wait_state(ctl_path, 0, "1=non-optimized").endswith("1=non-optimized")
+    assert wait_state(ctl_path, 1, "1=optimized").endswith("1=optimized")
+    a, q = live_io(p2)
+    data = os.urandom(4096)
+    assert q.write(0, data, 512).ok
+    rc, got = q.read(0, 8, 512)
+    assert rc.ok and got == data
+    q.close()
+    a.close()
+
+
+def test_a_later_state_ends_the_change(start_target, ctl_path: str) -> None:
+    t, _, _ = two_ports(start_target, ctl_path)
+    control(ctl_path, "ana-state 1 1 change optimized 300")
+    control(ctl_path, "ana-state 1 1 inaccessible")
+    time.sleep(1.0)  # past the 300 ms the change was given
+    assert control(ctl_path, "ports").splitlines()[0].endswith("1=inaccessible")
+
+
+def test_change_arguments_are_checked(start_target, ctl_path: str) -> None:
+    t, p1, _ = two_ports(start_target, ctl_path)
+    for line, why in [
+            ("ana-state 1 1 optimized inaccessible", "for change only"),
+            ("ana-state 1 1 optimized inaccessible 100", "for change only"),
+            ("ana-state 1 1 change change", "state after change change"),
+            ("ana-state 1 1 change fast", "state after change fast"),
+            ("ana-state 1 1 change optimized 0", "time in change 0"),
+            ("ana-state 1 1 change optimized 10001", "time in change 10001"),
+            ("ana-state 1 1 change optimized -5", "time in change -5"),
+            ("ana-state 1 1 change optimized 10x", "time in change 10x"),
+            ("ana-state 1 1 change optimized 100 more", "wrong arguments")]:
+        with pytest.raises(TargetControlError, match=why):
+            control(ctl_path, line)
+    assert control(ctl_path, "ports").splitlines()[0].endswith("1=optimized")
+
+
+def test_change_counts_are_per_port_and_per_group(start_target, tmp_path: Path,
+                                                  ctl_path: str) -> None:
+    """Each port's ANA log has its own change count (one more per change of that log)
+    and each group descriptor its own (one more per change of that group); a state set
+    to what it is changes nothing and announces nothing; `all` is one change."""
+    ns2 = tmp_path / "g2.img"
+    ns2.write_bytes(bytes(1 << 20))
+    t, p1, p2 = two_ports(start_target, ctl_path, "--namespace", f"{ns2},ana_group=2")
+    h1, h2 = admin(p1), admin(p2)
+    for h in (h1, h2):
+        h.sock.settimeout(5)
+    cid = aer(h2)
+    control(ctl_path, "ana-state 2 1 inaccessible")
+    assert next_rsp(h2).cid == cid
+    control(ctl_path, "ana-state 2 1 optimized")
+    control(ctl_path, "ana-state 2 2 non-optimized")
+    chg, groups = parse_ana_log(get_ana_log(h2)[1])  # (read: notices unmasked)
+    assert chg == 3 and groups[1][:2] == (OPTIMIZED, 2) and groups[2][:2] == (NON_OPTIMIZED, 1)
+    # port 1's log did not change
+    assert parse_ana_log(get_ana_log(h1)[1]) == (0, {1: (OPTIMIZED, 0, [1]),
+                                                     2: (OPTIMIZED, 0, [2])})
+    # no change, no count, no notice
+    cid = aer(h2)
+    control(ctl_path, "ana-state 2 2 non-optimized")
+    control(ctl_path, "ana-state 2 all optimized")  # (group 2 only: one change)
+    c = next_rsp(h2)
+    assert c.cid == cid and c.dw0 == AER_ANA
+    chg, groups = parse_ana_log(get_ana_log(h2)[1])
+    assert chg == 4 and groups[1][:2] == (OPTIMIZED, 2) and groups[2][:2] == (OPTIMIZED, 2)
+    cid = aer(h2)
+    control(ctl_path, "ana-state 2 1 optimized")
+    keep_alive_is_next(h2)
+    control(ctl_path, "ana-state 2 all persistent-loss")  # both groups, one log change
+    assert next_rsp(h2).cid == cid
+    chg, groups = parse_ana_log(get_ana_log(h2)[1])
+    assert chg == 5 and groups[1][:2] == (PERSISTENT_LOSS, 3)
+    assert groups[2][:2] == (PERSISTENT_LOSS, 3)
+    h1.close()
+    h2.close()
