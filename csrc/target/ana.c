@@ -274,6 +274,7 @@ void tgt_ana_tick(struct fx_target *t)
 
 		for (uint32_t g = 1; g <= FX_TGT_ANA_GROUPS; g++) {
 			uint8_t then;
+			int changed;
 
 			/* (read without the lock: only this thread and the
 			 * control commands it runs set a deadline) */
@@ -281,10 +282,13 @@ void tgt_ana_tick(struct fx_target *t)
 				continue;
 			pthread_mutex_lock(&t->lock);
 			then = p->chg_then[g];
-			set_locked(t, pi, g, then, 0, 0);
+			changed = set_locked(t, pi, g, then, 0, 0);
 			pthread_mutex_unlock(&t->lock);
-			tgt_log(t, "port %u: ANA group %u left change: now %s", pi + 1, g,
-				tgt_ana_state_str(then));
+			/* (a group without namespaces, put in change by "all",
+			 * leaves it in silence: no host can see it) */
+			if (changed)
+				tgt_log(t, "port %u: ANA group %u left change: now %s", pi + 1, g,
+					tgt_ana_state_str(then));
 		}
 	}
 }

@@ -37,11 +37,14 @@ from fx100io.target_ctl import TargetControlError, control
 __all__ = ["ctl_path", "start_target"]  # (fixtures, imported for this module's tests)
 
 
-def stop_reading(h: Host, commands: int = 160, length: int = 65536) -> None:
+def stop_reading(h: Host, length: int = 65536) -> None:
     """Make the target block sending to h: its receive window is shut (a 4 KiB
-    buffer, never read) and commands whose answers total more than any send buffer
-    (tcp_wmem's 4 MiB) are queued behind it; returns once nothing more arrives."""
+    buffer, never read) and commands whose answers total more than the target's send
+    buffer can grow to (tcp_wmem's maximum) are queued behind it; returns once
+    nothing more arrives."""
     h.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    commands = max(160, wmem_max // length + 64)
     numd = length // 4 - 1
     for _ in range(commands):  # Get Log Page (ANA, RAE set), 64 KiB each
         h.submit(sqe(0x02, cdw10=0x0C | (1 << 15) | ((numd & 0xFFFF) << 16)), data_in=length)
