@@ -122,7 +122,6 @@ int tgt_control_open(struct fx_target *t, const char *path)
 void tgt_control_close(struct fx_target *t)
 {
 	struct stat st;
-
 	int ours;
 
 	if (t->ctl_fd < 0)

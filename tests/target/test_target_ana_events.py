@@ -228,3 +228,35 @@ def test_change_counts_are_per_port_and_per_group(start_target, tmp_path: Path,
     assert groups[2][:2] == (PERSISTENT_LOSS, 3)
     h1.close()
     h2.close()
+
+
+def test_event_descriptors_stay_bounded(start_target, ctl_path: str) -> None:
+    """An NVM controller's admin queue holds one more descriptor (its event eventfd)
+    and no more threads: at the connection limit, with every slot such a queue, the
+    target holds at most two descriptors and one thread a connection, refuses the
+    rest, answers every queue's AER on a change, and gives all back when they go."""
+    from support.target_process import fds, settled, threads
+    limit = 12
+    t, p1, _ = two_ports(start_target, ctl_path, "--max-connections", str(limit))
+    pid = t.proc.pid
+    base_fds, base_threads = fds(pid), threads(pid)
+    hosts = [admin(p1, kato=30000) for _ in range(limit)]
+    cids = [aer(h) for h in hosts]
+    for h in hosts:
+        keep_alive_is_next(h)
+    extra = socket.create_connection(("127.0.0.1", p1), timeout=5)
+    try:  # over the limit: closed at once
+        assert extra.recv(1) == b""
+    except ConnectionResetError:
+        pass
+    extra.close()
+    assert fds(pid) <= base_fds + 2 * limit
+    assert threads(pid) <= base_threads + limit
+    control(ctl_path, "ana-state 1 1 inaccessible")
+    for h, cid in zip(hosts, cids):
+        h.sock.settimeout(5)
+        c = next_rsp(h)
+        assert c.cid == cid and c.dw0 == AER_ANA, c
+        h.close()
+    assert settled(fds, pid, base_fds) <= base_fds
+    assert settled(threads, pid, base_threads) <= base_threads
