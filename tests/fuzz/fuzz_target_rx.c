@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,10 +108,12 @@ static void *feeder(void *arg)
 				off += (size_t)w;
 			if (!changed && off >= f->n / 2) {
 				/* (once the target has read the first half, at
-				 * most 100 ms: then an AER it holds is answered
-				 * by the wake, not found at its arrival) */
-				for (int i = 0; i < 1000 && outq(f->fd) > 0; i++)
-					usleep(100);
+				 * most about 100 ms: then an AER it holds is
+				 * answered by the wake, not found at its
+				 * arrival; yielding, not sleeping, keeps the
+				 * executions per second) */
+				for (int i = 0; i < 100000 && outq(f->fd) > 0; i++)
+					sched_yield();
 				ana_change(f);
 				changed = 1;
 			}
