@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--ana-state", action="append", default=[], metavar="PORT:GROUP=STATE",
                    help="initial state of ANA group GROUP (1..32 or all) through PORT (a port "
                    "id or the --listen HOST:PORT): optimized, non-optimized, inaccessible, "
-                   "persistent-loss or change (left for optimized after ANATT, 10 s); repeatable")
+                   "persistent-loss or change (left after ANATT, 10 s, for the state before); "
+                   "repeatable")
     m.add_argument("--control", metavar="PATH",
                    help="unix socket (mode 0600) taking control commands: ana-state PORT GROUP "
                    "STATE, ana-state PORT GROUP change [THEN [MS]], close-port PORT, open-port PORT, "
