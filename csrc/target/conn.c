@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -188,7 +189,9 @@ static void idle_rcvtimeo(struct tgt_conn *c, int woke)
 static int wait_sock_or_event(struct tgt_conn *c)
 {
 	struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->evfd, .events = POLLIN}};
-	int n = poll(p, 2, c->rcvtimeo_ms ? (int)c->rcvtimeo_ms : -1);
+	/* (as SO_RCVTIMEO: 0 waits for ever) */
+	int ms = !c->rcvtimeo_ms ? -1 : c->rcvtimeo_ms > INT_MAX ? INT_MAX : (int)c->rcvtimeo_ms;
+	int n = poll(p, 2, ms);
 
 	if (n > 0 && (p[1].revents & POLLIN)) {
 		uint64_t v;
