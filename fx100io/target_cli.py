@@ -61,10 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--ana-state", action="append", default=[], metavar="PORT:GROUP=STATE",
                    help="initial state of ANA group GROUP (1..32 or all) through PORT (a port "
                    "id or the --listen HOST:PORT): optimized, non-optimized, inaccessible, "
-                   "persistent-loss or change; repeatable")
+                   "persistent-loss or change (left after ANATT, 10 s, for the state before); "
+                   "repeatable")
     m.add_argument("--control", metavar="PATH",
                    help="unix socket (mode 0600) taking control commands: ana-state PORT GROUP "
-                   "STATE, close-port PORT, open-port PORT, ports")
+                   "STATE, ana-state PORT GROUP change [THEN [MS]], close-port PORT, open-port PORT, "
+                   "ports; a live target's socket at PATH is never taken over")
     a = p.add_argument_group(
         "in-band authentication (DH-HMAC-CHAP)",
         "A host given a secret must authenticate on every queue (admin and I/O) before any "

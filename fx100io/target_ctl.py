@@ -2,6 +2,7 @@
 through its --control socket (csrc/target/control.c).
 
     fx100io target-ctl /run/fx100io-target.sock ana-state 2 1 inaccessible
+    fx100io target-ctl /run/fx100io-target.sock ana-state 2 1 change optimized 2000
     fx100io target-ctl /run/fx100io-target.sock close-port 127.0.0.1:4421
     fx100io target-ctl /run/fx100io-target.sock open-port 2
     fx100io target-ctl /run/fx100io-target.sock ports
@@ -23,6 +24,9 @@ commands:
   ana-state PORT GROUP STATE  PORT: port id (1..) or HOST:PORT; GROUP: 1..32 or all;
                               STATE: optimized, non-optimized, inaccessible,
                               persistent-loss, change
+  ana-state PORT GROUP change [THEN [MS]]
+                              change, then THEN (default: the state before) after
+                              MS (default and at most 10000: ANATT)
   close-port PORT             end the port's connections and refuse new ones
                               (remove-listen is the same)
   open-port PORT              listen again on the port's address and TCP port

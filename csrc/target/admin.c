@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 
 #include "tgt.h"
@@ -100,22 +101,18 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		 * or FFFEh meaning the same to a dynamic subsystem). */
 		if (d.cntlid != 0xFFFF && d.cntlid != 0xFFFE)
 			return invalid_param(r, 0, offsetof(struct nvmf_connect_data, cntlid));
+		/* An NVM controller's admin queue is woken for its events
+		 * (ana.c): the eventfd exists before the controller can be
+		 * found by an ANA change. */
+		if (!discovery && c->evfd < 0) {
+			c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+			if (c->evfd < 0)
+				return TGT_SF(0, NVME_SC_INTERNAL);
+		}
 		ctrl = tgt_ctrl_new(c, discovery, d.hostnqn, d.hostid, cmd->kato);
 		if (!ctrl)
 			return TGT_SF(1, NVME_SC_CONNECT_CTRL_BUSY);
 		r->dw0 = ctrl->cntlid;
-		/* AER answers may come from the listener's thread (ana.c):
-		 * from now on this queue's sends take a lock. */
-		if (!c->own_lock_init) {
-			pthread_mutexattr_t ma;
-
-			pthread_mutexattr_init(&ma);
-			pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
-			pthread_mutex_init(&c->own_send_lock, &ma);
-			pthread_mutexattr_destroy(&ma);
-			c->own_lock_init = 1;
-			c->send_lock = &c->own_send_lock;
-		}
 		tgt_log(t, "%s: host %s connected to %s: controller %u, KATO %u ms, %s%s", c->peer,
 			hp, sp, ctrl->cntlid, cmd->kato,
 			c->hdgst ? "header digest" : "no header digest",

@@ -33,6 +33,8 @@
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -177,6 +179,32 @@ static void idle_rcvtimeo(struct tgt_conn *c, int woke)
 }
 
 /*
+ * An admin queue with an event eventfd (tgt_conn.evfd) waits for its socket
+ * and its events together, up to the receive timeout: an ANA change found
+ * with an AER held is answered from here, by this thread, so that only this
+ * host's queue ever waits on this host's socket.  0 (the socket may have
+ * bytes, or the wait timed out: the caller's non-blocking receive tells), or
+ * -errno when the answer's send failed.
+ */
+static int wait_sock_or_event(struct tgt_conn *c)
+{
+	struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->evfd, .events = POLLIN}};
+	/* (as SO_RCVTIMEO: 0 waits for ever) */
+	int ms = !c->rcvtimeo_ms ? -1 : c->rcvtimeo_ms > INT_MAX ? INT_MAX : (int)c->rcvtimeo_ms;
+	int n = poll(p, 2, ms);
+
+	if (n > 0 && (p[1].revents & POLLIN)) {
+		uint64_t v;
+
+		if (read(c->evfd, &v, sizeof(v)) < 0) {
+			/* (EAGAIN: another wake took it) */
+		}
+		return tgt_ana_deliver(c);
+	}
+	return 0;
+}
+
+/*
  * Receive n bytes.  start: they begin a PDU, and silence before its first
  * byte is legal (the handshake deadline, KATO or the idle timeout bound it,
  * in target.c); the receive timeout then only wakes us.  Once the first byte
@@ -206,8 +234,17 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 		 * queue_locked) goes before a receive that would wait: first
 		 * what is there without waiting. */
 		probe = tgt_ioq_unsent(c) > 0;
-		/* (at the start, what is there: the first byte starts the clock) */
-		r = recv(c->fd, p, n, probe ? MSG_DONTWAIT : start ? 0 : MSG_WAITALL);
+		if (c->evfd >= 0) {
+			/* (then a receive that does not wait: EAGAIN below is
+			 * the timeout, or an event that woke us) */
+			if ((ret = wait_sock_or_event(c)) != 0)
+				return ret;
+			r = recv(c->fd, p, n, MSG_DONTWAIT);
+		} else {
+			/* (at the start, what is there: the first byte starts
+			 * the clock) */
+			r = recv(c->fd, p, n, probe ? MSG_DONTWAIT : start ? 0 : MSG_WAITALL);
+		}
 		if (r < 0 && probe && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			tgt_ioq_kick(c);
 			continue;

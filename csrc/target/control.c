@@ -10,6 +10,10 @@
  *                                GROUP: 1..32 or "all"; STATE: optimized,
  *                                non-optimized, inaccessible,
  *                                persistent-loss, change
+ *   ana-state PORT GROUP change [THEN [MS]]
+ *                                change, then THEN (default: the state
+ *                                before) after MS (default and at most
+ *                                ANATT, 10000)
  *   close-port PORT              (remove-listen) its connections end, new
  *                                connects are refused
  *   open-port PORT               listen again on the same address and port
@@ -34,6 +38,25 @@
 #define FX_CTL_TIMEOUT_MS 1000
 #define FX_CTL_OUT 16384 /* `ports` with 16 ports x 32 groups fits */
 
+/* Whether a unix stream socket at path is served: a connect that is not
+ * refused (accepted, or queued: EAGAIN) means a live process listens there
+ * (another target, given the same path); so does any error other than
+ * "refused" or "gone" (the socket of something else, or not ours to
+ * reach), which we must not remove either.  Only ECONNREFUSED (nobody
+ * listens: a target that was killed left it) or ENOENT say stale. */
+static int socket_in_use(const struct sockaddr_un *sa)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int r, e;
+
+	if (fd < 0)
+		return 1; /* (cannot tell: leave it alone) */
+	r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+	e = errno;
+	close(fd);
+	return r == 0 || (e != ECONNREFUSED && e != ENOENT);
+}
+
 int tgt_control_open(struct fx_target *t, const char *path)
 {
 	struct sockaddr_un sa;
@@ -47,26 +70,50 @@ int tgt_control_open(struct fx_target *t, const char *path)
 		return -EINVAL;
 	}
 	memcpy(sa.sun_path, path, strlen(path));
-	/* A socket left by a target that was killed is replaced; anything
-	 * else at that path is not ours to remove. */
+	/* A socket left by a target that was killed is replaced; a live
+	 * one (another target given the same path) is not taken over, and
+	 * anything else at that path is not ours to remove. */
 	if (lstat(path, &st) == 0) {
 		if (!S_ISSOCK(st.st_mode)) {
 			tgt_log(t, "control socket path %s exists and is not a socket", path);
 			return -EEXIST;
+		}
+		if (socket_in_use(&sa)) {
+			tgt_log(t,
+				"control socket %s is in use (another target running with the same "
+				"--control path?): give each target its own path",
+				path);
+			return -EADDRINUSE;
 		}
 		unlink(path);
 	}
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, 0600) < 0 ||
-	    listen(fd, 8) < 0) {
+	/* The mode before the name exists: bind() creates the file with the
+	 * socket's own mode less the umask, so it is never wider than 0600,
+	 * even for an instant; chmod then sets exactly 0600 (a umask that
+	 * took the owner's bits away), still before anyone may connect
+	 * (listen). */
+	if (fchmod(fd, 0600) < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+
+		tgt_log(t, "control socket %s: %s%s", path, strerror(e),
+			e == EADDRINUSE ? " (another target took the path just now?)" : "");
+		close(fd);
+		return -e;
+	}
+	if (chmod(path, 0600) < 0 || lstat(path, &st) < 0 || listen(fd, 8) < 0) {
 		int e = errno;
 
 		tgt_log(t, "control socket %s: %s", path, strerror(e));
 		close(fd);
+		unlink(path); /* (ours: we just bound it) */
 		return -e;
 	}
+	/* What we remove at exit: this very file, not one that replaced it. */
+	t->ctl_dev = (uint64_t)st.st_dev;
+	t->ctl_ino = (uint64_t)st.st_ino;
 	t->ctl_fd = fd;
 	snprintf(t->ctl_path, sizeof(t->ctl_path), "%s", path);
 	return 0;
@@ -74,11 +121,21 @@ int tgt_control_open(struct fx_target *t, const char *path)
 
 void tgt_control_close(struct fx_target *t)
 {
+	struct stat st;
+	int ours;
+
 	if (t->ctl_fd < 0)
 		return;
+	/* Only the socket we bound: if someone removed it and another
+	 * target bound the path since, that one is not ours to unlink.
+	 * (Compared while our socket still holds its inode: once closed,
+	 * its number may be given to a new file.) */
+	ours = lstat(t->ctl_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+	       (uint64_t)st.st_dev == t->ctl_dev && (uint64_t)st.st_ino == t->ctl_ino;
+	if (ours)
+		unlink(t->ctl_path);
 	close(t->ctl_fd);
 	t->ctl_fd = -1;
-	unlink(t->ctl_path);
 }
 
 /* A port named by its id or its ADDR:PORT ([ADDR]:PORT for IPv6), as
@@ -106,11 +163,12 @@ static int find_port(const struct fx_target *t, const char *s)
 /* Run one command line; the answer goes to out. */
 static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 {
-	char *arg[5];
+	char *arg[7];
 	int n = 0, pi;
 	char *save = NULL;
 
-	for (char *w = strtok_r(line, " \t\r\n", &save); w && n < 5;
+	/* (a 7th word makes any command's count wrong) */
+	for (char *w = strtok_r(line, " \t\r\n", &save); w && n < 7;
 	     w = strtok_r(NULL, " \t\r\n", &save))
 		arg[n++] = w;
 	if (n == 0) {
@@ -146,10 +204,10 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 			snprintf(out + at, cap - at, "ok\n");
 		return;
 	}
-	if (!strcmp(arg[0], "ana-state") && n == 4) {
+	if (!strcmp(arg[0], "ana-state") && n >= 4 && n <= 6) {
 		char *end;
-		unsigned long g = strtoul(arg[2], &end, 10);
-		uint8_t st = tgt_ana_state_parse(arg[3]);
+		unsigned long g = strtoul(arg[2], &end, 10), ms = 0;
+		uint8_t st = tgt_ana_state_parse(arg[3]), then = 0;
 
 		pi = find_port(t, arg[1]);
 		if (pi < 0) {
@@ -172,7 +230,36 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 				 arg[3]);
 			return;
 		}
-		tgt_ana_set(t, (unsigned)pi, (uint32_t)g, st);
+		if (n > 4 && st != NVME_ANA_CHANGE) {
+			snprintf(out, cap,
+				 "error: a state to go to and a time are for change only "
+				 "(ana-state PORT GROUP change [STATE [MS]])\n");
+			return;
+		}
+		if (n > 4) {
+			then = tgt_ana_state_parse(arg[4]);
+			if (!then || then == NVME_ANA_CHANGE) {
+				snprintf(
+					out, cap,
+					"error: state after change %.64s: optimized, non-optimized, "
+					"inaccessible or persistent-loss\n",
+					arg[4]);
+				return;
+			}
+		}
+		if (n > 5) {
+			ms = strtoul(arg[5], &end, 10);
+			if (!isdigit((unsigned char)arg[5][0]) || *end || ms < 1 ||
+			    ms > FX_TGT_ANATT * 1000u) {
+				snprintf(
+					out, cap,
+					"error: time in change %.64s: 1..%u ms (ANATT, which hosts "
+					"are promised)\n",
+					arg[5], FX_TGT_ANATT * 1000u);
+				return;
+			}
+		}
+		tgt_ana_set(t, (unsigned)pi, (uint32_t)g, st, then, (uint32_t)ms);
 		snprintf(out, cap, "ok\n");
 		return;
 	}
@@ -200,7 +287,8 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 	}
 	snprintf(out, cap,
 		 "error: unknown command or wrong arguments: %.64s (ana-state PORT GROUP STATE, "
-		 "close-port PORT, open-port PORT, ports)\n",
+		 "ana-state PORT GROUP change [STATE [MS]], close-port PORT, open-port PORT, "
+		 "ports)\n",
 		 arg[0]);
 }
 

@@ -443,16 +443,18 @@ static int ports_create(struct fx_target *t, const struct fx_target_config *cfg)
 		const struct fx_target_ana *a = &cfg->ana[i];
 
 		if (a->portid < 1 || a->portid > t->n_ports ||
-		    tgt_ana_set(t, a->portid - 1, a->group, a->state) < 0) {
+		    tgt_ana_set(t, a->portid - 1, a->group, a->state, 0, 0) < 0) {
 			tgt_log(t, "bad ANA state: port %u group %u state %u", a->portid, a->group,
 				a->state);
 			return -EINVAL;
 		}
 	}
-	/* (the initial states are no change) */
-	t->ana_chgcnt = 0;
-	for (unsigned i = 0; i < t->n_ports; i++)
+	/* (the initial states are no change; a group that starts in change
+	 * leaves it for optimized after ANATT, as one put there later) */
+	for (unsigned i = 0; i < t->n_ports; i++) {
+		t->ports[i].ana_chgcnt = 0;
 		memset(t->ports[i].ana_chg, 0, sizeof(t->ports[i].ana_chg));
+	}
 	return 0;
 }
 
@@ -615,8 +617,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 		if (ret < 0)
 			goto fail;
 	}
-	/* Each connection is three descriptors (its socket, and its I/O
-	 * engine's io_uring and wake eventfd once it moves data), each
+	/* Each connection is three descriptors at most (its socket, and
+	 * its I/O engine's io_uring and wake eventfd once it moves data; an
+	 * NVM controller's admin queue: its event eventfd, ana.c), each
 	 * namespace two (buffered and O_DIRECT): a limit above what the
 	 * process may open would turn into accept() or the engine's start
 	 * failing with EMFILE. */
@@ -916,11 +919,8 @@ void tgt_conn_detach(struct tgt_conn *conn)
 	struct tgt_ctrl *c;
 
 	pthread_mutex_lock(&t->lock);
-	/* No AER answer is sent on this queue any more (ana.c), and those
-	 * being sent have ended before the connection is freed. */
+	/* No AER answer is sent on this queue any more (ana.c). */
 	conn->aers = 0;
-	while (conn->aer_sending)
-		pthread_cond_wait(&t->drain_cond, &t->lock);
 	c = conn->ctrl;
 	if (!c) {
 		pthread_mutex_unlock(&t->lock);
@@ -1000,8 +1000,8 @@ static void conn_free(struct tgt_conn *c)
 	tgt_iopeer_put(c);
 	if (c->fd >= 0)
 		close(c->fd);
-	if (c->own_lock_init)
-		pthread_mutex_destroy(&c->own_send_lock);
+	if (c->evfd >= 0)
+		close(c->evfd);
 	free(c);
 }
 
@@ -1101,6 +1101,7 @@ static struct tgt_conn *conn_new(struct fx_target *t, int fd)
 		return NULL;
 	c->t = t;
 	c->fd = fd;
+	c->evfd = -1;
 	c->accepted_ms = tgt_now_ms();
 	c->rcvtimeo_ms = t->stall_ms;
 	conn_sockopts(t, fd);
@@ -1478,6 +1479,7 @@ int fx_target_run(struct fx_target *t)
 		check_handshakes(t);
 		check_kato(t);
 		check_idle(t);
+		tgt_ana_tick(t);
 		tgt_iobufs_tick(t);
 		log_flush(t);
 	}

@@ -212,7 +212,14 @@ struct tgt_port {
 	int family;      /* of the bound address */
 	char addr[64];   /* the bound address, numeric */
 	_Atomic uint8_t ana[FX_TGT_ANA_GROUPS + 1];
-	uint64_t ana_chg[FX_TGT_ANA_GROUPS + 1]; /* change count at the last change (lock) */
+	/* Under t->lock: the change counts of this port's ANA log (its
+	 * header's, each group descriptor's; ana.c, set_locked), and for a
+	 * group in change, the state it goes to and when (0: not in change;
+	 * set by the listener's thread only, which runs tgt_ana_tick). */
+	uint64_t ana_chgcnt;
+	uint64_t ana_chg[FX_TGT_ANA_GROUPS + 1];
+	uint8_t chg_then[FX_TGT_ANA_GROUPS + 1];
+	uint64_t chg_due_ms[FX_TGT_ANA_GROUPS + 1];
 };
 
 /* A host that must authenticate (DH-HMAC-CHAP): its parsed secrets. */
@@ -396,15 +403,17 @@ struct tgt_conn {
 	uint32_t c2h_sent;
 	unsigned port; /* index in t->ports it was accepted on */
 	/* Async Event Requests held (an admin queue, under t->lock): their
-	 * CIDs, answered when an event comes (ana.c); aer_sending: answers
-	 * being sent by another thread (tgt_conn_detach waits for them). */
+	 * CIDs, answered by this connection's own thread when an event comes
+	 * (ana.c, tgt_ana_deliver). */
 	unsigned aers;
 	uint16_t aer_cid[FX_TGT_AERL + 1];
-	unsigned aer_sending;
-	/* An admin queue's send lock (recursive): AER answers come from the
-	 * listener's thread too.  own_lock_init: set up (conn.c, at Connect). */
-	pthread_mutex_t own_send_lock;
-	int own_lock_init;
+	/* The admin queue of an NVM controller: an eventfd (non-blocking) that
+	 * the listener writes to wake this thread for an event to announce,
+	 * polled with the socket (conn.c, recv_bytes); closed by conn_free, so
+	 * it stays valid while the connection is on t->conns.  -1: none (I/O
+	 * and discovery queues, which thus keep within the three descriptors
+	 * a connection may use). */
+	int evfd;
 	/* DH-HMAC-CHAP of this queue (NULL: its host needs none).  Until it
 	 * succeeds, the queue takes only AUTH_Send/AUTH_Receive (and
 	 * Disconnect), and stays under the handshake deadline: live is set
@@ -485,13 +494,13 @@ struct fx_target {
 	uint8_t serial[20];
 	struct tgt_port ports[FX_TGT_MAX_PORTS];
 	unsigned n_ports;
-	uint64_t ana_chgcnt; /* ANA log change count (under lock) */
 	/* Discovery log generation: 1, and one more each time a port closes
 	 * or opens (its entries change) */
 	_Atomic uint64_t disc_genctr;
 	int ctl_fd; /* control socket (control.c), -1: none */
 	char ctl_path[108];
-	int wake[2]; /* self-pipe: fx_target_stop() wakes the listener */
+	uint64_t ctl_dev, ctl_ino; /* the file we bound: the only one we unlink */
+	int wake[2];               /* self-pipe: fx_target_stop() wakes the listener */
 	volatile sig_atomic_t stop;
 	struct tgt_conn *conns; /* under lock */
 	unsigned n_conns;       /* in conns, finished or not; under lock */
@@ -572,10 +581,21 @@ size_t tgt_ana_log(struct tgt_conn *c, int rgo, uint8_t *out, size_t cap);
 int tgt_ana_aer(struct tgt_conn *c, uint16_t cid, uint32_t *dw0);
 /* The ANA log was read without RAE: the next change is reported. */
 void tgt_ana_log_read(struct tgt_conn *c);
-/* Set port's (index) state of group (0: every group); bumps the change
- * count and completes an AER of each controller of that port (listener
- * thread).  0 or -EINVAL. */
-int tgt_ana_set(struct fx_target *t, unsigned port, uint32_t group, uint8_t state);
+/* On the admin queue's own thread, woken by its evfd: answer the oldest
+ * held AER with a notice waiting for one.  0, or -errno when the send
+ * broke the connection. */
+int tgt_ana_deliver(struct tgt_conn *c);
+/* Set port's (index) state of group (0: every group); where that changes
+ * the port's ANA log, bumps its change counts and flags the notice for
+ * each controller of that port, waking their admin queues' threads
+ * (listener thread; never writes to a host's socket).  A group put in
+ * change leaves it by itself after after_ms (0: ANATT; at most ANATT) for
+ * then (0: the state it had before).  0 or -EINVAL (then or after_ms
+ * without change, then change, after_ms above ANATT). */
+int tgt_ana_set(struct fx_target *t, unsigned port, uint32_t group, uint8_t state, uint8_t then,
+		uint32_t after_ms);
+/* The listener's tick: groups whose change is over go to their state. */
+void tgt_ana_tick(struct fx_target *t);
 /* Close the port (its connections end, new connects are refused) or open
  * it again on the same address and TCP port (listener thread). */
 int tgt_port_close(struct fx_target *t, unsigned port);

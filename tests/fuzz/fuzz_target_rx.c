@@ -13,7 +13,9 @@
  * an admin queue get a controller of their own, freed when they end.
  *
  * Seeds: tests/fuzz/corpus/target_rx/ (sessions recorded from a host,
- * with and without digests).
+ * with and without digests; admin_aer_ana_change holds AERs in its first
+ * half and reads the ANA log in its second, around the ANA change the
+ * feeder makes half-way: see ana_change).
  */
 /* fuzz-options: -max_len=8192 */
 #define _GNU_SOURCE
@@ -21,11 +23,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <linux/sockios.h>
 #include <unistd.h>
 
 #include "target/tgt.h"
@@ -49,12 +54,36 @@ struct feed {
 	size_t n;
 };
 
+/* Half-way through each input the port's ANA state of group 1 changes (to
+ * a state the input's last byte picks), as a control command would: an
+ * AER the input holds by then is answered by the connection's own thread,
+ * woken through its eventfd (ana.c, tgt_ana_deliver), in the middle of
+ * whatever the input sends.  (This thread stands in for the listener,
+ * which is the only caller of tgt_ana_set.) */
+static int outq(int fd)
+{
+	int n = 0;
+
+	return ioctl(fd, SIOCOUTQ, &n) == 0 ? n : 0;
+}
+
+static void ana_change(const struct feed *f)
+{
+	static const uint8_t st[] = {NVME_ANA_OPTIMIZED, NVME_ANA_NON_OPTIMIZED,
+				     NVME_ANA_INACCESSIBLE, NVME_ANA_PERSISTENT_LOSS,
+				     NVME_ANA_CHANGE};
+	uint8_t pick = st[f->p[f->n - 1] % sizeof(st)];
+
+	tgt_ana_set(g_t, 0, 1, pick, pick == NVME_ANA_CHANGE ? NVME_ANA_OPTIMIZED : 0,
+		    pick == NVME_ANA_CHANGE ? 100 : 0);
+}
+
 /* Write the input, then EOF, and drain the answers until the target closes. */
 static void *feeder(void *arg)
 {
 	struct feed *f = arg;
 	size_t off = 0;
-	int writing = 1;
+	int writing = 1, changed = 0;
 	static uint8_t sink[65536]; /* (one feeder at a time) */
 
 	fcntl(f->fd, F_SETFL, fcntl(f->fd, F_GETFL) | O_NONBLOCK);
@@ -71,10 +100,23 @@ static void *feeder(void *arg)
 			break;
 		}
 		if (writing && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
-			ssize_t w = send(f->fd, f->p + off, f->n - off, MSG_NOSIGNAL);
+			size_t upto = changed ? f->n : f->n / 2;
+			ssize_t w = upto > off ? send(f->fd, f->p + off, upto - off, MSG_NOSIGNAL)
+					       : 0;
 
 			if (w > 0)
 				off += (size_t)w;
+			if (!changed && off >= f->n / 2) {
+				/* (once the target has read the first half, at
+				 * most about 100 ms: then an AER it holds is
+				 * answered by the wake, not found at its
+				 * arrival; yielding, not sleeping, keeps the
+				 * executions per second) */
+				for (int i = 0; i < 100000 && outq(f->fd) > 0; i++)
+					sched_yield();
+				ana_change(f);
+				changed = 1;
+			}
 			if ((w < 0 && errno != EAGAIN && errno != EINTR) || off == f->n) {
 				shutdown(f->fd, SHUT_WR);
 				writing = 0;
@@ -248,6 +290,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (!g_t)
 		setup();
+	/* (each input starts from the same states: see ana_change) */
+	tgt_ana_set(g_t, 0, 0, NVME_ANA_OPTIMIZED, 0, 0);
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
 		return 0;
 	f.fd = sv[0];

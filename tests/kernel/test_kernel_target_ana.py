@@ -4,7 +4,8 @@ Our target listens twice on the host side of the lab network (port ids 1 and 2) 
 control socket; the lab guest's kernel (Debian 6.12, native NVMe multipath) connects through
 both ports, so one block device has two paths. The kernel reads our ANA log and follows our
 ANA change events: a state changed through the control socket shows in the path's sysfs
-`ana_state`, I/O goes on through the other path, and so it does when a port is closed.
+`ana_state` (a `change` too, and the state it leaves for by itself), I/O goes on through
+the other path, and so it does when a port is closed.
 Data are checked through MD5 digests of exactly the bytes written.
 """
 
@@ -108,6 +109,13 @@ def test_kernel_multipath_follows_our_ana(lab, tmp_path):
             write_read("b")
             control(ctl, "ana-state 2 1 non-optimized")
             _wait_states(lab, nqn, {str(ports[1]): "non-optimized"})
+            # change, left by itself: the kernel sees change, then optimized after our
+            # second notice (its ANATT timer stops: no controller reset)
+            control(ctl, "ana-state 2 1 change optimized 4000")
+            _wait_states(lab, nqn, {str(ports[1]): "change"})
+            _wait_states(lab, nqn, {str(ports[0]): "optimized", str(ports[1]): "optimized"})
+            write_read("d")
+            assert "ANA group 1 left change: now optimized" in target.log_text()
             # port 1 closed: its path dies, I/O goes through port 2
             control(ctl, "close-port 1")
             write_read("c")
