@@ -86,6 +86,27 @@ def dhchap_secret_error(str text):
     return why.decode() if why != NULL else "malformed secret"
 
 
+cdef extern from "nvme_tcp/tls_psk.h" nogil:
+    struct fx_tls_key:
+        _u8 len
+    int fx_tls_key_parse(const char *text, fx_tls_key *key, const char **why)
+    void fx_tls_key_wipe(fx_tls_key *key)
+
+
+def tls_key_error(str text):
+    """None when text is a well-formed TLS PSK in the interchange format
+    (NVMeTLSkey-1:HH:...:), else why not, in words that never quote it
+    (csrc/nvme_tcp/tls_psk.c parses it: the one parser, also used at open)."""
+    cdef fx_tls_key k
+    cdef const char *why = NULL
+    b = text.encode("utf-8", "replace")
+    cdef int rc = fx_tls_key_parse(b, &k, &why)
+    fx_tls_key_wipe(&k)
+    if rc == 0:
+        return None
+    return why.decode() if why != NULL else "malformed TLS key"
+
+
 def auth_error():
     """Why the calling thread's last NVMe-oF connect failed in-band
     authentication ("" when it did not)."""

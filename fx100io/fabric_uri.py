@@ -59,7 +59,7 @@ from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from fx100io import _core
 from fx100io import fabric_options as fo
-from fx100io.errors import InvalidArgumentError, error_from_errno
+from fx100io.errors import InvalidArgumentError, UnsupportedTransportError, error_from_errno
 from fx100io.uri_redact import REDACTED, SECRET_OPTIONS, redact  # noqa: F401 - re-exported
 
 DEFAULT_PORT = 4420
@@ -111,12 +111,42 @@ def _text(what: str, value: str, limit: int, uri: str) -> str:
 
 
 def _secret(key: str, value: str, uri: str) -> str:
-    """A DH-HMAC-CHAP secret checked by the C parser that will read it;
-    the error names the option, never the value."""
+    """A DH-HMAC-CHAP secret or a TLS key checked by the C parser that will
+    read it; the error names the option, never the value."""
+    if key == "tls_key":
+        return _tls_key(value, uri)
     why = _core.dhchap_secret_error(value) if value and not _CONTROL.search(value) else \
         "must be a DHHC-1:HH:<base64>: secret (as nvme gen-dhchap-key prints)"
     if why:
         raise _bad(f"URI option {key}: {why}", uri)
+    return value
+
+
+# a key file holds one key of at most 89 characters; more is not a key file
+_TLS_KEY_FILE_MAX = 4096
+
+
+def _tls_key(value: str, uri: str) -> str:
+    """tls_key's text, read from the file @PATH names when it does (its
+    surrounding whitespace dropped: `nvme gen-tls-key > FILE` ends in a
+    newline); the error names the option and the file, never the key."""
+    where = ""
+    if value.startswith("@"):
+        path = value[1:]
+        where = f" (in {path})"
+        try:
+            with open(path, "rb") as f:
+                data = f.read(_TLS_KEY_FILE_MAX + 1)
+        except OSError as e:
+            raise _bad(f"URI option tls_key: cannot read {path}: {e.strerror}", uri) from None
+        if len(data) > _TLS_KEY_FILE_MAX:
+            raise _bad(f"URI option tls_key: {path} is not a key file (over "
+                       f"{_TLS_KEY_FILE_MAX} bytes)", uri)
+        value = data.decode("ascii", "replace").strip()
+    why = _core.tls_key_error(value) if value and not _CONTROL.search(value) else \
+        "must be a NVMeTLSkey-1:HH:<base64>: key (as nvme gen-tls-key prints) or @FILE"
+    if why:
+        raise _bad(f"URI option tls_key{where}: {why}", uri)
     return value
 
 
@@ -206,6 +236,15 @@ def _secrets_pair(opts: dict[str, str], uri: str) -> None:
     if "dhchap_ctrl_secret" in opts and "dhchap_secret" not in opts:
         raise _bad("URI option dhchap_ctrl_secret needs dhchap_secret too (the controller "
                    "proves itself only to a host that authenticates)", uri)
+    # a key asks for TLS; TLS with no key has nothing to offer (there is no keyring here)
+    if "tls_key" in opts:
+        if opts.get("tls") == "0":
+            raise _bad("URI options tls=0 and tls_key contradict each other (a TLS key asks "
+                       "for a secure channel)", uri)
+        opts["tls"] = "1"
+    elif opts.get("tls") == "1":
+        raise _bad("URI option tls=1 needs tls_key (the configured PSK, NVMeTLSkey-1:...: "
+                   "or @FILE)", uri)
 
 
 def to_transport(uri: str) -> tuple[str, str]:
@@ -221,6 +260,12 @@ def to_transport(uri: str) -> tuple[str, str]:
 
 def to_transport_target(uri: str) -> str:
     return to_transport(uri)[0]
+
+
+# what a URI with tls=1 gets until the handshake and the record layer are in the
+# connect paths (csrc/host/dev.c refuses it in C too): never a clear-text connection
+_TLS_NOT_YET = ("this build has the TLS key material (tls, tls_key are checked) but not yet "
+                "the TLS secure channel on its connections; not connecting in clear text")
 
 
 def _auth_reason(e: OSError) -> str | None:
@@ -256,6 +301,8 @@ def open_fabric_dev(transport: str, target: str, readonly: bool,
         elif e.errno == 111 and transport == "nvme+rdma":
             err.strerror = ("the RDMA connection was refused (no NVMe/RDMA port there, or the "
                             "target rejected the queue: the reason is logged)")
+        elif e.errno == 93 and where.get("tls") == "1":
+            err.strerror = _TLS_NOT_YET
         raise err from None
 
 
@@ -276,6 +323,9 @@ def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
     raw = _raw_query(parts.query)
     secrets = {k: _secret(k, raw[k], uri) for k in SECRET_OPTIONS if k in raw}
     _secrets_pair(secrets, uri)
+    if "tls_key" in secrets or q.get("tls") in ("1", "true"):
+        # never read a discovery log in clear text when TLS was asked for
+        raise UnsupportedTransportError(93, "discovery over TLS: " + _TLS_NOT_YET, redact(uri))
     return (host, port, _text("the host NQN", q.get("hostnqn", nqn), NQN_MAX, uri),
             _hostid(q.get("hostid", hid), uri), secrets.get("dhchap_secret", ""),
             secrets.get("dhchap_ctrl_secret", ""))
