@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import uuid
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
@@ -135,8 +136,14 @@ def _tls_key(value: str, uri: str) -> str:
         path = value[1:]
         where = f" (in {path})"
         try:
-            with open(path, "rb") as f:
-                data = f.read(_TLS_KEY_FILE_MAX + 1)
+            # O_NONBLOCK: a FIFO (or a device) named by mistake must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise _bad(f"URI option tls_key: {path} is not a regular file", uri)
+                data = os.read(fd, _TLS_KEY_FILE_MAX + 1)
+            finally:
+                os.close(fd)
         except OSError as e:
             raise _bad(f"URI option tls_key: cannot read {path}: {e.strerror}", uri) from None
         if len(data) > _TLS_KEY_FILE_MAX:

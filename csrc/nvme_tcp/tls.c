@@ -25,6 +25,13 @@
 
 /* ------------------------------------------------------------ records */
 
+/* The sockets stay blocking for their other users: a send with a deadline
+ * must not block past it, so it may not block at all (sock.c waits). */
+static int send_flags(int64_t deadline)
+{
+	return deadline == FX_TCP_NO_DEADLINE ? 0 : MSG_DONTWAIT;
+}
+
 static size_t key_len(uint8_t hash)
 {
 	return hash == FX_TLS_HASH_SHA384 ? 32 : 16;
@@ -337,7 +344,7 @@ static int send_out(struct fx_tls *t, int fd, size_t n, int64_t deadline, int ca
 {
 	struct iovec v = {t->out, n};
 
-	return fx_tcp_sendv(fd, &v, 1, 0, deadline, cancel_fd, NULL);
+	return fx_tcp_sendv(fd, &v, 1, send_flags(deadline), deadline, cancel_fd, NULL);
 }
 
 int fx_tls_sendv(struct fx_tls *t, int fd, struct iovec *iov, int cnt, int64_t deadline,
@@ -570,7 +577,7 @@ static int flush_wbio(BIO *w, int fd, int64_t deadline, int cancel_fd)
 
 	while ((n = BIO_read(w, buf, sizeof(buf))) > 0) {
 		struct iovec v = {buf, (size_t)n};
-		int rc = fx_tcp_sendv(fd, &v, 1, 0, deadline, cancel_fd, NULL);
+		int rc = fx_tcp_sendv(fd, &v, 1, send_flags(deadline), deadline, cancel_fd, NULL);
 
 		if (rc)
 			return rc;

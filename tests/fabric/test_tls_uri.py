@@ -5,6 +5,7 @@ for TLS is never connected in clear text."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -69,6 +70,10 @@ def test_a_bad_key_file_is_named_and_its_content_never_quoted(tmp_path):
     with pytest.raises(InvalidArgumentError, match=f"in {f}.*CRC") as e:
         fabric_uri.parse(_uri(f"tls_key=@{f}"))
     assert BAD_CRC not in str(e.value)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidArgumentError, match="not a regular file"):
+        fabric_uri.parse(_uri(f"tls_key=@{fifo}"))
     big = tmp_path / "big"
     big.write_bytes(b"x" * 10000)
     with pytest.raises(InvalidArgumentError, match="not a key file"):
