@@ -283,9 +283,10 @@ int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr, 
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->open_lock, NULL);
 	ret = parse_kv(d, target);
-	if (ret == 0 && d->params.tls) {
-		/* never fall back to clear text for a URI that asked for TLS: until
-		 * the handshake and record layer are in the connect paths, say so */
+	if (ret == 0 && (d->params.tls || d->params.tls_key.len)) {
+		/* never fall back to clear text for a URI that asked for TLS (a key
+		 * asks for it too): until the handshake and record layer are in the
+		 * connect paths, say so */
 		fprintf(stderr,
 			"fx100io: %s: tls=1: this build has the TLS key material but not yet the "
 			"secure channel on its connections; not connecting in clear text\n",

@@ -160,7 +160,7 @@ def target_of(uri: str, **opts: Any) -> Target:
         raise
     if p.get("tls") == "1":
         # never attach in clear text what asked for TLS; nvme-cli's --tls needs the key in
-        # the kernel keyring and tlshd, which Debian 12 lacks (docs/nvme-tcp.md, "TLS")
+        # the kernel keyring and tlshd, which Debian 12 lacks (docs/nvme-tcp.md, "Secure channels")
         raise KernelSupportError(93, "tls=1: the kernel path does not hand TLS keys to the "
                                  "kernel yet (Debian 12's kernel 6.1 and nvme-cli 2.3 have no "
                                  "NVMe/TCP TLS either); use the userspace initiator",
