@@ -35,7 +35,8 @@ def target_serve(host: str, port: str, subnqn: str, namespaces: Any, *, block_si
                  fault_delay_ms: int = 0, fault_corrupt_ddgst: int = 0, verbose: bool = False,
                  quiet: bool = False, ready: Any = None, listens: Any = (),
                  ana_states: Any = (), ns_ana_groups: Any = None,
-                 control_path: str | None = None, ready_ports: Any = None) -> int: ...
+                 control_path: str | None = None, ready_ports: Any = None, tls: str = "",
+                 tls_hosts: Any = ()) -> int: ...
 def target_stop() -> None: ...
 TARGET_DHCHAP_HASHES: dict[str, int]
 TARGET_DHCHAP_DHGROUPS: dict[str, int]

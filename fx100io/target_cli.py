@@ -89,9 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     s = p.add_argument_group(
         "secure channel (TLS 1.3 with a pre-shared key; docs/target.md)",
         "Keys are the configured PSKs of `nvme gen-tls-key` (NVMeTLSkey-1:HH:...:), one per "
-        "host; write @FILE to read one from a file.  Checked now; the target's connections do "
-        "not carry TLS yet, so giving either option refuses to start rather than serve in "
-        "clear text.")
+        "host; write @FILE to read one from a file.  The handshake comes before ICReq on every "
+        "queue; a host with a wrong key or none fails it, with a log line.")
     s.add_argument("--tls", choices=("required", "optional"), default=None,
                    help="required: every host must do TLS (as nvmet's treq required); optional: "
                    "a host may also connect in clear text")
@@ -382,10 +381,6 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--tls-key needs --tls required or --tls optional")
         if args.tls == "required" and not tls_keys:
             raise ValueError("--tls required needs a --tls-key for each host that may connect")
-        if args.tls:
-            # never serve in clear text a target that was asked for TLS
-            raise ValueError("--tls: the keys are valid, but this build's target does not "
-                             "carry TLS on its connections yet (docs/target.md); not starting")
     except ValueError as e:
         print(f"fx100io target: error: {e}", file=sys.stderr)
         return 2
@@ -407,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                                block_size=args.block_size, allow_hosts=args.allow_host,
                                dhchap_hosts=keys, dhchap_hashes=hashes,
                                dhchap_dhgroups=dhgroups,
+                               tls=args.tls or "", tls_hosts=list(tls_keys.items()),
                                max_io_queues=args.max_io_queues,
                                max_connections=args.max_connections,
                                io_buffer_budget_mib=args.io_buffer_budget,

@@ -1,6 +1,5 @@
 """`fx100io target --tls / --tls-key`: keys checked by the one C parser, errors that
-name the host and never the key, and no target started in clear text while the
-secure channel is not on its connections."""
+name the host and never the key (test_target_tls.py serves with them)."""
 
 from __future__ import annotations
 
@@ -17,16 +16,6 @@ def _run(tmp_path, capsys, *extra: str) -> tuple[int, str]:
     ns.write_bytes(b"\0" * (1 << 20))
     rc = target_cli.main(["--listen", "127.0.0.1:0", "--namespace", str(ns), *extra])
     return rc, capsys.readouterr().err
-
-
-@pytest.mark.parametrize("mode", ["required", "optional"])
-def test_tls_refuses_to_start_rather_than_serve_in_clear(tmp_path, capsys, mode):
-    kf = tmp_path / "host.key"
-    kf.write_text(KEY + "\n")
-    rc, err = _run(tmp_path, capsys, "--tls", mode, "--tls-key", f"{HOST}=@{kf}")
-    assert rc == 2
-    assert "keys are valid" in err and "not starting" in err
-    assert KEY not in err
 
 
 @pytest.mark.parametrize("args, why", [
