@@ -13,6 +13,7 @@ cdef extern from "host/ctrl.h" nogil:
         int ddgst
         _u32 kato_ms
         int timeout_ms
+        int tls
     struct nvmf_disc_log_entry:
         _u8 trtype
         _u8 adrfam
@@ -23,6 +24,7 @@ cdef extern from "host/ctrl.h" nogil:
         char trsvcid[32]
         char subnqn[256]
         char traddr[256]
+        _u8 tsas[256]
     struct fx_nvmf_transport:
         pass
     int fx_nvmf_discover(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
@@ -30,6 +32,7 @@ cdef extern from "host/ctrl.h" nogil:
                          _u16 *status)
     int fx_nvmf_params_set_secret(fx_nvmf_params *p, int ctrl, const char *text,
                                   const char **why)
+    int fx_nvmf_params_set_tls_key(fx_nvmf_params *p, const char *text, const char **why)
     void fx_nvmf_params_wipe(fx_nvmf_params *p)
     const char *fx_nvmf_auth_error()
 
@@ -66,6 +69,9 @@ from libc.string cimport strncpy as _strncpy
 _TRTYPES = {1: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
 _SUBTYPES = {1: "discovery-referral", 2: "nvme", 3: "discovery"}
 _ADRFAMS = {1: "ipv4", 2: "ipv6", 3: "ib", 4: "fc"}
+# the secure channel: TREQ bits 1:0, and TCP's TSAS SECTYPE
+_TREQ = {0: "not specified", 1: "required", 2: "not required"}
+_SECTYPES = {0: "none", 1: "tls1.2", 2: "tls1.3"}
 
 
 cdef str _fixed(const char *p, size_t n):
@@ -114,7 +120,8 @@ def auth_error():
 
 
 def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
-             str transport="tcp", str dhchap_secret="", str dhchap_ctrl_secret=""):
+             str transport="tcp", str dhchap_secret="", str dhchap_ctrl_secret="",
+             str tls_key=""):
     """Raw discovery over transport "tcp" or "rdma" (see fx100io.fabric_uri.discover)."""
     cdef const fx_nvmf_transport *tr
     cdef fx_nvmf_addr a
@@ -147,6 +154,11 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
             fx_nvmf_params_wipe(&p)
             raise error_from_errno(22, "discover: malformed "
                                    + ("dhchap_ctrl_secret" if ctrl else "dhchap_secret"))
+    if tls_key:
+        if transport != "tcp" or fx_nvmf_params_set_tls_key(&p, tls_key.encode(), &why):
+            fx_nvmf_params_wipe(&p)
+            raise error_from_errno(22, "discover: malformed tls_key, or not over tcp")
+        p.tls = 1
     with nogil:
         rc = fx_nvmf_discover(tr, &a, &p, &e, &n, &status)
         fx_nvmf_params_wipe(&p)
@@ -160,7 +172,10 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
                 subtype=_SUBTYPES.get(e[i].subtype, str(e[i].subtype)),
                 portid=e[i].portid, cntlid=e[i].cntlid,
                 trsvcid=_fixed(e[i].trsvcid, 32), traddr=_fixed(e[i].traddr, 256),
-                subnqn=_fixed(e[i].subnqn, 256)))
+                subnqn=_fixed(e[i].subnqn, 256),
+                treq=_TREQ.get(e[i].treq & 3, "reserved"),
+                sectype=_SECTYPES.get(e[i].tsas[0], str(e[i].tsas[0])) if e[i].trtype == 3
+                else "none"))
     finally:
         free(e)
     return out

@@ -321,7 +321,19 @@ def discovery_target(uri: str) -> tuple[str, str, str, str]:
 
 
 def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
-    """discovery_target() and the two DH-HMAC-CHAP secrets ("" when absent)."""
+    """discovery_target() and the two DH-HMAC-CHAP secrets ("" when absent).  A
+    URI asking for TLS is refused: the kernel path reads these (see discover())."""
+    *opts, tls_key = _discovery_options(uri)
+    if tls_key:
+        # never read a discovery log in clear text when TLS was asked for
+        raise UnsupportedTransportError(93, "discovery over TLS through the kernel: the "
+                                        "kernel path does not hand TLS keys to the kernel yet",
+                                        redact(uri))
+    return tuple(opts)  # type: ignore[return-value]
+
+
+def _discovery_options(uri: str) -> tuple[str, str, str, str, str, str, str]:
+    """discovery_options() and the TLS key ("" when the URI asks for no TLS)."""
     if not uri.lower().startswith(("nvme+tcp://", "nvme+rdma://")):
         raise _bad("discover() takes nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]", uri)
     parts, host, port = _endpoint(uri)
@@ -329,24 +341,29 @@ def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
     q = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     raw = _raw_query(parts.query)
     secrets = {k: _secret(k, raw[k], uri) for k in SECRET_OPTIONS if k in raw}
+    if "tls" in q:
+        if q["tls"] not in ("0", "1", "true", "false"):
+            raise _bad("URI option tls must be 0 or 1", uri)
+        secrets["tls"] = "1" if q["tls"] in ("1", "true") else "0"
     _secrets_pair(secrets, uri)
-    if "tls_key" in secrets or q.get("tls") in ("1", "true"):
-        # never read a discovery log in clear text when TLS was asked for
-        raise UnsupportedTransportError(93, "discovery over TLS: " + _TLS_NOT_YET, redact(uri))
+    if secrets.get("tls") == "1" and scheme_of(uri) != "nvme+tcp":
+        raise _bad("URI option tls is for nvme+tcp URIs", uri)
     return (host, port, _text("the host NQN", q.get("hostnqn", nqn), NQN_MAX, uri),
             _hostid(q.get("hostid", hid), uri), secrets.get("dhchap_secret", ""),
-            secrets.get("dhchap_ctrl_secret", ""))
+            secrets.get("dhchap_ctrl_secret", ""), secrets.get("tls_key", ""))
 
 
 def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
     """The discovery log of nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]
     (read over that transport): one dict per entry with subnqn, traddr,
     trsvcid (port), trtype ("tcp", "rdma"), adrfam, subtype ("nvme",
-    "discovery", ...), portid, cntlid."""
-    host, port, hostnqn, hostid, secret, ctrl_secret = discovery_options(uri)
+    "discovery", ...), portid, cntlid, treq (the secure channel: "not specified",
+    "required", "not required") and sectype ("none", "tls1.2", "tls1.3").  With
+    tls_key (nvme+tcp) the log is read over a TLS secure channel."""
+    host, port, hostnqn, hostid, secret, ctrl_secret, tls_key = _discovery_options(uri)
     try:
         return _core.discover(host, port, hostnqn, hostid, timeout_ms, SCHEMES[scheme_of(uri)],
-                              secret, ctrl_secret)
+                              secret, ctrl_secret, tls_key)
     except OSError as e:
         err = error_from_errno(e.errno or 5, redact(uri))
         why = _auth_reason(e)

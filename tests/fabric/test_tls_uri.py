@@ -118,8 +118,11 @@ def test_a_uri_asking_for_tls_is_never_connected_in_clear():
             srv.accept()
 
 
-def test_discovery_asking_for_tls_is_refused_not_read_in_clear():
+def test_kernel_discovery_asking_for_tls_is_refused_not_read_in_clear():
+    # discovery_options() is what the kernel path reads
     with pytest.raises(UnsupportedTransportError, match="discovery over TLS"):
         fabric_uri.discovery_options(f"nvme+tcp://127.0.0.1:8009/?tls_key={KEY}")
-    with pytest.raises(UnsupportedTransportError, match="discovery over TLS"):
+    with pytest.raises(InvalidArgumentError, match="tls=1 needs tls_key"):
         fabric_uri.discovery_options("nvme+tcp://127.0.0.1:8009/?tls=1")
+    with pytest.raises(InvalidArgumentError, match="tls is for nvme\\+tcp"):
+        fabric_uri.discover(f"nvme+rdma://127.0.0.1:4420/?tls_key={KEY}")

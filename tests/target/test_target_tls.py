@@ -99,6 +99,22 @@ def test_a_host_asking_for_tls_is_not_served_in_clear(tmp_path):
     assert "did not answer with TLS" in out
 
 
+def test_discovery_over_tls_reads_the_secure_channel_requirement(tmp_path):
+    import fx100io
+    from fx100io.errors import FxConnectionError
+    with serve([_image(tmp_path)], NQN, "--tls", "required",
+               "--tls-key", f"{HOST}={KEY}") as (host, port, _proc):
+        entries = fx100io.discover(f"nvme+tcp://{host}:{port}/?hostnqn={HOST}&tls_key={KEY}")
+        assert {e["subnqn"] for e in entries} == {NQN, "nqn.2014-08.org.nvmexpress.discovery"}
+        assert {(e["treq"], e["sectype"]) for e in entries} == {("required", "tls1.3")}
+        # in clear text the target never answers the ICReq
+        with pytest.raises(FxConnectionError):
+            fx100io.discover(f"nvme+tcp://{host}:{port}/?hostnqn={HOST}")
+    with serve([_image(tmp_path)], NQN) as (host, port, _proc):
+        entries = fx100io.discover(f"nvme+tcp://{host}:{port}/?hostnqn={HOST}")
+        assert {(e["treq"], e["sectype"]) for e in entries} == {("not specified", "none")}
+
+
 def test_tls_optional_serves_both(tmp_path):
     binary = _build(False)
     with serve([_image(tmp_path)], NQN, "--tls", "optional",
