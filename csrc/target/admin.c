@@ -89,6 +89,14 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 	}
 	if (cmd->sqsize == 0 || cmd->sqsize > FX_TGT_MQES)
 		return invalid_param(r, 1, offsetof(struct nvmf_connect_cmd, sqsize));
+	/* The TLS PSK proved one host and subsystem: Connect may not name others. */
+	if (c->tls &&
+	    (strcmp(d.hostnqn, c->tls_hostnqn) != 0 || strcmp(d.subsysnqn, c->tls_subnqn) != 0)) {
+		tgt_log(t,
+			"%s: host %s connects to %s over TLS keyed for another host or subsystem",
+			c->peer, hp, sp);
+		return TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_HOST);
+	}
 	if (!discovery && !tgt_host_allowed(t, d.hostnqn)) {
 		tgt_log(t, "%s: host %s is not allowed to connect to %s", c->peer, hp, t->subnqn);
 		return TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_HOST);

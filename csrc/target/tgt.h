@@ -371,7 +371,9 @@ struct tgt_conn {
 	uint64_t accepted_ms;
 	int deadline_hit; /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
-	struct fx_tls *tls;        /* the secure channel's records (NULL: clear text) */
+	struct fx_tls *tls; /* the secure channel's records (NULL: clear text) */
+	/* whom its PSK identity named: Connect must name the same */
+	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
 	char peer_key[64];         /* the peer's address as per-peer bounds count it (target.c) */
 	struct tgt_iopeer *iopeer; /* its account in the I/O buffer budget */
 	char local_addr[64];       /* address the host reached us at (discovery traddr) */

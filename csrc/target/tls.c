@@ -125,6 +125,8 @@ int tgt_tls_accept(struct tgt_conn *c)
 			why ? why : strerror(-r));
 		return -ECONNABORTED;
 	}
+	snprintf(c->tls_hostnqn, sizeof(c->tls_hostnqn), "%s", peer.hostnqn);
+	snprintf(c->tls_subnqn, sizeof(c->tls_subnqn), "%s", peer.subnqn);
 	if (t->verbose)
 		tgt_log(t, "%s: TLS with host %s (identity version %d, %s)", c->peer,
 			tgt_printable(hp, sizeof(hp), peer.hostnqn), peer.version,
