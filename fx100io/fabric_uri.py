@@ -269,10 +269,10 @@ def to_transport_target(uri: str) -> str:
     return to_transport(uri)[0]
 
 
-# what a URI with tls=1 gets until the handshake and the record layer are in the
-# connect paths (csrc/host/dev.c refuses it in C too): never a clear-text connection
-_TLS_NOT_YET = ("this build has the TLS key material (tls, tls_key are checked) but not yet "
-                "the TLS secure channel on its connections; not connecting in clear text")
+# what open_device with tls=1 gets until the data path carries TLS (csrc/host/dev.c
+# refuses it in C): never a clear-text connection
+_TLS_NOT_YET = ("the io_uring data path does not carry TLS yet (the control path, discovery "
+                "and our target do); not connecting in clear text")
 
 
 def _auth_reason(e: OSError) -> str | None:

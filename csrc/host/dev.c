@@ -288,8 +288,8 @@ int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr, 
 		 * asks for it too): until the handshake and record layer are in the
 		 * connect paths, say so */
 		fprintf(stderr,
-			"fx100io: %s: tls=1: this build has the TLS key material but not yet the "
-			"secure channel on its connections; not connecting in clear text\n",
+			"fx100io: %s: tls=1: the io_uring data path does not carry TLS yet (the "
+			"control path, discovery and our target do); not connecting in clear text\n",
 			d->label);
 		ret = -EPROTONOSUPPORT;
 	}
