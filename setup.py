@@ -40,10 +40,12 @@ def rdma_libs():
 
 def crypto_libs():
     """OpenSSL's libcrypto (HMAC, SHA-2, finite-field DH) for NVMe in-band
-    authentication (DH-HMAC-CHAP)."""
-    if not any(os.path.exists(os.path.join(d, "libcrypto.so")) for d in LIB_DIRS):
+    authentication (DH-HMAC-CHAP), and libssl for the NVMe/TCP secure channel's
+    TLS 1.3 handshake."""
+    if not all(any(os.path.exists(os.path.join(d, f"lib{lib}.so")) for d in LIB_DIRS)
+               for lib in ("crypto", "ssl")):
         sys.exit("fx100io needs libcrypto (OpenSSL 3): apt-get install libssl-dev (see README.md)")
-    return ["crypto"]
+    return ["ssl", "crypto"]
 
 
 c_sources = sorted(

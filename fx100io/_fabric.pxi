@@ -13,6 +13,7 @@ cdef extern from "host/ctrl.h" nogil:
         int ddgst
         _u32 kato_ms
         int timeout_ms
+        int tls
     struct nvmf_disc_log_entry:
         _u8 trtype
         _u8 adrfam
@@ -23,6 +24,7 @@ cdef extern from "host/ctrl.h" nogil:
         char trsvcid[32]
         char subnqn[256]
         char traddr[256]
+        _u8 tsas[256]
     struct fx_nvmf_transport:
         pass
     int fx_nvmf_discover(const fx_nvmf_transport *tr, const fx_nvmf_addr *a,
@@ -30,6 +32,7 @@ cdef extern from "host/ctrl.h" nogil:
                          _u16 *status)
     int fx_nvmf_params_set_secret(fx_nvmf_params *p, int ctrl, const char *text,
                                   const char **why)
+    int fx_nvmf_params_set_tls_key(fx_nvmf_params *p, const char *text, const char **why)
     void fx_nvmf_params_wipe(fx_nvmf_params *p)
     const char *fx_nvmf_auth_error()
 
@@ -66,6 +69,9 @@ from libc.string cimport strncpy as _strncpy
 _TRTYPES = {1: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
 _SUBTYPES = {1: "discovery-referral", 2: "nvme", 3: "discovery"}
 _ADRFAMS = {1: "ipv4", 2: "ipv6", 3: "ib", 4: "fc"}
+# the secure channel: TREQ bits 1:0, and TCP's TSAS SECTYPE
+_TREQ = {0: "not specified", 1: "required", 2: "not required"}
+_SECTYPES = {0: "none", 1: "tls1.2", 2: "tls1.3"}
 
 
 cdef str _fixed(const char *p, size_t n):
@@ -86,6 +92,27 @@ def dhchap_secret_error(str text):
     return why.decode() if why != NULL else "malformed secret"
 
 
+cdef extern from "nvme_tcp/tls_psk.h" nogil:
+    struct fx_tls_key:
+        _u8 len
+    int fx_tls_key_parse(const char *text, fx_tls_key *key, const char **why)
+    void fx_tls_key_wipe(fx_tls_key *key)
+
+
+def tls_key_error(str text):
+    """None when text is a well-formed TLS PSK in the interchange format
+    (NVMeTLSkey-1:HH:...:), else why not, in words that never quote it
+    (csrc/nvme_tcp/tls_psk.c parses it: the one parser, also used at open)."""
+    cdef fx_tls_key k
+    cdef const char *why = NULL
+    b = text.encode("utf-8", "replace")
+    cdef int rc = fx_tls_key_parse(b, &k, &why)
+    fx_tls_key_wipe(&k)
+    if rc == 0:
+        return None
+    return why.decode() if why != NULL else "malformed TLS key"
+
+
 def auth_error():
     """Why the calling thread's last NVMe-oF connect failed in-band
     authentication ("" when it did not)."""
@@ -93,7 +120,8 @@ def auth_error():
 
 
 def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
-             str transport="tcp", str dhchap_secret="", str dhchap_ctrl_secret=""):
+             str transport="tcp", str dhchap_secret="", str dhchap_ctrl_secret="",
+             str tls_key=""):
     """Raw discovery over transport "tcp" or "rdma" (see fx100io.fabric_uri.discover)."""
     cdef const fx_nvmf_transport *tr
     cdef fx_nvmf_addr a
@@ -126,6 +154,11 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
             fx_nvmf_params_wipe(&p)
             raise error_from_errno(22, "discover: malformed "
                                    + ("dhchap_ctrl_secret" if ctrl else "dhchap_secret"))
+    if tls_key:
+        if transport != "tcp" or fx_nvmf_params_set_tls_key(&p, tls_key.encode(), &why):
+            fx_nvmf_params_wipe(&p)
+            raise error_from_errno(22, "discover: malformed tls_key, or not over tcp")
+        p.tls = 1
     with nogil:
         rc = fx_nvmf_discover(tr, &a, &p, &e, &n, &status)
         fx_nvmf_params_wipe(&p)
@@ -139,7 +172,10 @@ def discover(str host, str port, str hostnqn, str hostid, int timeout_ms=10000,
                 subtype=_SUBTYPES.get(e[i].subtype, str(e[i].subtype)),
                 portid=e[i].portid, cntlid=e[i].cntlid,
                 trsvcid=_fixed(e[i].trsvcid, 32), traddr=_fixed(e[i].traddr, 256),
-                subnqn=_fixed(e[i].subnqn, 256)))
+                subnqn=_fixed(e[i].subnqn, 256),
+                treq=_TREQ.get(e[i].treq & 3, "reserved"),
+                sectype=_SECTYPES.get(e[i].tsas[0], str(e[i].tsas[0])) if e[i].trtype == 3
+                else "none"))
     finally:
         free(e)
     return out

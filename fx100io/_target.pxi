@@ -9,6 +9,9 @@ cdef extern from "target/target.h" nogil:
         const char *hostnqn
         const char *secret
         const char *ctrl_secret
+    struct fx_target_tls_host:
+        const char *hostnqn
+        const char *key
     struct fx_target_listen:
         const char *host
         const char *port
@@ -34,6 +37,9 @@ cdef extern from "target/target.h" nogil:
         unsigned n_dhchap_hosts
         uint32_t dhchap_hashes
         uint32_t dhchap_dhgroups
+        int tls
+        const fx_target_tls_host *tls_hosts
+        unsigned n_tls_hosts
         uint32_t block_size
         uint32_t max_io_queues
         uint32_t max_connections
@@ -91,7 +97,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
                  unsigned int fault_delay_ms=0, unsigned int fault_corrupt_ddgst=0,
                  bint verbose=False, bint quiet=False, ready=None,
                  listens=(), ana_states=(), ns_ana_groups=None, control_path=None,
-                 ready_ports=None):
+                 ready_ports=None, str tls="", tls_hosts=()):
     """Serve namespaces (paths of files or block devices) as NVMe/TCP subsystem
     subnqn on host:port until target_stop() (from another thread or a signal
     handler).  ready(port) is called once the socket listens (port "0" picks
@@ -104,6 +110,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     ("sha256", "sha384", "sha512") and DH groups ("null", "ffdhe2048" ...
     "ffdhe8192") we accept (empty: all); the strongest the host offers too is
     used.
+
+    Secure channel: tls "" (off), "optional" or "required"; tls_hosts a
+    sequence of (hostnqn, key), keys in the NVMeTLSkey-1 text form.
 
     Asymmetric Namespace Access: listens, a sequence of (host, port) strings
     (at most 16), replaces host:port with several ports, port id i+1 each;
@@ -131,6 +140,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     cdef const char **paths = NULL
     cdef const char **allow = NULL
     cdef fx_target_dhchap_host *keys = NULL
+    cdef fx_target_tls_host *tkeys = NULL
     cdef fx_target_listen *lst = NULL
     cdef fx_target_ana *ana = NULL
     cdef uint32_t *groups = NULL
@@ -140,6 +150,10 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     allow_b = [h.encode() for h in allow_hosts]
     keys_b = [(h.encode(), s.encode(), c.encode() if c else None)
               for h, s, c in dhchap_hosts]
+    tkeys_b = [(h.encode(), k.encode()) for h, k in tls_hosts]
+    tls_modes = {"": 0, "optional": 1, "required": 2}
+    if tls not in tls_modes:
+        raise ValueError(f"target: tls {tls!r} (one of optional, required, or empty for off)")
     if not ns_b:
         raise error_from_errno(22, "target: no namespaces")
     listens_b = [(h.encode(), str(pt).encode()) for h, pt in listens]
@@ -168,12 +182,13 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     paths = <const char **>malloc(len(ns_b) * sizeof(char *))
     allow = <const char **>malloc((len(allow_b) or 1) * sizeof(char *))
     keys = <fx_target_dhchap_host *>malloc((len(keys_b) or 1) * sizeof(fx_target_dhchap_host))
+    tkeys = <fx_target_tls_host *>malloc((len(tkeys_b) or 1) * sizeof(fx_target_tls_host))
     lst = <fx_target_listen *>malloc((len(listens_b) or 1) * sizeof(fx_target_listen))
     ana = <fx_target_ana *>malloc((len(ana_l) or 1) * sizeof(fx_target_ana))
     groups = <uint32_t *>malloc((len(ns_b) or 1) * sizeof(uint32_t))
     try:
         if (paths == NULL or allow == NULL or keys == NULL or lst == NULL or ana == NULL
-                or groups == NULL):
+                or groups == NULL or tkeys == NULL):
             raise MemoryError()
         for i, (hb, pb) in enumerate(listens_b):
             lst[i].host = hb
@@ -191,6 +206,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
             keys[i].secret = sb
             if cb is not None:
                 keys[i].ctrl_secret = cb
+        for i, (hb, kb) in enumerate(tkeys_b):
+            tkeys[i].hostnqn = hb
+            tkeys[i].key = kb
         for i, b in enumerate(ns_b):
             paths[i] = b
         for i, b in enumerate(allow_b):
@@ -206,6 +224,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.n_dhchap_hosts = len(keys_b)
         cfg.dhchap_hashes = hash_mask
         cfg.dhchap_dhgroups = group_mask
+        cfg.tls = tls_modes[tls]
+        cfg.tls_hosts = tkeys
+        cfg.n_tls_hosts = len(tkeys_b)
         cfg.block_size = block_size
         cfg.max_io_queues = max_io_queues
         cfg.max_connections = max_connections
@@ -244,6 +265,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         free(paths)
         free(allow)
         free(keys)
+        free(tkeys)
         free(lst)
         free(ana)
         free(groups)

@@ -23,7 +23,7 @@ BOTH = (TCP, RDMA)
 INT = "int"  # decimal digits only, within range
 BOOL = "bool"  # 0, 1, true or false; the transport gets 0 or 1
 TEXT = "text"  # a string the parser checks on its own (hostnqn, hostid)
-SECRET = "secret"  # a DH-HMAC-CHAP secret, checked by the C parser that reads it
+SECRET = "secret"  # a DH-HMAC-CHAP secret or TLS key, checked by the C parser that reads it
 CHOICE = "choice"  # one of FabricOption.choices
 
 
@@ -102,6 +102,13 @@ OPTIONS: tuple[FabricOption, ...] = (
                  choices=("refuse", "allow"), userspace_only=True, multipath=True),
     FabricOption("dhchap_ctrl_secret", SECRET, "the controller's DH-HMAC-CHAP secret "
                  "(bidirectional authentication)", kernel_config_key="dhchap_ctrl_key"),
+    # NVMe/TCP secure channel (TLS 1.3 with a PSK, docs/nvme-tcp.md): the kernel path
+    # refuses both for now (kernel/uri_args.py) rather than connect in clear text
+    FabricOption("tls", BOOL, "TLS 1.3 secure channel with a pre-shared key (0; tls_key "
+                 "turns it on)", schemes=(TCP,), kernel_flag="--tls"),
+    FabricOption("tls_key", SECRET, "the configured TLS PSK, NVMeTLSkey-1:HH:<base64>: as "
+                 "nvme gen-tls-key prints it, or @FILE holding it", schemes=(TCP,),
+                 kernel_config_key="tls_key"),
 )
 
 BY_NAME: dict[str, FabricOption] = {o.name: o for o in OPTIONS}

@@ -56,12 +56,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import uuid
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from fx100io import _core
 from fx100io import fabric_options as fo
-from fx100io.errors import InvalidArgumentError, error_from_errno
+from fx100io.errors import InvalidArgumentError, UnsupportedTransportError, error_from_errno
 from fx100io.uri_redact import REDACTED, SECRET_OPTIONS, redact  # noqa: F401 - re-exported
 
 DEFAULT_PORT = 4420
@@ -113,12 +114,48 @@ def _text(what: str, value: str, limit: int, uri: str) -> str:
 
 
 def _secret(key: str, value: str, uri: str) -> str:
-    """A DH-HMAC-CHAP secret checked by the C parser that will read it;
-    the error names the option, never the value."""
+    """A DH-HMAC-CHAP secret or a TLS key checked by the C parser that will
+    read it; the error names the option, never the value."""
+    if key == "tls_key":
+        return _tls_key(value, uri)
     why = _core.dhchap_secret_error(value) if value and not _CONTROL.search(value) else \
         "must be a DHHC-1:HH:<base64>: secret (as nvme gen-dhchap-key prints)"
     if why:
         raise _bad(f"URI option {key}: {why}", uri)
+    return value
+
+
+# a key file holds one key of at most 89 characters; more is not a key file
+_TLS_KEY_FILE_MAX = 4096
+
+
+def _tls_key(value: str, uri: str) -> str:
+    """tls_key's text, read from the file @PATH names when it does (its
+    surrounding whitespace dropped: `nvme gen-tls-key > FILE` ends in a
+    newline); the error names the option and the file, never the key."""
+    where = ""
+    if value.startswith("@"):
+        path = value[1:]
+        where = f" (in {path})"
+        try:
+            # O_NONBLOCK: a FIFO (or a device) named by mistake must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise _bad(f"URI option tls_key: {path} is not a regular file", uri)
+                data = os.read(fd, _TLS_KEY_FILE_MAX + 1)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise _bad(f"URI option tls_key: cannot read {path}: {e.strerror}", uri) from None
+        if len(data) > _TLS_KEY_FILE_MAX:
+            raise _bad(f"URI option tls_key: {path} is not a key file (over "
+                       f"{_TLS_KEY_FILE_MAX} bytes)", uri)
+        value = data.decode("ascii", "replace").strip()
+    why = _core.tls_key_error(value) if value and not _CONTROL.search(value) else \
+        "must be a NVMeTLSkey-1:HH:<base64>: key (as nvme gen-tls-key prints) or @FILE"
+    if why:
+        raise _bad(f"URI option tls_key{where}: {why}", uri)
     return value
 
 
@@ -251,6 +288,15 @@ def _secrets_pair(opts: dict[str, str], uri: str) -> None:
     if "dhchap_ctrl_secret" in opts and "dhchap_secret" not in opts:
         raise _bad("URI option dhchap_ctrl_secret needs dhchap_secret too (the controller "
                    "proves itself only to a host that authenticates)", uri)
+    # a key asks for TLS; TLS with no key has nothing to offer (there is no keyring here)
+    if "tls_key" in opts:
+        if opts.get("tls") == "0":
+            raise _bad("URI options tls=0 and tls_key contradict each other (a TLS key asks "
+                       "for a secure channel)", uri)
+        opts["tls"] = "1"
+    elif opts.get("tls") == "1":
+        raise _bad("URI option tls=1 needs tls_key (the configured PSK, NVMeTLSkey-1:...: "
+                   "or @FILE)", uri)
 
 
 def to_transport(uri: str) -> tuple[str, str]:
@@ -266,6 +312,12 @@ def to_transport(uri: str) -> tuple[str, str]:
 
 def to_transport_target(uri: str) -> str:
     return to_transport(uri)[0]
+
+
+# what open_device with tls=1 gets until the data path carries TLS (csrc/host/dev.c
+# refuses it in C): never a clear-text connection
+_TLS_NOT_YET = ("the io_uring data path does not carry TLS yet (the control path, discovery "
+                "and our target do); not connecting in clear text")
 
 
 def _auth_reason(e: OSError) -> str | None:
@@ -301,6 +353,8 @@ def open_fabric_dev(transport: str, target: str, readonly: bool,
         elif e.errno == 111 and transport == "nvme+rdma":
             err.strerror = ("the RDMA connection was refused (no NVMe/RDMA port there, or the "
                             "target rejected the queue: the reason is logged)")
+        elif e.errno == 93 and where.get("tls") == "1":
+            err.strerror = _TLS_NOT_YET
         raise err from None
 
 
@@ -312,7 +366,19 @@ def discovery_target(uri: str) -> tuple[str, str, str, str]:
 
 
 def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
-    """discovery_target() and the two DH-HMAC-CHAP secrets ("" when absent)."""
+    """discovery_target() and the two DH-HMAC-CHAP secrets ("" when absent).  A
+    URI asking for TLS is refused: the kernel path reads these (see discover())."""
+    *opts, tls_key = _discovery_options(uri)
+    if tls_key:
+        # never read a discovery log in clear text when TLS was asked for
+        raise UnsupportedTransportError(93, "discovery over TLS through the kernel: the "
+                                        "kernel path does not hand TLS keys to the kernel yet",
+                                        redact(uri))
+    return tuple(opts)  # type: ignore[return-value]
+
+
+def _discovery_options(uri: str) -> tuple[str, str, str, str, str, str, str]:
+    """discovery_options() and the TLS key ("" when the URI asks for no TLS)."""
     if not uri.lower().startswith(("nvme+tcp://", "nvme+rdma://")):
         raise _bad("discover() takes nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]", uri)
     parts, host, port = _endpoint(uri)
@@ -320,21 +386,29 @@ def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
     q = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     raw = _raw_query(parts.query)
     secrets = {k: _secret(k, raw[k], uri) for k in SECRET_OPTIONS if k in raw}
+    if "tls" in q:
+        if q["tls"] not in ("0", "1", "true", "false"):
+            raise _bad("URI option tls must be 0 or 1", uri)
+        secrets["tls"] = "1" if q["tls"] in ("1", "true") else "0"
     _secrets_pair(secrets, uri)
+    if secrets.get("tls") == "1" and scheme_of(uri) != "nvme+tcp":
+        raise _bad("URI option tls is for nvme+tcp URIs", uri)
     return (host, port, _text("the host NQN", q.get("hostnqn", nqn), NQN_MAX, uri),
             _hostid(q.get("hostid", hid), uri), secrets.get("dhchap_secret", ""),
-            secrets.get("dhchap_ctrl_secret", ""))
+            secrets.get("dhchap_ctrl_secret", ""), secrets.get("tls_key", ""))
 
 
 def discover(uri: str, timeout_ms: int = 10000) -> list[dict[str, object]]:
     """The discovery log of nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT]
     (read over that transport): one dict per entry with subnqn, traddr,
     trsvcid (port), trtype ("tcp", "rdma"), adrfam, subtype ("nvme",
-    "discovery", ...), portid, cntlid."""
-    host, port, hostnqn, hostid, secret, ctrl_secret = discovery_options(uri)
+    "discovery", ...), portid, cntlid, treq (the secure channel: "not specified",
+    "required", "not required") and sectype ("none", "tls1.2", "tls1.3").  With
+    tls_key (nvme+tcp) the log is read over a TLS secure channel."""
+    host, port, hostnqn, hostid, secret, ctrl_secret, tls_key = _discovery_options(uri)
     try:
         return _core.discover(host, port, hostnqn, hostid, timeout_ms, SCHEMES[scheme_of(uri)],
-                              secret, ctrl_secret)
+                              secret, ctrl_secret, tls_key)
     except OSError as e:
         err = error_from_errno(e.errno or 5, redact(uri))
         why = _auth_reason(e)

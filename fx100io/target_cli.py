@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="DH groups we accept, comma separated (nvmet's dhchap_dhgroup; "
                    f"default all: {','.join(DHGROUPS)}); the strongest the host offers too "
                    "is used (null: no Diffie-Hellman, the secret alone)")
+    s = p.add_argument_group(
+        "secure channel (TLS 1.3 with a pre-shared key; docs/target.md)",
+        "Keys are the configured PSKs of `nvme gen-tls-key` (NVMeTLSkey-1:HH:...:), one per "
+        "host; write @FILE to read one from a file.  The handshake comes before ICReq on every "
+        "queue; a host with a wrong key or none fails it, with a log line.")
+    s.add_argument("--tls", choices=("required", "optional"), default=None,
+                   help="required: every host must do TLS (as nvmet's treq required); optional: "
+                   "a host may also connect in clear text")
+    s.add_argument("--tls-key", action="append", default=[], metavar="HOSTNQN=KEY",
+                   help="a host's configured TLS PSK; repeatable, one per host")
     lim = p.add_argument_group("limits against hostile, broken or vanished hosts")
     lim.add_argument("--max-connections", type=int, default=1024, metavar="N",
                      help="connections open at once (default 1024); at the limit a new one "
@@ -249,9 +259,10 @@ def _check_namespace(path: str, block_size: int) -> None:
         raise ValueError(f"--namespace {path}: needs read and write permission")
 
 
-def _secret_arg(text: str, opt: str) -> tuple[str, str]:
-    """'HOSTNQN=SECRET' or 'HOSTNQN=@FILE' -> (hostnqn, secret).  Errors name
-    the host and the option, never the secret."""
+def _secret_arg(text: str, opt: str, kind: str = "dhchap") -> tuple[str, str]:
+    """'HOSTNQN=SECRET' or 'HOSTNQN=@FILE' -> (hostnqn, secret), a DH-HMAC-CHAP
+    secret or (kind "tls") a TLS key.  Errors name the host and the option, never
+    the secret."""
     nqn, sep, secret = text.partition("=")
     if not sep or not nqn:
         raise ValueError(f"{opt} takes HOSTNQN=SECRET or HOSTNQN=@FILE")
@@ -266,7 +277,7 @@ def _secret_arg(text: str, opt: str) -> tuple[str, str]:
     else:
         secret = secret.strip()
     from fx100io import _core
-    problem = _core.dhchap_secret_error(secret)
+    problem = (_core.tls_key_error if kind == "tls" else _core.dhchap_secret_error)(secret)
     if problem:
         raise ValueError(f"{opt} for {nqn}: {problem}")
     return nqn, secret
@@ -290,6 +301,17 @@ def dhchap_hosts(keys: list[str], ctrl_keys: list[str]) -> list[tuple[str, str, 
                              "(--dhchap-key) too; the controller's alone authenticates nobody")
         ctrl[nqn] = secret
     return [(nqn, secret, ctrl.get(nqn)) for nqn, secret in hosts.items()]
+
+
+def tls_hosts(keys: list[str]) -> dict[str, str]:
+    """--tls-key values -> {hostnqn: key text}."""
+    hosts: dict[str, str] = {}
+    for text in keys:
+        nqn, key = _secret_arg(text, "--tls-key", "tls")
+        if nqn in hosts:
+            raise ValueError(f"--tls-key: two keys for {nqn}")
+        hosts[nqn] = key
+    return hosts
 
 
 def _id_list(text: str, names: tuple[str, ...], opt: str) -> list[str]:
@@ -356,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--io-buffer-budget must be 8..4194304 (MiB)")
         if not 0 <= args.idle_timeout_ms <= 0xFFFFFFFF:
             raise ValueError("--idle-timeout-ms must be 0..4294967295 (0: never)")
+        tls_keys = tls_hosts(args.tls_key)
+        if tls_keys and not args.tls:
+            raise ValueError("--tls-key needs --tls required or --tls optional")
+        if args.tls == "required" and not tls_keys:
+            raise ValueError("--tls required needs a --tls-key for each host that may connect")
     except ValueError as e:
         print(f"fx100io target: error: {e}", file=sys.stderr)
         return 2
@@ -377,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                                block_size=args.block_size, allow_hosts=args.allow_host,
                                dhchap_hosts=keys, dhchap_hashes=hashes,
                                dhchap_dhgroups=dhgroups,
+                               tls=args.tls or "", tls_hosts=list(tls_keys.items()),
                                max_io_queues=args.max_io_queues,
                                max_connections=args.max_connections,
                                io_buffer_budget_mib=args.io_buffer_budget,

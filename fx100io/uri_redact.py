@@ -1,4 +1,4 @@
-"""Hiding a URI's secrets (DH-HMAC-CHAP keys) wherever it is shown: in
+"""Hiding a URI's secrets (DH-HMAC-CHAP secrets, TLS keys) wherever it is shown: in
 messages, reprs, logs and benchmark reports.  Kept apart from fabric_uri so
 that code that only prints URIs (the bench's reports) needs no C core.
 
@@ -21,7 +21,7 @@ REDACTED = "***"
 def _secret(text: str) -> bool:
     """Whether a piece of a URI names or holds a secret, however encoded."""
     plain = unquote(unquote(text.replace("+", " "))).lower()
-    return "dhhc-" in plain or any(k in plain for k in SECRET_OPTIONS)
+    return "dhhc-" in plain or "nvmetlskey-" in plain or any(k in plain for k in SECRET_OPTIONS)
 
 
 def _redact_pairs(part: str) -> str:
@@ -84,9 +84,14 @@ def redact_url(url: object) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        if any(k.lower() in SECRET_QUERY_KEYS for k, _v in pairs):
-            query = urlencode([(k, MASK if k.lower() in SECRET_QUERY_KEYS else v)
-                               for k, v in pairs], safe=":@*/")
+        def hidden(k: str, v: str) -> bool:
+            # a misspelt key must not leak its DH-HMAC-CHAP secret or TLS key either
+            return k.lower() in SECRET_QUERY_KEYS or _secret(k) or _secret(v)
+
+        if any(hidden(k, v) for k, v in pairs):
+            # a pair percent-encoded as a whole decodes to a key that holds the value
+            query = urlencode([(MASK if _secret(k) and k.lower() not in SECRET_QUERY_KEYS else k,
+                                MASK if hidden(k, v) else v) for k, v in pairs], safe=":@*/")
     if netloc == parts.netloc and query == parts.query:
         return text
     out = urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -70,8 +70,9 @@ void fx_auth_key_wipe(struct fx_auth_key *key)
 
 /* CRC-32 (IEEE 802.3, reflected, as zlib's crc32): the secret's check
  * value, not a cryptographic function. */
-static uint32_t crc32_ieee(const uint8_t *p, size_t len)
+uint32_t fx_auth_crc32_ieee(const void *data, size_t len)
 {
+	const uint8_t *p = data;
 	uint32_t crc = 0xffffffffu;
 
 	while (len--) {
@@ -160,7 +161,7 @@ int fx_auth_key_parse(const char *text, struct fx_auth_key *key, const char **wh
 	uint32_t want = (uint32_t)raw[klen] | (uint32_t)raw[klen + 1] << 8 |
 			(uint32_t)raw[klen + 2] << 16 | (uint32_t)raw[klen + 3] << 24;
 
-	if (crc32_ieee(raw, klen) != want) {
+	if (fx_auth_crc32_ieee(raw, klen) != want) {
 		*why = "the secret's CRC does not match its key (mistyped or truncated?)";
 		goto fail;
 	}

@@ -71,6 +71,9 @@ struct fx_auth_key {
  * On error *key is zeroed.
  */
 int fx_auth_key_parse(const char *text, struct fx_auth_key *key, const char **why);
+/* CRC-32 as zlib computes it: the check value of a secret's text form
+ * (DHHC-1 here, NVMeTLSkey-1 in nvme_tcp/tls_psk.c). */
+uint32_t fx_auth_crc32_ieee(const void *data, size_t len);
 /* Zero a key (OPENSSL_cleanse, not optimised away). */
 void fx_auth_key_wipe(struct fx_auth_key *key);
 /* Wipe any buffer that held secret material. */

@@ -138,8 +138,14 @@ int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *te
 	return fx_auth_key_parse(text, ctrl ? &p->dhchap_ctrl_key : &p->dhchap_key, why);
 }
 
+int fx_nvmf_params_set_tls_key(struct fx_nvmf_params *p, const char *text, const char **why)
+{
+	return fx_tls_key_parse(text, &p->tls_key, why);
+}
+
 void fx_nvmf_params_wipe(struct fx_nvmf_params *p)
 {
+	fx_tls_key_wipe(&p->tls_key);
 	fx_auth_key_wipe(&p->dhchap_key);
 	fx_auth_key_wipe(&p->dhchap_ctrl_key);
 }

@@ -19,6 +19,7 @@
 
 #include "fx100io/nvme.h"
 #include "auth/auth_crypto.h"
+#include "nvme_tcp/tls_psk.h"
 
 struct fx_nvmf_transport;
 
@@ -46,12 +47,19 @@ struct fx_nvmf_params {
 	 * authentication.  Wiped with the params (fx_nvmf_params_wipe). */
 	struct fx_auth_key dhchap_key;
 	struct fx_auth_key dhchap_ctrl_key;
+	/* NVMe/TCP secure channel: asked for (URI tls=1), and the configured
+	 * PSK (tls_key; len 0: none), wiped with the params. */
+	int tls;
+	struct fx_tls_key tls_key;
 };
 
 /* Set params' host (ctrl == 0) or controller (ctrl != 0) secret from its
  * DHHC-1 text; -EINVAL with *why (never quoting the secret) when malformed. */
 int fx_nvmf_params_set_secret(struct fx_nvmf_params *p, int ctrl, const char *text,
 			      const char **why);
+/* Set params' configured TLS PSK from its NVMeTLSkey-1 text; -EINVAL with
+ * *why (never quoting the key) when malformed. */
+int fx_nvmf_params_set_tls_key(struct fx_nvmf_params *p, const char *text, const char **why);
 /* Wipe the secrets a params holds. */
 void fx_nvmf_params_wipe(struct fx_nvmf_params *p);
 

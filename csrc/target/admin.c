@@ -90,6 +90,14 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 	}
 	if (cmd->sqsize == 0 || cmd->sqsize > FX_TGT_MQES)
 		return invalid_param(r, 1, offsetof(struct nvmf_connect_cmd, sqsize));
+	/* The TLS PSK proved one host and subsystem: Connect may not name others. */
+	if (c->tls &&
+	    (strcmp(d.hostnqn, c->tls_hostnqn) != 0 || strcmp(d.subsysnqn, c->tls_subnqn) != 0)) {
+		tgt_log(t,
+			"%s: host %s connects to %s over TLS keyed for another host or subsystem",
+			c->peer, hp, sp);
+		return TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_HOST);
+	}
 	if (!discovery && !tgt_host_allowed(t, d.hostnqn)) {
 		tgt_log(t, "%s: host %s is not allowed to connect to %s", c->peer, hp, t->subnqn);
 		return TGT_SF_DNR(1, NVME_SC_CONNECT_INVALID_HOST);
@@ -396,14 +404,18 @@ static void disc_entry(struct tgt_conn *c, uint8_t *e, uint8_t subtype, const ch
 	d->trtype = NVMF_TRTYPE_TCP;
 	d->adrfam = fam == AF_INET6 ? NVMF_ADRFAM_IPV6 : NVMF_ADRFAM_IPV4;
 	d->subtype = subtype;
-	d->treq = 0; /* secure channel not specified; SQ flow control stays on */
+	/* secure channel: not specified without TLS, else required or not
+	 * (TREQ bits 1:0); SQ flow control stays on */
+	d->treq = c->t->tls == FX_TARGET_TLS_REQUIRED   ? 1
+		  : c->t->tls == FX_TARGET_TLS_OPTIONAL ? 2
+							: 0;
 	d->portid = (uint16_t)(pi + 1);
 	d->cntlid = 0xFFFF; /* dynamic controllers */
 	d->asqsz = 32;
 	snprintf(d->trsvcid, sizeof(d->trsvcid), "%d", p->bound);
 	snprintf(d->subnqn, sizeof(d->subnqn), "%s", nqn);
 	snprintf(d->traddr, sizeof(d->traddr), "%s", any ? c->local_addr : p->addr);
-	d->tsas[0] = 0; /* SECTYPE: no security */
+	d->tsas[0] = c->t->tls ? 2 : 0; /* SECTYPE: TLS 1.3, or no security */
 }
 
 static uint16_t get_log(struct tgt_conn *c, struct tgt_req *r)

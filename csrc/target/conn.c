@@ -212,7 +212,7 @@ static int wait_sock_or_event(struct tgt_conn *c)
  * (start 0) are bounded by that deadline, not by each one's progress, so a
  * host dripping a byte now and then cannot hold the queue inside a PDU.
  */
-static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
+static int raw_recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 {
 	uint8_t *p = buf;
 
@@ -271,6 +271,66 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 				return ret;
 		} else if (errno != EINTR) {
 			return -errno;
+		}
+	}
+	return 0;
+}
+
+/*
+ * The same on a secure channel: plaintext already decrypted first, then
+ * whole TLS records read with raw_recv_bytes, so the same clocks hold (a
+ * record's header read at a PDU's start waits as the PDU's first byte
+ * would; the rest of the record is inside the PDU's deadline).  A record
+ * is used only once its tag checked (nvme_tcp/tls.c).
+ */
+static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
+{
+	uint8_t *p = buf;
+	struct fx_tls *tls = c->tls;
+	int ret;
+
+	if (!tls)
+		return raw_recv_bytes(c, buf, n, start);
+	while (n) {
+		size_t have = fx_tls_pending(tls);
+
+		if (have) {
+			if (start) {
+				/* the PDU's first byte is here already: its clock starts */
+				if ((ret = data_overdue(c)) != 0)
+					return ret;
+				c->pdu_deadline_ms = tgt_now_ms() + c->t->stall_ms;
+				atomic_store(&c->wait_since_ms, 0);
+				start = 0;
+			}
+			if (have > n)
+				have = n;
+			memcpy(p, tls->plain + tls->plain_pos, have);
+			tls->plain_pos += have;
+			p += have;
+			n -= have;
+			continue;
+		}
+		ret = raw_recv_bytes(c, tls->rec, FX_TLS_HEADER, start);
+		if (ret)
+			return ret;
+		start = 0;
+		size_t len = (size_t)tls->rec[3] << 8 | tls->rec[4];
+
+		if (len > FX_TLS_MAX_CIPHERTEXT) {
+			tgt_log(c->t, "%s qid %u: TLS record of %zu bytes (over 2^14+256); closing",
+				c->peer, c->qid, len);
+			return -EPROTO;
+		}
+		ret = raw_recv_bytes(c, tls->rec + FX_TLS_HEADER, len, 0);
+		if (ret)
+			return ret;
+		ret = fx_tls_record_in(tls, tls->rec, FX_TLS_HEADER + len);
+		if (ret < 0) {
+			if (ret != -ECONNRESET)
+				tgt_log(c->t, "%s qid %u: TLS: %s; closing", c->peer, c->qid,
+					fx_tls_why(tls));
+			return ret == -ECONNRESET ? ret : -EPROTO;
 		}
 	}
 	return 0;
@@ -375,7 +435,21 @@ static int send_errno(struct tgt_conn *c, int e)
 static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 {
 	size_t sent = 0;
-	int ret = fx_tcp_sendv(c->fd, iov, cnt, more ? MSG_MORE : 0, FX_TCP_NO_DEADLINE, -1, &sent);
+	int ret;
+
+	if (c->tls) {
+		/* records under the send lock, like every send; a record cut by a
+		 * stall or an error ends the connection anyway */
+		ret = fx_tls_sendv(c->tls, c->fd, iov, cnt, FX_TCP_NO_DEADLINE, -1);
+		if (!ret)
+			return 0;
+		if (ret == -EAGAIN)
+			return send_stalled(c);
+		if (ret == -EIO || ret == -EINVAL || ret == -EPROTO)
+			return send_said_why(c, -EPROTO);
+		return send_errno(c, -ret);
+	}
+	ret = fx_tcp_sendv(c->fd, iov, cnt, more ? MSG_MORE : 0, FX_TCP_NO_DEADLINE, -1, &sent);
 
 	if (!ret) {
 		c->send_short = 0;
@@ -709,7 +783,8 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 		if (ret)
 			return ret;
 		c->c2h_sent++;
-		while (sent < len) {
+		/* (a secure channel encrypts: no sendfile, the pread below) */
+		while (!c->tls && sent < len) {
 			ssize_t r = sendfile(c->fd, ns->fd, &o, len - sent);
 
 			if (r > 0) {
@@ -1509,9 +1584,10 @@ void *tgt_conn_main(void *arg)
 	c->state = TGT_CONN_WAIT_ICREQ;
 	if (t->verbose)
 		tgt_log(t, "%s: connected", c->peer);
-	do
+	/* the secure channel comes before ICReq (it logs its own failures) */
+	ret = tgt_tls_accept(c);
+	while (ret == 0)
 		ret = recv_pdu(c);
-	while (ret == 0);
 	/* First the disk I/O in flight ends (the engine sends nothing more),
 	 * so that no write of this queue lands after its qid is free again
 	 * or a controller reset waiting for it completes; then the queue is
@@ -1558,6 +1634,8 @@ void *tgt_conn_main(void *arg)
 	free(c->icd);
 	free(c->chunk);
 	free(c->abuf);
+	fx_tls_free(c->tls);
+	c->tls = NULL;
 	if (!sigismember(&old, SIGPIPE)) {
 		const struct timespec none = {0, 0};
 

@@ -474,6 +474,7 @@ static void target_free(struct fx_target *t)
 		free(t->allow[i]);
 	free(t->allow);
 	tgt_auth_config_free(t);
+	tgt_tls_config_free(t);
 	for (unsigned i = 0; i < t->n_ports; i++)
 		if (t->ports[i].lfd >= 0)
 			close(t->ports[i].lfd);
@@ -603,6 +604,9 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 		}
 	}
 	ret = tgt_auth_config(t, cfg);
+	if (ret < 0)
+		goto fail;
+	ret = tgt_tls_config(t, cfg);
 	if (ret < 0)
 		goto fail;
 	if (pipe2(t->wake, O_CLOEXEC | O_NONBLOCK) < 0) {

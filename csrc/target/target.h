@@ -40,6 +40,17 @@ struct fx_target_dhchap_host {
 	const char *ctrl_secret; /* the controller's secret, or NULL */
 };
 
+/* A host's configured TLS PSK (NVMeTLSkey-1:HH:...:), for the secure channel. */
+struct fx_target_tls_host {
+	const char *hostnqn;
+	const char *key;
+};
+
+/* fx_target_config.tls: whether hosts must, may or cannot use TLS. */
+#define FX_TARGET_TLS_OFF 0
+#define FX_TARGET_TLS_OPTIONAL 1 /* TLS or clear text, by the host's first byte */
+#define FX_TARGET_TLS_REQUIRED 2 /* TLS only: anything else is closed */
+
 /* Bits of fx_target_config.dhchap_hashes / dhchap_dhgroups: 1u << id. */
 #define FX_TARGET_DHCHAP_HASHES_ALL 0x0Eu   /* SHA-256 (1), SHA-384 (2), SHA-512 (3) */
 #define FX_TARGET_DHCHAP_DHGROUPS_ALL 0x3Fu /* null (0), ffdhe2048 (1) ... ffdhe8192 (5) */
@@ -87,6 +98,12 @@ struct fx_target_config {
 	 * of those the host offers too, the strongest is used. */
 	uint32_t dhchap_hashes;
 	uint32_t dhchap_dhgroups;
+	/* NVMe/TCP secure channel (TLS 1.3 with a PSK, csrc/target/tls.c):
+	 * FX_TARGET_TLS_*, and the hosts' keys.  The discovery log says
+	 * TREQ required / not required and SECTYPE TLS 1.3 when it is on. */
+	int tls;
+	const struct fx_target_tls_host *tls_hosts;
+	unsigned n_tls_hosts;
 	uint32_t block_size;    /* 512 or 4096 */
 	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
 	/* Limits against hosts that are hostile, broken or gone; 0 = default.

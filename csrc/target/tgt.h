@@ -15,6 +15,8 @@
 
 #include "fx100io/nvme.h"
 #include "auth/auth_msg.h"
+#include "nvme_tcp/tls.h"
+#include "nvme_tcp/tls_psk.h"
 #include "target.h"
 
 /* Limits we advertise.  MDTS is in units of the 4 KiB minimum page: 2^10
@@ -376,6 +378,9 @@ struct tgt_conn {
 	uint64_t accepted_ms;
 	int deadline_hit; /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
+	struct fx_tls *tls; /* the secure channel's records (NULL: clear text) */
+	/* whom its PSK identity named: Connect must name the same */
+	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
 	char peer_key[64];         /* the peer's address as per-peer bounds count it (target.c) */
 	struct tgt_iopeer *iopeer; /* its account in the I/O buffer budget */
 	char local_addr[64];       /* address the host reached us at (discovery traddr) */
@@ -483,6 +488,9 @@ struct fx_target {
 	struct tgt_dhchap_host *dhchap; /* hosts that must authenticate */
 	unsigned n_dhchap;
 	uint32_t dhchap_hashes, dhchap_dhgroups; /* allowed ids, bit 1u << id */
+	int tls;                                 /* FX_TARGET_TLS_* */
+	struct tgt_tls_host *tls_hosts;          /* their configured PSKs (tls.c) */
+	unsigned n_tls_hosts;
 	uint32_t block_size;
 	unsigned lba_shift;
 	uint32_t max_io_queues;
@@ -648,6 +656,20 @@ int tgt_serve_fd(struct fx_target *t, int fd);
 /* fx_target_create: parse the config's secrets (never logged) and allowed
  * ids.  0, -EINVAL (logged: which host, what is wrong), -ENOMEM. */
 int tgt_auth_config(struct fx_target *t, const struct fx_target_config *cfg);
+
+/* The secure channel (tls.c): the hosts' keys, parsed once (-EINVAL with a
+ * log line naming the host for a bad one) and wiped at the end; and a
+ * connection's start: with TLS optional, the host's first byte says which
+ * (0x16: a TLS handshake); with TLS required anything else is closed.  0
+ * with c->tls set (or left NULL for a clear-text host), or -ECONNABORTED
+ * after a log line. */
+struct tgt_tls_host {
+	char hostnqn[NVMF_NQN_SIZE];
+	struct fx_tls_key key;
+};
+int tgt_tls_config(struct fx_target *t, const struct fx_target_config *cfg);
+void tgt_tls_config_free(struct fx_target *t);
+int tgt_tls_accept(struct tgt_conn *c);
 void tgt_auth_config_free(struct fx_target *t);
 /* The host's authentication entry, NULL when it needs none. */
 const struct tgt_dhchap_host *tgt_auth_host(const struct fx_target *t, const char *hostnqn);

@@ -40,6 +40,7 @@
 #include "host/auth_host.h"
 #include "nvme_tcp/pdu.h"
 #include "nvme_tcp/sock.h"
+#include "nvme_tcp/tls.h"
 #include "nvme_tcp/xfer.h"
 
 /* NVMe/TCP: the admin queue takes up to 8 KiB of in-capsule data. */
@@ -58,23 +59,67 @@ union rx_hdr {
 
 /* --------------------------------------------------------- socket I/O */
 
-/* nvme_tcp/sock.c's I/O with this thread's cancel fd: a cancelled call
- * stops waiting at once (-ECANCELED). */
-static int send_iov(int fd, struct iovec *iov, int cnt, int64_t deadline)
+static void tls_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A secure channel that could not be set up: the reason for the caller
+ * (fx_nvmf_auth_error) and the log. */
+static void tls_fail(const char *fmt, ...)
 {
-	int r = fx_tcp_sendv(fd, iov, cnt, MSG_DONTWAIT, deadline, fx_nvmf_cancel_fd(), NULL);
+	va_list ap;
+
+	va_start(ap, fmt);
+	fx_nvmf_auth_error_vset(fmt, ap);
+	va_end(ap);
+	fx_nvmf_log("%s", fx_nvmf_auth_error());
+}
+
+/* nvme_tcp/sock.c's I/O with this thread's cancel fd: a cancelled call
+ * stops waiting at once (-ECANCELED).  On a secure channel the same bytes
+ * go through TLS records (nvme_tcp/tls.c); a record the peer broke (a bad
+ * tag, an alert, a malformed record) is a protocol error like a malformed
+ * PDU, and its reason is logged. */
+static int tls_err(struct fx_tcp_conn *c, int r)
+{
+	if (r == -EBADMSG || r == -EPROTO || (r == -ECONNRESET && fx_tls_why(c->tls)[0])) {
+		fx_nvmf_log("qid %u: TLS: %s", c->qid, fx_tls_why(c->tls));
+		return r == -ECONNRESET ? r : -EPROTO;
+	}
+	return r;
+}
+
+static int send_iov(struct fx_tcp_conn *c, struct iovec *iov, int cnt, int64_t deadline)
+{
+	int r = c->tls ? tls_err(c, fx_tls_sendv(c->tls, c->fd, iov, cnt, deadline,
+						 fx_nvmf_cancel_fd()))
+		       : fx_tcp_sendv(c->fd, iov, cnt, MSG_DONTWAIT, deadline, fx_nvmf_cancel_fd(),
+				      NULL);
 
 	return r == -EPIPE ? -ECONNRESET : r;
 }
 
-static int recv_full(int fd, void *buf, size_t len, int64_t deadline)
+static int recv_full(struct fx_tcp_conn *c, void *buf, size_t len, int64_t deadline)
 {
-	return fx_tcp_recv_full(fd, buf, len, deadline, fx_nvmf_cancel_fd());
+	if (c->tls)
+		return tls_err(c, fx_tls_recv_full(c->tls, c->fd, buf, len, deadline,
+						   fx_nvmf_cancel_fd()));
+	return fx_tcp_recv_full(c->fd, buf, len, deadline, fx_nvmf_cancel_fd());
 }
 
-static int recv_discard(int fd, size_t len, int64_t deadline)
+static int recv_discard(struct fx_tcp_conn *c, size_t len, int64_t deadline)
 {
-	return fx_tcp_recv_discard(fd, len, deadline, fx_nvmf_cancel_fd());
+	uint8_t sink[4096];
+
+	if (!c->tls)
+		return fx_tcp_recv_discard(c->fd, len, deadline, fx_nvmf_cancel_fd());
+	while (len) {
+		size_t n = len < sizeof(sink) ? len : sizeof(sink);
+		int r = recv_full(c, sink, n, deadline);
+
+		if (r)
+			return r;
+		len -= n;
+	}
+	return 0;
 }
 
 /* Stream errors leave the PDU stream out of step: make the socket unusable
@@ -97,7 +142,7 @@ static int proto_fail(struct fx_tcp_conn *c, uint16_t fes, uint32_t fei, const v
 	struct iovec iov = {b, fx_tcp_term_build(b, NVME_TCP_H2C_TERM, fes, fei, hdr, hlen)};
 
 	if (c->fd >= 0)
-		(void)send_iov(c->fd, &iov, 1, fx_nvmf_now_ms() + 100);
+		(void)send_iov(c, &iov, 1, fx_nvmf_now_ms() + 100);
 	return conn_fail(c, -EPROTO);
 }
 
@@ -129,7 +174,7 @@ static const char *fes_str(uint16_t fes)
  */
 static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen, int64_t deadline)
 {
-	int r = recv_full(c->fd, &h->ch, sizeof(h->ch), deadline);
+	int r = recv_full(c, &h->ch, sizeof(h->ch), deadline);
 
 	if (r)
 		return conn_fail(c, r);
@@ -143,7 +188,7 @@ static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen, i
 	}
 	if ((unsigned)n > sizeof(*h))
 		return proto_fail(c, NVME_TCP_FES_INVALID_PDU_HDR, 0, &h->ch, sizeof(h->ch));
-	r = recv_full(c->fd, h->raw + sizeof(h->ch), (size_t)n - sizeof(h->ch), deadline);
+	r = recv_full(c, h->raw + sizeof(h->ch), (size_t)n - sizeof(h->ch), deadline);
 	if (r)
 		return conn_fail(c, r);
 
@@ -151,7 +196,7 @@ static int recv_hdr(struct fx_tcp_conn *c, union rx_hdr *h, uint32_t max_plen, i
 		uint16_t fes = h->term.fes;
 		uint32_t fei = h->term.feil | (uint32_t)h->term.feiu << 16;
 
-		(void)recv_discard(c->fd, h->ch.plen - (uint32_t)n, fx_nvmf_now_ms() + 100);
+		(void)recv_discard(c, h->ch.plen - (uint32_t)n, fx_nvmf_now_ms() + 100);
 		fx_nvmf_log("qid %u: controller terminated the connection: FES 0x%x (%s), FEI 0x%x",
 			    c->qid, fes, fes_str(fes), fei);
 		shutdown(c->fd, SHUT_RDWR);
@@ -186,8 +231,7 @@ static int send_capsule(struct fx_tcp_conn *c, const struct nvme_sqe *sqe, const
 
 	if (head < 0)
 		return head;
-	return send_iov(c->fd, iov, fx_tcp_pdu_iov(iov, b, (unsigned)head, data, incap, &dd),
-			deadline);
+	return send_iov(c, iov, fx_tcp_pdu_iov(iov, b, (unsigned)head, data, incap, &dd), deadline);
 }
 
 /* Answer an R2T: H2CData PDUs of at most maxh2cdata covering
@@ -217,8 +261,7 @@ static int send_h2c(struct fx_tcp_conn *c, uint16_t cid, uint16_t ttag, const ui
 
 		if (head < 0)
 			return conn_fail(c, head);
-		int r = send_iov(c->fd, iov,
-				 fx_tcp_pdu_iov(iov, b, (unsigned)head, data + off, n, &dd),
+		int r = send_iov(c, iov, fx_tcp_pdu_iov(iov, b, (unsigned)head, data + off, n, &dd),
 				 deadline);
 
 		if (r)
@@ -304,15 +347,15 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 			}
 			uint32_t at = x.received;
 
-			r = recv_discard(c->fd, h.ch.pdo - (uint32_t)n, deadline);
+			r = recv_discard(c, h.ch.pdo - (uint32_t)n, deadline);
 			if (!r)
-				r = recv_full(c->fd, buf + at, payload, deadline);
+				r = recv_full(c, buf + at, payload, deadline);
 			if (r)
 				return conn_fail(c, r);
 			if (dd) {
 				uint32_t got;
 
-				r = recv_full(c->fd, &got, sizeof(got), deadline);
+				r = recv_full(c, &got, sizeof(got), deadline);
 				if (r)
 					return conn_fail(c, r);
 				if (got != fx_tcp_ddgst(buf + at, payload)) {
@@ -480,7 +523,7 @@ static int ic_exchange(struct fx_tcp_conn *c, int want_hdgst, int want_ddgst, in
 	req.digest = asked;
 	req.maxr2t = 0; /* one R2T at a time: we run one command at a time */
 	struct iovec iov = {&req, sizeof(req)};
-	int r = send_iov(c->fd, &iov, 1, deadline);
+	int r = send_iov(c, &iov, 1, deadline);
 
 	if (r)
 		return r;
@@ -518,6 +561,36 @@ static int ic_exchange(struct fx_tcp_conn *c, int want_hdgst, int want_ddgst, in
 	return 0;
 }
 
+/*
+ * The secure channel's handshake, right after the TCP connect and before
+ * ICReq: the TLS PSK and identity derived from the configured key for this
+ * host and subsystem (version 0 identity, RFC 8446 derivation: what SPDK and
+ * Linux look up).  Its failure reason is the thread's authentication error,
+ * which the Python side shows.
+ */
+static int tls_start(struct fx_tcp_conn *c, const struct fx_nvmf_params *p, int64_t deadline)
+{
+	struct fx_tls_psk psk;
+	const char *why = NULL;
+	int r;
+
+	fx_nvmf_auth_error_clear();
+	if (!p->tls_key.len) {
+		tls_fail("tls=1 needs a TLS key (tls_key)");
+		return -EINVAL;
+	}
+	r = fx_tls_psk_derive(&p->tls_key, p->hostnqn, p->subnqn, 0, FX_TLS_KDF_RFC, &psk);
+	if (r) {
+		tls_fail("no TLS PSK identity can be made of these NQNs");
+		return r;
+	}
+	r = fx_tls_client(c->fd, &psk, deadline, fx_nvmf_cancel_fd(), &c->tls, &why);
+	fx_tls_psk_wipe(&psk);
+	if (r && r != -ECANCELED)
+		tls_fail("qid %u: TLS handshake failed: %s", c->qid, why ? why : "");
+	return r;
+}
+
 int fx_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p, uint16_t qid,
 		   uint16_t sqsize, uint16_t cntlid, struct fx_tcp_conn *out, uint16_t *status)
 {
@@ -542,6 +615,11 @@ int fx_tcp_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p,
 	 * said (p->io_incap_max), for the AUTH_Send after Connect; the data
 	 * path's own limit is the caller's (transport/tcp.c). */
 	out->incap_max = qid == 0 ? ADMIN_INCAPSULE_MAX : p->io_incap_max;
+	if (p->tls) {
+		r = tls_start(out, p, deadline);
+		if (r)
+			goto fail;
+	}
 	r = ic_exchange(out, p->hdgst, p->ddgst, deadline);
 	if (r)
 		goto fail;
@@ -577,6 +655,8 @@ fail:
 
 void fx_tcp_conn_close(struct fx_tcp_conn *c)
 {
+	fx_tls_free(c->tls);
+	c->tls = NULL;
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;

@@ -18,6 +18,8 @@
 #include "host/ctrl.h"
 #include "host/nvmf.h"
 
+struct fx_tls;
+
 /* One connected queue (admin or I/O): a TCP socket past ICResp and Connect. */
 struct fx_tcp_conn {
 	int fd;
@@ -39,6 +41,11 @@ struct fx_tcp_conn {
 	 * of the capsule's data area: leave 0 on an I/O queue of a controller
 	 * whose ICDOFF is not 0. */
 	uint32_t incap_max;
+	/* The secure channel's record state (NULL: clear text), freed by
+	 * fx_tcp_conn_close.  Only the control path speaks TLS so far: the data
+	 * path (transport/tcp.c) never gets such a connection, because
+	 * host/dev.c refuses tls=1 until it does. */
+	struct fx_tls *tls;
 };
 
 /* The NVMe/TCP transport table; its queues are struct fx_tcp_conn. */

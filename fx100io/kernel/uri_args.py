@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
 
 from fx100io import fabric_options, fabric_uri, uri_redact
-from fx100io.errors import InvalidArgumentError
+from fx100io.errors import InvalidArgumentError, KernelSupportError
 from fx100io.kernel.nvme_cli import NVME_CLI
 
 ETC_NVME = Path("/etc/nvme")
@@ -158,6 +158,13 @@ def target_of(uri: str, **opts: Any) -> Target:
     except InvalidArgumentError as e:
         e.target = redact(uri)
         raise
+    if p.get("tls") == "1":
+        # never attach in clear text what asked for TLS; nvme-cli's --tls needs the key in
+        # the kernel keyring and tlshd, which Debian 12 lacks (docs/nvme-tcp.md, "Secure channels")
+        raise KernelSupportError(93, "tls=1: the kernel path does not hand TLS keys to the "
+                                 "kernel yet (Debian 12's kernel 6.1 and nvme-cli 2.3 have no "
+                                 "NVMe/TCP TLS either); use the userspace initiator",
+                                 redact(uri))
     secrets = {k: p[k] for k in SECRET_KEYS if k in p}
     if not p["subnqn"]:
         raise InvalidArgumentError(22, "the URI needs a subsystem NQN as its path "

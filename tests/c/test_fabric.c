@@ -149,7 +149,7 @@ int main(int argc, char **argv)
 	memset(&p, 0, sizeof(p));
 	p.kato_ms = 3000;
 	p.timeout_ms = 15000;
-	while ((opt = getopt(argc, argv, "q:gGk:s:n:e:")) != -1) {
+	while ((opt = getopt(argc, argv, "q:gGk:s:n:e:t:")) != -1) {
 		switch (opt) {
 		case 'q':
 			hostnqn = optarg;
@@ -172,10 +172,21 @@ int main(int argc, char **argv)
 		case 'e':
 			expect_err = errno_from_name(optarg);
 			break;
+		case 't': {
+			/* the secure channel, with this configured TLS PSK */
+			const char *why = NULL;
+
+			p.tls = 1;
+			if (fx_nvmf_params_set_tls_key(&p, optarg, &why)) {
+				fprintf(stderr, "-t: %s\n", why);
+				return 2;
+			}
+			break;
+		}
 		default:
 			fprintf(stderr,
 				"usage: %s [-q hostnqn] [-g] [-G] [-k kato_ms] [-s idle_s] "
-				"[-n nsid] [-e ERRNO] ADDR PORT SUBNQN\n",
+				"[-n nsid] [-e ERRNO] [-t TLSKEY] ADDR PORT SUBNQN\n",
 				argv[0]);
 			return 2;
 		}
@@ -206,14 +217,15 @@ int main(int argc, char **argv)
 		memcpy(p.hostid + 4 * i, &h, 4);
 	}
 
-	printf("target %s:%s subsystem %s host %s digests %s%s kato %u ms\n", a, port, nqn, hostnqn,
-	       p.hdgst ? "H" : "-", p.ddgst ? "D" : "-", p.kato_ms);
+	printf("target %s:%s subsystem %s host %s digests %s%s kato %u ms%s\n", a, port, nqn,
+	       hostnqn, p.hdgst ? "H" : "-", p.ddgst ? "D" : "-", p.kato_ms, p.tls ? " TLS" : "");
 
 	struct fx_nvmf_ctrl *c = NULL;
 	int r = fx_tcp_ctrl_open(&addr, &p, 1, &c, &status);
 
 	if (expect_err) {
-		printf("open: %d (%s) status 0x%x\n", r, errno_name(-r), status);
+		printf("open: %d (%s) status 0x%x; %s\n", r, errno_name(-r), status,
+		       fx_nvmf_auth_error());
 		CHECK_EQ(r, -expect_err);
 		printf("PASS: controller refused with %s as expected\n", errno_name(expect_err));
 		return 0;

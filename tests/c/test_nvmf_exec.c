@@ -7,11 +7,16 @@
  * ICResp/Connect answers must map to the documented errnos.
  *
  * fx_tcp_exec runs over a socketpair; fx_tcp_connect over TCP on
- * 127.0.0.1 (no other network).
+ * 127.0.0.1 (no other network).  Every fx_tcp_exec case runs a second time
+ * inside a TLS secure channel (nvme_tcp/tls.c, the peer its server side),
+ * and fx_tcp_connect is tried with TLS against a TLS controller, one with
+ * another key and one without TLS.
  */
 #include "transport/tcp_ctrl.h"
 #include "host/ana.h"
 #include "nvme_tcp/pdu.h"
+#include "nvme_tcp/sock.h"
+#include "nvme_tcp/tls.h"
 #include "nvme_tcp/xfer.h"
 #include "check.h"
 
@@ -41,13 +46,54 @@ struct peer {
 	uint32_t len;
 	const uint8_t *expect; /* write data the host should send */
 	int ok;
+	struct fx_tls *tls; /* the secure channel's server side, when on */
 };
+
+/* the secure channel: on for the second pass of the exec cases */
+static int use_tls;
+#define TLS_HOST "nqn.2014-08.io.fx100:test-host"
+#define TLS_SUB "nqn.2014-08.io.fx100:test-sub"
+#define TLS_KEY "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+#define TLS_KEY2 "NVMeTLSkey-1:01:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:"
+
+/* The scripted controller's key table: TLS_KEY for TLS_HOST (arg: the key
+ * text it holds). */
+static int tls_lookup(void *arg, const struct fx_tls_identity *id, struct fx_tls_psk *psk,
+		      const char **why)
+{
+	struct fx_tls_key k;
+
+	if (strcmp(id->hostnqn, TLS_HOST) != 0 || strcmp(id->subnqn, TLS_SUB) != 0) {
+		*why = "unknown host";
+		return -EACCES;
+	}
+	CHECK_EQ(fx_tls_key_parse(arg, &k, NULL), 0);
+	CHECK_EQ(fx_tls_psk_derive(&k, id->hostnqn, id->subnqn, id->version, FX_TLS_KDF_RFC, psk),
+		 0);
+	return 0;
+}
+
+static int peer_tls_accept(struct peer *p, const char *key)
+{
+	const char *why = NULL;
+
+	return fx_tls_server(p->fd, tls_lookup, (void *)key, fx_tcp_now_ms() + 5000, -1, &p->tls,
+			     NULL, &why);
+}
 
 typedef void (*script_fn)(struct peer *p);
 
 static void p_send(struct peer *p, const void *b, size_t n)
 {
 	const uint8_t *q = b;
+
+	if (p->tls) {
+		struct iovec v = {(void *)b, n};
+
+		/* the host went away: the case checks the result */
+		(void)fx_tls_sendv(p->tls, p->fd, &v, 1, fx_tcp_now_ms() + 10000, -1);
+		return;
+	}
 
 	while (n) {
 		ssize_t k = send(p->fd, q, n, MSG_NOSIGNAL);
@@ -62,6 +108,9 @@ static void p_send(struct peer *p, const void *b, size_t n)
 static int p_recv(struct peer *p, void *b, size_t n)
 {
 	uint8_t *q = b;
+
+	if (p->tls)
+		return fx_tls_recv_full(p->tls, p->fd, b, n, fx_tcp_now_ms() + 10000, -1) ? -1 : 0;
 
 	while (n) {
 		ssize_t k = recv(p->fd, q, n, 0);
@@ -516,6 +565,9 @@ static void *peer_main(void *arg)
 	struct run *r = arg;
 	struct peer *p = &r->p;
 	uint8_t hdr[160];
+
+	if (use_tls)
+		CHECK_EQ(peer_tls_accept(p, TLS_KEY), 0);
 	int n = p_recv_pdu(p, hdr, p->incap, sizeof(p->incap));
 
 	if (n >= 0) {
@@ -534,6 +586,8 @@ static void *peer_main(void *arg)
 		if (hdr[0] == NVME_TCP_H2C_TERM)
 			p->term_fes = ((struct nvme_tcp_term_pdu *)hdr)->fes;
 	}
+	fx_tls_free(p->tls);
+	p->tls = NULL;
 	return NULL;
 }
 
@@ -575,6 +629,15 @@ static int run_case(const char *name, script_fn fn, struct case_opts o, uint8_t 
 	sqe.nsid = 1;
 
 	CHECK_EQ(pthread_create(&th, NULL, peer_main, &r), 0);
+	if (use_tls) {
+		struct fx_tls_key k;
+		struct fx_tls_psk psk;
+		const char *why = NULL;
+
+		CHECK_EQ(fx_tls_key_parse(TLS_KEY, &k, NULL), 0);
+		CHECK_EQ(fx_tls_psk_derive(&k, TLS_HOST, TLS_SUB, 0, FX_TLS_KDF_RFC, &psk), 0);
+		CHECK_EQ(fx_tls_client(c.fd, &psk, fx_tcp_now_ms() + 5000, -1, &c.tls, &why), 0);
+	}
 	if (o.write)
 		memcpy(buf, pattern, o.len);
 	int ret = fx_tcp_exec(&c, &sqe, buf, o.len, o.write, cqe);
@@ -812,9 +875,12 @@ struct ctl {
 	/* Connect response */
 	uint16_t sf;
 	uint16_t cntlid;
+	/* the secure channel: the key the controller holds (NULL: no TLS) */
+	const char *tls_key;
 	/* seen */
 	int connect_ok;
 	uint8_t asked;
+	int tls_rc;
 };
 
 static void *ctl_main(void *arg)
@@ -826,11 +892,28 @@ static void *ctl_main(void *arg)
 	CHECK(fd >= 0);
 	memset(&p, 0, sizeof(p));
 	p.fd = fd;
+	if (t->tls_key) {
+		t->tls_rc = peer_tls_accept(&p, t->tls_key);
+		if (t->tls_rc)
+			goto out;
+	}
 
 	struct nvme_tcp_icreq_pdu req;
 
 	if (p_recv(&p, &req, sizeof(req)))
 		goto out;
+	if (req.hdr.type != NVME_TCP_ICREQ) {
+		/* a controller without TLS given a ClientHello: it refuses the
+		 * "PDU" as Linux does, with a C2HTermReq, and closes */
+		struct nvme_tcp_term_pdu term;
+
+		memset(&term, 0, sizeof(term));
+		fx_tcp_hdr_init(&term.hdr, NVME_TCP_C2H_TERM, 0, 0, 0, 0);
+		term.fes = NVME_TCP_FES_INVALID_PDU_HDR;
+		p_send(&p, &term, sizeof(term));
+		t->asked = 0xff;
+		goto out;
+	}
 	CHECK_EQ(req.hdr.type, NVME_TCP_ICREQ);
 	CHECK_EQ(req.hdr.plen, 128);
 	CHECK_EQ(req.pfv, 0);
@@ -884,12 +967,14 @@ static void *ctl_main(void *arg)
 	while (p_recv_pdu(&p, hdr, data, sizeof(data)) >= 0)
 		;
 out:
+	fx_tls_free(p.tls);
 	close(fd);
 	return NULL;
 }
 
-static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd,
-			struct fx_tcp_conn *c, uint16_t *status, struct ctl *seen)
+static int connect_case_tls(const char *name, struct ctl t, int want_hd, int want_dd,
+			    const char *host_key, struct fx_tcp_conn *c, uint16_t *status,
+			    struct ctl *seen)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(sa);
@@ -913,6 +998,10 @@ static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd
 	p.ddgst = want_dd;
 	p.kato_ms = 4000;
 	p.timeout_ms = 3000;
+	if (host_key) {
+		p.tls = 1;
+		CHECK_EQ(fx_nvmf_params_set_tls_key(&p, host_key, NULL), 0);
+	}
 	CHECK_EQ(pthread_create(&th, NULL, ctl_main, &t), 0);
 	int r = fx_tcp_connect(&a, &p, 0, 31, 0xffff, c, status);
 
@@ -922,7 +1011,14 @@ static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd
 	close(t.lfd);
 	*seen = t;
 	printf("  %-36s -> %d (%s) status 0x%x\n", name, r, r ? strerror(-r) : "ok", *status);
+	fx_nvmf_params_wipe(&p);
 	return r;
+}
+
+static int connect_case(const char *name, struct ctl t, int want_hd, int want_dd,
+			struct fx_tcp_conn *c, uint16_t *status, struct ctl *seen)
+{
+	return connect_case_tls(name, t, want_hd, want_dd, NULL, c, status, seen);
 }
 
 static void test_connect(void)
@@ -934,6 +1030,28 @@ static void test_connect(void)
 	struct ctl t;
 
 	printf("fx_tcp_connect against a scripted controller on 127.0.0.1:\n");
+	/* the secure channel before ICReq: the same key, another key, no TLS there */
+	t = good;
+	t.tls_key = TLS_KEY;
+	t.digest = 3;
+	CHECK_EQ(connect_case_tls("TLS, digests", t, 1, 1, TLS_KEY, &c, &st, &seen), 0);
+	CHECK(seen.connect_ok);
+	CHECK_EQ(seen.tls_rc, 0);
+	CHECK_EQ(seen.asked, 3);
+	t.tls_key = TLS_KEY2;
+	CHECK_EQ(connect_case_tls("TLS, the controller has another key", t, 0, 0, TLS_KEY, &c, &st,
+				  &seen),
+		 -EACCES);
+	CHECK_EQ(seen.tls_rc, -EACCES);
+	CHECK(strstr(fx_nvmf_auth_error(), "TLS handshake failed") &&
+	      strstr(fx_nvmf_auth_error(), "wrong key"));
+	CHECK(c.fd == -1 && c.tls == NULL);
+	t.tls_key = NULL;
+	CHECK_EQ(connect_case_tls("TLS, the controller has none", t, 0, 0, TLS_KEY, &c, &st, &seen),
+		 -EPROTO);
+	CHECK_EQ(seen.asked, 0xff); /* it saw our ClientHello, not an ICReq */
+	CHECK(strstr(fx_nvmf_auth_error(), "did not answer with TLS"));
+
 	CHECK_EQ(connect_case("good", good, 0, 0, &c, &st, &seen), 0);
 	CHECK(seen.connect_ok);
 	CHECK_EQ(c.cntlid, 7);
@@ -1401,6 +1519,10 @@ int main(void)
 	for (size_t i = 0; i < sizeof(pattern); i++)
 		pattern[i] = (uint8_t)test_rand(&s);
 	test_exec();
+	use_tls = 1;
+	printf("(again, inside a TLS secure channel)\n");
+	test_exec();
+	use_tls = 0;
 	test_connect();
 	test_ctrl();
 	test_ana_log();

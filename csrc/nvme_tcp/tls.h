@@ -1,0 +1,114 @@
+/*
+ * NVMe/TCP secure channel (TLS 1.3 with an external PSK), one module for our
+ * initiator and our target: the handshake before ICReq and the record layer
+ * that carries every PDU after it.
+ *
+ * Handshake: OpenSSL 3 over memory BIOs, fed one TLS record at a time from
+ * the socket so that no byte after the handshake is read into OpenSSL;
+ * TLS 1.3 only, psk_dhe_ke, the one suite the PSK's hash names
+ * (TLS_AES_128_GCM_SHA256 for SHA-256, TLS_AES_256_GCM_SHA384 for SHA-384),
+ * no certificates, no session tickets, no early data.  The traffic secrets
+ * come from OpenSSL's keylog callback; the SSL object is freed at the end.
+ *
+ * Records: our own (RFC 8446 5): AES-GCM through EVP, a nonce from the
+ * sequence number, the 5-byte header as AAD, the inner content type after
+ * the content.  What a peer may send after the handshake: application data;
+ * a NewSessionTicket (dropped: SPDK's target sends one); a KeyUpdate that
+ * does not ask for ours (the receive key moves on); close_notify (the end
+ * of the stream).  Anything else ends the connection with a reason:
+ * another alert, a KeyUpdate asking for ours, a handshake message split
+ * across records, a record over 2^14+256 bytes or with a plaintext over
+ * 2^14, a bad tag, a clear-text record.
+ *
+ * Functions return 0 (or a count) or -errno: -EINVAL a bad argument,
+ * -EACCES the peer's key or identity was refused (wrong key, unknown host),
+ * -EPROTO the peer broke TLS (fx_tls_why() says how), -ECONNRESET the peer
+ * ended the stream, -ETIMEDOUT, -ECANCELED, -ENOMEM, -EIO OpenSSL failed.
+ */
+#ifndef FX100IO_NVME_TCP_TLS_H
+#define FX100IO_NVME_TCP_TLS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "nvme_tcp/tls_psk.h"
+
+/* RFC 8446 5.1, 5.2: the largest plaintext and ciphertext of a record */
+#define FX_TLS_MAX_PLAINTEXT 16384
+#define FX_TLS_MAX_CIPHERTEXT (16384 + 256)
+#define FX_TLS_HEADER 5
+#define FX_TLS_TAG 16
+
+/* One direction's record protection. */
+struct fx_tls_dir {
+	void *ctx; /* EVP_CIPHER_CTX with the key schedule */
+	uint8_t hash;
+	uint8_t secret[FX_TLS_PSK_MAX]; /* the traffic secret (a KeyUpdate moves it) */
+	uint8_t iv[12];
+	uint64_t seq;
+};
+
+struct fx_tls {
+	struct fx_tls_dir tx, rx;
+	const char *why; /* the reason of the last failure, a static sentence */
+	/* received: one record's ciphertext, then its plaintext handed out */
+	uint8_t rec[FX_TLS_HEADER + FX_TLS_MAX_CIPHERTEXT];
+	uint8_t plain[FX_TLS_MAX_CIPHERTEXT];
+	size_t plain_pos, plain_len;
+	/* sent: one record at a time */
+	uint8_t out[FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG];
+};
+
+/* The target's PSK for a peer's identity: 0 with *psk filled (its
+ * identity field need not be), -EACCES (with *why a static sentence for
+ * the log) when this host has no key or may not connect. */
+typedef int (*fx_tls_lookup_fn)(void *arg, const struct fx_tls_identity *id, struct fx_tls_psk *psk,
+				const char **why);
+
+/*
+ * Handshake as the client on connected socket fd, offering psk's identity,
+ * before the deadline (fx_tcp_now_ms() clock) or cancel_fd.  *out gets the
+ * record state (free with fx_tls_free).  *why (may be NULL) gets a static
+ * sentence on failure.
+ */
+int fx_tls_client(int fd, const struct fx_tls_psk *psk, int64_t deadline, int cancel_fd,
+		  struct fx_tls **out, const char **why);
+/* The same as the server, finding the PSK with lookup; *peer (may be NULL)
+ * gets the identity the client offered, when it parsed. */
+int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, int cancel_fd,
+		  struct fx_tls **out, struct fx_tls_identity *peer, const char **why);
+/* Send close_notify (best effort, never blocks past the deadline) is the
+ * caller's choice; free wipes the keys. */
+void fx_tls_free(struct fx_tls *t);
+const char *fx_tls_why(const struct fx_tls *t);
+
+/* Encrypt iov[0..cnt) into records and send them all (the iovecs are
+ * consumed) before the deadline. */
+int fx_tls_sendv(struct fx_tls *t, int fd, struct iovec *iov, int cnt, int64_t deadline,
+		 int cancel_fd);
+/* Receive exactly len plaintext bytes before the deadline. */
+int fx_tls_recv_full(struct fx_tls *t, int fd, void *buf, size_t len, int64_t deadline,
+		     int cancel_fd);
+/* Plaintext already decrypted and not yet handed out. */
+size_t fx_tls_pending(const struct fx_tls *t);
+/* Send close_notify (one record). */
+int fx_tls_close_notify(struct fx_tls *t, int fd, int64_t deadline);
+
+/*
+ * The record layer without a socket (the fuzzer and the tests drive it):
+ * open one whole record rec[0..len) (header included; rec is decrypted in
+ * place) and handle it: application data lands in t->plain; returns the
+ * plaintext bytes added (0 for a dropped ticket or a key update),
+ * -ECONNRESET for close_notify, -EPROTO / -EBADMSG (bad tag) otherwise.
+ * seal: one record of type 23 with len <= FX_TLS_MAX_PLAINTEXT bytes of
+ * data into t->out; returns the record's size.
+ */
+int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len);
+int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, int cnt,
+		       size_t len);
+/* Install a direction's traffic secret (tests: both ends from one). */
+int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret);
+struct fx_tls *fx_tls_alloc(void);
+
+#endif

@@ -1,0 +1,128 @@
+"""The URI options of the NVMe/TCP secure channel (tls, tls_key): the key text
+is checked by the C parser (csrc/nvme_tcp/tls_psk.c) through fabric_uri, read
+from a file with @FILE, hidden wherever a URI is shown, and a URI that asks
+for TLS is never connected in clear text."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+import fx100io
+from fx100io import _core, fabric_uri, uri_redact
+from fx100io.errors import Fx100ioError, InvalidArgumentError, UnsupportedTransportError
+
+NQN = "nqn.2024-01.io.fx100io:tls"
+# libnvme's test/psk.c key (32 bytes, HH 01) and its 48-byte twin (HH 02)
+KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+KEY48 = "NVMeTLSkey-1:02:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwP/w0S89ELi3W2LxIcLXVsDn8kXZQ==:"
+BAD_CRC = KEY[:-2] + "Y:"
+
+
+def _uri(query: str, port: int = 4420) -> str:
+    return f"nvme+tcp://127.0.0.1:{port}/{NQN}?{query}"
+
+
+def _lines(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.split("\n") if line)
+
+
+@pytest.mark.parametrize("key", [KEY, KEY48])
+def test_an_inline_key_turns_tls_on_and_travels_apart_from_the_target_string(key):
+    for query in (f"tls_key={key}", f"tls=1&tls_key={key}"):
+        target, secrets = fabric_uri.to_transport(_uri(query))
+        assert _lines(target)["tls"] == "1"
+        assert "NVMeTLSkey" not in target
+        assert _lines(secrets)["tls_key"] == key
+
+
+def test_a_key_file_is_read_and_its_newline_dropped(tmp_path):
+    f = tmp_path / "key"
+    f.write_text(KEY + "\n")
+    f.chmod(0o600)
+    target, secrets = fabric_uri.to_transport(_uri(f"tls_key=@{f}"))
+    assert _lines(secrets)["tls_key"] == KEY
+    assert _lines(target)["tls"] == "1"
+
+
+@pytest.mark.parametrize("value, why", [
+    (BAD_CRC, "CRC does not match"),
+    ("DHHC-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:", 'starts with "NVMeTLSkey-1:"'),
+    ("NVMeTLSkey-1:03:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:", "00, 01 or 02"),
+    (KEY48.replace(":02:", ":01:"), "does not match its hash field"),
+    ("", "NVMeTLSkey-1:HH:<base64>:"),
+])
+def test_a_bad_key_is_refused_with_why_and_never_quoted(value, why):
+    with pytest.raises(InvalidArgumentError, match="tls_key") as e:
+        fabric_uri.parse(_uri(f"tls_key={value}"))
+    assert why in str(e.value)
+    if value:
+        assert value not in str(e.value) and value[16:40] not in str(e.value)
+
+
+def test_a_bad_key_file_is_named_and_its_content_never_quoted(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="cannot read .*missing"):
+        fabric_uri.parse(_uri(f"tls_key=@{tmp_path}/missing"))
+    f = tmp_path / "bad"
+    f.write_text(BAD_CRC)
+    with pytest.raises(InvalidArgumentError, match=f"in {f}.*CRC") as e:
+        fabric_uri.parse(_uri(f"tls_key=@{f}"))
+    assert BAD_CRC not in str(e.value)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidArgumentError, match="not a regular file"):
+        fabric_uri.parse(_uri(f"tls_key=@{fifo}"))
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 10000)
+    with pytest.raises(InvalidArgumentError, match="not a key file"):
+        fabric_uri.parse(_uri(f"tls_key=@{big}"))
+
+
+def test_tls_without_a_key_and_tls_off_with_one_are_refused():
+    with pytest.raises(InvalidArgumentError, match="tls=1 needs tls_key"):
+        fabric_uri.parse(_uri("tls=1"))
+    with pytest.raises(InvalidArgumentError, match="contradict"):
+        fabric_uri.parse(_uri(f"tls=0&tls_key={KEY}"))
+    # tls=0 alone is the default, said out loud
+    assert fabric_uri.parse(_uri("tls=0"))["tls"] == "0"
+
+
+def test_the_c_parser_is_the_one_python_asks():
+    assert _core.tls_key_error(KEY) is None
+    assert "CRC" in _core.tls_key_error(BAD_CRC)
+
+
+@pytest.mark.parametrize("query", [f"tls_key={KEY}", f"tlskey={KEY}", f"tls_key%3D{KEY}",
+                                   "tls_key=@/etc/nvme/tls.key"])
+def test_redaction_hides_keys_and_key_files(query):
+    shown = uri_redact.redact(_uri(query))
+    assert "VRLbtnN9" not in shown and "/etc/nvme" not in shown
+    assert "VRLbtnN9" not in uri_redact.redact_url(_uri(query))
+
+
+def test_a_uri_asking_for_tls_is_never_connected_in_clear():
+    """Until the secure channel is on the connections, open fails with a clear error and
+    nothing reaches the target's port: no clear-text ICReq."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        srv.settimeout(0.5)
+        port = srv.getsockname()[1]
+        with pytest.raises(Fx100ioError, match="not connecting in clear text") as e:
+            fx100io.open_device(_uri(f"tls_key={KEY}&connect_timeout_ms=2000", port))
+        assert e.value.errno == 93
+        assert "VRLbtnN9" not in str(e.value)
+        with pytest.raises(TimeoutError):
+            srv.accept()
+
+
+def test_kernel_discovery_asking_for_tls_is_refused_not_read_in_clear():
+    # discovery_options() is what the kernel path reads
+    with pytest.raises(UnsupportedTransportError, match="discovery over TLS"):
+        fabric_uri.discovery_options(f"nvme+tcp://127.0.0.1:8009/?tls_key={KEY}")
+    with pytest.raises(InvalidArgumentError, match="tls=1 needs tls_key"):
+        fabric_uri.discovery_options("nvme+tcp://127.0.0.1:8009/?tls=1")
+    with pytest.raises(InvalidArgumentError, match="tls is for nvme\\+tcp"):
+        fabric_uri.discover(f"nvme+rdma://127.0.0.1:4420/?tls_key={KEY}")
