@@ -185,6 +185,52 @@ def test_the_default_turns_to_waiting_once_a_replica_is_seen(tmp_path, redis_ser
         st.close()
 
 
+def test_install_and_wipe_wait_for_their_replicas_as_puts_do(tmp_path, redis_server, capsys):
+    """A create's install, a create with force's wipe of another pool, and a rebuild's install
+    WAIT for index_replicas: with the replica there each returns with its change on the
+    replica; with it gone each raises IndexNotReplicatedError naming the step."""
+    replica = RedisServer(tmp_path / "replica")
+    replica.start(extra=["--replicaof", "127.0.0.1", str(redis_server.port)])
+    try:
+        primary = redis_server.client()
+        deadline = time.monotonic() + 20
+        while primary.info("replication").get("slave0", {}).get("state") != "online":
+            assert time.monotonic() < deadline, "the replica never came online"
+            time.sleep(0.05)
+        url = redis_server.url + "?index_replicas=1"
+        old = [str(tmp_path / "old.img")]
+        st = SharedChunkStore(old, url, create=True, size=16 * MiB, name="old")
+        st.batch_put_blocking(["a"], [b"a"])
+        st.close()
+        # the install waited: the replica holds the new pool's index when create returns
+        uris = [str(tmp_path / "ns.img")]
+        st = SharedChunkStore(uris, url, create=True, size=16 * MiB, name="new")
+        prefix = st._index.prefix
+        assert replica.client().hget(f"{prefix}:meta", "set_id") == st._index.set_id.encode()
+        st.batch_put_blocking(["b"], [b"b"])
+        st.close()
+        replica.stop(signal.SIGKILL)
+        while int(primary.info("replication")["connected_slaves"]) > 0:
+            assert time.monotonic() < deadline, "the primary never saw the replica go"
+            time.sleep(0.05)
+        # a create with force over "old"'s namespace wipes old's index first: it waits
+        with pytest.raises(IndexNotReplicatedError, match="wipe was confirmed by 0 of the 1"):
+            SharedChunkStore(old, url, create=True, size=16 * MiB, name="other", force=True)
+        # a rebuild's install waits too, and the CLI says so
+        assert cli_main(["shared-rebuild", "--index", url, *uris]) != 0
+        assert "install was confirmed by 0 of the 1" in capsys.readouterr().err
+        # the change itself is on the primary (not durable against a failover, as a put's)
+        assert primary.hexists(f"{prefix}:idx", b"b")
+        with pytest.raises(IndexNotReplicatedError, match="install was confirmed by 0 of the 1"):
+            SharedChunkStore([str(tmp_path / "third.img")], url, create=True, size=16 * MiB,
+                             name="third")
+        st = SharedChunkStore(uris, redis_server.url + "?index_replicas=0")
+        assert get(st, "b")[:1] == b"b"
+        st.close()
+    finally:
+        replica.stop(signal.SIGKILL)
+
+
 def test_a_user_that_may_not_run_info_is_told_to_give_index_replicas(tmp_path, redis_server):
     """An ACL without @dangerous (no INFO) cannot find out the default: opening says so and
     names the option, and with index_replicas given the pool works."""
