@@ -120,6 +120,12 @@ class FxProtocolError(Fx100ioError):
     The connection was closed; the next request reconnects."""
 
 
+class PathMismatchError(Fx100ioError, ValueError):
+    """A path to an NVMe-oF namespace shows another namespace than the one
+    the device was opened on (other NGUID, EUI-64, UUID, size or block
+    size): it is refused, never written to."""
+
+
 class KernelSupportError(Fx100ioError):
     """The kernel path (fx100io.kernel) misses something of the kernel's: a module
     (nvme-fabrics, nvme-tcp, nvme-rdma) that is not loaded, or NVMe in-band
