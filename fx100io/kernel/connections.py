@@ -154,7 +154,7 @@ def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIM
     addresses, for a URI with several paths; and host, when the URI names one).  Returns the
     names detached; checks in sysfs that they are gone."""
     if isinstance(target, Paths):
-        names = [c.name for c in target.controllers if c.sysfs_path.exists()]
+        names = [c.name for c in target.live_controllers()]
     elif isinstance(target, Controller):
         names = [target.name]
     elif isinstance(target, str) and CTRL_NAME.fullmatch(target):

@@ -23,7 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fx100io.errors import Fx100ioError, KernelSupportError, PathMismatchError
+from fx100io.errors import (
+    DeviceNotFoundError,
+    Fx100ioError,
+    KernelSupportError,
+    PathMismatchError,
+)
 from fx100io.kernel import holds, sysfs
 from fx100io.kernel.diagnose import KernelLog
 from fx100io.kernel.nvme_cli import delete_controller
@@ -72,11 +77,10 @@ class Paths:
     def namespaces(self) -> list[str]:
         """The subsystem's block devices (/dev/nvme<S>n<N>), in NSID order: the same through
         every path, so read from the first path still attached."""
-        for c in self.controllers:
-            if c.sysfs_path.exists():
-                return c.namespaces
-        raise KernelSupportError(errno.ENODEV, "every path of this subsystem is detached",
-                                 self.subsysnqn)
+        for c in self.live_controllers():
+            return c.namespaces
+        raise DeviceNotFoundError(errno.ENODEV, "every path of this subsystem is detached",
+                                  self.subsysnqn)
 
     def namespace(self, nsid: int | None = None, timeout: float | None = None) -> str:
         return self.controllers[0].namespace(self.nsid if nsid is None else nsid, timeout)
@@ -85,21 +89,34 @@ class Paths:
         """Each path as the kernel sees it now: controller, address, controller state, and the
         ANA state of the URI's namespace on it ("" where it shows none)."""
         out = []
+        live = {c.name for c in self.live_controllers()}
         for c in self.controllers:
-            now = sysfs.read_controller(c.name)
-            p = _path_of(c.name, self.nsid)
+            now = sysfs.read_controller(c.name) if c.name in live else None
+            p = _path_of(c.name, self.nsid) if now is not None else None
             out.append({"name": c.name, "address": c.address, "traddr": c.traddr,
                         "trsvcid": c.trsvcid, "state": now.state if now else "gone",
                         "ana_state": p.ana_state if p else ""})
+        return out
+
+    def live_controllers(self) -> list[Controller]:
+        """This object's controllers that sysfs still shows as the same path: a controller the
+        kernel deleted (ctrl_loss_tmo ran out) may have left its name to another connect.
+        (Not the cntlid: a reconnect may get another from the target.)"""
+        out = []
+        for c in self.controllers:
+            now = sysfs.read_controller(c.name)
+            if now is not None and (now.subsysnqn, now.transport, now.traddr, now.trsvcid,
+                                    now.hostnqn) == (c.subsysnqn, c.transport, c.traddr,
+                                                     c.trsvcid, c.hostnqn):
+                out.append(c)
         return out
 
     def disconnect(self) -> list[str]:
         from fx100io.kernel.connections import disconnect  # (it needs this module)
 
         gone = []
-        for c in self.controllers:
-            if c.sysfs_path.exists():
-                gone += disconnect(c)
+        for c in self.live_controllers():
+            gone += disconnect(c)
         return gone
 
     def __enter__(self) -> Paths:
@@ -136,8 +153,9 @@ def _check_one_namespace(made: list[tuple[Target, Controller]], nsid: int, timeo
                 raise _no_multipath(where)
             logged += [line for line in klog.read().splitlines()
                        if any(w in line for w in _REFUSALS)]
-            mine = [line for line in logged if c.name in line or f"nsid {nsid}" in line
-                    or f"namespace {nsid}" in line]
+            # the kernel's lines name the controller as "nvme nvme4: ..." ("nvme4:" is not
+            # a prefix of another controller's name, as "nvme4" is of nvme41's)
+            mine = [line for line in logged if f"{c.name}:" in line]
             if mine or time.monotonic() >= deadline:
                 why = ("the kernel refused it: " + "; ".join(mine[-2:])) if mine else (
                     f"it shows no path to namespace {nsid} within {timeout:g} s")
