@@ -108,7 +108,8 @@ from fx100io.kernel.uri_args import (
 list = list_controllers  # noqa: A001
 
 __all__ = ["DEFAULT_NS_TIMEOUT", "DEFAULT_TIMEOUT", "DISCOVERY_NQN", "Attachment", "Controller",
-           "NamespacePath", "Paths", "Target", "native_multipath", "split_paths", "attach", "classify_connect_failure", "connect", "controllers",
+           "NamespacePath", "Paths", "Target", "attach", "classify_connect_failure", "connect",
+           "controllers", "native_multipath", "split_paths",
            "default_host_identity", "disconnect", "discover", "list", "list_controllers",
            "matches", "options_text", "parse_address", "parse_connect_output",
            "parse_discover_output", "parse_list_ns_output", "read_controller", "redact",

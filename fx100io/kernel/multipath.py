@@ -83,7 +83,12 @@ class Paths:
                                   self.subsysnqn)
 
     def namespace(self, nsid: int | None = None, timeout: float | None = None) -> str:
-        return self.controllers[0].namespace(self.nsid if nsid is None else nsid, timeout)
+        """/dev/nvme<S>n<N> of namespace nsid (the URI's by default), as a path still attached
+        shows it (waits as Controller.namespace does)."""
+        for c in self.live_controllers():
+            return c.namespace(self.nsid if nsid is None else nsid, timeout)
+        raise DeviceNotFoundError(errno.ENODEV, "every path of this subsystem is detached",
+                                  self.subsysnqn)
 
     def states(self) -> list[dict[str, Any]]:
         """Each path as the kernel sees it now: controller, address, controller state, and the

@@ -195,3 +195,28 @@ def test_disconnect_by_the_uri_takes_every_path(fabric_lab, two_ports):
     assert sorted(mine(nqn)) == sorted(ps.names) and len(ps.names) == 2
     assert sorted(kernel.disconnect(uri)) == sorted(ps.names)
     assert mine(nqn) == []
+
+
+def test_a_path_to_another_namespace_is_refused_and_leaves_nothing(fabric_lab, tmp_path):
+    """Two of our targets with one subsystem NQN, each serving a file of its own: the same
+    NSID with other NGUID/UUID behind the second path.  The kernel refuses that namespace on
+    the second controller; connect raises PathMismatchError naming the path and detaches both."""
+    from support.target_process import serve
+
+    from fx100io import errors
+
+    nqn = "nqn.2026-12.io.fx100:kmp-mismatch"
+    files = [tmp_path / "a.img", tmp_path / "b.img"]
+    for f in files:
+        with open(f, "wb") as fh:
+            fh.truncate(16 << 20)
+    with serve([str(files[0])], nqn) as (_h, pa, _pa), serve([str(files[1])], nqn) as (_h2, pb, _pb):
+        # (each target numbers its controllers from 1, and the kernel refuses two controllers
+        # of one subsystem with one cntlid: a discovery controller of b takes its 1)
+        kernel.discover(f"nvme+tcp://127.0.0.1:{pb}")
+        uri = f"nvme+tcp://127.0.0.1:{pa},127.0.0.1:{pb}/{nqn}?hostnqn={fabric_lab.allowed_host_nqn}"
+        with pytest.raises(errors.PathMismatchError, match=f"path 127.0.0.1:{pb} ") as e:
+            kernel.connect(uri, ns_timeout=20)
+        print(f"\nrefused: {e.value}")
+        assert "detached" in str(e.value)
+        assert mine(nqn) == []

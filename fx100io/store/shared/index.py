@@ -462,10 +462,10 @@ class RedisIndex:
             n = self.replicas()
             r = self._new_sync()
             try:
+                if n == 0:
+                    return fn(r, self.prefix)
                 ident = r.client_id()
                 result = fn(r, self.prefix)
-                if n == 0:
-                    return result
                 with r.pipeline(transaction=False) as pipe:
                     pipe.client_id()
                     pipe.execute_command("WAIT", n, self._wait_ms())
