@@ -840,3 +840,23 @@ def test_several_paths_without_native_multipath_are_refused_before_any_connect(f
         kernel.connect(MP_URI)
     assert fake_nvme.calls() == [] and kernel.list() == []
     assert kernel.native_multipath() is False
+
+
+def test_cli_connect_and_disconnect_with_several_paths(fake_nvme, fake_sys, capsys):
+    from fx100io.kernel.cli import main
+
+    sysfs, dev = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    _path_block(sysfs, "nvme1c4n1")
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", ["nvme1c4n1"])],
+                   **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+    assert main("connect", [MP_URI, "-o", "json", "--ns-timeout", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["controllers"] == ["nvme3", "nvme4"] and out["namespaces"] == [f"{dev}/nvme1n1"]
+    assert [(p["trsvcid"], p["state"], p["ana_state"]) for p in out["paths"]] == [
+        ("4420", "live", "optimized"), ("4422", "live", "optimized")]
+    assert main("disconnect", [MP_URI]) == 0
+    assert capsys.readouterr().out.strip() == "disconnected 2 controller(s): nvme3 nvme4"
+    assert kernel.list() == []
