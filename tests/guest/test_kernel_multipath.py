@@ -220,3 +220,74 @@ def test_a_path_to_another_namespace_is_refused_and_leaves_nothing(fabric_lab, t
         print(f"\nrefused: {e.value}")
         assert "detached" in str(e.value)
         assert mine(nqn) == []
+
+
+def test_every_path_down_queues_io_until_ctrl_loss_tmo_then_fails_it(fabric_lab, two_ports):
+    """Both ports lose the subsystem: the kernel holds I/O while a path may come back (a read
+    waits, then completes with the right bytes once the ports are back); past ctrl_loss_tmo
+    it deletes the controllers and the I/O fails with an error (DeviceIOError), not a hang."""
+    from fx100io import errors
+
+    main, nqn, link = two_ports
+    main_link = NVMET / "ports" / main / "subsystems" / nqn
+    host = fabric_lab.host
+    uri = (f"nvme+tcp://{host}:{fabric_lab.port},{host}:{PORT}/{nqn}"
+           f"?hostnqn={fabric_lab.allowed_host_nqn}")
+    pool = fx100io.BufferPool(1 << 20)
+    data, out = pool.alloc(BS), pool.alloc(BS)
+    data[:] = chunk_bytes("kmp-all-down", BS)
+    result: dict[str, object] = {}
+
+    def read(dev: fx100io.Device) -> None:
+        try:
+            result["n"] = dev.read_into_blocking(BASE, out)
+        except BaseException as e:  # noqa: BLE001 (checked by the test thread)
+            result["error"] = e
+
+    def relink() -> None:
+        for lk in (main_link, link):
+            if not lk.is_symlink():
+                lk.symlink_to(NVMET / "subsystems" / nqn)
+    try:
+        # (ctrl_loss_tmo 8 s: with 4 s, a path relinked 2 s after its loss was seen deleted
+        # all the same in one run under TCG)
+        with kernel.connect(uri, ctrl_loss_tmo=8, reconnect_delay=1) as ps:
+            (path,) = ps.namespaces
+            wait_for(lambda: [s["state"] for s in ps.states()] == ["live", "live"], "both live")
+            with fx100io.open_device(path) as dev:
+                assert dev.write_from_blocking(BASE, data) == BS
+                dev.flush_blocking()
+                # 1. every path down for less than ctrl_loss_tmo: the read waits, then succeeds
+                main_link.unlink()
+                link.unlink()
+                wait_for(lambda: all(s["state"] != "live" for s in ps.states()), "both down")
+                t = threading.Thread(target=read, args=(dev,), daemon=True)
+                t.start()
+                t.join(1.5)
+                assert t.is_alive() and not result, result  # held by the kernel, not failed
+                relink()
+                t.join(30)
+                assert not t.is_alive() and result.get("n") == BS, result
+                assert np.array_equal(out, data)
+                # 2. every path down past ctrl_loss_tmo: the kernel gives up, the read fails
+                # (a path whose reconnects all failed within ctrl_loss_tmo is gone by now)
+                wait_for(lambda: any(s["state"] == "live" for s in ps.states()),
+                         "a path live again", 60)
+                print(f"\nafter every path came back: {ps.states()}")
+                result.clear()
+                main_link.unlink()
+                link.unlink()
+                t0 = time.monotonic()
+                t = threading.Thread(target=read, args=(dev,), daemon=True)
+                t.start()
+                t.join(60)
+                assert not t.is_alive(), "the read still waits 60 s after every path went"
+                failed_after = time.monotonic() - t0
+                assert isinstance(result.get("error"), errors.Fx100ioError), (result, ps.states())
+                assert failed_after >= 6, failed_after  # not much before ctrl_loss_tmo (8 s)
+                print(f"\nevery path down: the read failed after {failed_after:.1f} s: "
+                      f"{result['error']!r}")
+                wait_for(lambda: ps.live_controllers() == [], "the kernel to delete both")
+    finally:
+        relink()
+    assert mine(nqn) == []
