@@ -60,6 +60,7 @@ One job per module:
 - ``diagnose``: why a connect failed, from nvme-cli's words and the kernel's log;
 - ``secrets``: the DH-HMAC-CHAP secrets' configuration files;
 - ``holds``: controllers shared between this host's threads and processes;
+- ``multipath``: several paths to one subsystem (the kernel's native multipath);
 - ``connections``: connect, disconnect, discover, attach, list;
 - ``cli``: ``fx100io discover|connect|disconnect|list``.
 """
@@ -75,6 +76,7 @@ from fx100io.kernel.connections import (
     list_controllers,
 )
 from fx100io.kernel.diagnose import classify_connect_failure
+from fx100io.kernel.multipath import Paths, native_multipath
 from fx100io.kernel.nvme_cli import (
     DEFAULT_TIMEOUT,
     parse_connect_output,
@@ -84,6 +86,7 @@ from fx100io.kernel.nvme_cli import (
 from fx100io.kernel.sysfs import (
     DEFAULT_NS_TIMEOUT,
     Controller,
+    NamespacePath,
     controllers,
     matches,
     parse_address,
@@ -96,6 +99,7 @@ from fx100io.kernel.uri_args import (
     default_host_identity,
     options_text,
     redact,
+    split_paths,
     target_of,
 )
 
@@ -104,7 +108,8 @@ from fx100io.kernel.uri_args import (
 list = list_controllers  # noqa: A001
 
 __all__ = ["DEFAULT_NS_TIMEOUT", "DEFAULT_TIMEOUT", "DISCOVERY_NQN", "Attachment", "Controller",
-           "Target", "attach", "classify_connect_failure", "connect", "controllers",
+           "NamespacePath", "Paths", "Target", "attach", "classify_connect_failure", "connect",
+           "controllers", "native_multipath", "split_paths",
            "default_host_identity", "disconnect", "discover", "list", "list_controllers",
            "matches", "options_text", "parse_address", "parse_connect_output",
            "parse_discover_output", "parse_list_ns_output", "read_controller", "redact",

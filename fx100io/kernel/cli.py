@@ -35,8 +35,9 @@ def _parser(cmd: str) -> argparse.ArgumentParser:
                        "block device path(s) of its namespaces.",
             "disconnect": "Detach the kernel's controller(s) of a URI's subsystem, or one "
                           "controller by name (nvme3).",
-            "list": "List the NVMe-oF controllers the kernel holds (sysfs), optionally only "
-                    "those of a URI's subsystem."}[cmd]
+            "list": "List the NVMe-oF controllers the kernel holds (sysfs), each a path of "
+                    "its subsystem with its ANA state per namespace, optionally only those of "
+                    "a URI's subsystem (at each of its paths)."}[cmd]
     p = _Parser(prog=f"fx100io {cmd}", description=what)
     p.add_argument("uri", nargs="?" if cmd == "list" else None,
                    help="nvme+tcp://HOST[:PORT]/SUBNQN or nvme+rdma://... (URI options as for "
@@ -126,7 +127,8 @@ def main(cmd: str, argv: list[str]) -> int:
             kernel.disconnect(c)
             raise
         if as_json:
-            print(json.dumps({"device": c.name, **c.as_dict(), "namespaces": paths}, indent=2))
+            name = {"device": c.name} if isinstance(c, kernel.Controller) else {}
+            print(json.dumps({**name, **c.as_dict(), "namespaces": paths}, indent=2))
         else:
             print("\n".join(paths))
         return 0
@@ -142,13 +144,17 @@ def main(cmd: str, argv: list[str]) -> int:
     if a.uri:
         from fx100io.kernel.uri_args import query_keys
 
-        t = kernel.target_of(a.uri)
-        ctrls = [c for c in ctrls if kernel.matches(c, t, host="hostnqn" in query_keys(a.uri))]
+        ts = [kernel.target_of(u) for u in kernel.split_paths(a.uri)]
+        host = "hostnqn" in query_keys(a.uri)
+        ctrls = [c for c in ctrls if any(kernel.matches(c, t, host=host) for t in ts)]
     if as_json:
         print(json.dumps({"controllers": [c.as_dict() for c in ctrls]}, indent=2))
     else:
         for c in ctrls:
             d = c.as_dict()
-            print(f"{c.name:8} {c.state:10} {c.transport:5} {c.traddr}:{c.trsvcid} {c.subsysnqn} "
-                  f"{' '.join(d['namespaces'])}")
+            # one line per controller: with native multipath, each is a path of its subsystem,
+            # and the ANA state is per namespace (nsid=state)
+            ana = ",".join(f"{p['nsid']}={p['ana_state'] or '-'}" for p in d["paths"]) or "-"
+            print(f"{c.name:8} {c.state:10} {c.transport:5} {c.traddr}:{c.trsvcid} "
+                  f"{d['subsystem'] or '-'} ana:{ana} {c.subsysnqn} {' '.join(d['namespaces'])}")
     return 0

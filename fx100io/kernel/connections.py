@@ -31,6 +31,7 @@ from fx100io.kernel.holds import (
     unhold,
     write_record,
 )
+from fx100io.kernel.multipath import Paths, connect_paths
 from fx100io.kernel.nvme_cli import (
     DEFAULT_TIMEOUT,
     active_nsids,
@@ -63,6 +64,7 @@ from fx100io.kernel.uri_args import (
     default_host_identity,
     query_keys,
     redact,
+    split_paths,
     target_of,
     uuid_form,
 )
@@ -71,13 +73,18 @@ log = logging.getLogger("fx100io")
 
 
 def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DEFAULT_NS_TIMEOUT,
-            **opts: Any) -> Controller:
+            **opts: Any) -> Controller | Paths:
     """Attach uri's subsystem through the kernel (``nvme connect``); returns the
     :class:`Controller`, which detaches on ``with`` exit.  Raises DevicePermissionError
     (host not allowed, authentication failed), DeviceNotFoundError (no such subsystem),
     FxConnectionError (nothing listens), DeviceBusyError (this host is already connected
     there), KernelSupportError (a module missing, no authentication in this kernel),
-    NvmeCliNotFoundError.  A connect that fails leaves no controller of its own behind."""
+    NvmeCliNotFoundError.  A connect that fails leaves no controller of its own behind.
+    A URI with several paths (``nvme+tcp://A:4420,B:4421/NQN``) connects each and returns
+    :class:`~fx100io.kernel.multipath.Paths`: one block device through the kernel's native
+    multipath (see fx100io.kernel.multipath)."""
+    if len(split_paths(uri)) > 1:
+        return connect_paths(uri, timeout=timeout, ns_timeout=ns_timeout, **opts)
     t = target_of(uri, **opts)
     where = redact(uri)
     with target_lock(t, timeout, where):
@@ -141,11 +148,14 @@ def _cleanup_new(before: set[str], t: Target, name: str | None = None) -> None:
             delete_controller(n)
 
 
-def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
-    """Detach a controller (a :class:`Controller`, or a name like ``nvme3``), or every
-    controller of a URI's subsystem at its address (and host, when the URI names one).
-    Returns the names detached; checks in sysfs that they are gone."""
-    if isinstance(target, Controller):
+def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
+    """Detach a controller (a :class:`Controller`, or a name like ``nvme3``), every path of a
+    :class:`Paths`, or every controller of a URI's subsystem at its address (at each of its
+    addresses, for a URI with several paths; and host, when the URI names one).  Returns the
+    names detached; checks in sysfs that they are gone."""
+    if isinstance(target, Paths):
+        names = [c.name for c in target.live_controllers()]
+    elif isinstance(target, Controller):
         names = [target.name]
     elif isinstance(target, str) and CTRL_NAME.fullmatch(target):
         names = [target]
@@ -153,12 +163,12 @@ def disconnect(target: str | Controller, *, timeout: float = DEFAULT_TIMEOUT) ->
             os.path.basename(target)):
         names = [os.path.basename(target)]
     else:
-        t = target_of(target) if isinstance(target, str) else None
-        if t is None:
+        if not isinstance(target, str):
             raise InvalidArgumentError(22, f"disconnect() takes a Controller, a controller name or "
                                        f"a URI, got {target!r}")
+        ts = [target_of(u) for u in split_paths(target)]
         host = "hostnqn" in query_keys(target)
-        names = [c.name for c in controllers() if matches(c, t, host=host)]
+        names = [c.name for c in controllers() if any(matches(c, t, host=host) for t in ts)]
     for n in names:
         delete_controller(n, timeout)
     holds.forget(names)

@@ -117,6 +117,22 @@ class Controller:
         """/dev/nvmeXnY of namespace nsid (waits as :attr:`namespaces` does)."""
         return self.wait_namespaces((nsid,), timeout)[nsid]
 
+    @property
+    def subsystem(self) -> str:
+        """The kernel's nvme-subsys<N> that holds this controller ("" if none shows it)."""
+        d = SYSFS / "class" / "nvme-subsystem"
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            return ""
+        return next((n for n in names if (d / n / self.name).exists()), "")
+
+    def paths(self) -> list[NamespacePath]:
+        """This controller's multipath paths (nvme<S>c<C>n<N>), one per namespace it shows,
+        in NSID order; empty without native multipath (then it has no paths, only block
+        devices of its own)."""
+        return namespace_paths(self.name)
+
     def disconnect(self) -> None:
         from fx100io.kernel.connections import disconnect  # (it needs this module)
 
@@ -135,7 +151,45 @@ class Controller:
                 "address": self.address, "traddr": self.traddr, "trsvcid": self.trsvcid,
                 "state": self.state, "hostnqn": self.hostnqn, "hostid": self.hostid,
                 "cntlid": self.cntlid, "queue_count": self.queue_count, "kato": self.kato,
-                "namespaces": [p for _, p in sorted(self.block_devices().items())]}
+                "namespaces": [p for _, p in sorted(self.block_devices().items())],
+                "subsystem": self.subsystem,
+                "paths": [dataclasses.asdict(p) for p in self.paths()]}
+
+
+# What identifies a namespace, as sysfs shows it on each path (an attribute a kernel does not
+# have, or a namespace does not report, reads as "" and is not compared)
+ID_ATTRS = ("nguid", "uuid", "eui", "wwid")
+
+
+@dataclass(frozen=True)
+class NamespacePath:
+    """One controller's path to a namespace under native multipath: /sys/block/<name>."""
+
+    name: str  # nvme<S>c<C>n<N>
+    nsid: int
+    head: str  # the block device all the subsystem's paths serve: nvme<S>n<N>
+    ana_state: str  # optimized, non-optimized, inaccessible, persistent-loss, change; "" if none
+    ids: dict[str, str] = field(default_factory=dict)  # ID_ATTRS that read non-empty
+
+
+def namespace_paths(ctrl: str) -> list[NamespacePath]:
+    try:
+        entries = os.listdir(SYSFS / "class" / "nvme" / ctrl)
+    except OSError:
+        return []
+    out = []
+    for e in entries:
+        m = _PATH_NS.fullmatch(e)
+        if not m:
+            continue
+        b = SYSFS / "block" / e
+        if not b.exists():  # (some kernels show it only under the controller)
+            b = SYSFS / "class" / "nvme" / ctrl / e
+        ids = {k: v for k in ID_ATTRS if (v := read_attr(b / k))}
+        out.append(NamespacePath(e, to_int(read_attr(b / "nsid"), 0) or int(m.group(3)),
+                                 f"nvme{m.group(1)}n{m.group(3)}", read_attr(b / "ana_state"),
+                                 ids))
+    return sorted(out, key=lambda p: (p.nsid, p.name))
 
 
 def to_int(text: str, default: int = -1) -> int:

@@ -135,10 +135,49 @@ def with_query(uri: str, values: Mapping[str, Any], drop: tuple[str, ...] = ()) 
     return urlunsplit(parts._replace(query="&".join(kept)))
 
 
+def split_paths(uri: str) -> list[str]:
+    """The one-path URIs of a URI whose authority lists several paths to one subsystem
+    (``nvme+tcp://10.0.0.1:4420,10.0.1.1:4421/NQN?...``), in order, each with the whole
+    path and query; [uri] for a one-path URI.  The grammar is fabric_uri's for the userspace
+    multipath (docs/nvme-tcp.md); this is the kernel path's copy of its splitting until
+    fabric_uri.split_paths is on this branch, and is to be replaced by it then.  An empty
+    path and a path listed twice are refused; each part is checked by target_of()."""
+    if not isinstance(uri, str):
+        raise InvalidArgumentError(22, f"expected an nvme+tcp:// or nvme+rdma:// URI, got {uri!r}")
+    scheme = fabric_uri.scheme_of(uri)
+    rest = uri.split("://", 1)[1]
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    hosts = netloc.split(",")
+    if len(hosts) == 1:
+        return [uri]
+    if any(not h.strip() for h in hosts):
+        raise InvalidArgumentError(22, "an empty path in the URI's HOST:PORT list", redact(uri))
+    out = [f"{scheme}://{h}{tail}" for h in hosts]
+    seen: set[tuple[str, int | None]] = set()
+    for one in out:
+        try:
+            parts = urlsplit(one)
+            where = ((parts.hostname or "").lower(), parts.port or fabric_uri.DEFAULT_PORT)
+        except ValueError:
+            raise InvalidArgumentError(22, "malformed path in the URI's HOST:PORT list (bad "
+                                       "port or IPv6 address)", redact(uri)) from None
+        if where in seen:
+            raise InvalidArgumentError(22, f"path {where[0]}:{where[1]} is listed twice",
+                                       redact(uri))
+        seen.add(where)
+    return out
+
+
 def target_of(uri: str, **opts: Any) -> Target:
     """What ``nvme connect`` gets for uri plus keyword overrides (see the module's doc)."""
     if not isinstance(uri, str):
         raise InvalidArgumentError(22, f"expected an nvme+tcp:// or nvme+rdma:// URI, got {uri!r}")
+    if len(split_paths(uri)) > 1:
+        raise InvalidArgumentError(22, "this call takes one path; the URI lists several "
+                                   "(kernel.connect() and kernel.disconnect() take several: "
+                                   "the kernel's multipath then serves one block device)",
+                                   redact(uri))
     kernel_only = {k: opts.pop(k) for k in [*opts] if k in KERNEL_ONLY}
     secrets_kw = {k: opts.pop(k) for k in [*opts] if k in SECRET_KEYS}
     if opts:  # URI keys given as keywords: merged into the query, checked as the URI is

@@ -694,3 +694,169 @@ def test_a_reconnecting_controller_is_waited_for(fake_nvme, fake_sys):
     with pytest.raises(errors.DeviceBusyError, match="nvme3 .*connecting"):
         kernel.attach(URI, timeout=0.3)
     assert _connects(fake_nvme) == []
+
+
+# ---------------------------------------------------------------- several paths (native multipath)
+MP_URI = (f"nvme+tcp://10.88.0.2:4420,10.88.0.2:4422/{RAM}?hostnqn={HOST}&hostid={HID}")
+NGUID = "e3b0c442-98fc-1c14-9afb-f4c8996fb924"
+
+
+def _multipath(sysfs, on: str = "Y") -> None:
+    d = sysfs / "module" / "nvme_core" / "parameters"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "multipath").write_text(on + "\n")
+
+
+def _path_block(sysfs, name: str, ana: str = "optimized", nguid: str = NGUID, nsid: int = 1):
+    b = sysfs / "block" / name
+    b.mkdir(parents=True, exist_ok=True)
+    for k, v in {"nsid": str(nsid), "ana_state": ana, "nguid": nguid, "size": "65536"}.items():
+        (b / k).write_text(v + "\n")
+
+
+def _ctrl(name: str, port: str, cntlid: str) -> dict:
+    return {**NVME3, "address": f"traddr=10.88.0.2,trsvcid={port},src_addr=10.88.0.1",
+            "cntlid": cntlid}
+
+
+def _connect_step(name: str, port: str, cntlid: str, paths: list[str], **extra) -> dict:
+    return {"stdout": f'{{\n  "device":"{name}"\n}}\n', "create": {name: _ctrl(name, port, cntlid)},
+            "namespaces": {name: paths}, **extra}
+
+
+def test_split_paths_is_fabric_uris_grammar():
+    assert kernel.split_paths(MP_URI) == [
+        f"nvme+tcp://10.88.0.2:4420/{RAM}?hostnqn={HOST}&hostid={HID}",
+        f"nvme+tcp://10.88.0.2:4422/{RAM}?hostnqn={HOST}&hostid={HID}"]
+    assert kernel.split_paths(URI) == [URI]
+    with pytest.raises(errors.InvalidArgumentError, match="empty path"):
+        kernel.split_paths(f"nvme+tcp://10.88.0.2:4420,/{RAM}")
+    with pytest.raises(errors.InvalidArgumentError, match="listed twice"):
+        kernel.split_paths(f"nvme+tcp://10.88.0.2,10.88.0.2:4420/{RAM}")
+    with pytest.raises(errors.InvalidArgumentError, match="bad port"):
+        kernel.split_paths(f"nvme+tcp://10.88.0.2:4420,10.88.0.3:x/{RAM}")
+    # one-path calls say which calls take several
+    with pytest.raises(errors.InvalidArgumentError, match=r"kernel.connect\(\)"):
+        kernel.target_of(MP_URI)
+
+
+def test_two_paths_make_one_block_device_and_list_shows_each_path(fake_nvme, fake_sys, capsys):
+    sysfs, dev = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    _path_block(sysfs, "nvme1c4n1", ana="non-optimized")
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", ["nvme1c4n1"])],
+                   **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+    (sysfs / "class" / "nvme-subsystem" / "nvme-subsys1" / "nvme3").mkdir()
+    with kernel.connect(MP_URI, ns_timeout=5) as ps:
+        assert isinstance(ps, kernel.Paths) and ps.names == ["nvme3", "nvme4"]
+        assert ps.namespaces == [f"{dev}/nvme1n1"]  # one block device for both paths
+        assert [(s["trsvcid"], s["state"], s["ana_state"]) for s in ps.states()] == [
+            ("4420", "live", "optimized"), ("4422", "live", "non-optimized")]
+        ctrls = kernel.list()
+        assert [(c.name, c.trsvcid, [p.ana_state for p in c.paths()]) for c in ctrls] == [
+            ("nvme3", "4420", ["optimized"]), ("nvme4", "4422", ["non-optimized"])]
+        d = ctrls[0].as_dict()
+        assert d["subsystem"] == "nvme-subsys1"
+        assert d["paths"] == [{"name": "nvme1c3n1", "nsid": 1, "head": "nvme1n1",
+                               "ana_state": "optimized", "ids": {"nguid": NGUID}}]
+        from fx100io.kernel.cli import main
+        assert main("list", [MP_URI]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert len(out) == 2 and "4420 nvme-subsys1 ana:1=optimized" in out[0]
+        assert "10.88.0.2:4422" in out[1] and "ana:1=non-optimized" in out[1]
+        # a path changes state: list shows it
+        (sysfs / "block" / "nvme1c4n1" / "ana_state").write_text("inaccessible\n")
+        assert [s["ana_state"] for s in ps.states()] == ["optimized", "inaccessible"]
+    assert kernel.list() == []
+    argvs = [c["argv"] for c in fake_nvme.calls()]
+    assert [a[a.index("--trsvcid") + 1] for a in argvs if a[0] == "connect"] == ["4420", "4422"]
+    assert [a[2] for a in argvs if a[0] == "disconnect"] == ["nvme3", "nvme4"]
+
+
+def test_disconnect_by_a_uri_with_several_paths_takes_each(fake_nvme, fake_sys):
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    fake_nvme.play()
+    fake_nvme.add("nvme3", _ctrl("nvme3", "4420", "3"))
+    fake_nvme.add("nvme4", _ctrl("nvme4", "4422", "4"), paths=["nvme1c4n1"])
+    fake_nvme.add("nvme5", _ctrl("nvme5", "4423", "5"), paths=["nvme1c5n1"])
+    assert kernel.disconnect(MP_URI) == ["nvme3", "nvme4"]
+    assert [c.name for c in kernel.list()] == ["nvme5"]
+
+
+@pytest.mark.parametrize("second,block,kmsg,match", [
+    # the kernel put the second path's namespace under another head
+    (["nvme2c4n1"], dict(name="nvme2c4n1"), [], "block device nvme2n1, not nvme1n1"),
+    # the same head but other identifiers (a kernel that did not compare them)
+    (["nvme1c4n1"], dict(name="nvme1c4n1", nguid="00000000-0000-0000-0000-000000000001"), [],
+     "shows another namespace than path 10.88.0.2:4420: nguid"),
+    # the kernel refused the namespace on the second controller and said why
+    ([], None, ["nvme nvme4: IDs don't match for shared namespace 1"], "the kernel refused it"),
+])
+def test_a_path_to_another_namespace_is_refused_and_every_path_detached(
+        fake_nvme, fake_sys, second, block, kmsg, match):
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    if block:
+        _path_block(sysfs, **block)
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", second, kmsg=kmsg)])
+    with pytest.raises(errors.PathMismatchError, match=match) as e:
+        kernel.connect(MP_URI, ns_timeout=20)
+    assert "10.88.0.2:4422 (nvme4)" in str(e.value) and "detached" in str(e.value)
+    assert kernel.list() == []
+
+
+def test_a_path_that_shows_nothing_is_refused_within_ns_timeout(fake_nvme, fake_sys):
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", [])])
+    with pytest.raises(errors.PathMismatchError, match="no path to namespace 1 within 0.3 s"):
+        kernel.connect(MP_URI, ns_timeout=0.3)
+    assert kernel.list() == []
+
+
+def test_a_path_that_fails_to_connect_detaches_the_paths_made(fake_nvme, fake_sys):
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    bad = failing("connect-no-subsys", "dmesg-no-subsys.txt")["connect"]
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]), bad])
+    with pytest.raises(errors.DeviceNotFoundError):
+        kernel.connect(MP_URI)
+    assert kernel.list() == []
+
+
+def test_several_paths_without_native_multipath_are_refused_before_any_connect(fake_nvme,
+                                                                               fake_sys):
+    sysfs, _ = fake_sys
+    _multipath(sysfs, "N")
+    with pytest.raises(errors.KernelSupportError, match="nvme_core.multipath=Y"):
+        kernel.connect(MP_URI)
+    assert fake_nvme.calls() == [] and kernel.list() == []
+    assert kernel.native_multipath() is False
+
+
+def test_cli_connect_and_disconnect_with_several_paths(fake_nvme, fake_sys, capsys):
+    from fx100io.kernel.cli import main
+
+    sysfs, dev = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    _path_block(sysfs, "nvme1c4n1")
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", ["nvme1c4n1"])],
+                   **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+    assert main("connect", [MP_URI, "-o", "json", "--ns-timeout", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["controllers"] == ["nvme3", "nvme4"] and out["namespaces"] == [f"{dev}/nvme1n1"]
+    assert [(p["trsvcid"], p["state"], p["ana_state"]) for p in out["paths"]] == [
+        ("4420", "live", "optimized"), ("4422", "live", "optimized")]
+    assert main("disconnect", [MP_URI]) == 0
+    assert capsys.readouterr().out.strip() == "disconnected 2 controller(s): nvme3 nvme4"
+    assert kernel.list() == []

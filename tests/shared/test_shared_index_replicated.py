@@ -185,6 +185,52 @@ def test_the_default_turns_to_waiting_once_a_replica_is_seen(tmp_path, redis_ser
         st.close()
 
 
+def test_install_and_wipe_wait_for_their_replicas_as_puts_do(tmp_path, redis_server, capsys):
+    """A create's install, a create with force's wipe of another pool, and a rebuild's install
+    WAIT for index_replicas: with the replica there each returns with its change on the
+    replica; with it gone each raises IndexNotReplicatedError naming the step."""
+    replica = RedisServer(tmp_path / "replica")
+    replica.start(extra=["--replicaof", "127.0.0.1", str(redis_server.port)])
+    try:
+        primary = redis_server.client()
+        deadline = time.monotonic() + 20
+        while primary.info("replication").get("slave0", {}).get("state") != "online":
+            assert time.monotonic() < deadline, "the replica never came online"
+            time.sleep(0.05)
+        url = redis_server.url + "?index_replicas=1"
+        old = [str(tmp_path / "old.img")]
+        st = SharedChunkStore(old, url, create=True, size=16 * MiB, name="old")
+        st.batch_put_blocking(["a"], [b"a"])
+        st.close()
+        # the install waited: the replica holds the new pool's index when create returns
+        uris = [str(tmp_path / "ns.img")]
+        st = SharedChunkStore(uris, url, create=True, size=16 * MiB, name="new")
+        prefix = st._index.prefix
+        assert replica.client().hget(f"{prefix}:meta", "set_id") == st._index.set_id.encode()
+        st.batch_put_blocking(["b"], [b"b"])
+        st.close()
+        replica.stop(signal.SIGKILL)
+        while int(primary.info("replication")["connected_slaves"]) > 0:
+            assert time.monotonic() < deadline, "the primary never saw the replica go"
+            time.sleep(0.05)
+        # a create with force over "old"'s namespace wipes old's index first: it waits
+        with pytest.raises(IndexNotReplicatedError, match="wipe was confirmed by 0 of the 1"):
+            SharedChunkStore(old, url, create=True, size=16 * MiB, name="other", force=True)
+        # a rebuild's install waits too, and the CLI says so
+        assert cli_main(["shared-rebuild", "--index", url, *uris]) != 0
+        assert "install was confirmed by 0 of the 1" in capsys.readouterr().err
+        # the change itself is on the primary (not durable against a failover, as a put's)
+        assert primary.hexists(f"{prefix}:idx", b"b")
+        with pytest.raises(IndexNotReplicatedError, match="install was confirmed by 0 of the 1"):
+            SharedChunkStore([str(tmp_path / "third.img")], url, create=True, size=16 * MiB,
+                             name="third")
+        st = SharedChunkStore(uris, redis_server.url + "?index_replicas=0")
+        assert get(st, "b")[:1] == b"b"
+        st.close()
+    finally:
+        replica.stop(signal.SIGKILL)
+
+
 def test_a_user_that_may_not_run_info_is_told_to_give_index_replicas(tmp_path, redis_server):
     """An ACL without @dangerous (no INFO) cannot find out the default: opening says so and
     names the option, and with index_replicas given the pool works."""
@@ -326,6 +372,121 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
                 found = h(op="get", keys=[k for k, _t in part], timeout=120)["found"]
                 assert found == [t for _k, t in part]
         assert get(st, "anchor")[:6] == b"anchor"
+    finally:
+        for h in hosts:
+            h.kill()
+        st.close()
+
+
+@pytest.fixture
+def cluster_with_replicas(tmp_path: Path):
+    c = RedisClusterSet(tmp_path / "cluster", replicas=1)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_cluster_failover_under_load_loses_no_acknowledged_put(tmp_path, cluster_with_replicas):
+    """Three primaries with a replica each: the primary serving the pool's slot is SIGKILLed
+    while three host processes put; the cluster promotes its replica.  The killed node is then
+    started again (as a supervisor would) and rejoins as the new primary's replica, so puts,
+    which wait for index_replicas=1, resume.  Every put acknowledged before, during and after
+    reads back byte-exact, gets resume within the failover time + 2 s, and
+    `fx100io shared-rebuild` works against the cluster URL afterwards."""
+    cl = cluster_with_replicas
+    uris = [str(tmp_path / "ns.img")]
+    url = cl.url()
+    st = SharedChunkStore(uris, url, create=True, size=256 * MiB, name="fo")
+    assert st._index.replicas() == 1
+    st.batch_put_blocking(["anchor"], [b"anchor"])
+    old = cl.server(st._index.sync_client().connection_pool.connection_kwargs["port"])
+    heir = cl.replica_of(old)
+    hosts = [Host(uris, url) for _ in range(3)]
+    replies: list[list[dict]] = [[] for _ in hosts]
+
+    def collect(i: int) -> None:
+        while True:
+            r = hosts[i].read(timeout=60)
+            replies[i].append(r)
+            if r.get("done") or "wrong" in r or ("err" in r and "failed" not in r):
+                return
+    readers = [threading.Thread(target=collect, args=(i,), daemon=True) for i in range(3)]
+    try:
+        for i, h in enumerate(hosts):
+            h.send(op="put_loop", keys=[f"h{i}-{j}" for j in range(3000)], size=4096,
+                   tag=f"h{i}", batch=2, count=900, seconds=14)
+        for t in readers:
+            t.start()
+        time.sleep(3)
+        t_kill = time.monotonic()
+        old.stop(signal.SIGKILL)
+        last_miss = last_put_fail = t_promoted = t_restarted = None
+        probes_acked: list[tuple[int, float]] = []
+        n = 0
+        # until a put is acknowledged after the restart (at most 20 s)
+        while time.monotonic() - t_kill < 20 and not (
+                t_restarted is not None and probes_acked and probes_acked[-1][1] > t_restarted):
+            now = time.monotonic()
+            if t_promoted is None and heir.client().info("replication")["role"] == "master":
+                t_promoted = now
+            if t_promoted is not None and t_restarted is None and now - t_promoted > 0.5:
+                cl.restart(old)
+                t_restarted = time.monotonic()
+            got = get(st, "anchor")
+            assert got is None or got[:6] == b"anchor"
+            if got is None:
+                last_miss = now
+            now = time.monotonic()
+            try:
+                st.batch_put_blocking([f"probe-{n}"], [b"probe-%d" % n])
+                probes_acked.append((n, now))
+            except IndexUnavailableError:
+                last_put_fail = now
+            n += 1
+            time.sleep(0.02)
+        for t in readers:
+            t.join(timeout=60)
+        assert t_promoted is not None, "the cluster promoted no replica in 20 s"
+        failover_s = t_promoted - t_kill
+        gets_back_s = (last_miss - t_kill) if last_miss else 0.0
+        puts_back_s = (last_put_fail - t_kill) if last_put_fail else 0.0
+        print(f"\ncluster failover: the replica was primary {failover_s:.2f} s after the "
+              f"SIGKILL; gets missed until {gets_back_s:.2f} s, puts failed until "
+              f"{puts_back_s:.2f} s after it (the old primary restarted at "
+              f"{(t_restarted or t_kill) - t_kill:.2f} s, as the new one's replica)")
+        assert gets_back_s <= failover_s + 2.0, (gets_back_s, failover_s)
+        acked = [(r["keys"], r["tag"]) for rs in replies for r in rs if "acked" in r]
+        failed = sum("failed" in r for rs in replies for r in rs)
+        assert all(any(r.get("done") for r in rs) for rs in replies), \
+            [rs[-1:] for rs in replies]
+        print(f"cluster failover: {len(acked)} puts acknowledged, {failed} failed")
+        assert len(acked) > 30
+        assert any(when > t_promoted for _, when in probes_acked), "no put after the failover"
+        for i, _ in probes_acked:
+            got = get(st, f"probe-{i}")
+            assert got is not None and got.rstrip(b"\0") == b"probe-%d" % i, i
+        for i, h in enumerate(hosts):
+            mine = [(k, tag) for keys, tag in acked for k in keys if k.startswith(f"h{i}-")]
+            for at in range(0, len(mine), 200):
+                part = mine[at:at + 200]
+                found = h(op="get", keys=[k for k, _t in part], timeout=120)["found"]
+                assert found == [t for _k, t in part]
+        # the new primary loses the pool's index: shared-rebuild against the cluster URL
+        for h in hosts:
+            h.kill()
+        r = heir.client()
+        r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
+        assert get(st, "anchor") is None
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert cli_main(["shared-rebuild", "--index", url, *uris]) == 0
+        assert json.loads(out.getvalue())["chunks"] > len(probes_acked)
+        time.sleep(1.1)  # the index was 'lost' for retry_after
+        assert get(st, "anchor")[:6] == b"anchor"
+        i, _ = probes_acked[-1]
+        assert get(st, f"probe-{i}").rstrip(b"\0") == b"probe-%d" % i
     finally:
         for h in hosts:
             h.kill()

@@ -4,7 +4,8 @@ the way the kernel would.
 
 The scenario is a JSON file named by FAKE_NVME_SCENARIO: {"connect": {"stdout": ...,
 "stderr": ..., "rc": ..., "kmsg": [lines], "create": {"nvme1": {attr: value}},
-"namespaces": {"nvme1": "nvme1c1n1"}, "sleep": seconds}, "list-ns": {...}, "discover": {...}}.  Every call
+"namespaces": {"nvme1": "nvme1c1n1"}, "sleep": seconds}, "list-ns": {...}, "discover": {...}}; a list of such steps for a command
+plays one per call, in order.  Every call
 appends {"argv": [...], "config": <the --config file's JSON, if any>} to FAKE_NVME_LOG.
 """
 
@@ -39,6 +40,10 @@ if cmd == "disconnect":
     sys.exit(0)
 
 step = scenario.get(cmd, {})
+if isinstance(step, list):  # one step per call of cmd, in order (several paths' connects)
+    with open(os.environ["FAKE_NVME_LOG"]) as f:
+        n = sum(json.loads(line)["argv"][0] == cmd for line in f) - 1
+    step = step[min(n, len(step) - 1)]
 if step.get("sleep"):  # a slow connect
     import time
     time.sleep(step["sleep"])

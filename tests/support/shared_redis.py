@@ -202,14 +202,21 @@ class RedisSentinelSet:
 
 
 class RedisClusterSet:
-    """A Redis Cluster of three primaries (no replicas), each its own
-    process, loopback port and directory."""
+    """A Redis Cluster of three primaries, each with `replicas` replicas
+    (none by default), each node its own process, loopback port and
+    directory."""
 
-    def __init__(self, workdir: Path):
+    # (a replica's full sync starts at once, not after Redis's default 5 s wait for more
+    # replicas: a restarted node follows its new primary within a second)
+    ARGS = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0"]
+
+    def __init__(self, workdir: Path, replicas: int = 0):
         self.exe = require_redis()
         self.cli = shutil.which("redis-cli") or "redis-cli"
+        self.replicas = replicas
         self.servers = [RedisServer(workdir / f"node{i}", free_cluster_port())
-                        for i in range(3)]
+                        for i in range(3 * (1 + replicas))]
 
     def url(self, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
@@ -217,16 +224,37 @@ class RedisClusterSet:
 
     def start(self, timeout: float = 30.0) -> None:
         for s in self.servers:
-            s.start(extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                           "--cluster-node-timeout", "2000"])
+            s.start(extra=self.ARGS)
         subprocess.run([self.cli, "--cluster", "create",
-                        *(f"127.0.0.1:{s.port}" for s in self.servers), "--cluster-yes"],
+                        *(f"127.0.0.1:{s.port}" for s in self.servers),
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        timeout=timeout)
         _wait("the cluster did not reach cluster_state:ok",
               lambda: all(s.client().cluster("info")["cluster_state"] == "ok"
                           for s in self.servers), timeout,
               [s.dir / "redis.log" for s in self.servers])
+        if self.replicas:
+            _wait("the cluster's replicas did not all follow their primaries",
+                  lambda: all(s.client().info("replication").get("master_link_status") == "up"
+                              for s in self.servers
+                              if s.client().info("replication")["role"] == "slave")
+                  and sum(s.client().info("replication")["role"] == "slave"
+                          for s in self.servers) == 3 * self.replicas, timeout,
+                  [s.dir / "redis.log" for s in self.servers])
+
+    def server(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def replica_of(self, primary: RedisServer) -> RedisServer:
+        """A replica that follows primary now."""
+        return next(s for s in self.servers if s is not primary and s.proc is not None
+                    and s.client().info("replication").get("master_port") == primary.port)
+
+    def restart(self, s: RedisServer) -> None:
+        """Start a killed node again, with its nodes.conf: it rejoins the cluster (a primary
+        whose replica was promoted meanwhile comes back as that one's replica)."""
+        s.start(extra=self.ARGS)
 
     def stop(self) -> None:
         for s in self.servers:

@@ -447,6 +447,43 @@ class RedisIndex:
         except _ERRORS as e:
             raise self._translate(e) from e
 
+    def call_waited(self, what: str, fn: Callable[[redis.Redis, str], Any]) -> Any:
+        """fn(client, prefix) for an admin change (install, wipe), then WAIT
+        index_replicas as a put does, so that a create or rebuild that
+        returns has its index on the replicas a failover may promote.  WAIT
+        counts the writes of its own connection, and a transaction with WATCH
+        gives its connection back to the client's pool when it ends: fn runs
+        on a client of its own, made for this call and used by this thread
+        only, so the WAIT that follows gets the one connection fn wrote on
+        (CLIENT ID, asked before fn and with the WAIT, proves it)."""
+        if self.down:
+            raise self._unavailable("it failed moments ago")
+        try:
+            n = self.replicas()
+            r = self._new_sync()
+            try:
+                if n == 0:
+                    return fn(r, self.prefix)
+                ident = r.client_id()
+                result = fn(r, self.prefix)
+                with r.pipeline(transaction=False) as pipe:
+                    pipe.client_id()
+                    pipe.execute_command("WAIT", n, self._wait_ms())
+                    again, acked = pipe.execute()
+            finally:
+                self._close_sync(r)
+        except (Fx100ioError, redis.WatchError):  # (a WatchError is the caller's to name)
+            raise
+        except _ERRORS as e:
+            raise self._translate(e) from e
+        if again != ident:
+            raise IndexNotReplicatedError(
+                5, f"the pool's index at {self.url}: {what} went down another connection than "
+                "its WAIT, so its replication cannot be told: run it again", self.url, result)
+        if int(acked) < n:
+            raise self._short(what, n, int(acked), result)
+        return result
+
     # ------------------------------------------------------------ scripts
     async def alloc(self, lease_ms: int, wants: list[tuple[int, int]]
                     ) -> tuple[list[tuple[int, int]] | None, list[tuple[int, int, int]]]:
@@ -583,7 +620,7 @@ class RedisIndex:
 
     def _other(self, name: str, set_id: bytes, fn: Callable[[RedisIndex], Any]) -> Any:
         other = RedisIndex(self._url, name, set_id, timeout=self.timeout,
-                           retry_after=self.retry_after)
+                           retry_after=self.retry_after, replicas=self.target.replicas)
         try:
             return fn(other)
         finally:
@@ -630,7 +667,12 @@ class RedisIndex:
                 pipe.multi()
                 pipe.delete(*old)
                 pipe.execute()
-        self.call_sync(go)
+        try:
+            self.call_waited("wipe", go)
+        except redis.WatchError:
+            raise NotAStoreError(
+                16, f"pool {name!r}: its index changed while it was being wiped (another "
+                "create or rebuild at the same time?): nothing was wiped", self.url) from None
 
     def install(self, ndevs: int, caps: list[int], free: list[list[tuple[int, int]]],
                 entries: Sequence[tuple[bytes, str, int]] = (), used: list[int] | None = None,
@@ -678,7 +720,7 @@ class RedisIndex:
                 self._fill(pipe, p, old, ver_now, ndevs, caps, free, entries, used, ver)
                 pipe.execute()
         try:
-            self.call_sync(go)
+            self.call_waited("install", go)
         except redis.WatchError:
             raise NotAStoreError(
                 16, f"pool {self.name!r}: its index changed while it was being installed "
