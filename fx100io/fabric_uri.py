@@ -245,22 +245,32 @@ def parse(uri: str) -> dict[str, str]:
     return opts
 
 
-def split_paths(uri: str) -> list[str]:
-    """The one-path URIs of a URI whose authority lists several paths to
-    one subsystem (``nvme+tcp://10.0.0.1:4420,10.0.1.1:4420/NQN?...``), in
-    order, each with the whole path and query; [uri] for a one-path URI.
-    Each is checked as parse() checks a URI."""
+def split_authority(uri: str) -> list[str]:
+    """The grammar of several paths to one subsystem, and only that: the
+    one-path URIs of ``nvme+tcp://10.0.0.1:4420,10.0.1.1:4420/NQN?...``, in
+    order, each with the whole path and query; [uri] for a one-path URI; an
+    empty path refused. The userspace initiator (split_paths) and the kernel
+    path (kernel.split_paths) each check the parts with their own rules."""
     scheme = scheme_of(uri)
     rest = uri.split("://", 1)[1]
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     netloc, tail = rest[:cut], rest[cut:]
     hosts = netloc.split(",")
     if len(hosts) == 1:
-        parse(uri)
         return [uri]
-    if any(not h for h in hosts):
+    if any(not h.strip() for h in hosts):
         raise _bad("an empty path in the URI's HOST:PORT list", uri)
-    out = [f"{scheme}://{h}{tail}" for h in hosts]
+    return [f"{scheme}://{h}{tail}" for h in hosts]
+
+
+def split_paths(uri: str) -> list[str]:
+    """The one-path URIs of a URI whose authority lists several paths to
+    one subsystem (split_authority), each checked as parse() checks a URI;
+    a path listed twice is refused."""
+    out = split_authority(uri)
+    if len(out) == 1:
+        parse(uri)
+        return out
     seen = set()
     for one in out:
         opts = parse(one)

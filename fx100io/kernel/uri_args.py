@@ -137,23 +137,14 @@ def with_query(uri: str, values: Mapping[str, Any], drop: tuple[str, ...] = ()) 
 
 def split_paths(uri: str) -> list[str]:
     """The one-path URIs of a URI whose authority lists several paths to one subsystem
-    (``nvme+tcp://10.0.0.1:4420,10.0.1.1:4421/NQN?...``), in order, each with the whole
-    path and query; [uri] for a one-path URI.  The grammar is fabric_uri's for the userspace
-    multipath (docs/nvme-tcp.md); this is the kernel path's copy of its splitting until
-    fabric_uri.split_paths is on this branch, and is to be replaced by it then.  An empty
-    path and a path listed twice are refused; each part is checked by target_of()."""
+    (``nvme+tcp://10.0.0.1:4420,10.0.1.1:4421/NQN?...``: fabric_uri.split_authority, the
+    grammar the userspace multipath reads too), in order; [uri] for a one-path URI.  A path
+    listed twice is refused; each part is checked by target_of()."""
     if not isinstance(uri, str):
         raise InvalidArgumentError(22, f"expected an nvme+tcp:// or nvme+rdma:// URI, got {uri!r}")
-    scheme = fabric_uri.scheme_of(uri)
-    rest = uri.split("://", 1)[1]
-    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-    netloc, tail = rest[:cut], rest[cut:]
-    hosts = netloc.split(",")
-    if len(hosts) == 1:
-        return [uri]
-    if any(not h.strip() for h in hosts):
-        raise InvalidArgumentError(22, "an empty path in the URI's HOST:PORT list", redact(uri))
-    out = [f"{scheme}://{h}{tail}" for h in hosts]
+    out = fabric_uri.split_authority(uri)
+    if len(out) == 1:
+        return out
     seen: set[tuple[str, int | None]] = set()
     for one in out:
         try:
@@ -187,6 +178,11 @@ def target_of(uri: str, **opts: Any) -> Target:
                   if v is not None}
     given = query_keys(uri)
     named = given | secrets_kw.keys()
+    if fabric_uri.multipath_options(uri)["paths"] == "discover":
+        # the one userspace-only option whose silent drop would connect less than asked
+        raise InvalidArgumentError(22, "paths=discover is the userspace initiator's; the kernel "
+                                   "path connects the paths the URI lists (find them with "
+                                   "fx100io discover)", redact(uri))
     if "dhchap_ctrl_secret" in named and "dhchap_secret" not in named:
         raise InvalidArgumentError(22, "dhchap_ctrl_secret (bidirectional authentication) needs "
                                    "dhchap_secret too", redact(uri))

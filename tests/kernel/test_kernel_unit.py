@@ -860,3 +860,19 @@ def test_cli_connect_and_disconnect_with_several_paths(fake_nvme, fake_sys, caps
     assert main("disconnect", [MP_URI]) == 0
     assert capsys.readouterr().out.strip() == "disconnected 2 controller(s): nvme3 nvme4"
     assert kernel.list() == []
+
+
+def test_kernel_path_shares_the_several_paths_grammar_and_refuses_paths_discover():
+    from fx100io import fabric_uri, kernel
+    from fx100io.errors import InvalidArgumentError
+
+    uri = "nvme+tcp://127.0.0.1:4420,127.0.0.1:4421/nqn.2014-08.org.example:a?kato_ms=5000"
+    assert kernel.split_paths(uri) == fabric_uri.split_authority(uri) == [
+        "nvme+tcp://127.0.0.1:4420/nqn.2014-08.org.example:a?kato_ms=5000",
+        "nvme+tcp://127.0.0.1:4421/nqn.2014-08.org.example:a?kato_ms=5000"]
+    with pytest.raises(InvalidArgumentError, match="paths=discover"):
+        kernel.target_of("nvme+tcp://127.0.0.1:4420/nqn.2014-08.org.example:a?paths=discover")
+    for bad in ("nvme+tcp://127.0.0.1:4420,,127.0.0.1:4421/nqn.2014-08.org.example:a",
+                "nvme+tcp://127.0.0.1:4420, /nqn.2014-08.org.example:a"):
+        with pytest.raises(InvalidArgumentError, match="empty path"):
+            kernel.split_paths(bad)
