@@ -476,8 +476,9 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 		/* The slot's window over this buffer alone, bound just before
 		 * the SEND that tells the target its key: the target can only
 		 * use the key once it has the capsule, which leaves after the
-		 * bind (one send queue, in order).  A fresh key byte each time,
-		 * so a key of an earlier command never works again. */
+		 * bind (one send queue, in order).  A fresh key byte each time:
+		 * an earlier command's key is dead, and only comes back 256
+		 * binds later, naming that later command's buffer. */
 		if (slot >= c->rc.nmw)
 			return -EPROTO;
 		struct ibv_mw *mw = c->rc.mw[slot];
@@ -636,8 +637,11 @@ static const char *wr_kind(uint64_t wr_id)
 }
 
 /* One work completion of a live connection.  0, or the error that takes
- * the connection down. */
-static int on_wc(struct rconn *c, const struct ibv_wc *wc)
+ * the connection down.  failing: an earlier completion of the batch
+ * already did; then no key is invalidated locally any more (a window the
+ * peer may have invalidated already must not be invalidated again: rxe
+ * does not survive that), the queue pair's end kills the keys. */
+static int on_wc(struct rconn *c, const struct ibv_wc *wc, int failing)
 {
 	if (wc->status != IBV_WC_SUCCESS) {
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
@@ -695,7 +699,7 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 	}
 	m->rsp_seen = 1;
 	m->status = NVME_STATUS_FIELD(resp.status);
-	if (m->key_live && !r)
+	if (m->key_live && !r && !failing)
 		r = post_local_inv(c, m);
 	cmd_check_done(c, m);
 	return r; /* a failed post takes the connection down, after this response */
@@ -719,7 +723,7 @@ static void conn_poll(struct rconn *c)
 		/* the whole batch: a flushed SEND may come before a good
 		 * response; the first error takes the connection down after */
 		for (int i = 0; i < n; i++) {
-			int e = on_wc(c, &wc[i]);
+			int e = on_wc(c, &wc[i], r != 0);
 			if (e && !r)
 				r = e;
 		}
