@@ -123,4 +123,6 @@ cdef extern from "fx100io.h" nogil:
         uint64_t bytes_copied
         uint64_t reconnects
         uint64_t conn_errors
+        uint64_t remote_invalidations
+        uint64_t local_invalidations
     void fx_queue_get_stats "fx_queue_stats"(const fx_queue *q, fx_queue_stats *out)

@@ -468,7 +468,8 @@ cdef class Queue:
         fx_queue_get_stats(self.q, &s)
         return dict(ios=s.ios, bytes=s.bytes, fixed_ios=s.fixed_ios, bytes_direct=s.bytes_direct,
                     bytes_copied=s.bytes_copied, reconnects=s.reconnects,
-                    conn_errors=s.conn_errors)
+                    conn_errors=s.conn_errors, remote_invalidations=s.remote_invalidations,
+                    local_invalidations=s.local_invalidations)
 
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were

@@ -205,7 +205,8 @@ class Device:
     def queue_stats(self) -> dict[str, int]:
         """Counters of the calling thread's queue: ios, bytes, fixed_ios
         (registered buffers used), bytes_direct / bytes_copied (where
-        received bytes went), reconnects, conn_errors."""
+        received bytes went), reconnects, conn_errors, and for NVMe/RDMA
+        remote_invalidations / local_invalidations (how command keys ended)."""
         return dict(self._driver().queue.stats())
 
     def features(self) -> list[str]:

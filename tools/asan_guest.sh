@@ -27,4 +27,4 @@ libubsan=$(gcc -print-file-name=libubsan.so)
   "$PY" -m pytest -q -p no:cacheprovider -p no:hypothesispytest -p no:benchmark -p no:anyio \
     "$@" tests/guest/test_nvme_rdma.py tests/guest/test_rdma_connect_paths.py \
     tests/guest/test_rdma_kernel_and_faults.py tests/guest/test_kernel_path.py \
-    tests/guest/test_dhchap_rdma.py
+    tests/guest/test_dhchap_rdma.py tests/guest/test_rdma_command_keys.py

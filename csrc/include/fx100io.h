@@ -280,6 +280,10 @@ struct fx_queue_stats {
 	uint64_t bytes_copied; /* received bytes copied in user space */
 	uint64_t reconnects;   /* connections re-made after a failure */
 	uint64_t conn_errors;  /* connections taken down by an error */
+	/* NVMe/RDMA: command keys the target invalidated with its response,
+	 * and those we invalidated ourselves (it did not) */
+	uint64_t remote_invalidations;
+	uint64_t local_invalidations;
 };
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);
 

@@ -8,12 +8,17 @@
  * command is its 64-byte capsule sent by SEND; its data never passes
  * through the capsule except small writes (in-capsule, up to IOCCSZ): the
  * target RDMA-WRITEs read data and RDMA-READs write data straight from the
- * caller's buffer, described by a keyed SGL whose key is the buffer pool's
- * memory region (transport/rdma_mem.c).  Memory in no pool goes through a
- * registered bounce buffer: a copy, counted in the queue's stats.
+ * caller's buffer, described by a keyed SGL.  Its key is the slot's memory
+ * window, bound (in the same post, before the SEND) over that buffer alone
+ * inside the pool's region (transport/rdma_mem.c), with remote write for a
+ * read and remote read for a write.  The SGL asks the target to invalidate
+ * the key with its response; if it did not, we post a LOCAL_INV and the
+ * command completes only when that is done: no key outlives its command.
+ * Memory in no pool goes through a registered bounce buffer (a window over
+ * that piece of it): a copy, counted in the queue's stats.
  *
- * A command slot is free again only when both its SEND completion and its
- * response have arrived (the response may come first).  The queue's poll
+ * A command slot is free again only when its SEND completion, its response
+ * and the end of its key have all arrived (the response may come first).  The queue's poll
  * fd is an epoll set of every connection's completion channel and CM event
  * channel, the connector's eventfd and a deadline timer: asyncio watches it
  * with add_reader, blocking callers sleep in epoll_wait without the GIL.
@@ -56,9 +61,12 @@ struct rcmd {
 	uint8_t gen;
 	uint8_t sent;     /* SEND completion seen */
 	uint8_t rsp_seen; /* response seen */
+	uint8_t key_live; /* its window is bound: the target may still use it */
+	uint8_t inv_sent; /* our LOCAL_INV of it is posted */
 	uint8_t opcode;
 	uint16_t status;
 	int16_t bounce; /* bounce buffer index, -1: the caller's memory */
+	uint32_t rkey;  /* the key the target was given (key_live) */
 	uint32_t req;
 	char *data;
 	uint32_t len;
@@ -157,9 +165,9 @@ static int bounce_take(struct rdma_queue *q, struct fx_rdma_pd *pd)
 		q->bmem = aligned_alloc(4096, (size_t)n * q->bsize);
 		if (!q->bmem)
 			return -ENOMEM;
+		/* no remote access but through a command's window */
 		q->bmr = fx_rdma_reg(pd, q->bmem, (size_t)n * q->bsize,
-				     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-					     IBV_ACCESS_REMOTE_WRITE);
+				     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
 		if (!q->bmr) {
 			free(q->bmem);
 			q->bmem = NULL;
@@ -236,6 +244,7 @@ static void cmd_done(struct rconn *c, struct rcmd *m, int err, uint16_t status)
 	bounce_put(q, m->bounce);
 	m->bounce = -1;
 	m->busy = 0;
+	m->key_live = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	fx_req_piece_done(&q->t, m->req, err, bytes, status);
 }
@@ -424,7 +433,9 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 					   .send_flags = IBV_SEND_SIGNALED,
 				   },
 			   *bad;
-	uint32_t lkey = 0, rkey = 0;
+	struct ibv_send_wr bind;
+	struct ibv_mr *mr = NULL;
+	uint32_t lkey = 0;
 	char *buf = m->data;
 
 	memset(sqe, 0, sizeof(*sqe));
@@ -436,7 +447,7 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 		sqe->cdw10 = (uint32_t)slba;
 		sqe->cdw11 = (uint32_t)(slba >> 32);
 		sqe->cdw12 = nlb;
-		if (fx_rdma_pool_keys(c->rc.pd, m->data, m->len, &lkey, &rkey) == 0) {
+		if (fx_rdma_pool_mr(c->rc.pd, m->data, m->len, &mr) == 0) {
 			q->base.stats.fixed_ios++;
 		} else {
 			int b = bounce_take(q, c->rc.pd);
@@ -444,13 +455,13 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 				return b;
 			m->bounce = (int16_t)b;
 			buf = q->bmem + (size_t)b * q->bsize;
-			lkey = q->bmr->lkey;
-			rkey = q->bmr->rkey;
+			mr = q->bmr;
 			if (m->opcode == NVME_CMD_WRITE) {
 				memcpy(buf, m->data, m->len);
 				q->base.stats.bytes_copied += m->len;
 			}
 		}
+		lkey = mr->lkey;
 	}
 	if (m->opcode == NVME_CMD_WRITE && m->len <= c->io.incap_max && c->io.icdoff == 0) {
 		/* In-capsule: the data is the SEND's second piece. */
@@ -461,8 +472,43 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 		sqe->flags = NVME_CMD_SGL_METABUF;
 		sge[1] = (struct ibv_sge){.addr = (uintptr_t)buf, .length = m->len, .lkey = lkey};
 		wr.num_sge = 2;
+	} else if (m->len) {
+		/* The slot's window over this buffer alone, bound just before
+		 * the SEND that tells the target its key: the target can only
+		 * use the key once it has the capsule, which leaves after the
+		 * bind (one send queue, in order).  A fresh key byte each time:
+		 * an earlier command's key is dead, and only comes back 256
+		 * binds later, naming that later command's buffer. */
+		if (slot >= c->rc.nmw)
+			return -EPROTO;
+		struct ibv_mw *mw = c->rc.mw[slot];
+		uint32_t rkey = ibv_inc_rkey(mw->rkey);
+		bind = (struct ibv_send_wr){
+			.wr_id = FX_RDMA_WR_BIND | slot,
+			.next = &wr,
+			.opcode = IBV_WR_BIND_MW,
+			.bind_mw = {.mw = mw,
+				    .rkey = rkey,
+				    .bind_info =
+					    {.mr = mr,
+					     .addr = (uintptr_t)buf,
+					     .length = m->len,
+					     .mw_access_flags = m->opcode == NVME_CMD_READ
+									? IBV_ACCESS_REMOTE_WRITE
+									: IBV_ACCESS_REMOTE_READ}},
+		};
+		fx_rdma_keyed_sgl(sqe, (uintptr_t)buf, m->len, rkey, 1);
+		int r = ibv_post_send(c->rc.qp, &bind, &bad);
+		if (r)
+			return -r;
+		/* The provider names the window by the rkey it has now (the
+		 * device checks it): the new one from here on. */
+		mw->rkey = rkey;
+		m->rkey = rkey;
+		m->key_live = 1;
+		return 0;
 	} else {
-		fx_rdma_keyed_sgl(sqe, m->len ? (uintptr_t)buf : 0, m->len, m->len ? rkey : 0);
+		fx_rdma_keyed_sgl(sqe, 0, 0, 0, 0);
 	}
 	int r = ibv_post_send(c->rc.qp, &wr, &bad);
 	return r ? -r : 0;
@@ -497,6 +543,9 @@ static void issue(struct rdma_queue *q)
 		m->req = ri;
 		m->sent = 0;
 		m->rsp_seen = 0;
+		m->key_live = 0;
+		m->inv_sent = 0;
+		m->rkey = 0;
 		m->status = 0;
 		m->bounce = -1;
 		m->deadline = now_ms() + d->io_timeout_ms;
@@ -523,6 +572,9 @@ static void issue(struct rdma_queue *q)
 			m->bounce = -1;
 			break;
 		}
+		/* A failed post: the QP goes down (conn_fail) before the slot
+		 * is reused, and the windows with it; nothing waits for an
+		 * invalidation that will not come. */
 		/* the slot is taken now, whatever happens to the command */
 		c->nfree--;
 		m->busy = 1;
@@ -544,25 +596,75 @@ static void issue(struct rdma_queue *q)
 		q->starved = 0;
 }
 
+/* Command m is over once its SEND completed, its response came and its
+ * key is dead. */
+static void cmd_check_done(struct rconn *c, struct rcmd *m)
+{
+	if (m->sent && m->rsp_seen && !m->key_live)
+		cmd_done(c, m, 0, m->status);
+}
+
+/* Invalidate command m's key ourselves (the target did not): a signalled
+ * LOCAL_INV, whose completion completes the command.  0 or -errno. */
+static int post_local_inv(struct rconn *c, struct rcmd *m)
+{
+	uint16_t slot = (uint16_t)(m - c->cmds);
+	struct ibv_send_wr wr = {.wr_id = FX_RDMA_WR_INV | slot,
+				 .opcode = IBV_WR_LOCAL_INV,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .invalidate_rkey = m->rkey},
+			   *bad;
+	int r = ibv_post_send(c->rc.qp, &wr, &bad);
+
+	if (r)
+		return -r;
+	m->inv_sent = 1;
+	c->q->base.stats.local_invalidations++;
+	return 0;
+}
+
+static const char *wr_kind(uint64_t wr_id)
+{
+	switch (wr_id & FX_RDMA_WR_KIND) {
+	case FX_RDMA_WR_SEND:
+		return "send";
+	case FX_RDMA_WR_BIND:
+		return "memory window bind";
+	case FX_RDMA_WR_INV:
+		return "local invalidate";
+	}
+	return "receive";
+}
+
 /* One work completion of a live connection.  0, or the error that takes
- * the connection down. */
-static int on_wc(struct rconn *c, const struct ibv_wc *wc)
+ * the connection down.  failing: an earlier completion of the batch
+ * already did; then no key is invalidated locally any more (a window the
+ * peer may have invalidated already must not be invalidated again: rxe
+ * does not survive that), the queue pair's end kills the keys. */
+static int on_wc(struct rconn *c, const struct ibv_wc *wc, int failing)
 {
 	if (wc->status != IBV_WC_SUCCESS) {
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
 			fprintf(stderr, "fx100io: nvme+rdma: qid %u: %s %s\n", c->io.qid,
-				wc->wr_id & FX_RDMA_WR_SEND ? "send" : "receive",
-				ibv_wc_status_str(wc->status));
+				wr_kind(wc->wr_id), ibv_wc_status_str(wc->status));
 		return wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNRESET : -EIO;
 	}
-	if (wc->wr_id & FX_RDMA_WR_SEND) {
+	if (wc->wr_id & FX_RDMA_WR_KIND) {
 		uint32_t slot = (uint32_t)(wc->wr_id & 0xffff);
-		if (slot >= c->ncmds || !c->cmds[slot].busy || c->cmds[slot].sent)
+		if (slot >= c->ncmds || !c->cmds[slot].busy)
 			return -EPROTO;
 		struct rcmd *m = &c->cmds[slot];
-		m->sent = 1;
-		if (m->rsp_seen)
-			cmd_done(c, m, 0, m->status);
+		if ((wc->wr_id & FX_RDMA_WR_KIND) == FX_RDMA_WR_INV) {
+			/* binds are unsignalled: only these and SENDs come */
+			if (!m->inv_sent || !m->key_live)
+				return -EPROTO;
+			m->key_live = 0;
+		} else if ((wc->wr_id & FX_RDMA_WR_KIND) == FX_RDMA_WR_SEND && !m->sent) {
+			m->sent = 1;
+		} else {
+			return -EPROTO;
+		}
+		cmd_check_done(c, m);
 		return 0;
 	}
 	uint32_t idx = (uint32_t)wc->wr_id;
@@ -581,11 +683,26 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 			c->io.qid, resp.cid);
 		return -EPROTO;
 	}
+	if (wc->wc_flags & c->rc.inv_flags) {
+		/* The target invalidated a key with this response: it must be
+		 * this command's own, still live.  Any other key is a target
+		 * playing with keys it was not given for this command. */
+		if (!m->key_live || m->inv_sent || wc->invalidated_rkey != m->rkey) {
+			fprintf(stderr,
+				"fx100io: nvme+rdma: qid %u: the response to command id 0x%x "
+				"invalidated key 0x%x, not the command's own\n",
+				c->io.qid, resp.cid, wc->invalidated_rkey);
+			return -EPROTO;
+		}
+		m->key_live = 0;
+		c->q->base.stats.remote_invalidations++;
+	}
 	m->rsp_seen = 1;
 	m->status = NVME_STATUS_FIELD(resp.status);
-	if (m->sent)
-		cmd_done(c, m, 0, m->status);
-	return r; /* a failed re-post takes the connection down, after this response */
+	if (m->key_live && !r && !failing)
+		r = post_local_inv(c, m);
+	cmd_check_done(c, m);
+	return r; /* a failed post takes the connection down, after this response */
 }
 
 /* Reap connection c's completions (and CM events) until none are left and
@@ -606,7 +723,7 @@ static void conn_poll(struct rconn *c)
 		/* the whole batch: a flushed SEND may come before a good
 		 * response; the first error takes the connection down after */
 		for (int i = 0; i < n; i++) {
-			int e = on_wc(c, &wc[i]);
+			int e = on_wc(c, &wc[i], r != 0);
 			if (e && !r)
 				r = e;
 		}

@@ -157,7 +157,7 @@ int fx_rdma_post_recv(struct fx_rdma_conn *c, uint32_t idx)
 	return r ? -r : 0;
 }
 
-void fx_rdma_keyed_sgl(struct nvme_sqe *sqe, uint64_t addr, uint32_t len, uint32_t rkey)
+void fx_rdma_keyed_sgl(struct nvme_sqe *sqe, uint64_t addr, uint32_t len, uint32_t rkey, int inv)
 {
 	uint8_t *d = (uint8_t *)&sqe->dptr;
 
@@ -169,7 +169,7 @@ void fx_rdma_keyed_sgl(struct nvme_sqe *sqe, uint64_t addr, uint32_t len, uint32
 		d[8 + i] = (uint8_t)(len >> (8 * i));
 	for (int i = 0; i < 4; i++)
 		d[11 + i] = (uint8_t)(rkey >> (8 * i));
-	d[15] = NVME_SGL_KEYED_DATA_BLOCK;
+	d[15] = inv ? NVME_SGL_KEYED_DATA_BLOCK_INV : NVME_SGL_KEYED_DATA_BLOCK;
 	sqe->flags = (uint8_t)((sqe->flags & ~0xc0) | NVME_CMD_SGL_METABUF);
 }
 
@@ -194,6 +194,43 @@ static int resolve(struct fx_rdma_conn *c, const struct fx_nvmf_addr *a, int tim
 	return cm_wait(c, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, NULL, &st);
 }
 
+/* The vendor id soft-RoCE (rxe) reports. */
+#define RXE_VENDOR_ID 0xFFFFFFu
+/* The kernel's IB_WC_WITH_INVALIDATE: rxe's provider copies the kernel's
+ * completion as it is, so there this bit (IBV_WC_IP_CSUM_OK in
+ * libibverbs' numbering) is the one that says a key was invalidated. */
+#define KERNEL_WC_WITH_INV (1u << 2)
+
+/* An I/O queue's memory windows, one per capsule slot (type 2: bound by a
+ * work request on this QP, usable only through it, remotely
+ * invalidatable).  A device without them cannot scope a key to a command:
+ * that is said, and the queue is not made. */
+static int make_windows(struct fx_rdma_conn *c, uint32_t n)
+{
+	struct ibv_device_attr da;
+	struct ibv_pd *pd = fx_rdma_pd_ibv(c->pd);
+
+	c->inv_flags = IBV_WC_WITH_INV;
+	if (ibv_query_device(c->id->verbs, &da) == 0 && da.vendor_id == RXE_VENDOR_ID)
+		c->inv_flags |= KERNEL_WC_WITH_INV;
+	c->mw = calloc(n, sizeof(*c->mw));
+	if (!c->mw)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		c->mw[i] = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+		if (!c->mw[i]) {
+			int err = errno ? errno : ENOMEM;
+			fx_nvmf_log(
+				"qid %u: this RDMA device (%s) gives no type 2 memory window (%s): "
+				"a key scoped to each command is not possible on it",
+				c->qid, ibv_get_device_name(c->id->verbs->device), strerror(err));
+			return err == ENOMEM ? -ENOMEM : -EOPNOTSUPP;
+		}
+		c->nmw = (uint16_t)(i + 1);
+	}
+	return 0;
+}
+
 /* PD, CQ with its channel, the RC QP, capsule and response buffers, and
  * every receive posted: all before the CM connect. */
 static int make_qp(struct fx_rdma_conn *c)
@@ -207,7 +244,8 @@ static int make_qp(struct fx_rdma_conn *c)
 	c->cch = ibv_create_comp_channel(ctx);
 	if (!c->cch)
 		return errno ? -errno : -ENOMEM;
-	c->cq = ibv_create_cq(ctx, (int)(nsq + c->nrecv + 2), NULL, c->cch, 0);
+	/* signalled: each slot's SEND and LOCAL_INV, and every receive */
+	c->cq = ibv_create_cq(ctx, (int)(2 * nsq + c->nrecv + 2), NULL, c->cch, 0);
 	if (!c->cq)
 		return errno ? -errno : -ENOMEM;
 	if (ibv_req_notify_cq(c->cq, 0))
@@ -216,7 +254,8 @@ static int make_qp(struct fx_rdma_conn *c)
 		.send_cq = c->cq,
 		.recv_cq = c->cq,
 		.qp_type = IBV_QPT_RC,
-		.cap = {.max_send_wr = nsq + 1,
+		/* a command posts a bind, its SEND and maybe a LOCAL_INV */
+		.cap = {.max_send_wr = 3 * nsq + 1,
 			.max_recv_wr = (uint32_t)c->nrecv + 1,
 			.max_send_sge = 2,
 			.max_recv_sge = 1},
@@ -240,7 +279,7 @@ static int make_qp(struct fx_rdma_conn *c)
 		if (r)
 			return r;
 	}
-	return 0;
+	return c->qid ? make_windows(c, nsq) : 0;
 }
 
 static int cm_connect(struct fx_rdma_conn *c, int64_t deadline)
@@ -362,6 +401,10 @@ void fx_rdma_close(struct fx_rdma_conn *c)
 		rdma_disconnect(c->id);
 	if (c->id && c->qp)
 		rdma_destroy_qp(c->id);
+	/* after the QP: a window still bound went with it (no peer can use it) */
+	for (uint16_t i = 0; i < c->nmw; i++)
+		ibv_dealloc_mw(c->mw[i]);
+	free(c->mw);
 	if (c->cq)
 		ibv_destroy_cq(c->cq);
 	if (c->cch)
@@ -465,7 +508,7 @@ static int conn_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 	}
 	uint16_t cid = c->next_cid++;
 	sqe->cid = cid;
-	fx_rdma_keyed_sgl(sqe, len ? (uintptr_t)data : 0, len, mr ? mr->rkey : 0);
+	fx_rdma_keyed_sgl(sqe, len ? (uintptr_t)data : 0, len, mr ? mr->rkey : 0, 0);
 	memcpy(c->sqes, sqe, sizeof(*sqe));
 	struct ibv_sge sge = {.addr = (uintptr_t)c->sqes, .length = 64, .lkey = c->sqe_mr->lkey};
 	struct ibv_send_wr wr =

@@ -6,8 +6,15 @@
  * fx_rdma_transport); the data path (transport/rdma.c) drives its
  * I/O queues itself with the same buffers.
  *
- * Work request ids: a SEND carries FX_RDMA_WR_SEND | slot, a RECV the index
- * of its response buffer.
+ * Work request ids: a SEND carries FX_RDMA_WR_SEND | slot, a memory window
+ * bind FX_RDMA_WR_BIND | slot, a local invalidate FX_RDMA_WR_INV | slot, a
+ * RECV the index of its response buffer.
+ *
+ * An I/O queue (qid > 0) has one type 2 memory window per capsule slot:
+ * the command in that slot binds it over its own buffer, with only the
+ * remote access it needs, and it is invalidated (by the target's
+ * SEND_WITH_INVALIDATE or our LOCAL_INV) before the command completes.
+ * The windows live and die with the queue pair.
  */
 #ifndef FX100IO_TRANSPORT_RDMA_CONN_H
 #define FX100IO_TRANSPORT_RDMA_CONN_H
@@ -20,6 +27,9 @@
 #include "transport/rdma_mem.h"
 
 #define FX_RDMA_WR_SEND (1ull << 32)
+#define FX_RDMA_WR_BIND (2ull << 32)
+#define FX_RDMA_WR_INV (4ull << 32)
+#define FX_RDMA_WR_KIND (7ull << 32)
 /* Most bytes one keyed SGL data block descriptor describes (24-bit length). */
 #define FX_RDMA_SGL_MAX 0xFFFFFFu
 /* The NVMe/RDMA CM private data (NVMe/RDMA transport spec). */
@@ -45,6 +55,13 @@ struct fx_rdma_conn {
 	struct ibv_mr *sqe_mr;
 	uint8_t *rsps; /* nrecv responses of 16 bytes */
 	struct ibv_mr *rsp_mr;
+	struct ibv_mw **mw; /* I/O queues: one window per capsule slot (its
+	                     * rkey: the one it was last bound with) */
+	uint16_t nmw;
+	/* wc_flags bits that say a receive invalidated a key: IBV_WC_WITH_INV,
+	 * and on soft-RoCE the kernel's own bit, which its provider passes
+	 * through unchanged */
+	uint32_t inv_flags;
 };
 
 extern const struct fx_nvmf_transport fx_rdma_transport;
@@ -64,8 +81,10 @@ void fx_rdma_close(struct fx_rdma_conn *c);
 /* Post the receive buffer idx again. 0 or -errno. */
 int fx_rdma_post_recv(struct fx_rdma_conn *c, uint32_t idx);
 
-/* Fill sqe's data pointer with a keyed SGL data block descriptor. */
-void fx_rdma_keyed_sgl(struct nvme_sqe *sqe, uint64_t addr, uint32_t len, uint32_t rkey);
+/* Fill sqe's data pointer with a keyed SGL data block descriptor; inv:
+ * the "invalidate key" subtype, asking the target to invalidate rkey with
+ * its response (SEND_WITH_INVALIDATE). */
+void fx_rdma_keyed_sgl(struct nvme_sqe *sqe, uint64_t addr, uint32_t len, uint32_t rkey, int inv);
 
 /* Words for a CM reject reason, from the status field of NVMe/RDMA's reject
  * private data. */

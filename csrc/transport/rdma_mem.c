@@ -31,9 +31,11 @@
 #define RETRY_FAILED_MS 5000 /* a failed registration is tried again after this */
 #define LOG_EVERY_MS 10000   /* registration failures are said at most this often */
 
-/* The target RDMA-READs write data from pool memory and RDMA-WRITEs read
- * data into it; local write for bounce copies. */
-#define POOL_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
+/* No remote access through the region itself: a target reaches pool
+ * memory only through the memory window each command binds over its own
+ * buffer (transport/rdma.c).  Local write because a window with remote
+ * write needs it on its region (and the bounce copies). */
+#define POOL_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND)
 
 enum slot_state { SLOT_NONE, SLOT_BUSY, SLOT_READY, SLOT_FAILED };
 
@@ -196,8 +198,7 @@ static int slot_ensure(struct fx_rdma_pd *pd, int s, const struct iovec *iov, ui
 	return mr ? 0 : -ENOENT;
 }
 
-int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
-		      uint32_t *rkey)
+int fx_rdma_pool_mr(struct fx_rdma_pd *pd, const void *addr, uint64_t len, struct ibv_mr **mr)
 {
 	struct iovec iov;
 	uint32_t gen;
@@ -211,8 +212,7 @@ int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uin
 	pthread_mutex_lock(&pds_lock);
 	/* re-checked: the pool may have gone (and its region) meanwhile */
 	if (pd->slot[s].gen == gen && pd->slot[s].state == SLOT_READY) {
-		*lkey = pd->slot[s].mr->lkey;
-		*rkey = pd->slot[s].mr->rkey;
+		*mr = pd->slot[s].mr;
 	} else {
 		ret = -ENOENT;
 	}

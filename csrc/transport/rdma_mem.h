@@ -5,8 +5,9 @@
  *
  * A pool (fx_pool_create, or fx_pool_wrap for memory such as LMCache's) is
  * registered on first use, slot by slot of the pool registry (1 GiB each),
- * with local write and remote read and write access: the target RDMA-WRITEs
- * read data straight into it and RDMA-READs write data from it.  A slot
+ * with local write and memory-window bind access and no remote access: the
+ * target RDMA-WRITEs read data straight into it and RDMA-READs write data
+ * from it only through the window each command binds over its own buffer.  A slot
  * reused by a later pool (a new generation) is registered anew, and a
  * pool's regions are dropped when it is destroyed.  Memory in no pool has
  * no key: the data path copies through a bounce buffer.
@@ -28,13 +29,12 @@ void fx_rdma_pd_put(struct fx_rdma_pd *pd);
 struct ibv_pd *fx_rdma_pd_ibv(const struct fx_rdma_pd *pd);
 
 /*
- * Keys for [addr, addr+len) when it lies in one slot of a registered pool:
- * registers that slot in pd on first use.  0 on success; -ENOENT when the
- * range is in no pool (use a bounce buffer); -errno of ibv_reg_mr.
- * Thread-safe.
+ * The region of [addr, addr+len) when it lies in one slot of a registered
+ * pool: registers that slot in pd on first use.  0 on success; -ENOENT
+ * when the range is in no pool (use a bounce buffer) or registering
+ * failed.  The region stays until the pool is destroyed.  Thread-safe.
  */
-int fx_rdma_pool_keys(struct fx_rdma_pd *pd, const void *addr, uint64_t len, uint32_t *lkey,
-		      uint32_t *rkey);
+int fx_rdma_pool_mr(struct fx_rdma_pd *pd, const void *addr, uint64_t len, struct ibv_mr **mr);
 
 /* Register every pool there is now in pd (queue creation does it, on the
  * caller's thread, so first I/Os do not pay for it). */

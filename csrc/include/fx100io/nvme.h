@@ -132,6 +132,7 @@ _Static_assert(sizeof(struct nvme_sgl_desc) == 16, "SGL");
 #define NVME_SGL_DATA_BLOCK_OFFSET 0x01    /* data block, offset: in-capsule */
 #define NVME_SGL_TRANSPORT_DATA_BLOCK 0x5A /* transport data block, transport A */
 #define NVME_SGL_KEYED_DATA_BLOCK 0x40     /* keyed data block, address (RDMA) */
+#define NVME_SGL_KEYED_DATA_BLOCK_INV 0x4F /* ... and the target invalidates the key */
 
 /* PSDT = 01b: SGLs for data, metadata in one contiguous buffer. Fabrics
  * commands must use SGLs. */

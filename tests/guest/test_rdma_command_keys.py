@@ -1,0 +1,149 @@
+"""NVMe/RDMA keys are scoped to one command: a hostile target cannot use them after it.
+
+The target here is our own (hostile_rdma_target.py, pyverbs) and plays the scenarios its
+docstring lists against our initiator: after a read completed it RDMA-WRITEs with the read's
+key, after a write completed it RDMA-READs with the write's key, and during a read it
+RDMA-READs its buffer with its key (a key for remote writes only), and RDMA-WRITEs just past the
+end of its buffer with its key.  Each must fail with a remote access error and leave the host's
+bytes as they were.  The last fails on soft-RoCE, and its test is an expected failure there:
+rxe checks a memory window's key, queue pair and access but not its range (only the range of
+the region under it, the whole 1 GiB pool slot; Linux 6.12 rxe_resp.c check_rkey), so there
+a live command's key reaches the rest of the pool, while the command runs, from that queue
+pair only, with that access only.  Devices that follow the InfiniBand spec bound a window to
+its range.  It answers with plain
+SENDs, so this is also the path where the host invalidates each key itself (nvmet-rdma, in
+test_nvme_rdma.py, invalidates them remotely).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import chunk_bytes
+
+import fx100io
+from fx100io import errors
+
+pytest_plugins = ["support.lab_fixture", "guest_rdma"]
+pytestmark = [pytest.mark.lab, pytest.mark.guest]
+
+KiB = 1 << 10
+N = 64 * KiB
+BLOCK = 4096
+IBV_WC_SUCCESS = 0
+IBV_WC_REM_ACCESS_ERR = 10
+TARGET = Path(__file__).with_name("hostile_rdma_target.py")
+
+
+def _pattern(slba: int, n: int) -> bytes:
+    """What hostile_rdma_target.py serves for blocks slba onwards."""
+    return b"".join(int(slba + i).to_bytes(8, "little") * (BLOCK // 8) for i in range(n // BLOCK))
+
+
+class HostileTarget:
+    """hostile_rdma_target.py in a process of its own, playing the scenarios given."""
+
+    def __init__(self, lab, port: int, scenarios: str):
+        self.proc = subprocess.Popen([sys.executable, str(TARGET), lab.host, str(port), scenarios],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+        assert ready, "the hostile target did not start listening within 60 s"
+        first = self.proc.stdout.readline()
+        assert json.loads(first) == {"event": "listening"}, first + self.proc.stderr.read()
+        self.uri = (f"nvme+rdma://{lab.host}:{port}/nqn.2026-12.io.fx100:hostile"
+                    f"?hostnqn={lab.allowed_host_nqn}&queues=1&kato_ms=0&reconnect_ms=50"
+                    f"&io_timeout_ms=20000")
+
+    def events(self) -> dict:
+        """Once the device is closed: what the target saw, by (scenario, event)."""
+        out, err = self.proc.communicate(timeout=60)
+        events = [json.loads(x) for x in out.splitlines() if x.strip()]
+        assert events and events[-1] == {"event": "done"}, (events, err)
+        return {(ev.get("scenario"), ev["event"]): ev for ev in events}
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate(timeout=10)
+
+
+def _guarded(pool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A buffer of N bytes in pool memory between two guards of N bytes each."""
+    region = pool.alloc(3 * N)
+    before, buf, after = region[:N], region[N:2 * N], region[2 * N:]
+    before[:] = 0x5A
+    after[:] = 0xA5
+    return before, buf, after
+
+
+def test_a_target_cannot_use_a_command_key_after_the_command_or_for_other_access(rdma_lab):
+    target = HostileTarget(rdma_lab, 4430, "1,2,3")
+    try:
+        pool = fx100io.BufferPool(4 << 20)
+        before, buf, after = _guarded(pool)
+        with fx100io.open_device(target.uri) as dev:
+            # 1: a read, then the target writes with the read's key
+            assert dev.read_into_blocking(8 * BLOCK, buf) == N
+            assert buf.tobytes() == _pattern(8, N)
+            stats = dev.queue_stats()
+            assert stats["local_invalidations"] == 1 and stats["remote_invalidations"] == 0
+            with pytest.raises(errors.Fx100ioError):
+                dev.flush_blocking()
+            assert buf.tobytes() == _pattern(8, N), "a write with a finished read's key landed"
+
+            # 2: a write, then the target reads with the write's key
+            buf[:] = chunk_bytes("hostile-write", N)
+            assert dev.write_from_blocking(0, buf) == N
+            with pytest.raises(errors.Fx100ioError):
+                dev.flush_blocking()
+            assert np.array_equal(buf, chunk_bytes("hostile-write", N))
+
+            # 3: a read whose key (remote write only) the target reads with
+            buf[:] = 0x33
+            with pytest.raises(errors.Fx100ioError):
+                dev.read_into_blocking(0, buf)
+            assert (buf == 0x33).all()
+            assert dev.queue_stats()["local_invalidations"] == 2
+        assert (before == 0x5A).all() and (after == 0xA5).all()
+        by = target.events()
+    finally:
+        target.kill()
+    assert by[(1, "served")]["status"] == IBV_WC_SUCCESS, by
+    assert by[(1, "after")]["status"] == IBV_WC_REM_ACCESS_ERR, by
+    assert by[(2, "served")]["status"] == IBV_WC_SUCCESS, by
+    assert bytes.fromhex(by[(2, "served")]["data"]) == chunk_bytes("hostile-write", N)[:16].tobytes()
+    assert by[(2, "after")]["status"] == IBV_WC_REM_ACCESS_ERR, by
+    assert by[(3, "read with a write key")]["status"] == IBV_WC_REM_ACCESS_ERR, by
+
+
+def test_a_command_key_cannot_reach_the_bytes_next_to_its_buffer(rdma_lab):
+    target = HostileTarget(rdma_lab, 4431, "4")
+    try:
+        pool = fx100io.BufferPool(4 << 20)
+        before, buf, after = _guarded(pool)
+        with fx100io.open_device(target.uri) as dev:
+            buf[:] = 0x33
+            with pytest.raises(errors.Fx100ioError):
+                dev.read_into_blocking(0, buf)
+        by = target.events()
+    finally:
+        target.kill()
+    assert (before == 0x5A).all() and (buf == 0x33).all()
+    reached = not (after == 0xA5).all()
+    assert reached == (by[(4, "past the end")]["status"] == IBV_WC_SUCCESS), by
+    if Path("/sys/class/infiniband/rxe0").exists() and len(os.listdir("/sys/class/infiniband")) == 1:
+        # soft-RoCE: expected to fail (the module's docstring); strictly, so that a fixed rxe
+        # turns this into a failure and the expectation is dropped
+        assert reached, "rxe now bounds a memory window to its range: drop this xfail"
+        pytest.xfail("soft-RoCE (rxe) does not bound a memory window to its range, only to its "
+                     "region")
+    assert not reached, "a write past the end of a command's buffer landed"
+    assert by[(4, "past the end")]["status"] == IBV_WC_REM_ACCESS_ERR, by
