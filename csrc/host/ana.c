@@ -43,8 +43,8 @@ int fx_nvmf_ana_find(const uint8_t *log, size_t len, uint32_t grpid, uint8_t *st
 /* The page's len bytes in chunks of at most mdts; 0, -EAGAIN (CHGCNT moved
  * between the first chunk and the header read after the last: a torn
  * page), or read's error. */
-static int read_page(fx_nvmf_ana_read_fn read, void *ctx, uint32_t mdts, uint8_t *log, uint32_t len,
-		     uint16_t *status)
+static int read_page(fx_nvmf_ana_read_fn read, void *ctx, uint8_t lsp, uint32_t mdts, uint8_t *log,
+		     uint32_t len, uint16_t *status)
 {
 	/* (dword multiples: NUMD counts dwords) */
 	uint32_t chunk = mdts >= sizeof(struct nvme_ana_log_hdr) && mdts < len ? mdts & ~3u : len;
@@ -52,13 +52,13 @@ static int read_page(fx_nvmf_ana_read_fn read, void *ctx, uint32_t mdts, uint8_t
 	int ret;
 
 	for (uint32_t off = 0; off < len; off += chunk) {
-		ret = read(ctx, off, log + off, len - off < chunk ? len - off : chunk, status);
+		ret = read(ctx, lsp, off, log + off, len - off < chunk ? len - off : chunk, status);
 		if (ret)
 			return ret;
 	}
 	if (chunk == len)
 		return 0; /* one command: the controller sent one page */
-	ret = read(ctx, 0, &again, sizeof(again), status);
+	ret = read(ctx, lsp, 0, &again, sizeof(again), status);
 	if (ret)
 		return ret;
 	return memcmp(&again.chgcnt, log, sizeof(again.chgcnt)) ? -EAGAIN : 0;
@@ -79,7 +79,14 @@ int fx_nvmf_ana_read(struct fx_nvmf_ana_reader *r, fx_nvmf_ana_read_fn read, voi
 
 		if (!log)
 			return -ENOMEM;
-		ret = read_page(read, ctx, mdts, log, len, status);
+		ret = read_page(read, ctx, r->no_rgo ? 0 : NVME_ANA_LSP_RGO, mdts, log, len,
+				status);
+		if (ret == -EIO && !r->no_rgo && NVME_SCT(*status) == 0 &&
+		    NVME_SC(*status) == NVME_SC_INVALID_FIELD) {
+			r->no_rgo = 1; /* (once: no_rgo stays) */
+			free(log);
+			continue;
+		}
 		if (ret == -EAGAIN && !torn++) {
 			free(log);
 			continue;

@@ -20,10 +20,12 @@ int fx_nvmf_ana_find(const uint8_t *log, size_t len, uint32_t grpid, uint8_t *st
 
 /*
  * Reading the page over the network, bounded against a target that claims
- * more than it sends: read(ctx, off, buf, len, status) fetches len bytes
- * (a dword multiple, at most one MDTS) of the ANA log at off, asked with
- * RGO (groups only, no NSID lists: our group's state is all we need), and
- * returns 0 or -errno (*status on -EIO).  The page is read in chunks of
+ * more than it sends: read(ctx, lsp, off, buf, len, status) fetches len
+ * bytes (a dword multiple, at most one MDTS) of the ANA log at off with that
+ * log specific field, and returns 0 or -errno (*status on -EIO).  It is
+ * asked with RGO (groups only, no NSID lists: our group's state is all we
+ * need); a controller that fails that with Invalid Field is asked without
+ * it from then on (the parser skips NSID lists either way).  The page is read in chunks of
  * mdts (0: one command); when that took more than one command the header
  * is read again and a CHGCNT that moved means a torn page, read again once
  * (-EAGAIN if it tears twice).  A page that goes on past what was read is
@@ -40,9 +42,10 @@ struct fx_nvmf_ana_reader {
 	uint32_t len;        /* the page length to start with; 0: FIRST */
 	int too_big;         /* the page proved longer than MAX ... */
 	uint64_t big_chgcnt; /* ... while its CHGCNT was this */
+	int no_rgo;          /* the controller refused RGO */
 };
 
-typedef int (*fx_nvmf_ana_read_fn)(void *ctx, uint64_t off, void *buf, uint32_t len,
+typedef int (*fx_nvmf_ana_read_fn)(void *ctx, uint8_t lsp, uint64_t off, void *buf, uint32_t len,
 				   uint16_t *status);
 
 /* 0 (*state and *chgcnt set), -ENOENT, -EPROTO, -EAGAIN, -ENOMEM, or what

@@ -485,13 +485,14 @@ void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
 
 /* One chunk of the ANA log (host/ana.c): ctrl->lock is taken per command,
  * not across the page, so that keep alive goes on between chunks. */
-static int ana_chunk(void *ctx, uint64_t off, void *buf, uint32_t len, uint16_t *status)
+static int ana_chunk(void *ctx, uint8_t lsp, uint64_t off, void *buf, uint32_t len,
+		     uint16_t *status)
 {
 	struct fx_nvmf_ctrl *c = ctx;
 	int ret;
 
 	pthread_mutex_lock(&c->lock);
-	ret = fx_nvmf_ctrl_get_log_sp(c, NVME_LOG_ANA, NVME_ANA_LSP_RGO, off, buf, len, status);
+	ret = fx_nvmf_ctrl_get_log_sp(c, NVME_LOG_ANA, lsp, off, buf, len, status);
 	pthread_mutex_unlock(&c->lock);
 	return ret;
 }

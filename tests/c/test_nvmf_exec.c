@@ -1404,9 +1404,12 @@ struct fake_ana {
 	uint32_t max_chunk; /* the largest one command asked for */
 	unsigned torn;      /* chunks left that tear the page */
 	int fail;           /* answer -EIO with this status */
+	int rgo_invalid;    /* an LSP other than 0 is an Invalid Field */
+	uint8_t lsp;        /* the last one asked for */
 };
 
-static int fake_ana_read(void *ctx, uint64_t off, void *buf, uint32_t len, uint16_t *status)
+static int fake_ana_read(void *ctx, uint8_t lsp, uint64_t off, void *buf, uint32_t len,
+			 uint16_t *status)
 {
 	struct fake_ana *f = ctx;
 
@@ -1414,8 +1417,13 @@ static int fake_ana_read(void *ctx, uint64_t off, void *buf, uint32_t len, uint1
 	f->bytes += len;
 	if (len > f->max_chunk)
 		f->max_chunk = len;
+	f->lsp = lsp;
 	if (f->fail) {
 		*status = (uint16_t)f->fail;
+		return -EIO;
+	}
+	if (f->rgo_invalid && lsp) {
+		*status = NVME_SC_INVALID_FIELD;
 		return -EIO;
 	}
 	memset(buf, 0, len);
@@ -1512,6 +1520,19 @@ static void test_ana_read(void)
 	CHECK_EQ(f.bytes, 2 * (16384 + 16));
 	f.torn = 0;
 
+	CHECK_EQ(f.lsp, NVME_ANA_LSP_RGO);
+	/* a controller that refuses RGO: asked once with it, then without */
+	f.rgo_invalid = 1;
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(st, NVME_ANA_OPTIMIZED);
+	CHECK_EQ(f.bytes, 2 * 16384);
+	CHECK_EQ(f.lsp, 0);
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(f.bytes, 16384);
+	CHECK_EQ(f.lsp, 0);
+	f.rgo_invalid = 0;
 	/* the controller's error comes back with its status */
 	f.fail = 0x0109;
 	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), -EIO);
