@@ -51,6 +51,12 @@ static int identify(struct fx_nvmf_ctrl *c, uint8_t cns, uint32_t nsid, void *bu
 int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void *buf, uint32_t len,
 			 uint16_t *status)
 {
+	return fx_nvmf_ctrl_get_log_sp(c, lid, 0, off, buf, len, status);
+}
+
+int fx_nvmf_ctrl_get_log_sp(struct fx_nvmf_ctrl *c, uint8_t lid, uint8_t lsp, uint64_t off,
+			    void *buf, uint32_t len, uint16_t *status)
+{
 	uint8_t *p = buf;
 	/* One command may move at most MDTS; keep chunks dword multiples. */
 	uint32_t chunk = c->mdts_bytes ? c->mdts_bytes : len;
@@ -64,7 +70,7 @@ int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void
 		memset(&sqe, 0, sizeof(sqe));
 		sqe.opcode = NVME_ADMIN_GET_LOG_PAGE;
 		sqe.nsid = 0;
-		sqe.cdw10 = lid | (numd & 0xffff) << 16;
+		sqe.cdw10 = lid | (uint32_t)(lsp & 0x1f) << 8 | (numd & 0xffff) << 16;
 		sqe.cdw11 = numd >> 16;
 		sqe.cdw12 = (uint32_t)off;
 		sqe.cdw13 = (uint32_t)(off >> 32);

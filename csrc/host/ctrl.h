@@ -75,6 +75,10 @@ void fx_nvmf_ctrl_close(struct fx_nvmf_ctrl *c);
  * caller holds c->lock or is the controller's only user. */
 int fx_nvmf_ctrl_get_log(struct fx_nvmf_ctrl *c, uint8_t lid, uint64_t off, void *buf, uint32_t len,
 			 uint16_t *status);
+/* The same with a log specific field (LSP, CDW10 bits 12:08: the ANA log's
+ * RGO, say). */
+int fx_nvmf_ctrl_get_log_sp(struct fx_nvmf_ctrl *c, uint8_t lid, uint8_t lsp, uint64_t off,
+			    void *buf, uint32_t len, uint16_t *status);
 
 /*
  * Discovery over transport tr: connect to the discovery controller at a

@@ -295,6 +295,7 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	id_keep(d->info->eui64, ids.eui64, 8);
 	id_keep(d->info->uuid, ids.uuid, 16);
 	d->anagrpid = ids.anagrpid;
+	memset(&d->ana, 0, sizeof(d->ana)); /* another controller: learnt afresh */
 	d->max_xfer = fx_nvmf_xfer_size(d->max_xfer, mdts, lba);
 	pthread_mutex_unlock(&d->lock);
 	/* Only open_lock holders use a ctrl pointer beyond lock, so the old
@@ -504,46 +505,40 @@ void fx_nvmf_dev_connect_io(struct fx_nvmf_dev *d, const int *stop, void *q,
 	res->err = ret;
 }
 
-/* A page of 4 KiB holds 127 groups with no NSIDs; a longer one is read again,
- * four times larger each time, up to ANA_LOG_MAX. */
-#define ANA_LOG_FIRST 4096
-#define ANA_LOG_MAX (4u << 20)
+/* One chunk of the ANA log (host/ana.c): ctrl->lock is taken per command,
+ * not across the page, so that keep alive goes on between chunks. */
+static int ana_chunk(void *ctx, uint8_t lsp, uint64_t off, void *buf, uint32_t len,
+		     uint16_t *status)
+{
+	struct fx_nvmf_ctrl *c = ctx;
+	int ret;
+
+	pthread_mutex_lock(&c->lock);
+	ret = fx_nvmf_ctrl_get_log_sp(c, NVME_LOG_ANA, lsp, off, buf, len, status);
+	pthread_mutex_unlock(&c->lock);
+	return ret;
+}
 
 int fx_nvmf_dev_ana(struct fx_nvmf_dev *d, uint32_t *grpid, uint8_t *state)
 {
-	uint32_t len = ANA_LOG_FIRST;
 	uint64_t chgcnt = 0;
 	uint16_t sf = 0;
 	int ret;
 
-	pthread_mutex_lock(&d->open_lock); /* the ctrl pointer stays ours */
+	pthread_mutex_lock(&d->open_lock); /* the ctrl pointer (and d->ana) stay ours */
 	*grpid = d->anagrpid;
 	if (ctrl_gone(d)) {
 		ret = -ENOTCONN;
 	} else if (!d->anagrpid) {
 		ret = -EOPNOTSUPP;
 	} else {
-		for (;;) {
-			uint8_t *log = calloc(1, len);
-			if (!log) {
-				ret = -ENOMEM;
-				break;
-			}
-			pthread_mutex_lock(&d->ctrl->lock);
-			ret = fx_nvmf_ctrl_get_log(d->ctrl, NVME_LOG_ANA, 0, log, len, &sf);
-			pthread_mutex_unlock(&d->ctrl->lock);
-			if (ret == 0)
-				ret = fx_nvmf_ana_find(log, len, d->anagrpid, state, &chgcnt);
-			else if (ret == -EIO && NVME_SCT(sf) == 0 && NVME_SC(sf) == 0x09)
-				ret = -EOPNOTSUPP; /* Invalid Log Page: no ANA reporting */
-			free(log);
-			if (ret != -EMSGSIZE || len >= ANA_LOG_MAX)
-				break;
-			len *= 4;
-		}
+		ret = fx_nvmf_ana_read(&d->ana, ana_chunk, d->ctrl, d->ctrl->mdts_bytes,
+				       d->anagrpid, state, &chgcnt, &sf);
+		if (ret == -EIO && NVME_SCT(sf) == 0 && NVME_SC(sf) == 0x09)
+			ret = -EOPNOTSUPP; /* Invalid Log Page: no ANA reporting */
 	}
 	pthread_mutex_unlock(&d->open_lock);
-	return ret == -EMSGSIZE ? -EPROTO : ret;
+	return ret;
 }
 
 void fx_nvmf_dev_close_io(struct fx_nvmf_dev *d, void *q, const struct fx_nvmf_io_conn *res)

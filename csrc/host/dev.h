@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "fx100io.h"
+#include "host/ana.h"
 #include "host/ctrl.h"
 #include "host/nvmf.h"
 
@@ -46,6 +47,8 @@ struct fx_nvmf_dev {
 	uint8_t *qid_used;   /* [1..ctrl->io_queues] */
 	uint32_t ctrl_epoch; /* bumped when the controller is re-opened */
 	uint32_t anagrpid;   /* the namespace's ANA group (0: none reported) */
+	/* what one ANA log read tells the next (under open_lock; host/ana.h) */
+	struct fx_nvmf_ana_reader ana;
 	uint16_t next_qid;
 };
 

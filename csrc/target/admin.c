@@ -528,7 +528,8 @@ static uint16_t features(struct tgt_conn *c, struct tgt_req *r, int set)
 		break;
 	case 0x0F: /* Keep Alive Timer */
 		if (set)
-			ctrl->kato_ms = sqe->cdw11;
+			/* (queues read it without t->lock: tgt_ctrl_alive) */
+			__atomic_store_n(&ctrl->kato_ms, sqe->cdw11, __ATOMIC_RELAXED);
 		else
 			r->dw0 = ctrl->kato_ms;
 		break;

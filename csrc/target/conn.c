@@ -1364,6 +1364,14 @@ static int recv_data(struct tgt_conn *c, const struct nvme_tcp_hdr *h, unsigned 
 	return 0;
 }
 
+/* The controller's KATO ran out before this PDU (tgt_ctrl_alive shut its
+ * queues and logged why): the connection ends without running anything. */
+static int keep_alive_lost(struct tgt_conn *c, int err)
+{
+	c->state = TGT_CONN_CLOSING;
+	return err;
+}
+
 static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 {
 	const struct nvme_tcp_hdr *h = (const struct nvme_tcp_hdr *)hb;
@@ -1390,20 +1398,25 @@ static int on_capsule(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	__atomic_store_n(&c->sqhd,
 			 (uint16_t)(c->sqsize ? (c->sqhd + 1u) % (c->sqsize + 1u) : c->sqhd + 1u),
 			 __ATOMIC_RELAXED);
-	/* Only an authenticated queue keeps its controller alive: one that
-	 * merely knows the host NQN and controller ID must not. */
-	if (c->ctrl && tgt_auth_done(c))
-		atomic_store(&c->ctrl->last_cmd_ms, tgt_now_ms());
+	/* Checked now, not at the keep-alive tick: a capsule that waited in
+	 * the socket while we were stalled past KATO must not run (nor
+	 * refresh the timer for those queued behind it). */
+	ret = tgt_ctrl_alive(c);
+	if (ret)
+		return keep_alive_lost(c, ret);
 	return on_command(c, &sqe, c->icd, icd_len, bad);
 }
 
 /* A write's data is the controller's activity as a command is: a KATO-0
  * controller whose admin queue saw no command while a host slowly sent a
- * write's data must not be reaped as idle the moment that write ends. */
-static void data_keeps_alive(struct tgt_conn *c)
+ * write's data must not be reaped as idle the moment that write ends.  And
+ * data read after the KATO ran out is not written: the host may have
+ * re-issued that write on another path. */
+static int data_keeps_alive(struct tgt_conn *c)
 {
-	if (c->ctrl && tgt_auth_done(c))
-		atomic_store(&c->ctrl->last_cmd_ms, tgt_now_ms());
+	int ret = tgt_ctrl_alive(c);
+
+	return ret ? keep_alive_lost(c, ret) : 0;
 }
 
 static int finish_r2t(struct tgt_conn *c, unsigned idx)
@@ -1464,7 +1477,9 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 		ret = recv_data(c, &d->hdr, have, dst, datal, &bad);
 		if (ret)
 			return ret;
-		data_keeps_alive(c);
+		ret = data_keeps_alive(c);
+		if (ret)
+			return ret;
 		return tgt_ioq_h2c_done(c, d->ttag, datal, bad);
 	}
 	if (d->ttag >= c->r2t_n || !c->r2t[d->ttag].active)
@@ -1483,7 +1498,9 @@ static int on_h2c_data(struct tgt_conn *c, uint8_t *hb, unsigned have)
 	ret = recv_data(c, &d->hdr, have, s->buf ? s->buf + s->done : c->chunk, datal, &bad);
 	if (ret)
 		return ret;
-	data_keeps_alive(c);
+	ret = data_keeps_alive(c);
+	if (ret)
+		return ret;
 	if (bad && !s->err)
 		s->err = TGT_SF(0, TGT_SC_TRANSIENT_TRANSPORT);
 	if (s->ns && !s->err && pwrite_full(s->ns->fd, c->chunk, datal, s->off + s->done) < 0)

@@ -958,6 +958,89 @@ void tgt_conn_detach(struct tgt_conn *conn)
 	pthread_mutex_unlock(&t->lock);
 }
 
+/* The value of last_cmd_ms once a controller's KATO has run out: from then
+ * on no sign of life counts, so a capsule read after a stall longer than
+ * KATO (the process stopped, the machine paused) can neither run nor
+ * restart the timer for the capsules behind it in the same receive. */
+#define KATO_EXPIRED UINT64_MAX
+
+/* The one keep-alive rule, for the listener's tick and for every capsule and
+ * data PDU (docs/architecture.md rule 13): has c's KATO run out at now since
+ * its last sign of life?  1: it ran out and this caller marked it (it tears
+ * the controller down), -1: it had already been marked, 0: alive, and
+ * refreshed to now when refresh is set.  Lock-free (a compare-and-swap on
+ * last_cmd_ms), so I/O queues do not take t->lock per command; the
+ * exchange is what stops one queue refreshing a timer another has just
+ * found expired. */
+static int kato_step(struct tgt_ctrl *c, uint64_t now, int refresh)
+{
+	uint64_t last = atomic_load(&c->last_cmd_ms);
+
+	for (;;) {
+		/* (read each time: Set Features may change it, under t->lock) */
+		uint32_t kato = __atomic_load_n(&c->kato_ms, __ATOMIC_RELAXED);
+
+		if (last == KATO_EXPIRED)
+			return -1;
+		/* A sign of life stored after now was read is newer than
+		 * now: alive (an unsigned now - last would wrap). */
+		if (kato && now > last && now - last > kato) {
+			if (atomic_compare_exchange_weak(&c->last_cmd_ms, &last, KATO_EXPIRED))
+				return 1;
+			continue;
+		}
+		if (!refresh || last >= now ||
+		    atomic_compare_exchange_weak(&c->last_cmd_ms, &last, now))
+			return 0;
+	}
+}
+
+/* Mark c dead and shut every queue of it (under t->lock): 1 when this call
+ * did it, 0 when it was already dead. */
+static int kato_kill_locked(struct fx_target *t, struct tgt_ctrl *c)
+{
+	if (c->state == TGT_CTRL_DEAD)
+		return 0;
+	c->state = TGT_CTRL_DEAD;
+	ctrl_kill_all_locked(t, c);
+	return 1;
+}
+
+int tgt_ctrl_alive(struct tgt_conn *conn)
+{
+	struct tgt_ctrl *c = conn->ctrl;
+	struct fx_target *t = conn->t;
+	uint64_t last, now;
+	char host[NVMF_NQN_SIZE];
+	int killed;
+
+	/* Only an authenticated queue keeps its controller alive: one that
+	 * merely knows the host NQN and controller ID must not. */
+	if (!c || !tgt_auth_done(conn))
+		return 0;
+	last = atomic_load(&c->last_cmd_ms);
+	now = tgt_now_ms();
+	switch (kato_step(c, now, 1)) {
+	case 0:
+		return 0;
+	case -1:
+		return -ETIMEDOUT;
+	}
+	pthread_mutex_lock(&t->lock);
+	killed = kato_kill_locked(t, c);
+	tgt_printable(host, sizeof(host), c->hostnqn);
+	pthread_mutex_unlock(&t->lock);
+	if (killed)
+		tgt_log(t,
+			"controller %u (host %s): qid %u received a PDU %llu ms after the "
+			"controller's last sign of life, past KATO %u ms: dropped the controller "
+			"without running it",
+			c->cntlid, host, conn->qid,
+			(unsigned long long)(last != KATO_EXPIRED && now > last ? now - last : 0),
+			__atomic_load_n(&c->kato_ms, __ATOMIC_RELAXED));
+	return -ETIMEDOUT;
+}
+
 static void check_kato(struct fx_target *t)
 {
 	uint64_t now = tgt_now_ms();
@@ -972,13 +1055,10 @@ static void check_kato(struct fx_target *t)
 	for (struct tgt_ctrl *c = t->ctrls; c; c = c->next) {
 		if (c->state == TGT_CTRL_DEAD || !c->kato_ms)
 			continue;
-		/* A command stored after now was read is newer than now:
-		 * alive (an unsigned now - last would wrap and kill it). */
-		uint64_t last = atomic_load(&c->last_cmd_ms);
-		if (last >= now || now - last <= c->kato_ms)
+		/* (-1: a queue found it expired and is about to take the
+		 * lock to kill it; whoever gets here first does) */
+		if (!kato_step(c, now, 0) || !kato_kill_locked(t, c))
 			continue;
-		c->state = TGT_CTRL_DEAD;
-		ctrl_kill_all_locked(t, c);
 		if (n < 4) {
 			gone[n].cntlid = c->cntlid;
 			gone[n].kato_ms = c->kato_ms;

@@ -643,6 +643,12 @@ void tgt_ctrl_wait_drained_locked(struct fx_target *t, struct tgt_ctrl *ctrl);
  * (nothing when already ours or an admin queue).  0, or -EBUSY when
  * another queue holds that qid (or the controller is going away). */
 int tgt_ctrl_claim_qid(struct tgt_conn *c);
+/* A capsule or a write's data arrived on conn: its controller's sign of
+ * life, checked against the clock now.  0: run it (the KATO timer restarts);
+ * -ETIMEDOUT: the KATO had run out first (the process was stalled, say),
+ * the controller is torn down as the keep-alive tick would, and what
+ * arrived must not run (a host may already have re-issued it elsewhere). */
+int tgt_ctrl_alive(struct tgt_conn *conn);
 /* Shut the sockets of a controller's I/O queues (reset, keep-alive expiry). */
 void tgt_ctrl_kill_io_locked(struct fx_target *t, struct tgt_ctrl *ctrl);
 void tgt_ctrl_flush_all(struct fx_target *t);

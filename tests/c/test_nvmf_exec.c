@@ -1512,6 +1512,158 @@ static void test_ana_log(void)
 	CHECK_EQ(fx_nvmf_ana_find(log, sizeof(log), 5, &st, &cnt), 0);
 }
 
+/* A controller's ANA log as fx_nvmf_ana_read sees it: a page of page_len
+ * bytes (read past it: zeroes), every byte asked for counted, and a CHGCNT
+ * that moves after each chunk past the first while torn is set. */
+struct fake_ana {
+	uint8_t page[64 << 10];
+	uint32_t page_len;
+	uint64_t bytes;     /* asked for, over every command */
+	uint32_t max_chunk; /* the largest one command asked for */
+	unsigned torn;      /* chunks left that tear the page */
+	int fail;           /* answer -EIO with this status */
+	int rgo_invalid;    /* an LSP other than 0 is an Invalid Field */
+	uint8_t lsp;        /* the last one asked for */
+};
+
+static int fake_ana_read(void *ctx, uint8_t lsp, uint64_t off, void *buf, uint32_t len,
+			 uint16_t *status)
+{
+	struct fake_ana *f = ctx;
+
+	CHECK(len % 4 == 0 && len > 0);
+	f->bytes += len;
+	if (len > f->max_chunk)
+		f->max_chunk = len;
+	f->lsp = lsp;
+	if (f->fail) {
+		*status = (uint16_t)f->fail;
+		return -EIO;
+	}
+	if (f->rgo_invalid && lsp) {
+		*status = NVME_SC_INVALID_FIELD;
+		return -EIO;
+	}
+	memset(buf, 0, len);
+	if (off < f->page_len)
+		memcpy(buf, f->page + off, f->page_len - off < len ? f->page_len - off : len);
+	if (off && f->torn) {
+		f->torn--;
+		f->page[0]++; /* the page changed while it was read */
+	}
+	return 0;
+}
+
+/* A page whose ngrps groups (ids 1..ngrps, no NSIDs: RGO) are all
+ * non-optimized except group want, optimized, with CHGCNT cnt. */
+static void fake_ana_page(struct fake_ana *f, unsigned ngrps, unsigned have, uint64_t cnt)
+{
+	memset(f->page, 0, sizeof(f->page));
+	for (int i = 0; i < 8; i++)
+		f->page[i] = (uint8_t)(cnt >> (8 * i));
+	f->page[8] = (uint8_t)ngrps;
+	f->page[9] = (uint8_t)(ngrps >> 8);
+	for (unsigned g = 0; g < have; g++) {
+		uint8_t *d = f->page + 16 + 32 * g;
+
+		put_le32(d, g + 1);
+		d[16] = NVME_ANA_NON_OPTIMIZED;
+	}
+	f->page_len = 16 + 32 * have;
+	CHECK(f->page_len <= sizeof(f->page));
+	f->bytes = 0;
+	f->max_chunk = 0;
+}
+
+/* The bounded reader (review item 14): a hostile page cannot make every poll
+ * re-read megabytes, a length that sufficed is kept, MDTS chunks are
+ * checked for a page torn between them. */
+static void test_ana_read(void)
+{
+	static struct fake_ana f;
+	struct fx_nvmf_ana_reader r = {0};
+	uint8_t st = 0;
+	uint64_t cnt = 0;
+	uint16_t sf = 0;
+	const uint64_t grow = 4096 + 16384 + 65536 + (256 << 10);
+
+	/* NGRPS 65535 on a page of one group: grown up to the cap once... */
+	fake_ana_page(&f, 65535, 1, 7);
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 9, &st, &cnt, &sf), -EPROTO);
+	CHECK_EQ(f.bytes, grow);
+	CHECK_EQ(f.max_chunk, FX_NVMF_ANA_LOG_MAX);
+	/* ...then, while its CHGCNT stays, each poll reads 4 KiB only */
+	for (int i = 0; i < 3; i++) {
+		f.bytes = 0;
+		CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 9, &st, &cnt, &sf), -EPROTO);
+		CHECK_EQ(f.bytes, 4096);
+	}
+	/* a new CHGCNT may be a page that now fits: grown once more */
+	f.page[0]++;
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 9, &st, &cnt, &sf), -EPROTO);
+	CHECK_EQ(f.bytes, grow);
+
+	/* group 300 of 400 (a 12.8 KiB page): 4 KiB, then 16 KiB, and the
+	 * next poll starts at 16 KiB */
+	memset(&r, 0, sizeof(r));
+	fake_ana_page(&f, 400, 400, 3);
+	f.page[16 + 32 * 299 + 16] = NVME_ANA_OPTIMIZED;
+	f.page[16 + 32 * 299 + 8] = 42;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(st, NVME_ANA_OPTIMIZED);
+	CHECK_EQ(cnt, 42);
+	CHECK_EQ(f.bytes, 4096 + 16384);
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(f.bytes, 16384);
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 401, &st, &cnt, &sf), -ENOENT);
+
+	/* MDTS 4 KiB: four chunks of at most 4 KiB, then the header again */
+	f.bytes = 0;
+	f.max_chunk = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 4096, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(f.max_chunk, 4096);
+	CHECK_EQ(f.bytes, 16384 + 16);
+	/* torn between chunks once: read again, and the answer is right */
+	f.bytes = 0;
+	f.torn = 1;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 4096, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(st, NVME_ANA_OPTIMIZED);
+	CHECK_EQ(f.bytes, 2 * (16384 + 16));
+	/* torn every time: -EAGAIN after the second read, no third */
+	f.bytes = 0;
+	f.torn = 100;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 4096, 300, &st, &cnt, &sf), -EAGAIN);
+	CHECK_EQ(f.bytes, 2 * (16384 + 16));
+	f.torn = 0;
+
+	CHECK_EQ(f.lsp, NVME_ANA_LSP_RGO);
+	/* a controller that refuses RGO: asked once with it, then without */
+	f.rgo_invalid = 1;
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(st, NVME_ANA_OPTIMIZED);
+	CHECK_EQ(f.bytes, 2 * 16384);
+	CHECK_EQ(f.lsp, 0);
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(f.bytes, 16384);
+	CHECK_EQ(f.lsp, 0);
+	f.rgo_invalid = 0;
+	/* the controller's error comes back with its status */
+	f.fail = 0x0109;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), -EIO);
+	CHECK_EQ(sf, 0x0109);
+	f.fail = 0;
+	/* a remembered length out of range (never stored so, but held to
+	 * bounds all the same) starts at 4 KiB */
+	r.len = 1u << 30;
+	f.bytes = 0;
+	CHECK_EQ(fx_nvmf_ana_read(&r, fake_ana_read, &f, 0, 300, &st, &cnt, &sf), 0);
+	CHECK_EQ(f.bytes, 4096 + 16384);
+}
+
 int main(void)
 {
 	uint64_t s = test_seed();
@@ -1526,6 +1678,7 @@ int main(void)
 	test_connect();
 	test_ctrl();
 	test_ana_log();
+	test_ana_read();
 	printf("test_nvmf_exec: ok\n");
 	return 0;
 }

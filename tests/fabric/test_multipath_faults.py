@@ -128,6 +128,52 @@ def test_write_moved_after_timeout_never_lands_over_a_later_write(backing):
             dev.close()
 
 
+def test_write_moved_past_a_stall_longer_than_kato_never_lands(backing, tmp_path):
+    """b stays stopped until W1 has been re-issued on a and W2 acknowledged
+    there: longer than kato_ms.  When b resumes, W1's capsule (and the keep
+    alives queued before it) are read from its socket after the KATO ran
+    out: the target must drop the controller without running any of them
+    (checked at that moment, not at its next keep-alive tick), so the medium
+    keeps W2's bytes."""
+    kato_ms = 2000
+    log = tmp_path / "b.log"
+    with serve([backing], NQN) as (_, pa, _a), \
+            serve([backing], NQN, log=log) as (_, pb, proc_b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
+                                         connect_timeout_ms=500, kato_ms=kato_ms))
+        try:
+            for i in range(4):  # this thread's queue on each path made
+                dev.write_from_blocking(i * BS, np.full(BS, 0x11, np.uint8))
+            os.kill(proc_b.pid, signal.SIGSTOP)
+            t_stop = time.monotonic()
+            off = None
+            for i in range(16):  # the first write that goes to b and moves is W1
+                before = dev.path_stats()[1]["failovers"]
+                dev.write_from_blocking(i * BS, np.full(BS, 0xAA, np.uint8))
+                if dev.path_stats()[1]["failovers"] > before:
+                    off = i * BS
+                    break
+            assert off is not None, "no write went to path b"
+            dev.write_from_blocking(off, np.full(BS, 0xBB, np.uint8))  # W2, on a
+            # the stall outlasted the KATO of b's controller (W1 waited for it)
+            assert time.monotonic() - t_stop > kato_ms / 1000
+            _resume(proc_b)
+            wait_for(lambda: "past KATO" in log.read_text()
+                     or "no command within KATO" in log.read_text(),
+                     "b to drop its controller", 10.0)
+            time.sleep(1.0)  # anything b would still run has run by now
+            with open(backing, "rb") as f:
+                f.seek(off)
+                got = f.read(BS)
+            assert got == b"\xbb" * BS, f"W1 landed over W2 after b's KATO: {got[:4]!r}"
+            buf = np.zeros(BS, np.uint8)
+            assert dev.read_into_blocking(off, buf) == BS
+            assert bytes(buf) == b"\xbb" * BS
+        finally:
+            _resume(proc_b)
+            dev.close()
+
+
 def test_write_with_no_keep_alive_fails_instead_of_moving(backing):
     """kato_ms=0: nothing ends the old association, so a write whose attempt
     may still run there is not re-issued: the caller gets the path's error."""

@@ -689,6 +689,41 @@ def test_keep_alive_timeout_drops_the_controller(start_target):
     assert "KATO" in t.stderr
 
 
+def test_capsules_read_after_a_stall_past_kato_never_run(start_target):
+    """The target is stopped (SIGSTOP) past its controller's KATO while a
+    Keep Alive waits in the admin queue's socket and two writes in the I/O
+    queue's.  Resumed, it must run none of them: KATO is checked when each
+    capsule is read, against the clock then, and the first one after expiry
+    does not restart the timer for the next.  The medium keeps its old bytes
+    and the controller is gone."""
+    t = start_target()
+    a = admin(t.port, kato=500)
+    a.set_queues(1)
+    q = io_queue(t.port, a.cntlid, 1)
+    assert q.write(0, b"\x11" * 4096, 512).ok
+    with open(t.paths[0], "rb") as f:
+        before = f.read(8192)
+    assert before[:4096] == b"\x11" * 4096
+    os.kill(t.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.2)  # past KATO (500 ms) by more than the 100 ms tick
+        a.submit(sqe(0x18))
+        q.submit(sqe(0x01, nsid=1, cdw10=0, cdw12=7), b"\xaa" * 4096)  # in the capsule
+        q.submit(sqe(0x01, nsid=1, cdw10=8, cdw12=7), b"\xbb" * 4096, incapsule=False)
+        time.sleep(0.2)  # (in the target's socket buffers before it resumes)
+    finally:
+        os.kill(t.proc.pid, signal.SIGCONT)
+    for h in (a, q):
+        with pytest.raises((Closed, ConnectionResetError, BrokenPipeError)):
+            while True:  # no response, no R2T: the connection just ends
+                p = h.recv_pdu()
+                raise AssertionError(f"the target answered after its KATO ran out: {p}")
+    assert t.stop() == 0
+    with open(t.paths[0], "rb") as f:
+        assert f.read(8192) == before, "a write read after the KATO ran out landed"
+    assert "past KATO" in t.stderr or "no command within KATO" in t.stderr, t.stderr
+
+
 def test_controller_reset_drops_io_queues(start_target):
     t = start_target()
     a = admin(t.port)
