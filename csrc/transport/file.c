@@ -169,11 +169,6 @@ struct crc_work {
 	char *addr;
 };
 
-static unsigned fifo_len(const struct req_table *t)
-{
-	return t->nfifo;
-}
-
 /* Prepare one SQE for piece pi. */
 static void prep_piece(struct file_queue *q, uint32_t pi)
 {
@@ -253,22 +248,22 @@ static int cut_piece(struct file_queue *q, uint32_t i, struct piece *p)
 	return 1;
 }
 
-/* Move work from the FIFO into free pieces and SQEs. */
+/* Move work from the class queues into free pieces and SQEs, in the
+ * order the scheduler gives (reqs.h). */
 static void issue(struct file_queue *q)
 {
 	struct req_table *t = &q->t;
 
-	while (q->nfree_pieces && fifo_len(t)) {
-		uint32_t i = t->fifo[t->fifo_head];
+	for (int64_t next; q->nfree_pieces && (next = fx_reqs_fifo_next(t)) >= 0;) {
+		uint32_t i = (uint32_t)next;
 		uint32_t pi = q->free_pieces[q->nfree_pieces - 1];
-		if (!cut_piece(q, i, &q->pieces[pi])) {
-			/* fully issued: leave the FIFO */
-			t->fifo_head = (t->fifo_head + 1) % t->nslots;
-			t->nfifo--;
-			continue;
-		}
+		/* fx_reqs_fifo_next returns only requests with bytes to
+		 * issue: the piece is always cut */
+		if (!cut_piece(q, i, &q->pieces[pi]))
+			break;
 		q->nfree_pieces--;
 		t->reqs[i].inflight++;
+		fx_reqs_piece_issued(t, i);
 		prep_piece(q, pi);
 	}
 }
@@ -353,6 +348,7 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		}
 	}
 	r->inflight--;
+	fx_reqs_piece_end(&q->t, i);
 	q->free_pieces[q->nfree_pieces++] = pi;
 	maybe_complete(q, i);
 }
@@ -456,6 +452,8 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->depth = o->depth;
 	q->max_io = o->max_io;
 	ret = fx_reqs_init(&q->t, o->slots);
+	if (!ret)
+		q->t.write_depth = o->write_depth;
 	if (ret < 0) {
 		free(q);
 		return ret;

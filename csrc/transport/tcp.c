@@ -1003,6 +1003,7 @@ static void issue(struct tcp_queue *q)
 			r->issued += n;
 		}
 		r->inflight++;
+		fx_reqs_piece_issued(t, ri);
 		m->big = 0;
 		if (m->len > RX_SMALL_MAX) {
 			m->big = BIG_CMD;
@@ -1179,15 +1180,12 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
 			return -EROFS;
 	}
-	uint32_t before = q->t.nfifo;
 	k = fx_reqs_accept(&q->t, reqs, n);
 	resume(q);
 	/* Stamp what joined the FIFO: the reconnect policy counts from here. */
 	int64_t now = now_ms();
-	for (uint32_t i = before; i < q->t.nfifo; i++) {
-		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
-		fx_nvmf_waits_stamp(&q->waits, ri, now);
-	}
+	for (uint32_t i = 0; i < q->t.naccepted; i++)
+		fx_nvmf_waits_stamp(&q->waits, q->t.accepted[i], now);
 	issue(q);
 	resume(q);
 	ring_submit(q);
@@ -1335,6 +1333,8 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->base.reqs = &q->t;
 	q->nconns = d->nd.queues;
 	ret = fx_reqs_init(&q->t, o->slots);
+	if (!ret)
+		q->t.write_depth = o->write_depth;
 	if (ret < 0) {
 		free(q);
 		return ret;
