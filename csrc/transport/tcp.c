@@ -905,13 +905,30 @@ static int cx_collect(struct tcp_queue *q)
  * draining), < 0 when no connection is live (the last error, -ENOTCONN
  * when none is known).  A connection that is down and past its back-off is
  * handed to the connector on the way. */
-static struct conn *pick_conn(struct tcp_queue *q, int *err)
+/*
+ * Whether connection k carries r.  With two connections or more, the first
+ * carries the load class's reads and the others everything else: data a
+ * store sends (in capsule or after an R2T) is sent in order on its
+ * connection, so a read on the same one would wait behind it
+ * (docs/architecture.md, "Priority and write admission").
+ */
+static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req *r)
+{
+	if (q->nconns < 2)
+		return 1;
+	int load_read = r->prio == FX_PRIO_LOAD && r->op == FX_OP_READ;
+	return load_read ? k == 0 : k != 0;
+}
+
+static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err)
 {
 	int64_t now = now_ms();
 	int busy = 0, why = 0;
 
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
+		if (!conn_carries(q, (unsigned)(c - q->conns), r))
+			continue;
 		if (c->state == CONN_DOWN && now >= c->retry_at)
 			cx_request(q, c);
 		if (c->state == CONN_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
@@ -962,7 +979,7 @@ static void issue(struct tcp_queue *q)
 		uint32_t ri = (uint32_t)next;
 		struct req *r = &t->reqs[ri];
 		int err, waiting = 0;
-		struct conn *c = pick_conn(q, &err);
+		struct conn *c = pick_conn(q, r, &err);
 		if (!c && err) {
 			err = wait_for_conn(q, ri, err);
 			waiting = !err;
