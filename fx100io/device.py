@@ -200,6 +200,15 @@ class Device:
         return bool(self._dev.caps & 0x10)
 
     @property
+    def io_priority(self) -> bool:
+        """Load reads carry the realtime I/O priority class to the kernel:
+        the block device under the file orders requests by class
+        (mq-deadline, bfq).  False where it would be ignored (scheduler
+        "none", tmpfs, NVMe-oF from userspace): loads then go first in
+        fx100io's queue only."""
+        return bool(self._dev.caps & 0x40)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

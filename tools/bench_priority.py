@@ -232,7 +232,8 @@ def nvme_tcp() -> Iterator[str]:
         line = p.stdout.readline() if p.stdout else ""
         if "listening" not in line:
             raise SystemExit(f"target did not start: {line!r}")
-        yield f"nvme+tcp://127.0.0.1:{port}/{NQN}"
+        # two connections per queue: the first carries the loads (docs/nvme-tcp.md)
+        yield f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=2"
     finally:
         p.terminate()
         try:
@@ -269,7 +270,7 @@ def main() -> None:
                 run("ext4 on a loop device over /dev/shm", path, args)
         elif t == "nvme-tcp":
             with nvme_tcp() as uri:
-                run("NVMe/TCP to our target (loopback, /dev/shm)", uri, args)
+                run("NVMe/TCP to our target (loopback, /dev/shm, queues=2)", uri, args)
         else:
             raise SystemExit(f"unknown target {t!r}")
 

@@ -200,6 +200,9 @@ struct fx_dev_opts {
 #define FX_CAP_FLUSH 0x8         /* FX_OP_FLUSH makes writes durable */
 #define FX_CAP_ALIGNED_ONLY 0x10 /* offsets and lengths must be block multiples */
 #define FX_CAP_READONLY 0x20     /* opened read-only */
+/* load reads carry the realtime I/O priority class to a block device whose
+ * I/O scheduler orders requests by class (mq-deadline, bfq) */
+#define FX_CAP_IOPRIO 0x40
 
 struct fx_dev_info {
 	uint64_t size;       /* bytes */

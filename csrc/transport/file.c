@@ -19,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +34,41 @@ static int open_fd(const char *path, int flags)
 {
 	int fd = open(path, flags | O_CLOEXEC, 0644);
 	return fd < 0 ? -errno : fd;
+}
+
+/* The ioprio value of the realtime class (linux/ioprio.h), level 4. */
+#define LOAD_IOPRIO ((1u << 13) | 4u)
+
+/*
+ * The I/O priority a load read carries: the realtime class where the block
+ * device under the file orders requests by class (mq-deadline, bfq), so a
+ * load also overtakes the writes already in the kernel's queue; none where
+ * it would be ignored ("none", kyber), or where there is no block device
+ * (tmpfs) or its scheduler cannot be read (docs/architecture.md, "Priority
+ * and write admission").
+ */
+static uint16_t probe_load_ioprio(const struct stat *st)
+{
+	dev_t dev = S_ISBLK(st->st_mode) ? st->st_rdev : st->st_dev;
+	char path[96], buf[256];
+	int fd = -1;
+
+	/* a partition has its disk's queue one level up */
+	for (int up = 0; up < 2 && fd < 0; up++) {
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%squeue/scheduler", major(dev),
+			 minor(dev), up ? "../" : "");
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+	}
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	if (strstr(buf, "[mq-deadline]") || strstr(buf, "[bfq]"))
+		return (uint16_t)LOAD_IOPRIO;
+	return 0;
 }
 
 int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
@@ -101,6 +138,9 @@ int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
 		goto fail;
 	}
 	d->base.info.caps |= FX_CAP_FLUSH;
+	d->load_ioprio = probe_load_ioprio(&st);
+	if (d->load_ioprio)
+		d->base.info.caps |= FX_CAP_IOPRIO;
 	if (o->direct) {
 		d->fd_direct = open_fd(path, acc | O_DIRECT);
 		if (d->fd_direct == -EINVAL) {
@@ -151,6 +191,8 @@ struct file_queue {
 	uint32_t bs;
 	uint32_t depth;
 	uint32_t max_io;
+	uint16_t load_ioprio; /* of the device; 0 once the kernel refused it */
+	int ioprio_ok;        /* a read with it completed: a later error is not its */
 	struct req_table t;
 	struct piece *pieces;
 	uint32_t *free_pieces;
@@ -199,6 +241,8 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 				io_uring_prep_read_fixed(sqe, fd, p->addr, len, p->off, bi);
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
+			if (r->prio == FX_PRIO_LOAD)
+				sqe->ioprio = q->load_ioprio;
 		} else {
 			if (bi >= 0)
 				io_uring_prep_write_fixed(sqe, fd, p->addr, len, p->off, bi);
@@ -315,6 +359,20 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		prep_piece(q, pi); /* transient: the same piece again */
 		return;
 	}
+	int prioritised = r->op == FX_OP_READ && r->prio == FX_PRIO_LOAD && q->load_ioprio;
+	if (prioritised && !q->ioprio_ok && (res == -EPERM || res == -EINVAL)) {
+		/* the realtime class needs CAP_SYS_NICE or CAP_SYS_ADMIN, and an
+		 * old kernel may refuse the field: go on without, and say so */
+		fprintf(stderr,
+			"fx100io: the kernel refused the realtime I/O priority for loads (%s); "
+			"loads go first in fx100io's queue only\n",
+			strerror(-res));
+		q->load_ioprio = 0;
+		prep_piece(q, pi);
+		return;
+	}
+	if (prioritised && res >= 0)
+		q->ioprio_ok = 1;
 	if (res < 0) {
 		if (!r->err)
 			r->err = res;
@@ -449,6 +507,7 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->fds[0] = d->fd_direct;
 	q->fds[1] = d->fd_buffered;
 	q->bs = dev->info.block_size;
+	q->load_ioprio = d->load_ioprio;
 	q->depth = o->depth;
 	q->max_io = o->max_io;
 	ret = fx_reqs_init(&q->t, o->slots);

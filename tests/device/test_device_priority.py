@@ -72,3 +72,74 @@ def test_bad_priorities_and_options_are_refused(tmp_path):
     for bad in (0, -2, "4"):
         with pytest.raises(errors.InvalidArgumentError):
             fx100io.open_device(str(tmp_path / "e.img"), create=True, size=MiB, write_depth=bad)
+
+
+def scheduler_orders_by_class(path: str) -> bool | None:
+    """Whether the block device under path has mq-deadline or bfq active (None:
+    no block device under it)."""
+    import os
+
+    st = os.stat(path)
+    for up in ("", "../"):
+        p = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/{up}queue/scheduler"
+        if os.path.exists(p):
+            with open(p) as f:
+                text = f.read()
+            return "[mq-deadline]" in text or "[bfq]" in text
+    return None
+
+
+@pytest.mark.parametrize("where", ["tmp", "var_tmp"])
+def test_load_reads_carry_the_io_priority_where_the_scheduler_honours_it(tmp_path, where):
+    """The probe agrees with the block device's own scheduler (sysfs), and loads
+    read the right bytes with the realtime class set (or without it)."""
+    import os
+    import tempfile
+
+    base = str(tmp_path) if where == "tmp" else tempfile.mkdtemp(dir="/var/tmp")
+    path = os.path.join(base, "prio.img")
+    try:
+        with fx100io.open_device(path, create=True, size=4 * MiB, max_io=64 * KiB) as dev:
+            want = scheduler_orders_by_class(path)
+            assert dev.io_priority == bool(want)
+            src = aligned_array(MiB)
+            src[:] = np.arange(MiB, dtype=np.uint64).view(np.uint8)[:MiB]
+            dev.write_from_blocking(0, src)
+            dst = aligned_array(MiB)
+            assert dev.read_into_blocking(0, dst) == MiB  # a load
+            assert np.array_equal(dst, src)
+    finally:
+        if where != "tmp":
+            os.unlink(path)
+            os.rmdir(base)
+
+
+def test_a_refused_io_priority_falls_back_out_loud(tmp_path):
+    """Without CAP_SYS_NICE and CAP_SYS_ADMIN the kernel refuses the realtime class:
+    the load is issued again without it, gets its bytes, and a line says so."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    path = tmp_path / "refused.img"
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs setpriv and root (to drop the capabilities)")
+    with fx100io.open_device(str(path), create=True, size=MiB) as dev:
+        if not dev.io_priority:
+            pytest.skip("the scheduler under tmp_path does not order by class")
+    code = ("import fx100io, numpy as np\n"
+            "from fx100io.pool import aligned_array\n"
+            f"d = fx100io.open_device({str(path)!r})\n"
+            "b = aligned_array(1 << 20); b[:] = 7; d.write_from_blocking(0, b)\n"
+            "c = aligned_array(1 << 20)\n"
+            "assert d.read_into_blocking(0, c) == 1 << 20 and (c == 7).all()\n"
+            "print('ok')\n")
+    p = subprocess.run(["setpriv", "--inh-caps=-sys_admin,-sys_nice",
+                        "--bounding-set=-sys_admin,-sys_nice", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+    assert "refused the realtime I/O priority" in p.stderr, p.stderr
