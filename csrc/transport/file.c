@@ -177,7 +177,8 @@ void fx_file_dev_close(struct fx_dev *dev)
 
 struct piece {
 	uint32_t req;
-	uint8_t fdi; /* 0: direct, 1: buffered */
+	uint8_t fdi;    /* 0: direct, 1: buffered */
+	uint8_t ioprio; /* its SQE carried load_ioprio */
 	char *addr;
 	uint64_t len;
 	uint64_t off;
@@ -226,6 +227,7 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 		q->unsubmitted = 0;
 		sqe = io_uring_get_sqe(&q->ring.uring);
 	}
+	p->ioprio = 0;
 	if (r->op == FX_OP_FLUSH) {
 		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
 	} else {
@@ -241,7 +243,8 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 				io_uring_prep_read_fixed(sqe, fd, p->addr, len, p->off, bi);
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
-			if (r->prio == FX_PRIO_LOAD)
+			p->ioprio = r->prio == FX_PRIO_LOAD && q->load_ioprio;
+			if (p->ioprio)
 				sqe->ioprio = q->load_ioprio;
 		} else {
 			if (bi >= 0)
@@ -359,19 +362,20 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		prep_piece(q, pi); /* transient: the same piece again */
 		return;
 	}
-	int prioritised = r->op == FX_OP_READ && r->prio == FX_PRIO_LOAD && q->load_ioprio;
-	if (prioritised && !q->ioprio_ok && (res == -EPERM || res == -EINVAL)) {
+	if (p->ioprio && !q->ioprio_ok && (res == -EPERM || res == -EINVAL)) {
 		/* the realtime class needs CAP_SYS_NICE or CAP_SYS_ADMIN, and an
-		 * old kernel may refuse the field: go on without, and say so */
-		fprintf(stderr,
-			"fx100io: the kernel refused the realtime I/O priority for loads (%s); "
-			"loads go first in fx100io's queue only\n",
-			strerror(-res));
+		 * old kernel may refuse the field: go on without, and say so
+		 * (once: other pieces that carried it may be refused too) */
+		if (q->load_ioprio)
+			fprintf(stderr,
+				"fx100io: the kernel refused the realtime I/O priority for loads "
+				"(%s); loads go first in fx100io's queue only\n",
+				strerror(-res));
 		q->load_ioprio = 0;
 		prep_piece(q, pi);
 		return;
 	}
-	if (prioritised && res >= 0)
+	if (p->ioprio && res >= 0)
 		q->ioprio_ok = 1;
 	if (res < 0) {
 		if (!r->err)

@@ -200,6 +200,7 @@ struct conn {
 	uint8_t *stage;     /* RX_STAGE bytes: bulk receives while reads are small */
 	uint32_t big_reads; /* reads in flight longer than RX_SMALL_MAX */
 	uint32_t big_cmds;  /* commands in flight longer than RX_SMALL_MAX */
+	uint32_t writes;    /* write commands in flight (see conn_carries) */
 	int rx_staged;      /* the recv in flight targets stage */
 	int rx_cancel;      /* we asked the kernel to cancel that recv */
 	enum rx_state rx;
@@ -362,6 +363,7 @@ static void conn_finish_drain(struct conn *c)
 	}
 	c->big_reads = 0;
 	c->big_cmds = 0;
+	c->writes = 0;
 	free_tx(c);
 	fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
 	c->state = CONN_DOWN;
@@ -574,6 +576,8 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 		c->big_reads--;
 	if (m->big & BIG_CMD)
 		c->big_cmds--;
+	if (m->opcode == NVME_CMD_WRITE)
+		c->writes--;
 	m->big = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	fx_req_piece_done(&c->q->t, ri, err, bytes, status);
@@ -907,17 +911,19 @@ static int cx_collect(struct tcp_queue *q)
  * handed to the connector on the way. */
 /*
  * Whether connection k carries r.  With two connections or more, the first
- * carries the load class's reads and the others everything else: data a
- * store sends (in capsule or after an R2T) is sent in order on its
- * connection, so a read on the same one would wait behind it
- * (docs/architecture.md, "Priority and write admission").
+ * carries only the load class's reads, and the others everything else plus
+ * load reads while no write is in flight on them: data a store sends (in
+ * capsule or after an R2T) goes out in order on its connection, so a read
+ * behind it on the same one would wait for it (docs/architecture.md,
+ * "Priority and write admission"); reads alone still use every connection.
  */
 static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req *r)
 {
 	if (q->nconns < 2)
 		return 1;
-	int load_read = r->prio == FX_PRIO_LOAD && r->op == FX_OP_READ;
-	return load_read ? k == 0 : k != 0;
+	if (r->prio == FX_PRIO_LOAD && r->op == FX_OP_READ)
+		return k == 0 || q->conns[k].writes == 0;
+	return k != 0;
 }
 
 static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err)
@@ -1026,6 +1032,8 @@ static void issue(struct tcp_queue *q)
 			m->big = BIG_CMD;
 			c->big_cmds++;
 		}
+		if (m->opcode == NVME_CMD_WRITE)
+			c->writes++;
 		if (m->opcode == NVME_CMD_READ && m->len > RX_SMALL_MAX) {
 			m->big |= BIG_READ;
 			if (c->big_reads++ == 0)

@@ -68,6 +68,9 @@ def test_bad_priorities_and_options_are_refused(tmp_path):
                 dev.read_into_blocking(0, buf, priority=bad)
         with pytest.raises(errors.InvalidArgumentError):
             dev.submit_blocking([(fx100io.OP_READ | 1 << 16, 0, buf)])  # no class in op
+        for bad in ("s", -1, 1 << 32, 1.0):
+            with pytest.raises(errors.InvalidArgumentError):
+                dev.submit_blocking([(fx100io.OP_READ, 0, buf)], stream=bad)
         assert dev.queue_stats()["ios"] == 0
     for bad in (0, -2, "4"):
         with pytest.raises(errors.InvalidArgumentError):
