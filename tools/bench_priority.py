@@ -20,7 +20,7 @@ device), and NVMe/TCP to our own target over loopback (a file on /dev/shm).
 
   python3 tools/bench_priority.py [--rounds 5] [--loads 6] [--gap-ms 100]
                                   [--targets file,shm-ext4,nvme-tcp] [--write-depth 4]
-                                  [--dir /var/tmp]
+                                  [--dir /var/tmp] [--nvme-queues 1]
 
 A load is followed by a pause (--gap-ms): a serving engine loads a hit per
 request, not back to back.  With no pause the loads keep the device busy
@@ -217,7 +217,7 @@ def shm_ext4() -> Iterator[str]:
 
 
 @contextmanager
-def nvme_tcp() -> Iterator[str]:
+def nvme_tcp(queues: int) -> Iterator[str]:
     """Our target serving a file on /dev/shm on loopback."""
     path = tempfile.mktemp(prefix="fx100io-prio-ns-", dir="/dev/shm")
     with open(path, "wb") as f:
@@ -232,8 +232,8 @@ def nvme_tcp() -> Iterator[str]:
         line = p.stdout.readline() if p.stdout else ""
         if "listening" not in line:
             raise SystemExit(f"target did not start: {line!r}")
-        # two connections per queue: the first carries the loads (docs/nvme-tcp.md)
-        yield f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues=2"
+        # queues=2: the first connection carries the loads (docs/nvme-tcp.md)
+        yield f"nvme+tcp://127.0.0.1:{port}/{NQN}?queues={queues}"
     finally:
         p.terminate()
         try:
@@ -253,6 +253,8 @@ def main() -> None:
     ap.add_argument("--targets", default="file,shm-ext4,nvme-tcp")
     ap.add_argument("--write-depth", type=int, default=WRITE_DEPTH_DEFAULT)
     ap.add_argument("--dir", default="/var/tmp", help="where the file target lives (the disk)")
+    ap.add_argument("--nvme-queues", type=int, default=1,
+                    help="connections per queue over NVMe/TCP (2: loads on their own)")
     args = ap.parse_args()
     for t in args.targets.split(","):
         if t == "file":
@@ -269,8 +271,9 @@ def main() -> None:
             with shm_ext4() as path:
                 run("ext4 on a loop device over /dev/shm", path, args)
         elif t == "nvme-tcp":
-            with nvme_tcp() as uri:
-                run("NVMe/TCP to our target (loopback, /dev/shm, queues=2)", uri, args)
+            with nvme_tcp(args.nvme_queues) as uri:
+                run(f"NVMe/TCP to our target (loopback, /dev/shm, queues={args.nvme_queues})",
+                    uri, args)
         else:
             raise SystemExit(f"unknown target {t!r}")
 
