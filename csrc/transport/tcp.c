@@ -910,12 +910,13 @@ static int cx_collect(struct tcp_queue *q)
  * when none is known).  A connection that is down and past its back-off is
  * handed to the connector on the way. */
 /*
- * Whether connection k carries r.  With two connections or more, the first
- * carries only the load class's reads, and the others everything else plus
- * load reads while no write is in flight on them: data a store sends (in
- * capsule or after an R2T) goes out in order on its connection, so a read
- * behind it on the same one would wait for it (docs/architecture.md,
- * "Priority and write admission"); reads alone still use every connection.
+ * Whether connection k carries r.  With two connections or more, while a
+ * load read waits or is in flight the first carries only load reads, and
+ * the others everything else plus load reads while no write is in flight on
+ * them: data a store sends (in capsule or after an R2T) goes out in order
+ * on its connection, so a read behind it on the same one would wait for it
+ * (docs/architecture.md, "Priority and write admission").  Reads alone, and
+ * writes while no load waits, still use every connection.
  */
 static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req *r)
 {
@@ -923,7 +924,7 @@ static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req 
 		return 1;
 	if (r->prio == FX_PRIO_LOAD && r->op == FX_OP_READ)
 		return k == 0 || q->conns[k].writes == 0;
-	return k != 0;
+	return k != 0 || q->t.load_reads == 0;
 }
 
 static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err)
