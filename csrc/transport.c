@@ -63,6 +63,8 @@ int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts, struct f
 		o.max_io = 1u << 20;
 	if (o.slots == 0)
 		o.slots = 4096;
+	if (o.write_depth == 0)
+		o.write_depth = FX_WRITE_DEPTH_DEFAULT;
 	if (o.depth > 4096 || o.max_io < d->info.block_size || o.slots > (1u << 20))
 		return -EINVAL;
 	/* Pieces must stay aligned for O_DIRECT. */
@@ -109,4 +111,9 @@ unsigned fx_queue_features(const struct fx_queue *q)
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out)
 {
 	*out = q->stats;
+	if (q->reqs) {
+		for (unsigned c = 0; c < FX_PRIO_CLASSES; c++)
+			out->prio_pieces[c] = q->reqs->pieces[c];
+		out->prio_shares = q->reqs->shares;
+	}
 }

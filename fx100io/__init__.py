@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # the names below are imported on first use (see __getattr__)
     from fx100io.device import OP_CRC32C, OP_FLUSH, OP_READ, OP_WRITE, Device, open_device
     from fx100io.fabric_uri import discover, host_identity
     from fx100io.pool import BufferPool, RegisteredMemory, register_memory
+    from fx100io.priority import Priority
     from fx100io.store import ChunkStore
     from fx100io.store.shared import SharedChunkStore  # noqa: F401 - in __all__ only where redis is installed
 
@@ -29,13 +30,14 @@ _LAZY = {
     "BufferPool": "fx100io.pool",
     "RegisteredMemory": "fx100io.pool",
     "register_memory": "fx100io.pool",
+    "Priority": "fx100io.priority",
     "ChunkStore": "fx100io.store",
     # only the shared pool needs the redis package
     "SharedChunkStore": "fx100io.store.shared",
 }
 
 __all__ = ["BufferPool", "ChunkStore", "RegisteredMemory", "register_memory", "Device", "discover",
-           "host_identity", "open_device", "errors", "OP_READ", "OP_WRITE", "OP_FLUSH", "OP_CRC32C"]
+           "host_identity", "open_device", "errors", "OP_READ", "OP_WRITE", "OP_FLUSH", "OP_CRC32C", "Priority"]
 if importlib.util.find_spec("redis") is not None:  # `import *` must work without it
     __all__.insert(2, "SharedChunkStore")
 __version__ = "0.1.0"

@@ -58,6 +58,11 @@ cdef extern from "fx100io.h" nogil:
     enum:
         FX_OP_READ
         FX_REQ_CRC32C
+        FX_PRIO_LOAD
+        FX_PRIO_STORE
+        FX_PRIO_BACKGROUND
+        FX_PRIO_SHARE
+        FX_WRITE_DEPTH_DEFAULT
         FX_OP_WRITE
         FX_OP_FLUSH
 
@@ -68,6 +73,8 @@ cdef extern from "fx100io.h" nogil:
         uint64_t off
         uint8_t op
         uint8_t flags
+        uint8_t prio
+        uint32_t stream
 
     struct fx_cqe:
         uint64_t tag
@@ -94,6 +101,7 @@ cdef extern from "fx100io.h" nogil:
         uint32_t max_io
         uint32_t slots
         uint32_t flags
+        uint32_t write_depth
 
     enum: FX_QUEUE_FD_WAKE
 
@@ -125,4 +133,6 @@ cdef extern from "fx100io.h" nogil:
         uint64_t conn_errors
         uint64_t remote_invalidations
         uint64_t local_invalidations
+        uint64_t prio_pieces[3]
+        uint64_t prio_shares
     void fx_queue_get_stats "fx_queue_stats"(const fx_queue *q, fx_queue_stats *out)

@@ -6,6 +6,13 @@ OP_READ: int
 OP_WRITE: int
 OP_FLUSH: int
 OP_CRC32C: int
+PRIO_SHIFT: int
+STREAM_SHIFT: int
+PRIO_LOAD: int
+PRIO_STORE: int
+PRIO_BACKGROUND: int
+PRIO_SHARE: int
+WRITE_DEPTH_DEFAULT: int
 REC_PUT: int
 REC_DEL: int
 KEY_MAX: int
@@ -96,7 +103,7 @@ class Dev:
 
 class Queue:
     def __init__(self, dev: Dev, depth: int = 64, max_io: int = 1 << 20,
-                 slots: int = 4096, fd_wake: bool = False) -> None: ...
+                 slots: int = 4096, fd_wake: bool = False, write_depth: int = 0) -> None: ...
     def close(self) -> None: ...
     @property
     def fd(self) -> int: ...

@@ -20,6 +20,16 @@ OP_FLUSH = FX_OP_FLUSH
 #: OR into OP_READ / OP_WRITE: the completion also carries the CRC32C of the
 #: request's bytes, computed piece by piece as the pieces land (FX_REQ_CRC32C).
 OP_CRC32C = FX_REQ_CRC32C << 8
+#: A request's priority class (enum fx_prio) sits in bits 16-23 of its op,
+#: its stream id (load requests of one stream take one turn of the round
+#: robin) in bits 32-63: op | prio << PRIO_SHIFT | stream << STREAM_SHIFT.
+PRIO_SHIFT = 16
+STREAM_SHIFT = 32
+PRIO_LOAD = FX_PRIO_LOAD
+PRIO_STORE = FX_PRIO_STORE
+PRIO_BACKGROUND = FX_PRIO_BACKGROUND
+PRIO_SHARE = FX_PRIO_SHARE
+WRITE_DEPTH_DEFAULT = FX_WRITE_DEPTH_DEFAULT
 REC_PUT = FX_REC_PUT
 REC_DEL = FX_REC_DEL
 KEY_MAX = FX_KEY_MAX
@@ -398,7 +408,7 @@ cdef class Queue:
     cdef bint closing
 
     def __cinit__(self, Dev dev, unsigned depth=64, unsigned max_io=1 << 20,
-                  unsigned slots=4096, bint fd_wake=False):
+                  unsigned slots=4096, bint fd_wake=False, unsigned write_depth=0):
         cdef fx_queue_opts o
         cdef int rc
         if dev.d == NULL:
@@ -406,6 +416,7 @@ cdef class Queue:
         o.depth = depth
         o.max_io = max_io
         o.slots = slots
+        o.write_depth = write_depth  # 0: FX_WRITE_DEPTH_DEFAULT
         # an event loop waits on fd: a ring whose wake-ups it sees at once
         # (FX_QUEUE_FD_WAKE in fx100io.h)
         o.flags = FX_QUEUE_FD_WAKE if fd_wake else 0
@@ -469,12 +480,15 @@ cdef class Queue:
         return dict(ios=s.ios, bytes=s.bytes, fixed_ios=s.fixed_ios, bytes_direct=s.bytes_direct,
                     bytes_copied=s.bytes_copied, reconnects=s.reconnects,
                     conn_errors=s.conn_errors, remote_invalidations=s.remote_invalidations,
-                    local_invalidations=s.local_invalidations)
+                    local_invalidations=s.local_invalidations, pieces_load=s.prio_pieces[0],
+                    pieces_store=s.prio_pieces[1], pieces_background=s.prio_pieces[2],
+                    prio_shares=s.prio_shares)
 
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were
         accepted (fewer when the request slots are full).  op may carry
-        OP_CRC32C."""
+        OP_CRC32C, a priority class (<< PRIO_SHIFT) and a stream id
+        (<< STREAM_SHIFT)."""
         cdef unsigned n = len(reqs)
         cdef fx_req *c
         cdef int rc
@@ -487,7 +501,9 @@ cdef class Queue:
         try:
             for i, (op, addr, length, off, tag) in enumerate(reqs):
                 c[i].op = op & 0xff
-                c[i].flags = op >> 8
+                c[i].flags = (op >> 8) & 0xff
+                c[i].prio = (op >> PRIO_SHIFT) & 0xff
+                c[i].stream = (op >> STREAM_SHIFT) & 0xffffffff
                 c[i].addr = <void *><uintptr_t>addr
                 c[i].len = length
                 c[i].off = off

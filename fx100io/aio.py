@@ -36,11 +36,16 @@ def _running_loop() -> asyncio.AbstractEventLoop:
     return _get_running_loop()
 
 #: One request: (op, memoryview or None, address, length, offset); op may
-#: carry _core.OP_CRC32C
+#: carry _core.OP_CRC32C, and carries its priority class and stream
+#: (fx100io.priority.tagged)
 Request = tuple[int, Any, int, int, int]
 #: One completion: (res, status): bytes or -errno, and the raw NVMe status;
 #: (res, status, crc32c) for a request that asked for the data's CRC32C
 Completion = tuple[int, ...]
+
+
+def _class_of(queued: tuple[int, int, int, int, int]) -> int:
+    return (queued[0] >> _core.PRIO_SHIFT) & 0xFF
 
 
 class QueueDriver:
@@ -140,6 +145,11 @@ class QueueDriver:
     def _drain_backlog(self) -> None:
         """Hand waiting requests to C; what does not fit (all request slots
         taken) waits for the next reap (docs/architecture.md rule 5)."""
+        if len(self._backlog) > 1:
+            # C orders what it holds by class (fx100io.priority); what waits
+            # here for a slot goes to C in the same order: by class, then
+            # first come (a stable sort: a no-op for one class)
+            self._backlog.sort(key=_class_of)
         while self._backlog:
             try:
                 n = self.queue.submit(self._backlog)

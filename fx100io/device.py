@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from fx100io import _core, fabric_uri
+from fx100io import priority as prio
 from fx100io.aio import Completion, QueueDriver, Request
 from fx100io.errors import (
     DeviceClosedError,
@@ -93,7 +94,8 @@ class Device:
     def __init__(self, uri: str, *, direct: bool | str = "auto", readonly: bool = False,
                  create: bool = False, size: int | None = None, engine: str = "io_uring",
                  queue_depth: int = DEFAULT_QUEUE_DEPTH, max_io: int = DEFAULT_MAX_IO,
-                 slots: int = 4096, path: str = "user"):
+                 slots: int = 4096, path: str = "user",
+                 write_depth: int = prio.WRITE_DEPTH_DEFAULT):
         if path not in PATHS:
             raise InvalidArgumentError(22, f"path must be 'user' (fx100io's own NVMe-oF "
                                        f"initiator) or 'kernel' (attach with nvme-cli), got {path!r}")
@@ -105,7 +107,8 @@ class Device:
             raise InvalidArgumentError(22, f"engine must be one of {ENGINES}, got {engine!r}")
         if direct not in (True, False, "auto"):
             raise InvalidArgumentError(22, f"direct must be True, False or 'auto', got {direct!r}")
-        for name, v in (("queue_depth", queue_depth), ("max_io", max_io), ("slots", slots)):
+        for name, v in (("queue_depth", queue_depth), ("max_io", max_io), ("slots", slots),
+                        ("write_depth", write_depth)):
             if not isinstance(v, int) or v <= 0:
                 raise InvalidArgumentError(22, f"{name} must be a positive int, got {v!r}")
         if size is not None and (not isinstance(size, int) or size < 0):
@@ -115,7 +118,7 @@ class Device:
         self.uri = fabric_uri.redact(uri)
         self.target = target
         secrets = fabric_uri.to_transport(uri)[1] if scheme in fabric_uri.SCHEMES else ""
-        self._qopts = (queue_depth, max_io, slots)
+        self._qopts = (queue_depth, max_io, slots, write_depth)
         self._local = threading.local()
         self._drivers: weakref.WeakSet[QueueDriver] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -199,6 +202,15 @@ class Device:
         return bool(self._dev.caps & 0x10)
 
     @property
+    def io_priority(self) -> bool:
+        """Load reads carry the realtime I/O priority class to the kernel:
+        the block device under the file orders requests by class
+        (mq-deadline, bfq).  False where it would be ignored (scheduler
+        "none", tmpfs, NVMe-oF from userspace): loads then go first in
+        fx100io's queue only."""
+        return bool(self._dev.caps & 0x40)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -235,9 +247,9 @@ class Device:
             raise DeviceClosedError(9, "device is closed", self.target)
         if fd_wake is None:
             fd_wake = _loop_running()
-        depth, max_io, slots = self._qopts
+        depth, max_io, slots, write_depth = self._qopts
         try:
-            q = _core.Queue(self._dev, depth, max_io, slots, fd_wake)
+            q = _core.Queue(self._dev, depth, max_io, slots, fd_wake, write_depth)
         except OSError as e:
             if e.errno in (1, 38):  # EPERM, ENOSYS from io_uring_setup
                 raise IoUringUnavailableError(e.errno, io_uring_refusal_reason(), self.target) from e
@@ -256,10 +268,18 @@ class Device:
         d.detach()
         d.queue.close()
 
-    def _request(self, op: int, offset: int, buf: Any) -> Request:
+    def _request(self, op: int, offset: int, buf: Any, priority: Any = None,
+                 stream: int = 0) -> Request:
+        """One request for the queue.  priority None: a read is a load,
+        a write or flush a store (fx100io.priority)."""
         if not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(22, f"offset must be a non-negative int, got {offset!r}")
-        base_op = op & ~_core.OP_CRC32C
+        if not isinstance(op, int) or op & ~0xFFFF:
+            raise InvalidArgumentError(22, f"op must be OP_READ, OP_WRITE or OP_FLUSH, or'ed "
+                                       f"with OP_CRC32C, got {op!r}")
+        base_op = op & 0xFF
+        p = prio.parse(priority, prio.LOAD if base_op == _core.OP_READ else prio.STORE)
+        op = prio.tagged(op, p, stream)
         if base_op == _core.OP_FLUSH:
             return (op, None, 0, 0, 0)
         try:
@@ -292,37 +312,52 @@ class Device:
         return res
 
     # -- async API ---------------------------------------------------------
-    async def submit(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
+    # Every I/O call takes priority= (fx100io.Priority or its name; None: a
+    # read is a load, a write or a flush a store) and the batch calls a
+    # stream= (fx100io.priority.new_stream(); None: one of their own): the
+    # order in which the queue issues pieces (docs/architecture.md,
+    # "Priority and write admission").
+    def _requests(self, reqs: list[tuple[int, int, Any]], priority: Any,
+                  stream: int | None) -> list[Request]:
+        if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)
+                                   or not 0 <= stream <= 0xFFFFFFFF):
+            raise InvalidArgumentError(22, f"stream must be an int of 32 bits (fx100io.priority."
+                                       f"new_stream()), got {stream!r}")
+        sid = prio.new_stream() if stream is None else stream
+        return [self._request(op, off, buf, priority, sid) for op, off, buf in reqs]
+
+    async def submit(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
+                     stream: int | None = None) -> list[Completion]:
         """Run [(op, offset, buf), ...] concurrently; (res, status) each, in order."""
-        rs = [self._request(op, off, buf) for op, off, buf in reqs]
-        futs = self._driver(True).submit(rs)
+        futs = self._driver(True).submit(self._requests(reqs, priority, stream))
         return [await f for f in futs]
 
-    def start(self, reqs: list[tuple[int, int, Any]]) -> list[asyncio.Future]:
+    def start(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
+              stream: int | None = None) -> list[asyncio.Future]:
         """Submit [(op, offset, buf), ...] now; one future of (res, status)
         each, (res, status, crc32c) for an op or'ed with OP_CRC32C.  Lets a
         caller overlap its own work with the I/O."""
-        return self._driver(True).submit([self._request(op, off, buf) for op, off, buf in reqs])
+        return self._driver(True).submit(self._requests(reqs, priority, stream))
 
-    async def read_into(self, offset: int, buf: Any) -> int:
+    async def read_into(self, offset: int, buf: Any, *, priority: Any = None) -> int:
         """Read len(buf) bytes at offset into buf; returns bytes read (short at
         end).  Cancelled, it returns only once the read stopped touching buf."""
-        r = self._request(_core.OP_READ, offset, buf)
+        r = self._request(_core.OP_READ, offset, buf, priority, prio.new_stream())
         drv = self._driver(True)
         (f,) = drv.submit([r])
         return self._check(r, await _io_done(drv, f))
 
-    async def write_from(self, offset: int, buf: Any) -> int:
+    async def write_from(self, offset: int, buf: Any, *, priority: Any = None) -> int:
         """Write buf at offset.  Cancelled, it returns only once the write
         stopped reading buf (it may or may not have landed)."""
-        r = self._request(_core.OP_WRITE, offset, buf)
+        r = self._request(_core.OP_WRITE, offset, buf, priority, prio.new_stream())
         drv = self._driver(True)
         (f,) = drv.submit([r])
         return self._check(r, await _io_done(drv, f))
 
-    async def flush(self) -> None:
+    async def flush(self, *, priority: Any = None) -> None:
         """Make completed writes durable (fdatasync)."""
-        r = self._request(_core.OP_FLUSH, 0, None)
+        r = self._request(_core.OP_FLUSH, 0, None, priority)
         (f,) = self._driver(True).submit([r])
         self._check(r, await f)
 
@@ -342,20 +377,20 @@ class Device:
         return d.queue
 
     # -- blocking twins ------------------------------------------------------
-    def submit_blocking(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
-        rs = [self._request(op, off, buf) for op, off, buf in reqs]
-        return self._driver().run_blocking(rs)
+    def submit_blocking(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
+                        stream: int | None = None) -> list[Completion]:
+        return self._driver().run_blocking(self._requests(reqs, priority, stream))
 
-    def read_into_blocking(self, offset: int, buf: Any) -> int:
-        r = self._request(_core.OP_READ, offset, buf)
+    def read_into_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        r = self._request(_core.OP_READ, offset, buf, priority, prio.new_stream())
         return self._check(r, self._driver().run_blocking([r])[0])
 
-    def write_from_blocking(self, offset: int, buf: Any) -> int:
-        r = self._request(_core.OP_WRITE, offset, buf)
+    def write_from_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        r = self._request(_core.OP_WRITE, offset, buf, priority, prio.new_stream())
         return self._check(r, self._driver().run_blocking([r])[0])
 
-    def flush_blocking(self) -> None:
-        r = self._request(_core.OP_FLUSH, 0, None)
+    def flush_blocking(self, *, priority: Any = None) -> None:
+        r = self._request(_core.OP_FLUSH, 0, None, priority)
         self._check(r, self._driver().run_blocking([r])[0])
 
     # -- lifetime ------------------------------------------------------------
@@ -422,6 +457,8 @@ def open_device(uri: str, **opts: Any) -> Device:
     a file), engine ("io_uring", "psync", or "auto": io_uring, else psync
     with a warning), queue_depth (pieces in flight per thread, 64), max_io
     (bytes per piece, 1 MiB), slots (requests queued per thread, 4096),
+    write_depth (store and background writes in flight per thread while a
+    load read waits, 4: see fx100io.priority),
     path ("user": nvme+tcp:// and nvme+rdma:// through fx100io's own initiator;
     "kernel": the kernel attaches the namespace with nvme-cli (fx100io.kernel)
     and the device runs on its /dev/nvmeXnY with io_uring and O_DIRECT like any

@@ -149,6 +149,21 @@ enum fx_op { FX_OP_READ = 0, FX_OP_WRITE = 1, FX_OP_FLUSH = 2 };
  */
 #define FX_REQ_CRC32C 0x1
 
+/*
+ * Priority classes of a request (docs/architecture.md, "Priority and write
+ * admission").  A queue issues the pieces of load requests first, then
+ * store, then background ones, yet gives each lower class at least one
+ * piece in FX_PRIO_SHARE while it waits, so none starves; load requests of
+ * different streams take turns piece by piece.  While a load read waits or
+ * is in flight, store and background writes in flight are capped at the
+ * queue's write_depth: what is already submitted to a device cannot be
+ * overtaken.
+ */
+enum fx_prio { FX_PRIO_LOAD = 0, FX_PRIO_STORE = 1, FX_PRIO_BACKGROUND = 2 };
+#define FX_PRIO_CLASSES 3
+#define FX_PRIO_SHARE 8
+#define FX_WRITE_DEPTH_DEFAULT 4
+
 /* One I/O request.  addr must stay valid until its completion is reaped. */
 struct fx_req {
 	uint64_t tag; /* returned in the completion */
@@ -157,6 +172,10 @@ struct fx_req {
 	uint64_t off;
 	uint8_t op;    /* enum fx_op */
 	uint8_t flags; /* FX_REQ_* */
+	uint8_t prio;  /* enum fx_prio; 0 (load) unless set */
+	/* load requests with one stream id (e.g. one batch's chunks) are one
+	 * turn of the round robin between loads; any value, 0 included */
+	uint32_t stream;
 };
 
 /* One completion record for every request (docs/architecture.md rule 3). */
@@ -181,6 +200,9 @@ struct fx_dev_opts {
 #define FX_CAP_FLUSH 0x8         /* FX_OP_FLUSH makes writes durable */
 #define FX_CAP_ALIGNED_ONLY 0x10 /* offsets and lengths must be block multiples */
 #define FX_CAP_READONLY 0x20     /* opened read-only */
+/* load reads carry the realtime I/O priority class to a block device whose
+ * I/O scheduler orders requests by class (mq-deadline, bfq) */
+#define FX_CAP_IOPRIO 0x40
 
 struct fx_dev_info {
 	uint64_t size;       /* bytes */
@@ -199,6 +221,9 @@ struct fx_queue_opts {
 	uint32_t max_io; /* split requests into pieces of at most this; 1 MiB */
 	uint32_t slots;  /* requests accepted before submit says -EAGAIN; 4096 */
 	uint32_t flags;  /* FX_QUEUE_* */
+	/* store and background writes in flight while a load read waits;
+	 * 0: FX_WRITE_DEPTH_DEFAULT */
+	uint32_t write_depth;
 };
 
 /* The queue's completions are waited for through fx_queue_fd() by an event
@@ -284,6 +309,10 @@ struct fx_queue_stats {
 	 * and those we invalidated ourselves (it did not) */
 	uint64_t remote_invalidations;
 	uint64_t local_invalidations;
+	/* the priority scheduler: pieces issued per class (enum fx_prio), and
+	 * how many of them a lower class took on its guaranteed share */
+	uint64_t prio_pieces[FX_PRIO_CLASSES];
+	uint64_t prio_shares;
 };
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);
 

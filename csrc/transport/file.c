@@ -19,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +34,41 @@ static int open_fd(const char *path, int flags)
 {
 	int fd = open(path, flags | O_CLOEXEC, 0644);
 	return fd < 0 ? -errno : fd;
+}
+
+/* The ioprio value of the realtime class (linux/ioprio.h), level 4. */
+#define LOAD_IOPRIO ((1u << 13) | 4u)
+
+/*
+ * The I/O priority a load read carries: the realtime class where the block
+ * device under the file orders requests by class (mq-deadline, bfq), so a
+ * load also overtakes the writes already in the kernel's queue; none where
+ * it would be ignored ("none", kyber), or where there is no block device
+ * (tmpfs) or its scheduler cannot be read (docs/architecture.md, "Priority
+ * and write admission").
+ */
+static uint16_t probe_load_ioprio(const struct stat *st)
+{
+	dev_t dev = S_ISBLK(st->st_mode) ? st->st_rdev : st->st_dev;
+	char path[96], buf[256];
+	int fd = -1;
+
+	/* a partition has its disk's queue one level up */
+	for (int up = 0; up < 2 && fd < 0; up++) {
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%squeue/scheduler", major(dev),
+			 minor(dev), up ? "../" : "");
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+	}
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	if (strstr(buf, "[mq-deadline]") || strstr(buf, "[bfq]"))
+		return (uint16_t)LOAD_IOPRIO;
+	return 0;
 }
 
 int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
@@ -101,6 +138,9 @@ int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
 		goto fail;
 	}
 	d->base.info.caps |= FX_CAP_FLUSH;
+	d->load_ioprio = probe_load_ioprio(&st);
+	if (d->load_ioprio)
+		d->base.info.caps |= FX_CAP_IOPRIO;
 	if (o->direct) {
 		d->fd_direct = open_fd(path, acc | O_DIRECT);
 		if (d->fd_direct == -EINVAL) {
@@ -137,7 +177,8 @@ void fx_file_dev_close(struct fx_dev *dev)
 
 struct piece {
 	uint32_t req;
-	uint8_t fdi; /* 0: direct, 1: buffered */
+	uint8_t fdi;    /* 0: direct, 1: buffered */
+	uint8_t ioprio; /* its SQE carried load_ioprio */
 	char *addr;
 	uint64_t len;
 	uint64_t off;
@@ -151,6 +192,8 @@ struct file_queue {
 	uint32_t bs;
 	uint32_t depth;
 	uint32_t max_io;
+	uint16_t load_ioprio; /* of the device; 0 once the kernel refused it */
+	int ioprio_ok;        /* a read with it completed: a later error is not its */
 	struct req_table t;
 	struct piece *pieces;
 	uint32_t *free_pieces;
@@ -169,11 +212,6 @@ struct crc_work {
 	char *addr;
 };
 
-static unsigned fifo_len(const struct req_table *t)
-{
-	return t->nfifo;
-}
-
 /* Prepare one SQE for piece pi. */
 static void prep_piece(struct file_queue *q, uint32_t pi)
 {
@@ -189,6 +227,7 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 		q->unsubmitted = 0;
 		sqe = io_uring_get_sqe(&q->ring.uring);
 	}
+	p->ioprio = 0;
 	if (r->op == FX_OP_FLUSH) {
 		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
 	} else {
@@ -204,6 +243,9 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 				io_uring_prep_read_fixed(sqe, fd, p->addr, len, p->off, bi);
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
+			p->ioprio = r->prio == FX_PRIO_LOAD && q->load_ioprio;
+			if (p->ioprio)
+				sqe->ioprio = q->load_ioprio;
 		} else {
 			if (bi >= 0)
 				io_uring_prep_write_fixed(sqe, fd, p->addr, len, p->off, bi);
@@ -253,22 +295,22 @@ static int cut_piece(struct file_queue *q, uint32_t i, struct piece *p)
 	return 1;
 }
 
-/* Move work from the FIFO into free pieces and SQEs. */
+/* Move work from the class queues into free pieces and SQEs, in the
+ * order the scheduler gives (reqs.h). */
 static void issue(struct file_queue *q)
 {
 	struct req_table *t = &q->t;
 
-	while (q->nfree_pieces && fifo_len(t)) {
-		uint32_t i = t->fifo[t->fifo_head];
+	for (int64_t next; q->nfree_pieces && (next = fx_reqs_fifo_next(t)) >= 0;) {
+		uint32_t i = (uint32_t)next;
 		uint32_t pi = q->free_pieces[q->nfree_pieces - 1];
-		if (!cut_piece(q, i, &q->pieces[pi])) {
-			/* fully issued: leave the FIFO */
-			t->fifo_head = (t->fifo_head + 1) % t->nslots;
-			t->nfifo--;
-			continue;
-		}
+		/* fx_reqs_fifo_next returns only requests with bytes to
+		 * issue: the piece is always cut */
+		if (!cut_piece(q, i, &q->pieces[pi]))
+			break;
 		q->nfree_pieces--;
 		t->reqs[i].inflight++;
+		fx_reqs_piece_issued(t, i);
 		prep_piece(q, pi);
 	}
 }
@@ -320,6 +362,21 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		prep_piece(q, pi); /* transient: the same piece again */
 		return;
 	}
+	if (p->ioprio && !q->ioprio_ok && (res == -EPERM || res == -EINVAL)) {
+		/* the realtime class needs CAP_SYS_NICE or CAP_SYS_ADMIN, and an
+		 * old kernel may refuse the field: go on without, and say so
+		 * (once: other pieces that carried it may be refused too) */
+		if (q->load_ioprio)
+			fprintf(stderr,
+				"fx100io: the kernel refused the realtime I/O priority for loads "
+				"(%s); loads go first in fx100io's queue only\n",
+				strerror(-res));
+		q->load_ioprio = 0;
+		prep_piece(q, pi);
+		return;
+	}
+	if (p->ioprio && res >= 0)
+		q->ioprio_ok = 1;
 	if (res < 0) {
 		if (!r->err)
 			r->err = res;
@@ -353,6 +410,7 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		}
 	}
 	r->inflight--;
+	fx_reqs_piece_end(&q->t, i);
 	q->free_pieces[q->nfree_pieces++] = pi;
 	maybe_complete(q, i);
 }
@@ -453,9 +511,12 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->fds[0] = d->fd_direct;
 	q->fds[1] = d->fd_buffered;
 	q->bs = dev->info.block_size;
+	q->load_ioprio = d->load_ioprio;
 	q->depth = o->depth;
 	q->max_io = o->max_io;
 	ret = fx_reqs_init(&q->t, o->slots);
+	if (!ret)
+		q->t.write_depth = o->write_depth;
 	if (ret < 0) {
 		free(q);
 		return ret;

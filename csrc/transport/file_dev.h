@@ -10,8 +10,9 @@
 
 struct file_dev {
 	struct fx_dev base;
-	int fd_direct;   /* O_DIRECT descriptor, -1 when direct I/O is off */
-	int fd_buffered; /* page-cache descriptor for unaligned parts */
+	int fd_direct;        /* O_DIRECT descriptor, -1 when direct I/O is off */
+	int fd_buffered;      /* page-cache descriptor for unaligned parts */
+	uint16_t load_ioprio; /* sqe->ioprio of a load read, 0: none (FX_CAP_IOPRIO) */
 };
 
 int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,

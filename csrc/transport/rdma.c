@@ -583,6 +583,7 @@ static void issue(struct rdma_queue *q)
 		else
 			r->issued += n;
 		r->inflight++;
+		fx_reqs_piece_issued(t, ri);
 		q->base.stats.ios++;
 		if (pret < 0) {
 			if (pret == -ENOMEM || pret == -EXDEV) {
@@ -811,13 +812,10 @@ static int rq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
 			return -EROFS;
 	}
-	uint32_t before = q->t.nfifo;
 	k = fx_reqs_accept(&q->t, reqs, n);
 	int64_t now = now_ms();
-	for (uint32_t i = before; i < q->t.nfifo; i++) {
-		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
-		fx_nvmf_waits_stamp(&q->waits, ri, now);
-	}
+	for (uint32_t i = 0; i < q->t.naccepted; i++)
+		fx_nvmf_waits_stamp(&q->waits, q->t.accepted[i], now);
 	/* An idle queue of a blocking caller has not looked at its fds since
 	 * its last call: a connection the target dropped meanwhile must be
 	 * seen before new commands go to it (they would fail, where a
@@ -904,6 +902,8 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->epfd = epoll_create1(EPOLL_CLOEXEC);
 	q->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	ret = fx_reqs_init(&q->t, o->slots);
+	if (!ret)
+		q->t.write_depth = o->write_depth;
 	if (ret < 0) {
 		if (q->epfd >= 0)
 			close(q->epfd);

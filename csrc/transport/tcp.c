@@ -200,6 +200,7 @@ struct conn {
 	uint8_t *stage;     /* RX_STAGE bytes: bulk receives while reads are small */
 	uint32_t big_reads; /* reads in flight longer than RX_SMALL_MAX */
 	uint32_t big_cmds;  /* commands in flight longer than RX_SMALL_MAX */
+	uint32_t writes;    /* write commands in flight (see conn_carries) */
 	int rx_staged;      /* the recv in flight targets stage */
 	int rx_cancel;      /* we asked the kernel to cancel that recv */
 	enum rx_state rx;
@@ -362,6 +363,7 @@ static void conn_finish_drain(struct conn *c)
 	}
 	c->big_reads = 0;
 	c->big_cmds = 0;
+	c->writes = 0;
 	free_tx(c);
 	fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
 	c->state = CONN_DOWN;
@@ -574,6 +576,8 @@ static void cmd_done(struct conn *c, struct cmd *m, int err, uint16_t status)
 		c->big_reads--;
 	if (m->big & BIG_CMD)
 		c->big_cmds--;
+	if (m->opcode == NVME_CMD_WRITE)
+		c->writes--;
 	m->big = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	fx_req_piece_done(&c->q->t, ri, err, bytes, status);
@@ -905,13 +909,33 @@ static int cx_collect(struct tcp_queue *q)
  * draining), < 0 when no connection is live (the last error, -ENOTCONN
  * when none is known).  A connection that is down and past its back-off is
  * handed to the connector on the way. */
-static struct conn *pick_conn(struct tcp_queue *q, int *err)
+/*
+ * Whether connection k carries r.  With two connections or more, while a
+ * load read waits or is in flight the first carries only load reads, and
+ * the others everything else plus load reads while no write is in flight on
+ * them: data a store sends (in capsule or after an R2T) goes out in order
+ * on its connection, so a read behind it on the same one would wait for it
+ * (docs/architecture.md, "Priority and write admission").  Reads alone, and
+ * writes while no load waits, still use every connection.
+ */
+static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req *r)
+{
+	if (q->nconns < 2)
+		return 1;
+	if (r->prio == FX_PRIO_LOAD && r->op == FX_OP_READ)
+		return k == 0 || q->conns[k].writes == 0;
+	return k != 0 || q->t.load_reads == 0;
+}
+
+static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err)
 {
 	int64_t now = now_ms();
 	int busy = 0, why = 0;
 
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
+		if (!conn_carries(q, (unsigned)(c - q->conns), r))
+			continue;
 		if (c->state == CONN_DOWN && now >= c->retry_at)
 			cx_request(q, c);
 		if (c->state == CONN_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
@@ -962,7 +986,7 @@ static void issue(struct tcp_queue *q)
 		uint32_t ri = (uint32_t)next;
 		struct req *r = &t->reqs[ri];
 		int err, waiting = 0;
-		struct conn *c = pick_conn(q, &err);
+		struct conn *c = pick_conn(q, r, &err);
 		if (!c && err) {
 			err = wait_for_conn(q, ri, err);
 			waiting = !err;
@@ -1003,11 +1027,14 @@ static void issue(struct tcp_queue *q)
 			r->issued += n;
 		}
 		r->inflight++;
+		fx_reqs_piece_issued(t, ri);
 		m->big = 0;
 		if (m->len > RX_SMALL_MAX) {
 			m->big = BIG_CMD;
 			c->big_cmds++;
 		}
+		if (m->opcode == NVME_CMD_WRITE)
+			c->writes++;
 		if (m->opcode == NVME_CMD_READ && m->len > RX_SMALL_MAX) {
 			m->big |= BIG_READ;
 			if (c->big_reads++ == 0)
@@ -1179,15 +1206,12 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 		if (reqs[k].op == FX_OP_WRITE && (q->dev->base.info.caps & FX_CAP_READONLY))
 			return -EROFS;
 	}
-	uint32_t before = q->t.nfifo;
 	k = fx_reqs_accept(&q->t, reqs, n);
 	resume(q);
 	/* Stamp what joined the FIFO: the reconnect policy counts from here. */
 	int64_t now = now_ms();
-	for (uint32_t i = before; i < q->t.nfifo; i++) {
-		uint32_t ri = q->t.fifo[(q->t.fifo_head + i) % q->t.nslots];
-		fx_nvmf_waits_stamp(&q->waits, ri, now);
-	}
+	for (uint32_t i = 0; i < q->t.naccepted; i++)
+		fx_nvmf_waits_stamp(&q->waits, q->t.accepted[i], now);
 	issue(q);
 	resume(q);
 	ring_submit(q);
@@ -1335,6 +1359,8 @@ static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->base.reqs = &q->t;
 	q->nconns = d->nd.queues;
 	ret = fx_reqs_init(&q->t, o->slots);
+	if (!ret)
+		q->t.write_depth = o->write_depth;
 	if (ret < 0) {
 		free(q);
 		return ret;

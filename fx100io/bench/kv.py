@@ -66,7 +66,11 @@ class KvPlan:
         self.concurrency = min(kv.concurrency, self.prompts)
         per_prompt = kv.buffer_bytes // self.concurrency
         self.window = max(1, min(self.chunks_per_prompt, per_prompt // self.chunk_bytes))
-        self.data_bytes = self.prompts * self.prompt_bytes
+        self.writers = kv.store_writers
+        # each writer of the storm keeps replacing one window of chunks: the old
+        # and the new copy of it on the device at once
+        self.data_bytes = self.prompts * self.prompt_bytes + \
+            2 * self.writers * self.window * self.chunk_bytes
 
     def chunk_len(self, c: int) -> int:
         return self.last_chunk_bytes if c == self.chunks_per_prompt - 1 else self.chunk_bytes
@@ -89,6 +93,8 @@ class KvPlan:
             "prompts": self.prompts,
             "concurrency": self.concurrency,
             "window_chunks": self.window,
+            "store_writers": self.writers,
+            "load_priority": kv.load_priority,
         }
 
 
@@ -143,15 +149,19 @@ def run_kv_job(
     store = open_store(job, plan)
     try:
         pool_bytes = max(kv.buffer_bytes, plan.concurrency * plan.window * plan.chunk_bytes)
+        pool_bytes += plan.writers * plan.window * plan.chunk_bytes
         pool = fx.BufferPool(pool_bytes)
         bufsets = [
             [pool.alloc(plan.chunk_bytes) for _ in range(plan.window)] for _ in range(plan.concurrency)
         ]
+        stormsets = [
+            [pool.alloc(plan.chunk_bytes) for _ in range(plan.window)] for _ in range(plan.writers)
+        ]
         rng = np.random.default_rng(job.seed)
-        for bufs in bufsets:
+        for bufs in bufsets + stormsets:
             for b in bufs:
                 b[:] = rng.integers(0, 256, size=plan.chunk_bytes, dtype=np.uint8)
-        runner = _KvRunner(job, clone, plan, store, bufsets, progress)
+        runner = _KvRunner(job, clone, plan, store, bufsets, progress, stormsets)
         if start_gate is not None:
             start_gate()
         ru0 = Rusage.now()
@@ -210,11 +220,14 @@ def run_kv_job(
             misses=runner.misses,
             store_corruptions=st.get("corruptions", 0),
             store_evictions=st.get("evictions", 0),
+            storm_chunks=runner.storm.ios,
+            storm_bytes=runner.storm.bytes,
+            storm_GBps=runner.storm.bytes / (runner.load_ns / 1e9) / 1e9 if runner.load_ns else 0.0,
         )
         result.kv = info
         result.block_size = plan.chunk_bytes
         result.region = (0, plan.data_bytes)
-        del bufsets, runner
+        del bufsets, stormsets, runner
         pool.close()
     finally:
         store.close()
@@ -225,7 +238,8 @@ def run_kv_job(
 
 class _KvRunner:
     def __init__(
-        self, job: Job, clone: int, plan: KvPlan, store: Any, bufsets: list[list[Any]], progress: Any
+        self, job: Job, clone: int, plan: KvPlan, store: Any, bufsets: list[list[Any]], progress: Any,
+        stormsets: list[list[Any]] | None = None,
     ) -> None:
         self.job = job
         self.clone = clone
@@ -236,6 +250,8 @@ class _KvRunner:
         self.read = DirStats()
         self.write = DirStats()
         self.prefix = DirStats()  # one sample per whole prompt loaded
+        self.stormsets = stormsets or []
+        self.storm = DirStats()  # chunks the storm stored during the load phase
         self.series = Series(TICK_NS)
         self.vlog = VerifyLog() if job.verify else None
         self.misses = 0
@@ -329,6 +345,19 @@ class _KvRunner:
         else:
             order = iter(prompts_done)
         start = time.monotonic_ns()
+        kv = job.kv
+        assert kv is not None
+        storm_stop = asyncio.Event()
+
+        async def storm(w: int, bufs: list[Any]) -> None:
+            # one window of chunks under keys no prompt uses, stored again and again
+            keys = [_key(job, self.clone, plan.prompts + w, c) for c in range(plan.window)]
+            while not storm_stop.is_set():
+                t0 = time.monotonic_ns()
+                await self.store.batch_put(keys, bufs)
+                t1 = time.monotonic_ns()
+                for b in bufs:
+                    self.storm.add(t1 - t0, len(b))
 
         async def work(bufs: list[Any]) -> None:
             for p in order:
@@ -341,7 +370,7 @@ class _KvRunner:
                     keys = [_key(job, self.clone, p, c) for c in chunks]
                     views = [bufs[i][: plan.chunk_len(c)] for i, c in enumerate(chunks)]
                     t0 = time.monotonic_ns()
-                    hits = await self.store.batch_get(keys, views)
+                    hits = await self.store.batch_get(keys, views, priority=kv.load_priority)
                     t1 = time.monotonic_ns()
                     for v, c, hit in zip(views, chunks, hits):
                         if not hit:
@@ -358,9 +387,15 @@ class _KvRunner:
                     self.stop = True
                     return
 
+        storms = [asyncio.ensure_future(storm(w, b)) for w, b in enumerate(self.stormsets)]
         try:
             await self._workers(work)
         finally:
             self.load_ns = max(time.monotonic_ns() - start, 1)
+            storm_stop.set()
+            await asyncio.gather(*storms, return_exceptions=True)
+            for t in storms:
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
             end = time.monotonic_ns()
             self.series.sample(end - self.t0, self.read, self.write)

@@ -175,6 +175,12 @@ _SPECS = [
     OptionSpec("kv-prompts", "int", "distinct prompts stored (default: --size / prompt bytes, else 4)"),
     OptionSpec("kv-concurrency", "int", "prompts stored / loaded concurrently", "1"),
     OptionSpec("kv-buffer", "size", "pinned memory per job for chunk transfers", "1g"),
+    OptionSpec("kv-store-writers", "int",
+               "writers that keep storing chunks while prompts load (a store storm: the "
+               "prefix load percentiles under stores)", "0"),
+    OptionSpec("kv-load-priority", "str",
+               "class of the loads: load (before stores), store (first come, first served "
+               "with the storm), background", "load"),
     # ---- whole-run options
     OptionSpec("output", "str", "write the report to this file instead of stdout", run_level=True),
     OptionSpec(
@@ -489,6 +495,8 @@ class KvSpec:
     prompts: int | None
     concurrency: int
     buffer_bytes: int
+    store_writers: int = 0
+    load_priority: str = "load"
 
 
 # Values read from the models' published configs (num_hidden_layers,
@@ -740,4 +748,12 @@ def _resolve_kv(raw: RawJob, v: dict[str, str | None], kb_base: int) -> KvSpec |
         prompts=prompts,
         concurrency=parse_int(v.get("kv-concurrency") or "", "kv-concurrency", 1, 4096),
         buffer_bytes=parse_size(v.get("kv-buffer") or "", "kv-buffer", kb_base),
+        store_writers=parse_int(v.get("kv-store-writers") or "0", "kv-store-writers", 0, 64),
+        load_priority=_kv_priority(v.get("kv-load-priority") or "load"),
     )
+
+
+def _kv_priority(text: str) -> str:
+    if text.lower() not in ("load", "store", "background"):
+        raise BenchError(f"--kv-load-priority: {text!r} is not load, store or background")
+    return text.lower()

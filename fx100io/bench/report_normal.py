@@ -124,6 +124,11 @@ def _kv_lines(r: JobResult) -> list[str]:
         f"     load      : {kv.get('chunks_loaded', 0)} chunks, {fmt_bytes_bin(kv.get('bytes_loaded', 0))} in "
         f"{kv.get('load_seconds', 0):.3f}s = {kv.get('load_GBps', 0):.2f} GB/s, misses={kv.get('misses', 0)}",
     ]
+    if kv.get("store_writers"):
+        lines.append(
+            f"     storm     : {kv['store_writers']} writers stored {kv.get('storm_chunks', 0)} chunks, "
+            f"{fmt_bytes_bin(kv.get('storm_bytes', 0))} during the load = "
+            f"{kv.get('storm_GBps', 0):.2f} GB/s; loads as {kv.get('load_priority')}")
     if r.kv_load is not None and r.kv_load.n:
         tokens = kv.get("prompt_tokens", 0)
         label = f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)

@@ -31,6 +31,7 @@ from ..errors import (
     FxTimeoutError,
     InvalidArgumentError,
 )
+from ..priority import Priority
 from ._runtime import Breaker, LoopRunner, TimedOut, adapter_logger
 from ._settings import BackendSettings, open_backend_store
 
@@ -257,7 +258,7 @@ class StoreService:
         if not self._usable():
             return [False] * len(names)
         try:
-            await self.store.batch_put(list(names), list(views))
+            await self.store.batch_put(list(names), list(views), priority=Priority.STORE)
         except Exception as exc:  # noqa: BLE001 - a failed store is a failed task
             self._failed("store", exc)
             return [False] * len(names)
@@ -313,7 +314,8 @@ class StoreService:
         if not keys:
             return out
         try:
-            got = await self.store.batch_get(keys, bufs)
+            # LMCache's prefetch of a looked-up prefix: a request waits for it
+            got = await self.store.batch_get(keys, bufs, priority=Priority.LOAD)
         except Exception as exc:  # noqa: BLE001 - a failed read is a miss
             self._failed("load", exc)
             return out

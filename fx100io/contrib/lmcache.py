@@ -37,6 +37,7 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
+from ..priority import Priority
 from . import _lmcache_codec as codec
 from ._lmcache_config import PluginConfigError, PluginOptions, parse_options
 from ._runtime import Breaker, LoopGone, LoopRunner, TimedOut, adapter_logger, bounded
@@ -557,7 +558,7 @@ class FX100ioBackend(StoragePluginInterface):
         late = False
         try:
             await bounded(
-                self._tracked(self._store.batch_put(names, bufs)),
+                self._tracked(self._store.batch_put(names, bufs, priority=Priority.STORE)),
                 self.options.timeout_s,
                 on_late=lambda: self._finish_puts(batch),
             )
@@ -633,7 +634,8 @@ class FX100ioBackend(StoragePluginInterface):
             slots.append((i, text))
         if not names:
             return out
-        hits = await bounded(self._store.batch_get(names, bufs), self.options.timeout_s)
+        hits = await bounded(self._store.batch_get(names, bufs, priority=Priority.LOAD),
+                             self.options.timeout_s)
         for (i, text), hit, buf in zip(slots, hits, bufs):
             if not hit:
                 continue
@@ -737,7 +739,8 @@ class FX100ioBackend(StoragePluginInterface):
         bufs: list[Any] = [self._view(o) for o in reading] + rec_bufs
         try:
             all_hits = await bounded(
-                self._tracked(self._store.batch_get(names, bufs)),
+                # a retrieve, or LMCache's async loading of a hit: a request waits
+                self._tracked(self._store.batch_get(names, bufs, priority=Priority.LOAD)),
                 self.options.timeout_s,
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),

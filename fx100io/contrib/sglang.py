@@ -66,6 +66,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from fx100io.pool import aligned_array
+from fx100io.priority import Priority
 from fx100io.store import ChunkStore
 from fx100io.store.core.pieces import gather, nbytes, scatter
 
@@ -399,12 +400,14 @@ class FX100ioHiCacheStorage(HiCacheStorage):
             return out
         if self._gather:
             flat = [_aligned(sizes[i]) for i in want]
-            hits = await self._store.batch_get([names[i] for i in want], flat)
+            hits = await self._store.batch_get([names[i] for i in want], flat,
+                                               priority=Priority.LOAD)
             for i, f, ok in zip(want, flat, hits):
                 if ok:
                     scatter(f, bufs[i])
         else:
-            hits = await self._store.batch_get([names[i] for i in want], [bufs[i] for i in want])
+            hits = await self._store.batch_get([names[i] for i in want],
+                                               [bufs[i] for i in want], priority=Priority.LOAD)
         for i, ok in zip(want, hits):
             out[i] = bool(ok)
         return out
@@ -420,7 +423,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         data = [bufs[i] for i in todo]
         if self._gather:
             data = [gather(b) for b in data]
-        await self._store.batch_put([names[i] for i in todo], data)
+        await self._store.batch_put([names[i] for i in todo], data, priority=Priority.STORE)
         return len(todo), sum(nbytes(bufs[i]) for i in todo)
 
     # ------------------------------------------------------------ zero copy

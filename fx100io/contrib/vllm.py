@@ -68,6 +68,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
+from ..priority import Priority
 from . import _vllm_keys as vllm_keys
 from ._runtime import LoopRunner
 from ._settings import BackendSettings, open_backend_store, parse_bool, parse_settings
@@ -423,7 +424,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
                 store.touch([k for k, n in zip(keys, sizes) if n == self._chunk_bytes])
             evictions = await _evictions(store) if shared else 0
             if todo:
-                await store.batch_put([k for k, _ in todo], [r for _, r in todo])
+                await store.batch_put([k for k, _ in todo], [r for _, r in todo],
+                                      priority=Priority.STORE)
         except Exception as exc:  # noqa: BLE001 - the chunks are just not kept
             self._breaker.trip(f"a store of {len(todo)} chunks", exc)
             ok = False
@@ -460,7 +462,8 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         try:
             fit = [i for i, n in enumerate(await _sizes(store, keys)) if n == size]
             if fit:
-                got = await store.batch_get([keys[i] for i in fit], [rows[i] for i in fit])
+                got = await store.batch_get([keys[i] for i in fit], [rows[i] for i in fit],
+                                            priority=Priority.LOAD)
                 for i, g in zip(fit, got):
                     ok[i] = bool(g)
         except Exception as exc:  # noqa: BLE001 - a failed load; vLLM recomputes

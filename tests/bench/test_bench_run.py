@@ -333,6 +333,27 @@ def test_kv_workload_custom_model(tmp_path: Path) -> None:
     assert job["fx100io"]["verify"]["blocks"] == 24 and job["fx100io"]["verify"]["errors"] == 0
 
 
+def test_kv_mixed_job_loads_under_a_store_storm(tmp_path: Path) -> None:
+    """--kv-store-writers: writers keep storing chunks while the prompts load; the
+    loads are all there and verified, the storm's chunks and GB/s are reported, and the
+    loads' class is what --kv-load-priority says."""
+    f = tmp_path / "mix.store"
+    doc = bench_json(
+        "--name=mix", f"--filename={f}", "--kv-model=custom", "--kv-layers=2", "--kv-heads=2",
+        "--kv-head-dim=64", "--kv-prompt-tokens=2048", "--kv-prompts=4", "--kv-buffer=2m",
+        "--kv-store-writers=2", "--kv-load-priority=load", "--verify=crc32c",
+    )  # fmt: skip
+    kv = doc["jobs"][0]["fx100io"]["kv"]
+    assert kv["store_writers"] == 2 and kv["load_priority"] == "load"
+    assert kv["chunks_loaded"] == 4 * 8 and kv["misses"] == 0
+    assert kv["storm_chunks"] >= 0 and kv["storm_bytes"] == kv["storm_chunks"] * 256 * 1024
+    assert doc["jobs"][0]["fx100io"]["verify"]["errors"] == 0
+    rc, _out, err = bench("--name=m", f"--filename={tmp_path / 'm.store'}", "--kv-model=custom",
+                          "--kv-layers=2", "--kv-heads=2", "--kv-head-dim=64",
+                          "--kv-load-priority=urgent")
+    assert rc == 1 and "--kv-load-priority" in err
+
+
 def test_kv_workload_named_model(tmp_path: Path) -> None:
     f = tmp_path / "kv7b.store"
     rc, out, err = bench(

@@ -27,7 +27,9 @@ static uint32_t one_request(struct req_table *t, char *buf, uint64_t len, uint64
 	struct fx_cqe c;
 
 	CHECK_EQ(fx_reqs_accept(t, &fr, 1), 1);
-	uint32_t ri = t->fifo[t->fifo_head];
+	int64_t next = fx_reqs_fifo_next(t);
+	CHECK(next >= 0);
+	uint32_t ri = (uint32_t)next;
 	struct req *r = &t->reqs[ri];
 	/* cut into pieces: mostly 4 KiB multiples, some odd, the last a tail */
 	for (uint64_t at = 0; at < len; n++) {
@@ -50,8 +52,8 @@ static uint32_t one_request(struct req_table *t, char *buf, uint64_t len, uint64
 	}
 	r->issued = len;
 	r->inflight = n;
-	t->fifo_head = (t->fifo_head + 1) % t->nslots;
-	t->nfifo--;
+	fx_reqs_piece_issued(t, ri); /* every byte issued: it leaves the queue */
+	CHECK_EQ(t->nfifo, 0);
 	for (unsigned i = 0; i < n; i++) {
 		if (lens[i] > 1 && test_rand(rng) % 5 == 0) {
 			/* a short transfer: the piece lands in two ranges */

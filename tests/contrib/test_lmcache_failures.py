@@ -167,13 +167,13 @@ class StallingStore:
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    async def batch_get(self, keys, bufs):
+    async def batch_get(self, keys, bufs, **kw):
         await self.gate.wait()
-        return await self._real.batch_get(keys, bufs)
+        return await self._real.batch_get(keys, bufs, **kw)
 
-    async def batch_put(self, keys, bufs):
+    async def batch_put(self, keys, bufs, **kw):
         await self.gate.wait()
-        return await self._real.batch_put(keys, bufs)
+        return await self._real.batch_put(keys, bufs, **kw)
 
     def open_gate(self):
         self._loop.call_soon_threadsafe(self.gate.set)

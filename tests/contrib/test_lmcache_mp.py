@@ -404,6 +404,38 @@ def test_lmcache_bench_l2_verifies_our_adapter(tmp_path):
         assert "MISMATCH" not in out
 
 
+def test_stores_and_loads_carry_their_priority(device):
+    """Through the L2 adapter that LMCache's MP server loads: its stores reach the
+    store as stores, its loads (LMCache's prefetch of a looked-up prefix, which a
+    request waits for) as loads."""
+    from fx100io.priority import Priority
+
+    arena = Arena(1 << 20)
+    adapter = load_adapter(spec(device), arena)
+    try:
+        store_obj = adapter._svc.store
+        real_get, real_put = store_obj.batch_get, store_obj.batch_put
+        seen = []
+
+        async def get(keys, bufs, **kw):
+            seen.append(("get", kw.get("priority")))
+            return await real_get(keys, bufs, **kw)
+
+        async def put(keys, bufs, **kw):
+            seen.append(("put", kw.get("priority")))
+            return await real_put(keys, bufs, **kw)
+
+        store_obj.batch_get, store_obj.batch_put = get, put
+        src, dst = arena.obj(8192), arena.obj(8192)
+        want = fill(src, 9)
+        assert store(adapter, [key(9)], [src])
+        assert load(adapter, [key(9)], [dst]) == [True]
+        assert content(dst) == want
+        assert seen == [("put", Priority.STORE), ("get", Priority.LOAD)], seen
+    finally:
+        adapter.close()
+
+
 def test_a_failing_device_gives_misses_then_recovers(device):
     arena = Arena(1 << 20)
     adapter = load_adapter(spec(device, retry_after_s="0"), arena)
@@ -414,7 +446,7 @@ def test_a_failing_device_gives_misses_then_recovers(device):
         store_obj = adapter._svc.store
         real_get = store_obj.batch_get
 
-        async def broken(keys, bufs):
+        async def broken(keys, bufs, **kw):
             raise OSError(5, "I/O error")
 
         store_obj.batch_get = broken

@@ -101,7 +101,7 @@ def test_a_hung_load_trips_the_breaker_but_is_reported_only_when_it_ends(device)
         loop = ad._svc._runner.loop
         release = ad._svc.call(_make_event())
 
-        async def hung(keys, bufs):  # a device that stopped answering
+        async def hung(keys, bufs, **kw):  # a device that stopped answering
             await release.wait()
             return [False] * len(keys)
 
@@ -200,10 +200,10 @@ def test_shared_chunk_replaced_by_a_smaller_one_during_a_load_is_a_miss(tmp_path
         small = arena.obj(4096)
         fill(small, 2)
 
-        async def replaced_first(keys, bufs):
+        async def replaced_first(keys, bufs, **kw):
             # host a replaces the chunk after b checked its size, before b reads it
             assert store(a, [key(1)], [small])
-            return await real_get(keys, bufs)
+            return await real_get(keys, bufs, **kw)
 
         b._svc.store.batch_get = replaced_first
         dst = arena.obj(8192)
@@ -482,7 +482,7 @@ def test_close_with_a_load_in_flight_reports_it_once_its_io_ends(device):
         release = ad._svc.call(_make_event())
         entered = threading.Event()
 
-        async def slow(keys, bufs):
+        async def slow(keys, bufs, **kw):
             entered.set()
             await release.wait()
             return [True] * len(keys)

@@ -30,6 +30,8 @@ from support.lmcache import (
     torch,
 )
 
+import fx100io
+
 
 @pytest.fixture
 def device(tmp_path):
@@ -439,13 +441,19 @@ class CountingStore:
     def __init__(self, real):
         self._real = real
         self.get_batches: list[int] = []
+        self.priorities: list = []
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    async def batch_get(self, keys, bufs):
+    async def batch_get(self, keys, bufs, **kw):
         self.get_batches.append(len(keys))
-        return await self._real.batch_get(keys, bufs)
+        self.priorities.append(("get", kw.get("priority")))
+        return await self._real.batch_get(keys, bufs, **kw)
+
+    async def batch_put(self, keys, bufs, **kw):
+        self.priorities.append(("put", kw.get("priority")))
+        return await self._real.batch_put(keys, bufs, **kw)
 
 
 def test_a_load_is_one_parallel_batch(sm):
@@ -460,12 +468,34 @@ def test_a_load_is_one_parallel_batch(sm):
 
     got = backend.batched_get_blocking(keys)  # cold: the records, then the data
     assert counting.get_batches == [8, 8]
+    assert {p for _, p in counting.priorities} == {fx100io.Priority.LOAD}
     got_warm = backend.batched_get_blocking(keys)  # warm: data and records together
     assert counting.get_batches == [8, 8, 16]
     for obj, obj2, want in zip(got, got_warm, expected):
         assert torch.equal(obj_bytes(obj), want) and torch.equal(obj_bytes(obj2), want)
         obj.ref_count_down()
         obj2.ref_count_down()
+
+
+def test_loads_and_stores_carry_their_priority(sm):
+    """Through LMCache's StorageManager: its puts reach the store as stores, its
+    retrieves (cold and warm) as loads (docs/lmcache.md, "Priority")."""
+    from fx100io.priority import Priority
+
+    backend = plugin_of(sm)
+    counting = CountingStore(backend._store)
+    backend._store = counting
+    keys = keys_for(range(1650, 1654))
+    expected = put_chunks(sm, keys)
+    assert backend.flush(30)
+    assert counting.priorities and all(p == ("put", Priority.STORE) for p in counting.priorities)
+    counting.priorities.clear()
+    backend._records.clear()  # as after a restart: records are read too
+    got = backend.batched_get_blocking(keys)
+    assert counting.priorities == [("get", Priority.LOAD)] * 2
+    for obj, want in zip(got, expected):
+        assert torch.equal(obj_bytes(obj), want)
+        obj.ref_count_down()
 
 
 def test_async_lookup_and_prefetch_with_layerwise_keys(device):

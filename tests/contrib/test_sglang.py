@@ -42,6 +42,7 @@ CHECKS = [
     "interface_v1_string",
     "close_with_call_in_flight",
     "timeout_bounds_calls",
+    "priorities_passed",
     "metrics_bounded",
     "page_meta_checked",
     "wrong_size_chunk_replaced",

@@ -55,6 +55,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 CHECKS = [
     "loaded_by_vllm_factory",
     "roundtrip_lookup_jobs",
+    "priorities_passed",
     "each_job_once",
     "load_of_absent_key_fails",
     "verdicts_live_per_request",

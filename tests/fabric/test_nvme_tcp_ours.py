@@ -175,3 +175,39 @@ def test_async_many_in_flight(backing):
 
             outs = asyncio.run(go())
             assert all(np.array_equal(o, s) for o, s in zip(outs, srcs))
+
+
+def test_loads_on_their_own_connection_with_stores_at_once(backing):
+    """queues=2: load reads go on the first connection, writes, flushes and reads of
+    the other classes on the second (docs/architecture.md, "Priority and write
+    admission"); all at once, every byte right, and a load read still works while
+    only stores are queued and the other way round."""
+    with serve([backing], NQN) as (host, port, _):
+        with fx100io.open_device(dev_uri(host, port, queues=2), max_io=128 << 10) as dev:
+            pool = fx100io.BufferPool(40 << 20)
+            old = pool.alloc(8 << 20)
+            old[:] = chunk_bytes("old", old.nbytes)
+            dev.write_from_blocking(0, old)
+            new = [pool.alloc(2 << 20) for _ in range(4)]
+            for i, b in enumerate(new):
+                b[:] = chunk_bytes(f"new{i}", b.nbytes)
+
+            async def go():
+                outs = [pool.alloc(2 << 20) for _ in range(4)]
+                bg = pool.alloc(2 << 20)
+                await asyncio.gather(
+                    *(dev.write_from((16 << 20) + i * (2 << 20), b) for i, b in enumerate(new)),
+                    *(dev.read_into(i * (2 << 20), o) for i, o in enumerate(outs)),
+                    dev.read_into(0, bg, priority="background"),
+                    dev.flush())
+                return outs, bg
+
+            outs, bg = asyncio.run(go())
+            for i, o in enumerate(outs):
+                assert np.array_equal(o, old[i * (2 << 20):(i + 1) * (2 << 20)])
+            assert np.array_equal(bg, old[:2 << 20])
+            back = pool.alloc(8 << 20)
+            assert dev.read_into_blocking(16 << 20, back) == 8 << 20
+            assert np.array_equal(back, np.concatenate(new))
+            s = dev.queue_stats()
+            assert s["pieces_load"] > 0 and s["pieces_background"] > 0 and s["pieces_store"] > 0

@@ -153,10 +153,10 @@ class HeldDev:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._dev, name)
 
-    def start(self, parts: Any) -> list[asyncio.Future]:
+    def start(self, parts: Any, **kw: Any) -> list[asyncio.Future]:
         loop = asyncio.get_running_loop()
         out = []
-        for f in self._dev.start(parts):
+        for f in self._dev.start(parts, **kw):
             o = loop.create_future()
 
             def done(f: asyncio.Future, o: asyncio.Future = o) -> None:

@@ -38,8 +38,8 @@ class SlowWrites:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._dev, name)
 
-    def start(self, parts: list) -> list:
-        real = self._dev.start(parts)
+    def start(self, parts: list, **kw: Any) -> list:
+        real = self._dev.start(parts, **kw)
         if not any(op & OP_WRITE for op, *_x in parts):
             return real
 

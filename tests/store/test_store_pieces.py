@@ -110,14 +110,14 @@ def test_failed_start_of_a_later_piece_awaits_the_started_ones(tmp_file, monkeyp
         real = Device.start
         issued: list = []
 
-        def start(self, reqs):
+        def start(self, reqs, **kw):
             if issued:
                 raise OSError(errno.EIO, "injected: the second piece does not start")
             # the first piece's I/O ends a while later (as on a busy device): a call
             # that does not wait for it returns before it has
             loop = asyncio.get_running_loop()
             late = []
-            for f in real(self, reqs):
+            for f in real(self, reqs, **kw):
                 g = loop.create_future()
                 f.add_done_callback(lambda f, g=g: loop.call_later(
                     0.2, lambda: g.done() or g.set_result(f.result())))

@@ -48,12 +48,13 @@ class LandingStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any],
+                        **kw: Any) -> list[bool]:
         dests = [_parts(b) for b in bufs]
         bounce = [bytearray(sum(p.nbytes for p in d)) for d in dests]
         self.running += 1
         try:
-            return await self._land_all(await self._real.batch_get(list(keys), bounce),
+            return await self._land_all(await self._real.batch_get(list(keys), bounce, **kw),
                                         bounce, dests)
         finally:
             self.running -= 1

@@ -514,10 +514,10 @@ def check_close_with_call_in_flight(d: str) -> None:
     gate = asyncio.Event()
     orig = b._store.batch_get
 
-    async def held(k, bufs):
+    async def held(k, bufs, **kw):
         entered.set()
         await gate.wait()  # never set: a call that does not end by itself
-        return await orig(k, bufs)
+        return await orig(k, bufs, **kw)
 
     b._store.batch_get = held
     out: dict = {}
@@ -534,6 +534,43 @@ def check_close_with_call_in_flight(d: str) -> None:
     assert out["r"] == [False, False]
     assert b.batch_get_v1(keys, pool.indices([4, 5])) == [False, False]
     assert b.batch_exists(keys) == 0
+
+
+def check_priorities_passed(d: str) -> None:
+    """SGLang's backups reach the store as stores, its prefetches (the reads a
+    request waits for) as loads (docs/sglang.md)."""
+    from fx100io.priority import Priority
+
+    pool = HostPool(8)
+    keys = keys_for(4, "prio")
+    b = attach(pool, extra_for(f"{d}/prio.img"))
+    seen: list = []
+    real = b._store
+
+    class Recording:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        async def batch_get(self, k, bufs, **kw):
+            seen.append(("get", kw.get("priority")))
+            return await real.batch_get(k, bufs, **kw)
+
+        async def batch_put(self, k, bufs, **kw):
+            seen.append(("put", kw.get("priority")))
+            return await real.batch_put(k, bufs, **kw)
+
+    b._store = Recording()
+    try:
+        for p in range(4):
+            pool.fill(p, 40 + p)
+        want = [pool.page_bytes(p) for p in range(4)]
+        assert b.batch_set_v1(keys, pool.indices([0, 1, 2, 3])) == [True] * 4
+        assert b.batch_get_v1(keys, pool.indices([4, 5, 6, 7])) == [True] * 4
+        assert [pool.page_bytes(p) for p in (4, 5, 6, 7)] == want
+        assert seen == [("put", Priority.STORE), ("get", Priority.LOAD)], seen
+    finally:
+        b._store = real
+        b.close()
 
 
 def check_timeout_bounds_calls(d: str) -> None:
@@ -801,6 +838,7 @@ CHECKS = {
     "interface_v1_string": check_interface_v1_string,
     "close_with_call_in_flight": check_close_with_call_in_flight,
     "timeout_bounds_calls": check_timeout_bounds_calls,
+    "priorities_passed": check_priorities_passed,
     "metrics_bounded": check_metrics_bounded,
     "page_meta_checked": check_page_meta_checked,
     "wrong_size_chunk_replaced": check_wrong_size_chunk_replaced,

@@ -576,12 +576,12 @@ def main(workdir: str) -> int:
             def __getattr__(self, name: str) -> Any:
                 return getattr(self._s, name)
 
-            async def batch_put(self, keys: Any, bufs: Any) -> None:
+            async def batch_put(self, keys: Any, bufs: Any, **kw: Any) -> None:
                 import asyncio
 
                 while not gate.is_set():
                     await asyncio.sleep(0.01)
-                await real_put(keys, bufs)
+                await real_put(keys, bufs, **kw)
 
         backend = tier._backend
         real_store = backend.store
@@ -648,7 +648,7 @@ def main(workdir: str) -> int:
             def __getattr__(self, name: str) -> Any:
                 return getattr(self._s, name)
 
-            async def batch_put(self, keys: Any, bufs: Any) -> None:
+            async def batch_put(self, keys: Any, bufs: Any, **kw: Any) -> None:
                 calls.append(len(keys))
                 raise OSError(5, "injected device error")
 
@@ -686,6 +686,42 @@ def main(workdir: str) -> int:
             tier._backend.store = real
             tier.shutdown()
 
+    @check("priorities_passed")
+    def _priorities() -> None:
+        """vLLM's store jobs reach the store as stores, its load jobs as loads."""
+        from fx100io.priority import Priority
+
+        tier = load_tier(entry(os.path.join(workdir, "prio.img"), create="always"), primary)
+        real = tier._backend.store
+        seen: list[tuple[str, Any]] = []
+
+        class Recording:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            async def batch_get(self, keys: Any, bufs: Any, **kw: Any) -> list[bool]:
+                seen.append(("get", kw.get("priority")))
+                return list(await real.batch_get(keys, bufs, **kw))
+
+            async def batch_put(self, keys: Any, bufs: Any, **kw: Any) -> None:
+                seen.append(("put", kw.get("priority")))
+                await real.batch_put(keys, bufs, **kw)
+
+        tier._backend.store = Recording()
+        try:
+            want = [primary.fill(c, seed=300 + c) for c in (0, 1)]
+            tier.submit_store(job(40, [key(400), key(401)], [0, 1], promotion=False))
+            assert [r.success for r in finish(tier)] == [True]
+            primary.arr[2] = 0
+            primary.arr[3] = 0
+            tier.submit_load(job(41, [key(400), key(401)], [2, 3], promotion=True))
+            assert [r.success for r in finish(tier)] == [True]
+            assert [primary.row(2), primary.row(3)] == want
+            assert seen == [("put", Priority.STORE), ("get", Priority.LOAD)], seen
+        finally:
+            tier._backend.store = real
+            tier.shutdown()
+
     @check("hung_job_trips_breaker")
     def _hung() -> None:
         import asyncio
@@ -704,10 +740,10 @@ def main(workdir: str) -> int:
             def __getattr__(self, name: str) -> Any:
                 return getattr(self._s, name)
 
-            async def batch_put(self, keys: Any, bufs: Any) -> None:
+            async def batch_put(self, keys: Any, bufs: Any, **kw: Any) -> None:
                 while not gate.is_set():
                     await asyncio.sleep(0.01)
-                await self._s.batch_put(keys, bufs)
+                await self._s.batch_put(keys, bufs, **kw)
 
         try:
             primary.fill(0, 1)
@@ -1093,7 +1129,7 @@ def main(workdir: str) -> int:
         primary.close()
 
     for fn in (_loaded, _roundtrip, _once, _absent, _per_request, _namespace, _restart, _corrupt, _bad,
-               _late_answer, _eviction, _inflight, _shared, _failing, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _touch, _events, _events_off, _landing,
+               _late_answer, _eviction, _inflight, _shared, _failing, _priorities, _hung, _dp_ns, _range, _size, _manager, _aclose, _model, _touch, _events, _events_off, _landing,
                _recreate):
         fn()
     return 0 if all(r["ok"] for r in results) else 1

@@ -13,11 +13,17 @@ class ChunkStoreAPI(Protocol):
     """Keys (str or bytes, 1 to KEY_MAX bytes) to chunks of bytes, each
     checked against its CRC32C when read: a mismatch is a miss, never data."""
 
-    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
-        """Store each buffer under its key, durably; replaces existing chunks."""
+    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> None:
+        """Store each buffer under its key, durably; replaces existing chunks.
+        priority (fx100io.Priority or its name): "store" by default,
+        "background" for work nobody waits for."""
 
-    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
-        """Fill each buffer with its key's chunk; True where found and intact."""
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> list[bool]:
+        """Fill each buffer with its key's chunk; True where found and intact.
+        priority: "load" by default (it goes before stores), "background"
+        for a prefetch."""
 
     async def batch_exists(self, keys: Iterable[Any]) -> int:
         """How many leading keys are present (the prefix hit count)."""
@@ -25,9 +31,11 @@ class ChunkStoreAPI(Protocol):
     async def delete(self, key: Any) -> bool:
         """Remove a chunk durably; False if it was not there."""
 
-    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None: ...
+    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                           priority: Any = None) -> None: ...
 
-    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]: ...
+    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                           priority: Any = None) -> list[bool]: ...
 
     def batch_exists_blocking(self, keys: Iterable[Any]) -> int: ...
 

@@ -37,10 +37,12 @@ class StoreBase(ABC):
         """Run coro to its end from a thread that runs no event loop."""
 
     @abstractmethod
-    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None: ...
+    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> None: ...
 
     @abstractmethod
-    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]: ...
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> list[bool]: ...
 
     @abstractmethod
     async def batch_exists(self, keys: Iterable[Any]) -> int: ...
@@ -54,18 +56,20 @@ class StoreBase(ABC):
     @abstractmethod
     async def aclose(self) -> None: ...
 
-    def _get_to_the_end(self, keys: Sequence[Any], bufs: Sequence[Any]
+    def _get_to_the_end(self, keys: Sequence[Any], bufs: Sequence[Any], priority: Any = None
                         ) -> Coroutine[Any, Any, list[bool]]:
         """The coroutine batch_get_blocking runs: batch_get, unless a get
         leaves work behind it that a blocking call must not (the shared
         store's unpinning)."""
-        return self.batch_get(keys, bufs)
+        return self.batch_get(keys, bufs, priority=priority)
 
-    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
-        self._run_blocking(self.batch_put(keys, bufs))
+    def batch_put_blocking(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                           priority: Any = None) -> None:
+        self._run_blocking(self.batch_put(keys, bufs, priority=priority))
 
-    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
-        return cast(list[bool], self._run_blocking(self._get_to_the_end(keys, bufs)))
+    def batch_get_blocking(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                           priority: Any = None) -> list[bool]:
+        return cast(list[bool], self._run_blocking(self._get_to_the_end(keys, bufs, priority)))
 
     def batch_exists_blocking(self, keys: Iterable[Any]) -> int:
         return cast(int, self._run_blocking(self.batch_exists(keys)))

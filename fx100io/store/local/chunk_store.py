@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fx100io import _core
+from fx100io import priority as prio
 from fx100io.device import Device, open_device
 from fx100io.errors import (
     BufferTooSmallError,
@@ -293,12 +294,16 @@ class ChunkStore(StoreBase):
             except Exception:  # noqa: BLE001 - a listener's failure is not the store's
                 log.exception("fx100io: on_evict failed")
 
-    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
+    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> None:
         """Store each buffer under its key, durably; replaces existing chunks.
         A list or tuple of buffers in place of one is stored as one chunk,
         the pieces one after the other, each written straight from its own
-        memory (gathered: a host page whose K and V lie apart)."""
+        memory (gathered: a host page whose K and V lie apart).  priority:
+        "store" unless given (fx100io.Priority)."""
         self._check_open()
+        pr = prio.parse(priority, prio.STORE)
+        sid = prio.new_stream()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
         items = [(normalize_key(k), pieces(b, writable=False)) for k, b in zip(keys, bufs)]
@@ -316,7 +321,7 @@ class ChunkStore(StoreBase):
                 started.append((m, i, segs))  # each piece is recorded once it started
                 for pos, mv in placed_pieces(self._gathered(m, ps, WRITE)):
                     parts = self._io_parts(m.dev, WRITE, off + pos, mv)[0]
-                    segs.append((mv, m.dev.start(parts), parts))
+                    segs.append((mv, m.dev.start(parts, priority=pr, stream=sid), parts))
             crcs = [0] * len(placed)  # an empty chunk's CRC32C is 0
             for m, i, segs in started:
                 crc, crc_len = 0, 0
@@ -327,7 +332,7 @@ class ChunkStore(StoreBase):
                 crcs[i] = crc
             members = {id(m): m for m, *_ in started}
             for m in members.values():
-                await m.dev.flush()
+                await m.dev.flush(priority=pr)
             by_member: dict[int, tuple[Member, list]] = {}
             for (key, ps, m), off, crc in zip(placed, offs, crcs):
                 by_member.setdefault(id(m), (m, []))[1].append((key, off, nbytes(ps), crc))
@@ -387,11 +392,16 @@ class ChunkStore(StoreBase):
                 m.lru[key] = e
 
     # ------------------------------------------------------------------ get
-    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> list[bool]:
         """Fill each buffer with its key's chunk; True where found and intact.
         A list or tuple of buffers in place of one receives the chunk piece
-        after piece (scattered, straight into each piece's memory)."""
+        after piece (scattered, straight into each piece's memory).
+        priority: "load" unless given (fx100io.Priority); the batch is one
+        stream, taking turns with other loads piece by piece."""
         self._check_open()
+        pr = prio.parse(priority, prio.LOAD)
+        sid = prio.new_stream()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
         vecs = [pieces(b, writable=True) for b in bufs]
@@ -432,7 +442,8 @@ class ChunkStore(StoreBase):
                         started.append((m, i, e, segs, ps if moved is not ps else None))
                         for pos, view in placed_pieces(moved):
                             parts, fixup = self._io_parts(m.dev, READ, e.off + pos, view)
-                            segs.append((view, m.dev.start(parts), fixup))
+                            segs.append((view, m.dev.start(parts, priority=pr, stream=sid),
+                                         fixup))
                 for m, i, e, segs, scatter_to in started:
                     total, crc, crc_len, failed = 0, 0, 0, None
                     for view, fs, fixup in segs:

@@ -51,6 +51,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 from fx100io import _core, fabric_uri
+from fx100io import priority as prio
 from fx100io.device import Device, open_device
 from fx100io.errors import (
     BufferTooSmallError,
@@ -440,11 +441,15 @@ class SharedChunkStore(StoreBase):
                 self._counters[k] += n
 
     # ------------------------------------------------------------------ put
-    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any]) -> None:
+    async def batch_put(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> None:
         """Store each buffer under its key, durably, visible to every host
         once this returns; replaces existing chunks.  Raises
-        IndexUnavailableError when Redis does not answer."""
+        IndexUnavailableError when Redis does not answer.  priority:
+        "store" unless given (fx100io.Priority)."""
         self._check_open()
+        pr = prio.parse(priority, prio.STORE)
+        sid = prio.new_stream()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
         items = [(normalize_key(k), one_buffer(b, False)) for k, b in zip(keys, bufs)]
@@ -473,7 +478,8 @@ class SharedChunkStore(StoreBase):
             for i, ((_key, mv, ns), (off, _ver)) in enumerate(zip(placed, allocs)):
                 if mv.nbytes:
                     parts = io_parts(ns.dev, WRITE, off + BLOCK, mv)[0]
-                    started.append((ns, i, mv, ns.dev.start(parts), parts))
+                    started.append((ns, i, mv, ns.dev.start(parts, priority=pr, stream=sid),
+                                    parts))
             crcs = [0] * len(placed)
             for ns, i, mv, fs, parts in started:
                 crcs[i] = chunk_crc(ns.dev, mv, await written(ns.dev, fs, parts))
@@ -484,13 +490,13 @@ class SharedChunkStore(StoreBase):
                 hdr[:] = memoryview(fmt.ExtentHeader(ns.sb.set_id, ns.index, ver, mv.nbytes,
                                                      crc, key).encode())
                 bufs_alive.append(hdr)
-                headers += ns.dev.start([(WRITE, off, hdr)])
+                headers += ns.dev.start([(WRITE, off, hdr)], priority=pr, stream=sid)
             for f in headers:
                 c = await asyncio.shield(f)
                 if c[0] < 0:
                     raise error_from_errno(-c[0], "write extent header")
             for ns in {id(ns): ns for _k, _mv, ns in placed}.values():
-                await ns.dev.flush()
+                await ns.dev.flush(priority=pr)
             await keeper.stop()
             rows = [(ns.index, off, ext, ver, key, mv.nbytes, crc)
                     for (key, mv, ns), ext, (off, ver), crc in zip(placed, exts, allocs, crcs)]
@@ -590,7 +596,8 @@ class SharedChunkStore(StoreBase):
             for d, off, _ext in tombs:
                 if d < len(self._ns):
                     ns = devs[d] = self._ns[d]
-                    futs += ns.dev.start([(WRITE, off, blank)])
+                    # nobody waits for it: background work
+                    futs += ns.dev.start([(WRITE, off, blank)], priority=prio.BACKGROUND)
             try:
                 for f in futs:
                     c = await asyncio.shield(f)
@@ -600,7 +607,7 @@ class SharedChunkStore(StoreBase):
                 await _settle(futs)  # blank goes only once no write reads it
                 raise
             for ns in devs.values():
-                await ns.dev.flush()
+                await ns.dev.flush(priority=prio.BACKGROUND)
             if time.monotonic() - t0 > self._lease_ms / 1000:
                 log.warning("fx100io: erasing the headers of %d chunks that left the index "
                             "took longer than lease_s: their extents may have been reused "
@@ -616,16 +623,20 @@ class SharedChunkStore(StoreBase):
             pass  # the hold expires, then the extents are freed
 
     # ------------------------------------------------------------------ get
-    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[bool]:
+    async def batch_get(self, keys: Sequence[Any], bufs: Sequence[Any], *,
+                        priority: Any = None) -> list[bool]:
         """Fill each buffer with its key's chunk; True where found and
         intact.  Every key misses while Redis does not answer.  The pins
         are dropped by a task of the loop after this returns: one Redis
-        round trip (an AOF fsync with appendfsync always) less per get."""
-        return await self._get(keys, bufs, wait_unpin=False)
+        round trip (an AOF fsync with appendfsync always) less per get.
+        priority: "load" unless given (fx100io.Priority)."""
+        return await self._get(keys, bufs, wait_unpin=False, priority=priority)
 
     async def _get(self, keys: Sequence[Any], bufs: Sequence[Any],
-                   wait_unpin: bool) -> list[bool]:
+                   wait_unpin: bool, priority: Any = None) -> list[bool]:
         self._check_open()
+        pr = prio.parse(priority, prio.LOAD)
+        sid = prio.new_stream()
         if len(keys) != len(bufs):
             raise InvalidArgumentError(22, f"{len(keys)} keys but {len(bufs)} buffers")
         mvs = [one_buffer(b, True) for b in bufs]
@@ -656,7 +667,8 @@ class SharedChunkStore(StoreBase):
                 ns = self._ns[h.dev]
                 view = mv[:h.length]
                 parts, fixup = io_parts(ns.dev, READ, h.off + BLOCK, view)
-                started.append((ns, i, h, view, ns.dev.start(parts), fixup))
+                started.append((ns, i, h, view, ns.dev.start(parts, priority=pr, stream=sid),
+                                fixup))
             for ns, i, h, view, fs, fixup in started:
                 res, done = await landed(fs, fixup)
                 if res != h.length:
@@ -852,10 +864,10 @@ class SharedChunkStore(StoreBase):
         # the store's one loop thread, whatever thread calls
         return self._runner.run(coro)
 
-    def _get_to_the_end(self, keys: Sequence[Any], bufs: Sequence[Any]
+    def _get_to_the_end(self, keys: Sequence[Any], bufs: Sequence[Any], priority: Any = None
                         ) -> Coroutine[Any, Any, list[bool]]:
         # the pins are dropped before returning: no task outlives the call
-        return self._get(keys, bufs, wait_unpin=True)
+        return self._get(keys, bufs, wait_unpin=True, priority=priority)
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:

@@ -1,0 +1,148 @@
+"""Device calls carry a priority class (fx100io.Priority) to the queue:
+every call takes priority=, the queue counts pieces per class, a queued
+load read goes before queued writes on a real file, and bad values are
+refused before any I/O.  The scheduler's rules themselves are checked in C
+(tests/c/test_reqs_prio.c) and through the stores
+(tests/store/test_store_priority.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import fx100io
+from fx100io import errors
+from fx100io.pool import aligned_array
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def test_each_call_counts_in_its_class(tmp_path):
+    with fx100io.open_device(str(tmp_path / "d.img"), create=True, size=16 * MiB,
+                             max_io=64 * KiB) as dev:
+        buf = aligned_array(256 * KiB)
+        buf[:] = 7
+        dev.write_from_blocking(0, buf)  # a store: 4 pieces
+        dev.write_from_blocking(MiB, buf, priority="background")
+        dev.read_into_blocking(0, buf)  # a load
+        dev.read_into_blocking(0, buf, priority=fx100io.Priority.STORE)
+        dev.submit_blocking([(fx100io.OP_READ, 0, buf)], priority="background")
+        dev.flush_blocking(priority="background")
+        s = dev.queue_stats()
+        assert (s["pieces_load"], s["pieces_store"], s["pieces_background"]) == (4, 8, 9)
+        assert np.all(buf == 7)
+
+
+async def test_a_load_goes_before_queued_writes(tmp_path):
+    """Depth 1: 32 write pieces are queued when a read of one piece comes;
+    the read finishes while most writes are still queued (counted by the
+    queue's bytes, not by time)."""
+    dev = fx100io.open_device(str(tmp_path / "d.img"), create=True, size=16 * MiB,
+                              max_io=64 * KiB, queue_depth=1)
+    try:
+        src = aligned_array(2 * MiB)
+        src[:] = 3
+        dev.write_from_blocking(8 * MiB, src[:64 * KiB])
+        drv = dev._driver(True)
+        before = drv.queue.stats()["bytes"]
+        writes = dev.start([(fx100io.OP_WRITE, 0, src)])
+        await asyncio.sleep(0)  # the writes reach C, one piece in flight
+        dst = aligned_array(64 * KiB)
+        assert await asyncio.wait_for(dev.read_into(8 * MiB, dst), 30) == 64 * KiB
+        moved = drv.queue.stats()["bytes"] - before
+        # the read, the write piece it found in flight, and maybe one more
+        assert moved <= 64 * KiB + 3 * 64 * KiB, moved
+        assert (await asyncio.wait_for(writes[0], 30))[0] == 2 * MiB
+        assert np.all(dst == 3)
+    finally:
+        dev.close()
+
+
+def test_bad_priorities_and_options_are_refused(tmp_path):
+    with fx100io.open_device(str(tmp_path / "d.img"), create=True, size=MiB) as dev:
+        buf = aligned_array(4 * KiB)
+        for bad in ("now", 3, -1, True, 0.5):
+            with pytest.raises(errors.InvalidArgumentError):
+                dev.read_into_blocking(0, buf, priority=bad)
+        with pytest.raises(errors.InvalidArgumentError):
+            dev.submit_blocking([(fx100io.OP_READ | 1 << 16, 0, buf)])  # no class in op
+        for bad in ("s", -1, 1 << 32, 1.0):
+            with pytest.raises(errors.InvalidArgumentError):
+                dev.submit_blocking([(fx100io.OP_READ, 0, buf)], stream=bad)
+        assert dev.queue_stats()["ios"] == 0
+    for bad in (0, -2, "4"):
+        with pytest.raises(errors.InvalidArgumentError):
+            fx100io.open_device(str(tmp_path / "e.img"), create=True, size=MiB, write_depth=bad)
+
+
+def scheduler_orders_by_class(path: str) -> bool | None:
+    """Whether the block device under path has mq-deadline or bfq active (None:
+    no block device under it)."""
+    import os
+
+    st = os.stat(path)
+    for up in ("", "../"):
+        p = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/{up}queue/scheduler"
+        if os.path.exists(p):
+            with open(p) as f:
+                text = f.read()
+            return "[mq-deadline]" in text or "[bfq]" in text
+    return None
+
+
+@pytest.mark.parametrize("where", ["tmp", "var_tmp"])
+def test_load_reads_carry_the_io_priority_where_the_scheduler_honours_it(tmp_path, where):
+    """The probe agrees with the block device's own scheduler (sysfs), and loads
+    read the right bytes with the realtime class set (or without it)."""
+    import os
+    import tempfile
+
+    base = str(tmp_path) if where == "tmp" else tempfile.mkdtemp(dir="/var/tmp")
+    path = os.path.join(base, "prio.img")
+    try:
+        with fx100io.open_device(path, create=True, size=4 * MiB, max_io=64 * KiB) as dev:
+            want = scheduler_orders_by_class(path)
+            assert dev.io_priority == bool(want)
+            src = aligned_array(MiB)
+            src[:] = np.arange(MiB, dtype=np.uint64).view(np.uint8)[:MiB]
+            dev.write_from_blocking(0, src)
+            dst = aligned_array(MiB)
+            assert dev.read_into_blocking(0, dst) == MiB  # a load
+            assert np.array_equal(dst, src)
+    finally:
+        if where != "tmp":
+            os.unlink(path)
+            os.rmdir(base)
+
+
+def test_a_refused_io_priority_falls_back_out_loud(tmp_path):
+    """Without CAP_SYS_NICE and CAP_SYS_ADMIN the kernel refuses the realtime class:
+    the load is issued again without it, gets its bytes, and a line says so."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    path = tmp_path / "refused.img"
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs setpriv and root (to drop the capabilities)")
+    with fx100io.open_device(str(path), create=True, size=MiB) as dev:
+        if not dev.io_priority:
+            pytest.skip("the scheduler under tmp_path does not order by class")
+    code = ("import fx100io, numpy as np\n"
+            "from fx100io.pool import aligned_array\n"
+            f"d = fx100io.open_device({str(path)!r})\n"
+            "b = aligned_array(1 << 20); b[:] = 7; d.write_from_blocking(0, b)\n"
+            "c = aligned_array(1 << 20)\n"
+            "assert d.read_into_blocking(0, c) == 1 << 20 and (c == 7).all()\n"
+            "print('ok')\n")
+    p = subprocess.run(["setpriv", "--inh-caps=-sys_admin,-sys_nice",
+                        "--bounding-set=-sys_admin,-sys_nice", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+    assert "refused the realtime I/O priority" in p.stderr, p.stderr
