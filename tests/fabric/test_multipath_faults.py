@@ -58,6 +58,32 @@ def wait_for(cond, what: str, seconds: float = WAIT_S) -> None:  # noqa: ANN001
         time.sleep(0.02)
 
 
+def _stopped(pid: int) -> bool:
+    """Every thread of pid is stopped (state T): SIGSTOP takes a running
+    thread only when it next enters the kernel, so right after the kill the
+    target may still serve requests."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # the state follows the command name, which is in parentheses
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # a thread that ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def _stop(proc) -> None:  # noqa: ANN001
+    """SIGSTOP a target and wait until it provably serves nothing more."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: _stopped(proc.pid), f"target {proc.pid} stopped", 10.0)
+
+
 def _resume(proc) -> None:  # noqa: ANN001
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGCONT)
@@ -102,7 +128,7 @@ def test_write_moved_after_timeout_never_lands_over_a_later_write(backing):
             t = threading.Thread(target=writer, daemon=True)
             t.start()
             assert warm.wait(WAIT_S)
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             stalled.set()
             wait_for(lambda: dev.path_stats()[1]["state"] == "down", "path b down")
             # b resumes 2 s later: W1 moved at once would be done, and W2 too,
@@ -135,7 +161,7 @@ def test_write_with_no_keep_alive_fails_instead_of_moving(backing):
         dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
                                          kato_ms=0))
         try:
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             failed = 0
             for i in range(8):
                 try:
@@ -186,7 +212,7 @@ def test_close_waits_for_a_prober_inside_the_device(backing, monkeypatch):
                                          reconnect_ms=50))
         try:
             buf = np.zeros(BS, np.uint8)
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             for _ in range(4):  # one goes to b, times out, moves: b's prober starts
                 dev.read_into_blocking(0, buf)
             wait_for(lambda: any(e[0] == "read" for e in events), "the prober's read")
@@ -423,7 +449,7 @@ def test_cancelled_submit_cancels_and_awaits_every_request(backing):
         async def main() -> None:
             bufs = [np.zeros(BS, np.uint8) for _ in range(8)]
             await dev.submit([(_core.OP_READ, 0, b) for b in bufs])  # this loop's queues made
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             task = asyncio.ensure_future(dev.submit([(_core.OP_READ, i * BS, b)
                                                      for i, b in enumerate(bufs)]))
             await asyncio.sleep(0.2)  # some are stuck on the stalled path b
@@ -453,7 +479,7 @@ def test_cancelled_request_waiting_for_a_path(backing):
             for _ in range(4):  # this loop's queue on each path made
                 await dev.read_into(0, buf)
             for p in (proc_a, proc_b):
-                os.kill(p.pid, signal.SIGSTOP)
+                _stop(p)
             t = asyncio.ensure_future(dev.read_into(0, buf))  # in flight on a stalled path
             await asyncio.sleep(0.2)
             t.cancel()
@@ -488,9 +514,11 @@ def test_cancelled_while_held_and_while_flushing(backing):
             data = np.full(BS, 0x5A, np.uint8)
             for i in range(4):  # this loop's queue on each path made; both paths dirty
                 await dev.write_from(i * BS, data)
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             tasks = [asyncio.ensure_future(dev.write_from(i * BS, data)) for i in range(4)]
+            deadline = time.monotonic() + WAIT_S
             while dev.path_stats()[1]["state"] == "live":
+                assert time.monotonic() < deadline, f"path b never went down: {dev.path_stats()}"
                 await asyncio.sleep(0.02)
             await asyncio.sleep(1.0)  # b's writes timed out and are held (kato 30 s)
             held = [t for t in tasks if not t.done()]
@@ -525,7 +553,7 @@ def test_async_close_keeps_the_loop_running_and_survives_cancel(backing):
         async def main() -> int:
             buf = np.zeros(BS, np.uint8)
             await dev.read_into(0, buf)
-            os.kill(proc_b.pid, signal.SIGSTOP)  # b's close waits on its shutdown handshake
+            _stop(proc_b)  # b's close waits on its shutdown handshake
             ticks = 0
 
             async def tick() -> None:
