@@ -130,6 +130,18 @@ def _exc_path_error(e: BaseException) -> bool:
         e.errno is not None and (e.errno in PATH_ERRNOS or e.errno == _errno.EIO)
 
 
+def _same_ids(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> bool | None:
+    """Whether two namespaces' (NGUID, EUI-64, UUID) name one namespace:
+    False when a kind both reported differs, True when none differs and at
+    least one kind both reported is equal, None when no kind was reported by
+    both (an unreported kind proves nothing; two volumes that report
+    different kinds would otherwise pass as one)."""
+    both = [(x, y) for x, y in zip(a, b) if any(x) and any(y)]
+    if any(x != y for x, y in both):
+        return False
+    return True if both else None
+
+
 def _is_write(op: int) -> bool:
     return op & ~_core.OP_CRC32C == _core.OP_WRITE
 
@@ -333,12 +345,22 @@ class MultipathDevice:
             if ref is None:
                 self._ref = ident
         if ref is not None:
-            same = ident[:2] == ref[:2] and all(
-                a == b or not any(a) or not any(b) for a, b in zip(ident[2], ref[2]))
+            same = ident[:2] == ref[:2] and _same_ids(ident[2], ref[2])
+            if same is None and (self._allow_unidentified or not any(
+                    any(b) for ids in (ident[2], ref[2]) for b in ids)):
+                same = True  # nothing to compare; refused below unless allowed
             if not same:
                 dev.close()
                 with self._lock:
                     p.state, p.why = REFUSED, "another namespace"
+                if same is None:
+                    with self._lock:
+                        p.why = "no namespace identifier in common"
+                    raise PathMismatchError(
+                        _errno.ESTALE, f"path {p.label} and {self._paths[0].label} report no "
+                        "namespace identifier of the same kind (NGUID, EUI-64 or UUID), so "
+                        "they cannot be told to show one namespace: refused "
+                        "(unidentified_ns=allow accepts them)", self.uri)
                 raise PathMismatchError(
                     _errno.ESTALE, f"path {p.label} shows another namespace than "
                     f"{self._paths[0].label} (size, block size, NGUID, EUI-64 or UUID differ): "

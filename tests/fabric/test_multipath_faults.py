@@ -363,6 +363,39 @@ def test_identifiers_compared_only_where_both_paths_report_them(monkeypatch):
         MultipathDevice(URI2)
 
 
+def test_namespaces_reporting_disjoint_identifier_kinds_are_refused(monkeypatch):
+    """One path's namespace reports only an NGUID, the other's only a UUID:
+    nothing proves them one namespace (two volumes of one size would look
+    the same), so the second path is refused unless unidentified_ns=allow;
+    a third path reporting both kinds, matching both, ties them together."""
+    import fx100io.device
+
+    n, u = b"\xaa" * 16, b"\xbb" * 16
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (n, Z8, Z16),
+                                                                      "2": (Z16, Z8, u)}))
+    with pytest.raises(errors.PathMismatchError, match="no namespace identifier of the same kind"):
+        MultipathDevice(URI2)
+    dev = MultipathDevice(URI2 + "?unidentified_ns=allow")
+    try:
+        assert [s["state"] for s in dev.path_stats()] == ["live", "live"]
+    finally:
+        dev.close()
+    uri3 = f"nvme+tcp://127.0.0.1:1,127.0.0.1:3,127.0.0.1:2/{NQN}"
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (n, Z8, Z16),
+                                                                      "3": (n, Z8, u),
+                                                                      "2": (Z16, Z8, u)}))
+    dev = MultipathDevice(uri3)
+    try:
+        assert [s["state"] for s in dev.path_stats()] == ["live"] * 3
+    finally:
+        dev.close()
+    # a kind both report that differs refuses, whatever else is equal
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (n, Z8, u),
+                                                                      "2": (n, Z8, b"\xcc" * 16)}))
+    with pytest.raises(errors.PathMismatchError, match="another namespace"):
+        MultipathDevice(URI2 + "?unidentified_ns=allow")
+
+
 def test_estale_is_a_path_mismatch_only_on_fabric_devices(tmp_path):
     assert not isinstance(errors.error_from_errno(116), errors.PathMismatchError)
     p = tmp_path / "f.img"
