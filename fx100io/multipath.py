@@ -108,6 +108,10 @@ ANA_POLL_S = 1.0  # how often the ANA log of each path is read (until the AER is
 # Added to kato_ms before a write whose old attempt may still run is re-issued:
 # two clocks and the target's own timer granularity (ours checks every 100 ms).
 HOLD_SLACK_S = 0.5
+# How long a held write waits for its old Device's close beyond io_timeout_ms
+# (that close waits for its requests in flight, and for each event loop
+# reading one of its queues to let go of it: up to 2 s a loop).
+HOLD_CLOSE_S = 10.0
 # Errnos that prove the command never reached a controller: it moves at once.
 NOT_SENT_ERRNOS = frozenset({_errno.ECONNREFUSED, _errno.EHOSTUNREACH, _errno.ENETUNREACH,
                              _errno.ESTALE})
@@ -150,12 +154,19 @@ class _Fence:
     """The end of one controller association of a path: done_at is set (on
     the monotonic clock) once the host closed that Device, so it sends the
     controller nothing more; the controller's keep alive timer runs out
-    kato after that."""
+    kato after that.  made_at bounds the wait for that close (HOLD_CLOSE_S)."""
 
-    __slots__ = ("done_at",)
+    __slots__ = ("done_at", "made_at")
 
     def __init__(self) -> None:
         self.done_at: float | None = None
+        self.made_at = time.monotonic()
+
+
+# Guards a Device's _mp_fence against its close: whichever of "make the
+# fence" and "the Device closed" comes second stamps done_at, so no fence of
+# a closed Device waits for a close that already happened.
+_FENCE_LOCK = threading.Lock()
 
 
 class _Path:
@@ -232,6 +243,10 @@ def _close_device(dev: Device) -> None:
             continue  # closed meanwhile
         done.wait(2.0)  # a loop that is not running never reads it again anyway
     dev.close()
+    with _FENCE_LOCK:  # writes held on this Device's association may count from now
+        fence = getattr(dev, "_mp_fence", None)
+        if fence is not None and fence.done_at is None:
+            fence.done_at = time.monotonic()
 
 
 def _probe_thread(ref: weakref.ref[MultipathDevice], p: _Path, closing: threading.Event,
@@ -431,13 +446,16 @@ class MultipathDevice:
         start = False
         with self._lock:
             if fence_of is not None and self.kato_s > 0:
-                fence = getattr(fence_of, "_mp_fence", None)
-                if fence is None:
-                    fence = fence_of._mp_fence = _Fence()  # type: ignore[attr-defined]
-                    if p.dev is fence_of:
-                        p.fence = fence
-                    elif fence_of.closed:  # closed already: it sends nothing more
-                        fence.done_at = time.monotonic()
+                with _FENCE_LOCK:
+                    fence = getattr(fence_of, "_mp_fence", None)
+                    if fence is None:
+                        fence = fence_of._mp_fence = _Fence()  # type: ignore[attr-defined]
+                        if p.dev is fence_of:
+                            p.fence = fence  # its prober closes it
+                        # else it is being closed (a refused path, a fence
+                        # branch): _close_device stamps it when done
+                        if fence_of.closed:  # closed already: it sends nothing more
+                            fence.done_at = time.monotonic()
             if p.state == LIVE:
                 p.state, p.why = DOWN, str(failed)
                 start = True
@@ -609,8 +627,12 @@ class MultipathDevice:
 
     def _hold_left(self, fence: _Fence) -> float | None:
         """Seconds until a write held on fence may run elsewhere (0: now);
-        None while the old Device is not closed yet."""
+        None while the old Device is not closed yet; -1.0 when its close
+        did not come within io_timeout_ms + HOLD_CLOSE_S (a backstop: the
+        write then fails with its path's error rather than wait forever)."""
         if fence.done_at is None:
+            if time.monotonic() - fence.made_at > self.io_timeout_s + HOLD_CLOSE_S:
+                return -1.0
             return None
         return max(0.0, fence.done_at + self.kato_s + HOLD_SLACK_S - time.monotonic())
 
@@ -632,6 +654,8 @@ class MultipathDevice:
                 raise DeviceClosedError(9, "device is closed", self.uri)
             if hold is not None:
                 left = self._hold_left(hold)
+                if left is not None and left < 0:
+                    return last or self._no_path(last)
                 if left is None or left > 0:
                     await asyncio.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
                     continue
@@ -703,6 +727,8 @@ class MultipathDevice:
                 raise DeviceClosedError(9, "device is closed", self.uri)
             if hold is not None:
                 left = self._hold_left(hold)
+                if left is not None and left < 0:
+                    return last or self._no_path(last)
                 if left is None or left > 0:
                     time.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
                     continue

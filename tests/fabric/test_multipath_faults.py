@@ -464,6 +464,45 @@ def test_a_path_refused_on_revival_keeps_nothing_open(monkeypatch):
         dev.close()
 
 
+def test_a_write_held_on_a_device_being_closed_is_released(monkeypatch):
+    """A write's attempt fails on a path's Device while that Device is
+    being closed outside the fence (the path was refused: p.dev is None
+    already, the close waits for loops to let go): its fence is stamped
+    when that close ends, so the write moves after kato instead of waiting
+    until the MultipathDevice is closed; a close that never comes fails it
+    after io_timeout_ms + HOLD_CLOSE_S."""
+    import fx100io.device
+
+    ids = {"1": (Z16, Z8, b"\x11" * 16), "2": (Z16, Z8, b"\x11" * 16)}
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class(ids))
+    dev = MultipathDevice(URI2 + "?kato_ms=200&io_timeout_ms=500")
+    try:
+        p = dev._paths[1]
+        old = p.dev
+        with dev._lock:  # the refused branch: the path lets go of its Device, then closes it
+            p.state, p.dev = mp.REFUSED, None
+        fence = dev._path_failed(p, "test: lost", fence_of=old)
+        assert fence is not None and dev._hold_left(fence) is None  # not closed yet
+        mp._close_device(old)  # type: ignore[arg-type]
+        left = dev._hold_left(fence)
+        assert left is not None and 0 < left <= 0.2 + mp.HOLD_SLACK_S
+        # a Device closed before its fence is made: the fence counts from now
+        p2 = dev._paths[0]
+        other = p2.dev
+        mp._close_device(other)  # type: ignore[arg-type]
+        with dev._lock:
+            p2.dev = None
+        fence2 = dev._path_failed(p2, "test: lost", fence_of=other)
+        assert fence2 is not None and fence2.done_at is not None
+        # the backstop: a close that never comes
+        stuck = mp._Fence()
+        assert dev._hold_left(stuck) is None
+        stuck.made_at -= 0.5 + mp.HOLD_CLOSE_S + 0.1
+        assert dev._hold_left(stuck) == -1.0
+    finally:
+        dev.close()
+
+
 # -- 7/8: cancellation --------------------------------------------------------
 
 def test_cancelled_submit_cancels_and_awaits_every_request(backing):
