@@ -406,14 +406,17 @@ class MultipathDevice:
     def _live(self) -> list[_Path]:
         return [p for p in self._paths if p.state == LIVE]
 
-    def _pick(self) -> _Path | None:
+    def _pick(self, busy: set[_Path] | frozenset[_Path] = frozenset()) -> _Path | None:
         """A live path by the policy, or None: an optimized one (or one
-        whose controller reports no ANA), else a non-optimized one."""
+        whose controller reports no ANA), else a non-optimized one.  Paths
+        in busy (this request could not get a queue there without waiting)
+        are taken only when no other is live."""
         with self._lock:
             live = [p for p in self._live() if p.ana in (ANA_NONE, ANA_OPTIMIZED)] or \
                 [p for p in self._live() if p.ana == ANA_NONOPTIMIZED]
             if not live:
                 return None
+            live = [p for p in live if p not in busy] or live
             if self.policy == "queue-depth":
                 p = min(live, key=lambda q: q.inflight)
             else:
@@ -649,6 +652,7 @@ class MultipathDevice:
         waiting_since: float | None = None
         moves = 0
         hold: _Fence | None = None
+        busy: set[_Path] = set()  # paths whose queue could not be had without waiting
         while True:
             if self._closed:
                 raise DeviceClosedError(9, "device is closed", self.uri)
@@ -662,7 +666,7 @@ class MultipathDevice:
                 hold = None
             if moves >= MAX_MOVES * len(self._paths):
                 return self._no_path(last)
-            p = self._pick()
+            p = self._pick(busy)
             if p is None:
                 now = time.monotonic()
                 waiting_since = waiting_since or now
@@ -681,10 +685,12 @@ class MultipathDevice:
                     raise
                 moves += 1
                 continue
-            if drv is None:  # being closed or re-opened: look again shortly
+            if drv is None:  # being closed, re-opened or its ANA read: another path first
                 self._release(p)
                 waiting_since = waiting_since or time.monotonic()
-                await asyncio.sleep(WAIT_STEP_S)
+                fresh = p not in busy
+                busy.add(p)
+                await asyncio.sleep(0 if fresh else WAIT_STEP_S)
                 continue
             assert dev is not None
             waiting_since = None

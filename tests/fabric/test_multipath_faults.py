@@ -655,6 +655,36 @@ def test_async_close_keeps_the_loop_running_and_survives_cancel(backing):
             dev.close()
 
 
+# -- M7: a path whose queue cannot be had without waiting -------------------
+
+def test_first_request_skips_a_path_whose_lock_is_held(backing):
+    """policy=queue-depth: this loop has no queue on path 1 yet and path 1's
+    lock is held (its ANA read hangs on a stalled admin queue, say): the
+    request goes to path 2, which is live, instead of re-picking path 1
+    until it fails with no path."""
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, _b):
+        dev = fx100io.open_device(mp_uri([pa, pb], policy="queue-depth", io_timeout_ms=1500))
+        with open(backing, "r+b") as f:
+            f.write(b"\x5c" * BS)
+
+        async def main() -> bytes:
+            buf = np.zeros(BS, np.uint8)
+            assert await asyncio.wait_for(dev.read_into(0, buf), WAIT_S) == BS
+            return bytes(buf)
+
+        p1 = dev._paths[0]
+        try:
+            assert p1.dev_lock.acquire(timeout=WAIT_S)
+            try:
+                got = asyncio.run(main())
+            finally:
+                p1.dev_lock.release()
+            assert got == b"\x5c" * BS
+            assert dev.path_stats()[1]["commands"] >= 1, dev.path_stats()
+        finally:
+            dev.close()
+
+
 # -- 10: discovery entries -----------------------------------------------------
 
 def test_discovery_entries_with_bad_addresses_are_skipped(monkeypatch):
