@@ -1212,6 +1212,14 @@ def _discovered(uris: list[str]) -> list[str]:
     tail = head.split("://", 1)[1]
     tail = tail[tail.find("/"):] if "/" in tail else "/"
     seen = {(fabric_uri.parse(u)["host"], fabric_uri.parse(u)["port"]) for u in uris}
+    listed = set(seen)
+    # A discovery log (or a spoofed one) can name any address: the host's
+    # secret goes through a DH-HMAC-CHAP exchange with whatever answers there
+    # (a challenge/response to attack offline; with one-way authentication,
+    # a controller the host writes to).  So by default it goes only where
+    # the user pointed it.
+    guarded = "dhchap_secret" in opts and \
+        fabric_uri.multipath_options(first)["discover_secrets"] == "listed"
     out = list(uris)
     todo = [(opts["host"], opts["port"])]
     asked: set[tuple[str, str]] = set()
@@ -1240,6 +1248,12 @@ def _discovered(uris: list[str]) -> list[str]:
             if not _valid_address(*addr):
                 log.warning("fx100io: paths=discover: skipped a discovery log entry with a bad "
                             "address %r port %r", addr[0][:64], addr[1][:32])
+                continue
+            if guarded and addr not in listed:
+                log.warning("fx100io: paths=discover: not following %s:%s, which the URI does "
+                            "not list: the host's DH-HMAC-CHAP secret goes only to listed "
+                            "addresses (discover_secrets=any sends it there too)",
+                            addr[0][:64], addr[1][:32])
                 continue
             if str(ent.get("subtype", "")).startswith("discovery"):
                 todo.append(addr)

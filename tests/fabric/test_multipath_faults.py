@@ -706,6 +706,44 @@ def test_discovery_entries_with_bad_addresses_are_skipped(monkeypatch):
     assert out[1:] == [f"nvme+tcp://10.0.0.2:4421/{NQN}?hostnqn=nqn.2014-08.io.fx100:h"]
 
 
+def test_discovery_sends_secrets_only_to_listed_addresses(monkeypatch):
+    """With a DH-HMAC-CHAP secret, paths=discover follows no address the URI
+    does not list (a spoofed log could name any): neither a referral nor a
+    subsystem entry; discover_secrets=any follows them, secrets and all."""
+    secret = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
+    asked: list[str] = []
+    entries = {
+        "10.0.0.1": [
+            {"trtype": "tcp", "traddr": "10.0.0.1", "trsvcid": "4421", "subnqn": NQN,
+             "subtype": "nvme"},
+            {"trtype": "tcp", "traddr": "10.6.6.6", "trsvcid": "4420", "subnqn": NQN,
+             "subtype": "nvme"},
+            {"trtype": "tcp", "traddr": "10.7.7.7", "trsvcid": "8009",
+             "subnqn": "nqn.2014-08.org.nvmexpress.discovery", "subtype": "discovery"}],
+        "10.7.7.7": [],
+    }
+
+    def discover(uri: str) -> list[dict[str, str]]:
+        asked.append(uri)
+        return entries[fabric_uri.parse(uri)["host"]]
+
+    monkeypatch.setattr(fabric_uri, "discover", discover)
+    base = f"nvme+tcp://10.0.0.1:4420,10.0.0.1:4421/{NQN}?hostnqn=nqn.2014-08.io.fx100:h" \
+        f"&dhchap_secret={secret}"
+    out = mp._discovered(fabric_uri.split_paths(base))
+    assert len(out) == 2, out  # only the listed two
+    assert [fabric_uri.parse(u)["host"] for u in asked] == ["10.0.0.1"]
+    asked.clear()
+    out = mp._discovered(fabric_uri.split_paths(base + "&discover_secrets=any"))
+    assert [fabric_uri.parse(u)["host"] for u in out] == ["10.0.0.1", "10.0.0.1", "10.6.6.6"]
+    assert [fabric_uri.parse(u)["host"] for u in asked] == ["10.0.0.1", "10.7.7.7"]
+    assert all(secret in u for u in asked + out)
+    # no secret: nothing to guard, every address is followed
+    asked.clear()
+    out = mp._discovered(fabric_uri.split_paths(base.replace(f"&dhchap_secret={secret}", "")))
+    assert len(out) == 3 and len(asked) == 2
+
+
 # -- 12: a device nobody closed ------------------------------------------------
 
 def test_unclosed_device_is_collected(backing):
