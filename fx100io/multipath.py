@@ -46,7 +46,15 @@ HOLD_SLACK_S pass.  A controller that enforces its keep alive timeout has
 by then ended the association and runs none of its commands (NVMe Base 2.0,
 Keep Alive; TP4129's command quiesce time is the same wait).  So a caller
 that orders writes to the same blocks by waiting for the first's completion
-never sees the first land over the second.  The price: such a write
+never sees the first land over the second, provided the target drops a
+controller whose keep alive expired before it runs what it received from
+it, also a capsule it reads only after a stall of its own (a paused process
+or VM freezes its keep alive timer too): our target is being made to; Linux
+nvmet is not known to (docs/nvme-tcp.md, "Writes that move").  A write with
+several pieces moves at once only when every failed piece carried a status;
+one piece lost to a timeout or a drop makes the whole write held.  A hold
+whose old Device is not closed within io_timeout_ms + HOLD_CLOSE_S fails
+with the path's error.  The price: such a write
 completes kato_ms (default 30 s; lower it in the URI for faster failover)
 after its path failed, later than io_timeout_ms.  With kato_ms=0 (no keep
 alive) no end can be proven: the write fails with its path's error instead
