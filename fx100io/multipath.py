@@ -1102,19 +1102,9 @@ class MultipathDevice:
         threads that bring paths back and follow ANA.  This blocks on the
         network (a prober inside a connect finishes it first: up to
         connect_timeout_ms a path), so in async code use ``await
-        dev.aclose()`` or ``async with``; called on a running event loop it
-        logs a warning."""
+        dev.aclose()`` or ``async with``."""
         if self._closed:
             return
-        try:
-            import asyncio
-
-            asyncio.get_running_loop()
-            log.warning("fx100io: multipath %s: close() called on a running event loop blocks "
-                        "it while paths close; use 'await dev.aclose()' or 'async with'",
-                        self.uri)
-        except RuntimeError:
-            pass  # not on a loop: blocking is what the caller asked for
         self._close_paths()
 
     def __del__(self) -> None:

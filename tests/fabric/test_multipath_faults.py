@@ -503,28 +503,6 @@ def test_a_write_held_on_a_device_being_closed_is_released(monkeypatch):
         dev.close()
 
 
-def test_sync_close_on_an_event_loop_warns(monkeypatch, caplog):
-    """close() blocks on the network: called from a coroutine it says to
-    use aclose(); from plain code it does not."""
-    import fx100io.device
-
-    ids = {"1": (Z16, Z8, b"\x11" * 16), "2": (Z16, Z8, b"\x11" * 16)}
-    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class(ids))
-
-    async def close_on_loop(dev: MultipathDevice) -> None:
-        dev.close()
-
-    dev = MultipathDevice(URI2)
-    with caplog.at_level("WARNING", logger="fx100io"):
-        asyncio.run(close_on_loop(dev))
-    assert dev.closed and "aclose" in caplog.text
-    caplog.clear()
-    dev = MultipathDevice(URI2)
-    with caplog.at_level("WARNING", logger="fx100io"):
-        dev.close()
-    assert dev.closed and "aclose" not in caplog.text
-
-
 # -- 7/8: cancellation --------------------------------------------------------
 
 def test_cancelled_submit_cancels_and_awaits_every_request(backing):
