@@ -110,7 +110,7 @@ void fx_req_complete(struct req_table *t, uint32_t i)
 
 	c->tag = r->tag;
 	c->res = r->err ? r->err : (int64_t)r->done;
-	c->status = r->status;
+	c->status = r->lost ? 0 : r->status;
 	c->crc32c = 0;
 	if ((r->flags & FX_REQ_CRC32C) && !r->err && r->done == r->len)
 		/* the inversions of a standard CRC, applied once for the whole:
@@ -266,8 +266,18 @@ void fx_req_piece_done(struct req_table *t, uint32_t ri, int err, uint64_t bytes
 {
 	struct req *r = &t->reqs[ri];
 
-	if (err && !r->err)
+	/* A status says its command did not run (or ran and failed); a piece
+	 * lost to a timeout or a dropped connection says nothing about its
+	 * command, so for the whole request "may have run" wins: its errno
+	 * replaces a status piece's, and the completion carries no status (a
+	 * caller that re-issues a write on a status alone must not re-issue
+	 * one whose other pieces may still land). */
+	if (err && !status && !r->lost) {
 		r->err = err;
+		r->lost = 1;
+	} else if (err && !r->err) {
+		r->err = err;
+	}
 	if (status && !r->status)
 		r->status = status;
 	r->done += bytes;

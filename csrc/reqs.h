@@ -37,6 +37,10 @@ struct req {
 	uint16_t status; /* raw NVMe status field of the first failed command */
 	uint32_t stream;
 	uint32_t next; /* the next request of its chain (same class and stream), or FX_REQ_NONE */
+	/* a piece failed with no NVMe status (a timeout, a dropped or broken
+	 * connection): its command may or may not have run, so the request
+	 * completes with that errno and no status (see fx_req_piece_done) */
+	uint8_t lost;
 	/* FX_REQ_CRC32C: XOR of every finished range's raw CRC, each shifted
 	 * to where it ends in the request (order-free: pieces land in any
 	 * order); crc_pending counts ranges a transport has yet to add */

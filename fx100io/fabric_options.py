@@ -100,6 +100,11 @@ OPTIONS: tuple[FabricOption, ...] = (
                  "NGUID, EUI-64 or UUID: 'refuse' (two namespaces of one size could not be told "
                  "apart) or 'allow' (matched by size and block size alone)",
                  choices=("refuse", "allow"), userspace_only=True, multipath=True),
+    FabricOption("discover_secrets", CHOICE, "with paths=discover, where the DH-HMAC-CHAP "
+                 "secrets go: 'listed' (only to the URI's own HOST:PORTs: a discovery log or "
+                 "referral naming another address is not followed) or 'any' (to every address "
+                 "a discovery log or referral names)",
+                 choices=("listed", "any"), userspace_only=True, multipath=True),
     FabricOption("dhchap_ctrl_secret", SECRET, "the controller's DH-HMAC-CHAP secret "
                  "(bidirectional authentication)", kernel_config_key="dhchap_ctrl_key"),
     # NVMe/TCP secure channel (TLS 1.3 with a PSK, docs/nvme-tcp.md): the kernel path

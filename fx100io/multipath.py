@@ -46,7 +46,15 @@ HOLD_SLACK_S pass.  A controller that enforces its keep alive timeout has
 by then ended the association and runs none of its commands (NVMe Base 2.0,
 Keep Alive; TP4129's command quiesce time is the same wait).  So a caller
 that orders writes to the same blocks by waiting for the first's completion
-never sees the first land over the second.  The price: such a write
+never sees the first land over the second, provided the target drops a
+controller whose keep alive expired before it runs what it received from
+it, also a capsule it reads only after a stall of its own (a paused process
+or VM freezes its keep alive timer too): our target is being made to; Linux
+nvmet is not known to (docs/nvme-tcp.md, "Writes that move").  A write with
+several pieces moves at once only when every failed piece carried a status;
+one piece lost to a timeout or a drop makes the whole write held.  A hold
+whose old Device is not closed within io_timeout_ms + HOLD_CLOSE_S fails
+with the path's error.  The price: such a write
 completes kato_ms (default 30 s; lower it in the URI for faster failover)
 after its path failed, later than io_timeout_ms.  With kato_ms=0 (no keep
 alive) no end can be proven: the write fails with its path's error instead
@@ -108,6 +116,10 @@ ANA_POLL_S = 1.0  # how often the ANA log of each path is read (until the AER is
 # Added to kato_ms before a write whose old attempt may still run is re-issued:
 # two clocks and the target's own timer granularity (ours checks every 100 ms).
 HOLD_SLACK_S = 0.5
+# How long a held write waits for its old Device's close beyond io_timeout_ms
+# (that close waits for its requests in flight, and for each event loop
+# reading one of its queues to let go of it: up to 2 s a loop).
+HOLD_CLOSE_S = 10.0
 # Errnos that prove the command never reached a controller: it moves at once.
 NOT_SENT_ERRNOS = frozenset({_errno.ECONNREFUSED, _errno.EHOSTUNREACH, _errno.ENETUNREACH,
                              _errno.ESTALE})
@@ -130,6 +142,18 @@ def _exc_path_error(e: BaseException) -> bool:
         e.errno is not None and (e.errno in PATH_ERRNOS or e.errno == _errno.EIO)
 
 
+def _same_ids(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> bool | None:
+    """Whether two namespaces' (NGUID, EUI-64, UUID) name one namespace:
+    False when a kind both reported differs, True when none differs and at
+    least one kind both reported is equal, None when no kind was reported by
+    both (an unreported kind proves nothing; two volumes that report
+    different kinds would otherwise pass as one)."""
+    both = [(x, y) for x, y in zip(a, b) if any(x) and any(y)]
+    if any(x != y for x, y in both):
+        return False
+    return True if both else None
+
+
 def _is_write(op: int) -> bool:
     return op & ~_core.OP_CRC32C == _core.OP_WRITE
 
@@ -138,12 +162,19 @@ class _Fence:
     """The end of one controller association of a path: done_at is set (on
     the monotonic clock) once the host closed that Device, so it sends the
     controller nothing more; the controller's keep alive timer runs out
-    kato after that."""
+    kato after that.  made_at bounds the wait for that close (HOLD_CLOSE_S)."""
 
-    __slots__ = ("done_at",)
+    __slots__ = ("done_at", "made_at")
 
     def __init__(self) -> None:
         self.done_at: float | None = None
+        self.made_at = time.monotonic()
+
+
+# Guards a Device's _mp_fence against its close: whichever of "make the
+# fence" and "the Device closed" comes second stamps done_at, so no fence of
+# a closed Device waits for a close that already happened.
+_FENCE_LOCK = threading.Lock()
 
 
 class _Path:
@@ -220,6 +251,10 @@ def _close_device(dev: Device) -> None:
             continue  # closed meanwhile
         done.wait(2.0)  # a loop that is not running never reads it again anyway
     dev.close()
+    with _FENCE_LOCK:  # writes held on this Device's association may count from now
+        fence = getattr(dev, "_mp_fence", None)
+        if fence is not None and fence.done_at is None:
+            fence.done_at = time.monotonic()
 
 
 def _probe_thread(ref: weakref.ref[MultipathDevice], p: _Path, closing: threading.Event,
@@ -333,12 +368,22 @@ class MultipathDevice:
             if ref is None:
                 self._ref = ident
         if ref is not None:
-            same = ident[:2] == ref[:2] and all(
-                a == b or not any(a) or not any(b) for a, b in zip(ident[2], ref[2]))
+            same = ident[:2] == ref[:2] and _same_ids(ident[2], ref[2])
+            if same is None and (self._allow_unidentified or not any(
+                    any(b) for ids in (ident[2], ref[2]) for b in ids)):
+                same = True  # nothing to compare; refused below unless allowed
             if not same:
                 dev.close()
                 with self._lock:
                     p.state, p.why = REFUSED, "another namespace"
+                if same is None:
+                    with self._lock:
+                        p.why = "no namespace identifier in common"
+                    raise PathMismatchError(
+                        _errno.ESTALE, f"path {p.label} and {self._paths[0].label} report no "
+                        "namespace identifier of the same kind (NGUID, EUI-64 or UUID), so "
+                        "they cannot be told to show one namespace: refused "
+                        "(unidentified_ns=allow accepts them)", self.uri)
                 raise PathMismatchError(
                     _errno.ESTALE, f"path {p.label} shows another namespace than "
                     f"{self._paths[0].label} (size, block size, NGUID, EUI-64 or UUID differ): "
@@ -369,14 +414,17 @@ class MultipathDevice:
     def _live(self) -> list[_Path]:
         return [p for p in self._paths if p.state == LIVE]
 
-    def _pick(self) -> _Path | None:
+    def _pick(self, busy: set[_Path] | frozenset[_Path] = frozenset()) -> _Path | None:
         """A live path by the policy, or None: an optimized one (or one
-        whose controller reports no ANA), else a non-optimized one."""
+        whose controller reports no ANA), else a non-optimized one.  Paths
+        in busy (this request could not get a queue there without waiting)
+        are taken only when no other is live."""
         with self._lock:
             live = [p for p in self._live() if p.ana in (ANA_NONE, ANA_OPTIMIZED)] or \
                 [p for p in self._live() if p.ana == ANA_NONOPTIMIZED]
             if not live:
                 return None
+            live = [p for p in live if p not in busy] or live
             if self.policy == "queue-depth":
                 p = min(live, key=lambda q: q.inflight)
             else:
@@ -409,13 +457,16 @@ class MultipathDevice:
         start = False
         with self._lock:
             if fence_of is not None and self.kato_s > 0:
-                fence = getattr(fence_of, "_mp_fence", None)
-                if fence is None:
-                    fence = fence_of._mp_fence = _Fence()  # type: ignore[attr-defined]
-                    if p.dev is fence_of:
-                        p.fence = fence
-                    elif fence_of.closed:  # closed already: it sends nothing more
-                        fence.done_at = time.monotonic()
+                with _FENCE_LOCK:
+                    fence = getattr(fence_of, "_mp_fence", None)
+                    if fence is None:
+                        fence = fence_of._mp_fence = _Fence()  # type: ignore[attr-defined]
+                        if p.dev is fence_of:
+                            p.fence = fence  # its prober closes it
+                        # else it is being closed (a refused path, a fence
+                        # branch): _close_device stamps it when done
+                        if fence_of.closed:  # closed already: it sends nothing more
+                            fence.done_at = time.monotonic()
             if p.state == LIVE:
                 p.state, p.why = DOWN, str(failed)
                 start = True
@@ -587,8 +638,12 @@ class MultipathDevice:
 
     def _hold_left(self, fence: _Fence) -> float | None:
         """Seconds until a write held on fence may run elsewhere (0: now);
-        None while the old Device is not closed yet."""
+        None while the old Device is not closed yet; -1.0 when its close
+        did not come within io_timeout_ms + HOLD_CLOSE_S (a backstop: the
+        write then fails with its path's error rather than wait forever)."""
         if fence.done_at is None:
+            if time.monotonic() - fence.made_at > self.io_timeout_s + HOLD_CLOSE_S:
+                return -1.0
             return None
         return max(0.0, fence.done_at + self.kato_s + HOLD_SLACK_S - time.monotonic())
 
@@ -605,18 +660,21 @@ class MultipathDevice:
         waiting_since: float | None = None
         moves = 0
         hold: _Fence | None = None
+        busy: set[_Path] = set()  # paths whose queue could not be had without waiting
         while True:
             if self._closed:
                 raise DeviceClosedError(9, "device is closed", self.uri)
             if hold is not None:
                 left = self._hold_left(hold)
+                if left is not None and left < 0:
+                    return last or self._no_path(last)
                 if left is None or left > 0:
                     await asyncio.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
                     continue
                 hold = None
             if moves >= MAX_MOVES * len(self._paths):
                 return self._no_path(last)
-            p = self._pick()
+            p = self._pick(busy)
             if p is None:
                 now = time.monotonic()
                 waiting_since = waiting_since or now
@@ -635,10 +693,12 @@ class MultipathDevice:
                     raise
                 moves += 1
                 continue
-            if drv is None:  # being closed or re-opened: look again shortly
+            if drv is None:  # being closed, re-opened or its ANA read: another path first
                 self._release(p)
                 waiting_since = waiting_since or time.monotonic()
-                await asyncio.sleep(WAIT_STEP_S)
+                fresh = p not in busy
+                busy.add(p)
+                await asyncio.sleep(0 if fresh else WAIT_STEP_S)
                 continue
             assert dev is not None
             waiting_since = None
@@ -681,6 +741,8 @@ class MultipathDevice:
                 raise DeviceClosedError(9, "device is closed", self.uri)
             if hold is not None:
                 left = self._hold_left(hold)
+                if left is not None and left < 0:
+                    return last or self._no_path(last)
                 if left is None or left > 0:
                     time.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
                     continue
@@ -1037,7 +1099,10 @@ class MultipathDevice:
     def close(self) -> None:
         """Close every path (Device.close each: requests in flight are
         waited for, those waiting fail with DeviceClosedError) and stop the
-        threads that bring paths back and follow ANA."""
+        threads that bring paths back and follow ANA.  This blocks on the
+        network (a prober inside a connect finishes it first: up to
+        connect_timeout_ms a path), so in async code use ``await
+        dev.aclose()`` or ``async with``."""
         if self._closed:
             return
         self._close_paths()
@@ -1158,6 +1223,14 @@ def _discovered(uris: list[str]) -> list[str]:
     tail = head.split("://", 1)[1]
     tail = tail[tail.find("/"):] if "/" in tail else "/"
     seen = {(fabric_uri.parse(u)["host"], fabric_uri.parse(u)["port"]) for u in uris}
+    listed = set(seen)
+    # A discovery log (or a spoofed one) can name any address: the host's
+    # secret goes through a DH-HMAC-CHAP exchange with whatever answers there
+    # (a challenge/response to attack offline; with one-way authentication,
+    # a controller the host writes to).  So by default it goes only where
+    # the user pointed it.
+    guarded = "dhchap_secret" in opts and \
+        fabric_uri.multipath_options(first)["discover_secrets"] == "listed"
     out = list(uris)
     todo = [(opts["host"], opts["port"])]
     asked: set[tuple[str, str]] = set()
@@ -1186,6 +1259,12 @@ def _discovered(uris: list[str]) -> list[str]:
             if not _valid_address(*addr):
                 log.warning("fx100io: paths=discover: skipped a discovery log entry with a bad "
                             "address %r port %r", addr[0][:64], addr[1][:32])
+                continue
+            if guarded and addr not in listed:
+                log.warning("fx100io: paths=discover: not following %s:%s, which the URI does "
+                            "not list: the host's DH-HMAC-CHAP secret goes only to listed "
+                            "addresses (discover_secrets=any sends it there too)",
+                            addr[0][:64], addr[1][:32])
                 continue
             if str(ent.get("subtype", "")).startswith("discovery"):
                 todo.append(addr)

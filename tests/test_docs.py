@@ -5,6 +5,7 @@ that docs/architecture.md states."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -96,6 +97,21 @@ def test_readme_is_short_and_keeps_the_two_commands() -> None:
     assert "\nmake demo   # " in text
     assert "\nmake test   # " in text
     assert "`tools/test.sh`, which is also what `.ci/run` calls." in text
+
+
+def test_readme_examples_never_close_synchronously_in_async_code() -> None:
+    """A sync close() inside a coroutine blocks the event loop (a
+    multipath device's close waits on the network): examples use async with
+    or aclose() there."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for block in re.findall(r"```python\n(.*?)```", text, re.DOTALL):
+        for fn in ast.walk(ast.parse(block)):
+            if not isinstance(fn, ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    assert node.func.attr != "close", \
+                        f"README: close() in async def {fn.name} (line {node.lineno})"
 
 
 def test_every_cited_house_rule_is_stated() -> None:

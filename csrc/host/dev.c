@@ -7,6 +7,7 @@
 #include "host/dev.h"
 
 #include "host/ana.h"
+#include "host/ns_ids.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -225,13 +226,6 @@ static int id_none(const uint8_t *id, size_t n)
 	return 1;
 }
 
-/* Identifiers are compared only where both the old and the new controller
- * reported them: one that went unreported proves nothing either way. */
-static int id_differs(const uint8_t *a, const uint8_t *b, size_t n)
-{
-	return !id_none(a, n) && !id_none(b, n) && memcmp(a, b, n) != 0;
-}
-
 /* Keep a reported identifier; an unreported one never erases a known one. */
 static void id_keep(uint8_t *have, const uint8_t *now, size_t n)
 {
@@ -274,10 +268,9 @@ static int ctrl_open_locked(struct fx_nvmf_dev *d, uint16_t *status)
 	}
 	pthread_mutex_lock(&d->lock);
 	old = d->ctrl;
-	if (old &&
-	    (lba != d->info->block_size || nsze * lba != d->info->size ||
-	     id_differs(ids.nguid, d->info->nguid, 16) ||
-	     id_differs(ids.eui64, d->info->eui64, 8) || id_differs(ids.uuid, d->info->uuid, 16))) {
+	if (old && (lba != d->info->block_size || nsze * lba != d->info->size ||
+		    fx_nvmf_ns_ids_differ(ids.nguid, ids.eui64, ids.uuid, d->info->nguid,
+					  d->info->eui64, d->info->uuid))) {
 		/* A different namespace behind the same name: never write
 		 * to it as if it were the old one. */
 		pthread_mutex_unlock(&d->lock);

@@ -64,7 +64,8 @@ def test_uri_lists_paths():
                      f"nvme+tcp://10.0.1.1:4421/{NQN}?policy=queue-depth&queues=2"]
     assert fabric_uri.is_multipath(uri)
     assert fabric_uri.multipath_options(uri) == {"paths": "listed", "policy": "queue-depth",
-                                                 "unidentified_ns": "refuse"}
+                                                 "unidentified_ns": "refuse",
+                                                 "discover_secrets": "listed"}
     one = f"nvme+tcp://10.0.0.1:4420/{NQN}"
     assert fabric_uri.split_paths(one) == [one] and not fabric_uri.is_multipath(one)
     assert fabric_uri.is_multipath(one + "?paths=discover")

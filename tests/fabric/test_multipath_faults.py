@@ -58,6 +58,32 @@ def wait_for(cond, what: str, seconds: float = WAIT_S) -> None:  # noqa: ANN001
         time.sleep(0.02)
 
 
+def _stopped(pid: int) -> bool:
+    """Every thread of pid is stopped (state T): SIGSTOP takes a running
+    thread only when it next enters the kernel, so right after the kill the
+    target may still serve requests."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # the state follows the command name, which is in parentheses
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # a thread that ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def _stop(proc) -> None:  # noqa: ANN001
+    """SIGSTOP a target and wait until it provably serves nothing more."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: _stopped(proc.pid), f"target {proc.pid} stopped", 10.0)
+
+
 def _resume(proc) -> None:  # noqa: ANN001
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGCONT)
@@ -102,7 +128,7 @@ def test_write_moved_after_timeout_never_lands_over_a_later_write(backing):
             t = threading.Thread(target=writer, daemon=True)
             t.start()
             assert warm.wait(WAIT_S)
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             stalled.set()
             wait_for(lambda: dev.path_stats()[1]["state"] == "down", "path b down")
             # b resumes 2 s later: W1 moved at once would be done, and W2 too,
@@ -181,7 +207,7 @@ def test_write_with_no_keep_alive_fails_instead_of_moving(backing):
         dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
                                          kato_ms=0))
         try:
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             failed = 0
             for i in range(8):
                 try:
@@ -232,7 +258,7 @@ def test_close_waits_for_a_prober_inside_the_device(backing, monkeypatch):
                                          reconnect_ms=50))
         try:
             buf = np.zeros(BS, np.uint8)
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             for _ in range(4):  # one goes to b, times out, moves: b's prober starts
                 dev.read_into_blocking(0, buf)
             wait_for(lambda: any(e[0] == "read" for e in events), "the prober's read")
@@ -383,6 +409,39 @@ def test_identifiers_compared_only_where_both_paths_report_them(monkeypatch):
         MultipathDevice(URI2)
 
 
+def test_namespaces_reporting_disjoint_identifier_kinds_are_refused(monkeypatch):
+    """One path's namespace reports only an NGUID, the other's only a UUID:
+    nothing proves them one namespace (two volumes of one size would look
+    the same), so the second path is refused unless unidentified_ns=allow;
+    a third path reporting both kinds, matching both, ties them together."""
+    import fx100io.device
+
+    n, u = b"\xaa" * 16, b"\xbb" * 16
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (n, Z8, Z16),
+                                                                      "2": (Z16, Z8, u)}))
+    with pytest.raises(errors.PathMismatchError, match="no namespace identifier of the same kind"):
+        MultipathDevice(URI2)
+    dev = MultipathDevice(URI2 + "?unidentified_ns=allow")
+    try:
+        assert [s["state"] for s in dev.path_stats()] == ["live", "live"]
+    finally:
+        dev.close()
+    uri3 = f"nvme+tcp://127.0.0.1:1,127.0.0.1:3,127.0.0.1:2/{NQN}"
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (n, Z8, Z16),
+                                                                      "3": (n, Z8, u),
+                                                                      "2": (Z16, Z8, u)}))
+    dev = MultipathDevice(uri3)
+    try:
+        assert [s["state"] for s in dev.path_stats()] == ["live"] * 3
+    finally:
+        dev.close()
+    # a kind both report that differs refuses, whatever else is equal
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class({"1": (n, Z8, u),
+                                                                      "2": (n, Z8, b"\xcc" * 16)}))
+    with pytest.raises(errors.PathMismatchError, match="another namespace"):
+        MultipathDevice(URI2 + "?unidentified_ns=allow")
+
+
 def test_estale_is_a_path_mismatch_only_on_fabric_devices(tmp_path):
     assert not isinstance(errors.error_from_errno(116), errors.PathMismatchError)
     p = tmp_path / "f.img"
@@ -451,6 +510,45 @@ def test_a_path_refused_on_revival_keeps_nothing_open(monkeypatch):
         dev.close()
 
 
+def test_a_write_held_on_a_device_being_closed_is_released(monkeypatch):
+    """A write's attempt fails on a path's Device while that Device is
+    being closed outside the fence (the path was refused: p.dev is None
+    already, the close waits for loops to let go): its fence is stamped
+    when that close ends, so the write moves after kato instead of waiting
+    until the MultipathDevice is closed; a close that never comes fails it
+    after io_timeout_ms + HOLD_CLOSE_S."""
+    import fx100io.device
+
+    ids = {"1": (Z16, Z8, b"\x11" * 16), "2": (Z16, Z8, b"\x11" * 16)}
+    monkeypatch.setattr(fx100io.device, "Device", _fake_device_class(ids))
+    dev = MultipathDevice(URI2 + "?kato_ms=200&io_timeout_ms=500")
+    try:
+        p = dev._paths[1]
+        old = p.dev
+        with dev._lock:  # the refused branch: the path lets go of its Device, then closes it
+            p.state, p.dev = mp.REFUSED, None
+        fence = dev._path_failed(p, "test: lost", fence_of=old)
+        assert fence is not None and dev._hold_left(fence) is None  # not closed yet
+        mp._close_device(old)  # type: ignore[arg-type]
+        left = dev._hold_left(fence)
+        assert left is not None and 0 < left <= 0.2 + mp.HOLD_SLACK_S
+        # a Device closed before its fence is made: the fence counts from now
+        p2 = dev._paths[0]
+        other = p2.dev
+        mp._close_device(other)  # type: ignore[arg-type]
+        with dev._lock:
+            p2.dev = None
+        fence2 = dev._path_failed(p2, "test: lost", fence_of=other)
+        assert fence2 is not None and fence2.done_at is not None
+        # the backstop: a close that never comes
+        stuck = mp._Fence()
+        assert dev._hold_left(stuck) is None
+        stuck.made_at -= 0.5 + mp.HOLD_CLOSE_S + 0.1
+        assert dev._hold_left(stuck) == -1.0
+    finally:
+        dev.close()
+
+
 # -- 7/8: cancellation --------------------------------------------------------
 
 def test_cancelled_submit_cancels_and_awaits_every_request(backing):
@@ -469,7 +567,7 @@ def test_cancelled_submit_cancels_and_awaits_every_request(backing):
         async def main() -> None:
             bufs = [np.zeros(BS, np.uint8) for _ in range(8)]
             await dev.submit([(_core.OP_READ, 0, b) for b in bufs])  # this loop's queues made
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             task = asyncio.ensure_future(dev.submit([(_core.OP_READ, i * BS, b)
                                                      for i, b in enumerate(bufs)]))
             await asyncio.sleep(0.2)  # some are stuck on the stalled path b
@@ -499,7 +597,7 @@ def test_cancelled_request_waiting_for_a_path(backing):
             for _ in range(4):  # this loop's queue on each path made
                 await dev.read_into(0, buf)
             for p in (proc_a, proc_b):
-                os.kill(p.pid, signal.SIGSTOP)
+                _stop(p)
             t = asyncio.ensure_future(dev.read_into(0, buf))  # in flight on a stalled path
             await asyncio.sleep(0.2)
             t.cancel()
@@ -534,9 +632,11 @@ def test_cancelled_while_held_and_while_flushing(backing):
             data = np.full(BS, 0x5A, np.uint8)
             for i in range(4):  # this loop's queue on each path made; both paths dirty
                 await dev.write_from(i * BS, data)
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _stop(proc_b)
             tasks = [asyncio.ensure_future(dev.write_from(i * BS, data)) for i in range(4)]
+            deadline = time.monotonic() + WAIT_S
             while dev.path_stats()[1]["state"] == "live":
+                assert time.monotonic() < deadline, f"path b never went down: {dev.path_stats()}"
                 await asyncio.sleep(0.02)
             await asyncio.sleep(1.0)  # b's writes timed out and are held (kato 30 s)
             held = [t for t in tasks if not t.done()]
@@ -571,7 +671,7 @@ def test_async_close_keeps_the_loop_running_and_survives_cancel(backing):
         async def main() -> int:
             buf = np.zeros(BS, np.uint8)
             await dev.read_into(0, buf)
-            os.kill(proc_b.pid, signal.SIGSTOP)  # b's close waits on its shutdown handshake
+            _stop(proc_b)  # b's close waits on its shutdown handshake
             ticks = 0
 
             async def tick() -> None:
@@ -601,6 +701,36 @@ def test_async_close_keeps_the_loop_running_and_survives_cancel(backing):
             dev.close()
 
 
+# -- M7: a path whose queue cannot be had without waiting -------------------
+
+def test_first_request_skips_a_path_whose_lock_is_held(backing):
+    """policy=queue-depth: this loop has no queue on path 1 yet and path 1's
+    lock is held (its ANA read hangs on a stalled admin queue, say): the
+    request goes to path 2, which is live, instead of re-picking path 1
+    until it fails with no path."""
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, _b):
+        dev = fx100io.open_device(mp_uri([pa, pb], policy="queue-depth", io_timeout_ms=1500))
+        with open(backing, "r+b") as f:
+            f.write(b"\x5c" * BS)
+
+        async def main() -> bytes:
+            buf = np.zeros(BS, np.uint8)
+            assert await asyncio.wait_for(dev.read_into(0, buf), WAIT_S) == BS
+            return bytes(buf)
+
+        p1 = dev._paths[0]
+        try:
+            assert p1.dev_lock.acquire(timeout=WAIT_S)
+            try:
+                got = asyncio.run(main())
+            finally:
+                p1.dev_lock.release()
+            assert got == b"\x5c" * BS
+            assert dev.path_stats()[1]["commands"] >= 1, dev.path_stats()
+        finally:
+            dev.close()
+
+
 # -- 10: discovery entries -----------------------------------------------------
 
 def test_discovery_entries_with_bad_addresses_are_skipped(monkeypatch):
@@ -620,6 +750,44 @@ def test_discovery_entries_with_bad_addresses_are_skipped(monkeypatch):
     monkeypatch.setattr(fabric_uri, "discover", lambda uri: entries)
     out = mp._discovered([f"nvme+tcp://10.0.0.1:4420/{NQN}?hostnqn=nqn.2014-08.io.fx100:h"])
     assert out[1:] == [f"nvme+tcp://10.0.0.2:4421/{NQN}?hostnqn=nqn.2014-08.io.fx100:h"]
+
+
+def test_discovery_sends_secrets_only_to_listed_addresses(monkeypatch):
+    """With a DH-HMAC-CHAP secret, paths=discover follows no address the URI
+    does not list (a spoofed log could name any): neither a referral nor a
+    subsystem entry; discover_secrets=any follows them, secrets and all."""
+    secret = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
+    asked: list[str] = []
+    entries = {
+        "10.0.0.1": [
+            {"trtype": "tcp", "traddr": "10.0.0.1", "trsvcid": "4421", "subnqn": NQN,
+             "subtype": "nvme"},
+            {"trtype": "tcp", "traddr": "10.6.6.6", "trsvcid": "4420", "subnqn": NQN,
+             "subtype": "nvme"},
+            {"trtype": "tcp", "traddr": "10.7.7.7", "trsvcid": "8009",
+             "subnqn": "nqn.2014-08.org.nvmexpress.discovery", "subtype": "discovery"}],
+        "10.7.7.7": [],
+    }
+
+    def discover(uri: str) -> list[dict[str, str]]:
+        asked.append(uri)
+        return entries[fabric_uri.parse(uri)["host"]]
+
+    monkeypatch.setattr(fabric_uri, "discover", discover)
+    base = f"nvme+tcp://10.0.0.1:4420,10.0.0.1:4421/{NQN}?hostnqn=nqn.2014-08.io.fx100:h" \
+        f"&dhchap_secret={secret}"
+    out = mp._discovered(fabric_uri.split_paths(base))
+    assert len(out) == 2, out  # only the listed two
+    assert [fabric_uri.parse(u)["host"] for u in asked] == ["10.0.0.1"]
+    asked.clear()
+    out = mp._discovered(fabric_uri.split_paths(base + "&discover_secrets=any"))
+    assert [fabric_uri.parse(u)["host"] for u in out] == ["10.0.0.1", "10.0.0.1", "10.6.6.6"]
+    assert [fabric_uri.parse(u)["host"] for u in asked] == ["10.0.0.1", "10.7.7.7"]
+    assert all(secret in u for u in asked + out)
+    # no secret: nothing to guard, every address is followed
+    asked.clear()
+    out = mp._discovered(fabric_uri.split_paths(base.replace(f"&dhchap_secret={secret}", "")))
+    assert len(out) == 3 and len(asked) == 2
 
 
 # -- 12: a device nobody closed ------------------------------------------------
