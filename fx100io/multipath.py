@@ -369,12 +369,15 @@ class MultipathDevice:
     def _live(self) -> list[_Path]:
         return [p for p in self._paths if p.state == LIVE]
 
-    def _pick(self) -> _Path | None:
+    def _pick(self, ready: Any = None) -> _Path | None:
         """A live path by the policy, or None: an optimized one (or one
-        whose controller reports no ANA), else a non-optimized one."""
+        whose controller reports no ANA), else a non-optimized one; with
+        ready, one of that tier for which ready(path) holds."""
         with self._lock:
             live = [p for p in self._live() if p.ana in (ANA_NONE, ANA_OPTIMIZED)] or \
                 [p for p in self._live() if p.ana == ANA_NONOPTIMIZED]
+            if ready is not None:
+                live = [p for p in live if ready(p)]
             if not live:
                 return None
             if self.policy == "queue-depth":
@@ -527,21 +530,74 @@ class MultipathDevice:
         into an FxTimeoutError naming every path and why it is out."""
         return (-_errno.ETIMEDOUT, 0)
 
-    def _loop_driver(self, p: _Path, dev: Device) -> Any:
-        """This event loop thread's queue on dev, or None when it cannot be
-        had now without waiting: its making (a connect) is never raced with
-        the path's close (p.dev_lock, not waited for here)."""
-        d = getattr(dev._local, "driver", None)
-        if d is not None and (d.fd_wake or not d.idle or d.raw):
+    def _queue_guard(self, p: _Path, dev: Device) -> tuple[Any, Any]:
+        """What the thread making an event loop's queue on dev holds and
+        asks (Device._loop_driver): p.dev_lock, so the path's close waits
+        for the connect rather than free the device under it (and its fence
+        is stamped only once the controller hears nothing more)."""
+        return p.dev_lock, lambda: p.dev is dev and not dev.closed and p.state == LIVE
+
+    async def _loop_driver(self, p: _Path, dev: Device) -> Any:
+        """This event loop thread's queue on dev, made off the loop (a
+        connect) when it has none; None when the path went away meanwhile."""
+        d = dev._loop_ready()
+        if d is not None:
             return d
-        if not p.dev_lock.acquire(blocking=False):
+        return await dev._loop_driver(self._queue_guard(p, dev))
+
+    async def _first_queue(self, p: _Path) -> bool:
+        """No live path has a queue on this event loop: make one on each
+        (off the loop) and wait for the first.  True: p's is done (the
+        caller takes its result, or its error, through _loop_driver); False:
+        another's came first (pick again).  A path whose making failed
+        meanwhile is taken out of the rotation with that error."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        mine = p.dev._start_loop_queue(loop, self._queue_guard(p, p.dev)) \
+            if p.dev is not None else None
+        if mine is None:
+            return True
+        others = {}
+        for q in self._live():
+            dev = q.dev
+            if q is not p and dev is not None and dev.transport in fabric_uri.SCHEMES and \
+                    not dev.closed and dev._loop_ready() is None:
+                others[dev._start_loop_queue(loop, self._queue_guard(q, dev))] = q
+        if not others:
+            return True
+        await asyncio.wait([mine, *others], return_when=asyncio.FIRST_COMPLETED)
+        if mine.done():
+            return True
+        got = False
+        for f, q in others.items():
+            if not f.done():
+                continue
+            e = f.exception()
+            if e is None:
+                got = got or f.result() is not None
+            elif _exc_path_error(e):
+                self._path_failed(q, e)
+        if not got:
+            await asyncio.sleep(WAIT_STEP_S)  # nothing new to run on: never a busy loop
+        return False
+
+    def _ready_elsewhere(self, p: _Path) -> _Path | None:
+        """p has no queue on this event loop yet: start making it (off the
+        loop) and pick a path that has one, so the request need not wait
+        for a connect while another path can carry it now; None when no
+        such path is live."""
+        import asyncio
+
+        dev = p.dev
+        if dev is None or dev.transport not in fabric_uri.SCHEMES or dev.closed:
             return None
-        try:
-            if p.dev is not dev or dev.closed or p.state != LIVE:
-                return None
-            return dev._driver(True)
-        finally:
-            p.dev_lock.release()
+        dev._start_loop_queue(asyncio.get_running_loop(), self._queue_guard(p, dev))
+        q = self._pick(ready=lambda q: q is not p and q.dev is not None and
+                       q.dev._loop_ready() is not None)
+        if q is not None:
+            self._release(p)
+        return q
 
     def _blocking_driver(self, p: _Path, dev: Device) -> Any:
         """This thread's queue on dev (made under p.dev_lock: never raced
@@ -624,9 +680,20 @@ class MultipathDevice:
                     return self._no_path(last)
                 await asyncio.sleep(WAIT_STEP_S)
                 continue
+            if p.dev is not None and p.dev._loop_ready() is None:
+                q = self._ready_elsewhere(p)
+                try:
+                    first = q is not None or await self._first_queue(p)
+                except BaseException:  # cancelled: nothing was sent
+                    self._release(p)
+                    raise
+                if not first:
+                    self._release(p)  # another path's queue came first: pick again
+                    continue
+                p = q or p
             dev = p.dev
             try:
-                drv = self._loop_driver(p, dev) if dev is not None else None
+                drv = await self._loop_driver(p, dev) if dev is not None else None
             except BaseException as e:  # this loop's queue could not be made: not sent
                 what, fence = self._after(p, dev, op, 0, 0, e, False) if \
                     isinstance(e, Exception) and dev is not None else ("raise", None)
@@ -909,7 +976,7 @@ class MultipathDevice:
                                             "cannot be flushed", self.uri)
                 dev = p.dev if p is not None else None
                 try:
-                    drv = self._loop_driver(p, dev) if p is not None and dev is not None \
+                    drv = await self._loop_driver(p, dev) if p is not None and dev is not None \
                         else None
                 except OSError as e:  # this loop's queue could not be made
                     if not _exc_path_error(e) or p is None:

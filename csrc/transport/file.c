@@ -489,12 +489,18 @@ fail:
 	return ret;
 }
 
+static int fq_enable(struct fx_queue *base)
+{
+	return fx_ring_enable(&((struct file_queue *)base)->ring);
+}
+
 const struct fx_transport_ops fx_transport_file = {
 	.name = "file",
 	.dev_open = fx_file_dev_open,
 	.dev_close = fx_file_dev_close,
 	.queue_create = fq_create,
 	.queue_destroy = fq_destroy,
+	.queue_enable = fq_enable,
 	.queue_submit = fq_submit,
 	.queue_reap = fq_reap,
 	.queue_wait = fq_wait,
