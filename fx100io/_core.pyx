@@ -418,6 +418,10 @@ cdef class Queue:
     # CLOSE_POLL_MS) and destroys it once the last of them has left.
     cdef int users
     cdef bint closing
+    # a live C queue keeps its C device: Dev.close() frees it only once
+    # every queue made on it is destroyed (one held by no Device yet: being
+    # handed to an event loop, or dropped)
+    cdef bint holds_dev
 
     def __cinit__(self, Dev dev, unsigned depth=64, unsigned max_io=1 << 20,
                   unsigned slots=4096, bint fd_wake=False, bint defer_enable=False):
@@ -451,9 +455,11 @@ cdef class Queue:
                     self.q = NULL
                 rc = -9
         finally:
-            dev._leave()
-        check(rc, f"create {dev.transport} queue on {dev.target}")
+            if rc != 0:
+                dev._leave()
         self.dev = dev
+        self.holds_dev = rc == 0  # its user count is left at destroy
+        check(rc, f"create {dev.transport} queue on {dev.target}")
 
     def enable(self):
         """Make the calling thread this queue's user (a queue made with
@@ -475,6 +481,12 @@ cdef class Queue:
             self.q = NULL
             with nogil:
                 fx_queue_destroy(q)
+        self._let_go()
+
+    cdef void _let_go(self):
+        if self.holds_dev:
+            self.holds_dev = False
+            self.dev._leave()  # the device's close, if it waited for this queue
 
     cdef int _enter(self) except -1:
         if self.q == NULL or self.closing:
@@ -489,6 +501,8 @@ cdef class Queue:
             with nogil:
                 fx_queue_destroy(self.q)
             self.q = NULL
+        if self.dev is not None:
+            self._let_go()
         free(self.cqes)
 
     @property

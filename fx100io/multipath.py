@@ -545,30 +545,26 @@ class MultipathDevice:
             return d
         return await dev._loop_driver(self._queue_guard(p, dev))
 
-    async def _first_queue(self, p: _Path) -> bool:
+    async def _first_queue(self, p: _Path) -> Any:
         """No live path has a queue on this event loop: make one on each
-        (off the loop) and wait for the first.  True: p's is done (the
-        caller takes its result, or its error, through _loop_driver); False:
-        another's came first (pick again).  A path whose making failed
+        (off the loop) and wait for the first.  p's making (a done future:
+        its result, or its error, is the caller's) when p's came first;
+        None when another's did (pick again).  A path whose making failed
         meanwhile is taken out of the rotation with that error."""
         import asyncio
 
+        assert p.dev is not None
         loop = asyncio.get_running_loop()
-        mine = p.dev._start_loop_queue(loop, self._queue_guard(p, p.dev)) \
-            if p.dev is not None else None
-        if mine is None:
-            return True
+        mine = p.dev._start_loop_queue(loop, self._queue_guard(p, p.dev))
         others = {}
         for q in self._live():
             dev = q.dev
             if q is not p and dev is not None and dev.transport in fabric_uri.SCHEMES and \
                     not dev.closed and dev._loop_ready() is None:
                 others[dev._start_loop_queue(loop, self._queue_guard(q, dev))] = q
-        if not others:
-            return True
         await asyncio.wait([mine, *others], return_when=asyncio.FIRST_COMPLETED)
         if mine.done():
-            return True
+            return mine
         got = False
         for f, q in others.items():
             if not f.done():
@@ -580,7 +576,7 @@ class MultipathDevice:
                 self._path_failed(q, e)
         if not got:
             await asyncio.sleep(WAIT_STEP_S)  # nothing new to run on: never a busy loop
-        return False
+        return None
 
     def _ready_elsewhere(self, p: _Path) -> _Path | None:
         """p has no queue on this event loop yet: start making it (off the
@@ -680,20 +676,26 @@ class MultipathDevice:
                     return self._no_path(last)
                 await asyncio.sleep(WAIT_STEP_S)
                 continue
+            made = None  # p's queue for this loop, made while this request waited
             if p.dev is not None and p.dev._loop_ready() is None:
                 q = self._ready_elsewhere(p)
-                try:
-                    first = q is not None or await self._first_queue(p)
-                except BaseException:  # cancelled: nothing was sent
-                    self._release(p)
-                    raise
-                if not first:
-                    self._release(p)  # another path's queue came first: pick again
-                    continue
-                p = q or p
+                if q is not None:
+                    p = q
+                else:
+                    try:
+                        made = await self._first_queue(p)
+                    except BaseException:  # cancelled: nothing was sent
+                        self._release(p)
+                        raise
+                    if made is None:
+                        self._release(p)  # another path's queue came first: pick again
+                        continue
             dev = p.dev
             try:
-                drv = await self._loop_driver(p, dev) if dev is not None else None
+                if made is not None:
+                    drv = made.result()  # the making's error, if it failed, is this attempt's
+                else:
+                    drv = await self._loop_driver(p, dev) if dev is not None else None
             except BaseException as e:  # this loop's queue could not be made: not sent
                 what, fence = self._after(p, dev, op, 0, 0, e, False) if \
                     isinstance(e, Exception) and dev is not None else ("raise", None)

@@ -192,3 +192,39 @@ def test_multipath_loop_never_waits_for_a_path_connect(backing):
             asyncio.run(main())
         finally:
             dev.close()
+
+
+def test_a_queue_made_on_one_thread_runs_on_another_and_keeps_its_device(tmp_path):
+    """The C side of it on a file: a queue made with defer_enable on a thread
+    runs requests on the thread that enables it (its ring's single issuer),
+    not before; and closing the device while the queue lives frees the C
+    device only once the queue is gone (it was never any Device's)."""
+    import threading
+
+    import numpy as np
+
+    from fx100io import _core
+
+    img = tmp_path / "f.img"
+    img.write_bytes(expected(0, 64 << 10))
+    dev = fx100io.open_device(str(img), direct=False)
+    made: list = []
+    t = threading.Thread(target=lambda: made.append(_core.Queue(dev._dev, 8, 1 << 20, 64, True,
+                                                                True)))
+    t.start()
+    t.join(10)
+    (q,) = made
+    q.enable()
+    buf = np.zeros(BS, dtype=np.uint8)
+    addr = _core.buffer_address(buf, True)[0]
+    assert q.submit([(_core.OP_READ, addr, BS, BS, 7)]) == 1
+    q.wait(1, 5000)
+    assert [(tag, res) for tag, res, *_ in q.reap()] == [(7, BS)]
+    assert buf.tobytes() == expected(BS, BS)
+    q.enable()  # again: nothing to do
+    dev.close()
+    assert dev._dev.size == 64 << 10  # still open: the queue holds it
+    q.close()
+    with pytest.raises(fx100io.errors.DeviceClosedError):
+        dev._dev.size  # noqa: B018 - freed with its last queue
+
