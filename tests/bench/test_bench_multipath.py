@@ -55,3 +55,21 @@ def test_bench_reports_each_path(tmp_path: Path) -> None:
         assert [row[0] for row in rows] == [f"127.0.0.1:{pa}", f"127.0.0.1:{pb}"]
         assert sum(int(row[3]) for row in rows) == n
         assert all(row[1] == "live" for row in rows)
+
+
+def test_group_reporting_sums_paths_path_by_path() -> None:
+    from fx100io.bench.results import merge_paths
+
+    a = [{"path": "A", "state": "live", "ana_state": "optimized", "commands": 3, "bytes": 30,
+          "errors": 0, "failovers": 0},
+         {"path": "B", "state": "down", "ana_state": "none", "commands": 1, "bytes": 10,
+          "errors": 1, "failovers": 1}]
+    b = [{"path": "B", "state": "live", "ana_state": "optimized", "commands": 2, "bytes": 20,
+          "errors": 0, "failovers": 0},
+         {"path": "C", "state": "live", "ana_state": "none", "commands": 5, "bytes": 50,
+          "errors": 0, "failovers": 0}]
+    got = merge_paths(merge_paths([], a), b)
+    assert [(p["path"], p["commands"], p["bytes"], p["errors"], p["failovers"], p["state"])
+            for p in got] == [("A", 3, 30, 0, 0, "live"), ("B", 3, 30, 1, 1, "live"),
+                              ("C", 5, 50, 0, 0, "live")]
+    assert a[1]["commands"] == 1  # the inputs are left as they were
