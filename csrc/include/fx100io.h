@@ -261,14 +261,15 @@ void fx_queue_destroy(struct fx_queue *q);
 /*
  * Hand a queue made with FX_QUEUE_DEFER_ENABLE to the calling thread: from
  * now on only this thread submits and waits on it.  Does not block on the
- * network.  0 (also for a queue made without the flag, or one enabled
- * already), -EEXIST (enabled by another thread), -errno of io_uring_register.
+ * network.  Call it once, from that thread.  0 (also for a queue made
+ * without the flag, or one enabled already), -errno of io_uring_register.
  */
 int fx_queue_enable(struct fx_queue *q);
 /*
  * Queue requests and submit what fits in the ring.  Returns how many
  * requests were accepted (<= n); fewer than n (possibly 0) when the request
- * slots are full: reap and retry.  -EINVAL (bad op/len/offset).
+ * slots are full: reap and retry.  -EINVAL (bad op/len/offset), -EBADFD (made
+ * with FX_QUEUE_DEFER_ENABLE and not enabled yet).
  */
 int fx_queue_submit(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
 /* Non-blocking: move finished requests into out.  Returns the count. */

@@ -383,6 +383,8 @@ static int fq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	struct file_queue *q = (struct file_queue *)base;
 	unsigned k;
 
+	if (q->ring.disabled)
+		return -EBADFD; /* nothing could go out: fx_queue_enable() first */
 	/* Validate everything first: a bad request rejects the batch
 	 * before any of it is queued. */
 	for (k = 0; k < n; k++) {

@@ -1170,6 +1170,8 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	uint64_t bs = q->dev->base.info.block_size;
 	unsigned k;
 
+	if (q->ring.disabled)
+		return -EBADFD; /* nothing could go out: fx_queue_enable() first */
 	for (k = 0; k < n; k++) {
 		int ret = fx_req_check(base->dev, &reqs[k]);
 		if (ret < 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -214,9 +215,12 @@ def test_a_queue_made_on_one_thread_runs_on_another_and_keeps_its_device(tmp_pat
     t.start()
     t.join(10)
     (q,) = made
-    q.enable()
     buf = np.zeros(BS, dtype=np.uint8)
     addr = _core.buffer_address(buf, True)[0]
+    with pytest.raises(OSError) as e:  # not enabled yet: refused, not held forever
+        q.submit([(_core.OP_READ, addr, BS, BS, 6)])
+    assert e.value.errno == errno.EBADFD
+    q.enable()
     assert q.submit([(_core.OP_READ, addr, BS, BS, 7)]) == 1
     q.wait(1, 5000)
     assert [(tag, res) for tag, res, *_ in q.reap()] == [(7, BS)]
