@@ -289,8 +289,8 @@ class Device:
         get the same future); a future of the QueueDriver (None: guard did
         not want it), resolved on the loop."""
         making = getattr(self._local, "making", None)
-        if making is not None:
-            return making
+        if making is not None and making.get_loop() is loop:
+            return making  # (one of a loop closed meanwhile is left behind: asyncio.run twice)
         making = self._local.making = loop.create_future()
         local = self._local
 

@@ -123,6 +123,33 @@ def test_device_queue_is_made_off_the_loop(backing):
             dev.close()
 
 
+def test_a_loop_closed_while_its_queue_is_made_leaves_the_next_loop_working(backing):
+    """asyncio.run twice on one thread: the first loop ends while its
+    queue's connect hangs; the second loop's requests make their own."""
+    with serve([backing], NQN) as (_, port, proc):
+        dev = fx100io.open_device(uri(port))
+        try:
+            async def first() -> None:
+                read = asyncio.ensure_future(dev.read_into(0, bytearray(BS)))
+                await asyncio.sleep(0.3)
+                assert not read.done()
+                read.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await read
+
+            with stopped(proc):
+                asyncio.run(first())
+
+            async def second() -> bytes:
+                buf = bytearray(BS)
+                assert await asyncio.wait_for(dev.read_into(0, buf), 3 * CONNECT_MS / 1000) == BS
+                return bytes(buf)
+
+            assert asyncio.run(second()) == expected(0, BS)
+        finally:
+            dev.close()
+
+
 def test_device_closed_while_its_queue_is_made(backing):
     """close() from the loop while the queue's connect hangs: the waiting
     request fails with DeviceClosedError, and the C device is freed only
