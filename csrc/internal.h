@@ -23,6 +23,7 @@ struct fx_ring {
 	struct io_uring uring;
 	int efd;           /* eventfd registered with the ring */
 	unsigned features; /* FX_RING_* */
+	int disabled;      /* set up with R_DISABLED: fx_ring_enable() first */
 	/* generation of the pool slot installed in each fixed-buffer slot;
 	 * 0 = nothing installed, UINT32_MAX = installing failed, stop trying */
 	uint32_t installed[FX_BUF_SLOTS];
@@ -37,6 +38,9 @@ struct fx_ring {
  */
 int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags);
 void fx_ring_exit(struct fx_ring *r);
+/* Enable a ring set up disabled (FX_QUEUE_DEFER_ENABLE): the calling thread
+ * becomes its single issuer.  0 when it was not disabled; -errno. */
+int fx_ring_enable(struct fx_ring *r);
 /* Fixed-buffer index covering [addr, addr+len), installing the pool slot in
  * this ring on first use; -1 when the range is not in a registered pool. */
 int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len);
@@ -70,6 +74,9 @@ struct fx_transport_ops {
 	int (*queue_create)(struct fx_dev *d, const struct fx_queue_opts *opts,
 			    struct fx_queue **out);
 	void (*queue_destroy)(struct fx_queue *q);
+	/* fx_queue_enable; NULL where the transport's queue may be used from
+	 * any thread as it is made (no ring of its own). */
+	int (*queue_enable)(struct fx_queue *q);
 	int (*queue_submit)(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
 	int (*queue_reap)(struct fx_queue *q, struct fx_cqe *out, unsigned max);
 	int (*queue_wait)(struct fx_queue *q, unsigned min, int timeout_ms);

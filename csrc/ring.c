@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <time.h>
@@ -51,9 +52,15 @@ int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags)
 	for (size_t i = first; i < sizeof(probe_order) / sizeof(probe_order[0]); i++) {
 		memset(&p, 0, sizeof(p));
 		p.flags = probe_order[i].setup;
+		/* Only a single-issuer ring is tied to the thread that makes it:
+		 * started disabled, it is tied to the one that enables it.  Every
+		 * kernel with SINGLE_ISSUER (6.0) has R_DISABLED (5.10). */
+		if ((queue_flags & FX_QUEUE_DEFER_ENABLE) && (p.flags & IORING_SETUP_SINGLE_ISSUER))
+			p.flags |= IORING_SETUP_R_DISABLED;
 		ret = io_uring_queue_init_params(entries, &r->uring, &p);
 		if (ret == 0) {
 			r->features = probe_order[i].features;
+			r->disabled = !!(p.flags & IORING_SETUP_R_DISABLED);
 			break;
 		}
 		if (ret != -EINVAL)
@@ -92,6 +99,19 @@ void fx_ring_exit(struct fx_ring *r)
 	if (r->efd >= 0)
 		close(r->efd);
 	r->efd = -1;
+}
+
+int fx_ring_enable(struct fx_ring *r)
+{
+	if (!r->disabled)
+		return 0;
+	/* The raw call: liburing 2.3 declares io_uring_enable_rings() but its
+	 * shared library does not export it. */
+	if (syscall(__NR_io_uring_register, r->uring.ring_fd, IORING_REGISTER_ENABLE_RINGS, NULL,
+		    0) < 0)
+		return -errno;
+	r->disabled = 0;
+	return 0;
 }
 
 int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len)

@@ -69,7 +69,16 @@ int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts, struct f
 		return -EINVAL;
 	/* Pieces must stay aligned for O_DIRECT. */
 	o.max_io &= ~(d->info.block_size - 1);
+	if (!d->ops->queue_enable)
+		o.flags &= ~FX_QUEUE_DEFER_ENABLE; /* usable from any thread anyway */
 	return d->ops->queue_create(d, &o, out);
+}
+
+int fx_queue_enable(struct fx_queue *q)
+{
+	if (!q)
+		return -EINVAL;
+	return q->ops->queue_enable ? q->ops->queue_enable(q) : 0;
 }
 
 void fx_queue_destroy(struct fx_queue *q)

@@ -104,6 +104,7 @@ cdef extern from "fx100io.h" nogil:
         uint32_t write_depth
 
     enum: FX_QUEUE_FD_WAKE
+    enum: FX_QUEUE_DEFER_ENABLE
 
     struct fx_dev:
         pass
@@ -117,6 +118,7 @@ cdef extern from "fx100io.h" nogil:
     void fx_dev_close(fx_dev *d)
     int fx_queue_create(fx_dev *d, const fx_queue_opts *opts, fx_queue **out)
     void fx_queue_destroy(fx_queue *q)
+    int fx_queue_enable(fx_queue *q)
     int fx_queue_submit(fx_queue *q, const fx_req *reqs, unsigned n)
     int fx_queue_reap(fx_queue *q, fx_cqe *out, unsigned max)
     int fx_queue_wait(fx_queue *q, unsigned min, int timeout_ms)

@@ -317,6 +317,13 @@ cdef class Dev:
     cdef fx_dev *d
     cdef readonly str transport
     cdef readonly str target
+    # Threads inside C on this device without the GIL (a queue being made:
+    # a connect, for NVMe-oF; an ANA read).  close() from another thread
+    # must not free the device under them: it marks it closing, and the
+    # last of them to leave closes it (fx_dev_close: "all its queues must
+    # be destroyed first").
+    cdef int users
+    cdef bint closing
 
     def __cinit__(self, str transport, str target, bint direct=True,
                   bint readonly=False, bint create=False, uint64_t size=0,
@@ -345,10 +352,22 @@ cdef class Dev:
         # Without the GIL: closing a fabric controller may wait (bounded)
         # for a target that stopped answering.
         cdef fx_dev *d = self.d
-        if d != NULL:
+        self.closing = True
+        if d != NULL and self.users == 0:
             self.d = NULL
             with nogil:
                 fx_dev_close(d)
+
+    cdef int _enter(self) except -1:
+        if self.d == NULL or self.closing:
+            raise error_from_errno(9, self.target)  # EBADF: closed
+        self.users += 1
+        return 0
+
+    cdef void _leave(self):
+        self.users -= 1
+        if self.closing and self.users == 0:
+            self.close()  # closed while this thread was inside: its close is ours
 
     def __dealloc__(self):
         self.close()
@@ -379,10 +398,13 @@ cdef class Dev:
         cdef uint32_t grpid = 0
         cdef uint8_t state = 0
         cdef int rc
-        if self.d == NULL:
-            raise error_from_errno(9, self.target)
-        with nogil:
-            rc = fx_dev_ana(self.d, &grpid, &state)
+        cdef fx_dev *d = self.d
+        self._enter()
+        try:
+            with nogil:
+                rc = fx_dev_ana(d, &grpid, &state)
+        finally:
+            self._leave()
         check(rc, self.target)
         return (grpid, state)
 
@@ -406,9 +428,14 @@ cdef class Queue:
     # CLOSE_POLL_MS) and destroys it once the last of them has left.
     cdef int users
     cdef bint closing
+    # a live C queue keeps its C device: Dev.close() frees it only once
+    # every queue made on it is destroyed (one held by no Device yet: being
+    # handed to an event loop, or dropped)
+    cdef bint holds_dev
 
     def __cinit__(self, Dev dev, unsigned depth=64, unsigned max_io=1 << 20,
-                  unsigned slots=4096, bint fd_wake=False, unsigned write_depth=0):
+                  unsigned slots=4096, bint fd_wake=False, unsigned write_depth=0,
+                  bint defer_enable=False):
         cdef fx_queue_opts o
         cdef int rc
         if dev.d == NULL:
@@ -420,14 +447,38 @@ cdef class Queue:
         # an event loop waits on fd: a ring whose wake-ups it sees at once
         # (FX_QUEUE_FD_WAKE in fx100io.h)
         o.flags = FX_QUEUE_FD_WAKE if fd_wake else 0
+        # made here, used by the thread that calls enable() (an event
+        # loop's, which must not wait for the connect made here)
+        if defer_enable:
+            o.flags |= FX_QUEUE_DEFER_ENABLE
         self.ncqes = 256
         self.cqes = <fx_cqe *>malloc(self.ncqes * sizeof(fx_cqe))
         if self.cqes == NULL:
             raise MemoryError()
-        with nogil:
-            rc = fx_queue_create(dev.d, &o, &self.q)
-        check(rc, f"create {dev.transport} queue on {dev.target}")
+        cdef fx_dev *d = dev.d
+        dev._enter()
+        try:
+            with nogil:
+                rc = fx_queue_create(d, &o, &self.q)
+            if dev.closing:  # closed meanwhile: its queues go first; say closed
+                if rc == 0:
+                    with nogil:
+                        fx_queue_destroy(self.q)
+                    self.q = NULL
+                rc = -9
+        finally:
+            if rc != 0:
+                dev._leave()
         self.dev = dev
+        self.holds_dev = rc == 0  # its user count is left at destroy
+        check(rc, f"create {dev.transport} queue on {dev.target}")
+
+    def enable(self):
+        """Make the calling thread this queue's user (a queue made with
+        defer_enable on another thread); does not wait on the network."""
+        if self.q == NULL or self.closing:
+            raise error_from_errno(9, self.dev.target)
+        check(fx_queue_enable(self.q), f"enable {self.dev.transport} queue on {self.dev.target}")
 
     def close(self):
         # Cleared before the GIL is let go: a reap from another thread then
@@ -442,6 +493,12 @@ cdef class Queue:
             self.q = NULL
             with nogil:
                 fx_queue_destroy(q)
+        self._let_go()
+
+    cdef void _let_go(self):
+        if self.holds_dev:
+            self.holds_dev = False
+            self.dev._leave()  # the device's close, if it waited for this queue
 
     cdef int _enter(self) except -1:
         if self.q == NULL or self.closing:
@@ -456,6 +513,8 @@ cdef class Queue:
             with nogil:
                 fx_queue_destroy(self.q)
             self.q = NULL
+        if self.dev is not None:
+            self._let_go()
         free(self.cqes)
 
     @property

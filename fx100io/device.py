@@ -247,18 +247,118 @@ class Device:
             raise DeviceClosedError(9, "device is closed", self.target)
         if fd_wake is None:
             fd_wake = _loop_running()
+        return self._install(self._new_queue(fd_wake), fd_wake)
+
+    def _new_queue(self, fd_wake: bool, defer_enable: bool = False) -> _core.Queue:
         depth, max_io, slots, write_depth = self._qopts
         try:
-            q = _core.Queue(self._dev, depth, max_io, slots, fd_wake, write_depth)
+            return _core.Queue(self._dev, depth, max_io, slots, fd_wake, write_depth,
+                               defer_enable)
         except OSError as e:
             if e.errno in (1, 38):  # EPERM, ENOSYS from io_uring_setup
                 raise IoUringUnavailableError(e.errno, io_uring_refusal_reason(), self.target) from e
             raise
+
+    def _install(self, q: _core.Queue, fd_wake: bool) -> QueueDriver:
+        """Make q this thread's queue."""
         d = QueueDriver(q, fd_wake)
         self._local.driver = d
         with self._lock:
             self._drivers.add(d)
         return d
+
+    # An event loop never makes a queue on an NVMe-oF device itself: that is
+    # a connect (TCP, ICReq, Fabrics Connect, maybe a controller re-open), up
+    # to connect_timeout_ms (docs/architecture.md rule 14).  A thread of its
+    # own makes it with its ring disabled, and the loop's thread enables it
+    # (FX_QUEUE_DEFER_ENABLE: the enabling thread becomes the ring's single
+    # issuer).  Requests of the loop wait for it without blocking the loop.
+    def _loop_ready(self) -> QueueDriver | None:
+        """This event loop thread's queue when it has one to use now."""
+        d = getattr(self._local, "driver", None)
+        if d is not None and (d.fd_wake or not d.idle or d.raw):
+            return d
+        return None
+
+    async def _loop_driver(self, guard: Any = None) -> QueueDriver | None:
+        """This event loop thread's queue, made off the loop when it has
+        none.  guard (multipath): (lock, wanted) held and asked by the
+        making thread; None when wanted() said no.  Cancelled, the making
+        goes on, for this thread's next request."""
+        d = self._loop_ready()
+        if d is not None:
+            return d
+        if self._closed:
+            raise DeviceClosedError(9, "device is closed", self.target)
+        if self.transport not in fabric_uri.SCHEMES:
+            return self._driver(True)  # a file's queue waits on nothing
+        import asyncio
+
+        making = self._start_loop_queue(asyncio.get_running_loop(), guard)
+        return await asyncio.shield(making)  # type: ignore[no-any-return]
+
+    def _start_loop_queue(self, loop: asyncio.AbstractEventLoop, guard: Any = None) -> Any:
+        """Start making this event loop thread's queue (once: later callers
+        get the same future); a future of the QueueDriver (None: guard did
+        not want it), resolved on the loop."""
+        making = getattr(self._local, "making", None)
+        if making is not None and making.get_loop() is loop:
+            return making  # (one of a loop closed meanwhile is left behind: asyncio.run twice)
+        making = self._local.making = loop.create_future()
+        local = self._local
+
+        def deliver(q: _core.Queue | None, err: BaseException | None) -> None:
+            if local.making is making:
+                local.making = None
+            if self._closed or self._local is not local:  # whatever the making met
+                if q is not None:
+                    q.close()
+                q, err = None, DeviceClosedError(9, "device closed while its queue was made",
+                                                 self.target)
+            if err is None and q is not None:
+                try:
+                    q.enable()  # no network: a register call that ties the ring to this thread
+                except BaseException as e:
+                    q.close()
+                    err = e
+            if err is not None:
+                if not making.done():
+                    making.set_exception(err)
+                    making.exception()  # a caller cancelled meanwhile: seen
+                return
+            d = None
+            if q is not None:
+                old = getattr(local, "driver", None)
+                if old is not None and self._loop_ready() is old:
+                    q.close()  # this thread got one meanwhile (a raw or busy queue)
+                    d = old
+                else:
+                    if old is not None:
+                        self._drop_driver(old)  # idle, made for C waits
+                    d = self._install(q, True)
+            if not making.done():
+                making.set_result(d)
+
+        def work() -> None:
+            q, err = None, None
+            try:
+                if guard is None:
+                    q = self._new_queue(True, defer_enable=True)
+                else:
+                    lock, wanted = guard
+                    with lock:
+                        if wanted():
+                            q = self._new_queue(True, defer_enable=True)
+            except BaseException as e:
+                err = e
+            try:
+                loop.call_soon_threadsafe(deliver, q, err)
+            except RuntimeError:  # the loop closed meanwhile: nobody wants it
+                if q is not None:
+                    q.close()
+
+        threading.Thread(target=work, daemon=True, name="fx100io-queue-connect").start()
+        return making
 
     def _drop_driver(self, d: QueueDriver) -> None:
         """Close this thread's idle queue d (nothing in flight or waiting)."""
@@ -326,24 +426,47 @@ class Device:
         sid = prio.new_stream() if stream is None else stream
         return [self._request(op, off, buf, priority, sid) for op, off, buf in reqs]
 
+    async def _drv(self) -> QueueDriver:
+        d = self._loop_ready()
+        if d is None:
+            d = await self._loop_driver()
+            assert d is not None
+        return d
+
     async def submit(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
                      stream: int | None = None) -> list[Completion]:
         """Run [(op, offset, buf), ...] concurrently; (res, status) each, in order."""
-        futs = self._driver(True).submit(self._requests(reqs, priority, stream))
+        rs = self._requests(reqs, priority, stream)
+        futs = (await self._drv()).submit(rs)
         return [await f for f in futs]
 
     def start(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
               stream: int | None = None) -> list[asyncio.Future]:
         """Submit [(op, offset, buf), ...] now; one future of (res, status)
         each, (res, status, crc32c) for an op or'ed with OP_CRC32C.  Lets a
-        caller overlap its own work with the I/O."""
-        return self._driver(True).submit(self._requests(reqs, priority, stream))
+        caller overlap its own work with the I/O.  Where this loop has no
+        queue on an NVMe-oF device yet, each future is a task that waits for
+        the queue (made off the loop) and, cancelled, for its request to
+        stop touching the buffer."""
+        rs = self._requests(reqs, priority, stream)
+        d = self._loop_ready()
+        if d is None and self.transport in fabric_uri.SCHEMES:
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+            return [loop.create_task(self._later(r)) for r in rs]
+        return (d or self._driver(True)).submit(rs)
+
+    async def _later(self, r: Request) -> Completion:
+        drv = await self._drv()
+        (f,) = drv.submit([r])
+        return await _io_done(drv, f)  # type: ignore[no-any-return]
 
     async def read_into(self, offset: int, buf: Any, *, priority: Any = None) -> int:
         """Read len(buf) bytes at offset into buf; returns bytes read (short at
         end).  Cancelled, it returns only once the read stopped touching buf."""
         r = self._request(_core.OP_READ, offset, buf, priority, prio.new_stream())
-        drv = self._driver(True)
+        drv = self._loop_ready() or await self._drv()
         (f,) = drv.submit([r])
         return self._check(r, await _io_done(drv, f))
 
@@ -351,14 +474,14 @@ class Device:
         """Write buf at offset.  Cancelled, it returns only once the write
         stopped reading buf (it may or may not have landed)."""
         r = self._request(_core.OP_WRITE, offset, buf, priority, prio.new_stream())
-        drv = self._driver(True)
+        drv = self._loop_ready() or await self._drv()
         (f,) = drv.submit([r])
         return self._check(r, await _io_done(drv, f))
 
     async def flush(self, *, priority: Any = None) -> None:
         """Make completed writes durable (fdatasync)."""
         r = self._request(_core.OP_FLUSH, 0, None, priority)
-        (f,) = self._driver(True).submit([r])
+        (f,) = (self._loop_ready() or await self._drv()).submit([r])
         self._check(r, await f)
 
     def raw_queue(self) -> _core.Queue:

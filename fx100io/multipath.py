@@ -73,6 +73,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from fx100io import _core, fabric_uri
+from fx100io import priority as prio
 from fx100io.aio import Completion
 from fx100io.errors import (
     DeviceClosedError,
@@ -414,14 +415,18 @@ class MultipathDevice:
     def _live(self) -> list[_Path]:
         return [p for p in self._paths if p.state == LIVE]
 
-    def _pick(self, busy: set[_Path] | frozenset[_Path] = frozenset()) -> _Path | None:
+    def _pick(self, busy: set[_Path] | frozenset[_Path] = frozenset(),
+              ready: Any = None) -> _Path | None:
         """A live path by the policy, or None: an optimized one (or one
-        whose controller reports no ANA), else a non-optimized one.  Paths
-        in busy (this request could not get a queue there without waiting)
-        are taken only when no other is live."""
+        whose controller reports no ANA), else a non-optimized one; with
+        ready, one of that tier for which ready(path) holds.  Paths in busy
+        (this request could not get a queue there without waiting) are
+        taken only when no other is live."""
         with self._lock:
             live = [p for p in self._live() if p.ana in (ANA_NONE, ANA_OPTIMIZED)] or \
                 [p for p in self._live() if p.ana == ANA_NONOPTIMIZED]
+            if ready is not None:
+                live = [p for p in live if ready(p)]
             if not live:
                 return None
             live = [p for p in live if p not in busy] or live
@@ -578,21 +583,70 @@ class MultipathDevice:
         into an FxTimeoutError naming every path and why it is out."""
         return (-_errno.ETIMEDOUT, 0)
 
-    def _loop_driver(self, p: _Path, dev: Device) -> Any:
-        """This event loop thread's queue on dev, or None when it cannot be
-        had now without waiting: its making (a connect) is never raced with
-        the path's close (p.dev_lock, not waited for here)."""
-        d = getattr(dev._local, "driver", None)
-        if d is not None and (d.fd_wake or not d.idle or d.raw):
+    def _queue_guard(self, p: _Path, dev: Device) -> tuple[Any, Any]:
+        """What the thread making an event loop's queue on dev holds and
+        asks (Device._loop_driver): p.dev_lock, so the path's close waits
+        for the connect rather than free the device under it (and its fence
+        is stamped only once the controller hears nothing more)."""
+        return p.dev_lock, lambda: p.dev is dev and not dev.closed and p.state == LIVE
+
+    async def _loop_driver(self, p: _Path, dev: Device) -> Any:
+        """This event loop thread's queue on dev, made off the loop (a
+        connect) when it has none; None when the path went away meanwhile."""
+        d = dev._loop_ready()
+        if d is not None:
             return d
-        if not p.dev_lock.acquire(blocking=False):
+        return await dev._loop_driver(self._queue_guard(p, dev))
+
+    async def _first_queue(self, p: _Path) -> Any:
+        """No live path has a queue on this event loop: make one on each
+        (off the loop) and wait for the first.  p's making (a done future:
+        its result, or its error, is the caller's) when p's came first;
+        None when another's did (pick again).  A path whose making failed
+        meanwhile is taken out of the rotation with that error."""
+        import asyncio
+
+        assert p.dev is not None
+        loop = asyncio.get_running_loop()
+        mine = p.dev._start_loop_queue(loop, self._queue_guard(p, p.dev))
+        others = {}
+        for q in self._live():
+            dev = q.dev
+            if q is not p and dev is not None and dev.transport in fabric_uri.SCHEMES and \
+                    not dev.closed and dev._loop_ready() is None:
+                others[dev._start_loop_queue(loop, self._queue_guard(q, dev))] = q
+        await asyncio.wait([mine, *others], return_when=asyncio.FIRST_COMPLETED)
+        if mine.done():
+            return mine
+        got = False
+        for f, q in others.items():
+            if not f.done():
+                continue
+            e = f.exception()
+            if e is None:
+                got = got or f.result() is not None
+            elif _exc_path_error(e):
+                self._path_failed(q, e)
+        if not got:
+            await asyncio.sleep(WAIT_STEP_S)  # nothing new to run on: never a busy loop
+        return None
+
+    def _ready_elsewhere(self, p: _Path) -> _Path | None:
+        """p has no queue on this event loop yet: start making it (off the
+        loop) and pick a path that has one, so the request need not wait
+        for a connect while another path can carry it now; None when no
+        such path is live."""
+        import asyncio
+
+        dev = p.dev
+        if dev is None or dev.transport not in fabric_uri.SCHEMES or dev.closed:
             return None
-        try:
-            if p.dev is not dev or dev.closed or p.state != LIVE:
-                return None
-            return dev._driver(True)
-        finally:
-            p.dev_lock.release()
+        dev._start_loop_queue(asyncio.get_running_loop(), self._queue_guard(p, dev))
+        q = self._pick(ready=lambda q: q is not p and q.dev is not None and
+                       q.dev._loop_ready() is not None)
+        if q is not None:
+            self._release(p)
+        return q
 
     def _blocking_driver(self, p: _Path, dev: Device) -> Any:
         """This thread's queue on dev (made under p.dev_lock: never raced
@@ -648,7 +702,8 @@ class MultipathDevice:
         return max(0.0, fence.done_at + self.kato_s + HOLD_SLACK_S - time.monotonic())
 
     # -- one request, over paths ---------------------------------------------
-    async def _one(self, op: int, offset: int, buf: Any) -> Completion:
+    async def _one(self, op: int, offset: int, buf: Any, priority: Any = None,
+                   stream: int = 0) -> Completion:
         """Run one request to its end on some path: the first completion
         that is not a path error, or (-ETIMEDOUT, 0) once no path was live
         for io_timeout_ms (or it moved MAX_MOVES times per path)."""
@@ -682,9 +737,26 @@ class MultipathDevice:
                     return self._no_path(last)
                 await asyncio.sleep(WAIT_STEP_S)
                 continue
+            made = None  # p's queue for this loop, made while this request waited
+            if p.dev is not None and p.dev._loop_ready() is None:
+                q = self._ready_elsewhere(p)
+                if q is not None:
+                    p = q
+                else:
+                    try:
+                        made = await self._first_queue(p)
+                    except BaseException:  # cancelled: nothing was sent
+                        self._release(p)
+                        raise
+                    if made is None:
+                        self._release(p)  # another path's queue came first: pick again
+                        continue
             dev = p.dev
             try:
-                drv = self._loop_driver(p, dev) if dev is not None else None
+                if made is not None:
+                    drv = made.result()  # the making's error, if it failed, is this attempt's
+                else:
+                    drv = await self._loop_driver(p, dev) if dev is not None else None
             except BaseException as e:  # this loop's queue could not be made: not sent
                 what, fence = self._after(p, dev, op, 0, 0, e, False) if \
                     isinstance(e, Exception) and dev is not None else ("raise", None)
@@ -704,7 +776,7 @@ class MultipathDevice:
             waiting_since = None
             sent = False
             try:
-                r = dev._request(op, offset, buf)
+                r = dev._request(op, offset, buf, priority, stream)
                 (f,) = drv.submit([r])
                 sent = True
                 done = await _io_done(drv, f)
@@ -731,7 +803,8 @@ class MultipathDevice:
             self._done(p, done[0], r[3], None, write=_is_write(op))
             return done
 
-    def _one_blocking(self, op: int, offset: int, buf: Any) -> Completion:
+    def _one_blocking(self, op: int, offset: int, buf: Any, priority: Any = None,
+                      stream: int = 0) -> Completion:
         last: Completion | None = None
         waiting_since: float | None = None
         moves = 0
@@ -776,7 +849,7 @@ class MultipathDevice:
             assert dev is not None
             waiting_since = None
             try:
-                r = dev._request(op, offset, buf)
+                r = dev._request(op, offset, buf, priority, stream)
                 done = drv.run_blocking([r])[0]
             except BaseException as e:
                 # run_blocking hands C the request before anything can fail
@@ -887,12 +960,13 @@ class MultipathDevice:
         raise UnsupportedTransportError(
             95, "a multipath device has no one raw queue: open one path's URI for that", self.uri)
 
-    async def submit(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
+    async def submit(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
+                     stream: int | None = None) -> list[Completion]:
         """Run the requests concurrently.  Cancelled, it cancels every one
         of them and returns only once each stopped touching its buffer."""
         import asyncio
 
-        futs = self.start(reqs)
+        futs = self.start(reqs, priority=priority, stream=stream)
         try:
             return list(await asyncio.gather(*futs))
         except BaseException:
@@ -908,20 +982,26 @@ class MultipathDevice:
                     f.exception()  # seen
             raise
 
-    def start(self, reqs: list[tuple[int, int, Any]]) -> list[asyncio.Future]:
+    # priority= and stream= as Device's (fx100io.priority): each path's
+    # queue orders the pieces it carries by them
+    def start(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
+              stream: int | None = None) -> list[asyncio.Future]:
         import asyncio
 
         dev = self._any_dev()
-        for op, off, buf in reqs:  # the caller's mistakes raise now, as Device.start's do
-            dev._request(op, off, buf)
+        # the caller's mistakes raise now, as Device.start's do
+        dev._requests(reqs, priority, stream)
+        sid = prio.new_stream() if stream is None else stream
         loop = asyncio.get_running_loop()
-        return [loop.create_task(self._one(op, off, buf)) for op, off, buf in reqs]
+        return [loop.create_task(self._one(op, off, buf, priority, sid)) for op, off, buf in reqs]
 
-    async def read_into(self, offset: int, buf: Any) -> int:
-        return self._check(offset, await self._one(_core.OP_READ, offset, buf))
+    async def read_into(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        return self._check(offset, await self._one(_core.OP_READ, offset, buf, priority,
+                                                   prio.new_stream()))
 
-    async def write_from(self, offset: int, buf: Any) -> int:
-        return self._check(offset, await self._one(_core.OP_WRITE, offset, buf))
+    async def write_from(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        return self._check(offset, await self._one(_core.OP_WRITE, offset, buf, priority,
+                                                   prio.new_stream()))
 
     def _flush_targets(self) -> list[_Path]:
         with self._lock:
@@ -947,7 +1027,7 @@ class MultipathDevice:
                               f"{self.io_timeout_s:g} s ({where}); writes completed before it "
                               "may not be durable", self.uri)
 
-    async def flush(self) -> None:
+    async def flush(self, *, priority: Any = None) -> None:
         """Make completed writes durable: a flush through every path that
         completed writes since its last flush (the volatile write cache is
         each controller's), or through one live path when none did.  A path
@@ -971,7 +1051,7 @@ class MultipathDevice:
                                             "cannot be flushed", self.uri)
                 dev = p.dev if p is not None else None
                 try:
-                    drv = self._loop_driver(p, dev) if p is not None and dev is not None \
+                    drv = await self._loop_driver(p, dev) if p is not None and dev is not None \
                         else None
                 except OSError as e:  # this loop's queue could not be made
                     if not _exc_path_error(e) or p is None:
@@ -988,7 +1068,7 @@ class MultipathDevice:
                     p.dirty = False
                 from fx100io.device import _io_done
 
-                r = dev._request(_core.OP_FLUSH, 0, None)
+                r = dev._request(_core.OP_FLUSH, 0, None, priority)
                 try:
                     (f,) = drv.submit([r])
                     done = await _io_done(drv, f)
@@ -1015,16 +1095,21 @@ class MultipathDevice:
             self._release(p)
         return p
 
-    def submit_blocking(self, reqs: list[tuple[int, int, Any]]) -> list[Completion]:
-        return [self._one_blocking(op, off, buf) for op, off, buf in reqs]
+    def submit_blocking(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
+                        stream: int | None = None) -> list[Completion]:
+        self._any_dev()._requests(reqs, priority, stream)  # the caller's mistakes raise now
+        sid = prio.new_stream() if stream is None else stream
+        return [self._one_blocking(op, off, buf, priority, sid) for op, off, buf in reqs]
 
-    def read_into_blocking(self, offset: int, buf: Any) -> int:
-        return self._check(offset, self._one_blocking(_core.OP_READ, offset, buf))
+    def read_into_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        return self._check(offset, self._one_blocking(_core.OP_READ, offset, buf, priority,
+                                                      prio.new_stream()))
 
-    def write_from_blocking(self, offset: int, buf: Any) -> int:
-        return self._check(offset, self._one_blocking(_core.OP_WRITE, offset, buf))
+    def write_from_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        return self._check(offset, self._one_blocking(_core.OP_WRITE, offset, buf, priority,
+                                                      prio.new_stream()))
 
-    def flush_blocking(self) -> None:
+    def flush_blocking(self, *, priority: Any = None) -> None:
         """flush(), blocking."""
         deadline = time.monotonic() + self.io_timeout_s
         targets: list[_Path | None] = list(self._flush_targets()) or [None]
@@ -1056,7 +1141,7 @@ class MultipathDevice:
                 with self._lock:
                     p.dirty = False
                 try:
-                    done = drv.run_blocking([dev._request(_core.OP_FLUSH, 0, None)])[0]
+                    done = drv.run_blocking([dev._request(_core.OP_FLUSH, 0, None, priority)])[0]
                 except Exception as e:
                     if (_exc_path_error(e) or isinstance(e, DeviceClosedError)) and \
                             not self._closed:

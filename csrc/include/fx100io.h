@@ -234,6 +234,14 @@ struct fx_queue_opts {
  * loop sleeps that long per wake-up; without it the same work wakes the
  * sleeping thread at once and runs as it returns from its wait. */
 #define FX_QUEUE_FD_WAKE 0x1
+/* The queue is made (connected, for NVMe-oF) on one thread and used on
+ * another: an event loop must never wait for a connect (docs/architecture.md
+ * rule 14), and a ring with IORING_SETUP_SINGLE_ISSUER belongs to the thread
+ * that makes it.  Its ring starts disabled (IORING_SETUP_R_DISABLED) and
+ * nothing is submitted until fx_queue_enable() on the thread that will use
+ * it, which makes that thread the ring's issuer.  Ignored by transports
+ * without a ring of their own (NVMe/RDMA, psync). */
+#define FX_QUEUE_DEFER_ENABLE 0x2
 
 /* Ring features a queue ended up with (for logs and tests). */
 #define FX_RING_SINGLE_ISSUER 0x1
@@ -276,9 +284,17 @@ void fx_dev_close(struct fx_dev *d);
 int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts, struct fx_queue **out);
 void fx_queue_destroy(struct fx_queue *q);
 /*
+ * Hand a queue made with FX_QUEUE_DEFER_ENABLE to the calling thread: from
+ * now on only this thread submits and waits on it.  Does not block on the
+ * network.  Call it once, from that thread.  0 (also for a queue made
+ * without the flag, or one enabled already), -errno of io_uring_register.
+ */
+int fx_queue_enable(struct fx_queue *q);
+/*
  * Queue requests and submit what fits in the ring.  Returns how many
  * requests were accepted (<= n); fewer than n (possibly 0) when the request
- * slots are full: reap and retry.  -EINVAL (bad op/len/offset).
+ * slots are full: reap and retry.  -EINVAL (bad op/len/offset), -EBADFD (made
+ * with FX_QUEUE_DEFER_ENABLE and not enabled yet).
  */
 int fx_queue_submit(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
 /* Non-blocking: move finished requests into out.  Returns the count. */

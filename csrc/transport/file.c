@@ -441,6 +441,8 @@ static int fq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	struct file_queue *q = (struct file_queue *)base;
 	unsigned k;
 
+	if (q->ring.disabled)
+		return -EBADFD; /* nothing could go out: fx_queue_enable() first */
 	/* Validate everything first: a bad request rejects the batch
 	 * before any of it is queued. */
 	for (k = 0; k < n; k++) {
@@ -550,12 +552,18 @@ fail:
 	return ret;
 }
 
+static int fq_enable(struct fx_queue *base)
+{
+	return fx_ring_enable(&((struct file_queue *)base)->ring);
+}
+
 const struct fx_transport_ops fx_transport_file = {
 	.name = "file",
 	.dev_open = fx_file_dev_open,
 	.dev_close = fx_file_dev_close,
 	.queue_create = fq_create,
 	.queue_destroy = fq_destroy,
+	.queue_enable = fq_enable,
 	.queue_submit = fq_submit,
 	.queue_reap = fq_reap,
 	.queue_wait = fq_wait,

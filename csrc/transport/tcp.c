@@ -1133,6 +1133,8 @@ static void ring_fail(struct tcp_queue *q, int err)
  * submit call makes one); anything else is ring_fail(). */
 static void ring_submit(struct tcp_queue *q)
 {
+	if (q->ring.disabled)
+		return; /* made for another thread: tq_enable() submits */
 	int ret = io_uring_submit(&q->ring.uring);
 	if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR)
 		ring_fail(q, ret);
@@ -1195,6 +1197,8 @@ static int tq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	uint64_t bs = q->dev->base.info.block_size;
 	unsigned k;
 
+	if (q->ring.disabled)
+		return -EBADFD; /* nothing could go out: fx_queue_enable() first */
 	for (k = 0; k < n; k++) {
 		int ret = fx_req_check(base->dev, &reqs[k]);
 		if (ret < 0)
@@ -1297,6 +1301,10 @@ static void tq_destroy(struct fx_queue *base)
 		conn_fail(&q->conns[k], -ECANCELED);
 	/* Wait (bounded) until the kernel has let go of every buffer. */
 	int64_t until = now_ms() + 5000;
+	/* A ring never enabled (FX_QUEUE_DEFER_ENABLE) has submitted nothing:
+	 * the receives armed in it hold no buffer. */
+	for (unsigned k = 0; q->ring.disabled && k < q->nconns; k++)
+		q->conns[k].recv_busy = q->conns[k].send_busy = 0;
 	for (;;) {
 		int busy = 0;
 		for (unsigned k = 0; k < q->nconns; k++) {
@@ -1343,6 +1351,20 @@ static void tq_destroy(struct fx_queue *base)
 	fx_nvmf_waits_fini(&q->waits);
 	fx_reqs_fini(&q->t);
 	free(q);
+}
+
+/* On the thread that will use the queue (FX_QUEUE_DEFER_ENABLE): its
+ * connections were made on the creating thread; their first receives wait
+ * in the ring until now. */
+static int tq_enable(struct fx_queue *base)
+{
+	struct tcp_queue *q = (struct tcp_queue *)base;
+	int ret = fx_ring_enable(&q->ring);
+
+	if (ret < 0)
+		return ret;
+	ring_submit(q);
+	return 0;
 }
 
 static int tq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct fx_queue **out)
@@ -1449,6 +1471,7 @@ const struct fx_transport_ops fx_transport_tcp = {
 	.dev_close = tcp_dev_close,
 	.queue_create = tq_create,
 	.queue_destroy = tq_destroy,
+	.queue_enable = tq_enable,
 	.queue_submit = tq_submit,
 	.queue_reap = tq_reap,
 	.queue_wait = tq_wait,

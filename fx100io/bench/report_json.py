@@ -195,6 +195,12 @@ def fx_extras(r: JobResult) -> dict[str, Any]:
         extra["io_uring_refused"] = dict(r.io_uring_refused)
     if r.error_msg:
         extra["error_message"] = r.error_msg
+    if r.paths:
+        extra["paths"] = [
+            {k: p.get(k) for k in ("path", "state", "why", "ana_group", "ana_state", "commands", "bytes",
+                                   "errors", "failovers")}
+            for p in r.paths
+        ]
     if r.verify is not None:
         extra["verify"] = {
             "method": "crc32c",

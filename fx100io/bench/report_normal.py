@@ -136,6 +136,24 @@ def _kv_lines(r: JobResult) -> list[str]:
     return lines
 
 
+def _path_lines(r: JobResult) -> list[str]:
+    """A multipath target's paths: what each carried over the whole job."""
+    if not r.paths:
+        return []
+    rows = [("address", "state", "ana", "commands", "bytes", "errors", "failovers")]
+    for p in r.paths:
+        label = str(p.get("path", ""))
+        address = label.split("://", 1)[-1].split("/", 1)[0]  # host:port; secrets are redacted anyway
+        rows.append((address, str(p.get("state", "")), str(p.get("ana_state", "")), str(p.get("commands", 0)),
+                     fmt_bytes_bin(int(p.get("bytes", 0))), str(p.get("errors", 0)), str(p.get("failovers", 0))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"  paths        : {len(r.paths)} (commands and bytes completed on each; failovers: requests that left it)"]
+    for row in rows:
+        lines.append("     " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in
+                                          enumerate(zip(row, widths))))
+    return lines
+
+
 def job_block(r: JobResult) -> str:
     job = r.job
     when = time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(r.end_time))
@@ -163,6 +181,7 @@ def job_block(r: JobResult) -> str:
     both = combined(r)
     if both.n:
         lines += _lat_dist_lines(both)
+    lines += _path_lines(r)
     usr, sys = cpu_percent(r)
     lines.append(
         f"  cpu          : usr={usr:.2f}%, sys={sys:.2f}%, ctx={r.rusage.ctx}, majf={r.rusage.majf}, minf={r.rusage.minf}"

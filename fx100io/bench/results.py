@@ -57,6 +57,9 @@ class JobResult:
     # Phases with their own clocks (the KV workload stores, then loads):
     # bandwidth of a direction divides by its phase, not the whole job.
     dir_runtime_ns: dict[str, int] = field(default_factory=dict)
+    # A multipath target: one dict per path (MultipathDevice.path_stats(),
+    # counted over the whole job, layout and ramp included), in its order.
+    paths: list[dict[str, Any]] = field(default_factory=list)
 
     def runtime_for(self, which: str) -> int:
         return self.dir_runtime_ns.get(which, self.runtime_ns)
@@ -114,6 +117,7 @@ def group_results(results: list[JobResult]) -> list[JobResult]:
             if name not in merged.io_uring_features:
                 merged.io_uring_features.append(name)
         merged.io_uring_refused.update(r.io_uring_refused)
+        merged.paths = merge_paths(merged.paths, r.paths)
         merged.jobs_merged += 1
         merged.end_time = max(merged.end_time, r.end_time)
     merged.kv = _merge_kv([r.kv for r in results if r.kv is not None], merged.runtime_ns)
@@ -128,6 +132,25 @@ def group_results(results: list[JobResult]) -> list[JobResult]:
     # which is how fio averages them in a group.
     merged.cpu_runtime_ns = cpu_runtime_ns
     return [merged]
+
+
+PATH_COUNTERS = ("commands", "bytes", "errors", "failovers")
+
+
+def merge_paths(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-path stats of two instances summed path by path (matched by the
+    path's URI); the state and ANA state are the later instance's."""
+    out = [dict(p) for p in a]
+    at = {p["path"]: p for p in out}
+    for p in b:
+        mine = at.get(p["path"])
+        if mine is None:
+            out.append(dict(p))
+            continue
+        for k in PATH_COUNTERS:
+            mine[k] = mine.get(k, 0) + p.get(k, 0)
+        mine["state"], mine["ana_state"] = p.get("state", ""), p.get("ana_state", "")
+    return out
 
 
 def _merge_kv(kvs: list[dict[str, Any]], runtime_ns: int) -> dict[str, Any] | None:

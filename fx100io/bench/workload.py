@@ -545,7 +545,7 @@ class IoLoop:
         elif self.job.ioengine == "psync":
             self.last_loop = "psync"
             self.run_blocking(ios, phase, duration_ns, verify_only)
-        elif self.verify_log is None:
+        elif self.verify_log is None and not is_multipath(self.target):
             self.last_loop = "python"
             self.run_direct(ios, phase, duration_ns)
         else:
@@ -574,12 +574,19 @@ def c_loop_refusal(job: Job, target: Target) -> str | None:
         return "the target is not a local file or block device"
     if job.verify:
         return "--verify checks blocks in Python"
+    if is_multipath(target):
+        return "several paths: each request may move to another path, in Python"
     from fx100io import _core
 
     most = getattr(_core, "BL_MAX_DEPTH", 32768)
     if job.iodepth > most:
         return f"iodepth={job.iodepth} is more than the C loop's {most}"
     return None
+
+
+def is_multipath(target: Target) -> bool:
+    """The target is several paths to one namespace (a MultipathDevice)."""
+    return callable(getattr(getattr(target, "device", None), "path_stats", None))
 
 
 def c_loop_on_queue(job: Job, target: Target) -> bool:
@@ -736,6 +743,8 @@ def run_block_job(
             result.error = 5  # EIO
             result.error_msg = str(e)
             result.verify = loop.verify_log
+        if is_multipath(target):
+            result.paths = target.device.path_stats()
         del bufs
         pool.close()
     finally:

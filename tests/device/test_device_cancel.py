@@ -32,6 +32,10 @@ def test_a_cancelled_read_on_a_closed_loop_loses_no_later_completion(slow_target
 
         async def cancel_one() -> asyncio.Task:
             t = asyncio.create_task(dev.read_into(0, bytearray(4096)))
+            # this loop's queue is made off the loop first (a connect)
+            deadline = time.monotonic() + 10
+            while dev._loop_ready() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)  # handed to C
             t.cancel()
             await asyncio.sleep(0)  # now waiting for its request to come back
