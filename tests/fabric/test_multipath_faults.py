@@ -557,8 +557,8 @@ def test_cancelled_submit_cancels_and_awaits_every_request(backing):
         started: list[asyncio.Future] = []
         real_start = dev.start
 
-        def start(reqs):  # noqa: ANN001, ANN202
-            futs = real_start(reqs)
+        def start(reqs, **kw):  # noqa: ANN001, ANN003, ANN202
+            futs = real_start(reqs, **kw)
             started.extend(futs)
             return futs
 
