@@ -481,8 +481,16 @@ static void fq_destroy(struct fx_queue *base)
 	 * is about to free: wait for them first. */
 	while (q->nfree_pieces < q->depth) {
 		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts = {.tv_sec = 1, .tv_nsec = 0};
 		flush_sqes(q);
-		if (io_uring_wait_cqe(&q->ring.uring, &cqe) < 0)
+		/* Pieces whose SQEs never reached the kernel (a submit refused
+		 * for good: -EEXIST from a thread that is not the ring's single
+		 * issuer) never complete and hold no buffer: waiting for them
+		 * would hang this thread (a Queue collected by another thread). */
+		if (q->depth - q->nfree_pieces <= io_uring_sq_ready(&q->ring.uring))
+			break;
+		int ret = io_uring_wait_cqe_timeout(&q->ring.uring, &cqe, &ts);
+		if (ret < 0 && ret != -ETIME && ret != -EINTR)
 			break;
 		unsigned n = 0, head;
 		io_uring_for_each_cqe(&q->ring.uring, head, cqe)

@@ -238,7 +238,7 @@ def test_a_queue_made_on_one_thread_runs_on_another_and_keeps_its_device(tmp_pat
     dev = fx100io.open_device(str(img), direct=False)
     made: list = []
     t = threading.Thread(target=lambda: made.append(_core.Queue(dev._dev, 8, 1 << 20, 64, True,
-                                                                True)))
+                                                                defer_enable=True)))
     t.start()
     t.join(10)
     (q,) = made
