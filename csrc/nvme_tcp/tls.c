@@ -128,21 +128,27 @@ static int seq_next(struct fx_tls *t, struct fx_tls_dir *d)
 
 int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, int cnt, size_t len)
 {
+	return fx_tls_seal_to(t, t->out, type, iov, cnt, len);
+}
+
+int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
+		   size_t len)
+{
 	struct fx_tls_dir *d = &t->tx;
-	uint8_t nonce[12], *p = t->out + FX_TLS_HEADER;
+	uint8_t nonce[12], *p = dst + FX_TLS_HEADER;
 	size_t rlen = len + 1 + FX_TLS_TAG;
 	int n;
 
 	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
 		return -EINVAL;
-	t->out[0] = CT_APPDATA;
-	t->out[1] = 3;
-	t->out[2] = 3;
-	t->out[3] = (uint8_t)(rlen >> 8);
-	t->out[4] = (uint8_t)rlen;
+	dst[0] = CT_APPDATA;
+	dst[1] = 3;
+	dst[2] = 3;
+	dst[3] = (uint8_t)(rlen >> 8);
+	dst[4] = (uint8_t)rlen;
 	nonce_of(d, nonce);
 	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
-	    !EVP_EncryptUpdate(d->ctx, NULL, &n, t->out, FX_TLS_HEADER))
+	    !EVP_EncryptUpdate(d->ctx, NULL, &n, dst, FX_TLS_HEADER))
 		return fail(t, -EIO, "TLS record encryption failed");
 	for (int i = 0, left = (int)len; i < cnt && left > 0; i++) {
 		int take = iov[i].iov_len < (size_t)left ? (int)iov[i].iov_len : left;
@@ -227,14 +233,37 @@ static int handshake_msgs(struct fx_tls *t, const uint8_t *p, size_t len)
 	return 0;
 }
 
+int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr)
+{
+	return header_ok(t, hdr);
+}
+
+/* Open record rec[0..len) (header checked, len its whole size) into out
+ * (which may be rec + FX_TLS_HEADER: GCM decrypts in place) and act on
+ * it: the application data's length, 0 for a dropped ticket or a key
+ * update, or the error. */
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out);
+
+int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain)
+{
+	int blen;
+
+	if (!t->rx.ctx || len < FX_TLS_HEADER)
+		return -EINVAL;
+	blen = header_ok(t, rec);
+	if (blen < 0)
+		return blen;
+	if ((size_t)blen != len - FX_TLS_HEADER)
+		return -EINVAL;
+	*plain = rec + FX_TLS_HEADER;
+	return open_into(t, rec, len, rec + FX_TLS_HEADER);
+}
+
 int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 {
-	struct fx_tls_dir *d = &t->rx;
-	uint8_t nonce[12], *out;
-	int blen, n, rc;
-	size_t clen, plen;
+	int blen, n;
 
-	if (!d->ctx || len < FX_TLS_HEADER)
+	if (!t->rx.ctx || len < FX_TLS_HEADER)
 		return -EINVAL;
 	blen = header_ok(t, rec);
 	if (blen < 0)
@@ -251,8 +280,20 @@ int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 		if (t->plain_len + (size_t)blen > sizeof(t->plain))
 			return -EINVAL;
 	}
-	out = t->plain + t->plain_len;
-	clen = (size_t)blen - FX_TLS_TAG;
+	n = open_into(t, rec, len, t->plain + t->plain_len);
+	if (n > 0)
+		t->plain_len += (size_t)n;
+	return n;
+}
+
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out)
+{
+	struct fx_tls_dir *d = &t->rx;
+	uint8_t nonce[12];
+	int n, rc;
+	size_t clen, plen;
+
+	clen = len - FX_TLS_HEADER - FX_TLS_TAG;
 	nonce_of(d, nonce);
 	if (!EVP_DecryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
 	    !EVP_DecryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
@@ -279,11 +320,8 @@ int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 
 	if (plen > FX_TLS_MAX_PLAINTEXT)
 		return fail(t, -EPROTO, "a TLS record over 2^14 plaintext bytes");
-	if (type == CT_APPDATA) {
-		/* RFC 8446 5.1: zero-length application data is allowed, and ignored */
-		t->plain_len += plen;
-		return (int)plen;
-	}
+	if (type == CT_APPDATA)
+		return (int)plen; /* RFC 8446 5.1: zero-length application data is allowed */
 	if (type == CT_ALERT) {
 		if (plen != 2)
 			return fail(t, -EPROTO, "a malformed TLS alert");

@@ -107,6 +107,19 @@ int fx_tls_close_notify(struct fx_tls *t, int fd, int64_t deadline);
 int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len);
 int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, int cnt,
 		       size_t len);
+/*
+ * The same for a caller with its own buffers (the io_uring data path):
+ * record_len checks a record's 5-byte header and returns its body's length
+ * (-EPROTO: not a record a peer may send); open decrypts the whole record
+ * rec[0..len) in place and handles it like record_in, with *plain pointing
+ * at the application data inside rec (valid until rec is reused); seal_to
+ * seals like record_seal into dst, which has room for
+ * FX_TLS_HEADER + len + 1 + FX_TLS_TAG bytes.
+ */
+int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr);
+int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain);
+int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
+		   size_t len);
 /* Install a direction's traffic secret (tests: both ends from one). */
 int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret);
 struct fx_tls *fx_tls_alloc(void);
