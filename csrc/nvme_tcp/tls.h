@@ -58,7 +58,11 @@ struct fx_tls {
 	size_t plain_pos, plain_len;
 	/* sent: one record at a time */
 	uint8_t out[FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG];
+	/* fx_tls_sendv of more than a record: FX_TLS_SEND_RECORDS sealed
+	 * records per send (allocated on first need; NULL: one at a time) */
+	uint8_t *bulk;
 };
+#define FX_TLS_SEND_RECORDS 8
 
 /* The target's PSK for a peer's identity: 0 with *psk filled (its
  * identity field need not be), -EACCES (with *why a static sentence for
