@@ -39,6 +39,7 @@
 #define FX_TLS_MAX_CIPHERTEXT (16384 + 256)
 #define FX_TLS_HEADER 5
 #define FX_TLS_TAG 16
+#define FX_TLS_CT_APPDATA 23 /* the record content type of application data */
 
 /* One direction's record protection. */
 struct fx_tls_dir {

@@ -420,7 +420,8 @@ static int tls_tx_fill(struct conn *c)
 								  : FX_TLS_MAX_PLAINTEXT;
 		struct iovec *iov = c->tx_iov + c->tls_pi;
 		int cnt = (int)(c->tx_msg.msg_iovlen - c->tls_pi);
-		int n = fx_tls_seal_to(c->nc.tls, c->tls_ct + c->tls_ct_len, 23, iov, cnt, take);
+		int n = fx_tls_seal_to(c->nc.tls, c->tls_ct + c->tls_ct_len, FX_TLS_CT_APPDATA, iov,
+				       cnt, take);
 
 		if (n < 0) {
 			fprintf(stderr, "fx100io: nvme+tcp: qid %u: TLS: %s\n", c->nc.qid,

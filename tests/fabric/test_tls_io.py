@@ -9,6 +9,9 @@ is cancelled cleanly."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
+import threading
 import time
 
 import numpy as np
@@ -188,3 +191,131 @@ def test_cancelling_a_read_in_flight(backing):
             asyncio.run(main())
         finally:
             dev.close()
+
+
+class RecordProxy:
+    """A loopback proxy between our initiator and our target that reads the
+    target's TLS records (their 5-byte headers are clear text) and, on the
+    first connection that carries more than `after` records, breaks record
+    number `after` as `how` says: "tag" flips a byte of its body, "oversize"
+    sends a header claiming 2^14+257 bytes, "cut" closes mid-record.  Later
+    connections pass through untouched."""
+
+    def __init__(self, port: int, how: str, after: int = 40):
+        self.port, self.how, self.after = port, how, after
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.srv.settimeout(0.2)
+        self.listen_port = self.srv.getsockname()[1]
+        self.done = False
+        self.fired = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = []
+        self._start(self._accept)
+
+    def _start(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self) -> None:
+        while not self.done:
+            try:
+                a, _ = self.srv.accept()
+            except OSError:
+                continue
+            b = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+            self.socks += [a, b]
+            self._start(self._pipe, a, b)
+            self._start(self._records, b, a)
+
+    @staticmethod
+    def _read(s: socket.socket, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            got = s.recv(n - len(out))
+            if not got:
+                raise ConnectionError
+            out += got
+        return out
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._cut(src, dst)
+
+    def _records(self, src: socket.socket, dst: socket.socket) -> None:
+        n = 0
+        try:
+            while True:
+                hdr = self._read(src, 5)
+                body = self._read(src, int.from_bytes(hdr[3:5], "big"))
+                n += 1
+                if n == self.after and not self.fired.is_set():
+                    self.fired.set()
+                    if self.how == "tag":
+                        body = body[:100] + bytes([body[100] ^ 4]) + body[101:]
+                    elif self.how == "oversize":
+                        hdr = hdr[:3] + (16384 + 257).to_bytes(2, "big")
+                    else:
+                        dst.sendall(hdr + body[:len(body) // 2])
+                        break
+                dst.sendall(hdr + body)
+        except OSError:
+            pass
+        self._cut(src, dst)
+
+    @staticmethod
+    def _cut(*socks: socket.socket) -> None:
+        # shutdown first: a close alone leaves the socket open while the
+        # other direction's thread is still blocked in recv on it
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.done = True
+        self._cut(self.srv, *self.socks)
+        for t in self.threads:
+            t.join(5)
+
+
+@pytest.mark.parametrize("how", ["tag", "oversize", "cut"])
+def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing, how, capfd):
+    """A tampered record, an oversized one, or a connection cut mid-record
+    while 8 MiB reads are in flight: the read fails with a protocol or
+    connection error (never wrong bytes), the reason is logged, and the next read reconnects
+    with a new handshake and is byte-exact."""
+    data = chunk_bytes("broken-" + how, 8 << 20)
+    with open(backing, "r+b") as f:
+        f.write(data.tobytes())
+    with serve([backing], NQN, *target_args()) as (host, port, _):
+        proxy = RecordProxy(port, how)
+        try:
+            dev = fx100io.open_device(uri(host, proxy.listen_port, io_timeout_ms=5000,
+                                          reconnect_ms=50), queue_depth=32)
+            try:
+                out = np.empty(8 << 20, np.uint8)
+                with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)) as e:
+                    dev.read_into_blocking(0, out)
+                assert proxy.fired.is_set()
+                if how == "tag":
+                    assert e.value.errno == errno.EBADMSG
+                err = capfd.readouterr().err
+                if how == "tag":
+                    assert "TLS: a TLS record failed its integrity check" in err
+                elif how == "oversize":
+                    assert "TLS: the TLS peer sent a record of a size TLS 1.3 forbids" in err
+                out[:] = 0
+                assert dev.read_into_blocking(0, out) == 8 << 20
+                assert np.array_equal(out, data)
+                assert dev.queue_stats()["reconnects"] >= 1
+            finally:
+                dev.close()
+        finally:
+            proxy.close()
