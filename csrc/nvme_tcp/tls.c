@@ -242,25 +242,34 @@ int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr)
 	return header_ok(t, hdr);
 }
 
-/* Open record rec[0..len) (header checked, len its whole size) into out
- * (which may be rec + FX_TLS_HEADER: GCM decrypts in place) and act on
- * it: the application data's length, 0 for a dropped ticket or a key
- * update, or the error. */
-static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out);
+/* Open record rec[0..len) (header checked, len its whole size): its first
+ * k plaintext bytes into dst, the rest into out + k (out may be rec +
+ * FX_TLS_HEADER: GCM decrypts in place), and act on it: the application
+ * data's length, 0 for a dropped ticket or a key update, or the error. */
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, uint8_t *dst,
+		     size_t k);
 
-int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain)
+int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
+		      uint8_t **rest)
 {
 	int blen;
 
-	if (!t->rx.ctx || len < FX_TLS_HEADER)
+	if (!t->rx.ctx || len < FX_TLS_HEADER || (k && !dst))
 		return -EINVAL;
 	blen = header_ok(t, rec);
 	if (blen < 0)
 		return blen;
 	if ((size_t)blen != len - FX_TLS_HEADER)
 		return -EINVAL;
-	*plain = rec + FX_TLS_HEADER;
-	return open_into(t, rec, len, rec + FX_TLS_HEADER);
+	if (k > (size_t)blen - FX_TLS_TAG)
+		k = (size_t)blen - FX_TLS_TAG;
+	*rest = rec + FX_TLS_HEADER + k;
+	return open_into(t, rec, len, rec + FX_TLS_HEADER, dst, k);
+}
+
+int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain)
+{
+	return fx_tls_open_split(t, rec, len, NULL, 0, plain);
 }
 
 int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
@@ -284,13 +293,14 @@ int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 		if (t->plain_len + (size_t)blen > sizeof(t->plain))
 			return -EINVAL;
 	}
-	n = open_into(t, rec, len, t->plain + t->plain_len);
+	n = open_into(t, rec, len, t->plain + t->plain_len, NULL, 0);
 	if (n > 0)
 		t->plain_len += (size_t)n;
 	return n;
 }
 
-static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out)
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, uint8_t *dst,
+		     size_t k)
 {
 	struct fx_tls_dir *d = &t->rx;
 	uint8_t nonce[12];
@@ -299,14 +309,18 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out)
 
 	clen = len - FX_TLS_HEADER - FX_TLS_TAG;
 	nonce_of(d, nonce);
+	/* (GCM is a stream: the plaintext may go to two places) */
 	if (!EVP_DecryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
 	    !EVP_DecryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
-	    !EVP_DecryptUpdate(d->ctx, out, &n, rec + FX_TLS_HEADER, (int)clen) ||
+	    (k && !EVP_DecryptUpdate(d->ctx, dst, &n, rec + FX_TLS_HEADER, (int)k)) ||
+	    !EVP_DecryptUpdate(d->ctx, out + k, &n, rec + FX_TLS_HEADER + k, (int)(clen - k)) ||
 	    !EVP_CIPHER_CTX_ctrl(d->ctx, EVP_CTRL_AEAD_SET_TAG, FX_TLS_TAG,
 				 rec + FX_TLS_HEADER + clen))
 		return fail(t, -EIO, "TLS record decryption failed");
-	if (EVP_DecryptFinal_ex(d->ctx, out + n, &n) <= 0) {
-		OPENSSL_cleanse(out, clen);
+	if (EVP_DecryptFinal_ex(d->ctx, out + clen, &n) <= 0) {
+		OPENSSL_cleanse(out + k, clen - k);
+		if (k)
+			OPENSSL_cleanse(dst, k);
 		return fail(t, -EBADMSG,
 			    "a TLS record failed its integrity check (bad tag: "
 			    "tampered, or not from the peer we keyed)");
@@ -316,11 +330,15 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out)
 		return rc;
 	/* the inner type is the last non-zero byte; zeros after it are padding */
 	plen = clen;
-	while (plen && out[plen - 1] == 0)
+	while (plen && (plen - 1 < k ? dst[plen - 1] : out[plen - 1]) == 0)
 		plen--;
 	if (!plen)
 		return fail(t, -EPROTO, "a TLS record with no content type");
-	uint8_t type = out[--plen];
+	--plen;
+	uint8_t type = plen < k ? dst[plen] : out[plen];
+
+	if (type != CT_APPDATA && k)
+		memcpy(out, dst, k); /* not data: in one piece for what follows */
 
 	if (plen > FX_TLS_MAX_PLAINTEXT)
 		return fail(t, -EPROTO, "a TLS record over 2^14 plaintext bytes");

@@ -123,6 +123,16 @@ int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, 
  */
 int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr);
 int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain);
+/* The same with the first k plaintext bytes decrypted into dst (the data
+ * path: payload straight into the caller's buffer) and the rest in place
+ * at *rest = rec + FX_TLS_HEADER + k.  Returns the application data's
+ * length n as fx_tls_open: bytes [0, min(k, n)) are in dst, [k, n) at
+ * *rest.  dst[0..min(k, record's ciphertext)) is written before the tag
+ * is checked (cleansed when it fails) and may hold the record's inner
+ * type and padding past n: the caller must own that range and use none
+ * of it before the return. */
+int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
+		      uint8_t **rest);
 int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
 		   size_t len);
 /* Install a direction's traffic secret (tests: both ends from one). */

@@ -864,10 +864,12 @@ static int rx_feed(struct conn *c, const uint8_t *buf, size_t n)
 }
 
 /* A secure channel's receive: n more ciphertext bytes in the stage after
- * tls_have.  Every whole record is opened in place (its tag checked before
- * any of its plaintext is used) and its PDU bytes fed to the state machine
- * (payloads copied to the callers' buffers); a partial record moves to the
- * stage's start for the next recv to complete.  A record's length is
+ * tls_have.  Every whole record is opened (its tag checked before any of
+ * its plaintext is acted on) and its PDU bytes fed to the state machine: a
+ * record that starts inside a C2HData payload decrypts that part straight
+ * into the caller's buffer, the rest in place in the stage (headers, and
+ * payload that follows a header in the same record, copied out); a partial
+ * record moves to the stage's start for the next recv to complete.  A record's length is
  * checked from its header before anything waits for it. */
 static int tls_rx(struct conn *c, size_t n)
 {
@@ -886,14 +888,30 @@ static int tls_rx(struct conn *c, size_t n)
 		size_t rlen = FX_TLS_HEADER + (size_t)blen;
 		if (have - pos < rlen)
 			break;
-		int pl = fx_tls_open(t, c->stage + pos, rlen, &plain);
+		/* C2HData payload whose header came in an earlier record (its
+		 * tag checked, the header acted on) is decrypted straight into
+		 * the caller's buffer, inside what this PDU still owes it; the
+		 * command completes only after the tag is checked */
+		size_t k = c->rx == RX_DATA ? c->rx_need - c->rx_have : 0;
+		int pl = fx_tls_open_split(t, c->stage + pos, rlen, k ? rx_dst(c) : NULL, k,
+					   &plain);
 		if (pl < 0) {
 			ret = pl;
 			break;
 		}
 		pos += rlen;
-		if (pl > 0) {
-			ret = rx_feed(c, plain, (size_t)pl);
+		size_t direct = k < (size_t)pl ? k : (size_t)pl;
+		if (direct) {
+			c->q->base.stats.bytes_direct += direct;
+			c->rx_have += (unsigned)direct;
+			if (c->rx_have == c->rx_need) {
+				ret = rx_advance(c);
+				if (ret < 0)
+					return ret;
+			}
+		}
+		if ((size_t)pl > direct) {
+			ret = rx_feed(c, plain, (size_t)pl - direct);
 			if (ret < 0)
 				return ret;
 		}

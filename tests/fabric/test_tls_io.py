@@ -75,8 +75,15 @@ def test_reads_and_writes_at_depth_are_byte_exact(backing, digests, auth):
             dev.flush_blocking()
             for o, buf in written:
                 out = pool.alloc(len(buf))
+                before = dev.queue_stats()
                 assert dev.read_into_blocking(o, out) == len(buf)
                 assert np.array_equal(out, buf)
+                after = dev.queue_stats()
+                # payload decrypted straight into `out`, but where a record
+                # also held the PDU's header
+                direct = after["bytes_direct"] - before["bytes_direct"]
+                copied = after["bytes_copied"] - before["bytes_copied"]
+                assert direct + copied == len(buf) and direct >= len(buf) * 9 // 10
             # small reads, many PDUs to a record
             out = pool.alloc(4096)
             for i in range(0, 64):
