@@ -297,8 +297,8 @@ static void arm_recv(struct conn *c)
 	if (!sqe)
 		return; /* recv_busy stays 0: resume() arms it again */
 	if (c->nc.tls) {
-		/* records are opened in the stage and the plaintext copied out:
-		 * after what is left of a partial record, as much as fits */
+		/* ciphertext into the stage, after what is left of a partial
+		 * record, as much as fits (tls_rx opens it) */
 		io_uring_prep_recv(sqe, c->nc.fd, c->stage + c->tls_have, RX_STAGE - c->tls_have,
 				   0);
 		c->rx_staged = 1;
@@ -869,8 +869,9 @@ static int rx_feed(struct conn *c, const uint8_t *buf, size_t n)
  * record that starts inside a C2HData payload decrypts that part straight
  * into the caller's buffer, the rest in place in the stage (headers, and
  * payload that follows a header in the same record, copied out); a partial
- * record moves to the stage's start for the next recv to complete.  A record's length is
- * checked from its header before anything waits for it. */
+ * record moves to the stage's start for the next recv to complete.  A
+ * record's length is checked from its header before anything waits for
+ * the rest of it. */
 static int tls_rx(struct conn *c, size_t n)
 {
 	struct fx_tls *t = c->nc.tls;
