@@ -324,12 +324,6 @@ def to_transport_target(uri: str) -> str:
     return to_transport(uri)[0]
 
 
-# what open_device with tls=1 gets until the data path carries TLS (csrc/host/dev.c
-# refuses it in C): never a clear-text connection
-_TLS_NOT_YET = ("the io_uring data path does not carry TLS yet (the control path, discovery "
-                "and our target do); not connecting in clear text")
-
-
 def _auth_reason(e: OSError) -> str | None:
     """The C side's words for an authentication failure of this thread's
     last connect, when that is why e happened."""
@@ -363,8 +357,6 @@ def open_fabric_dev(transport: str, target: str, readonly: bool,
         elif e.errno == 111 and transport == "nvme+rdma":
             err.strerror = ("the RDMA connection was refused (no NVMe/RDMA port there, or the "
                             "target rejected the queue: the reason is logged)")
-        elif e.errno == 93 and where.get("tls") == "1":
-            err.strerror = _TLS_NOT_YET
         raise err from None
 
 

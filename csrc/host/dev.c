@@ -311,13 +311,14 @@ int fx_nvmf_dev_init(struct fx_nvmf_dev *d, const struct fx_nvmf_transport *tr, 
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->open_lock, NULL);
 	ret = parse_kv(d, target);
-	if (ret == 0 && (d->params.tls || d->params.tls_key.len)) {
-		/* never fall back to clear text for a URI that asked for TLS (a key
-		 * asks for it too): until the handshake and record layer are in the
-		 * connect paths, say so */
-		fprintf(stderr,
-			"fx100io: %s: tls=1: the io_uring data path does not carry TLS yet (the "
-			"control path, discovery and our target do); not connecting in clear text\n",
+	/* a key asks for a secure channel (never clear text for a URI that
+	 * gave one); every queue, admin and I/O, does its handshake in the
+	 * blocking connect (transport/tcp_ctrl.c) and the data path carries
+	 * records (transport/tcp.c).  NVMe/TCP's only: RDMA has no TLS. */
+	if (ret == 0 && d->params.tls_key.len)
+		d->params.tls = 1;
+	if (ret == 0 && d->params.tls && strcmp(label, "nvme+tcp") != 0) {
+		fprintf(stderr, "fx100io: %s: tls=1: a secure channel is NVMe/TCP's only\n",
 			d->label);
 		ret = -EPROTONOSUPPORT;
 	}

@@ -90,6 +90,10 @@ void fx_tls_free(struct fx_tls *t)
 		return;
 	dir_fini(&t->tx);
 	dir_fini(&t->rx);
+	if (t->bulk) {
+		OPENSSL_cleanse(t->bulk, FX_TLS_SEND_RECORDS * sizeof(t->out));
+		free(t->bulk);
+	}
 	OPENSSL_cleanse(t, sizeof(*t));
 	free(t);
 }
@@ -128,21 +132,27 @@ static int seq_next(struct fx_tls *t, struct fx_tls_dir *d)
 
 int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, int cnt, size_t len)
 {
+	return fx_tls_seal_to(t, t->out, type, iov, cnt, len);
+}
+
+int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
+		   size_t len)
+{
 	struct fx_tls_dir *d = &t->tx;
-	uint8_t nonce[12], *p = t->out + FX_TLS_HEADER;
+	uint8_t nonce[12], *p = dst + FX_TLS_HEADER;
 	size_t rlen = len + 1 + FX_TLS_TAG;
 	int n;
 
 	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
 		return -EINVAL;
-	t->out[0] = CT_APPDATA;
-	t->out[1] = 3;
-	t->out[2] = 3;
-	t->out[3] = (uint8_t)(rlen >> 8);
-	t->out[4] = (uint8_t)rlen;
+	dst[0] = CT_APPDATA;
+	dst[1] = 3;
+	dst[2] = 3;
+	dst[3] = (uint8_t)(rlen >> 8);
+	dst[4] = (uint8_t)rlen;
 	nonce_of(d, nonce);
 	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
-	    !EVP_EncryptUpdate(d->ctx, NULL, &n, t->out, FX_TLS_HEADER))
+	    !EVP_EncryptUpdate(d->ctx, NULL, &n, dst, FX_TLS_HEADER))
 		return fail(t, -EIO, "TLS record encryption failed");
 	for (int i = 0, left = (int)len; i < cnt && left > 0; i++) {
 		int take = iov[i].iov_len < (size_t)left ? (int)iov[i].iov_len : left;
@@ -227,14 +237,46 @@ static int handshake_msgs(struct fx_tls *t, const uint8_t *p, size_t len)
 	return 0;
 }
 
+int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr)
+{
+	return header_ok(t, hdr);
+}
+
+/* Open record rec[0..len) (header checked, len its whole size): its first
+ * k plaintext bytes into dst, the rest into out + k (out may be rec +
+ * FX_TLS_HEADER: GCM decrypts in place), and act on it: the application
+ * data's length, 0 for a dropped ticket or a key update, or the error. */
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, uint8_t *dst,
+		     size_t k);
+
+int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
+		      uint8_t **rest)
+{
+	int blen;
+
+	if (!t->rx.ctx || len < FX_TLS_HEADER || (k && !dst))
+		return -EINVAL;
+	blen = header_ok(t, rec);
+	if (blen < 0)
+		return blen;
+	if ((size_t)blen != len - FX_TLS_HEADER)
+		return -EINVAL;
+	if (k > (size_t)blen - FX_TLS_TAG)
+		k = (size_t)blen - FX_TLS_TAG;
+	*rest = rec + FX_TLS_HEADER + k;
+	return open_into(t, rec, len, rec + FX_TLS_HEADER, dst, k);
+}
+
+int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain)
+{
+	return fx_tls_open_split(t, rec, len, NULL, 0, plain);
+}
+
 int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 {
-	struct fx_tls_dir *d = &t->rx;
-	uint8_t nonce[12], *out;
-	int blen, n, rc;
-	size_t clen, plen;
+	int blen, n;
 
-	if (!d->ctx || len < FX_TLS_HEADER)
+	if (!t->rx.ctx || len < FX_TLS_HEADER)
 		return -EINVAL;
 	blen = header_ok(t, rec);
 	if (blen < 0)
@@ -251,17 +293,34 @@ int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 		if (t->plain_len + (size_t)blen > sizeof(t->plain))
 			return -EINVAL;
 	}
-	out = t->plain + t->plain_len;
-	clen = (size_t)blen - FX_TLS_TAG;
+	n = open_into(t, rec, len, t->plain + t->plain_len, NULL, 0);
+	if (n > 0)
+		t->plain_len += (size_t)n;
+	return n;
+}
+
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, uint8_t *dst,
+		     size_t k)
+{
+	struct fx_tls_dir *d = &t->rx;
+	uint8_t nonce[12];
+	int n, rc;
+	size_t clen, plen;
+
+	clen = len - FX_TLS_HEADER - FX_TLS_TAG;
 	nonce_of(d, nonce);
+	/* (GCM is a stream: the plaintext may go to two places) */
 	if (!EVP_DecryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
 	    !EVP_DecryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
-	    !EVP_DecryptUpdate(d->ctx, out, &n, rec + FX_TLS_HEADER, (int)clen) ||
+	    (k && !EVP_DecryptUpdate(d->ctx, dst, &n, rec + FX_TLS_HEADER, (int)k)) ||
+	    !EVP_DecryptUpdate(d->ctx, out + k, &n, rec + FX_TLS_HEADER + k, (int)(clen - k)) ||
 	    !EVP_CIPHER_CTX_ctrl(d->ctx, EVP_CTRL_AEAD_SET_TAG, FX_TLS_TAG,
 				 rec + FX_TLS_HEADER + clen))
 		return fail(t, -EIO, "TLS record decryption failed");
-	if (EVP_DecryptFinal_ex(d->ctx, out + n, &n) <= 0) {
-		OPENSSL_cleanse(out, clen);
+	if (EVP_DecryptFinal_ex(d->ctx, out + clen, &n) <= 0) {
+		OPENSSL_cleanse(out + k, clen - k);
+		if (k)
+			OPENSSL_cleanse(dst, k);
 		return fail(t, -EBADMSG,
 			    "a TLS record failed its integrity check (bad tag: "
 			    "tampered, or not from the peer we keyed)");
@@ -271,19 +330,20 @@ int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 		return rc;
 	/* the inner type is the last non-zero byte; zeros after it are padding */
 	plen = clen;
-	while (plen && out[plen - 1] == 0)
+	while (plen && (plen - 1 < k ? dst[plen - 1] : out[plen - 1]) == 0)
 		plen--;
 	if (!plen)
 		return fail(t, -EPROTO, "a TLS record with no content type");
-	uint8_t type = out[--plen];
+	--plen;
+	uint8_t type = plen < k ? dst[plen] : out[plen];
+
+	if (type != CT_APPDATA && k)
+		memcpy(out, dst, k); /* not data: in one piece for what follows */
 
 	if (plen > FX_TLS_MAX_PLAINTEXT)
 		return fail(t, -EPROTO, "a TLS record over 2^14 plaintext bytes");
-	if (type == CT_APPDATA) {
-		/* RFC 8446 5.1: zero-length application data is allowed, and ignored */
-		t->plain_len += plen;
-		return (int)plen;
-	}
+	if (type == CT_APPDATA)
+		return (int)plen; /* RFC 8446 5.1: zero-length application data is allowed */
 	if (type == CT_ALERT) {
 		if (plen != 2)
 			return fail(t, -EPROTO, "a malformed TLS alert");
@@ -340,11 +400,37 @@ int fx_tls_recv_full(struct fx_tls *t, int fd, void *buf, size_t len, int64_t de
 	return 0;
 }
 
-static int send_out(struct fx_tls *t, int fd, size_t n, int64_t deadline, int cancel_fd)
+static int send_buf(const uint8_t *buf, int fd, size_t n, int64_t deadline, int cancel_fd)
 {
-	struct iovec v = {t->out, n};
+	struct iovec v = {(void *)buf, n};
 
 	return fx_tcp_sendv(fd, &v, 1, send_flags(deadline), deadline, cancel_fd, NULL);
+}
+
+static int send_out(struct fx_tls *t, int fd, size_t n, int64_t deadline, int cancel_fd)
+{
+	return send_buf(t->out, fd, n, deadline, cancel_fd);
+}
+
+/* Drop take bytes from the front of iov[0..*cnt), moving past spent ones. */
+static struct iovec *iov_consume(struct iovec *iov, int *cnt, size_t take)
+{
+	for (size_t left = take; left;) {
+		size_t s = iov->iov_len < left ? iov->iov_len : left;
+
+		iov->iov_base = (uint8_t *)iov->iov_base + s;
+		iov->iov_len -= s;
+		left -= s;
+		if (!iov->iov_len) {
+			iov++;
+			(*cnt)--;
+		}
+	}
+	while (*cnt && !iov->iov_len) {
+		iov++;
+		(*cnt)--;
+	}
+	return iov;
 }
 
 int fx_tls_sendv(struct fx_tls *t, int fd, struct iovec *iov, int cnt, int64_t deadline,
@@ -354,32 +440,28 @@ int fx_tls_sendv(struct fx_tls *t, int fd, struct iovec *iov, int cnt, int64_t d
 
 	for (int i = 0; i < cnt; i++)
 		total += iov[i].iov_len;
+	/* more than a record: several sealed per send (a send per 16 KiB
+	 * record was most of a 1 MiB read's cost on our target) */
+	if (total > FX_TLS_MAX_PLAINTEXT && !t->bulk)
+		t->bulk = malloc(FX_TLS_SEND_RECORDS * sizeof(t->out));
 	while (total) {
-		size_t take = total < FX_TLS_MAX_PLAINTEXT ? total : FX_TLS_MAX_PLAINTEXT;
-		int n = fx_tls_record_seal(t, CT_APPDATA, iov, cnt, take);
+		uint8_t *dst = t->bulk ? t->bulk : t->out;
+		int nrec = t->bulk ? FX_TLS_SEND_RECORDS : 1;
+		size_t len = 0;
 
-		if (n < 0)
-			return n;
-		n = send_out(t, fd, (size_t)n, deadline, cancel_fd);
-		if (n)
-			return n;
-		/* consume take bytes of the iovecs */
-		for (size_t left = take; left;) {
-			size_t s = iov->iov_len < left ? iov->iov_len : left;
+		for (int r = 0; r < nrec && total; r++) {
+			size_t take = total < FX_TLS_MAX_PLAINTEXT ? total : FX_TLS_MAX_PLAINTEXT;
+			int n = fx_tls_seal_to(t, dst + len, CT_APPDATA, iov, cnt, take);
 
-			iov->iov_base = (uint8_t *)iov->iov_base + s;
-			iov->iov_len -= s;
-			left -= s;
-			if (!iov->iov_len) {
-				iov++;
-				cnt--;
-			}
+			if (n < 0)
+				return n;
+			len += (size_t)n;
+			iov = iov_consume(iov, &cnt, take);
+			total -= take;
 		}
-		while (cnt && !iov->iov_len) {
-			iov++;
-			cnt--;
-		}
-		total -= take;
+		int rc = send_buf(dst, fd, len, deadline, cancel_fd);
+		if (rc)
+			return rc;
 	}
 	return 0;
 }

@@ -39,6 +39,7 @@
 #define FX_TLS_MAX_CIPHERTEXT (16384 + 256)
 #define FX_TLS_HEADER 5
 #define FX_TLS_TAG 16
+#define FX_TLS_CT_APPDATA 23 /* the record content type of application data */
 
 /* One direction's record protection. */
 struct fx_tls_dir {
@@ -58,7 +59,11 @@ struct fx_tls {
 	size_t plain_pos, plain_len;
 	/* sent: one record at a time */
 	uint8_t out[FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG];
+	/* fx_tls_sendv of more than a record: FX_TLS_SEND_RECORDS sealed
+	 * records per send (allocated on first need; NULL: one at a time) */
+	uint8_t *bulk;
 };
+#define FX_TLS_SEND_RECORDS 8
 
 /* The target's PSK for a peer's identity: 0 with *psk filled (its
  * identity field need not be), -EACCES (with *why a static sentence for
@@ -107,6 +112,29 @@ int fx_tls_close_notify(struct fx_tls *t, int fd, int64_t deadline);
 int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len);
 int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, int cnt,
 		       size_t len);
+/*
+ * The same for a caller with its own buffers (the io_uring data path):
+ * record_len checks a record's 5-byte header and returns its body's length
+ * (-EPROTO: not a record a peer may send); open decrypts the whole record
+ * rec[0..len) in place and handles it like record_in, with *plain pointing
+ * at the application data inside rec (valid until rec is reused); seal_to
+ * seals like record_seal into dst, which has room for
+ * FX_TLS_HEADER + len + 1 + FX_TLS_TAG bytes.
+ */
+int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr);
+int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain);
+/* The same with the first k plaintext bytes decrypted into dst (the data
+ * path: payload straight into the caller's buffer) and the rest in place
+ * at *rest = rec + FX_TLS_HEADER + k.  Returns the application data's
+ * length n as fx_tls_open: bytes [0, min(k, n)) are in dst, [k, n) at
+ * *rest.  dst[0..min(k, record's ciphertext)) is written before the tag
+ * is checked (cleansed when it fails) and may hold the record's inner
+ * type and padding past n: the caller must own that range and use none
+ * of it before the return. */
+int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
+		      uint8_t **rest);
+int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
+		   size_t len);
 /* Install a direction's traffic secret (tests: both ends from one). */
 int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret);
 struct fx_tls *fx_tls_alloc(void);

@@ -50,6 +50,7 @@
 #include "../host/dev.h"
 #include "../reqs.h"
 #include "../nvme_tcp/pdu.h"
+#include "../nvme_tcp/tls.h"
 #include "../nvme_tcp/xfer.h"
 
 /* Every PDU the host receives after ICResp has a 24-byte header
@@ -75,6 +76,12 @@ _Static_assert(FX_TCP_DATA_HLEN == RX_HLEN && sizeof(struct nvme_tcp_r2t_pdu) ==
 #endif
 #define BIG_CMD 1
 #define BIG_READ 2
+/* A secure channel's send buffer: this many sealed records per send (PDUs
+ * are packed up to 2^14 plaintext bytes a record). */
+#define TLS_TX_RECORDS 8
+#define TLS_REC_MAX (FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG)
+_Static_assert(RX_STAGE >= 2 * (FX_TLS_HEADER + FX_TLS_MAX_CIPHERTEXT),
+	       "the stage holds a whole record after a partial one");
 
 enum ud_kind { UD_RECV = 1, UD_SEND = 2, UD_TICK = 3, UD_WAKE = 4, UD_CANCEL = 5 };
 #define UD(conn, kind) (((uint64_t)(conn) << 8) | (kind))
@@ -217,6 +224,15 @@ struct conn {
 	int ntx_out;
 	struct iovec tx_iov[TX_BATCH * 4];
 	struct msghdr tx_msg;
+	/* secure channel (nc.tls): the stage holds ciphertext, tls_have bytes
+	 * of it not yet opened (a partial record kept at its start); sends
+	 * seal the batch's iovecs (tx_iov[tls_pi..], tls_plain bytes left)
+	 * into tls_ct, TLS_TX_RECORDS records at a time, and send
+	 * tls_ct[tls_ct_pos..tls_ct_len) */
+	uint32_t tls_have;
+	uint8_t *tls_ct;
+	size_t tls_ct_pos, tls_ct_len, tls_plain;
+	unsigned tls_pi;
 };
 
 struct tcp_queue {
@@ -281,7 +297,13 @@ static void arm_recv(struct conn *c)
 
 	if (!sqe)
 		return; /* recv_busy stays 0: resume() arms it again */
-	if (c->stage && c->big_reads == 0) {
+	if (c->nc.tls) {
+		/* ciphertext into the stage, after what is left of a partial
+		 * record, as much as fits (tls_rx opens it) */
+		io_uring_prep_recv(sqe, c->nc.fd, c->stage + c->tls_have, RX_STAGE - c->tls_have,
+				   0);
+		c->rx_staged = 1;
+	} else if (c->stage && c->big_reads == 0) {
 		io_uring_prep_recv(sqe, c->nc.fd, c->stage, RX_STAGE, 0);
 		c->rx_staged = 1;
 	} else {
@@ -299,7 +321,7 @@ static void arm_recv(struct conn *c)
  * anyway is parsed as usual: only a copy more. */
 static void cancel_staged_recv(struct conn *c)
 {
-	if (!c->recv_busy || !c->rx_staged || c->rx_cancel)
+	if (!c->recv_busy || !c->rx_staged || c->rx_cancel || c->nc.tls)
 		return;
 	struct io_uring_sqe *sqe = get_sqe(c->q);
 	if (!sqe)
@@ -365,6 +387,8 @@ static void conn_finish_drain(struct conn *c)
 	c->big_cmds = 0;
 	c->writes = 0;
 	free_tx(c);
+	c->tls_have = 0;
+	c->tls_ct_pos = c->tls_ct_len = c->tls_plain = 0;
 	fx_nvmf_dev_close_io(&q->dev->nd, &c->nc, &c->io);
 	c->state = CONN_DOWN;
 	c->retry_at = now_ms(); /* the next submit may reconnect at once */
@@ -373,6 +397,56 @@ static void conn_finish_drain(struct conn *c)
 }
 
 /* --------------------------------------------------------------- sending */
+
+/* A new batch in tx_iov: all of it is to be sealed. */
+static void tls_tx_start(struct conn *c)
+{
+	c->tls_pi = 0;
+	c->tls_plain = 0;
+	for (size_t i = 0; i < c->tx_msg.msg_iovlen; i++)
+		c->tls_plain += c->tx_iov[i].iov_len;
+	c->tls_ct_pos = c->tls_ct_len = 0;
+}
+
+/* When everything sealed has been sent, seal the next records of the
+ * batch (PDUs packed, 2^14 plaintext bytes a record) into tls_ct.  The
+ * iovecs are consumed as they are sealed; the items stay owned until the
+ * last record is sent. */
+static int tls_tx_fill(struct conn *c)
+{
+	if (c->tls_ct_pos < c->tls_ct_len)
+		return 0; /* the rest of what was sealed (a short send) */
+	c->tls_ct_pos = c->tls_ct_len = 0;
+	for (int r = 0; r < TLS_TX_RECORDS && c->tls_plain; r++) {
+		size_t take = c->tls_plain < FX_TLS_MAX_PLAINTEXT ? c->tls_plain
+								  : FX_TLS_MAX_PLAINTEXT;
+		struct iovec *iov = c->tx_iov + c->tls_pi;
+		int cnt = (int)(c->tx_msg.msg_iovlen - c->tls_pi);
+		int n = fx_tls_seal_to(c->nc.tls, c->tls_ct + c->tls_ct_len, FX_TLS_CT_APPDATA, iov,
+				       cnt, take);
+
+		if (n < 0) {
+			fprintf(stderr, "fx100io: nvme+tcp: qid %u: TLS: %s\n", c->nc.qid,
+				fx_tls_why(c->nc.tls));
+			return n;
+		}
+		c->tls_ct_len += (size_t)n;
+		c->tls_plain -= take;
+		for (size_t left = take; left;) {
+			struct iovec *v = &c->tx_iov[c->tls_pi];
+			size_t k = v->iov_len < left ? v->iov_len : left;
+
+			v->iov_base = (char *)v->iov_base + k;
+			v->iov_len -= k;
+			left -= k;
+			if (!v->iov_len)
+				c->tls_pi++;
+		}
+		while (c->tls_pi < c->tx_msg.msg_iovlen && !c->tx_iov[c->tls_pi].iov_len)
+			c->tls_pi++;
+	}
+	return 0;
+}
 
 /* Send the batch in tx_out (what is left of it after a short send), or a new
  * one from the queue.  The SQE comes first: without one nothing moves, so
@@ -401,6 +475,23 @@ static void kick_send(struct conn *c)
 		memset(&c->tx_msg, 0, sizeof(c->tx_msg));
 		c->tx_msg.msg_iov = c->tx_iov;
 		c->tx_msg.msg_iovlen = (size_t)n;
+		if (c->nc.tls)
+			tls_tx_start(c);
+	}
+	if (c->nc.tls) {
+		if (tls_tx_fill(c) < 0) {
+			/* the SQE is the ring's already: a nop whose completion
+			 * nothing waits for (UD_CANCEL is ignored) */
+			io_uring_prep_nop(sqe);
+			io_uring_sqe_set_data64(sqe, UD(c->idx, UD_CANCEL));
+			conn_fail(c, -EIO);
+			return;
+		}
+		io_uring_prep_send(sqe, c->nc.fd, c->tls_ct + c->tls_ct_pos,
+				   c->tls_ct_len - c->tls_ct_pos, MSG_NOSIGNAL);
+		io_uring_sqe_set_data64(sqe, UD(c->idx, UD_SEND));
+		c->send_busy = 1;
+		return;
 	}
 	io_uring_prep_sendmsg(sqe, c->nc.fd, &c->tx_msg, MSG_NOSIGNAL);
 	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_SEND));
@@ -419,6 +510,29 @@ static void queue_item(struct conn *c, struct send_item *it)
 
 static int rsp_finish(struct conn *c, struct cmd *m, uint16_t sf);
 
+/* The whole batch in tx_out went out: free its items, finish the commands
+ * whose response waited for them, send the next batch. */
+static void batch_sent(struct conn *c)
+{
+	int n = c->ntx_out;
+
+	c->ntx_out = 0;
+	for (int k = 0; k < n; k++) {
+		struct send_item *it = c->tx_out[k];
+		struct cmd *m = it->cmd;
+		int h2c = it->h2c;
+
+		free(it);
+		if (!m)
+			continue;
+		if (h2c && --m->r2t_items == 0)
+			fx_tcp_xfer_r2t_sent(&m->x);
+		if (--m->sends == 0 && m->rsp_seen && rsp_finish(c, m, m->rsp_status) < 0)
+			conn_fail(c, -EPROTO);
+	}
+	kick_send(c);
+}
+
 /* Account a sendmsg completion: drop what went out, resend the rest. */
 static void on_send(struct conn *c, int res)
 {
@@ -434,6 +548,16 @@ static void on_send(struct conn *c, int res)
 		conn_fail(c, res == -EPIPE ? -ECONNRESET : res);
 		return;
 	}
+	if (c->nc.tls) {
+		/* the batch is done when its last record is out */
+		c->tls_ct_pos += (size_t)res;
+		if (c->tls_ct_pos < c->tls_ct_len || c->tls_plain) {
+			kick_send(c);
+			return;
+		}
+		batch_sent(c);
+		return;
+	}
 	size_t left = (size_t)res;
 	size_t i = 0;
 	while (i < c->tx_msg.msg_iovlen && left >= c->tx_iov[i].iov_len) {
@@ -441,23 +565,7 @@ static void on_send(struct conn *c, int res)
 		i++;
 	}
 	if (i == c->tx_msg.msg_iovlen) {
-		int n = c->ntx_out;
-
-		c->ntx_out = 0;
-		for (int k = 0; k < n; k++) {
-			struct send_item *it = c->tx_out[k];
-			struct cmd *m = it->cmd;
-			int h2c = it->h2c;
-
-			free(it);
-			if (!m)
-				continue;
-			if (h2c && --m->r2t_items == 0)
-				fx_tcp_xfer_r2t_sent(&m->x);
-			if (--m->sends == 0 && m->rsp_seen && rsp_finish(c, m, m->rsp_status) < 0)
-				conn_fail(c, -EPROTO);
-		}
-		kick_send(c);
+		batch_sent(c);
 		return;
 	}
 	/* Short send: resend the remaining iovecs, items stay owned. */
@@ -759,6 +867,70 @@ static int rx_feed(struct conn *c, const uint8_t *buf, size_t n)
 	return 0;
 }
 
+/* A secure channel's receive: n more ciphertext bytes in the stage after
+ * tls_have.  Every whole record is opened (its tag checked before any of
+ * its plaintext is acted on) and its PDU bytes fed to the state machine: a
+ * record that starts inside a C2HData payload decrypts that part straight
+ * into the caller's buffer, the rest in place in the stage (headers, and
+ * payload that follows a header in the same record, copied out); a partial
+ * record moves to the stage's start for the next recv to complete.  A
+ * record's length is checked from its header before anything waits for
+ * the rest of it. */
+static int tls_rx(struct conn *c, size_t n)
+{
+	struct fx_tls *t = c->nc.tls;
+	size_t have = c->tls_have + n, pos = 0;
+	int ret = 0;
+
+	while (have - pos >= FX_TLS_HEADER) {
+		int blen = fx_tls_record_len(t, c->stage + pos);
+		uint8_t *plain;
+
+		if (blen < 0) {
+			ret = blen;
+			break;
+		}
+		size_t rlen = FX_TLS_HEADER + (size_t)blen;
+		if (have - pos < rlen)
+			break;
+		/* C2HData payload whose header came in an earlier record (its
+		 * tag checked, the header acted on) is decrypted straight into
+		 * the caller's buffer, inside what this PDU still owes it; the
+		 * command completes only after the tag is checked */
+		size_t k = c->rx == RX_DATA ? c->rx_need - c->rx_have : 0;
+		int pl = fx_tls_open_split(t, c->stage + pos, rlen, k ? rx_dst(c) : NULL, k,
+					   &plain);
+		if (pl < 0) {
+			ret = pl;
+			break;
+		}
+		pos += rlen;
+		size_t direct = k < (size_t)pl ? k : (size_t)pl;
+		if (direct) {
+			c->q->base.stats.bytes_direct += direct;
+			c->rx_have += (unsigned)direct;
+			if (c->rx_have == c->rx_need) {
+				ret = rx_advance(c);
+				if (ret < 0)
+					return ret;
+			}
+		}
+		if ((size_t)pl > direct) {
+			ret = rx_feed(c, plain, (size_t)pl - direct);
+			if (ret < 0)
+				return ret;
+		}
+	}
+	if (ret < 0) {
+		fprintf(stderr, "fx100io: nvme+tcp: qid %u: TLS: %s\n", c->nc.qid, fx_tls_why(t));
+		return ret == -ECONNRESET || ret == -EBADMSG ? ret : -EPROTO;
+	}
+	if (pos && have > pos)
+		memmove(c->stage, c->stage + pos, have - pos);
+	c->tls_have = (uint32_t)(have - pos);
+	return 0;
+}
+
 static void on_recv(struct conn *c, int res)
 {
 	int ret = 0;
@@ -779,7 +951,9 @@ static void on_recv(struct conn *c, int res)
 		conn_finish_drain(c);
 		return;
 	}
-	if (c->rx_staged) {
+	if (c->nc.tls) {
+		ret = tls_rx(c, (size_t)res);
+	} else if (c->rx_staged) {
 		ret = rx_feed(c, c->stage, (size_t)res);
 	} else {
 		if (c->rx == RX_DATA)
@@ -811,6 +985,34 @@ static void arm_wake(struct tcp_queue *q)
 	q->wake_armed = 1;
 }
 
+/* A secure channel joins the data path: its send buffer (kept across
+ * reconnects), and the plaintext the blocking connect decrypted past the
+ * Connect response, if any, fed to the state machine first.  A failure
+ * takes the connection down (conn_finish_drain closes it). */
+static int tls_adopt(struct conn *c)
+{
+	size_t left = fx_tls_pending(c->nc.tls);
+	int r = 0;
+
+	if (!c->tls_ct)
+		c->tls_ct = malloc(TLS_TX_RECORDS * TLS_REC_MAX);
+	if (!c->tls_ct)
+		r = -ENOMEM;
+	if (r == 0 && left) {
+		uint8_t *tmp = malloc(left);
+
+		r = tmp ? fx_tls_recv_full(c->nc.tls, c->nc.fd, tmp, left, 0, -1) : -ENOMEM;
+		if (r == 0)
+			r = rx_feed(c, tmp, left);
+		free(tmp);
+	}
+	if (r < 0) {
+		conn_fail(c, r);
+		conn_finish_drain(c);
+	}
+	return r;
+}
+
 /* Take a connection the connect attempt made (nc: connected past Connect,
  * io: what dev_connect_io said of it). */
 static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
@@ -837,6 +1039,10 @@ static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
 	c->err = 0;
 	fx_nvmf_waits_connected(&q->waits);
 	rx_expect_header(c);
+	c->tls_have = 0;
+	c->tls_ct_pos = c->tls_ct_len = c->tls_plain = 0;
+	if (c->nc.tls && tls_adopt(c) < 0)
+		return;
 	arm_recv(c);
 }
 
@@ -1344,6 +1550,7 @@ static void tq_destroy(struct fx_queue *base)
 		free(c->cmds);
 		free(c->free_cmds);
 		free(c->stage);
+		free(c->tls_ct);
 	}
 	free(q->conns);
 	/* after the ring: its poll on wake_fd is gone with it */

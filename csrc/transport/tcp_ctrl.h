@@ -42,9 +42,9 @@ struct fx_tcp_conn {
 	 * whose ICDOFF is not 0. */
 	uint32_t incap_max;
 	/* The secure channel's record state (NULL: clear text), freed by
-	 * fx_tcp_conn_close.  Only the control path speaks TLS so far: the data
-	 * path (transport/tcp.c) never gets such a connection, because
-	 * host/dev.c refuses tls=1 until it does. */
+	 * fx_tcp_conn_close.  The blocking calls here seal and open records
+	 * with it, and so does the data path (transport/tcp.c) once an I/O
+	 * queue is handed over, continuing its sequence numbers. */
 	struct fx_tls *tls;
 };
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 import pytest
 
@@ -103,19 +104,32 @@ def test_redaction_hides_keys_and_key_files(query):
 
 
 def test_a_uri_asking_for_tls_is_never_connected_in_clear():
-    """Until the secure channel is on the connections, open fails with a clear error and
-    nothing reaches the target's port: no clear-text ICReq."""
+    """The first bytes a URI with a key sends are a TLS handshake record (type
+    22), never a clear-text ICReq (type 0); a peer that does not answer with
+    TLS fails the open with a clear error."""
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(4)
-        srv.settimeout(0.5)
+        srv.settimeout(10)
         port = srv.getsockname()[1]
-        with pytest.raises(Fx100ioError, match="not connecting in clear text") as e:
-            fx100io.open_device(_uri(f"tls_key={KEY}&connect_timeout_ms=2000", port))
-        assert e.value.errno == 93
+        first: list[bytes] = []
+
+        def peer() -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(10)
+                first.append(conn.recv(5))
+                conn.sendall(bytes(8))  # a clear-text answer
+
+        t = threading.Thread(target=peer)
+        t.start()
+        try:
+            with pytest.raises(Fx100ioError) as e:
+                fx100io.open_device(_uri(f"tls_key={KEY}&connect_timeout_ms=2000", port))
+        finally:
+            t.join(15)
+        assert first and first[0][:1] == b"\x16" and first[0][1:3] == b"\x03\x01"
         assert "VRLbtnN9" not in str(e.value)
-        with pytest.raises(TimeoutError):
-            srv.accept()
 
 
 def test_kernel_discovery_asking_for_tls_is_refused_not_read_in_clear():

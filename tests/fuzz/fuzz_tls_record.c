@@ -24,6 +24,14 @@
  * a stream with no broken record ends with -ECONNRESET (end of stream) once
  * all of it was read, and a broken one with an error before any byte after
  * it is handed out.
+ *
+ * The same stream then goes through the io_uring data path's way in
+ * (transport/tcp.c's tls_rx): chunks of the read size appended to a stage,
+ * each whole record's length checked from its header (fx_tls_record_len)
+ * and the record opened there (fx_tls_open_split: its first k plaintext
+ * bytes into another buffer, k varying with the position, the rest in
+ * place), a partial one moved to the stage's start.  The same invariants
+ * hold, and the split never writes past the record's ciphertext size.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +54,73 @@
 #define STREAM_MAX (256 << 10)
 
 static uint8_t stream[STREAM_MAX], want[STREAM_MAX], got[STREAM_MAX];
+/* as transport/tcp.c's: room for a partial record and a whole one after it */
+static uint8_t stage[2 * (FX_TLS_HEADER + FX_TLS_MAX_CIPHERTEXT)];
+/* where the split open puts a record's first k plaintext bytes, with a
+ * guard after what it may write */
+static uint8_t direct[FX_TLS_MAX_CIPHERTEXT + 64];
+
+/* The data path's receive over stream[0..slen) in chunks of rsize: 0 with
+ * *glen the plaintext in got once the stream is used up (whole records
+ * only), or the first error. */
+static int stage_pass(struct fx_tls *rx, size_t slen, size_t rsize, size_t *glen)
+{
+	size_t have = 0, at = 0;
+
+	*glen = 0;
+	while (at < slen) {
+		size_t n = slen - at, room = sizeof(stage) - have, pos = 0;
+
+		if (n > rsize)
+			n = rsize;
+		if (n > room)
+			n = room;
+		if (!n)
+			FAIL("the stage is full with no whole record in it");
+		memcpy(stage + have, stream + at, n);
+		at += n;
+		have += n;
+		while (have - pos >= FX_TLS_HEADER) {
+			int blen = fx_tls_record_len(rx, stage + pos);
+			uint8_t *plain;
+
+			if (blen < 0)
+				return blen;
+			if (blen > FX_TLS_MAX_CIPHERTEXT)
+				FAIL("record_len let %d bytes through", blen);
+			size_t rlen = FX_TLS_HEADER + (size_t)blen;
+			if (have - pos < rlen)
+				break;
+			/* the first k bytes elsewhere, as when a record starts
+			 * inside a payload (k from the position: 0 too) */
+			size_t k = (at * 131 + pos * 7) % (FX_TLS_MAX_CIPHERTEXT + 1);
+
+			memset(direct, 0xa5, sizeof(direct));
+			int pl = fx_tls_open_split(rx, stage + pos, rlen, k ? direct : NULL, k,
+						   &plain);
+			if (pl < 0)
+				return pl;
+			size_t d = k < (size_t)pl ? k : (size_t)pl;
+
+			for (size_t g = (size_t)blen; g < sizeof(direct); g++)
+				if (direct[g] != 0xa5)
+					FAIL("split open wrote past the record's size");
+			if (pl > FX_TLS_MAX_PLAINTEXT ||
+			    ((size_t)pl > d &&
+			     (plain < stage + pos || plain + (pl - (int)d) > stage + pos + rlen)))
+				FAIL("open handed out %d bytes outside its record", pl);
+			if (*glen + (size_t)pl > STREAM_MAX)
+				FAIL("more plaintext than was sent");
+			memcpy(got + *glen, direct, d);
+			memcpy(got + *glen + d, plain, (size_t)pl - d);
+			*glen += (size_t)pl;
+			pos += rlen;
+		}
+		memmove(stage, stage + pos, have - pos);
+		have -= pos;
+	}
+	return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -193,6 +268,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FAIL("clean stream ended with %zu of %zu bytes read", glen, wlen);
 	close(sv[0]);
 	close(sv[1]);
+
+	struct fx_tls *rx2 = fx_tls_alloc();
+
+	if (!rx2 || fx_tls_dir_init(&rx2->rx, hash, s1))
+		abort();
+	rc = stage_pass(rx2, slen, rsize, &glen);
+	fx_tls_free(rx2);
+	if (glen > wlen || memcmp(got, want, glen) != 0)
+		FAIL("the stage pass handed out %zu bytes that are not the %zu sent", glen, wlen);
+	if (!broken && (rc != 0 || glen != wlen))
+		FAIL("clean stream: the stage pass ended with %d after %zu of %zu bytes", rc, glen,
+		     wlen);
 out:
 	fx_tls_free(tx);
 	fx_tls_free(rx);

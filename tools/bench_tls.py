@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""NVMe/TCP over TLS against the same run in clear, on loopback: 1 MiB reads
+at queue depth 32 (waves of 32 submitted together) from our initiator to our target (`fx100io target`), one
+run with `--tls required` and `tls_key=`, one without, in alternating rounds.
+
+Both ends share this machine's CPUs, so besides GB/s it prints CPU seconds
+per GB moved, of the initiator (this process) and of the target (its
+/proc/PID/stat), and the TLS/clear ratio of each.  The goal of issue 28: TLS
+throughput >= 0.7x clear.
+
+    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import fx100io  # noqa: E402
+from fx100io.units import parse_size  # noqa: E402
+
+NQN = "nqn.2026-12.io.fx100:bench-tls"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000b001"
+# a fixed test key (libnvme's test/psk.c key): the bench measures, it protects nothing
+KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def start_target(backing: str, tls: bool) -> tuple[subprocess.Popen, int]:
+    extra = ["--tls", "required", "--tls-key", f"{HOST}={KEY}"] if tls else []
+    p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen", "127.0.0.1:0",
+                          "--nqn", NQN, "--namespace", backing, "-q", *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    line = p.stdout.readline() if p.stdout else ""
+    if "nvme+tcp://" not in line:
+        p.kill()
+        raise SystemExit(f"target did not start: {line!r}")
+    return p, int(line.split("nvme+tcp://", 1)[1].split("/", 1)[0].rpartition(":")[2])
+
+
+def cpu_of(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def load(dev, seconds: float, bs: int, depth: int, size: int) -> int:  # noqa: ANN001
+    """Waves of depth bs-sized reads at random offsets, each wave submitted at
+    once and waited for (submit_blocking), for seconds; the bytes read.
+    (Waves, not depth asyncio lanes: on this build a lane that submits one
+    read per completion ran at ~0.05 GB/s in clear too; see docs/nvme-tcp.md.)"""
+    pool = fx100io.BufferPool(depth * bs)
+    bufs = [pool.alloc(bs) for _ in range(depth)]
+    rng = np.random.default_rng(1)
+    blocks = size // bs
+    done = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        offs = rng.integers(0, blocks, depth)
+        for c in dev.submit_blocking([(fx100io.OP_READ, int(o) * bs, b)
+                                      for o, b in zip(offs, bufs)]):
+            if c[0] != bs or c[1]:
+                raise SystemExit(f"a read returned {c}, not {bs} bytes")
+            done += c[0]
+    return done
+
+
+def one_run(backing: str, size: int, tls: bool, a: argparse.Namespace) -> dict[str, float]:
+    proc, port = start_target(backing, tls)
+    try:
+        q = f"hostnqn={HOST}&queues={a.queues}" + (f"&tls_key={KEY}" if tls else "")
+        with fx100io.open_device(f"nvme+tcp://127.0.0.1:{port}/{NQN}?{q}",
+                                 queue_depth=a.depth) as dev:
+            load(dev, 0.5, a.bs, a.depth, size)  # warm up
+            t_cpu0, h_cpu0, w0 = cpu_of(proc.pid), time.process_time(), time.monotonic()
+            n = load(dev, a.seconds, a.bs, a.depth, size)
+            wall = time.monotonic() - w0
+            h_cpu, t_cpu = time.process_time() - h_cpu0, cpu_of(proc.pid) - t_cpu0
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    gb = n / 1e9
+    return {"gbs": gb / wall, "host": h_cpu / gb, "target": t_cpu / gb}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bs", default="1M")
+    ap.add_argument("--depth", type=int, default=32)
+    ap.add_argument("--queues", type=int, default=1)
+    ap.add_argument("--size", default="256M", help="backing file (read at random offsets)")
+    a = ap.parse_args()
+    a.bs = parse_size(a.bs)
+    size = parse_size(a.size)
+    with tempfile.TemporaryDirectory() as d:
+        backing = os.path.join(d, "ns.img")
+        with open(backing, "wb") as f:
+            f.write(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
+        res: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        for r in range(a.rounds):
+            for tls in (False, True):
+                x = one_run(backing, size, tls, a)
+                res[tls].append(x)
+                print(f"round {r + 1} {'tls  ' if tls else 'clear'}: {x['gbs']:.3f} GB/s, "
+                      f"CPU s/GB initiator {x['host']:.3f} target {x['target']:.3f}",
+                      flush=True)
+
+    def med(tls: bool, k: str) -> float:
+        return float(np.median([x[k] for x in res[tls]]))
+
+    print(f"\n{a.bs >> 10} KiB reads, QD{a.depth}, {a.queues} queue(s), {a.rounds} rounds "
+          f"of {a.seconds:g} s, medians:")
+    for tls in (False, True):
+        print(f"  {'tls  ' if tls else 'clear'}: {med(tls, 'gbs'):.3f} GB/s, CPU s/GB "
+              f"initiator {med(tls, 'host'):.3f} target {med(tls, 'target'):.3f}")
+    print(f"  TLS/clear throughput {med(True, 'gbs') / med(False, 'gbs'):.3f}x; CPU per GB "
+          f"initiator {med(True, 'host') / med(False, 'host'):.2f}x, target "
+          f"{med(True, 'target') / med(False, 'target'):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
