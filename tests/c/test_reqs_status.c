@@ -32,12 +32,16 @@ static struct fx_cqe run(struct req_table *t, const struct piece *p, unsigned n)
 
 	CHECK(n <= 16);
 	CHECK_EQ(fx_reqs_accept(t, &fr, 1), 1);
-	uint32_t ri = t->fifo[t->fifo_head];
+	int64_t nx = fx_reqs_fifo_next(t);
+	CHECK(nx >= 0);
+	uint32_t ri = (uint32_t)nx;
 	struct req *r = &t->reqs[ri];
-	r->issued = fr.len;
-	r->inflight = n;
-	t->fifo_head = (t->fifo_head + 1) % t->nslots;
-	t->nfifo--;
+	for (unsigned i = 0; i < n; i++) { /* n pieces of 4 KiB, as a transport makes them */
+		CHECK_EQ(fx_reqs_fifo_next(t), nx);
+		r->issued += 4096;
+		r->inflight++;
+		fx_reqs_piece_issued(t, ri);
+	}
 	for (unsigned i = 0; i < n; i++)
 		fx_req_piece_done(t, ri, p[i].err, p[i].err ? 0 : 4096, p[i].status);
 	CHECK_EQ(fx_reqs_pop_done(t, &c, 1), 1);
