@@ -231,6 +231,57 @@ def test_install_and_wipe_wait_for_their_replicas_as_puts_do(tmp_path, redis_ser
         replica.stop(signal.SIGKILL)
 
 
+def _online(primary, deadline: float) -> None:
+    while primary.info("replication").get("slave0", {}).get("state") != "online":
+        assert time.monotonic() < deadline, "the replica never came online"
+        time.sleep(0.05)
+
+
+def test_an_admin_change_whose_connection_reconnected_to_another_server_is_not_confirmed(
+        tmp_path, redis_server):
+    """call_waited: fn commits on primary P, P dies, and a server with a replica comes up at
+    P's address (a restarted node; under Sentinel the pool would reconnect to the new primary).
+    The WAIT's pooled connection is silently re-made there, with the CLIENT ID fn's had on P
+    (IDs are per-server counters; the test lines them up). A WAIT on a connection that wrote
+    nothing counts every replica at once, so the change, lost with P, must still not be
+    reported replicated: IndexNotReplicatedError, and the key is indeed not on the new
+    server."""
+    replica = RedisServer(tmp_path / "replica")
+    replica.start(extra=["--replicaof", "127.0.0.1", str(redis_server.port)])
+    heir = RedisServer(tmp_path / "heir", port=redis_server.port)
+    try:
+        deadline = time.monotonic() + 30
+        _online(redis_server.client(), deadline)
+        url = redis_server.url + "?index_replicas=1"
+        st = SharedChunkStore([str(tmp_path / "ns.img")], url, create=True, size=16 * MiB,
+                              name="k1")
+        index = st._index
+        st.close()
+        for _ in range(100):  # fn's CLIENT ID on P well above what the new server starts at
+            redis_server.client().client_id()
+
+        def fn(r, p):
+            ident = r.client_id()
+            with r.pipeline(transaction=True) as pipe:
+                pipe.set(f"{p}:k1probe", b"x")
+                pipe.execute()
+            redis_server.stop(signal.SIGKILL)
+            heir.start()
+            _online(heir.client(), deadline)
+            while True:  # hand out IDs on the new server up to the one before fn's
+                got = heir.client().client_id()
+                assert got < ident, "the new server's CLIENT IDs passed fn's; cannot line up"
+                if got == ident - 1:
+                    return ident
+
+        with pytest.raises(IndexNotReplicatedError, match="did not provably go down one"):
+            index.call_waited("install", fn)
+        assert heir.client().get(f"{index.prefix}:k1probe") is None  # the change was lost
+    finally:
+        heir.stop(signal.SIGKILL)
+        replica.stop(signal.SIGKILL)
+
+
 def test_a_user_that_may_not_run_info_is_told_to_give_index_replicas(tmp_path, redis_server):
     """An ACL without @dangerous (no INFO) cannot find out the default: opening says so and
     names the option, and with index_replicas given the pool works."""
