@@ -1,8 +1,8 @@
 """SharedChunkStore over a replicated index: the index= URL forms (one
 server, Sentinel, Cluster), index_replicas (a put or delete waits for its
 replicas, and fails clearly when they do not confirm), and a Sentinel
-failover under load (SIGKILL of the primary while three host processes put
-and get): every put acknowledged is read back byte-exact afterwards, and
+failover under load (SIGKILL of the primary, behind a replication gap, while
+three host processes put and get): every put acknowledged is read back byte-exact afterwards, and
 gets resume within the failover time plus 2 s.  Real redis-server and
 sentinel processes on loopback (tests/support/shared_redis.py)."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import threading
 import time
@@ -345,7 +346,49 @@ def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
 
 
 # ------------------------------------------------------------ failover
+GAP_S = 0.7  # under the sentinels' down-after (1 s) and the cluster's node timeout (2 s)
+
+
+def _stop(server: RedisServer) -> None:
+    """SIGSTOP server and wait until each of its threads is stopped (a running thread
+    stops only when it next enters the kernel: on a loaded machine, milliseconds later)."""
+    pid = server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while True:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:  # "pid (comm) S ...": the state follows the last ')'
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        if all(st in "tT" for st in states):
+            return
+        assert time.monotonic() < deadline, f"redis-server {pid} did not stop: {states}"
+        time.sleep(0.01)
+
+
+def _kill_primary_behind_a_gap(primary: RedisServer, replicas: list[RedisServer]) -> None:
+    """Open a replication gap, then SIGKILL the primary inside it: the replicas are stopped
+    and their links cut on the primary, so for GAP_S the primary acknowledges writes that no
+    replica will ever get (a replica resumed reads only what was sent before the cut, then
+    EOF).  Without WAIT, puts acknowledged in the gap are lost in the failover; with it, they
+    raise IndexNotReplicatedError.  The replicas resume right after the kill."""
+    for r in replicas:
+        _stop(r)
+    try:
+        assert primary.client().client_kill_filter(_type="replica") == len(replicas)
+        time.sleep(GAP_S)
+        primary.stop(signal.SIGKILL)
+    finally:
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGCONT)
+
+
 def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentinels):
+    """The primary is SIGKILLed behind a replication gap (_kill_primary_behind_a_gap) while
+    three host processes put: puts acknowledged in the gap would be lost without WAIT (with
+    index_replicas=0 this test fails: acknowledged keys missing); with it, none is."""
     uris = [str(tmp_path / "ns.img")]
     url = sentinels.url()
     st = SharedChunkStore(uris, url, create=True, size=256 * MiB, name="fo")
@@ -368,8 +411,8 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
             t.start()
         time.sleep(3)
         old = sentinels.primary()
+        _kill_primary_behind_a_gap(old, [s for s in sentinels.servers if s is not old])
         t_kill = time.monotonic()
-        old.stop(signal.SIGKILL)
         # probe: gets of a chunk put before the kill, and puts, every 20 ms
         first_miss = last_miss = last_put_fail = None
         put_fails: dict[str, float] = {}  # exception class -> when last seen
@@ -441,7 +484,8 @@ def cluster_with_replicas(tmp_path: Path):
 
 def test_cluster_failover_under_load_loses_no_acknowledged_put(tmp_path, cluster_with_replicas):
     """Three primaries with a replica each: the primary serving the pool's slot is SIGKILLed
-    while three host processes put; the cluster promotes its replica.  The killed node is then
+    behind a replication gap (as under Sentinel: with index_replicas=0 this test fails) while
+    three host processes put; the cluster promotes its replica.  The killed node is then
     started again (as a supervisor would) and rejoins as the new primary's replica, so puts,
     which wait for index_replicas=1, resume.  Every put acknowledged before, during and after
     reads back byte-exact, gets resume within the failover time + 2 s, and
@@ -471,8 +515,8 @@ def test_cluster_failover_under_load_loses_no_acknowledged_put(tmp_path, cluster
         for t in readers:
             t.start()
         time.sleep(3)
+        _kill_primary_behind_a_gap(old, [heir])
         t_kill = time.monotonic()
-        old.stop(signal.SIGKILL)
         last_miss = last_put_fail = t_promoted = t_restarted = None
         probes_acked: list[tuple[int, float]] = []
         n = 0
