@@ -54,6 +54,7 @@ from fx100io.kernel.sysfs import (
     matches,
     read_attr,
     read_controller,
+    same_path,
     settle_hostid,
     sysfs_options,
 )
@@ -88,7 +89,24 @@ def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = D
     t = target_of(uri, **opts)
     where = redact(uri)
     with target_lock(t, timeout, where):
-        return _connect(t, where, timeout, ns_timeout)
+        c = _connect(t, where, timeout, ns_timeout)
+        hold_made(c, t, timeout, where)
+        return c
+
+
+def hold_made(c: Controller, t: Target, timeout: float, where: str) -> None:
+    """A controller connect() or connect_paths() made is held (holds.hold) while its
+    Controller or Paths owns it, as attach()'s are: another process's disconnect leaves it,
+    and when another process's attach() reuses it, the owner's exit leaves it to that one
+    (see disconnect).  Taken under the target lock, so that a failed connect's cleanup
+    sees it claimed.  On failure the controller is detached."""
+    c.options = tuple(t.options)
+    try:
+        hold(c.name, timeout, where)
+    except BaseException:
+        with contextlib.suppress(Fx100ioError):
+            delete_controller(c.name)
+        raise
 
 
 def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Controller:
@@ -148,11 +166,35 @@ def _cleanup_new(before: set[str], t: Target, name: str | None = None) -> None:
             delete_controller(n)
 
 
-def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
+def keep(target: Controller | Paths) -> None:
+    """Leave what connect() returned attached as the admin's (`fx100io connect`): this
+    process lets go of its holds and writes no record, so no release of fx100io detaches
+    it; a disconnect does."""
+    target.owned = False
+    for c in target.controllers if isinstance(target, Paths) else [target]:
+        unhold(c.name)
+
+
+def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIMEOUT,
+               force: bool = False) -> list[str]:
     """Detach a controller (a :class:`Controller`, or a name like ``nvme3``), every path of a
     :class:`Paths`, or every controller of a URI's subsystem at its address (at each of its
-    addresses, for a URI with several paths; and host, when the URI names one).  Returns the
-    names detached; checks in sysfs that they are gone."""
+    addresses, for a URI with several paths; and host, when the URI names one).  A
+    controller some process on this host holds (an attach() or store using it, a connect's
+    Controller or Paths in its with block) is left attached with a warning, unless force.
+    A Controller or Paths that connect() returned first lets go of its own holds; a
+    controller of it that another process's attach() reuses is recorded as fx100io's, so
+    that the last of those releases detaches it.  Returns the names detached; checks in
+    sysfs that they are gone."""
+    if isinstance(target, (Controller, Paths)) and target.owned:
+        target.owned = False
+        mine = target.controllers if isinstance(target, Paths) else [target]
+        for m in mine:  # (the record names the controller as sysfs shows it now)
+            now = read_controller(m.name)
+            if now is not None and same_path(now, m):
+                write_record(now, m.options)
+        for c in mine:
+            unhold(c.name)
     if isinstance(target, Paths):
         names = [c.name for c in target.live_controllers()]
     elif isinstance(target, Controller):
@@ -169,10 +211,7 @@ def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIM
         ts = [target_of(u) for u in split_paths(target)]
         host = "hostnqn" in query_keys(target)
         names = [c.name for c in controllers() if any(matches(c, t, host=host) for t in ts)]
-    for n in names:
-        delete_controller(n, timeout)
-    holds.forget(names)
-    return names
+    return [n for n in names if holds.detach_unless_held(n, timeout, force)]
 
 
 def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
@@ -303,7 +342,7 @@ def attach(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DE
                 c.owned = False
                 try:
                     hold(c.name, timeout, where)
-                    write_record(c, t)
+                    write_record(c, t.options)
                 except BaseException:
                     unhold(c.name)
                     with contextlib.suppress(Fx100ioError):
