@@ -7,7 +7,9 @@ import errno
 import hmac
 import logging
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,13 +87,16 @@ def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = D
     :class:`~fx100io.kernel.multipath.Paths`: one block device through the kernel's native
     multipath (see fx100io.kernel.multipath)."""
     if len(split_paths(uri)) > 1:
-        return connect_paths(uri, timeout=timeout, ns_timeout=ns_timeout, **opts)
+        ps = connect_paths(uri, timeout=timeout, ns_timeout=ns_timeout, **opts)
+        _own(ps)
+        return ps
     t = target_of(uri, **opts)
     where = redact(uri)
     with target_lock(t, timeout, where):
         c = _connect(t, where, timeout, ns_timeout)
         hold_made(c, t, timeout, where)
-        return c
+    _own(c)
+    return c
 
 
 def hold_made(c: Controller, t: Target, timeout: float, where: str) -> None:
@@ -170,8 +175,12 @@ def keep(target: Controller | Paths) -> None:
     """Leave what connect() returned attached as the admin's (`fx100io connect`): this
     process lets go of its holds and writes no record, so no release of fx100io detaches
     it; a disconnect does."""
-    target.owned = False
-    for c in target.controllers if isinstance(target, Paths) else [target]:
+    with _owned_mu:
+        if not target.owned:
+            return
+        target.owned = False
+        _owned.pop(id(target), None)
+    for c in _controllers_of(target):
         unhold(c.name)
 
 
@@ -186,15 +195,8 @@ def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIM
     controller of it that another process's attach() reuses is recorded as fx100io's, so
     that the last of those releases detaches it.  Returns the names detached; checks in
     sysfs that they are gone."""
-    if isinstance(target, (Controller, Paths)) and target.owned:
-        target.owned = False
-        mine = target.controllers if isinstance(target, Paths) else [target]
-        for m in mine:  # (the record names the controller as sysfs shows it now)
-            now = read_controller(m.name)
-            if now is not None and same_path(now, m):
-                write_record(now, m.options)
-        for c in mine:
-            unhold(c.name)
+    if isinstance(target, (Controller, Paths)):
+        _let_go(target)
     if isinstance(target, Paths):
         names = [c.name for c in target.live_controllers()]
     elif isinstance(target, Controller):
@@ -211,7 +213,45 @@ def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIM
         ts = [target_of(u) for u in split_paths(target)]
         host = "hostnqn" in query_keys(target)
         names = [c.name for c in controllers() if any(matches(c, t, host=host) for t in ts)]
+    with _owned_mu:  # what this process's own connects still own of these goes first
+        objs = [o for o in (r() for r in _owned.values()) if o is not None]
+    for o in objs:
+        if o.owned and set(names) & {c.name for c in _controllers_of(o)}:
+            _let_go(o)
     return [n for n in names if holds.detach_unless_held(n, timeout, force)]
+
+
+# the Controllers and Paths that connect() returned and that still own their controllers
+# (id -> weak reference): disconnect(URI or name) in the process that connected lets go of
+# their holds as their own exit would, so a process's own connect never blocks its disconnect
+_owned: dict[int, weakref.ref[Controller | Paths]] = {}
+_owned_mu = threading.Lock()
+
+
+def _own(target: Controller | Paths) -> None:
+    with _owned_mu:
+        _owned[id(target)] = weakref.ref(target)
+
+
+def _controllers_of(target: Controller | Paths) -> list[Controller]:
+    return target.controllers if isinstance(target, Paths) else [target]
+
+
+def _let_go(target: Controller | Paths) -> None:
+    """The end of a connect()'s ownership: its controllers are recorded as fx100io's (so
+    that another process's attach() that reuses one detaches it at its last release) and
+    its holds go; the caller then detaches what nobody holds."""
+    with _owned_mu:
+        if not target.owned:
+            return
+        target.owned = False
+        _owned.pop(id(target), None)
+    for m in _controllers_of(target):  # (the record names the controller as sysfs shows it)
+        now = read_controller(m.name)
+        if now is not None and same_path(now, m):
+            write_record(now, m.options)
+    for m in _controllers_of(target):
+        unhold(m.name)
 
 
 def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:

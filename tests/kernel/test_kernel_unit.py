@@ -939,3 +939,23 @@ def test_disconnect_by_uri_leaves_what_another_process_holds_and_its_record(fake
         assert kernel.list() == [] and not record.exists()
     finally:
         os.close(fd)
+
+
+def test_the_process_that_connected_disconnects_by_uri_but_not_under_its_own_attach(
+        fake_nvme, fake_sys):
+    """A process's own connect (no with) does not block its disconnect(URI); an attach() of
+    the same process, a live device, does."""
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    _path_block(sysfs, "nvme1c4n1")
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", ["nvme1c4n1"])],
+                   **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+    ps = kernel.connect(MP_URI, ns_timeout=5)
+    b = kernel.attach(kernel.split_paths(MP_URI)[1])  # this process's device on nvme4
+    assert b.controller.name == "nvme4"
+    assert kernel.disconnect(MP_URI) == ["nvme3"] and not ps.owned
+    assert [c.name for c in kernel.list()] == ["nvme4"]
+    b.release()                                       # its last user: detached (recorded)
+    assert kernel.list() == []
