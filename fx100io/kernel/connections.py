@@ -200,7 +200,10 @@ def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIM
     if isinstance(target, Paths):
         names = [c.name for c in target.live_controllers()]
     elif isinstance(target, Controller):
-        names = [target.name]
+        # (only while sysfs still shows that path: a controller the kernel deleted may have
+        # left its name to another connect)
+        now = read_controller(target.name)
+        names = [target.name] if now is not None and same_path(now, target) else []
     elif isinstance(target, str) and CTRL_NAME.fullmatch(target):
         names = [target]
     elif isinstance(target, str) and target.startswith("/dev/") and CTRL_NAME.fullmatch(
