@@ -126,6 +126,8 @@ def main(cmd: str, argv: list[str]) -> int:
         except BaseException:
             kernel.disconnect(c)
             raise
+        from fx100io.kernel.connections import keep
+        keep(c)  # (the admin's now: it outlives this command)
         if as_json:
             name = {"device": c.name} if isinstance(c, kernel.Controller) else {}
             print(json.dumps({**name, **c.as_dict(), "namespaces": paths}, indent=2))

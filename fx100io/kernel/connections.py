@@ -7,7 +7,9 @@ import errno
 import hmac
 import logging
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,7 @@ from fx100io.kernel.sysfs import (
     matches,
     read_attr,
     read_controller,
+    same_path,
     settle_hostid,
     sysfs_options,
 )
@@ -84,11 +87,31 @@ def connect(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = D
     :class:`~fx100io.kernel.multipath.Paths`: one block device through the kernel's native
     multipath (see fx100io.kernel.multipath)."""
     if len(split_paths(uri)) > 1:
-        return connect_paths(uri, timeout=timeout, ns_timeout=ns_timeout, **opts)
+        ps = connect_paths(uri, timeout=timeout, ns_timeout=ns_timeout, **opts)
+        _own(ps)
+        return ps
     t = target_of(uri, **opts)
     where = redact(uri)
     with target_lock(t, timeout, where):
-        return _connect(t, where, timeout, ns_timeout)
+        c = _connect(t, where, timeout, ns_timeout)
+        hold_made(c, t, timeout, where)
+    _own(c)
+    return c
+
+
+def hold_made(c: Controller, t: Target, timeout: float, where: str) -> None:
+    """A controller connect() or connect_paths() made is held (holds.hold) while its
+    Controller or Paths owns it, as attach()'s are: another process's disconnect leaves it,
+    and when another process's attach() reuses it, the owner's exit leaves it to that one
+    (see disconnect).  Taken under the target lock, so that a failed connect's cleanup
+    sees it claimed.  On failure the controller is detached."""
+    c.options = tuple(t.options)
+    try:
+        hold(c.name, timeout, where)
+    except BaseException:
+        with contextlib.suppress(Fx100ioError):
+            delete_controller(c.name)
+        raise
 
 
 def _connect(t: Target, where: str, timeout: float, ns_timeout: float) -> Controller:
@@ -148,15 +171,39 @@ def _cleanup_new(before: set[str], t: Target, name: str | None = None) -> None:
             delete_controller(n)
 
 
-def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
+def keep(target: Controller | Paths) -> None:
+    """Leave what connect() returned attached as the admin's (`fx100io connect`): this
+    process lets go of its holds and writes no record, so no release of fx100io detaches
+    it; a disconnect does."""
+    with _owned_mu:
+        if not target.owned:
+            return
+        target.owned = False
+        _owned.pop(id(target), None)
+    for c in _controllers_of(target):
+        unhold(c.name)
+
+
+def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIMEOUT,
+               force: bool = False) -> list[str]:
     """Detach a controller (a :class:`Controller`, or a name like ``nvme3``), every path of a
     :class:`Paths`, or every controller of a URI's subsystem at its address (at each of its
-    addresses, for a URI with several paths; and host, when the URI names one).  Returns the
-    names detached; checks in sysfs that they are gone."""
+    addresses, for a URI with several paths; and host, when the URI names one).  A
+    controller some process on this host holds (an attach() or store using it, a connect's
+    Controller or Paths in its with block) is left attached with a warning, unless force.
+    A Controller or Paths that connect() returned first lets go of its own holds; a
+    controller of it that another process's attach() reuses is recorded as fx100io's, so
+    that the last of those releases detaches it.  Returns the names detached; checks in
+    sysfs that they are gone."""
+    if isinstance(target, (Controller, Paths)):
+        _let_go(target)
     if isinstance(target, Paths):
         names = [c.name for c in target.live_controllers()]
     elif isinstance(target, Controller):
-        names = [target.name]
+        # (only while sysfs still shows that path: a controller the kernel deleted may have
+        # left its name to another connect)
+        now = read_controller(target.name)
+        names = [target.name] if now is not None and same_path(now, target) else []
     elif isinstance(target, str) and CTRL_NAME.fullmatch(target):
         names = [target]
     elif isinstance(target, str) and target.startswith("/dev/") and CTRL_NAME.fullmatch(
@@ -169,10 +216,45 @@ def disconnect(target: str | Controller | Paths, *, timeout: float = DEFAULT_TIM
         ts = [target_of(u) for u in split_paths(target)]
         host = "hostnqn" in query_keys(target)
         names = [c.name for c in controllers() if any(matches(c, t, host=host) for t in ts)]
-    for n in names:
-        delete_controller(n, timeout)
-    holds.forget(names)
-    return names
+    with _owned_mu:  # what this process's own connects still own of these goes first
+        objs = [o for o in (r() for r in _owned.values()) if o is not None]
+    for o in objs:
+        if o.owned and set(names) & {c.name for c in _controllers_of(o)}:
+            _let_go(o)
+    return [n for n in names if holds.detach_unless_held(n, timeout, force)]
+
+
+# the Controllers and Paths that connect() returned and that still own their controllers
+# (id -> weak reference): disconnect(URI or name) in the process that connected lets go of
+# their holds as their own exit would, so a process's own connect never blocks its disconnect
+_owned: dict[int, weakref.ref[Controller | Paths]] = {}
+_owned_mu = threading.Lock()
+
+
+def _own(target: Controller | Paths) -> None:
+    with _owned_mu:
+        _owned[id(target)] = weakref.ref(target)
+
+
+def _controllers_of(target: Controller | Paths) -> list[Controller]:
+    return target.controllers if isinstance(target, Paths) else [target]
+
+
+def _let_go(target: Controller | Paths) -> None:
+    """The end of a connect()'s ownership: its controllers are recorded as fx100io's (so
+    that another process's attach() that reuses one detaches it at its last release) and
+    its holds go; the caller then detaches what nobody holds."""
+    with _owned_mu:
+        if not target.owned:
+            return
+        target.owned = False
+        _owned.pop(id(target), None)
+    for m in _controllers_of(target):  # (the record names the controller as sysfs shows it)
+        now = read_controller(m.name)
+        if now is not None and same_path(now, m):
+            write_record(now, m.options)
+    for m in _controllers_of(target):
+        unhold(m.name)
 
 
 def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
@@ -303,7 +385,7 @@ def attach(uri: str, *, timeout: float = DEFAULT_TIMEOUT, ns_timeout: float = DE
                 c.owned = False
                 try:
                     hold(c.name, timeout, where)
-                    write_record(c, t)
+                    write_record(c, t.options)
                 except BaseException:
                     unhold(c.name)
                     with contextlib.suppress(Fx100ioError):

@@ -8,9 +8,10 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from fx100io.kernel.uri_args import Target
 # lock files and records shared by this host's processes (tmpfs: gone at reboot, as the
 # controllers are); a flock is let go when its process dies, so a dead process counts as no user
 RUNDIR = Path("/run/fx100io")
+log = logging.getLogger("fx100io")
 
 
 # A controller that attach() uses is held by a shared flock on RUNDIR/ctrl-<name>.lock, one per
@@ -92,12 +94,12 @@ def identity(c: Controller) -> dict[str, Any]:
             "cntlid": c.cntlid, "hostnqn": c.hostnqn}
 
 
-def write_record(c: Controller, t: Target) -> None:
-    """RUNDIR/ctrl-<name>.json: fx100io attached this controller, with these options (no
-    secrets)."""
+def write_record(c: Controller, options: Sequence[tuple[str, str]]) -> None:
+    """RUNDIR/ctrl-<name>.json: fx100io attached this controller, with these options (a
+    Target's; no secrets)."""
     path = _lock_file(f"ctrl-{c.name}.json")
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**identity(c), "options": [[o, v] for o, v in t.options]}))
+    tmp.write_text(json.dumps({**identity(c), "options": [[o, v] for o, v in options]}))
     os.replace(tmp, path)
 
 
@@ -175,6 +177,31 @@ def detach_if_unused(c: Controller) -> None:
         if not live.sysfs_path.exists():
             with contextlib.suppress(OSError):
                 (RUNDIR / f"ctrl-{c.name}.json").unlink()
+
+
+def detach_unless_held(name: str, timeout: float, force: bool = False) -> bool:
+    """disconnect()'s one rule: detach controller name only while no process holds it (this
+    one's attachments and connects included), taking its lock file exclusively for the
+    delete so that no attach() takes it meanwhile; force detaches it all the same.  Only a
+    controller detached loses its record and this process's holds.  True when detached."""
+    held = None
+    if not force:
+        try:
+            held = locks.lock(_lock_file(f"ctrl-{name}.lock"), create=True)
+        except Fx100ioError:
+            held = None  # cannot tell: leave it
+        if held is None:
+            log.warning("fx100io: controller %s is in use by a process on this host (an attach, "
+                        "a store, a connect's with block): left attached (force=True detaches "
+                        "it all the same)", name)
+            return False
+    try:
+        delete_controller(name, timeout)
+        forget([name])
+    finally:
+        if held is not None:
+            held.release()
+    return True
 
 
 def forget(names: list[str]) -> None:

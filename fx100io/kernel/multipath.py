@@ -60,8 +60,8 @@ def _no_multipath(where: str) -> KernelSupportError:
 @dataclass
 class Paths:
     """The controllers :func:`connect_paths` made, one per path of the URI, in its order; one
-    subsystem, one block device per namespace.  As a context manager it detaches them all
-    on exit."""
+    subsystem, one block device per namespace.  As a context manager it detaches them on
+    exit, each unless another process holds it (see kernel.disconnect)."""
 
     subsysnqn: str
     controllers: list[Controller]
@@ -110,26 +110,20 @@ class Paths:
         out = []
         for c in self.controllers:
             now = sysfs.read_controller(c.name)
-            if now is not None and (now.subsysnqn, now.transport, now.traddr, now.trsvcid,
-                                    now.hostnqn) == (c.subsysnqn, c.transport, c.traddr,
-                                                     c.trsvcid, c.hostnqn):
+            if now is not None and sysfs.same_path(now, c):
                 out.append(c)
         return out
 
     def disconnect(self) -> list[str]:
         from fx100io.kernel.connections import disconnect  # (it needs this module)
 
-        gone = []
-        for c in self.live_controllers():
-            gone += disconnect(c)
-        return gone
+        return disconnect(self)
 
     def __enter__(self) -> Paths:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.owned:
-            self.owned = False
+        if self.owned:  # (disconnect lets go of this object's holds first)
             self.disconnect()
 
     def as_dict(self) -> dict[str, Any]:
@@ -188,7 +182,7 @@ def connect_paths(uri: str, *, timeout: float, ns_timeout: float, **opts: Any) -
     """Connect every path of uri (see the module's doc).  Raises what a one-path connect
     raises, PathMismatchError for a path that shows another namespace, KernelSupportError
     when native multipath is off; leaves no controller of its own behind when it raises."""
-    from fx100io.kernel.connections import _connect  # (it imports this module)
+    from fx100io.kernel.connections import _connect, hold_made  # (it imports this module)
 
     uris = split_paths(uri)
     where = redact(uri)
@@ -201,7 +195,8 @@ def connect_paths(uri: str, *, timeout: float, ns_timeout: float, **opts: Any) -
         for t, u in zip(targets, uris):
             with holds.target_lock(t, timeout, redact(u)):
                 c = _connect(t, redact(u), timeout, ns_timeout)
-            c.owned = False  # (the Paths owns them all)
+                c.owned = False  # (the Paths owns them all)
+                hold_made(c, t, timeout, redact(u))
             made.append((t, c))
         if native_multipath() is False:  # nvme_core loaded by the first connect
             raise _no_multipath(where)

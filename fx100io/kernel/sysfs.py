@@ -68,6 +68,8 @@ class Controller:
     owned: bool = field(default=False, repr=False)
     ns_timeout: float = field(default=DEFAULT_NS_TIMEOUT, repr=False)
     expected_nsids: tuple[int, ...] | None = field(default=None, repr=False)
+    # the nvme-cli options connect() attached it with (for holds.write_record)
+    options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
     def traddr(self) -> str:
@@ -142,8 +144,7 @@ class Controller:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.owned:
-            self.owned = False
+        if self.owned:  # (disconnect lets go of this object's hold first)
             self.disconnect()
 
     def as_dict(self) -> dict[str, Any]:
@@ -271,6 +272,14 @@ def subsystems() -> dict[str, str]:
     except OSError:
         return {}
     return {n: read_attr(d / n / "subsysnqn") for n in sorted(names)}
+
+
+def same_path(now: Controller, c: Controller) -> bool:
+    """Whether now (read from sysfs) is still the path c was: a controller the kernel deleted
+    may have left its name to another connect.  (Not the cntlid: a reconnect may get another
+    from the target.)"""
+    return (now.subsysnqn, now.transport, now.traddr, now.trsvcid, now.hostnqn) == (
+        c.subsysnqn, c.transport, c.traddr, c.trsvcid, c.hostnqn)
 
 
 def matches(c: Controller, t: Target, *, host: bool = True) -> bool:

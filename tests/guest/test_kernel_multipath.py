@@ -199,6 +199,66 @@ def test_disconnect_by_the_uri_takes_every_path(fabric_lab, two_ports):
     assert mine(nqn) == []
 
 
+_HOLDER = """
+import hashlib, sys
+from fx100io import kernel
+a = kernel.attach(sys.argv[1])
+print(a.controller.name, a.path, flush=True)
+sys.stdin.readline()
+with open(a.path, "rb") as f:
+    f.seek(int(sys.argv[2]))
+    print(hashlib.sha256(f.read(4096)).hexdigest(), flush=True)
+a.release()
+"""
+
+
+def test_a_paths_exit_leaves_the_controller_another_process_attached_to(fabric_lab, two_ports):
+    """Another process's attach() reuses the first path's controller that a Paths made: the
+    Paths' exit detaches only the second path, the other process still reads the bytes the
+    test wrote through its block device, and its release (the last user) detaches the rest."""
+    import hashlib
+    import os
+    import select
+    import subprocess
+    import sys
+
+    _main, nqn, _link = two_ports
+    host = fabric_lab.host
+    q = f"?hostnqn={fabric_lab.allowed_host_nqn}"
+    uri = f"nvme+tcp://{host}:{fabric_lab.port},{host}:{PORT}/{nqn}{q}"
+    one = f"nvme+tcp://{host}:{fabric_lab.port}/{nqn}{q}"
+    pattern = chunk_bytes("k3-holder", 4096).tobytes()
+    env = {**os.environ, "PYTHONPATH": str(Path(fx100io.__file__).parents[1])}
+    with kernel.connect(uri) as ps:
+        (dev,) = ps.namespaces
+        fd = os.open(dev, os.O_RDWR)
+        try:
+            assert os.pwrite(fd, pattern, BASE) == 4096
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, one, str(BASE)], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert select.select([holder.stdout], [], [], 60)[0], "the holder did not attach"
+            name, path = holder.stdout.readline().split()
+            assert name == ps.names[0] and path == dev  # it reused the Paths' controller
+        except BaseException:
+            holder.kill()
+            holder.wait(timeout=30)
+            raise
+    try:
+        assert mine(nqn) == [name], "the Paths' exit detached the other process's controller"
+        out, _ = holder.communicate("go\n", timeout=60)
+        assert out.strip() == hashlib.sha256(pattern).hexdigest()
+        assert holder.returncode == 0
+        wait_for(lambda: mine(nqn) == [], "the last user's release to detach it")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=30)
+
+
 def test_a_path_to_another_namespace_is_refused_and_leaves_nothing(fabric_lab, tmp_path):
     """Two of our targets with one subsystem NQN, each serving a file of its own: the same
     NSID with other NGUID/UUID behind the second path.  The kernel refuses that namespace on

@@ -876,3 +876,86 @@ def test_kernel_path_shares_the_several_paths_grammar_and_refuses_paths_discover
                 "nvme+tcp://127.0.0.1:4420, /nqn.2014-08.org.example:a"):
         with pytest.raises(InvalidArgumentError, match="empty path"):
             kernel.split_paths(bad)
+
+
+# ---------------------------------------------------------------- holds: one rule for every connect
+def _as_process(reg: dict) -> dict:
+    """Switch this test to another "process": its own registry of holds (flocks are per
+    open file, so the lock files themselves already behave as two processes')."""
+    mine = dict(kernel.holds._attached)
+    kernel.holds._attached.clear()
+    kernel.holds._attached.update(reg)
+    return mine
+
+
+@pytest.mark.parametrize("several", [True, False])
+def test_a_connects_exit_leaves_a_controller_another_process_attached_to(
+        fake_nvme, fake_sys, several):
+    """Process A connects (several paths: a Paths; one: a Controller); process B's attach()
+    reuses A's controller for port 4420.  A's with-exit must not pull B's block device: it
+    detaches only what nobody else holds, and B's release, the last, detaches the rest."""
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    _path_block(sysfs, "nvme1c4n1")
+    steps = [_connect_step("nvme3", "4420", "3", ["nvme1c3n1"])]
+    if several:
+        steps.append(_connect_step("nvme4", "4422", "4", ["nvme1c4n1"]))
+    fake_nvme.play(connect=steps, **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+    a = kernel.connect(MP_URI if several else kernel.split_paths(MP_URI)[0], ns_timeout=5)
+    reg_a = _as_process({})                                   # process B
+    b = kernel.attach(kernel.split_paths(MP_URI)[0])
+    assert b.controller.name == "nvme3" and len(_connects(fake_nvme)) == len(steps)
+    reg_b = _as_process(reg_a)                                # back in A
+    with a:
+        pass
+    assert kernel.read_controller("nvme3") is not None, "detached under process B"
+    assert kernel.read_controller("nvme4") is None
+    _as_process(reg_b)                                        # B closes: the last user
+    b.release()
+    assert kernel.list() == []
+
+
+def test_disconnect_by_uri_leaves_what_another_process_holds_and_its_record(fake_nvme, fake_sys):
+    """disconnect(URI) without a host NQN matches every host's controllers there: one another
+    process holds (its store is live on it) stays attached, with its hold record, unless
+    force=True."""
+    import fcntl
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    fake_nvme.play()
+    fake_nvme.add("nvme3", _ctrl("nvme3", "4420", "3"))
+    fake_nvme.add("nvme4", _ctrl("nvme4", "4422", "4"), paths=["nvme1c4n1"])
+    kernel.holds.write_record(kernel.read_controller("nvme3"), [])
+    record = kernel.holds.RUNDIR / "ctrl-nvme3.json"
+    fd = os.open(kernel.holds.RUNDIR / "ctrl-nvme3.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)                  # "process B" holds nvme3
+    try:
+        uri = f"nvme+tcp://10.88.0.2:4420,10.88.0.2:4422/{RAM}"
+        assert kernel.disconnect(uri) == ["nvme4"]
+        assert [c.name for c in kernel.list()] == ["nvme3"] and record.exists()
+        assert kernel.disconnect("nvme3") == []
+        assert kernel.disconnect(uri, force=True) == ["nvme3"]
+        assert kernel.list() == [] and not record.exists()
+    finally:
+        os.close(fd)
+
+
+def test_the_process_that_connected_disconnects_by_uri_but_not_under_its_own_attach(
+        fake_nvme, fake_sys):
+    """A process's own connect (no with) does not block its disconnect(URI); an attach() of
+    the same process, a live device, does."""
+    sysfs, _ = fake_sys
+    _multipath(sysfs)
+    _path_block(sysfs, "nvme1c3n1")
+    _path_block(sysfs, "nvme1c4n1")
+    fake_nvme.play(connect=[_connect_step("nvme3", "4420", "3", ["nvme1c3n1"]),
+                            _connect_step("nvme4", "4422", "4", ["nvme1c4n1"])],
+                   **{"list-ns": {"stdout": cap("list-ns-nvme1.out")}})
+    ps = kernel.connect(MP_URI, ns_timeout=5)
+    b = kernel.attach(kernel.split_paths(MP_URI)[1])  # this process's device on nvme4
+    assert b.controller.name == "nvme4"
+    assert kernel.disconnect(MP_URI) == ["nvme3"] and not ps.owned
+    assert [c.name for c in kernel.list()] == ["nvme4"]
+    b.release()                                       # its last user: detached (recorded)
+    assert kernel.list() == []

@@ -124,6 +124,32 @@ def _claim_running(until: str | None, sec: int, usec: int) -> bool:
     return int(until or 0) > int(sec) * 1000 + int(usec) // 1000
 
 
+class _OneSocket:
+    """Counts what a fresh client's pool does from here on: the connections
+    it makes and each (re)connect of them.  One connection connected once
+    means every command went down one socket to one server session."""
+
+    def __init__(self, r: Any) -> None:
+        self.made = 0
+        self.connects = 0
+        pool = r.connection_pool
+        make = pool.make_connection
+
+        def counted() -> Any:
+            conn = make()
+            self.made += 1
+            # (a weak method: the callback dies with this object)
+            conn.register_connect_callback(self._connected)
+            return conn
+        pool.make_connection = counted
+
+    def _connected(self, _conn: Any) -> None:
+        self.connects += 1
+
+    def proven(self) -> bool:
+        return self.made == 1 and self.connects == 1
+
+
 def glob_escape(text: str) -> str:
     """text as a literal in a Redis MATCH pattern: every glob character
     (and the backslash) escaped, so a name never matches another's keys."""
@@ -454,8 +480,13 @@ class RedisIndex:
         counts the writes of its own connection, and a transaction with WATCH
         gives its connection back to the client's pool when it ends: fn runs
         on a client of its own, made for this call and used by this thread
-        only, so the WAIT that follows gets the one connection fn wrote on
-        (CLIENT ID, asked before fn and with the WAIT, proves it)."""
+        only, so the WAIT that follows gets the one connection fn wrote on.
+        _OneSocket proves it: the client made one connection and it connected
+        once.  A CLIENT ID compare could not: redis-py silently reconnects a
+        pooled connection whose server died (under Sentinel to the new
+        primary), and CLIENT IDs are per-server counters, so a WAIT on a
+        fresh connection there could carry fn's ID and count replicas that
+        never saw fn's writes.  Any reconnect reads as "not confirmed"."""
         if self.down:
             raise self._unavailable("it failed moments ago")
         try:
@@ -464,22 +495,23 @@ class RedisIndex:
             try:
                 if n == 0:
                     return fn(r, self.prefix)
-                ident = r.client_id()
+                one = _OneSocket(r)
                 result = fn(r, self.prefix)
                 with r.pipeline(transaction=False) as pipe:
-                    pipe.client_id()
                     pipe.execute_command("WAIT", n, self._wait_ms())
-                    again, acked = pipe.execute()
+                    (acked,) = pipe.execute()
+                same = one.proven()
             finally:
                 self._close_sync(r)
         except (Fx100ioError, redis.WatchError):  # (a WatchError is the caller's to name)
             raise
         except _ERRORS as e:
             raise self._translate(e) from e
-        if again != ident:
+        if not same:
             raise IndexNotReplicatedError(
-                5, f"the pool's index at {self.url}: {what} went down another connection than "
-                "its WAIT, so its replication cannot be told: run it again", self.url, result)
+                5, f"the pool's index at {self.url}: {what} and its WAIT did not provably go "
+                "down one connection (the client reconnected, perhaps to another server), so "
+                "its replication cannot be told: run it again", self.url, result)
         if int(acked) < n:
             raise self._short(what, n, int(acked), result)
         return result
