@@ -930,8 +930,9 @@ static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req 
 static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err)
 {
 	int64_t now = now_ms();
-	int busy = 0, why = 0;
+	int busy = 0, why = 0, live = 0;
 
+	/* First pass: the connections the class split prefers for r. */
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
 		if (!conn_carries(q, (unsigned)(c - q->conns), r))
@@ -943,10 +944,28 @@ static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err
 			return c;
 		}
 		if (c->state == CONN_LIVE || c->state == CONN_DRAINING)
-			busy = 1; /* busy, not broken: wait */
+			live = 1; /* busy, not broken: wait for it */
 		else if (c->err)
 			why = c->err;
 	}
+	/* The split is a preference, never a reason to wait for a reconnect or
+	 * to fail: when none of the preferred connections is up, any live one
+	 * carries r (as every connection did before the classes). */
+	for (unsigned k = 0; !live && k < q->nconns; k++) {
+		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
+		if (conn_carries(q, (unsigned)(c - q->conns), r))
+			continue;
+		if (c->state == CONN_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
+			q->rr = (unsigned)((c - q->conns) + 1) % q->nconns;
+			q->base.stats.conn_fallbacks++;
+			return c;
+		}
+		if (c->state == CONN_LIVE || c->state == CONN_DRAINING)
+			busy = 1;
+		else if (c->err && !why)
+			why = c->err;
+	}
+	busy |= live;
 	*err = busy ? 0 : why ? why : -ENOTCONN;
 	return NULL;
 }
@@ -1033,8 +1052,11 @@ static void issue(struct tcp_queue *q)
 			m->big = BIG_CMD;
 			c->big_cmds++;
 		}
-		if (m->opcode == NVME_CMD_WRITE)
+		if (m->opcode == NVME_CMD_WRITE) {
 			c->writes++;
+			if (c == q->conns && q->nconns > 1 && t->load_reads)
+				q->base.stats.load_conn_writes++;
+		}
 		if (m->opcode == NVME_CMD_READ && m->len > RX_SMALL_MAX) {
 			m->big |= BIG_READ;
 			if (c->big_reads++ == 0)
