@@ -1001,7 +1001,10 @@ static void issue(struct tcp_queue *q)
 	struct req_table *t = &q->t;
 	struct tcp_dev *d = q->dev;
 
-	for (int64_t next; (next = fx_reqs_fifo_next(t)) >= 0;) {
+	unsigned skip = 0; /* classes whose request cannot go this pass */
+	int starved = 0;
+
+	for (int64_t next; (next = fx_reqs_fifo_next_skip(t, skip)) >= 0;) {
 		uint32_t ri = (uint32_t)next;
 		struct req *r = &t->reqs[ri];
 		int err, waiting = 0;
@@ -1016,9 +1019,11 @@ static void issue(struct tcp_queue *q)
 				fx_reqs_fifo_fail_head(t, err);
 				continue;
 			}
-			/* connections busy, or reconnecting: wait */
-			q->starved = waiting;
-			break;
+			/* connections busy, or reconnecting: this class waits,
+			 * the others may still go (on another connection) */
+			starved |= waiting;
+			skip |= 1u << r->prio;
+			continue;
 		}
 		uint16_t slot = c->free_cmds[--c->nfree];
 		struct cmd *m = &c->cmds[slot];
@@ -1073,6 +1078,8 @@ static void issue(struct tcp_queue *q)
 	 * (not the first alone and the rest after its completion). */
 	for (unsigned k = 0; k < q->nconns; k++)
 		kick_send(&q->conns[k]);
+	if (skip) /* (else this pass met no request that must wait) */
+		q->starved = starved;
 	if (!t->nfifo)
 		q->starved = 0;
 	/* The tick checks deadlines: of commands in flight, and of requests
