@@ -177,13 +177,18 @@ static int64_t class_head(struct req_table *t, unsigned c)
 
 int64_t fx_reqs_fifo_next(struct req_table *t)
 {
+	return fx_reqs_fifo_next_skip(t, 0);
+}
+
+int64_t fx_reqs_fifo_next_skip(struct req_table *t, unsigned skip)
+{
 	int64_t heads[FX_PRIO_CLASSES];
 	unsigned may = 0;
 	int hold = t->load_reads && t->wr_inflight >= t->write_depth;
 
 	for (unsigned c = 0; c < FX_PRIO_CLASSES; c++) {
 		heads[c] = class_head(t, c);
-		if (heads[c] < 0)
+		if (heads[c] < 0 || (skip & (1u << c)))
 			continue;
 		/* what is submitted to a device cannot be overtaken: keep few
 		 * writes ahead of a load there */

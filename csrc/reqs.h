@@ -109,6 +109,10 @@ static inline int fx_req_all_issued(const struct req *r)
  * left to issue or failed.  -1 when nothing may go now.  Calling it again
  * without issuing a piece returns the same request. */
 int64_t fx_reqs_fifo_next(struct req_table *t);
+/* The same, leaving out the classes in skip (bit c: class c) for this pass:
+ * a transport that cannot issue the request of one class now (no connection
+ * may carry it, no bounce buffer) still issues the others'. */
+int64_t fx_reqs_fifo_next_skip(struct req_table *t, unsigned skip);
 
 /* A piece of ri (what fx_reqs_fifo_next returned) was made: the class
  * accounting, the write count, the round robin; ri leaves its queue once

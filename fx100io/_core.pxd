@@ -137,4 +137,6 @@ cdef extern from "fx100io.h" nogil:
         uint64_t local_invalidations
         uint64_t prio_pieces[3]
         uint64_t prio_shares
+        uint64_t conn_fallbacks
+        uint64_t load_conn_writes
     void fx_queue_get_stats "fx_queue_stats"(const fx_queue *q, fx_queue_stats *out)

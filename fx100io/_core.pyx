@@ -541,7 +541,8 @@ cdef class Queue:
                     conn_errors=s.conn_errors, remote_invalidations=s.remote_invalidations,
                     local_invalidations=s.local_invalidations, pieces_load=s.prio_pieces[0],
                     pieces_store=s.prio_pieces[1], pieces_background=s.prio_pieces[2],
-                    prio_shares=s.prio_shares)
+                    prio_shares=s.prio_shares, conn_fallbacks=s.conn_fallbacks,
+                    load_conn_writes=s.load_conn_writes)
 
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were

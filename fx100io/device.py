@@ -218,7 +218,10 @@ class Device:
         """Counters of the calling thread's queue: ios, bytes, fixed_ios
         (registered buffers used), bytes_direct / bytes_copied (where
         received bytes went), reconnects, conn_errors, and for NVMe/RDMA
-        remote_invalidations / local_invalidations (how command keys ended)."""
+        remote_invalidations / local_invalidations (how command keys ended),
+        pieces_load / pieces_store / pieces_background and prio_shares (the
+        priority classes), and for NVMe/TCP with queues >= 2 conn_fallbacks /
+        load_conn_writes (docs/architecture.md, "Priority and write admission")."""
         return dict(self._driver().queue.stats())
 
     def features(self) -> list[str]:

@@ -329,6 +329,12 @@ struct fx_queue_stats {
 	 * how many of them a lower class took on its guaranteed share */
 	uint64_t prio_pieces[FX_PRIO_CLASSES];
 	uint64_t prio_shares;
+	/* NVMe/TCP, queues >= 2: pieces a connection the class split does not
+	 * prefer carried because none it prefers was up, and writes the load
+	 * connection (the first) carried while a load read waited or was in
+	 * flight (each such one is a fallback) */
+	uint64_t conn_fallbacks;
+	uint64_t load_conn_writes;
 };
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);
 

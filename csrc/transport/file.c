@@ -138,7 +138,8 @@ int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
 		goto fail;
 	}
 	d->base.info.caps |= FX_CAP_FLUSH;
-	d->load_ioprio = probe_load_ioprio(&st);
+	/* only the io_uring queue carries it (psync shares this open) */
+	d->load_ioprio = ops == &fx_transport_file ? probe_load_ioprio(&st) : 0;
 	if (d->load_ioprio)
 		d->base.info.caps |= FX_CAP_IOPRIO;
 	if (o->direct) {
@@ -177,8 +178,9 @@ void fx_file_dev_close(struct fx_dev *dev)
 
 struct piece {
 	uint32_t req;
-	uint8_t fdi;    /* 0: direct, 1: buffered */
-	uint8_t ioprio; /* its SQE carried load_ioprio */
+	uint8_t fdi;     /* 0: direct, 1: buffered */
+	uint8_t ioprio;  /* its SQE carried load_ioprio */
+	uint8_t no_prio; /* retried without it after the first try was refused */
 	char *addr;
 	uint64_t len;
 	uint64_t off;
@@ -243,7 +245,7 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 				io_uring_prep_read_fixed(sqe, fd, p->addr, len, p->off, bi);
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
-			p->ioprio = r->prio == FX_PRIO_LOAD && q->load_ioprio;
+			p->ioprio = r->prio == FX_PRIO_LOAD && q->load_ioprio && !p->no_prio;
 			if (p->ioprio)
 				sqe->ioprio = q->load_ioprio;
 		} else {
@@ -269,6 +271,7 @@ static int cut_piece(struct file_queue *q, uint32_t i, struct piece *p)
 			return 0;
 		r->issued = 1;
 		p->req = i;
+		p->no_prio = 0;
 		p->fdi = q->fds[1] >= 0 ? 1 : 0;
 		p->addr = NULL;
 		p->len = 0;
@@ -287,6 +290,7 @@ static int cut_piece(struct file_queue *q, uint32_t i, struct piece *p)
 	if (n > q->max_io)
 		n = q->max_io;
 	p->req = i;
+	p->no_prio = 0;
 	p->fdi = r->issued < direct_end ? 0 : 1;
 	p->addr = r->addr + r->issued;
 	p->len = n;
@@ -364,16 +368,19 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 	}
 	if (p->ioprio && !q->ioprio_ok && (res == -EPERM || res == -EINVAL)) {
 		/* the realtime class needs CAP_SYS_NICE or CAP_SYS_ADMIN, and an
-		 * old kernel may refuse the field: go on without, and say so
-		 * (once: other pieces that carried it may be refused too) */
-		if (q->load_ioprio)
-			fprintf(stderr,
-				"fx100io: the kernel refused the realtime I/O priority for loads "
-				"(%s); loads go first in fx100io's queue only\n",
-				strerror(-res));
-		q->load_ioprio = 0;
+		 * old kernel may refuse the field; but -EINVAL is also a read the
+		 * device refuses (O_DIRECT alignment).  Try once without: only
+		 * if that succeeds was it the priority (decided below). */
+		p->no_prio = 1;
 		prep_piece(q, pi);
 		return;
+	}
+	if (p->no_prio && res >= 0 && q->load_ioprio && !q->ioprio_ok) {
+		/* the same read without the priority went: it was refused; go on
+		 * without it, and say so once */
+		fprintf(stderr, "fx100io: the kernel refused the I/O priority for loads; loads go "
+				"first in fx100io's queue only\n");
+		q->load_ioprio = 0;
 	}
 	if (p->ioprio && res >= 0)
 		q->ioprio_ok = 1;

@@ -1136,8 +1136,9 @@ static int conn_carries(const struct tcp_queue *q, unsigned k, const struct req 
 static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err)
 {
 	int64_t now = now_ms();
-	int busy = 0, why = 0;
+	int busy = 0, why = 0, live = 0;
 
+	/* First pass: the connections the class split prefers for r. */
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
 		if (!conn_carries(q, (unsigned)(c - q->conns), r))
@@ -1149,10 +1150,28 @@ static struct conn *pick_conn(struct tcp_queue *q, const struct req *r, int *err
 			return c;
 		}
 		if (c->state == CONN_LIVE || c->state == CONN_DRAINING)
-			busy = 1; /* busy, not broken: wait */
+			live = 1; /* busy, not broken: wait for it */
 		else if (c->err)
 			why = c->err;
 	}
+	/* The split is a preference, never a reason to wait for a reconnect or
+	 * to fail: when none of the preferred connections is up, any live one
+	 * carries r (as every connection did before the classes). */
+	for (unsigned k = 0; !live && k < q->nconns; k++) {
+		struct conn *c = &q->conns[(q->rr + k) % q->nconns];
+		if (conn_carries(q, (unsigned)(c - q->conns), r))
+			continue;
+		if (c->state == CONN_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
+			q->rr = (unsigned)((c - q->conns) + 1) % q->nconns;
+			q->base.stats.conn_fallbacks++;
+			return c;
+		}
+		if (c->state == CONN_LIVE || c->state == CONN_DRAINING)
+			busy = 1;
+		else if (c->err && !why)
+			why = c->err;
+	}
+	busy |= live;
 	*err = busy ? 0 : why ? why : -ENOTCONN;
 	return NULL;
 }
@@ -1188,7 +1207,10 @@ static void issue(struct tcp_queue *q)
 	struct req_table *t = &q->t;
 	struct tcp_dev *d = q->dev;
 
-	for (int64_t next; (next = fx_reqs_fifo_next(t)) >= 0;) {
+	unsigned skip = 0; /* classes whose request cannot go this pass */
+	int starved = 0;
+
+	for (int64_t next; (next = fx_reqs_fifo_next_skip(t, skip)) >= 0;) {
 		uint32_t ri = (uint32_t)next;
 		struct req *r = &t->reqs[ri];
 		int err, waiting = 0;
@@ -1203,9 +1225,11 @@ static void issue(struct tcp_queue *q)
 				fx_reqs_fifo_fail_head(t, err);
 				continue;
 			}
-			/* connections busy, or reconnecting: wait */
-			q->starved = waiting;
-			break;
+			/* connections busy, or reconnecting: this class waits,
+			 * the others may still go (on another connection) */
+			starved |= waiting;
+			skip |= 1u << r->prio;
+			continue;
 		}
 		uint16_t slot = c->free_cmds[--c->nfree];
 		struct cmd *m = &c->cmds[slot];
@@ -1239,8 +1263,11 @@ static void issue(struct tcp_queue *q)
 			m->big = BIG_CMD;
 			c->big_cmds++;
 		}
-		if (m->opcode == NVME_CMD_WRITE)
+		if (m->opcode == NVME_CMD_WRITE) {
 			c->writes++;
+			if (c == q->conns && q->nconns > 1 && t->load_reads)
+				q->base.stats.load_conn_writes++;
+		}
 		if (m->opcode == NVME_CMD_READ && m->len > RX_SMALL_MAX) {
 			m->big |= BIG_READ;
 			if (c->big_reads++ == 0)
@@ -1257,6 +1284,8 @@ static void issue(struct tcp_queue *q)
 	 * (not the first alone and the rest after its completion). */
 	for (unsigned k = 0; k < q->nconns; k++)
 		kick_send(&q->conns[k]);
+	if (skip) /* (else this pass met no request that must wait) */
+		q->starved = starved;
 	if (!t->nfifo)
 		q->starved = 0;
 	/* The tick checks deadlines: of commands in flight, and of requests

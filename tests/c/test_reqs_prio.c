@@ -289,6 +289,33 @@ static void failed_while_queued(void)
 	fx_reqs_fini(&s.t);
 }
 
+/* A class whose request cannot go this pass (no connection may carry it)
+ * is skipped, and the next class's request goes instead of nothing. */
+static void a_blocked_class_does_not_stop_the_others(void)
+{
+	struct sim s;
+
+	sim_init(&s, 0, 4, 8); /* depth 0: the device takes nothing, all stay queued */
+	sim_submit(&s, 100, FX_OP_WRITE, FX_PRIO_STORE, 1, 2);
+	sim_submit(&s, 200, FX_OP_READ, FX_PRIO_LOAD, 2, 2);
+	sim_submit(&s, 300, FX_OP_READ, FX_PRIO_BACKGROUND, 3, 2);
+	int64_t ld = fx_reqs_fifo_next(&s.t);
+	CHECK(ld >= 0 && s.t.reqs[ld].tag == 200);
+	int64_t st = fx_reqs_fifo_next_skip(&s.t, 1u << FX_PRIO_LOAD);
+	CHECK(st >= 0 && s.t.reqs[st].tag == 100);
+	int64_t bg = fx_reqs_fifo_next_skip(&s.t, (1u << FX_PRIO_LOAD) | (1u << FX_PRIO_STORE));
+	CHECK(bg >= 0 && s.t.reqs[bg].tag == 300);
+	/* a blocked store: the load still goes */
+	ld = fx_reqs_fifo_next_skip(&s.t, 1u << FX_PRIO_STORE);
+	CHECK(ld >= 0 && s.t.reqs[ld].tag == 200);
+	CHECK_EQ(fx_reqs_fifo_next_skip(&s.t, 7u), -1);
+	s.depth = 8;
+	sim_issue(&s);
+	drain(&s);
+	CHECK_EQ(s.ndone, 3);
+	fx_reqs_fini(&s.t);
+}
+
 static void bad_class_refused(void)
 {
 	struct fx_req r = {.tag = 1, .addr = buf, .len = PIECE, .op = FX_OP_READ};
@@ -307,6 +334,7 @@ int main(void)
 	background_below_store();
 	loads_take_turns();
 	failed_while_queued();
+	a_blocked_class_does_not_stop_the_others();
 	bad_class_refused();
 	printf("test_reqs_prio: ok\n");
 	return 0;

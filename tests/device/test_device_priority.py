@@ -145,4 +145,19 @@ def test_a_refused_io_priority_falls_back_out_loud(tmp_path):
                        capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
-    assert "refused the realtime I/O priority" in p.stderr, p.stderr
+    assert "refused the I/O priority for loads" in p.stderr, p.stderr
+
+
+def test_psync_does_not_claim_the_io_priority(tmp_path):
+    """Only the io_uring engine sets the class on a load's SQE; psync's reads
+    carry none, so it must not report io_priority (where io_uring does)."""
+    path = str(tmp_path / "psync.img")
+    with fx100io.open_device(path, create=True, size=MiB) as dev:
+        uring = dev.io_priority
+    with fx100io.open_device(path, engine="psync") as dev:
+        assert dev.io_priority is False
+        b = aligned_array(64 * KiB)
+        assert dev.read_into_blocking(0, b) == 64 * KiB
+    if not uring:
+        pytest.skip("the scheduler under tmp_path does not order by class: "
+                    "io_uring does not claim it either")

@@ -211,3 +211,6 @@ def test_loads_on_their_own_connection_with_stores_at_once(backing):
             assert np.array_equal(back, np.concatenate(new))
             s = dev.queue_stats()
             assert s["pieces_load"] > 0 and s["pieces_background"] > 0 and s["pieces_store"] > 0
+            # which connection carried what: no write went on the load
+            # connection while a load read waited, and nothing needed a fallback
+            assert s["load_conn_writes"] == 0 and s["conn_fallbacks"] == 0
