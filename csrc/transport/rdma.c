@@ -432,7 +432,7 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 					   .opcode = IBV_WR_SEND,
 					   .send_flags = IBV_SEND_SIGNALED,
 				   },
-			   *bad;
+			   *bad = NULL; /* a provider that fails without saying where: fatal */
 	struct ibv_send_wr bind;
 	struct ibv_mr *mr = NULL;
 	uint32_t lkey = 0;
