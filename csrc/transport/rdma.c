@@ -432,7 +432,7 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 					   .opcode = IBV_WR_SEND,
 					   .send_flags = IBV_SEND_SIGNALED,
 				   },
-			   *bad;
+			   *bad = NULL; /* a provider that fails without saying where: fatal */
 	struct ibv_send_wr bind;
 	struct ibv_mr *mr = NULL;
 	uint32_t lkey = 0;
@@ -499,13 +499,26 @@ static int post_cmd(struct rconn *c, struct rcmd *m, uint16_t cid, uint64_t slba
 		};
 		fx_rdma_keyed_sgl(sqe, (uintptr_t)buf, m->len, rkey, 1);
 		int r = ibv_post_send(c->rc.qp, &bind, &bad);
-		if (r)
-			return -r;
+		if (r && bad == &bind)
+			return -r; /* nothing went: no key exists, the slot is clean */
 		/* The provider names the window by the rkey it has now (the
 		 * device checks it): the new one from here on. */
 		mw->rkey = rkey;
 		m->rkey = rkey;
 		m->key_live = 1;
+		if (r) {
+			/* The bind went but not its SEND (a full send queue):
+			 * the window is bound over a buffer the caller would
+			 * get back if the command just failed.  Only the queue
+			 * pair's end kills that key for sure, so this is an
+			 * error of the connection (conn_fail destroys the QP,
+			 * then fails the command), never -ENOMEM. */
+			fprintf(stderr,
+				"fx100io: nvme+rdma: qid %u: a memory window was bound but its "
+				"command could not be sent (%s)\n",
+				c->io.qid, strerror(r));
+			return -EIO;
+		}
 		return 0;
 	} else {
 		fx_rdma_keyed_sgl(sqe, 0, 0, 0, 0);
@@ -574,7 +587,9 @@ static void issue(struct rdma_queue *q)
 		}
 		/* A failed post: the QP goes down (conn_fail) before the slot
 		 * is reused, and the windows with it; nothing waits for an
-		 * invalidation that will not come. */
+		 * invalidation that will not come.  Only a post that put
+		 * nothing on the send queue (-ENOMEM from post_cmd: no window
+		 * was bound) or never tried (-EXDEV) fails the command alone. */
 		/* the slot is taken now, whatever happens to the command */
 		c->nfree--;
 		m->busy = 1;

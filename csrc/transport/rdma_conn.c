@@ -217,16 +217,31 @@ static int make_windows(struct fx_rdma_conn *c, uint32_t n)
 	if (!c->mw)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++) {
+		errno = 0; /* a stale errno must not name this failure */
 		c->mw[i] = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-		if (!c->mw[i]) {
-			int err = errno ? errno : ENOMEM;
-			fx_nvmf_log(
-				"qid %u: this RDMA device (%s) gives no type 2 memory window (%s): "
-				"a key scoped to each command is not possible on it",
-				c->qid, ibv_get_device_name(c->id->verbs->device), strerror(err));
-			return err == ENOMEM ? -ENOMEM : -EOPNOTSUPP;
+		if (c->mw[i]) {
+			c->nmw = (uint16_t)(i + 1);
+			continue;
 		}
-		c->nmw = (uint16_t)(i + 1);
+		int err = errno ? errno : ENOMEM;
+		const char *name = ibv_get_device_name(c->id->verbs->device);
+		if (i > 0 || err == ENOMEM) {
+			/* It made windows before, or said it has no memory:
+			 * the device's max_mw is spent (threads x queues x
+			 * qsize windows in this process, and others'), not
+			 * missing. */
+			fx_nvmf_log("qid %u: out of memory windows on RDMA device %s after %u of "
+				    "%u (%s; the device allows max_mw %d in all): fewer threads, "
+				    "queues or a smaller qsize need fewer",
+				    c->qid, name, i, n, strerror(err),
+				    ibv_query_device(c->id->verbs, &da) == 0 ? da.max_mw : -1);
+			return -ENOMEM;
+		}
+		fx_nvmf_log("qid %u: this RDMA device (%s) gives no type 2 memory window (%s): "
+			    "a key scoped to each command is not possible on it, and NVMe/RDMA "
+			    "needs one",
+			    c->qid, name, strerror(err));
+		return -EOPNOTSUPP;
 	}
 	return 0;
 }
@@ -244,8 +259,15 @@ static int make_qp(struct fx_rdma_conn *c)
 	c->cch = ibv_create_comp_channel(ctx);
 	if (!c->cch)
 		return errno ? -errno : -ENOMEM;
-	/* signalled: each slot's SEND and LOCAL_INV, and every receive */
-	c->cq = ibv_create_cq(ctx, (int)(2 * nsq + c->nrecv + 2), NULL, c->cch, 0);
+	/* Room for every completion there can be at once.  In normal running
+	 * only the signalled ones come (each slot's SEND and LOCAL_INV, and
+	 * every receive), but a queue pair that fails flushes every work
+	 * request still queued with an error completion, signalled or not:
+	 * the unsignalled binds too (a bind stays queued behind an un-ACKed
+	 * SEND, work requests retire in order).  So a slot's bind, SEND and
+	 * LOCAL_INV, every receive, and slack: an overrun CQ is an error
+	 * of its own (rxe drops the rest, mlx5 fails the CQ). */
+	c->cq = ibv_create_cq(ctx, (int)(3 * nsq + c->nrecv + 2), NULL, c->cch, 0);
 	if (!c->cq)
 		return errno ? -errno : -ENOMEM;
 	if (ibv_req_notify_cq(c->cq, 0))

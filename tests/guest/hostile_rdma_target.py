@@ -15,30 +15,43 @@ one per I/O queue connection, and says what happened as JSON lines on stdout:
 4. a READ: before answering, it RDMA-WRITEs just past the end of the command's buffer with
    the command's own key.
 
-Each attack is expected to fail with a remote access error; an attack fails the queue pair,
-so the host reconnects for the next scenario.  Blocking pyverbs calls only: the test that
-starts this process bounds it with its own timeout.
+5. a READ: it answers at once, writing nothing, with SEND_WITH_INVALIDATE of a key that is
+   not the command's (the command's key with its low byte, the bind counter, one further);
+6. a READ of two commands: it takes both capsules, writes nothing, and answers the first with
+   SEND_WITH_INVALIDATE of the second's key (a live key of ours, just not this command's).
+
+Each attack is expected to fail (a remote access error, or the host taking the queue down);
+an attack fails the queue pair, so the host reconnects for the next scenario.  The queue pairs
+are our own (not librdmacm's), so that a response can carry an invalidation.  Every wait
+polls with a deadline: the process never hangs, and the test bounds it with its own timeout
+too.
 """
 
 from __future__ import annotations
 
-import collections
+import faulthandler
 import json
+import signal
 import struct
 import sys
+import time
 
 sys.path.append("/usr/lib/python3/dist-packages")  # Debian's python3-pyverbs, after the rest
 
 import pyverbs.cm_enums as ce  # noqa: E402
 import pyverbs.enums as e  # noqa: E402
 from pyverbs.cmid import CMID, AddrInfo, ConnParam  # noqa: E402
-from pyverbs.qp import QPCap, QPInitAttr  # noqa: E402
+from pyverbs.cq import CQ  # noqa: E402
+from pyverbs.mr import MR  # noqa: E402
+from pyverbs.qp import QP, QPCap, QPInitAttr  # noqa: E402
+from pyverbs.wr import SGE, RecvWR, SendWR  # noqa: E402
 
 BLOCK = 4096
 NS_BLOCKS = 2048  # 8 MiB
 RECVS = 64
 CAPSULE = 64
 SIGNALED = e.IBV_SEND_SIGNALED
+WAIT_S = 60  # no completion takes this long unless something is wrong
 
 
 def say(**kv) -> None:
@@ -50,42 +63,101 @@ def pattern(slba: int, n: int) -> bytes:
     return b"".join(struct.pack("<Q", slba + i) * (BLOCK // 8) for i in range(n // BLOCK))
 
 
-class Conn:
-    """One accepted queue: FIFO receive buffers (a receive queue completes in order)."""
+class Gone(Exception):
+    """The queue pair failed (the host took it down, or an attack failed it)."""
 
-    def __init__(self, cmid: CMID):
+
+class Conn:
+    """One accepted queue, on a queue pair of our own: librdmacm's rdma_post_send cannot send
+    with an invalidation.  Receives complete in order (one receive queue)."""
+
+    def __init__(self, cmid: CMID, listen: CMID):
         self.id = cmid
-        self.recvs: collections.deque = collections.deque()
-        for _ in range(RECVS):
-            mr = cmid.reg_msgs(CAPSULE)
-            cmid.post_recv(mr, CAPSULE)
-            self.recvs.append(mr)
-        cmid.accept(ConnParam(resources=4, depth=4, data_len=32))
-        self.rsp = cmid.reg_msgs(16)
-        self.big = cmid.reg_read(1 << 20)  # RDMA READ lands here, RDMA WRITE leaves from here
+        ctx = cmid.context or listen.context
+        self.pd = cmid.pd or listen.pd
+        self.scq = CQ(ctx, 64, None, None, 0)
+        self.rcq = CQ(ctx, RECVS, None, None, 0)
+        cap = QPCap(max_send_wr=16, max_recv_wr=RECVS, max_send_sge=1, max_recv_sge=1)
+        self.qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.scq, rcq=self.rcq,
+                                         cap=cap))
+        for state in (e.IBV_QPS_INIT, e.IBV_QPS_RTR, e.IBV_QPS_RTS):
+            attr, mask = cmid.init_qp_attr(state)
+            if state == e.IBV_QPS_RTR:
+                attr.max_dest_rd_atomic = 4
+            if state == e.IBV_QPS_RTS:
+                attr.max_rd_atomic = 4
+            self.qp.modify(attr, mask)
+            if state == e.IBV_QPS_INIT:
+                self.recvs = [MR(self.pd, CAPSULE, e.IBV_ACCESS_LOCAL_WRITE) for _ in range(RECVS)]
+                for i in range(RECVS):
+                    self._post_recv(i)
+        self.next_recv = 0
+        cmid.accept(ConnParam(resources=4, depth=4, qp_num=self.qp.qp_num, data_len=32))
+        self.rsp = MR(self.pd, 16, e.IBV_ACCESS_LOCAL_WRITE)
+        # RDMA READ lands here, RDMA WRITE leaves from here
+        self.big = MR(self.pd, 1 << 20, e.IBV_ACCESS_LOCAL_WRITE)
+
+    def _post_recv(self, i: int) -> None:
+        mr = self.recvs[i]
+        self.qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(mr.buf, CAPSULE, mr.lkey)]))
+
+    @staticmethod
+    def _poll(cq: CQ):
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            n, wcs = cq.poll()
+            if n > 0:
+                return wcs[0]
+            time.sleep(0.001)
+        raise Gone(f"no completion within {WAIT_S} s")
 
     def next_capsule(self) -> bytes | None:
-        wc = self.id.get_recv_comp()
-        mr = self.recvs.popleft()
+        try:
+            wc = self._poll(self.rcq)
+        except Gone:
+            return None
         if wc.status != e.IBV_WC_SUCCESS:
             return None
-        data = mr.read(CAPSULE, 0)
-        self.id.post_recv(mr, CAPSULE)
-        self.recvs.append(mr)
+        i = wc.wr_id
+        data = self.recvs[i].read(CAPSULE, 0)
+        self._post_recv(i)
         return data
 
-    def respond(self, cid: int, dw0: int = 0, dw1: int = 0, status: int = 0) -> bool:
+    def _send(self, wr: SendWR) -> int:
+        self.qp.post_send(wr)
+        try:
+            return self._poll(self.scq).status
+        except Gone:
+            return -1
+
+    def respond(self, cid: int, dw0: int = 0, dw1: int = 0, status: int = 0,
+                invalidate: int | None = None) -> bool:
+        """The response capsule; with invalidate, sent WITH_INVALIDATE of that key."""
         self.rsp.write(struct.pack("<IIHHHH", dw0, dw1, 0, 0, cid, status << 1), 16)
-        self.id.post_send(self.rsp, SIGNALED, 16)
-        return self.id.get_send_comp().status == e.IBV_WC_SUCCESS
+        sg = [SGE(self.rsp.buf, 16, self.rsp.lkey)]
+        if invalidate is None:
+            wr = SendWR(opcode=e.IBV_WR_SEND, num_sge=1, sg=sg, send_flags=SIGNALED)
+        else:
+            # the invalidate key shares its place in the work request with imm_data
+            wr = SendWR(opcode=e.IBV_WR_SEND_WITH_INV, num_sge=1, sg=sg, send_flags=SIGNALED,
+                        imm_data=invalidate)
+        return self._send(wr) == e.IBV_WC_SUCCESS
 
     def rdma(self, write: bool, addr: int, key: int, n: int) -> int:
         """One RDMA WRITE (from self.big) or READ (into it); the completion's status."""
-        if write:
-            self.id.post_write(self.big, n, addr, key, SIGNALED)
-        else:
-            self.id.post_read(self.big, n, addr, key, SIGNALED)
-        return self.id.get_send_comp().status
+        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ, num_sge=1,
+                    sg=[SGE(self.big.buf, n, self.big.lkey)], send_flags=SIGNALED)
+        wr.set_wr_rdma(key, addr)
+        return self._send(wr)
+
+    def close(self) -> None:
+        # what hangs on the PD first: the CM id owns the PD
+        self.qp.close()
+        for mr in [*self.recvs, self.rsp, self.big]:
+            mr.close()
+        self.scq.close()
+        self.rcq.close()
+        self.id.close()
 
 
 def sgl(cap: bytes) -> tuple[int, int, int]:
@@ -174,6 +246,22 @@ def serve_io(c: Conn, scenario: int) -> None:
             status = c.rdma(True, addr + n, key, BLOCK)
             say(scenario=scenario, event="past the end", addr=addr + n, key=key, status=status)
             return
+        if opc == 0x02 and scenario == 5:
+            wrong = (key & ~0xFF) | ((key + 1) & 0xFF)
+            sent = c.respond(cid, invalidate=wrong)
+            say(scenario=scenario, event="invalidated a wrong key", key=key, wrong=wrong,
+                sent=sent)
+            return
+        if opc == 0x02 and scenario == 6:
+            second = c.next_capsule()
+            if second is None:
+                say(scenario=scenario, event="queue gone")
+                return
+            _, n2, key2 = sgl(second)
+            sent = c.respond(cid, invalidate=key2)
+            say(scenario=scenario, event="invalidated the other command's key", key=key,
+                other=key2, n=n, n2=n2, sent=sent)
+            return
         if opc == 0x02:
             c.big.write(pattern(slba, n), n, 0)
             status = c.rdma(True, addr, key, n)
@@ -188,19 +276,19 @@ def serve_io(c: Conn, scenario: int) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # the test's way to see where a stuck target is
     addr, port = sys.argv[1], sys.argv[2]
     scenarios = [int(x) for x in sys.argv[3].split(",")]
     ai = AddrInfo(src=addr, src_service=port, port_space=ce.RDMA_PS_TCP, flags=ce.RAI_PASSIVE)
-    cap = QPCap(max_send_wr=16, max_recv_wr=RECVS, max_send_sge=1, max_recv_sge=1)
-    listen = CMID(creator=ai, qp_init_attr=QPInitAttr(qp_type=e.IBV_QPT_RC, cap=cap))
+    listen = CMID(creator=ai)  # no QP from librdmacm: each Conn makes its own
     listen.listen()
     say(event="listening")
-    admin = Conn(listen.get_request())
+    admin = Conn(listen.get_request(), listen)
     serve_admin(admin, until_ns_identify=True)
     for scenario in scenarios:
-        io = Conn(listen.get_request())
+        io = Conn(listen.get_request(), listen)
         serve_io(io, scenario)
-        io.id.close()
+        io.close()
     serve_admin(admin, until_ns_identify=False)  # the host's shutdown
     say(event="done")
 

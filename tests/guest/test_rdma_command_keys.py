@@ -147,3 +147,39 @@ def test_a_command_key_cannot_reach_the_bytes_next_to_its_buffer(rdma_lab):
                      "region")
     assert not reached, "a write past the end of a command's buffer landed"
     assert by[(4, "past the end")]["status"] == IBV_WC_REM_ACCESS_ERR, by
+
+
+def test_a_response_that_invalidates_a_key_not_its_commands_fails_the_command(rdma_lab):
+    """The target answers a read with SEND_WITH_INVALIDATE of a wrong key (5: the command's
+    own key one bind further; 6: the key of the other command of the same read, live on the
+    same queue pair).  The read must fail (6: our check, a protocol error; 5: the device
+    refuses to invalidate a key that is not there, or our check), never complete as a success,
+    and no byte of the buffer changes; the queue reconnects and works after."""
+    target = HostileTarget(rdma_lab, 4432, "5,6,1")
+    try:
+        pool = fx100io.BufferPool(4 << 20)
+        buf = pool.alloc(256 * KiB)
+        with fx100io.open_device(target.uri) as dev:
+            buf[:] = 0x33
+            with pytest.raises(errors.Fx100ioError):
+                dev.read_into_blocking(0, buf[:N])
+            assert (buf == 0x33).all()
+            # two commands of 128 KiB (MDTS) on the one queue
+            with pytest.raises(errors.FxProtocolError):
+                dev.read_into_blocking(0, buf)
+            assert (buf == 0x33).all()
+            assert dev.queue_stats()["remote_invalidations"] == 0
+            # the queue is good again: a read served as it should be
+            assert dev.read_into_blocking(8 * BLOCK, buf[:N]) == N
+            assert buf[:N].tobytes() == _pattern(8, N)
+            with pytest.raises(errors.Fx100ioError):
+                dev.flush_blocking()  # scenario 1's attack after the read: refused
+            assert buf[:N].tobytes() == _pattern(8, N)
+        by = target.events()
+    finally:
+        target.kill()
+    five = by[(5, "invalidated a wrong key")]
+    assert five["wrong"] != five["key"], by
+    six = by[(6, "invalidated the other command's key")]
+    assert six["other"] != six["key"] and six["n"] == six["n2"] == 128 * KiB, by
+    assert by[(1, "after")]["status"] == IBV_WC_REM_ACCESS_ERR, by
