@@ -1037,6 +1037,7 @@ class MultipathDevice:
         once that path is back."""
         import asyncio
 
+        prio.parse(priority, prio.STORE)  # a bad one raises before any path is marked flushed
         deadline = time.monotonic() + self.io_timeout_s
         targets: list[_Path | None] = list(self._flush_targets()) or [None]
         for want in targets:
@@ -1097,7 +1098,12 @@ class MultipathDevice:
 
     def submit_blocking(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
                         stream: int | None = None) -> list[Completion]:
-        self._any_dev()._requests(reqs, priority, stream)  # the caller's mistakes raise now
+        try:
+            dev = self._any_dev()
+        except DeviceClosedError:
+            dev = None  # no path open right now: each request waits for one, as documented
+        if dev is not None:
+            dev._requests(reqs, priority, stream)  # the caller's mistakes raise now
         sid = prio.new_stream() if stream is None else stream
         return [self._one_blocking(op, off, buf, priority, sid) for op, off, buf in reqs]
 
@@ -1111,6 +1117,7 @@ class MultipathDevice:
 
     def flush_blocking(self, *, priority: Any = None) -> None:
         """flush(), blocking."""
+        prio.parse(priority, prio.STORE)  # a bad one raises before any path is marked flushed
         deadline = time.monotonic() + self.io_timeout_s
         targets: list[_Path | None] = list(self._flush_targets()) or [None]
         for want in targets:

@@ -328,6 +328,28 @@ def test_flush_goes_through_every_path_that_took_writes(backing):
             dev.close()
 
 
+def test_a_flush_with_a_bad_priority_marks_no_path_flushed(backing):
+    """A flush refused for its priority= argument flushed nothing, so every path
+    that took writes still counts as unflushed (the next flush goes through it)."""
+    import asyncio
+
+    with serve([backing], NQN) as (_, pa, _a), serve([backing], NQN) as (_, pb, _b):
+        dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=8000))
+        try:
+            for i in range(8):
+                dev.write_from_blocking(i * BS, np.full(BS, i, np.uint8))
+            assert all(p.dirty for p in dev._paths)
+            with pytest.raises(ValueError):
+                dev.flush_blocking(priority="urgent")
+            with pytest.raises(ValueError):
+                asyncio.run(dev.flush(priority="urgent"))
+            assert all(p.dirty for p in dev._paths)
+            dev.flush_blocking()
+            assert not any(p.dirty for p in dev._paths)
+        finally:
+            dev.close()
+
+
 def _try(fn) -> BaseException | None:  # noqa: ANN001
     try:
         fn()
