@@ -21,6 +21,8 @@ import time
 import numpy as np
 import pytest
 from support import chunk_bytes
+from support.multipath_paths import paths_uri, sparse_backing
+from support.multipath_paths import wait_for as _wait_for
 from support.target_process import serve, wait_port_free
 
 import fx100io
@@ -34,25 +36,16 @@ WAIT_S = 20.0  # the longest any wait below may take before the test fails
 
 
 def mp_uri(ports: list[int], **q: object) -> str:
-    query = "&".join(f"{k}={v}" for k, v in q.items())
-    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return f"nvme+tcp://{hosts}/{NQN}" + (f"?{query}" if query else "")
+    return paths_uri(NQN, ports, **q)
 
 
 @pytest.fixture
 def backing(tmp_path):
-    p = tmp_path / "shared.img"
-    with open(p, "wb") as f:
-        f.truncate(SIZE)
-    return str(p)
+    return sparse_backing(tmp_path, SIZE)
 
 
 def wait_for(cond, what: str, seconds: float = WAIT_S) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    _wait_for(cond, what, seconds, 0.05)
 
 
 # -- the URI ----------------------------------------------------------------

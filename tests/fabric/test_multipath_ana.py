@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from support import chunk_bytes
+from support.multipath_paths import paths_uri, sparse_backing
 from support.target_process import serve, serve_ports
 
 import fx100io
@@ -33,16 +34,11 @@ LANES = 6
 
 @pytest.fixture
 def backing(tmp_path):
-    p = tmp_path / "shared.img"
-    with open(p, "wb") as f:
-        f.truncate(SIZE)
-    return str(p)
+    return sparse_backing(tmp_path, SIZE)
 
 
 def mp_uri(ports: list[int], **q: object) -> str:
-    query = "&".join(f"{k}={v}" for k, v in q.items())
-    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return f"nvme+tcp://{hosts}/{NQN}" + (f"?{query}" if query else "")
+    return paths_uri(NQN, ports, **q)
 
 
 async def wait_until(cond, what: str, seconds: float = WAIT_S) -> float:  # noqa: ANN001

@@ -22,6 +22,8 @@ import weakref
 
 import numpy as np
 import pytest
+from support.multipath_paths import paths_uri, sparse_backing
+from support.multipath_paths import wait_for as _wait_for
 from support.target_process import serve
 
 import fx100io
@@ -37,25 +39,16 @@ WAIT_S = 20.0
 
 
 def mp_uri(ports: list[int], **q: object) -> str:
-    query = "&".join(f"{k}={v}" for k, v in q.items())
-    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return f"nvme+tcp://{hosts}/{NQN}" + (f"?{query}" if query else "")
+    return paths_uri(NQN, ports, **q)
 
 
 @pytest.fixture
 def backing(tmp_path):
-    p = tmp_path / "shared.img"
-    with open(p, "wb") as f:
-        f.truncate(SIZE)
-    return str(p)
+    return sparse_backing(tmp_path, SIZE)
 
 
 def wait_for(cond, what: str, seconds: float = WAIT_S) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    _wait_for(cond, what, seconds, 0.02)
 
 
 def _stopped(pid: int) -> bool:
