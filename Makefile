@@ -2,7 +2,7 @@
 PY ?= python3
 
 .PHONY: demo test asan bench-fio ctest fuzz fuzz-replay
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 600
 
 # The main job: a local file-backed store, KV-sized chunks, throughput.
 demo:
