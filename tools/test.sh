@@ -6,7 +6,7 @@
 # script makes), runs pytest inside that namespace, stops the lab, and then
 # runs the core suite again against an ASan+UBSan build (and the RDMA tests
 # under it, in the lab guest), runs each fuzzer for
-# 60 s (FUZZ_SECONDS), then ruff and mypy.
+# 30 s (FUZZ_SECONDS), then ruff and mypy.
 # Extra arguments go to pytest (e.g. tools/test.sh -k store).
 set -euo pipefail
 cd "$(dirname "$0")/.."
