@@ -157,16 +157,34 @@ print("ok")
 
 def test_io_uring_disabled_is_named_and_psync_works(tmp_file):
     """With kernel.io_uring_disabled=2 the error names the sysctl, and the
-    psync engine ('auto' too) stays correct."""
-    try:
-        old = Path(IO_URING_SYSCTL).read_text().strip()
-        Path(IO_URING_SYSCTL).write_text("2")
-    except OSError as e:
-        pytest.skip(f"cannot set {IO_URING_SYSCTL} here: {e}")
-    try:
-        assert run_python(refused_then_psync(tmp_file, "io_uring_disabled")).stdout.strip() == "ok"
-    finally:
-        Path(IO_URING_SYSCTL).write_text(old)
+    psync engine ('auto' too) stays correct.  The child sees the setting in a
+    mount namespace of its own (a file holding "2" bound over the sysctl) and
+    gets io_uring_setup's EPERM from a seccomp filter, exactly what the kernel
+    answers at that setting, so the machine-wide sysctl is never touched:
+    setting it broke io_uring for every other process on the machine while
+    the test ran."""
+    fake = tmp_file.parent / "io_uring_disabled"
+    fake.write_text("2\n")
+    code = MOUNT_NS_SYSCTL.format(fake=str(fake), sysctl=IO_URING_SYSCTL) + \
+        SECCOMP_DENY_IO_URING + refused_then_psync(tmp_file, "io_uring_disabled")
+    out = run_python(code, check=False)
+    if out.returncode == 77:
+        pytest.skip(f"no private mount namespace here ({out.stdout.strip()}): needs root")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+# The child's own mount namespace with `fake` bound over the sysctl `sysctl`
+# (unshare(CLONE_NEWNS), mounts made private so nothing propagates back).
+MOUNT_NS_SYSCTL = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
+if libc.unshare(CLONE_NEWNS) != 0:
+    print("unshare: errno", ctypes.get_errno()); sys.exit(77)
+assert libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0, ctypes.get_errno()
+assert libc.mount({fake!r}.encode(), {sysctl!r}.encode(), None, MS_BIND, None) == 0, ctypes.get_errno()
+assert open({sysctl!r}).read().strip() == "2"
+"""
 
 
 # A seccomp filter that fails io_uring_setup with EPERM, as Docker's default
