@@ -11,9 +11,19 @@ soft-RoCE (rxe) connects both initiators to the guest's own nvmet-rdma port:
 Sequential 1 MiB reads and random 4 KiB reads (--cases), queue depth 32 (--iodepth), each case run in turn for
 --seconds, --rounds times in a shuffled order; the median of each case is reported: GB/s,
 IOPS, and CPU seconds per GB.  CPU is counted twice: the benchmark process's own user+system
-time (what the initiator spends where it runs), and the whole guest's busy time from
-/proc/stat (the initiator wherever it runs, softirqs and kernel threads included, and the
-target, which is the same in both cases).
+time over the job (what the initiator spends where it runs), and the whole guest's busy time
+from /proc/stat (the initiator wherever it runs, softirqs and kernel threads included, and
+the target, which is the same in both cases).  The guest's busy time is taken over the job's
+own seconds only, not the whole command: a sampler reads /proc/stat and rxe's packet
+counter every 0.1 s, and the window of the job's runtime that moved the most packets is the
+job (the Python initiator's start, about 4 s of CPU under emulation, would otherwise count
+against it and not against fio).
+
+What each initiator put on the wire comes from rxe's counters over the same window, per GB:
+packets, SENDs (a capsule or a response each), and retransmissions (`duplicate_request`,
+`completer_retry_err`).  Both initiators share the one rxe device with the target in the
+guest (traffic to the guest's own address never reaches a netdev, so a capture on eth0 sees
+nothing); the counters are the device's, both directions.
 
 Everything in the guest runs under QEMU's software emulation (TCG): absolute figures are
 meaningless, only the ratios between the two initiators mean anything.
@@ -32,6 +42,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,30 +52,87 @@ CASES = [("read", "1m"), ("randread", "4k")]
 SIZE = "192m"  # of the 256 MiB RAM namespace
 
 
+RXE_COUNTERS = ("sent_pkts", "rdma_sends", "duplicate_request", "completer_retry_err")
+
+
 def busy_jiffies() -> int:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     return sum(v) - v[3] - v[4]  # all but idle and iowait
 
 
-def measure(argv: list[str]) -> tuple[dict, float]:
-    """Run a fio-like command with JSON output; its job and the guest's busy CPU seconds."""
+def rxe_counters() -> dict[str, int]:
+    """The RDMA devices' packet counters, summed over devices and ports (0 where absent)."""
+    out = dict.fromkeys(RXE_COUNTERS, 0)
+    for name in RXE_COUNTERS:
+        for f in glob.glob(f"/sys/class/infiniband/*/ports/*/hw_counters/{name}"):
+            try:
+                out[name] += int(Path(f).read_text())
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+class Sampler(threading.Thread):
+    """(time, busy jiffies, rxe counters) every 0.1 s while a command runs."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, int, dict[str, int]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.monotonic(), busy_jiffies(), rxe_counters()))
+            if self.stop.wait(0.1):
+                self.samples.append((time.monotonic(), busy_jiffies(), rxe_counters()))
+                return
+
+    def job_window(self, runtime_s: float) -> tuple[int, dict[str, int]]:
+        """Busy jiffies and counter deltas over the runtime_s that moved the most packets;
+        the whole run where no counter moves (no rxe)."""
+        s = self.samples
+        best = (0, s[0][1:], s[-1][1:])
+        j = 0
+        for i in range(len(s)):
+            while j < len(s) - 1 and s[j][0] - s[i][0] < runtime_s:
+                j += 1
+            moved = s[j][2]["sent_pkts"] - s[i][2]["sent_pkts"]
+            if moved > best[0]:
+                best = (moved, s[i][1:], s[j][1:])
+        (b0, c0), (b1, c1) = best[1], best[2]
+        return b1 - b0, {k: c1[k] - c0[k] for k in c0}
+
+
+def measure(argv: list[str]) -> tuple[dict, float, dict[str, int]]:
+    """Run a fio-like command with JSON output: its job, and the guest's busy CPU seconds and
+    the rxe counters' deltas over the job's own runtime."""
     hz = os.sysconf("SC_CLK_TCK")
-    j0 = busy_jiffies()
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    busy = (busy_jiffies() - j0) / hz
+    sampler = Sampler()
+    sampler.start()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    finally:
+        sampler.stop.set()
+        sampler.join()
     if p.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0], busy
+    job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
+    r = job["read"]
+    runtime = (r.get("runtime") or job["job_runtime"]) / 1000
+    busy, wire = sampler.job_window(runtime)
+    return job, busy / hz, wire
 
 
-def summarize(job: dict, busy: float) -> dict:
+def summarize(job: dict, busy: float, wire: dict[str, int]) -> dict:
     r = job["read"]
     secs = r["runtime"] / 1000 if r.get("runtime") else job["job_runtime"] / 1000
     gb = r["io_bytes"] / 1e9
     proc_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * secs
     return {"gbps": gb / secs, "iops": r["iops"], "proc_cpu_per_gb": proc_cpu / gb,
-            "guest_cpu_per_gb": busy / gb}
+            "guest_cpu_per_gb": busy / gb, "pkts_per_gb": wire["sent_pkts"] / gb,
+            "sends_per_gb": wire["rdma_sends"] / gb,
+            "retrans_per_gb": (wire["duplicate_request"] + wire["completer_retry_err"]) / gb}
 
 
 def common(rw: str, bs: str, seconds: int, iodepth: int) -> list[str]:
@@ -110,10 +178,11 @@ def in_guest(args: argparse.Namespace) -> int:
                 else:
                     argv = ["fio", "--ioengine=io_uring", f"--filename={blk}",
                             *common(rw, bs, args.seconds, args.iodepth)]
-                job, busy = measure(argv)
-                runs.setdefault((who, rw, bs), []).append(summarize(job, busy))
-                print(f"  round {rnd + 1}: {who:8s} {rw:8s} {bs:3s} "
-                      f"{runs[(who, rw, bs)][-1]['gbps'] * 1000:8.1f} MB/s", flush=True)
+                job, busy, wire = measure(argv)
+                one = summarize(job, busy, wire)
+                runs.setdefault((who, rw, bs), []).append(one)
+                print(f"  round {rnd + 1}: {who:8s} {rw:8s} {bs:3s} {one['gbps'] * 1000:8.1f} MB/s"
+                      f"  guest CPU {one['guest_cpu_per_gb']:6.1f} s/GB", flush=True)
     finally:
         subprocess.run(["nvme", "disconnect", "-n", sub.nqn], capture_output=True, timeout=60)
 
@@ -133,6 +202,13 @@ def in_guest(args: argparse.Namespace) -> int:
         c = med("fx100io", rw, bs, "guest_cpu_per_gb") / med("kernel", rw, bs, "guest_cpu_per_gb")
         print(f"{'':14s} ratio     throughput {t:.2f}x the kernel's (goal >= 1.0), "
               f"guest CPU per GB {c:.2f}x (goal <= 1.0)")
+    print("\nOn the wire (rxe counters over the job, both directions, per GB; medians)")
+    print(f"{'case':14s} {'initiator':9s} {'packets':>9s} {'SENDs':>9s} {'retransmits':>12s}")
+    for rw, bs in cases:
+        for who in ("fx100io", "kernel"):
+            print(f"{rw + ' ' + bs:14s} {who:9s} {med(who, rw, bs, 'pkts_per_gb'):9.0f} "
+                  f"{med(who, rw, bs, 'sends_per_gb'):9.0f} "
+                  f"{med(who, rw, bs, 'retrans_per_gb'):12.1f}")
     return 0
 
 

@@ -25,12 +25,23 @@ an attack fails the queue pair, so the host reconnects for the next scenario.  T
 are our own (not librdmacm's), so that a response can carry an invalidation.  Every wait
 polls with a deadline: the process never hangs, and the test bounds it with its own timeout
 too.
+
+The admin queue is answered at every moment, as a real controller's is: while it waits for
+an I/O queue's connect request and while it waits for an I/O capsule, the target serves any
+admin capsule that arrived (the host may send admin commands whenever it likes: Identify
+CNS 03h after Identify Namespace, keep alive, a log page).  An admin command it does not
+implement gets an error status (Invalid Command Opcode or Invalid Field), never silence.
+pyverbs' rdma_get_request holds the GIL while it blocks, so this is one thread that polls:
+the listening id's event channel (found in /proc/self/fd: pyverbs does not give its fd) is
+checked with select() before get_request is called.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import json
+import os
+import select
 import signal
 import struct
 import sys
@@ -102,26 +113,40 @@ class Conn:
         self.qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(mr.buf, CAPSULE, mr.lkey)]))
 
     @staticmethod
-    def _poll(cq: CQ):
+    def _poll(cq: CQ, idle=None):
+        """The next completion of cq; idle() runs between polls (the admin queue's service
+        while an I/O queue waits)."""
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             n, wcs = cq.poll()
             if n > 0:
                 return wcs[0]
-            time.sleep(0.001)
+            if idle is None or not idle():
+                time.sleep(0.001)
         raise Gone(f"no completion within {WAIT_S} s")
 
-    def next_capsule(self) -> bytes | None:
-        try:
-            wc = self._poll(self.rcq)
-        except Gone:
-            return None
+    def _take(self, wc) -> bytes | None:
         if wc.status != e.IBV_WC_SUCCESS:
             return None
         i = wc.wr_id
         data = self.recvs[i].read(CAPSULE, 0)
         self._post_recv(i)
         return data
+
+    def next_capsule(self, idle=None) -> bytes | None:
+        try:
+            wc = self._poll(self.rcq, idle)
+        except Gone:
+            return None
+        return self._take(wc)
+
+    def capsule_now(self) -> tuple[bool, bytes | None]:
+        """(True, capsule or None if the queue failed) when one had arrived; (False, None)
+        when none had."""
+        n, wcs = self.rcq.poll()
+        if n <= 0:
+            return False, None
+        return True, self._take(wcs[0])
 
     def _send(self, wr: SendWR) -> int:
         self.qp.post_send(wr)
@@ -167,29 +192,56 @@ def sgl(cap: bytes) -> tuple[int, int, int]:
     return addr, n, key
 
 
-def serve_admin(c: Conn, until_ns_identify: bool) -> None:
-    """Answer admin capsules; return after Identify Namespace (until_ns_identify), or once a
-    shutdown was reported complete, or when the queue dies."""
-    cc = 0
-    cap = 127 | 1 << 16 | 1 << 24 | 1 << 37  # MQES 128, CQR, TO 500 ms, NVM command set
-    while True:
-        cmd = c.next_capsule()
+SC_INVALID_OPCODE = 0x01
+SC_INVALID_FIELD = 0x02
+
+
+class Admin:
+    """The admin queue's controller: properties, Identify, Set Features, Keep Alive.  Other
+    commands get an error status, as a real controller's unsupported ones do."""
+
+    def __init__(self, c: Conn):
+        self.c = c
+        self.cc = 0
+        self.gone = False
+        self.shut_down = False  # the host saw its shutdown complete (it is closing the queue)
+        self.cap = 127 | 1 << 16 | 1 << 24 | 1 << 37  # MQES 128, CQR, TO 500 ms, NVM commands
+
+    def serve_pending(self) -> bool:
+        """Answer one admin capsule if one arrived; whether one did."""
+        if self.gone:
+            return False
+        got, cmd = self.c.capsule_now()
+        if got:
+            self._handle(cmd)
+        return got
+
+    def serve_until_shutdown(self) -> None:
+        while not self.gone and not self.shut_down:
+            self._handle(self.c.next_capsule())
+
+    def _handle(self, cmd: bytes | None) -> None:
         if cmd is None:
+            self.gone = True
             return
+        c = self.c
         opc, cid = cmd[0], struct.unpack_from("<H", cmd, 2)[0]
-        dw0 = dw1 = 0
+        dw0 = dw1 = status = 0
         if opc == 0x7F:  # Fabrics
             fctype = cmd[4]
             off = struct.unpack_from("<I", cmd, 44)[0]
             if fctype == 0x01:  # Connect
                 dw0 = 1  # cntlid
             elif fctype == 0x04:  # Property Get
-                val = {0x0: cap, 0x8: 0x10400, 0x14: cc,
+                cc = self.cc
+                val = {0x0: self.cap, 0x8: 0x10400, 0x14: cc,
                        0x1C: (1 if cc & 1 else 0) | ((2 << 2) if cc & (3 << 14) else 0)}
                 v = val.get(off, 0)
                 dw0, dw1 = v & 0xFFFFFFFF, v >> 32
+                if off == 0x1C and cc & (3 << 14):
+                    self.shut_down = True
             elif fctype == 0x00 and off == 0x14:  # Property Set of CC
-                cc = struct.unpack_from("<I", cmd, 48)[0]
+                self.cc = struct.unpack_from("<I", cmd, 48)[0]
         elif opc == 0x06:  # Identify
             cns = cmd[40]
             addr, n, key = sgl(cmd)
@@ -202,26 +254,51 @@ def serve_admin(c: Conn, until_ns_identify: bool) -> None:
             elif cns == 0:
                 struct.pack_into("<QQ", page, 0, NS_BLOCKS, NS_BLOCKS)
                 page[130] = 12  # LBAF0: 4 KiB blocks
-            c.big.write(bytes(page), 4096, 0)
-            c.rdma(True, addr, key, min(n, 4096))
-            if not c.respond(cid):
-                return
-            if cns == 0 and until_ns_identify:
-                return
-            continue
-        elif opc == 0x09:  # Set Features (Number of Queues): one of each
+            elif cns == 3:
+                pass  # Namespace Identification Descriptors: none (an empty list)
+            else:
+                status = SC_INVALID_FIELD
+            if not status:
+                c.big.write(bytes(page), 4096, 0)
+                c.rdma(True, addr, key, min(n, 4096))
+        elif opc == 0x09:  # Set Features (Number of Queues: one of each; others accepted)
             dw0 = 0
-        if not c.respond(cid, dw0, dw1):
-            return
-        if opc == 0x7F and cmd[4] == 0x04 and off == 0x1C and cc & (3 << 14):
-            return  # the host saw its shutdown complete: it is closing the queue
+        elif opc == 0x18:  # Keep Alive
+            pass
+        else:
+            status = SC_INVALID_OPCODE
+        if not c.respond(cid, dw0, dw1, status):
+            self.gone = True
 
 
-def serve_io(c: Conn, scenario: int) -> None:
+def wait_request(listen: CMID, fd: int, admin: Admin):
+    """The next connect request on listen, serving the admin queue while none is there."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0)
+        if ready:
+            return listen.get_request()
+        if not admin.serve_pending():
+            time.sleep(0.001)
+    raise Gone(f"no connect request within {WAIT_S} s")
+
+
+def rdma_cm_fds() -> set[int]:
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/infiniband/rdma_cm":
+                fds.add(int(name))
+        except OSError:
+            pass
+    return fds
+
+
+def serve_io(c: Conn, scenario: int, admin: Admin) -> None:
     """One I/O queue connection, one scenario (see the module's docstring)."""
     prev = None  # (op, addr, n, key) of the last completed command
     while True:
-        cmd = c.next_capsule()
+        cmd = c.next_capsule(admin.serve_pending)
         if cmd is None:
             say(scenario=scenario, event="queue gone")
             return
@@ -253,7 +330,7 @@ def serve_io(c: Conn, scenario: int) -> None:
                 sent=sent)
             return
         if opc == 0x02 and scenario == 6:
-            second = c.next_capsule()
+            second = c.next_capsule(admin.serve_pending)
             if second is None:
                 say(scenario=scenario, event="queue gone")
                 return
@@ -280,16 +357,19 @@ def main() -> None:
     addr, port = sys.argv[1], sys.argv[2]
     scenarios = [int(x) for x in sys.argv[3].split(",")]
     ai = AddrInfo(src=addr, src_service=port, port_space=ce.RDMA_PS_TCP, flags=ce.RAI_PASSIVE)
+    had = rdma_cm_fds()
     listen = CMID(creator=ai)  # no QP from librdmacm: each Conn makes its own
+    fds = rdma_cm_fds() - had  # the listening id's own event channel (a synchronous id)
+    assert len(fds) == 1, f"cannot tell the listening id's event channel among {fds}"
     listen.listen()
     say(event="listening")
-    admin = Conn(listen.get_request(), listen)
-    serve_admin(admin, until_ns_identify=True)
+    admin = Admin(Conn(listen.get_request(), listen))  # the first connect is the admin queue
+    fd = fds.pop()
     for scenario in scenarios:
-        io = Conn(listen.get_request(), listen)
-        serve_io(io, scenario)
+        io = Conn(wait_request(listen, fd, admin), listen)
+        serve_io(io, scenario, admin)
         io.close()
-    serve_admin(admin, until_ns_identify=False)  # the host's shutdown
+    admin.serve_until_shutdown()  # the host's shutdown
     say(event="done")
 
 
