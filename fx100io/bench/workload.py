@@ -414,7 +414,9 @@ class IoLoop:
                 try:
                     done = bl.run(next_tick)
                 except OSError as e:
-                    if e.offset is None:  # type: ignore[attr-defined]
+                    # the loop's own I/O errors carry offset (None: its ring failed);
+                    # BenchLoopThreadError, an OSError too, does not
+                    if getattr(e, "offset", None) is None:
                         which = "queue" if on_queue else "io_uring"
                         raise BenchError(
                             f"job {self.job.name!r}: the I/O loop's {which} failed on {self.target.uri}: {e}"
