@@ -1015,6 +1015,7 @@ class MultipathDevice:
               stream: int | None = None) -> list[asyncio.Future]:
         import asyncio
 
+        prio.parse(priority, prio.LOAD)  # before _any_dev: a bad one is never "no path"
         dev = self._any_dev()
         # the caller's mistakes raise now, as Device.start's do
         dev._requests(reqs, priority, stream)
@@ -1022,11 +1023,15 @@ class MultipathDevice:
         loop = asyncio.get_running_loop()
         return [loop.create_task(self._one(op, off, buf, priority, sid)) for op, off, buf in reqs]
 
+    # a bad priority= raises InvalidArgumentError at once, not after a wait
+    # for a live path (each attempt's Device would refuse it only then)
     async def read_into(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.LOAD)
         return self._check(offset, await self._one(_core.OP_READ, offset, buf, priority,
                                                    prio.new_stream()))
 
     async def write_from(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.STORE)
         return self._check(offset, await self._one(_core.OP_WRITE, offset, buf, priority,
                                                    prio.new_stream()))
 
@@ -1125,6 +1130,7 @@ class MultipathDevice:
 
     def submit_blocking(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
                         stream: int | None = None) -> list[Completion]:
+        prio.parse(priority, prio.LOAD)  # checked even when no path is open
         try:
             dev = self._any_dev()
         except DeviceClosedError:
@@ -1135,10 +1141,12 @@ class MultipathDevice:
         return [self._one_blocking(op, off, buf, priority, sid) for op, off, buf in reqs]
 
     def read_into_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.LOAD)
         return self._check(offset, self._one_blocking(_core.OP_READ, offset, buf, priority,
                                                       prio.new_stream()))
 
     def write_from_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.STORE)
         return self._check(offset, self._one_blocking(_core.OP_WRITE, offset, buf, priority,
                                                       prio.new_stream()))
 
