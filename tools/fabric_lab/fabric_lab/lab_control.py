@@ -20,6 +20,7 @@ from . import (
     initramfs,
     lab_paths,
     lab_state,
+    machine_lock,
     networking,
     qemu_vm,
     target_probe,
@@ -104,17 +105,20 @@ def _cleanup(config: LabConfig | None, pid: int | None, log) -> None:
     lab_state.remove()
 
 
-def start(config: LabConfig, log=print, owner: str = "cli") -> dict:
+def start(config: LabConfig, log=print, owner: str = "cli", wait_for_machine: bool = True) -> dict:
     """Start the lab with config, or return the running one if it has the same config.
 
     owner is recorded in the state: the pytest fixture stops only labs it started itself.
+    A lab that is started takes the machine lock (machine_lock; waits for it, or with
+    wait_for_machine=False raises MachineLockBusy) and hands it to its QEMU.
     """
     config.validate()
     with lab_state.locked():
-        return start_locked(config, log, owner)
+        return start_locked(config, log, owner, wait_for_machine)
 
 
-def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
+def start_locked(config: LabConfig, log=print, owner: str = "cli",
+                 wait_for_machine: bool = True) -> dict:
     """start() for callers that already hold the lab lock."""
     state = lab_state.read()
     if state is not None and is_running(state):
@@ -127,9 +131,17 @@ def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
         if reason:
             raise LabError(f"cannot use the netns network: {reason}")
     if state is not None:
+        # first: a QEMU of it still alive would hold the machine lock this start waits for
         log("fabric lab: cleaning up a lab that did not stop cleanly")
         _cleanup(config_of(state), state.get("pid"), log)
+    # Taken under this checkout's lab lock, so a second start here waits for the first
+    # rather than for the machine lock that the lab the first one boots then holds.
+    with machine_lock.claim(wait=wait_for_machine, log=log) as machine:
+        return _boot(config, log, owner, machine.fd)
 
+
+def _boot(config: LabConfig, log, owner: str, machine_fd: int) -> dict:
+    """Boot the lab, its QEMU holding machine_fd (the machine lock) for its life."""
     image = initramfs.build(log=log)
     files = _files()
     files.dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +155,7 @@ def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
         if config.net == "netns":
             networking.create(config)
         started = time.monotonic()
-        pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files)
+        pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files, (machine_fd,))
         log(f"fabric lab: QEMU pid {pid} booting {image.kernel_release} (TCG)")
         qemu_vm.wait_ready(pid, files, boot_timeout(), log)
         state = _new_state(config, pid, image, time.monotonic() - started)
