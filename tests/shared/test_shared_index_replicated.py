@@ -40,24 +40,23 @@ def redis_server(tmp_path: Path):
     yield from serve(tmp_path)
 
 
+def _running(servers: RedisSentinelSet | RedisClusterSet):
+    """A fixture's body: servers started, then stopped (also after a start that failed)."""
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
 @pytest.fixture
 def sentinels(tmp_path: Path):
-    s = RedisSentinelSet(tmp_path / "sentinel")
-    try:
-        s.start()
-        yield s
-    finally:
-        s.stop()
+    yield from _running(RedisSentinelSet(tmp_path / "sentinel"))
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    c = RedisClusterSet(tmp_path / "cluster")
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+    yield from _running(RedisClusterSet(tmp_path / "cluster"))
 
 
 # ------------------------------------------------------------ URL forms
@@ -474,12 +473,7 @@ class _ClusterFailover:
 
 @pytest.fixture
 def cluster_with_replicas(tmp_path: Path):
-    c = RedisClusterSet(tmp_path / "cluster", replicas=1)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+    yield from _running(RedisClusterSet(tmp_path / "cluster", replicas=1))
 
 
 @pytest.mark.parametrize("kind", ["sentinel", "cluster"])
