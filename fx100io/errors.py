@@ -66,10 +66,10 @@ class Fx100ioMessageError(Fx100ioError):
     ERRNO = _errno.EIO
 
     def __init__(self, *args: object) -> None:
-        # one argument: the message; two or three (errno, message, target): what
-        # unpickling and Fx100ioError's callers pass
-        if len(args) == 1:
-            super().__init__(self.ERRNO, str(args[0]))
+        # one argument: the message (none: an empty one, as a builtin allows); two or
+        # three (errno, message, target): what unpickling and Fx100ioError's callers pass
+        if len(args) <= 1:
+            super().__init__(self.ERRNO, str(args[0]) if args else "")
         else:
             super().__init__(*args)  # type: ignore[arg-type]
 

@@ -70,6 +70,7 @@ def test_converted_errors_keep_their_builtin_message_errno_and_pickle():
         assert str(e) == "it went wrong" and e.errno == err, cls
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is cls and str(back) == str(e) and back.errno == err
+    assert str(TimedOut()) == "" and TimedOut().errno == errno.ETIMEDOUT  # as Exception()
     # TimedOut must not pass for asyncio's TimeoutError (an `except TimeoutError` around
     # asyncio.wait_for would take it for its own)
     assert not isinstance(TimedOut("x"), TimeoutError)
