@@ -299,6 +299,19 @@ def test_a_user_that_may_not_run_info_is_told_to_give_index_replicas(tmp_path, r
     st.close()
 
 
+def _lose_and_rebuild(st: SharedChunkStore, r, url: str, uris: list[str], key: str) -> dict:
+    """Delete st's pool's keys through r (its index is lost: key misses), run `fx100io
+    shared-rebuild --index url` over the pool's devices, and wait out retry_after; its
+    JSON report."""
+    r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
+    assert get(st, key) is None
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["shared-rebuild", "--index", url, *uris]) == 0
+    time.sleep(1.1)  # the index was 'lost' for retry_after
+    return json.loads(out.getvalue())
+
+
 def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     pools = {}
     for name in ("alpha", "beta", "gamma"):  # names whose slots spread over the nodes
@@ -314,14 +327,7 @@ def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     # alpha's index is lost (its keys only: other pools may share its node):
     # rebuild over the cluster URL
     uris, st = pools["alpha"]
-    r = st._index.sync_client()
-    r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
-    assert get(st, "alpha-k") is None
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli_main(["shared-rebuild", "--index", cluster.url(), *uris]) == 0
-    assert json.loads(out.getvalue())
-    time.sleep(1.1)  # the index was 'lost' for retry_after
+    assert _lose_and_rebuild(st, st._index.sync_client(), cluster.url(), uris, "alpha-k")
     assert get(st, "alpha-k")[:5] == b"alpha"
     # another create over alpha's namespace asks alpha's own node about it
     with pytest.raises(errors.NotAStoreError):
@@ -458,14 +464,8 @@ class _ClusterFailover:
                 " as the new one's replica)")
 
     def after(self, st: SharedChunkStore, uris: list[str], probes_acked: list) -> None:
-        r = self.heir.client()
-        r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
-        assert get(st, "anchor") is None
-        out = io.StringIO()
-        with redirect_stdout(out):
-            assert cli_main(["shared-rebuild", "--index", self.url(), *uris]) == 0
-        assert json.loads(out.getvalue())["chunks"] > len(probes_acked)
-        time.sleep(1.1)  # the index was 'lost' for retry_after
+        report = _lose_and_rebuild(st, self.heir.client(), self.url(), uris, "anchor")
+        assert report["chunks"] > len(probes_acked)
         assert get(st, "anchor")[:6] == b"anchor"
         i, _ = probes_acked[-1]
         assert get(st, f"probe-{i}").rstrip(b"\0") == b"probe-%d" % i
