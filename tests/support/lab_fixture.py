@@ -8,8 +8,9 @@ or starts one itself and stops it when the last pytest process using it is done 
 pytest-xdist workers share one lab). When the lab runs in its network namespace and this
 process is not inside it yet, the fixture moves the process there (lo is up in it, so
 loopback tests keep working). A lab it starts itself first takes the machine-wide lab lock
-(/tmp/fx100io-lab.lock, FX100IO_LAB_MACHINE_LOCK) without waiting, and fails if another lab holds
-it; the lab's QEMU then holds it until the lab stops (fabric_lab/machine_lock.py). It skips only where the lab cannot run at all (not Linux, no
+(/tmp/fx100io-lab.lock, FX100IO_LAB_MACHINE_LOCK) without waiting, and fails (naming the holder)
+if another lab holds it; the lab's QEMU then holds it until the lab stops
+(fabric_lab/machine_lock.py). It skips only where the lab cannot run at all (not Linux, no
 QEMU and no way to install it, FX100IO_LAB=off); a lab that should start but fails is an error.
 
 Environment: FX100IO_LAB=off (skip lab tests), FX100IO_LAB_NET=netns|user,
@@ -226,9 +227,10 @@ def _acquire() -> FabricLab:
             state = lab_state.read()
             if state is None or not lab_control.is_running(state):
                 # one lab at a time on the machine (fabric_lab/machine_lock.py): without
-                # waiting, so this never hangs under another lab or a flock wrapper
-                state = lab_control.start_locked(config, log=_log, owner="pytest",
-                                                 wait_for_machine=False)
+                # waiting, so this never hangs under another lab or a flock wrapper; the lab
+                # lock above is never held while anyone waits for the machine lock, so it
+                # is waited for only while a lab of this checkout boots or stops
+                state = lab_control.start_locked(config, log=_log, owner="pytest")
     except (RuntimeError, OSError) as err:
         problem = f"fabric lab did not start: {err}"
     if problem is None and state is not None:

@@ -144,6 +144,19 @@ def is_lab_qemu(pid: int, files: RunFiles) -> bool:
     return pid_alive(pid) and str(files.qmp_socket).encode() in b" ".join(cmdline)
 
 
+def run_dir_of(argv: tuple[str, ...] | list[str]) -> Path | None:
+    """The run directory of the lab QEMU with this command line (its -qmp socket lives
+    there, see command_line), or None if argv is not a lab QEMU's."""
+    if not argv or "qemu" not in Path(argv[0]).name:
+        return None
+    for option, value in zip(argv, argv[1:]):
+        if option == "-qmp" and value.startswith("unix:"):
+            socket_path = Path(value[len("unix:"):].split(",", 1)[0])
+            if socket_path.name == "qmp.sock":
+                return socket_path.parent
+    return None
+
+
 def console_tail(files: RunFiles, lines: int = 40) -> str:
     try:
         text = files.console_log.read_text(errors="replace")
