@@ -66,12 +66,16 @@ class Fx100ioMessageError(Fx100ioError):
     ERRNO = _errno.EIO
 
     def __init__(self, *args: object) -> None:
-        # one argument: the message (none: an empty one, as a builtin allows); two or
-        # three (errno, message, target): what unpickling and Fx100ioError's callers pass
-        if len(args) <= 1:
-            super().__init__(self.ERRNO, str(args[0]) if args else "")
+        # The arguments mean what a builtin's mean, whatever their types: none gives an
+        # empty message, one its str(), more the str() of their tuple; no argument is ever
+        # taken for an errno (that is the class's).  args stays what was passed, so a
+        # pickled one is rebuilt by calling the class with it again.
+        if len(args) == 1:
+            message = str(args[0])
         else:
-            super().__init__(*args)  # type: ignore[arg-type]
+            message = str(args) if args else ""
+        super().__init__(self.ERRNO, message)
+        self.args = args
 
 
 class Fx100ioValueError(Fx100ioMessageError, ValueError):

@@ -74,3 +74,20 @@ def test_converted_errors_keep_their_builtin_message_errno_and_pickle():
     # TimedOut must not pass for asyncio's TimeoutError (an `except TimeoutError` around
     # asyncio.wait_for would take it for its own)
     assert not isinstance(TimedOut("x"), TimeoutError)
+
+
+def test_message_errors_never_take_an_argument_for_an_errno():
+    """Two or more arguments mean what they mean to a builtin: kept in args, the message
+    is their tuple's str(), and errno stays the class's, pickled or not."""
+    import errno
+
+    from fx100io.bench.errors import BenchError
+    from fx100io.contrib._runtime import TimedOut
+    from fx100io.contrib._settings import BackendConfigError
+
+    for e, err in ((BenchError("a %s", 1), errno.EIO), (TimedOut("x", 3), errno.ETIMEDOUT),
+                   (BenchError(28, "no space"), errno.EIO),
+                   (BackendConfigError(5, "y", "z"), errno.EINVAL)):
+        for one in (e, pickle.loads(pickle.dumps(e))):
+            assert one.errno == err and one.args == e.args, one
+            assert str(one) == str(RuntimeError(*e.args)), one
