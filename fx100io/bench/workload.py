@@ -413,9 +413,10 @@ class IoLoop:
             while True:
                 try:
                     done = bl.run(next_tick)
+                except _core.BenchLoopThreadError:
+                    raise  # an OSError too, but a bug here, not the target's: keep its traceback
                 except OSError as e:
-                    # the loop's own I/O errors carry offset (None: its ring failed);
-                    # BenchLoopThreadError, an OSError too, does not
+                    # the loop's own I/O errors carry offset (None: its ring failed)
                     if getattr(e, "offset", None) is None:
                         which = "queue" if on_queue else "io_uring"
                         raise BenchError(
@@ -444,6 +445,8 @@ class IoLoop:
                 try:
                     while clock() < deadline and not bl.run(min(clock() + TICK_NS, deadline)):
                         pass
+                except _core.BenchLoopThreadError:
+                    raise  # a bug, never dropped as one more failed I/O
                 except (OSError, EOFError):
                     pass
             phase.end_ns = clock()
