@@ -269,15 +269,18 @@ _STAND_IN = r"""
 import os, socket, sys, time
 run = sys.argv[sys.argv.index("-qmp") + 1][len("unix:"):].split(",")[0]
 pidfile = sys.argv[sys.argv.index("-pidfile") + 1]
-if os.fork():
-    time.sleep(0.2)
-    sys.exit(0)  # as -daemonize: the foreground process exits, the daemon goes on
+if os.fork():  # as -daemonize: the foreground process exits once the daemon is set up
+    deadline = time.monotonic() + 30
+    while not os.path.exists(pidfile) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.exit(0)
 os.setsid()
 server = socket.socket(socket.AF_UNIX)
 server.bind(run)
 server.listen(1)
-with open(pidfile, "w") as f:
+with open(pidfile + ".tmp", "w") as f:
     f.write(str(os.getpid()))
+os.rename(pidfile + ".tmp", pidfile)
 server.settimeout(120)
 conn, _ = server.accept()  # QMP, as much of it as qemu_vm.stop speaks
 r = conn.makefile("r")
@@ -288,15 +291,19 @@ conn.sendall(b'{"return": {}}\n')
 """
 
 
-def _stand_in_qemu(tmp_path: Path, run_dir: Path) -> tuple[int, qemu_vm.RunFiles]:
-    """A stand-in for a lab QEMU of run_dir, holding the machine lock as launch hands it to
-    QEMU, its starter gone before it wrote a state (killed mid-boot)."""
+def _stand_in_qemu(tmp_path: Path, run_dir: Path, lock: bool = True
+                   ) -> tuple[int, qemu_vm.RunFiles]:
+    """A stand-in for a lab QEMU of run_dir, holding the machine lock (lock) as launch hands
+    it to QEMU, its starter gone before it wrote a state (killed mid-boot)."""
     exe = tmp_path / "qemu-stand-in"
-    exe.symlink_to(sys.executable)
+    if not exe.exists():
+        exe.symlink_to(sys.executable)
     files = qemu_vm.RunFiles(run_dir)
     files.dir.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), "-c", _STAND_IN, "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
            "-pidfile", str(files.pid_file)]
+    if not lock:
+        return qemu_vm.launch(cmd, [], files), files
     with machine_lock.claim(wait=False) as c:
         pid = qemu_vm.launch(cmd, [], files, (c.fd,))
     assert qemu_vm.is_lab_qemu(pid, files) and qemu_vm.run_dir_of(qemu_vm_argv(pid)) == run_dir
@@ -336,9 +343,13 @@ def test_a_start_stops_its_own_orphan_qemu(lab_dir, lock_path, tmp_path, monkeyp
             os.kill(pid, signal.SIGKILL)
 
 
-def test_stop_lock_holder_stops_another_checkouts_lab(lab_dir, lock_path, tmp_path,
-                                                     monkeypatch):
-    pid, files = _stand_in_qemu(tmp_path, tmp_path / "other" / "run")
+@pytest.mark.parametrize("whose", ["another checkout's", "this checkout's, no pid file"])
+def test_stop_lock_holder_stops_the_lab_qemu_holding_the_lock(lab_dir, lock_path, tmp_path,
+                                                              whose):
+    run_dir = tmp_path / "other" / "run" if whose.startswith("another") else lab_paths.run_dir()
+    pid, files = _stand_in_qemu(tmp_path, run_dir)
+    if run_dir == lab_paths.run_dir():
+        files.pid_file.unlink()
     try:
         with pytest.raises(machine_lock.MachineLockBusy, match=f"pid {pid}"):
             machine_lock.claim(wait=False)
@@ -347,5 +358,45 @@ def test_stop_lock_holder_stops_another_checkouts_lab(lab_dir, lock_path, tmp_pa
         assert _gone(pid) and _free(lock_path) and not files.pid_file.exists()
         pid = 0
     finally:
+        if pid and qemu_vm.pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_waiting_start_uses_a_lab_another_start_here_booted(lab_dir, lock_path, tmp_path,
+                                                              monkeypatch):
+    """A start waiting for the machine lock sees a lab of this checkout come up (booted by
+    another start here): it returns that lab at once and says it did not boot it, so
+    `lab.py run` will not stop it afterwards."""
+    booted = _fake_boot(monkeypatch)
+    h = _holder(lock_path)
+    out: dict = {}
+    pid = 0
+
+    def run() -> None:
+        try:
+            out["result"] = lab_control.start_booted(_user_config(), log=lambda m: None)
+        except BaseException as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.3)
+        assert t.is_alive()
+        pid, files = _stand_in_qemu(tmp_path, lab_paths.run_dir(), lock=False)
+        config = _user_config()
+        config.validate()  # as start() does before it compares
+        host, port = config.endpoint()
+        lab_control.lab_state.write({"pid": pid, "host": host, "port": port, "owner": "other",
+                                     "run_dir": str(files.dir), "config": config.to_dict()})
+        t.join(timeout=20)
+        assert not t.is_alive() and "error" not in out, out
+        state, did_boot = out["result"]
+        assert state["pid"] == pid and state["owner"] == "other" and not did_boot and not booted
+    finally:
+        assert h.stdin is not None
+        h.stdin.close()
+        h.wait(timeout=10)
+        t.join(timeout=20)
         if pid and qemu_vm.pid_alive(pid):
             os.kill(pid, signal.SIGKILL)

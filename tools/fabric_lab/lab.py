@@ -81,7 +81,7 @@ def command_stop(args: argparse.Namespace) -> int:
     if args.lock_holder:
         stopped = lab_control.stop_lock_holder(log=log)
         log(f"fabric lab: stopped QEMU pid {', '.join(map(str, stopped))}" if stopped
-            else "fabric lab: no lab QEMU holds the machine lock")
+            else "fabric lab: no lab QEMU this user can see holds the machine lock")
         return 0
     was_running = lab_control.stop(log=log)
     log("fabric lab stopped" if was_running else "fabric lab was not running (cleaned up)")
@@ -113,14 +113,15 @@ def command_exec(args: argparse.Namespace) -> int:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    already_running = lab_control.is_running(lab_control.lab_state.read())
-    state = lab_control.start(config_from_args(args), log=log)
-    if not already_running:
+    # only a lab this call booted is stopped after (not one another start of this checkout
+    # booted while this one waited for the machine)
+    state, booted = lab_control.start_booted(config_from_args(args), log=log)
+    if booted:
         print_endpoint(state)
     try:
         return lab_control.exec_in_lab(args.command, state)
     finally:
-        if not already_running and not args.keep:
+        if booted and not args.keep:
             lab_control.stop(log=log)
 
 

@@ -106,7 +106,15 @@ def _cleanup(config: LabConfig | None, pid: int | None, log) -> None:
 
 
 def start(config: LabConfig, log=print, owner: str = "cli", wait_for_machine: bool = True) -> dict:
-    """Start the lab with config, or return the running one if it has the same config.
+    """Start the lab with config, or return the running one if it has the same config
+    (start_booted says which it was)."""
+    return start_booted(config, log, owner, wait_for_machine)[0]
+
+
+def start_booted(config: LabConfig, log=print, owner: str = "cli",
+                 wait_for_machine: bool = True) -> tuple[dict, bool]:
+    """start(), and whether this call booted the lab (False: it was running, or another
+    start of this checkout booted it while this one waited).
 
     owner is recorded in the state: the pytest fixture stops only labs it started itself.
     A lab that is started takes the machine lock (machine_lock; waits for it, or with
@@ -123,9 +131,9 @@ def start(config: LabConfig, log=print, owner: str = "cli", wait_for_machine: bo
         with lab_state.locked():
             state = _running_or_cleaned(config, log)
             if state is not None:
-                return state
+                return state, False
             if not wait_for_machine:
-                return _claim_and_boot(config, log, owner, wait=False)
+                return _claim_and_boot(config, log, owner, wait=False), True
         try:
             machine = machine_lock.claim(wait=True, log=log, give_up=_lab_here_changed)
         except machine_lock.WaitAbandoned:
@@ -133,8 +141,8 @@ def start(config: LabConfig, log=print, owner: str = "cli", wait_for_machine: bo
         with machine, lab_state.locked():
             state = _running_or_cleaned(config, log)
             if state is not None:
-                return state
-            return _boot(config, log, owner, machine.fd)
+                return state, False
+            return _boot(config, log, owner, machine.fd), True
 
 
 def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
@@ -271,7 +279,9 @@ def stop_lock_holder(log=print) -> list[int]:
             continue
         files = qemu_vm.RunFiles(run_dir)
         if run_dir == _files().dir:
-            stop(log)  # this checkout's own lab: the ordinary stop
+            with lab_state.locked():  # this checkout's own lab, by the holder's pid (its
+                state = lab_state.read()  # pid file may be gone), its QMP socket still there
+                _cleanup(config_of(state) if state else LabConfig.default(), holder.pid, log)
         else:
             log(f"fabric lab: stopping the lab QEMU of {run_dir.parent}: {holder}")
             qemu_vm.stop(holder.pid, files, log)
