@@ -330,6 +330,7 @@ def test_a_start_stops_its_own_orphan_qemu(lab_dir, lock_path, tmp_path, monkeyp
         assert not _free(lock_path)
         found = machine_lock.holders(lock_path)
         assert [h.pid for h in found] == [pid] and "qemu-stand-in" in str(found[0])
+        assert f"lab directory {lab_dir}" in str(found[0])  # whose lab it is
         assert lab_control._orphan_pid() == pid
         files.pid_file.unlink()  # found through the lock alone too
         assert lab_control._orphan_pid() == pid

@@ -61,7 +61,13 @@ class Holder:
         command = " ".join(self.argv)
         if len(command) > 160:
             command = command[:157] + "..."
-        return f"pid {self.pid} ({command or '?'}; in {self.cwd or '?'})"
+        # a daemonized QEMU runs in /: its lab directory is where its pid file is
+        # (<lab dir>/run/qemu.pid, qemu_vm.command_line)
+        where = next((os.path.dirname(os.path.dirname(value))
+                      for option, value in zip(self.argv, self.argv[1:])
+                      if option == "-pidfile"), None)
+        where = f"lab directory {where}" if where else f"in {self.cwd or '?'}"
+        return f"pid {self.pid} ({command or '?'}; {where})"
 
 
 def _describe(pid: int) -> Holder:
