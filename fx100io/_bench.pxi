@@ -4,7 +4,9 @@ cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.errno cimport EAGAIN, ENODATA, ETIMEDOUT
 
-from fx100io.errors import error_from_status
+import errno
+
+from fx100io.errors import Fx100ioMessageError, error_from_status
 
 cdef extern from "bench_loop.h" nogil:
     enum:
@@ -92,8 +94,10 @@ def bench_bucket(uint64_t ns):
     return fx_bl_bucket(ns)
 
 
-class BenchLoopThreadError(RuntimeError):
+class BenchLoopThreadError(Fx100ioMessageError, RuntimeError):
     """A BenchLoop used from a thread other than the one that made it."""
+
+    ERRNO = errno.EPERM
 
 
 @cython.no_gc_clear

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from fx100io.errors import Fx100ioMessageError
+
 OP_READ: int
 OP_WRITE: int
 OP_FLUSH: int
@@ -129,7 +131,7 @@ BL_DRAIN_LIMIT_NS: int
 BL_FEATURES: dict[int, str]
 _bench_leaked: list[Any]
 
-class BenchLoopThreadError(RuntimeError): ...
+class BenchLoopThreadError(Fx100ioMessageError, RuntimeError): ...
 
 def bench_bucket(ns: int) -> int: ...
 

@@ -57,18 +57,33 @@ class InvalidArgumentError(Fx100ioError, ValueError):
     """An argument is out of range or malformed."""
 
 
-class Fx100ioValueError(Fx100ioError, ValueError):
+class Fx100ioMessageError(Fx100ioError):
+    """An error raised with a message only, as a builtin exception is
+    (``raise BenchError("--size: ...")``); its errno is the class's ``ERRNO``.  The
+    base of the package's errors that began as RuntimeErrors and the like: each also
+    inherits that builtin, so ``except RuntimeError`` keeps catching it."""
+
+    ERRNO = _errno.EIO
+
+    def __init__(self, *args: object) -> None:
+        # The arguments mean what a builtin's mean, whatever their types: none gives an
+        # empty message, one its str(), more the str() of their tuple; no argument is ever
+        # taken for an errno (that is the class's).  args stays what was passed, so a
+        # pickled one is rebuilt by calling the class with it again.
+        if len(args) == 1:
+            message = str(args[0])
+        else:
+            message = str(args) if args else ""
+        super().__init__(self.ERRNO, message)
+        self.args = args
+
+
+class Fx100ioValueError(Fx100ioMessageError, ValueError):
     """A value fx100io cannot use, raised with a message only, as a ValueError is
     (``raise BackendConfigError("size: ...")``); its errno is EINVAL.  The base of
     the package's own ValueErrors, so ``except ValueError`` keeps catching them."""
 
-    def __init__(self, *args: object) -> None:
-        # one argument: the message; two or three (errno, message, target): what
-        # unpickling and Fx100ioError's callers pass
-        if len(args) == 1:
-            super().__init__(_errno.EINVAL, str(args[0]))
-        else:
-            super().__init__(*args)  # type: ignore[arg-type]
+    ERRNO = _errno.EINVAL
 
 
 class KeyTooLongError(InvalidArgumentError):

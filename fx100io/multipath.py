@@ -293,6 +293,108 @@ def _ana_thread(ref: weakref.ref[MultipathDevice], p: _Path, closing: threading.
             del self
 
 
+# What _Steps.next() tells a driver to do: sleep (seconds) and ask again; end
+# the request with (completion); issue it on (path), which _pick took.
+_WAIT, _END, _ISSUE = "wait", "end", "issue"
+
+
+class _Steps:
+    """One request's way over the paths: when to hold, pick, move and give up,
+    written once for the two drivers that follow it (MultipathDevice._one on an
+    event loop, _one_blocking on a thread), which only get queues, send and
+    wait.  A driver loops:
+
+        next()                 (_WAIT, s): sleep s, ask again; (_END, done): the
+                               request ends with done; (_ISSUE, p): try path p
+                               (picked: its inflight counts this attempt).
+                               Raises DeviceClosedError once the device closed.
+        no_queue(p)            p gave no queue (being closed, re-opened or its
+                               ANA read): the seconds to sleep before next()
+        sending()              the request goes out on a queue
+        failed(p, dev, e, sent) the attempt raised e: True when the driver must
+                               re-raise it (the caller's error, or a write that
+                               may have run and cannot move); else it moves
+        completed(p, dev, done, nbytes) the attempt completed: True when the
+                               request ends with done; False when it moves
+
+    A request moves at most MAX_MOVES times per path, waits at most
+    io_timeout_ms for a live path, and a write that may still run on the
+    path it left is held (no path picked) until that path's fence allows."""
+
+    def __init__(self, mp: MultipathDevice, op: int, avoid_busy: bool) -> None:
+        self.mp, self.op = mp, op
+        # with avoid_busy, a path that gave no queue is taken again only when no
+        # other is live (an event loop need not wait for one path's connect)
+        self.avoid_busy = avoid_busy
+        self.last: Completion | None = None  # the last attempt's failure
+        self.waiting_since: float | None = None  # since when no path was had
+        self.moves = 0
+        self.hold: _Fence | None = None
+        self.busy: set[_Path] = set()
+
+    def next(self) -> tuple[str, Any]:
+        mp = self.mp
+        while True:
+            if mp._closed:
+                raise DeviceClosedError(9, "device is closed", mp.uri)
+            if self.hold is not None:
+                left = mp._hold_left(self.hold)
+                if left is not None and left < 0:
+                    return _END, self.last or mp._no_path(self.last)
+                if left is None or left > 0:
+                    return _WAIT, min(left or WAIT_STEP_S, WAIT_STEP_S * 5)
+                self.hold = None
+                continue
+            if self.moves >= MAX_MOVES * len(mp._paths):
+                return _END, mp._no_path(self.last)
+            p = mp._pick(self.busy)
+            if p is not None:
+                return _ISSUE, p
+            now = time.monotonic()
+            self.waiting_since = self.waiting_since or now
+            if now - self.waiting_since >= mp.io_timeout_s:
+                return _END, mp._no_path(self.last)
+            return _WAIT, WAIT_STEP_S
+
+    def no_queue(self, p: _Path) -> float:
+        self.mp._release(p)
+        self.waiting_since = self.waiting_since or time.monotonic()
+        if not self.avoid_busy:
+            return WAIT_STEP_S
+        fresh = p not in self.busy
+        self.busy.add(p)
+        return 0 if fresh else WAIT_STEP_S
+
+    def sending(self) -> None:
+        self.waiting_since = None
+
+    def failed(self, p: _Path, dev: Device | None, e: BaseException, sent: bool) -> bool:
+        what, fence = self.mp._after(p, dev, self.op, 0, 0, e, sent) \
+            if isinstance(e, Exception) and dev is not None else ("raise", None)
+        if what == "raise":
+            self.mp._release(p)
+            return True
+        if what == "fail":
+            return True
+        self.last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
+        self.moves += 1
+        self.hold = fence
+        return False
+
+    def completed(self, p: _Path, dev: Device, done: Completion, nbytes: int) -> bool:
+        mp = self.mp
+        if path_error(done[0], done[1]) and not mp._closed:
+            what, fence = mp._after(p, dev, self.op, done[0], done[1], None, True)
+            if what == "fail":
+                return True
+            self.last = done
+            self.moves += 1
+            self.hold = fence
+            return False
+        mp._done(p, done[0], nbytes, None, write=_is_write(self.op))
+        return True
+
+
 class MultipathDevice:
     """One namespace reached over several paths: the Device API (read_into,
     write_from, flush, submit, start and their blocking twins), with each
@@ -706,37 +808,23 @@ class MultipathDevice:
                    stream: int = 0) -> Completion:
         """Run one request to its end on some path: the first completion
         that is not a path error, or (-ETIMEDOUT, 0) once no path was live
-        for io_timeout_ms (or it moved MAX_MOVES times per path)."""
+        for io_timeout_ms (or it moved MAX_MOVES times per path).  The
+        event loop's driver of _Steps: it adds only what a loop needs (a
+        path whose queue on this loop is ready goes first; a queue is made
+        off the loop)."""
         import asyncio
 
         from fx100io.device import _io_done
 
-        last: Completion | None = None
-        waiting_since: float | None = None
-        moves = 0
-        hold: _Fence | None = None
-        busy: set[_Path] = set()  # paths whose queue could not be had without waiting
+        steps = _Steps(self, op, avoid_busy=True)
         while True:
-            if self._closed:
-                raise DeviceClosedError(9, "device is closed", self.uri)
-            if hold is not None:
-                left = self._hold_left(hold)
-                if left is not None and left < 0:
-                    return last or self._no_path(last)
-                if left is None or left > 0:
-                    await asyncio.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
-                    continue
-                hold = None
-            if moves >= MAX_MOVES * len(self._paths):
-                return self._no_path(last)
-            p = self._pick(busy)
-            if p is None:
-                now = time.monotonic()
-                waiting_since = waiting_since or now
-                if now - waiting_since >= self.io_timeout_s:
-                    return self._no_path(last)
-                await asyncio.sleep(WAIT_STEP_S)
+            what, arg = steps.next()
+            if what is _WAIT:
+                await asyncio.sleep(arg)
                 continue
+            if what is _END:
+                return arg
+            p: _Path = arg
             made = None  # p's queue for this loop, made while this request waited
             if p.dev is not None and p.dev._loop_ready() is None:
                 q = self._ready_elsewhere(p)
@@ -758,22 +846,14 @@ class MultipathDevice:
                 else:
                     drv = await self._loop_driver(p, dev) if dev is not None else None
             except BaseException as e:  # this loop's queue could not be made: not sent
-                what, fence = self._after(p, dev, op, 0, 0, e, False) if \
-                    isinstance(e, Exception) and dev is not None else ("raise", None)
-                if what == "raise":
-                    self._release(p)
+                if steps.failed(p, dev, e, sent=False):
                     raise
-                moves += 1
                 continue
             if drv is None:  # being closed, re-opened or its ANA read: another path first
-                self._release(p)
-                waiting_since = waiting_since or time.monotonic()
-                fresh = p not in busy
-                busy.add(p)
-                await asyncio.sleep(0 if fresh else WAIT_STEP_S)
+                await asyncio.sleep(steps.no_queue(p))
                 continue
             assert dev is not None
-            waiting_since = None
+            steps.sending()
             sent = False
             try:
                 r = dev._request(op, offset, buf, priority, stream)
@@ -781,100 +861,47 @@ class MultipathDevice:
                 sent = True
                 done = await _io_done(drv, f)
             except BaseException as e:
-                what, fence = self._after(p, dev, op, 0, 0, e, sent) if isinstance(e, Exception) \
-                    else ("raise", None)
-                if what == "raise":
-                    self._release(p)
+                if steps.failed(p, dev, e, sent):
                     raise
-                if what == "fail":
-                    raise
-                last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
-                moves += 1
-                hold = fence
                 continue
-            if path_error(done[0], done[1]) and not self._closed:
-                what, fence = self._after(p, dev, op, done[0], done[1], None, True)
-                if what == "fail":
-                    return done
-                last = done
-                moves += 1
-                hold = fence
-                continue
-            self._done(p, done[0], r[3], None, write=_is_write(op))
-            return done
+            if steps.completed(p, dev, done, r[3]):
+                return done
 
     def _one_blocking(self, op: int, offset: int, buf: Any, priority: Any = None,
                       stream: int = 0) -> Completion:
-        last: Completion | None = None
-        waiting_since: float | None = None
-        moves = 0
-        hold: _Fence | None = None
+        """_one on the calling thread: the blocking driver of _Steps."""
+        steps = _Steps(self, op, avoid_busy=False)
         while True:
-            if self._closed:
-                raise DeviceClosedError(9, "device is closed", self.uri)
-            if hold is not None:
-                left = self._hold_left(hold)
-                if left is not None and left < 0:
-                    return last or self._no_path(last)
-                if left is None or left > 0:
-                    time.sleep(min(left or WAIT_STEP_S, WAIT_STEP_S * 5))
-                    continue
-                hold = None
-            if moves >= MAX_MOVES * len(self._paths):
-                return self._no_path(last)
-            p = self._pick()
-            if p is None:
-                now = time.monotonic()
-                waiting_since = waiting_since or now
-                if now - waiting_since >= self.io_timeout_s:
-                    return self._no_path(last)
-                time.sleep(WAIT_STEP_S)
+            what, arg = steps.next()
+            if what is _WAIT:
+                time.sleep(arg)
                 continue
+            if what is _END:
+                return arg
+            p: _Path = arg
             dev = p.dev
             try:
                 drv = self._blocking_driver(p, dev) if dev is not None else None
             except BaseException as e:
-                what, fence = self._after(p, dev, op, 0, 0, e, False) if \
-                    isinstance(e, Exception) and dev is not None else ("raise", None)
-                if what == "raise":
-                    self._release(p)
+                if steps.failed(p, dev, e, sent=False):
                     raise
-                moves += 1
                 continue
             if drv is None:
-                self._release(p)
-                waiting_since = waiting_since or time.monotonic()
-                time.sleep(WAIT_STEP_S)
+                time.sleep(steps.no_queue(p))
                 continue
             assert dev is not None
-            waiting_since = None
+            steps.sending()
             try:
                 r = dev._request(op, offset, buf, priority, stream)
                 done = drv.run_blocking([r])[0]
             except BaseException as e:
                 # run_blocking hands C the request before anything can fail
                 # but the queue: assume it was sent
-                what, fence = self._after(p, dev, op, 0, 0, e, True) if isinstance(e, Exception) \
-                    else ("raise", None)
-                if what == "raise":
-                    self._release(p)
+                if steps.failed(p, dev, e, sent=True):
                     raise
-                if what == "fail":
-                    raise
-                last = (-(getattr(e, "errno", 0) or _errno.EIO), getattr(e, "status", 0))
-                moves += 1
-                hold = fence
                 continue
-            if path_error(done[0], done[1]) and not self._closed:
-                what, fence = self._after(p, dev, op, done[0], done[1], None, True)
-                if what == "fail":
-                    return done
-                last = done
-                moves += 1
-                hold = fence
-                continue
-            self._done(p, done[0], r[3], None, write=_is_write(op))
-            return done
+            if steps.completed(p, dev, done, r[3]):
+                return done
 
     def _check(self, offset: int, done: Completion) -> int:
         res, status = done[0], done[1]
@@ -988,6 +1015,7 @@ class MultipathDevice:
               stream: int | None = None) -> list[asyncio.Future]:
         import asyncio
 
+        prio.parse(priority, prio.LOAD)  # before _any_dev: a bad one is never "no path"
         dev = self._any_dev()
         # the caller's mistakes raise now, as Device.start's do
         dev._requests(reqs, priority, stream)
@@ -995,11 +1023,15 @@ class MultipathDevice:
         loop = asyncio.get_running_loop()
         return [loop.create_task(self._one(op, off, buf, priority, sid)) for op, off, buf in reqs]
 
+    # a bad priority= raises InvalidArgumentError at once, not after a wait
+    # for a live path (each attempt's Device would refuse it only then)
     async def read_into(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.LOAD)
         return self._check(offset, await self._one(_core.OP_READ, offset, buf, priority,
                                                    prio.new_stream()))
 
     async def write_from(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.STORE)
         return self._check(offset, await self._one(_core.OP_WRITE, offset, buf, priority,
                                                    prio.new_stream()))
 
@@ -1098,6 +1130,7 @@ class MultipathDevice:
 
     def submit_blocking(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
                         stream: int | None = None) -> list[Completion]:
+        prio.parse(priority, prio.LOAD)  # checked even when no path is open
         try:
             dev = self._any_dev()
         except DeviceClosedError:
@@ -1108,10 +1141,12 @@ class MultipathDevice:
         return [self._one_blocking(op, off, buf, priority, sid) for op, off, buf in reqs]
 
     def read_into_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.LOAD)
         return self._check(offset, self._one_blocking(_core.OP_READ, offset, buf, priority,
                                                       prio.new_stream()))
 
     def write_from_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:
+        prio.parse(priority, prio.STORE)
         return self._check(offset, self._one_blocking(_core.OP_WRITE, offset, buf, priority,
                                                       prio.new_stream()))
 

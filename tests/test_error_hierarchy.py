@@ -11,20 +11,6 @@ import pkgutil
 import fx100io
 from fx100io.errors import Fx100ioError, Fx100ioValueError
 
-# Not converted yet: each is a plain RuntimeError / Exception whose callers (breakers,
-# `except OSError` handlers) must be checked before it becomes an OSError.  The list may
-# only shrink: a new class missing from it fails the test.
-NOT_YET = {
-    "fx100io.contrib._settings.BackendStartError",
-    "fx100io.contrib._lmcache_mp_core.ServiceClosed",
-    "fx100io.contrib.vllm._Refused",
-    "fx100io.contrib._runtime.TimedOut",
-    "fx100io.contrib._runtime.LoopGone",
-    "fx100io.contrib.sglang.StoreClosed",
-    "fx100io._core.BenchLoopThreadError",
-    "fx100io.bench.errors.BenchError",
-}
-
 
 def _exception_classes() -> dict[str, type]:
     found: dict[str, type] = {}
@@ -46,7 +32,7 @@ def test_every_exception_class_of_the_package_is_an_fx100io_error():
     found = _exception_classes()
     assert "fx100io.contrib._settings.BackendConfigError" in found
     wrong = sorted(n for n, c in found.items() if not issubclass(c, Fx100ioError))
-    assert wrong == sorted(NOT_YET & set(found)), wrong
+    assert wrong == [], wrong
 
 
 def test_message_only_errors_keep_their_message_builtin_and_pickle():
@@ -59,3 +45,49 @@ def test_message_only_errors_keep_their_message_builtin_and_pickle():
         assert str(e) == "size: must be positive" and e.errno == 22
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is cls and str(back) == str(e) and back.errno == 22
+
+
+def test_converted_errors_keep_their_builtin_message_errno_and_pickle():
+    """The classes that began as RuntimeError / Exception: still caught as that builtin,
+    str() is the message alone, errno says what kind of failure it is, and a pickled
+    one (a worker process's error) comes back the same."""
+    import errno
+
+    from fx100io import _core
+    from fx100io.bench.errors import BenchError
+    from fx100io.contrib._lmcache_mp_core import ServiceClosed
+    from fx100io.contrib._runtime import LoopGone, TimedOut
+    from fx100io.contrib._settings import BackendStartError
+
+    for cls, builtin, err in ((BackendStartError, RuntimeError, errno.EIO),
+                              (ServiceClosed, RuntimeError, errno.EBADF),
+                              (LoopGone, RuntimeError, errno.ESHUTDOWN),
+                              (TimedOut, Exception, errno.ETIMEDOUT),
+                              (BenchError, Exception, errno.EIO),
+                              (_core.BenchLoopThreadError, RuntimeError, errno.EPERM)):
+        e = cls("it went wrong")
+        assert isinstance(e, builtin) and isinstance(e, Fx100ioError), cls
+        assert str(e) == "it went wrong" and e.errno == err, cls
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is cls and str(back) == str(e) and back.errno == err
+    assert str(TimedOut()) == "" and TimedOut().errno == errno.ETIMEDOUT  # as Exception()
+    # TimedOut must not pass for asyncio's TimeoutError (an `except TimeoutError` around
+    # asyncio.wait_for would take it for its own)
+    assert not isinstance(TimedOut("x"), TimeoutError)
+
+
+def test_message_errors_never_take_an_argument_for_an_errno():
+    """Two or more arguments mean what they mean to a builtin: kept in args, the message
+    is their tuple's str(), and errno stays the class's, pickled or not."""
+    import errno
+
+    from fx100io.bench.errors import BenchError
+    from fx100io.contrib._runtime import TimedOut
+    from fx100io.contrib._settings import BackendConfigError
+
+    for e, err in ((BenchError("a %s", 1), errno.EIO), (TimedOut("x", 3), errno.ETIMEDOUT),
+                   (BenchError(28, "no space"), errno.EIO),
+                   (BackendConfigError(5, "y", "z"), errno.EINVAL)):
+        for one in (e, pickle.loads(pickle.dumps(e))):
+            assert one.errno == err and one.args == e.args, one
+            assert str(one) == str(RuntimeError(*e.args)), one

@@ -2,6 +2,7 @@
  * DH-HMAC-CHAP cryptography on OpenSSL 3 libcrypto (see auth_crypto.h).
  */
 #include "auth/auth_crypto.h"
+#include "auth/key_text.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -83,93 +84,34 @@ uint32_t fx_auth_crc32_ieee(const void *data, size_t len)
 	return ~crc;
 }
 
-static int b64_char(char c)
-{
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-	       c == '+' || c == '/';
-}
+static const struct fx_key_text_form secret_form = {
+	.prefix = "DHHC-1:",
+	.max_hash = 3,
+	.max_len = 64,
+	/* Linux takes any length under any HH: the transform's output length
+	 * is the hash's, whatever the key's */
+	.hash_sets_len = false,
+	.missing = "no secret given (a DH-HMAC-CHAP secret starts with \"DHHC-1:\")",
+	.bad_prefix = "a DH-HMAC-CHAP secret starts with \"DHHC-1:\"",
+	.bad_hash = "the secret's hash field (after \"DHHC-1:\") must be 00, 01, 02 or 03",
+	.trailing = "the secret has text after its closing ':'",
+	.bad_len = "the secret's key is not 32, 48 or 64 bytes (plus its CRC) in base64",
+	.bad_base64 = "the secret's key is not valid base64",
+	.len_hash = "the secret's key length does not match its hash field",
+	.bad_crc = "the secret's CRC does not match its key (mistyped or truncated?)",
+};
 
 int fx_auth_key_parse(const char *text, struct fx_auth_key *key, const char **why)
 {
-	static const char prefix[] = "DHHC-1:";
-	const char *dummy;
-	/* 68 bytes (64-byte key + CRC) encode to 92 characters */
-	uint8_t raw[96];
-	size_t n, pad = 0;
-	const char *b64, *end;
-	int rc = -EINVAL;
+	int rc;
 
-	if (!why)
-		why = &dummy;
-	*why = NULL;
+	if (why)
+		*why = NULL;
 	if (!key)
 		return -EINVAL;
 	memset(key, 0, sizeof(*key));
-	if (!text) {
-		*why = "no secret given";
-		return -EINVAL;
-	}
-	if (strncmp(text, prefix, sizeof(prefix) - 1) != 0) {
-		*why = "a DH-HMAC-CHAP secret starts with \"DHHC-1:\"";
-		return -EINVAL;
-	}
-	text += sizeof(prefix) - 1;
-	if (text[0] != '0' || text[1] < '0' || text[1] > '3' || text[2] != ':') {
-		*why = "the secret's hash field (after \"DHHC-1:\") must be 00, 01, 02 or 03";
-		return -EINVAL;
-	}
-	key->hash = (uint8_t)(text[1] - '0');
-	b64 = text + 3;
-	end = strchr(b64, ':');
-	if (end) {
-		if (end[1] != '\0') {
-			*why = "the secret has text after its closing ':'";
-			goto fail;
-		}
-	} else {
-		end = b64 + strlen(b64);
-	}
-	n = (size_t)(end - b64);
-	/* 36, 52 or 68 bytes: 48, 72 or 92 base64 characters */
-	if (n != 48 && n != 72 && n != 92) {
-		*why = "the secret's key is not 32, 48 or 64 bytes (plus its CRC) in base64";
-		goto fail;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (b64_char(b64[i]))
-			continue;
-		/* '=' only as the last one or two characters */
-		if (b64[i] == '=' && i >= n - 2 && (i == n - 1 || b64[n - 1] == '=')) {
-			pad++;
-			continue;
-		}
-		*why = "the secret's key is not valid base64";
-		goto fail;
-	}
-	int got = EVP_DecodeBlock(raw, (const unsigned char *)b64, (int)n);
-
-	if (got < 0 || (size_t)got < pad) {
-		*why = "the secret's key is not valid base64";
-		goto fail;
-	}
-	got -= (int)pad;
-	if (got != 36 && got != 52 && got != 68) {
-		*why = "the secret's key is not 32, 48 or 64 bytes (plus its CRC) in base64";
-		goto fail;
-	}
-	size_t klen = (size_t)got - 4;
-	uint32_t want = (uint32_t)raw[klen] | (uint32_t)raw[klen + 1] << 8 |
-			(uint32_t)raw[klen + 2] << 16 | (uint32_t)raw[klen + 3] << 24;
-
-	if (fx_auth_crc32_ieee(raw, klen) != want) {
-		*why = "the secret's CRC does not match its key (mistyped or truncated?)";
-		goto fail;
-	}
-	memcpy(key->key, raw, klen);
-	key->len = (uint8_t)klen;
-	rc = 0;
-fail:
-	fx_auth_wipe(raw, sizeof(raw));
+	rc = fx_key_text_parse(text, &secret_form, &key->hash, key->key, sizeof(key->key),
+			       &key->len, why);
 	if (rc)
 		fx_auth_key_wipe(key);
 	return rc;

@@ -15,6 +15,7 @@
 #include <openssl/params.h>
 
 #include "auth/auth_crypto.h"
+#include "auth/key_text.h"
 
 static const char *hash_name(uint8_t hash)
 {
@@ -38,99 +39,34 @@ void fx_tls_psk_wipe(struct fx_tls_psk *psk)
 		OPENSSL_cleanse(psk, sizeof(*psk));
 }
 
-static int b64_char(char c)
-{
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-	       c == '+' || c == '/';
-}
+static const struct fx_key_text_form tls_key_form = {
+	.prefix = "NVMeTLSkey-1:",
+	.max_hash = 2,
+	.max_len = 48,
+	/* libnvme and SPDK refuse a key whose length is not its hash's */
+	.hash_sets_len = true,
+	.missing = "no TLS key given",
+	.bad_prefix = "a TLS key starts with \"NVMeTLSkey-1:\" (as nvme gen-tls-key prints it)",
+	.bad_hash = "the TLS key's hash field (after \"NVMeTLSkey-1:\") must be 00, 01 or 02",
+	.trailing = "the TLS key has text after its closing ':'",
+	.bad_len = "the TLS key is not 32 or 48 bytes (plus its CRC) in base64",
+	.bad_base64 = "the TLS key is not valid base64",
+	.len_hash = "the TLS key's length does not match its hash field (01: 32 bytes, 02: 48 "
+		    "bytes)",
+	.bad_crc = "the TLS key's CRC does not match its key (mistyped or truncated?)",
+};
 
 int fx_tls_key_parse(const char *text, struct fx_tls_key *key, const char **why)
 {
-	static const char prefix[] = "NVMeTLSkey-1:";
-	const char *dummy;
-	uint8_t raw[56]; /* 52 bytes (48-byte key + CRC) and EVP_DecodeBlock's slack */
-	size_t n, pad = 0;
-	const char *b64, *end;
-	int rc = -EINVAL;
+	int rc;
 
-	if (!why)
-		why = &dummy;
-	*why = NULL;
+	if (why)
+		*why = NULL;
 	if (!key)
 		return -EINVAL;
 	memset(key, 0, sizeof(*key));
-	if (!text || !*text) {
-		*why = "no TLS key given";
-		return -EINVAL;
-	}
-	if (strncmp(text, prefix, sizeof(prefix) - 1) != 0) {
-		*why = "a TLS key starts with \"NVMeTLSkey-1:\" (as nvme gen-tls-key prints it)";
-		return -EINVAL;
-	}
-	text += sizeof(prefix) - 1;
-	if (text[0] != '0' || text[1] < '0' || text[1] > '2' || text[2] != ':') {
-		*why = "the TLS key's hash field (after \"NVMeTLSkey-1:\") must be 00, 01 or 02";
-		return -EINVAL;
-	}
-	key->hash = (uint8_t)(text[1] - '0');
-	b64 = text + 3;
-	end = strchr(b64, ':');
-	if (end) {
-		if (end[1] != '\0') {
-			*why = "the TLS key has text after its closing ':'";
-			goto fail;
-		}
-	} else {
-		end = b64 + strlen(b64);
-	}
-	n = (size_t)(end - b64);
-	/* 36 or 52 bytes: 48 or 72 base64 characters */
-	if (n != 48 && n != 72) {
-		*why = "the TLS key is not 32 or 48 bytes (plus its CRC) in base64";
-		goto fail;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (b64_char(b64[i]))
-			continue;
-		/* '=' only as the last one or two characters */
-		if (b64[i] == '=' && i >= n - 2 && (i == n - 1 || b64[n - 1] == '=')) {
-			pad++;
-			continue;
-		}
-		*why = "the TLS key is not valid base64";
-		goto fail;
-	}
-	int got = EVP_DecodeBlock(raw, (const unsigned char *)b64, (int)n);
-
-	if (got < 0 || (size_t)got < pad) {
-		*why = "the TLS key is not valid base64";
-		goto fail;
-	}
-	got -= (int)pad;
-	if (got != 36 && got != 52) {
-		*why = "the TLS key is not 32 or 48 bytes (plus its CRC) in base64";
-		goto fail;
-	}
-	size_t klen = (size_t)got - 4;
-
-	/* libnvme and SPDK refuse a key whose length is not its hash's */
-	if ((key->hash == 1 && klen != 32) || (key->hash == 2 && klen != 48)) {
-		*why = "the TLS key's length does not match its hash field (01: 32 bytes, 02: 48 "
-		       "bytes)";
-		goto fail;
-	}
-	uint32_t want = (uint32_t)raw[klen] | (uint32_t)raw[klen + 1] << 8 |
-			(uint32_t)raw[klen + 2] << 16 | (uint32_t)raw[klen + 3] << 24;
-
-	if (fx_auth_crc32_ieee(raw, klen) != want) {
-		*why = "the TLS key's CRC does not match its key (mistyped or truncated?)";
-		goto fail;
-	}
-	memcpy(key->key, raw, klen);
-	key->len = (uint8_t)klen;
-	rc = 0;
-fail:
-	OPENSSL_cleanse(raw, sizeof(raw));
+	rc = fx_key_text_parse(text, &tls_key_form, &key->hash, key->key, sizeof(key->key),
+			       &key->len, why);
 	if (rc)
 		fx_tls_key_wipe(key);
 	return rc;

@@ -5,6 +5,8 @@ file at fault); main() prints it and exits 1 without a traceback.  Anything
 else escaping is a bug and keeps its traceback.
 """
 
+from fx100io.errors import Fx100ioMessageError
 
-class BenchError(Exception):
-    """Bad input or a failed job, reported as one line, exit code 1."""
+
+class BenchError(Fx100ioMessageError):
+    """Bad input or a failed job, reported as one line, exit code 1 (errno EIO)."""

@@ -183,12 +183,12 @@ def run_kv_job(
             )
             runner.run(runner.load_phase(stored, load_deadline))
             result.dir_runtime_ns["read"] = runner.load_ns
+        except BenchError as e:  # an OSError too: before the handler of the others
+            result.error = 5
+            result.error_msg = str(e)
         except OSError as e:
             result.error = e.errno or 5
             result.error_msg = f"job {job.name!r}: {e}"
-        except BenchError as e:
-            result.error = 5
-            result.error_msg = str(e)
         result.rusage = Rusage.now() - ru0
         result.runtime_ns = max(time.monotonic_ns() - t_job, 1)
         result.read, result.write = runner.read, runner.write

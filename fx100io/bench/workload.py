@@ -413,8 +413,11 @@ class IoLoop:
             while True:
                 try:
                     done = bl.run(next_tick)
+                except _core.BenchLoopThreadError:
+                    raise  # an OSError too, but a bug here, not the target's: keep its traceback
                 except OSError as e:
-                    if e.offset is None:  # type: ignore[attr-defined]
+                    # the loop's own I/O errors carry offset (None: its ring failed)
+                    if getattr(e, "offset", None) is None:
                         which = "queue" if on_queue else "io_uring"
                         raise BenchError(
                             f"job {self.job.name!r}: the I/O loop's {which} failed on {self.target.uri}: {e}"
@@ -442,6 +445,8 @@ class IoLoop:
                 try:
                     while clock() < deadline and not bl.run(min(clock() + TICK_NS, deadline)):
                         pass
+                except _core.BenchLoopThreadError:
+                    raise  # a bug, never dropped as one more failed I/O
                 except (OSError, EOFError):
                     pass
             phase.end_ns = clock()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ctypes
+import errno
 import functools
 import threading
 import time
@@ -28,6 +29,7 @@ from ..errors import (
     DeviceClosedError,
     DeviceFullError,
     DeviceIOError,
+    Fx100ioMessageError,
     FxTimeoutError,
     InvalidArgumentError,
 )
@@ -47,8 +49,10 @@ OBJECT_PREFIX = "lmcache-mp/1/"
 NATIVE_PREFIX = "lmcache-mp-native/1/"
 
 
-class ServiceClosed(RuntimeError):
+class ServiceClosed(Fx100ioMessageError, RuntimeError):
     """The adapter was closed: no more requests are taken."""
+
+    ERRNO = errno.EBADF
 
 
 def is_device_failure(exc: BaseException) -> bool:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from fx100io.errors import Fx100ioMessageError
+
 T = TypeVar("T")
 
 logger = logging.getLogger("fx100io.contrib")
@@ -44,12 +46,17 @@ def adapter_logger(name: str) -> logging.Logger:
     return log
 
 
-class TimedOut(Exception):
-    """A store request did not finish within the plugin's timeout_s."""
+class TimedOut(Fx100ioMessageError):
+    """A store request did not finish within the plugin's timeout_s.  Not a
+    TimeoutError: asyncio's timeouts are, and this must not pass for one."""
+
+    ERRNO = errno.ETIMEDOUT
 
 
-class LoopGone(RuntimeError):
+class LoopGone(Fx100ioMessageError, RuntimeError):
     """The loop is closed: a coroutine handed to it will never run."""
+
+    ERRNO = errno.ESHUTDOWN
 
 
 # errnos that say the device or the way to it failed: only these trip the breaker

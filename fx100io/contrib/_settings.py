@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fx100io import locks, units
-from fx100io.errors import Fx100ioValueError
+from fx100io.errors import Fx100ioMessageError, Fx100ioValueError
 from fx100io.uri_redact import redact, redact_url
 
 logger = logging.getLogger("fx100io.contrib")
@@ -46,7 +46,7 @@ class BackendConfigError(Fx100ioValueError):
     """A backend setting is missing or malformed (the message names the key)."""
 
 
-class BackendStartError(RuntimeError):
+class BackendStartError(Fx100ioMessageError, RuntimeError):
     """The configured devices could not be opened, formatted or claimed."""
 
 

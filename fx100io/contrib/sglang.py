@@ -56,6 +56,7 @@ import collections
 import concurrent.futures
 import ctypes
 import dataclasses
+import errno
 import logging
 import threading
 import time
@@ -65,6 +66,7 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
+from fx100io.errors import Fx100ioMessageError
 from fx100io.pool import aligned_array
 from fx100io.priority import Priority
 from fx100io.store import ChunkStore
@@ -77,8 +79,10 @@ from ._settings import BackendConfigError, BackendSettings, open_backend_store, 
 logger = logging.getLogger("fx100io.contrib.sglang")
 
 
-class StoreClosed(RuntimeError):
+class StoreClosed(Fx100ioMessageError, RuntimeError):
     """The backend was closed before or during the call."""
+
+    ERRNO = errno.EBADF
 
 __all__ = ["FX100ioHiCacheStorage", "BackendConfigError"]
 

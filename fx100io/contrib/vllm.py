@@ -46,6 +46,7 @@ rows of a finished job at once.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import threading
 import time
@@ -68,6 +69,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
+from ..errors import Fx100ioMessageError
 from ..priority import Priority
 from . import _vllm_keys as vllm_keys
 from ._runtime import LoopRunner
@@ -582,8 +584,10 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         return {}
 
 
-class _Refused(Exception):
+class _Refused(Fx100ioMessageError):
     """A job not started because the breaker is tripped."""
+
+    ERRNO = errno.EAGAIN
 
 
 class _Breaker:

@@ -778,3 +778,66 @@ def test_run_c_drains_after_an_exception_and_gives_up_on_stuck_io(tmp_path: Path
     else:
         assert closes == [f"close limit={_core.BL_DRAIN_LIMIT_NS} inflight=0"], notes
     assert "boom from Python" in out.getvalue() + err.getvalue()
+
+
+def _thread_error_job(tmp_path: Path, monkeypatch, raise_first: type[BaseException] | None):
+    """An IoLoop over a file whose BenchLoop.run raises BenchLoopThreadError (as from a wrong
+    thread), on its first call or (raise_first: what the first call raises instead, with
+    I/O said to be in flight) while the loop drains."""
+    from fx100io.bench import workload
+    from fx100io.bench.options import RawJob, resolve_job
+    from fx100io.bench.targets import open_target
+
+    real = _core.BenchLoop
+    made = []
+
+    class WrongThread:
+        def __init__(self, *a, **kw):
+            self._bl = real(*a, **kw)
+            self.calls = 0
+            made.append(self._bl)
+
+        @property
+        def inflight(self):
+            return 1 if raise_first is not None else self._bl.inflight
+
+        def run(self, until):
+            self.calls += 1
+            if self.calls == 1 and raise_first is not None:
+                raise raise_first("a failure in Python while I/O is in flight")
+            raise _core.BenchLoopThreadError("BenchLoop used from thread 2, but ...")
+
+        def __getattr__(self, name):
+            return getattr(self._bl, name)
+
+    monkeypatch.setattr(_core, "BenchLoop", WrongThread)
+    f = tmp_path / "t.img"
+    make_file(f, 256 * KiB)
+    job = resolve_job(RawJob("t", {"filename": str(f), "rw": "read", "bs": "4k", "direct": "1",
+                                   "iodepth": "2"}, "test"))
+    target = open_target(job, 2)
+    pool = fx100io.BufferPool(64 * KiB)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    bufs = [pool.alloc(4096), pool.alloc(4096)]
+    loop = workload.IoLoop(job, target, bufs, workload.NullSlot(), fd)
+    try:
+        with pytest.raises(_core.BenchLoopThreadError) as ei:
+            loop.run(workload.AccessPattern(0, 64, 4096, False, True, 1.0, 1, 1),
+                     workload.Phase(), None)
+        return ei.value
+    finally:
+        for bl in made:
+            bl.close()
+        os.close(fd)
+        target.close()
+        del bufs, loop
+        pool.close()
+
+
+def test_a_loop_thread_error_is_a_bug_not_an_io_error(tmp_path: Path, monkeypatch) -> None:
+    """BenchLoopThreadError is an OSError (every fx100io error is) but a programming error:
+    the job does not turn it into a BenchError about the target, nor drop it while it drains."""
+    e = _thread_error_job(tmp_path, monkeypatch, None)
+    assert not isinstance(e, BenchError) and "used from thread" in str(e)
+    e = _thread_error_job(tmp_path, monkeypatch, KeyError)
+    assert isinstance(e.__context__, KeyError)  # raised while draining after the first

@@ -27,7 +27,12 @@ struct piece {
 static struct fx_cqe run(struct req_table *t, const struct piece *p, unsigned n)
 {
 	static char buf[16 * 4096];
-	struct fx_req fr = {.tag = 9, .op = FX_OP_WRITE, .addr = buf, .len = (uint64_t)n * 4096};
+	/* a store, as Python sends writes: its pieces count against write_depth */
+	struct fx_req fr = {.tag = 9,
+			    .op = FX_OP_WRITE,
+			    .prio = FX_PRIO_STORE,
+			    .addr = buf,
+			    .len = (uint64_t)n * 4096};
 	struct fx_cqe c;
 
 	CHECK(n <= 16);
@@ -42,8 +47,11 @@ static struct fx_cqe run(struct req_table *t, const struct piece *p, unsigned n)
 		r->inflight++;
 		fx_reqs_piece_issued(t, ri);
 	}
+	CHECK_EQ(t->wr_inflight, n);
 	for (unsigned i = 0; i < n; i++)
 		fx_req_piece_done(t, ri, p[i].err, p[i].err ? 0 : 4096, p[i].status);
+	/* every piece's end, failed or not, gave back its write_depth slot */
+	CHECK_EQ(t->wr_inflight, 0);
 	CHECK_EQ(fx_reqs_pop_done(t, &c, 1), 1);
 	CHECK_EQ(c.tag, 9);
 	return c;

@@ -5,26 +5,19 @@ real Linux target in the fabric lab.  Built plain and under ASan+UBSan."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
-from support import REPO
+from support.c_tests import build_c
 from support.target_process import serve
 
-CDIR = REPO / "tests" / "c"
 NQN = "nqn.2026-12.io.fx100:c-fabric"
 
 pytest_plugins = ["support.lab_fixture"]
 
 
 def _build(sanitize: bool) -> str:
-    if shutil.which("make") is None or shutil.which("gcc") is None:
-        pytest.skip("make/gcc not installed")
-    cmd = ["make", "-s", "-C", str(CDIR), "all"] + (["SANITIZE=1"] if sanitize else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return str(CDIR / ("build/sanitize" if sanitize else "build") / "test_fabric")
+    return build_c("test_fabric", sanitize)
 
 
 def _run(binary: str, *args: str) -> str:

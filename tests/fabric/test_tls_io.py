@@ -18,26 +18,20 @@ import numpy as np
 import pytest
 from support import chunk_bytes
 from support.target_auth_host import SECRET_A
-from support.target_process import serve, wait_port_free
+from support.target_process import serve, sparse_image, tls_args, wait_port_free
+from support.tls_keys import KEY, KEY48, OTHER
 
 import fx100io
 from fx100io import errors
 
 NQN = "nqn.2026-12.io.fx100:tlsio"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000f101"
-# libnvme's test/psk.c key (SHA-256, 32 bytes) and its 48-byte SHA-384 twin
-KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
-KEY48 = "NVMeTLSkey-1:02:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwP/w0S89ELi3W2LxIcLXVsDn8kXZQ==:"
-OTHER = "NVMeTLSkey-1:01:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:"
 SIZE = 96 << 20
 
 
 @pytest.fixture
 def backing(tmp_path):
-    p = tmp_path / "ns1.img"
-    with open(p, "wb") as f:
-        f.truncate(SIZE)
-    return str(p)
+    return sparse_image(tmp_path, SIZE, "ns1.img")
 
 
 def uri(host, port, key=KEY, **q):
@@ -46,7 +40,7 @@ def uri(host, port, key=KEY, **q):
 
 
 def target_args(key=KEY, auth=False):
-    args = ["--tls", "required", "--tls-key", f"{HOST}={key}"]
+    args = tls_args(HOST, key)
     if auth:
         args += ["--dhchap-key", f"{HOST}={SECRET_A}"]
     return args

@@ -40,24 +40,23 @@ def redis_server(tmp_path: Path):
     yield from serve(tmp_path)
 
 
+def _running(servers: RedisSentinelSet | RedisClusterSet):
+    """A fixture's body: servers started, then stopped (also after a start that failed)."""
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
 @pytest.fixture
 def sentinels(tmp_path: Path):
-    s = RedisSentinelSet(tmp_path / "sentinel")
-    try:
-        s.start()
-        yield s
-    finally:
-        s.stop()
+    yield from _running(RedisSentinelSet(tmp_path / "sentinel"))
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    c = RedisClusterSet(tmp_path / "cluster")
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+    yield from _running(RedisClusterSet(tmp_path / "cluster"))
 
 
 # ------------------------------------------------------------ URL forms
@@ -300,6 +299,19 @@ def test_a_user_that_may_not_run_info_is_told_to_give_index_replicas(tmp_path, r
     st.close()
 
 
+def _lose_and_rebuild(st: SharedChunkStore, r, url: str, uris: list[str], key: str) -> dict:
+    """Delete st's pool's keys through r (its index is lost: key misses), run `fx100io
+    shared-rebuild --index url` over the pool's devices, and wait out retry_after; its
+    JSON report."""
+    r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
+    assert get(st, key) is None
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["shared-rebuild", "--index", url, *uris]) == 0
+    time.sleep(1.1)  # the index was 'lost' for retry_after
+    return json.loads(out.getvalue())
+
+
 def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     pools = {}
     for name in ("alpha", "beta", "gamma"):  # names whose slots spread over the nodes
@@ -315,14 +327,7 @@ def test_a_pool_over_a_cluster_and_its_rebuild(tmp_path, cluster):
     # alpha's index is lost (its keys only: other pools may share its node):
     # rebuild over the cluster URL
     uris, st = pools["alpha"]
-    r = st._index.sync_client()
-    r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
-    assert get(st, "alpha-k") is None
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli_main(["shared-rebuild", "--index", cluster.url(), *uris]) == 0
-    assert json.loads(out.getvalue())
-    time.sleep(1.1)  # the index was 'lost' for retry_after
+    assert _lose_and_rebuild(st, st._index.sync_client(), cluster.url(), uris, "alpha-k")
     assert get(st, "alpha-k")[:5] == b"alpha"
     # another create over alpha's namespace asks alpha's own node about it
     with pytest.raises(errors.NotAStoreError):
@@ -385,12 +390,104 @@ def _kill_primary_behind_a_gap(primary: RedisServer, replicas: list[RedisServer]
             os.kill(r.proc.pid, signal.SIGCONT)
 
 
-def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentinels):
+class _SentinelFailover:
+    """The Sentinel side of the failover test: the sentinels' primary is killed with every
+    other server as its replica; a promotion is the sentinels naming another primary; the
+    probes run for 9 s."""
+
+    label, limit_s = "failover", 9.0
+
+    def __init__(self, sentinels: RedisSentinelSet) -> None:
+        self.set = sentinels
+
+    def url(self) -> str:
+        return self.set.url()
+
+    def pick(self, st: SharedChunkStore) -> tuple[RedisServer, list[RedisServer]]:
+        self.old = self.set.primary()
+        return self.old, [s for s in self.set.servers if s is not self.old]
+
+    def promoted(self) -> bool:
+        return self.set.primary() is not self.old
+
+    def step(self, t_promoted: float | None) -> None:
+        pass
+
+    def done(self, probes_acked: list[tuple[int, float]]) -> bool:
+        return False
+
+    def note(self, t_kill: float) -> str:
+        return ""
+
+    def after(self, st: SharedChunkStore, uris: list[str], probes_acked: list) -> None:
+        pass
+
+
+class _ClusterFailover:
+    """The Cluster side: three primaries with a replica each; the primary serving the pool's
+    slot is killed and the cluster promotes its replica.  The killed node is then started
+    again (as a supervisor would) and rejoins as the new primary's replica, so puts, which
+    wait for index_replicas=1, resume; the probes run until a put is acknowledged after that
+    (at most 20 s).  Afterwards the new primary loses the pool's index and `fx100io
+    shared-rebuild` against the cluster URL brings it back."""
+
+    label, limit_s = "cluster failover", 20.0
+
+    def __init__(self, cluster: RedisClusterSet) -> None:
+        self.set = cluster
+        self.t_restarted: float | None = None
+
+    def url(self) -> str:
+        return self.set.url()
+
+    def pick(self, st: SharedChunkStore) -> tuple[RedisServer, list[RedisServer]]:
+        assert st._index.replicas() == 1
+        self.old = self.set.server(st._index.sync_client().connection_pool.connection_kwargs["port"])
+        self.heir = self.set.replica_of(self.old)
+        return self.old, [self.heir]
+
+    def promoted(self) -> bool:
+        return self.heir.client().info("replication")["role"] == "master"
+
+    def step(self, t_promoted: float | None) -> None:
+        if t_promoted is not None and self.t_restarted is None and \
+                time.monotonic() - t_promoted > 0.5:
+            self.set.restart(self.old)
+            self.t_restarted = time.monotonic()
+
+    def done(self, probes_acked: list[tuple[int, float]]) -> bool:
+        return self.t_restarted is not None and bool(probes_acked) and \
+            probes_acked[-1][1] > self.t_restarted
+
+    def note(self, t_kill: float) -> str:
+        return (f" (the old primary restarted at {(self.t_restarted or t_kill) - t_kill:.2f} s,"
+                " as the new one's replica)")
+
+    def after(self, st: SharedChunkStore, uris: list[str], probes_acked: list) -> None:
+        report = _lose_and_rebuild(st, self.heir.client(), self.url(), uris, "anchor")
+        assert report["chunks"] > len(probes_acked)
+        assert get(st, "anchor")[:6] == b"anchor"
+        i, _ = probes_acked[-1]
+        assert get(st, f"probe-{i}").rstrip(b"\0") == b"probe-%d" % i
+
+
+@pytest.fixture
+def cluster_with_replicas(tmp_path: Path):
+    yield from _running(RedisClusterSet(tmp_path / "cluster", replicas=1))
+
+
+@pytest.mark.parametrize("kind", ["sentinel", "cluster"])
+def test_failover_under_load_loses_no_acknowledged_put(tmp_path, request, kind):
     """The primary is SIGKILLed behind a replication gap (_kill_primary_behind_a_gap) while
     three host processes put: puts acknowledged in the gap would be lost without WAIT (with
-    index_replicas=0 this test fails: acknowledged keys missing); with it, none is."""
+    index_replicas=0 this test fails: acknowledged keys missing); with it, none is.  Every
+    put acknowledged before, during and after reads back byte-exact, and gets resume within
+    the failover time + 2 s.  What differs between Sentinel and Cluster is in
+    _SentinelFailover and _ClusterFailover."""
+    fo = (_SentinelFailover(request.getfixturevalue("sentinels")) if kind == "sentinel"
+          else _ClusterFailover(request.getfixturevalue("cluster_with_replicas")))
     uris = [str(tmp_path / "ns.img")]
-    url = sentinels.url()
+    url = fo.url()
     st = SharedChunkStore(uris, url, create=True, size=256 * MiB, name="fo")
     st.batch_put_blocking(["anchor"], [b"anchor"])
     hosts = [Host(uris, url) for _ in range(3)]
@@ -410,24 +507,23 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
         for t in readers:
             t.start()
         time.sleep(3)
-        old = sentinels.primary()
-        _kill_primary_behind_a_gap(old, [s for s in sentinels.servers if s is not old])
+        _kill_primary_behind_a_gap(*fo.pick(st))
         t_kill = time.monotonic()
         # probe: gets of a chunk put before the kill, and puts, every 20 ms
-        first_miss = last_miss = last_put_fail = None
+        last_miss = last_put_fail = t_promoted = None
         put_fails: dict[str, float] = {}  # exception class -> when last seen
-        t_promoted = None
         probes_acked: list[tuple[int, float]] = []  # (n, when) of the probe puts acknowledged
         n = 0
-        while time.monotonic() - t_kill < 9:
+        while time.monotonic() - t_kill < fo.limit_s and not fo.done(probes_acked):
             now = time.monotonic()
-            if t_promoted is None and sentinels.primary() is not old:
+            if t_promoted is None and fo.promoted():
                 t_promoted = now
+            fo.step(t_promoted)
             got = get(st, "anchor")
             assert got is None or got[:6] == b"anchor"
             if got is None:
-                first_miss = first_miss or now
                 last_miss = now
+            now = time.monotonic()
             try:
                 st.batch_put_blocking([f"probe-{n}"], [b"probe-%d" % n])
                 probes_acked.append((n, now))
@@ -438,20 +534,21 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
             time.sleep(0.02)
         for t in readers:
             t.join(timeout=60)
-        assert t_promoted is not None, "the sentinels promoted no replica in 9 s"
+        assert t_promoted is not None, f"no replica was promoted in {fo.limit_s:.0f} s"
         failover_s = t_promoted - t_kill
         gets_back_s = (last_miss - t_kill) if last_miss else 0.0
         puts_back_s = (last_put_fail - t_kill) if last_put_fail else 0.0
-        print(f"\nfailover: sentinels named a new primary {failover_s:.2f} s after the "
-              f"SIGKILL; gets missed until {gets_back_s:.2f} s, puts failed until "
-              f"{puts_back_s:.2f} s after it (last seen of each error: "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in put_fails.items()) + ")")
+        print(f"\n{fo.label}: a new primary {failover_s:.2f} s after the SIGKILL; gets missed "
+              f"until {gets_back_s:.2f} s, puts failed until {puts_back_s:.2f} s after it "
+              "(last seen of each error: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in put_fails.items()) + ")"
+              + fo.note(t_kill))
         assert gets_back_s <= failover_s + 2.0, (gets_back_s, failover_s)
         acked = [(r["keys"], r["tag"]) for rs in replies for r in rs if "acked" in r]
         failed = sum("failed" in r for rs in replies for r in rs)
         assert all(any(r.get("done") for r in rs) for rs in replies), \
             [rs[-1:] for rs in replies]
-        print(f"failover: {len(acked)} puts acknowledged, {failed} failed")
+        print(f"{fo.label}: {len(acked)} puts acknowledged, {failed} failed")
         assert len(acked) > 30
         # puts resumed after the failover, and every acknowledged probe reads back
         assert any(when > t_promoted for _, when in probes_acked), "no put after the failover"
@@ -466,122 +563,9 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_put(tmp_path, sentin
                 found = h(op="get", keys=[k for k, _t in part], timeout=120)["found"]
                 assert found == [t for _k, t in part]
         assert get(st, "anchor")[:6] == b"anchor"
-    finally:
         for h in hosts:
             h.kill()
-        st.close()
-
-
-@pytest.fixture
-def cluster_with_replicas(tmp_path: Path):
-    c = RedisClusterSet(tmp_path / "cluster", replicas=1)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-
-
-def test_cluster_failover_under_load_loses_no_acknowledged_put(tmp_path, cluster_with_replicas):
-    """Three primaries with a replica each: the primary serving the pool's slot is SIGKILLed
-    behind a replication gap (as under Sentinel: with index_replicas=0 this test fails) while
-    three host processes put; the cluster promotes its replica.  The killed node is then
-    started again (as a supervisor would) and rejoins as the new primary's replica, so puts,
-    which wait for index_replicas=1, resume.  Every put acknowledged before, during and after
-    reads back byte-exact, gets resume within the failover time + 2 s, and
-    `fx100io shared-rebuild` works against the cluster URL afterwards."""
-    cl = cluster_with_replicas
-    uris = [str(tmp_path / "ns.img")]
-    url = cl.url()
-    st = SharedChunkStore(uris, url, create=True, size=256 * MiB, name="fo")
-    assert st._index.replicas() == 1
-    st.batch_put_blocking(["anchor"], [b"anchor"])
-    old = cl.server(st._index.sync_client().connection_pool.connection_kwargs["port"])
-    heir = cl.replica_of(old)
-    hosts = [Host(uris, url) for _ in range(3)]
-    replies: list[list[dict]] = [[] for _ in hosts]
-
-    def collect(i: int) -> None:
-        while True:
-            r = hosts[i].read(timeout=60)
-            replies[i].append(r)
-            if r.get("done") or "wrong" in r or ("err" in r and "failed" not in r):
-                return
-    readers = [threading.Thread(target=collect, args=(i,), daemon=True) for i in range(3)]
-    try:
-        for i, h in enumerate(hosts):
-            h.send(op="put_loop", keys=[f"h{i}-{j}" for j in range(3000)], size=4096,
-                   tag=f"h{i}", batch=2, count=900, seconds=14)
-        for t in readers:
-            t.start()
-        time.sleep(3)
-        _kill_primary_behind_a_gap(old, [heir])
-        t_kill = time.monotonic()
-        last_miss = last_put_fail = t_promoted = t_restarted = None
-        probes_acked: list[tuple[int, float]] = []
-        n = 0
-        # until a put is acknowledged after the restart (at most 20 s)
-        while time.monotonic() - t_kill < 20 and not (
-                t_restarted is not None and probes_acked and probes_acked[-1][1] > t_restarted):
-            now = time.monotonic()
-            if t_promoted is None and heir.client().info("replication")["role"] == "master":
-                t_promoted = now
-            if t_promoted is not None and t_restarted is None and now - t_promoted > 0.5:
-                cl.restart(old)
-                t_restarted = time.monotonic()
-            got = get(st, "anchor")
-            assert got is None or got[:6] == b"anchor"
-            if got is None:
-                last_miss = now
-            now = time.monotonic()
-            try:
-                st.batch_put_blocking([f"probe-{n}"], [b"probe-%d" % n])
-                probes_acked.append((n, now))
-            except IndexUnavailableError:
-                last_put_fail = now
-            n += 1
-            time.sleep(0.02)
-        for t in readers:
-            t.join(timeout=60)
-        assert t_promoted is not None, "the cluster promoted no replica in 20 s"
-        failover_s = t_promoted - t_kill
-        gets_back_s = (last_miss - t_kill) if last_miss else 0.0
-        puts_back_s = (last_put_fail - t_kill) if last_put_fail else 0.0
-        print(f"\ncluster failover: the replica was primary {failover_s:.2f} s after the "
-              f"SIGKILL; gets missed until {gets_back_s:.2f} s, puts failed until "
-              f"{puts_back_s:.2f} s after it (the old primary restarted at "
-              f"{(t_restarted or t_kill) - t_kill:.2f} s, as the new one's replica)")
-        assert gets_back_s <= failover_s + 2.0, (gets_back_s, failover_s)
-        acked = [(r["keys"], r["tag"]) for rs in replies for r in rs if "acked" in r]
-        failed = sum("failed" in r for rs in replies for r in rs)
-        assert all(any(r.get("done") for r in rs) for rs in replies), \
-            [rs[-1:] for rs in replies]
-        print(f"cluster failover: {len(acked)} puts acknowledged, {failed} failed")
-        assert len(acked) > 30
-        assert any(when > t_promoted for _, when in probes_acked), "no put after the failover"
-        for i, _ in probes_acked:
-            got = get(st, f"probe-{i}")
-            assert got is not None and got.rstrip(b"\0") == b"probe-%d" % i, i
-        for i, h in enumerate(hosts):
-            mine = [(k, tag) for keys, tag in acked for k in keys if k.startswith(f"h{i}-")]
-            for at in range(0, len(mine), 200):
-                part = mine[at:at + 200]
-                found = h(op="get", keys=[k for k, _t in part], timeout=120)["found"]
-                assert found == [t for _k, t in part]
-        # the new primary loses the pool's index: shared-rebuild against the cluster URL
-        for h in hosts:
-            h.kill()
-        r = heir.client()
-        r.delete(*r.scan_iter(match=glob_escape(st._index.prefix) + ":*"))
-        assert get(st, "anchor") is None
-        out = io.StringIO()
-        with redirect_stdout(out):
-            assert cli_main(["shared-rebuild", "--index", url, *uris]) == 0
-        assert json.loads(out.getvalue())["chunks"] > len(probes_acked)
-        time.sleep(1.1)  # the index was 'lost' for retry_after
-        assert get(st, "anchor")[:6] == b"anchor"
-        i, _ = probes_acked[-1]
-        assert get(st, f"probe-{i}").rstrip(b"\0") == b"probe-%d" % i
+        fo.after(st, uris, probes_acked)
     finally:
         for h in hosts:
             h.kill()

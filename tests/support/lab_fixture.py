@@ -8,8 +8,9 @@ or starts one itself and stops it when the last pytest process using it is done 
 pytest-xdist workers share one lab). When the lab runs in its network namespace and this
 process is not inside it yet, the fixture moves the process there (lo is up in it, so
 loopback tests keep working). A lab it starts itself first takes the machine-wide lab lock
-(/tmp/fx100io-lab.lock, FX100IO_LAB_MACHINE_LOCK) without waiting, and fails if another run holds
-it. It skips only where the lab cannot run at all (not Linux, no
+(/tmp/fx100io-lab.lock, FX100IO_LAB_MACHINE_LOCK) without waiting, and fails (naming the holder)
+if another lab holds it; the lab's QEMU then holds it until the lab stops
+(fabric_lab/machine_lock.py). It skips only where the lab cannot run at all (not Linux, no
 QEMU and no way to install it, FX100IO_LAB=off); a lab that should start but fails is an error.
 
 Environment: FX100IO_LAB=off (skip lab tests), FX100IO_LAB_NET=netns|user,
@@ -20,7 +21,6 @@ FX100IO_LAB_BOOT_TIMEOUT (seconds).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shlex
@@ -226,7 +226,10 @@ def _acquire() -> FabricLab:
             (_users_dir() / str(os.getpid())).touch()
             state = lab_state.read()
             if state is None or not lab_control.is_running(state):
-                _claim_machine()
+                # one lab at a time on the machine (fabric_lab/machine_lock.py): without
+                # waiting, so this never hangs under another lab or a flock wrapper; the lab
+                # lock above is never held while anyone waits for the machine lock, so it
+                # is waited for only while a lab of this checkout boots or stops
                 state = lab_control.start_locked(config, log=_log, owner="pytest")
     except (RuntimeError, OSError) as err:
         problem = f"fabric lab did not start: {err}"
@@ -244,39 +247,6 @@ def _acquire() -> FabricLab:
     return lab
 
 
-# The machine-wide lab lock: one lab at a time on a machine, whichever checkout it comes from
-# (two labs boot two guests on the same cores, and a pytest started outside `lab.py run` in
-# another checkout would boot its own lab beside a running one). `lab.py run` is wrapped in
-# it by whoever shares the machine (`flock /tmp/fx100io-lab.lock lab.py run -- ...`); a lab
-# this fixture starts itself takes it without waiting, so it never deadlocks under that
-# wrapper and never boots beside another lab.
-MACHINE_LOCK = os.environ.get("FX100IO_LAB_MACHINE_LOCK", "/tmp/fx100io-lab.lock")
-_machine_lock_fd: int | None = None
-
-
-def _claim_machine() -> None:
-    global _machine_lock_fd
-    if _machine_lock_fd is not None:
-        return
-    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise RuntimeError(
-            f"another lab run holds {MACHINE_LOCK}; run lab tests through the lab instead: "
-            f"flock {MACHINE_LOCK} python3 tools/fabric_lab/lab.py run --rdma -- "
-            "python3 -m pytest ... (or deselect them with -m 'not lab and not guest')") from None
-    _machine_lock_fd = fd
-
-
-def _unclaim_machine() -> None:
-    global _machine_lock_fd
-    if _machine_lock_fd is not None:
-        os.close(_machine_lock_fd)  # closing the descriptor drops the flock
-        _machine_lock_fd = None
-
-
 def _release() -> None:
     if guest_userland.in_guest():
         return  # the lab belongs to the host
@@ -286,8 +256,6 @@ def _release() -> None:
         if (state and state.get("owner") == "pytest" and not _live_users()
                 and os.environ.get("FX100IO_LAB_KEEP") != "1"):
             lab_control.stop_locked(log=_log)
-        if not lab_control.is_running(lab_state.read()):
-            _unclaim_machine()  # also after a start that failed
 
 
 def _log(message: str) -> None:

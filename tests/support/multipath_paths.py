@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from support.target_process import sparse_image
+
 
 def paths_uri(nqn: str, ports: list[int], **q: object) -> str:
     """nvme+tcp://127.0.0.1:P1,127.0.0.1:P2/NQN?k=v..."""
@@ -17,10 +19,7 @@ def paths_uri(nqn: str, ports: list[int], **q: object) -> str:
 
 
 def sparse_backing(tmp_path: Path, size: int) -> str:
-    p = tmp_path / "shared.img"
-    with open(p, "wb") as f:
-        f.truncate(size)
-    return str(p)
+    return sparse_image(tmp_path, size, "shared.img")
 
 
 def wait_for(cond: Callable[[], object], what: str, seconds: float, step: float = 0.05) -> None:

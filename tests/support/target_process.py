@@ -47,6 +47,19 @@ def _target(args: list[str], listens: int, log: Path | None
             err_to.close()  # type: ignore[union-attr]
 
 
+def sparse_image(tmp_path: Path, size: int, name: str = "ns.img") -> str:
+    """A sparse file of size bytes for the target to serve as a namespace."""
+    p = tmp_path / name
+    with open(p, "wb") as f:
+        f.truncate(size)
+    return str(p)
+
+
+def tls_args(hostnqn: str, key: str, mode: str = "required") -> list[str]:
+    """The target's options to serve hostnqn over TLS with key (its text)."""
+    return ["--tls", mode, "--tls-key", f"{hostnqn}={key}"]
+
+
 def _namespaces(namespaces: list[str]) -> list[str]:
     return [a for ns in namespaces for a in ("--namespace", ns)]
 

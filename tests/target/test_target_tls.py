@@ -6,29 +6,20 @@ a target without TLS, and TLS optional."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
 import pytest
-from support import REPO
-from support.target_process import serve
+from support.c_tests import build_c
+from support.target_process import serve, sparse_image
+from support.tls_keys import KEY, KEY48, OTHER
 
-CDIR = REPO / "tests" / "c"
 NQN = "nqn.2026-12.io.fx100:tls"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000f100"
-KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
-KEY48 = "NVMeTLSkey-1:02:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwP/w0S89ELi3W2LxIcLXVsDn8kXZQ==:"
-OTHER = "NVMeTLSkey-1:01:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:"
 
 
 def _build(sanitize: bool) -> str:
-    if shutil.which("make") is None or shutil.which("gcc") is None:
-        pytest.skip("make/gcc not installed")
-    cmd = ["make", "-s", "-C", str(CDIR), "all"] + (["SANITIZE=1"] if sanitize else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return str(CDIR / ("build/sanitize" if sanitize else "build") / "test_fabric")
+    return build_c("test_fabric", sanitize)
 
 
 def _run(binary: str, *args: str) -> str:
@@ -39,10 +30,7 @@ def _run(binary: str, *args: str) -> str:
 
 
 def _image(tmp_path):
-    img = tmp_path / "ns.img"
-    with open(img, "wb") as f:
-        f.truncate(64 << 20)
-    return str(img)
+    return sparse_image(tmp_path, 64 << 20)
 
 
 def _log_has(log, text: str, timeout: float = 5.0) -> str:

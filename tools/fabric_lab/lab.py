@@ -7,7 +7,7 @@
     python3 tools/fabric_lab/lab.py exec -- CMD...     # run CMD inside the lab's netns
     python3 tools/fabric_lab/lab.py run -- CMD...      # start if needed, exec, stop if we started
     python3 tools/fabric_lab/lab.py guest -- CMD...    # run CMD in the guest's userland (chroot)
-    python3 tools/fabric_lab/lab.py stop
+    python3 tools/fabric_lab/lab.py stop [--lock-holder]
 
 See tools/fabric_lab/README.md.
 """
@@ -78,6 +78,11 @@ def command_start(args: argparse.Namespace) -> int:
 
 
 def command_stop(args: argparse.Namespace) -> int:
+    if args.lock_holder:
+        stopped = lab_control.stop_lock_holder(log=log)
+        log(f"fabric lab: stopped QEMU pid {', '.join(map(str, stopped))}" if stopped
+            else "fabric lab: no lab QEMU this user can see holds the machine lock")
+        return 0
     was_running = lab_control.stop(log=log)
     log("fabric lab stopped" if was_running else "fabric lab was not running (cleaned up)")
     return 0
@@ -108,14 +113,15 @@ def command_exec(args: argparse.Namespace) -> int:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    already_running = lab_control.is_running(lab_control.lab_state.read())
-    state = lab_control.start(config_from_args(args), log=log)
-    if not already_running:
+    # only a lab this call booted is stopped after (not one another start of this checkout
+    # booted while this one waited for the machine)
+    state, booted = lab_control.start_booted(config_from_args(args), log=log)
+    if booted:
         print_endpoint(state)
     try:
         return lab_control.exec_in_lab(args.command, state)
     finally:
-        if not already_running and not args.keep:
+        if booted and not args.keep:
             lab_control.stop(log=log)
 
 
@@ -166,7 +172,11 @@ def parser() -> argparse.ArgumentParser:
     start = commands.add_parser("start", help="boot the target; idempotent")
     config_options(start)
     start.set_defaults(func=command_start)
-    commands.add_parser("stop", help="quit QEMU, remove the netns").set_defaults(func=command_stop)
+    stop = commands.add_parser("stop", help="quit QEMU, remove the netns")
+    stop.add_argument("--lock-holder", action="store_true",
+                      help="stop the lab QEMU holding the machine lock instead, whichever "
+                           "checkout started it (a lab left booting by a killed start)")
+    stop.set_defaults(func=command_stop)
     status = commands.add_parser("status", help="is it running, where, does it answer")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=command_status)

@@ -20,6 +20,7 @@ from . import (
     initramfs,
     lab_paths,
     lab_state,
+    machine_lock,
     networking,
     qemu_vm,
     target_probe,
@@ -104,18 +105,89 @@ def _cleanup(config: LabConfig | None, pid: int | None, log) -> None:
     lab_state.remove()
 
 
-def start(config: LabConfig, log=print, owner: str = "cli") -> dict:
-    """Start the lab with config, or return the running one if it has the same config.
+def start(config: LabConfig, log=print, owner: str = "cli", wait_for_machine: bool = True) -> dict:
+    """Start the lab with config, or return the running one if it has the same config
+    (start_booted says which it was)."""
+    return start_booted(config, log, owner, wait_for_machine)[0]
+
+
+def start_booted(config: LabConfig, log=print, owner: str = "cli",
+                 wait_for_machine: bool = True) -> tuple[dict, bool]:
+    """start(), and whether this call booted the lab (False: it was running, or another
+    start of this checkout booted it while this one waited).
 
     owner is recorded in the state: the pytest fixture stops only labs it started itself.
+    A lab that is started takes the machine lock (machine_lock; waits for it, or with
+    wait_for_machine=False raises MachineLockBusy) and hands it to its QEMU.
+
+    Lock order: the machine lock first, then this checkout's lab lock, never the other way
+    round.  The wait for the machine lock (as long as another checkout's lab runs) happens
+    without this checkout's lab lock, so `lab.py stop`, the fixture and the other pytest
+    processes here go on meanwhile; the wait ends early when a lab of this checkout comes up
+    (started by another start here), which is then used.
     """
     config.validate()
-    with lab_state.locked():
-        return start_locked(config, log, owner)
+    while True:
+        with lab_state.locked():
+            state = _running_or_cleaned(config, log)
+            if state is not None:
+                return state, False
+            if not wait_for_machine:
+                return _claim_and_boot(config, log, owner, wait=False), True
+        try:
+            machine = machine_lock.claim(wait=True, log=log, give_up=_lab_here_changed)
+        except machine_lock.WaitAbandoned:
+            continue  # look again under the lab lock: use it, or clean up after it
+        with machine, lab_state.locked():
+            state = _running_or_cleaned(config, log)
+            if state is not None:
+                return state, False
+            return _boot(config, log, owner, machine.fd), True
 
 
 def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
-    """start() for callers that already hold the lab lock."""
+    """start() without waiting, for callers that already hold the lab lock (the fixture)."""
+    state = _running_or_cleaned(config, log)
+    if state is not None:
+        return state
+    return _claim_and_boot(config, log, owner, wait=False)
+
+
+def _claim_and_boot(config: LabConfig, log, owner: str, wait: bool) -> dict:
+    with machine_lock.claim(wait=wait, log=log) as machine:
+        return _boot(config, log, owner, machine.fd)
+
+
+def _lab_here_changed() -> bool:
+    """Whether a lab of this checkout runs now, or its QEMU does without a state: read
+    without the lab lock (the state file is replaced atomically) by a start waiting for the
+    machine lock, which then looks again under the lab lock."""
+    return is_running(lab_state.read()) or _orphan_pid(scan_lock=False) is not None
+
+
+def _orphan_pid(scan_lock: bool = True) -> int | None:
+    """A live QEMU of this checkout's run directory that no running state describes: its
+    starter was killed while it booted (the state is written once the guest answers).  Under
+    the lab lock nothing boots here, so such a QEMU is an orphan; it holds the machine lock."""
+    files = _files()
+    try:
+        pid = int(files.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and qemu_vm.is_lab_qemu(pid, files):
+        return pid
+    if not scan_lock:
+        return None  # (a scan of /proc: not on every poll of a wait)
+    for holder in machine_lock.holders(machine_lock.path()):
+        if qemu_vm.run_dir_of(holder.argv) == files.dir and qemu_vm.is_lab_qemu(holder.pid, files):
+            return holder.pid  # its pid file is gone
+    return None
+
+
+def _running_or_cleaned(config: LabConfig, log) -> dict | None:
+    """Under the lab lock: this checkout's running lab (LabError if its config differs), or
+    None once whatever a lab that did not stop cleanly left here is gone (its QEMU first: it
+    holds the machine lock that a start then takes)."""
     state = lab_state.read()
     if state is not None and is_running(state):
         if not config_of(state).same_target_as(config):
@@ -129,7 +201,15 @@ def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
     if state is not None:
         log("fabric lab: cleaning up a lab that did not stop cleanly")
         _cleanup(config_of(state), state.get("pid"), log)
+    orphan = _orphan_pid()
+    if orphan is not None:
+        log(f"fabric lab: stopping QEMU pid {orphan}, left booting by a start that was killed")
+        _cleanup(config, orphan, log)
+    return None
 
+
+def _boot(config: LabConfig, log, owner: str, machine_fd: int) -> dict:
+    """Boot the lab, its QEMU holding machine_fd (the machine lock) for its life."""
     image = initramfs.build(log=log)
     files = _files()
     files.dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +223,7 @@ def start_locked(config: LabConfig, log=print, owner: str = "cli") -> dict:
         if config.net == "netns":
             networking.create(config)
         started = time.monotonic()
-        pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files)
+        pid = qemu_vm.launch(cmd, networking.exec_prefix(config), files, (machine_fd,))
         log(f"fabric lab: QEMU pid {pid} booting {image.kernel_release} (TCG)")
         qemu_vm.wait_ready(pid, files, boot_timeout(), log)
         state = _new_state(config, pid, image, time.monotonic() - started)
@@ -184,6 +264,41 @@ def stop_locked(log=print) -> bool:
     was_running = is_running(state)
     _cleanup(config, state["pid"] if state else None, log)
     return was_running
+
+
+def stop_lock_holder(log=print) -> list[int]:
+    """Stop the lab QEMU holding the machine lock, whichever checkout (lab directory) it
+    belongs to, and remove what it leaves there: its state (when it names that QEMU), pid file
+    and netns.  A holder that is not a lab QEMU (a flock wrapper, say) is named and left
+    alone.  Returns the pids stopped."""
+    stopped = []
+    for holder in machine_lock.holders(machine_lock.path()):
+        run_dir = qemu_vm.run_dir_of(holder.argv)
+        if run_dir is None:
+            log(f"fabric lab: the machine lock is held by {holder}, not a lab QEMU: left alone")
+            continue
+        files = qemu_vm.RunFiles(run_dir)
+        if run_dir == _files().dir:
+            with lab_state.locked():  # this checkout's own lab, by the holder's pid (its
+                state = lab_state.read()  # pid file may be gone), its QMP socket still there
+                _cleanup(config_of(state) if state else LabConfig.default(), holder.pid, log)
+        else:
+            log(f"fabric lab: stopping the lab QEMU of {run_dir.parent}: {holder}")
+            qemu_vm.stop(holder.pid, files, log)
+            state = lab_state.read(run_dir / "state.json")
+            config = config_of(state) if state else LabConfig.default()
+            if not state:
+                config.netns = lab_paths.default_netns_name(run_dir.parent)
+            if config.net == "netns" and networking.netns_exists(config.netns):
+                try:
+                    networking.remove(config)
+                except (OSError, RuntimeError) as err:
+                    log(f"fabric lab: could not remove netns {config.netns}: {err}")
+            if state is None or state.get("pid") == holder.pid:
+                (run_dir / "state.json").unlink(missing_ok=True)
+            files.pid_file.unlink(missing_ok=True)
+        stopped.append(holder.pid)
+    return stopped
 
 
 def status() -> dict | None:

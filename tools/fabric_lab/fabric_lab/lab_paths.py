@@ -47,11 +47,12 @@ def state_file() -> Path:
     return Path(override) if override else run_dir() / "state.json"
 
 
-def default_netns_name() -> str:
+def default_netns_name(of_lab_dir: Path | None = None) -> str:
     """The lab's network namespace name, unique per lab directory: several checkouts (or
     FX100IO_LAB_DIR labs) on one machine each get their own namespace and never remove
-    another's. Addresses can repeat, since each namespace is a separate network."""
-    digest = hashlib.sha256(str(lab_dir()).encode()).hexdigest()[:8]
+    another's (of_lab_dir: that lab directory's name, default this one's). Addresses can
+    repeat, since each namespace is a separate network."""
+    digest = hashlib.sha256(str(of_lab_dir or lab_dir()).encode()).hexdigest()[:8]
     return f"fx100io-lab-{digest}"
 
 

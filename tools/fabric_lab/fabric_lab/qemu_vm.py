@@ -106,8 +106,10 @@ def command_line(config: LabConfig, image: GuestImage, files: RunFiles,
     return cmd
 
 
-def launch(cmd: list[str], prefix: list[str], files: RunFiles) -> int:
-    """Start QEMU (daemonized) and return its pid; raise BootError if it refuses to start."""
+def launch(cmd: list[str], prefix: list[str], files: RunFiles, keep_fds: tuple[int, ...] = ()
+           ) -> int:
+    """Start QEMU (daemonized) and return its pid; raise BootError if it refuses to start.
+    keep_fds: descriptors QEMU inherits and holds for its life (the machine lock)."""
     for stale in (files.console_log, files.pid_file, files.console_socket, files.qmp_socket):
         stale.unlink(missing_ok=True)
     with open(files.qemu_log, "w") as log:
@@ -116,7 +118,8 @@ def launch(cmd: list[str], prefix: list[str], files: RunFiles) -> int:
         # With -daemonize the foreground process exits once the VM is set up, so this returns
         # quickly and any configuration error arrives here on stderr.
         result = subprocess.run(prefix + cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, check=False, timeout=120)
+                                stderr=subprocess.STDOUT, check=False, timeout=120,
+                                pass_fds=keep_fds)
     if result.returncode != 0 or not files.pid_file.exists():
         raise BootError(f"QEMU did not start (exit {result.returncode}):\n"
                         f"{files.qemu_log.read_text()[-3000:]}")
@@ -139,6 +142,19 @@ def is_lab_qemu(pid: int, files: RunFiles) -> bool:
     except OSError:
         return False
     return pid_alive(pid) and str(files.qmp_socket).encode() in b" ".join(cmdline)
+
+
+def run_dir_of(argv: tuple[str, ...] | list[str]) -> Path | None:
+    """The run directory of the lab QEMU with this command line (its -qmp socket lives
+    there, see command_line), or None if argv is not a lab QEMU's."""
+    if not argv or "qemu" not in Path(argv[0]).name:
+        return None
+    for option, value in zip(argv, argv[1:]):
+        if option == "-qmp" and value.startswith("unix:"):
+            socket_path = Path(value[len("unix:"):].split(",", 1)[0])
+            if socket_path.name == "qmp.sock":
+                return socket_path.parent
+    return None
 
 
 def console_tail(files: RunFiles, lines: int = 40) -> str:
