@@ -129,6 +129,56 @@ def test_chunk_store_over_tls(backing):
             assert all(np.array_equal(o, chunk_bytes(k, n)) for o, k, n in zip(outs, keys, sizes))
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["page-cache", "disk"])
+@pytest.mark.parametrize("inline", [False, True], ids=["engine", "inline"])
+def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monkeypatch, inline,
+                                                                  cached):
+    """Our target seals a read's C2HData header, data and CapsuleResp together
+    (one record for a small read; a large one's first and last records shared,
+    FX_TGT_CHUNK of it per send from the page cache): every size around the
+    record and chunk edges reads back what the file holds, from the page cache
+    (pread) and from a buffer (a read from the disk), on the I/O engine and in
+    line (FX100IO_TARGET_INLINE)."""
+    size = 16 << 20
+    data = chunk_bytes(f"packed-{inline}-{cached}", size)
+    img = tmp_path / "ns.img"
+    if cached:
+        img.write_bytes(data.tobytes())  # (buffered: in the page cache)
+    else:
+        with open(img, "wb") as f:
+            f.truncate(size)
+    if inline:
+        monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
+    reads = [(0, 512), (512, 4096), (8192, 16384 - 512), (65536, 16384), (1 << 20, 16384 + 512),
+             (2 << 20, 256 << 10), (3 << 20, (256 << 10) + 4096), (4 << 20, (1 << 20) + 512),
+             (6 << 20, 3 << 20), (size - 4096, 4096)]
+    with serve([str(img)], NQN, *target_args()) as (host, port, _):
+        with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
+            pool = fx100io.BufferPool(32 << 20)
+            if not cached:  # written through the target: O_DIRECT, not in its page cache
+                src = pool.alloc(size // 2)
+                for base in (0, size // 2):
+                    src[:] = data[base:base + size // 2]
+                    assert dev.write_from_blocking(base, src) == size // 2
+                dev.flush_blocking()
+            before = dev.queue_stats()
+            for off, n in reads:
+                out = pool.alloc(n)
+                assert dev.read_into_blocking(off, out) == n
+                assert np.array_equal(out, data[off:off + n]), (off, n)
+            # many at once: records shared between answers
+            outs = [pool.alloc(n) for _, n in reads[:6]]
+            done = dev.submit_blocking([(fx100io.OP_READ, off, o) for (off, _), o
+                                        in zip(reads[:6], outs)])
+            assert [c[0] for c in done] == [n for _, n in reads[:6]]
+            for (off, n), o in zip(reads[:6], outs):
+                assert np.array_equal(o, data[off:off + n]), (off, n)
+            after = dev.queue_stats()
+            moved = (after["bytes_direct"] - before["bytes_direct"]
+                     + after["bytes_copied"] - before["bytes_copied"])
+            assert moved == sum(n for _, n in reads) + sum(n for _, n in reads[:6])
+
+
 def test_wrong_key_is_a_clear_error(backing):
     with serve([backing], NQN, *target_args()) as (host, port, _):
         with pytest.raises(errors.Fx100ioError, match="wrong key") as e:
