@@ -609,6 +609,14 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
  */
 static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off);
 
+/* Whether a read's answer goes out in one send (below): on a secure
+ * channel without a data digest, and not while --fault-drop-after counts
+ * PDUs (its drop must fall between a read's data and its response). */
+static int packs_reads(const struct tgt_conn *c)
+{
+	return c->tls && !c->ddgst && !c->t->fault_drop_after;
+}
+
 static int send_read_tls(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, const uint8_t *data,
 			 struct tgt_ns *ns, uint64_t off, uint32_t len, uint16_t sf)
 {
@@ -654,7 +662,7 @@ int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t
 	int ret = 0;
 
 	tgt_send_lock(c);
-	if (c->tls && !c->ddgst && len) {
+	if (packs_reads(c) && len) {
 		ret = send_read_tls(c, NULL, cid, buf, NULL, 0, len, sf);
 		tgt_send_unlock(c);
 		return ret;
@@ -907,7 +915,7 @@ int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_n
 	int ret;
 
 	tgt_send_lock(c);
-	if (c->tls && !c->ddgst && len) {
+	if (packs_reads(c) && len) {
 		ret = send_read_tls(c, chunk, cid, NULL, ns, off, len, 0);
 		tgt_send_unlock(c);
 		return ret;
@@ -1220,7 +1228,7 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 			return send_resp(c, sqe->cid, sf, 0, 0);
 		if (c->ioq)
 			return tgt_ioq_read(c, sqe->cid, ns, off, len);
-		if (c->tls && !c->ddgst)
+		if (packs_reads(c))
 			return send_read_tls(c, c->chunk, sqe->cid, NULL, ns, off, len, 0);
 		ret = send_read(c, c->chunk, sqe->cid, ns, off, len);
 		if (ret < 0)
