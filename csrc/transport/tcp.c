@@ -923,9 +923,11 @@ static int tls_rx_head(struct conn *c, const uint8_t *plain, size_t n, size_t h,
  * tls_have.  Every whole record is opened (its tag checked before any of
  * its plaintext is acted on) and its PDU bytes fed to the state machine: a
  * record that starts inside a C2HData payload decrypts that part straight
- * into the caller's buffer, the rest in place in the stage (headers, and
- * payload that follows a header in the same record, copied out); a partial
- * record moves to the stage's start for the next recv to complete.  A
+ * into the caller's buffer, and so does one that starts with a C2HData's
+ * header for the payload after it (tls_peek_dest); the rest in place in
+ * the stage (headers, responses, payload after a header in the middle of
+ * a record: copied out); a partial record moves to the stage's start for
+ * the next recv to complete.  A
  * record's length is checked from its header before anything waits for
  * the rest of it. */
 static int tls_rx(struct conn *c, size_t n)
