@@ -533,7 +533,12 @@ struct hs {
 	struct fx_tls_identity *peer;
 	const char *why; /* set by the callbacks */
 	int refused;     /* lookup refused the identity */
-	uint8_t hash;    /* the suite's hash */
+	/* server: told before each wait for a record from the client, and
+	 * whether its binder has verified by then (OpenSSL derives the
+	 * handshake keys only after that) */
+	void (*waiting)(void *arg, int proven);
+	int hs_keys;
+	uint8_t hash; /* the suite's hash */
 	uint8_t c_secret[FX_TLS_PSK_MAX], s_secret[FX_TLS_PSK_MAX];
 	int have_c, have_s;
 };
@@ -559,6 +564,8 @@ static void keylog_cb(const SSL *ssl, const char *line)
 
 	if (!h)
 		return;
+	if (!strncmp(line, "SERVER_HANDSHAKE_TRAFFIC_SECRET ", 32))
+		h->hs_keys = 1;
 	if (!strncmp(line, cl, sizeof(cl) - 1)) {
 		dst = h->c_secret;
 		have = &h->have_c;
@@ -843,6 +850,8 @@ static int handshake(struct hs *h, int fd, int64_t deadline, int cancel_fd, stru
 			rc = frc;
 			goto out;
 		}
+		if (h->server && h->waiting)
+			h->waiting(h->arg, h->hs_keys && h->hash);
 		rc = feed_record(r, fd, deadline, cancel_fd, why);
 		if (rc)
 			goto out;
@@ -898,8 +907,9 @@ int fx_tls_client(int fd, const struct fx_tls_psk *psk, int64_t deadline, int ca
 	return handshake(&h, fd, deadline, cancel_fd, out, why);
 }
 
-int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, int cancel_fd,
-		  struct fx_tls **out, struct fx_tls_identity *peer, const char **why)
+int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void (*waiting)(void *arg, int proven),
+		  void *arg, int64_t deadline, int cancel_fd, struct fx_tls **out,
+		  struct fx_tls_identity *peer, const char **why)
 {
 	struct hs h = {0};
 
@@ -907,6 +917,7 @@ int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, 
 		return -EINVAL;
 	h.server = 1;
 	h.lookup = lookup;
+	h.waiting = waiting;
 	h.arg = arg;
 	h.peer = peer;
 	return handshake(&h, fd, deadline, cancel_fd, out, why);

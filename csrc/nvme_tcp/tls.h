@@ -80,9 +80,13 @@ typedef int (*fx_tls_lookup_fn)(void *arg, const struct fx_tls_identity *id, str
 int fx_tls_client(int fd, const struct fx_tls_psk *psk, int64_t deadline, int cancel_fd,
 		  struct fx_tls **out, const char **why);
 /* The same as the server, finding the PSK with lookup; *peer (may be NULL)
- * gets the identity the client offered, when it parsed. */
-int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, int cancel_fd,
-		  struct fx_tls **out, struct fx_tls_identity *peer, const char **why);
+ * gets the identity the client offered, when it parsed.  waiting (may be
+ * NULL) is called on this thread before each read of a record from the
+ * client, with whether the client has by then shown that it holds the PSK
+ * lookup gave (its binder verified; our ServerHello is out). */
+int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void (*waiting)(void *arg, int proven),
+		  void *arg, int64_t deadline, int cancel_fd, struct fx_tls **out,
+		  struct fx_tls_identity *peer, const char **why);
 /* Send close_notify (best effort, never blocks past the deadline) is the
  * caller's choice; free wipes the keys. */
 void fx_tls_free(struct fx_tls *t);

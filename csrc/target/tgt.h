@@ -57,26 +57,22 @@
  * not ended yet: at most this many on top of the limit. */
 #define FX_TGT_EVICT_SLACK 64u
 /* TLS handshakes (tls.c), which run on the connection's thread before
- * ICReq.  What a host that fails or stalls them can cost us is bounded
- * three ways: at most FX_TGT_TLS_HS_PER_ADDR handshakes in progress at once
- * from one peer address (peer_key) and FX_TGT_TLS_HS_MAX in the target (a
- * new one past either shuts the oldest in progress, of that address or of
- * all: a stalled handshake lasts until newer ones push it out, a good
- * host's, one round trip, is pushed out only by that many newer ones
- * within it); each must end within FX_TGT_TLS_HS_MS (or the handshake
- * timeout, when shorter); and after FX_TGT_TLS_FREE_FAILS handshakes in a
- * row failed for a host NQN from one address (a wrong key), its next ones
- * are refused before any key is derived for FX_TGT_TLS_BACKOFF_MS, doubled
- * with each further failure up to FX_TGT_TLS_BACKOFF_MAX_MS (a success
- * clears it; FX_TGT_TLS_BACKOFF_SLOTS pairs are remembered, the least
- * recently failed replaced). */
+ * ICReq.  What a host that fails or stalls them can cost us is bounded in
+ * how many are in progress at once (not in rate).  A handshake is counted
+ * while it waits on the network for a host that has not shown it holds a
+ * key (its PSK binder verified): at most FX_TGT_TLS_HS_PER_ADDR from one
+ * peer address (peer_key) and FX_TGT_TLS_HS_MAX in the target; a new one
+ * past either shuts the oldest counted one of its address, or of the
+ * address with the most.  One with a whole record to read only computes,
+ * and one whose binder verified is not counted and never pushed out, so
+ * connections that never prove a key cannot push out a host that has one.
+ * Each must end within FX_TGT_TLS_HS_MS (or the handshake timeout, when
+ * shorter).  No backoff after wrong keys: anyone behind the same address
+ * could claim a host's (public) NQN and lock it out, and a wrong key costs
+ * one key derivation and one HMAC, bounded by the above. */
 #define FX_TGT_TLS_HS_PER_ADDR 8u
 #define FX_TGT_TLS_HS_MAX 64u
 #define FX_TGT_TLS_HS_MS 3000u
-#define FX_TGT_TLS_FREE_FAILS 16u
-#define FX_TGT_TLS_BACKOFF_MS 500u
-#define FX_TGT_TLS_BACKOFF_MAX_MS 8000u
-#define FX_TGT_TLS_BACKOFF_SLOTS 64u
 /* DH-HMAC-CHAP transactions a queue may start without one succeeding: each
  * costs a DH key pair and a key agreement (ffdhe8192: a few ms of CPU each,
  * a short private exponent; the peer's value is range checked only), so a
@@ -291,16 +287,6 @@ struct tgt_auth_backoff {
 	uint64_t until_ms; /* no new transaction before */
 };
 
-/* Failed TLS handshakes of one host NQN from one address (tls.c; under
- * the target's lock). */
-struct tgt_tls_backoff {
-	char addr[64]; /* "": a free slot */
-	char hostnqn[NVMF_NQN_SIZE];
-	unsigned fails;    /* failed handshakes in a row */
-	uint64_t last_ms;  /* of the last failure */
-	uint64_t until_ms; /* refused before */
-};
-
 /* One peer address's DH tokens (auth.c; under the target's lock). */
 struct tgt_dh_peer {
 	char addr[64];      /* "": a free slot */
@@ -412,8 +398,8 @@ struct tgt_conn {
 	struct fx_tls *tls; /* the secure channel's records (NULL: clear text) */
 	/* whom its PSK identity named: Connect must name the same */
 	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
-	/* In its TLS handshake since (0: not), and whether a newer one pushed
-	 * it out (tls.c; both under t->lock) */
+	/* In its TLS handshake, unproven, since (0: not, or its key proven),
+	 * and whether a newer one pushed it out (tls.c; both under t->lock) */
 	uint64_t tls_hs_ms;
 	int tls_hs_evicted;
 	char peer_key[64];         /* the peer's address as per-peer bounds count it (target.c) */
@@ -526,7 +512,6 @@ struct fx_target {
 	int tls;                                 /* FX_TARGET_TLS_* */
 	struct tgt_tls_host *tls_hosts;          /* their configured PSKs (tls.c) */
 	unsigned n_tls_hosts;
-	struct tgt_tls_backoff tls_backoff[FX_TGT_TLS_BACKOFF_SLOTS]; /* (tls.c) */
 	uint32_t block_size;
 	unsigned lba_shift;
 	uint32_t max_io_queues;

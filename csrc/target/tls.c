@@ -6,8 +6,8 @@
  * What a host that fails or stalls handshakes costs us (a thread and a
  * socket while it waits, a ClientHello parse, a key derivation and a
  * binder check, or one ECDHE agreement for a host with the key) is
- * bounded per peer address and target-wide, in time, and by a backoff
- * after repeated failures: tgt.h, FX_TGT_TLS_HS_*.
+ * bounded in how many are in progress at once, per peer address and
+ * target-wide, and in time: tgt.h, FX_TGT_TLS_HS_*.
  */
 #include "target/tgt.h"
 
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include "nvme_tcp/sock.h"
@@ -68,139 +69,121 @@ void tgt_tls_config_free(struct fx_target *t)
 
 /* ------------------------------------------------------------ bounds */
 
-static const char backoff_why[] = "too many failed TLS handshakes as this host from this "
-				  "address: refused for a while (up to 8 s; a success clears "
-				  "it)";
-
-static int host_has_key(const struct fx_target *t, const char *hostnqn)
+/* A connection in its TLS handshake is counted while it waits on the
+ * network for a host that has not shown it holds a key we have (its PSK
+ * binder verified): from its first byte until a whole record is here to
+ * read (a ClientHello sent in one piece is never counted), and again if it
+ * then waits for more.  Only such handshakes, a stranger's, a wrong key's,
+ * a stalled one, are bounded and pushed out; one with its record in hand
+ * only computes, and a proven one runs to its end (or its time limit).
+ * Under t->lock. */
+static void hs_shut_locked(struct tgt_conn *o)
 {
-	for (unsigned i = 0; i < t->n_tls_hosts; i++)
-		if (strcmp(t->tls_hosts[i].hostnqn, hostnqn) == 0)
-			return 1;
-	return 0;
+	o->tls_hs_ms = 0;
+	o->tls_hs_evicted = 1;
+	tgt_conn_shut(o);
 }
 
-/* The (host NQN, address) slot of this connection, under t->lock; with
- * create, a free or the least recently failed slot is taken. */
-static struct tgt_tls_backoff *backoff_slot(struct tgt_conn *c, const char *hostnqn, int create)
+/* how many of hs[0..n) are from addr */
+static unsigned hs_count(struct tgt_conn *const *hs, unsigned n, const char *addr)
 {
-	struct fx_target *t = c->t;
-	struct tgt_tls_backoff *old = NULL;
+	unsigned k = 0;
 
-	for (unsigned i = 0; i < FX_TGT_TLS_BACKOFF_SLOTS; i++) {
-		struct tgt_tls_backoff *b = &t->tls_backoff[i];
-
-		if (b->addr[0] && strcmp(b->addr, c->peer_key) == 0 &&
-		    strcmp(b->hostnqn, hostnqn) == 0)
-			return b;
-		if (!old || !b->addr[0] || (old->addr[0] && b->last_ms < old->last_ms))
-			old = b;
-	}
-	if (!create)
-		return NULL;
-	memset(old, 0, sizeof(*old));
-	snprintf(old->addr, sizeof(old->addr), "%s", c->peer_key);
-	snprintf(old->hostnqn, sizeof(old->hostnqn), "%s", hostnqn);
-	return old;
+	for (unsigned i = 0; i < n; i++)
+		k += strcmp(hs[i]->peer_key, addr) == 0;
+	return k;
 }
 
-/* ms this host NQN must still wait from this address (0: none) */
-static uint64_t backoff_wait(struct tgt_conn *c, const char *hostnqn)
-{
-	struct tgt_tls_backoff *b;
-	uint64_t now = tgt_now_ms(), wait = 0;
-
-	pthread_mutex_lock(&c->t->lock);
-	b = backoff_slot(c, hostnqn, 0);
-	if (b && b->until_ms > now)
-		wait = b->until_ms - now;
-	pthread_mutex_unlock(&c->t->lock);
-	return wait;
-}
-
-/* A handshake as hostnqn ended: a failure counts, a success clears. */
-static void backoff_note(struct tgt_conn *c, const char *hostnqn, int failed)
-{
-	struct tgt_tls_backoff *b;
-	uint64_t now = tgt_now_ms();
-
-	pthread_mutex_lock(&c->t->lock);
-	b = backoff_slot(c, hostnqn, failed);
-	if (b && !failed) {
-		memset(b, 0, sizeof(*b));
-	} else if (b) {
-		b->fails++;
-		b->last_ms = now;
-		if (b->fails >= FX_TGT_TLS_FREE_FAILS) {
-			unsigned sh = b->fails - FX_TGT_TLS_FREE_FAILS;
-			uint64_t wait = sh > 8 ? FX_TGT_TLS_BACKOFF_MAX_MS
-					       : (uint64_t)FX_TGT_TLS_BACKOFF_MS << sh;
-
-			b->until_ms = now + (wait > FX_TGT_TLS_BACKOFF_MAX_MS
-						     ? FX_TGT_TLS_BACKOFF_MAX_MS
-						     : wait);
-		}
-	}
-	pthread_mutex_unlock(&c->t->lock);
-}
-
-/* The oldest connection in its TLS handshake, of address addr (NULL: of
- * any), and how many there are.  Under t->lock. */
-static struct tgt_conn *oldest_hs_locked(struct fx_target *t, const char *addr, unsigned *n)
-{
-	struct tgt_conn *old = NULL;
-
-	*n = 0;
-	for (struct tgt_conn *o = t->conns; o; o = o->next) {
-		if (!o->tls_hs_ms || (addr && strcmp(o->peer_key, addr) != 0))
-			continue;
-		++*n;
-		if (!old || o->tls_hs_ms < old->tls_hs_ms)
-			old = o;
-	}
-	return old;
-}
-
-/* c starts its TLS handshake: past the address's or the target's limit,
- * the oldest in progress gives way (its socket is shut, its thread ends
- * its handshake at once and says nothing: this one says why). */
+/* c waits for an unproven host: past its address's limit the oldest
+ * counted one of that address gives way; past the target's, the oldest of the
+ * address with the most in progress (so that a flood from some addresses
+ * pushes out its own, not others').  The one pushed out has its socket
+ * shut: its thread ends its handshake at once and says nothing (this one
+ * says why).  One walk of the connections, then at most FX_TGT_TLS_HS_MAX
+ * entries. */
 static void hs_enter(struct tgt_conn *c)
 {
 	struct fx_target *t = c->t;
-	unsigned shut_addr = 0, shut_all = 0;
+	struct tgt_conn *hs[FX_TGT_TLS_HS_MAX];
+	unsigned n = 0, shut_addr = 0, shut_all = 0;
 	char other[64] = "";
 
 	pthread_mutex_lock(&t->lock);
-	for (int all = 0; all < 2; all++) {
-		for (;;) {
-			unsigned n;
-			struct tgt_conn *old = oldest_hs_locked(t, all ? NULL : c->peer_key, &n);
+	if (c->tls_hs_ms || c->tls_hs_evicted) { /* (counted already, or shut) */
+		pthread_mutex_unlock(&t->lock);
+		return;
+	}
+	/* (never more than FX_TGT_TLS_HS_MAX unproven: each entry made room) */
+	for (struct tgt_conn *o = t->conns; o && n < FX_TGT_TLS_HS_MAX; o = o->next)
+		if (o->tls_hs_ms && o != c)
+			hs[n++] = o;
+	while (hs_count(hs, n, c->peer_key) >= FX_TGT_TLS_HS_PER_ADDR) {
+		unsigned old = n;
 
-			if (!old || n < (all ? FX_TGT_TLS_HS_MAX : FX_TGT_TLS_HS_PER_ADDR))
-				break;
-			old->tls_hs_ms = 0;
-			old->tls_hs_evicted = 1;
-			tgt_conn_shut(old);
-			if (all) {
-				shut_all++;
-				snprintf(other, sizeof(other), "%s", old->peer_key);
-			} else {
-				shut_addr++;
+		for (unsigned i = 0; i < n; i++)
+			if (strcmp(hs[i]->peer_key, c->peer_key) == 0 &&
+			    (old == n || hs[i]->tls_hs_ms < hs[old]->tls_hs_ms))
+				old = i;
+		hs_shut_locked(hs[old]);
+		hs[old] = hs[--n];
+		shut_addr++;
+	}
+	while (n && n >= FX_TGT_TLS_HS_MAX) {
+		unsigned old = 0, most = 0;
+
+		for (unsigned i = 0; i < n; i++) {
+			unsigned k = hs_count(hs, n, hs[i]->peer_key);
+
+			if (k > most || (k == most && hs[i]->tls_hs_ms < hs[old]->tls_hs_ms)) {
+				most = k;
+				old = i;
 			}
 		}
+		snprintf(other, sizeof(other), "%s", hs[old]->peer_key);
+		hs_shut_locked(hs[old]);
+		hs[old] = hs[--n];
+		shut_all++;
 	}
 	c->tls_hs_ms = tgt_now_ms() | 1; /* (never 0: in progress) */
 	pthread_mutex_unlock(&t->lock);
 	if (shut_addr)
 		tgt_log_must(t, c->peer_key, "TLS handshake pushed out (per-address limit)",
-			     "%s: %u TLS handshakes in progress from %s (limit %u): closed the "
-			     "oldest",
+			     "%s: %u unproven TLS handshakes in progress from %s (limit %u): "
+			     "closed the oldest",
 			     c->peer, FX_TGT_TLS_HS_PER_ADDR, c->peer_key, FX_TGT_TLS_HS_PER_ADDR);
 	if (shut_all)
 		tgt_log_must(t, other, "TLS handshake pushed out (target-wide limit)",
-			     "%u TLS handshakes in progress in the target (limit %u): closed the "
-			     "oldest, from %s",
+			     "%u unproven TLS handshakes in progress in the target (limit %u): "
+			     "closed the oldest of the address with the most, %s",
 			     FX_TGT_TLS_HS_MAX, FX_TGT_TLS_HS_MAX, other);
+}
+
+/* whether a whole TLS record is in fd's receive queue (reading it will
+ * not wait) */
+static int record_here(int fd)
+{
+	uint8_t h[5];
+	int avail = 0;
+
+	if (recv(fd, h, sizeof(h), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(h) ||
+	    ioctl(fd, FIONREAD, &avail) != 0)
+		return 0;
+	return (size_t)avail >= sizeof(h) + ((size_t)h[3] << 8 | h[4]);
+}
+
+/* fx_tls_server is about to read a record: counted (and bounded) while it
+ * would wait for an unproven host, not counted otherwise. */
+static void hs_waiting(void *arg, int proven)
+{
+	struct tgt_conn *c = arg;
+
+	if (!proven && !record_here(c->fd)) {
+		hs_enter(c);
+		return;
+	}
+	pthread_mutex_lock(&c->t->lock);
+	c->tls_hs_ms = 0;
+	pthread_mutex_unlock(&c->t->lock);
 }
 
 /* c's handshake ended: whether a newer one pushed it out (it said why). */
@@ -227,10 +210,6 @@ static int lookup(void *arg, const struct fx_tls_identity *id, struct fx_tls_psk
 
 	if (strcmp(id->subnqn, t->subnqn) != 0 && strcmp(id->subnqn, NVMF_DISCOVERY_NQN) != 0) {
 		*why = "the host's TLS identity names another subsystem";
-		return -EACCES;
-	}
-	if (backoff_wait(c, id->hostnqn)) {
-		*why = backoff_why;
 		return -EACCES;
 	}
 	for (unsigned i = 0; i < t->n_tls_hosts; i++)
@@ -281,25 +260,20 @@ int tgt_tls_accept(struct tgt_conn *c)
 	limit = t->handshake_ms < FX_TGT_TLS_HS_MS ? t->handshake_ms : FX_TGT_TLS_HS_MS;
 	if (fx_tcp_now_ms() + (int64_t)limit < deadline)
 		deadline = fx_tcp_now_ms() + (int64_t)limit;
-	hs_enter(c);
-	r = fx_tls_server(c->fd, lookup, c, deadline, -1, &c->tls, &peer, &why);
+	r = fx_tls_server(c->fd, lookup, hs_waiting, c, deadline, -1, &c->tls, &peer, &why);
 	if (hs_leave(c)) {
 		fx_tls_free(c->tls); /* (pushed out after it ended: it ends anyway) */
 		c->tls = NULL;
 		return -ECONNABORTED;
 	}
-	/* failures and successes of a host we have a key for count against
-	 * (or clear) its backoff from this address (a refusal by the backoff
-	 * itself does not: the wait ends); others cost no key work */
-	if (peer.hostnqn && host_has_key(t, peer.hostnqn) && why != backoff_why)
-		backoff_note(c, peer.hostnqn, r != 0);
 	if (r) {
-		char what[200];
-
 		tgt_printable(hp, sizeof(hp), peer.hostnqn ? peer.hostnqn : "(unknown)");
-		snprintf(what, sizeof(what), "failed TLS handshake as host %.160s", hp);
-		tgt_log_must(t, c->peer_key, what, "%s: TLS handshake with host %s failed: %s%s",
-			     c->peer, hp, why ? why : strerror(-r),
+		/* counted past the log's rate by address alone: a host NQN is
+		 * the peer's to choose, and would let one address take every
+		 * count */
+		tgt_log_must(t, c->peer_key, "failed TLS handshake",
+			     "%s: TLS handshake with host %s failed: %s%s", c->peer, hp,
+			     why ? why : strerror(-r),
 			     r == -ETIMEDOUT ? " (the TLS handshake's time limit)" : "");
 		return -ECONNABORTED;
 	}
