@@ -871,16 +871,22 @@ static int rx_feed(struct conn *c, const uint8_t *buf, size_t n)
  * payload after it goes, when the header is a C2HData's.  The header is not
  * authenticated yet, so it only picks a range that on_header would give
  * that PDU: inside an in-flight read's buffer, at the offset the transfer
- * rules expect next (nvme_tcp/xfer.c's check, which records nothing);
- * on_header checks the same bytes again once the tag has, and tls_rx_head
- * holds the two to agree.  A record that fails its tag fails the
- * connection, and with it that read, before anything completes. */
+ * rules expect next (nvme_tcp/xfer.c's check, run on a copy of the
+ * command's transfer state: a refusal there notes why in the state, and
+ * bytes no tag has vouched for must not touch the command); on_header
+ * checks the same bytes again once the tag has, and tls_rx_head holds the
+ * two to agree.  A record that fails its tag fails the connection, and with
+ * it every read in flight on it, before anything completes; the range the
+ * header picked (in this read's buffer, or, with a forged header, another
+ * read's in flight) may have been zeroed by then (fx_tls_open_head wipes
+ * what it decrypted into it). */
 static int tls_peek_dest(void *arg, const uint8_t *head, size_t h, size_t left, uint8_t **dst,
 			 size_t *k)
 {
 	struct conn *c = arg;
 	struct nvme_tcp_data_pdu p;
 	unsigned hl = RX_HLEN + (c->nc.hdgst ? NVME_TCP_DIGEST_LEN : 0);
+	struct fx_tcp_xfer x;
 	struct cmd *m;
 
 	if (h != hl)
@@ -890,7 +896,10 @@ static int tls_peek_dest(void *arg, const uint8_t *head, size_t h, size_t left, 
 	    fx_tcp_pdu_check(&p.hdr, 1, c->nc.hdgst, c->nc.ddgst, UINT32_MAX) != (int)hl)
 		return -1;
 	m = find_cmd(c, p.cccid);
-	if (!m || m->rsp_seen || !m->data || fx_tcp_xfer_c2h(&m->x, &p, c->nc.ddgst) < 0)
+	if (!m || m->rsp_seen || !m->data)
+		return -1;
+	x = m->x;
+	if (fx_tcp_xfer_c2h(&x, &p, c->nc.ddgst) < 0)
 		return -1;
 	*dst = (uint8_t *)m->data + p.datao;
 	*k = p.datal < left ? p.datal : left;
