@@ -257,11 +257,13 @@ class RecordProxy:
     target's TLS records (their 5-byte headers are clear text) and, on the
     first connection that carries more than `after` records, breaks record
     number `after` as `how` says: "tag" flips a byte of its body, "oversize"
-    sends a header claiming 2^14+257 bytes, "cut" closes mid-record.  Later
-    connections pass through untouched."""
+    sends a header claiming 2^14+257 bytes, "cut" closes mid-record.  With
+    longer_than, the record broken is instead the first whose body is longer
+    than that once `armed` is set.  Later connections pass through untouched."""
 
-    def __init__(self, port: int, how: str, after: int = 40):
-        self.port, self.how, self.after = port, how, after
+    def __init__(self, port: int, how: str, after: int = 40, longer_than: int | None = None):
+        self.port, self.how, self.after, self.longer_than = port, how, after, longer_than
+        self.armed = threading.Event()
         self.srv = socket.create_server(("127.0.0.1", 0))
         self.srv.settimeout(0.2)
         self.listen_port = self.srv.getsockname()[1]
@@ -312,7 +314,9 @@ class RecordProxy:
                 hdr = self._read(src, 5)
                 body = self._read(src, int.from_bytes(hdr[3:5], "big"))
                 n += 1
-                if n == self.after and not self.fired.is_set():
+                pick = (len(body) > self.longer_than and self.armed.is_set()
+                        if self.longer_than is not None else n == self.after)
+                if pick and not self.fired.is_set():
                     self.fired.set()
                     if self.how == "tag":
                         body = body[:100] + bytes([body[100] ^ 4]) + body[101:]
@@ -374,6 +378,41 @@ def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing
                 assert dev.read_into_blocking(0, out) == 8 << 20
                 assert np.array_equal(out, data)
                 assert dev.queue_stats()["reconnects"] >= 1
+            finally:
+                dev.close()
+        finally:
+            proxy.close()
+
+
+def test_a_broken_record_that_starts_with_a_read_header_fails_the_read_and_leaves_no_bytes(
+        backing, capfd):
+    """A 4 KiB read's answer from our target is one record that starts with
+    the C2HData header, its payload decrypted straight into the read's buffer
+    before the tag is checked (tls_peek_dest, fx_tls_open_head): one flipped
+    bit in the payload fails the read (EBADMSG), the buffer then holds only
+    zeros or what it held before, never data no tag vouched for, and the next
+    read reconnects and is byte-exact."""
+    data = chunk_bytes("broken-head", 4096)
+    with open(backing, "r+b") as f:
+        f.write(data.tobytes())
+    with serve([backing], NQN, *target_args()) as (host, port, _):
+        proxy = RecordProxy(port, "tag", longer_than=4096)
+        try:
+            dev = fx100io.open_device(uri(host, proxy.listen_port, io_timeout_ms=5000,
+                                          reconnect_ms=50))
+            try:
+                proxy.armed.set()  # (not the admin queue's Identify data, during the open)
+                out = np.full(4096, 0x77, np.uint8)
+                with pytest.raises(errors.FxProtocolError) as e:
+                    dev.read_into_blocking(0, out)
+                assert proxy.fired.is_set()
+                assert e.value.errno == errno.EBADMSG
+                assert np.all((out == 0) | (out == 0x77))
+                assert "TLS: a TLS record failed its integrity check" in capfd.readouterr().err
+                assert dev.read_into_blocking(0, out) == 4096
+                assert np.array_equal(out, data)
+                stats = dev.queue_stats()
+                assert stats["reconnects"] >= 1 and stats["bytes_direct"] >= 4096
             finally:
                 dev.close()
         finally:
