@@ -34,6 +34,9 @@ OTHER = "NVMeTLSkey-1:01:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:"
 PER_ADDR, TARGET_WIDE, HS_LIMIT_S = 8, 64, 3.0  # tgt.h: FX_TGT_TLS_HS_*
 # a handshake record that announces 512 bytes of ClientHello, and 9 of them
 PARTIAL_HELLO = bytes([0x16, 3, 1, 2, 0, 1, 0, 1, 0xFC]) + bytes(5)
+# a whole record that holds only the start of a ClientHello (announcing 508
+# bytes): the target reads it at once, then waits for the rest
+FIRST_FRAGMENT = bytes([0x16, 3, 1, 0, 4, 1, 0, 1, 0xFC])
 
 
 @pytest.fixture
@@ -48,12 +51,12 @@ def uri(host, port, hostnqn=HOST, key=KEY):
     return f"nvme+tcp://{host}:{port}/{NQN}?hostnqn={hostnqn}&tls_key={key}&connect_timeout_ms=5000"
 
 
-def slow_loris(port: int, src: str) -> socket.socket:
+def slow_loris(port: int, src: str, first: bytes = PARTIAL_HELLO) -> socket.socket:
     s = socket.socket()
     s.bind((src, 0))
     s.settimeout(5)
     s.connect(("127.0.0.1", port))
-    s.sendall(PARTIAL_HELLO)
+    s.sendall(first)
     return s
 
 
@@ -139,6 +142,22 @@ def test_stalled_handshakes_from_many_addresses_are_bounded_target_wide(image, t
         assert wait_until(lambda: all(closed(s) for s in socks + few), HS_LIMIT_S + 5.0)
     assert f"unproven TLS handshakes in progress in the target (limit {TARGET_WIDE}): closed " \
            "the oldest of the address with the most, 127.0.1." in log.read_text()
+
+
+def test_a_handshake_that_waits_after_a_whole_record_is_counted_again(image, tmp_path):
+    """A record in hand is not counted (reading it does not wait), but one
+    that then waits for the rest of its ClientHello is, like any other."""
+    log = tmp_path / "target.log"
+    with serve([image], NQN, "--tls", "required", "--tls-key", f"{HOST}={KEY}",
+               log=log) as (host, port, _proc), contextlib.ExitStack() as stack:
+        socks = [slow_loris(port, "127.0.0.3", FIRST_FRAGMENT) for _ in range(3 * PER_ADDR)]
+        for s in socks:
+            stack.callback(s.close)
+        assert wait_until(lambda: sum(not closed(s) for s in socks) <= PER_ADDR,
+                          HS_LIMIT_S - 0.5), f"more than {PER_ADDR} kept"
+        good_host_round_trip(host, port, 50)
+    assert f"unproven TLS handshakes in progress from 127.0.0.3 (limit {PER_ADDR}): closed " \
+           "the oldest" in log.read_text()
 
 
 def run_threads(fn, n: int, timeout: float = 120) -> list[BaseException | None]:
