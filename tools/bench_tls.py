@@ -8,13 +8,20 @@ per GB moved, of the initiator (this process) and of the target (its
 /proc/PID/stat), and the TLS/clear ratio of each.  The goal of issue 28: TLS
 throughput >= 0.7x clear.
 
-    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1]
+With --floors it also builds and runs tools/bench_tls_floors.c (a C compiler
+and libssl-dev): what each step of a TLS read (a page-cache read, AES-GCM
+sealing, a loopback send and receive) costs one thread here, the floor under
+the CPU per GB above.  The load average is printed with each round: other work
+on the machine takes CPU from both ends, and with it throughput, not CPU per GB.
+
+    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1] [--floors]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,6 +99,23 @@ def one_run(backing: str, size: int, tls: bool, a: argparse.Namespace) -> dict[s
     return {"gbs": gb / wall, "host": h_cpu / gb, "target": t_cpu / gb}
 
 
+def floors(backing: str, tmp: str) -> None:
+    """Build and run tools/bench_tls_floors.c on the backing file."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        print("--floors: no C compiler")
+        return
+    exe = os.path.join(tmp, "bench_tls_floors")
+    b = subprocess.run([cc, "-O2", "-o", exe, os.path.join(REPO, "tools", "bench_tls_floors.c"),
+                        "-lcrypto", "-lpthread"], capture_output=True, text=True)
+    if b.returncode:
+        print(f"--floors: the build failed: {b.stderr[-500:]}")
+        return
+    print("\none thread's CPU per GB for each step of a TLS read (tools/bench_tls_floors.c):")
+    out = subprocess.run([exe, backing], capture_output=True, text=True, timeout=300)
+    print(out.stdout + out.stderr, end="")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -100,6 +124,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=32)
     ap.add_argument("--queues", type=int, default=1)
     ap.add_argument("--size", default="256M", help="backing file (read at random offsets)")
+    ap.add_argument("--floors", action="store_true",
+                    help="also measure each step's CPU per GB alone (tools/bench_tls_floors.c)")
     a = ap.parse_args()
     a.bs = parse_size(a.bs)
     size = parse_size(a.size)
@@ -113,8 +139,10 @@ def main() -> None:
                 x = one_run(backing, size, tls, a)
                 res[tls].append(x)
                 print(f"round {r + 1} {'tls  ' if tls else 'clear'}: {x['gbs']:.3f} GB/s, "
-                      f"CPU s/GB initiator {x['host']:.3f} target {x['target']:.3f}",
-                      flush=True)
+                      f"CPU s/GB initiator {x['host']:.3f} target {x['target']:.3f} "
+                      f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+        if a.floors:
+            floors(backing, d)
 
     def med(tls: bool, k: str) -> float:
         return float(np.median([x[k] for x in res[tls]]))

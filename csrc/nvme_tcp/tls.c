@@ -246,8 +246,8 @@ int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr)
  * k plaintext bytes into dst, the rest into out + k (out may be rec +
  * FX_TLS_HEADER: GCM decrypts in place), and act on it: the application
  * data's length, 0 for a dropped ticket or a key update, or the error. */
-static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, uint8_t *dst,
-		     size_t k);
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, size_t h,
+		     fx_tls_dest_fn where, void *arg, uint8_t **pdst, size_t *pk);
 
 int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
 		      uint8_t **rest)
@@ -264,7 +264,24 @@ int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, 
 	if (k > (size_t)blen - FX_TLS_TAG)
 		k = (size_t)blen - FX_TLS_TAG;
 	*rest = rec + FX_TLS_HEADER + k;
-	return open_into(t, rec, len, rec + FX_TLS_HEADER, dst, k);
+	return open_into(t, rec, len, rec + FX_TLS_HEADER, 0, NULL, NULL, &dst, &k);
+}
+
+int fx_tls_open_head(struct fx_tls *t, uint8_t *rec, size_t len, size_t h, fx_tls_dest_fn where,
+		     void *arg, uint8_t **dst, size_t *k)
+{
+	int blen;
+
+	*dst = NULL;
+	*k = 0;
+	if (!t->rx.ctx || len < FX_TLS_HEADER || !where)
+		return -EINVAL;
+	blen = header_ok(t, rec);
+	if (blen < 0)
+		return blen;
+	if ((size_t)blen != len - FX_TLS_HEADER)
+		return -EINVAL;
+	return open_into(t, rec, len, rec + FX_TLS_HEADER, h, where, arg, dst, k);
 }
 
 int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain)
@@ -293,32 +310,59 @@ int fx_tls_record_in(struct fx_tls *t, uint8_t *rec, size_t len)
 		if (t->plain_len + (size_t)blen > sizeof(t->plain))
 			return -EINVAL;
 	}
-	n = open_into(t, rec, len, t->plain + t->plain_len, NULL, 0);
+	uint8_t *none = NULL;
+	size_t zero = 0;
+
+	n = open_into(t, rec, len, t->plain + t->plain_len, 0, NULL, NULL, &none, &zero);
 	if (n > 0)
 		t->plain_len += (size_t)n;
 	return n;
 }
 
-static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, uint8_t *dst,
-		     size_t k)
+/* Open record rec[0..len) (header checked, len its whole size): its first
+ * h plaintext bytes into out, then (where, when given, chooses *pdst and
+ * *pk from them) the next *pk into *pdst, the rest into out + h + *pk
+ * (out may be rec + FX_TLS_HEADER: GCM decrypts in place), and act on it:
+ * the application data's length, 0 for a dropped ticket or a key update,
+ * or the error. */
+static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, size_t h,
+		     fx_tls_dest_fn where, void *arg, uint8_t **pdst, size_t *pk)
 {
 	struct fx_tls_dir *d = &t->rx;
-	uint8_t nonce[12];
+	uint8_t nonce[12], *dst = *pdst;
+	size_t clen, plen, k = *pk;
 	int n, rc;
-	size_t clen, plen;
 
 	clen = len - FX_TLS_HEADER - FX_TLS_TAG;
+	if (h > clen)
+		h = clen;
 	nonce_of(d, nonce);
-	/* (GCM is a stream: the plaintext may go to two places) */
+	/* (GCM is a stream: the plaintext may go to three places) */
 	if (!EVP_DecryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
 	    !EVP_DecryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
-	    (k && !EVP_DecryptUpdate(d->ctx, dst, &n, rec + FX_TLS_HEADER, (int)k)) ||
-	    !EVP_DecryptUpdate(d->ctx, out + k, &n, rec + FX_TLS_HEADER + k, (int)(clen - k)) ||
+	    (h && !EVP_DecryptUpdate(d->ctx, out, &n, rec + FX_TLS_HEADER, (int)h)))
+		return fail(t, -EIO, "TLS record decryption failed");
+	if (where) {
+		/* (out[0..h) is not authenticated yet: only a choice of
+		 * where the rest goes may depend on it) */
+		dst = NULL;
+		k = 0;
+		if (where(arg, out, h, clen - h, &dst, &k) != 0 || !dst)
+			k = 0;
+		if (k > clen - h)
+			k = clen - h;
+		*pdst = dst;
+		*pk = k;
+	}
+	if ((k && !EVP_DecryptUpdate(d->ctx, dst, &n, rec + FX_TLS_HEADER + h, (int)k)) ||
+	    !EVP_DecryptUpdate(d->ctx, out + h + k, &n, rec + FX_TLS_HEADER + h + k,
+			       (int)(clen - h - k)) ||
 	    !EVP_CIPHER_CTX_ctrl(d->ctx, EVP_CTRL_AEAD_SET_TAG, FX_TLS_TAG,
 				 rec + FX_TLS_HEADER + clen))
 		return fail(t, -EIO, "TLS record decryption failed");
 	if (EVP_DecryptFinal_ex(d->ctx, out + clen, &n) <= 0) {
-		OPENSSL_cleanse(out + k, clen - k);
+		OPENSSL_cleanse(out, h);
+		OPENSSL_cleanse(out + h + k, clen - h - k);
 		if (k)
 			OPENSSL_cleanse(dst, k);
 		return fail(t, -EBADMSG,
@@ -330,15 +374,15 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, u
 		return rc;
 	/* the inner type is the last non-zero byte; zeros after it are padding */
 	plen = clen;
-	while (plen && (plen - 1 < k ? dst[plen - 1] : out[plen - 1]) == 0)
+	while (plen && (plen - 1 >= h && plen - 1 < h + k ? dst[plen - 1 - h] : out[plen - 1]) == 0)
 		plen--;
 	if (!plen)
 		return fail(t, -EPROTO, "a TLS record with no content type");
 	--plen;
-	uint8_t type = plen < k ? dst[plen] : out[plen];
+	uint8_t type = plen >= h && plen < h + k ? dst[plen - h] : out[plen];
 
 	if (type != CT_APPDATA && k)
-		memcpy(out, dst, k); /* not data: in one piece for what follows */
+		memcpy(out + h, dst, k); /* not data: in one piece for what follows */
 
 	if (plen > FX_TLS_MAX_PLAINTEXT)
 		return fail(t, -EPROTO, "a TLS record over 2^14 plaintext bytes");
@@ -489,7 +533,12 @@ struct hs {
 	struct fx_tls_identity *peer;
 	const char *why; /* set by the callbacks */
 	int refused;     /* lookup refused the identity */
-	uint8_t hash;    /* the suite's hash */
+	/* server: told before each wait for a record from the client, and
+	 * whether its binder has verified by then (OpenSSL derives the
+	 * handshake keys only after that) */
+	void (*waiting)(void *arg, int proven);
+	int hs_keys;
+	uint8_t hash; /* the suite's hash */
 	uint8_t c_secret[FX_TLS_PSK_MAX], s_secret[FX_TLS_PSK_MAX];
 	int have_c, have_s;
 };
@@ -515,6 +564,8 @@ static void keylog_cb(const SSL *ssl, const char *line)
 
 	if (!h)
 		return;
+	if (!strncmp(line, "SERVER_HANDSHAKE_TRAFFIC_SECRET ", 32))
+		h->hs_keys = 1;
 	if (!strncmp(line, cl, sizeof(cl) - 1)) {
 		dst = h->c_secret;
 		have = &h->have_c;
@@ -799,6 +850,8 @@ static int handshake(struct hs *h, int fd, int64_t deadline, int cancel_fd, stru
 			rc = frc;
 			goto out;
 		}
+		if (h->server && h->waiting)
+			h->waiting(h->arg, h->hs_keys && h->hash);
 		rc = feed_record(r, fd, deadline, cancel_fd, why);
 		if (rc)
 			goto out;
@@ -854,8 +907,9 @@ int fx_tls_client(int fd, const struct fx_tls_psk *psk, int64_t deadline, int ca
 	return handshake(&h, fd, deadline, cancel_fd, out, why);
 }
 
-int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, int cancel_fd,
-		  struct fx_tls **out, struct fx_tls_identity *peer, const char **why)
+int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void (*waiting)(void *arg, int proven),
+		  void *arg, int64_t deadline, int cancel_fd, struct fx_tls **out,
+		  struct fx_tls_identity *peer, const char **why)
 {
 	struct hs h = {0};
 
@@ -863,6 +917,7 @@ int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, 
 		return -EINVAL;
 	h.server = 1;
 	h.lookup = lookup;
+	h.waiting = waiting;
 	h.arg = arg;
 	h.peer = peer;
 	return handshake(&h, fd, deadline, cancel_fd, out, why);

@@ -80,9 +80,13 @@ typedef int (*fx_tls_lookup_fn)(void *arg, const struct fx_tls_identity *id, str
 int fx_tls_client(int fd, const struct fx_tls_psk *psk, int64_t deadline, int cancel_fd,
 		  struct fx_tls **out, const char **why);
 /* The same as the server, finding the PSK with lookup; *peer (may be NULL)
- * gets the identity the client offered, when it parsed. */
-int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void *arg, int64_t deadline, int cancel_fd,
-		  struct fx_tls **out, struct fx_tls_identity *peer, const char **why);
+ * gets the identity the client offered, when it parsed.  waiting (may be
+ * NULL) is called on this thread before each read of a record from the
+ * client, with whether the client has by then shown that it holds the PSK
+ * lookup gave (its binder verified; our ServerHello is out). */
+int fx_tls_server(int fd, fx_tls_lookup_fn lookup, void (*waiting)(void *arg, int proven),
+		  void *arg, int64_t deadline, int cancel_fd, struct fx_tls **out,
+		  struct fx_tls_identity *peer, const char **why);
 /* Send close_notify (best effort, never blocks past the deadline) is the
  * caller's choice; free wipes the keys. */
 void fx_tls_free(struct fx_tls *t);
@@ -133,6 +137,23 @@ int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain);
  * of it before the return. */
 int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
 		      uint8_t **rest);
+/*
+ * The same for a record whose start says where the rest goes (a PDU header
+ * and its payload in one record): the first h plaintext bytes are
+ * decrypted in place at rec + FX_TLS_HEADER, then where(arg, head, h,
+ * left, &dst, &k) picks dst and k (k <= left, the ciphertext bytes after
+ * them; return non-zero or leave dst NULL for none), the next k bytes are
+ * decrypted into dst and the rest in place after them.  head is not
+ * authenticated when where sees it: it may choose a destination, nothing
+ * else.  Returns n as fx_tls_open, with *dst and *k what where chose:
+ * plaintext [0, min(h, n)) at rec + FX_TLS_HEADER, [h, h + k) in *dst
+ * (as fx_tls_open_split's dst: written before the tag is checked, and may
+ * hold the inner type and padding past n), [h + k, n) after it in rec.
+ */
+typedef int (*fx_tls_dest_fn)(void *arg, const uint8_t *head, size_t h, size_t left, uint8_t **dst,
+			      size_t *k);
+int fx_tls_open_head(struct fx_tls *t, uint8_t *rec, size_t len, size_t h, fx_tls_dest_fn where,
+		     void *arg, uint8_t **dst, size_t *k);
 int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
 		   size_t len);
 /* Install a direction's traffic secret (tests: both ends from one). */

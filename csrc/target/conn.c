@@ -505,13 +505,12 @@ static unsigned head_finish(uint8_t *b)
 	return n < 0 ? 0 : (unsigned)n; /* (cannot fail: HDR_BUF holds any) */
 }
 
-static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1)
+/* Build a CapsuleResp into b (HDR_BUF bytes); returns its size. */
+static unsigned resp_head(struct tgt_conn *c, uint8_t *b, uint16_t cid, uint16_t sf, uint32_t dw0,
+			  uint32_t dw1)
 {
-	uint8_t b[HDR_BUF];
 	struct nvme_tcp_hdr *h = (struct nvme_tcp_hdr *)b;
 	struct nvme_cqe cqe;
-	struct iovec iov;
-	int ret;
 
 	fx_tcp_hdr_init(h, NVME_TCP_RSP, 0, c->hdgst, c->ddgst, c->hpda);
 	memset(&cqe, 0, sizeof(cqe));
@@ -522,11 +521,20 @@ static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0
 	cqe.cid = cid;
 	cqe.status = (uint16_t)(sf << 1); /* phase tag 0: fabrics have no CQ memory */
 	memcpy(b + sizeof(*h), &cqe, sizeof(cqe));
-	iov.iov_base = b;
-	iov.iov_len = head_finish(b);
 	if (c->t->verbose && sf)
 		tgt_log(c->t, "%s qid %u: cid %u status sct %u sc 0x%02x%s", c->peer, c->qid, cid,
 			NVME_SCT(sf), NVME_SC(sf), (sf & NVME_DNR) ? " dnr" : "");
+	return head_finish(b);
+}
+
+static int send_resp(struct tgt_conn *c, uint16_t cid, uint16_t sf, uint32_t dw0, uint32_t dw1)
+{
+	uint8_t b[HDR_BUF];
+	struct iovec iov;
+	int ret;
+
+	iov.iov_base = b;
+	iov.iov_len = resp_head(c, b, cid, sf, dw0, dw1);
 	tgt_send_lock(c);
 	ret = send_iov(c, &iov, 1, 0);
 	if (!ret)
@@ -589,11 +597,76 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 /* A Read's data from buf, then its response with status sf: one PDU
  * without a data digest, FX_TGT_CHUNK pieces with one; the whole response
  * under the send lock. */
+/*
+ * On a secure channel without a data digest, a read's answer goes out as
+ * one send of its C2HData header, data (from data, or read from the
+ * namespace chunk by chunk: FX_TGT_CHUNK per send) and CapsuleResp: a
+ * small read is one TLS record and one sendmsg instead of three of each
+ * (sealing a record and sending it cost more than 4 KiB of AES-GCM), a
+ * large one shares its first and last records with them.  With data NULL
+ * the data is read from ns at off into chunk; a short read is zero-filled
+ * and answered Unrecovered Read Error, as send_read does.
+ */
+static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off);
+
+/* Whether a read's answer goes out in one send (below): on a secure
+ * channel without a data digest, and not while --fault-drop-after counts
+ * PDUs (its drop must fall between a read's data and its response). */
+static int packs_reads(const struct tgt_conn *c)
+{
+	return c->tls && !c->ddgst && !c->t->fault_drop_after;
+}
+
+static int send_read_tls(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, const uint8_t *data,
+			 struct tgt_ns *ns, uint64_t off, uint32_t len, uint16_t sf)
+{
+	uint8_t hb[HDR_BUF], rb[HDR_BUF];
+	struct iovec iov[3]; /* header (first send only), data, response (last send only) */
+	uint32_t sent = 0;
+	int ret;
+
+	iov[0].iov_base = hb;
+	iov[0].iov_len = c2h_head(c, hb, cid, 0, len, 1);
+	c2h_count(c, NULL);
+	do {
+		uint32_t n = data ? len : len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
+		int last = sent + n == len;
+
+		if (!data) {
+			ssize_t got = pread_full(ns->fd, chunk, n, off + sent);
+
+			if (got < (ssize_t)n) {
+				memset(chunk + (got > 0 ? got : 0), 0,
+				       n - (uint32_t)(got > 0 ? got : 0));
+				sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
+			}
+		}
+		iov[1].iov_base = (void *)(data ? data : chunk);
+		iov[1].iov_len = n;
+		if (last) {
+			iov[2].iov_base = rb;
+			iov[2].iov_len = resp_head(c, rb, cid, sf, 0, 0);
+		}
+		ret = send_iov(c, sent ? iov + 1 : iov, (sent ? 1 : 2) + last, 0);
+		if (ret)
+			return ret;
+		if (!sent && (ret = pdu_sent(c)) != 0) /* (the C2HData, counted once it is out) */
+			return ret;
+		sent += n;
+	} while (sent < len);
+	return pdu_sent(c);
+}
+
 int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t len, uint16_t sf)
 {
 	int ret = 0;
 
 	tgt_send_lock(c);
+	if (packs_reads(c) && len) {
+		ret = send_read_tls(c, NULL, cid, buf, NULL, 0, len, sf);
+		tgt_send_unlock(c);
+		return ret;
+	}
 	if (!c->ddgst)
 		ret = send_c2h(c, cid, 0, buf, len, 1);
 	else
@@ -842,6 +915,11 @@ int tgt_send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_n
 	int ret;
 
 	tgt_send_lock(c);
+	if (packs_reads(c) && len) {
+		ret = send_read_tls(c, chunk, cid, NULL, ns, off, len, 0);
+		tgt_send_unlock(c);
+		return ret;
+	}
 	ret = send_read(c, chunk, cid, ns, off, len);
 	if (ret >= 0)
 		ret = send_resp(c, cid, (uint16_t)ret, 0, 0);
@@ -1150,6 +1228,8 @@ static int io_cmd(struct tgt_conn *c, const struct nvme_sqe *sqe, const uint8_t 
 			return send_resp(c, sqe->cid, sf, 0, 0);
 		if (c->ioq)
 			return tgt_ioq_read(c, sqe->cid, ns, off, len);
+		if (packs_reads(c))
+			return send_read_tls(c, c->chunk, sqe->cid, NULL, ns, off, len, 0);
 		ret = send_read(c, c->chunk, sqe->cid, ns, off, len);
 		if (ret < 0)
 			return ret;

@@ -56,6 +56,23 @@
 /* Connections closed at the limit (or by their deadline) whose threads have
  * not ended yet: at most this many on top of the limit. */
 #define FX_TGT_EVICT_SLACK 64u
+/* TLS handshakes (tls.c), which run on the connection's thread before
+ * ICReq.  What a host that fails or stalls them can cost us is bounded in
+ * how many are in progress at once (not in rate).  A handshake is counted
+ * while it waits on the network for a host that has not shown it holds a
+ * key (its PSK binder verified): at most FX_TGT_TLS_HS_PER_ADDR from one
+ * peer address (peer_key) and FX_TGT_TLS_HS_MAX in the target; a new one
+ * past either shuts the oldest counted one of its address, or of the
+ * address with the most.  One with a whole record to read only computes,
+ * and one whose binder verified is not counted and never pushed out, so
+ * connections that never prove a key cannot push out a host that has one.
+ * Each must end within FX_TGT_TLS_HS_MS (or the handshake timeout, when
+ * shorter).  No backoff after wrong keys: anyone behind the same address
+ * could claim a host's (public) NQN and lock it out, and a wrong key costs
+ * one key derivation and one HMAC, bounded by the above. */
+#define FX_TGT_TLS_HS_PER_ADDR 8u
+#define FX_TGT_TLS_HS_MAX 64u
+#define FX_TGT_TLS_HS_MS 3000u
 /* DH-HMAC-CHAP transactions a queue may start without one succeeding: each
  * costs a DH key pair and a key agreement (ffdhe8192: a few ms of CPU each,
  * a short private exponent; the peer's value is range checked only), so a
@@ -381,6 +398,10 @@ struct tgt_conn {
 	struct fx_tls *tls; /* the secure channel's records (NULL: clear text) */
 	/* whom its PSK identity named: Connect must name the same */
 	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
+	/* In its TLS handshake, unproven, since (0: not, or its key proven),
+	 * and whether a newer one pushed it out (tls.c; both under t->lock) */
+	uint64_t tls_hs_ms;
+	int tls_hs_evicted;
 	char peer_key[64];         /* the peer's address as per-peer bounds count it (target.c) */
 	struct tgt_iopeer *iopeer; /* its account in the I/O buffer budget */
 	char local_addr[64];       /* address the host reached us at (discovery traddr) */

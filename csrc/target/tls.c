@@ -3,9 +3,11 @@
  * the hosts' keys, and the start of a connection (see tgt.h).  The
  * handshake and the records are nvme_tcp/tls.c's, shared with the host.
  *
- * Known limit: the handshake's work (one ECDHE key agreement and a few
- * HKDFs, well under a millisecond) is bounded only by the connection limit
- * and the handshake deadline, not per peer address as DH-HMAC-CHAP's is.
+ * What a host that fails or stalls handshakes costs us (a thread and a
+ * socket while it waits, a ClientHello parse, a key derivation and a
+ * binder check, or one ECDHE agreement for a host with the key) is
+ * bounded in how many are in progress at once, per peer address and
+ * target-wide, and in time: tgt.h, FX_TGT_TLS_HS_*.
  */
 #include "target/tgt.h"
 
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include "nvme_tcp/sock.h"
@@ -64,6 +67,139 @@ void tgt_tls_config_free(struct fx_target *t)
 	t->n_tls_hosts = 0;
 }
 
+/* ------------------------------------------------------------ bounds */
+
+/* A connection in its TLS handshake is counted while it waits on the
+ * network for a host that has not shown it holds a key we have (its PSK
+ * binder verified): from its first byte until a whole record is here to
+ * read (a ClientHello sent in one piece is never counted), and again if it
+ * then waits for more.  Only such handshakes, a stranger's, a wrong key's,
+ * a stalled one, are bounded and pushed out; one with its record in hand
+ * only computes, and a proven one runs to its end (or its time limit).
+ * Under t->lock. */
+static void hs_shut_locked(struct tgt_conn *o)
+{
+	o->tls_hs_ms = 0;
+	o->tls_hs_evicted = 1;
+	tgt_conn_shut(o);
+}
+
+/* how many of hs[0..n) are from addr */
+static unsigned hs_count(struct tgt_conn *const *hs, unsigned n, const char *addr)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		k += strcmp(hs[i]->peer_key, addr) == 0;
+	return k;
+}
+
+/* c waits for an unproven host: past its address's limit the oldest
+ * counted one of that address gives way; past the target's, the oldest of the
+ * address with the most in progress (so that a flood from some addresses
+ * pushes out its own, not others').  The one pushed out has its socket
+ * shut: its thread ends its handshake at once and says nothing (this one
+ * says why).  One walk of the connections, then at most FX_TGT_TLS_HS_MAX
+ * entries. */
+static void hs_enter(struct tgt_conn *c)
+{
+	struct fx_target *t = c->t;
+	struct tgt_conn *hs[FX_TGT_TLS_HS_MAX];
+	unsigned n = 0, shut_addr = 0, shut_all = 0;
+	char other[64] = "";
+
+	pthread_mutex_lock(&t->lock);
+	if (c->tls_hs_ms || c->tls_hs_evicted) { /* (counted already, or shut) */
+		pthread_mutex_unlock(&t->lock);
+		return;
+	}
+	/* (never more than FX_TGT_TLS_HS_MAX unproven: each entry made room) */
+	for (struct tgt_conn *o = t->conns; o && n < FX_TGT_TLS_HS_MAX; o = o->next)
+		if (o->tls_hs_ms && o != c)
+			hs[n++] = o;
+	while (hs_count(hs, n, c->peer_key) >= FX_TGT_TLS_HS_PER_ADDR) {
+		unsigned old = n;
+
+		for (unsigned i = 0; i < n; i++)
+			if (strcmp(hs[i]->peer_key, c->peer_key) == 0 &&
+			    (old == n || hs[i]->tls_hs_ms < hs[old]->tls_hs_ms))
+				old = i;
+		hs_shut_locked(hs[old]);
+		hs[old] = hs[--n];
+		shut_addr++;
+	}
+	while (n && n >= FX_TGT_TLS_HS_MAX) {
+		unsigned old = 0, most = 0;
+
+		for (unsigned i = 0; i < n; i++) {
+			unsigned k = hs_count(hs, n, hs[i]->peer_key);
+
+			if (k > most || (k == most && hs[i]->tls_hs_ms < hs[old]->tls_hs_ms)) {
+				most = k;
+				old = i;
+			}
+		}
+		snprintf(other, sizeof(other), "%s", hs[old]->peer_key);
+		hs_shut_locked(hs[old]);
+		hs[old] = hs[--n];
+		shut_all++;
+	}
+	c->tls_hs_ms = tgt_now_ms() | 1; /* (never 0: in progress) */
+	pthread_mutex_unlock(&t->lock);
+	if (shut_addr)
+		tgt_log_must(t, c->peer_key, "TLS handshake pushed out (per-address limit)",
+			     "%s: %u unproven TLS handshakes in progress from %s (limit %u): "
+			     "closed the oldest",
+			     c->peer, FX_TGT_TLS_HS_PER_ADDR, c->peer_key, FX_TGT_TLS_HS_PER_ADDR);
+	if (shut_all)
+		tgt_log_must(t, other, "TLS handshake pushed out (target-wide limit)",
+			     "%u unproven TLS handshakes in progress in the target (limit %u): "
+			     "closed the oldest of the address with the most, %s",
+			     FX_TGT_TLS_HS_MAX, FX_TGT_TLS_HS_MAX, other);
+}
+
+/* whether a whole TLS record is in fd's receive queue (reading it will
+ * not wait) */
+static int record_here(int fd)
+{
+	uint8_t h[5];
+	int avail = 0;
+
+	if (recv(fd, h, sizeof(h), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(h) ||
+	    ioctl(fd, FIONREAD, &avail) != 0)
+		return 0;
+	return (size_t)avail >= sizeof(h) + ((size_t)h[3] << 8 | h[4]);
+}
+
+/* fx_tls_server is about to read a record: counted (and bounded) while it
+ * would wait for an unproven host, not counted otherwise. */
+static void hs_waiting(void *arg, int proven)
+{
+	struct tgt_conn *c = arg;
+
+	if (!proven && !record_here(c->fd)) {
+		hs_enter(c);
+		return;
+	}
+	pthread_mutex_lock(&c->t->lock);
+	c->tls_hs_ms = 0;
+	pthread_mutex_unlock(&c->t->lock);
+}
+
+/* c's handshake ended: whether a newer one pushed it out (it said why). */
+static int hs_leave(struct tgt_conn *c)
+{
+	int evicted;
+
+	pthread_mutex_lock(&c->t->lock);
+	c->tls_hs_ms = 0;
+	evicted = c->tls_hs_evicted;
+	pthread_mutex_unlock(&c->t->lock);
+	return evicted;
+}
+
+/* ------------------------------------------------------------ handshake */
+
 /* The PSK of the identity a host offers: its host NQN has a key here, and
  * its subsystem is ours or the discovery subsystem. */
 static int lookup(void *arg, const struct fx_tls_identity *id, struct fx_tls_psk *psk,
@@ -94,6 +230,7 @@ int tgt_tls_accept(struct tgt_conn *c)
 	const char *why = NULL;
 	uint8_t first;
 	char hp[NVMF_NQN_SIZE];
+	uint32_t limit;
 	int r;
 
 	if (t->tls == FX_TARGET_TLS_OFF)
@@ -118,11 +255,26 @@ int tgt_tls_accept(struct tgt_conn *c)
 		return -ECONNABORTED;
 	}
 	memset(&peer, 0, sizeof(peer));
-	r = fx_tls_server(c->fd, lookup, c, deadline, -1, &c->tls, &peer, &why);
+	/* from the first byte, the handshake has its own, shorter limit: a
+	 * PSK handshake is one round trip */
+	limit = t->handshake_ms < FX_TGT_TLS_HS_MS ? t->handshake_ms : FX_TGT_TLS_HS_MS;
+	if (fx_tcp_now_ms() + (int64_t)limit < deadline)
+		deadline = fx_tcp_now_ms() + (int64_t)limit;
+	r = fx_tls_server(c->fd, lookup, hs_waiting, c, deadline, -1, &c->tls, &peer, &why);
+	if (hs_leave(c)) {
+		fx_tls_free(c->tls); /* (pushed out after it ended: it ends anyway) */
+		c->tls = NULL;
+		return -ECONNABORTED;
+	}
 	if (r) {
-		tgt_log(t, "%s: TLS handshake with host %s failed: %s", c->peer,
-			peer.hostnqn ? tgt_printable(hp, sizeof(hp), peer.hostnqn) : "(unknown)",
-			why ? why : strerror(-r));
+		tgt_printable(hp, sizeof(hp), peer.hostnqn ? peer.hostnqn : "(unknown)");
+		/* counted past the log's rate by address alone: a host NQN is
+		 * the peer's to choose, and would let one address take every
+		 * count */
+		tgt_log_must(t, c->peer_key, "failed TLS handshake",
+			     "%s: TLS handshake with host %s failed: %s%s", c->peer, hp,
+			     why ? why : strerror(-r),
+			     r == -ETIMEDOUT ? " (the TLS handshake's time limit)" : "");
 		return -ECONNABORTED;
 	}
 	snprintf(c->tls_hostnqn, sizeof(c->tls_hostnqn), "%s", peer.hostnqn);

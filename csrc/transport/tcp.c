@@ -867,13 +867,76 @@ static int rx_feed(struct conn *c, const uint8_t *buf, size_t n)
 	return 0;
 }
 
+/* A record that starts with a PDU header (fx_tls_open_head): where the
+ * payload after it goes, when the header is a C2HData's.  The header is not
+ * authenticated yet, so it only picks a range that on_header would give
+ * that PDU: inside an in-flight read's buffer, at the offset the transfer
+ * rules expect next (nvme_tcp/xfer.c's check, run on a copy of the
+ * command's transfer state: a refusal there notes why in the state, and
+ * bytes no tag has vouched for must not touch the command); on_header
+ * checks the same bytes again once the tag has, and tls_rx_head holds the
+ * two to agree.  A record that fails its tag fails the connection, and with
+ * it every read in flight on it, before anything completes; the range the
+ * header picked (in this read's buffer, or, with a forged header, another
+ * read's in flight) may have been zeroed by then (fx_tls_open_head wipes
+ * what it decrypted into it). */
+static int tls_peek_dest(void *arg, const uint8_t *head, size_t h, size_t left, uint8_t **dst,
+			 size_t *k)
+{
+	struct conn *c = arg;
+	struct nvme_tcp_data_pdu p;
+	unsigned hl = RX_HLEN + (c->nc.hdgst ? NVME_TCP_DIGEST_LEN : 0);
+	struct fx_tcp_xfer x;
+	struct cmd *m;
+
+	if (h != hl)
+		return -1;
+	memcpy(&p, head, sizeof(p)); /* (the stage is not aligned for it) */
+	if (p.hdr.type != NVME_TCP_C2H_DATA || p.hdr.hlen != RX_HLEN || p.hdr.pdo != hl ||
+	    fx_tcp_pdu_check(&p.hdr, 1, c->nc.hdgst, c->nc.ddgst, UINT32_MAX) != (int)hl)
+		return -1;
+	m = find_cmd(c, p.cccid);
+	if (!m || m->rsp_seen || !m->data)
+		return -1;
+	x = m->x;
+	if (fx_tcp_xfer_c2h(&x, &p, c->nc.ddgst) < 0)
+		return -1;
+	*dst = (uint8_t *)m->data + p.datao;
+	*k = p.datal < left ? p.datal : left;
+	return 0;
+}
+
+/* The record opened by fx_tls_open_head, n plaintext bytes: its header
+ * (now authenticated) through the state machine, which must have made the
+ * PDU's payload land where the k bytes at dst went; then the rest. */
+static int tls_rx_head(struct conn *c, const uint8_t *plain, size_t n, size_t h, uint8_t *dst,
+		       size_t k)
+{
+	int ret = rx_feed(c, plain, n < h ? n : h);
+
+	if (ret < 0 || n <= h)
+		return ret;
+	if (c->rx != RX_DATA || c->rx_have != 0 || c->rx_need < k ||
+	    (uint8_t *)c->rx_cmd->data + c->rx_datao != dst)
+		return -EPROTO; /* (cannot happen: the same bytes, the same rules) */
+	size_t direct = n - h < k ? n - h : k;
+
+	c->q->base.stats.bytes_direct += direct;
+	c->rx_have += (unsigned)direct;
+	if (c->rx_have == c->rx_need && (ret = rx_advance(c)) < 0)
+		return ret;
+	return n > h + k ? rx_feed(c, plain + h + k, n - h - k) : 0;
+}
+
 /* A secure channel's receive: n more ciphertext bytes in the stage after
  * tls_have.  Every whole record is opened (its tag checked before any of
  * its plaintext is acted on) and its PDU bytes fed to the state machine: a
  * record that starts inside a C2HData payload decrypts that part straight
- * into the caller's buffer, the rest in place in the stage (headers, and
- * payload that follows a header in the same record, copied out); a partial
- * record moves to the stage's start for the next recv to complete.  A
+ * into the caller's buffer, and so does one that starts with a C2HData's
+ * header for the payload after it (tls_peek_dest); the rest in place in
+ * the stage (headers, responses, payload after a header in the middle of
+ * a record: copied out); a partial record moves to the stage's start for
+ * the next recv to complete.  A
  * record's length is checked from its header before anything waits for
  * the rest of it. */
 static int tls_rx(struct conn *c, size_t n)
@@ -898,13 +961,29 @@ static int tls_rx(struct conn *c, size_t n)
 		 * the caller's buffer, inside what this PDU still owes it; the
 		 * command completes only after the tag is checked */
 		size_t k = c->rx == RX_DATA ? c->rx_need - c->rx_have : 0;
-		int pl = fx_tls_open_split(t, c->stage + pos, rlen, k ? rx_dst(c) : NULL, k,
-					   &plain);
+		/* A record that starts with a PDU header: a C2HData's payload
+		 * after it in the same record goes straight into the buffer too */
+		int head = !k && c->rx == RX_HDR && c->rx_have == 0;
+		size_t hlen = c->rx_need; /* (the header's, with its digest) */
+		uint8_t *hdst = NULL;
+		size_t hk = 0;
+		int pl = head ? fx_tls_open_head(t, c->stage + pos, rlen, hlen, tls_peek_dest, c,
+						 &hdst, &hk)
+			      : fx_tls_open_split(t, c->stage + pos, rlen, k ? rx_dst(c) : NULL, k,
+						  &plain);
 		if (pl < 0) {
 			ret = pl;
 			break;
 		}
+		if (head)
+			plain = c->stage + pos + FX_TLS_HEADER;
 		pos += rlen;
+		if (hk) {
+			ret = tls_rx_head(c, plain, (size_t)pl, hlen, hdst, hk);
+			if (ret < 0)
+				return ret;
+			continue;
+		}
 		size_t direct = k < (size_t)pl ? k : (size_t)pl;
 		if (direct) {
 			c->q->base.stats.bytes_direct += direct;

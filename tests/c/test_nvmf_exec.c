@@ -77,8 +77,8 @@ static int peer_tls_accept(struct peer *p, const char *key)
 {
 	const char *why = NULL;
 
-	return fx_tls_server(p->fd, tls_lookup, (void *)key, fx_tcp_now_ms() + 5000, -1, &p->tls,
-			     NULL, &why);
+	return fx_tls_server(p->fd, tls_lookup, NULL, (void *)key, fx_tcp_now_ms() + 5000, -1,
+			     &p->tls, NULL, &why);
 }
 
 typedef void (*script_fn)(struct peer *p);

@@ -60,7 +60,7 @@ static void *server(void *arg)
 	struct srv *s = arg;
 	int64_t dl = fx_tcp_now_ms() + (s->deadline_ms ? s->deadline_ms : 5000);
 
-	s->rc = fx_tls_server(s->fd, lookup, s, dl, -1, &s->t, &s->peer, &s->why);
+	s->rc = fx_tls_server(s->fd, lookup, NULL, s, dl, -1, &s->t, &s->peer, &s->why);
 	if (s->rc == 0 && s->echo) {
 		uint8_t *buf = malloc(s->echo);
 

@@ -30,8 +30,10 @@
  * each whole record's length checked from its header (fx_tls_record_len)
  * and the record opened there (fx_tls_open_split: its first k plaintext
  * bytes into another buffer, k varying with the position, the rest in
- * place), a partial one moved to the stage's start.  The same invariants
- * hold, and the split never writes past the record's ciphertext size.
+ * place; or fx_tls_open_head: the first h in place, the next k, chosen
+ * after them, into another buffer, the rest in place), a partial one moved
+ * to the stage's start.  The same invariants hold, and neither writes past
+ * the record's ciphertext size or the k bytes it was given.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +61,23 @@ static uint8_t stage[2 * (FX_TLS_HEADER + FX_TLS_MAX_CIPHERTEXT)];
 /* where the split open puts a record's first k plaintext bytes, with a
  * guard after what it may write */
 static uint8_t direct[FX_TLS_MAX_CIPHERTEXT + 64];
+
+/* fx_tls_open_head's choice: direct, head_k bytes of what is left (none
+ * when head_k is a multiple of 5: a header that is not a C2HData's). */
+static size_t head_k;
+
+static int pick_dest(void *arg, const uint8_t *head, size_t h, size_t left, uint8_t **dst,
+		     size_t *k)
+{
+	(void)arg;
+	(void)head;
+	(void)h;
+	if (head_k % 5 == 0)
+		return -1;
+	*dst = direct;
+	*k = head_k % (left + 1);
+	return 0;
+}
 
 /* The data path's receive over stream[0..slen) in chunks of rsize: 0 with
  * *glen the plaintext in got once the stream is used up (whole records
@@ -92,14 +111,45 @@ static int stage_pass(struct fx_tls *rx, size_t slen, size_t rsize, size_t *glen
 			if (have - pos < rlen)
 				break;
 			/* the first k bytes elsewhere, as when a record starts
-			 * inside a payload (k from the position: 0 too) */
+			 * inside a payload (k from the position: 0 too); or, on
+			 * every other record, the first h in place and k after
+			 * them elsewhere, as when it starts with a PDU header */
 			size_t k = (at * 131 + pos * 7) % (FX_TLS_MAX_CIPHERTEXT + 1);
+			size_t h = (at * 17 + pos) % 64;
+			int head = ((at + pos) >> 3) & 1;
+			uint8_t *hdst = NULL;
 
 			memset(direct, 0xa5, sizeof(direct));
-			int pl = fx_tls_open_split(rx, stage + pos, rlen, k ? direct : NULL, k,
-						   &plain);
+			head_k = k;
+			int pl = head ? fx_tls_open_head(rx, stage + pos, rlen, h, pick_dest, NULL,
+							 &hdst, &k)
+				      : fx_tls_open_split(rx, stage + pos, rlen, k ? direct : NULL,
+							  k, &plain);
 			if (pl < 0)
 				return pl;
+			if (head) {
+				if (k && hdst != direct)
+					FAIL("open_head used another destination");
+				if (k > (size_t)blen - FX_TLS_TAG -
+						(h < (size_t)blen - FX_TLS_TAG ? h : 0))
+					FAIL("open_head took more than the record holds");
+				if (pl > FX_TLS_MAX_PLAINTEXT)
+					FAIL("open handed out %d bytes", pl);
+				if (*glen + (size_t)pl > STREAM_MAX)
+					FAIL("more plaintext than was sent");
+				for (size_t g = k; g < sizeof(direct); g++)
+					if (direct[g] != 0xa5)
+						FAIL("open_head wrote past k");
+				/* [0, h) in place, [h, h + k) in direct, the rest after */
+				uint8_t *in = stage + pos + FX_TLS_HEADER;
+				for (size_t i = 0; i < (size_t)pl; i++)
+					got[*glen + i] = i < h       ? in[i]
+							 : i < h + k ? direct[i - h]
+								     : in[i];
+				*glen += (size_t)pl;
+				pos += rlen;
+				continue;
+			}
 			size_t d = k < (size_t)pl ? k : (size_t)pl;
 
 			for (size_t g = (size_t)blen; g < sizeof(direct); g++)
