@@ -29,6 +29,7 @@ struct fx_tcp_xfer {
 	uint8_t incapsule;  /* the write data went in the capsule */
 	uint8_t r2t_open;   /* an R2T's data is not all sent yet (we advertise MAXR2T 0) */
 	uint8_t last;       /* read: a C2HData with LAST_PDU arrived */
+	uint8_t short_ok;   /* read: success may come before len bytes (fx_tcp_xfer_cmd) */
 	/* set when a check fails */
 	uint16_t fes;
 	uint32_t fei;
@@ -36,6 +37,15 @@ struct fx_tcp_xfer {
 };
 
 void fx_tcp_xfer_init(struct fx_tcp_xfer *x, uint32_t len, int write, int incapsule);
+/*
+ * After fx_tcp_xfer_init: what the command itself allows.  An Authentication
+ * Receive's length is only an allocation length, and controllers differ:
+ * Linux's sends all of it, SPDK's only its message (then success, as the
+ * Linux and SPDK hosts accept); the message carries its own length and the
+ * caller zeroes the buffer first, so a read that ends early is allowed there
+ * and nowhere else (a short read of data would leave stale bytes trusted).
+ */
+void fx_tcp_xfer_cmd(struct fx_tcp_xfer *x, const struct nvme_sqe *sqe);
 
 /*
  * An R2T for this command: valid only for a write whose data did not go in

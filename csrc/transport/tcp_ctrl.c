@@ -319,6 +319,7 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 	union rx_hdr h;
 
 	fx_tcp_xfer_init(&x, len, write, incap != 0);
+	fx_tcp_xfer_cmd(&x, sqe);
 	for (;;) {
 		int n = recv_hdr(c, &h, max_plen, deadline);
 
