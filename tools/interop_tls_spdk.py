@@ -15,8 +15,10 @@ CI does not build it, so this is a command of its own (docs/testing.md).  Root
      `NVMe0R0x <hostnqn> <subnqn>` (it has no NVMe1R form), as our initiator
      does by default.  Our initiator (`tls_key=@FILE`) writes and reads each,
      32 x 4 KiB and 32 x 1 MiB submitted together (QD32), and checks the bytes,
-     again after a second open (new handshakes); a wrong key and a clear-text
-     connect must fail with a clear error.
+     again after a second open (new handshakes); a fourth listener (4425) asks
+     for TLS and bidirectional DH-HMAC-CHAP on the same connections; SPDK's
+     discovery log must name each listener's secure channel; a wrong key, a
+     missing DH-HMAC-CHAP secret and a clear-text connect must fail clearly.
   2. Our target (`fx100io target --tls required --tls-key HOST=@FILE`) under
      spdk_nvme_perf with `-S ssl --psk-path FILE`: sequential 4 KiB writes over
      the whole namespace (perf fills each buffer with one byte, 1..8; every
@@ -65,6 +67,10 @@ MiB = 1 << 20
 SUITES = [("sha256", 1, 32, 4422, "TLS_AES_128_GCM_SHA256"),
           ("sha384", 2, 48, 4423, "TLS_AES_256_GCM_SHA384"),
           ("nohash", 0, 32, 4424, "TLS_AES_128_GCM_SHA256")]
+# DH-HMAC-CHAP secrets for the subsystem that asks for both (fixed test secrets, as in tests/)
+DH_HOST = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
+DH_CTRL = "DHHC-1:00:Vse+lQXC74j55LLeogykqUyoq6cyGRWl2MHdprBpN13YAtvd:"
+AUTH_NQN, AUTH_PORT = "nqn.2016-06.io.spdk:tls-auth", 4425
 FAILED: list[str] = []
 
 
@@ -111,6 +117,23 @@ def spdk_tls_subsystems(keys: dict[str, str]) -> None:
         rpc("nvmf_subsystem_add_host", nqn, HOST, "--psk", f"k-{name}")
 
 
+def spdk_tls_auth_subsystem(d: str) -> None:
+    """TLS and bidirectional DH-HMAC-CHAP on one subsystem (4425, the SHA-256 PSK)."""
+    for name, secret in (("dh-host", DH_HOST), ("dh-ctrl", DH_CTRL)):
+        path = os.path.join(d, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret)
+        rpc("keyring_file_add_key", name, path)
+    rpc("bdev_malloc_create", "-b", "MallocTlsAuth", "16", "512")
+    rpc("nvmf_create_subsystem", AUTH_NQN, "-s", f"SPDK0000000000{AUTH_PORT}")
+    rpc("nvmf_subsystem_add_ns", AUTH_NQN, "MallocTlsAuth")
+    rpc("nvmf_subsystem_add_listener", AUTH_NQN, "-t", "tcp", "-a", "127.0.0.1", "-s",
+        str(AUTH_PORT), "-k")
+    rpc("nvmf_subsystem_add_host", AUTH_NQN, HOST, "--psk", "k-sha256", "--dhchap-key",
+        "dh-host", "--dhchap-ctrlr-key", "dh-ctrl")
+
+
 def spdk_uri(port: int, name: str, key: str, **q: object) -> str:
     query = {"hostnqn": HOST, "tls_key": key, "queues": 1, "connect_timeout_ms": 5000, **q}
     return (f"nvme+tcp://127.0.0.1:{port}/nqn.2016-06.io.spdk:tls-{name}?"
@@ -151,6 +174,32 @@ def initiator_against_spdk(keys: dict[str, str], bad_key: str) -> None:
                       f"{what}: {bs >> 10} KiB read again after a second open, bytes equal")
         except (errors.Fx100ioError, AssertionError) as e:
             check(False, f"{what}: {e}")
+    # TLS and DH-HMAC-CHAP (bidirectional) on the same connections
+    auth = (f"nvme+tcp://127.0.0.1:{AUTH_PORT}/{AUTH_NQN}?hostnqn={HOST}&tls_key=@{keys['sha256']}"
+            "&connect_timeout_ms=5000")
+    try:
+        src, out, _ = sets[MiB]
+        with fx100io.open_device(f"{auth}&dhchap_secret={DH_HOST}&dhchap_ctrl_secret={DH_CTRL}",
+                                 queue_depth=32) as dev:
+            waves(dev, fx100io.OP_WRITE, src[:8], 0)
+            waves(dev, fx100io.OP_READ, out[:8], 0)
+        check(all(np.array_equal(a, b) for a, b in zip(src[:8], out[:8])),
+              "TLS + bidirectional DH-HMAC-CHAP: 8 x 1 MiB written and read, bytes equal")
+    except (errors.Fx100ioError, AssertionError) as e:
+        check(False, f"TLS + bidirectional DH-HMAC-CHAP: {e}")
+    try:
+        with fx100io.open_device(auth):
+            check(False, "TLS without the DH-HMAC-CHAP secret SPDK asks for: the open succeeded")
+    except errors.Fx100ioError as e:
+        check(isinstance(e, errors.DevicePermissionError),
+              f"TLS without the DH-HMAC-CHAP secret SPDK asks for: {type(e).__name__}: {e}")
+    # SPDK's discovery log names the secure channel of each listener
+    entries = {e["trsvcid"]: e for e in fx100io.discover(f"nvme+tcp://127.0.0.1:4420/?hostnqn={HOST}")}
+    want = [str(p) for *_x, p, _s in SUITES] + [str(AUTH_PORT)]
+    check(all(entries.get(p, {}).get("treq") == "required" and entries[p].get("sectype") == "tls1.3"
+              for p in want) and entries.get("4420", {}).get("sectype") == "none",
+          "SPDK's discovery log: treq required, sectype tls1.3 on ports "
+          + ", ".join(want) + "; sectype none on 4420")
     # a wrong key of the right kind: SPDK aborts the handshake, we say so and never go on in clear
     t0 = time.monotonic()
     try:
@@ -321,6 +370,7 @@ def main() -> int:
         subprocess.run(["bash", PEER, "start"], check=True, stdout=subprocess.DEVNULL)
         try:
             spdk_tls_subsystems(keys)
+            spdk_tls_auth_subsystem(d)
             if not a.skip_interop:
                 initiator_against_spdk(keys, bad)
                 perf_against_our_target(keys, bad, d)
