@@ -38,9 +38,9 @@ OPTION_NAMES = {**{o.kernel_flag: o.name for o in fabric_options.OPTIONS
                 **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
-# Why tls=1 is refused (docs/kernel-path.md, "TLS"): the kernel's NVMe/TCP TLS (Linux 6.7+,
-# the lab's 6.12 has it) does no handshake itself; it hands the socket to the tlshd daemon
-# (ktls-utils) and fails without it, and nvme-cli must pass --tls and the key's keyring.
+# Why tls=1 is refused (docs/kernel-path.md, "TLS"): the kernel's NVMe/TCP TLS (the lab's
+# 6.12 has it, host and target) does no handshake itself; it hands the socket to the tlshd
+# daemon (ktls-utils) and fails without it, and nvme-cli must pass --tls and the key's keyring.
 # Debian 12 packages neither: no ktls-utils in bookworm or bookworm-backports, and its
 # nvme-cli (2.4+really2.3, libnvme 1.3) has gen-tls-key but no `connect --tls` (libnvme
 # gained the keyring and tls_key options in 1.4).  tests/guest/test_kernel_tls.py
