@@ -23,7 +23,9 @@ CI does not build it, so this is a command of its own (docs/testing.md).  Root
      spdk_nvme_perf with `-S ssl --psk-path FILE`: sequential 4 KiB writes over
      the whole namespace (perf fills each buffer with one byte, 1..8; every
      block of our backing file must then be one such byte repeated), 1 MiB
-     reads; both suites; perf with a wrong key must fail and our target log why.
+     reads; both suites; perf with a wrong key must fail and our target log why;
+     TLS with bidirectional DH-HMAC-CHAP (perf --dhchap-key/--dhchap-ctrlr-key,
+     our --dhchap-key/--dhchap-ctrl-key), and without the secret refused.
   3. Speed, against SPDK's TLS target (4422, RAM namespace), our initiator
      (`fx100io bench`, core 1) vs spdk_nvme_perf with TLS (core 1), interleaved
      per round, medians: 1 MiB reads QD32 (goal >= 1.0x) and 4 KiB random reads
@@ -249,11 +251,11 @@ def total_iops(out: str) -> float:
     return float(total[-1].split(":", 1)[1].split()[0]) if total else 0.0
 
 
-def start_our_target(backing: str, key: str, log: str) -> tuple[subprocess.Popen, int]:
+def start_our_target(backing: str, key: str, log: str, *extra: str) -> tuple[subprocess.Popen, int]:
     with open(log, "w") as errf:  # the child keeps its own descriptor
         p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen", "127.0.0.1:0",
                               "--nqn", OUR_NQN, "--namespace", backing, "--tls", "required",
-                              "--tls-key", f"{HOST}=@{key}"],
+                              "--tls-key", f"{HOST}=@{key}", *extra],
                              stdout=subprocess.PIPE, stderr=errf, text=True, cwd=ROOT)
     line = p.stdout.readline() if p.stdout else ""
     if "nvme+tcp://" not in line:
@@ -311,6 +313,45 @@ def perf_against_our_target(keys: dict[str, str], bad_key: str, d: str) -> None:
                 tgt.kill()
                 tgt.wait()
             os.unlink(backing)
+
+
+def perf_with_auth_against_our_target(keys: dict[str, str], d: str) -> None:
+    """TLS and bidirectional DH-HMAC-CHAP, spdk_nvme_perf as the host, our target."""
+    secrets = {}
+    for name, secret in (("dh-host", DH_HOST), ("dh-ctrl", DH_CTRL)):
+        secrets[name] = os.path.join(d, f"perf-{name}")
+        fd = os.open(secrets[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret)
+    backing = os.path.join(d, "our-ns-auth.img")
+    with open(backing, "wb") as f:
+        f.truncate(16 * MiB)
+    log = os.path.join(d, "our-target-auth.log")
+    tgt, port = start_our_target(backing, keys["sha256"], log, "--dhchap-key",
+                                 f"{HOST}=@{secrets['dh-host']}", "--dhchap-ctrl-key",
+                                 f"{HOST}=@{secrets['dh-ctrl']}")
+    try:
+        rc, out = run_perf(perf_cmd(port, OUR_NQN, keys["sha256"], "-q", "32", "-o", "4096",
+                                    "-w", "randrw", "-M", "50", "-t", "2", "--dhchap-key",
+                                    secrets["dh-host"], "--dhchap-ctrlr-key", secrets["dh-ctrl"]), 60)
+        iops = total_iops(out)
+        check(rc == 0 and iops > 0, f"TLS + bidirectional DH-HMAC-CHAP: perf 4 KiB random "
+              f"reads and writes QD32, rc {rc}, {iops:.0f} IOPS"
+              + ("" if rc == 0 and iops > 0 else f"\n{out[-1500:]}"))
+        rc, out = run_perf(perf_cmd(port, OUR_NQN, keys["sha256"], "-q", "1", "-o", "4096",
+                                    "-w", "read", "-t", "1"), 60)
+        why = [ln.split("*ERROR*:")[-1].strip() for ln in out.splitlines() if "auth" in ln.lower()]
+        check(total_iops(out) == 0 and "No valid NVMe controllers" in out,
+              "TLS without the DH-HMAC-CHAP secret our target asks for: perf attaches nothing"
+              + (f" ({why[0]})" if why else ""))
+    finally:
+        tgt.terminate()
+        try:
+            tgt.wait(20)
+        except subprocess.TimeoutExpired:
+            tgt.kill()
+            tgt.wait()
+        os.unlink(backing)
 
 
 def bench(rounds: int, seconds: int, keys: dict[str, str], clear: bool) -> None:
@@ -382,6 +423,7 @@ def main() -> int:
             if not a.skip_interop:
                 initiator_against_spdk(keys, bad)
                 perf_against_our_target(keys, bad, d)
+                perf_with_auth_against_our_target(keys, d)
             if not a.skip_bench:
                 bench(a.rounds, a.seconds, keys, a.clear)
         finally:
