@@ -409,6 +409,9 @@ def main() -> int:
     if not (os.access(perf, os.X_OK) and os.access(os.path.join(SPDK, "build", "bin", "nvmf_tgt"), os.X_OK)):
         print(f"skipped: SPDK is not built in {SPDK} (SPDK_MIRROR=... {PEER} build)")
         return 0
+    if os.geteuid() != 0:
+        print("refused: needs root (SPDK's hugepages, set up by spdk-peer.sh start)")
+        return 2
     if os.path.exists("/var/tmp/spdk-tgt.pid"):
         print(f"refused: an SPDK target is already running (/var/tmp/spdk-tgt.pid); {PEER} stop")
         return 2
