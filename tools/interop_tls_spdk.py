@@ -6,7 +6,7 @@ CI does not build it, so this is a command of its own (docs/testing.md).  Root
 (hugepages).  Everything stays on 127.0.0.1.
 
   1. SPDK's nvmf_tgt (started by `spdk-peer.sh start`, reactor on core 0) gets
-     three secure-channel listeners (`nvmf_subsystem_add_listener -k`), one
+     three secure-channel listeners (and a fourth, below) (`nvmf_subsystem_add_listener -k`), one
      subsystem each, whose host has a PSK from SPDK's keyring:
        4422  NVMeTLSkey-1:01: (32 bytes, SHA-256)  TLS_AES_128_GCM_SHA256
        4423  NVMeTLSkey-1:02: (48 bytes, SHA-384)  TLS_AES_256_GCM_SHA384
