@@ -35,13 +35,21 @@ CI does not build it, so this is a command of its own (docs/testing.md).  Root
   python3 tools/interop_tls_spdk.py [--rounds 3] [--seconds 5] [--clear] [--skip-interop] [--skip-bench]
 
 Exits 1 if an interop check fails (the speed goals are printed, not enforced).
+On every exit (a failure, an error, Ctrl-C, SIGTERM) nvmf_tgt is stopped, our
+target and perf runs killed, hugepages given back and the PSK files removed; a
+pid file left by a dead nvmf_tgt is cleaned, one of a live one refuses the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import glob
 import os
+import re
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,6 +81,8 @@ SUITES = [("sha256", 1, 32, 4422, "TLS_AES_128_GCM_SHA256"),
 DH_HOST = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
 DH_CTRL = "DHHC-1:00:Vse+lQXC74j55LLeogykqUyoq6cyGRWl2MHdprBpN13YAtvd:"
 AUTH_NQN, AUTH_PORT = "nqn.2016-06.io.spdk:tls-auth", 4425
+TARGET_START_S = 60   # our target prints its URI within this, or the run fails
+PIDFILE = "/var/tmp/spdk-tgt.pid"   # spdk-peer.sh's
 FAILED: list[str] = []
 
 
@@ -242,7 +252,10 @@ def run_perf(cmd: list[str], timeout: float) -> tuple[int, str]:
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        return -1, f"timed out after {timeout} s\n{e.stdout or ''}"
+        # (its output comes as bytes here even with text=True; its hugetlbfs files
+        # are removed by stop_spdk)
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        return -1, f"timed out after {timeout} s\n{out}"
     return r.returncode, r.stdout + r.stderr
 
 
@@ -257,9 +270,16 @@ def start_our_target(backing: str, key: str, log: str, *extra: str) -> tuple[sub
                               "--nqn", OUR_NQN, "--namespace", backing, "--tls", "required",
                               "--tls-key", f"{HOST}=@{key}", *extra],
                              stdout=subprocess.PIPE, stderr=errf, text=True, cwd=ROOT)
-    line = p.stdout.readline() if p.stdout else ""
+    line = ""
+    try:
+        # its first line is its URI; one that never comes must not hang the run
+        ready = select.select([p.stdout], [], [], TARGET_START_S)[0] if p.stdout else []
+        line = p.stdout.readline() if ready and p.stdout else ""
+    finally:
+        if "nvme+tcp://" not in line:
+            p.kill()
+            p.wait()
     if "nvme+tcp://" not in line:
-        p.kill()
         with open(log) as f:
             raise SystemExit(f"our target did not start: {line!r}\n{f.read()[-2000:]}")
     return p, int(line.split("nvme+tcp://", 1)[1].split("/", 1)[0].rpartition(":")[2])
@@ -396,6 +416,41 @@ def bench(rounds: int, seconds: int, keys: dict[str, str], clear: bool) -> None:
                   f"fx100io {med[f'fx {label}'] / fc:.3f}x |")
 
 
+def spdk_target_pid() -> int | None:
+    """The pid in spdk-peer.sh's pid file if that process is alive and is nvmf_tgt."""
+    try:
+        with open(PIDFILE) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return pid if b"nvmf_tgt" in f.read() else None
+    except (OSError, ValueError):
+        return None
+
+
+def stop_spdk() -> None:
+    """Stop nvmf_tgt whatever state start left it in, then spdk-peer.sh stop
+    (hugepages back to 0); the pid file goes even when the target is dead."""
+    pid = spdk_target_pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):  # it exits within a second or two; then it is killed
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(PIDFILE)
+    # perf runs killed on a timeout leave their hugetlbfs files (spdk_pid<PID>map_<N>)
+    for path in glob.glob("/dev/hugepages/spdk_pid*map_*"):
+        m = re.match(r"spdk_pid(\d+)map_", os.path.basename(path))
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    subprocess.run(["bash", PEER, "stop"], check=False, stdout=subprocess.DEVNULL, timeout=60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -412,15 +467,24 @@ def main() -> int:
     if os.geteuid() != 0:
         print("refused: needs root (SPDK's hugepages, set up by spdk-peer.sh start)")
         return 2
-    if os.path.exists("/var/tmp/spdk-tgt.pid"):
-        print(f"refused: an SPDK target is already running (/var/tmp/spdk-tgt.pid); {PEER} stop")
+    if spdk_target_pid() is not None:
+        print(f"refused: an SPDK target is already running ({PIDFILE}); {PEER} stop")
         return 2
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(PIDFILE)  # a dead target's: spdk-peer.sh would refuse to stop without it
+    # SIGTERM (timeout, a session's end) unwinds like Ctrl-C, so every finally
+    # below runs: SPDK stopped, our target and perf killed, the PSK files removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="fx100io-tls-interop-") as d:
         keys = {name: key_file(d, name, hh, n) for name, hh, n, _p, _s in SUITES}
         bad = key_file(d, "wrong", 1, 32)
-        # start also sets up the hugepages spdk_nvme_perf needs in section 2
-        subprocess.run(["bash", PEER, "start"], check=True, stdout=subprocess.DEVNULL)
         try:
+            # start also sets up the hugepages spdk_nvme_perf needs in section 2; it can
+            # fail after nvmf_tgt is up (an RPC under set -e), so it is inside the try
+            r = subprocess.run(["bash", PEER, "start"], stdout=subprocess.DEVNULL, timeout=120)
+            if r.returncode != 0:
+                raise SystemExit(f"{PEER} start failed (exit {r.returncode}); its target's log: "
+                                 "/var/tmp/spdk-tgt.log")
             spdk_tls_subsystems(keys)
             spdk_tls_auth_subsystem(d)
             if not a.skip_interop:
@@ -430,7 +494,7 @@ def main() -> int:
             if not a.skip_bench:
                 bench(a.rounds, a.seconds, keys, a.clear)
         finally:
-            subprocess.run(["bash", PEER, "stop"], check=False, stdout=subprocess.DEVNULL)
+            stop_spdk()
     if FAILED:
         print(f"\n{len(FAILED)} interop check(s) failed:\n  " + "\n  ".join(FAILED))
         return 1
