@@ -186,6 +186,9 @@ def initiator_against_spdk(keys: dict[str, str], bad_key: str) -> None:
                       f"{what}: {bs >> 10} KiB read again after a second open, bytes equal")
         except (errors.Fx100ioError, AssertionError) as e:
             check(False, f"{what}: {e}")
+        if name == "sha256":
+            print_qd1_latency(f"{suite}: SPDK's target", port, f"nqn.2016-06.io.spdk:tls-{name}",
+                              keys[name])
     # TLS and DH-HMAC-CHAP (bidirectional) on the same connections
     auth = (f"nvme+tcp://127.0.0.1:{AUTH_PORT}/{AUTH_NQN}?hostnqn={HOST}&tls_key=@{keys['sha256']}"
             "&connect_timeout_ms=5000")
@@ -264,6 +267,21 @@ def total_iops(out: str) -> float:
     return float(total[-1].split(":", 1)[1].split()[0]) if total else 0.0
 
 
+def print_qd1_latency(what: str, port: int, nqn: str, psk: str) -> None:
+    """spdk_nvme_perf's 128 KiB reads at QD1 (its Total line: IOPS, MiB/s, then average,
+    min and max latency in us): the per-read time that bounds the QD32 figures of
+    section 3 (docs/benchmarks.md).  Printed, not checked."""
+    rc, out = run_perf(perf_cmd(port, nqn, psk, "-q", "1", "-o", "131072", "-w", "read",
+                                "-t", "2"), 60)
+    total = [ln for ln in out.splitlines() if ln.strip().startswith("Total")]
+    f = total[-1].split(":", 1)[1].split() if total else []
+    if rc != 0 or len(f) < 4:
+        print(f"  note {what}: perf 128 KiB reads QD1 gave no figures (rc {rc})", flush=True)
+        return
+    print(f"  note {what}: perf 128 KiB reads QD1: {float(f[1]) * MiB / 1e6:.1f} MB/s, latency "
+          f"average {float(f[2]) / 1e3:.2f} ms, min {float(f[3]) / 1e3:.2f} ms", flush=True)
+
+
 def start_our_target(backing: str, key: str, log: str, *extra: str) -> tuple[subprocess.Popen, int]:
     with open(log, "w") as errf:  # the child keeps its own descriptor
         p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen", "127.0.0.1:0",
@@ -313,6 +331,7 @@ def perf_against_our_target(keys: dict[str, str], bad_key: str, d: str) -> None:
             check(rc == 0 and iops > 0, f"{what}: perf 1 MiB reads QD32, rc {rc}, "
                   f"{iops * MiB / 1e6:.1f} MB/s" + ("" if rc == 0 else f"\n{out[-1500:]}"))
             if name == "sha256":
+                print_qd1_latency(f"{what}: our target", port, OUR_NQN, keys[name])
                 rc, out = run_perf(perf_cmd(port, OUR_NQN, bad_key, "-q", "1", "-o", "4096",
                                             "-w", "read", "-t", "1"), 60)
                 time.sleep(0.2)
