@@ -513,6 +513,7 @@ def main() -> int:
             if not a.skip_bench:
                 bench(a.rounds, a.seconds, keys, a.clear)
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
             stop_spdk()
     if FAILED:
         print(f"\n{len(FAILED)} interop check(s) failed:\n  " + "\n  ".join(FAILED))
