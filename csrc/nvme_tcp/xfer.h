@@ -78,8 +78,8 @@ int fx_tcp_xfer_c2h_done(struct fx_tcp_xfer *x, const struct nvme_tcp_data_pdu *
  * May a CapsuleResp with this status field complete the command?  An error
  * status always may.  Success only if the whole transfer happened: every
  * byte of a read received (unless fx_tcp_xfer_cmd allowed an early end: then
- * after any number of bytes, none included), every byte of a write in the capsule or requested by R2T and sent.
- * Returns 0 or -EPROTO.
+ * after any number of bytes, none included), every byte of a write in the
+ * capsule or requested by R2T and sent.  Returns 0 or -EPROTO.
  */
 int fx_tcp_xfer_rsp(struct fx_tcp_xfer *x, uint16_t status_field);
 
