@@ -490,7 +490,7 @@ def main() -> int:
         print(f"refused: an SPDK target is already running ({PIDFILE}); {PEER} stop")
         return 2
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(PIDFILE)  # a dead target's: spdk-peer.sh would refuse to stop without it
+        os.unlink(PIDFILE)  # a dead target's (spdk-peer.sh stop keeps it when its kill fails)
     # SIGTERM (timeout, a session's end) unwinds like Ctrl-C, so every finally
     # below runs: SPDK stopped, our target and perf killed, the PSK files removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
