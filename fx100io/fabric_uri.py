@@ -62,7 +62,7 @@ from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from fx100io import _core
 from fx100io import fabric_options as fo
-from fx100io.errors import InvalidArgumentError, UnsupportedTransportError, error_from_errno
+from fx100io.errors import InvalidArgumentError, KernelSupportError, error_from_errno
 from fx100io.uri_redact import REDACTED, SECRET_OPTIONS, redact  # noqa: F401 - re-exported
 
 DEFAULT_PORT = 4420
@@ -372,10 +372,11 @@ def discovery_options(uri: str) -> tuple[str, str, str, str, str, str]:
     URI asking for TLS is refused: the kernel path reads these (see discover())."""
     *opts, tls_key = _discovery_options(uri)
     if tls_key:
-        # never read a discovery log in clear text when TLS was asked for
-        raise UnsupportedTransportError(93, "discovery over TLS through the kernel: the "
-                                        "kernel path does not hand TLS keys to the kernel yet",
-                                        redact(uri))
+        # never read a discovery log in clear text when TLS was asked for; the kernel path
+        # refuses such a URI before it gets here (kernel/uri_args.refuse_tls), in these words
+        from fx100io.kernel.uri_args import TLS_REFUSAL
+
+        raise KernelSupportError(93, TLS_REFUSAL, redact(uri))
     return tuple(opts)  # type: ignore[return-value]
 
 

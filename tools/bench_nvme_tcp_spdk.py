@@ -32,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,14 +50,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_rusage(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, float]:
-    """Run cmd; its output and the user+sys seconds of it and its children."""
+def run_rusage(cmd: list[str], env: dict[str, str] | None = None,
+               timeout: float | None = None) -> tuple[str, float]:
+    """Run cmd; its output and the user+sys seconds of it and its children.
+    timeout: past it the command is killed (and fails); it is killed too if
+    this process is interrupted while waiting, so no run outlives the caller."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    out = p.stdout.read() if p.stdout else ""
-    _, status, ru = os.wait4(p.pid, 0)
+    timer = threading.Timer(timeout, p.kill) if timeout else None
+    try:
+        if timer:
+            timer.start()
+        out = p.stdout.read() if p.stdout else ""
+        _, status, ru = os.wait4(p.pid, 0)
+    except BaseException:
+        p.kill()
+        p.wait()
+        raise
+    finally:
+        if timer:
+            timer.cancel()
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
-        raise SystemExit(f"{cmd[0]} failed ({p.returncode}):\n{out[-3000:]}")
+        raise SystemExit(f"{cmd[0]} failed ({p.returncode}"
+                         f"{', killed after ' + str(timeout) + ' s' if timeout and p.returncode == -9 else ''}"
+                         f"):\n{out[-3000:]}")
     return out, ru.ru_utime + ru.ru_stime
 
 
@@ -72,7 +89,7 @@ def fx_bench(uri: str, rw: str, bs: str, depth: int, seconds: int, size: str = "
            "--ioengine=nvme+tcp", f"--filename={uri}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={depth}", f"--size={size}", "--time_based=1", f"--runtime={seconds}",
            "--eta=never", "--output-format=json", "--percentile_list=50:99"]
-    out, cpu = run_rusage(cmd)
+    out, cpu = run_rusage(cmd, timeout=seconds + 120)
     doc = json.loads(out[out.index("{"):])
     job = doc["jobs"][0]
     rd = job["read"]
@@ -92,7 +109,8 @@ def spdk_perf(rw: str, bs: int, depth: int, seconds: int, latency: bool = False)
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(SPDK, "build", "lib"))
     out, _ = run_rusage([os.path.join(SPDK, "build", "bin", "spdk_nvme_perf"), "-r", tr,
                          "-q", str(depth), "-o", str(bs), "-w", rw, "-t", str(seconds),
-                         "-c", "0x2"] + (["-L"] if latency else []), env=env)
+                         "-c", "0x2"] + (["-L"] if latency else []), env=env,
+                        timeout=seconds + 120)
     total = [ln for ln in out.splitlines() if ln.strip().startswith("Total")]
     if not total:
         raise SystemExit(f"spdk_nvme_perf: no Total line:\n{out[-2000:]}")

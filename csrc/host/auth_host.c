@@ -61,6 +61,7 @@ struct txn {
 	uint16_t t_id;
 	int64_t deadline; /* the connect's (fx_nvmf_now_ms clock), 0: none */
 	uint8_t *buf;     /* FX_AUTH_RECV_LEN bytes: every message in and out */
+	uint32_t got;     /* bytes the last AUTH_Receive delivered (the parsers' bound) */
 };
 
 /* The wait allowed for the next command: what is left of the connect's
@@ -119,6 +120,14 @@ static int auth_recv(struct txn *t, const char *what)
 	memset(t->buf, 0, FX_AUTH_RECV_LEN);
 	fx_auth_cmd_init(&sqe, 0, FX_AUTH_RECV_LEN);
 	r = t->tr->exec(t->q, &sqe, t->buf, FX_AUTH_RECV_LEN, 0, &cqe, left);
+	/* A controller may end the data at its message's end (SPDK's does):
+	 * the parsers then check each message's own length against what came,
+	 * so a message cut short is not read as a whole one of zeros. */
+	t->got = FX_AUTH_RECV_LEN;
+	if (r > 0 || r == -ENODATA) {
+		t->got = r > 0 ? (uint32_t)r : 0;
+		r = 0;
+	}
 	if (r == -ETIMEDOUT && t->deadline)
 		return timed_out(t, "AUTH_Receive", what);
 	if (r == -EIO)
@@ -155,6 +164,20 @@ static void send_failure2(struct txn *t, uint8_t reason)
 }
 
 /*
+ * A message that failed its parser.  cut: it would have parsed had all of
+ * the buffer come, so its own length runs past what the controller sent
+ * (said so, not taken for a bad message or a wrong secret).
+ */
+static int malformed(struct txn *t, int cut, const char *why)
+{
+	if (cut && t->got < FX_AUTH_RECV_LEN)
+		return fail(t->qid, -EPROTO,
+			    "truncated message from the target: %s (only %u bytes arrived)", why,
+			    t->got);
+	return fail(t->qid, -EPROTO, "malformed message from the controller: %s", why);
+}
+
+/*
  * What came back where message `want` was expected: 0 when it is that
  * message (and of our transaction); a Failure1 from the controller becomes
  * -EACCES with its reason; anything else -EPROTO after a Failure2.
@@ -164,12 +187,16 @@ static int expect(struct txn *t, uint8_t want, const char *what, const char *hin
 	uint8_t type, id;
 	uint16_t tid;
 
-	if (fx_auth_msg_peek(t->buf, FX_AUTH_RECV_LEN, &type, &id, &tid))
-		return fail(t->qid, -EPROTO, "no message where the %s was expected", what);
+	if (fx_auth_msg_peek(t->buf, t->got, &type, &id, &tid)) {
+		send_failure2(t, FX_AUTH_FAIL_INCORRECT_PAYLOAD);
+		return fail(t->qid, -EPROTO,
+			    "truncated message from the target: %u bytes where the %s was expected",
+			    t->got, what);
+	}
 	if (type == FX_AUTH_TYPE_COMMON && id == FX_AUTH_ID_FAILURE1) {
 		struct fx_auth_failure f;
 
-		if (fx_auth_failure_parse(t->buf, FX_AUTH_RECV_LEN, &f, NULL, NULL))
+		if (fx_auth_failure_parse(t->buf, t->got, &f, NULL, NULL))
 			return fail(t->qid, -EPROTO, "malformed AUTH_Failure1");
 		return fail(t->qid, -EACCES,
 			    "authentication failed: the controller sent AUTH_Failure1 with reason "
@@ -232,9 +259,12 @@ static int run(struct txn *t)
 		   " (no hash function or DH group in common?)");
 	if (r)
 		return r;
-	if (fx_auth_challenge_parse(t->buf, FX_AUTH_RECV_LEN, &ch, &reason, &why)) {
+	if (fx_auth_challenge_parse(t->buf, t->got, &ch, &reason, &why)) {
+		/* asked before Failure2 overwrites the buffer */
+		int cut = fx_auth_challenge_parse(t->buf, FX_AUTH_RECV_LEN, &ch, NULL, NULL) == 0;
+
 		send_failure2(t, reason);
-		return fail(t->qid, -EPROTO, "malformed message from the controller: %s", why);
+		return malformed(t, cut, why);
 	}
 	hl = ch.hl;
 	memcpy(c1, ch.cval, hl);
@@ -311,9 +341,11 @@ static int run(struct txn *t)
 		   " (wrong dhchap_secret for this host and subsystem?)");
 	if (r)
 		goto out;
-	if (fx_auth_success1_parse(t->buf, FX_AUTH_RECV_LEN, &s1, &reason, &why)) {
+	if (fx_auth_success1_parse(t->buf, t->got, &s1, &reason, &why)) {
+		int cut = fx_auth_success1_parse(t->buf, FX_AUTH_RECV_LEN, &s1, NULL, NULL) == 0;
+
 		send_failure2(t, reason);
-		r = fail(t->qid, -EPROTO, "malformed message from the controller: %s", why);
+		r = malformed(t, cut, why);
 		goto out;
 	}
 	if (s1.hl != hl) {

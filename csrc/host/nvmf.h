@@ -80,6 +80,10 @@ void fx_nvmf_auth_error_vset(const char *fmt, va_list ap) __attribute__((format(
  * exec: one command, synchronously (fx_tcp_exec's contract).  timeout_ms
  *   > 0 caps the wait below the queue's own timeout (close uses it so a
  *   dead target cannot hold it for a full command timeout); 0: the queue's.
+ *   Returns 0 when done, or a negative errno; only for an Authentication
+ *   Receive a transport may also return the bytes that arrived (> 0), or
+ *   -ENODATA for none, when the controller ended its data early (the rest
+ *   zeroed); a transport that cannot tell (RDMA) returns 0.
  * shutdown: make the queue fail every later command at once, without
  *   freeing it (keep alive uses it when the controller is lost, so no
  *   waiter parses a stream that is out of step).  Safe while another

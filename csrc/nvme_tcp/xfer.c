@@ -8,6 +8,8 @@
 #endif
 #include "nvme_tcp/xfer.h"
 
+#include "auth/auth_msg.h"
+
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
@@ -20,6 +22,14 @@ void fx_tcp_xfer_init(struct fx_tcp_xfer *x, uint32_t len, int write, int incaps
 	x->incapsule = !!(write && incapsule);
 	if (x->incapsule)
 		x->requested = x->sent = len;
+}
+
+void fx_tcp_xfer_cmd(struct fx_tcp_xfer *x, const struct nvme_sqe *sqe)
+{
+	const struct nvmf_connect_cmd *f = (const struct nvmf_connect_cmd *)sqe;
+
+	x->short_ok = !x->write && f->opcode == NVME_FABRICS_OPCODE &&
+		      f->fctype == NVMF_FCTYPE_AUTH_RECV;
 }
 
 static int refuse(struct fx_tcp_xfer *x, uint16_t fes, uint32_t fei, const char *why)
@@ -93,7 +103,7 @@ int fx_tcp_xfer_c2h(struct fx_tcp_xfer *x, const struct nvme_tcp_data_pdu *p, in
 		if (!(h->flags & NVME_TCP_F_DATA_LAST))
 			return refuse(x, NVME_TCP_FES_INVALID_PDU_HDR, 1,
 				      "C2HData SUCCESS without LAST_PDU");
-		if (p->datal != x->len - x->received)
+		if (p->datal != x->len - x->received && !x->short_ok)
 			return refuse(x, NVME_TCP_FES_INVALID_PDU_HDR, 1,
 				      "C2HData SUCCESS before the end of the data");
 	}
@@ -112,7 +122,7 @@ int fx_tcp_xfer_rsp(struct fx_tcp_xfer *x, uint16_t status_field)
 {
 	if (status_field)
 		return 0; /* the controller failed it: nothing to trust */
-	if (!x->write && x->received != x->len)
+	if (!x->write && x->received != x->len && !x->short_ok)
 		return refuse(x, NVME_TCP_FES_PDU_SEQ_ERR, 0,
 			      "success before all read data arrived");
 	if (x->write && (x->r2t_open || x->sent != x->len))

@@ -29,6 +29,7 @@ struct fx_tcp_xfer {
 	uint8_t incapsule;  /* the write data went in the capsule */
 	uint8_t r2t_open;   /* an R2T's data is not all sent yet (we advertise MAXR2T 0) */
 	uint8_t last;       /* read: a C2HData with LAST_PDU arrived */
+	uint8_t short_ok;   /* read: success may come before len bytes (fx_tcp_xfer_cmd) */
 	/* set when a check fails */
 	uint16_t fes;
 	uint32_t fei;
@@ -36,6 +37,17 @@ struct fx_tcp_xfer {
 };
 
 void fx_tcp_xfer_init(struct fx_tcp_xfer *x, uint32_t len, int write, int incapsule);
+/*
+ * After fx_tcp_xfer_init: what the command itself allows.  An Authentication
+ * Receive's length is only an allocation length, and controllers differ:
+ * Linux's sends all of it, SPDK's only its message (then success, as the
+ * Linux and SPDK hosts accept).  So a read that ends early is allowed there
+ * and nowhere else (a short read of data would leave stale bytes trusted);
+ * the initiator then zeroes the rest of the buffer and reports how many bytes
+ * came (transport/tcp_ctrl.c), so the message parsers check each message's
+ * own length against them (host/auth_host.c: a cut message is "truncated").
+ */
+void fx_tcp_xfer_cmd(struct fx_tcp_xfer *x, const struct nvme_sqe *sqe);
 
 /*
  * An R2T for this command: valid only for a write whose data did not go in
@@ -53,7 +65,8 @@ void fx_tcp_xfer_r2t_sent(struct fx_tcp_xfer *x);
  * A C2HData header for this command (already past fx_tcp_pdu_check): a read,
  * not after LAST_PDU, datal equal to the PDU's payload, datao equal to the
  * bytes received so far, inside the buffer, and SUCCESS only with LAST_PDU
- * on the PDU that ends the transfer.  Returns 0 or -EPROTO; nothing is
+ * on the PDU that ends the transfer (for a command fx_tcp_xfer_cmd lets end
+ * early: on the last PDU, wherever it ends).  Returns 0 or -EPROTO; nothing is
  * recorded until fx_tcp_xfer_c2h_done().
  */
 int fx_tcp_xfer_c2h(struct fx_tcp_xfer *x, const struct nvme_tcp_data_pdu *p, int ddgst);
@@ -64,8 +77,9 @@ int fx_tcp_xfer_c2h_done(struct fx_tcp_xfer *x, const struct nvme_tcp_data_pdu *
 /*
  * May a CapsuleResp with this status field complete the command?  An error
  * status always may.  Success only if the whole transfer happened: every
- * byte of a read received, every byte of a write in the capsule or
- * requested by R2T and sent.  Returns 0 or -EPROTO.
+ * byte of a read received (unless fx_tcp_xfer_cmd allowed an early end: then
+ * after any number of bytes, none included), every byte of a write in the
+ * capsule or requested by R2T and sent.  Returns 0 or -EPROTO.
  */
 int fx_tcp_xfer_rsp(struct fx_tcp_xfer *x, uint16_t status_field);
 

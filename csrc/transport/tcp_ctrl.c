@@ -272,6 +272,23 @@ static int send_h2c(struct fx_tcp_conn *c, uint16_t cid, uint16_t ttag, const ui
 }
 
 /*
+ * A read that completed successfully: 0 when all len bytes arrived.  Only a
+ * command fx_tcp_xfer_cmd lets end early (an Authentication Receive) can get
+ * here with fewer; its caller must learn how many, or it would parse a
+ * message the controller cut short as whole (host/nvmf.h, exec).  The rest
+ * of the buffer is zeroed here so no caller trusts what was there before.
+ */
+static int read_done(const struct fx_tcp_xfer *x, uint8_t *buf, uint32_t len)
+{
+	if (x->write || x->received >= len)
+		return 0;
+	memset(buf + x->received, 0, len - x->received);
+	if (!x->received)
+		return -ENODATA;
+	return x->received > INT32_MAX ? INT32_MAX : (int)x->received;
+}
+
+/*
  * The whole exchange for one command.  incap_max: the most write data that
  * may travel in the capsule on this queue (larger writes wait for R2T).
  */
@@ -319,6 +336,7 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 	union rx_hdr h;
 
 	fx_tcp_xfer_init(&x, len, write, incap != 0);
+	fx_tcp_xfer_cmd(&x, sqe);
 	for (;;) {
 		int n = recv_hdr(c, &h, max_plen, deadline);
 
@@ -376,7 +394,7 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 					cqe->status = NVME_SC_DATA_XFER_ERROR << 1;
 					return -EIO;
 				}
-				return 0;
+				return read_done(&x, buf, len);
 			}
 			break;
 		}
@@ -419,7 +437,7 @@ static int exec_cmd(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uin
 				cqe->status = NVME_SC_DATA_XFER_ERROR << 1;
 				return -EIO;
 			}
-			return 0;
+			return read_done(&x, buf, len);
 		default:
 			fx_nvmf_log("qid %u: unexpected PDU type 0x%02x during a command", c->qid,
 				    h.ch.type);

@@ -71,7 +71,9 @@ void fx_tcp_conn_close(struct fx_tcp_conn *c);
  * CapsuleResp.  *cqe gets the completion.  -ETIMEDOUT, -ECONNRESET, -EPROTO
  * (bad PDU, or an R2T, C2HData or success the rules in nvme_tcp/xfer.h do not
  * allow: the connection is unusable afterwards), -EIO (NVMe status not
- * success; see cqe->status).
+ * success; see cqe->status).  A read that nvme_tcp/xfer.h lets end early (an
+ * Authentication Receive) and did: the bytes received (> 0), or -ENODATA
+ * when none came; the rest of data is zeroed.
  */
 int fx_tcp_exec(struct fx_tcp_conn *c, struct nvme_sqe *sqe, void *data, uint32_t len, int write,
 		struct nvme_cqe *cqe);

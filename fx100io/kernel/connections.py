@@ -67,6 +67,7 @@ from fx100io.kernel.uri_args import (
     default_host_identity,
     query_keys,
     redact,
+    refuse_tls,
     split_paths,
     target_of,
     uuid_form,
@@ -261,6 +262,7 @@ def discover(uri: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, An
     """The discovery log of nvme+tcp://HOST[:PORT] or nvme+rdma://HOST[:PORT], read by the
     kernel (``nvme discover -o json``): one dict per record with trtype, adrfam, subtype
     ("nvme", "discovery"), subtype_text, treq, portid, trsvcid, subnqn, traddr, ..."""
+    refuse_tls(uri)  # before the URI's values (a tls_key's @FILE) are read
     host, port, nqn, hid, _, _ = fabric_uri.discovery_options(uri)
     given = query_keys(uri)
     dnqn, did = default_host_identity()

@@ -3,13 +3,14 @@ fx100io.kernel's documentation for which option becomes which nvme-cli flag."""
 
 from __future__ import annotations
 
+import errno
 import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, unquote_plus, urlsplit, urlunsplit
 
 from fx100io import fabric_options, fabric_uri, uri_redact
 from fx100io.errors import InvalidArgumentError, KernelSupportError
@@ -36,6 +37,31 @@ OPTION_NAMES = {**{o.kernel_flag: o.name for o in fabric_options.OPTIONS
                    if o.kernel_flag and o.kind != fabric_options.TEXT},
                 **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+
+# Why tls=1 is refused (docs/kernel-path.md, "TLS"): the kernel's NVMe/TCP TLS (the lab's
+# 6.12 has it, host and target) does no handshake itself; it hands the socket to the tlshd
+# daemon (ktls-utils) and fails without it, and nvme-cli must pass --tls and the key's keyring.
+# Debian 12 packages neither: no ktls-utils in bookworm or bookworm-backports, and its
+# nvme-cli (2.4+really2.3, libnvme 1.3) has gen-tls-key but no `connect --tls` (libnvme
+# gained the keyring and tls_key options in 1.4).  tests/guest/test_kernel_tls.py
+# checks these facts in the lab guest, so the refusal is revisited when one changes.
+TLS_REFUSAL = ("TLS (tls=1 or a tls_key): the kernel's NVMe/TCP TLS needs the tlshd daemon "
+               "(ktls-utils) to do each handshake and an nvme-cli with `connect --tls`; Debian 12 "
+               "has neither (no ktls-utils in bookworm or bookworm-backports, nvme-cli 2.3), so "
+               "the kernel path cannot do TLS, and never reaches in clear text a target that TLS "
+               "was asked for; use the userspace initiator (path=\"user\", the default), which "
+               "does TLS itself")
+
+
+def refuse_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None) -> None:
+    """KernelSupportError (EPROTONOSUPPORT, TLS_REFUSAL) when uri or the keywords ask for
+    TLS in any form: a tls_key (whatever its value, a @FILE not read), or tls=1/true.  It
+    runs before anything else reads the URI, so the reason the kernel path cannot do TLS at
+    all comes before any complaint about how TLS was asked for."""
+    q = parse_qs(urlsplit(uri).query, keep_blank_values=True)
+    tls = q.get("tls", ["0"])[-1].strip().lower()
+    if "tls_key" in q or tls in ("1", "true") or (secrets_kw or {}).get("tls_key") is not None:
+        raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
 
 
 @dataclass(frozen=True)
@@ -174,6 +200,7 @@ def target_of(uri: str, **opts: Any) -> Target:
     if opts:  # URI keys given as keywords: merged into the query, checked as the URI is
         uri = with_query(uri, opts)
     fabric_uri.scheme_of(uri)
+    refuse_tls(uri, secrets_kw)
     secrets_kw = {k: check_secret(k, v, redact(uri)) for k, v in secrets_kw.items()
                   if v is not None}
     given = query_keys(uri)
@@ -194,12 +221,8 @@ def target_of(uri: str, **opts: Any) -> Target:
         e.target = redact(uri)
         raise
     if p.get("tls") == "1":
-        # never attach in clear text what asked for TLS; nvme-cli's --tls needs the key in
-        # the kernel keyring and tlshd, which Debian 12 lacks (docs/nvme-tcp.md, "Secure channels")
-        raise KernelSupportError(93, "tls=1: the kernel path does not hand TLS keys to the "
-                                 "kernel yet (Debian 12's kernel 6.1 and nvme-cli 2.3 have no "
-                                 "NVMe/TCP TLS either); use the userspace initiator",
-                                 redact(uri))
+        # never attach in clear text what asked for TLS (docs/kernel-path.md, "TLS")
+        raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
     secrets = {k: p[k] for k in SECRET_KEYS if k in p}
     if not p["subnqn"]:
         raise InvalidArgumentError(22, "the URI needs a subsystem NQN as its path "

@@ -8,6 +8,7 @@
  */
 #include "nvme_tcp/pdu.h"
 #include "nvme_tcp/xfer.h"
+#include "auth/auth_msg.h"
 #include "check.h"
 
 #include <errno.h>
@@ -342,6 +343,49 @@ static void test_xfer(void)
 	/* a C2HData for a write */
 	fx_tcp_xfer_init(&x, 4096, 1, 0);
 	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO);
+
+	/* Authentication Receive may end early (SPDK's target sends only its
+	 * 1104-byte challenge for a 4096-byte allocation); a Read may not. */
+	struct nvme_sqe sqe;
+	struct nvmf_connect_cmd *f = (struct nvmf_connect_cmd *)&sqe;
+
+	memset(&sqe, 0, sizeof(sqe));
+	sqe.opcode = NVME_CMD_READ;
+	fx_tcp_xfer_init(&x, 4096, 0, 0);
+	fx_tcp_xfer_cmd(&x, &sqe);
+	CHECK_EQ(x.short_ok, 0);
+	f->opcode = NVME_FABRICS_OPCODE;
+	f->fctype = NVMF_FCTYPE_AUTH_SEND;
+	fx_tcp_xfer_cmd(&x, &sqe);
+	CHECK_EQ(x.short_ok, 0);
+	f->fctype = NVMF_FCTYPE_AUTH_RECV;
+	fx_tcp_xfer_cmd(&x, &sqe);
+	CHECK_EQ(x.short_ok, 1);
+	memset(&d, 0, sizeof(d));
+	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 1104, 0, 0, 0);
+	d.datal = 1104;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), 0);
+	CHECK_EQ(fx_tcp_xfer_c2h_done(&x, &d), 0);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), 0); /* then a CapsuleResp with success */
+	fx_tcp_xfer_init(&x, 4096, 0, 0);
+	fx_tcp_xfer_cmd(&x, &sqe);
+	d.hdr.flags |= NVME_TCP_F_DATA_SUCCESS | NVME_TCP_F_DATA_LAST;
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), 0); /* or SUCCESS on its last C2HData */
+	CHECK_EQ(fx_tcp_xfer_c2h_done(&x, &d), 1);
+	d.datal = 4097; /* never past the allocation length */
+	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 4097, 0, 0, 0);
+	fx_tcp_xfer_init(&x, 4096, 0, 0);
+	fx_tcp_xfer_cmd(&x, &sqe);
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), -EPROTO);
+	/* the same short read as a Read command is refused */
+	sqe.opcode = NVME_CMD_READ;
+	fx_tcp_xfer_init(&x, 4096, 0, 0);
+	fx_tcp_xfer_cmd(&x, &sqe);
+	d.datal = 1104;
+	fx_tcp_hdr_init(&d.hdr, NVME_TCP_C2H_DATA, 1104, 0, 0, 0);
+	CHECK_EQ(fx_tcp_xfer_c2h(&x, &d, 0), 0);
+	CHECK_EQ(fx_tcp_xfer_c2h_done(&x, &d), 0);
+	CHECK_EQ(fx_tcp_xfer_rsp(&x, 0), -EPROTO);
 	printf("xfer rules: ok\n");
 }
 

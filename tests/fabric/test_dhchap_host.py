@@ -91,6 +91,45 @@ def test_bidirectional(dhgid, ioccsz):
         t.close()
 
 
+@pytest.mark.parametrize("delivery", ["short", "short-success"])
+@pytest.mark.parametrize("bidi", [False, True], ids=["unidirectional", "bidirectional"])
+def test_authentication_receive_that_ends_at_its_message(delivery, bidi):
+    """SPDK's target sends only its message for our 4096-byte Authentication
+    Receive, then success (a CapsuleResp, or C2HData SUCCESS): the admin and
+    I/O queues authenticate (nvme_tcp/xfer.c allows that one command to end
+    early; without it this fails as 'success before all read data arrived')."""
+    key, ckey = secret(), (secret() if bidi else None)
+    t = AuthTarget(key, ckey, hash_id=1, dhgid=1, delivery=delivery)
+    try:
+        with fx100io.open_device(uri(t, key, ckey)) as dev:
+            roundtrip(dev)
+        assert t.authenticated(0) == 1 and t.authenticated() >= 2
+        assert ((0, "success2") in t.events) == bidi
+        assert not any(e.startswith("failure2") for _q, e in t.events), t.events
+    finally:
+        t.close()
+
+
+def test_success1_cut_short_is_a_truncated_message_not_a_wrong_secret():
+    """Success1 whose header promises R2 (HL 32) but whose data ends 12 bytes
+    early: the host says the message was truncated, and sends Failure2."""
+    key, ckey = secret(), secret()
+    t = AuthTarget(key, ckey, hash_id=1, scenario="success1-truncated", delivery="short")
+    try:
+        with pytest.raises(errors.FxProtocolError) as ei:
+            fx100io.open_device(uri(t, key, ckey))
+        assert "truncated message from the target: success1: response runs past the message " \
+            "(only 36 bytes arrived)" in str(ei.value), str(ei.value)
+        assert "dhchap_secret" not in str(ei.value)
+        for _ in range(100):
+            if any(e.startswith("failure2") for _q, e in t.events):
+                break
+            time.sleep(0.01)
+        assert any(e.startswith("failure2") for _q, e in t.events), t.events
+    finally:
+        t.close()
+
+
 def test_wrong_secret_is_permission_error_with_reason():
     t = AuthTarget(secret(), hash_id=1, dhgid=1)
     try:

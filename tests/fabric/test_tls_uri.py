@@ -13,7 +13,7 @@ import pytest
 
 import fx100io
 from fx100io import _core, fabric_uri, uri_redact
-from fx100io.errors import Fx100ioError, InvalidArgumentError, UnsupportedTransportError
+from fx100io.errors import Fx100ioError, InvalidArgumentError, KernelSupportError
 
 NQN = "nqn.2024-01.io.fx100io:tls"
 # libnvme's test/psk.c key (32 bytes, HH 01) and its 48-byte twin (HH 02)
@@ -134,7 +134,7 @@ def test_a_uri_asking_for_tls_is_never_connected_in_clear():
 
 def test_kernel_discovery_asking_for_tls_is_refused_not_read_in_clear():
     # discovery_options() is what the kernel path reads
-    with pytest.raises(UnsupportedTransportError, match="discovery over TLS"):
+    with pytest.raises(KernelSupportError, match="needs the tlshd daemon"):
         fabric_uri.discovery_options(f"nvme+tcp://127.0.0.1:8009/?tls_key={KEY}")
     with pytest.raises(InvalidArgumentError, match="tls=1 needs tls_key"):
         fabric_uri.discovery_options("nvme+tcp://127.0.0.1:8009/?tls=1")

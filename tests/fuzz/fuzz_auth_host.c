@@ -11,7 +11,9 @@
  * controller asks for nothing); bit 2: the host has a controller secret
  * (bidirectional); bit 3: write the host's transaction id into each
  * message (so inputs get past that check); bit 4: the AUTH command number
- * (bits 5-7) fails with an NVMe status.
+ * (bits 5-7) fails with an NVMe status; without bit 4, bit 5: each
+ * AUTH_Receive ends its data at the message (as SPDK's target does), so
+ * exec reports the bytes that came (or -ENODATA for none), host/nvmf.h.
  *
  * Checked: every command the host sends is a well-formed AUTH_Send or
  * AUTH_Receive whose data is the size it says; every AUTH_Send carries a
@@ -42,7 +44,7 @@ struct fake {
 	const uint8_t *msg[2];
 	size_t msg_len[2];
 	unsigned recvs, cmds;
-	int patch_tid, fail_at;
+	int patch_tid, fail_at, short_data;
 	uint16_t tid;
 	uint8_t hl; /* from the reply the host sent */
 };
@@ -105,9 +107,10 @@ static int fake_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 	if (len != FX_AUTH_RECV_LEN)
 		FAIL("AL %u", len);
 	memset(data, 0, len);
-	if (F.recvs < 2) {
-		size_t n = F.msg_len[F.recvs] < len ? F.msg_len[F.recvs] : len;
+	size_t n = 0;
 
+	if (F.recvs < 2) {
+		n = F.msg_len[F.recvs] < len ? F.msg_len[F.recvs] : len;
 		if (n)
 			memcpy(data, F.msg[F.recvs], n);
 		if (F.patch_tid) {
@@ -116,6 +119,8 @@ static int fake_exec(void *q, struct nvme_sqe *sqe, void *data, uint32_t len, in
 		}
 	}
 	F.recvs++;
+	if (F.short_data && n < len)
+		return n ? (int)n : -ENODATA;
 	return 0;
 }
 
@@ -163,6 +168,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(&F, 0, sizeof(F));
 	F.patch_tid = !!(flags & 8);
 	F.fail_at = (flags & 16) ? (flags >> 5) : -1;
+	F.short_data = !(flags & 16) && (flags & 32);
 	for (int i = 0; i < 2 && end - in >= 2; i++) {
 		size_t n = (size_t)(in[0] | in[1] << 8);
 

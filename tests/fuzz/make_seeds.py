@@ -52,6 +52,9 @@ def auth_host_seeds() -> dict[str, bytes]:
         "ascr": inp(1),
         "no-atr": inp(2),
         "send-fails": inp(8 | 16 | (2 << 5), challenge(1, 0), success1(32)),
+        # bit 5: the data ends at the message (SPDK's form); then a challenge cut short
+        "short-data": inp(8 | 32, challenge(1, 0), success1(32)),
+        "short-data-cut-challenge": inp(8 | 32, challenge(1, 0)[:20]),
     }
 
 

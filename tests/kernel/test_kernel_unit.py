@@ -959,3 +959,64 @@ def test_the_process_that_connected_disconnects_by_uri_but_not_under_its_own_att
     assert [c.name for c in kernel.list()] == ["nvme4"]
     b.release()                                       # its last user: detached (recorded)
     assert kernel.list() == []
+
+
+# ---------------------------------------------------------------- TLS: refused, never in clear
+TLS_KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+
+
+@pytest.mark.parametrize("how", ["tls_key", "tls=1", "bare tls=1", "tls=true", "keyword",
+                                 "key file unreadable", "tls=1 keyword", "several paths", "store"])
+def test_tls_is_refused_before_nvme_cli_runs(fake_nvme, how):
+    """The kernel path cannot do TLS on Debian 12 (no tlshd, nvme-cli 2.3 has no --tls;
+    docs/kernel-path.md): every way of asking for it is refused with the reason, before
+    nvme-cli is run, so nothing is ever attached in clear text, and the key is never shown."""
+    fake_nvme.play(connect={"stdout": cap("connect-tcp-ram.out").replace("nvme1", "nvme3"),
+                            "create": {"nvme3": NVME3}})
+    with pytest.raises(errors.KernelSupportError) as ei:
+        if how == "tls_key":
+            kernel.connect(f"{URI}&tls_key={TLS_KEY}")
+        elif how == "tls=1":
+            kernel.connect(f"{URI}&tls=1&tls_key={TLS_KEY}")
+        elif how == "bare tls=1":  # not "tls=1 needs tls_key": the key would not help
+            kernel.connect(f"{URI}&tls=1")
+        elif how == "tls=true":
+            kernel.connect(f"{URI}&tls=true")
+        elif how == "keyword":
+            kernel.connect(URI, tls_key=TLS_KEY)
+        elif how == "key file unreadable":  # not a file error: the file would not help
+            kernel.connect(f"{URI}&tls_key=@/nonexistent/psk")
+        elif how == "tls=1 keyword":
+            kernel.connect(URI, tls=1)
+        elif how == "several paths":
+            kernel.connect(f"nvme+tcp://10.88.0.2:4420,10.88.0.3:4420/{RAM}?hostnqn={HOST}"
+                           f"&tls_key={TLS_KEY}")
+        else:
+            fx100io.ChunkStore(f"{URI}&tls_key={TLS_KEY}", path="kernel", create=True)
+    text = str(ei.value)
+    assert ei.value.errno == 93  # EPROTONOSUPPORT
+    assert "tlshd" in text and "ktls-utils" in text and "--tls" in text
+    assert "userspace initiator" in text
+    assert TLS_KEY not in text and TLS_KEY[16:40] not in text
+    assert fake_nvme.calls() == [] and kernel.list() == []
+
+
+def test_tls_is_refused_by_the_connect_command(fake_nvme, capsys):
+    from fx100io.cli import main
+
+    assert main(["connect", f"{URI}&tls_key={TLS_KEY}"]) != 0
+    err = capsys.readouterr().err
+    assert "tlshd" in err and TLS_KEY[16:40] not in err
+    assert fake_nvme.calls() == []
+
+
+@pytest.mark.parametrize("query", [f"tls_key={TLS_KEY}", "tls=1", "tls_key=@/nonexistent/psk"])
+def test_tls_discovery_is_refused_through_the_kernel(fake_nvme, query):
+    """Discovery gives the same reason as connect, whatever form TLS was asked in."""
+    from fx100io.kernel.uri_args import TLS_REFUSAL
+
+    with pytest.raises(errors.KernelSupportError) as ei:
+        kernel.discover(f"nvme+tcp://10.88.0.2:4420/?{query}")
+    assert ei.value.errno == 93 and ei.value.strerror == TLS_REFUSAL
+    assert TLS_KEY[16:40] not in str(ei.value)
+    assert fake_nvme.calls() == []

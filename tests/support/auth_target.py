@@ -19,7 +19,7 @@ import struct
 import threading
 
 from support import dhchap_reference as R
-from support.evil_target import F_LAST, EvilTarget, _c2h, _r2t, _rsp
+from support.evil_target import F_LAST, F_SUCCESS, EvilTarget, _c2h, _r2t, _rsp
 
 SUBNQN = "nqn.2026-11.io.evil"
 ATR, ASCR = 1 << 17, 1 << 18
@@ -42,7 +42,17 @@ HOSTILE = {
     "success1-bad-hl": "HL is no hash function's length",
     "success1-other-hl": "differs from the challenge's",
     "negotiate-nvme-error": "AUTH_Send (negotiate) failed with NVMe status 0x4002",
+    # the data ends early (allowed, as SPDK's target does) but inside the message
+    "challenge-truncated": "truncated message from the target: challenge: C1 and DH value run "
+                           "past the message (only 68 bytes arrived)",
+    "challenge-no-data": "truncated message from the target: 0 bytes where the "
+                         "DH-HMAC-CHAP_Challenge was expected",
 }
+
+# How an Authentication Receive's data is delivered: "pad" (all of the allocation
+# length, as Linux's target and ours do), "short" (only the message, then a
+# CapsuleResp: SPDK's target), "short-success" (only the message, C2HData SUCCESS).
+DELIVERY = ("pad", "short", "short-success")
 
 
 class AuthTarget(EvilTarget):
@@ -52,8 +62,11 @@ class AuthTarget(EvilTarget):
 
     def __init__(self, host_secret: str | None, ctrl_secret: str | None = None, *,
                  hash_id: int = 1, dhgid: int = 0, scenario: str = "good", ascr: bool = False,
-                 **kw: object) -> None:
-        assert scenario in ("good", "bad-r2", "no-r2", "close-instead-of-failure1") or \
+                 delivery: str = "pad", **kw: object) -> None:
+        assert delivery in DELIVERY, delivery
+        self.delivery = delivery
+        assert scenario in ("good", "bad-r2", "no-r2", "close-instead-of-failure1",
+                            "success1-truncated") or \
             scenario in HOSTILE, scenario
         self.host_key = R.parse_secret(host_secret) if host_secret else None
         self.ctrl_key = R.parse_secret(ctrl_secret) if ctrl_secret else None
@@ -135,7 +148,21 @@ class AuthTarget(EvilTarget):
                 self._event(a["qid"], "closed instead of failure1")
                 return False
             msg = self._on_receive(a)
-            c.sendall(_c2h(cid, msg.ljust(length, b"\0")[:length], flags=F_LAST) + _rsp(cid))
+            # success1-truncated: test_dhchap_host.py asks for it with bidirectional
+            # authentication (without R2 all of Success1 is its fixed header)
+            cut = self.auth_scenario.endswith(("-truncated", "-no-data")) and \
+                msg[1] == (0x01 if self.auth_scenario.startswith("challenge-") else 0x03)
+            if cut:  # the message's own header promises more than comes
+                msg = msg[:len(msg) - 12] if self.auth_scenario.endswith("-truncated") else b""
+            if msg and not cut and self.delivery == "pad":
+                msg = msg.ljust(length, b"\0")
+            msg = msg[:length]
+            if self.delivery == "short-success" and not cut:
+                c.sendall(_c2h(cid, msg, flags=F_LAST | F_SUCCESS))
+            elif msg:
+                c.sendall(_c2h(cid, msg, flags=F_LAST) + _rsp(cid))
+            else:
+                c.sendall(_rsp(cid))
         return True
 
     # ------------------------------------------------------- controller
