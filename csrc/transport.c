@@ -81,6 +81,13 @@ int fx_queue_enable(struct fx_queue *q)
 	return q->ops->queue_enable ? q->ops->queue_enable(q) : 0;
 }
 
+int fx_queue_quiesce(struct fx_queue *q, int timeout_ms)
+{
+	if (!q)
+		return -EINVAL;
+	return q->ops->queue_quiesce ? q->ops->queue_quiesce(q, timeout_ms) : 0;
+}
+
 void fx_queue_destroy(struct fx_queue *q)
 {
 	if (q)

@@ -428,6 +428,10 @@ cdef class Queue:
     # CLOSE_POLL_MS) and destroys it once the last of them has left.
     cdef int users
     cdef bint closing
+    # I/Os its close left with the kernel (fx_queue_quiesce: not back
+    # within FX_QUEUE_DRAIN_MS, or closed where it could not wait for
+    # them): their buffers must stay owned for good (QueueDriver.abandon)
+    cdef readonly int left_with_kernel
     # a live C queue keeps its C device: Dev.close() frees it only once
     # every queue made on it is destroyed (one held by no Device yet: being
     # handed to an event loop, or dropped)
@@ -481,9 +485,16 @@ cdef class Queue:
         check(fx_queue_enable(self.q), f"enable {self.dev.transport} queue on {self.dev.target}")
 
     def close(self):
+        """Close the queue (from any thread).  A thread blocked in wait()
+        gets DeviceClosedError once the I/Os the kernel holds for it are
+        back; then the C queue goes.  What the kernel still holds after
+        FX_QUEUE_DRAIN_MS, or when this thread cannot wait on the ring, is
+        counted in left_with_kernel: those requests' buffers must stay owned
+        (the kernel may still write into them)."""
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
         cdef fx_queue *q
+        cdef int held = 0
         self.closing = True
         while self.users > 0:  # another thread is inside submit or wait
             with nogil:
@@ -492,7 +503,14 @@ cdef class Queue:
         if q != NULL:
             self.q = NULL
             with nogil:
+                # the waiting thread (the ring's own) has drained what it
+                # could; this waits only where this thread can (a ring without
+                # DEFER_TASKRUN, or this thread's own), and destroy does not
+                # wait again after it gave up
+                held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
                 fx_queue_destroy(q)
+            if held > 0:
+                self.left_with_kernel = held
         self._let_go()
 
     cdef void _let_go(self):
@@ -507,8 +525,10 @@ cdef class Queue:
         return 0
 
     def __dealloc__(self):
-        # Without the GIL: a transport may wait (bounded) for its connector
-        # thread or the kernel to let go of buffers.
+        # Without the GIL: a transport may wait for its connector thread or
+        # the kernel to let go of buffers, FX_QUEUE_DRAIN_MS at most for an
+        # io_uring file queue (not at all from a thread that cannot wait on
+        # its ring); what is left then is logged and counted in C.
         if self.q != NULL:
             with nogil:
                 fx_queue_destroy(self.q)
@@ -570,6 +590,9 @@ cdef class Queue:
                 c[i].tag = tag
             with nogil:
                 rc = fx_queue_submit(self.q, c, n)
+            if rc == -17:  # EEXIST: the kernel ties the ring to one thread
+                raise error_from_errno(17, f"submit to {self.dev.target}: this queue's io_uring "
+                                       "ring belongs to another thread (single issuer)")
             check(rc, f"submit to {self.dev.target}")
             return rc
         finally:
@@ -607,28 +630,47 @@ cdef class Queue:
         reap; returns False on timeout.  Raises DeviceClosedError once
         another thread is closing the queue (a wait with no timeout polls
         for that every CLOSE_POLL_MS)."""
-        cdef int rc, step
+        cdef int rc, step, held
         cdef int left = timeout_ms
+        cdef fx_queue *q = self.q
         self._enter()
         try:
             while True:
                 step = CLOSE_POLL_MS if left < 0 or left > CLOSE_POLL_MS else left
                 with nogil:
-                    rc = fx_queue_wait(self.q, min_done, step)
+                    rc = fx_queue_wait(q, min_done, step)
                 if rc != -62 or self.closing:
                     break
                 if left >= 0:
                     left -= step
                     if left <= 0:
                         break
+            if self.closing:
+                # Closed from another thread.  Only this one (a DEFER_TASKRUN
+                # ring's own) can see the kernel finish the I/Os it holds;
+                # the caller gets its buffers back only once they are done
+                # (the close waits for this, as a user).
+                with nogil:
+                    held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
+                if held > 0:
+                    self.left_with_kernel = held
         finally:
             self.users -= 1
         if self.closing:
             raise error_from_errno(9, self.dev.target)
         if rc == -62:  # ETIME
             return False
+        if rc == -17:  # EEXIST
+            raise error_from_errno(17, f"wait for {self.dev.target}: this queue's io_uring "
+                                   "ring belongs to another thread (single issuer)")
         check(rc, f"wait for {self.dev.target}")
         return True
+
+
+def leaked_ios():
+    """I/Os that queue closes left with the kernel in this process
+    (fx_queue_leaked_ios): each one's buffer was kept for good."""
+    return fx_queue_leaked_ios()
 
 
 include "_fabric.pxi"

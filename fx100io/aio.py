@@ -44,6 +44,23 @@ Request = tuple[int, Any, int, int, int]
 Completion = tuple[int, ...]
 
 
+#: Buffers of requests whose queue was closed while the kernel still held
+#: some of its I/Os (Queue.left_with_kernel: not back within
+#: FX_QUEUE_DRAIN_MS, or closed where nobody could wait for them): the
+#: kernel may still write into them, so they are kept for the life of the
+#: process rather than handed back to the allocator.  Bounded by what was in
+#: flight at such closes; left_with_kernel() counts them.
+_kept_for_kernel: list[Any] = []
+
+
+def left_with_kernel() -> dict[str, int]:
+    """What queue closes left with the kernel, process-wide: ``ios`` (I/Os
+    the C core counted), ``buffers`` and ``bytes`` (request buffers kept
+    for good because of them)."""
+    nbytes = sum(memoryview(b).nbytes for b in _kept_for_kernel)
+    return {"ios": int(_core.leaked_ios()), "buffers": len(_kept_for_kernel), "bytes": nbytes}
+
+
 def _class_of(queued: tuple[int, int, int, int, int]) -> int:
     return (queued[0] >> _core.PRIO_SHIFT) & 0xFF
 
@@ -99,6 +116,11 @@ class QueueDriver:
         forever (a request may be waiting for a reconnect).  Futures are
         resolved on their loop's thread."""
         waiters, self._waiters = self._waiters, {}
+        if getattr(self.queue, "left_with_kernel", 0) > 0:
+            # some request handed to C may still be moving its buffer: keep
+            # every such one (which of them cannot be told from here)
+            unsent = {queued[4] for queued in self._backlog}
+            _kept_for_kernel.extend(b for t, b in self._keep.items() if t not in unsent)
         self._keep.clear()
         self._want_crc.clear()
         self._backlog.clear()

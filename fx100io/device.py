@@ -521,10 +521,14 @@ class Device:
 
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
-        """Close every thread's queue, then the device.  Requests still in
-        flight are waited for by the C core before their ring goes away;
-        requests not yet sent (waiting for a reconnect, or for a free slot)
-        fail with DeviceClosedError.  A reconnect in progress is cancelled.
+        """Close every thread's queue, then the device.  Requests not yet
+        sent (waiting for a reconnect, or for a free slot) fail with
+        DeviceClosedError.  Those the kernel holds are waited for, up to 5 s
+        (FX_QUEUE_DRAIN_MS), before their ring goes away; a thread blocked in
+        a blocking call gets DeviceClosedError once its own are back.  What is
+        still with the kernel after that (or when nobody could wait for it: a
+        thread's queue closed between its calls) is logged, and its buffers
+        are kept for good (fx100io.aio.left_with_kernel()).  A reconnect in progress is cancelled.
         Against a target that stopped answering, closing its controller
         waits up to 2 s for the shutdown handshake."""
         if self._closed:

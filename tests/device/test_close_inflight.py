@@ -1,0 +1,313 @@
+"""Closing a device while the kernel still moves a read into its buffer
+(docs/architecture.md, "Closing a queue with I/O in flight").
+
+A read that stays in flight needs a slow disk: tmpfs and a plain loop device
+finish a read inside the submit.  The fixture stacks two loop devices: B (the
+device under test, O_DIRECT) over a file of an ext4 filesystem on A, whose
+reads the blkio controller throttles for the child process's cgroup.  B's
+requests then wait in B's queue for A's throttled reads, for about a second
+per MiB, out of reach of io_uring.  Each scenario runs in a child process put
+in that cgroup, so pytest itself is never throttled."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import fx100io
+from fx100io import _core
+
+REPO = Path(__file__).resolve().parents[2]
+PATTERN = 0x5A
+BPS = 1 << 20  # A's read limit: a 2 MiB read takes about 2 s
+
+
+def _run(cmd: list[str]) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p.stdout.strip()
+
+
+def _throttle_dir(name: str) -> tuple[Path, str]:
+    """A fresh cgroup with a read limit file: (its directory, the limit
+    file's name).  cgroup v1's blkio controller, else v2's io controller."""
+    v1 = Path("/sys/fs/cgroup/blkio")
+    if (v1 / "blkio.throttle.read_bps_device").exists():
+        d = v1 / name
+        d.mkdir(exist_ok=True)
+        return d, "blkio.throttle.read_bps_device"
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        ctl = root / "cgroup.subtree_control"
+        if ctl.exists() and "io" in ctl.read_text().split():
+            d = root / name
+            d.mkdir(exist_ok=True)
+            return d, "io.max"
+    pytest.skip("no blkio/io cgroup controller to throttle a disk with")
+
+
+@pytest.fixture
+def slow_disk(tmp_path: Path):
+    """(path of B, cgroup.procs of the throttled cgroup)."""
+    if os.geteuid() != 0:
+        pytest.skip("a throttled disk needs root (loop devices, mount, cgroups)")
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not available")
+    undo: list[list[str]] = []
+    cg: Path | None = None
+    try:
+        base = tmp_path / "a.img"
+        with open(base, "wb") as f:
+            f.truncate(64 << 20)
+        try:
+            a = _run(["losetup", "-f", "--show", "-b", "4096", str(base)])
+        except RuntimeError as e:
+            pytest.skip(f"no loop device here: {e}")
+        undo.append(["losetup", "-d", a])
+        _run(["mkfs.ext4", "-q", "-F", "-b", "4096", a])
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        _run(["mount", a, str(mnt)])
+        undo.append(["umount", str(mnt)])
+        back = mnt / "b.img"
+        with open(back, "wb") as f:
+            f.write(bytes([PATTERN]) * (8 << 20))
+            os.fsync(f.fileno())
+        b = _run(["losetup", "-f", "--show", "-b", "4096", "--direct-io=on", str(back)])
+        undo.append(["losetup", "-d", b])
+        # what B reads must come from A, not from A's page cache
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        cg, limit = _throttle_dir(f"fx100io-test-{os.getpid()}")
+        majmin = Path(f"/sys/block/{Path(a).name}/dev").read_text().strip()
+        line = f"{majmin} {BPS}" if limit.startswith("blkio") else f"{majmin} rbps={BPS}"
+        try:
+            (cg / limit).write_text(line + "\n")
+        except OSError as e:
+            pytest.skip(f"cannot throttle {a}: {e}")
+        yield b, str(cg / "cgroup.procs")
+    finally:
+        for cmd in reversed(undo):
+            subprocess.run(cmd, capture_output=True, timeout=60)
+        if cg is not None:
+            try:
+                cg.rmdir()
+            except OSError:
+                pass
+
+
+CHILD = r'''
+import json, mmap, os, sys, threading, time
+dev_path, procs, scenario = sys.argv[1:4]
+with open(procs, "w") as f:
+    f.write(str(os.getpid()))
+import fx100io
+from fx100io import _core, aio
+from fx100io.errors import DeviceClosedError
+
+PATTERN = 0x5A
+N = 2 << 20
+out = {}
+dev = fx100io.open_device(dev_path, direct=True)
+buf = mmap.mmap(-1, N)  # page aligned: the read goes O_DIRECT, in two 1 MiB pieces
+
+def landed():
+    return buf[:].count(bytes([PATTERN]))
+
+if scenario == "blocked_reader":
+    res = {}
+    def reader():
+        try:
+            res["n"] = dev.read_into_blocking(0, memoryview(buf))
+        except Exception as e:
+            res["error"] = type(e).__name__
+            res["landed_at_error"] = landed()
+        res["t"] = time.monotonic()
+    t = threading.Thread(target=reader)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.3)
+    out["landed_before_close"] = landed()
+    dev.close()
+    t1 = time.monotonic()
+    out["close_s"] = t1 - t0
+    out["landed_at_close"] = landed()
+    t.join(10)
+    out["reader"] = res
+    out["reader_s"] = res["t"] - t0
+    time.sleep(2.5)  # the whole read would have landed by now
+    out["landed_later"] = landed()
+elif scenario == "nobody_waits":
+    # a request handed to C by a thread that then does something else: the
+    # closing thread cannot wait on that thread's DEFER_TASKRUN ring
+    ready, done = threading.Event(), threading.Event()
+    holders = []
+    def submitter():
+        d = dev._driver(False)
+        out["features"] = d.queue.features
+        r = dev._request(_core.OP_READ, 0, memoryview(buf))
+        holders.extend(d._queue([r], list))
+        d._drain_backlog()
+        # one short wait: a read the device could not take without blocking
+        # goes on in the kernel's worker, truly in flight (until a wait runs
+        # the ring's deferred work, it waits parked in the ring)
+        out["first_wait"] = d.queue.wait(1, 100)
+        out["queue"] = d.queue
+        ready.set()
+        done.wait(20)
+    t = threading.Thread(target=submitter)
+    before = _core.leaked_ios()
+    t.start()
+    ready.wait(10)
+    time.sleep(0.3)
+    out["landed_before_close"] = landed()
+    c0 = time.monotonic()
+    dev.close()
+    out["close_s"] = time.monotonic() - c0
+    out["left_with_kernel"] = out.pop("queue").left_with_kernel
+    out["leaked_ios"] = _core.leaked_ios() - before
+    out["holder"] = [type(h).__name__ for h in holders[0]]
+    kept = aio.left_with_kernel()
+    out["kept_buffers"] = kept["buffers"]
+    out["kept_bytes"] = kept["bytes"]
+    out["kept_is_ours"] = any(getattr(m, "obj", None) is buf for m in aio._kept_for_kernel)
+    out["landed_at_close"] = landed()
+    time.sleep(3.0)
+    out["landed_later"] = landed()
+    done.set()
+    t.join(10)
+print(json.dumps(out), flush=True)
+'''
+
+
+def _child(slow_disk: tuple[str, str], scenario: str) -> tuple[dict, str]:
+    dev, procs = slow_disk
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", CHILD, dev, procs, scenario], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+
+
+def test_close_from_another_thread_waits_for_the_read_the_kernel_holds(slow_disk) -> None:
+    out, _ = _child(slow_disk, "blocked_reader")
+    n = 2 << 20
+    # the read was in flight when close began (the scenario is real)
+    assert out["landed_before_close"] < n
+    # the blocked caller got DeviceClosedError, and only once every byte the
+    # kernel was moving into its buffer had landed: nothing is written after
+    # its buffer was handed back, nor after close returned
+    assert out["reader"]["error"] == "DeviceClosedError"
+    assert out["reader"]["landed_at_error"] == n
+    assert out["landed_at_close"] == n
+    assert out["landed_later"] == n
+    # promptly: as soon as the read was back (about 2 s at 1 MiB/s), far
+    # from FX_QUEUE_DRAIN_MS
+    assert out["reader_s"] < 4.5
+    assert out["close_s"] < 4.5
+
+
+def test_close_that_cannot_wait_keeps_the_buffer_and_says_so(slow_disk) -> None:
+    out, err = _child(slow_disk, "nobody_waits")
+    n = 2 << 20
+    assert "defer_taskrun" in out["features"]  # only such a ring is out of reach
+    assert out["landed_before_close"] < n
+    # close did not wait (it could not) ...
+    assert out["close_s"] < 1.0
+    # ... so it said what it left with the kernel, the request failed, and
+    # its buffer is kept for good
+    assert out["left_with_kernel"] >= 1
+    assert out["leaked_ios"] == out["left_with_kernel"]
+    assert "with the kernel" in err
+    assert out["holder"] == ["DeviceClosedError"]
+    assert out["kept_is_ours"]
+    assert out["kept_buffers"] >= 1 and out["kept_bytes"] >= n
+    # and that was needed: the kernel went on writing into it after close
+    assert out["landed_later"] > out["landed_at_close"]
+
+
+def test_submit_from_another_thread_fails_at_once(tmp_path: Path) -> None:
+    """A ring tied to one thread (SINGLE_ISSUER) refuses another's submit:
+    the batch fails with a clear error, nothing is left queued, and an async
+    caller is not left waiting."""
+    path = tmp_path / "f.img"
+    path.write_bytes(bytes(range(256)) * 64)
+    dev = fx100io.open_device(str(path), direct=False)
+    try:
+        q = dev.raw_queue()
+        if "single_issuer" not in q.features:
+            pytest.skip("this kernel's rings are not tied to a thread")
+        buf = bytearray(4096)
+        addr, n = _core.buffer_address(buf, True)
+        errs: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                q.submit([(_core.OP_READ, addr, n, 0, 7)])
+            except OSError as e:
+                errs.append(e)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+        assert len(errs) == 1 and errs[0].errno == 17
+        assert "another thread" in str(errs[0])
+        assert q.pending == 0
+        # the owning thread still uses it
+        assert q.submit([(_core.OP_READ, addr, n, 0, 8)]) == 1
+        assert q.wait(1, 5000)
+        assert [c[:2] for c in q.reap()] == [(8, 4096)]
+        assert bytes(buf) == bytes(range(256)) * 16
+    finally:
+        dev.close()
+
+
+def test_async_submit_on_another_threads_queue_fails_instead_of_hanging(tmp_path: Path) -> None:
+    import asyncio
+
+    path = tmp_path / "f.img"
+    path.write_bytes(b"\x11" * 8192)
+    dev = fx100io.open_device(str(path), direct=False)
+    try:
+        drv = dev._driver(True)  # this thread's event-loop queue
+        if "single_issuer" not in drv.queue.features:
+            pytest.skip("this kernel's rings are not tied to a thread")
+        got: list[BaseException] = []
+
+        async def use_it() -> None:
+            r = dev._request(_core.OP_READ, 0, bytearray(4096))
+            (f,) = drv.submit([r])
+            try:
+                await asyncio.wait_for(f, 10)
+            except BaseException as e:
+                got.append(e)
+
+        t = threading.Thread(target=lambda: asyncio.run(use_it()))
+        t.start()
+        t.join(20)
+        assert not t.is_alive()
+        assert len(got) == 1 and isinstance(got[0], OSError) and got[0].errno == 17
+        drv.detach()
+    finally:
+        dev.close()
+
+
+def test_close_with_nothing_in_flight_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "f.img"
+    path.write_bytes(b"\x22" * 8192)
+    before = _core.leaked_ios()
+    dev = fx100io.open_device(str(path), direct=False)
+    q = dev.raw_queue()
+    buf = bytearray(8192)
+    assert dev.read_into_blocking(0, buf) == 8192
+    dev.close()
+    assert q.left_with_kernel == 0
+    assert _core.leaked_ios() == before
+    assert bytes(buf) == b"\x22" * 8192
