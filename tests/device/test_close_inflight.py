@@ -125,6 +125,7 @@ def landed():
 if scenario == "blocked_reader":
     res = {}
     def reader():
+        res["features"] = dev._driver().queue.features
         try:
             res["n"] = dev.read_into_blocking(0, memoryview(buf))
         except Exception as e:
@@ -144,6 +145,34 @@ if scenario == "blocked_reader":
     out["reader"] = res
     out["reader_s"] = res["t"] - t0
     time.sleep(2.5)  # the whole read would have landed by now
+    out["landed_later"] = landed()
+elif scenario == "async_reader":
+    # an event loop's queue (no DEFER_TASKRUN: the closing thread can wait
+    # on it), its read in flight, closed from another thread
+    import asyncio
+    res = {}
+    started = threading.Event()
+    async def read():
+        t = asyncio.ensure_future(dev.read_into(0, memoryview(buf)))
+        await asyncio.sleep(0)
+        started.set()
+        try:
+            res["n"] = await asyncio.wait_for(t, 20)
+        except Exception as e:
+            res["error"] = type(e).__name__
+            res["landed_at_error"] = landed()
+    t = threading.Thread(target=lambda: asyncio.run(read()))
+    t0 = time.monotonic()
+    t.start()
+    started.wait(10)
+    time.sleep(0.3)
+    out["landed_before_close"] = landed()
+    dev.close()
+    out["close_s"] = time.monotonic() - t0
+    out["landed_at_close"] = landed()
+    t.join(20)
+    out["reader"] = res
+    time.sleep(2.5)
     out["landed_later"] = landed()
 elif scenario == "nobody_waits":
     # a request handed to C by a thread that then does something else: the
@@ -188,18 +217,23 @@ print(json.dumps(out), flush=True)
 '''
 
 
-def _child(slow_disk: tuple[str, str], scenario: str) -> tuple[dict, str]:
+def _child(slow_disk: tuple[str, str], scenario: str, **env_more: str) -> tuple[dict, str]:
     dev, procs = slow_disk
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **env_more)
     p = subprocess.run([sys.executable, "-c", CHILD, dev, procs, scenario], capture_output=True,
                        text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
 
-def test_close_from_another_thread_waits_for_the_read_the_kernel_holds(slow_disk) -> None:
-    out, _ = _child(slow_disk, "blocked_reader")
+@pytest.mark.parametrize("setup", ["best", "plain"])
+def test_close_from_another_thread_waits_for_the_read_the_kernel_holds(slow_disk, setup) -> None:
+    # best: SINGLE_ISSUER + DEFER_TASKRUN, only the reader's thread can wait;
+    # plain: the fallback ring of older kernels (FX100IO_RING_SETUP=plain)
+    out, _ = _child(slow_disk, "blocked_reader", FX100IO_RING_SETUP=setup)
     n = 2 << 20
+    assert ("defer_taskrun" in out["reader"]["features"]) == (setup == "best")
     # the read was in flight when close began (the scenario is real)
     assert out["landed_before_close"] < n
     # the blocked caller got DeviceClosedError, and only once every byte the
@@ -212,6 +246,19 @@ def test_close_from_another_thread_waits_for_the_read_the_kernel_holds(slow_disk
     # promptly: as soon as the read was back (about 2 s at 1 MiB/s), far
     # from FX_QUEUE_DRAIN_MS
     assert out["reader_s"] < 4.5
+    assert out["close_s"] < 4.5
+
+
+def test_close_from_another_thread_waits_for_an_event_loops_read(slow_disk) -> None:
+    out, _ = _child(slow_disk, "async_reader")
+    n = 2 << 20
+    assert out["landed_before_close"] < n
+    # the closing thread waited for the read itself; the awaiting task got
+    # DeviceClosedError after that, and nothing landed after close returned
+    assert out["landed_at_close"] == n
+    assert out["reader"]["error"] == "DeviceClosedError"
+    assert out["reader"]["landed_at_error"] == n
+    assert out["landed_later"] == n
     assert out["close_s"] < 4.5
 
 
