@@ -550,7 +550,8 @@ static int fq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 /* Pieces the kernel holds: in flight, less those whose SQE it has not
  * taken yet (prepared, or given back by sqes_refused).  Exact with
  * liburing >= 2.2, whose io_uring_sq_ready() counts from the kernel's
- * head. */
+ * head; older ones count from the last flush and make this count unsent
+ * pieces too: a longer wait, never a buffer handed back early. */
 static unsigned held_by_kernel(struct file_queue *q)
 {
 	unsigned inflight = q->depth - q->nfree_pieces;
