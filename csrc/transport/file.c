@@ -204,8 +204,8 @@ struct file_queue {
 	/* Closing (fq_quiesce): no new piece is issued and no SQE submitted,
 	 * so what the kernel holds only shrinks. */
 	int stopping;
-	/* a quiesce already gave up waiting (deadline, or not the ring's
-	 * thread): destroy does not wait a second time */
+	/* a quiesce already waited its whole time: destroy does not wait a
+	 * second time */
 	int gave_up;
 	/* Ranges moved by the CQEs of this pass whose request wants its
 	 * CRC32C: checksummed after the freed pieces are re-issued, so the
@@ -577,11 +577,12 @@ static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 			return 0;
 		int64_t left = deadline - fx_now_ms();
 		if (left <= 0 || q->gave_up) {
-			q->gave_up = 1;
+			if (timeout_ms > 0)
+				q->gave_up = 1; /* (a look without a wait is no give-up) */
 			return (int)held;
 		}
 		if (left > 1000)
-			left = 1000; /* a signal-free wake-up now and then */
+			left = 1000; /* look again each second, whatever woke us */
 		struct __kernel_timespec ts = {.tv_sec = left / 1000,
 					       .tv_nsec = (left % 1000) * 1000000};
 		struct io_uring_cqe *cqe;
@@ -589,10 +590,10 @@ static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 		 * timeout SQE and submits what is queued: those pieces then
 		 * count as held, and the timeout's CQE is not a piece's. */
 		int ret = io_uring_wait_cqe_timeout(&q->ring.uring, &cqe, &ts);
-		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-			q->gave_up = 1; /* -EEXIST: not the ring's thread */
+		/* -EEXIST: not the ring's thread.  Not given up for good: the
+		 * ring's own thread may still wait (a destroy on it). */
+		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
 			return (int)held;
-		}
 	}
 }
 
