@@ -428,10 +428,16 @@ cdef class Queue:
     # CLOSE_POLL_MS) and destroys it once the last of them has left.
     cdef int users
     cdef bint closing
-    # I/Os its close left with the kernel (fx_queue_quiesce: not back
-    # within FX_QUEUE_DRAIN_MS, or closed where it could not wait for
-    # them): their buffers must stay owned for good (QueueDriver.abandon)
+    # I/Os its close left with the kernel (not back within
+    # FX_QUEUE_DRAIN_MS, or never waited for): their buffers must stay owned
+    # for good (QueueDriver.abandon, _kept_for_kernel)
     cdef readonly int left_with_kernel
+    # Closed by another thread while the kernel held I/Os that only the
+    # ring's own thread can wait for (DEFER_TASKRUN): that thread finishes
+    # the close (settle(), on its next call), or the last reference does.
+    # parked: the buffers of its requests handed to C meanwhile.
+    cdef readonly bint handoff
+    cdef public object parked
     # a live C queue keeps its C device: Dev.close() frees it only once
     # every queue made on it is destroyed (one held by no Device yet: being
     # handed to an event loop, or dropped)
@@ -487,10 +493,11 @@ cdef class Queue:
     def close(self):
         """Close the queue (from any thread).  A thread blocked in wait()
         gets DeviceClosedError once the I/Os the kernel holds for it are
-        back; then the C queue goes.  What the kernel still holds after
-        FX_QUEUE_DRAIN_MS, or when this thread cannot wait on the ring, is
-        counted in left_with_kernel: those requests' buffers must stay owned
-        (the kernel may still write into them)."""
+        back; then the C queue goes.  Where only the ring's own thread can
+        wait for what the kernel holds (DEFER_TASKRUN), that thread finishes
+        the close on its next call (handoff; settle()).  What the kernel
+        still holds after FX_QUEUE_DRAIN_MS is counted in left_with_kernel:
+        those requests' buffers must stay owned (it may still write them)."""
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
         cdef fx_queue *q
@@ -499,19 +506,52 @@ cdef class Queue:
         while self.users > 0:  # another thread is inside submit or wait
             with nogil:
                 usleep(1000)
+        if self.handoff:
+            self.settle()  # closed again: on the ring's thread, this finishes it
+            return
         q = self.q
-        if q != NULL:
-            self.q = NULL
-            with nogil:
-                # the waiting thread (the ring's own) has drained what it
-                # could; this waits only where this thread can (a ring without
-                # DEFER_TASKRUN, or this thread's own), and destroy does not
-                # wait again after it gave up
-                held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
-                fx_queue_destroy(q)
-            if held > 0:
-                self.left_with_kernel = held
+        if q == NULL:
+            self._let_go()
+            return
+        # (with the GIL: the ring's own thread cannot settle meanwhile; a
+        # look, it does not wait)
+        if fx_queue_quiesce(q, 0) == -17:
+            self.handoff = True  # EEXIST: only the ring's thread can wait
+            return
+        self.q = NULL
+        with nogil:
+            # the waiting thread (the ring's own) has drained what it could;
+            # this waits where this thread can, and destroy does not wait
+            # again after it ran out of time
+            held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
+            fx_queue_destroy(q)
+        if held > 0:
+            self.left_with_kernel = held
         self._let_go()
+
+    def settle(self):
+        """Finish a close handed to this queue's ring thread (handoff): wait
+        (FX_QUEUE_DRAIN_MS at most) for what the kernel holds, then destroy
+        the queue.  Does nothing on another thread or without a handoff."""
+        cdef fx_queue *q = self.q
+        cdef int held
+        if q == NULL or not self.handoff or self.users > 0:
+            return
+        if fx_queue_quiesce(q, 0) == -17:
+            return  # not the ring's thread
+        self.q = NULL
+        with nogil:
+            held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
+            fx_queue_destroy(q)
+        self._done_parked(held)
+        self._let_go()
+
+    cdef void _done_parked(self, int held):
+        if held != 0:  # > 0, or -EEXIST (destroy logged and counted them)
+            self.left_with_kernel = held if held > 0 else 1
+            if self.parked and _kept_for_kernel is not None:  # (None: at exit)
+                _kept_for_kernel.extend(self.parked)
+        self.parked = None
 
     cdef void _let_go(self):
         if self.holds_dev:
@@ -520,6 +560,7 @@ cdef class Queue:
 
     cdef int _enter(self) except -1:
         if self.q == NULL or self.closing:
+            self.settle()  # the ring's thread back after a handoff
             raise error_from_errno(9, self.dev.target)
         self.users += 1
         return 0
@@ -529,13 +570,21 @@ cdef class Queue:
         # the kernel to let go of buffers, FX_QUEUE_DRAIN_MS at most for an
         # io_uring file queue (not at all from a thread that cannot wait on
         # its ring); what is left then is logged and counted in C.
+        cdef int held = 0
         if self.q != NULL:
             with nogil:
+                held = fx_queue_quiesce(self.q, FX_QUEUE_DRAIN_MS)
                 fx_queue_destroy(self.q)
             self.q = NULL
+            self._done_parked(held)
         if self.dev is not None:
             self._let_go()
         free(self.cqes)
+
+    @property
+    def destroyed(self):
+        """The C queue is gone (closed, or its handed-off close finished)."""
+        return self.q == NULL
 
     @property
     def fd(self):
@@ -665,6 +714,13 @@ cdef class Queue:
                                    "ring belongs to another thread (single issuer)")
         check(rc, f"wait for {self.dev.target}")
         return True
+
+
+#: Buffers of requests whose queue was closed while the kernel still held
+#: some of their I/Os (Queue.left_with_kernel): it may still write into
+#: them, so they are kept for the life of the process rather than handed
+#: back to the allocator.  Bounded by what was in flight at such closes.
+_kept_for_kernel = []
 
 
 def leaked_ios():

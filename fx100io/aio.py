@@ -44,21 +44,13 @@ Request = tuple[int, Any, int, int, int]
 Completion = tuple[int, ...]
 
 
-#: Buffers of requests whose queue was closed while the kernel still held
-#: some of its I/Os (Queue.left_with_kernel: not back within
-#: FX_QUEUE_DRAIN_MS, or closed where nobody could wait for them): the
-#: kernel may still write into them, so they are kept for the life of the
-#: process rather than handed back to the allocator.  Bounded by what was in
-#: flight at such closes; left_with_kernel() counts them.
-_kept_for_kernel: list[Any] = []
-
-
 def left_with_kernel() -> dict[str, int]:
     """What queue closes left with the kernel, process-wide: ``ios`` (I/Os
     the C core counted), ``buffers`` and ``bytes`` (request buffers kept
     for good because of them)."""
-    nbytes = sum(memoryview(b).nbytes for b in _kept_for_kernel)
-    return {"ios": int(_core.leaked_ios()), "buffers": len(_kept_for_kernel), "bytes": nbytes}
+    kept = _core._kept_for_kernel
+    nbytes = sum(memoryview(b).nbytes for b in kept)
+    return {"ios": int(_core.leaked_ios()), "buffers": len(kept), "bytes": nbytes}
 
 
 def _class_of(queued: tuple[int, int, int, int, int]) -> int:
@@ -116,11 +108,18 @@ class QueueDriver:
         forever (a request may be waiting for a reconnect).  Futures are
         resolved on their loop's thread."""
         waiters, self._waiters = self._waiters, {}
-        if getattr(self.queue, "left_with_kernel", 0) > 0:
-            # some request handed to C may still be moving its buffer: keep
-            # every such one (which of them cannot be told from here)
+        if self._keep:
+            # a request handed to C may still be moving its buffer: keep
+            # every such one (which of them cannot be told from here) while
+            # the ring's thread finishes the close (handoff), for good where
+            # the close left I/O with the kernel (Queue.left_with_kernel)
             unsent = {queued[4] for queued in self._backlog}
-            _kept_for_kernel.extend(b for t, b in self._keep.items() if t not in unsent)
+            inflight = [b for t, b in self._keep.items() if t not in unsent]
+            q = self.queue
+            if getattr(q, "handoff", False) and not q.destroyed:
+                q.parked = inflight
+            elif getattr(q, "left_with_kernel", 0) > 0:
+                _core._kept_for_kernel.extend(inflight)
         self._keep.clear()
         self._want_crc.clear()
         self._backlog.clear()
@@ -266,6 +265,10 @@ class QueueDriver:
         holders = self._queue(reqs, list)
         self._drain_backlog()
         self._reap()
+        return self._finish(holders)
+
+    def _finish(self, holders: list[Any]) -> list[Completion]:
+        """run_blocking's wait for holders (requests handed to C)."""
         for h in holders:
             while not h:
                 self.queue.wait(1, -1)
@@ -273,6 +276,10 @@ class QueueDriver:
         out = []
         for h in holders:
             if isinstance(h[0], BaseException):
+                # a close another thread handed to this one (the ring's):
+                # what the kernel holds comes back before the caller's
+                # buffers do
+                self.queue.settle()
                 raise h[0]
             out.append(h[0])
         return out

@@ -525,10 +525,11 @@ class Device:
         sent (waiting for a reconnect, or for a free slot) fail with
         DeviceClosedError.  Those the kernel holds are waited for, up to 5 s
         (FX_QUEUE_DRAIN_MS), before their ring goes away; a thread blocked in
-        a blocking call gets DeviceClosedError once its own are back.  What is
-        still with the kernel after that (or when nobody could wait for it: a
-        thread's queue closed between its calls) is logged, and its buffers
-        are kept for good (fx100io.aio.left_with_kernel()).  A reconnect in progress is cancelled.
+        a blocking call gets DeviceClosedError once its own are back (one
+        between two calls, from its next call, after the same wait).  What is
+        still with the kernel after that (or what nobody could wait for: that
+        thread never calls again) is logged, and its buffers are kept for good
+        (fx100io.aio.left_with_kernel()).  A reconnect in progress is cancelled.
         Against a target that stopped answering, closing its controller
         waits up to 2 s for the shutdown handshake."""
         if self._closed:

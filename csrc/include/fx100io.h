@@ -294,8 +294,9 @@ void fx_queue_destroy(struct fx_queue *q);
 /*
  * Closing a queue: issue nothing more (queued requests stay unissued) and
  * wait up to timeout_ms for the I/Os the kernel holds to come back.  Returns
- * how many it still holds: 0 (every buffer is the caller's again), or > 0
- * at once from a thread that cannot wait on the ring.  After it, only
+ * how many it still holds: 0 (every buffer is the caller's again), > 0 (the
+ * time ran out), or -EEXIST at once while it holds some that only the ring's
+ * own thread can wait for (DEFER_TASKRUN): call it there.  After it, only
  * fx_queue_reap and fx_queue_destroy.  0 for transports without it (their
  * destroy does its own bounded wait).
  */

@@ -561,9 +561,9 @@ static unsigned held_by_kernel(struct file_queue *q)
 
 /* Stop issuing, and wait up to timeout_ms for the pieces the kernel holds
  * to come back (their CQEs are accounted as usual, so their requests
- * complete).  Returns how many it still holds: 0, or at once when this
- * thread cannot wait on the ring (-EEXIST: a DEFER_TASKRUN ring's
- * completions run only on its own thread). */
+ * complete).  Returns how many it still holds, or -EEXIST at once while it
+ * holds some and this thread cannot wait for them: a DEFER_TASKRUN ring's
+ * completions run only on its own thread. */
 static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 {
 	struct file_queue *q = (struct file_queue *)base;
@@ -575,6 +575,8 @@ static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 		unsigned held = held_by_kernel(q);
 		if (!held)
 			return 0;
+		if ((q->ring.features & FX_RING_DEFER_TASKRUN) && !fx_ring_is_issuer(&q->ring))
+			return -EEXIST;
 		int64_t left = deadline - fx_now_ms();
 		if (left <= 0 || q->gave_up) {
 			if (timeout_ms > 0)
@@ -590,8 +592,8 @@ static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 		 * timeout SQE and submits what is queued: those pieces then
 		 * count as held, and the timeout's CQE is not a piece's. */
 		int ret = io_uring_wait_cqe_timeout(&q->ring.uring, &cqe, &ts);
-		/* -EEXIST: not the ring's thread.  Not given up for good: the
-		 * ring's own thread may still wait (a destroy on it). */
+		if (ret == -EEXIST)
+			return -EEXIST; /* (tied to a thread after all) */
 		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
 			return (int)held;
 	}
@@ -607,6 +609,8 @@ static void fq_destroy(struct fx_queue *base)
 	 * caller buffers and its own ring), so it is freed; the caller's
 	 * buffers must stay owned (Queue.close tells Python how many). */
 	int held = fq_quiesce(base, FX_QUEUE_DRAIN_MS);
+	if (held == -EEXIST)
+		held = (int)held_by_kernel(q);
 	if (held > 0) {
 		fx_ring_count_leaked((unsigned)held);
 		fprintf(stderr,

@@ -174,10 +174,14 @@ elif scenario == "async_reader":
     out["reader"] = res
     time.sleep(2.5)
     out["landed_later"] = landed()
-elif scenario == "nobody_waits":
-    # a request handed to C by a thread that then does something else: the
-    # closing thread cannot wait on that thread's DEFER_TASKRUN ring
-    ready, done = threading.Event(), threading.Event()
+elif scenario in ("ring_thread_returns", "ring_thread_never_returns"):
+    # A request handed to C by a thread that then does something else: the
+    # closing thread cannot wait on that thread's DEFER_TASKRUN ring, so it
+    # hands the close over.  Either that thread calls again (it finishes the
+    # close, waiting for the kernel, before its caller hears of it), or the
+    # queue's last reference goes on another thread (it is left to the
+    # kernel: logged, counted, the buffer kept for good).
+    ready, closed, done = threading.Event(), threading.Event(), threading.Event()
     holders = []
     def submitter():
         d = dev._driver(False)
@@ -189,9 +193,24 @@ elif scenario == "nobody_waits":
         # goes on in the kernel's worker, truly in flight (until a wait runs
         # the ring's deferred work, it waits parked in the ring)
         out["first_wait"] = d.queue.wait(1, 100)
-        out["queue"] = d.queue
+        if scenario == "ring_thread_never_returns":
+            keep.append(d)  # the last reference is the main thread's
+            d = None
+            ready.set()
+            done.wait(20)  # alive (its exit would wait for its I/O)
+            return
         ready.set()
+        closed.wait(20)
+        try:
+            d._finish(holders)  # run_blocking's wait, come back after the close
+        except Exception as e:
+            out["error"] = type(e).__name__
+            out["landed_at_error"] = landed()
+        out["left_with_kernel"] = d.queue.left_with_kernel
+        out["destroyed"] = d.queue.destroyed
+        out["parked"] = d.queue.parked
         done.wait(20)
+    keep = []
     t = threading.Thread(target=submitter)
     before = _core.leaked_ios()
     t.start()
@@ -201,15 +220,25 @@ elif scenario == "nobody_waits":
     c0 = time.monotonic()
     dev.close()
     out["close_s"] = time.monotonic() - c0
-    out["left_with_kernel"] = out.pop("queue").left_with_kernel
-    out["leaked_ios"] = _core.leaked_ios() - before
-    out["holder"] = [type(h).__name__ for h in holders[0]]
-    kept = aio.left_with_kernel()
-    out["kept_buffers"] = kept["buffers"]
-    out["kept_bytes"] = kept["bytes"]
-    out["kept_is_ours"] = any(getattr(m, "obj", None) is buf for m in aio._kept_for_kernel)
     out["landed_at_close"] = landed()
-    time.sleep(3.0)
+    out["holder"] = [type(h).__name__ for h in holders[0]]
+    if scenario == "ring_thread_returns":
+        closed.set()
+        time.sleep(3.0)
+    else:
+        q = keep[0].queue
+        out["handoff"] = q.handoff
+        out["parked_is_ours"] = any(getattr(m, "obj", None) is buf for m in q.parked or [])
+        keep.clear()
+        del q  # the queue goes on this thread: nobody can wait for its I/O
+        out["left_with_kernel"] = 0
+        kept = aio.left_with_kernel()
+        out["kept_buffers"] = kept["buffers"]
+        out["kept_bytes"] = kept["bytes"]
+        out["kept_is_ours"] = any(getattr(m, "obj", None) is buf for m in _core._kept_for_kernel)
+        out["leaked_ios"] = _core.leaked_ios() - before
+        out["landed_at_drop"] = landed()
+        time.sleep(3.0)
     out["landed_later"] = landed()
     done.set()
     t.join(10)
@@ -262,23 +291,36 @@ def test_close_from_another_thread_waits_for_an_event_loops_read(slow_disk) -> N
     assert out["close_s"] < 4.5
 
 
-def test_close_that_cannot_wait_keeps_the_buffer_and_says_so(slow_disk) -> None:
-    out, err = _child(slow_disk, "nobody_waits")
+def test_close_handed_to_the_ring_thread_waits_for_its_read(slow_disk) -> None:
+    out, _ = _child(slow_disk, "ring_thread_returns")
     n = 2 << 20
     assert "defer_taskrun" in out["features"]  # only such a ring is out of reach
     assert out["landed_before_close"] < n
-    # close did not wait (it could not) ...
+    # close could not wait, and did not: it handed the close to the ring's
+    # thread, which heard of it only once the kernel was done with its buffer
     assert out["close_s"] < 1.0
-    # ... so it said what it left with the kernel, the request failed, and
-    # its buffer is kept for good
-    assert out["left_with_kernel"] >= 1
-    assert out["leaked_ios"] == out["left_with_kernel"]
-    assert "with the kernel" in err
     assert out["holder"] == ["DeviceClosedError"]
+    assert out["error"] == "DeviceClosedError"
+    assert out["landed_at_error"] == n
+    assert out["landed_later"] == n
+    assert out["destroyed"] and out["left_with_kernel"] == 0 and out["parked"] is None
+
+
+def test_close_nobody_can_wait_for_keeps_the_buffer_and_says_so(slow_disk) -> None:
+    out, err = _child(slow_disk, "ring_thread_never_returns")
+    n = 2 << 20
+    assert out["landed_before_close"] < n
+    assert out["close_s"] < 1.0
+    assert out["handoff"] and out["parked_is_ours"]
+    assert out["holder"] == ["DeviceClosedError"]
+    # the queue went where nobody could wait for the read: said, counted,
+    # and its buffer kept for good
+    assert out["leaked_ios"] >= 1
+    assert "with the kernel" in err
     assert out["kept_is_ours"]
     assert out["kept_buffers"] >= 1 and out["kept_bytes"] >= n
-    # and that was needed: the kernel went on writing into it after close
-    assert out["landed_later"] > out["landed_at_close"]
+    # and that was needed: the kernel went on writing into it after
+    assert out["landed_later"] > out["landed_at_drop"]
 
 
 def test_submit_from_another_thread_fails_at_once(tmp_path: Path) -> None:
