@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,15 @@ def slow_disk(tmp_path: Path):
         yield b, str(cg / "cgroup.procs")
     finally:
         for cmd in reversed(undo):
-            subprocess.run(cmd, capture_output=True, timeout=60)
+            # B's detach can lag its last close a moment: umount retries,
+            # then detaches lazily rather than leave the mount behind
+            for _ in range(20):
+                if subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0:
+                    break
+                time.sleep(0.1)
+            else:
+                if cmd[0] == "umount":
+                    subprocess.run(["umount", "-l", cmd[1]], capture_output=True, timeout=60)
         if cg is not None:
             try:
                 cg.rmdir()
