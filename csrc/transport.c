@@ -111,7 +111,7 @@ int fx_queue_wait(struct fx_queue *q, unsigned min, int timeout_ms)
 
 int fx_queue_fd(const struct fx_queue *q)
 {
-	return q->poll_fd;
+	return q ? q->poll_fd : -EBADF; /* (a closed queue: no fd) */
 }
 
 unsigned fx_queue_pending(const struct fx_queue *q)
@@ -121,7 +121,7 @@ unsigned fx_queue_pending(const struct fx_queue *q)
 
 unsigned fx_queue_features(const struct fx_queue *q)
 {
-	return q->features;
+	return q ? q->features : 0;
 }
 
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out)

@@ -12,9 +12,14 @@ cdef enum:
 from libc.string cimport memset
 from libc.stdint cimport uintptr_t
 
+import logging as _logging
+import time as _time
+
 from fx100io.errors import error_from_errno
 
 OP_READ = FX_OP_READ
+#: how long a queue's close waits for the I/Os the kernel holds (ms)
+QUEUE_DRAIN_MS = FX_QUEUE_DRAIN_MS
 OP_WRITE = FX_OP_WRITE
 OP_FLUSH = FX_OP_FLUSH
 #: OR into OP_READ / OP_WRITE: the completion also carries the CRC32C of the
@@ -438,6 +443,8 @@ cdef class Queue:
     # parked: the buffers of its requests handed to C meanwhile.
     cdef readonly bint handoff
     cdef public object parked
+    # tags of `parked` whose buffers went to _kept_for_kernel
+    cdef readonly frozenset kept_tags
     # a live C queue keeps its C device: Dev.close() frees it only once
     # every queue made on it is destroyed (one held by no Device yet: being
     # handed to an event loop, or dropped)
@@ -490,24 +497,46 @@ cdef class Queue:
             raise error_from_errno(9, self.dev.target)
         check(fx_queue_enable(self.q), f"enable {self.dev.transport} queue on {self.dev.target}")
 
-    def close(self):
-        """Close the queue (from any thread).  A thread blocked in wait()
-        gets DeviceClosedError once the I/Os the kernel holds for it are
-        back; then the C queue goes.  Where only the ring's own thread can
-        wait for what the kernel holds (DEFER_TASKRUN), that thread finishes
-        the close on its next call (handoff; settle()).  What the kernel
-        still holds after FX_QUEUE_DRAIN_MS is counted in left_with_kernel:
-        those requests' buffers must stay owned (it may still write them)."""
+    def begin_close(self):
+        """Mark the queue closing (from any thread), waiting for nothing:
+        new calls raise DeviceClosedError and a thread blocked in wait()
+        starts waiting for its own I/Os.  Device.close() marks all of its
+        queues first, so their threads drain at the same time."""
+        self.closing = True
+
+    def close(self, int timeout_ms=FX_QUEUE_DRAIN_MS, int users_ms=-1):
+        """Close the queue (from any thread), waiting timeout_ms at most.
+        A thread blocked in wait() waits, with no limit, for the I/Os the
+        kernel holds for it (its buffers), then gets DeviceClosedError; this
+        waits up to users_ms (< 0: timeout_ms) for it to leave, and if it
+        has not, leaves the close to it (handoff).  Where only the ring's
+        own thread can wait for what the kernel holds (DEFER_TASKRUN), that
+        thread finishes the close on its next call (settle()).  What the
+        kernel still holds when the C queue goes (after timeout_ms here, or
+        FX_QUEUE_DRAIN_MS when the last reference goes) is counted in
+        left_with_kernel and the buffers in `parked` are kept for good
+        (_kept_for_kernel)."""
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
         cdef fx_queue *q
-        cdef int held = 0
+        cdef int held = 0, left
+        cdef double deadline = _time.monotonic() + max(timeout_ms, 0) / 1000.0
+        cdef double users_deadline = deadline if users_ms < 0 else min(
+            deadline, _time.monotonic() + users_ms / 1000.0)
         self.closing = True
-        while self.users > 0:  # another thread is inside submit or wait
+        while self.users > 0 and _time.monotonic() < users_deadline:
             with nogil:
                 usleep(1000)
+        if self.users > 0:
+            # A thread inside a call (the ring's own when it waits) may be
+            # waiting for I/O the kernel holds in its buffers: it finishes
+            # the close as it leaves (wait()); this closer is not held up.
+            # (Decided with the GIL, as the user's leaving is: no window.)
+            self.handoff = True
+            return
         if self.handoff:
-            self.settle()  # closed again: on the ring's thread, this finishes it
+            # closed again: on the ring's thread this finishes it
+            self.settle(max(int((deadline - _time.monotonic()) * 1000), 1))
             return
         q = self.q
         if q == NULL:
@@ -519,20 +548,18 @@ cdef class Queue:
             self.handoff = True  # EEXIST: only the ring's thread can wait
             return
         self.q = NULL
+        # at least 1 ms: a wait that ran out keeps destroy from waiting again
+        left = max(int((deadline - _time.monotonic()) * 1000), 1)
         with nogil:
-            # the waiting thread (the ring's own) has drained what it could;
-            # this waits where this thread can, and destroy does not wait
-            # again after it ran out of time
-            held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
-            fx_queue_destroy(q)
-        if held > 0:
-            self.left_with_kernel = held
-        self._let_go()
+            held = fx_queue_quiesce(q, left)
+        self._destroy(q, held)
 
-    def settle(self):
+    def settle(self, int timeout_ms=-1):
         """Finish a close handed to this queue's ring thread (handoff): wait
-        (FX_QUEUE_DRAIN_MS at most) for what the kernel holds, then destroy
-        the queue.  Does nothing on another thread or without a handoff."""
+        for what the kernel holds (with no limit by default: on the ring's
+        thread, whose calls own the buffers), then destroy the queue.  Does
+        nothing on a thread that cannot wait on the ring, without a
+        handoff, or while a call is inside."""
         cdef fx_queue *q = self.q
         cdef int held
         if q == NULL or not self.handoff or self.users > 0:
@@ -541,17 +568,41 @@ cdef class Queue:
             return  # not the ring's thread
         self.q = NULL
         with nogil:
-            held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
+            held = fx_queue_quiesce(q, timeout_ms)
+        self._destroy(q, held)
+
+    cdef void _destroy(self, fx_queue *q, int held):
+        """Destroy q (taken off self.q already) after a quiesce that left
+        held I/Os with the kernel (-EEXIST: some, none could be waited for
+        from this thread).  Requests it completed meanwhile are not the
+        kernel's any more; the buffers of the others are kept for good."""
+        cdef int n
+        cdef set done = set()
+        if held != 0:
+            # (a reap on a stopping queue issues nothing: it only reports)
+            while True:
+                n = fx_queue_reap(q, self.cqes, self.ncqes)
+                if n <= 0:
+                    break
+                for i in range(n):
+                    done.add(self.cqes[i].tag)
+                if <unsigned>n < self.ncqes:
+                    break
+        with nogil:
             fx_queue_destroy(q)
-        self._done_parked(held)
+        self._done_parked(held, done)
         self._let_go()
 
-    cdef void _done_parked(self, int held):
-        if held != 0:  # > 0, or -EEXIST (destroy logged and counted them)
-            self.left_with_kernel = held if held > 0 else 1
-            if self.parked and _kept_for_kernel is not None:  # (None: at exit)
-                _kept_for_kernel.extend(self.parked)
+    cdef void _done_parked(self, int held, set done):
+        parked = self.parked
         self.parked = None
+        if held == 0:
+            return
+        self.left_with_kernel = held if held > 0 else 1  # -EEXIST: some
+        if parked and _kept_for_kernel is not None:  # (None: at exit)
+            kept = {t: b for t, b in parked.items() if t not in done}
+            self.kept_tags = frozenset(kept)
+            _keep_for_kernel(list(kept.values()))
 
     cdef void _let_go(self):
         if self.holds_dev:
@@ -569,14 +620,15 @@ cdef class Queue:
         # Without the GIL: a transport may wait for its connector thread or
         # the kernel to let go of buffers, FX_QUEUE_DRAIN_MS at most for an
         # io_uring file queue (not at all from a thread that cannot wait on
-        # its ring); what is left then is logged and counted in C.
+        # its ring); what is left then is logged and counted in C, and the
+        # buffers of the requests it held are kept (parked: the driver's).
         cdef int held = 0
-        if self.q != NULL:
-            with nogil:
-                held = fx_queue_quiesce(self.q, FX_QUEUE_DRAIN_MS)
-                fx_queue_destroy(self.q)
+        cdef fx_queue *q = self.q
+        if q != NULL:
             self.q = NULL
-            self._done_parked(held)
+            with nogil:
+                held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
+            self._destroy(q, held)
         if self.dev is not None:
             self._let_go()
         free(self.cqes)
@@ -588,6 +640,8 @@ cdef class Queue:
 
     @property
     def fd(self):
+        if self.q == NULL:
+            raise error_from_errno(9, self.dev.target)
         return fx_queue_fd(self.q)
 
     @property
@@ -596,6 +650,8 @@ cdef class Queue:
 
     @property
     def features(self):
+        if self.q == NULL:
+            raise error_from_errno(9, self.dev.target)
         cdef unsigned f = fx_queue_features(self.q)
         return [name for bit, name in RING_FEATURES.items() if f & bit]
 
@@ -695,17 +751,19 @@ cdef class Queue:
                     if left <= 0:
                         break
             if self.closing:
-                # Closed from another thread.  Only this one (a DEFER_TASKRUN
-                # ring's own) can see the kernel finish the I/Os it holds;
-                # the caller gets its buffers back only once they are done
-                # (the close waits for this, as a user).
+                # Closed from another thread.  This thread's caller owns the
+                # buffers the kernel may still be writing (and on a
+                # DEFER_TASKRUN ring only this thread can see the kernel
+                # finish): it gets them back, with the error, only once the
+                # kernel is done with them, however long that takes.  The
+                # closer does not wait past its own bound (handoff).
                 with nogil:
-                    held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
-                if held > 0:
-                    self.left_with_kernel = held
+                    held = fx_queue_quiesce(q, -1)
         finally:
             self.users -= 1
         if self.closing:
+            if self.handoff and self.users == 0:
+                self.settle()  # the closer left the close to this thread
             raise error_from_errno(9, self.dev.target)
         if rc == -62:  # ETIME
             return False
@@ -716,11 +774,32 @@ cdef class Queue:
         return True
 
 
-#: Buffers of requests whose queue was closed while the kernel still held
-#: some of their I/Os (Queue.left_with_kernel): it may still write into
+#: Buffers of requests whose queue was destroyed while the kernel still
+#: held some of their I/Os (Queue.left_with_kernel): it may still write into
 #: them, so they are kept for the life of the process rather than handed
-#: back to the allocator.  Bounded by what was in flight at such closes.
+#: back to the allocator (the ring that would tell when it is done is gone).
 _kept_for_kernel = []
+_kept_bytes = 0
+#: Past these, each further keep is logged as an error: memory the process
+#: cannot get back, which a device that keeps failing this way grows.  Not a
+#: hard cap: dropping a buffer the kernel may write is never the answer.
+KEEP_WARN_BUFFERS = 4096
+KEEP_WARN_BYTES = 1 << 30
+
+
+def _keep_for_kernel(list bufs):
+    global _kept_bytes
+    cdef Py_ssize_t nbytes = 0
+    for b in bufs:
+        nbytes += memoryview(b).nbytes
+    _kept_for_kernel.extend(bufs)
+    _kept_bytes += nbytes
+    if len(_kept_for_kernel) > KEEP_WARN_BUFFERS or _kept_bytes > KEEP_WARN_BYTES:
+        _logging.getLogger("fx100io").error(
+            "fx100io: %d buffer(s), %d bytes, kept for good for I/Os queue closes left with "
+            "the kernel (over %d buffers or %d bytes): a device keeps failing to complete "
+            "I/O at close", len(_kept_for_kernel), _kept_bytes, KEEP_WARN_BUFFERS,
+            KEEP_WARN_BYTES)
 
 
 def leaked_ios():

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fx100io import _core
+from fx100io.errors import BufferStillInUseError
 
 if TYPE_CHECKING:
     import asyncio
@@ -67,6 +68,11 @@ class QueueDriver:
         self.raw = False
         self._waiters: dict[int, Any] = {}
         self._keep: dict[int, Any] = {}
+        # The queue holds this same dict from the start: whichever thread
+        # destroys it (a close, its ring's thread after a handoff, the last
+        # reference) finds the buffers of what the kernel may still hold,
+        # with no window where neither side has them.
+        queue.parked = self._keep
         self._want_crc: set[int] = set()
         self._backlog: list[tuple[int, int, int, int, int]] = []
         self._next_tag = 1
@@ -108,37 +114,42 @@ class QueueDriver:
         forever (a request may be waiting for a reconnect).  Futures are
         resolved on their loop's thread."""
         waiters, self._waiters = self._waiters, {}
-        if self._keep:
-            # a request handed to C may still be moving its buffer: keep
-            # every such one (which of them cannot be told from here) while
-            # the ring's thread finishes the close (handoff), for good where
-            # the close left I/O with the kernel (Queue.left_with_kernel)
-            unsent = {queued[4] for queued in self._backlog}
-            inflight = [b for t, b in self._keep.items() if t not in unsent]
-            q = self.queue
-            if getattr(q, "handoff", False) and not q.destroyed:
-                q.parked = inflight
-            elif getattr(q, "left_with_kernel", 0) > 0:
-                _core._kept_for_kernel.extend(inflight)
-        self._keep.clear()
+        # Requests never handed to C hold no buffer the kernel could use;
+        # the others' buffers stay with the queue (the dict it shares) until
+        # its close is finished, for good where the kernel kept I/O.
+        for queued in self._backlog:
+            self._keep.pop(queued[4], None)
+        self._keep = {}
         self._want_crc.clear()
         self._backlog.clear()
-        futs = [w for w in waiters.values() if not isinstance(w, list)]
-        for w in waiters.values():
+        kept = getattr(self.queue, "kept_tags", None) or frozenset()
+
+        def exc_for(tag: int) -> BaseException:
+            if tag in kept:
+                # the kernel may still write this buffer: the caller must
+                # not reuse it (it is kept referenced, _core._kept_for_kernel)
+                return BufferStillInUseError(
+                    9, "device closed while the kernel still held this request's I/O; "
+                    "its buffer must not be reused")
+            return make_exc()
+
+        excs = {t: exc_for(t) for t in waiters}
+        futs = [(w, excs[t]) for t, w in waiters.items() if not isinstance(w, list)]
+        for t, w in waiters.items():
             if isinstance(w, list):
-                w.append(make_exc())
+                w.append(excs[t])
         if not futs:
             return
-        loop = futs[0].get_loop()
+        loop = futs[0][0].get_loop()
         try:
             running = _running_loop()
         except RuntimeError:
             running = None
 
         def fail() -> None:
-            for f in futs:
+            for f, exc in futs:
                 if not f.done():
-                    f.set_exception(make_exc())
+                    f.set_exception(exc)
 
         if running is loop:
             fail()

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -537,9 +538,19 @@ class Device:
         self._closed = True
         with self._lock:
             drivers = list(self._drivers)
+        # Every queue is marked first: the threads blocked on them all start
+        # waiting for their own I/Os at once, and one deadline bounds this
+        # close as a whole, not each queue in turn.
         for d in drivers:
             d.detach()
-            d.queue.close()
+            d.queue.begin_close()
+        deadline = time.monotonic() + _core.QUEUE_DRAIN_MS / 1000
+        # On an event loop, a thread blocked in a call is not waited for at
+        # all: it finishes its queue's close itself (the loop must not stall
+        # on other threads' I/O).  This thread's own queue has nobody inside.
+        users_ms = 0 if _loop_running() else -1
+        for d in drivers:
+            d.queue.close(max(int((deadline - time.monotonic()) * 1000), 0), users_ms)
             d.abandon(lambda: DeviceClosedError(
                 9, "device closed before the request completed", self.target))
         self._local = threading.local()

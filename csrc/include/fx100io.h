@@ -293,7 +293,8 @@ void fx_queue_destroy(struct fx_queue *q);
 #define FX_QUEUE_DRAIN_MS 5000
 /*
  * Closing a queue: issue nothing more (queued requests stay unissued) and
- * wait up to timeout_ms for the I/Os the kernel holds to come back.  Returns
+ * wait up to timeout_ms (< 0: with no limit, for the thread whose call owns
+ * the buffers) for the I/Os the kernel holds to come back.  Returns
  * how many it still holds: 0 (every buffer is the caller's again), > 0 (the
  * time ran out), or -EEXIST at once while it holds some that only the ring's
  * own thread can wait for (DEFER_TASKRUN): call it there.  After it, only

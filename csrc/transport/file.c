@@ -559,15 +559,18 @@ static unsigned held_by_kernel(struct file_queue *q)
 	return inflight > unsent ? inflight - unsent : 0;
 }
 
-/* Stop issuing, and wait up to timeout_ms for the pieces the kernel holds
- * to come back (their CQEs are accounted as usual, so their requests
- * complete).  Returns how many it still holds, or -EEXIST at once while it
+/* Stop issuing, and wait up to timeout_ms (< 0: until they are all back)
+ * for the pieces the kernel holds to come back (their CQEs are accounted as
+ * usual, so their requests complete).  Returns how many it still holds, or -EEXIST at once while it
  * holds some and this thread cannot wait for them: a DEFER_TASKRUN ring's
  * completions run only on its own thread. */
 static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 {
 	struct file_queue *q = (struct file_queue *)base;
 	int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	/* < 0: the thread whose call owns these buffers waits for them however
+	 * long the kernel takes (only it may reuse them after) */
+	int forever = timeout_ms < 0;
 
 	q->stopping = 1;
 	for (;;) {
@@ -578,12 +581,12 @@ static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 		if ((q->ring.features & FX_RING_DEFER_TASKRUN) && !fx_ring_is_issuer(&q->ring))
 			return -EEXIST;
 		int64_t left = deadline - fx_now_ms();
-		if (left <= 0 || q->gave_up) {
+		if (!forever && (left <= 0 || q->gave_up)) {
 			if (timeout_ms > 0)
 				q->gave_up = 1; /* (a look without a wait is no give-up) */
 			return (int)held;
 		}
-		if (left > 1000)
+		if (forever || left > 1000)
 			left = 1000; /* look again each second, whatever woke us */
 		struct __kernel_timespec ts = {.tv_sec = left / 1000,
 					       .tv_nsec = (left % 1000) * 1000000};
