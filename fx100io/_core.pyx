@@ -445,6 +445,9 @@ cdef class Queue:
     cdef public object parked
     # tags of `parked` whose buffers went to _kept_for_kernel
     cdef readonly frozenset kept_tags
+    # made for an event loop: no call of its thread owns a request's buffer
+    # (futures do), so finishing a handed-off close there is bounded
+    cdef bint fd_wake
     # a live C queue keeps its C device: Dev.close() frees it only once
     # every queue made on it is destroyed (one held by no Device yet: being
     # handed to an event loop, or dropped)
@@ -464,6 +467,7 @@ cdef class Queue:
         # an event loop waits on fd: a ring whose wake-ups it sees at once
         # (FX_QUEUE_FD_WAKE in fx100io.h)
         o.flags = FX_QUEUE_FD_WAKE if fd_wake else 0
+        self.fd_wake = fd_wake
         # made here, used by the thread that calls enable() (an event
         # loop's, which must not wait for the connect made here)
         if defer_enable:
@@ -599,7 +603,7 @@ cdef class Queue:
         if held == 0:
             return
         self.left_with_kernel = held if held > 0 else 1  # -EEXIST: some
-        if parked and _kept_for_kernel is not None:  # (None: at exit)
+        if parked and _kept_for_kernel is not None and _keep_for_kernel is not None:  # (at exit)
             kept = {t: b for t, b in parked.items() if t not in done}
             self.kept_tags = frozenset(kept)
             _keep_for_kernel(list(kept.values()))
@@ -609,12 +613,24 @@ cdef class Queue:
             self.holds_dev = False
             self.dev._leave()  # the device's close, if it waited for this queue
 
+    cdef int _owner_ms(self):
+        """How long the calling thread, finishing a handed-off close,
+        waits for the kernel: a blocking caller owns those buffers and waits
+        for them (no limit); an event loop's thread must not stall."""
+        return FX_QUEUE_DRAIN_MS if self.fd_wake else -1
+
     cdef int _enter(self) except -1:
         if self.q == NULL or self.closing:
-            self.settle()  # the ring's thread back after a handoff
+            self.settle(self._owner_ms())  # the ring's thread back after a handoff
             raise error_from_errno(9, self.dev.target)
         self.users += 1
         return 0
+
+    cdef void _leave(self):
+        self.users -= 1
+        if self.handoff and self.users == 0:
+            # the closer did not wait for this call to leave: finish it here
+            self.settle(self._owner_ms())
 
     def __dealloc__(self):
         # Without the GIL: a transport may wait for its connector thread or
@@ -682,6 +698,7 @@ cdef class Queue:
         self._enter()
         c = <fx_req *>malloc(n * sizeof(fx_req))
         if c == NULL:
+            self._leave()  # (a user left counted would hold a close up)
             raise MemoryError()
         try:
             for i, (op, addr, length, off, tag) in enumerate(reqs):
@@ -701,8 +718,8 @@ cdef class Queue:
             check(rc, f"submit to {self.dev.target}")
             return rc
         finally:
-            self.users -= 1
             free(c)
+            self._leave()
 
     def reap(self):
         """Finished requests as [(tag, res, status, crc32c), ...]; never
@@ -728,7 +745,7 @@ cdef class Queue:
                 if <unsigned>n < ncqes:
                     return out
         finally:
-            self.users -= 1
+            self._leave()
 
     def wait(self, unsigned min_done=1, int timeout_ms=-1):
         """Block (without the GIL) until min_done requests are ready to

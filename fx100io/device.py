@@ -524,15 +524,18 @@ class Device:
     def close(self) -> None:
         """Close every thread's queue, then the device.  Requests not yet
         sent (waiting for a reconnect, or for a free slot) fail with
-        DeviceClosedError.  Those the kernel holds are waited for, up to 5 s
-        (FX_QUEUE_DRAIN_MS), before their ring goes away; a thread blocked in
-        a blocking call gets DeviceClosedError once its own are back (one
-        between two calls, from its next call, after the same wait).  What is
-        still with the kernel after that (or what nobody could wait for: that
-        thread never calls again) is logged, and its buffers are kept for good
-        (fx100io.aio.left_with_kernel()).  A reconnect in progress is cancelled.
-        Against a target that stopped answering, closing its controller
-        waits up to 2 s for the shutdown handshake."""
+        DeviceClosedError.  A thread blocked in a blocking call gets
+        DeviceClosedError once the I/Os the kernel holds for it are back,
+        with no time limit (one between two calls: from its next call, after
+        the same wait); this waits up to 5 s (FX_QUEUE_DRAIN_MS) for all of
+        them together, then leaves the rest of the close to those threads
+        (on an event loop's thread it does not wait for them at all).  A
+        request nobody's call waits for (an event loop's) still with the
+        kernel after those 5 s is logged, fails with BufferStillInUseError,
+        and its buffer is kept for good (fx100io.aio.left_with_kernel()).
+        A reconnect in progress is cancelled.  Against a target that
+        stopped answering, closing its controller waits up to 2 s for the
+        shutdown handshake."""
         if self._closed:
             return
         self._closed = True
