@@ -519,7 +519,8 @@ cdef class Queue:
         kernel still holds when the C queue goes (after timeout_ms here, or
         FX_QUEUE_DRAIN_MS when the last reference goes) is counted in
         left_with_kernel and the buffers in `parked` are kept for good
-        (_kept_for_kernel)."""
+        (_kept_for_kernel).  Returns True when a thread inside a call
+        finishes the close (`destroyed` says when it has)."""
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
         cdef fx_queue *q
@@ -537,26 +538,27 @@ cdef class Queue:
             # the close as it leaves (wait()); this closer is not held up.
             # (Decided with the GIL, as the user's leaving is: no window.)
             self.handoff = True
-            return
+            return True
         if self.handoff:
             # closed again: on the ring's thread this finishes it
             self.settle(max(int((deadline - _time.monotonic()) * 1000), 1))
-            return
+            return False
         q = self.q
         if q == NULL:
             self._let_go()
-            return
+            return False
         # (with the GIL: the ring's own thread cannot settle meanwhile; a
         # look, it does not wait)
         if fx_queue_quiesce(q, 0) == -17:
             self.handoff = True  # EEXIST: only the ring's thread can wait
-            return
+            return False
         self.q = NULL
         # at least 1 ms: a wait that ran out keeps destroy from waiting again
         left = max(int((deadline - _time.monotonic()) * 1000), 1)
         with nogil:
             held = fx_queue_quiesce(q, left)
         self._destroy(q, held)
+        return False
 
     def settle(self, int timeout_ms=-1):
         """Finish a close handed to this queue's ring thread (handoff): wait

@@ -548,14 +548,19 @@ class Device:
             d.detach()
             d.queue.begin_close()
         deadline = time.monotonic() + _core.QUEUE_DRAIN_MS / 1000
-        # On an event loop, a thread blocked in a call is not waited for at
-        # all: it finishes its queue's close itself (the loop must not stall
-        # on other threads' I/O).  This thread's own queue has nobody inside.
-        users_ms = 0 if _loop_running() else -1
+        # A thread blocked in a call waits for its own I/Os and finishes its
+        # queue's close itself: not waited for one queue at a time (the
+        # queues nobody is inside get the whole time), and on an event loop
+        # not at all (the loop must not stall on other threads' I/O).
+        inside = []
         for d in drivers:
-            d.queue.close(max(int((deadline - time.monotonic()) * 1000), 0), users_ms)
+            if d.queue.close(max(int((deadline - time.monotonic()) * 1000), 0), 0):
+                inside.append(d.queue)
             d.abandon(lambda: DeviceClosedError(
                 9, "device closed before the request completed", self.target))
+        if not _loop_running():
+            while any(not q.destroyed for q in inside) and time.monotonic() < deadline:
+                time.sleep(0.002)
         self._local = threading.local()
         try:
             self._dev.close()
