@@ -552,13 +552,18 @@ class Device:
         # queue's close itself: not waited for one queue at a time (the
         # queues nobody is inside get the whole time), and on an event loop
         # not at all (the loop must not stall on other threads' I/O).
+        # An event loop's queue is only ever inside a short reap or submit
+        # (its thread does not block in C): waited for, so that its thread
+        # is not left to finish the close and stall its loop.
+        on_loop = _loop_running()
         inside = []
         for d in drivers:
-            if d.queue.close(max(int((deadline - time.monotonic()) * 1000), 0), 0):
+            users_ms = (100 if on_loop else -1) if d.fd_wake else 0
+            if d.queue.close(max(int((deadline - time.monotonic()) * 1000), 0), users_ms):
                 inside.append(d.queue)
             d.abandon(lambda: DeviceClosedError(
                 9, "device closed before the request completed", self.target))
-        if not _loop_running():
+        if not on_loop:
             while any(not q.destroyed for q in inside) and time.monotonic() < deadline:
                 time.sleep(0.002)
         self._local = threading.local()
