@@ -13,6 +13,7 @@ from libc.string cimport memset
 from libc.stdint cimport uintptr_t
 
 import logging as _logging
+import sys as _sys
 import time as _time
 
 from fx100io.errors import error_from_errno
@@ -514,8 +515,10 @@ cdef class Queue:
         kernel holds for it (its buffers), then gets DeviceClosedError; this
         waits up to users_ms (< 0: timeout_ms) for it to leave, and if it
         has not, leaves the close to it (handoff).  Where only the ring's
-        own thread can wait for what the kernel holds (DEFER_TASKRUN), that
-        thread finishes the close on its next call (settle()).  What the
+        own thread can wait for what the kernel holds (DEFER_TASKRUN), and on
+        any queue not made for an event loop that holds I/O (a blocking
+        caller's, between two calls), that thread finishes the close on its
+        next call (settle()).  What the
         kernel still holds when the C queue goes (after timeout_ms here, or
         FX_QUEUE_DRAIN_MS when the last reference goes) is counted in
         left_with_kernel and the buffers in `parked` are kept for good
@@ -524,7 +527,7 @@ cdef class Queue:
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
         cdef fx_queue *q
-        cdef int held = 0, left
+        cdef int held = 0, left, rc
         cdef double deadline = _time.monotonic() + max(timeout_ms, 0) / 1000.0
         cdef double users_deadline = deadline if users_ms < 0 else min(
             deadline, _time.monotonic() + users_ms / 1000.0)
@@ -549,8 +552,14 @@ cdef class Queue:
             return False
         # (with the GIL: the ring's own thread cannot settle meanwhile; a
         # look, it does not wait)
-        if fx_queue_quiesce(q, 0) == -17:
-            self.handoff = True  # EEXIST: only the ring's thread can wait
+        rc = fx_queue_quiesce(q, 0)
+        if rc == -17 or (rc > 0 and not self.fd_wake):
+            # EEXIST: only the ring's thread can wait.  And a blocking
+            # caller's queue (its thread between two calls) is its thread's
+            # to finish in any case: it waits for its own buffers with no
+            # limit, where this closer would give up after its bound and
+            # the caller could meet the closed queue first and reuse them.
+            self.handoff = True
             return False
         self.q = NULL
         # at least 1 ms: a wait that ran out keeps destroy from waiting again
@@ -619,7 +628,12 @@ cdef class Queue:
         """How long the calling thread, finishing a handed-off close,
         waits for the kernel: a blocking caller owns those buffers and waits
         for them (no limit); an event loop's thread must not stall."""
-        return FX_QUEUE_DRAIN_MS if self.fd_wake else -1
+        if self.fd_wake:
+            return FX_QUEUE_DRAIN_MS
+        aio_mod = _sys.modules.get("asyncio")  # (not imported: no loop runs)
+        if aio_mod is not None and aio_mod._get_running_loop() is not None:
+            return FX_QUEUE_DRAIN_MS  # a queue made for C waits, used by a loop
+        return -1
 
     cdef int _enter(self) except -1:
         if self.q == NULL or self.closing:

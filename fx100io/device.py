@@ -539,6 +539,9 @@ class Device:
         if self._closed:
             return
         self._closed = True
+        self._close_queues_and_device()
+
+    def _close_queues_and_device(self) -> None:
         with self._lock:
             drivers = list(self._drivers)
         # Every queue is marked first: the threads blocked on them all start
@@ -583,7 +586,41 @@ class Device:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """close(), off the event loop (what ``async with`` calls): waiting
+        for this loop's own I/O (up to 5 s) or a controller's shutdown must
+        not stall the loop.  The device is closed to new requests at once;
+        cancelled, the close still ends in its thread."""
+        import asyncio
+
+        if self._closed:
+            return
+        self._closed = True  # new requests fail from now on
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            drivers = list(self._drivers)
+        for d in drivers:
+            if d._loop is loop:
+                d.detach()  # (on its loop's thread: add/remove_reader are not thread-safe)
+        ended = loop.create_future()
+
+        def run() -> None:
+            try:
+                self._close_queues_and_device()
+            finally:
+                def end() -> None:
+                    if not ended.done():
+                        ended.set_result(None)
+
+                try:
+                    loop.call_soon_threadsafe(end)
+                except RuntimeError:
+                    pass  # the loop closed meanwhile
+
+        threading.Thread(target=run, daemon=True, name="fx100io-device-close").start()
+        await asyncio.shield(ended)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"

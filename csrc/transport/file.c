@@ -561,9 +561,9 @@ static unsigned held_by_kernel(struct file_queue *q)
 
 /* Stop issuing, and wait up to timeout_ms (< 0: until they are all back)
  * for the pieces the kernel holds to come back (their CQEs are accounted as
- * usual, so their requests complete).  Returns how many it still holds, or -EEXIST at once while it
- * holds some and this thread cannot wait for them: a DEFER_TASKRUN ring's
- * completions run only on its own thread. */
+ * usual, so their requests complete).  Returns how many it still holds, or
+ * -EEXIST at once while it holds some and this thread cannot wait for them:
+ * a DEFER_TASKRUN ring's completions run only on its own thread. */
 static int fq_quiesce(struct fx_queue *base, int timeout_ms)
 {
 	struct file_queue *q = (struct file_queue *)base;
