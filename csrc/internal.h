@@ -6,6 +6,7 @@
 #define FX100IO_INTERNAL_H
 
 #include <liburing.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/uio.h>
 
@@ -24,6 +25,7 @@ struct fx_ring {
 	int efd;           /* eventfd registered with the ring */
 	unsigned features; /* FX_RING_* */
 	int disabled;      /* set up with R_DISABLED: fx_ring_enable() first */
+	pthread_t issuer;  /* the thread the kernel ties a SINGLE_ISSUER ring to */
 	/* generation of the pool slot installed in each fixed-buffer slot;
 	 * 0 = nothing installed, UINT32_MAX = installing failed, stop trying */
 	uint32_t installed[FX_BUF_SLOTS];
@@ -41,6 +43,11 @@ void fx_ring_exit(struct fx_ring *r);
 /* Enable a ring set up disabled (FX_QUEUE_DEFER_ENABLE): the calling thread
  * becomes its single issuer.  0 when it was not disabled; -errno. */
 int fx_ring_enable(struct fx_ring *r);
+/* Whether the calling thread may submit to and wait on r: always, unless r
+ * is SINGLE_ISSUER and tied to another thread (the kernel says -EEXIST). */
+int fx_ring_is_issuer(const struct fx_ring *r);
+/* Count n I/Os a queue destroy left with the kernel (fx_queue_leaked_ios). */
+void fx_ring_count_leaked(unsigned n);
 /* Fixed-buffer index covering [addr, addr+len), installing the pool slot in
  * this ring on first use; -1 when the range is not in a registered pool. */
 int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len);
@@ -77,6 +84,9 @@ struct fx_transport_ops {
 	/* fx_queue_enable; NULL where the transport's queue may be used from
 	 * any thread as it is made (no ring of its own). */
 	int (*queue_enable)(struct fx_queue *q);
+	/* fx_queue_quiesce; NULL where the kernel holds no caller buffer
+	 * past the transport's own destroy (it answers 0). */
+	int (*queue_quiesce)(struct fx_queue *q, int timeout_ms);
 	int (*queue_submit)(struct fx_queue *q, const struct fx_req *reqs, unsigned n);
 	int (*queue_reap)(struct fx_queue *q, struct fx_cqe *out, unsigned max);
 	int (*queue_wait)(struct fx_queue *q, unsigned min, int timeout_ms);

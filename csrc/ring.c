@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -61,6 +62,9 @@ int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags)
 		if (ret == 0) {
 			r->features = probe_order[i].features;
 			r->disabled = !!(p.flags & IORING_SETUP_R_DISABLED);
+			/* the kernel ties a single-issuer ring to this thread
+			 * now, or to the one that enables it */
+			r->issuer = pthread_self();
 			break;
 		}
 		if (ret != -EINVAL)
@@ -111,7 +115,29 @@ int fx_ring_enable(struct fx_ring *r)
 		    0) < 0)
 		return -errno;
 	r->disabled = 0;
+	r->issuer = pthread_self();
 	return 0;
+}
+
+int fx_ring_is_issuer(const struct fx_ring *r)
+{
+	if (!(r->features & FX_RING_SINGLE_ISSUER))
+		return 1;
+	return pthread_equal(r->issuer, pthread_self()) != 0;
+}
+
+/* I/Os that queue destroys left with the kernel, process-wide (any thread
+ * may destroy a queue). */
+static uint64_t leaked_ios;
+
+void fx_ring_count_leaked(unsigned n)
+{
+	__atomic_fetch_add(&leaked_ios, n, __ATOMIC_RELAXED);
+}
+
+uint64_t fx_queue_leaked_ios(void)
+{
+	return __atomic_load_n(&leaked_ios, __ATOMIC_RELAXED);
 }
 
 int fx_ring_buf_index(struct fx_ring *r, const void *addr, uint64_t len)

@@ -81,6 +81,13 @@ int fx_queue_enable(struct fx_queue *q)
 	return q->ops->queue_enable ? q->ops->queue_enable(q) : 0;
 }
 
+int fx_queue_quiesce(struct fx_queue *q, int timeout_ms)
+{
+	if (!q)
+		return -EINVAL;
+	return q->ops->queue_quiesce ? q->ops->queue_quiesce(q, timeout_ms) : 0;
+}
+
 void fx_queue_destroy(struct fx_queue *q)
 {
 	if (q)
@@ -104,7 +111,7 @@ int fx_queue_wait(struct fx_queue *q, unsigned min, int timeout_ms)
 
 int fx_queue_fd(const struct fx_queue *q)
 {
-	return q->poll_fd;
+	return q ? q->poll_fd : -EBADF; /* (a closed queue: no fd) */
 }
 
 unsigned fx_queue_pending(const struct fx_queue *q)
@@ -114,7 +121,7 @@ unsigned fx_queue_pending(const struct fx_queue *q)
 
 unsigned fx_queue_features(const struct fx_queue *q)
 {
-	return q->features;
+	return q ? q->features : 0;
 }
 
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out)

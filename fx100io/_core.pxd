@@ -118,6 +118,9 @@ cdef extern from "fx100io.h" nogil:
     void fx_dev_close(fx_dev *d)
     int fx_queue_create(fx_dev *d, const fx_queue_opts *opts, fx_queue **out)
     void fx_queue_destroy(fx_queue *q)
+    enum: FX_QUEUE_DRAIN_MS
+    int fx_queue_quiesce(fx_queue *q, int timeout_ms)
+    uint64_t fx_queue_leaked_ios()
     int fx_queue_enable(fx_queue *q)
     int fx_queue_submit(fx_queue *q, const fx_req *reqs, unsigned n)
     int fx_queue_reap(fx_queue *q, fx_cqe *out, unsigned max)

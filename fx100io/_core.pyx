@@ -12,9 +12,15 @@ cdef enum:
 from libc.string cimport memset
 from libc.stdint cimport uintptr_t
 
+import logging as _logging
+import sys as _sys
+import time as _time
+
 from fx100io.errors import error_from_errno
 
 OP_READ = FX_OP_READ
+#: how long a queue's close waits for the I/Os the kernel holds (ms)
+QUEUE_DRAIN_MS = FX_QUEUE_DRAIN_MS
 OP_WRITE = FX_OP_WRITE
 OP_FLUSH = FX_OP_FLUSH
 #: OR into OP_READ / OP_WRITE: the completion also carries the CRC32C of the
@@ -428,6 +434,21 @@ cdef class Queue:
     # CLOSE_POLL_MS) and destroys it once the last of them has left.
     cdef int users
     cdef bint closing
+    # I/Os its close left with the kernel (not back within
+    # FX_QUEUE_DRAIN_MS, or never waited for): their buffers must stay owned
+    # for good (QueueDriver.abandon, _kept_for_kernel)
+    cdef readonly int left_with_kernel
+    # Closed by another thread while the kernel held I/Os that only the
+    # ring's own thread can wait for (DEFER_TASKRUN): that thread finishes
+    # the close (settle(), on its next call), or the last reference does.
+    # parked: the buffers of its requests handed to C meanwhile.
+    cdef readonly bint handoff
+    cdef public object parked
+    # tags of `parked` whose buffers went to _kept_for_kernel
+    cdef readonly frozenset kept_tags
+    # made for an event loop: no call of its thread owns a request's buffer
+    # (futures do), so finishing a handed-off close there is bounded
+    cdef bint fd_wake
     # a live C queue keeps its C device: Dev.close() frees it only once
     # every queue made on it is destroyed (one held by no Device yet: being
     # handed to an event loop, or dropped)
@@ -447,6 +468,7 @@ cdef class Queue:
         # an event loop waits on fd: a ring whose wake-ups it sees at once
         # (FX_QUEUE_FD_WAKE in fx100io.h)
         o.flags = FX_QUEUE_FD_WAKE if fd_wake else 0
+        self.fd_wake = fd_wake
         # made here, used by the thread that calls enable() (an event
         # loop's, which must not wait for the connect made here)
         if defer_enable:
@@ -480,45 +502,178 @@ cdef class Queue:
             raise error_from_errno(9, self.dev.target)
         check(fx_queue_enable(self.q), f"enable {self.dev.transport} queue on {self.dev.target}")
 
-    def close(self):
+    def begin_close(self):
+        """Mark the queue closing (from any thread), waiting for nothing:
+        new calls raise DeviceClosedError and a thread blocked in wait()
+        starts waiting for its own I/Os.  Device.close() marks all of its
+        queues first, so their threads drain at the same time."""
+        self.closing = True
+
+    def close(self, int timeout_ms=FX_QUEUE_DRAIN_MS, int users_ms=-1):
+        """Close the queue (from any thread), waiting timeout_ms at most.
+        A thread blocked in wait() waits, with no limit, for the I/Os the
+        kernel holds for it (its buffers), then gets DeviceClosedError; this
+        waits up to users_ms (< 0: timeout_ms) for it to leave, and if it
+        has not, leaves the close to it (handoff).  Where only the ring's
+        own thread can wait for what the kernel holds (DEFER_TASKRUN), and on
+        any queue not made for an event loop that holds I/O (a blocking
+        caller's, between two calls), that thread finishes the close on its
+        next call (settle()).  What the
+        kernel still holds when the C queue goes (after timeout_ms here, or
+        FX_QUEUE_DRAIN_MS when the last reference goes) is counted in
+        left_with_kernel and the buffers in `parked` are kept for good
+        (_kept_for_kernel).  Returns True when a thread inside a call
+        finishes the close (`destroyed` says when it has)."""
         # Cleared before the GIL is let go: a reap from another thread then
         # sees a closed queue, never one being destroyed.
         cdef fx_queue *q
+        cdef int held = 0, left, rc
+        cdef double deadline = _time.monotonic() + max(timeout_ms, 0) / 1000.0
+        cdef double users_deadline = deadline if users_ms < 0 else min(
+            deadline, _time.monotonic() + users_ms / 1000.0)
         self.closing = True
-        while self.users > 0:  # another thread is inside submit or wait
+        while self.users > 0 and _time.monotonic() < users_deadline:
             with nogil:
                 usleep(1000)
+        if self.users > 0:
+            # A thread inside a call (the ring's own when it waits) may be
+            # waiting for I/O the kernel holds in its buffers: it finishes
+            # the close as it leaves (wait()); this closer is not held up.
+            # (Decided with the GIL, as the user's leaving is: no window.)
+            self.handoff = True
+            return True
+        if self.handoff:
+            # closed again: on the ring's thread this finishes it
+            self.settle(max(int((deadline - _time.monotonic()) * 1000), 1))
+            return False
         q = self.q
-        if q != NULL:
-            self.q = NULL
-            with nogil:
-                fx_queue_destroy(q)
+        if q == NULL:
+            self._let_go()
+            return False
+        # (with the GIL: the ring's own thread cannot settle meanwhile; a
+        # look, it does not wait)
+        rc = fx_queue_quiesce(q, 0)
+        if rc == -17 or (rc > 0 and not self.fd_wake):
+            # EEXIST: only the ring's thread can wait.  And a blocking
+            # caller's queue (its thread between two calls) is its thread's
+            # to finish in any case: it waits for its own buffers with no
+            # limit, where this closer would give up after its bound and
+            # the caller could meet the closed queue first and reuse them.
+            self.handoff = True
+            return False
+        self.q = NULL
+        # at least 1 ms: a wait that ran out keeps destroy from waiting again
+        left = max(int((deadline - _time.monotonic()) * 1000), 1)
+        with nogil:
+            held = fx_queue_quiesce(q, left)
+        self._destroy(q, held)
+        return False
+
+    def settle(self, int timeout_ms=-1):
+        """Finish a close handed to this queue's ring thread (handoff): wait
+        for what the kernel holds (with no limit by default: on the ring's
+        thread, whose calls own the buffers), then destroy the queue.  Does
+        nothing on a thread that cannot wait on the ring, without a
+        handoff, or while a call is inside."""
+        cdef fx_queue *q = self.q
+        cdef int held
+        if q == NULL or not self.handoff or self.users > 0:
+            return
+        if fx_queue_quiesce(q, 0) == -17:
+            return  # not the ring's thread
+        self.q = NULL
+        with nogil:
+            held = fx_queue_quiesce(q, timeout_ms)
+        self._destroy(q, held)
+
+    cdef void _destroy(self, fx_queue *q, int held):
+        """Destroy q (taken off self.q already) after a quiesce that left
+        held I/Os with the kernel (-EEXIST: some, none could be waited for
+        from this thread).  Requests it completed meanwhile are not the
+        kernel's any more; the buffers of the others are kept for good."""
+        cdef int n
+        cdef set done = set()
+        if held != 0:
+            # (a reap on a stopping queue issues nothing: it only reports)
+            while True:
+                n = fx_queue_reap(q, self.cqes, self.ncqes)
+                if n <= 0:
+                    break
+                for i in range(n):
+                    done.add(self.cqes[i].tag)
+                if <unsigned>n < self.ncqes:
+                    break
+        with nogil:
+            fx_queue_destroy(q)
+        self._done_parked(held, done)
         self._let_go()
+
+    cdef void _done_parked(self, int held, set done):
+        parked = self.parked
+        self.parked = None
+        if held == 0:
+            return
+        self.left_with_kernel = held if held > 0 else 1  # -EEXIST: some
+        if parked and _kept_for_kernel is not None and _keep_for_kernel is not None:  # (at exit)
+            kept = {t: b for t, b in parked.items() if t not in done}
+            self.kept_tags = frozenset(kept)
+            _keep_for_kernel(list(kept.values()))
 
     cdef void _let_go(self):
         if self.holds_dev:
             self.holds_dev = False
             self.dev._leave()  # the device's close, if it waited for this queue
 
+    cdef int _owner_ms(self):
+        """How long the calling thread, finishing a handed-off close,
+        waits for the kernel: a blocking caller owns those buffers and waits
+        for them (no limit); an event loop's thread must not stall."""
+        if self.fd_wake:
+            return FX_QUEUE_DRAIN_MS
+        aio_mod = _sys.modules.get("asyncio")  # (not imported: no loop runs)
+        if aio_mod is not None and aio_mod._get_running_loop() is not None:
+            return FX_QUEUE_DRAIN_MS  # a queue made for C waits, used by a loop
+        return -1
+
     cdef int _enter(self) except -1:
         if self.q == NULL or self.closing:
+            self.settle(self._owner_ms())  # the ring's thread back after a handoff
             raise error_from_errno(9, self.dev.target)
         self.users += 1
         return 0
 
+    cdef void _leave(self):
+        self.users -= 1
+        if self.handoff and self.users == 0:
+            # the closer did not wait for this call to leave: finish it here
+            self.settle(self._owner_ms())
+
     def __dealloc__(self):
-        # Without the GIL: a transport may wait (bounded) for its connector
-        # thread or the kernel to let go of buffers.
-        if self.q != NULL:
-            with nogil:
-                fx_queue_destroy(self.q)
+        # Without the GIL: a transport may wait for its connector thread or
+        # the kernel to let go of buffers, FX_QUEUE_DRAIN_MS at most for an
+        # io_uring file queue (not at all from a thread that cannot wait on
+        # its ring); what is left then is logged and counted in C, and the
+        # buffers of the requests it held are kept (parked: the driver's).
+        cdef int held = 0
+        cdef fx_queue *q = self.q
+        if q != NULL:
             self.q = NULL
+            with nogil:
+                held = fx_queue_quiesce(q, FX_QUEUE_DRAIN_MS)
+            self._destroy(q, held)
         if self.dev is not None:
             self._let_go()
         free(self.cqes)
 
     @property
+    def destroyed(self):
+        """The C queue is gone (closed, or its handed-off close finished)."""
+        return self.q == NULL
+
+    @property
     def fd(self):
+        if self.q == NULL:
+            raise error_from_errno(9, self.dev.target)
         return fx_queue_fd(self.q)
 
     @property
@@ -527,6 +682,8 @@ cdef class Queue:
 
     @property
     def features(self):
+        if self.q == NULL:
+            raise error_from_errno(9, self.dev.target)
         cdef unsigned f = fx_queue_features(self.q)
         return [name for bit, name in RING_FEATURES.items() if f & bit]
 
@@ -557,6 +714,7 @@ cdef class Queue:
         self._enter()
         c = <fx_req *>malloc(n * sizeof(fx_req))
         if c == NULL:
+            self._leave()  # (a user left counted would hold a close up)
             raise MemoryError()
         try:
             for i, (op, addr, length, off, tag) in enumerate(reqs):
@@ -570,11 +728,14 @@ cdef class Queue:
                 c[i].tag = tag
             with nogil:
                 rc = fx_queue_submit(self.q, c, n)
+            if rc == -17:  # EEXIST: the kernel ties the ring to one thread
+                raise error_from_errno(17, f"submit to {self.dev.target}: this queue's io_uring "
+                                       "ring belongs to another thread (single issuer)")
             check(rc, f"submit to {self.dev.target}")
             return rc
         finally:
-            self.users -= 1
             free(c)
+            self._leave()
 
     def reap(self):
         """Finished requests as [(tag, res, status, crc32c), ...]; never
@@ -600,35 +761,84 @@ cdef class Queue:
                 if <unsigned>n < ncqes:
                     return out
         finally:
-            self.users -= 1
+            self._leave()
 
     def wait(self, unsigned min_done=1, int timeout_ms=-1):
         """Block (without the GIL) until min_done requests are ready to
         reap; returns False on timeout.  Raises DeviceClosedError once
         another thread is closing the queue (a wait with no timeout polls
         for that every CLOSE_POLL_MS)."""
-        cdef int rc, step
+        cdef int rc, step, held
         cdef int left = timeout_ms
+        cdef fx_queue *q = self.q
         self._enter()
         try:
             while True:
                 step = CLOSE_POLL_MS if left < 0 or left > CLOSE_POLL_MS else left
                 with nogil:
-                    rc = fx_queue_wait(self.q, min_done, step)
+                    rc = fx_queue_wait(q, min_done, step)
                 if rc != -62 or self.closing:
                     break
                 if left >= 0:
                     left -= step
                     if left <= 0:
                         break
+            if self.closing:
+                # Closed from another thread.  This thread's caller owns the
+                # buffers the kernel may still be writing (and on a
+                # DEFER_TASKRUN ring only this thread can see the kernel
+                # finish): it gets them back, with the error, only once the
+                # kernel is done with them, however long that takes.  The
+                # closer does not wait past its own bound (handoff).
+                with nogil:
+                    held = fx_queue_quiesce(q, -1)
         finally:
             self.users -= 1
         if self.closing:
+            if self.handoff and self.users == 0:
+                self.settle()  # the closer left the close to this thread
             raise error_from_errno(9, self.dev.target)
         if rc == -62:  # ETIME
             return False
+        if rc == -17:  # EEXIST
+            raise error_from_errno(17, f"wait for {self.dev.target}: this queue's io_uring "
+                                   "ring belongs to another thread (single issuer)")
         check(rc, f"wait for {self.dev.target}")
         return True
+
+
+#: Buffers of requests whose queue was destroyed while the kernel still
+#: held some of their I/Os (Queue.left_with_kernel): it may still write into
+#: them, so they are kept for the life of the process rather than handed
+#: back to the allocator (the ring that would tell when it is done is gone).
+_kept_for_kernel = []
+_kept_bytes = 0
+#: Past these, each further keep is logged as an error: memory the process
+#: cannot get back, which a device that keeps failing this way grows.  Not a
+#: hard cap: dropping a buffer the kernel may write is never the answer.
+KEEP_WARN_BUFFERS = 4096
+KEEP_WARN_BYTES = 1 << 30
+
+
+def _keep_for_kernel(list bufs):
+    global _kept_bytes
+    cdef Py_ssize_t nbytes = 0
+    for b in bufs:
+        nbytes += memoryview(b).nbytes
+    _kept_for_kernel.extend(bufs)
+    _kept_bytes += nbytes
+    if len(_kept_for_kernel) > KEEP_WARN_BUFFERS or _kept_bytes > KEEP_WARN_BYTES:
+        _logging.getLogger("fx100io").error(
+            "fx100io: %d buffer(s), %d bytes, kept for good for I/Os queue closes left with "
+            "the kernel (over %d buffers or %d bytes): a device keeps failing to complete "
+            "I/O at close", len(_kept_for_kernel), _kept_bytes, KEEP_WARN_BUFFERS,
+            KEEP_WARN_BYTES)
+
+
+def leaked_ios():
+    """I/Os that queue closes left with the kernel in this process
+    (fx_queue_leaked_ios): each one's buffer was kept for good."""
+    return fx_queue_leaked_ios()
 
 
 include "_fabric.pxi"

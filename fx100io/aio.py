@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fx100io import _core
+from fx100io.errors import BufferStillInUseError
 
 if TYPE_CHECKING:
     import asyncio
@@ -44,6 +45,15 @@ Request = tuple[int, Any, int, int, int]
 Completion = tuple[int, ...]
 
 
+def left_with_kernel() -> dict[str, int]:
+    """What queue closes left with the kernel, process-wide: ``ios`` (I/Os
+    the C core counted), ``buffers`` and ``bytes`` (request buffers kept
+    for good because of them)."""
+    kept = _core._kept_for_kernel
+    nbytes = sum(memoryview(b).nbytes for b in kept)
+    return {"ios": int(_core.leaked_ios()), "buffers": len(kept), "bytes": nbytes}
+
+
 def _class_of(queued: tuple[int, int, int, int, int]) -> int:
     return (queued[0] >> _core.PRIO_SHIFT) & 0xFF
 
@@ -58,6 +68,11 @@ class QueueDriver:
         self.raw = False
         self._waiters: dict[int, Any] = {}
         self._keep: dict[int, Any] = {}
+        # The queue holds this same dict from the start: whichever thread
+        # destroys it (a close, its ring's thread after a handoff, the last
+        # reference) finds the buffers of what the kernel may still hold,
+        # with no window where neither side has them.
+        queue.parked = self._keep
         self._want_crc: set[int] = set()
         self._backlog: list[tuple[int, int, int, int, int]] = []
         self._next_tag = 1
@@ -99,25 +114,42 @@ class QueueDriver:
         forever (a request may be waiting for a reconnect).  Futures are
         resolved on their loop's thread."""
         waiters, self._waiters = self._waiters, {}
-        self._keep.clear()
+        # Requests never handed to C hold no buffer the kernel could use;
+        # the others' buffers stay with the queue (the dict it shares) until
+        # its close is finished, for good where the kernel kept I/O.
+        for queued in self._backlog:
+            self._keep.pop(queued[4], None)
+        self._keep = {}
         self._want_crc.clear()
         self._backlog.clear()
-        futs = [w for w in waiters.values() if not isinstance(w, list)]
-        for w in waiters.values():
+        kept = getattr(self.queue, "kept_tags", None) or frozenset()
+
+        def exc_for(tag: int) -> BaseException:
+            if tag in kept:
+                # the kernel may still write this buffer: the caller must
+                # not reuse it (it is kept referenced, _core._kept_for_kernel)
+                return BufferStillInUseError(
+                    9, "device closed while the kernel still held this request's I/O; "
+                    "its buffer must not be reused")
+            return make_exc()
+
+        excs = {t: exc_for(t) for t in waiters}
+        futs = [(w, excs[t]) for t, w in waiters.items() if not isinstance(w, list)]
+        for t, w in waiters.items():
             if isinstance(w, list):
-                w.append(make_exc())
+                w.append(excs[t])
         if not futs:
             return
-        loop = futs[0].get_loop()
+        loop = futs[0][0].get_loop()
         try:
             running = _running_loop()
         except RuntimeError:
             running = None
 
         def fail() -> None:
-            for f in futs:
+            for f, exc in futs:
                 if not f.done():
-                    f.set_exception(make_exc())
+                    f.set_exception(exc)
 
         if running is loop:
             fail()
@@ -244,6 +276,10 @@ class QueueDriver:
         holders = self._queue(reqs, list)
         self._drain_backlog()
         self._reap()
+        return self._finish(holders)
+
+    def _finish(self, holders: list[Any]) -> list[Completion]:
+        """run_blocking's wait for holders (requests handed to C)."""
         for h in holders:
             while not h:
                 self.queue.wait(1, -1)
@@ -251,6 +287,10 @@ class QueueDriver:
         out = []
         for h in holders:
             if isinstance(h[0], BaseException):
+                # a close another thread handed to this one (the ring's):
+                # what the kernel holds comes back before the caller's
+                # buffers do
+                self.queue.settle()
                 raise h[0]
             out.append(h[0])
         return out

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -521,22 +522,53 @@ class Device:
 
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
-        """Close every thread's queue, then the device.  Requests still in
-        flight are waited for by the C core before their ring goes away;
-        requests not yet sent (waiting for a reconnect, or for a free slot)
-        fail with DeviceClosedError.  A reconnect in progress is cancelled.
-        Against a target that stopped answering, closing its controller
-        waits up to 2 s for the shutdown handshake."""
+        """Close every thread's queue, then the device.  Requests not yet
+        sent (waiting for a reconnect, or for a free slot) fail with
+        DeviceClosedError.  A thread blocked in a blocking call gets
+        DeviceClosedError once the I/Os the kernel holds for it are back,
+        with no time limit (one between two calls: from its next call, after
+        the same wait); this waits up to 5 s (FX_QUEUE_DRAIN_MS) for all of
+        them together, then leaves the rest of the close to those threads
+        (on an event loop's thread it does not wait for them at all).  A
+        request nobody's call waits for (an event loop's) still with the
+        kernel after those 5 s is logged, fails with BufferStillInUseError,
+        and its buffer is kept for good (fx100io.aio.left_with_kernel()).
+        A reconnect in progress is cancelled.  Against a target that
+        stopped answering, closing its controller waits up to 2 s for the
+        shutdown handshake."""
         if self._closed:
             return
         self._closed = True
+        self._close_queues_and_device()
+
+    def _close_queues_and_device(self) -> None:
         with self._lock:
             drivers = list(self._drivers)
+        # Every queue is marked first: the threads blocked on them all start
+        # waiting for their own I/Os at once, and one deadline bounds this
+        # close as a whole, not each queue in turn.
         for d in drivers:
             d.detach()
-            d.queue.close()
+            d.queue.begin_close()
+        deadline = time.monotonic() + _core.QUEUE_DRAIN_MS / 1000
+        # A thread blocked in a call waits for its own I/Os and finishes its
+        # queue's close itself: not waited for one queue at a time (the
+        # queues nobody is inside get the whole time), and on an event loop
+        # not at all (the loop must not stall on other threads' I/O).
+        # An event loop's queue is only ever inside a short reap or submit
+        # (its thread does not block in C): waited for, so that its thread
+        # is not left to finish the close and stall its loop.
+        on_loop = _loop_running()
+        inside = []
+        for d in drivers:
+            users_ms = (100 if on_loop else -1) if d.fd_wake else 0
+            if d.queue.close(max(int((deadline - time.monotonic()) * 1000), 0), users_ms):
+                inside.append(d.queue)
             d.abandon(lambda: DeviceClosedError(
                 9, "device closed before the request completed", self.target))
+        if not on_loop:
+            while any(not q.destroyed for q in inside) and time.monotonic() < deadline:
+                time.sleep(0.002)
         self._local = threading.local()
         try:
             self._dev.close()
@@ -554,7 +586,41 @@ class Device:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """close(), off the event loop (what ``async with`` calls): waiting
+        for this loop's own I/O (up to 5 s) or a controller's shutdown must
+        not stall the loop.  The device is closed to new requests at once;
+        cancelled, the close still ends in its thread."""
+        import asyncio
+
+        if self._closed:
+            return
+        self._closed = True  # new requests fail from now on
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            drivers = list(self._drivers)
+        for d in drivers:
+            if d._loop is loop:
+                d.detach()  # (on its loop's thread: add/remove_reader are not thread-safe)
+        ended = loop.create_future()
+
+        def run() -> None:
+            try:
+                self._close_queues_and_device()
+            finally:
+                def end() -> None:
+                    if not ended.done():
+                        ended.set_result(None)
+
+                try:
+                    loop.call_soon_threadsafe(end)
+                except RuntimeError:
+                    pass  # the loop closed meanwhile
+
+        threading.Thread(target=run, daemon=True, name="fx100io-device-close").start()
+        await asyncio.shield(ended)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"

@@ -53,6 +53,14 @@ class StoreClosedError(DeviceClosedError):
     """The ChunkStore was closed."""
 
 
+class BufferStillInUseError(DeviceClosedError):
+    """The device was closed while the kernel still held this request's I/O
+    and it did not come back within the close's bound: the kernel may still
+    write (or read) the request's buffer, so the caller must never reuse it
+    (fx100io keeps it referenced for the life of the process).  A plain
+    DeviceClosedError from a request means its buffer is free again."""
+
+
 class InvalidArgumentError(Fx100ioError, ValueError):
     """An argument is out of range or malformed."""
 

@@ -20,7 +20,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$scratch"
 "$PY" -m pytest -q -p no:cacheprovider "$@" \
   tests/device/test_device.py tests/device/test_device_errors.py tests/store/test_store.py tests/store/test_crash.py \
-  tests/device/test_crc_on_landing.py tests/fabric/test_nvme_tcp_ours.py tests/fabric/test_nvme_tcp_hostile.py tests/fabric/test_nvme_tcp_rx.py \
+  tests/device/test_crc_on_landing.py tests/device/test_close_inflight.py tests/fabric/test_nvme_tcp_ours.py tests/fabric/test_nvme_tcp_hostile.py tests/fabric/test_nvme_tcp_rx.py \
   tests/target/test_target.py tests/target/test_target_hostile.py tests/target/test_target_inflight.py tests/target/test_target_ana.py tests/target/test_target_ana_events.py tests/target/test_target_control.py \
   tests/fabric/test_reconnect.py tests/fabric/test_fabric_uri_fuzz.py tests/store/test_index_log.py tests/store/test_store_loop.py tests/store/test_store_model.py \
   tests/kernel/test_kernel_unit.py tests/shared/test_shared_store.py tests/shared/test_shared_store_model.py tests/shared/test_shared_store_safety.py tests/shared/test_shared_store_index.py \

@@ -282,7 +282,28 @@ void fx_dev_close(struct fx_dev *d);
  * io_uring_setup.
  */
 int fx_queue_create(struct fx_dev *d, const struct fx_queue_opts *opts, struct fx_queue **out);
+/*
+ * Destroy waits up to FX_QUEUE_DRAIN_MS for the I/Os the kernel holds (an
+ * io_uring read still landing in its buffer); from a thread that cannot wait
+ * on the ring (not a DEFER_TASKRUN ring's own), not at all.  What is left
+ * is left to the kernel, logged and counted (fx_queue_leaked_ios): the
+ * caller must then keep those requests' buffers for good.
+ */
 void fx_queue_destroy(struct fx_queue *q);
+#define FX_QUEUE_DRAIN_MS 5000
+/*
+ * Closing a queue: issue nothing more (queued requests stay unissued) and
+ * wait up to timeout_ms (< 0: with no limit, for the thread whose call owns
+ * the buffers) for the I/Os the kernel holds to come back.  Returns
+ * how many it still holds: 0 (every buffer is the caller's again), > 0 (the
+ * time ran out), or -EEXIST at once while it holds some that only the ring's
+ * own thread can wait for (DEFER_TASKRUN): call it there.  After it, only
+ * fx_queue_reap and fx_queue_destroy.  0 for transports without it (their
+ * destroy does its own bounded wait).
+ */
+int fx_queue_quiesce(struct fx_queue *q, int timeout_ms);
+/* I/Os queue destroys left with the kernel in this process, in all. */
+uint64_t fx_queue_leaked_ios(void);
 /*
  * Hand a queue made with FX_QUEUE_DEFER_ENABLE to the calling thread: from
  * now on only this thread submits and waits on it.  Does not block on the

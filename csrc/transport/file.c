@@ -201,6 +201,12 @@ struct file_queue {
 	uint32_t *free_pieces;
 	uint32_t nfree_pieces;
 	unsigned unsubmitted; /* SQEs prepared but not yet submitted */
+	/* Closing (fq_quiesce): no new piece is issued and no SQE submitted,
+	 * so what the kernel holds only shrinks. */
+	int stopping;
+	/* a quiesce already waited its whole time: destroy does not wait a
+	 * second time */
+	int gave_up;
 	/* Ranges moved by the CQEs of this pass whose request wants its
 	 * CRC32C: checksummed after the freed pieces are re-issued, so the
 	 * device works on the next pieces while this thread checksums. */
@@ -305,6 +311,8 @@ static void issue(struct file_queue *q)
 {
 	struct req_table *t = &q->t;
 
+	if (q->stopping)
+		return;
 	for (int64_t next; q->nfree_pieces && (next = fx_reqs_fifo_next(t)) >= 0;) {
 		uint32_t i = (uint32_t)next;
 		uint32_t pi = q->free_pieces[q->nfree_pieces - 1];
@@ -319,15 +327,56 @@ static void issue(struct file_queue *q)
 	}
 }
 
-static void flush_sqes(struct file_queue *q)
+static void maybe_complete(struct file_queue *q, uint32_t i);
+
+/* The ring refused our SQEs for good (-EEXIST: this is not the thread of a
+ * SINGLE_ISSUER ring, which fq_submit checks first; -EBADF...): the kernel
+ * took none of them, so take them back and fail their pieces with err.
+ * Their requests then complete with err instead of waiting forever for
+ * I/O that never started, and no piece is left counted in flight. */
+static void sqes_refused(struct file_queue *q, int err)
 {
-	if (q->unsubmitted) {
-		int ret = io_uring_submit(&q->ring.uring);
-		if (ret >= 0)
-			q->unsubmitted = 0;
-		/* On -EAGAIN/-EBUSY the SQEs stay queued in the ring and the
-		 * next submit or wait pushes them. */
+	struct io_uring_sq *sq = &q->ring.uring.sq;
+	unsigned head = io_uring_smp_load_acquire(sq->khead);
+	unsigned tail = sq->sqe_tail;
+
+	io_uring_smp_store_release(sq->ktail, head);
+	sq->sqe_head = sq->sqe_tail = head;
+	q->unsubmitted = 0;
+	for (unsigned i = head; i != tail; i++) {
+		uint64_t pi = sq->sqes[i & sq->ring_mask].user_data;
+		if (pi >= q->depth)
+			continue; /* ours are piece indexes; nothing else is */
+		/* failed as such: not retried (a retry would go to the same
+		 * refusing ring) */
+		struct piece *p = &q->pieces[pi];
+		struct req *r = &q->t.reqs[p->req];
+		if (!r->err)
+			r->err = err;
+		r->inflight--;
+		fx_reqs_piece_end(&q->t, p->req);
+		q->free_pieces[q->nfree_pieces++] = (uint32_t)pi;
+		maybe_complete(q, p->req);
 	}
+}
+
+/* Submit the prepared SQEs.  0, or the error the ring refused them with
+ * (-EEXIST: not the ring's thread), their pieces failed with it.  A
+ * transient refusal (-EAGAIN, -EBUSY, -EINTR) leaves them queued for the
+ * next submit or wait.  A stopping queue submits nothing more. */
+static int flush_sqes(struct file_queue *q)
+{
+	if (!q->unsubmitted || q->stopping)
+		return 0;
+	int ret = io_uring_submit(&q->ring.uring);
+	if (ret >= 0) {
+		q->unsubmitted = 0;
+		return 0;
+	}
+	if (ret == -EAGAIN || ret == -EBUSY || ret == -EINTR)
+		return 0;
+	sqes_refused(q, ret);
+	return ret;
 }
 
 static void maybe_complete(struct file_queue *q, uint32_t i)
@@ -391,7 +440,13 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		uint64_t got = (uint64_t)res;
 		r->done += got;
 		q->base.stats.bytes += got;
-		if ((r->flags & FX_REQ_CRC32C) && got) {
+		if ((r->flags & FX_REQ_CRC32C) && got && q->stopping) {
+			/* closing: its caller may have let go of the buffer already
+			 * (a queue collected after its driver), so it is not read;
+			 * the request then has no checksum to report */
+			if (!r->err)
+				r->err = -ECANCELED;
+		} else if ((r->flags & FX_REQ_CRC32C) && got) {
 			if (q->nwork == q->depth)
 				run_crc_work(q); /* a piece has one SQE in flight: not reached */
 			q->work[q->nwork++] = (struct crc_work){i, (uint32_t)got, p->addr};
@@ -431,7 +486,10 @@ static int process_cqes(struct file_queue *q)
 	do {
 		n = io_uring_peek_batch_cqe(&q->ring.uring, cqes, 64);
 		for (unsigned k = 0; k < n; k++)
-			on_cqe(q, (uint32_t)cqes[k]->user_data, cqes[k]->res);
+			/* only pieces carry an index below depth (liburing's own
+			 * timeout CQE on kernels without EXT_ARG does not) */
+			if (cqes[k]->user_data < q->depth)
+				on_cqe(q, (uint32_t)cqes[k]->user_data, cqes[k]->res);
 		io_uring_cq_advance(&q->ring.uring, n);
 		total += (int)n;
 	} while (n == 64);
@@ -450,6 +508,12 @@ static int fq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 
 	if (q->ring.disabled)
 		return -EBADFD; /* nothing could go out: fx_queue_enable() first */
+	if (q->stopping)
+		return -EBADF; /* being closed (fx_queue_quiesce) */
+	/* Another thread than a single-issuer ring's own: the kernel would
+	 * refuse the submit.  Refuse the batch before accepting any of it. */
+	if (!fx_ring_is_issuer(&q->ring))
+		return -EEXIST;
 	/* Validate everything first: a bad request rejects the batch
 	 * before any of it is queued. */
 	for (k = 0; k < n; k++) {
@@ -459,8 +523,11 @@ static int fq_submit(struct fx_queue *base, const struct fx_req *reqs, unsigned 
 	}
 	k = fx_reqs_accept(&q->t, reqs, n);
 	issue(q);
-	flush_sqes(q);
-	return (int)k;
+	/* Refused after all (a forked child: the ring's thread is in the
+	 * parent): the accepted requests failed with the error, and the caller
+	 * hears it now. */
+	int ret = flush_sqes(q);
+	return ret < 0 ? ret : (int)k;
 }
 
 static void fq_process(struct fx_queue *base)
@@ -480,32 +547,80 @@ static int fq_wait(struct fx_queue *base, unsigned min, int timeout_ms)
 				 timeout_ms);
 }
 
+/* Pieces the kernel holds: in flight, less those whose SQE it has not
+ * taken yet (prepared, or given back by sqes_refused).  Exact with
+ * liburing >= 2.2, whose io_uring_sq_ready() counts from the kernel's
+ * head; older ones count from the last flush and make this count unsent
+ * pieces too: a longer wait, never a buffer handed back early. */
+static unsigned held_by_kernel(struct file_queue *q)
+{
+	unsigned inflight = q->depth - q->nfree_pieces;
+	unsigned unsent = io_uring_sq_ready(&q->ring.uring);
+	return inflight > unsent ? inflight - unsent : 0;
+}
+
+/* Stop issuing, and wait up to timeout_ms (< 0: until they are all back)
+ * for the pieces the kernel holds to come back (their CQEs are accounted as
+ * usual, so their requests complete).  Returns how many it still holds, or
+ * -EEXIST at once while it holds some and this thread cannot wait for them:
+ * a DEFER_TASKRUN ring's completions run only on its own thread. */
+static int fq_quiesce(struct fx_queue *base, int timeout_ms)
+{
+	struct file_queue *q = (struct file_queue *)base;
+	int64_t deadline = fx_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	/* < 0: the thread whose call owns these buffers waits for them however
+	 * long the kernel takes (only it may reuse them after) */
+	int forever = timeout_ms < 0;
+
+	q->stopping = 1;
+	for (;;) {
+		process_cqes(q);
+		unsigned held = held_by_kernel(q);
+		if (!held)
+			return 0;
+		if ((q->ring.features & FX_RING_DEFER_TASKRUN) && !fx_ring_is_issuer(&q->ring))
+			return -EEXIST;
+		int64_t left = deadline - fx_now_ms();
+		if (!forever && (left <= 0 || q->gave_up)) {
+			if (timeout_ms > 0)
+				q->gave_up = 1; /* (a look without a wait is no give-up) */
+			return (int)held;
+		}
+		if (forever || left > 1000)
+			left = 1000; /* look again each second, whatever woke us */
+		struct __kernel_timespec ts = {.tv_sec = left / 1000,
+					       .tv_nsec = (left % 1000) * 1000000};
+		struct io_uring_cqe *cqe;
+		/* Without IORING_FEAT_EXT_ARG (before 5.11) liburing adds a
+		 * timeout SQE and submits what is queued: those pieces then
+		 * count as held, and the timeout's CQE is not a piece's. */
+		int ret = io_uring_wait_cqe_timeout(&q->ring.uring, &cqe, &ts);
+		if (ret == -EEXIST)
+			return -EEXIST; /* (tied to a thread after all) */
+		if (ret < 0 && ret != -ETIME && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
+			return (int)held;
+	}
+}
+
 static void fq_destroy(struct fx_queue *base)
 {
 	struct file_queue *q = (struct file_queue *)base;
 
-	/* Pieces still in flight would write into buffers that the caller
-	 * is about to free: wait for them first. */
-	while (q->nfree_pieces < q->depth) {
-		struct io_uring_cqe *cqe;
-		struct __kernel_timespec ts = {.tv_sec = 1, .tv_nsec = 0};
-		flush_sqes(q);
-		/* Pieces whose SQEs never reached the kernel (a submit refused
-		 * for good: -EEXIST from a thread that is not the ring's single
-		 * issuer) never complete and hold no buffer: waiting for them
-		 * would hang this thread (a Queue collected by another thread). */
-		if (q->depth - q->nfree_pieces <= io_uring_sq_ready(&q->ring.uring))
-			break;
-		int ret = io_uring_wait_cqe_timeout(&q->ring.uring, &cqe, &ts);
-		if (ret < 0 && ret != -ETIME && ret != -EINTR)
-			break;
-		unsigned n = 0, head;
-		io_uring_for_each_cqe(&q->ring.uring, head, cqe)
-		{
-			q->nfree_pieces++;
-			n++;
-		}
-		io_uring_cq_advance(&q->ring.uring, n);
+	/* A piece the kernel holds still reads or writes its caller's buffer:
+	 * wait for it (bounded).  What does not come back is left to the
+	 * kernel: this queue's memory is not the kernel's to use (it writes
+	 * caller buffers and its own ring), so it is freed; the caller's
+	 * buffers must stay owned (Queue.close tells Python how many). */
+	int held = fq_quiesce(base, FX_QUEUE_DRAIN_MS);
+	if (held == -EEXIST)
+		held = (int)held_by_kernel(q);
+	if (held > 0) {
+		fx_ring_count_leaked((unsigned)held);
+		fprintf(stderr,
+			"fx100io: closing a %s queue left %d I/O(s) with the kernel (not back "
+			"within %d ms, or closed from a thread that cannot wait for them); "
+			"their buffers stay with it\n",
+			base->dev->ops->name, held, FX_QUEUE_DRAIN_MS);
 	}
 	fx_ring_exit(&q->ring);
 	fx_reqs_fini(&q->t);
@@ -579,6 +694,7 @@ const struct fx_transport_ops fx_transport_file = {
 	.queue_create = fq_create,
 	.queue_destroy = fq_destroy,
 	.queue_enable = fq_enable,
+	.queue_quiesce = fq_quiesce,
 	.queue_submit = fq_submit,
 	.queue_reap = fq_reap,
 	.queue_wait = fq_wait,
