@@ -76,6 +76,7 @@ from fx100io import _core, fabric_uri
 from fx100io import priority as prio
 from fx100io.aio import Completion
 from fx100io.errors import (
+    BufferStillInUseError,
     DeviceClosedError,
     FxTimeoutError,
     InvalidArgumentError,
@@ -768,6 +769,8 @@ class MultipathDevice:
         path now; ("hold", fence) a write that may still run on dev: run it
         elsewhere once the fence says the association ended; ("fail", None)
         a write whose old attempt may still run and no end can be proven."""
+        if isinstance(exc, BufferStillInUseError):
+            return "raise", None  # the kernel may still write the buffer: never reissue into it
         if exc is not None:
             closed_under = isinstance(exc, DeviceClosedError) and \
                 (p.dev is not dev or getattr(dev, "_mp_fence", None) is not None)
