@@ -139,7 +139,7 @@ int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
 	}
 	d->base.info.caps |= FX_CAP_FLUSH;
 	/* only the io_uring queue carries it (psync shares this open) */
-	d->load_ioprio = ops == &fx_transport_file ? probe_load_ioprio(&st) : 0;
+	d->load_ioprio = ops == &fx_transport_file && !o->no_ioprio ? probe_load_ioprio(&st) : 0;
 	if (d->load_ioprio)
 		d->base.info.caps |= FX_CAP_IOPRIO;
 	if (o->direct) {
@@ -246,8 +246,10 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
 			p->ioprio = r->prio == FX_PRIO_LOAD && q->load_ioprio && !p->no_prio;
-			if (p->ioprio)
+			if (p->ioprio) {
 				sqe->ioprio = q->load_ioprio;
+				q->base.stats.ioprio_ios++;
+			}
 		} else {
 			if (bi >= 0)
 				io_uring_prep_write_fixed(sqe, fd, p->addr, len, p->off, bi);

@@ -138,6 +138,7 @@ class StoreService:
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
+        self._prefetch = Priority[settings.prefetch_priority.upper()]
         self._breaker = Breaker(settings.retry_after_s)
         self._down_until = 0.0
         self._cond = threading.Condition()
@@ -314,8 +315,9 @@ class StoreService:
         if not keys:
             return out
         try:
-            # LMCache's prefetch of a looked-up prefix: a request waits for it
-            got = await self.store.batch_get(keys, bufs, priority=Priority.LOAD)
+            # LMCache's prefetch of a looked-up prefix from L2 into L1: the
+            # prefetch_priority class (background by default)
+            got = await self.store.batch_get(keys, bufs, priority=self._prefetch)
         except Exception as exc:  # noqa: BLE001 - a failed read is a miss
             self._failed("load", exc)
             return out

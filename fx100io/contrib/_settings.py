@@ -31,6 +31,8 @@ logger = logging.getLogger("fx100io.contrib")
 DEFAULT_NAME = "fx100io"
 
 CREATE_MODES = ("auto", "never", "always")
+# the class of the engine's prefetch reads (fx100io.Priority by name)
+PRIORITIES = ("load", "store", "background")
 ENGINES = ("auto", "io_uring", "psync")
 
 # how nvme+tcp:// and nvme+rdma:// devices are reached: fx100io's own initiator, or the
@@ -273,6 +275,17 @@ class BackendSettings:
                 "devices"), "user",
         "user or kernel: how nvme+tcp:// and nvme+rdma:// devices are reached",
         field_default="user")
+    # off: loads go first in fx100io's queue only, never with the realtime I/O class,
+    # which also holds back other processes' I/O on that disk (docs/python-api.md)
+    io_priority: bool = _setting(
+        parse_bool, True, "load reads carry the realtime I/O priority where the disk's "
+        "scheduler orders by class (mq-deadline, bfq)", field_default=True)
+    # a prefetch is a read ahead of the request that will use it: below the loads a
+    # request waits for (docs/serving-engines.md, "Priorities")
+    prefetch_priority: str = _setting(
+        _choice(PRIORITIES, "the class of the engine's prefetch reads"), "background",
+        "load, store or background: the class of the engine's prefetch reads",
+        field_default="background")
     # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
     # It may carry a password: out of the repr, masked in describe().
     shared_index: str | None = _setting(
@@ -556,6 +569,7 @@ def open_store(options: BackendSettings, create: bool, log: logging.Logger | Non
                 queue_depth=options.queue_depth,
                 capacity=options.capacity,
                 max_io=options.max_io,
+                io_priority=options.io_priority,
             )
         return fx100io.ChunkStore(
             uris,
@@ -567,6 +581,7 @@ def open_store(options: BackendSettings, create: bool, log: logging.Logger | Non
             capacity=options.capacity,
             max_io=options.max_io,
             path=options.path,
+            io_priority=options.io_priority,
         )
 
     try:

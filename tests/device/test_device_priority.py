@@ -161,3 +161,46 @@ def test_psync_does_not_claim_the_io_priority(tmp_path):
     if not uring:
         pytest.skip("the scheduler under tmp_path does not order by class: "
                     "io_uring does not claim it either")
+
+
+def test_io_priority_off_sets_none(tmp_path):
+    """io_priority=False: no load read carries the realtime class, on a disk whose
+    scheduler would honour it (counted by the queue: ioprio_ios), and the bytes are
+    right; with the default the same loads carry it."""
+    import os
+    import tempfile
+
+    base = tempfile.mkdtemp(dir="/var/tmp")
+    path = os.path.join(base, "off.img")
+    try:
+        if not scheduler_orders_by_class(base):
+            pytest.skip("the disk under /var/tmp does not order by class: nothing to turn off")
+        src = aligned_array(MiB)
+        src[:] = np.arange(MiB, dtype=np.uint32).view(np.uint8)[:MiB]
+        dst = aligned_array(MiB)
+        for setting, want in ((False, False), (True, True)):
+            with fx100io.open_device(path, create=True, size=4 * MiB, max_io=64 * KiB,
+                                     io_priority=setting) as dev:
+                assert dev.io_priority is want
+                dev.write_from_blocking(0, src)
+                dst[:] = 0
+                assert dev.read_into_blocking(0, dst) == MiB  # a load: 16 pieces
+                assert np.array_equal(dst, src)
+                s = dev.queue_stats()
+                assert s["pieces_load"] == 16
+                assert s["ioprio_ios"] == (16 if want else 0), s
+        # through the store, as the adapters open it
+        with fx100io.ChunkStore(path + ".st", create=True, size=16 * MiB,
+                                io_priority=False) as st:
+            st.batch_put_blocking(["k"], [src])
+            assert st.batch_get_blocking(["k"], [dst]) == [True]
+            assert np.array_equal(dst, src)
+            assert all(m.dev.io_priority is False for m in st._members)
+            assert all(m.dev.queue_stats()["ioprio_ios"] == 0 for m in st._members)
+        with pytest.raises(errors.InvalidArgumentError):
+            fx100io.open_device(path, io_priority="off")
+    finally:
+        for f in (path, path + ".st"):
+            if os.path.exists(f):
+                os.unlink(f)
+        os.rmdir(base)
