@@ -18,7 +18,7 @@ during the storm over their GB/s alone (goal: >= 0.5x).  Targets: a file on
 the disk under /var/tmp, ext4 on a loop device over /dev/shm (a fast
 device), and NVMe/TCP to our own target over loopback (a file on /dev/shm).
 
-  python3 tools/bench_priority.py [--rounds 5] [--loads 6] [--gap-ms 100]
+  python3 tools/bench_priority.py [--rounds 5] [--loads 20] [--gap-ms 100]
                                   [--targets file,shm-ext4,nvme-tcp] [--write-depth 4]
                                   [--dir /var/tmp] [--nvme-queues 1]
 
@@ -155,16 +155,22 @@ def report(name: str, res: dict) -> None:
     print(f"\n{name}: a load of {LOAD_CHUNKS} x 32 MiB every {res['gap_ms']:.0f} ms after the "
           f"last; {WRITERS} writers storing {STORM_CHUNKS} x 32 MiB batches "
           f"({len(alone)} loads per phase)")
-    print(f"  {'phase':<12} {'median ms':>10} {'p99 ms':>8} {'median x':>9} {'p99 x':>7} "
-          f"{'storm GB/s':>11} {'storm x':>8}")
-    print(f"  {'alone':<12} {med0 * 1e3:>10.1f} {p990 * 1e3:>8.1f} {1:>9.2f} {1:>7.2f}")
+    print(f"  {'phase':<12} {'n':>4} {'median ms':>10} {'p99 ms':>8} {'median x':>9} "
+          f"{'p99 x':>7} {'storm GB/s':>11} {'storm x':>8}")
+    print(f"  {'alone':<12} {len(alone):>4} {med0 * 1e3:>10.1f} {p990 * 1e3:>8.1f} {1:>9.2f} "
+          f"{1:>7.2f}")
     for ph in ("storm", "storm fifo"):
         lat = res[ph]
         g = statistics.median(res["gbs"][ph])
-        print(f"  {ph:<12} {statistics.median(lat) * 1e3:>10.1f} {pct(lat, 99) * 1e3:>8.1f} "
+        print(f"  {ph:<12} {len(lat):>4} {statistics.median(lat) * 1e3:>10.1f} "
+              f"{pct(lat, 99) * 1e3:>8.1f} "
               f"{statistics.median(lat) / med0:>9.2f} {pct(lat, 99) / p990:>7.2f} "
               f"{g:>11.2f} {g / g_alone:>8.2f}")
-    print(f"  {'storm alone':<12} {'':>10} {'':>8} {'':>9} {'':>7} {g_alone:>11.2f} {1:>8.2f}")
+    print(f"  {'storm alone':<12} {'':>4} {'':>10} {'':>8} {'':>9} {'':>7} {g_alone:>11.2f} "
+          f"{1:>8.2f}")
+    if len(alone) < 100:
+        print(f"  (a p99 of {len(alone)} loads is about the worst one: use --rounds and "
+              f"--loads for 100 or more)")
     lat = res["storm"]
     ok = (statistics.median(lat) / med0 <= 1.5 and pct(lat, 99) / p990 <= 1.5
           and statistics.median(res["gbs"]["storm"]) / g_alone >= 0.5)
@@ -246,7 +252,9 @@ def nvme_tcp(queues: int) -> Iterator[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--loads", type=int, default=6, help="loads per phase and round")
+    ap.add_argument("--loads", type=int, default=20,
+                    help="loads per phase and round (n = rounds x loads per phase: 100 by "
+                    "default, so that a p99 is not just the worst load)")
     ap.add_argument("--gap-ms", type=float, default=100.0,
                     help="pause after each load (0: back to back; the stores then get only "
                     "their guaranteed share, one piece in 8)")

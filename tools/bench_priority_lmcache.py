@@ -17,8 +17,9 @@ retrieve, as vLLM calls them, after the prefix's chunks were dropped from the CP
 files, from the page cache), compared byte for byte with what was stored. The storm is
 two writers storing 8-chunk prefixes (8 x 32 MiB) through LMCacheEngine.store, each
 waiting for its batch to be on the backend before storing the next, always a prefix not
-stored before (the backends evict the oldest: each gets room for 4x the payload, the
-probe is used most recently). Engine calls take one lock
+stored before; once stored, a batch is removed from the backend (raw_block does not
+evict), except from LocalDisk, which evicts its oldest by itself (each backend has room
+for 4x the probe and both batches). Engine calls take one lock
 (LMCache's engine is driven by one thread in vLLM); a probe's time starts once it holds
 it, so it measures the retrieve alone, while the storm's puts run in the backend.
 
@@ -189,6 +190,13 @@ class Run:
         self.case.engine.store(tokens, kvcaches=self.storm_kv[w])
         return self.case.keys(tokens)
 
+    def _drop(self, keys: list) -> None:
+        """A stored storm batch off the backend: raw_block has a fixed number of
+        slots and does not evict.  Not LocalDisk's (it evicts by itself, and a
+        removal there while it wrote crashed it)."""
+        if self.case.backend != "LocalDiskBackend":
+            self.case.sm.batched_remove(keys, locations=[self.case.backend])
+
     def storm(self, stop: threading.Event, moved: list[int], errors: list[str]) -> None:
         """Two writers' batches in flight at the backend: each writer stores its
         next batch once its last one is on the backend."""
@@ -204,6 +212,7 @@ class Run:
                         continue
                     moved[0] += STORM_CHUNKS * MODEL.chunk_bytes()
                     with self.lock:
+                        self._drop(pending[w])
                         pending[w] = self._store_new(w)
                     progressed = True
                 if not progressed:
@@ -229,6 +238,9 @@ class Run:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{self.case.name}: the storm's last puts did not finish")
             time.sleep(0.02)
+        with self.lock:
+            for keys in self.pending:
+                self._drop(keys)
         return lat, gbs
 
 
@@ -248,6 +260,10 @@ def report(results: dict[str, dict]) -> None:
         print(f"  {name:<16} {len(s):>4} {am * 1e3:>8.0f} / {ap * 1e3:<6.0f} "
               f"{sm_ * 1e3:>8.0f} / {sp * 1e3:<6.0f} {sm_ / am:>6.2f} / {sp / ap:<5.2f} "
               f"{statistics.median(r['gbs']):>11.2f} {vs:>36}")
+    n = min((len(r["storm"]) for r in results.values()), default=0)
+    if n < 100:
+        print(f"  (a p99 of {n} probes is about the worst one: --rounds x --probes of 100 or "
+              f"more make it mean more)")
     if fx is not None:
         fm = statistics.median(fx["storm"])
         peers = [n for n in results if n != "fx100io"]
