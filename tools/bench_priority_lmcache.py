@@ -18,8 +18,8 @@ files, from the page cache), compared byte for byte with what was stored. The st
 two writers storing 8-chunk prefixes (8 x 32 MiB) through LMCacheEngine.store, each
 waiting for its batch to be on the backend before storing the next, always a prefix not
 stored before; once stored, a batch is removed from the backend (raw_block does not
-evict), except from LocalDisk, which evicts its oldest by itself (each backend has room
-for 4x the probe and both batches). Engine calls take one lock
+evict), except from LocalDisk (a removal there while it wrote crashed LMCache), which
+gets room for all of a run's batches (it evicts the probe first when full). Engine calls take one lock
 (LMCache's engine is driven by one thread in vLLM); a probe's time starts once it holds
 it, so it measures the retrieve alone, while the storm's puts run in the backend.
 
@@ -89,7 +89,9 @@ def make_case(name: str, d: str, payload: int) -> Any:
         os.makedirs(path, exist_ok=True)
         return bl.EngineCase("LocalDisk", "LocalDiskBackend", MODEL, payload,
                              {"local_disk": f"file://{path}",
-                              "max_local_disk_size": ROOM * payload / GiB}, {})
+                              # it evicts the probe first when full: room for
+                              # every storm batch of a run (a few GB are written)
+                              "max_local_disk_size": 64 * payload / GiB}, {})
     if name.startswith("raw_block-"):
         engine = "io_uring" if name.endswith("uring") else "posix"
         from lmcache.v1.storage_backend.raw_block import RAW_BLOCK_IO_ENGINES
@@ -144,7 +146,14 @@ class Run:
         sm = self.case.sm
         cpu = sm.storage_backends["LocalCPUBackend"]
         with self.lock:
-            sm.clear(locations=["LocalCPUBackend"])
+            if self.buffered:
+                # clearing the CPU tier while LocalDisk still wrote from it
+                # crashed LMCache (a segfault in the next store): only the
+                # probe's chunks, and only those nothing else holds
+                for k in self.probe_keys:
+                    cpu.remove(k, force=False)
+            else:
+                sm.clear(locations=["LocalCPUBackend"])
         if any(cpu.contains(k) for k in self.probe_keys):
             raise bl.NotCold(f"{self.case.name}: the probe is still in the CPU tier")
         if self.buffered:
@@ -186,7 +195,8 @@ class Run:
         LMCache clears it (chunks whose puts are in flight stay)."""
         self.gen += 1
         tokens = self.storm_tokens[w] + 1_000_000 * self.gen
-        self.case.sm.clear(locations=["LocalCPUBackend"])
+        if not self.buffered:  # LocalDisk: LMCache's own LRU empties the CPU tier
+            self.case.sm.clear(locations=["LocalCPUBackend"])
         self.case.engine.store(tokens, kvcaches=self.storm_kv[w])
         return self.case.keys(tokens)
 
@@ -304,6 +314,12 @@ def main() -> None:
                           f"{statistics.median(res['alone']) * 1e3:.0f} ms, storm "
                           f"{statistics.median(res['storm']) * 1e3:.0f} ms, storm "
                           f"{gbs:.2f} GB/s", flush=True)
+                report({n: res})  # each case's line as soon as it has one
+            except BaseException as exc:
+                # say why before closing: LMCache's LocalDisk has crashed the
+                # process at close after a failed round
+                print(f"{n}: stopped: {type(exc).__name__}: {exc}", flush=True)
+                raise
             finally:
                 with contextlib.suppress(Exception):
                     run.case.close()
