@@ -281,7 +281,7 @@ class BackendSettings:
         parse_bool, True, "load reads carry the realtime I/O priority where the disk's "
         "scheduler orders by class (mq-deadline, bfq)", field_default=True)
     # a prefetch is a read ahead of the request that will use it: below the loads a
-    # request waits for (docs/serving-engines.md, "Priorities")
+    # request waits for (docs/serving-engines.md, "Priority")
     prefetch_priority: str = _setting(
         _choice(PRIORITIES, "the class of the engine's prefetch reads"), "background",
         "load, store or background: the class of the engine's prefetch reads",
