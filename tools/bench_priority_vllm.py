@@ -48,6 +48,7 @@ MiB = 1 << 20
 CHUNK = 32 * MiB
 PROBE_CHUNKS, STORM_CHUNKS, WRITERS = 4, 8, 2
 ROOM = 4
+PROBE_LIMIT_S = 120  # a load job that takes longer ends the run
 # rows of the primary region: probe source, probe destination, each writer's source
 PROBE_SRC, PROBE_DST = 0, PROBE_CHUNKS
 STORM_SRC = 2 * PROBE_CHUNKS
@@ -145,6 +146,8 @@ class Run:
                     if len(lat) < self.probes:
                         jid, keys = self._store_job(w)
                         inflight[jid] = (w, keys)
+            if probe is not None and time.perf_counter() - probe[1] > PROBE_LIMIT_S:
+                raise SystemExit(f"{self.name}: a probe did not finish in {PROBE_LIMIT_S} s")
             time.sleep(0.0005)
         elapsed = time.perf_counter() - (timed_from or t_start)
         gbs = stored / elapsed / 1e9 if storm else 0.0
