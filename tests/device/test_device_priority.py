@@ -166,7 +166,8 @@ def test_psync_does_not_claim_the_io_priority(tmp_path):
 def test_io_priority_off_sets_none(tmp_path):
     """io_priority=False: no load read carries the realtime class, on a disk whose
     scheduler would honour it (counted by the queue: ioprio_ios), and the bytes are
-    right; with the default the same loads carry it."""
+    right; with the default the same loads carry it.  Skipped where the disk under
+    /var/tmp does not order by class (then nothing carries it either way)."""
     import os
     import tempfile
 
@@ -188,7 +189,9 @@ def test_io_priority_off_sets_none(tmp_path):
                 assert np.array_equal(dst, src)
                 s = dev.queue_stats()
                 assert s["pieces_load"] == 16
-                assert s["ioprio_ios"] == (16 if want else 0), s
+                # on: every piece, or fewer where the kernel refused the class (no
+                # CAP_SYS_NICE: the queue drops it after the first refusal)
+                assert (s["ioprio_ios"] > 0) == want and s["ioprio_ios"] <= 16, s
         # through the store, as the adapters open it
         with fx100io.ChunkStore(path + ".st", create=True, size=16 * MiB,
                                 io_priority=False) as st:
