@@ -212,8 +212,9 @@ class Device:
         the block device under the file orders requests by class
         (mq-deadline, bfq).  False where it would be ignored (scheduler
         "none", tmpfs, NVMe-oF from userspace) and where the device was
-        opened with io_priority=False: loads then go first in fx100io's
-        queue only."""
+        opened with io_priority=False; turns False once the kernel refuses
+        the class (no CAP_SYS_NICE): loads then go first in fx100io's queue
+        only."""
         return bool(self._dev.caps & 0x40)
 
     @property
@@ -226,8 +227,9 @@ class Device:
         received bytes went), reconnects, conn_errors, and for NVMe/RDMA
         remote_invalidations / local_invalidations (how command keys ended),
         pieces_load / pieces_store / pieces_background and prio_shares (the
-        priority classes), ioprio_ios (reads issued with the realtime I/O
-        priority), and for NVMe/TCP with queues >= 2 conn_fallbacks /
+        priority classes), ioprio_ios (reads the kernel ran with the
+        realtime I/O priority; a refused try, retried without it, is not
+        counted), and for NVMe/TCP with queues >= 2 conn_fallbacks /
         load_conn_writes (docs/architecture.md, "Priority and write admission")."""
         return dict(self._driver().queue.stats())
 

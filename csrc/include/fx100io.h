@@ -338,7 +338,8 @@ struct fx_queue_stats {
 	 * flight (each such one is a fallback) */
 	uint64_t conn_fallbacks;
 	uint64_t load_conn_writes;
-	/* files and block devices: reads issued with the realtime I/O priority */
+	/* files and block devices: reads the kernel completed with the realtime
+	 * I/O priority (a try it refused, retried without, does not count) */
 	uint64_t ioprio_ios;
 };
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);

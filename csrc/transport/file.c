@@ -246,10 +246,8 @@ static void prep_piece(struct file_queue *q, uint32_t pi)
 			else
 				io_uring_prep_read(sqe, fd, p->addr, len, p->off);
 			p->ioprio = r->prio == FX_PRIO_LOAD && q->load_ioprio && !p->no_prio;
-			if (p->ioprio) {
+			if (p->ioprio)
 				sqe->ioprio = q->load_ioprio;
-				q->base.stats.ioprio_ios++;
-			}
 		} else {
 			if (bi >= 0)
 				io_uring_prep_write_fixed(sqe, fd, p->addr, len, p->off, bi);
@@ -383,9 +381,19 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		fprintf(stderr, "fx100io: the kernel refused the I/O priority for loads; loads go "
 				"first in fx100io's queue only\n");
 		q->load_ioprio = 0;
+		/* the device no longer claims it (Device.io_priority), and queues
+		 * made from now on do not try it; another thread may read both */
+		__atomic_fetch_and(&q->base.dev->info.caps, ~(uint32_t)FX_CAP_IOPRIO,
+				   __ATOMIC_RELAXED);
+		__atomic_store_n(&((struct file_dev *)q->base.dev)->load_ioprio, 0,
+				 __ATOMIC_RELAXED);
 	}
-	if (p->ioprio && res >= 0)
+	if (p->ioprio && res >= 0) {
+		/* counted here, not when prepared: a read the kernel ran with the
+		 * class (a refused try, retried without it, is not one) */
 		q->ioprio_ok = 1;
+		q->base.stats.ioprio_ios++;
+	}
 	if (res < 0) {
 		if (!r->err)
 			r->err = res;
@@ -530,7 +538,7 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->fds[0] = d->fd_direct;
 	q->fds[1] = d->fd_buffered;
 	q->bs = dev->info.block_size;
-	q->load_ioprio = d->load_ioprio;
+	q->load_ioprio = __atomic_load_n(&d->load_ioprio, __ATOMIC_RELAXED);
 	q->depth = o->depth;
 	q->max_io = o->max_io;
 	ret = fx_reqs_init(&q->t, o->slots);
