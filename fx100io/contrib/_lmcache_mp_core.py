@@ -316,7 +316,8 @@ class StoreService:
             return out
         try:
             # LMCache's prefetch of a looked-up prefix from L2 into L1: the
-            # prefetch_priority class (background by default)
+            # request waits for it (query_prefetch_status), so the
+            # prefetch_priority class is load by default
             got = await self.store.batch_get(keys, bufs, priority=self._prefetch)
         except Exception as exc:  # noqa: BLE001 - a failed read is a miss
             self._failed("load", exc)

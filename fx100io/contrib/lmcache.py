@@ -785,7 +785,10 @@ class FX100ioBackend(StoragePluginInterface):
         return objs
 
     async def _load_async(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
-        # LMCache's async lookup and prefetch: ahead of the retrieve that uses it
+        # LMCache's async lookup and prefetch (the request is not scheduled until it
+        # ends) and a layerwise retrieve (use_layerwise: LMCache calls
+        # batched_get_non_blocking for it too, and the GPU worker waits layer by
+        # layer): one class for both, prefetch_priority's, load by default
         prefetch = Priority[self.options.prefetch_priority.upper()]
         records = await self._read_records(keys, prefetch)
         # On the loop thread LMCache's busy loop would stall our own put completions.

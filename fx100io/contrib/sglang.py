@@ -394,8 +394,8 @@ class FX100ioHiCacheStorage(HiCacheStorage):
     async def _get_exact(self, names: list[str], bufs: list[Any], sizes: list[int]) -> list[bool]:
         """Read chunks whose size must be exactly the buffers': any other size is a
         miss (a chunk is never read into a part of the pages).  Every read of SGLang's
-        comes from its prefetch thread: prefetch_priority's class (background by
-        default), below a backup's stores."""
+        comes from its prefetch thread, and under SGLang's default prefetch policy
+        (timeout) a request waits for it: prefetch_priority's class, load by default."""
         have = await self._sizes(names)
         want = [i for i, n in enumerate(sizes) if have[i] == n]
         out = [False] * len(names)

@@ -141,10 +141,10 @@ def loop_queue_pieces(backend) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("setting", [None, "load"])
+@pytest.mark.parametrize("setting", [None, "background"])
 def test_async_prefetch_reaches_the_device_in_its_class(device, setting):
     """LMCache's async lookup and prefetch (LMCacheEngine.async_lookup_and_prefetch)
-    reads at prefetch_priority's class, background by default, counted by the queue
+    reads at prefetch_priority's class, load by default, counted by the queue
     that issued the pieces; a retrieve from the device stays a load."""
     tokens = tokens_for(5)
     kv = random_kv(len(tokens), seed=5)
@@ -166,7 +166,7 @@ def test_async_prefetch_reaches_the_device_in_its_class(device, setting):
         assert recorder.wait("req-p") == len(tokens)
         after = loop_queue_pieces(backend)
         moved = {k: after[k] - before[k] for k in after}
-        cls = "pieces_load" if setting == "load" else "pieces_background"
+        cls = "pieces_background" if setting == "background" else "pieces_load"
         assert moved[cls] > 0 and sum(moved.values()) == moved[cls], moved
         out = torch.zeros_like(kv)
         mask = engine.retrieve(tokens, kvcaches=out, req_id="req-p")

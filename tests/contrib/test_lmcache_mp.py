@@ -404,11 +404,11 @@ def test_lmcache_bench_l2_verifies_our_adapter(tmp_path):
         assert "MISMATCH" not in out
 
 
-@pytest.mark.parametrize("setting", [None, "load"])
+@pytest.mark.parametrize("setting", [None, "background"])
 def test_stores_and_loads_carry_their_priority(device, setting):
     """Through the L2 adapter that LMCache's MP server loads: its stores reach the
     device as stores, its loads (LMCache's prefetch of a looked-up prefix from L2
-    into L1) at prefetch_priority's class, background by default; counted by the
+    into L1) at prefetch_priority's class, load by default; counted by the
     queue of the adapter's loop thread, which issued every piece."""
     arena = Arena(1 << 20)
     params = {} if setting is None else {"prefetch_priority": setting}
@@ -437,7 +437,7 @@ def test_stores_and_loads_carry_their_priority(device, setting):
         stored = {k: p1[k] - p0[k] for k in p0}
         loaded = {k: p2[k] - p1[k] for k in p0}
         assert stored["pieces_store"] > 0 and sum(stored.values()) == stored["pieces_store"], stored
-        cls = "pieces_load" if setting == "load" else "pieces_background"
+        cls = "pieces_background" if setting == "background" else "pieces_load"
         assert loaded[cls] > 0 and sum(loaded.values()) == loaded[cls], loaded
     finally:
         adapter.close()

@@ -538,10 +538,10 @@ def check_close_with_call_in_flight(d: str) -> None:
 
 def check_priorities_passed(d: str) -> None:
     """SGLang's backups reach the device as stores, its prefetches (every read of
-    SGLang's comes from its prefetch thread) at prefetch_priority's class, background
+    SGLang's comes from its prefetch thread) at prefetch_priority's class, load
     by default (docs/sglang.md); counted by the queue of the backend's loop thread,
     which issues every piece."""
-    for setting in (None, "load"):
+    for setting in (None, "background"):
         pool = HostPool(8)
         keys = keys_for(4, f"prio{setting}")
         more = {} if setting is None else {"prefetch_priority": setting}
@@ -571,7 +571,7 @@ def check_priorities_passed(d: str) -> None:
             read = {k: p2[k] - p1[k] for k in p0}
             assert stored["pieces_store"] > 0 and sum(stored.values()) == stored["pieces_store"], \
                 stored
-            cls = "pieces_load" if setting == "load" else "pieces_background"
+            cls = "pieces_background" if setting == "background" else "pieces_load"
             assert read[cls] > 0 and sum(read.values()) == read[cls], (setting, read)
         finally:
             b.close()
