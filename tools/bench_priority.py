@@ -10,6 +10,8 @@ batch_get of 4 x 32 MiB chunks.  Phases, interleaved round after round:
                batches (batch_put), loads at their default class (load)
   storm fifo   the same, with the loads put in the stores' class: the first
                come, first served order fx100io had before
+  storm bg     the same, with the reads at background (what an adapter's
+               prefetch_priority: background gives its engine's prefetch reads)
   storm alone  the two writers by themselves, as long as a storm phase
 
 Prints, per target, the loads' median and p99 latency per phase, the ratio
@@ -59,6 +61,10 @@ def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
+
+# the storm phases: the measured reads' class is load, store (first come, first
+# served) and background (an adapter's prefetch_priority: background)
+PHASES = ("storm", "storm fifo", "storm bg")
 
 class Bench:
     def __init__(self, uri: str, write_depth: int, loads: int, gap_s: float):
@@ -126,8 +132,8 @@ class Bench:
         return lat, gbs
 
     async def rounds(self, n: int) -> dict[str, list]:
-        out: dict[str, list] = {k: [] for k in ("alone", "storm", "storm fifo", "storm alone")}
-        gbs: dict[str, list[float]] = {"storm": [], "storm fifo": [], "storm alone": []}
+        out: dict[str, list] = {k: [] for k in PHASES + ("alone", "storm alone")}
+        gbs: dict[str, list[float]] = {k: [] for k in PHASES + ("storm alone",)}
         for r in range(n):
             out["alone"] += await self.loads_paced("load")
             t = time.perf_counter()
@@ -137,11 +143,15 @@ class Bench:
             lat, g = await self.storm("store")  # the loads queue with the stores
             out["storm fifo"] += lat
             gbs["storm fifo"].append(g)
+            lat, g = await self.storm("background")  # behind every store
+            out["storm bg"] += lat
+            gbs["storm bg"].append(g)
             _, g = await self.storm(None, seconds=max(1.0, time.perf_counter() - t) / 2)
             gbs["storm alone"].append(g)
             print(f"  round {r + 1}/{n}: alone {statistics.median(out['alone']) * 1e3:.0f} ms, "
                   f"storm {statistics.median(out['storm']) * 1e3:.0f} ms, storm fifo "
-                  f"{statistics.median(out['storm fifo']) * 1e3:.0f} ms", flush=True)
+                  f"{statistics.median(out['storm fifo']) * 1e3:.0f} ms, storm bg "
+                  f"{statistics.median(out['storm bg']) * 1e3:.0f} ms", flush=True)
         return {**out, "gbs": gbs}  # type: ignore[dict-item]
 
     def close(self) -> None:
@@ -159,7 +169,7 @@ def report(name: str, res: dict) -> None:
           f"{'p99 x':>7} {'storm GB/s':>11} {'storm x':>8}")
     print(f"  {'alone':<12} {len(alone):>4} {med0 * 1e3:>10.1f} {p990 * 1e3:>8.1f} {1:>9.2f} "
           f"{1:>7.2f}")
-    for ph in ("storm", "storm fifo"):
+    for ph in PHASES:
         lat = res[ph]
         g = statistics.median(res["gbs"][ph])
         print(f"  {ph:<12} {len(lat):>4} {statistics.median(lat) * 1e3:>10.1f} "
@@ -176,6 +186,8 @@ def report(name: str, res: dict) -> None:
           and statistics.median(res["gbs"]["storm"]) / g_alone >= 0.5)
     print(f"  goal (storm <= 1.5x alone at median and p99, storm writes >= 0.5x alone): "
           f"{'met' if ok else 'NOT met'}")
+    print("  (storm: reads at load, the adapters' default for every read; storm fifo: at "
+          "store; storm bg: at background, prefetch_priority: background)")
 
 
 def run(name: str, uri: str, args: argparse.Namespace) -> None:

@@ -6,7 +6,10 @@ One LMCacheEngine per case (tools/bench_lmcache's engine glue: a CPU tensor stan
 for vLLM's KV cache, Llama-3-8B geometry, 256-token chunks of 32 MiB), whose only tier
 below the CPU is the backend under test:
 
-  fx100io           fx100io's plugin on a file (its defaults: O_DIRECT, io_uring)
+  fx100io           fx100io's plugin on a file (its defaults: O_DIRECT, io_uring); the
+                    probe's retrieve reads at load (async loading, whose class is
+                    prefetch_priority, is not measured here: tools/bench_priority.py's
+                    storm bg phase is what background costs)
   raw_block uring   the lmcache-rust-raw-block-io plugin, io_engine io_uring, O_DIRECT
   raw_block posix   the same plugin, io_engine posix (the engines this LMCache has:
                     RAW_BLOCK_IO_ENGINES)
@@ -72,6 +75,25 @@ PROBE_CHUNKS, STORM_CHUNKS, WRITERS = 4, 8, 2
 # writes new prefixes all the time and the backends evict the oldest
 ROOM = 4
 CASES = ("fx100io", "raw_block-uring", "raw_block-posix", "LocalDisk")
+# A probe (lookup + retrieve) that takes longer ends the run: a blocking engine call
+# cannot be interrupted, so the watchdog says why and exits (each finished case's
+# table is already printed).
+PROBE_LIMIT_S = 120
+
+
+@contextlib.contextmanager
+def watchdog(what: str) -> Any:
+    def stuck() -> None:
+        print(f"{what}: did not finish in {PROBE_LIMIT_S} s; ending the run", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    t = threading.Timer(PROBE_LIMIT_S, stuck)
+    t.daemon = True
+    t.start()
+    try:
+        yield
+    finally:
+        t.cancel()
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -163,7 +185,7 @@ class Run:
     def probe(self) -> float:
         self.cold()
         self.out.zero_()
-        with self.lock:
+        with self.lock, watchdog(f"{self.case.name}: a probe"):
             t = time.perf_counter()
             # as vLLM does it: the scheduler's lookup, then the worker's retrieve
             # (LocalDisk serves nothing without the lookup); timed together
@@ -256,7 +278,8 @@ class Run:
 
 def report(results: dict[str, dict]) -> None:
     print("\nA cold load (lookup + retrieve) of 4 x 32 MiB through LMCacheEngine, alone and while two writers "
-          "store 8 x 32 MiB prefixes through LMCacheEngine.store")
+          "store 8 x 32 MiB prefixes through LMCacheEngine.store (fx100io's retrieve reads at "
+          "load; its async loading, at prefetch_priority, is not measured here)")
     print(f"  {'case':<16} {'n':>4} {'alone med/p99 ms':>17} {'storm med/p99 ms':>17} "
           f"{'ratio med/p99':>14} {'storm GB/s':>11} {'peer storm / fx100io storm med/p99':>36}")
     fx = results.get("fx100io")
@@ -298,12 +321,18 @@ def main() -> None:
     for i, n in enumerate(names):
         with bl.disk_dir(args.dir) as d:
             try:
-                run = Run(make_case(n, d, payload), args.probes, args.gap_ms / 1000,
-                          1 + 20_000 * i)
+                case = make_case(n, d, payload)
             except (LookupError, RuntimeError, ImportError) as exc:
                 print(f"{n}: skipped ({exc})", flush=True)
                 continue
+            # the engine is built: closed on every way out, a skip included (its
+            # pinned CPU tier and threads would skew the next cases)
             try:
+                try:
+                    run = Run(case, args.probes, args.gap_ms / 1000, 1 + 20_000 * i)
+                except (LookupError, RuntimeError, ImportError) as exc:
+                    print(f"{n}: skipped ({exc})", flush=True)
+                    continue
                 res = results.setdefault(n, {"alone": [], "storm": [], "gbs": []})
                 for r in range(args.rounds):
                     res["alone"] += run.probes_paced()
@@ -322,7 +351,7 @@ def main() -> None:
                 raise
             finally:
                 with contextlib.suppress(Exception):
-                    run.case.close()
+                    case.close()
     report(results)
 
 
