@@ -75,14 +75,17 @@ class Run:
         self.ids = iter(range(1, 1 << 40))
         self.gen = 1_000_000
         self.probe_keys = [key(i) for i in range(PROBE_CHUNKS)]
+
+    def prepare(self) -> None:
+        """Store the probe (apart from __init__: the caller closes a tier it got)."""
         job = jobs_for(self.probe_keys, list(range(PROBE_SRC, PROBE_SRC + PROBE_CHUNKS)),
                        PROBE_CHUNKS, next(self.ids), promotion=False)[0]
         self.tier.submit_store(job)
         self.tier.drain_jobs()
         done = list(self.tier.get_finished_jobs())
         if not done or not all(r.success for r in done):
-            raise SystemExit(f"{name}: storing the probe failed: {done}")
-        self.want = arr[PROBE_SRC:PROBE_SRC + PROBE_CHUNKS].copy()
+            raise SystemExit(f"{self.name}: storing the probe failed: {done}")
+        self.want = self.arr[PROBE_SRC:PROBE_SRC + PROBE_CHUNKS].copy()
 
     def _store_job(self, w: int) -> tuple[int, list]:
         keys = [key(self.gen + i) for i in range(STORM_CHUNKS)]
@@ -195,6 +198,11 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="where the tiers' files live")
     ap.add_argument("--tiers", default="fx100io,vllm-fs")
     args = ap.parse_args()
+    known = ("fx100io", "vllm-fs")
+    tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    for t in tiers:
+        if t not in known:
+            raise SystemExit(f"unknown tier {t!r} in --tiers; known: {', '.join(known)}")
     if not drop_caches():
         print("needs root: the page cache must be dropped before each probe")
         return 2
@@ -207,6 +215,7 @@ def main() -> int:
     view = region.create_kv_memoryview()
     arr = np.asarray(view)
     results: dict[str, dict] = {}
+    rows_busy = False  # a tier refused to shut down: its jobs may still use the rows
     try:
         rng = np.random.default_rng(30)
         arr[:] = rng.integers(-128, 128, size=arr.shape, dtype=np.int8)
@@ -218,9 +227,12 @@ def main() -> int:
                         "size": str(room + room // 8 + (256 << 20)), "create": "always"},
             "vllm-fs": {"type": "fs", "root_dir": os.path.join(work, "fs")},
         }
-        for name in args.tiers.split(","):
-            run = Run(name, cfgs[name], view, arr, spec, args.gap_ms / 1000, args.probes)
+        for name in tiers:
+            run = None
+            ended = False
             try:
+                run = Run(name, cfgs[name], view, arr, spec, args.gap_ms / 1000, args.probes)
+                run.prepare()
                 res = results.setdefault(name, {"alone": [], "storm": [], "gbs": []})
                 for r in range(args.rounds):
                     res["alone"] += run.phase(False)[0]
@@ -231,13 +243,27 @@ def main() -> int:
                           f"{statistics.median(res['alone']) * 1e3:.0f} ms, storm "
                           f"{statistics.median(res['storm']) * 1e3:.0f} ms, storm "
                           f"{gbs:.2f} GB/s", flush=True)
+                ended = True
             finally:
-                run.close()
+                # a shutdown that refuses (jobs still on the rows after a probe ran
+                # past its limit) must not hide why the run stopped, nor let the
+                # rows be unmapped under the device's I/O
+                try:
+                    if run is not None:
+                        run.close()
+                        run = None  # its views of the rows go: the region can be unmapped
+                except Exception as exc:  # noqa: BLE001 - reported, rows kept
+                    rows_busy = True
+                    print(f"{name}: the tier did not shut down ({exc}); its rows stay "
+                          "mapped until the process ends", file=sys.stderr, flush=True)
+                    if ended:
+                        raise SystemExit(f"{name}: the tier did not shut down") from exc
         report(results)
     finally:
         del arr
         view.release()
-        region.cleanup()
+        if not rows_busy:
+            region.cleanup()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
