@@ -32,6 +32,8 @@ int fx_dev_open(const char *transport, const char *target, const struct fx_dev_o
 void fx_dev_info(const struct fx_dev *d, struct fx_dev_info *info)
 {
 	*info = d->info;
+	/* a queue thread may clear FX_CAP_IOPRIO once the kernel refuses it */
+	info->caps = __atomic_load_n(&d->info.caps, __ATOMIC_RELAXED);
 }
 
 int fx_dev_ana(struct fx_dev *d, uint32_t *grpid, uint8_t *state)

@@ -87,6 +87,7 @@ cdef extern from "fx100io.h" nogil:
         int readonly
         int create
         uint64_t size
+        int no_ioprio
 
     struct fx_dev_info:
         uint64_t size
@@ -142,4 +143,5 @@ cdef extern from "fx100io.h" nogil:
         uint64_t prio_shares
         uint64_t conn_fallbacks
         uint64_t load_conn_writes
+        uint64_t ioprio_ios
     void fx_queue_get_stats "fx_queue_stats"(const fx_queue *q, fx_queue_stats *out)

@@ -333,7 +333,7 @@ cdef class Dev:
 
     def __cinit__(self, str transport, str target, bint direct=True,
                   bint readonly=False, bint create=False, uint64_t size=0,
-                  str secrets=""):
+                  str secrets="", bint ioprio=True):
         # secrets: key=value lines (dhchap_secret=...) read by the C
         # transport only; never kept here, so target (in every message
         # and repr) holds none.
@@ -344,6 +344,7 @@ cdef class Dev:
         o.readonly = readonly
         o.create = create
         o.size = size
+        o.no_ioprio = not ioprio
         t = transport.encode()
         p = (target + "\n" + secrets if secrets else target).encode()
         cdef const char *tp = t
@@ -699,7 +700,7 @@ cdef class Queue:
                     local_invalidations=s.local_invalidations, pieces_load=s.prio_pieces[0],
                     pieces_store=s.prio_pieces[1], pieces_background=s.prio_pieces[2],
                     prio_shares=s.prio_shares, conn_fallbacks=s.conn_fallbacks,
-                    load_conn_writes=s.load_conn_writes)
+                    load_conn_writes=s.load_conn_writes, ioprio_ios=s.ioprio_ios)
 
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were

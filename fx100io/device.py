@@ -96,7 +96,7 @@ class Device:
                  create: bool = False, size: int | None = None, engine: str = "io_uring",
                  queue_depth: int = DEFAULT_QUEUE_DEPTH, max_io: int = DEFAULT_MAX_IO,
                  slots: int = 4096, path: str = "user",
-                 write_depth: int = prio.WRITE_DEPTH_DEFAULT):
+                 write_depth: int = prio.WRITE_DEPTH_DEFAULT, io_priority: bool = True):
         if path not in PATHS:
             raise InvalidArgumentError(22, f"path must be 'user' (fx100io's own NVMe-oF "
                                        f"initiator) or 'kernel' (attach with nvme-cli), got {path!r}")
@@ -114,6 +114,9 @@ class Device:
                 raise InvalidArgumentError(22, f"{name} must be a positive int, got {v!r}")
         if size is not None and (not isinstance(size, int) or size < 0):
             raise InvalidArgumentError(22, f"size must be a non-negative int, got {size!r}")
+        if not isinstance(io_priority, bool):
+            raise InvalidArgumentError(22, f"io_priority must be True or False, got {io_priority!r}")
+        self._ioprio = io_priority
         # what the URI says shown with its secrets hidden (repr, errors, the
         # store and bench print it); the secrets go to C alone, at open
         self.uri = fabric_uri.redact(uri)
@@ -148,7 +151,8 @@ class Device:
             raise InvalidArgumentError(22, f"engine='psync' is for files and block devices, not {scheme}")
         else:
             transport = scheme
-        self._dev = self._open(transport, target, direct, readonly, create, size or 0, secrets)
+        self._dev = self._open(transport, target, direct, readonly, create, size or 0, secrets,
+                               self._ioprio)
         self.engine = "psync" if transport == "psync" else "io_uring"
         self.transport = transport
         try:
@@ -160,24 +164,25 @@ class Device:
             log.warning("fx100io: %s; falling back to the psync engine for %s",
                         io_uring_refusal_reason(), target)
             self._dev.close()
-            self._dev = self._open("psync", target, direct, readonly, False, 0)
+            self._dev = self._open("psync", target, direct, readonly, False, 0, "", self._ioprio)
             self.engine = "psync"
             self._driver()
 
     @staticmethod
     def _open(transport: str, target: str, direct: bool | str, readonly: bool,
-              create: bool, size: int, secrets: str = "") -> _core.Dev:
+              create: bool, size: int, secrets: str = "", ioprio: bool = True) -> _core.Dev:
         if transport in fabric_uri.SCHEMES:
             return fabric_uri.open_fabric_dev(transport, target, readonly, secrets)
         try:
-            return _core.Dev(transport, target, direct is not False, readonly, create, size)
+            return _core.Dev(transport, target, direct is not False, readonly, create, size,
+                             ioprio=ioprio)
         except DirectIONotSupportedError:
             if direct is True:
                 raise DirectIONotSupportedError(
                     95, "the filesystem does not support O_DIRECT; use direct=False or 'auto'",
                     target) from None
             log.warning("fx100io: %s does not support O_DIRECT; using the page cache", target)
-            return _core.Dev(transport, target, False, readonly, create, size)
+            return _core.Dev(transport, target, False, readonly, create, size, ioprio=ioprio)
 
     # -- properties ------------------------------------------------------
     @property
@@ -207,8 +212,10 @@ class Device:
         """Load reads carry the realtime I/O priority class to the kernel:
         the block device under the file orders requests by class
         (mq-deadline, bfq).  False where it would be ignored (scheduler
-        "none", tmpfs, NVMe-oF from userspace): loads then go first in
-        fx100io's queue only."""
+        "none", tmpfs, NVMe-oF from userspace) and where the device was
+        opened with io_priority=False; turns False once the kernel refuses
+        the class (no CAP_SYS_NICE): loads then go first in fx100io's queue
+        only."""
         return bool(self._dev.caps & 0x40)
 
     @property
@@ -221,7 +228,9 @@ class Device:
         received bytes went), reconnects, conn_errors, and for NVMe/RDMA
         remote_invalidations / local_invalidations (how command keys ended),
         pieces_load / pieces_store / pieces_background and prio_shares (the
-        priority classes), and for NVMe/TCP with queues >= 2 conn_fallbacks /
+        priority classes), ioprio_ios (reads the kernel ran with the
+        realtime I/O priority; a refused try, retried without it, is not
+        counted), and for NVMe/TCP with queues >= 2 conn_fallbacks /
         load_conn_writes (docs/architecture.md, "Priority and write admission")."""
         return dict(self._driver().queue.stats())
 
@@ -650,7 +659,10 @@ def open_device(uri: str, **opts: Any) -> Device:
     with a warning), queue_depth (pieces in flight per thread, 64), max_io
     (bytes per piece, 1 MiB), slots (requests queued per thread, 4096),
     write_depth (store and background writes in flight per thread while a
-    load read waits, 4: see fx100io.priority),
+    load read waits, 4: see fx100io.priority), io_priority (True: load reads
+    carry the realtime I/O priority where the disk's scheduler orders by
+    class; False: never, so other processes' I/O on that disk is not held
+    back by our loads; Device.io_priority says what is in effect),
     path ("user": nvme+tcp:// and nvme+rdma:// through fx100io's own initiator;
     "kernel": the kernel attaches the namespace with nvme-cli (fx100io.kernel)
     and the device runs on its /dev/nvmeXnY with io_uring and O_DIRECT like any

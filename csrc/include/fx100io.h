@@ -192,6 +192,9 @@ struct fx_dev_opts {
 	int readonly;
 	int create;    /* create the file if missing */
 	uint64_t size; /* grow a regular file to at least this size (0: keep) */
+	/* never set an I/O priority on a load read (FX_CAP_IOPRIO stays off):
+	 * the realtime class also holds back other processes' I/O on the disk */
+	int no_ioprio;
 };
 
 #define FX_CAP_DIRECT 0x1        /* O_DIRECT in use: aligned I/O bypasses cache */
@@ -356,6 +359,9 @@ struct fx_queue_stats {
 	 * flight (each such one is a fallback) */
 	uint64_t conn_fallbacks;
 	uint64_t load_conn_writes;
+	/* files and block devices: reads the kernel completed with the realtime
+	 * I/O priority (a try it refused, retried without, does not count) */
+	uint64_t ioprio_ios;
 };
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);
 

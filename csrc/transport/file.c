@@ -139,7 +139,7 @@ int fx_file_dev_open(const struct fx_transport_ops *ops, const char *path,
 	}
 	d->base.info.caps |= FX_CAP_FLUSH;
 	/* only the io_uring queue carries it (psync shares this open) */
-	d->load_ioprio = ops == &fx_transport_file ? probe_load_ioprio(&st) : 0;
+	d->load_ioprio = ops == &fx_transport_file && !o->no_ioprio ? probe_load_ioprio(&st) : 0;
 	if (d->load_ioprio)
 		d->base.info.caps |= FX_CAP_IOPRIO;
 	if (o->direct) {
@@ -430,9 +430,19 @@ static void on_cqe(struct file_queue *q, uint32_t pi, int res)
 		fprintf(stderr, "fx100io: the kernel refused the I/O priority for loads; loads go "
 				"first in fx100io's queue only\n");
 		q->load_ioprio = 0;
+		/* the device no longer claims it (Device.io_priority), and queues
+		 * made from now on do not try it; another thread may read both */
+		__atomic_fetch_and(&q->base.dev->info.caps, ~(uint32_t)FX_CAP_IOPRIO,
+				   __ATOMIC_RELAXED);
+		__atomic_store_n(&((struct file_dev *)q->base.dev)->load_ioprio, 0,
+				 __ATOMIC_RELAXED);
 	}
-	if (p->ioprio && res >= 0)
+	if (p->ioprio && res >= 0) {
+		/* counted here, not when prepared: a read the kernel ran with the
+		 * class (a refused try, retried without it, is not one) */
 		q->ioprio_ok = 1;
+		q->base.stats.ioprio_ios++;
+	}
 	if (res < 0) {
 		if (!r->err)
 			r->err = res;
@@ -643,7 +653,7 @@ static int fq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	q->fds[0] = d->fd_direct;
 	q->fds[1] = d->fd_buffered;
 	q->bs = dev->info.block_size;
-	q->load_ioprio = d->load_ioprio;
+	q->load_ioprio = __atomic_load_n(&d->load_ioprio, __ATOMIC_RELAXED);
 	q->depth = o->depth;
 	q->max_io = o->max_io;
 	ret = fx_reqs_init(&q->t, o->slots);

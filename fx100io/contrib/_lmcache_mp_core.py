@@ -142,6 +142,7 @@ class StoreService:
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
+        self._prefetch = Priority[settings.prefetch_priority.upper()]
         self._breaker = Breaker(settings.retry_after_s)
         self._down_until = 0.0
         self._cond = threading.Condition()
@@ -318,8 +319,10 @@ class StoreService:
         if not keys:
             return out
         try:
-            # LMCache's prefetch of a looked-up prefix: a request waits for it
-            got = await self.store.batch_get(keys, bufs, priority=Priority.LOAD)
+            # LMCache's prefetch of a looked-up prefix from L2 into L1: the
+            # request waits for it (query_prefetch_status), so the
+            # prefetch_priority class is load by default
+            got = await self.store.batch_get(keys, bufs, priority=self._prefetch)
         except Exception as exc:  # noqa: BLE001 - a failed read is a miss
             self._failed("load", exc)
             return out

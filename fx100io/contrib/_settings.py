@@ -31,6 +31,8 @@ logger = logging.getLogger("fx100io.contrib")
 DEFAULT_NAME = "fx100io"
 
 CREATE_MODES = ("auto", "never", "always")
+# the class of the engine's prefetch reads (fx100io.Priority by name)
+PRIORITIES = ("load", "store", "background")
 ENGINES = ("auto", "io_uring", "psync")
 
 # how nvme+tcp:// and nvme+rdma:// devices are reached: fx100io's own initiator, or the
@@ -69,7 +71,7 @@ def parse_size(value: Any, what: str) -> int | None:
 
 
 def parse_bool(value: Any, what: str, default: bool) -> bool:
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and value.strip() == ""):
         return default
     if isinstance(value, bool):
         return value
@@ -179,8 +181,11 @@ Parser = Callable[[Any, str, Any], Any]
 
 
 def _choice(choices: tuple[str, ...], hint: str) -> Parser:
-    """A parser for one of choices (any case, spaces around ignored)."""
-    def parse(value: Any, what: str, _default: Any) -> str:
+    """A parser for one of choices (any case, spaces around ignored); absent, null or
+    empty is the default, as for the true/false keys."""
+    def parse(value: Any, what: str, default: Any) -> str:
+        if value is None or str(value).strip() == "":
+            return str(default)
         text = str(value).strip().lower()
         if text not in choices:
             raise BackendConfigError(f"{what}: expected one of {list(choices)}, got {value!r} ({hint})")
@@ -273,6 +278,19 @@ class BackendSettings:
                 "devices"), "user",
         "user or kernel: how nvme+tcp:// and nvme+rdma:// devices are reached",
         field_default="user")
+    # off: loads go first in fx100io's queue only, never with the realtime I/O class,
+    # which also holds back other processes' I/O on that disk (docs/python-api.md)
+    io_priority: bool = _setting(
+        parse_bool, True, "load reads carry the realtime I/O priority where the disk's "
+        "scheduler orders by class (mq-deadline, bfq)", field_default=True)
+    # The engines' prefetch reads (LMCache MP L2 loads and async loading, layerwise
+    # retrieves, every SGLang read) hold a request until they end, so they are loads by
+    # default; background puts them behind every store (docs/serving-engines.md,
+    # "Priority") and is only for lookahead nobody waits on.
+    prefetch_priority: str = _setting(
+        _choice(PRIORITIES, "the class of the engine's prefetch reads"), "load",
+        "load, store or background: the class of the engine's prefetch reads",
+        field_default="load")
     # A shared pool (fx100io.SharedChunkStore): the redis:// URL of its index.
     # It may carry a password: out of the repr, masked in describe().
     shared_index: str | None = _setting(
@@ -556,6 +574,7 @@ def open_store(options: BackendSettings, create: bool, log: logging.Logger | Non
                 queue_depth=options.queue_depth,
                 capacity=options.capacity,
                 max_io=options.max_io,
+                io_priority=options.io_priority,
             )
         return fx100io.ChunkStore(
             uris,
@@ -567,6 +586,7 @@ def open_store(options: BackendSettings, create: bool, log: logging.Logger | Non
             capacity=options.capacity,
             max_io=options.max_io,
             path=options.path,
+            io_priority=options.io_priority,
         )
 
     try:

@@ -607,8 +607,10 @@ class FX100ioBackend(StoragePluginInterface):
 
     # ------------------------------------------------------------------ gets
 
-    async def _read_records(self, keys: Sequence[CacheEngineKey]) -> list[codec.ChunkRecord | None]:
-        """Records for keys, from memory when possible, else one parallel store read.
+    async def _read_records(self, keys: Sequence[CacheEngineKey],
+                            priority: Priority = Priority.LOAD) -> list[codec.ChunkRecord | None]:
+        """Records for keys, from memory when possible, else one parallel store read
+        (of the class priority: a retrieve's load, or a prefetch's class).
 
         Records read from the store here are marked fresh, so the data read that follows
         does not read them again (see _read_data).
@@ -634,7 +636,7 @@ class FX100ioBackend(StoragePluginInterface):
             slots.append((i, text))
         if not names:
             return out
-        hits = await bounded(self._store.batch_get(names, bufs, priority=Priority.LOAD),
+        hits = await bounded(self._store.batch_get(names, bufs, priority=priority),
                              self.options.timeout_s)
         for (i, text), hit, buf in zip(slots, hits, bufs):
             if not hit:
@@ -691,8 +693,10 @@ class FX100ioBackend(StoragePluginInterface):
         keys: Sequence[CacheEngineKey],
         records: Sequence[codec.ChunkRecord | None],
         objs: list[MemoryObj | None],
+        priority: Priority = Priority.LOAD,
     ) -> list[MemoryObj | None]:
-        """Fill the allocated MemoryObjs from the store; misses come back as None.
+        """Fill the allocated MemoryObjs from the store (reads of the class priority);
+        misses come back as None.
 
         Records known from memory are read again in the same parallel batch (a few KiB
         next to MiBs of data): that checks they still describe the data, and it keeps
@@ -739,8 +743,9 @@ class FX100ioBackend(StoragePluginInterface):
         bufs: list[Any] = [self._view(o) for o in reading] + rec_bufs
         try:
             all_hits = await bounded(
-                # a retrieve, or LMCache's async loading of a hit: a request waits
-                self._tracked(self._store.batch_get(names, bufs, priority=Priority.LOAD)),
+                # a retrieve (a load), or LMCache's async loading of a looked-up
+                # prefix (prefetch_priority's class)
+                self._tracked(self._store.batch_get(names, bufs, priority=priority)),
                 self.options.timeout_s,
                 # Still in flight: the buffers go back to LMCache only once the reads end.
                 on_late=lambda: self._release(reading),
@@ -780,10 +785,15 @@ class FX100ioBackend(StoragePluginInterface):
         return objs
 
     async def _load_async(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
-        records = await self._read_records(keys)
+        # LMCache's async lookup and prefetch (the request is not scheduled until it
+        # ends) and a layerwise retrieve (use_layerwise: LMCache calls
+        # batched_get_non_blocking for it too, and the GPU worker waits layer by
+        # layer): one class for both, prefetch_priority's, load by default
+        prefetch = Priority[self.options.prefetch_priority.upper()]
+        records = await self._read_records(keys, prefetch)
         # On the loop thread LMCache's busy loop would stall our own put completions.
         objs = self._allocate(records, busy_loop=False)
-        return await self._read_data(keys, records, objs)
+        return await self._read_data(keys, records, objs, prefetch)
 
     def _load_blocking(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
         if not keys or not self._usable() or self.local_cpu_backend is None:

@@ -206,6 +206,7 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         self._calls = 0
         self._closed = False
         self._breaker = Breaker(self.settings.retry_after_s, logger, engine="SGLang")
+        self._prefetch = Priority[self.settings.prefetch_priority.upper()]
         # SGLang reads these only with enable_storage_metrics; bounded all the same
         self._metrics: dict[str, collections.deque[float]] = {
             k: collections.deque(maxlen=4096)
@@ -396,7 +397,9 @@ class FX100ioHiCacheStorage(HiCacheStorage):
 
     async def _get_exact(self, names: list[str], bufs: list[Any], sizes: list[int]) -> list[bool]:
         """Read chunks whose size must be exactly the buffers': any other size is a
-        miss (a chunk is never read into a part of the pages)."""
+        miss (a chunk is never read into a part of the pages).  Every read of SGLang's
+        comes from its prefetch thread, and under SGLang's default prefetch policy
+        (timeout) a request waits for it: prefetch_priority's class, load by default."""
         have = await self._sizes(names)
         want = [i for i, n in enumerate(sizes) if have[i] == n]
         out = [False] * len(names)
@@ -405,13 +408,13 @@ class FX100ioHiCacheStorage(HiCacheStorage):
         if self._gather:
             flat = [_aligned(sizes[i]) for i in want]
             hits = await self._store.batch_get([names[i] for i in want], flat,
-                                               priority=Priority.LOAD)
+                                               priority=self._prefetch)
             for i, f, ok in zip(want, flat, hits):
                 if ok:
                     scatter(f, bufs[i])
         else:
             hits = await self._store.batch_get([names[i] for i in want],
-                                               [bufs[i] for i in want], priority=Priority.LOAD)
+                                               [bufs[i] for i in want], priority=self._prefetch)
         for i, ok in zip(want, hits):
             out[i] = bool(ok)
         return out

@@ -73,7 +73,13 @@ from ..errors import Fx100ioMessageError
 from ..priority import Priority
 from . import _vllm_keys as vllm_keys
 from ._runtime import LoopRunner
-from ._settings import BackendSettings, open_backend_store, parse_bool, parse_settings
+from ._settings import (
+    BackendConfigError,
+    BackendSettings,
+    open_backend_store,
+    parse_bool,
+    parse_settings,
+)
 from ._vllm_keys import namespace
 
 logger = logging.getLogger("fx100io.contrib.vllm")
@@ -133,6 +139,12 @@ class FX100ioTier(SecondaryTierManager):  # type: ignore[misc]
         if extra_ns is not None and not isinstance(extra_ns, str):
             raise ValueError(f"{WHERE}namespace: expected a string, got {extra_ns!r}")
         want_events = parse_bool(params.pop("enable_kv_events", None), WHERE + "enable_kv_events", False)
+        if "prefetch_priority" in params:
+            # vLLM's tier has no prefetch: every read is a load a request waits on.
+            # Refused rather than ignored, so nobody believes it changed something.
+            raise BackendConfigError(
+                f"{WHERE}prefetch_priority: vLLM's tier has no prefetch reads (every read "
+                "is a load a request waits for); remove the key")
         params = _expand_dp(params, offloading_spec)
         self.settings: BackendSettings = parse_settings(
             params, WHERE, worker_id=rank, world_size=world

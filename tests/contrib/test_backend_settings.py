@@ -140,3 +140,59 @@ def test_each_setting_is_declared_once_and_everything_reads_that_declaration():
     assert shown == [n for n in names if n not in ("shared_index", "shared_name")]
     with_pool = parse_settings({"devices": "/tmp/x.img", "shared_index": "redis://:pw@h/0"}, WHERE)
     assert with_pool.describe().endswith(" shared_index=redis://:***@h/0")
+
+
+def test_priority_keys_parse_and_refuse_bad_values(tmp_path):
+    """io_priority and prefetch_priority: absent, null or empty is the default for both
+    (on; load), any case and spaces around are read, and anything else is refused
+    with the key named."""
+    dev = f"file://{tmp_path}/p.img"
+    s = parse_settings({"devices": dev}, WHERE)
+    assert s.io_priority is True and s.prefetch_priority == "load"
+    for empty in (None, "", "  "):
+        s = parse_settings({"devices": dev, "io_priority": empty, "prefetch_priority": empty},
+                           WHERE)
+        assert s.io_priority is True and s.prefetch_priority == "load"
+    s = parse_settings({"devices": dev, "io_priority": "off",
+                        "prefetch_priority": " Background "}, WHERE)
+    assert s.io_priority is False and s.prefetch_priority == "background"
+    for bad in ("prefetch", 2, "maybe"):
+        with pytest.raises(BackendConfigError, match=r"adapter_params\.prefetch_priority: "
+                                                     r"expected one of"):
+            parse_settings({"devices": dev, "prefetch_priority": bad}, WHERE)
+    for bad in ("maybe", 2, "realtime"):
+        with pytest.raises(BackendConfigError, match=r"adapter_params\.io_priority: "
+                                                     r"expected true or false"):
+            parse_settings({"devices": dev, "io_priority": bad}, WHERE)
+
+
+def test_an_adapters_io_priority_false_reaches_the_device():
+    """io_priority: false in an engine's settings opens every device of the store with
+    no I/O priority (Device.io_priority False, no read counted with it), where the
+    default on the same disk carries it.  On /var/tmp: a disk, not tmpfs."""
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        src = np.arange(64 << 10, dtype=np.uint8) % 251
+        claimed = {}
+        for setting in (None, "false"):
+            more = {} if setting is None else {"io_priority": setting}
+            s = parse_settings({"devices": f"file://{base}/io{setting}.img", "size": "16M",
+                                **more}, WHERE)
+            with open_backend_store(s) as b:
+                dst = np.zeros_like(src)
+                b.store.batch_put_blocking(["k"], [src])
+                assert b.store.batch_get_blocking(["k"], [dst]) == [True]
+                assert np.array_equal(dst, src)
+                members = b.store._members
+                claimed[setting] = [m.dev.io_priority for m in members]
+                ran = sum(m.dev.queue_stats()["ioprio_ios"] for m in members)
+                assert (ran > 0) == all(claimed[setting]), (setting, ran)
+        assert claimed["false"] == [False]
+        if claimed[None] != [True]:
+            pytest.skip("the disk under /var/tmp does not order by class (or the kernel "
+                        "refused it): the default carries no priority either")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -126,3 +126,65 @@ def test_async_lookup_and_prefetch(device):
         assert recorder.wait("req-2") == 0
     finally:
         destroy_engine(engine)
+
+
+def loop_queue_pieces(backend) -> dict[str, int]:
+    """Pieces per class issued so far by the plugin's loop-thread queues (every
+    read and write of the plugin's own runs there), summed over its devices."""
+    async def stats() -> list[dict[str, int]]:
+        return [m.dev.queue_stats() for m in backend._store._members]
+
+    out = {"pieces_load": 0, "pieces_store": 0, "pieces_background": 0}
+    for s in backend._runner.call(stats(), 30):
+        for k in out:
+            out[k] += s[k]
+    return out
+
+
+@pytest.mark.parametrize("setting", [None, "background"])
+def test_async_prefetch_reaches_the_device_in_its_class(device, setting):
+    """LMCache's async lookup and prefetch (LMCacheEngine.async_lookup_and_prefetch)
+    reads at prefetch_priority's class, load by default, counted by the queue
+    that issued the pieces; a retrieve from the device stays a load."""
+    tokens = tokens_for(5)
+    kv = random_kv(len(tokens), seed=5)
+    writer = make_engine(make_config(device))
+    try:
+        writer.store(tokens, kvcaches=kv)
+        assert plugin_of(writer.storage_manager).flush(30)
+    finally:
+        destroy_engine(writer)
+
+    opts = {} if setting is None else {"prefetch_priority": setting}
+    recorder = LookupRecorder()
+    engine = make_engine(make_config(device, async_loading=True, **opts),
+                         async_lookup_server=recorder)
+    try:
+        backend = plugin_of(engine.storage_manager)
+        before = loop_queue_pieces(backend)
+        engine.async_lookup_and_prefetch(lookup_id="req-p", tokens=tokens, pin=True)
+        assert recorder.wait("req-p") == len(tokens)
+        after = loop_queue_pieces(backend)
+        moved = {k: after[k] - before[k] for k in after}
+        cls = "pieces_background" if setting == "background" else "pieces_load"
+        assert moved[cls] > 0 and sum(moved.values()) == moved[cls], moved
+        out = torch.zeros_like(kv)
+        mask = engine.retrieve(tokens, kvcaches=out, req_id="req-p")
+        assert int(mask.sum()) == len(tokens)
+        assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
+    finally:
+        destroy_engine(engine)
+
+    # a retrieve that reads the device (no prefetch): loads only
+    engine = make_engine(make_config(device))
+    try:
+        backend = plugin_of(engine.storage_manager)
+        before = loop_queue_pieces(backend)
+        out = torch.zeros_like(kv)
+        assert int(engine.retrieve(tokens, kvcaches=out).sum()) == len(tokens)
+        after = loop_queue_pieces(backend)
+        moved = {k: after[k] - before[k] for k in after}
+        assert moved["pieces_load"] > 0 and sum(moved.values()) == moved["pieces_load"], moved
+        assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
+    finally:
+        destroy_engine(engine)

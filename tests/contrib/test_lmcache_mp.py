@@ -404,34 +404,41 @@ def test_lmcache_bench_l2_verifies_our_adapter(tmp_path):
         assert "MISMATCH" not in out
 
 
-def test_stores_and_loads_carry_their_priority(device):
+@pytest.mark.parametrize("setting", [None, "background"])
+def test_stores_and_loads_carry_their_priority(device, setting):
     """Through the L2 adapter that LMCache's MP server loads: its stores reach the
-    store as stores, its loads (LMCache's prefetch of a looked-up prefix, which a
-    request waits for) as loads."""
-    from fx100io.priority import Priority
-
+    device as stores, its loads (LMCache's prefetch of a looked-up prefix from L2
+    into L1) at prefetch_priority's class, load by default; counted by the
+    queue of the adapter's loop thread, which issued every piece."""
     arena = Arena(1 << 20)
-    adapter = load_adapter(spec(device), arena)
+    params = {} if setting is None else {"prefetch_priority": setting}
+    adapter = load_adapter(spec(device, **params), arena)
     try:
-        store_obj = adapter._svc.store
-        real_get, real_put = store_obj.batch_get, store_obj.batch_put
-        seen = []
+        svc = adapter._svc
 
-        async def get(keys, bufs, **kw):
-            seen.append(("get", kw.get("priority")))
-            return await real_get(keys, bufs, **kw)
+        def pieces() -> dict[str, int]:
+            async def stats() -> list[dict[str, int]]:
+                return [m.dev.queue_stats() for m in svc.store._members]
 
-        async def put(keys, bufs, **kw):
-            seen.append(("put", kw.get("priority")))
-            return await real_put(keys, bufs, **kw)
+            out = {"pieces_load": 0, "pieces_store": 0, "pieces_background": 0}
+            for s in svc._runner.call(stats(), 30):
+                for k in out:
+                    out[k] += s[k]
+            return out
 
-        store_obj.batch_get, store_obj.batch_put = get, put
         src, dst = arena.obj(8192), arena.obj(8192)
         want = fill(src, 9)
+        p0 = pieces()
         assert store(adapter, [key(9)], [src])
+        p1 = pieces()
         assert load(adapter, [key(9)], [dst]) == [True]
+        p2 = pieces()
         assert content(dst) == want
-        assert seen == [("put", Priority.STORE), ("get", Priority.LOAD)], seen
+        stored = {k: p1[k] - p0[k] for k in p0}
+        loaded = {k: p2[k] - p1[k] for k in p0}
+        assert stored["pieces_store"] > 0 and sum(stored.values()) == stored["pieces_store"], stored
+        cls = "pieces_background" if setting == "background" else "pieces_load"
+        assert loaded[cls] > 0 and sum(loaded.values()) == loaded[cls], loaded
     finally:
         adapter.close()
 

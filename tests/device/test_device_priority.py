@@ -161,3 +161,101 @@ def test_psync_does_not_claim_the_io_priority(tmp_path):
     if not uring:
         pytest.skip("the scheduler under tmp_path does not order by class: "
                     "io_uring does not claim it either")
+
+
+def test_io_priority_off_sets_none(tmp_path):
+    """io_priority=False: no load read carries the realtime class, on a disk whose
+    scheduler would honour it (counted by the queue: ioprio_ios), and the bytes are
+    right; with the default the same loads carry it.  Skipped where the disk under
+    /var/tmp does not order by class (then nothing carries it either way)."""
+    import os
+    import tempfile
+
+    base = tempfile.mkdtemp(dir="/var/tmp")
+    path = os.path.join(base, "off.img")
+    try:
+        if not scheduler_orders_by_class(base):
+            pytest.skip("the disk under /var/tmp does not order by class: nothing to turn off")
+        src = aligned_array(MiB)
+        src[:] = np.arange(MiB, dtype=np.uint32).view(np.uint8)[:MiB]
+        dst = aligned_array(MiB)
+        for setting, want in ((False, False), (True, True)):
+            with fx100io.open_device(path, create=True, size=4 * MiB, max_io=64 * KiB,
+                                     io_priority=setting) as dev:
+                assert dev.io_priority is want
+                dev.write_from_blocking(0, src)
+                dst[:] = 0
+                assert dev.read_into_blocking(0, dst) == MiB  # a load: 16 pieces
+                assert np.array_equal(dst, src)
+                s = dev.queue_stats()
+                assert s["pieces_load"] == 16
+                # on: every piece ran with the class, unless the kernel refused it
+                # (no CAP_SYS_NICE): then none did, and the device says so
+                ran = 16 if dev.io_priority else 0
+                assert s["ioprio_ios"] == ran, s
+                if not setting:
+                    assert s["ioprio_ios"] == 0
+        # through the store, as the adapters open it
+        with fx100io.ChunkStore(path + ".st", create=True, size=16 * MiB,
+                                io_priority=False) as st:
+            st.batch_put_blocking(["k"], [src])
+            assert st.batch_get_blocking(["k"], [dst]) == [True]
+            assert np.array_equal(dst, src)
+            assert all(m.dev.io_priority is False for m in st._members)
+            assert all(m.dev.queue_stats()["ioprio_ios"] == 0 for m in st._members)
+        with pytest.raises(errors.InvalidArgumentError):
+            fx100io.open_device(path, io_priority="off")
+    finally:
+        for f in (path, path + ".st"):
+            if os.path.exists(f):
+                os.unlink(f)
+        os.rmdir(base)
+
+
+_REFUSED_CHILD = r"""
+import sys, numpy as np, fx100io
+from fx100io.pool import aligned_array
+MiB = 1 << 20
+src = aligned_array(MiB); src[:] = np.arange(MiB, dtype=np.uint32).view(np.uint8)[:MiB]
+dst = aligned_array(MiB)
+with fx100io.open_device(sys.argv[1], create=True, size=4 * MiB, max_io=64 * 1024) as dev:
+    before = dev.io_priority
+    dev.write_from_blocking(0, src)
+    assert dev.read_into_blocking(0, dst) == MiB
+    assert np.array_equal(dst, src)
+    s = dev.queue_stats()
+    print(before, dev.io_priority, s["pieces_load"], s["ioprio_ios"])
+"""
+
+
+def test_io_priority_refused_counts_none(tmp_path):
+    """Without CAP_SYS_NICE and CAP_SYS_ADMIN the kernel refuses the realtime class:
+    the loads are retried without it and return the right bytes, none of them counts
+    in ioprio_ios, and Device.io_priority turns False.  Needs root (to drop the
+    capabilities with setpriv) and a disk under /var/tmp that orders by class."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a child without CAP_SYS_NICE")
+    base = tempfile.mkdtemp(dir="/var/tmp")
+    path = os.path.join(base, "refused.img")
+    try:
+        if not scheduler_orders_by_class(base):
+            pytest.skip("the disk under /var/tmp does not order by class")
+        out = subprocess.run(
+            ["setpriv", "--inh-caps=-all", "--bounding-set=-sys_nice,-sys_admin", "--",
+             sys.executable, "-c", _REFUSED_CHILD, path],
+            capture_output=True, text=True, timeout=120, env=dict(os.environ))
+        assert out.returncode == 0, out.stderr
+        before, after, pieces, ran = out.stdout.split()
+        assert before == "True"  # the probe cannot tell: only a read shows it
+        assert (after, pieces, ran) == ("False", "16", "0"), out.stdout
+        assert "refused the I/O priority" in out.stderr
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(base)

@@ -537,40 +537,44 @@ def check_close_with_call_in_flight(d: str) -> None:
 
 
 def check_priorities_passed(d: str) -> None:
-    """SGLang's backups reach the store as stores, its prefetches (the reads a
-    request waits for) as loads (docs/sglang.md)."""
-    from fx100io.priority import Priority
+    """SGLang's backups reach the device as stores, its prefetches (every read of
+    SGLang's comes from its prefetch thread) at prefetch_priority's class, load
+    by default (docs/sglang.md); counted by the queue of the backend's loop thread,
+    which issues every piece."""
+    for setting in (None, "background"):
+        pool = HostPool(8)
+        keys = keys_for(4, f"prio{setting}")
+        more = {} if setting is None else {"prefetch_priority": setting}
+        b = attach(pool, extra_for(f"{d}/prio{setting}.img", **more))
 
-    pool = HostPool(8)
-    keys = keys_for(4, "prio")
-    b = attach(pool, extra_for(f"{d}/prio.img"))
-    seen: list = []
-    real = b._store
+        def pieces(b=b) -> dict:  # this round's backend
+            async def stats() -> list:
+                return [m.dev.queue_stats() for m in b._store._members]
 
-    class Recording:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
+            out = {"pieces_load": 0, "pieces_store": 0, "pieces_background": 0}
+            for s in b._runner.call(stats(), 30):
+                for k in out:
+                    out[k] += s[k]
+            return out
 
-        async def batch_get(self, k, bufs, **kw):
-            seen.append(("get", kw.get("priority")))
-            return await real.batch_get(k, bufs, **kw)
-
-        async def batch_put(self, k, bufs, **kw):
-            seen.append(("put", kw.get("priority")))
-            return await real.batch_put(k, bufs, **kw)
-
-    b._store = Recording()
-    try:
-        for p in range(4):
-            pool.fill(p, 40 + p)
-        want = [pool.page_bytes(p) for p in range(4)]
-        assert b.batch_set_v1(keys, pool.indices([0, 1, 2, 3])) == [True] * 4
-        assert b.batch_get_v1(keys, pool.indices([4, 5, 6, 7])) == [True] * 4
-        assert [pool.page_bytes(p) for p in (4, 5, 6, 7)] == want
-        assert seen == [("put", Priority.STORE), ("get", Priority.LOAD)], seen
-    finally:
-        b._store = real
-        b.close()
+        try:
+            for p in range(4):
+                pool.fill(p, 40 + p)
+            want = [pool.page_bytes(p) for p in range(4)]
+            p0 = pieces()
+            assert b.batch_set_v1(keys, pool.indices([0, 1, 2, 3])) == [True] * 4
+            p1 = pieces()
+            assert b.batch_get_v1(keys, pool.indices([4, 5, 6, 7])) == [True] * 4
+            p2 = pieces()
+            assert [pool.page_bytes(p) for p in (4, 5, 6, 7)] == want
+            stored = {k: p1[k] - p0[k] for k in p0}
+            read = {k: p2[k] - p1[k] for k in p0}
+            assert stored["pieces_store"] > 0 and sum(stored.values()) == stored["pieces_store"], \
+                stored
+            cls = "pieces_background" if setting == "background" else "pieces_load"
+            assert read[cls] > 0 and sum(read.values()) == read[cls], (setting, read)
+        finally:
+            b.close()
 
 
 def check_timeout_bounds_calls(d: str) -> None:

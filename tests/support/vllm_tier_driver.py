@@ -447,6 +447,11 @@ def main(workdir: str) -> int:
             # 'always' would format a live shared pool at every start: refused when parsed
             (entry(img, create="always", shared_index="redis://127.0.0.1:1/0"),
              "secondary_tiers[FX100ioTier].create"),
+            # the tier has no prefetch reads: the key is refused, not ignored
+            (entry(img, prefetch_priority="background"),
+             "secondary_tiers[FX100ioTier].prefetch_priority"),
+            (entry(img, prefetch_priority="load"),
+             "secondary_tiers[FX100ioTier].prefetch_priority"),
         ]
         for cfg, expect in cases:
             try:
