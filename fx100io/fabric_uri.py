@@ -5,7 +5,7 @@
 ``nvme+tcp://HOST1:PORT1,HOST2:PORT2/SUBNQN?policy=queue-depth`` (several
 paths to one namespace: fx100io/multipath.py; options paths and policy)
 
-Query options: ns (namespace id, 1), queues (I/O connections per thread, 1),
+Query options: ns (namespace id, 1), queues (I/O connections per thread, 1; nvme+rdma: 2),
 hdgst / ddgst (header / data digests, 0), hostnqn and hostid (default: this
 machine's stable identity, see :func:`host_identity`), kato_ms (keep alive
 timeout, 30000), connect_timeout_ms (10000), io_timeout_ms (a command with

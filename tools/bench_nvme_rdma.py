@@ -164,6 +164,8 @@ def in_guest(args: argparse.Namespace) -> int:
     sub = next(s for s in config.subsystems if s.nqn.endswith("lab-ram"))
     hostnqn = "nqn.2026-11.io.fx100:lab-host"
     uri = f"nvme+rdma://{host}:{port}/{sub.nqn}?hostnqn={hostnqn}"
+    if args.uri_options:
+        uri += "&" + args.uri_options
     blk = kernel_device(host, port, sub.nqn, hostnqn)
     try:
         runs: dict[tuple[str, str, str], list[dict]] = {}
@@ -221,6 +223,8 @@ def main() -> int:
     ap.add_argument("--iodepth", type=int, default=32)
     ap.add_argument("--cases", default=",".join(f"{rw}:{bs}" for rw, bs in CASES),
                     help="comma-separated RW:BS cases (default: read:1m,randread:4k)")
+    ap.add_argument("--uri-options", default="",
+                    help="URI options for fx100io's side, e.g. queues=2 (default: none)")
     ap.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.in_guest:
@@ -238,7 +242,8 @@ def main() -> int:
         return subprocess.run([sys.executable, str(LAB), "guest", "--timeout", timeout, "--",
                                sys.executable, str(Path(__file__).resolve()), "--in-guest",
                                f"--seconds={args.seconds}", f"--rounds={args.rounds}",
-                               f"--iodepth={args.iodepth}", f"--cases={args.cases}"]).returncode
+                               f"--iodepth={args.iodepth}", f"--cases={args.cases}",
+                               f"--uri-options={args.uri_options}"]).returncode
     finally:
         if started:
             subprocess.run([sys.executable, str(LAB), "stop"])

@@ -107,7 +107,7 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 	if (!copy)
 		return -ENOMEM;
 	d->nsid = 1;
-	d->queues = 1;
+	d->queues = d->tr->default_queues ? d->tr->default_queues : 1;
 	d->params.kato_ms = 30000;
 	d->params.timeout_ms = 10000;
 	d->io_timeout_ms = 30000;

@@ -105,6 +105,8 @@ struct fx_nvmf_transport {
 		    struct nvme_cqe *cqe, int timeout_ms);
 	void (*shutdown)(void *q);
 	void (*close)(void *q);
+	/* I/O connections per thread when the URI gives no `queues` (0: 1). */
+	uint32_t default_queues;
 };
 
 /* Default per-command timeout when params.timeout_ms is 0. */

@@ -617,4 +617,10 @@ const struct fx_nvmf_transport fx_rdma_transport = {
 	.exec = conn_exec,
 	.shutdown = conn_shutdown,
 	.close = conn_close,
+	/* Two queue pairs per thread, as the kernel's nvme-rdma has one per
+	 * CPU: soft-RoCE (rxe) runs each queue pair's send work and receive
+	 * work as one task each, never on two CPUs at once, so one queue pair
+	 * caps a thread's reads at what one CPU can move for it (measured in
+	 * docs/nvme-rdma.md, "Speed"). */
+	.default_queues = 2,
 };

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -214,3 +215,27 @@ def test_bench_job_over_nvme_rdma(rdma_lab):
     # no Python per I/O: the C loop over the device's queue, every I/O counted once
     assert job["fx100io"]["io_loop"] == "c" and job["fx100io"]["io_loop_backend"] == "nvme+rdma queue"
     assert job["read"]["total_ios"] + job["write"]["total_ios"] == 1024
+
+
+def _our_rc_qps() -> int:
+    """RC queue pairs this process owns on the guest's RDMA devices (iproute2's rdma tool)."""
+    out = subprocess.run(["rdma", "-j", "resource", "show", "qp"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return sum(1 for q in json.loads(out or "[]")
+               if q.get("pid") == os.getpid() and q.get("type") == "RC")
+
+
+def test_two_queue_pairs_per_thread_by_default(rdma_lab):
+    # One queue pair per thread caps its reads at what rxe can move on one CPU
+    # (docs/nvme-rdma.md, "Speed"): without `queues`, a thread's queue connects two.
+    counts = {}
+    for opts in ({}, {"queues": 1}):
+        with fx100io.open_device(rdma_uri(rdma_lab, "lab-ram", **opts)) as dev:
+            data = chunk_bytes(f"qps-{opts}", 64 << 10)
+            assert dev.write_from_blocking(0, data) == len(data)
+            out = np.empty(len(data), np.uint8)
+            assert dev.read_into_blocking(0, out) == len(data)
+            assert np.array_equal(out, data)
+            counts[bool(opts)] = _our_rc_qps()
+    # the admin queue's pair and the I/O queues' pairs
+    assert counts[False] == counts[True] + 1, counts
