@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fx100io import _core
-from fx100io.errors import BufferStillInUseError
+from fx100io.errors import BufferStillInUseError, error_from_errno
 
 if TYPE_CHECKING:
     import asyncio
@@ -95,9 +95,18 @@ class QueueDriver:
         pytest-asyncio and asyncio.run do)."""
         if self._loop is loop:
             return
+        # A queue closed by another thread (Device.aclose's thread, a close
+        # from a worker) has no eventfd left: raise DeviceClosedError here
+        # rather than let the loop's selector fail on a closed descriptor.
+        fd = self.queue.fd
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self.fd)
-        loop.add_reader(self.fd, self._on_ready)
+        try:
+            loop.add_reader(fd, self._on_ready)
+        except OSError:
+            if self.queue.destroyed:  # closed between the check and the register
+                raise error_from_errno(9, "the queue was closed") from None
+            raise
         self._loop = loop
 
     def detach(self) -> None:

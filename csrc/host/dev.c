@@ -107,7 +107,8 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 	if (!copy)
 		return -ENOMEM;
 	d->nsid = 1;
-	d->queues = d->tr->default_queues ? d->tr->default_queues : 1;
+	d->queues = d->tr && d->tr->default_queues ? d->tr->default_queues
+						   : 1; /* no transport: the URI fuzzer */
 	d->params.kato_ms = 30000;
 	d->params.timeout_ms = 10000;
 	d->io_timeout_ms = 30000;

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,9 +38,12 @@ def _run(cmd: list[str]) -> str:
     return p.stdout.strip()
 
 
-def _throttle_dir(name: str) -> tuple[Path, str]:
+def _throttle_dir(name: str, mounts: list[Path]) -> tuple[Path, str]:
     """A fresh cgroup with a read limit file: (its directory, the limit
-    file's name).  cgroup v1's blkio controller, else v2's io controller."""
+    file's name).  cgroup v1's blkio controller, else v2's io controller.
+    Under `ip netns exec` (the suite runs in the fabric lab's namespace)
+    /sys is a fresh sysfs without the cgroup mounts: the blkio hierarchy is
+    then mounted here for the test (appended to mounts, unmounted after)."""
     v1 = Path("/sys/fs/cgroup/blkio")
     if (v1 / "blkio.throttle.read_bps_device").exists():
         d = v1 / name
@@ -51,6 +55,15 @@ def _throttle_dir(name: str) -> tuple[Path, str]:
             d = root / name
             d.mkdir(exist_ok=True)
             return d, "io.max"
+    if "blkio" in Path("/proc/cgroups").read_text():
+        mnt = Path(tempfile.mkdtemp(prefix="fx100io-blkio-"))
+        if subprocess.run(["mount", "-t", "cgroup", "-o", "blkio", "fx100io-blkio", str(mnt)],
+                          capture_output=True, timeout=60).returncode == 0:
+            mounts.append(mnt)
+            d = mnt / name
+            d.mkdir(exist_ok=True)
+            return d, "blkio.throttle.read_bps_device"
+        mnt.rmdir()
     pytest.skip("no blkio/io cgroup controller to throttle a disk with")
 
 
@@ -63,6 +76,7 @@ def slow_disk(tmp_path: Path):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not available")
     undo: list[list[str]] = []
+    mounts: list[Path] = []
     cg: Path | None = None
     try:
         base = tmp_path / "a.img"
@@ -88,7 +102,7 @@ def slow_disk(tmp_path: Path):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         b = _run(["losetup", "-f", "--show", "-b", "4096", "--direct-io=on", str(back)])
         undo.append(["losetup", "-d", b])
-        cg, limit = _throttle_dir(f"fx100io-test-{os.getpid()}")
+        cg, limit = _throttle_dir(f"fx100io-test-{os.getpid()}", mounts)
         majmin = Path(f"/sys/block/{Path(a).name}/dev").read_text().strip()
         line = f"{majmin} {BPS}" if limit.startswith("blkio") else f"{majmin} rbps={BPS}"
         try:
@@ -110,6 +124,12 @@ def slow_disk(tmp_path: Path):
         if cg is not None:
             try:
                 cg.rmdir()
+            except OSError:
+                pass
+        for m in mounts:
+            subprocess.run(["umount", str(m)], capture_output=True, timeout=60)
+            try:
+                m.rmdir()
             except OSError:
                 pass
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from support.target_process import serve
 
 import fx100io
+from fx100io import fabric_options as fo
 from fx100io import fabric_uri
 from fx100io.errors import InvalidArgumentError
 
@@ -51,10 +52,12 @@ def check_contract(target: str) -> dict[str, str]:
         if key in opts:
             assert re.fullmatch(r"[0-9]{1,10}", opts[key]), (key, opts[key])
             assert INT_MIN.get(key, 1) <= int(opts[key]) <= hi, (key, opts[key])
-    for key in ("hdgst", "ddgst"):
+    for key in ("hdgst", "ddgst", "tls"):
         if key in opts:
             assert opts[key] in ("0", "1")
-    assert set(opts) <= {*STR_MAX, "hostid", *INT_MAX, "hdgst", "ddgst"}, opts
+    # every key C reads, as fabric_options declares them (test_fabric_options.py checks
+    # that list against C's own)
+    assert set(opts) <= {*STR_MAX, "hostid", *fo.target_keys()}, opts
     return opts
 
 
@@ -96,6 +99,7 @@ def uris(draw) -> str:
 @given(st.text(max_size=300))
 @example("nvme+tcp://[::1/nqn")
 @example("nvme+tcp://h/nqn?ns=²")
+@example("nvme+tcp://192.0.2.1/0?tls=0")
 def test_any_string_parses_or_is_invalid_argument(s):
     parse_or_invalid(s)
 
