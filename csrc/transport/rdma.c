@@ -342,16 +342,36 @@ static void conn_connect_failed(struct rconn *c, int err)
 {
 	struct rdma_queue *q = c->q;
 
+	int changed = c->fails == 0 || c->err != err;
+
 	c->state = R_DOWN;
 	c->err = err;
-	c->retry_at = now_ms() + q->dev->nd.reconnect_ms;
-	fx_nvmf_waits_attempt_failed(&q->waits);
-	if (c->fails++ == 0 && err != -ECANCELED)
+	/* While another connection carries the I/O, nothing waits for this
+	 * one: its retries back off (up to 32 x reconnect_ms), each of them
+	 * costs the target a connect and maybe the admin queue a CSTS read. */
+	int64_t delay = q->dev->nd.reconnect_ms;
+	for (unsigned k = 0; k < q->nconns; k++)
+		if (q->conns[k].state == R_LIVE) {
+			delay <<= c->fails < 5 ? c->fails : 5;
+			break;
+		}
+	c->retry_at = now_ms() + delay;
+	/* Requests wait only while no connection is live, and every down one
+	 * is retried in turn: the first one's attempts are the policy's
+	 * (max_reconnects counts rounds, as with one connection, not the
+	 * attempts of all of them). */
+	if (c->idx == 0)
+		fx_nvmf_waits_attempt_failed(&q->waits);
+	c->fails++;
+	/* said when it starts failing and whenever the reason changes (a
+	 * connection that stays down while another carries the I/O is
+	 * otherwise silent) */
+	if (changed && err != -ECANCELED)
 		fprintf(stderr,
-			"fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s); retrying every "
-			"%d ms while requests wait\n",
+			"fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s, attempt %u); "
+			"retrying every %d ms\n",
 			q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, strerror(-err),
-			q->dev->nd.reconnect_ms);
+			c->fails, q->dev->nd.reconnect_ms);
 }
 
 /* Hand connection c to the connector; never blocks. */
