@@ -63,7 +63,8 @@ OPTIONS: tuple[FabricOption, ...] = (
     FabricOption("ns", INT, "namespace id (1)", target_key="nsid",
                  # 0xFFFFFFFF is the broadcast NSID
                  range=(1, 0xFFFFFFFE)),
-    FabricOption("queues", INT, "I/O connections per thread (1; nvme+rdma: 2)", range=(1, 64),
+    FabricOption("queues", INT, "I/O connections per thread (1; nvme+rdma: 2, or 1 where the "
+                 "controller grants fewer I/O queues than 16)", range=(1, 64),
                  kernel_flag="--nr-io-queues"),
     FabricOption("kato_ms", INT, "keep alive timeout (30000)", range=(0, 0xFFFFFFFF),
                  range_note=" (0 turns keep alive off)", kernel_flag="--keep-alive-tmo"),

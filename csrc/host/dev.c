@@ -109,6 +109,7 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 	d->nsid = 1;
 	d->queues = d->tr && d->tr->default_queues ? d->tr->default_queues
 						   : 1; /* no transport: the URI fuzzer */
+	d->queues_default = 1;
 	d->params.kato_ms = 30000;
 	d->params.timeout_ms = 10000;
 	d->io_timeout_ms = 30000;
@@ -145,6 +146,7 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 			break;
 		case K_QUEUES:
 			d->queues = (uint32_t)strtoul(v, NULL, 10);
+			d->queues_default = 0;
 			break;
 		case K_QSIZE:
 			d->qsize = (uint32_t)strtoul(v, NULL, 10);

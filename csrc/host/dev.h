@@ -50,6 +50,10 @@ struct fx_nvmf_dev {
 	/* what one ANA log read tells the next (under open_lock; host/ana.h) */
 	struct fx_nvmf_ana_reader ana;
 	uint16_t next_qid;
+	/* queues is the transport's default, not the URI's: a thread that
+	 * cannot have them all runs on fewer (at least one) */
+	int queues_default;
+	int fewer_logged; /* ... which is said once per device (atomic) */
 };
 
 /*

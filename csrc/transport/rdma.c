@@ -63,6 +63,7 @@ struct rcmd {
 	uint8_t rsp_seen; /* response seen */
 	uint8_t key_live; /* its window is bound: the target may still use it */
 	uint8_t inv_sent; /* our LOCAL_INV of it is posted */
+	uint8_t inv_due;  /* response seen, key live: our LOCAL_INV is owed */
 	uint8_t opcode;
 	uint16_t status;
 	int16_t bounce; /* bounce buffer index, -1: the caller's memory */
@@ -91,6 +92,7 @@ struct rconn {
 	uint16_t ncmds;      /* slots in use: no more than the queue's capsule slots */
 	uint16_t *free_cmds;
 	uint16_t nfree;
+	int inv_due; /* some command's LOCAL_INV is owed (rcmd.inv_due) */
 };
 
 struct rdma_queue {
@@ -99,6 +101,11 @@ struct rdma_queue {
 	struct rconn *conns;
 	unsigned nconns;
 	unsigned rr;
+	uint32_t depth; /* commands in flight on all connections together */
+	/* A response invalidated a key that was not its command's own: every
+	 * connection of the queue goes down before anything more is posted
+	 * (queue_key_fault). */
+	int key_fault;
 	struct req_table t;
 	uint32_t xfer; /* bytes per command, fixed at creation (bounce buffer size) */
 	int epfd;
@@ -245,6 +252,7 @@ static void cmd_done(struct rconn *c, struct rcmd *m, int err, uint16_t status)
 	m->bounce = -1;
 	m->busy = 0;
 	m->key_live = 0;
+	m->inv_due = 0;
 	c->free_cmds[c->nfree++] = (uint16_t)(m - c->cmds);
 	fx_req_piece_done(&q->t, m->req, err, bytes, status);
 }
@@ -334,16 +342,36 @@ static void conn_connect_failed(struct rconn *c, int err)
 {
 	struct rdma_queue *q = c->q;
 
+	int changed = c->fails == 0 || c->err != err;
+
 	c->state = R_DOWN;
 	c->err = err;
-	c->retry_at = now_ms() + q->dev->nd.reconnect_ms;
-	fx_nvmf_waits_attempt_failed(&q->waits);
-	if (c->fails++ == 0 && err != -ECANCELED)
+	/* While another connection carries the I/O, nothing waits for this
+	 * one: its retries back off (up to 32 x reconnect_ms), each of them
+	 * costs the target a connect and maybe the admin queue a CSTS read. */
+	int64_t delay = q->dev->nd.reconnect_ms;
+	for (unsigned k = 0; k < q->nconns; k++)
+		if (q->conns[k].state == R_LIVE) {
+			delay <<= c->fails < 5 ? c->fails : 5;
+			break;
+		}
+	c->retry_at = now_ms() + delay;
+	/* Requests wait only while no connection is live, and every down one
+	 * is retried in turn: the first one's attempts are the policy's
+	 * (max_reconnects counts rounds, as with one connection, not the
+	 * attempts of all of them). */
+	if (c->idx == 0)
+		fx_nvmf_waits_attempt_failed(&q->waits);
+	c->fails++;
+	/* said when it starts failing and whenever the reason changes (a
+	 * connection that stays down while another carries the I/O is
+	 * otherwise silent) */
+	if (changed && err != -ECANCELED)
 		fprintf(stderr,
-			"fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s); retrying every "
-			"%d ms while requests wait\n",
+			"fx100io: nvme+rdma %s:%s: queue %u: connect failed (%s, attempt %u); "
+			"retrying every %d ms\n",
 			q->dev->nd.addr.host, q->dev->nd.addr.port, c->idx, strerror(-err),
-			q->dev->nd.reconnect_ms);
+			c->fails, q->dev->nd.reconnect_ms);
 }
 
 /* Hand connection c to the connector; never blocks. */
@@ -351,6 +379,8 @@ static void cx_request(struct rdma_queue *q, struct rconn *c)
 {
 	if (q->cx_busy)
 		return;
+	/* the connector is idle: its connection is ours to set up */
+	((struct fx_rdma_conn *)q->cx.q)->want_mw = c->cmds_alloc;
 	int ret = fx_nvmf_cx_request(&q->cx, c->idx);
 	if (ret < 0) {
 		conn_connect_failed(c, ret);
@@ -401,11 +431,20 @@ static struct rconn *pick_conn(struct rdma_queue *q, uint64_t len, int *err)
 	int busy = 0, why = 0;
 	int spread = len >= SPREAD_MIN;
 	unsigned first = spread ? q->rr : 0;
+	uint32_t inflight = 0;
 
 	/* a connection that is down is retried whichever one is picked */
-	for (unsigned k = 0; k < q->nconns; k++)
+	for (unsigned k = 0; k < q->nconns; k++) {
 		if (q->conns[k].state == R_DOWN && now >= q->conns[k].retry_at)
 			cx_request(q, &q->conns[k]);
+		inflight += (uint32_t)(q->conns[k].ncmds - q->conns[k].nfree);
+	}
+	/* depth is the thread's, whatever connections carry it (commands in
+	 * flight are only ever on live connections: wait for them) */
+	if (inflight >= q->depth) {
+		*err = 0;
+		return NULL;
+	}
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct rconn *c = &q->conns[(first + k) % q->nconns];
 		if (c->state == R_LIVE && c->nfree && c->ncmds - c->nfree < c->limit) {
@@ -670,11 +709,13 @@ static const char *wr_kind(uint64_t wr_id)
 }
 
 /* One work completion of a live connection.  0, or the error that takes
- * the connection down.  failing: an earlier completion of the batch
- * already did; then no key is invalidated locally any more (a window the
- * peer may have invalidated already must not be invalidated again: rxe
- * does not survive that), the queue pair's end kills the keys. */
-static int on_wc(struct rconn *c, const struct ibv_wc *wc, int failing)
+ * the connection down (after the rest of the batch).  It never posts a
+ * LOCAL_INV itself: that waits for post_owed_invs, after every connection
+ * of the queue was polled, so a connection that fails (its queue pair's
+ * end kills its keys) or a key some other response invalidated is never
+ * invalidated again (rxe does not survive a second invalidation of a
+ * window). */
+static int on_wc(struct rconn *c, const struct ibv_wc *wc)
 {
 	if (wc->status != IBV_WC_SUCCESS) {
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
@@ -721,10 +762,17 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc, int failing)
 		 * this command's own, still live.  Any other key is a target
 		 * playing with keys it was not given for this command. */
 		if (!m->key_live || m->inv_sent || wc->invalidated_rkey != m->rkey) {
+			/* That key may be a live command's on another
+			 * connection of this queue, whose window is dead now
+			 * while we think it live: a LOCAL_INV of it would be
+			 * a second invalidation, which rxe does not survive.
+			 * So the whole queue goes down (queue_key_fault). */
 			fprintf(stderr,
 				"fx100io: nvme+rdma: qid %u: the response to command id 0x%x "
-				"invalidated key 0x%x, not the command's own\n",
+				"invalidated key 0x%x, not the command's own: every queue "
+				"pair of this thread goes down\n",
 				c->io.qid, resp.cid, wc->invalidated_rkey);
+			c->q->key_fault = 1;
 			return -EPROTO;
 		}
 		m->key_live = 0;
@@ -732,10 +780,14 @@ static int on_wc(struct rconn *c, const struct ibv_wc *wc, int failing)
 	}
 	m->rsp_seen = 1;
 	m->status = NVME_STATUS_FIELD(resp.status);
-	if (m->key_live && !r && !failing)
-		r = post_local_inv(c, m);
+	if (m->key_live) {
+		/* owed, posted once every connection's completions are in
+		 * (post_owed_invs): one of them may say the key is dead */
+		m->inv_due = 1;
+		c->inv_due = 1;
+	}
 	cmd_check_done(c, m);
-	return r; /* a failed post takes the connection down, after this response */
+	return r; /* a failed re-post of the receive takes the connection down */
 }
 
 /* Reap connection c's completions (and CM events) until none are left and
@@ -756,7 +808,7 @@ static void conn_poll(struct rconn *c)
 		/* the whole batch: a flushed SEND may come before a good
 		 * response; the first error takes the connection down after */
 		for (int i = 0; i < n; i++) {
-			int e = on_wc(c, &wc[i], r != 0);
+			int e = on_wc(c, &wc[i]);
 			if (e && !r)
 				r = e;
 		}
@@ -772,6 +824,45 @@ static void conn_poll(struct rconn *c)
 		r = fx_rdma_cm_event_check(&c->rc);
 	if (r)
 		conn_fail(c, r);
+}
+
+/* A response invalidated a key that was not its command's own (on_wc).
+ * Which window that killed is not ours to know: it may be a live
+ * command's on any connection of this queue.  Every connection goes down
+ * now, before any LOCAL_INV is posted (the queue pairs' end kills all
+ * their keys, none is invalidated again), and reconnects as after any
+ * failure. */
+static void queue_key_fault(struct rdma_queue *q)
+{
+	q->key_fault = 0;
+	for (unsigned k = 0; k < q->nconns; k++)
+		conn_fail(&q->conns[k], -EPROTO);
+}
+
+/* Post the LOCAL_INVs that responses without an invalidation left owed,
+ * on connections still live once all were polled.  A failed post takes
+ * its connection down. */
+static void post_owed_invs(struct rdma_queue *q)
+{
+	for (unsigned k = 0; k < q->nconns; k++) {
+		struct rconn *c = &q->conns[k];
+		if (!c->inv_due)
+			continue;
+		c->inv_due = 0;
+		if (c->state != R_LIVE)
+			continue;
+		for (uint16_t i = 0; i < c->ncmds; i++) {
+			struct rcmd *m = &c->cmds[i];
+			if (!m->busy || !m->inv_due)
+				continue;
+			m->inv_due = 0;
+			int r = post_local_inv(c, m);
+			if (r) {
+				conn_fail(c, r);
+				break;
+			}
+		}
+	}
 }
 
 static void check_deadlines(struct rdma_queue *q)
@@ -817,9 +908,13 @@ static void process(struct fx_queue *base)
 	int tick = read(q->timerfd, &v, sizeof(v)) == (ssize_t)sizeof(v);
 
 	cx_collect(q);
-	for (unsigned k = 0; k < q->nconns; k++)
+	for (unsigned k = 0; k < q->nconns; k++) {
 		if (q->conns[k].state == R_LIVE)
 			conn_poll(&q->conns[k]);
+		if (q->key_fault)
+			queue_key_fault(q);
+	}
+	post_owed_invs(q);
 	/* after the completions: a response already here is not late */
 	if (tick)
 		check_deadlines(q);
@@ -918,6 +1013,42 @@ static void rq_destroy(struct fx_queue *base)
 	free(q);
 }
 
+static uint16_t granted_io_queues(struct fx_nvmf_dev *d)
+{
+	pthread_mutex_lock(&d->lock);
+	uint16_t n = d->ctrl ? d->ctrl->io_queues : 0;
+	pthread_mutex_unlock(&d->lock);
+	return n;
+}
+
+/* Said once per device: threads after the first few run on fewer queue
+ * pairs than the default, and why. */
+static void queues_fewer(struct rdma_queue *q, unsigned got)
+{
+	struct fx_nvmf_dev *d = &q->dev->nd;
+
+	if (__atomic_exchange_n(&d->fewer_logged, 1, __ATOMIC_ACQ_REL))
+		return;
+	fprintf(stderr,
+		"fx100io: nvme+rdma %s:%s: the controller granted %u I/O queues, fewer than "
+		"the %u threads x %u queue pairs the default asks for: threads run on "
+		"%u queue pair%s (a `queues` in the URI sets it)\n",
+		d->addr.host, d->addr.port, granted_io_queues(d),
+		d->queues * 8 < 64 ? 8 : 64 / d->queues, d->queues, got, got == 1 ? "" : "s");
+}
+
+/* A queue that cannot be made at all for want of qids: why, since
+ * -EBUSY alone does not say. */
+static void queues_exhausted(struct rdma_queue *q)
+{
+	struct fx_nvmf_dev *d = &q->dev->nd;
+
+	fprintf(stderr,
+		"fx100io: nvme+rdma %s:%s: the controller granted %u I/O queues and all are "
+		"taken: queues=%u per thread times the threads needs more\n",
+		d->addr.host, d->addr.port, granted_io_queues(d), d->queues);
+}
+
 static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct fx_queue **out)
 {
 	struct rdma_dev *d = (struct rdma_dev *)dev;
@@ -966,11 +1097,24 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 	pthread_mutex_unlock(&d->nd.lock);
 	if (d->nd.qsize && d->nd.qsize < sq)
 		sq = d->nd.qsize;
+	/* Each connection can take the whole depth (small commands fill the
+	 * first one, pick_conn), the queue no more than depth in all. */
 	uint32_t per = o->depth < sq - 1 ? o->depth : sq - 1;
 	if (per > CID_SLOT_MASK + 1)
 		per = CID_SLOT_MASK + 1;
 	if (per == 0)
 		per = 1;
+	q->depth = o->depth ? o->depth : 1;
+	/* The default's extra queue pairs only where the controller granted
+	 * all the I/O queues the device asked for (8 threads' worth,
+	 * host/dev.c): on one that granted fewer, every thread runs on one
+	 * pair, and as many threads are served as with queues=1. */
+	uint16_t granted = granted_io_queues(&d->nd);
+	uint32_t asked = d->nd.queues * 8 < 64 ? d->nd.queues * 8 : 64;
+	if (d->nd.queues_default && q->nconns > 1 && granted < asked) {
+		queues_fewer(q, 1);
+		q->nconns = 1;
+	}
 	for (unsigned k = 0; k < q->nconns; k++) {
 		struct rconn *c = &q->conns[k];
 		c->q = q;
@@ -990,8 +1134,23 @@ static int rq_create(struct fx_dev *dev, const struct fx_queue_opts *o, struct f
 		/* At creation the caller waits (without the GIL): an open that
 		 * cannot connect fails here, with why. */
 		struct fx_nvmf_io_conn io;
+		c->rc.want_mw = (uint16_t)per;
 		fx_nvmf_dev_connect_io(&d->nd, NULL, &c->rc, &io);
 		ret = io.err;
+		if (ret == -EBUSY && k > 0 && d->nd.queues_default) {
+			/* The controller's I/O queues are all taken: the
+			 * transport's default asks for more than it granted,
+			 * and this thread runs on the ones it has. */
+			queues_fewer(q, k);
+			free(c->cmds);
+			free(c->free_cmds);
+			c->cmds = NULL;
+			c->free_cmds = NULL;
+			q->nconns = k;
+			break;
+		}
+		if (ret == -EBUSY)
+			queues_exhausted(q);
 		if (!ret)
 			ret = conn_adopt(c, &io);
 		if (ret)

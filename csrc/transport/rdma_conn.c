@@ -228,11 +228,12 @@ static int make_windows(struct fx_rdma_conn *c, uint32_t n)
 		if (i > 0 || err == ENOMEM) {
 			/* It made windows before, or said it has no memory:
 			 * the device's max_mw is spent (threads x queues x
-			 * qsize windows in this process, and others'), not
+			 * min(depth, qsize) windows in this process, and
+			 * others'), not
 			 * missing. */
 			fx_nvmf_log("qid %u: out of memory windows on RDMA device %s after %u of "
 				    "%u (%s; the device allows max_mw %d in all): fewer threads, "
-				    "queues or a smaller qsize need fewer",
+				    "queues or a smaller depth or qsize need fewer",
 				    c->qid, name, i, n, strerror(err),
 				    ibv_query_device(c->id->verbs, &da) == 0 ? da.max_mw : -1);
 			return -ENOMEM;
@@ -301,7 +302,10 @@ static int make_qp(struct fx_rdma_conn *c)
 		if (r)
 			return r;
 	}
-	return c->qid ? make_windows(c, nsq) : 0;
+	/* a window per command slot the caller will use, never more than
+	 * the capsule slots: an idle slot's window only costs the device's
+	 * max_mw */
+	return c->qid ? make_windows(c, c->want_mw && c->want_mw < nsq ? c->want_mw : nsq) : 0;
 }
 
 static int cm_connect(struct fx_rdma_conn *c, int64_t deadline)
@@ -356,9 +360,11 @@ int fx_rdma_connect(const struct fx_nvmf_addr *a, const struct fx_nvmf_params *p
 {
 	int timeout = p->timeout_ms > 0 ? p->timeout_ms : FX_NVMF_DEFAULT_TIMEOUT_MS;
 	int64_t deadline = fx_nvmf_deadline_in(timeout);
+	uint16_t want_mw = c->want_mw; /* the caller's, kept */
 	int r;
 
 	memset(c, 0, sizeof(*c));
+	c->want_mw = want_mw;
 	if (status)
 		*status = 0;
 	if (!fx_nvmf_nqn_ok(p->subnqn) || !fx_nvmf_nqn_ok(p->hostnqn))

@@ -58,6 +58,9 @@ struct fx_rdma_conn {
 	struct ibv_mw **mw; /* I/O queues: one window per capsule slot (its
 	                     * rkey: the one it was last bound with) */
 	uint16_t nmw;
+	/* windows wanted: the caller's command slots on this queue (set
+	 * before connecting; 0: one per capsule slot) */
+	uint16_t want_mw;
 	/* wc_flags bits that say a receive invalidated a key: IBV_WC_WITH_INV,
 	 * and on soft-RoCE the kernel's own bit, which its provider passes
 	 * through unchanged */

@@ -1,9 +1,10 @@
 """A hostile NVMe/RDMA target of our own (pyverbs), for tests/guest/test_rdma_command_keys.py.
 
-Run as a script inside the lab guest: `python3 hostile_rdma_target.py ADDR PORT 1,2,3`.  It
-serves just enough of a controller (Fabrics Connect, properties, Identify, Set Features) for
-fx100io's initiator to open one namespace on one I/O queue, then plays the scenarios named,
-one per I/O queue connection, and says what happened as JSON lines on stdout:
+Run as a script inside the lab guest: `python3 hostile_rdma_target.py ADDR PORT 1,2,3
+[GRANT]`.  It serves just enough of a controller (Fabrics Connect, properties, Identify, Set
+Features granting GRANT I/O queues, 1 unless given) for fx100io's initiator to open one
+namespace, then plays the scenarios named, one per I/O queue connection (7: per two), and
+says what happened as JSON lines on stdout:
 
 1. a READ: it RDMA-WRITEs the pattern of the command's blocks with the key the command gave
    it and answers with a plain SEND (no remote invalidation, so the host must invalidate the
@@ -19,6 +20,13 @@ one per I/O queue connection, and says what happened as JSON lines on stdout:
    not the command's (the command's key with its low byte, the bind counter, one further);
 6. a READ of two commands: it takes both capsules, writes nothing, and answers the first with
    SEND_WITH_INVALIDATE of the second's key (a live key of ours, just not this command's).
+7. scenario 6 across two queue pairs of one host thread (the host's default on a target that
+   grants enough I/O queues): it accepts two I/O queues, takes a READ capsule from each,
+   answers the first with SEND_WITH_INVALIDATE of the second's key, waits a second and
+   answers the second with a plain SEND (a host that still thought the second key live would
+   invalidate it again); then it accepts the two reconnected queues and serves every READ on
+   either (the pattern, a plain SEND) until the host shuts the controller down, saying which
+   queue pair each came on.
 
 Each attack is expected to fail (a remote access error, or the host taking the queue down);
 an attack fails the queue pair, so the host reconnects for the next scenario.  The queue pairs
@@ -63,6 +71,7 @@ RECVS = 64
 CAPSULE = 64
 SIGNALED = e.IBV_SEND_SIGNALED
 WAIT_S = 60  # no completion takes this long unless something is wrong
+GRANT = 1  # I/O queues granted by Set Features Number of Queues (argv[4])
 
 
 def say(**kv) -> None:
@@ -113,17 +122,17 @@ class Conn:
         self.qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(mr.buf, CAPSULE, mr.lkey)]))
 
     @staticmethod
-    def _poll(cq: CQ, idle=None):
+    def _poll(cq: CQ, idle=None, wait_s: float = WAIT_S):
         """The next completion of cq; idle() runs between polls (the admin queue's service
         while an I/O queue waits)."""
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             n, wcs = cq.poll()
             if n > 0:
                 return wcs[0]
             if idle is None or not idle():
                 time.sleep(0.001)
-        raise Gone(f"no completion within {WAIT_S} s")
+        raise Gone(f"no completion within {wait_s} s")
 
     def _take(self, wc) -> bytes | None:
         if wc.status != e.IBV_WC_SUCCESS:
@@ -148,15 +157,15 @@ class Conn:
             return False, None
         return True, self._take(wcs[0])
 
-    def _send(self, wr: SendWR) -> int:
+    def _send(self, wr: SendWR, wait_s: float = WAIT_S) -> int:
         self.qp.post_send(wr)
         try:
-            return self._poll(self.scq).status
+            return self._poll(self.scq, wait_s=wait_s).status
         except Gone:
             return -1
 
     def respond(self, cid: int, dw0: int = 0, dw1: int = 0, status: int = 0,
-                invalidate: int | None = None) -> bool:
+                invalidate: int | None = None, wait_s: float = WAIT_S) -> bool:
         """The response capsule; with invalidate, sent WITH_INVALIDATE of that key."""
         self.rsp.write(struct.pack("<IIHHHH", dw0, dw1, 0, 0, cid, status << 1), 16)
         sg = [SGE(self.rsp.buf, 16, self.rsp.lkey)]
@@ -166,7 +175,7 @@ class Conn:
             # the invalidate key shares its place in the work request with imm_data
             wr = SendWR(opcode=e.IBV_WR_SEND_WITH_INV, num_sge=1, sg=sg, send_flags=SIGNALED,
                         imm_data=invalidate)
-        return self._send(wr) == e.IBV_WC_SUCCESS
+        return self._send(wr, wait_s) == e.IBV_WC_SUCCESS
 
     def rdma(self, write: bool, addr: int, key: int, n: int) -> int:
         """One RDMA WRITE (from self.big) or READ (into it); the completion's status."""
@@ -261,8 +270,8 @@ class Admin:
             if not status:
                 c.big.write(bytes(page), 4096, 0)
                 c.rdma(True, addr, key, min(n, 4096))
-        elif opc == 0x09:  # Set Features (Number of Queues: one of each; others accepted)
-            dw0 = 0
+        elif opc == 0x09:  # Set Features (Number of Queues: GRANT of each; others accepted)
+            dw0 = (GRANT - 1) * 0x10001 if cmd[40] == 0x07 else 0
         elif opc == 0x18:  # Keep Alive
             pass
         else:
@@ -352,10 +361,84 @@ def serve_io(c: Conn, scenario: int, admin: Admin) -> None:
         c.respond(cid)
 
 
+def accept_io(listen: CMID, fd: int, admin: Admin) -> Conn:
+    """The next I/O queue, its Fabrics Connect answered."""
+    c = Conn(wait_request(listen, fd, admin), listen)
+    cmd = c.next_capsule(admin.serve_pending)
+    if cmd is None or cmd[0] != 0x7F:
+        raise Gone("an I/O queue that did not start with a Connect")
+    c.respond(struct.unpack_from("<H", cmd, 2)[0], 1)
+    return c
+
+
+def capsule_any(conns: list[Conn], admin: Admin) -> tuple[int, bytes | None]:
+    """The next capsule on any of conns: (its index, it); None when that queue failed.
+    (-1, None) once the host shut the controller down."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if admin.gone or admin.shut_down:
+            return -1, None
+        for i, c in enumerate(conns):
+            got, cmd = c.capsule_now()
+            if got:
+                return i, cmd
+        if not admin.serve_pending():
+            time.sleep(0.001)
+    raise Gone(f"no capsule within {WAIT_S} s")
+
+
+def serve_two(listen: CMID, fd: int, admin: Admin) -> list[Conn]:
+    """Scenario 7 (see the module's docstring); the queues it leaves open."""
+    conns = [accept_io(listen, fd, admin), accept_io(listen, fd, admin)]
+    reads = []
+    while len(reads) < 2:
+        i, cmd = capsule_any(conns, admin)
+        if cmd is None:
+            say(scenario=7, event="queue gone", pair=i)
+            return conns
+        if cmd[0] == 0x02:
+            reads.append((i, cmd))
+    (p1, first), (p2, second) = reads
+    _, n, key = sgl(first)
+    _, n2, key2 = sgl(second)
+    sent = conns[p1].respond(struct.unpack_from("<H", first, 2)[0], invalidate=key2)
+    time.sleep(1)
+    # the host took both queue pairs down at the first response: this one finds none
+    # (a few seconds at most: a send to a queue pair that is no more is retried, then fails)
+    sent2 = conns[p2].respond(struct.unpack_from("<H", second, 2)[0], wait_s=5)
+    say(scenario=7, event="invalidated the other command's key", key=key, other=key2, n=n,
+        n2=n2, pairs=[p1, p2], sent=sent, sent2=sent2)
+    for c in conns:
+        c.close()
+    conns = [accept_io(listen, fd, admin), accept_io(listen, fd, admin)]
+    say(scenario=7, event="reconnected")
+    gone = [False, False]
+    while not admin.gone and not admin.shut_down and not all(gone):
+        i, cmd = capsule_any(conns, admin)
+        if i < 0:
+            break
+        if cmd is None:
+            gone[i] = True
+            continue
+        opc, cid = cmd[0], struct.unpack_from("<H", cmd, 2)[0]
+        if opc != 0x02:
+            conns[i].respond(cid, status=SC_INVALID_OPCODE)
+            continue
+        addr, n, key = sgl(cmd)
+        slba = struct.unpack_from("<Q", cmd, 40)[0]
+        conns[i].big.write(pattern(slba, n), n, 0)
+        status = conns[i].rdma(True, addr, key, n)
+        conns[i].respond(cid)
+        say(scenario=7, event="served", pair=i, slba=slba, n=n, status=status)
+    return conns
+
+
 def main() -> None:
+    global GRANT
     faulthandler.register(signal.SIGUSR1)  # the test's way to see where a stuck target is
     addr, port = sys.argv[1], sys.argv[2]
     scenarios = [int(x) for x in sys.argv[3].split(",")]
+    GRANT = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     ai = AddrInfo(src=addr, src_service=port, port_space=ce.RDMA_PS_TCP, flags=ce.RAI_PASSIVE)
     had = rdma_cm_fds()
     listen = CMID(creator=ai)  # no QP from librdmacm: each Conn makes its own
@@ -365,11 +448,17 @@ def main() -> None:
     say(event="listening")
     admin = Admin(Conn(listen.get_request(), listen))  # the first connect is the admin queue
     fd = fds.pop()
+    left: list[Conn] = []
     for scenario in scenarios:
+        if scenario == 7:
+            left += serve_two(listen, fd, admin)
+            continue
         io = Conn(wait_request(listen, fd, admin), listen)
         serve_io(io, scenario, admin)
         io.close()
     admin.serve_until_shutdown()  # the host's shutdown
+    for c in left:
+        c.close()
     say(event="done")
 
 

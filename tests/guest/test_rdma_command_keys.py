@@ -22,6 +22,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,16 +51,18 @@ def _pattern(slba: int, n: int) -> bytes:
 class HostileTarget:
     """hostile_rdma_target.py in a process of its own, playing the scenarios given."""
 
-    def __init__(self, lab, port: int, scenarios: str):
-        self.proc = subprocess.Popen([sys.executable, str(TARGET), lab.host, str(port), scenarios],
+    def __init__(self, lab, port: int, scenarios: str, grant: int = 1, queues: str = ""):
+        """grant: the I/O queues the target grants; queues: the URI's (none: the default)."""
+        self.proc = subprocess.Popen([sys.executable, str(TARGET), lab.host, str(port), scenarios,
+                                      str(grant)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
+        self.all: list[dict] = []
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         assert ready, "the hostile target did not start listening within 60 s"
         first = self.proc.stdout.readline()
         assert json.loads(first) == {"event": "listening"}, first + self.proc.stderr.read()
         self.uri = (f"nvme+rdma://{lab.host}:{port}/nqn.2026-12.io.fx100:hostile"
-                    f"?hostnqn={lab.allowed_host_nqn}&queues=1&kato_ms=0&reconnect_ms=50"
+                    f"?hostnqn={lab.allowed_host_nqn}{queues}&kato_ms=0&reconnect_ms=50"
                     f"&io_timeout_ms=20000")
 
     def events(self) -> dict:
@@ -67,6 +70,7 @@ class HostileTarget:
         out, err = self.proc.communicate(timeout=60)
         events = [json.loads(x) for x in out.splitlines() if x.strip()]
         assert events and events[-1] == {"event": "done"}, (events, err)
+        self.all = events
         return {(ev.get("scenario"), ev["event"]): ev for ev in events}
 
     def kill(self) -> None:
@@ -84,7 +88,9 @@ def _guarded(pool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return before, buf, after
 
 
-def test_a_target_cannot_use_a_command_key_after_the_command_or_for_other_access(rdma_lab):
+def test_a_target_cannot_use_a_command_key_after_the_command_or_for_other_access(rdma_lab, capfd):
+    # the default queues (two pairs) against a target that grants one I/O queue: the thread
+    # runs on one, and says so once
     target = HostileTarget(rdma_lab, 4430, "1,2,3")
     try:
         pool = fx100io.BufferPool(4 << 20)
@@ -116,6 +122,8 @@ def test_a_target_cannot_use_a_command_key_after_the_command_or_for_other_access
         by = target.events()
     finally:
         target.kill()
+    err = capfd.readouterr().err
+    assert err.count("the controller granted 1 I/O queues, fewer than") == 1, err
     assert by[(1, "served")]["status"] == IBV_WC_SUCCESS, by
     assert by[(1, "after")]["status"] == IBV_WC_REM_ACCESS_ERR, by
     assert by[(2, "served")]["status"] == IBV_WC_SUCCESS, by
@@ -155,7 +163,7 @@ def test_a_response_that_invalidates_a_key_not_its_commands_fails_the_command(rd
     same queue pair).  The read must fail (6: our check, a protocol error; 5: the device
     refuses to invalidate a key that is not there, or our check), never complete as a success,
     and no byte of the buffer changes; the queue reconnects and works after."""
-    target = HostileTarget(rdma_lab, 4432, "5,6,1")
+    target = HostileTarget(rdma_lab, 4432, "5,6,1", queues="&queues=1")
     try:
         pool = fx100io.BufferPool(4 << 20)
         buf = pool.alloc(256 * KiB)
@@ -183,3 +191,54 @@ def test_a_response_that_invalidates_a_key_not_its_commands_fails_the_command(rd
     six = by[(6, "invalidated the other command's key")]
     assert six["other"] != six["key"] and six["n"] == six["n2"] == 128 * KiB, by
     assert by[(1, "after")]["status"] == IBV_WC_REM_ACCESS_ERR, by
+
+
+def test_a_wrong_invalidation_on_one_queue_pair_takes_down_every_pair_of_the_thread(rdma_lab):
+    """Scenario 7: with the default two queue pairs (the target grants 16 I/O queues), a 256 KiB
+    read is two 128 KiB commands, one on each pair.  The target answers the first with
+    SEND_WITH_INVALIDATE of the second's key, then (a second later) the second with a plain
+    SEND.  The host must take both pairs down at the first response, so that the second key,
+    already dead, is never invalidated again (rxe does not survive that: the guest kernel would
+    die).  The read fails, no byte changes, and both pairs reconnect and serve; pieces of
+    64 KiB and more alternate between the pairs, 4 KiB ones stay on the first."""
+    target = HostileTarget(rdma_lab, 4433, "7", grant=16)
+    try:
+        pool = fx100io.BufferPool(4 << 20)
+        buf = pool.alloc(256 * KiB)
+        with fx100io.open_device(target.uri) as dev:
+            buf[:] = 0x33
+            with pytest.raises(errors.FxProtocolError):
+                dev.read_into_blocking(0, buf)
+            assert (buf == 0x33).all()
+            stats = dev.queue_stats()
+            assert stats["conn_errors"] == 2, stats  # both pairs, at the one response
+            assert stats["remote_invalidations"] == 0 and stats["local_invalidations"] == 0
+            # both pairs come back (the second in the background: 4 KiB reads, which keep
+            # to the first pair, until it has), then 64 KiB reads, then 4 KiB ones
+            assert dev.read_into_blocking(0, buf) == 256 * KiB
+            assert buf.tobytes() == _pattern(0, 256 * KiB)
+            for _ in range(200):
+                if dev.queue_stats()["reconnects"] >= 2:
+                    break
+                assert dev.read_into_blocking(300 * BLOCK, buf[:BLOCK]) == BLOCK
+                time.sleep(0.05)
+            assert dev.queue_stats()["reconnects"] == 2
+            for i in range(4):
+                assert dev.read_into_blocking((64 + 16 * i) * BLOCK, buf[:N]) == N
+                assert buf[:N].tobytes() == _pattern(64 + 16 * i, N)
+            for i in range(3):
+                assert dev.read_into_blocking((200 + i) * BLOCK, buf[:BLOCK]) == BLOCK
+                assert buf[:BLOCK].tobytes() == _pattern(200 + i, BLOCK)
+        by = target.events()
+        served = [ev for ev in target.all if ev.get("event") == "served"]
+    finally:
+        target.kill()
+    seven = by[(7, "invalidated the other command's key")]
+    assert sorted(seven["pairs"]) == [0, 1], seven  # one command on each pair
+    assert seven["other"] != seven["key"] and seven["n"] == seven["n2"] == 128 * KiB, seven
+    assert seven["sent"] and (7, "reconnected") in by, by
+    assert all(ev["status"] == IBV_WC_SUCCESS for ev in served), served
+    big = [ev["pair"] for ev in served if ev["n"] == N]
+    small = [ev["pair"] for ev in served if ev["n"] == BLOCK and 200 <= ev["slba"] < 203]
+    assert len(big) == 4 and all(a != b for a, b in zip(big, big[1:])), served
+    assert small == [0, 0, 0], served
