@@ -11,6 +11,8 @@ every finished request, whoever asked for it.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -303,3 +305,26 @@ class QueueDriver:
                 raise h[0]
             out.append(h[0])
         return out
+
+
+async def close_in_thread(close: Callable[[], None], name: str) -> None:
+    """Run a blocking close on a thread of its own and wait for it without
+    blocking the loop; cancelled, the close still runs to its end (shielded)."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+
+    def run() -> None:
+        try:
+            close()
+        finally:
+            def end() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            try:
+                loop.call_soon_threadsafe(end)
+            except RuntimeError:
+                pass  # the loop closed meanwhile
+
+    threading.Thread(target=run, daemon=True, name=name).start()
+    await asyncio.shield(ended)

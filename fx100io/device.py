@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 from fx100io import _core, fabric_uri
 from fx100io import priority as prio
-from fx100io.aio import Completion, QueueDriver, Request
+from fx100io.aio import Completion, QueueDriver, Request, close_in_thread
 from fx100io.errors import (
     DeviceClosedError,
     DirectIONotSupportedError,
@@ -613,23 +613,7 @@ class Device:
         for d in drivers:
             if d._loop is loop:
                 d.detach()  # (on its loop's thread: add/remove_reader are not thread-safe)
-        ended = loop.create_future()
-
-        def run() -> None:
-            try:
-                self._close_queues_and_device()
-            finally:
-                def end() -> None:
-                    if not ended.done():
-                        ended.set_result(None)
-
-                try:
-                    loop.call_soon_threadsafe(end)
-                except RuntimeError:
-                    pass  # the loop closed meanwhile
-
-        threading.Thread(target=run, daemon=True, name="fx100io-device-close").start()
-        await asyncio.shield(ended)
+        await close_in_thread(self._close_queues_and_device, "fx100io-device-close")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from fx100io import _core, fabric_uri
 from fx100io import priority as prio
-from fx100io.aio import Completion
+from fx100io.aio import Completion, close_in_thread
 from fx100io.errors import (
     BufferStillInUseError,
     DeviceClosedError,
@@ -1276,25 +1276,7 @@ class MultipathDevice:
                 for d in drivers:
                     if d._loop is asyncio.get_running_loop():
                         d.detach()
-        loop = asyncio.get_running_loop()
-        ended = loop.create_future()
-
-        def run() -> None:
-            try:
-                self._close_paths()
-            finally:
-                def end() -> None:
-                    if not ended.done():
-                        ended.set_result(None)
-
-                try:
-                    loop.call_soon_threadsafe(end)
-                except RuntimeError:
-                    pass  # the loop closed meanwhile
-
-        t = threading.Thread(target=run, daemon=True, name="fx100io-mpath-close")
-        t.start()
-        await asyncio.shield(ended)
+        await close_in_thread(self._close_paths, "fx100io-mpath-close")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}, block_size={self.block_size}"
