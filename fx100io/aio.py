@@ -11,7 +11,6 @@ every finished request, whoever asked for it.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -309,7 +308,10 @@ class QueueDriver:
 
 async def close_in_thread(close: Callable[[], None], name: str) -> None:
     """Run a blocking close on a thread of its own and wait for it without
-    blocking the loop; cancelled, the close still runs to its end (shielded)."""
+    blocking the loop; cancelled, the close still runs to its end (shielded).
+    (asyncio is imported here: this is only called from a running loop.)"""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
 
