@@ -1699,6 +1699,16 @@ void *tgt_conn_main(void *arg)
 	 * receive returned. */
 	if (ret == -ECONNRESET && atomic_load(&c->engine_err))
 		ret = atomic_load(&c->engine_err);
+	/* Neither thread may have seen TCP's own error: when TCP ends a
+	 * connection whose window the host kept shut, the error can reach
+	 * the socket's receive and send as a plain reset or end (one of them
+	 * takes it, the other may be woken by our shutdown first).  The
+	 * socket's state still says what happened. */
+	if (ret == -ECONNRESET && !t->stop && closed_on_a_shut_window(c->fd) && say_why_first(c))
+		tgt_log(t,
+			"%s qid %u: host stopped reading (its window shut), then TCP ended the "
+			"connection (its user timeout, %u ms, or a reset by the host); closed",
+			c->peer, c->qid, tgt_user_timeout_ms(t));
 	/* (CLOSING: the reason was logged where it was found) */
 	if (atomic_load(&c->why_said))
 		c->state = TGT_CONN_CLOSING; /* (a send said why, here or in the engine) */
@@ -1713,7 +1723,8 @@ void *tgt_conn_main(void *arg)
 		 c->state != TGT_CONN_CLOSING)
 		tgt_log(t, "%s qid %u: connection ended: %s", c->peer, c->qid, strerror(-ret));
 	else if (t->verbose)
-		tgt_log(t, "%s qid %u: closed (%s)", c->peer, c->qid, tgt_conn_state_str(c->state));
+		tgt_log(t, "%s qid %u: closed (%s; %s, engine %d)", c->peer, c->qid,
+			tgt_conn_state_str(c->state), strerror(-ret), atomic_load(&c->engine_err));
 	c->state = TGT_CONN_CLOSING;
 	tgt_conn_drained(c);
 	tgt_conn_detach(c);
