@@ -91,3 +91,21 @@ def test_message_errors_never_take_an_argument_for_an_errno():
         for one in (e, pickle.loads(pickle.dumps(e))):
             assert one.errno == err and one.args == e.args, one
             assert str(one) == str(RuntimeError(*e.args)), one
+
+
+def test_the_breaker_takes_only_device_failures_not_our_own_refusals():
+    """A message error carries an errno (LoopGone ESHUTDOWN, BackendStartError and
+    BenchError EIO) that would read as a device failure: only TimedOut is one."""
+    import errno
+
+    from fx100io.bench.errors import BenchError
+    from fx100io.contrib._runtime import LoopGone, TimedOut, is_device_error
+    from fx100io.contrib._settings import BackendStartError
+    from fx100io.errors import DeviceIOError
+
+    assert is_device_error(TimedOut("slow"))
+    assert is_device_error(DeviceIOError(errno.EIO, "io"))
+    assert is_device_error(OSError(errno.ECONNRESET, "reset"))
+    for e in (LoopGone("closed"), BackendStartError("no device"), BenchError("--size")):
+        assert e.errno in (errno.ESHUTDOWN, errno.EIO)
+        assert not is_device_error(e), e

@@ -71,11 +71,21 @@ DEVICE_ERRNOS = frozenset({
 def is_device_error(exc: BaseException) -> bool:
     """True for a transport or device failure (the breaker's business); False for an
     error of one call (no space, a bad argument, a buffer too small, ...)."""
-    from fx100io.errors import DeviceClosedError, DeviceIOError, FxProtocolError, NvmeStatusError
+    from fx100io.errors import (
+        DeviceClosedError,
+        DeviceIOError,
+        Fx100ioMessageError,
+        FxProtocolError,
+        NvmeStatusError,
+    )
 
     if isinstance(exc, (TimedOut, TimeoutError, ConnectionError, DeviceIOError,
                         DeviceClosedError, FxProtocolError, NvmeStatusError)):
         return True
+    if isinstance(exc, Fx100ioMessageError):
+        # our own refusals (a closed loop, a bad setting, a failed start): their
+        # errno names the kind of failure, not a device that failed
+        return False
     if isinstance(exc, OSError):
         return exc.errno in DEVICE_ERRNOS
     return False
