@@ -432,11 +432,7 @@ class Device:
     # "Priority and write admission").
     def _requests(self, reqs: list[tuple[int, int, Any]], priority: Any,
                   stream: int | None) -> list[Request]:
-        if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)
-                                   or not 0 <= stream <= 0xFFFFFFFF):
-            raise InvalidArgumentError(22, f"stream must be an int of 32 bits (fx100io.priority."
-                                       f"new_stream()), got {stream!r}")
-        sid = prio.new_stream() if stream is None else stream
+        sid = prio.stream_or_new(stream)
         return [self._request(op, off, buf, priority, sid) for op, off, buf in reqs]
 
     async def _drv(self) -> QueueDriver:

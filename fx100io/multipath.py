@@ -1019,10 +1019,10 @@ class MultipathDevice:
         import asyncio
 
         prio.parse(priority, prio.LOAD)  # before _any_dev: a bad one is never "no path"
+        sid = prio.stream_or_new(stream)
         dev = self._any_dev()
         # the caller's mistakes raise now, as Device.start's do
-        dev._requests(reqs, priority, stream)
-        sid = prio.new_stream() if stream is None else stream
+        dev._requests(reqs, priority, sid)
         loop = asyncio.get_running_loop()
         return [loop.create_task(self._one(op, off, buf, priority, sid)) for op, off, buf in reqs]
 
@@ -1134,13 +1134,13 @@ class MultipathDevice:
     def submit_blocking(self, reqs: list[tuple[int, int, Any]], *, priority: Any = None,
                         stream: int | None = None) -> list[Completion]:
         prio.parse(priority, prio.LOAD)  # checked even when no path is open
+        sid = prio.stream_or_new(stream)
         try:
             dev = self._any_dev()
         except DeviceClosedError:
             dev = None  # no path open right now: each request waits for one, as documented
         if dev is not None:
-            dev._requests(reqs, priority, stream)  # the caller's mistakes raise now
-        sid = prio.new_stream() if stream is None else stream
+            dev._requests(reqs, priority, sid)  # the caller's mistakes raise now
         return [self._one_blocking(op, off, buf, priority, sid) for op, off, buf in reqs]
 
     def read_into_blocking(self, offset: int, buf: Any, *, priority: Any = None) -> int:

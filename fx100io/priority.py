@@ -47,6 +47,16 @@ def new_stream() -> int:
     return next(_streams) & 0xFFFFFFFF
 
 
+def stream_or_new(stream: Any) -> int:
+    """stream (a caller's id from new_stream()) checked, or a new one for None."""
+    if stream is None:
+        return new_stream()
+    if not isinstance(stream, int) or isinstance(stream, bool) or not 0 <= stream <= 0xFFFFFFFF:
+        raise InvalidArgumentError(22, f"stream must be an int of 32 bits (fx100io.priority."
+                                   f"new_stream()), got {stream!r}")
+    return stream
+
+
 def parse(priority: Any, default: Priority) -> Priority:
     """priority as a Priority: None (default), a Priority or its int value,
     or its name ("load", "store", "background", any case)."""

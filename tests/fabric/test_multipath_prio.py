@@ -143,6 +143,11 @@ def test_a_bad_priority_is_refused_at_once_with_no_live_path(backing):
         refused(dev.write_from_blocking, 0, buf)
         refused(dev.flush_blocking)
         refused(dev.submit_blocking, [(fx100io.OP_READ, 0, buf)])
+        for bad_stream in ("x", -1, 1 << 32, True):  # stream= too, with no path live
+            t0 = time.monotonic()
+            with pytest.raises(errors.InvalidArgumentError, match="stream"):
+                dev.submit_blocking([(fx100io.OP_READ, 0, buf)], stream=bad_stream)
+            assert time.monotonic() - t0 < 1.0
 
         async def main() -> None:
             for bad in BAD:
