@@ -448,7 +448,13 @@ void fx_rdma_close(struct fx_rdma_conn *c)
 	if (c->ech)
 		rdma_destroy_event_channel(c->ech);
 	fx_rdma_pd_put(c->pd);
+	/* want_mw is the caller's setting, not the connection's state: a
+	 * connect retried on the same struct (dev.c) binds as many windows
+	 * as the first try would have */
+	uint16_t want_mw = c->want_mw;
+
 	memset(c, 0, sizeof(*c));
+	c->want_mw = want_mw;
 }
 
 /* Take the completion channel's event (if any) and re-arm the CQ. */
