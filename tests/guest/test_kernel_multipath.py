@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import chunk_bytes
+from support.nvmet_port import NVMET, extra_port
 
 import fx100io
 from fx100io import kernel
@@ -25,7 +26,6 @@ from fx100io import kernel
 pytest_plugins = ["support.lab_fixture", "guest_rdma"]
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
-NVMET = Path("/sys/kernel/config/nvmet")
 PORT_ID, PORT = 28, 4428
 BS = 64 << 10
 SLOTS = 32
@@ -59,32 +59,21 @@ def two_ports(fabric_lab):
     main = next(d.name for d in (NVMET / "ports").iterdir()
                 if (d / "addr_trsvcid").read_text().strip() == str(fabric_lab.port)
                 and (d / "addr_trtype").read_text().strip() == "tcp")
-    d = NVMET / "ports" / str(PORT_ID)
-    link = d / "subsystems" / nqn
-
-    def drop() -> None:
-        with contextlib.suppress(OSError):
-            link.unlink()
-        with contextlib.suppress(OSError):
-            d.rmdir()
-    drop()  # a run that died before
-    d.mkdir()
-    for k, v in (("addr_trtype", "tcp"), ("addr_adrfam", "ipv4"),
-                 ("addr_traddr", fabric_lab.host), ("addr_trsvcid", str(PORT))):
-        (d / k).write_text(v)
-    link.symlink_to(NVMET / "subsystems" / nqn)
-    assert mine(nqn) == [], "a controller of lab-ram was left attached before this test"
-    try:
-        yield main, nqn, link
-    finally:
-        for c in kernel.list():
-            if c.subsysnqn == nqn:
-                kernel.disconnect(c)
-        with contextlib.suppress(OSError):
-            ana(main, "optimized")
-        with contextlib.suppress(OSError):
-            ana(PORT_ID, "optimized")
-        drop()
+    attrs = {"addr_trtype": "tcp", "addr_adrfam": "ipv4", "addr_traddr": fabric_lab.host,
+             "addr_trsvcid": str(PORT)}
+    with extra_port(PORT_ID, nqn, attrs) as d:
+        link = d / "subsystems" / nqn
+        assert mine(nqn) == [], "a controller of lab-ram was left attached before this test"
+        try:
+            yield main, nqn, link
+        finally:
+            for c in kernel.list():
+                if c.subsysnqn == nqn:
+                    kernel.disconnect(c)
+            with contextlib.suppress(OSError):
+                ana(main, "optimized")
+            with contextlib.suppress(OSError):
+                ana(PORT_ID, "optimized")
 
 
 def test_the_lab_guest_has_native_multipath_on(fabric_lab):

@@ -20,13 +20,13 @@ The bodies run inside the guest (@pytest.mark.guest).  The nvmet port with TLS (
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from support.nvmet_port import extra_port
 
 import fx100io
 from fx100io import errors, kernel
@@ -34,7 +34,6 @@ from fx100io import errors, kernel
 pytest_plugins = ["support.lab_fixture"]
 pytestmark = [pytest.mark.lab, pytest.mark.guest]
 
-NVMET = Path("/sys/kernel/config/nvmet")
 PORT_ID, PORT = 29, 4429
 HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000c029"
 KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
@@ -69,28 +68,15 @@ def tls_port(fabric_lab):
         yield None
         return
     nqn = fabric_lab.subsystem("lab-ram").nqn
-    d = NVMET / "ports" / str(PORT_ID)
-    link = d / "subsystems" / nqn
-
-    def drop() -> None:
-        with contextlib.suppress(OSError):
-            link.unlink()
-        with contextlib.suppress(OSError):
-            d.rmdir()
-    drop()  # a run that died before
-    d.mkdir()
-    for k, v in (("addr_trtype", "tcp"), ("addr_adrfam", "ipv4"),
-                 ("addr_traddr", fabric_lab.host), ("addr_trsvcid", str(PORT)),
-                 ("addr_tsas", "tls1.3"), ("addr_treq", "required")):
-        (d / k).write_text(v)
-    link.symlink_to(NVMET / "subsystems" / nqn)
-    try:
-        yield fabric_lab.host, nqn, d
-    finally:
-        for c in kernel.list():
-            if c.subsysnqn == nqn and c.trsvcid == str(PORT):
-                kernel.disconnect(c)
-        drop()
+    attrs = {"addr_trtype": "tcp", "addr_adrfam": "ipv4", "addr_traddr": fabric_lab.host,
+             "addr_trsvcid": str(PORT), "addr_tsas": "tls1.3", "addr_treq": "required"}
+    with extra_port(PORT_ID, nqn, attrs) as d:
+        try:
+            yield fabric_lab.host, nqn, d
+        finally:
+            for c in kernel.list():
+                if c.subsysnqn == nqn and c.trsvcid == str(PORT):
+                    kernel.disconnect(c)
 
 
 def nvmet_tls_failures() -> int:
