@@ -345,13 +345,18 @@ def perf_against_our_target(keys: dict[str, str], bad_key: str, d: str) -> None:
                       f"{'no controller' if no_ctrl else out[-300:]!r}); our target logs: "
                       f"{reason[-1].strip() if reason else tlog[-300:]!r}")
         finally:
-            tgt.terminate()
-            try:
-                tgt.wait(20)
-            except subprocess.TimeoutExpired:
-                tgt.kill()
-                tgt.wait()
+            stop_our_target(tgt)
             os.unlink(backing)
+
+
+def stop_our_target(tgt: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    tgt.terminate()
+    try:
+        tgt.wait(20)
+    except subprocess.TimeoutExpired:
+        tgt.kill()
+        tgt.wait()
 
 
 def perf_with_auth_against_our_target(keys: dict[str, str], d: str) -> None:
@@ -384,12 +389,7 @@ def perf_with_auth_against_our_target(keys: dict[str, str], d: str) -> None:
               "TLS without the DH-HMAC-CHAP secret our target asks for: perf attaches nothing"
               + (f" ({why[0]})" if why else ""))
     finally:
-        tgt.terminate()
-        try:
-            tgt.wait(20)
-        except subprocess.TimeoutExpired:
-            tgt.kill()
-            tgt.wait()
+        stop_our_target(tgt)
         os.unlink(backing)
 
 
