@@ -8,16 +8,21 @@ has proven itself is never pushed out, so many right-key opens at once from
 one address all succeed, and so do a good host's opens while its address
 floods the target with connections that never prove a key; wrong keys, even
 as the good host's own NQN from its own address, never lock the right key
-out.  Real sockets on loopback (several 127.0.0.x source addresses), our
-initiator as the good host, bytes checked."""
+out; IPv6 sources count by their /64.  Real sockets on loopback (several
+127.0.0.x source addresses; IPv6 ones in a network namespace of the test's
+own), our initiator as the good host, bytes checked."""
 
 from __future__ import annotations
 
 import contextlib
 import select
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,3 +300,57 @@ def test_wrong_keys_as_the_good_hosts_nqn_from_its_address_never_lock_it_out(ima
         assert f"TLS handshake with host {HOST} failed: the host's TLS PSK does not match " \
                "ours (wrong key)" in text
         assert KEY not in text and OTHER not in text
+
+
+# IPv6: a host with one address usually has its whole /64, so the bound is per
+# /64 (target.c peer_key).  The scenario runs in a network namespace of its own
+# (unshare), where it can give loopback the IPv6 addresses it needs.
+V6_SAME_64 = ("2001:db8:1::a", "2001:db8:1::b", "2001:db8:1::c")
+V6_OTHER_64 = "2001:db8:2::a"
+
+
+def _ipv6_scenario(image: str, log: str) -> None:
+    for cmd in (["ip", "link", "set", "lo", "up"],
+                *(["ip", "-6", "addr", "add", f"{a}/128", "dev", "lo", "nodad"]
+                  for a in (*V6_SAME_64, V6_OTHER_64))):
+        subprocess.run(cmd, check=True, timeout=30)
+    from support.target_process import _target
+
+    args = ["--listen", "[::1]:0", "--nqn", NQN, "--tls", "required", "--tls-key",
+            f"{HOST}={KEY}", "--namespace", image]
+    with _target(args, 1, Path(log)) as (bound, _proc), contextlib.ExitStack() as stack:
+        port = bound[0][1]
+
+        def loris(src: str) -> socket.socket:
+            s = socket.socket(socket.AF_INET6)
+            stack.callback(s.close)
+            s.bind((src, 0))
+            s.settimeout(5)
+            s.connect(("::1", port))
+            s.sendall(PARTIAL_HELLO)
+            return s
+
+        other = [loris(V6_OTHER_64) for _ in range(PER_ADDR // 2)]
+        # 3 addresses x 8: each within its own address's count, 24 in one /64
+        same = [loris(src) for src in V6_SAME_64 for _ in range(PER_ADDR)]
+        assert wait_until(lambda: sum(not closed(s) for s in same) <= PER_ADDR,
+                          HS_LIMIT_S - 0.5), "more than 8 stalled handshakes kept from one /64"
+        assert not any(closed(s) for s in other), "another /64's handshakes were pushed out"
+        good_host_round_trip("[::1]", port, 4)
+
+
+def test_ipv6_handshakes_are_bounded_per_64_prefix(image, tmp_path):
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2) for a network namespace")
+    log = tmp_path / "target.log"
+    code = ("import sys; sys.path[:0] = sys.argv[1:3]; import test_target_tls_bounds as t; "
+            "t._ipv6_scenario(sys.argv[3], sys.argv[4])")
+    here = Path(__file__).resolve().parent
+    r = subprocess.run(["unshare", "--net", sys.executable, "-c", code, str(here),
+                        str(here.parent), image, str(log)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    text = log.read_text()
+    assert f"unproven TLS handshakes in progress from 2001:db8:1:0::/64 (limit {PER_ADDR}): " \
+           "closed the oldest" in text, text[-2000:]
+    assert "2001:db8:2:0::/64 (limit" not in text
