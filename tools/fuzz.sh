@@ -20,6 +20,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 if [ $# -gt 0 ]; then
-  exec make -s -C tests/fuzz run FUZZ_SECONDS="$secs" FUZZERS="$*"
+  exec make -s -j"$(nproc)" -C tests/fuzz run FUZZ_SECONDS="$secs" FUZZERS="$*"
 fi
-exec make -s -C tests/fuzz run FUZZ_SECONDS="$secs"
+exec make -s -j"$(nproc)" -C tests/fuzz run FUZZ_SECONDS="$secs"

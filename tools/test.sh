@@ -56,7 +56,7 @@ tools/asan_guest.sh
 
 # Coverage-guided fuzzers (tests/fuzz: index segments, discovery log, target
 # string, the initiator's and the target's PDU receive paths, the initiator's
-# DH-HMAC-CHAP exchange, the TLS record layer), 30 s each here so the whole run
+# DH-HMAC-CHAP exchange, the TLS record layer), 30 s each, one per CPU at a time, so the whole run
 # stays well under 45 minutes; the long runs are `make fuzz FUZZ_SECONDS=600`.
 # tools/fuzz.sh installs clang 14 + libFuzzer if missing.
 tools/fuzz.sh "${FUZZ_SECONDS:-30}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run.sh SECONDS NAME...: run each built fuzzer build/fuzz_NAME for SECONDS,
-# one after the other, and print a summary (executions, exec/s, corpus).
+# FUZZ_JOBS at once (default: the CPUs), and print a summary (executions, exec/s, corpus).
 # Seeds come from corpus/NAME/ (read only); what the fuzzer finds goes to
 # build/corpus/NAME/, crash inputs to build/crashes/NAME/, the full log to
 # build/log/NAME.log.  Exit status 1 if any fuzzer crashed or failed.
@@ -11,24 +11,39 @@ secs=${1:?usage: run.sh SECONDS NAME...}
 shift
 B=build
 mkdir -p "$B/log"
-failed=0
-rows=()
-for name in "$@"; do
-  bin=$B/fuzz_$name
-  out=$B/corpus/$name
-  crashes=$B/crashes/$name
-  log=$B/log/$name.log
+# FUZZ_JOBS fuzzers at once (default: one per CPU): each is one process
+jobs=${FUZZ_JOBS:-$(nproc)}
+
+run_one() {
+  local name=$1 bin=$B/fuzz_$1 out=$B/corpus/$1 crashes=$B/crashes/$1 log=$B/log/$1.log
   mkdir -p "$out" "$crashes"
-  dirs=("$out")
+  local dirs=("$out")
   [ -d "corpus/$name" ] && dirs+=("corpus/$name")
   # per-harness options from a /* fuzz-options: ... */ line
+  local opts
   read -r -a opts <<<"$(sed -n 's|.*fuzz-options:\(.*\)\*/.*|\1|p' "fuzz_$name.c")"
-  echo "== fuzz_$name: ${secs}s (log: tests/fuzz/$log)"
   # -timeout: one input running 10 s is a hang, reported like a crash.
   # The outer timeout only guards against a fuzzer that never stops.
   timeout --kill-after=30 $((secs + 300)) "$bin" -max_total_time="$secs" -print_final_stats=1 \
     -timeout=10 -artifact_prefix="$crashes/" "${opts[@]}" "${dirs[@]}" >"$log" 2>&1
-  rc=$?
+  echo $? >"$B/log/$name.rc"
+}
+
+for name in "$@"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  echo "== fuzz_$name: ${secs}s (log: tests/fuzz/$B/log/$name.log)"
+  rm -f "$B/log/$name.rc"
+  run_one "$name" &
+done
+wait
+
+failed=0
+rows=()
+for name in "$@"; do
+  out=$B/corpus/$name
+  crashes=$B/crashes/$name
+  log=$B/log/$name.log
+  rc=$(cat "$B/log/$name.rc" 2>/dev/null || echo 99)
   stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1; }
   units=$(stat number_of_executed_units)
   eps=$(stat average_exec_per_sec)
