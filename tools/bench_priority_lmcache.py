@@ -162,6 +162,7 @@ class Run:
         self.gen = 0
         self.pending: list = []
         self.buffered = case.name == "LocalDisk"
+        self.tier: list[float] = []  # per probe: the storage tier's part of it
 
     def cold(self) -> None:
         """The probe's chunks out of the CPU tier (and the page cache, for LocalDisk)."""
@@ -183,15 +184,19 @@ class Run:
                 f.write("1\n")  # clean pages only: the probe's files were synced at setup
 
     def probe(self) -> float:
+        """One probe's time; its storage tier's share (StorageManager.batched_get,
+        which wraps the backend's reads) goes to self.tier."""
         self.cold()
         self.out.zero_()
         with self.lock, watchdog(f"{self.case.name}: a probe"):
             t = time.perf_counter()
+            g = self.case.get_s
             # as vLLM does it: the scheduler's lookup, then the worker's retrieve
             # (LocalDisk serves nothing without the lookup); timed together
             self.case.engine.lookup(self.probe_tokens)
             mask = self.case.engine.retrieve(self.probe_tokens, kvcaches=self.out)
             dt = time.perf_counter() - t
+            self.tier.append(self.case.get_s - g)
         if int(mask.sum()) != len(self.probe_tokens) or not torch.equal(
                 self.out.view(torch.uint8), self.probe_kv.view(torch.uint8)):
             raise SystemExit(f"{self.case.name}: a probe came back wrong "
@@ -293,6 +298,16 @@ def report(results: dict[str, dict]) -> None:
         print(f"  {name:<16} {len(s):>4} {am * 1e3:>8.0f} / {ap * 1e3:<6.0f} "
               f"{sm_ * 1e3:>8.0f} / {sp * 1e3:<6.0f} {sm_ / am:>6.2f} / {sp / ap:<5.2f} "
               f"{statistics.median(r['gbs']):>11.2f} {vs:>36}")
+    # where a probe's time goes: the storage tier (the backend's reads) and the
+    # rest (LMCache's lookup and its copy into the KV cache, which every case pays)
+    print("  the storage tier's share of a probe (StorageManager.batched_get), medians:")
+    for name, r in results.items():
+        if not r["alone_tier"] or not r["storm_tier"]:
+            continue
+        at, st = statistics.median(r["alone_tier"]), statistics.median(r["storm_tier"])
+        am, sm_ = statistics.median(r["alone"]), statistics.median(r["storm"])
+        print(f"  {name:<16} alone: tier {at * 1e3:.0f} ms, rest {(am - at) * 1e3:.0f} ms; "
+              f"storm: tier {st * 1e3:.0f} ms, rest {(sm_ - st) * 1e3:.0f} ms")
     n = min((len(r["storm"]) for r in results.values()), default=0)
     if n < 100:
         print(f"  (a p99 of {n} probes is about the worst one: --rounds x --probes of 100 or "
@@ -333,11 +348,16 @@ def main() -> None:
                 except (LookupError, RuntimeError, ImportError) as exc:
                     print(f"{n}: skipped ({exc})", flush=True)
                     continue
-                res = results.setdefault(n, {"alone": [], "storm": [], "gbs": []})
+                res = results.setdefault(n, {"alone": [], "storm": [], "gbs": [],
+                                             "alone_tier": [], "storm_tier": []})
                 for r in range(args.rounds):
                     res["alone"] += run.probes_paced()
+                    res["alone_tier"] += run.tier
+                    run.tier = []
                     lat, gbs = run.storm_phase()
                     res["storm"] += lat
+                    res["storm_tier"] += run.tier
+                    run.tier = []
                     res["gbs"].append(gbs)
                     print(f"  round {r + 1}/{args.rounds} {n}: alone "
                           f"{statistics.median(res['alone']) * 1e3:.0f} ms, storm "
