@@ -172,6 +172,35 @@ int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct io
 	return n ? n : (int)(FX_TLS_HEADER + rlen);
 }
 
+int fx_tls_seal_in_place(struct fx_tls *t, uint8_t *rec, size_t len)
+{
+	struct fx_tls_dir *d = &t->tx;
+	uint8_t nonce[12], *p = rec + FX_TLS_HEADER;
+	size_t rlen = len + 1 + FX_TLS_TAG;
+	int n, m;
+
+	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
+		return -EINVAL;
+	rec[0] = CT_APPDATA;
+	rec[1] = 3;
+	rec[2] = 3;
+	rec[3] = (uint8_t)(rlen >> 8);
+	rec[4] = (uint8_t)rlen;
+	p[len] = CT_APPDATA; /* the inner type, encrypted with the data */
+	nonce_of(d, nonce);
+	/* (GCM encrypts in place when out is in) */
+	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
+	    !EVP_EncryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
+	    !EVP_EncryptUpdate(d->ctx, p, &n, p, (int)len + 1) ||
+	    !EVP_EncryptFinal_ex(d->ctx, p + n, &m) ||
+	    !EVP_CIPHER_CTX_ctrl(d->ctx, EVP_CTRL_AEAD_GET_TAG, FX_TLS_TAG, p + n + m))
+		return fail(t, -EIO, "TLS record encryption failed");
+	if ((size_t)(n + m) != len + 1)
+		return fail(t, -EIO, "TLS record encryption failed");
+	n = seq_next(t, d);
+	return n ? n : (int)(FX_TLS_HEADER + rlen);
+}
+
 /* A record's header: application data, TLS 1.2 on the wire, a length a
  * record may have.  Returns the body's length or -EPROTO. */
 static int header_ok(struct fx_tls *t, const uint8_t *h)

@@ -156,6 +156,16 @@ int fx_tls_open_head(struct fx_tls *t, uint8_t *rec, size_t len, size_t h, fx_tl
 		     void *arg, uint8_t **dst, size_t *k);
 int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
 		   size_t len);
+/*
+ * Seal a record of application data whose plaintext the caller has
+ * already put in place, len bytes (<= FX_TLS_MAX_PLAINTEXT) at
+ * rec + FX_TLS_HEADER, with room for FX_TLS_HEADER + len + 1 + FX_TLS_TAG
+ * bytes: header, inner type and tag are written around it and the data is
+ * encrypted where it is (one pass over it: our target reads a read's data
+ * from the page cache straight into its records).  Returns the record's
+ * size as fx_tls_seal_to.
+ */
+int fx_tls_seal_in_place(struct fx_tls *t, uint8_t *rec, size_t len);
 /* Install a direction's traffic secret (tests: both ends from one). */
 int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret);
 struct fx_tls *fx_tls_alloc(void);

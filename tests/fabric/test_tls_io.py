@@ -144,9 +144,13 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
             f.truncate(size)
     if inline:
         monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
+    # (the target sends 15 records of 16 KiB at a time: 15 * 16384 - 512 ends
+    # inside the first send, 15 * 16384 puts its last data and the response
+    # in the second, 30 * 16384 + 512 takes three)
     reads = [(0, 512), (512, 4096), (8192, 16384 - 512), (65536, 16384), (1 << 20, 16384 + 512),
              (2 << 20, 256 << 10), (3 << 20, (256 << 10) + 4096), (4 << 20, (1 << 20) + 512),
-             (6 << 20, 3 << 20), (size - 4096, 4096)]
+             (6 << 20, 3 << 20), (size - 4096, 4096), (10 << 20, 15 * 16384 - 512),
+             (11 << 20, 15 * 16384), (12 << 20, 30 * 16384 + 512)]
     with serve([str(img)], NQN, *target_args()) as (host, port, _):
         with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
             pool = fx100io.BufferPool(32 << 20)
@@ -173,6 +177,33 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
             assert after["bytes_copied"] == before["bytes_copied"]
             assert (after["bytes_direct"] - before["bytes_direct"]
                     == sum(n for _, n in reads) + sum(n for _, n in reads[:6]))
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["engine", "inline"])
+def test_a_read_past_a_shrunk_file_fails_and_the_stream_goes_on(tmp_path, monkeypatch, inline):
+    """The target reads a read's data from the page cache straight into its
+    records: when the file shrank under it, the bytes past its end go out as
+    zeros (the records stay whole) and the read is answered with an error; the
+    next reads on the same connection are byte-exact."""
+    size = 8 << 20
+    data = chunk_bytes(f"shrunk-{inline}", size)
+    img = tmp_path / "ns.img"
+    img.write_bytes(data.tobytes())
+    if inline:
+        monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
+    with serve([str(img)], NQN, *target_args()) as (host, port, _):
+        with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
+            pool = fx100io.BufferPool(4 << 20)
+            end = (4 << 20) + 300 * 1024  # inside the second send of a 1 MiB read
+            with open(img, "r+b") as f:
+                f.truncate(end)
+            out = pool.alloc(1 << 20)
+            with pytest.raises(errors.Fx100ioError):
+                dev.read_into_blocking(4 << 20, out)
+            for off, n in [(0, 1 << 20), (end - (1 << 20), 1 << 20), (4096, 512)]:
+                o = pool.alloc(n)
+                assert dev.read_into_blocking(off, o) == n
+                assert np.array_equal(o, data[off:off + n]), (off, n)
 
 
 def test_wrong_key_is_a_clear_error(backing):
