@@ -685,7 +685,7 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 {
 	uint8_t hb[HDR_BUF], rb[HDR_BUF];
 	size_t hl = c2h_head(c, hb, cid, 0, len, 1);
-	size_t dl = hl + len;                      /* where the data ends in the stream */
+	size_t dl = hl + len;                               /* where the data ends in the stream */
 	size_t total = dl + resp_head(c, rb, cid, 0, 0, 0); /* (its size; built below) */
 	size_t pos = 0;
 	uint64_t foff = off; /* the file offset the next data byte comes from */
@@ -702,7 +702,8 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 
 		for (; nrec < TLS_SLOTS && pos < total; nrec++) {
 			uint8_t *p = chunk + (size_t)nrec * TLS_SLOT + FX_TLS_HEADER;
-			size_t e = total - pos < FX_TLS_MAX_PLAINTEXT ? total : pos + FX_TLS_MAX_PLAINTEXT;
+			size_t e = total - pos < FX_TLS_MAX_PLAINTEXT ? total
+								      : pos + FX_TLS_MAX_PLAINTEXT;
 
 			plen[nrec] = e - pos;
 			if (pos < hl) {
