@@ -129,7 +129,8 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
                                                                   cached):
     """Our target seals a read's C2HData header, data and CapsuleResp together
     (one record for a small read; a large one's first and last records shared,
-    FX_TGT_CHUNK of it per send from the page cache): every size around the
+    15 records per send from the page cache, read straight into them): every
+    size around the
     record and chunk edges reads back what the file holds, from the page cache
     (pread) and from a buffer (a read from the disk), on the I/O engine and in
     line (FX100IO_TARGET_INLINE); and our initiator decrypts the payload that
