@@ -597,16 +597,6 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 /* A Read's data from buf, then its response with status sf: one PDU
  * without a data digest, FX_TGT_CHUNK pieces with one; the whole response
  * under the send lock. */
-/*
- * On a secure channel without a data digest, a read's answer goes out as
- * one stream of records: its C2HData header, data (from data, or read
- * from the namespace into the records: send_read_tls_ns) and CapsuleResp:
- * a small read is one TLS record and one sendmsg instead of three of each
- * (sealing a record and sending it cost more than 4 KiB of AES-GCM), a
- * large one shares its first and last records with them.  With data NULL
- * the data is read from ns at off into chunk; a short read is zero-filled
- * and answered Unrecovered Read Error, as send_read does.
- */
 
 /* Whether a read's answer goes out in one send (below): on a secure
  * channel without a data digest, and not while --fault-drop-after counts
@@ -775,6 +765,16 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 	return pdu_sent(c);
 }
 
+/*
+ * On a secure channel without a data digest, a read's answer goes out as
+ * one stream of records: its C2HData header, data (from data, or read
+ * from the namespace into the records: send_read_tls_ns) and CapsuleResp:
+ * a small read is one TLS record and one sendmsg instead of three of each
+ * (sealing a record and sending it cost more than 4 KiB of AES-GCM), a
+ * large one shares its first and last records with them.  With data NULL
+ * the data is read from ns at off into chunk; a short read is zero-filled
+ * and answered Unrecovered Read Error, as send_read does.
+ */
 static int send_read_tls(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, const uint8_t *data,
 			 struct tgt_ns *ns, uint64_t off, uint32_t len, uint16_t sf)
 {
