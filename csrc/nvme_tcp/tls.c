@@ -418,6 +418,16 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, s
 
 	if (type != CT_APPDATA && k)
 		memcpy(out + h, dst, k); /* not data: in one piece for what follows */
+	/* what of dst is not application data (the inner type, padding, or a
+	 * whole record of another type) is zeroed: the caller's buffer holds
+	 * only data or zeros, even when the record that would have written
+	 * over those bytes never comes (a broken stream fails the read) */
+	if (k) {
+		size_t from = type != CT_APPDATA ? 0 : plen > h ? plen - h : 0;
+
+		if (from < k)
+			memset(dst + from, 0, k - from);
+	}
 
 	if (plen > FX_TLS_MAX_PLAINTEXT)
 		return fail(t, -EPROTO, "a TLS record over 2^14 plaintext bytes");

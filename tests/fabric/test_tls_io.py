@@ -378,8 +378,9 @@ class RecordProxy:
 def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing, how, capfd):
     """A tampered record, an oversized one, or a connection cut mid-record
     while 8 MiB reads are in flight: the read fails with a protocol or
-    connection error (never wrong bytes), the reason is logged, and the next read reconnects
-    with a new handshake and is byte-exact."""
+    connection error, its buffer holds no byte that no tag vouched for, the
+    reason is logged, and the next read reconnects with a new handshake and is
+    byte-exact."""
     data = chunk_bytes("broken-" + how, 8 << 20)
     with open(backing, "r+b") as f:
         f.write(data.tobytes())
@@ -389,10 +390,17 @@ def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing
             dev = fx100io.open_device(uri(host, proxy.listen_port, io_timeout_ms=5000,
                                           reconnect_ms=50), queue_depth=32)
             try:
-                out = np.empty(8 << 20, np.uint8)
+                out = np.full(8 << 20, 0x77, np.uint8)
                 with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)) as e:
                     dev.read_into_blocking(0, out)
                 assert proxy.fired.is_set()
+                # the records' payload was decrypted straight into out: a
+                # broken record's is wiped when its tag fails (a flipped
+                # ciphertext bit flips one plaintext bit: a byte left from it
+                # would be none of these), and the inner type after a good
+                # record's data is zeroed (the next record, which would have
+                # written over it, never came): data, zeros or untouched
+                assert np.all((out == data) | (out == 0) | (out == 0x77))
                 if how == "tag":
                     assert e.value.errno == errno.EBADMSG
                 err = capfd.readouterr().err
