@@ -172,6 +172,35 @@ int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct io
 	return n ? n : (int)(FX_TLS_HEADER + rlen);
 }
 
+int fx_tls_seal_in_place(struct fx_tls *t, uint8_t *rec, size_t len)
+{
+	struct fx_tls_dir *d = &t->tx;
+	uint8_t nonce[12], *p = rec + FX_TLS_HEADER;
+	size_t rlen = len + 1 + FX_TLS_TAG;
+	int n, m;
+
+	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
+		return -EINVAL;
+	rec[0] = CT_APPDATA;
+	rec[1] = 3;
+	rec[2] = 3;
+	rec[3] = (uint8_t)(rlen >> 8);
+	rec[4] = (uint8_t)rlen;
+	p[len] = CT_APPDATA; /* the inner type, encrypted with the data */
+	nonce_of(d, nonce);
+	/* (GCM encrypts in place when out is in) */
+	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
+	    !EVP_EncryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
+	    !EVP_EncryptUpdate(d->ctx, p, &n, p, (int)len + 1) ||
+	    !EVP_EncryptFinal_ex(d->ctx, p + n, &m) ||
+	    !EVP_CIPHER_CTX_ctrl(d->ctx, EVP_CTRL_AEAD_GET_TAG, FX_TLS_TAG, p + n + m))
+		return fail(t, -EIO, "TLS record encryption failed");
+	if ((size_t)(n + m) != len + 1)
+		return fail(t, -EIO, "TLS record encryption failed");
+	n = seq_next(t, d);
+	return n ? n : (int)(FX_TLS_HEADER + rlen);
+}
+
 /* A record's header: application data, TLS 1.2 on the wire, a length a
  * record may have.  Returns the body's length or -EPROTO. */
 static int header_ok(struct fx_tls *t, const uint8_t *h)
@@ -354,6 +383,12 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, s
 		*pdst = dst;
 		*pk = k;
 	}
+	/* dst is the caller's buffer, seldom in cache: its lines are asked
+	 * for ahead of the AEAD's stores, which otherwise wait on each one
+	 * (a decrypt into a buffer not in L2 cost 1.6x one into a hot one
+	 * here; 1.35x with this) */
+	for (size_t i = 0; i < k; i += 64)
+		__builtin_prefetch(dst + i, 1, 3);
 	if ((k && !EVP_DecryptUpdate(d->ctx, dst, &n, rec + FX_TLS_HEADER + h, (int)k)) ||
 	    !EVP_DecryptUpdate(d->ctx, out + h + k, &n, rec + FX_TLS_HEADER + h + k,
 			       (int)(clen - h - k)) ||
@@ -383,6 +418,16 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, s
 
 	if (type != CT_APPDATA && k)
 		memcpy(out + h, dst, k); /* not data: in one piece for what follows */
+	/* what of dst is not application data (the inner type, padding, or a
+	 * whole record of another type) is zeroed: the caller's buffer holds
+	 * only data or zeros, even when the record that would have written
+	 * over those bytes never comes (a broken stream fails the read) */
+	if (k) {
+		size_t from = type != CT_APPDATA ? 0 : plen > h ? plen - h : 0;
+
+		if (from < k)
+			memset(dst + from, 0, k - from);
+	}
 
 	if (plen > FX_TLS_MAX_PLAINTEXT)
 		return fail(t, -EPROTO, "a TLS record over 2^14 plaintext bytes");

@@ -132,9 +132,9 @@ int fx_tls_open(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t **plain);
  * at *rest = rec + FX_TLS_HEADER + k.  Returns the application data's
  * length n as fx_tls_open: bytes [0, min(k, n)) are in dst, [k, n) at
  * *rest.  dst[0..min(k, record's ciphertext)) is written before the tag
- * is checked (cleansed when it fails) and may hold the record's inner
- * type and padding past n: the caller must own that range and use none
- * of it before the return. */
+ * is checked (cleansed when it fails) and, past n, the record's inner
+ * type and padding (zeroed before the return): the caller must own that
+ * range and use none of it before the return. */
 int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, size_t k,
 		      uint8_t **rest);
 /*
@@ -147,8 +147,8 @@ int fx_tls_open_split(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *dst, 
  * authenticated when where sees it: it may choose a destination, nothing
  * else.  Returns n as fx_tls_open, with *dst and *k what where chose:
  * plaintext [0, min(h, n)) at rec + FX_TLS_HEADER, [h, h + k) in *dst
- * (as fx_tls_open_split's dst: written before the tag is checked, and may
- * hold the inner type and padding past n), [h + k, n) after it in rec.
+ * (as fx_tls_open_split's dst: written before the tag is checked, zeros
+ * past n), [h + k, n) after it in rec.
  */
 typedef int (*fx_tls_dest_fn)(void *arg, const uint8_t *head, size_t h, size_t left, uint8_t **dst,
 			      size_t *k);
@@ -156,6 +156,16 @@ int fx_tls_open_head(struct fx_tls *t, uint8_t *rec, size_t len, size_t h, fx_tl
 		     void *arg, uint8_t **dst, size_t *k);
 int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct iovec *iov, int cnt,
 		   size_t len);
+/*
+ * Seal a record of application data whose plaintext the caller has
+ * already put in place, len bytes (<= FX_TLS_MAX_PLAINTEXT) at
+ * rec + FX_TLS_HEADER, with room for FX_TLS_HEADER + len + 1 + FX_TLS_TAG
+ * bytes: header, inner type and tag are written around it and the data is
+ * encrypted where it is (one pass over it: our target reads a read's data
+ * from the page cache straight into its records).  Returns the record's
+ * size as fx_tls_seal_to.
+ */
+int fx_tls_seal_in_place(struct fx_tls *t, uint8_t *rec, size_t len);
 /* Install a direction's traffic secret (tests: both ends from one). */
 int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret);
 struct fx_tls *fx_tls_alloc(void);

@@ -597,17 +597,6 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 /* A Read's data from buf, then its response with status sf: one PDU
  * without a data digest, FX_TGT_CHUNK pieces with one; the whole response
  * under the send lock. */
-/*
- * On a secure channel without a data digest, a read's answer goes out as
- * one send of its C2HData header, data (from data, or read from the
- * namespace chunk by chunk: FX_TGT_CHUNK per send) and CapsuleResp: a
- * small read is one TLS record and one sendmsg instead of three of each
- * (sealing a record and sending it cost more than 4 KiB of AES-GCM), a
- * large one shares its first and last records with them.  With data NULL
- * the data is read from ns at off into chunk; a short read is zero-filled
- * and answered Unrecovered Read Error, as send_read does.
- */
-static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off);
 
 /* Whether a read's answer goes out in one send (below): on a secure
  * channel without a data digest, and not while --fault-drop-after counts
@@ -617,44 +606,196 @@ static int packs_reads(const struct tgt_conn *c)
 	return c->tls && !c->ddgst && !c->t->fault_drop_after;
 }
 
+/* Records already sealed, buf[0..n), onto the socket (send_iov's errors). */
+static int send_sealed(struct tgt_conn *c, const uint8_t *buf, size_t n)
+{
+	struct iovec v = {(void *)buf, n};
+	size_t sent = 0;
+	int ret = fx_tcp_sendv(c->fd, &v, 1, 0, FX_TCP_NO_DEADLINE, -1, &sent);
+
+	if (!ret) {
+		c->send_short = 0;
+		return 0;
+	}
+	if (sent)
+		c->send_short = 1;
+	if (ret == -EAGAIN)
+		return send_stalled(c);
+	return send_errno(c, -ret);
+}
+
+/* preadv until every byte of iov[0..cnt) is read or the file ends (the
+ * iovecs are consumed); the bytes read or -errno with none. */
+static ssize_t preadv_full(int fd, struct iovec *iov, int cnt, uint64_t off)
+{
+	size_t got = 0;
+
+	while (cnt > 0) {
+		ssize_t r = preadv(fd, iov, cnt, (off_t)(off + got));
+
+		if (r == 0)
+			break; /* the file shrank under us */
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return got ? (ssize_t)got : -errno;
+		}
+		got += (size_t)r;
+		for (size_t left = (size_t)r; cnt > 0 && (left || !iov->iov_len);) {
+			size_t k = iov->iov_len < left ? iov->iov_len : left;
+
+			iov->iov_base = (uint8_t *)iov->iov_base + k;
+			iov->iov_len -= k;
+			left -= k;
+			if (!iov->iov_len) {
+				iov++;
+				cnt--;
+			}
+		}
+	}
+	return (ssize_t)got;
+}
+
+/* One record's room: header, 2^14 bytes of plaintext, inner type, tag;
+ * as many as a chunk holds go out in one send. */
+#define TLS_SLOT (FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG)
+#define TLS_SLOTS ((int)(FX_TGT_CHUNK / TLS_SLOT))
+
+/*
+ * send_read_tls from the namespace: the plaintext stream (C2HData header,
+ * the data, CapsuleResp) is laid out in records of 2^14 bytes in chunk,
+ * the data read straight into them (one preadv per chunk), each record
+ * sealed where it is, and the chunk's records sent at once: the data is
+ * copied once (page cache to record), encrypted in place and sent, where
+ * a separate staging buffer cost another pass over it and a send per 8
+ * records.
+ */
+static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tgt_ns *ns,
+			    uint64_t off, uint32_t len)
+{
+	uint8_t hb[HDR_BUF], rb[HDR_BUF];
+	size_t hl = c2h_head(c, hb, cid, 0, len, 1);
+	size_t dl = hl + len;                               /* where the data ends in the stream */
+	size_t total = dl + resp_head(c, rb, cid, 0, 0, 0); /* (its size; built below) */
+	size_t pos = 0;
+	uint64_t foff = off; /* the file offset the next data byte comes from */
+	uint16_t sf = 0;
+	int rb_built = 0, first = 1, ret;
+
+	c2h_count(c, NULL);
+	while (pos < total) {
+		struct iovec v[TLS_SLOTS];
+		uint8_t *rp[2]; /* where the response's bytes go (it may span two records) */
+		size_t rpos[2], rk[2], want = 0, out = 0;
+		int nv = 0, nr = 0, nrec = 0;
+		size_t plen[TLS_SLOTS];
+
+		for (; nrec < TLS_SLOTS && pos < total; nrec++) {
+			uint8_t *p = chunk + (size_t)nrec * TLS_SLOT + FX_TLS_HEADER;
+			size_t e = total - pos < FX_TLS_MAX_PLAINTEXT ? total
+								      : pos + FX_TLS_MAX_PLAINTEXT;
+
+			plen[nrec] = e - pos;
+			if (pos < hl) {
+				size_t k = (e < hl ? e : hl) - pos;
+
+				memcpy(p, hb + pos, k);
+				p += k;
+				pos += k;
+			}
+			if (pos < dl && pos < e) {
+				size_t k = (e < dl ? e : dl) - pos;
+
+				v[nv].iov_base = p;
+				v[nv++].iov_len = k;
+				want += k;
+				p += k;
+				pos += k;
+			}
+			if (pos < e) {
+				rp[nr] = p;
+				rpos[nr] = pos - dl;
+				rk[nr++] = e - pos;
+				pos = e;
+			}
+		}
+		if (want) {
+			struct iovec z[TLS_SLOTS];
+			ssize_t got;
+
+			memcpy(z, v, sizeof(v[0]) * (size_t)nv);
+			got = preadv_full(ns->fd, v, nv, foff);
+			if (got < (ssize_t)want) {
+				/* a short read: zeros for the rest, Unrecovered Read Error */
+				size_t skip = got > 0 ? (size_t)got : 0;
+
+				for (int i = 0; i < nv; i++) {
+					size_t k = skip < z[i].iov_len ? skip : z[i].iov_len;
+
+					memset((uint8_t *)z[i].iov_base + k, 0, z[i].iov_len - k);
+					skip -= k;
+				}
+				sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
+			}
+			foff += want;
+		}
+		if (nr && !rb_built) {
+			/* every data byte is read by now: the status is known */
+			resp_head(c, rb, cid, sf, 0, 0);
+			rb_built = 1;
+		}
+		for (int i = 0; i < nr; i++)
+			memcpy(rp[i], rb + rpos[i], rk[i]);
+		/* only the stream's last record is short: the sealed records
+		 * lie back to back at their slots */
+		for (int r = 0; r < nrec; r++) {
+			int n = fx_tls_seal_in_place(c->tls, chunk + out, plen[r]);
+
+			if (n < 0)
+				return send_said_why(c, -EPROTO);
+			out += (size_t)n;
+		}
+		ret = send_sealed(c, chunk, out);
+		if (ret)
+			return ret;
+		if (first && (ret = pdu_sent(c)) != 0) /* (the C2HData, counted once it is out) */
+			return ret;
+		first = 0;
+	}
+	return pdu_sent(c);
+}
+
+/*
+ * On a secure channel without a data digest, a read's answer goes out as
+ * one stream of records: its C2HData header, data (from data, or read
+ * from the namespace into the records: send_read_tls_ns) and CapsuleResp:
+ * a small read is one TLS record and one sendmsg instead of three of each
+ * (sealing a record and sending it cost more than 4 KiB of AES-GCM), a
+ * large one shares its first and last records with them.  With data NULL
+ * the data is read from ns at off into chunk; a short read is zero-filled
+ * and answered Unrecovered Read Error, as send_read does.
+ */
 static int send_read_tls(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, const uint8_t *data,
 			 struct tgt_ns *ns, uint64_t off, uint32_t len, uint16_t sf)
 {
 	uint8_t hb[HDR_BUF], rb[HDR_BUF];
-	struct iovec iov[3]; /* header (first send only), data, response (last send only) */
-	uint32_t sent = 0;
+	struct iovec iov[3];
 	int ret;
 
+	if (!data)
+		return send_read_tls_ns(c, chunk, cid, ns, off, len);
+	/* the data already in memory (read from the disk): sealed from there */
 	iov[0].iov_base = hb;
 	iov[0].iov_len = c2h_head(c, hb, cid, 0, len, 1);
 	c2h_count(c, NULL);
-	do {
-		uint32_t n = data ? len : len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
-		int last = sent + n == len;
-
-		if (!data) {
-			ssize_t got = pread_full(ns->fd, chunk, n, off + sent);
-
-			if (got < (ssize_t)n) {
-				memset(chunk + (got > 0 ? got : 0), 0,
-				       n - (uint32_t)(got > 0 ? got : 0));
-				sf = TGT_SF(2, TGT_SC_UNRECOVERED_READ);
-			}
-		}
-		iov[1].iov_base = (void *)(data ? data : chunk);
-		iov[1].iov_len = n;
-		if (last) {
-			iov[2].iov_base = rb;
-			iov[2].iov_len = resp_head(c, rb, cid, sf, 0, 0);
-		}
-		ret = send_iov(c, sent ? iov + 1 : iov, (sent ? 1 : 2) + last, 0);
-		if (ret)
-			return ret;
-		if (!sent && (ret = pdu_sent(c)) != 0) /* (the C2HData, counted once it is out) */
-			return ret;
-		sent += n;
-	} while (sent < len);
-	return pdu_sent(c);
+	iov[1].iov_base = (void *)data;
+	iov[1].iov_len = len;
+	iov[2].iov_base = rb;
+	iov[2].iov_len = resp_head(c, rb, cid, sf, 0, 0);
+	ret = send_iov(c, iov, 3, 0);
+	if (!ret)
+		ret = pdu_sent(c); /* (the C2HData) */
+	return ret ? ret : pdu_sent(c);
 }
 
 int tgt_send_data(struct tgt_conn *c, uint16_t cid, const uint8_t *buf, uint32_t len, uint16_t sf)

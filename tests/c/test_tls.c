@@ -385,9 +385,49 @@ static void test_records(void)
 	}
 }
 
+/* fx_tls_seal_in_place: the same record as fx_tls_seal_to from the same
+ * plaintext, opened byte-exact by the peer, sizes 0 to 2^14; over 2^14
+ * refused. */
+static void test_seal_in_place(void)
+{
+	static uint8_t rec[FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG];
+	static uint8_t ref[sizeof(rec)], data[FX_TLS_MAX_PLAINTEXT];
+	static const size_t sizes[] = {
+		0, 1, 15, 16, 17, 4096, FX_TLS_MAX_PLAINTEXT - 1, FX_TLS_MAX_PLAINTEXT};
+	struct fx_tls *a, *b, *a2, *b2;
+
+	for (size_t i = 0; i < sizeof(data); i++)
+		data[i] = (uint8_t)(i * 7 + 3);
+	for (uint8_t hash = 1; hash <= 2; hash++) {
+		pair(&a, &b, hash);
+		pair(&a2, &b2, hash);
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+			size_t len = sizes[i];
+			struct iovec v = {data, len};
+			int n, m;
+
+			memcpy(rec + FX_TLS_HEADER, data, len);
+			n = fx_tls_seal_in_place(a, rec, len);
+			CHECK_EQ(n, (int)(FX_TLS_HEADER + len + 1 + FX_TLS_TAG));
+			m = fx_tls_seal_to(a2, ref, FX_TLS_CT_APPDATA, &v, 1, len);
+			CHECK_EQ(m, n);
+			CHECK(memcmp(rec, ref, (size_t)n) == 0);
+			b->plain_pos = b->plain_len;
+			CHECK_EQ(fx_tls_record_in(b, rec, (size_t)n), (int)len);
+			CHECK(memcmp(b->plain + b->plain_pos, data, len) == 0);
+		}
+		CHECK_EQ(fx_tls_seal_in_place(a, rec, FX_TLS_MAX_PLAINTEXT + 1), -EINVAL);
+		fx_tls_free(a);
+		fx_tls_free(b);
+		fx_tls_free(a2);
+		fx_tls_free(b2);
+	}
+}
+
 int main(void)
 {
 	test_records();
+	test_seal_in_place();
 	test_session(K32, 0, 3 << 20);
 	test_session(K32, 1, 100000);
 	test_session(K48, 0, 1 << 20);

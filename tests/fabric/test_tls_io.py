@@ -129,7 +129,8 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
                                                                   cached):
     """Our target seals a read's C2HData header, data and CapsuleResp together
     (one record for a small read; a large one's first and last records shared,
-    FX_TGT_CHUNK of it per send from the page cache): every size around the
+    15 records per send from the page cache, read straight into them): every
+    size around the
     record and chunk edges reads back what the file holds, from the page cache
     (pread) and from a buffer (a read from the disk), on the I/O engine and in
     line (FX100IO_TARGET_INLINE); and our initiator decrypts the payload that
@@ -144,9 +145,13 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
             f.truncate(size)
     if inline:
         monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
+    # (the target sends 15 records of 16 KiB at a time: 15 * 16384 - 512 ends
+    # inside the first send, 15 * 16384 puts its last data and the response
+    # in the second, 30 * 16384 + 512 takes three)
     reads = [(0, 512), (512, 4096), (8192, 16384 - 512), (65536, 16384), (1 << 20, 16384 + 512),
              (2 << 20, 256 << 10), (3 << 20, (256 << 10) + 4096), (4 << 20, (1 << 20) + 512),
-             (6 << 20, 3 << 20), (size - 4096, 4096)]
+             (6 << 20, 3 << 20), (size - 4096, 4096), (10 << 20, 15 * 16384 - 512),
+             (11 << 20, 15 * 16384), (12 << 20, 30 * 16384 + 512)]
     with serve([str(img)], NQN, *target_args()) as (host, port, _):
         with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
             pool = fx100io.BufferPool(32 << 20)
@@ -173,6 +178,33 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
             assert after["bytes_copied"] == before["bytes_copied"]
             assert (after["bytes_direct"] - before["bytes_direct"]
                     == sum(n for _, n in reads) + sum(n for _, n in reads[:6]))
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["engine", "inline"])
+def test_a_read_past_a_shrunk_file_fails_and_the_stream_goes_on(tmp_path, monkeypatch, inline):
+    """The target reads a read's data from the page cache straight into its
+    records: when the file shrank under it, the bytes past its end go out as
+    zeros (the records stay whole) and the read is answered with an error; the
+    next reads on the same connection are byte-exact."""
+    size = 8 << 20
+    data = chunk_bytes(f"shrunk-{inline}", size)
+    img = tmp_path / "ns.img"
+    img.write_bytes(data.tobytes())
+    if inline:
+        monkeypatch.setenv("FX100IO_TARGET_INLINE", "1")
+    with serve([str(img)], NQN, *target_args()) as (host, port, _):
+        with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
+            pool = fx100io.BufferPool(4 << 20)
+            end = (4 << 20) + 300 * 1024  # inside the second send of a 1 MiB read
+            with open(img, "r+b") as f:
+                f.truncate(end)
+            out = pool.alloc(1 << 20)
+            with pytest.raises(errors.Fx100ioError):
+                dev.read_into_blocking(4 << 20, out)
+            for off, n in [(0, 1 << 20), (end - (1 << 20), 1 << 20), (4096, 512)]:
+                o = pool.alloc(n)
+                assert dev.read_into_blocking(off, o) == n
+                assert np.array_equal(o, data[off:off + n]), (off, n)
 
 
 def test_wrong_key_is_a_clear_error(backing):
@@ -346,8 +378,9 @@ class RecordProxy:
 def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing, how, capfd):
     """A tampered record, an oversized one, or a connection cut mid-record
     while 8 MiB reads are in flight: the read fails with a protocol or
-    connection error (never wrong bytes), the reason is logged, and the next read reconnects
-    with a new handshake and is byte-exact."""
+    connection error, its buffer holds no byte that no tag vouched for, the
+    reason is logged, and the next read reconnects with a new handshake and is
+    byte-exact."""
     data = chunk_bytes("broken-" + how, 8 << 20)
     with open(backing, "r+b") as f:
         f.write(data.tobytes())
@@ -357,10 +390,17 @@ def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing
             dev = fx100io.open_device(uri(host, proxy.listen_port, io_timeout_ms=5000,
                                           reconnect_ms=50), queue_depth=32)
             try:
-                out = np.empty(8 << 20, np.uint8)
+                out = np.full(8 << 20, 0x77, np.uint8)
                 with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)) as e:
                     dev.read_into_blocking(0, out)
                 assert proxy.fired.is_set()
+                # the records' payload was decrypted straight into out: a
+                # broken record's is wiped when its tag fails (a flipped
+                # ciphertext bit flips one plaintext bit: a byte left from it
+                # would be none of these), and the inner type after a good
+                # record's data is zeroed (the next record, which would have
+                # written over it, never came): data, zeros or untouched
+                assert np.all((out == data) | (out == 0) | (out == 0x77))
                 if how == "tag":
                     assert e.value.errno == errno.EBADMSG
                 err = capfd.readouterr().err
