@@ -201,9 +201,13 @@ def test_at_the_limit_handshakes_give_way_to_new_connections(backing, tmp_path):
             assert np.array_equal(out, data)
         assert a.cmd(sqe(0x18))[0].ok
         # (three queues moved data: q and the device's two, each with its
-        # engine's threads and io_uring's fd)
-        assert threads(proc.pid) <= base_threads + limit + 64 + 3 * ENGINE_THREADS
-        assert fds(proc.pid) <= base_fds + limit + 64 + 3
+        # engine's threads and io_uring's fd; 64 closing ones may not be
+        # reaped yet, and on a loaded machine the flood's last may still be
+        # on their way out: the bound holds once they are)
+        want = base_threads + limit + 64 + 3 * ENGINE_THREADS
+        assert settled(threads, proc.pid, want) <= want
+        want = base_fds + limit + 64 + 3
+        assert settled(fds, proc.pid, want) <= want
         for s in flood + more:
             s.close()
     text = log.read_text()
