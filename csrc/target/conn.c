@@ -429,12 +429,30 @@ static int send_errno(struct tgt_conn *c, int e)
 	return send_said_why(c, -EPIPE);
 }
 
+/* iov[0..cnt) onto the socket as it is (no secure channel, or records
+ * already sealed); flags: MSG_MORE or 0.  A send that got some bytes out
+ * and then failed returned short (see send_errno). */
+static int send_plain(struct tgt_conn *c, struct iovec *iov, int cnt, int flags)
+{
+	size_t sent = 0;
+	int ret = fx_tcp_sendv(c->fd, iov, cnt, flags, FX_TCP_NO_DEADLINE, -1, &sent);
+
+	if (!ret) {
+		c->send_short = 0;
+		return 0;
+	}
+	if (sent)
+		c->send_short = 1;
+	if (ret == -EAGAIN)
+		return send_stalled(c);
+	return send_errno(c, -ret);
+}
+
 /* Every byte of iov[0..cnt) on the socket, whose SO_SNDTIMEO is stall_ms:
  * a send that would block means the host stopped reading.  more: the PDU
  * goes on (MSG_MORE). */
 static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 {
-	size_t sent = 0;
 	int ret;
 
 	if (c->tls) {
@@ -449,19 +467,7 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 			return send_said_why(c, -EPROTO);
 		return send_errno(c, -ret);
 	}
-	ret = fx_tcp_sendv(c->fd, iov, cnt, more ? MSG_MORE : 0, FX_TCP_NO_DEADLINE, -1, &sent);
-
-	if (!ret) {
-		c->send_short = 0;
-		return 0;
-	}
-	/* A send that got some bytes out and then failed returned short
-	 * (see send_errno). */
-	if (sent)
-		c->send_short = 1;
-	if (ret == -EAGAIN)
-		return send_stalled(c);
-	return send_errno(c, -ret);
+	return send_plain(c, iov, cnt, more ? MSG_MORE : 0);
 }
 
 void tgt_send_lock(struct tgt_conn *c)
@@ -610,18 +616,8 @@ static int packs_reads(const struct tgt_conn *c)
 static int send_sealed(struct tgt_conn *c, const uint8_t *buf, size_t n)
 {
 	struct iovec v = {(void *)buf, n};
-	size_t sent = 0;
-	int ret = fx_tcp_sendv(c->fd, &v, 1, 0, FX_TCP_NO_DEADLINE, -1, &sent);
 
-	if (!ret) {
-		c->send_short = 0;
-		return 0;
-	}
-	if (sent)
-		c->send_short = 1;
-	if (ret == -EAGAIN)
-		return send_stalled(c);
-	return send_errno(c, -ret);
+	return send_plain(c, &v, 1, 0);
 }
 
 /* preadv until every byte of iov[0..cnt) is read or the file ends (the
