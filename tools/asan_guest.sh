@@ -27,7 +27,7 @@ libubsan=$(gcc -print-file-name=libubsan.so)
     --env "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1" \
     --env "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" \
     --env "PYTHONPATH=$scratch" -- \
-  "$PY" -m pytest -q -p no:cacheprovider -p no:hypothesispytest -p no:benchmark -p no:anyio \
+  "$PY" -m pytest -q -p no:cacheprovider -p no:hypothesispytest -p no:benchmark -p no:anyio --durations=15 \
     "$@" tests/guest/test_nvme_rdma.py tests/guest/test_rdma_connect_paths.py \
     tests/guest/test_rdma_kernel_and_faults.py \
     tests/guest/test_dhchap_rdma.py tests/guest/test_rdma_command_keys.py \

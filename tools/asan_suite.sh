@@ -20,7 +20,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$scratch"
 # Left out here: tests that mostly wait (kills and restarts, timeouts, installs)
 # and run no C the kept ones do not (the plain suite runs them).
-"$PY" -m pytest -q -p no:cacheprovider "$@" \
+"$PY" -m pytest -q -p no:cacheprovider --durations=25 "$@" \
   --deselect tests/store/test_crash.py::test_sigkill_twenty_times \
   --deselect tests/fabric/test_nvme_tcp_ours.py::test_stalled_target_times_out \
   --deselect tests/contrib/test_vllm_tier.py::test_install_stamp_tracks_wanted_versions \

@@ -11,6 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+# each phase's start in the log, with the seconds spent so far (the whole run
+# must stay under 45 minutes: this says where they go)
+phase() { echo "== tools/test.sh: $1 (at ${SECONDS}s)"; }
 
 tools/setup.sh
 # Peers the tests talk to or decode with: tshark (an independent NVMe/TCP
@@ -48,10 +51,13 @@ fi
 
 # `run` starts the lab if it is not running, runs the command in the lab's
 # network namespace (loopback is up there too), and stops what it started.
-"$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra tests "$@"
+phase "the suite, in the lab"
+"$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra --durations=25 tests "$@"
 
+phase "the ASan+UBSan suite"
 tools/asan_suite.sh
 # The NVMe/RDMA tests (tests/guest) under ASan+UBSan too, in the lab guest.
+phase "the ASan+UBSan guest tests"
 tools/asan_guest.sh
 
 # Coverage-guided fuzzers (tests/fuzz: index segments, discovery log, target
@@ -59,10 +65,13 @@ tools/asan_guest.sh
 # DH-HMAC-CHAP exchange, the TLS record layer), 30 s each, one per CPU at a time, so the whole run
 # stays well under 45 minutes; the long runs are `make fuzz FUZZ_SECONDS=600`.
 # tools/fuzz.sh installs clang 14 + libFuzzer if missing.
+phase "the fuzzers"
 tools/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 # House style (docs/architecture.md rule 12): lint and type-check the Python,
 # and the C as .clang-format says.
+phase "lint and types"
 "$PY" -m ruff check .
 "$PY" -m mypy fx100io
 tools/check_c_format.sh
+phase "done"
