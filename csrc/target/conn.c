@@ -656,6 +656,8 @@ static ssize_t preadv_full(int fd, struct iovec *iov, int cnt, uint64_t off)
  * as many as a chunk holds go out in one send. */
 #define TLS_SLOT (FX_TLS_HEADER + FX_TLS_MAX_PLAINTEXT + 1 + FX_TLS_TAG)
 #define TLS_SLOTS ((int)(FX_TGT_CHUNK / TLS_SLOT))
+/* (a chunk without room for a record would never make progress) */
+_Static_assert(FX_TGT_CHUNK / TLS_SLOT >= 2, "FX_TGT_CHUNK holds two TLS records at least");
 
 /*
  * send_read_tls from the namespace: the plaintext stream (C2HData header,

@@ -195,12 +195,22 @@ def test_a_read_past_a_shrunk_file_fails_and_the_stream_goes_on(tmp_path, monkey
     with serve([str(img)], NQN, *target_args()) as (host, port, _):
         with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
             pool = fx100io.BufferPool(4 << 20)
+            # a read first: the target's record buffer then holds other bytes,
+            # which must not go out in place of the missing ones
+            warm = pool.alloc(1 << 20)
+            assert dev.read_into_blocking(0, warm) == 1 << 20
             end = (4 << 20) + 300 * 1024  # inside the second send of a 1 MiB read
             with open(img, "r+b") as f:
                 f.truncate(end)
             out = pool.alloc(1 << 20)
+            out[:] = 0x77
             with pytest.raises(errors.Fx100ioError):
                 dev.read_into_blocking(4 << 20, out)
+            # (our host lands a failed read's payload as it came: what the
+            # target sent is in the buffer) the file's bytes, then zeros
+            k = end - (4 << 20)
+            assert np.array_equal(out[:k], data[4 << 20:end])
+            assert not out[k:].any(), "the target sent other bytes than zeros past the file's end"
             for off, n in [(0, 1 << 20), (end - (1 << 20), 1 << 20), (4096, 512)]:
                 o = pool.alloc(n)
                 assert dev.read_into_blocking(off, o) == n
