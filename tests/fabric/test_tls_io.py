@@ -47,11 +47,12 @@ def target_args(key=KEY, auth=False):
 
 
 @pytest.mark.parametrize("auth", [False, True], ids=["no-auth", "dhchap"])
-@pytest.mark.parametrize("digests", [0, 1], ids=["plain", "digests"])
+@pytest.mark.parametrize("digests", [(0, 0), (1, 1), (1, 0)],
+                         ids=["plain", "digests", "header-digest"])
 def test_reads_and_writes_at_depth_are_byte_exact(backing, digests, auth):
     """1 MiB..32 MiB buffers, written then read back at queue depth over two
     connections, compared with what was written and with the target's file."""
-    q = {"queues": 2, "hdgst": digests, "ddgst": digests}
+    q = {"queues": 2, "hdgst": digests[0], "ddgst": digests[1]}
     if auth:
         q["dhchap_secret"] = SECRET_A
     sizes = [1 << 20, 3 << 20, 8 << 20, 32 << 20]
