@@ -429,6 +429,17 @@ static int send_errno(struct tgt_conn *c, int e)
 	return send_said_why(c, -EPIPE);
 }
 
+/* A TLS record could not be sealed (OpenSSL failed, or the sequence
+ * number ran out): records already sealed and not sent never leave, and the
+ * connection ends, saying so (the send path's only non-network reason). */
+static int seal_failed(struct tgt_conn *c)
+{
+	if (say_why_first(c))
+		tgt_log(c->t, "%s qid %u: a TLS record could not be sealed; closing", c->peer,
+			c->qid);
+	return send_said_why(c, -EPROTO);
+}
+
 /* iov[0..cnt) onto the socket as it is (no secure channel, or records
  * already sealed); flags: MSG_MORE or 0.  A send that got some bytes out
  * and then failed returned short (see send_errno). */
@@ -464,7 +475,7 @@ static int send_iov(struct tgt_conn *c, struct iovec *iov, int cnt, int more)
 		if (ret == -EAGAIN)
 			return send_stalled(c);
 		if (ret == -EIO || ret == -EINVAL || ret == -EPROTO)
-			return send_said_why(c, -EPROTO);
+			return seal_failed(c);
 		return send_errno(c, -ret);
 	}
 	return send_plain(c, iov, cnt, more ? MSG_MORE : 0);
@@ -750,7 +761,7 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 			int n = fx_tls_seal_in_place(c->tls, chunk + out, plen[r]);
 
 			if (n < 0)
-				return send_said_why(c, -EPROTO);
+				return seal_failed(c);
 			out += (size_t)n;
 		}
 		ret = send_sealed(c, chunk, out);
