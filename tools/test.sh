@@ -51,8 +51,11 @@ fi
 
 # `run` starts the lab if it is not running, runs the command in the lab's
 # network namespace (loopback is up there too), and stops what it started.
+# (The hostile NVMe/RDMA peer's module, minutes in the guest under TCG, runs
+# once: under ASan+UBSan below, where a key's misuse would show first.)
 phase "the suite, in the lab"
-"$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra --durations=25 tests "$@"
+"$PY" tools/fabric_lab/lab.py run --rdma -- "$PY" -m pytest -q -ra --durations=25 tests \
+  --ignore=tests/guest/test_rdma_command_keys.py "$@"
 
 phase "the ASan+UBSan suite"
 tools/asan_suite.sh
