@@ -46,6 +46,22 @@ int fx_tcp_wait(int fd, short ev, int64_t deadline, int cancel_fd)
 	}
 }
 
+struct iovec *fx_iov_consume(struct iovec *iov, int *cnt, size_t n)
+{
+	while (*cnt > 0 && (n || !iov->iov_len)) {
+		size_t k = iov->iov_len < n ? iov->iov_len : n;
+
+		iov->iov_base = (uint8_t *)iov->iov_base + k;
+		iov->iov_len -= k;
+		n -= k;
+		if (!iov->iov_len) {
+			iov++;
+			(*cnt)--;
+		}
+	}
+	return iov;
+}
+
 int fx_tcp_sendv(int fd, struct iovec *iov, int cnt, int flags, int64_t deadline, int cancel_fd,
 		 size_t *sent)
 {
@@ -80,15 +96,7 @@ int fx_tcp_sendv(int fd, struct iovec *iov, int cnt, int flags, int64_t deadline
 		size_t done = (size_t)n;
 
 		total += done;
-		while (cnt > 0 && done >= iov->iov_len) {
-			done -= iov->iov_len;
-			iov++;
-			cnt--;
-		}
-		if (cnt > 0) {
-			iov->iov_base = (char *)iov->iov_base + done;
-			iov->iov_len -= done;
-		}
+		iov = fx_iov_consume(iov, &cnt, done);
 	}
 	if (sent)
 		*sent = total;

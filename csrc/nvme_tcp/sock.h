@@ -40,6 +40,11 @@ int fx_tcp_wait(int fd, short ev, int64_t deadline, int cancel_fd);
  * Returns 0 or a negative errno as sendmsg gave it (-EPIPE stays -EPIPE);
  * *sent (may be NULL) gets the bytes sent before it returned.
  */
+/* Drop n bytes from the front of iov[0..*cnt) (n <= what they hold):
+ * returns the first iovec left, *cnt those left, spent and empty ones
+ * skipped.  (Every scatter-gather loop of the core moves on with this.) */
+struct iovec *fx_iov_consume(struct iovec *iov, int *cnt, size_t n);
+
 int fx_tcp_sendv(int fd, struct iovec *iov, int cnt, int flags, int64_t deadline, int cancel_fd,
 		 size_t *sent);
 

@@ -501,27 +501,6 @@ static int send_out(struct fx_tls *t, int fd, size_t n, int64_t deadline, int ca
 	return send_buf(t->out, fd, n, deadline, cancel_fd);
 }
 
-/* Drop take bytes from the front of iov[0..*cnt), moving past spent ones. */
-static struct iovec *iov_consume(struct iovec *iov, int *cnt, size_t take)
-{
-	for (size_t left = take; left;) {
-		size_t s = iov->iov_len < left ? iov->iov_len : left;
-
-		iov->iov_base = (uint8_t *)iov->iov_base + s;
-		iov->iov_len -= s;
-		left -= s;
-		if (!iov->iov_len) {
-			iov++;
-			(*cnt)--;
-		}
-	}
-	while (*cnt && !iov->iov_len) {
-		iov++;
-		(*cnt)--;
-	}
-	return iov;
-}
-
 int fx_tls_sendv(struct fx_tls *t, int fd, struct iovec *iov, int cnt, int64_t deadline,
 		 int cancel_fd)
 {
@@ -545,7 +524,7 @@ int fx_tls_sendv(struct fx_tls *t, int fd, struct iovec *iov, int cnt, int64_t d
 			if (n < 0)
 				return n;
 			len += (size_t)n;
-			iov = iov_consume(iov, &cnt, take);
+			iov = fx_iov_consume(iov, &cnt, take);
 			total -= take;
 		}
 		int rc = send_buf(dst, fd, len, deadline, cancel_fd);

@@ -648,17 +648,7 @@ static ssize_t preadv_full(int fd, struct iovec *iov, int cnt, uint64_t off)
 			return got ? (ssize_t)got : -errno;
 		}
 		got += (size_t)r;
-		for (size_t left = (size_t)r; cnt > 0 && (left || !iov->iov_len);) {
-			size_t k = iov->iov_len < left ? iov->iov_len : left;
-
-			iov->iov_base = (uint8_t *)iov->iov_base + k;
-			iov->iov_len -= k;
-			left -= k;
-			if (!iov->iov_len) {
-				iov++;
-				cnt--;
-			}
-		}
+		iov = fx_iov_consume(iov, &cnt, (size_t)r);
 	}
 	return (ssize_t)got;
 }
