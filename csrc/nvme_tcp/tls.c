@@ -130,6 +130,29 @@ static int seq_next(struct fx_tls *t, struct fx_tls_dir *d)
 	return 0;
 }
 
+/* A record of len bytes of plaintext starts at rec: its header written,
+ * the cipher set to its nonce with the header as associated data. */
+static int seal_begin(struct fx_tls *t, uint8_t *rec, size_t len)
+{
+	struct fx_tls_dir *d = &t->tx;
+	size_t rlen = len + 1 + FX_TLS_TAG;
+	uint8_t nonce[12];
+	int n;
+
+	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
+		return -EINVAL;
+	rec[0] = CT_APPDATA;
+	rec[1] = 3;
+	rec[2] = 3;
+	rec[3] = (uint8_t)(rlen >> 8);
+	rec[4] = (uint8_t)rlen;
+	nonce_of(d, nonce);
+	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
+	    !EVP_EncryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER))
+		return fail(t, -EIO, "TLS record encryption failed");
+	return 0;
+}
+
 int fx_tls_record_seal(struct fx_tls *t, uint8_t type, const struct iovec *iov, int cnt, size_t len)
 {
 	return fx_tls_seal_to(t, t->out, type, iov, cnt, len);
@@ -139,21 +162,12 @@ int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct io
 		   size_t len)
 {
 	struct fx_tls_dir *d = &t->tx;
-	uint8_t nonce[12], *p = dst + FX_TLS_HEADER;
+	uint8_t *p = dst + FX_TLS_HEADER;
 	size_t rlen = len + 1 + FX_TLS_TAG;
-	int n;
+	int n = seal_begin(t, dst, len);
 
-	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
-		return -EINVAL;
-	dst[0] = CT_APPDATA;
-	dst[1] = 3;
-	dst[2] = 3;
-	dst[3] = (uint8_t)(rlen >> 8);
-	dst[4] = (uint8_t)rlen;
-	nonce_of(d, nonce);
-	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
-	    !EVP_EncryptUpdate(d->ctx, NULL, &n, dst, FX_TLS_HEADER))
-		return fail(t, -EIO, "TLS record encryption failed");
+	if (n)
+		return n;
 	for (int i = 0, left = (int)len; i < cnt && left > 0; i++) {
 		int take = iov[i].iov_len < (size_t)left ? (int)iov[i].iov_len : left;
 
@@ -175,23 +189,15 @@ int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct io
 int fx_tls_seal_in_place(struct fx_tls *t, uint8_t *rec, size_t len)
 {
 	struct fx_tls_dir *d = &t->tx;
-	uint8_t nonce[12], *p = rec + FX_TLS_HEADER;
+	uint8_t *p = rec + FX_TLS_HEADER;
 	size_t rlen = len + 1 + FX_TLS_TAG;
-	int n, m;
+	int n = seal_begin(t, rec, len), m;
 
-	if (len > FX_TLS_MAX_PLAINTEXT || !d->ctx)
-		return -EINVAL;
-	rec[0] = CT_APPDATA;
-	rec[1] = 3;
-	rec[2] = 3;
-	rec[3] = (uint8_t)(rlen >> 8);
-	rec[4] = (uint8_t)rlen;
+	if (n)
+		return n;
 	p[len] = CT_APPDATA; /* the inner type, encrypted with the data */
-	nonce_of(d, nonce);
 	/* (GCM encrypts in place when out is in) */
-	if (!EVP_EncryptInit_ex(d->ctx, NULL, NULL, NULL, nonce) ||
-	    !EVP_EncryptUpdate(d->ctx, NULL, &n, rec, FX_TLS_HEADER) ||
-	    !EVP_EncryptUpdate(d->ctx, p, &n, p, (int)len + 1) ||
+	if (!EVP_EncryptUpdate(d->ctx, p, &n, p, (int)len + 1) ||
 	    !EVP_EncryptFinal_ex(d->ctx, p + n, &m) ||
 	    !EVP_CIPHER_CTX_ctrl(d->ctx, EVP_CTRL_AEAD_GET_TAG, FX_TLS_TAG, p + n + m))
 		return fail(t, -EIO, "TLS record encryption failed");
