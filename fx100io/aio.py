@@ -96,12 +96,15 @@ class QueueDriver:
         pytest-asyncio and asyncio.run do)."""
         if self._loop is loop:
             return
+        # (first off the old loop, whatever follows: a registration left
+        # there would swallow a later reader of the same fd number)
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.fd)
+        self._loop = None
         # A queue closed by another thread (Device.aclose's thread, a close
         # from a worker) has no eventfd left: raise DeviceClosedError here
         # rather than let the loop's selector fail on a closed descriptor.
         fd = self.queue.fd
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self.fd)
         try:
             loop.add_reader(fd, self._on_ready)
         except OSError:

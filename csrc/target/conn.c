@@ -1843,11 +1843,12 @@ void *tgt_conn_main(void *arg)
 	 * connection whose window the host kept shut, the error can reach
 	 * the socket's receive and send as a plain reset or end (one of them
 	 * takes it, the other may be woken by our shutdown first).  The
-	 * socket's state still says what happened. */
+	 * socket's state still says the window was shut; whether TCP gave up
+	 * or the host reset it cannot tell, so the line says both. */
 	if (ret == -ECONNRESET && !t->stop && closed_on_a_shut_window(c->fd) && say_why_first(c))
 		tgt_log(t,
-			"%s qid %u: host stopped reading (its window shut), then TCP ended the "
-			"connection (its user timeout, %u ms, or a reset by the host); closed",
+			"%s qid %u: connection ended with the host's window shut (the host "
+			"stopped reading until TCP's user timeout, %u ms, or reset it); closed",
 			c->peer, c->qid, tgt_user_timeout_ms(t));
 	/* (CLOSING: the reason was logged where it was found) */
 	if (atomic_load(&c->why_said))

@@ -13,6 +13,9 @@ B=build
 mkdir -p "$B/log"
 # FUZZ_JOBS fuzzers at once (default: one per CPU): each is one process
 jobs=${FUZZ_JOBS:-$(nproc)}
+case $jobs in
+  '' | *[!0-9]* | 0) echo "run.sh: FUZZ_JOBS must be a positive integer, got '$jobs'" >&2; exit 2 ;;
+esac
 
 run_one() {
   local name=$1 bin=$B/fuzz_$1 out=$B/corpus/$1 crashes=$B/crashes/$1 log=$B/log/$1.log
