@@ -42,7 +42,9 @@ int fx_tcp_wait(int fd, short ev, int64_t deadline, int cancel_fd);
  */
 /* Drop n bytes from the front of iov[0..*cnt) (n <= what they hold):
  * returns the first iovec left, *cnt those left, spent and empty ones
- * skipped.  (Every scatter-gather loop of the core moves on with this.) */
+ * skipped.  The iovecs are changed in place (spent ones left empty): pass
+ * an array the caller may spend.  (Every scatter-gather loop of the core
+ * moves on with this.) */
 struct iovec *fx_iov_consume(struct iovec *iov, int *cnt, size_t n);
 
 int fx_tcp_sendv(int fd, struct iovec *iov, int cnt, int flags, int64_t deadline, int cancel_fd,
