@@ -77,6 +77,39 @@ def _stop(proc) -> None:  # noqa: ANN001
     wait_for(lambda: _stopped(proc.pid), f"target {proc.pid} stopped", 10.0)
 
 
+def _warm(dev) -> None:  # noqa: ANN001
+    """Write from this thread until every path is live and has served one of
+    its writes, so this thread has a queue on each path.  A path may come up
+    late (its connect or first command timed out under load and its prober
+    brings it back): stopping b before then leaves no write to send it."""
+    deadline = time.monotonic() + WAIT_S
+    i = 0
+    while True:
+        dev.write_from_blocking((i % 4) * BS, np.full(BS, 0x11, np.uint8))
+        i += 1
+        stats = dev.path_stats()
+        if all(s["state"] == "live" and s["commands"] >= 1 for s in stats) and i >= 4:
+            return
+        assert time.monotonic() < deadline, f"a path never served a write: {stats}"
+        if i >= 4:
+            time.sleep(0.02)
+
+
+async def _awarm(dev) -> None:  # noqa: ANN001
+    """_warm for an event loop: this loop's queue on each path made."""
+    deadline = time.monotonic() + WAIT_S
+    i = 0
+    while True:
+        await dev.write_from((i % 4) * BS, np.full(BS, 0x11, np.uint8))
+        i += 1
+        stats = dev.path_stats()
+        if all(s["state"] == "live" and s["commands"] >= 1 for s in stats) and i >= 4:
+            return
+        assert time.monotonic() < deadline, f"a path never served a write: {stats}"
+        if i >= 4:
+            await asyncio.sleep(0.02)
+
+
 def _resume(proc) -> None:  # noqa: ANN001
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGCONT)
@@ -99,8 +132,7 @@ def test_write_moved_after_timeout_never_lands_over_a_later_write(backing):
 
         def writer() -> None:
             try:
-                for i in range(4):  # this thread's queue on each path made
-                    dev.write_from_blocking(i * BS, np.full(BS, 0x11, np.uint8))
+                _warm(dev)  # this thread's queue on each path made
                 warm.set()
                 stalled.wait(WAIT_S)
                 for i in range(16):  # the first write that goes to b and moves is W1
@@ -161,9 +193,8 @@ def test_write_moved_past_a_stall_longer_than_kato_never_lands(backing, tmp_path
         dev = fx100io.open_device(mp_uri([pa, pb], io_timeout_ms=500, reconnect_ms=50,
                                          connect_timeout_ms=500, kato_ms=kato_ms))
         try:
-            for i in range(4):  # this thread's queue on each path made
-                dev.write_from_blocking(i * BS, np.full(BS, 0x11, np.uint8))
-            os.kill(proc_b.pid, signal.SIGSTOP)
+            _warm(dev)  # this thread's queue on each path made
+            _stop(proc_b)
             t_stop = time.monotonic()
             off = None
             for i in range(16):  # the first write that goes to b and moves is W1
@@ -652,8 +683,7 @@ def test_cancelled_while_held_and_while_flushing(backing):
 
         async def main() -> None:
             data = np.full(BS, 0x5A, np.uint8)
-            for i in range(4):  # this loop's queue on each path made; both paths dirty
-                await dev.write_from(i * BS, data)
+            await _awarm(dev)  # this loop's queue on each path made; both paths dirty
             _stop(proc_b)
             tasks = [asyncio.ensure_future(dev.write_from(i * BS, data)) for i in range(4)]
             deadline = time.monotonic() + WAIT_S
