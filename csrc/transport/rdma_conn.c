@@ -427,12 +427,17 @@ void fx_rdma_close(struct fx_rdma_conn *c)
 {
 	if (c->id && c->connected && !c->shut)
 		rdma_disconnect(c->id);
-	if (c->id && c->qp)
-		rdma_destroy_qp(c->id);
-	/* after the QP: a window still bound went with it (no peer can use it) */
+	/* The windows go before the QP.  Deallocating a window invalidates it
+	 * (no peer can use its key from here on), and a window still bound
+	 * (a command in flight when the queue failed) holds a reference on
+	 * the QP: destroyed first, soft-RoCE waits 50 s for that reference
+	 * and then gives up with a kernel warning, all on the thread that
+	 * reaps this queue. */
 	for (uint16_t i = 0; i < c->nmw; i++)
 		ibv_dealloc_mw(c->mw[i]);
 	free(c->mw);
+	if (c->id && c->qp)
+		rdma_destroy_qp(c->id);
 	if (c->cq)
 		ibv_destroy_cq(c->cq);
 	if (c->cch)
