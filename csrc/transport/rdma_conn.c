@@ -427,14 +427,21 @@ void fx_rdma_close(struct fx_rdma_conn *c)
 {
 	if (c->id && c->connected && !c->shut)
 		rdma_disconnect(c->id);
-	/* The windows go before the QP.  Deallocating a window invalidates it
-	 * (no peer can use its key from here on), and a window still bound
-	 * (a command in flight when the queue failed) holds a reference on
-	 * the QP: destroyed first, soft-RoCE waits 50 s for that reference
-	 * and then gives up with a kernel warning, all on the thread that
-	 * reaps this queue. */
-	for (uint16_t i = 0; i < c->nmw; i++)
-		ibv_dealloc_mw(c->mw[i]);
+	/* The QP is in the error state (IB/RoCE; iWARP's closing states
+	 * refuse remote access too): no new access by any key starts.  The
+	 * windows go before the QP: a window still bound (a command in flight
+	 * when the queue failed) holds a reference on the QP, and soft-RoCE,
+	 * destroying the QP first, waited 50 s for it on the thread that
+	 * reaps this queue, then freed the QP under the window anyway.  The
+	 * commands fail only after the QP is destroyed (conn_fail), so an
+	 * access already under way when the window went is over by then. */
+	for (uint16_t i = 0; i < c->nmw; i++) {
+		int r = ibv_dealloc_mw(c->mw[i]);
+
+		if (r) /* its key dies with the QP below (a type 2 window is bound to it) */
+			fx_nvmf_log("qid %u: memory window %u not deallocated: %s", c->qid, i,
+				    strerror(r));
+	}
 	free(c->mw);
 	if (c->id && c->qp)
 		rdma_destroy_qp(c->id);

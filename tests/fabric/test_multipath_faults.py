@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import os
 import signal
 import threading
@@ -77,20 +78,33 @@ def _stop(proc) -> None:  # noqa: ANN001
     wait_for(lambda: _stopped(proc.pid), f"target {proc.pid} stopped", 10.0)
 
 
+def _served_each(dev, before: list[dict]) -> bool | None:  # noqa: ANN001
+    """Since before: True when every path is live and served a write with no error on any
+    path, so this thread's writes landed on each path's current Device; None when a path
+    erred (it may be re-opened as a Device without this thread's queue: start again)."""
+    now = dev.path_stats()
+    if any(n["errors"] != b["errors"] for n, b in zip(now, before)):
+        return None
+    return all(n["state"] == "live" and n["commands"] > b["commands"]
+               for n, b in zip(now, before))
+
+
 def _warm(dev) -> None:  # noqa: ANN001
     """Write from this thread until every path is live and has served one of
-    its writes, so this thread has a queue on each path.  A path may come up
-    late (its connect or first command timed out under load and its prober
-    brings it back): stopping b before then leaves no write to send it."""
+    its writes with none failing meanwhile, so this thread has a queue on each
+    path's current Device.  A path may come up late (its connect or first
+    command timed out under load and its prober brings it back): stopping b
+    before then leaves no write to send it."""
     deadline = time.monotonic() + WAIT_S
-    i = 0
-    while True:
+    before = dev.path_stats()
+    for i in itertools.count():
         dev.write_from_blocking((i % 4) * BS, np.full(BS, 0x11, np.uint8))
-        i += 1
-        stats = dev.path_stats()
-        if all(s["state"] == "live" and s["commands"] >= 1 for s in stats) and i >= 4:
+        served = _served_each(dev, before)
+        if served:
             return
-        assert time.monotonic() < deadline, f"a path never served a write: {stats}"
+        assert time.monotonic() < deadline, f"a path never served a write: {dev.path_stats()}"
+        if served is None:
+            before = dev.path_stats()
         if i >= 4:
             time.sleep(0.02)
 
@@ -98,14 +112,15 @@ def _warm(dev) -> None:  # noqa: ANN001
 async def _awarm(dev) -> None:  # noqa: ANN001
     """_warm for an event loop: this loop's queue on each path made."""
     deadline = time.monotonic() + WAIT_S
-    i = 0
-    while True:
+    before = dev.path_stats()
+    for i in itertools.count():
         await dev.write_from((i % 4) * BS, np.full(BS, 0x11, np.uint8))
-        i += 1
-        stats = dev.path_stats()
-        if all(s["state"] == "live" and s["commands"] >= 1 for s in stats) and i >= 4:
+        served = _served_each(dev, before)
+        if served:
             return
-        assert time.monotonic() < deadline, f"a path never served a write: {stats}"
+        assert time.monotonic() < deadline, f"a path never served a write: {dev.path_stats()}"
+        if served is None:
+            before = dev.path_stats()
         if i >= 4:
             await asyncio.sleep(0.02)
 

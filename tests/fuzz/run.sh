@@ -14,7 +14,7 @@ mkdir -p "$B/log"
 # FUZZ_JOBS fuzzers at once (default: one per CPU): each is one process
 jobs=${FUZZ_JOBS:-$(nproc)}
 case $jobs in
-  '' | *[!0-9]* | 0) echo "run.sh: FUZZ_JOBS must be a positive integer, got '$jobs'" >&2; exit 2 ;;
+  '' | *[!0-9]* | 0*) echo "run.sh: FUZZ_JOBS must be a positive integer, got '$jobs'" >&2; exit 2 ;;
 esac
 
 run_one() {
