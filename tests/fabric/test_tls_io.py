@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 from support import chunk_bytes
+from support.ktls import kernel_has_ktls
 from support.target_auth_host import SECRET_A
 from support.target_process import serve, sparse_image, tls_args, wait_port_free
 from support.tls_keys import KEY, KEY48, OTHER
@@ -216,6 +217,25 @@ def test_a_read_past_a_shrunk_file_fails_and_the_stream_goes_on(tmp_path, monkey
                 o = pool.alloc(n)
                 assert dev.read_into_blocking(off, o) == n
                 assert np.array_equal(o, data[off:off + n]), (off, n)
+
+
+@pytest.mark.parametrize("ktls", ["auto", "off"])
+def test_records_go_where_the_kernel_allows(backing, ktls):
+    """ktls=auto takes the kernel's record layer where it has the tls ULP and
+    stays on ours, silently, where it has not (this machine's kernel: the
+    connections then count as tls_user_conns); ktls=off always stays on ours.
+    Bytes are exact either way."""
+    data = chunk_bytes("ktls-" + ktls, 4 << 20)
+    with open(backing, "r+b") as f:
+        f.write(data.tobytes())
+    with serve([backing], NQN, *target_args()) as (host, port, _):
+        with fx100io.open_device(uri(host, port, queues=2, ktls=ktls), queue_depth=32) as dev:
+            out = np.empty(4 << 20, np.uint8)
+            assert dev.read_into_blocking(0, out) == 4 << 20
+            assert np.array_equal(out, data)
+            st = dev.queue_stats()
+            kernel = ktls == "auto" and kernel_has_ktls()
+            assert (st["ktls_conns"], st["tls_user_conns"]) == ((2, 0) if kernel else (0, 2))
 
 
 def test_wrong_key_is_a_clear_error(backing):
