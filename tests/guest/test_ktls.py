@@ -8,11 +8,12 @@ each connection used.  The bodies run inside the guest (@pytest.mark.guest)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 
 import numpy as np
 import pytest
-from support import chunk_bytes
+from support import REPO, chunk_bytes
 from support.ktls import kernel_has_ktls
 from support.target_auth_host import SECRET_A
 from support.target_process import serve, sparse_image, tls_args, wait_port_free
@@ -147,3 +148,20 @@ def test_a_target_that_dies_mid_transfer_fails_the_read_then_it_reconnects(fabri
             dev.close()
     finally:
         cm.__exit__(None, None, None)
+
+
+C_KTLS = REPO / "tests" / "c" / "build" / "test_ktls"
+
+
+def test_records_that_are_not_data_on_ktls(fabric_lab):
+    """tests/c/test_ktls.c on this kernel: our server's tickets are dropped, an alert and
+    close_notify end the stream with their reasons, a bad tag is EBADMSG, and a KeyUpdate is
+    a clear error on 6.12 (its kTLS cannot take a second receive key), all on kTLS."""
+    if not C_KTLS.exists():
+        pytest.fail(f"{C_KTLS} is not built: run `make -C tests/c all` on the host first",
+                    pytrace=False)
+    p = subprocess.run([str(C_KTLS)], capture_output=True, text=True, timeout=120)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ktls: kernel" in p.stdout
+    assert "test_ktls: ok" in p.stdout
