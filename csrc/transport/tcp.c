@@ -308,7 +308,14 @@ static void arm_recv(struct conn *c)
 		io_uring_prep_recv(sqe, c->nc.fd, c->stage, RX_STAGE, 0);
 		c->rx_staged = 1;
 	} else {
-		io_uring_prep_recv(sqe, c->nc.fd, rx_dst(c), c->rx_need - c->rx_have, MSG_WAITALL);
+		/* (not on kTLS: there a record the kernel refuses after part of
+		 * the receive has come is reported once, to whichever recvmsg
+		 * call meets it first, and io_uring's MSG_WAITALL retry would
+		 * meet it and complete with the part alone: the next receive
+		 * would then wait for data that never comes.  Without it the
+		 * part comes back and the refusal waits for our next call.) */
+		io_uring_prep_recv(sqe, c->nc.fd, rx_dst(c), c->rx_need - c->rx_have,
+				   c->nc.ktls ? 0 : MSG_WAITALL);
 		c->rx_staged = 0;
 	}
 	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_RECV));

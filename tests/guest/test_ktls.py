@@ -8,6 +8,7 @@ each connection used.  The bodies run inside the guest (@pytest.mark.guest)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import subprocess
 import time
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from support import REPO, chunk_bytes
 from support.ktls import kernel_has_ktls
+from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
 from support.target_process import serve, sparse_image, tls_args, wait_port_free
 from support.tls_keys import KEY, KEY48
@@ -148,6 +150,48 @@ def test_a_target_that_dies_mid_transfer_fails_the_read_then_it_reconnects(fabri
             dev.close()
     finally:
         cm.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("how", ["tag", "oversize", "cut"])
+def test_a_broken_record_mid_transfer_on_ktls(fabric_lab, tmp_path, how, capfd):
+    """A record flipped, oversized or cut on its way while an 8 MiB read is in flight on
+    kTLS: the read fails promptly with the error our record layer gives (EBADMSG for a bad
+    tag; never io_timeout_ms's timeout: the kernel reports a refused record once, and the
+    receive that meets it must hand it to us), its buffer holds data, zeros or what it held,
+    the reason is logged, and the next read reconnects on kTLS and is byte-exact."""
+    img = sparse_image(tmp_path, SIZE)
+    data = chunk_bytes("ktls-broken-" + how, 8 << 20)
+    with open(img, "r+b") as f:
+        f.write(data.tobytes())
+    with serve([img], NQN, *tls_args(HOST, KEY)) as (_host, port, _):
+        proxy = RecordProxy(port, how)
+        try:
+            dev = fx100io.open_device(uri(proxy.listen_port, io_timeout_ms=30000,
+                                          reconnect_ms=50), queue_depth=32)
+            try:
+                out = np.full(8 << 20, 0x77, np.uint8)
+                t0 = time.monotonic()
+                with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)) as e:
+                    dev.read_into_blocking(0, out)
+                assert time.monotonic() - t0 < 20, "the broken record was caught by the timeout"
+                assert proxy.fired.is_set()
+                assert np.all((out == data) | (out == 0) | (out == 0x77))
+                err = capfd.readouterr().err
+                if how == "tag":
+                    assert e.value.errno == errno.EBADMSG
+                    assert "kTLS: a TLS record failed its integrity check" in err
+                elif how == "oversize":
+                    assert "kTLS: the TLS peer sent a record of a size TLS 1.3 forbids" in err
+                out[:] = 0
+                assert dev.read_into_blocking(0, out) == 8 << 20
+                assert np.array_equal(out, data)
+                st = dev.queue_stats()
+                assert st["reconnects"] >= 1 and st["ktls_conns"] >= 2, st
+                assert st["tls_user_conns"] == 0, st
+            finally:
+                dev.close()
+        finally:
+            proxy.close()
 
 
 C_KTLS = REPO / "tests" / "c" / "build" / "test_ktls"
