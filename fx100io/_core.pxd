@@ -144,4 +144,6 @@ cdef extern from "fx100io.h" nogil:
         uint64_t conn_fallbacks
         uint64_t load_conn_writes
         uint64_t ioprio_ios
+        uint64_t ktls_conns
+        uint64_t tls_user_conns
     void fx_queue_get_stats "fx_queue_stats"(const fx_queue *q, fx_queue_stats *out)

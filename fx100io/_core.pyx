@@ -700,7 +700,8 @@ cdef class Queue:
                     local_invalidations=s.local_invalidations, pieces_load=s.prio_pieces[0],
                     pieces_store=s.prio_pieces[1], pieces_background=s.prio_pieces[2],
                     prio_shares=s.prio_shares, conn_fallbacks=s.conn_fallbacks,
-                    load_conn_writes=s.load_conn_writes, ioprio_ios=s.ioprio_ios)
+                    load_conn_writes=s.load_conn_writes, ioprio_ios=s.ioprio_ios,
+                    ktls_conns=s.ktls_conns, tls_user_conns=s.tls_user_conns)
 
     def submit(self, list reqs):
         """Queue [(op, addr, len, off, tag), ...]; returns how many were

@@ -231,7 +231,9 @@ class Device:
         priority classes), ioprio_ios (reads the kernel ran with the
         realtime I/O priority; a refused try, retried without it, is not
         counted), and for NVMe/TCP with queues >= 2 conn_fallbacks /
-        load_conn_writes (docs/architecture.md, "Priority and write admission")."""
+        load_conn_writes (docs/architecture.md, "Priority and write admission"),
+        with TLS ktls_conns / tls_user_conns (I/O connections made on the
+        kernel's record layer, or on ours: docs/nvme-tcp.md, "kTLS")."""
         return dict(self._driver().queue.stats())
 
     def features(self) -> list[str]:

@@ -115,6 +115,10 @@ OPTIONS: tuple[FabricOption, ...] = (
     FabricOption("tls_key", SECRET, "the configured TLS PSK, NVMeTLSkey-1:HH:<base64>: as "
                  "nvme gen-tls-key prints it, or @FILE holding it", schemes=(TCP,),
                  kernel_config_key="tls_key"),
+    FabricOption("ktls", CHOICE, "where a TLS connection's records are sealed and opened: "
+                 "'auto' (by the kernel, kTLS, where it has the tls module; else by fx100io) "
+                 "or 'off' (always by fx100io)", choices=("auto", "off"), schemes=(TCP,),
+                 userspace_only=True),
 )
 
 BY_NAME: dict[str, FabricOption] = {o.name: o for o in OPTIONS}

@@ -236,6 +236,8 @@ def parse(uri: str) -> dict[str, str]:
             if v not in spec.choices:
                 raise _bad(f"URI option {key} must be one of {', '.join(spec.choices)}", uri)
             # the multipath layer's (multipath_options): no C device reads it
+            if not spec.multipath:
+                opts[spec.key] = v
         else:
             opts[spec.key] = _secret(key, raw[key], uri)
     _secrets_pair(opts, uri)

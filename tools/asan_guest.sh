@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The lab-guest tests (NVMe/RDMA, tests/guest) against an ASan+UBSan build of
+# The lab-guest tests (NVMe/RDMA and kTLS, tests/guest) against an ASan+UBSan build of
 # the extension, inside the fabric lab's guest (this host's kernel has no
-# RDMA).  Like tools/asan_suite.sh it builds a scratch copy, but inside the
+# RDMA and no kTLS).  Like tools/asan_suite.sh it builds a scratch copy, but inside the
 # checkout (build/asan-guest): the guest sees the checkout, not this host's
 # /tmp.  Starts the lab with --rdma if it is not running and stops it after.
 # Extra arguments go to pytest.
@@ -31,4 +31,5 @@ libubsan=$(gcc -print-file-name=libubsan.so)
   "$PY" -m pytest -q -p no:cacheprovider -p no:hypothesispytest -p no:benchmark -p no:anyio --durations=15 \
     "$@" tests/guest/test_nvme_rdma.py tests/guest/test_rdma_connect_paths.py \
     tests/guest/test_rdma_kernel_and_faults.py \
-    tests/guest/test_dhchap_rdma.py tests/guest/test_rdma_command_keys.py
+    tests/guest/test_dhchap_rdma.py tests/guest/test_rdma_command_keys.py \
+    tests/guest/test_ktls.py

@@ -8,13 +8,18 @@ per GB moved, of the initiator (this process) and of the target (its
 /proc/PID/stat), and the TLS/clear ratio of each.  The goal of issue 28: TLS
 throughput >= 0.7x clear.
 
+With --ktls a third run per round reads over TLS with the kernel's record layer (kTLS,
+ktls=auto: where the kernel has the tls module, e.g. the fabric lab's guest), the "tls" run
+then being our userspace record layer (ktls=off); the run checks from queue_stats() that
+each took the layer it names.
+
 With --floors it also builds and runs tools/bench_tls_floors.c (a C compiler
 and libssl-dev): what each step of a TLS read (a page-cache read, AES-GCM
 sealing, a loopback send and receive) costs one thread here, the floor under
 the CPU per GB above.  The load average is printed with each round: other work
 on the machine takes CPU from both ends, and with it throughput, not CPU per GB.
 
-    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1] [--floors]
+    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1] [--ktls] [--floors]
 """
 
 from __future__ import annotations
@@ -81,10 +86,14 @@ def load(dev, seconds: float, bs: int, depth: int, size: int) -> int:  # noqa: A
     return done
 
 
-def one_run(backing: str, size: int, tls: bool, a: argparse.Namespace) -> dict[str, float]:
+def one_run(backing: str, size: int, mode: str, a: argparse.Namespace) -> dict[str, float]:
+    """mode: "clear", "tls" (our record layer: ktls=off) or "ktls" (the kernel's)."""
+    tls = mode != "clear"
     proc, port = start_target(backing, tls)
     try:
-        q = f"hostnqn={HOST}&queues={a.queues}" + (f"&tls_key={KEY}" if tls else "")
+        q = f"hostnqn={HOST}&queues={a.queues}"
+        if tls:
+            q += f"&tls_key={KEY}&ktls={'auto' if mode == 'ktls' else 'off'}"
         with fx100io.open_device(f"nvme+tcp://127.0.0.1:{port}/{NQN}?{q}",
                                  queue_depth=a.depth) as dev:
             load(dev, 0.5, a.bs, a.depth, size)  # warm up
@@ -92,6 +101,12 @@ def one_run(backing: str, size: int, tls: bool, a: argparse.Namespace) -> dict[s
             n = load(dev, a.seconds, a.bs, a.depth, size)
             wall = time.monotonic() - w0
             h_cpu, t_cpu = time.process_time() - h_cpu0, cpu_of(proc.pid) - t_cpu0
+            st = dev.queue_stats()
+            if mode == "ktls" and not st["ktls_conns"]:
+                raise SystemExit("--ktls: this kernel has no kTLS (the tls module): the "
+                                 "connections stayed on our record layer")
+            if mode == "tls" and st["ktls_conns"]:
+                raise SystemExit("ktls=off took kTLS")
     finally:
         proc.terminate()
         proc.wait(10)
@@ -124,6 +139,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=32)
     ap.add_argument("--queues", type=int, default=1)
     ap.add_argument("--size", default="256M", help="backing file (read at random offsets)")
+    ap.add_argument("--ktls", action="store_true",
+                    help="also a run per round on the kernel's record layer (kTLS)")
     ap.add_argument("--floors", action="store_true",
                     help="also measure each step's CPU per GB alone (tools/bench_tls_floors.c)")
     a = ap.parse_args()
@@ -133,28 +150,31 @@ def main() -> None:
         backing = os.path.join(d, "ns.img")
         with open(backing, "wb") as f:
             f.write(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
-        res: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        modes = ["clear", "tls"] + (["ktls"] if a.ktls else [])
+        res: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
         for r in range(a.rounds):
-            for tls in (False, True):
-                x = one_run(backing, size, tls, a)
-                res[tls].append(x)
-                print(f"round {r + 1} {'tls  ' if tls else 'clear'}: {x['gbs']:.3f} GB/s, "
+            for mode in modes:
+                x = one_run(backing, size, mode, a)
+                res[mode].append(x)
+                print(f"round {r + 1} {mode:5}: {x['gbs']:.3f} GB/s, "
                       f"CPU s/GB initiator {x['host']:.3f} target {x['target']:.3f} "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)
         if a.floors:
             floors(backing, d)
 
-    def med(tls: bool, k: str) -> float:
-        return float(np.median([x[k] for x in res[tls]]))
+    def med(mode: str, k: str) -> float:
+        return float(np.median([x[k] for x in res[mode]]))
 
     print(f"\n{a.bs >> 10} KiB reads, QD{a.depth}, {a.queues} queue(s), {a.rounds} rounds "
           f"of {a.seconds:g} s, medians:")
-    for tls in (False, True):
-        print(f"  {'tls  ' if tls else 'clear'}: {med(tls, 'gbs'):.3f} GB/s, CPU s/GB "
-              f"initiator {med(tls, 'host'):.3f} target {med(tls, 'target'):.3f}")
-    print(f"  TLS/clear throughput {med(True, 'gbs') / med(False, 'gbs'):.3f}x; CPU per GB "
-          f"initiator {med(True, 'host') / med(False, 'host'):.2f}x, target "
-          f"{med(True, 'target') / med(False, 'target'):.2f}x")
+    for mode in modes:
+        print(f"  {mode:5}: {med(mode, 'gbs'):.3f} GB/s, CPU s/GB "
+              f"initiator {med(mode, 'host'):.3f} target {med(mode, 'target'):.3f}")
+    for mode in modes[1:]:
+        name = "TLS" if mode == "tls" else "kTLS"
+        print(f"  {name}/clear throughput {med(mode, 'gbs') / med('clear', 'gbs'):.3f}x; CPU "
+              f"per GB initiator {med(mode, 'host') / med('clear', 'host'):.2f}x, target "
+              f"{med(mode, 'target') / med('clear', 'target'):.2f}x")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ enum dev_key {
 	K_DHCHAP_CTRL_SECRET,
 	K_TLS,
 	K_TLS_KEY,
+	K_KTLS,
 	K_UNKNOWN /* not a key: what key_of gives a name it does not know */
 };
 
@@ -82,6 +83,7 @@ static const char *const dev_keys[K_UNKNOWN + 1] = {
 	[K_DHCHAP_CTRL_SECRET] = "dhchap_ctrl_secret",
 	[K_TLS] = "tls",
 	[K_TLS_KEY] = "tls_key",
+	[K_KTLS] = "ktls",
 	[K_UNKNOWN] = NULL,
 };
 
@@ -189,6 +191,11 @@ static int parse_kv(struct fx_nvmf_dev *d, const char *target)
 			ret = fx_nvmf_params_set_tls_key(&d->params, v, &why);
 			if (ret)
 				fprintf(stderr, "fx100io: %s: %s: %s\n", d->label, k, why);
+			break;
+		case K_KTLS:
+			if (strcmp(v, "off") && strcmp(v, "auto"))
+				ret = -EINVAL;
+			d->params.ktls_off = strcmp(v, "off") == 0;
 			break;
 		case K_UNKNOWN: /* ignored, as fabric_uri never writes one */
 			break;

@@ -51,6 +51,10 @@ struct fx_nvmf_params {
 	 * PSK (tls_key; len 0: none), wiped with the params. */
 	int tls;
 	struct fx_tls_key tls_key;
+	/* URI ktls=off: keep the records in our userspace layer even where
+	 * the kernel could take them (kTLS, nvme_tcp/ktls.h); 0 (auto): the
+	 * kernel's where it has the tls ULP */
+	int ktls_off;
 };
 
 /* Set params' host (ctrl == 0) or controller (ctrl != 0) secret from its

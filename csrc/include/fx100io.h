@@ -362,6 +362,11 @@ struct fx_queue_stats {
 	/* files and block devices: reads the kernel completed with the realtime
 	 * I/O priority (a try it refused, retried without, does not count) */
 	uint64_t ioprio_ios;
+	/* NVMe/TCP secure channels: connections made whose records the
+	 * kernel seals and opens (kTLS), and those on our userspace record
+	 * layer (the kernel has no tls ULP, or ktls=off) */
+	uint64_t ktls_conns;
+	uint64_t tls_user_conns;
 };
 void fx_queue_stats(const struct fx_queue *q, struct fx_queue_stats *out);
 

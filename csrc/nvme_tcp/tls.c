@@ -42,6 +42,34 @@ static size_t secret_len(uint8_t hash)
 	return hash == FX_TLS_HASH_SHA384 ? 48 : 32;
 }
 
+int fx_tls_traffic_keys(uint8_t hash, const uint8_t *secret, uint8_t *key, uint8_t iv[12])
+{
+	int rc;
+
+	if (hash != FX_TLS_HASH_SHA256 && hash != FX_TLS_HASH_SHA384)
+		return -EINVAL;
+	rc = fx_tls_expand_label(hash, secret, secret_len(hash), "key", NULL, 0, key,
+				 key_len(hash));
+	if (rc == 0)
+		rc = fx_tls_expand_label(hash, secret, secret_len(hash), "iv", NULL, 0, iv, 12);
+	return rc;
+}
+
+int fx_tls_secret_next(uint8_t hash, uint8_t *secret)
+{
+	uint8_t next[FX_TLS_PSK_MAX];
+	size_t sl = secret_len(hash);
+	int rc;
+
+	if (hash != FX_TLS_HASH_SHA256 && hash != FX_TLS_HASH_SHA384)
+		return -EINVAL;
+	rc = fx_tls_expand_label(hash, secret, sl, "traffic upd", NULL, 0, next, sl);
+	if (rc == 0)
+		memcpy(secret, next, sl);
+	OPENSSL_cleanse(next, sizeof(next));
+	return rc;
+}
+
 int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret)
 {
 	uint8_t key[32];
@@ -52,11 +80,7 @@ int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret)
 	if (secret != d->secret)
 		memcpy(d->secret, secret, secret_len(hash));
 	d->hash = hash;
-	rc = fx_tls_expand_label(hash, d->secret, secret_len(hash), "key", NULL, 0, key,
-				 key_len(hash));
-	if (rc == 0)
-		rc = fx_tls_expand_label(hash, d->secret, secret_len(hash), "iv", NULL, 0, d->iv,
-					 12);
+	rc = fx_tls_traffic_keys(hash, d->secret, key, d->iv);
 	if (rc == 0) {
 		if (!d->ctx)
 			d->ctx = EVP_CIPHER_CTX_new();
@@ -227,49 +251,74 @@ static int header_ok(struct fx_tls *t, const uint8_t *h)
 	return (int)len;
 }
 
-/* Post-handshake messages in one record: tickets dropped, a KeyUpdate that
- * asks nothing of us moves the receive key on. */
-static int handshake_msgs(struct fx_tls *t, const uint8_t *p, size_t len)
+int fx_tls_post_handshake(const uint8_t *p, size_t len, int *key_update, const char **why)
 {
+	*key_update = 0;
 	while (len) {
 		if (len < 4)
-			return fail(t, -EPROTO, "a TLS handshake message split across records");
+			goto split;
 		size_t mlen = (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
 
 		if (mlen > len - 4)
-			return fail(t, -EPROTO, "a TLS handshake message split across records");
+			goto split;
 		if (p[0] == HS_KEY_UPDATE) {
-			if (mlen != 1 || p[4] > 1)
-				return fail(t, -EPROTO, "a malformed TLS KeyUpdate");
-			if (p[4] == 1)
-				return fail(t, -EPROTO,
-					    "the TLS peer asked for a key update (NVMe/TCP "
-					    "peers do not; we never send one)");
-			/* the key changes after this record: no message may follow in it */
-			if (len != 4 + mlen)
-				return fail(t, -EPROTO, "data after a TLS KeyUpdate in its record");
-			uint8_t next[FX_TLS_PSK_MAX];
-			struct fx_tls_dir *d = &t->rx;
-			size_t sl = secret_len(d->hash);
-			int rc = fx_tls_expand_label(d->hash, d->secret, sl, "traffic upd", NULL, 0,
-						     next, sl);
-
-			if (rc == 0) {
-				memcpy(d->secret, next, sl);
-				rc = fx_tls_dir_init(d, d->hash, d->secret);
+			if (mlen != 1 || p[4] > 1) {
+				*why = "a malformed TLS KeyUpdate";
+				return -EPROTO;
 			}
-			OPENSSL_cleanse(next, sizeof(next));
-			if (rc)
-				return fail(t, rc, "TLS key update failed");
+			if (p[4] == 1) {
+				*why = "the TLS peer asked for a key update (NVMe/TCP peers do not; "
+				       "we never send one)";
+				return -EPROTO;
+			}
+			/* the key changes after this record: no message may follow in it */
+			if (len != 4 + mlen) {
+				*why = "data after a TLS KeyUpdate in its record";
+				return -EPROTO;
+			}
+			*key_update = 1;
 		} else if (p[0] != HS_NEW_SESSION_TICKET) {
-			return fail(t, -EPROTO,
-				    "the TLS peer sent a handshake message after the "
-				    "handshake");
+			*why = "the TLS peer sent a handshake message after the handshake";
+			return -EPROTO;
 		}
 		p += 4 + mlen;
 		len -= 4 + mlen;
 	}
 	return 0;
+split:
+	*why = "a TLS handshake message split across records";
+	return -EPROTO;
+}
+
+int fx_tls_alert(const uint8_t *p, size_t len, const char **why)
+{
+	if (len != 2) {
+		*why = "a malformed TLS alert";
+		return -EPROTO;
+	}
+	if (p[1] == 0) {
+		*why = "the TLS peer closed the connection (close_notify)";
+		return -ECONNRESET;
+	}
+	*why = "the TLS peer sent an alert and ended the connection";
+	return -EPROTO;
+}
+
+/* Post-handshake messages in one record: tickets dropped, a KeyUpdate that
+ * asks nothing of us moves the receive key on. */
+static int handshake_msgs(struct fx_tls *t, const uint8_t *p, size_t len)
+{
+	const char *why = NULL;
+	int ku, rc = fx_tls_post_handshake(p, len, &ku, &why);
+
+	if (rc)
+		return fail(t, rc, why);
+	if (!ku)
+		return 0;
+	rc = fx_tls_secret_next(t->rx.hash, t->rx.secret);
+	if (rc == 0)
+		rc = fx_tls_dir_init(&t->rx, t->rx.hash, t->rx.secret);
+	return rc ? fail(t, rc, "TLS key update failed") : 0;
 }
 
 int fx_tls_record_len(struct fx_tls *t, const uint8_t *hdr)
@@ -440,13 +489,10 @@ static int open_into(struct fx_tls *t, uint8_t *rec, size_t len, uint8_t *out, s
 	if (type == CT_APPDATA)
 		return (int)plen; /* RFC 8446 5.1: zero-length application data is allowed */
 	if (type == CT_ALERT) {
-		if (plen != 2)
-			return fail(t, -EPROTO, "a malformed TLS alert");
-		if (out[1] == 0)
-			return fail(t, -ECONNRESET,
-				    "the TLS peer closed the connection "
-				    "(close_notify)");
-		return fail(t, -EPROTO, "the TLS peer sent an alert and ended the connection");
+		const char *why = NULL;
+
+		rc = fx_tls_alert(out, plen, &why);
+		return fail(t, rc, why);
 	}
 	if (type == CT_HANDSHAKE)
 		return handshake_msgs(t, out, plen);

@@ -166,6 +166,20 @@ int fx_tls_seal_to(struct fx_tls *t, uint8_t *dst, uint8_t type, const struct io
  * size as fx_tls_seal_to.
  */
 int fx_tls_seal_in_place(struct fx_tls *t, uint8_t *rec, size_t len);
+/*
+ * What both record layers (ours and the kernel's, nvme_tcp/ktls.c) do with
+ * a record that is not application data, one rule each:
+ * post_handshake checks the handshake messages of one record (tickets are
+ * dropped; *key_update set for a KeyUpdate that asks nothing of us, which
+ * must end its record); alert says what an alert means (-ECONNRESET for
+ * close_notify, -EPROTO otherwise).  Both -EPROTO with *why for the rest.
+ */
+int fx_tls_post_handshake(const uint8_t *p, size_t len, int *key_update, const char **why);
+int fx_tls_alert(const uint8_t *p, size_t len, const char **why);
+/* A traffic secret's key (16 or 32 bytes, as the hash says) and IV; and
+ * the secret after a KeyUpdate, in place (RFC 8446 7.1, 7.2). */
+int fx_tls_traffic_keys(uint8_t hash, const uint8_t *secret, uint8_t *key, uint8_t iv[12]);
+int fx_tls_secret_next(uint8_t hash, uint8_t *secret);
 /* Install a direction's traffic secret (tests: both ends from one). */
 int fx_tls_dir_init(struct fx_tls_dir *d, uint8_t hash, const uint8_t *secret);
 struct fx_tls *fx_tls_alloc(void);

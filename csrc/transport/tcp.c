@@ -50,6 +50,7 @@
 #include "../host/dev.h"
 #include "../reqs.h"
 #include "../nvme_tcp/pdu.h"
+#include "../nvme_tcp/ktls.h"
 #include "../nvme_tcp/tls.h"
 #include "../nvme_tcp/xfer.h"
 
@@ -307,7 +308,14 @@ static void arm_recv(struct conn *c)
 		io_uring_prep_recv(sqe, c->nc.fd, c->stage, RX_STAGE, 0);
 		c->rx_staged = 1;
 	} else {
-		io_uring_prep_recv(sqe, c->nc.fd, rx_dst(c), c->rx_need - c->rx_have, MSG_WAITALL);
+		/* (not on kTLS: there a record the kernel refuses after part of
+		 * the receive has come is reported once, to whichever recvmsg
+		 * call meets it first, and io_uring's MSG_WAITALL retry would
+		 * meet it and complete with the part alone: the next receive
+		 * would then wait for data that never comes.  Without it the
+		 * part comes back and the refusal waits for our next call.) */
+		io_uring_prep_recv(sqe, c->nc.fd, rx_dst(c), c->rx_need - c->rx_have,
+				   c->nc.ktls ? 0 : MSG_WAITALL);
 		c->rx_staged = 0;
 	}
 	io_uring_sqe_set_data64(sqe, UD(c->idx, UD_RECV));
@@ -1010,6 +1018,34 @@ static int tls_rx(struct conn *c, size_t n)
 	return 0;
 }
 
+/* A receive on a kTLS connection failed with res: a record that is not
+ * application data (-EIO) is taken and acted on as our own record layer
+ * would (fx_ktls_record: 0, receive again); anything else fails the
+ * connection with the reason logged.  With an exact receive into the
+ * caller's buffer, the kernel may have decrypted a record there before its
+ * tag failed (it decrypts in place): that range is wiped, so a failed read's
+ * buffer holds data or zeros, as on our layer. */
+static int ktls_rx_error(struct conn *c, int res)
+{
+	struct fx_ktls *k = c->nc.ktls;
+	int ret;
+
+	if (res == -EIO) {
+		ret = fx_ktls_record(k, c->nc.fd);
+		if (ret > 0)
+			ret = rx_feed(c, k->rec, (size_t)ret);
+		if (ret == 0)
+			return 0;
+	} else {
+		ret = fx_ktls_recv_error(k, res);
+	}
+	if (!c->rx_staged && c->rx == RX_DATA)
+		memset(rx_dst(c), 0, c->rx_need - c->rx_have);
+	if (fx_ktls_why(k)[0])
+		fprintf(stderr, "fx100io: nvme+tcp: qid %u: kTLS: %s\n", c->nc.qid, fx_ktls_why(k));
+	return ret < 0 ? ret : -EPROTO;
+}
+
 static void on_recv(struct conn *c, int res)
 {
 	int ret = 0;
@@ -1024,6 +1060,14 @@ static void on_recv(struct conn *c, int res)
 	if (res == -EAGAIN || res == -EINTR || res == -ENOBUFS || res == -ECANCELED) {
 		arm_recv(c);
 		return;
+	}
+	if (res < 0 && c->nc.ktls) {
+		ret = ktls_rx_error(c, res);
+		if (ret == 0) {
+			arm_recv(c);
+			return;
+		}
+		res = ret;
 	}
 	if (res <= 0) {
 		conn_fail(c, res == 0 ? -ECONNRESET : res);
@@ -1120,6 +1164,10 @@ static void conn_adopt(struct conn *c, const struct fx_tcp_conn *nc,
 	rx_expect_header(c);
 	c->tls_have = 0;
 	c->tls_ct_pos = c->tls_ct_len = c->tls_plain = 0;
+	if (c->nc.ktls)
+		q->base.stats.ktls_conns++;
+	else if (c->nc.tls)
+		q->base.stats.tls_user_conns++;
 	if (c->nc.tls && tls_adopt(c) < 0)
 		return;
 	arm_recv(c);

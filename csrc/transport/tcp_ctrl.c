@@ -40,6 +40,7 @@
 #include "host/auth_host.h"
 #include "nvme_tcp/pdu.h"
 #include "nvme_tcp/sock.h"
+#include "nvme_tcp/ktls.h"
 #include "nvme_tcp/tls.h"
 #include "nvme_tcp/xfer.h"
 
@@ -99,6 +100,16 @@ static int send_iov(struct fx_tcp_conn *c, struct iovec *iov, int cnt, int64_t d
 
 static int recv_full(struct fx_tcp_conn *c, void *buf, size_t len, int64_t deadline)
 {
+	if (c->ktls) {
+		/* the kernel opens the records; the ones it hands us are the
+		 * same faults as in our layer, logged the same way */
+		int r = fx_ktls_recv_full(c->ktls, c->fd, buf, len, deadline, fx_nvmf_cancel_fd());
+
+		if (r && fx_ktls_why(c->ktls)[0] &&
+		    (r == -EBADMSG || r == -EPROTO || r == -ECONNRESET))
+			fx_nvmf_log("qid %u: kTLS: %s", c->qid, fx_ktls_why(c->ktls));
+		return r == -EBADMSG ? -EPROTO : r;
+	}
 	if (c->tls)
 		return tls_err(c, fx_tls_recv_full(c->tls, c->fd, buf, len, deadline,
 						   fx_nvmf_cancel_fd()));
@@ -109,7 +120,7 @@ static int recv_discard(struct fx_tcp_conn *c, size_t len, int64_t deadline)
 {
 	uint8_t sink[4096];
 
-	if (!c->tls)
+	if (!c->tls && !c->ktls)
 		return fx_tcp_recv_discard(c->fd, len, deadline, fx_nvmf_cancel_fd());
 	while (len) {
 		size_t n = len < sizeof(sink) ? len : sizeof(sink);
@@ -606,6 +617,20 @@ static int tls_start(struct fx_tcp_conn *c, const struct fx_nvmf_params *p, int6
 	fx_tls_psk_wipe(&psk);
 	if (r && r != -ECANCELED)
 		tls_fail("qid %u: TLS handshake failed: %s", c->qid, why ? why : "");
+	if (r || p->ktls_off)
+		return r;
+	/* before ICReq, so every PDU of the queue, this path's and the data
+	 * path's, rides the kernel's records where it has them; where it has
+	 * not, ours go on (queue stats count which: transport/tcp.c) */
+	r = fx_ktls_start(c->fd, c->tls, &c->ktls, &why);
+	if (r == 0) {
+		fx_tls_free(c->tls);
+		c->tls = NULL;
+	} else if (r == -ENOPROTOOPT) {
+		r = 0;
+	} else {
+		tls_fail("qid %u: kTLS: %s", c->qid, why ? why : "");
+	}
 	return r;
 }
 
@@ -675,6 +700,8 @@ void fx_tcp_conn_close(struct fx_tcp_conn *c)
 {
 	fx_tls_free(c->tls);
 	c->tls = NULL;
+	fx_ktls_free(c->ktls);
+	c->ktls = NULL;
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;

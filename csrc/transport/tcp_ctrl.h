@@ -19,6 +19,7 @@
 #include "host/nvmf.h"
 
 struct fx_tls;
+struct fx_ktls;
 
 /* One connected queue (admin or I/O): a TCP socket past ICResp and Connect. */
 struct fx_tcp_conn {
@@ -46,6 +47,10 @@ struct fx_tcp_conn {
 	 * with it, and so does the data path (transport/tcp.c) once an I/O
 	 * queue is handed over, continuing its sequence numbers. */
 	struct fx_tls *tls;
+	/* The same channel on the kernel's record layer (kTLS, tls is then
+	 * NULL): the socket carries clear PDUs, and only records that are not
+	 * data come to us (nvme_tcp/ktls.h).  Freed by fx_tcp_conn_close. */
+	struct fx_ktls *ktls;
 };
 
 /* The NVMe/TCP transport table; its queues are struct fx_tcp_conn. */

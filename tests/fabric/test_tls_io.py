@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import socket
-import threading
 import time
 
 import numpy as np
 import pytest
 from support import chunk_bytes
+from support.ktls import kernel_has_ktls
+from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
 from support.target_process import serve, sparse_image, tls_args, wait_port_free
 from support.tls_keys import KEY, KEY48, OTHER
@@ -154,7 +154,8 @@ def test_a_read_and_its_response_in_shared_records_are_byte_exact(tmp_path, monk
              (6 << 20, 3 << 20), (size - 4096, 4096), (10 << 20, 15 * 16384 - 512),
              (11 << 20, 15 * 16384), (12 << 20, 30 * 16384 + 512)]
     with serve([str(img)], NQN, *target_args()) as (host, port, _):
-        with fx100io.open_device(uri(host, port), queue_depth=8) as dev:
+        # (our record layer's placement is what is checked: ktls=off where the kernel has it)
+        with fx100io.open_device(uri(host, port, ktls="off"), queue_depth=8) as dev:
             pool = fx100io.BufferPool(32 << 20)
             if not cached:  # written through the target: O_DIRECT, not in its page cache
                 src = pool.alloc(size // 2)
@@ -216,6 +217,25 @@ def test_a_read_past_a_shrunk_file_fails_and_the_stream_goes_on(tmp_path, monkey
                 o = pool.alloc(n)
                 assert dev.read_into_blocking(off, o) == n
                 assert np.array_equal(o, data[off:off + n]), (off, n)
+
+
+@pytest.mark.parametrize("ktls", ["auto", "off"])
+def test_records_go_where_the_kernel_allows(backing, ktls):
+    """ktls=auto takes the kernel's record layer where it has the tls ULP and
+    stays on ours, silently, where it has not (this machine's kernel: the
+    connections then count as tls_user_conns); ktls=off always stays on ours.
+    Bytes are exact either way."""
+    data = chunk_bytes("ktls-" + ktls, 4 << 20)
+    with open(backing, "r+b") as f:
+        f.write(data.tobytes())
+    with serve([backing], NQN, *target_args()) as (host, port, _):
+        with fx100io.open_device(uri(host, port, queues=2, ktls=ktls), queue_depth=32) as dev:
+            out = np.empty(4 << 20, np.uint8)
+            assert dev.read_into_blocking(0, out) == 4 << 20
+            assert np.array_equal(out, data)
+            st = dev.queue_stats()
+            kernel = ktls == "auto" and kernel_has_ktls()
+            assert (st["ktls_conns"], st["tls_user_conns"]) == ((2, 0) if kernel else (0, 2))
 
 
 def test_wrong_key_is_a_clear_error(backing):
@@ -289,102 +309,6 @@ def test_cancelling_a_read_in_flight(backing):
             dev.close()
 
 
-class RecordProxy:
-    """A loopback proxy between our initiator and our target that reads the
-    target's TLS records (their 5-byte headers are clear text) and, on the
-    first connection that carries more than `after` records, breaks record
-    number `after` as `how` says: "tag" flips a byte of its body, "oversize"
-    sends a header claiming 2^14+257 bytes, "cut" closes mid-record.  With
-    longer_than, the record broken is instead the first whose body is longer
-    than that once `armed` is set.  Later connections pass through untouched."""
-
-    def __init__(self, port: int, how: str, after: int = 40, longer_than: int | None = None):
-        self.port, self.how, self.after, self.longer_than = port, how, after, longer_than
-        self.armed = threading.Event()
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.srv.settimeout(0.2)
-        self.listen_port = self.srv.getsockname()[1]
-        self.done = False
-        self.fired = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.socks: list[socket.socket] = []
-        self._start(self._accept)
-
-    def _start(self, fn, *args) -> None:
-        t = threading.Thread(target=fn, args=args, daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def _accept(self) -> None:
-        while not self.done:
-            try:
-                a, _ = self.srv.accept()
-            except OSError:
-                continue
-            b = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-            self.socks += [a, b]
-            self._start(self._pipe, a, b)
-            self._start(self._records, b, a)
-
-    @staticmethod
-    def _read(s: socket.socket, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            got = s.recv(n - len(out))
-            if not got:
-                raise ConnectionError
-            out += got
-        return out
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        self._cut(src, dst)
-
-    def _records(self, src: socket.socket, dst: socket.socket) -> None:
-        n = 0
-        try:
-            while True:
-                hdr = self._read(src, 5)
-                body = self._read(src, int.from_bytes(hdr[3:5], "big"))
-                n += 1
-                pick = (len(body) > self.longer_than and self.armed.is_set()
-                        if self.longer_than is not None else n == self.after)
-                if pick and not self.fired.is_set():
-                    self.fired.set()
-                    if self.how == "tag":
-                        body = body[:100] + bytes([body[100] ^ 4]) + body[101:]
-                    elif self.how == "oversize":
-                        hdr = hdr[:3] + (16384 + 257).to_bytes(2, "big")
-                    else:
-                        dst.sendall(hdr + body[:len(body) // 2])
-                        break
-                dst.sendall(hdr + body)
-        except OSError:
-            pass
-        self._cut(src, dst)
-
-    @staticmethod
-    def _cut(*socks: socket.socket) -> None:
-        # shutdown first: a close alone leaves the socket open while the
-        # other direction's thread is still blocked in recv on it
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self) -> None:
-        self.done = True
-        self._cut(self.srv, *self.socks)
-        for t in self.threads:
-            t.join(5)
-
-
 @pytest.mark.parametrize("how", ["tag", "oversize", "cut"])
 def test_a_broken_record_mid_transfer_fails_the_queue_then_it_reconnects(backing, how, capfd):
     """A tampered record, an oversized one, or a connection cut mid-record
@@ -444,7 +368,7 @@ def test_a_broken_record_that_starts_with_a_read_header_fails_the_read_and_leave
         proxy = RecordProxy(port, "tag", longer_than=4096)
         try:
             dev = fx100io.open_device(uri(host, proxy.listen_port, io_timeout_ms=5000,
-                                          reconnect_ms=50))
+                                          reconnect_ms=50, ktls="off"))
             try:
                 proxy.armed.set()  # (not the admin queue's Identify data, during the open)
                 out = np.full(4096, 0x77, np.uint8)

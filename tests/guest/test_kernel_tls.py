@@ -41,8 +41,8 @@ KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
 
 def test_the_guest_kernel_has_nvme_tcp_tls(fabric_lab):
     """The kernel side is there: nvme-fabrics offers the tls, keyring and tls_key options,
-    and nvme-keyring (the .nvme keyring's module) is loaded.  (kTLS itself, tls.ko, is a
-    module of this kernel that the lab's image does not stage: tlshd would need it too.)"""
+    and nvme-keyring (the .nvme keyring's module) is loaded.  (kTLS itself, tls.ko, is
+    loaded at boot too: our initiator hands it its records, tests/guest/test_ktls.py.)"""
     opts = Path("/dev/nvme-fabrics").read_text()
     tokens = {t.split("=", 1)[0] for t in opts.strip().split(",")}
     assert {"tls", "keyring", "tls_key"} <= tokens, opts

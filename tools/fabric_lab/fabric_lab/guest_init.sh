@@ -63,6 +63,10 @@ load nvme nvmet nvmet-tcp
 # The kernel initiator, for `nvme connect` in the guest against targets on the host side:
 # nvme-cli opens /dev/nvme-fabrics, which devtmpfs only shows once nvme-fabrics is loaded.
 load nvme-fabrics nvme-tcp
+# kTLS with AES-GCM (the tls ULP would ask for gcm(aes) by alias); the AES-NI and CLMUL
+# providers only where the CPU model has those instructions
+load tls gcm ghash-generic
+modprobe aesni-intel 2>/dev/null; modprobe ghash-clmulni-intel 2>/dev/null
 # nvme-cli's default host identity. Without these files it derives one from the DMI product
 # UUID, which QEMU leaves all zeros, so every guest would present the same host NQN.
 mkdir -p /etc/nvme

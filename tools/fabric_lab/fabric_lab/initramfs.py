@@ -37,6 +37,9 @@ GUEST_MODULES = (
     "brd", "null_blk", "loop",
     "ib_core", "ib_uverbs", "rdma_cm", "rdma_ucm", "rdma_rxe",
     "9pnet_virtio", "9p",
+    # kTLS (the tls ULP) and the AES-GCM it asks the crypto API for, so that a userspace
+    # TLS handshake can hand its keys to the kernel (fx100io's ktls=auto)
+    "tls", "gcm", "ghash-generic", "aesni-intel", "ghash-clmulni-intel",
 )
 
 # Host binaries (from Debian packages the lab installs) copied into the guest with the

@@ -1,0 +1,76 @@
+/*
+ * The NVMe/TCP secure channel on the kernel's record layer (kTLS): after
+ * our userspace handshake (nvme_tcp/tls.c), where the kernel has the `tls`
+ * ULP, the socket is handed the traffic keys and sequence numbers and from
+ * then on reads and writes clear PDUs, the kernel sealing and opening the
+ * records; the data path is the clear-text one.
+ *
+ * What stays ours: records that are not application data.  A plain recv
+ * (and io_uring's) fails with -EIO when the next record is one; then
+ * fx_ktls_record() takes it with recvmsg and a control buffer and does
+ * what our record layer does with it (the rules are tls.c's:
+ * fx_tls_post_handshake, fx_tls_alert): a NewSessionTicket is dropped, a
+ * KeyUpdate moves the kernel's receive key on where the kernel can take a
+ * new one (Linux 6.14 and later; before, a clear error), an alert ends the
+ * connection.
+ *
+ * Functions return 0 (or a count) or -errno; *why / fx_ktls_why() give a
+ * static sentence for the log.
+ */
+#ifndef FX100IO_NVME_TCP_KTLS_H
+#define FX100IO_NVME_TCP_KTLS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nvme_tcp/tls.h"
+
+/* A kTLS connection's own state: enough to follow a KeyUpdate, and room
+ * for one record that is not application data. */
+struct fx_ktls {
+	uint8_t hash;
+	uint8_t rx_secret[FX_TLS_PSK_MAX];
+	const char *why;
+	uint8_t rec[FX_TLS_MAX_PLAINTEXT];
+};
+
+/*
+ * Move the secure channel t (just past its handshake: nothing decrypted
+ * and not handed out) onto the kernel's record layer of socket fd.
+ * 0: done, *out holds the state (fx_ktls_free), t is no longer needed.
+ * -ENOPROTOOPT: the kernel has no `tls` ULP or refused our keys before
+ * taking any (*why says which): the socket is as it was, t still carries
+ * the channel.  Another -errno: the socket is unusable (the kernel took
+ * the send key and refused the receive key), close it.
+ */
+int fx_ktls_start(int fd, struct fx_tls *t, struct fx_ktls **out, const char **why);
+void fx_ktls_free(struct fx_ktls *k);
+const char *fx_ktls_why(const struct fx_ktls *k);
+
+/*
+ * A recv on a kTLS socket failed with -EIO: take the record that caused it
+ * (it is whole and next: the kernel had decrypted it) and act on it.
+ * 0: dropped or acted on (a ticket, a key update), receive again;
+ * > 0: application data after all, that many bytes at k->rec; -errno with
+ * fx_ktls_why(): -ECONNRESET (close_notify), -EPROTO (an alert, a
+ * KeyUpdate the kernel cannot follow, anything else).
+ */
+int fx_ktls_record(struct fx_ktls *k, int fd);
+
+/*
+ * What a failed recv on a kTLS socket means for the caller, once
+ * fx_ktls_record() has had -EIO: -EBADMSG (a record failed its tag) stays
+ * and -ECONNRESET stays; the kernel's refusals of a record (-EMSGSIZE too
+ * large, -EINVAL a bad header, -EKEYEXPIRED, -EIO) are -EPROTO; anything
+ * else (a socket error) is returned as it is.  Sets fx_ktls_why() for
+ * those it names.
+ */
+int fx_ktls_recv_error(struct fx_ktls *k, int err);
+
+/* fx_tcp_recv_full (nvme_tcp/sock.h) on a kTLS socket: records that are
+ * not application data are taken as fx_ktls_record() says, and errors
+ * mapped by fx_ktls_recv_error(). */
+int fx_ktls_recv_full(struct fx_ktls *k, int fd, void *buf, size_t len, int64_t deadline,
+		      int cancel_fd);
+
+#endif

@@ -1,0 +1,211 @@
+"""kTLS on our initiator's NVMe/TCP connections, in the lab guest (whose 6.12 kernel has the
+`tls` module; this machine's has not): after our userspace handshake the kernel seals and
+opens the records (csrc/nvme_tcp/ktls.c) and the data path is the clear-text one.  Our own
+target (userspace TLS) runs in the guest too, on its loopback.  Bytes are checked against
+what was written and against the target's file; queue_stats() shows which record layer
+each connection used.  The bodies run inside the guest (@pytest.mark.guest)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from support import REPO, chunk_bytes
+from support.ktls import kernel_has_ktls
+from support.record_proxy import RecordProxy
+from support.target_auth_host import SECRET_A
+from support.target_process import serve, sparse_image, tls_args, wait_port_free
+from support.tls_keys import KEY, KEY48
+
+import fx100io
+from fx100io import errors
+
+pytest_plugins = ["support.lab_fixture"]
+pytestmark = [pytest.mark.lab, pytest.mark.guest]
+
+NQN = "nqn.2026-12.io.fx100:ktls"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000f1c1"
+SIZE = 16 << 20
+
+
+def uri(port, key=KEY, **q):
+    q = {"hostnqn": HOST, "tls_key": key, **q}
+    return f"nvme+tcp://127.0.0.1:{port}/{NQN}?" + "&".join(f"{k}={v}" for k, v in q.items())
+
+
+def test_the_guest_kernel_takes_the_tls_ulp(fabric_lab):
+    assert kernel_has_ktls()
+
+
+# (offset, length): 4 KiB to 4 MiB at offsets that are no multiple of the lengths
+IOS = [(512, 4096), (9 * 512, 20 * 1024 + 512), (3 << 20 | 1536, (1 << 20) + 4096),
+       (6 << 20 | 512, 4 << 20)]
+
+
+@pytest.mark.parametrize(("ddgst", "auth", "key"),
+                         [(0, False, KEY), (1, False, KEY), (1, True, KEY), (0, True, KEY48)],
+                         ids=["plain", "digests", "digests-dhchap", "sha384-dhchap"])
+def test_reads_and_writes_on_ktls_are_byte_exact(fabric_lab, tmp_path, ddgst, auth, key):
+    img = sparse_image(tmp_path, SIZE)
+    args = tls_args(HOST, key) + (["--dhchap-key", f"{HOST}={SECRET_A}"] if auth else [])
+    q = {"queues": 2, "hdgst": ddgst, "ddgst": ddgst}
+    if auth:
+        q["dhchap_secret"] = SECRET_A
+    with serve([img], NQN, *args) as (_host, port, _):
+        with fx100io.open_device(uri(port, key, **q), queue_depth=32) as dev:
+            pool = fx100io.BufferPool(16 << 20)
+            written = []
+            for off, n in IOS:
+                buf = pool.alloc(n)
+                buf[:] = chunk_bytes(f"ktls-{ddgst}-{auth}-{off}", n)
+                assert dev.write_from_blocking(off, buf) == n
+                written.append((off, buf))
+            dev.flush_blocking()
+            for off, buf in written:
+                out = pool.alloc(len(buf))
+                assert dev.read_into_blocking(off, out) == len(buf)
+                assert np.array_equal(out, buf), (off, len(buf))
+            # all at once, records of several answers back to back
+            outs = [pool.alloc(len(b)) for _, b in written]
+            done = dev.submit_blocking([(fx100io.OP_READ, off, o)
+                                        for (off, _), o in zip(written, outs)])
+            assert [c[0] for c in done] == [len(b) for _, b in written]
+            assert all(np.array_equal(o, b) for o, (_, b) in zip(outs, written))
+            st = dev.queue_stats()
+            assert (st["ktls_conns"], st["tls_user_conns"]) == (2, 0), st
+    with open(img, "rb") as f:
+        for off, buf in written:
+            f.seek(off)
+            assert f.read(len(buf)) == buf.tobytes()
+
+
+def test_ktls_off_keeps_our_record_layer(fabric_lab, tmp_path):
+    img = sparse_image(tmp_path, SIZE)
+    data = chunk_bytes("ktls-off", 1 << 20)
+    with serve([img], NQN, *tls_args(HOST, KEY)) as (_host, port, _):
+        with fx100io.open_device(uri(port, ktls="off"), queue_depth=8) as dev:
+            assert dev.write_from_blocking(4096, data) == data.nbytes
+            out = np.empty_like(data)
+            assert dev.read_into_blocking(4096, out) == data.nbytes
+            assert np.array_equal(out, data)
+            st = dev.queue_stats()
+            assert (st["ktls_conns"], st["tls_user_conns"]) == (0, 1), st
+
+
+def test_a_target_that_dies_mid_transfer_fails_the_read_then_it_reconnects(fabric_lab,
+                                                                            tmp_path):
+    """The target killed while 8 MiB reads are in flight on kTLS connections: the read fails
+    with a connection error (no hang, no wrong bytes: the buffer holds data or what it
+    held), and once the target is back the next read reconnects, again on kTLS."""
+    img = sparse_image(tmp_path, SIZE)
+    data = chunk_bytes("ktls-kill", 8 << 20)
+    with open(img, "r+b") as f:
+        f.write(data.tobytes())
+    cm = serve([img], NQN, *tls_args(HOST, KEY))
+    _host, port, proc = cm.__enter__()
+    try:
+        dev = fx100io.open_device(uri(port, queues=2, io_timeout_ms=10000,
+                                      connect_timeout_ms=5000, reconnect_ms=100),
+                                  queue_depth=32)
+        try:
+            out = np.empty(8 << 20, np.uint8)
+            assert dev.read_into_blocking(0, out) == 8 << 20
+            out[:] = 0x77
+
+            async def read_and_kill():
+                task = asyncio.ensure_future(dev.read_into(0, out))
+                await asyncio.sleep(0.05)
+                proc.kill()
+                return await asyncio.wait_for(task, 60)
+
+            try:
+                asyncio.run(read_and_kill())
+                killed_mid = False  # (the read won the race: nothing to check there)
+            except (errors.FxConnectionError, errors.FxProtocolError, errors.FxTimeoutError):
+                killed_mid = True
+            assert np.all((out == data) | (out == 0x77) | (out == 0)), "bytes no one sent"
+            proc.wait()
+            cm.__exit__(None, None, None)
+            wait_port_free(port)
+            cm = serve([img], NQN, *tls_args(HOST, KEY), port=port)
+            cm.__enter__()
+            end = time.monotonic() + 60
+            while True:
+                out[:] = 0
+                try:
+                    assert dev.read_into_blocking(0, out) == 8 << 20
+                    break
+                except (errors.FxConnectionError, errors.FxTimeoutError):
+                    assert time.monotonic() < end, "no reconnect in 60 s"
+                    time.sleep(0.2)
+            assert np.array_equal(out, data)
+            st = dev.queue_stats()
+            assert st["reconnects"] >= 1 and st["tls_user_conns"] == 0, st
+            print(f"killed mid-read: {killed_mid}; stats {st}")
+        finally:
+            dev.close()
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("how", ["tag", "oversize", "cut"])
+def test_a_broken_record_mid_transfer_on_ktls(fabric_lab, tmp_path, how, capfd):
+    """A record flipped, oversized or cut on its way while an 8 MiB read is in flight on
+    kTLS: the read fails promptly with the error our record layer gives (EBADMSG for a bad
+    tag; never io_timeout_ms's timeout: the kernel reports a refused record once, and the
+    receive that meets it must hand it to us), its buffer holds data, zeros or what it held,
+    the reason is logged, and the next read reconnects on kTLS and is byte-exact."""
+    img = sparse_image(tmp_path, SIZE)
+    data = chunk_bytes("ktls-broken-" + how, 8 << 20)
+    with open(img, "r+b") as f:
+        f.write(data.tobytes())
+    with serve([img], NQN, *tls_args(HOST, KEY)) as (_host, port, _):
+        proxy = RecordProxy(port, how)
+        try:
+            dev = fx100io.open_device(uri(proxy.listen_port, io_timeout_ms=30000,
+                                          reconnect_ms=50), queue_depth=32)
+            try:
+                out = np.full(8 << 20, 0x77, np.uint8)
+                t0 = time.monotonic()
+                with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)) as e:
+                    dev.read_into_blocking(0, out)
+                assert time.monotonic() - t0 < 20, "the broken record was caught by the timeout"
+                assert proxy.fired.is_set()
+                assert np.all((out == data) | (out == 0) | (out == 0x77))
+                err = capfd.readouterr().err
+                if how == "tag":
+                    assert e.value.errno == errno.EBADMSG
+                    assert "kTLS: a TLS record failed its integrity check" in err
+                elif how == "oversize":
+                    assert "kTLS: the TLS peer sent a record of a size TLS 1.3 forbids" in err
+                out[:] = 0
+                assert dev.read_into_blocking(0, out) == 8 << 20
+                assert np.array_equal(out, data)
+                st = dev.queue_stats()
+                assert st["reconnects"] >= 1 and st["ktls_conns"] >= 2, st
+                assert st["tls_user_conns"] == 0, st
+            finally:
+                dev.close()
+        finally:
+            proxy.close()
+
+
+C_KTLS = REPO / "tests" / "c" / "build" / "test_ktls"
+
+
+def test_records_that_are_not_data_on_ktls(fabric_lab):
+    """tests/c/test_ktls.c on this kernel: our server's tickets are dropped, an alert and
+    close_notify end the stream with their reasons, a bad tag is EBADMSG, and a KeyUpdate is
+    a clear error on 6.12 (its kTLS cannot take a second receive key), all on kTLS."""
+    if not C_KTLS.exists():
+        pytest.fail(f"{C_KTLS} is not built: run `make -C tests/c all` on the host first",
+                    pytrace=False)
+    p = subprocess.run([str(C_KTLS)], capture_output=True, text=True, timeout=120)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ktls: kernel" in p.stdout
+    assert "test_ktls: ok" in p.stdout
