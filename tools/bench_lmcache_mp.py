@@ -16,8 +16,8 @@ same device in the same run:
                   the best is the device's limit
   fio-same        (with fx100io) the same fio depths on the fx100io case's own store file,
                   all over the extents its load read, before that load in odd repeats and
-                  after it in even ones: what reading the same bytes again gains (on the
-                  virtio disk, a region read a second time comes back faster)
+                  after it in even ones: a diagnostic (the same bytes, the same layout),
+                  not the yardstick; its depths re-read the same bytes
 
 Cold, across a restart: for each case one `bench l2 --only store` process writes the chunks
 and exits, the page cache is dropped, then one `bench l2 --only load` process (a new
@@ -48,6 +48,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -178,8 +179,9 @@ def measure(args: argparse.Namespace, device: str, d: str, py: str, bl, rep: int
                 continue  # run inside the fx100io case, on its file
             if case == "fio":
                 # each depth reads its own region, written just before like our
-                # store's chunks: read a second time, a region comes back faster
-                # (the virtio disk's host caches it), which no load of ours gets
+                # store's chunks, so fio's best is never a re-read of bytes another
+                # depth just read (which the virtio disk's host may serve from its
+                # cache, and which no load of ours gets)
                 path = f"{d}/fio.dat"
                 bl.write_random_file(path, payload * len(FIO_DEPTHS))
                 best = fio_depths(path, payload, chunk, 0, results, "fio", fresh=True)
@@ -197,9 +199,13 @@ def measure(args: argparse.Namespace, device: str, d: str, py: str, bl, rep: int
                 loaded = run_bench(py, spec, "load", args, f"{t}/load.json")
                 if same and not fio_first:
                     fio_depths(image, payload, chunk, data_area(image), results, "fio-same")
+            # the next repeat starts from an empty store, and the fast device has
+            # room for fio's file (3 payloads) next to what the cases left
             for img in (image, f"{d}/fx100io-native.img", f"{d}/raw_block.img"):
                 if case != "fx100io-tcp" and os.path.exists(img):
-                    os.unlink(img)  # the next repeat starts from an empty store
+                    os.unlink(img)
+            if case in ("fs", "fs-odirect"):
+                shutil.rmtree(f"{d}/{case}", ignore_errors=True)
             total = loaded["total_keys"]
             if stored["total_success"] != total or loaded["total_success"] != total:
                 print(f"  {device:5} {case:15} FAILED: stored {stored['total_success']}/"
@@ -266,7 +272,9 @@ def main() -> int:
         if device == "disk":
             ctx = bl.disk_dir(args.dir)
         elif device == "fast":
-            ctx = bl.fast_dir(int(args.fast_gib * GiB))
+            # room for fio's file (a payload per depth) and one case's files
+            need = (len(FIO_DEPTHS) + 1) * args.chunk_mb * MiB * args.chunks * (args.rounds + 1)
+            ctx = bl.fast_dir(max(int(args.fast_gib * GiB), need + GiB))
         else:
             sys.exit(f"unknown device {device!r} (disk, fast)")
         runs: dict[str, list[float]] = {}
