@@ -30,7 +30,7 @@ With --repeat N every case runs N times (the case order rotated each time, so a 
 that slows down weighs on all alike); each figure is then the median over the repeats, and
 fio's best depth is the depth with the best median, not the best single run (on a device
 that swings 30% between runs, the best of three fio runs against one run of ours reads
-about 5-10% high on its own).
+high on its own).
 
 Devices: "disk" (a directory on the machine's disk, --dir) and "fast" (ext4 on a loop
 device over /dev/shm, built and removed here). Needs root (drop_caches, losetup, mount),
@@ -256,6 +256,8 @@ def main() -> int:
     if args.repeat < 1:
         sys.exit("--repeat must be at least 1")
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if "fio-same" in args.cases and "fx100io" not in args.cases:
+        sys.exit("fio-same reads the fx100io case's store: add fx100io to --cases")
     bad = sorted(set(args.cases) - set(CASES))
     if bad:
         sys.exit(f"unknown case(s) {bad}; known: {list(CASES)}")
