@@ -18,6 +18,7 @@ tools/install_lmcache_bench.sh.
 
   python3 tools/bench_adapter_defaults.py [--device fast|disk] [--dir /var/tmp]
       [--rounds 2] [--adapters vllm,lmcache] [--settings "16x4M,32x4M,16x8M,8x16M"]
+      [--lmcache-repeat 1]
 
 A setting is QDxMAX_IO: queue_depth pieces of max_io bytes in flight.
 """
@@ -103,10 +104,11 @@ def vllm_ratio(setting: str, dirpath: str) -> float:
     return float(m.group(1))
 
 
-def lmcache_ratio(setting: str, device: str, dirpath: str) -> float:
+def lmcache_ratio(setting: str, device: str, dirpath: str, repeat: int) -> float:
     qd, max_io = parse_setting(setting)
     out = run([LMCACHE_PY, os.path.join(HERE, "bench_lmcache_mp.py"), "--devices", device,
                "--dir", dirpath, "--cases", "fio,fx100io", "--rounds", "2",
+               "--repeat", str(repeat),
                "--set", f"queue_depth={qd}", "--set", f"max_io={max_io}"])
     m = re.search(r"^\| \w+ \| fx100io \| [\d.]+ \| .* \| ([\d.]+)x \|$", out, re.M)
     if not m:
@@ -122,6 +124,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--adapters", default="vllm,lmcache")
     ap.add_argument("--settings", default="16x4M,32x4M,16x8M,8x16M")
+    ap.add_argument("--lmcache-repeat", type=int, default=1,
+                    help="bench_lmcache_mp's --repeat: its ratio is then of medians")
     args = ap.parse_args()
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     for s in settings:
@@ -143,7 +147,7 @@ def main() -> int:
                         x = vllm_ratio(s, dirpath)
                     else:
                         # bench_lmcache_mp makes its own fast device
-                        x = lmcache_ratio(s, args.device, args.dir)
+                        x = lmcache_ratio(s, args.device, args.dir, args.lmcache_repeat)
                     ratios.setdefault((a, s), []).append(x)
                     print(f"  round {r + 1}/{args.rounds} {a} {s}: {x:.2f}x fio", flush=True)
 
