@@ -382,6 +382,13 @@ static void conn_finish_drain(struct conn *c)
 
 	if (c->state != CONN_DRAINING || c->recv_busy || c->send_busy)
 		return;
+	/* kTLS decrypts a record into the caller's buffer before it checks
+	 * the tag: with an exact receive there, what came but was not
+	 * reported (a bad tag, or the connection failed any other way before
+	 * the next receive said why) may be bytes nobody authenticated.  A
+	 * failed read's buffer holds data or zeros, as on our own layer. */
+	if (c->nc.ktls && !c->rx_staged && c->rx == RX_DATA && c->rx_cmd && c->rx_cmd->busy)
+		memset(rx_dst(c), 0, c->rx_need - c->rx_have);
 	for (uint16_t i = 0; i < c->ncmds; i++) {
 		struct cmd *m = &c->cmds[i];
 		if (!m->busy)
@@ -1021,10 +1028,8 @@ static int tls_rx(struct conn *c, size_t n)
 /* A receive on a kTLS connection failed with res: a record that is not
  * application data (-EIO) is taken and acted on as our own record layer
  * would (fx_ktls_record: 0, receive again); anything else fails the
- * connection with the reason logged.  With an exact receive into the
- * caller's buffer, the kernel may have decrypted a record there before its
- * tag failed (it decrypts in place): that range is wiped, so a failed read's
- * buffer holds data or zeros, as on our layer. */
+ * connection with the reason logged (conn_finish_drain wipes what the
+ * kernel may have decrypted into the caller's buffer). */
 static int ktls_rx_error(struct conn *c, int res)
 {
 	struct fx_ktls *k = c->nc.ktls;
@@ -1039,8 +1044,6 @@ static int ktls_rx_error(struct conn *c, int res)
 	} else {
 		ret = fx_ktls_recv_error(k, res);
 	}
-	if (!c->rx_staged && c->rx == RX_DATA)
-		memset(rx_dst(c), 0, c->rx_need - c->rx_have);
 	if (fx_ktls_why(k)[0])
 		fprintf(stderr, "fx100io: nvme+tcp: qid %u: kTLS: %s\n", c->nc.qid, fx_ktls_why(k));
 	return ret < 0 ? ret : -EPROTO;
