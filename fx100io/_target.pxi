@@ -251,6 +251,9 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
             # KIND:N (test knob; the CLI checked it): KIND's record once,
             # mid-C2HData, after a connection sent N records of read data
             kind, _, after = fault_tls_record.partition(":")
+            if kind not in FAULT_TLS_KINDS or not (after.isascii() and after.isdigit()) \
+                    or not 1 <= int(after) <= 0xFFFFFFFF:
+                raise ValueError(f"fault_tls_record: KIND:N, not {fault_tls_record!r}")
             cfg.fault_tls_kind = FAULT_TLS_KINDS.index(kind) + 1
             cfg.fault_tls_after = int(after)
         cfg.verbose = verbose

@@ -248,7 +248,7 @@ def _check_fault_tls_record(spec: str, tls: str | None) -> None:
     if not spec:
         return
     kind, sep, after = spec.partition(":")
-    if kind not in FAULT_TLS_KINDS or not sep or not after.isdigit() \
+    if kind not in FAULT_TLS_KINDS or not sep or not (after.isascii() and after.isdigit()) \
             or not 1 <= int(after) <= 0xFFFFFFFF:
         raise ValueError(f"--fault-tls-record: KIND:N, KIND one of {', '.join(FAULT_TLS_KINDS)} "
                          f"and N >= 1, not {spec!r}")

@@ -104,8 +104,11 @@ def end_mid_read(tmp_path: Path, kind: str, ktls: bool, capfd: pytest.CaptureFix
             assert "fault injection: a TLS record of type 21" in log.read_text()
             ref = data[:n]
             assert np.all((out == ref) | (out == 0) | (out == 0x77))
-            # some data landed before the record (it came after 20 records)
-            assert np.count_nonzero(out == ref) >= 16 * 16384
+            if not ktls:
+                # our layer hands over each record's data as it comes: what
+                # came before the record is there (it came after 20 records;
+                # on kTLS the failed receive's part may be zeroed instead)
+                assert np.count_nonzero(out == ref) >= 16 * 16384
             err = capfd.readouterr().err
             assert f"{'kTLS' if ktls else 'TLS'}: {why}" in err, err[-2000:]
             out[:] = 0
