@@ -50,6 +50,8 @@ cdef extern from "target/target.h" nogil:
         uint32_t fault_drop_after
         uint32_t fault_delay_ms
         uint32_t fault_corrupt_ddgst
+        uint32_t fault_tls_after
+        uint32_t fault_tls_kind
         int verbose
         int quiet
     uint32_t FX_TARGET_IDLE_NEVER
@@ -72,6 +74,8 @@ TARGET_DHCHAP_DHGROUPS = {"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096"
 TARGET_ANA_STATES = {"optimized": 0x01, "non-optimized": 0x02, "inaccessible": 0x03,
                      "persistent-loss": 0x04, "change": 0x0F}
 TARGET_MAX_PORTS = 16
+# --fault-tls-record's kinds, in the order of FX_TARGET_FAULT_TLS_* (from 1)
+FAULT_TLS_KINDS = ("ticket", "close_notify", "fatal", "warning")
 TARGET_ANA_GROUPS = 32
 
 
@@ -95,6 +99,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
                  unsigned int idle_timeout_ms=300000,
                  unsigned int fault_drop_after=0,
                  unsigned int fault_delay_ms=0, unsigned int fault_corrupt_ddgst=0,
+                 str fault_tls_record="",
                  bint verbose=False, bint quiet=False, ready=None,
                  listens=(), ana_states=(), ns_ana_groups=None, control_path=None,
                  ready_ports=None, str tls="", tls_hosts=()):
@@ -134,7 +139,12 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     of data buffers of all connections together (commands in flight, admin
     data), each I/O queue at most 32 MiB, shared between peer addresses:
     while n addresses hold some or wait, one may take more only up to 1/n of
-    it, a lone one 3/4; commands that do not fit wait for room."""
+    it, a lone one 3/4; commands that do not fit wait for room.
+
+    Fault injection (tests; off by default): fault_tls_record "KIND:N" (KIND
+    from FAULT_TLS_KINDS, TLS only) sends, once, a TLS record of that kind
+    between two records of a C2HData after a connection sent N records of
+    read data (docs/target.md)."""
     cdef fx_target_config cfg
     cdef fx_target *t = NULL
     cdef const char **paths = NULL
@@ -237,6 +247,15 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.fault_drop_after = fault_drop_after
         cfg.fault_delay_ms = fault_delay_ms
         cfg.fault_corrupt_ddgst = fault_corrupt_ddgst
+        if fault_tls_record:
+            # KIND:N (test knob; the CLI checked it): KIND's record once,
+            # mid-C2HData, after a connection sent N records of read data
+            kind, _, after = fault_tls_record.partition(":")
+            if kind not in FAULT_TLS_KINDS or not (after.isascii() and after.isdigit()) \
+                    or not 1 <= int(after) <= 0xFFFFFFFF:
+                raise ValueError(f"fault_tls_record: KIND:N, not {fault_tls_record!r}")
+            cfg.fault_tls_kind = FAULT_TLS_KINDS.index(kind) + 1
+            cfg.fault_tls_after = int(after)
         cfg.verbose = verbose
         cfg.quiet = quiet
         cfg.listens = lst

@@ -23,6 +23,7 @@ DEFAULT_NQN = "nqn.2024-01.io.fx100io:target"
 DEFAULT_PORT = 4420
 HASHES = ("sha256", "sha384", "sha512")
 DHGROUPS = ("null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192")
+FAULT_TLS_KINDS = ("ticket", "close_notify", "fatal", "warning")  # as _core's
 
 
 class _Parser(argparse.ArgumentParser):
@@ -135,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="delay each command's response by MS milliseconds")
     f.add_argument("--fault-corrupt-ddgst", type=int, default=0, metavar="N",
                    help="corrupt the data digest of every Nth C2HData PDU of a connection")
+    f.add_argument("--fault-tls-record", default="", metavar="KIND:N",
+                   help="with --tls: once, send a TLS record that is not data (KIND: ticket, "
+                   "close_notify, fatal or warning alert), sealed with the connection's keys, "
+                   "between two records of a C2HData after a connection sent N records "
+                   "of read data")
     return p
 
 
@@ -235,6 +241,19 @@ def parse_namespace(text: str) -> tuple[str, int]:
     if not sep:
         return text, 1
     return path, _ana_group(g, f"--namespace {text!r}")
+
+
+def _check_fault_tls_record(spec: str, tls: str | None) -> None:
+    """--fault-tls-record KIND:N: a known KIND, N >= 1, and only with --tls."""
+    if not spec:
+        return
+    kind, sep, after = spec.partition(":")
+    if kind not in FAULT_TLS_KINDS or not sep or not (after.isascii() and after.isdigit()) \
+            or not 1 <= int(after) <= 0xFFFFFFFF:
+        raise ValueError(f"--fault-tls-record: KIND:N, KIND one of {', '.join(FAULT_TLS_KINDS)} "
+                         f"and N >= 1, not {spec!r}")
+    if not tls:
+        raise ValueError("--fault-tls-record needs --tls (it sends a TLS record)")
 
 
 def _check_nqn(nqn: str, what: str) -> None:
@@ -369,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         for opt in ("max_io_queues", "fault_drop_after", "fault_delay_ms", "fault_corrupt_ddgst"):
             if getattr(args, opt) < 0:
                 raise ValueError(f"--{opt.replace('_', '-')} must not be negative")
+        _check_fault_tls_record(args.fault_tls_record, args.tls)
         if not 1 <= args.max_io_queues <= 65534:
             raise ValueError("--max-io-queues must be 1..65534")
         for opt in ("max_connections", "handshake_timeout_ms", "stall_timeout_ms"):
@@ -414,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                                fault_drop_after=args.fault_drop_after,
                                fault_delay_ms=args.fault_delay_ms,
                                fault_corrupt_ddgst=args.fault_corrupt_ddgst,
+                               fault_tls_record=args.fault_tls_record,
                                verbose=args.verbose, quiet=args.quiet,
                                listens=[(h, str(pt)) for h, pt in listens],
                                ana_states=ana,

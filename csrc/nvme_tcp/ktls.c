@@ -180,12 +180,14 @@ int fx_ktls_record(struct fx_ktls *k, int fd)
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return fx_ktls_recv_error(k, errno == EAGAIN ? -EIO : -errno);
-	if (n == 0)
-		return fail(k, -ECONNRESET, "the TLS peer closed the connection");
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
 		if (c->cmsg_level == SOL_TLS && c->cmsg_type == TLS_GET_RECORD_TYPE &&
 		    c->cmsg_len >= CMSG_LEN(sizeof(uint8_t)))
 			type = *CMSG_DATA(c);
+	/* the end of the stream has no record type; 0 bytes with one is an
+	 * empty record, which the rules below judge as our layer does */
+	if (n == 0 && !type && !(m.msg_flags & MSG_CTRUNC))
+		return fail(k, -ECONNRESET, "the TLS peer closed the connection");
 	/* (a record is at most 2^14 bytes of plaintext: k->rec takes it whole) */
 	if (type == CT_APPDATA || (m.msg_flags & MSG_CTRUNC))
 		return type == CT_APPDATA
@@ -221,6 +223,16 @@ int fx_ktls_recv_error(struct fx_ktls *k, int err)
 	default:
 		return err;
 	}
+}
+
+int fx_ktls_send_error(struct fx_ktls *k, int err)
+{
+	/* a receive that failed (a bad tag, an oversized record) aborts the
+	 * whole socket: later sends return its error, which means what it
+	 * meant there, not a fault of what we send */
+	if (err == -EBADMSG || err == -EMSGSIZE)
+		return fx_ktls_recv_error(k, err);
+	return err;
 }
 
 int fx_ktls_recv_full(struct fx_ktls *k, int fd, void *buf, size_t len, int64_t deadline,

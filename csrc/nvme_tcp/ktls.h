@@ -66,6 +66,11 @@ int fx_ktls_record(struct fx_ktls *k, int fd);
  * those it names.
  */
 int fx_ktls_recv_error(struct fx_ktls *k, int err);
+/* The same for a failed send: the kernel fails every send on a socket
+ * whose receive side it aborted with that receive's error (-EBADMSG,
+ * -EMSGSIZE), mapped and explained as fx_ktls_recv_error() does; anything
+ * else is returned as it is (why untouched). */
+int fx_ktls_send_error(struct fx_ktls *k, int err);
 
 /* fx_tcp_recv_full (nvme_tcp/sock.h) on a kTLS socket: records that are
  * not application data are taken as fx_ktls_record() says, and errors

@@ -254,6 +254,10 @@ static int header_ok(struct fx_tls *t, const uint8_t *h)
 int fx_tls_post_handshake(const uint8_t *p, size_t len, int *key_update, const char **why)
 {
 	*key_update = 0;
+	if (!len) { /* RFC 8446 5.1: no zero-length handshake fragments */
+		*why = "an empty TLS handshake record";
+		return -EPROTO;
+	}
 	while (len) {
 		if (len < 4)
 			goto split;

@@ -661,6 +661,58 @@ static ssize_t preadv_full(int fd, struct iovec *iov, int cnt, uint64_t off)
 _Static_assert(FX_TGT_CHUNK / TLS_SLOT >= 2, "FX_TGT_CHUNK holds two TLS records at least");
 
 /*
+ * --fault-tls-record (a test knob, off by default, TLS only): once per
+ * target, after a connection sent fault_tls_after records of read data and
+ * while a C2HData's data goes on (the caller checks that), one record that
+ * is not application data, sealed with the connection's keys like any
+ * other: the host meets it between two records of one C2HData, where its
+ * receive into the read's buffer is in progress.  A NewSessionTicket must
+ * be dropped and the read go on; close_notify and alerts end the stream.
+ * buf: room for one small record (the chunk, whose records are out).
+ */
+static int fault_tls_record(struct tgt_conn *c, uint8_t *buf)
+{
+	/* a NewSessionTicket (RFC 8446 4.6.1): lifetime 3600 s, age_add,
+	 * a 1-byte nonce, a 2-byte ticket, no extensions */
+	static const uint8_t ticket[] = {4, 0, 0, 16, 0, 0, 0x0e, 0x10, 1, 2,
+					 3, 4, 1, 0,  0, 2, 0xaa, 0xbb, 0, 0};
+	static const uint8_t close_notify[] = {1, 0}, fatal[] = {2, 80}, warning[] = {1, 90};
+	struct fx_target *t = c->t;
+	struct iovec v;
+	uint8_t type = 21; /* alert */
+	int expect = 0, n;
+
+	if (!t->fault_tls_after || c->tls_data_recs < t->fault_tls_after ||
+	    atomic_load(&t->fault_tls_fired) ||
+	    !atomic_compare_exchange_strong(&t->fault_tls_fired, &expect, 1))
+		return 0;
+	switch (t->fault_tls_kind) {
+	case FX_TARGET_FAULT_TLS_TICKET:
+		type = 22; /* handshake */
+		v = (struct iovec){(void *)ticket, sizeof(ticket)};
+		break;
+	case FX_TARGET_FAULT_TLS_CLOSE_NOTIFY:
+		v = (struct iovec){(void *)close_notify, sizeof(close_notify)};
+		break;
+	case FX_TARGET_FAULT_TLS_FATAL:
+		v = (struct iovec){(void *)fatal, sizeof(fatal)};
+		break;
+	default:
+		v = (struct iovec){(void *)warning, sizeof(warning)};
+		break;
+	}
+	tgt_log(t,
+		"%s qid %u: fault injection: a TLS record of type %u (%02x %02x) after %llu "
+		"records of read data",
+		c->peer, c->qid, type, ((const uint8_t *)v.iov_base)[0],
+		((const uint8_t *)v.iov_base)[1], (unsigned long long)c->tls_data_recs);
+	n = fx_tls_seal_to(c->tls, buf, type, &v, 1, v.iov_len);
+	if (n < 0)
+		return seal_failed(c);
+	return send_sealed(c, buf, (size_t)n);
+}
+
+/*
  * send_read_tls from the namespace: the plaintext stream (C2HData header,
  * the data, CapsuleResp) is laid out in records of 2^14 bytes in chunk,
  * the data read straight into them (one preadv per chunk), each record
@@ -756,6 +808,9 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 		}
 		ret = send_sealed(c, chunk, out);
 		if (ret)
+			return ret;
+		c->tls_data_recs += (uint64_t)nrec;
+		if (pos < dl && (ret = fault_tls_record(c, chunk)) != 0)
 			return ret;
 		if (first && (ret = pdu_sent(c)) != 0) /* (the C2HData, counted once it is out) */
 			return ret;

@@ -504,6 +504,11 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	if (strlen(cfg->subnqn) == 0 || strlen(cfg->subnqn) >= NVMF_NQN_SIZE ||
 	    strcmp(cfg->subnqn, NVMF_DISCOVERY_NQN) == 0)
 		return -EINVAL;
+	/* the TLS record fault needs TLS, and a kind that exists */
+	if (cfg->fault_tls_after &&
+	    (cfg->tls == FX_TARGET_TLS_OFF || cfg->fault_tls_kind < FX_TARGET_FAULT_TLS_TICKET ||
+	     cfg->fault_tls_kind > FX_TARGET_FAULT_TLS_WARNING))
+		return -EINVAL;
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -535,6 +540,8 @@ int fx_target_create(const struct fx_target_config *cfg, struct fx_target **out)
 	t->fault_drop_after = cfg->fault_drop_after;
 	t->fault_delay_ms = cfg->fault_delay_ms;
 	t->fault_corrupt_ddgst = cfg->fault_corrupt_ddgst;
+	t->fault_tls_after = cfg->fault_tls_after;
+	t->fault_tls_kind = cfg->fault_tls_kind;
 	t->max_conns = cfg->max_connections ? cfg->max_connections : FX_TGT_DEFAULT_MAX_CONNS;
 	t->handshake_ms = cfg->handshake_timeout_ms ? cfg->handshake_timeout_ms
 						    : FX_TGT_DEFAULT_HANDSHAKE_MS;

@@ -70,6 +70,15 @@ struct fx_target_ana {
 	uint8_t state;
 };
 
+/* --fault-tls-record kinds: a NewSessionTicket, close_notify, a fatal
+ * alert (internal_error), a warning alert (user_canceled) */
+enum {
+	FX_TARGET_FAULT_TLS_TICKET = 1,
+	FX_TARGET_FAULT_TLS_CLOSE_NOTIFY,
+	FX_TARGET_FAULT_TLS_FATAL,
+	FX_TARGET_FAULT_TLS_WARNING
+};
+
 struct fx_target_config {
 	const char *host; /* listen address (literal or name), e.g. "127.0.0.1", "::" */
 	const char *port; /* service; "0" picks a free port (see fx_target_port) */
@@ -145,8 +154,14 @@ struct fx_target_config {
 	uint32_t fault_delay_ms;   /* sleep before answering each command */
 	uint32_t
 		fault_corrupt_ddgst; /* corrupt the data digest of every Nth C2HData of a connection */
-	int verbose;                 /* 0: errors and connects to stderr; 1: also every command */
-	int quiet;                   /* no log lines at all (benchmarks) */
+	/* a TLS record of kind fault_tls_kind (FX_TARGET_FAULT_TLS_*) sealed with
+	 * the connection's keys, sent once per target between two records of a
+	 * C2HData after a connection sent fault_tls_after records of read data
+	 * (TLS only; 0 = off) */
+	uint32_t fault_tls_after;
+	uint32_t fault_tls_kind;
+	int verbose; /* 0: errors and connects to stderr; 1: also every command */
+	int quiet;   /* no log lines at all (benchmarks) */
 };
 
 /*

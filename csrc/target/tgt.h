@@ -395,7 +395,8 @@ struct tgt_conn {
 	uint64_t accepted_ms;
 	int deadline_hit; /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
-	struct fx_tls *tls; /* the secure channel's records (NULL: clear text) */
+	struct fx_tls *tls;     /* the secure channel's records (NULL: clear text) */
+	uint64_t tls_data_recs; /* records of read data sent (--fault-tls-record counts them) */
 	/* whom its PSK identity named: Connect must name the same */
 	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
 	/* In its TLS handshake, unproven, since (0: not, or its key proven),
@@ -516,6 +517,8 @@ struct fx_target {
 	unsigned lba_shift;
 	uint32_t max_io_queues;
 	uint32_t fault_drop_after, fault_delay_ms, fault_corrupt_ddgst;
+	uint32_t fault_tls_after, fault_tls_kind; /* --fault-tls-record (conn.c) */
+	atomic_int fault_tls_fired;               /* it fires once per target */
 	uint32_t max_conns, handshake_ms, stall_ms;
 	uint32_t idle_ms; /* 0: never reap idle queues */
 	struct tgt_iobufs iobufs;

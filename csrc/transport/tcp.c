@@ -560,6 +560,12 @@ static void on_send(struct conn *c, int res)
 		for (int i = 0; i < c->ntx_out; i++)
 			free(c->tx_out[i]);
 		c->ntx_out = 0;
+		if (c->nc.ktls && (res == -EBADMSG || res == -EMSGSIZE)) {
+			/* the receive side's fault, said as the receive says it */
+			res = fx_ktls_send_error(c->nc.ktls, res);
+			fprintf(stderr, "fx100io: nvme+tcp: qid %u: kTLS: %s\n", c->nc.qid,
+				fx_ktls_why(c->nc.ktls));
+		}
 		conn_fail(c, res == -EPIPE ? -ECONNRESET : res);
 		return;
 	}

@@ -95,6 +95,13 @@ static int send_iov(struct fx_tcp_conn *c, struct iovec *iov, int cnt, int64_t d
 		       : fx_tcp_sendv(c->fd, iov, cnt, MSG_DONTWAIT, deadline, fx_nvmf_cancel_fd(),
 				      NULL);
 
+	if (c->ktls && (r == -EBADMSG || r == -EMSGSIZE)) {
+		/* the receive side's fault (the kernel aborted the socket on a
+		 * bad record): mapped and logged as recv_full does */
+		r = fx_ktls_send_error(c->ktls, r);
+		fx_nvmf_log("qid %u: kTLS: %s", c->qid, fx_ktls_why(c->ktls));
+		return r == -EBADMSG ? -EPROTO : r;
+	}
 	return r == -EPIPE ? -ECONNRESET : r;
 }
 

@@ -38,7 +38,7 @@
 	"=:"
 
 /* what the server does after the handshake */
-enum act { ECHO, TICKET, KEY_UPDATE, ALERT, CLOSE_NOTIFY, BAD_TAG };
+enum act { ECHO, TICKET, KEY_UPDATE, ALERT, CLOSE_NOTIFY, BAD_TAG, EMPTY_ALERT, EMPTY_HANDSHAKE };
 
 struct srv {
 	int fd;
@@ -124,6 +124,12 @@ static void *server(void *arg)
 		break;
 	case BAD_TAG:
 		send_record(s, FX_TLS_CT_APPDATA, "world", 5, 1);
+		break;
+	case EMPTY_ALERT:
+		send_record(s, 21, "", 0, 0);
+		break;
+	case EMPTY_HANDSHAKE:
+		send_record(s, 22, "", 0, 0);
 		break;
 	}
 	return NULL;
@@ -227,6 +233,25 @@ int main(void)
 	CHECK(strstr(why, "alert"));
 	CHECK_EQ(session(K48, BAD_TAG, &k2, &why), -EBADMSG);
 	CHECK(strstr(why, "integrity"));
+	/* an empty alert or handshake record is a protocol error on both
+	 * layers (the kernel's recvmsg returns 0 for it: not the end) */
+	CHECK_EQ(session(K32, EMPTY_ALERT, &k2, &why), -EPROTO);
+	CHECK(strstr(why, "a malformed TLS alert"));
+	CHECK_EQ(session(K32, EMPTY_HANDSHAKE, &k2, &why), -EPROTO);
+	CHECK(strstr(why, "an empty TLS handshake record"));
+	/* a send on a socket whose receive the kernel aborted: that receive's
+	 * error, explained as it is there */
+	{
+		struct fx_ktls *kk = calloc(1, sizeof(*kk));
+
+		CHECK(kk);
+		CHECK_EQ(fx_ktls_send_error(kk, -EMSGSIZE), -EPROTO);
+		CHECK(strstr(fx_ktls_why(kk), "size TLS 1.3 forbids"));
+		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -EBADMSG);
+		CHECK(strstr(fx_ktls_why(kk), "integrity"));
+		CHECK_EQ(fx_ktls_send_error(kk, -EPIPE), -EPIPE);
+		free(kk);
+	}
 	/* a KeyUpdate: followed by our layer; by the kernel's where it takes
 	 * a new receive key (Linux 6.14), else a clear error, never the next
 	 * record opened with the old key */

@@ -20,6 +20,7 @@ from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
 from support.target_process import serve, sparse_image, tls_args, wait_port_free
 from support.tls_keys import KEY, KEY48
+from support.tls_midread import end_mid_read, ticket_mid_read
 
 import fx100io
 from fx100io import errors
@@ -209,3 +210,23 @@ def test_records_that_are_not_data_on_ktls(fabric_lab):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ktls: kernel" in p.stdout
     assert "test_ktls: ok" in p.stdout
+
+
+# The io_uring data path meeting a record that is not data in the middle of a read's
+# C2HData (our target's --fault-tls-record): the kernel fails the exact receive into the
+# read's buffer with EIO (having perhaps decrypted the record there), recvmsg fetches the
+# record, and the read goes on byte-exact (a ticket) or fails cleanly (an alert,
+# close_notify).  The same contract as on our own layer (tests/fabric/
+# test_tls_records_mid_read.py, support/tls_midread.py).
+
+@pytest.mark.parametrize("n", [1 << 20, 4 << 20], ids=["1MiB", "4MiB"])
+def test_a_ticket_mid_read_on_ktls_is_dropped_and_the_read_is_byte_exact(fabric_lab, tmp_path,
+                                                                          n):
+    ticket_mid_read(tmp_path, n, ktls=True)
+
+
+@pytest.mark.parametrize("kind", ["close_notify", "fatal", "warning"])
+def test_an_alert_mid_read_on_ktls_fails_the_read_cleanly_then_it_reconnects(fabric_lab,
+                                                                              tmp_path, kind,
+                                                                              capfd):
+    end_mid_read(tmp_path, kind, True, capfd)
