@@ -227,12 +227,21 @@ int fx_ktls_recv_error(struct fx_ktls *k, int err)
 
 int fx_ktls_send_error(struct fx_ktls *k, int err)
 {
-	/* a receive that failed (a bad tag, an oversized record) aborts the
-	 * whole socket: later sends return its error, which means what it
-	 * meant there, not a fault of what we send */
-	if (err == -EBADMSG || err == -EMSGSIZE)
+	if (err != -EBADMSG && err != -EMSGSIZE)
+		return err;
+	/* A receive that failed (a bad tag, an oversized record) aborts the
+	 * whole socket, and a send may then return its error: where our
+	 * receive has said so already, it means what it meant there. */
+	if (k->why)
 		return fx_ktls_recv_error(k, err);
-	return err;
+	/* Otherwise it need not be the peer's doing: kernels before the fix
+	 * of tls_sw_sendmsg's error handling (6.13, and the stable kernels
+	 * that took it) report any TCP send failure, a reset or a broken
+	 * pipe, as EBADMSG.  So no tampering is claimed here. */
+	return fail(k, -ECONNRESET,
+		    "a kTLS send failed: the connection is broken (the kernel said EBADMSG or "
+		    "EMSGSIZE: a record it refused from the peer, or a TCP error on kernels "
+		    "before 6.13)");
 }
 
 int fx_ktls_recv_full(struct fx_ktls *k, int fd, void *buf, size_t len, int64_t deadline,

@@ -66,10 +66,12 @@ int fx_ktls_record(struct fx_ktls *k, int fd);
  * those it names.
  */
 int fx_ktls_recv_error(struct fx_ktls *k, int err);
-/* The same for a failed send: the kernel fails every send on a socket
+/* The same for a failed send.  The kernel may fail a send on a socket
  * whose receive side it aborted with that receive's error (-EBADMSG,
- * -EMSGSIZE), mapped and explained as fx_ktls_recv_error() does; anything
- * else is returned as it is (why untouched). */
+ * -EMSGSIZE): once a receive has set fx_ktls_why(), mapped and explained
+ * as fx_ktls_recv_error() does; before, -ECONNRESET with a reason that
+ * claims no tampering (kernels before 6.13 say -EBADMSG for any TCP send
+ * error).  Anything else is returned as it is (why untouched). */
 int fx_ktls_send_error(struct fx_ktls *k, int err);
 
 /* fx_tcp_recv_full (nvme_tcp/sock.h) on a kTLS socket: records that are

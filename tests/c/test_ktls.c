@@ -245,11 +245,20 @@ int main(void)
 		struct fx_ktls *kk = calloc(1, sizeof(*kk));
 
 		CHECK(kk);
+		CHECK_EQ(fx_ktls_send_error(kk, -EPIPE), -EPIPE);
+		CHECK(!fx_ktls_why(kk)[0]);
+		/* no receive failed first: a broken connection, no tampering
+		 * claimed (kernels before 6.13 say EBADMSG for any TCP error) */
+		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -ECONNRESET);
+		CHECK(strstr(fx_ktls_why(kk), "connection is broken"));
+		free(kk);
+		kk = calloc(1, sizeof(*kk));
+		CHECK(kk);
+		CHECK_EQ(fx_ktls_recv_error(kk, -EMSGSIZE), -EPROTO);
 		CHECK_EQ(fx_ktls_send_error(kk, -EMSGSIZE), -EPROTO);
 		CHECK(strstr(fx_ktls_why(kk), "size TLS 1.3 forbids"));
 		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -EBADMSG);
 		CHECK(strstr(fx_ktls_why(kk), "integrity"));
-		CHECK_EQ(fx_ktls_send_error(kk, -EPIPE), -EPIPE);
 		free(kk);
 	}
 	/* a KeyUpdate: followed by our layer; by the kernel's where it takes

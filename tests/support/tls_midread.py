@@ -38,8 +38,12 @@ ENDS = {
 }
 
 
-def _uri(port: int, **q: object) -> str:
+def _uri(port: int, ktls: bool, **q: object) -> str:
+    """ktls=False pins our own record layer (ktls=off), so a host whose kernel has the
+    tls ULP still tests it; True leaves the default (auto), which takes the kernel's."""
     q = {"hostnqn": HOST, "tls_key": KEY, **q}
+    if not ktls:
+        q["ktls"] = "off"
     return f"nvme+tcp://127.0.0.1:{port}/{NQN}?" + "&".join(f"{k}={v}" for k, v in q.items())
 
 
@@ -68,7 +72,7 @@ def ticket_mid_read(tmp_path: Path, n: int, ktls: bool) -> None:
     log = tmp_path / "target.log"
     with serve([img], NQN, *tls_args(HOST, KEY), "--fault-tls-record", f"ticket:{AFTER}",
                log=log) as (_h, port, _p):
-        with fx100io.open_device(_uri(port, io_timeout_ms=20000), queue_depth=8) as dev:
+        with fx100io.open_device(_uri(port, ktls, io_timeout_ms=20000), queue_depth=8) as dev:
             out = np.full(n, 0x77, np.uint8)
             assert dev.read_into_blocking(1 << 20, out) == n
             assert "fault injection: a TLS record of type 22" in log.read_text()
@@ -93,7 +97,7 @@ def end_mid_read(tmp_path: Path, kind: str, ktls: bool, capfd: pytest.CaptureFix
     log = tmp_path / "target.log"
     with serve([img], NQN, *tls_args(HOST, KEY), "--fault-tls-record", f"{kind}:{AFTER}",
                log=log) as (_h, port, _p):
-        dev = fx100io.open_device(_uri(port, io_timeout_ms=20000, reconnect_ms=50),
+        dev = fx100io.open_device(_uri(port, ktls, io_timeout_ms=20000, reconnect_ms=50),
                                   queue_depth=8)
         try:
             capfd.readouterr()
