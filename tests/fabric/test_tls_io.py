@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import time
 
 import numpy as np
 import pytest
-from support import chunk_bytes
+from support import chunk_bytes, read_once_reconnected
 from support.ktls import kernel_has_ktls
 from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
@@ -265,15 +264,7 @@ def test_restarted_target_reconnects_with_a_new_handshake(backing):
             wait_port_free(port)
             cm = serve([backing], NQN, *target_args(), port=port)
             cm.__enter__()
-            end = time.monotonic() + 30
-            while True:
-                out[:] = 0
-                try:
-                    assert dev.read_into_blocking(0, out) == 8 << 20
-                    break
-                except (errors.FxConnectionError, errors.FxTimeoutError):
-                    assert time.monotonic() < end, "no reconnect in 30 s"
-                    time.sleep(0.1)
+            read_once_reconnected(dev, out, 30, 0.1)
             assert np.array_equal(out, data)
             assert dev.queue_stats()["reconnects"] >= 1
         finally:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from support import REPO, chunk_bytes
+from support import REPO, chunk_bytes, read_once_reconnected
 from support.ktls import kernel_has_ktls
 from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
@@ -134,15 +134,7 @@ def test_a_target_that_dies_mid_transfer_fails_the_read_then_it_reconnects(fabri
             wait_port_free(port)
             cm = serve([img], NQN, *tls_args(HOST, KEY), port=port)
             cm.__enter__()
-            end = time.monotonic() + 60
-            while True:
-                out[:] = 0
-                try:
-                    assert dev.read_into_blocking(0, out) == 8 << 20
-                    break
-                except (errors.FxConnectionError, errors.FxTimeoutError):
-                    assert time.monotonic() < end, "no reconnect in 60 s"
-                    time.sleep(0.2)
+            read_once_reconnected(dev, out, 60, 0.2)
             assert np.array_equal(out, data)
             st = dev.queue_stats()
             assert st["reconnects"] >= 1 and st["tls_user_conns"] == 0, st

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +54,19 @@ def _make_loop(backing: Path, size: int, block_size: int) -> str:
     if p.returncode != 0:
         pytest.skip(f"cannot attach a loop device here (needs root and /dev/loop*): {p.stderr.strip()}")
     return p.stdout.strip()
+
+
+def read_once_reconnected(dev, out: np.ndarray, seconds: float, step: float) -> None:  # noqa: ANN001
+    """Read len(out) bytes at 0 into out once the device has reconnected (its target was
+    restarted): retried on connection errors and timeouts for up to seconds."""
+    from fx100io import errors
+
+    end = time.monotonic() + seconds
+    while True:
+        out[:] = 0
+        try:
+            assert dev.read_into_blocking(0, out) == len(out)
+            return
+        except (errors.FxConnectionError, errors.FxTimeoutError):
+            assert time.monotonic() < end, f"no reconnect in {seconds:g} s"
+            time.sleep(step)
