@@ -8,6 +8,7 @@
     python3 tools/fabric_lab/lab.py run -- CMD...      # start if needed, exec, stop if we started
     python3 tools/fabric_lab/lab.py guest -- CMD...    # run CMD in the guest's userland (chroot)
     python3 tools/fabric_lab/lab.py stop [--lock-holder]
+    python3 tools/fabric_lab/lab.py tlshd              # fetch + cache tlshd for the guest
 
 See tools/fabric_lab/README.md.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 # Run as a script: make the fabric_lab package next to this file importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fabric_lab import initramfs, lab_control, lab_paths
+from fabric_lab import initramfs, lab_control, lab_paths, tlshd
 from fabric_lab.lab_config import LabConfig, LabConfigError
 
 
@@ -68,6 +69,16 @@ def command_build(args: argparse.Namespace) -> int:
     with lab_control.lab_state.locked():
         image = initramfs.build(force=args.force, log=log)
     print(f"kernel {image.kernel}\ninitramfs {image.initramfs}")
+    return 0
+
+
+def command_tlshd(args: argparse.Namespace) -> int:
+    try:
+        path = tlshd.ensure(log=log)
+    except tlshd.TlshdUnavailable as err:
+        print(f"lab.py tlshd: {err}", file=sys.stderr)
+        return 3
+    print(path)
     return 0
 
 
@@ -169,6 +180,10 @@ def parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="build (or reuse) the cached guest image")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     build.set_defaults(func=command_build)
+    fetch_tlshd = commands.add_parser(
+        "tlshd", help="fetch and cache tlshd (the kernel's TLS handshake daemon) for the "
+                      "guest; prints its path (exit 3: the Debian archive is unreachable)")
+    fetch_tlshd.set_defaults(func=command_tlshd)
     start = commands.add_parser("start", help="boot the target; idempotent")
     config_options(start)
     start.set_defaults(func=command_start)

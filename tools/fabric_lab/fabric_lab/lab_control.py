@@ -24,6 +24,7 @@ from . import (
     networking,
     qemu_vm,
     target_probe,
+    tlshd,
 )
 from .lab_config import DISCOVERY_NQN, LabConfig
 
@@ -208,9 +209,19 @@ def _running_or_cleaned(config: LabConfig, log) -> dict | None:
     return None
 
 
+def _fetch_tlshd(log) -> None:
+    """tlshd cached before the guest boots (it sees the host's root through a cached 9p
+    mount), for the kernel's NVMe/TCP TLS tests; without it they skip, saying why."""
+    try:
+        tlshd.ensure(log=log)
+    except tlshd.TlshdUnavailable as err:
+        log(f"fabric lab: no tlshd for the guest (its kernel TLS tests will skip): {err}")
+
+
 def _boot(config: LabConfig, log, owner: str, machine_fd: int) -> dict:
     """Boot the lab, its QEMU holding machine_fd (the machine lock) for its life."""
     image = initramfs.build(log=log)
+    _fetch_tlshd(log)
     files = _files()
     files.dir.mkdir(parents=True, exist_ok=True)
     guest_userland.prepare_share(files.guest_share)

@@ -1,0 +1,200 @@
+"""tlshd, the TLS handshake daemon of the Linux kernel's NVMe/TCP TLS, for the lab guest.
+
+Both kernel sides (nvme-tcp, nvmet-tcp) hand each TLS handshake to `tlshd` through the
+netlink handshake family.  tlshd is in ktls-utils, which Debian 12 does not package (in
+bookworm or bookworm-backports); Debian 13 (trixie) does.  This module fetches trixie's
+ktls-utils .deb from the Debian archive the host's apt sources already use, checks it
+through Debian's own chain of trust (trixie's InRelease signature, verified by gpgv against
+the host's debian-archive-keyring, names the Packages index by SHA-256, which names the .deb
+by SHA-256), unpacks only `usr/sbin/tlshd` and caches it under
+/var/cache/fx100io/tlshd/<version>/ (FX100IO_TLSHD_CACHE), so a machine fetches it once.
+
+Why the binary and not a build from source: the archive this project's machines reach
+serves trixie's source index but not ktls-utils' source files (its .dsc and .orig.tar.xz,
+of 1.0.0-1 and of sid's 1.4.0-1, answer 404 while the .deb answers 200).  Trixie's tlshd
+1.0.0 needs glibc >= 2.34 and GnuTLS symbol versions up to GNUTLS_3_7_3, which bookworm's
+libc6 2.36 and libgnutls30 3.7.9 provide: `ensure()` checks that the binary loads with the
+host's libraries (ldd, then `tlshd --help`) before caching it, and installs the runtime
+libraries with apt-get when they are missing.  (The guest runs the host's root, so the
+cached binary runs there as it is.)
+
+`python3 tools/fabric_lab/lab.py tlshd` prints the cached binary's path (fetching it first
+when needed); exit status 3 when the archive cannot be reached and nothing is cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+SUITE = "trixie"
+PACKAGE = "ktls-utils"
+ARCH = "amd64"
+KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# tlshd's shared libraries, as bookworm names their packages (gpgv checks the index)
+RUNTIME_PACKAGES = ("libgnutls30", "libkeyutils1", "libglib2.0-0", "libnl-3-200",
+                    "libnl-genl-3-200", "gpgv", "debian-archive-keyring")
+TIMEOUT_S = 60
+
+
+class TlshdUnavailable(RuntimeError):
+    """tlshd could not be had: the archive is unreachable (and nothing is cached), or what
+    it served failed a check.  The message says which."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FX100IO_TLSHD_CACHE", "/var/cache/fx100io/tlshd"))
+
+
+def cached() -> Path | None:
+    """The newest cached tlshd (a version directory holding an executable `tlshd`), or None.
+    Versions sort as Debian's do for the plain N.N.N-N that ktls-utils uses."""
+    root = cache_dir()
+    found = [p / "tlshd" for p in root.glob("*") if os.access(p / "tlshd", os.X_OK)]
+
+    def key(path: Path) -> list[int]:
+        return [int(n) for n in re.findall(r"\d+", path.parent.name)]
+
+    return max(found, key=key) if found else None
+
+
+def mirror() -> str:
+    """The Debian archive the host's apt sources use (its first `.../debian` URI), so the
+    machine's own choice of mirror or proxy is followed; FX100IO_DEBIAN_MIRROR overrides."""
+    override = os.environ.get("FX100IO_DEBIAN_MIRROR")
+    if override:
+        return override.rstrip("/")
+    texts = []
+    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        try:
+            texts.append(path.read_text())
+        except OSError:
+            continue
+    for text in texts:
+        for uri in re.findall(r"(?m)^(?:deb\s+(?:\[[^\]]*\]\s+)?|URIs:\s*)(\S+)", text):
+            if re.search(r"/debian/?$", uri):
+                return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def _get(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:  # noqa: S310 (http(s) only)
+            return response.read()
+    except (urllib.error.URLError, OSError) as err:
+        raise TlshdUnavailable(f"cannot download {url}: {err}") from err
+
+
+def _sha256_ok(data: bytes, digest: str, what: str) -> None:
+    got = hashlib.sha256(data).hexdigest()
+    if got != digest:
+        raise TlshdUnavailable(f"{what}: SHA-256 {got} is not the {digest} its index names")
+
+
+def _verified_release(base: str, work: Path) -> str:
+    """trixie's InRelease text, its signature checked by gpgv against the host's Debian
+    archive keyring."""
+    signed = work / "InRelease"
+    signed.write_bytes(_get(f"{base}/dists/{SUITE}/InRelease"))
+    check = subprocess.run(["gpgv", "--keyring", str(KEYRING), str(signed)],
+                           capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise TlshdUnavailable(f"{SUITE}'s InRelease failed gpgv against {KEYRING}: "
+                               f"{check.stderr.strip()[-300:]}")
+    return signed.read_text()
+
+
+def _index_entry(release: str, name: str) -> tuple[str, int]:
+    """(SHA-256, size) of a file the Release text lists under SHA256:."""
+    section = release.split("\nSHA256:\n", 1)[-1]
+    for line in section.splitlines():
+        if not line.startswith(" "):
+            break
+        digest, size, path = line.split()
+        if path == name:
+            return digest, int(size)
+    raise TlshdUnavailable(f"{SUITE}'s InRelease lists no {name}")
+
+
+def _package_stanza(packages: str) -> dict[str, str]:
+    for stanza in packages.split("\n\n"):
+        if stanza.startswith(f"Package: {PACKAGE}\n"):
+            fields = {}
+            for line in stanza.splitlines():
+                if ":" in line and not line.startswith(" "):
+                    k, _, v = line.partition(":")
+                    fields[k] = v.strip()
+            return fields
+    raise TlshdUnavailable(f"{SUITE}'s Packages index has no {PACKAGE}")
+
+
+def _install_runtime(log) -> None:
+    missing = [p for p in RUNTIME_PACKAGES
+               if subprocess.run(["dpkg", "-s", p], capture_output=True, check=False).returncode]
+    if not missing:
+        return
+    log(f"tlshd: apt-get install {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+    done = subprocess.run(["apt-get", "install", "-y", "-qq", *missing], capture_output=True,
+                          text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise TlshdUnavailable(f"apt-get install {' '.join(missing)} failed: "
+                               f"{done.stderr.strip()[-300:]}")
+
+
+def _loads_here(binary: Path) -> None:
+    """The binary must resolve every library and start (its usage line) on this host."""
+    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False)
+    if "not found" in ldd.stdout or ldd.returncode != 0:
+        raise TlshdUnavailable(f"{binary} does not load here: {ldd.stdout.strip()[-300:]}")
+    usage = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
+                           check=False, timeout=30)
+    if "usage: tlshd" not in usage.stdout + usage.stderr:
+        raise TlshdUnavailable(f"{binary} --help did not print its usage: "
+                               f"{(usage.stdout + usage.stderr).strip()[-300:]}")
+
+
+def ensure(log=print) -> Path:
+    """Path of a cached tlshd, fetched and checked first when none is cached."""
+    have = cached()
+    if have is not None:
+        return have
+    _install_runtime(log)
+    base = mirror()
+    with tempfile.TemporaryDirectory(prefix="fx100io-tlshd-") as tmp:
+        work = Path(tmp)
+        release = _verified_release(base, work)
+        name = f"main/binary-{ARCH}/Packages.xz"
+        digest, _ = _index_entry(release, name)
+        packed = _get(f"{base}/dists/{SUITE}/{name}")
+        _sha256_ok(packed, digest, name)
+        fields = _package_stanza(lzma.decompress(packed).decode("utf-8", "replace"))
+        version, filename = fields["Version"], fields["Filename"]
+        log(f"tlshd: fetching {PACKAGE} {version} ({SUITE}) from {base}")
+        deb = work / Path(filename).name
+        deb.write_bytes(_get(f"{base}/{filename}"))
+        _sha256_ok(deb.read_bytes(), fields["SHA256"], deb.name)
+        unpacked = work / "x"
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+        binary = unpacked / "usr/sbin/tlshd"
+        _loads_here(binary)
+        target = cache_dir() / f"{PACKAGE}_{version}"
+        staging = target.with_name(target.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        shutil.copy2(binary, staging / "tlshd")
+        (staging / "SOURCE").write_text(f"{base}/{filename}\nsha256 {fields['SHA256']}\n")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    log(f"tlshd: cached {target / 'tlshd'}")
+    return target / "tlshd"
