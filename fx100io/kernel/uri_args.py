@@ -38,19 +38,17 @@ OPTION_NAMES = {**{o.kernel_flag: o.name for o in fabric_options.OPTIONS
                 **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
-# Why tls=1 is refused (docs/kernel-path.md, "TLS"): the kernel's NVMe/TCP TLS (the lab's
-# 6.12 has it, host and target) does no handshake itself; it hands the socket to the tlshd
-# daemon (ktls-utils) and fails without it, and nvme-cli must pass --tls and the key's keyring.
-# Debian 12 packages neither: no ktls-utils in bookworm or bookworm-backports, and its
-# nvme-cli (2.4+really2.3, libnvme 1.3) has gen-tls-key but no `connect --tls` (libnvme
-# gained the keyring and tls_key options in 1.4).  tests/guest/test_kernel_tls.py
-# checks these facts in the lab guest, so the refusal is revisited when one changes.
-TLS_REFUSAL = ("TLS (tls=1 or a tls_key): the kernel's NVMe/TCP TLS needs the tlshd daemon "
-               "(ktls-utils) to do each handshake and an nvme-cli with `connect --tls`; Debian 12 "
-               "has neither (no ktls-utils in bookworm or bookworm-backports, nvme-cli 2.3), so "
-               "the kernel path cannot do TLS, and never reaches in clear text a target that TLS "
-               "was asked for; use the userspace initiator (path=\"user\", the default), which "
-               "does TLS itself")
+# Why tls=1 is refused (docs/kernel-path.md, "TLS"): the kernel path attaches through nvme-cli,
+# and Debian 12's (2.4+really2.3, libnvme 1.3) has gen-tls-key but no `connect --tls` (libnvme
+# gained the keyring and tls_key options in 1.4).  The kernel's NVMe/TCP TLS itself works (the
+# lab's 6.12, host and target) once the tlshd daemon (ktls-utils, not packaged in Debian 12)
+# does the handshakes: tests/guest/test_kernel_tls.py runs trixie's tlshd in the lab guest
+# and connects the kernel host by writing /dev/nvme-fabrics with `tls`, the PSK in `.nvme`.
+TLS_REFUSAL = ("TLS (tls=1 or a tls_key): the kernel path does not do TLS: it attaches through "
+               "nvme-cli, and Debian 12's (2.3) has no `connect --tls`; the kernel's NVMe/TCP TLS "
+               "also needs the tlshd daemon (ktls-utils, not packaged in Debian 12) to do each "
+               "handshake.  It never reaches in clear text a target that TLS was asked for; use "
+               "the userspace initiator (path=\"user\", the default), which does TLS itself")
 
 
 def refuse_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None) -> None:
