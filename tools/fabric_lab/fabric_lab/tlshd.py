@@ -67,14 +67,15 @@ def cached() -> Path | None:
     return max(found, key=key) if found else None
 
 
-def mirror() -> str:
-    """The Debian archive the host's apt sources use (its first `.../debian` URI), so the
-    machine's own choice of mirror or proxy is followed; FX100IO_DEBIAN_MIRROR overrides."""
+def mirror(apt_dir: Path = Path("/etc/apt")) -> str:
+    """The Debian archive the host's apt sources use (its first `.../debian` URI, one-line or
+    deb822), so the machine's own choice of mirror or proxy is followed;
+    FX100IO_DEBIAN_MIRROR overrides."""
     override = os.environ.get("FX100IO_DEBIAN_MIRROR")
     if override:
         return override.rstrip("/")
     texts = []
-    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+    for path in [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*"))]:
         try:
             texts.append(path.read_text())
         except OSError:

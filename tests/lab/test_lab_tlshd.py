@@ -1,0 +1,117 @@
+"""The lab's tlshd fetcher (tools/fabric_lab/fabric_lab/tlshd.py) without the network: where it
+reads the archive from, how it reads the signed index, which cached version it picks, and
+that an unreachable archive or an index that fails gpgv is a TlshdUnavailable that says so
+(the guest's kernel TLS tests then skip with that reason).  The real fetch runs at every lab
+start and in tests/guest/test_kernel_tls.py."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools" / "fabric_lab"
+sys.path.insert(0, str(TOOLS))
+
+from fabric_lab import tlshd  # noqa: E402
+
+RELEASE = """Origin: Debian
+Codename: trixie
+SHA256:
+ b449439c113900c8607c1005f7a1ec0704d0f3b7376ba312b2150c79e4e4e06c 10538456 main/source/Sources.xz
+ 0d6f5a9cfb1c3b0b4f1f0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6 4242 main/binary-amd64/Packages.xz
+"""
+
+
+def test_the_archive_is_the_one_the_apt_sources_use(tmp_path, monkeypatch):
+    monkeypatch.delenv("FX100IO_DEBIAN_MIRROR", raising=False)
+    d = tmp_path / "apt"
+    (d / "sources.list.d").mkdir(parents=True)
+    (d / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.invalid/debian-security\nSuites: bookworm-security\n\n"
+        "Types: deb\nURIs: http://mirror.invalid/debian/\nSuites: bookworm\n")
+    assert tlshd.mirror(d) == "http://mirror.invalid/debian"
+    (d / "sources.list").write_text("deb [signed-by=/k.gpg] http://other.invalid/debian bookworm main\n")
+    assert tlshd.mirror(d) == "http://other.invalid/debian"  # sources.list is read first
+    assert tlshd.mirror(tmp_path / "none") == tlshd.DEFAULT_MIRROR
+    monkeypatch.setenv("FX100IO_DEBIAN_MIRROR", "http://set.invalid/debian/")
+    assert tlshd.mirror(d) == "http://set.invalid/debian"
+
+
+def test_the_signed_index_names_the_packages_index():
+    digest, size = tlshd._index_entry(RELEASE, "main/binary-amd64/Packages.xz")
+    assert digest.startswith("0d6f5a9c") and size == 4242
+    with pytest.raises(tlshd.TlshdUnavailable, match="lists no main/binary-arm64"):
+        tlshd._index_entry(RELEASE, "main/binary-arm64/Packages.xz")
+    packages = ("Package: ktls-utils-doc\nVersion: 9\n\nPackage: ktls-utils\nVersion: 1.0.0-1\n"
+                "Filename: pool/main/k/ktls-utils/ktls-utils_1.0.0-1_amd64.deb\nSHA256: ab\n"
+                "Description: x\n continued\n")
+    fields = tlshd._package_stanza(packages)
+    assert fields["Version"] == "1.0.0-1" and fields["SHA256"] == "ab"
+    with pytest.raises(tlshd.TlshdUnavailable, match="has no ktls-utils"):
+        tlshd._package_stanza("Package: other\n")
+    with pytest.raises(tlshd.TlshdUnavailable, match="SHA-256"):
+        tlshd._sha256_ok(b"tampered", "00" * 32, "x.deb")
+
+
+def test_the_newest_cached_version_is_used_without_the_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path))
+    monkeypatch.setenv("FX100IO_DEBIAN_MIRROR", "http://127.0.0.1:9/debian")
+    assert tlshd.cached() is None
+    for version, executable in (("1.0.0-1", True), ("1.10.0-1", True), ("1.2.0-1", True),
+                                ("2.0.0-1", False)):  # (not executable: a broken entry)
+        f = tmp_path / f"ktls-utils_{version}" / "tlshd"
+        f.parent.mkdir()
+        f.write_text("#!/bin/sh\n")
+        f.chmod(0o755 if executable else 0o644)
+    (tmp_path / "ktls-utils_3.0.0-1.tmp").mkdir()  # a fetch that was cut short
+    want = tmp_path / "ktls-utils_1.10.0-1" / "tlshd"
+    assert tlshd.cached() == want
+    assert tlshd.ensure(log=lambda m: None) == want
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_archive_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
+    url = f"http://127.0.0.1:{_closed_port()}/debian"
+    monkeypatch.setenv("FX100IO_DEBIAN_MIRROR", url)
+    with pytest.raises(tlshd.TlshdUnavailable, match=f"cannot download {url}/dists/trixie/InRelease"):
+        tlshd.ensure(log=lambda m: None)
+    assert tlshd.cached() is None
+
+
+def test_an_index_that_fails_gpgv_is_refused(tmp_path, monkeypatch):
+    """An archive (here a loopback server) whose InRelease is not signed by Debian's key."""
+
+    class Archive(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the http.server API)
+            body = b"-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n" + RELEASE.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Archive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("FX100IO_DEBIAN_MIRROR",
+                           f"http://127.0.0.1:{server.server_address[1]}/debian")
+        with pytest.raises(tlshd.TlshdUnavailable, match="failed gpgv"):
+            tlshd.ensure(log=lambda m: None)
+        assert tlshd.cached() is None
+    finally:
+        server.shutdown()
+        server.server_close()
