@@ -95,8 +95,15 @@ def dhchap_secret_error(str text):
 cdef extern from "nvme_tcp/tls_psk.h" nogil:
     struct fx_tls_key:
         _u8 len
+    struct fx_tls_psk:
+        _u8 len
+        _u8 psk[48]
+        char identity[528]
     int fx_tls_key_parse(const char *text, fx_tls_key *key, const char **why)
     void fx_tls_key_wipe(fx_tls_key *key)
+    void fx_tls_psk_wipe(fx_tls_psk *psk)
+    int fx_tls_psk_derive(const fx_tls_key *key, const char *hostnqn, const char *subnqn,
+                          int idver, int kdf, fx_tls_psk *out)
 
 
 def tls_key_error(str text):
@@ -111,6 +118,28 @@ def tls_key_error(str text):
     if rc == 0:
         return None
     return why.decode() if why != NULL else "malformed TLS key"
+
+
+def tls_psk(str text, str hostnqn, str subnqn):
+    """(identity, TLS PSK bytes) of the version-0 identity for hostnqn and subnqn from a
+    configured key's text, as our initiator offers them (csrc/nvme_tcp/tls_psk.c, RFC 8446
+    HkdfLabel): what the Linux kernel's `.nvme` keyring must hold for its nvme-tcp host to
+    offer the same (libnvme inserts the same).  ValueError for a malformed key or NQN."""
+    cdef fx_tls_key k
+    cdef fx_tls_psk out
+    cdef const char *why = NULL
+    b, h, n = text.encode("utf-8", "replace"), hostnqn.encode(), subnqn.encode()
+    if fx_tls_key_parse(b, &k, &why) != 0:
+        fx_tls_key_wipe(&k)
+        raise ValueError(why.decode() if why != NULL else "malformed TLS key")
+    cdef int rc = fx_tls_psk_derive(&k, h, n, 0, 0, &out)
+    fx_tls_key_wipe(&k)
+    if rc != 0:
+        raise ValueError(f"cannot derive a TLS PSK for these NQNs (errno {-rc})")
+    try:
+        return out.identity.decode(), bytes(out.psk[:out.len])
+    finally:
+        fx_tls_psk_wipe(&out)
 
 
 def auth_error():

@@ -112,6 +112,10 @@ def classify_connect_failure(t: Target, stderr: str, kmsg: str, module_loaded: b
     elif "invalid arg" in said.lower():
         e = InvalidArgumentError(errno.EINVAL, f"the kernel refused the connect options "
                                  f"(nvme-cli: {said})", where)
+    elif t.options and ("--tls", "") in t.options and "tls" in low:
+        e = DevicePermissionError(errno.EACCES, "the TLS handshake with the target failed (does "
+                                  f"it hold this tls_key for host {t.hostnqn}?; kernel: "
+                                  f"{_last_line(mine, 'tls')})", where)
     elif "timed out" in said.lower() or "timeout" in low:
         e = FxTimeoutError(errno.ETIMEDOUT, f"the connect timed out (nvme-cli: {said})", where)
     else:

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, quote, unquote_plus, urlsplit, urlunsplit
 
 from fx100io import fabric_options, fabric_uri, uri_redact
 from fx100io.errors import InvalidArgumentError, KernelSupportError
+from fx100io.kernel import keyring
 from fx100io.kernel.nvme_cli import NVME_CLI
 
 ETC_NVME = Path("/etc/nvme")
@@ -38,28 +39,41 @@ OPTION_NAMES = {**{o.kernel_flag: o.name for o in fabric_options.OPTIONS
                 **{opt: name for name, (opt, _) in KERNEL_ONLY.items()}}
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
-# Why tls=1 is refused (docs/kernel-path.md, "TLS"): the kernel path attaches through nvme-cli,
-# and Debian 12's (2.4+really2.3, libnvme 1.3) has gen-tls-key but no `connect --tls` (libnvme
-# gained the keyring and tls_key options in 1.4).  The kernel's NVMe/TCP TLS itself works (the
-# lab's 6.12, host and target) once the tlshd daemon (ktls-utils, not packaged in Debian 12)
-# does the handshakes: tests/guest/test_kernel_tls.py runs trixie's tlshd in the lab guest
-# and connects the kernel host by writing /dev/nvme-fabrics with `tls`, the PSK in `.nvme`.
-TLS_REFUSAL = ("TLS (tls=1 or a tls_key): the kernel path does not do TLS: it attaches through "
-               "nvme-cli, and Debian 12's (2.3) has no `connect --tls`; the kernel's NVMe/TCP TLS "
-               "also needs the tlshd daemon (ktls-utils, not packaged in Debian 12) to do each "
-               "handshake.  It never reaches in clear text a target that TLS was asked for; use "
-               "the userspace initiator (path=\"user\", the default), which does TLS itself")
+# TLS on the kernel path (docs/kernel-path.md, "TLS"): the kernel's NVMe/TCP TLS (Linux 6.12
+# has it, host and target) does no handshake itself; it hands the socket to the tlshd daemon
+# (ktls-utils, which Debian 12 does not package) and fails without it.  Debian 12's nvme-cli
+# (2.4+really2.3, libnvme 1.3) has no `connect --tls` (libnvme gained the keyring and tls_key
+# options in 1.4), so a TLS connect puts the PSK in `.nvme` itself (kernel/keyring.py) and
+# writes the kernel's options to /dev/nvme-fabrics (connections._connect).  Refused, before
+# the URI's values are read: any TLS connect while no tlshd runs, and discovery over TLS
+# (read through nvme-cli).  tests/guest/test_kernel_tls.py runs all of it in the lab guest.
+TLS_REFUSAL = ("TLS (tls=1 or a tls_key) on the kernel path needs the tlshd daemon (ktls-utils, "
+               "not packaged in Debian 12) running on this host to do the kernel's handshakes, "
+               "and none runs; and the kernel path never reads a discovery log over TLS (it "
+               "reads them through nvme-cli, and Debian 12's 2.3 has no `--tls`).  It never "
+               "reaches in clear text a target that TLS was asked for; use the userspace "
+               "initiator (path=\"user\", the default), which does TLS itself")
 
 
-def refuse_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None) -> None:
-    """KernelSupportError (EPROTONOSUPPORT, TLS_REFUSAL) when uri or the keywords ask for
-    TLS in any form: a tls_key (whatever its value, a @FILE not read), or tls=1/true.  It
-    runs before anything else reads the URI, so the reason the kernel path cannot do TLS at
-    all comes before any complaint about how TLS was asked for."""
+def asks_for_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None) -> bool:
+    """Whether uri or the keywords ask for TLS in any form: a tls_key (whatever its value,
+    a @FILE not read), or tls=1/true."""
     q = parse_qs(urlsplit(uri).query, keep_blank_values=True)
     tls = q.get("tls", ["0"])[-1].strip().lower()
-    if "tls_key" in q or tls in ("1", "true") or (secrets_kw or {}).get("tls_key") is not None:
-        raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
+    return "tls_key" in q or tls in ("1", "true") or (secrets_kw or {}).get("tls_key") is not None
+
+
+def refuse_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None,
+               connect: bool = False) -> None:
+    """KernelSupportError (EPROTONOSUPPORT, TLS_REFUSAL) when uri or the keywords ask for
+    TLS and this call cannot do it: a discovery (connect False), or a connect while no tlshd
+    runs.  It runs before anything else reads the URI, so the reason comes before any
+    complaint about how TLS was asked for."""
+    if not asks_for_tls(uri, secrets_kw):
+        return
+    if connect and keyring.tlshd_running():
+        return
+    raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,23 @@ class Target:
     options: tuple[tuple[str, str], ...] = ()  # (nvme-cli option, value or "") in order
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     hostid_given: bool = True  # False: the default, which may yield to the kernel's (in_use_hostid)
+    tls_key: str = field(default="", repr=False, compare=False)  # configured PSK text: TLS
+
+    def fabrics_options(self, tls_key_serial: int) -> str:
+        """What ``nvme connect`` would write to /dev/nvme-fabrics (secrets included: never
+        logged), with ``tls,tls_key=<serial>``: for a TLS connect, which nvme-cli 2.3 cannot
+        ask for."""
+        parts = [f"nqn={self.subnqn}", f"transport={self.transport}", f"traddr={self.traddr}",
+                 f"trsvcid={self.trsvcid}", f"hostnqn={self.hostnqn}", f"hostid={self.hostid}"]
+        for opt, value in self.options:
+            if opt == "--tls":
+                continue
+            name = opt[2:].replace("-", "_")
+            parts.append(name if value == "" else f"{name}={value}")
+        for key in ("dhchap_secret", "dhchap_ctrl_secret"):
+            if key in self.secrets:
+                parts.append(f"{key}={self.secrets[key]}")
+        return ",".join([*parts, "tls", f"tls_key={tls_key_serial}"])
 
     def argv(self, nvme: str = NVME_CLI) -> list[str]:
         """``nvme connect`` without secrets (they go in a config file)."""
@@ -198,7 +229,7 @@ def target_of(uri: str, **opts: Any) -> Target:
     if opts:  # URI keys given as keywords: merged into the query, checked as the URI is
         uri = with_query(uri, opts)
     fabric_uri.scheme_of(uri)
-    refuse_tls(uri, secrets_kw)
+    refuse_tls(uri, secrets_kw, connect=True)
     secrets_kw = {k: check_secret(k, v, redact(uri)) for k, v in secrets_kw.items()
                   if v is not None}
     given = query_keys(uri)
@@ -218,10 +249,11 @@ def target_of(uri: str, **opts: Any) -> Target:
     except InvalidArgumentError as e:
         e.target = redact(uri)
         raise
-    if p.get("tls") == "1":
-        # never attach in clear text what asked for TLS (docs/kernel-path.md, "TLS")
-        raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
     secrets = {k: p[k] for k in SECRET_KEYS if k in p}
+    tls_key = secrets.pop("tls_key", "")
+    if p.get("tls") == "1" and not tls_key:
+        # never attach in clear text what asked for TLS (fabric_uri.parse wants the key)
+        raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
     if not p["subnqn"]:
         raise InvalidArgumentError(22, "the URI needs a subsystem NQN as its path "
                                    "(nvme+tcp://HOST:PORT/SUBNQN)", redact(uri))
@@ -229,7 +261,7 @@ def target_of(uri: str, **opts: Any) -> Target:
     dnqn, did = default_host_identity()
     hostnqn = p["hostnqn"] if "hostnqn" in given else dnqn
     hostid = uuid_form(p["hostid"]) if "hostid" in given else did
-    options: list[tuple[str, str]] = []
+    options: list[tuple[str, str]] = [("--tls", "")] if tls_key else []
     if "queues" in p:
         options.append(("--nr-io-queues", p["queues"]))
     if "qsize" in p:
@@ -258,7 +290,7 @@ def target_of(uri: str, **opts: Any) -> Target:
             fabric_uri._text(k, str(v), fabric_uri.HOST_MAX, redact(uri))
             options.append((opt, str(v)))
     return Target(transport, p["host"], p["port"], p["subnqn"], hostnqn, hostid,
-                  int(p.get("nsid", "1")), tuple(options), secrets, "hostid" in given)
+                  int(p.get("nsid", "1")), tuple(options), secrets, "hostid" in given, tls_key)
 
 
 def options_text(t: Target) -> str:

@@ -268,12 +268,40 @@ def test_the_kernel_host_reads_and_writes_our_target_over_tls(fabric_lab, tlshd,
     assert KHOST in log, log
 
 
-def test_kernel_connect_with_tls_is_refused_and_attaches_nothing(fabric_lab, nvmet_tls_port):
-    """kernel.connect does not do TLS yet (it would need nvme-cli's --tls or its own
-    /dev/nvme-fabrics write with the key in `.nvme`): refused before anything is attached."""
-    nqn, _ = nvmet_tls_port
-    before = [c.name for c in kernel.list()]
-    with pytest.raises(errors.KernelSupportError, match="tlshd") as ei:
-        kernel.connect(f"nvme+tcp://{LOOPBACK}:{PORT}/{nqn}?hostnqn={HOST}&tls_key={KEY}")
-    assert KEY[16:40] not in str(ei.value)
-    assert [c.name for c in kernel.list()] == before
+def test_kernel_connect_with_tls_reads_and_writes_our_target(fabric_lab, tlshd, tmp_path):
+    """kernel.connect with a tls_key (fx100io's kernel path: the PSK into `.nvme`, the
+    options with `tls` written to /dev/nvme-fabrics, since nvme-cli 2.3 has no --tls)
+    against our target: a wrong key attaches nothing and says TLS; the right one gives a
+    block device whose writes are in our file, byte for byte; the `with` exit detaches."""
+    img = sparse_image(tmp_path, 16 << 20)
+    hid = KHOST_ID.replace("c02a", "c02b")
+    host = f"nqn.2014-08.org.nvmexpress:uuid:{hid}"
+    with serve([img], KNQN, *tls_args(host, KEY), log=tmp_path / "target.log") as (
+            _h, port, _p):
+        uri = f"nvme+tcp://{LOOPBACK}:{port}/{KNQN}?hostnqn={host}&hostid={hid}&queues=2"
+        before = [c.name for c in kernel.list()]
+        t0 = time.monotonic()
+        with pytest.raises(errors.Fx100ioError) as ei:
+            kernel.connect(f"{uri}&tls_key={OTHER}")
+        print(f"kernel.connect, wrong key: {type(ei.value).__name__} after "
+              f"{time.monotonic() - t0:.2f} s: {ei.value}")
+        assert isinstance(ei.value, errors.DevicePermissionError)
+        assert "TLS handshake with the target failed" in str(ei.value)
+        assert OTHER[16:40] not in str(ei.value)
+        assert [c.name for c in kernel.list()] == before
+        pool = fx100io.BufferPool(4 << 20)
+        data = pool.alloc(2 << 20)
+        data[:] = chunk_bytes("kernel-connect-tls", data.nbytes)
+        with kernel.connect(f"{uri}&tls_key={KEY}") as c:
+            assert (c.sysfs_path / "tls_key").read_text().strip() not in ("", "0")
+            (dev_path,) = c.namespaces
+            with fx100io.open_device(dev_path, path="kernel") as dev:
+                assert dev.write_from_blocking(512 * 3, data) == data.nbytes
+                dev.flush_blocking()
+                back = pool.alloc(data.nbytes)
+                assert dev.read_into_blocking(512 * 3, back) == data.nbytes
+                assert np.array_equal(back, data)
+        assert [c.name for c in kernel.list()] == before
+    with open(img, "rb") as f:
+        f.seek(512 * 3)
+        assert f.read(data.nbytes) == data.tobytes()

@@ -1,0 +1,67 @@
+"""The kernel path's TLS connect, without a kernel: what it asks the kernel for
+(fx100io/kernel/uri_args.py Target.fabrics_options), the PSK it puts in `.nvme`
+(fx100io._core.tls_psk against this suite's own derivation), and what it refuses before
+anything runs.  The real connects: tests/guest/test_kernel_tls.py in the lab guest."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from support.nvme_keyring import tls_psk as independent_tls_psk
+from support.tls_keys import KEY, KEY48
+
+from fx100io import _core, errors, kernel
+from fx100io.kernel import keyring, uri_args
+
+SUB = "nqn.2026-12.io.fx100:kernel-tls"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000c02a"
+HID = "f0100000-0000-4000-8000-00000000c02a"
+SECRET = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
+
+
+@pytest.fixture
+def tlshd(monkeypatch):
+    monkeypatch.setattr(keyring, "tlshd_running", lambda: True)
+
+
+def test_a_tls_target_asks_the_kernel_for_tls_with_our_key(tlshd):
+    t = uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}&hostid={HID}"
+                           f"&tls_key={KEY}&queues=2&hdgst=1&dhchap_secret={SECRET}",
+                           ctrl_loss_tmo=30)
+    assert t.tls_key == KEY and "tls_key" not in t.secrets
+    assert ("--tls", "") in t.options
+    assert KEY not in repr(t)
+    assert t.fabrics_options(0x1234) == (
+        f"nqn={SUB},transport=tcp,traddr=127.0.0.1,trsvcid=4420,hostnqn={HOST},hostid={HID},"
+        f"nr_io_queues=2,hdr_digest,ctrl_loss_tmo=30,dhchap_secret={SECRET},"
+        f"tls,tls_key={0x1234}")
+    assert "--tls" in uri_args.options_text(t) and KEY[16:40] not in uri_args.options_text(t)
+    plain = uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}")
+    assert not plain.tls_key and ("--tls", "") not in plain.options
+
+
+@pytest.mark.parametrize("key", [KEY, KEY48], ids=["sha256", "sha384"])
+def test_the_psk_for_the_keyring_is_the_one_our_initiator_offers(key):
+    """What goes into `.nvme` (C, the initiator's derivation) equals this suite's own
+    derivation, which the lab's kernel and tlshd accept (tests/guest/test_kernel_tls.py)."""
+    assert _core.tls_psk(key, HOST, SUB) == independent_tls_psk(key, HOST, SUB)
+    identity, psk = _core.tls_psk(key, HOST, SUB)
+    assert identity == f"NVMe0R0{1 if key == KEY else 2} {HOST} {SUB}"
+    assert len(psk) == (32 if key == KEY else 48)
+    with pytest.raises(ValueError):
+        _core.tls_psk(KEY, "nqn.a b", SUB)  # (an identity is split at spaces)
+
+
+def test_discovery_over_tls_is_refused_even_with_tlshd(tlshd):
+    with pytest.raises(errors.KernelSupportError) as ei:
+        kernel.discover(f"nvme+tcp://127.0.0.1:4420?hostnqn={HOST}&tls_key={KEY}")
+    assert ei.value.errno == errno.EPROTONOSUPPORT and "discovery" in str(ei.value)
+    assert KEY[16:40] not in str(ei.value)
+
+
+def test_without_tlshd_tls_is_refused_before_the_uri_is_read(monkeypatch):
+    monkeypatch.setattr(keyring, "tlshd_running", lambda: False)
+    with pytest.raises(errors.KernelSupportError, match="needs the tlshd daemon") as ei:
+        uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?tls_key=@/nonexistent/psk")
+    assert ei.value.errno == errno.EPROTONOSUPPORT
