@@ -109,7 +109,8 @@ OPTIONS: tuple[FabricOption, ...] = (
     FabricOption("dhchap_ctrl_secret", SECRET, "the controller's DH-HMAC-CHAP secret "
                  "(bidirectional authentication)", kernel_config_key="dhchap_ctrl_key"),
     # NVMe/TCP secure channel (TLS 1.3 with a PSK, docs/nvme-tcp.md): the kernel path
-    # refuses both for now (kernel/uri_args.py) rather than connect in clear text
+    # connects with them where tlshd runs and refuses them otherwise (kernel/uri_args.py),
+    # never connecting in clear text instead
     FabricOption("tls", BOOL, "TLS 1.3 secure channel with a pre-shared key (0; tls_key "
                  "turns it on)", schemes=(TCP,), kernel_flag="--tls"),
     FabricOption("tls_key", SECRET, "the configured TLS PSK, NVMeTLSkey-1:HH:<base64>: as "

@@ -149,9 +149,12 @@ def test_the_kernel_path_gives_nvme_cli_the_tables_flags(scheme):
 
 @pytest.mark.parametrize("query", ["tls=1&tls_key=" + TLS_KEY, "tls_key=" + TLS_KEY, "tls=1",
                                    "tls=true", "tls_key=@/nonexistent/psk"])
-def test_the_kernel_path_refuses_tls_rather_than_attach_in_clear(query):
-    """Bare tls=1 and an unreadable key file too: why the kernel path cannot do TLS at all
-    comes first (docs/kernel-path.md, TLS)."""
+def test_the_kernel_path_refuses_tls_rather_than_attach_in_clear(query, monkeypatch):
+    """Without tlshd running; bare tls=1 and an unreadable key file too: why the kernel path
+    cannot do TLS here comes first (docs/kernel-path.md, TLS)."""
+    from fx100io.kernel import keyring
+
+    monkeypatch.setattr(keyring, "tlshd_running", lambda: False)
     with pytest.raises(KernelSupportError, match="needs the tlshd daemon") as e:
         kernel.target_of(f"nvme+tcp://127.0.0.1:4420/{NQN}?{query}")
     assert TLS_KEY not in str(e.value)

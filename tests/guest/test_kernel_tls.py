@@ -11,7 +11,8 @@ the Debian archive cannot be reached and nothing is cached).  A module fixture r
 the guest with a config of our own; the PSKs go into `.nvme` as libnvme puts them there
 (tests/support/nvme_keyring.py: the derived TLS PSK under its identity `NVMe0R01 <hostnqn>
 <subnqn>`), and the kernel host is connected by writing its options to /dev/nvme-fabrics,
-since Debian 12's nvme-cli 2.3 has no `connect --tls`.
+since Debian 12's nvme-cli 2.3 has no `connect --tls`: by hand, and by fx100io's kernel path
+(`kernel.connect` with a tls_key), which does the same.
 
 Everything talks over the guest's loopback: tlshd looks the peer's address up
 (getnameinfo), and the guest has no DNS, so for the guest's own address each handshake would

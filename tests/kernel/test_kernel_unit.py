@@ -967,10 +967,13 @@ TLS_KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
 
 @pytest.mark.parametrize("how", ["tls_key", "tls=1", "bare tls=1", "tls=true", "keyword",
                                  "key file unreadable", "tls=1 keyword", "several paths", "store"])
-def test_tls_is_refused_before_nvme_cli_runs(fake_nvme, how):
-    """The kernel path cannot do TLS on Debian 12 (no tlshd, nvme-cli 2.3 has no --tls;
+def test_tls_is_refused_before_nvme_cli_runs(fake_nvme, how, monkeypatch):
+    """The kernel path cannot do TLS without tlshd running (nvme-cli 2.3 has no --tls either;
     docs/kernel-path.md): every way of asking for it is refused with the reason, before
     nvme-cli is run, so nothing is ever attached in clear text, and the key is never shown."""
+    from fx100io.kernel import keyring
+
+    monkeypatch.setattr(keyring, "tlshd_running", lambda: False)
     fake_nvme.play(connect={"stdout": cap("connect-tcp-ram.out").replace("nvme1", "nvme3"),
                             "create": {"nvme3": NVME3}})
     with pytest.raises(errors.KernelSupportError) as ei:
