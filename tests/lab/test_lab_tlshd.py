@@ -94,7 +94,8 @@ def test_an_index_that_fails_gpgv_is_refused(tmp_path, monkeypatch):
 
     class Archive(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (the http.server API)
-            body = b"-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n" + RELEASE.encode()
+            body = (b"-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n" + RELEASE.encode()
+                    + b"-----BEGIN PGP SIGNATURE-----\n\nAAAA\n-----END PGP SIGNATURE-----\n")
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -112,6 +113,90 @@ def test_an_index_that_fails_gpgv_is_refused(tmp_path, monkeypatch):
         with pytest.raises(tlshd.TlshdUnavailable, match="failed gpgv"):
             tlshd.ensure(log=lambda m: None)
         assert tlshd.cached() is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def throwaway_signer(tmp_path_factory):
+    """A signing key made for these tests (in its own GNUPGHOME) and a keyring of its public
+    half, standing in for Debian's: (clearsign(text) -> bytes, keyring path)."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("gpg") is None or shutil.which("gpgv") is None:
+        pytest.skip("gpg and gpgv are needed to sign a fixture InRelease (apt-get install gpg gpgv)")
+    home = tmp_path_factory.mktemp("gnupg")
+    home.chmod(0o700)
+    env = dict(os.environ, GNUPGHOME=str(home))
+    subprocess.run(["gpg", "--batch", "-q", "--passphrase", "", "--quick-gen-key",
+                    "fx100io test <test@invalid>", "ed25519", "sign", "never"],
+                   env=env, check=True, capture_output=True, timeout=60)
+    keyring = home / "keyring.gpg"
+    keyring.write_bytes(subprocess.run(["gpg", "--batch", "--export"], env=env, check=True,
+                                       capture_output=True, timeout=60).stdout)
+
+    def clearsign(text: str) -> bytes:
+        return subprocess.run(["gpg", "--batch", "-q", "--clearsign"], input=text.encode(),
+                              env=env, check=True, capture_output=True, timeout=60).stdout
+
+    return clearsign, keyring
+
+
+FORGED = " ff" + "00" * 31 + " 4242 main/binary-amd64/Packages.xz\n"
+
+
+def test_a_signed_index_is_read_only_as_signed(throwaway_signer, tmp_path):
+    clearsign, keyring = throwaway_signer
+    signed = clearsign(RELEASE)
+    release = tlshd.verified_release(signed, tmp_path, keyring)
+    assert tlshd._index_entry(release, "main/binary-amd64/Packages.xz")[0].startswith("0d6f5a9c")
+    # an index put in front of (or after) the signed block, which gpgv alone accepts
+    for forged in (b"SHA256:\n" + FORGED.encode() + b"\n" + signed,
+                   signed + b"\nSHA256:\n" + FORGED.encode()):
+        with pytest.raises(tlshd.TlshdUnavailable, match="text outside its one signed message"):
+            tlshd.verified_release(forged, tmp_path, keyring)
+    # a changed byte inside the signed block: gpgv's BADSIG
+    with pytest.raises(tlshd.TlshdUnavailable, match="failed gpgv"):
+        tlshd.verified_release(signed.replace(b"Origin: Debian", b"Origin: Debiam"),
+                               tmp_path, keyring)
+    # signed, but for another release (an older one could be replayed)
+    with pytest.raises(tlshd.TlshdUnavailable, match="names codename bookworm"):
+        tlshd.verified_release(clearsign(RELEASE.replace("trixie", "bookworm")), tmp_path, keyring)
+
+
+def test_a_forged_index_in_front_of_the_signed_one_is_not_fetched(throwaway_signer, tmp_path,
+                                                                   monkeypatch):
+    """The whole fetch, from a loopback archive serving a good InRelease with a forged index
+    in front: refused before anything is downloaded or cached."""
+    clearsign, keyring = throwaway_signer
+    served = []
+    body = b"SHA256:\n" + FORGED.encode() + b"\n" + clearsign(RELEASE)
+
+    class Archive(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the http.server API)
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Archive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(tlshd, "KEYRING", keyring)
+        monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("FX100IO_DEBIAN_MIRROR",
+                           f"http://127.0.0.1:{server.server_address[1]}/debian")
+        monkeypatch.setattr(tlshd, "_install_runtime", lambda log: None)
+        with pytest.raises(tlshd.TlshdUnavailable, match="outside its one signed message"):
+            tlshd.ensure(log=lambda m: None)
+        assert served == ["/debian/dists/trixie/InRelease"] and tlshd.cached() is None
     finally:
         server.shutdown()
         server.server_close()

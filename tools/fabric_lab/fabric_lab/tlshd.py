@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,6 +45,8 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 RUNTIME_PACKAGES = ("libgnutls30", "libkeyutils1", "libglib2.0-0", "libnl-3-200",
                     "libnl-genl-3-200", "gpgv", "debian-archive-keyring")
 TIMEOUT_S = 60
+# a whole download (the .deb, Packages.xz) at most this long
+DOWNLOAD_DEADLINE_S = 300
 
 
 class TlshdUnavailable(RuntimeError):
@@ -87,12 +90,23 @@ def mirror(apt_dir: Path = Path("/etc/apt")) -> str:
     return DEFAULT_MIRROR
 
 
-def _get(url: str) -> bytes:
+def _get(url: str, limit: int = 4 << 20) -> bytes:
+    """The body at url, at most `limit` bytes, within DOWNLOAD_DEADLINE_S in total: urlopen's
+    timeout bounds each socket operation only, so a server that drips a byte a minute
+    would otherwise hold the lab start for ever."""
+    deadline = time.monotonic() + DOWNLOAD_DEADLINE_S
+    body = bytearray()
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:  # noqa: S310 (http(s) only)
-            return response.read()
+            while chunk := response.read(1 << 16):
+                body += chunk
+                if len(body) > limit:
+                    raise TlshdUnavailable(f"{url} is larger than the {limit} bytes expected")
+                if time.monotonic() > deadline:
+                    raise TlshdUnavailable(f"{url} took longer than {DOWNLOAD_DEADLINE_S} s")
     except (urllib.error.URLError, OSError) as err:
         raise TlshdUnavailable(f"cannot download {url}: {err}") from err
+    return bytes(body)
 
 
 def _sha256_ok(data: bytes, digest: str, what: str) -> None:
@@ -101,17 +115,42 @@ def _sha256_ok(data: bytes, digest: str, what: str) -> None:
         raise TlshdUnavailable(f"{what}: SHA-256 {got} is not the {digest} its index names")
 
 
-def _verified_release(base: str, work: Path) -> str:
-    """trixie's InRelease text, its signature checked by gpgv against the host's Debian
-    archive keyring."""
-    signed = work / "InRelease"
-    signed.write_bytes(_get(f"{base}/dists/{SUITE}/InRelease"))
-    check = subprocess.run(["gpgv", "--keyring", str(KEYRING), str(signed)],
-                           capture_output=True, text=True, check=False)
-    if check.returncode != 0:
-        raise TlshdUnavailable(f"{SUITE}'s InRelease failed gpgv against {KEYRING}: "
+CLEARSIGN_BEGIN = b"-----BEGIN PGP SIGNED MESSAGE-----\n"
+CLEARSIGN_END = b"-----END PGP SIGNATURE-----"
+
+
+def _only_the_signed_message(signed: bytes) -> None:
+    """gpgv accepts a clearsigned message with any unsigned text before or after it (and
+    exits 0), so, as apt does, refuse a file that holds anything outside one signed block."""
+    if (not signed.startswith(CLEARSIGN_BEGIN) or signed.count(CLEARSIGN_BEGIN) != 1
+            or signed.count(CLEARSIGN_END) != 1 or not signed.rstrip().endswith(CLEARSIGN_END)):
+        raise TlshdUnavailable(f"{SUITE}'s InRelease holds text outside its one signed message")
+
+
+def verified_release(signed: bytes, work: Path, keyring: Path | None = None) -> str:
+    """The text gpgv verified in a clearsigned InRelease (only that: gpgv writes the signed
+    part to PLAIN), checked by gpgv against the Debian archive keyring: a VALIDSIG and no
+    BADSIG/ERRSIG on its status lines, and the Codename this module fetches."""
+    keyring = keyring or KEYRING
+    _only_the_signed_message(signed)
+    (work / "InRelease").write_bytes(signed)
+    plain = work / "InRelease.verified"
+    plain.unlink(missing_ok=True)
+    check = subprocess.run(["gpgv", "--status-fd", "1", "--keyring", str(keyring),
+                            "--output", str(plain), str(work / "InRelease")],
+                           capture_output=True, text=True, check=False, timeout=TIMEOUT_S)
+    status = [line.split()[1] for line in check.stdout.splitlines()
+              if line.startswith("[GNUPG:] ") and len(line.split()) > 1]
+    if (check.returncode != 0 or "VALIDSIG" not in status
+            or {"BADSIG", "ERRSIG", "EXPKEYSIG", "REVKEYSIG"} & set(status)):
+        raise TlshdUnavailable(f"{SUITE}'s InRelease failed gpgv against {keyring}: "
                                f"{check.stderr.strip()[-300:]}")
-    return signed.read_text()
+    release = plain.read_text()
+    codename = re.search(r"(?m)^Codename:\s*(\S+)\s*$", release)
+    if codename is None or codename.group(1) != SUITE:
+        raise TlshdUnavailable(f"the InRelease signed for {SUITE} names codename "
+                               f"{codename.group(1) if codename else 'none'}")
+    return release
 
 
 def _index_entry(release: str, name: str) -> tuple[str, int]:
@@ -174,7 +213,7 @@ def ensure(log=print) -> Path:
     base = mirror()
     with tempfile.TemporaryDirectory(prefix="fx100io-tlshd-") as tmp:
         work = Path(tmp)
-        release = _verified_release(base, work)
+        release = verified_release(_get(f"{base}/dists/{SUITE}/InRelease"), work)
         name = f"main/binary-{ARCH}/Packages.xz"
         digest, _ = _index_entry(release, name)
         packed = _get(f"{base}/dists/{SUITE}/{name}")
