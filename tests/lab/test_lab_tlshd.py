@@ -6,9 +6,12 @@ start and in tests/guest/test_kernel_tls.py."""
 
 from __future__ import annotations
 
+import lzma
 import socket
+import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -64,14 +67,34 @@ def test_the_newest_cached_version_is_used_without_the_network(tmp_path, monkeyp
     assert tlshd.cached() is None
     for version, executable in (("1.0.0-1", True), ("1.10.0-1", True), ("1.2.0-1", True),
                                 ("2.0.0-1", False)):  # (not executable: a broken entry)
-        f = tmp_path / f"ktls-utils_{version}" / "tlshd"
-        f.parent.mkdir()
-        f.write_text("#!/bin/sh\n")
-        f.chmod(0o755 if executable else 0o644)
-    (tmp_path / "ktls-utils_3.0.0-1.tmp").mkdir()  # a fetch that was cut short
+        _cache_entry(tmp_path / f"ktls-utils_{version}", executable)
+    _cache_entry(tmp_path / "ktls-utils_3.0.0-1.tmp")  # a fetch that was cut short
+    changed = _cache_entry(tmp_path / "ktls-utils_2.1.0-1")
+    changed.write_text("#!/bin/sh\necho changed since it was cached\n")
+    _cache_entry(tmp_path / "ktls-utils_2.2.0-1")
+    (tmp_path / "ktls-utils_2.2.0-1" / "SOURCE").write_text("sha256 00\n")  # no tlshd-sha256
     want = tmp_path / "ktls-utils_1.10.0-1" / "tlshd"
     assert tlshd.cached() == want
     assert tlshd.ensure(log=lambda m: None) == want
+
+
+def _cache_entry(version_dir: Path, executable: bool = True) -> Path:
+    """A cache entry as ensure() leaves it: tlshd and a SOURCE recording its SHA-256."""
+    version_dir.mkdir()
+    binary = version_dir / "tlshd"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755 if executable else 0o644)
+    (version_dir / "SOURCE").write_text(f"tlshd-sha256 {tlshd._binary_digest(binary)}\n")
+    return binary
+
+
+@pytest.fixture(autouse=True)
+def _no_apt_get(monkeypatch):
+    """These tests must never install packages on the machine running them."""
+    def refuse(*args):
+        raise AssertionError("the fetcher ran apt-get (ldd reported nothing missing)")
+
+    monkeypatch.setattr(tlshd, "_install_runtime", refuse)
 
 
 def _closed_port() -> int:
@@ -193,10 +216,82 @@ def test_a_forged_index_in_front_of_the_signed_one_is_not_fetched(throwaway_sign
         monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
         monkeypatch.setenv("FX100IO_DEBIAN_MIRROR",
                            f"http://127.0.0.1:{server.server_address[1]}/debian")
-        monkeypatch.setattr(tlshd, "_install_runtime", lambda log: None)
         with pytest.raises(tlshd.TlshdUnavailable, match="outside its one signed message"):
             tlshd.ensure(log=lambda m: None)
         assert served == ["/debian/dists/trixie/InRelease"] and tlshd.cached() is None
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _serve(handler):
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_slow_or_oversized_download_is_cut_off(monkeypatch):
+    class Drip(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the http.server API)
+            self.send_response(200)
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"x" * 65536 if self.path == "/big" else b"x")
+                    self.wfile.flush()
+                    if self.path != "/big":
+                        time.sleep(0.2)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = _serve(Drip)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        monkeypatch.setattr(tlshd, "DOWNLOAD_DEADLINE_S", 1)
+        started = time.monotonic()
+        with pytest.raises(tlshd.TlshdUnavailable, match="took longer than 1 s"):
+            tlshd._get(f"{url}/slow")
+        assert time.monotonic() - started < 5
+        with pytest.raises(tlshd.TlshdUnavailable, match="larger than the 200000 bytes"):
+            tlshd._get(f"{url}/big", limit=200_000)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("failure", [
+    subprocess.TimeoutExpired(["tlshd", "--help"], 30),
+    subprocess.CalledProcessError(2, ["dpkg-deb", "-x"]),
+    KeyError("SHA256"),
+    ValueError("not enough values to unpack"),
+    lzma.LZMAError("Input format not supported by decoder"),
+])
+def test_every_failure_of_the_fetch_is_tlshd_unavailable(failure, tmp_path, monkeypatch):
+    """So that the lab start only warns (lab_control catches TlshdUnavailable) and the guest's
+    kernel TLS tests skip saying why."""
+    monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path))
+
+    def fail(base, log):
+        raise failure
+
+    monkeypatch.setattr(tlshd, "_fetch", fail)
+    with pytest.raises(tlshd.TlshdUnavailable, match=type(failure).__name__):
+        tlshd.ensure(log=lambda m: None)
+
+
+def test_runtime_libraries_are_installed_only_when_ldd_misses_one(tmp_path, monkeypatch):
+    binary = tmp_path / "tlshd"
+    binary.write_text("#!/bin/sh\necho 'usage: tlshd [-chsv]'\n")
+    binary.chmod(0o755)
+    asked = []
+    monkeypatch.setattr(tlshd, "_unresolved", lambda b: "")
+    tlshd._loads_here(binary, log=lambda m: None)  # the autouse fixture refuses apt-get
+    answers = iter(["libnl-genl-3.so.200", ""])
+    monkeypatch.setattr(tlshd, "_unresolved", lambda b: next(answers))
+    monkeypatch.setattr(tlshd, "_install_runtime", lambda missing, log: asked.append(missing))
+    tlshd._loads_here(binary, log=lambda m: None)
+    assert asked == ["libnl-genl-3.so.200"]

@@ -15,7 +15,8 @@ of 1.0.0-1 and of sid's 1.4.0-1, answer 404 while the .deb answers 200).  Trixie
 1.0.0 needs glibc >= 2.34 and GnuTLS symbol versions up to GNUTLS_3_7_3, which bookworm's
 libc6 2.36 and libgnutls30 3.7.9 provide: `ensure()` checks that the binary loads with the
 host's libraries (ldd, then `tlshd --help`) before caching it, and installs the runtime
-libraries with apt-get when they are missing.  (The guest runs the host's root, so the
+libraries with apt-get only when ldd reports one missing.  The cache entry records the
+binary's SHA-256, checked each time it is used.  (The guest runs the host's root, so the
 cached binary runs there as it is.)
 
 `python3 tools/fabric_lab/lab.py tlshd` prints the cached binary's path (fetching it first
@@ -41,12 +42,13 @@ PACKAGE = "ktls-utils"
 ARCH = "amd64"
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-# tlshd's shared libraries, as bookworm names their packages (gpgv checks the index)
+# tlshd's shared libraries, as bookworm names their packages
 RUNTIME_PACKAGES = ("libgnutls30", "libkeyutils1", "libglib2.0-0", "libnl-3-200",
-                    "libnl-genl-3-200", "gpgv", "debian-archive-keyring")
+                    "libnl-genl-3-200")
 TIMEOUT_S = 60
 # a whole download (the .deb, Packages.xz) at most this long
 DOWNLOAD_DEADLINE_S = 300
+APT_TIMEOUT_S = 300
 
 
 class TlshdUnavailable(RuntimeError):
@@ -58,11 +60,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FX100IO_TLSHD_CACHE", "/var/cache/fx100io/tlshd"))
 
 
+def _binary_digest(binary: Path) -> str:
+    return hashlib.sha256(binary.read_bytes()).hexdigest()
+
+
+def _intact(version_dir: Path) -> bool:
+    """A finished cache entry (not a `.tmp` staging directory a cut-short fetch left) whose
+    executable tlshd still has the SHA-256 recorded in its SOURCE when it was cached."""
+    binary = version_dir / "tlshd"
+    if version_dir.name.endswith(".tmp") or not os.access(binary, os.X_OK):
+        return False
+    try:
+        recorded = re.search(r"(?m)^tlshd-sha256 ([0-9a-f]{64})$",
+                             (version_dir / "SOURCE").read_text())
+        return recorded is not None and _binary_digest(binary) == recorded.group(1)
+    except OSError:
+        return False
+
+
 def cached() -> Path | None:
-    """The newest cached tlshd (a version directory holding an executable `tlshd`), or None.
-    Versions sort as Debian's do for the plain N.N.N-N that ktls-utils uses."""
-    root = cache_dir()
-    found = [p / "tlshd" for p in root.glob("*") if os.access(p / "tlshd", os.X_OK)]
+    """The newest intact cached tlshd, or None.  Versions sort as Debian's do for the plain
+    N.N.N-N that ktls-utils uses."""
+    found = [p / "tlshd" for p in cache_dir().glob("*") if _intact(p)]
 
     def key(path: Path) -> list[int]:
         return [int(n) for n in re.findall(r"\d+", path.parent.name)]
@@ -98,7 +117,7 @@ def _get(url: str, limit: int = 4 << 20) -> bytes:
     body = bytearray()
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:  # noqa: S310 (http(s) only)
-            while chunk := response.read(1 << 16):
+            while chunk := response.read1(1 << 16):  # (read() waits for all 64 KiB)
                 body += chunk
                 if len(body) > limit:
                     raise TlshdUnavailable(f"{url} is larger than the {limit} bytes expected")
@@ -177,26 +196,43 @@ def _package_stanza(packages: str) -> dict[str, str]:
     raise TlshdUnavailable(f"{SUITE}'s Packages index has no {PACKAGE}")
 
 
-def _install_runtime(log) -> None:
+def _install_runtime(missing_libraries: str, log) -> None:
+    """apt-get install tlshd's runtime libraries; called only when ldd found one missing,
+    each apt-get bounded by APT_TIMEOUT_S so that a lab start cannot hang on it."""
     missing = [p for p in RUNTIME_PACKAGES
-               if subprocess.run(["dpkg", "-s", p], capture_output=True, check=False).returncode]
+               if subprocess.run(["dpkg", "-s", p], capture_output=True, check=False,
+                                 timeout=TIMEOUT_S).returncode]
     if not missing:
-        return
-    log(f"tlshd: apt-get install {' '.join(missing)}")
+        raise TlshdUnavailable(f"tlshd lacks libraries no runtime package gives: {missing_libraries}")
+    log(f"tlshd: ldd found {missing_libraries} missing: apt-get install {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, capture_output=True,
+                   timeout=APT_TIMEOUT_S)
     done = subprocess.run(["apt-get", "install", "-y", "-qq", *missing], capture_output=True,
-                          text=True, check=False, env=env)
+                          text=True, check=False, env=env, timeout=APT_TIMEOUT_S)
     if done.returncode != 0:
         raise TlshdUnavailable(f"apt-get install {' '.join(missing)} failed: "
                                f"{done.stderr.strip()[-300:]}")
 
 
-def _loads_here(binary: Path) -> None:
-    """The binary must resolve every library and start (its usage line) on this host."""
-    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False)
-    if "not found" in ldd.stdout or ldd.returncode != 0:
+def _unresolved(binary: Path) -> str:
+    """The libraries ldd cannot find for binary ('' when all resolve)."""
+    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False,
+                         timeout=TIMEOUT_S)
+    if ldd.returncode != 0:
         raise TlshdUnavailable(f"{binary} does not load here: {ldd.stdout.strip()[-300:]}")
+    return " ".join(line.split()[0] for line in ldd.stdout.splitlines() if "not found" in line)
+
+
+def _loads_here(binary: Path, log) -> None:
+    """The binary must resolve every library (installing the runtime packages only when ldd
+    says one is missing) and start (its usage line) on this host."""
+    missing = _unresolved(binary)
+    if missing:
+        _install_runtime(missing, log)
+        missing = _unresolved(binary)
+        if missing:
+            raise TlshdUnavailable(f"{binary} does not load here: {missing} not found")
     usage = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
                            check=False, timeout=30)
     if "usage: tlshd" not in usage.stdout + usage.stderr:
@@ -205,35 +241,50 @@ def _loads_here(binary: Path) -> None:
 
 
 def ensure(log=print) -> Path:
-    """Path of a cached tlshd, fetched and checked first when none is cached."""
+    """Path of a cached tlshd, fetched and checked first when none is cached.  Every way the
+    fetch can fail is a TlshdUnavailable (the lab start then only warns)."""
     have = cached()
     if have is not None:
         return have
-    _install_runtime(log)
-    base = mirror()
+    for tool in ("gpgv", "dpkg-deb", "ldd"):
+        if shutil.which(tool) is None:
+            raise TlshdUnavailable(f"no {tool} here to check and unpack tlshd")
+    if not KEYRING.is_file():
+        raise TlshdUnavailable(f"no {KEYRING} (debian-archive-keyring) to check trixie's index")
+    try:
+        return _fetch(mirror(), log)
+    except (subprocess.SubprocessError, KeyError, ValueError, lzma.LZMAError, OSError) as err:
+        raise TlshdUnavailable(f"fetching tlshd failed: {type(err).__name__}: {err}") from err
+
+
+def _fetch(base: str, log) -> Path:
     with tempfile.TemporaryDirectory(prefix="fx100io-tlshd-") as tmp:
         work = Path(tmp)
         release = verified_release(_get(f"{base}/dists/{SUITE}/InRelease"), work)
         name = f"main/binary-{ARCH}/Packages.xz"
-        digest, _ = _index_entry(release, name)
-        packed = _get(f"{base}/dists/{SUITE}/{name}")
+        digest, size = _index_entry(release, name)
+        packed = _get(f"{base}/dists/{SUITE}/{name}", limit=2 * size)
         _sha256_ok(packed, digest, name)
         fields = _package_stanza(lzma.decompress(packed).decode("utf-8", "replace"))
         version, filename = fields["Version"], fields["Filename"]
+        if not re.fullmatch(r"[0-9A-Za-z.+~-]+", version):
+            raise TlshdUnavailable(f"{PACKAGE}'s version {version!r} is not a Debian version")
         log(f"tlshd: fetching {PACKAGE} {version} ({SUITE}) from {base}")
         deb = work / Path(filename).name
-        deb.write_bytes(_get(f"{base}/{filename}"))
+        deb.write_bytes(_get(f"{base}/{filename}", limit=2 * int(fields["Size"])))
         _sha256_ok(deb.read_bytes(), fields["SHA256"], deb.name)
         unpacked = work / "x"
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True,
+                       capture_output=True, timeout=TIMEOUT_S)
         binary = unpacked / "usr/sbin/tlshd"
-        _loads_here(binary)
+        _loads_here(binary, log)
         target = cache_dir() / f"{PACKAGE}_{version}"
         staging = target.with_name(target.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         shutil.copy2(binary, staging / "tlshd")
-        (staging / "SOURCE").write_text(f"{base}/{filename}\nsha256 {fields['SHA256']}\n")
+        (staging / "SOURCE").write_text(f"{base}/{filename}\nsha256 {fields['SHA256']}\n"
+                                        f"tlshd-sha256 {_binary_digest(binary)}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     log(f"tlshd: cached {target / 'tlshd'}")
