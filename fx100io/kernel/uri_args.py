@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import math
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,23 @@ TLS_REFUSAL = ("TLS (tls=1 or a tls_key) on the kernel path needs the tlshd daem
                "reads them through nvme-cli, and Debian 12's 2.3 has no `--tls`).  It never "
                "reaches in clear text a target that TLS was asked for; use the userspace "
                "initiator (path=\"user\", the default), which does TLS itself")
+
+
+# the kernel splits what is written to /dev/nvme-fabrics at ',' and '\n' into key=value
+# options, the last of a repeated key winning: a value holding them would add options the URI
+# never named (a second traddr, a keyring=), so such values are refused, as are '=' and the
+# other control characters
+_FABRICS_UNSAFE = re.compile(r"[,=\x00-\x1f\x7f]")
+
+
+def check_fabrics_value(what: str, value: str, uri: str) -> str:
+    """value, refused (InvalidArgumentError) when it would not reach the kernel's
+    /dev/nvme-fabrics parser as one option value."""
+    if _FABRICS_UNSAFE.search(value):
+        raise InvalidArgumentError(22, f"{what} {value!r} holds ',', '=' or a control character, "
+                                   "which the kernel's connect options cannot carry in a value",
+                                   redact(uri))
+    return value
 
 
 def asks_for_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None) -> bool:
@@ -288,7 +306,10 @@ def target_of(uri: str, **opts: Any) -> Target:
             options.append((opt, str(v)))
         else:
             fabric_uri._text(k, str(v), fabric_uri.HOST_MAX, redact(uri))
-            options.append((opt, str(v)))
+            options.append((opt, check_fabrics_value(k, str(v), uri)))
+    for what, value in (("the subsystem NQN", p["subnqn"]), ("hostnqn", hostnqn),
+                        ("the address", p["host"]), ("the port", p["port"])):
+        check_fabrics_value(what, value, uri)
     return Target(transport, p["host"], p["port"], p["subnqn"], hostnqn, hostid,
                   int(p.get("nsid", "1")), tuple(options), secrets, "hostid" in given, tls_key)
 

@@ -65,3 +65,30 @@ def test_without_tlshd_tls_is_refused_before_the_uri_is_read(monkeypatch):
     with pytest.raises(errors.KernelSupportError, match="needs the tlshd daemon") as ei:
         uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?tls_key=@/nonexistent/psk")
     assert ei.value.errno == errno.EPROTONOSUPPORT
+
+
+@pytest.mark.parametrize("uri,kw", [
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn=H%2Ctraddr%3D10.9.9.9", {}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn=H%0Aconcat", {}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn=nqn.a%3Db", {}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}%2Cdisable_sqflow?hostnqn={HOST}", {}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}%2Ckeyring%3D1?hostnqn={HOST}", {}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}", {"host_iface": "eth0,concat"}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}", {"host_traddr": "10.0.0.1,traddr=1"}),
+    (f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}", {"host_iface": "eth0=1"}),
+])
+@pytest.mark.parametrize("tls", [False, True], ids=["clear", "tls"])
+def test_a_value_that_would_add_kernel_options_is_refused(uri, kw, tls, tlshd):
+    """The kernel splits /dev/nvme-fabrics' options at ',' and newlines (a repeated key's last
+    value wins): no URI value or keyword may add an option of its own."""
+    if tls:
+        uri += f"&tls_key={KEY}"
+    with pytest.raises(errors.InvalidArgumentError, match="control character"):
+        uri_args.target_of(uri, **kw)
+
+
+def test_the_default_hostnqn_is_checked_too(monkeypatch, tmp_path):
+    (tmp_path / "hostnqn").write_text("nqn.2014-08.org.nvmexpress:x,traddr=10.9.9.9\n")
+    monkeypatch.setattr(uri_args, "ETC_NVME", tmp_path)
+    with pytest.raises(errors.InvalidArgumentError, match="hostnqn"):
+        uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}")
