@@ -169,7 +169,17 @@ def _fabrics_connect(t: Target, where: str) -> tuple[str | None, str]:
     ``tls,tls_key=<serial>``, written to /dev/nvme-fabrics; the kernel hands the handshake to
     tlshd.  (controller name, "") or (None, the failure as nvme-cli would word it).  The
     write returns when the kernel has connected or given up (its own timeouts bound it)."""
-    serial = keyring.insert_tls_psk(t.tls_key, t.hostnqn, t.subnqn, where)
+    serial, created = keyring.insert_tls_psk(t.tls_key, t.hostnqn, t.subnqn, where)
+    name: str | None = None
+    try:
+        name, failed = _write_fabrics(t, serial)
+        return name, failed
+    finally:
+        if name is None and created:  # (a key this connect added, that nothing uses)
+            keyring.invalidate(serial)
+
+
+def _write_fabrics(t: Target, serial: int) -> tuple[str | None, str]:
     device = sysfs.DEVDIR / "nvme-fabrics"
     try:
         fd = os.open(device, os.O_RDWR)

@@ -306,3 +306,45 @@ def test_kernel_connect_with_tls_reads_and_writes_our_target(fabric_lab, tlshd, 
     with open(img, "rb") as f:
         f.seek(512 * 3)
         assert f.read(data.nbytes) == data.tobytes()
+
+
+def _wait_live(name: str, timeout: float = 60) -> None:
+    state = Path("/sys/class/nvme") / name / "state"
+    deadline = time.monotonic() + timeout
+    while state.read_text().strip() != "live":
+        assert time.monotonic() < deadline, f"{name} is {state.read_text().strip()!r}"
+        time.sleep(0.1)
+
+
+def test_one_identity_shares_its_key_and_another_key_is_refused(fabric_lab, tlshd, tmp_path):
+    """Two kernel.connect calls of one (hostnqn, subnqn) use the one `.nvme` key (the
+    second finds it and reuses its serial, as libnvme does); a connect of that identity with
+    another key is refused before anything is written, and leaves the installed key alone:
+    the first controller still reconnects (a controller reset hands tlshd its key again)."""
+    img = sparse_image(tmp_path, 16 << 20)
+    hid = KHOST_ID.replace("c02a", "c02c")
+    host = f"nqn.2014-08.org.nvmexpress:uuid:{hid}"
+    with serve([img], KNQN, *tls_args(host, KEY), log=tmp_path / "target.log") as (
+            _h, port, _p):
+        uri = f"nvme+tcp://{LOOPBACK}:{port}/{KNQN}?hostnqn={host}&hostid={hid}&queues=1"
+        with kernel.connect(f"{uri}&tls_key={KEY}") as first, \
+                kernel.connect(f"{uri}&tls_key={KEY}", duplicate_connect=True) as second:
+            assert first.name != second.name
+            serial = (first.sysfs_path / "tls_key").read_text().strip()
+            assert (second.sysfs_path / "tls_key").read_text().strip() == serial
+            with pytest.raises(errors.DeviceBusyError, match="holds another PSK") as ei:
+                kernel.connect(f"{uri}&tls_key={OTHER}", duplicate_connect=True)
+            assert OTHER[16:40] not in str(ei.value) and KEY[16:40] not in str(ei.value)
+            assert (first.sysfs_path / "tls_key").read_text().strip() == serial
+            (first.sysfs_path / "reset_controller").write_text("1")
+            time.sleep(0.5)
+            _wait_live(first.name)
+            (dev_path,) = first.namespaces
+            pool = fx100io.BufferPool(1 << 20)
+            data = pool.alloc(64 << 10)
+            data[:] = chunk_bytes("kernel-tls-after-reset", data.nbytes)
+            with fx100io.open_device(dev_path, path="kernel") as dev:
+                assert dev.write_from_blocking(0, data) == data.nbytes
+                dev.flush_blocking()
+    with open(img, "rb") as f:
+        assert f.read(data.nbytes) == data.tobytes()

@@ -92,3 +92,57 @@ def test_the_default_hostnqn_is_checked_too(monkeypatch, tmp_path):
     monkeypatch.setattr(uri_args, "ETC_NVME", tmp_path)
     with pytest.raises(errors.InvalidArgumentError, match="hostnqn"):
         uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}")
+
+
+class _Keys:
+    """keyring.insert_tls_psk's view of `.nvme`, without a kernel: the key found for the
+    identity (None: none) and whether its payload is this PSK (None: unreadable)."""
+
+    def __init__(self, monkeypatch, found, same):
+        self.added = []
+        monkeypatch.setattr(keyring, "nvme_keyring", lambda where="": 0x100)
+        monkeypatch.setattr(keyring, "_syscalls", lambda where: (self, 248, 250))
+        monkeypatch.setattr(keyring, "_keyctl", lambda libc, nr, op, *a: (0, 0))
+        monkeypatch.setattr(keyring, "_installed_key", lambda libc, nr, ring, ident: found)
+        monkeypatch.setattr(keyring, "_same_payload", lambda libc, nr, serial, psk: same)
+
+    def syscall(self, nr, *args):  # add_key
+        self.added.append(args[1].value)
+        return 0x777
+
+
+def test_a_key_installed_for_the_identity_is_reused_or_refused(monkeypatch):
+    keys = _Keys(monkeypatch, found=None, same=None)
+    assert keyring.insert_tls_psk(KEY, HOST, SUB) == (0x777, True)
+    assert keys.added == [f"NVMe0R01 {HOST} {SUB}".encode()]
+    keys = _Keys(monkeypatch, found=0x555, same=True)
+    assert keyring.insert_tls_psk(KEY, HOST, SUB) == (0x555, False) and keys.added == []
+    for same, why in ((False, "holds another PSK"), (None, "cannot be read")):
+        keys = _Keys(monkeypatch, found=0x555, same=same)
+        with pytest.raises(errors.DeviceBusyError, match=why) as ei:
+            keyring.insert_tls_psk(KEY, HOST, SUB, "URI")
+        assert keys.added == [] and "serial 1365" in str(ei.value)
+        assert KEY[16:40] not in str(ei.value)
+
+
+def test_a_malformed_host_nqn_is_an_fx100io_error(monkeypatch):
+    _Keys(monkeypatch, found=None, same=None)
+    with pytest.raises(errors.InvalidArgumentError, match="cannot derive a TLS PSK"):
+        keyring.insert_tls_psk(KEY, "nqn.a b", SUB)
+
+
+@pytest.mark.parametrize("created", [True, False])
+def test_a_failed_connect_invalidates_only_a_key_it_added(monkeypatch, created, tlshd):
+    from fx100io.kernel import connections
+
+    gone = []
+    monkeypatch.setattr(keyring, "insert_tls_psk", lambda *a: (0x777, created))
+    monkeypatch.setattr(keyring, "invalidate", gone.append)
+    monkeypatch.setattr(connections, "_write_fabrics",
+                        lambda t, serial: (None, "could not add new controller: Connection refused"))
+    t = uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}&tls_key={KEY}")
+    assert connections._fabrics_connect(t, "")[0] is None
+    assert gone == ([0x777] if created else [])
+    monkeypatch.setattr(connections, "_write_fabrics", lambda t, serial: ("nvme7", ""))
+    assert connections._fabrics_connect(t, "") == ("nvme7", "")
+    assert gone == ([0x777] if created else [])
