@@ -360,6 +360,9 @@ def _mismatch(c: Controller, t: Target) -> str | None:
         if not hmac.compare_digest(have.encode(), want.encode()):
             return (f"it was not attached with this {key} (it holds another key, or none), so "
                     "reusing it would skip the authentication asked for")
+    if t.tls_key and not _same_tls_key(c, t):
+        return ("it was not attached with this tls_key (its TLS PSK is another, or cannot be "
+                "told), so reusing it would skip the authentication asked for")
     rec = record_of(c)
     known: dict[str, str] = ({str(o[0]): str(o[1]) for o in rec["options"]} if rec is not None
                              else sysfs_options(c))
@@ -375,6 +378,18 @@ def _mismatch(c: Controller, t: Target) -> str | None:
         if known[opt] != value:
             return f"it was attached with another {name} ({opt} {known[opt]}, not {value})"
     return None
+
+
+def _same_tls_key(c: Controller, t: Target) -> bool:
+    """Whether live controller c did its TLS handshakes with t's PSK: its sysfs tls_key (the
+    serial of the `.nvme` key the kernel hands tlshd) is the key that holds the PSK derived
+    from t's key.  Anything that cannot be told is a no."""
+    try:
+        have = int(read_attr(c.sysfs_path / "tls_key") or "0", 16)
+        want = keyring.serial_holding(t.tls_key, t.hostnqn, t.subnqn)
+    except (ValueError, Fx100ioError):
+        return False
+    return have != 0 and want is not None and have == want
 
 
 def _reusable(t: Target, where: str, timeout: float, duplicate: bool) -> Controller | None:

@@ -103,6 +103,42 @@ def _same_payload(libc: ctypes.CDLL, nr: int, serial: int, psk: bytes) -> bool |
         ctypes.memset(buf, 0, _PAYLOAD_MAX)
 
 
+def _derive(key_text: str, hostnqn: str, subnqn: str, where: str) -> tuple[str, bytes]:
+    """(identity, TLS PSK) for (hostnqn, subnqn) from the configured key."""
+    from fx100io import _core  # (the C extension: only the TLS path needs it here)
+
+    try:
+        return _core.tls_psk(key_text, hostnqn, subnqn)
+    except ValueError as e:  # (names the NQNs' fault or the key's form, never the key)
+        raise InvalidArgumentError(errno.EINVAL, f"cannot derive a TLS PSK: {e}", where) from None
+
+
+def _lookup(libc: ctypes.CDLL, keyctl: int, keyring: int, identity: str, where: str) -> int | None:
+    """Serial of the key `.nvme` holds for identity, or None; `.nvme` is linked into this
+    process's own keyring first, since a key in it is readable only by a process that
+    possesses it (as tlshd links it into its session keyring); no other process sees the
+    link, and it goes with the process."""
+    _keyctl(libc, keyctl, _KEYCTL_LINK, ctypes.c_int32(keyring),
+            ctypes.c_int32(_KEY_SPEC_PROCESS_KEYRING))
+    try:
+        return _installed_key(libc, keyctl, keyring, identity)
+    except KernelSupportError as e:
+        e.target = where
+        raise
+
+
+def serial_holding(key_text: str, hostnqn: str, subnqn: str, where: str = "") -> int | None:
+    """Serial of the `.nvme` key of (hostnqn, subnqn) when it holds the PSK derived from the
+    configured key; None when there is none, it holds another, or it cannot be read.  (A
+    psk key's payload never changes: the key type has no update.)"""
+    identity, psk = _derive(key_text, hostnqn, subnqn, where)
+    libc, _, keyctl = _syscalls(where)
+    found = _lookup(libc, keyctl, nvme_keyring(where), identity, where)
+    if found is None or not _same_payload(libc, keyctl, found, psk):
+        return None
+    return found
+
+
 def insert_tls_psk(key_text: str, hostnqn: str, subnqn: str, where: str = "") -> tuple[int, bool]:
     """(serial, created) of the `.nvme` key holding the TLS PSK for (hostnqn, subnqn) derived
     from the configured key.  The key is looked up first, as libnvme does: one that holds
@@ -111,24 +147,10 @@ def insert_tls_psk(key_text: str, hostnqn: str, subnqn: str, where: str = "") ->
     replace it and the kernel could no longer hand its controllers' reconnects their key.
     When its payload cannot be read, that is refused too.  Otherwise the key is added with
     add_key(2) (created True: the caller invalidates it if its connect fails)."""
-    from fx100io import _core  # (the C extension: only the TLS path needs it here)
-
-    try:
-        identity, psk = _core.tls_psk(key_text, hostnqn, subnqn)
-    except ValueError as e:  # (names the NQNs' fault or the key's form, never the key)
-        raise InvalidArgumentError(errno.EINVAL, f"cannot derive a TLS PSK: {e}", where) from None
-    keyring = nvme_keyring(where)
+    identity, psk = _derive(key_text, hostnqn, subnqn, where)
     libc, add_key, keyctl = _syscalls(where)
-    # a key in .nvme is readable only by a process that possesses it: link .nvme into this
-    # process's own keyring (as tlshd links it into its session keyring); no other process
-    # sees the link, and it goes with the process
-    _keyctl(libc, keyctl, _KEYCTL_LINK, ctypes.c_int32(keyring),
-            ctypes.c_int32(_KEY_SPEC_PROCESS_KEYRING))
-    try:
-        found = _installed_key(libc, keyctl, keyring, identity)
-    except KernelSupportError as e:
-        e.target = where
-        raise
+    keyring = nvme_keyring(where)
+    found = _lookup(libc, keyctl, keyring, identity, where)
     if found is not None:
         same = _same_payload(libc, keyctl, found, psk)
         if same:

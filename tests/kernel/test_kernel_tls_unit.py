@@ -146,3 +146,40 @@ def test_a_failed_connect_invalidates_only_a_key_it_added(monkeypatch, created, 
     monkeypatch.setattr(connections, "_write_fabrics", lambda t, serial: ("nvme7", ""))
     assert connections._fabrics_connect(t, "") == ("nvme7", "")
     assert gone == ([0x777] if created else [])
+
+
+@pytest.mark.parametrize("sysfs_key,holding,reused", [
+    ("00000777", 0x777, True),   # connected with the key that holds our PSK
+    ("00000555", 0x777, False),  # with another key of the identity (replaced since)
+    ("00000777", None, False),   # the identity's key holds another PSK, or none is there
+    ("", 0x777, False),          # a controller without TLS, or a kernel that does not say
+    ("0", 0x777, False),
+])
+def test_attach_reuses_a_tls_controller_only_with_our_key(monkeypatch, tmp_path, tlshd,
+                                                          sysfs_key, holding, reused):
+    """attach() shares a live controller only when its sysfs tls_key is the `.nvme` key
+    holding the PSK of the tls_key asked for; what cannot be told is a mismatch."""
+    from fx100io.kernel import connections, sysfs
+
+    monkeypatch.setattr(sysfs, "SYSFS", tmp_path)
+    d = tmp_path / "class" / "nvme" / "nvme4"
+    d.mkdir(parents=True)
+    if sysfs_key:
+        (d / "tls_key").write_text(sysfs_key + "\n")
+    asked = []
+
+    def serial_holding(key, hostnqn, subnqn, where=""):
+        asked.append((key, hostnqn, subnqn))
+        return holding
+
+    monkeypatch.setattr(keyring, "serial_holding", serial_holding)
+    monkeypatch.setattr(connections, "record_of",
+                        lambda c: {"options": [["--tls", ""], ["--nr-io-queues", "2"]]})
+    t = uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}&hostid={HID}"
+                           f"&tls_key={KEY}&queues=2")
+    c = sysfs.Controller("nvme4", SUB, "tcp", "traddr=127.0.0.1,trsvcid=4420", "live", HOST)
+    why = connections._mismatch(c, t)
+    assert (why is None) == reused, why
+    if not reused:
+        assert "not attached with this tls_key" in why and KEY[16:40] not in why
+    assert asked in ([], [(KEY, HOST, SUB)])
