@@ -367,7 +367,7 @@ def _mismatch(c: Controller, t: Target) -> str | None:
     known: dict[str, str] = ({str(o[0]): str(o[1]) for o in rec["options"]} if rec is not None
                              else sysfs_options(c))
     for opt, value in t.options:
-        if opt == "--duplicate-connect":
+        if opt in ("--duplicate-connect", "--tls"):  # (--tls: its key was checked above)
             continue
         name = OPTION_NAMES.get(opt, opt)
         if opt not in known:

@@ -112,7 +112,9 @@ def classify_connect_failure(t: Target, stderr: str, kmsg: str, module_loaded: b
     elif "invalid arg" in said.lower():
         e = InvalidArgumentError(errno.EINVAL, f"the kernel refused the connect options "
                                  f"(nvme-cli: {said})", where)
-    elif t.options and ("--tls", "") in t.options and "tls" in low:
+    elif ("--tls", "") in t.options and "tls handshake complete, error" in low:
+        # (the kernel's word for a handshake tlshd finished and failed; its timeout and the
+        # rest fall through to the branches below)
         e = DevicePermissionError(errno.EACCES, "the TLS handshake with the target failed (does "
                                   f"it hold this tls_key for host {t.hostnqn}?; kernel: "
                                   f"{_last_line(mine, 'tls')})", where)

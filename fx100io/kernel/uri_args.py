@@ -54,6 +54,11 @@ TLS_REFUSAL = ("TLS (tls=1 or a tls_key) on the kernel path needs the tlshd daem
                "reads them through nvme-cli, and Debian 12's 2.3 has no `--tls`).  It never "
                "reaches in clear text a target that TLS was asked for; use the userspace "
                "initiator (path=\"user\", the default), which does TLS itself")
+# the refusal of a TLS discovery where tlshd runs (TLS_REFUSAL would say none runs)
+TLS_DISCOVERY_REFUSAL = ("the kernel path never reads a discovery log over TLS: it reads them "
+                         "through nvme-cli, and Debian 12's 2.3 has no `--tls`.  It never reaches "
+                         "in clear text a target that TLS was asked for; use the userspace "
+                         "initiator (path=\"user\", the default), which does TLS itself")
 
 
 # the kernel splits what is written to /dev/nvme-fabrics at ',' and '\n' into key=value
@@ -89,9 +94,11 @@ def refuse_tls(uri: str, secrets_kw: Mapping[str, Any] | None = None,
     complaint about how TLS was asked for."""
     if not asks_for_tls(uri, secrets_kw):
         return
-    if connect and keyring.tlshd_running():
+    running = keyring.tlshd_running()
+    if connect and running:
         return
-    raise KernelSupportError(errno.EPROTONOSUPPORT, TLS_REFUSAL, redact(uri))
+    raise KernelSupportError(errno.EPROTONOSUPPORT,
+                             TLS_DISCOVERY_REFUSAL if running else TLS_REFUSAL, redact(uri))
 
 
 @dataclass(frozen=True)

@@ -320,13 +320,14 @@ def test_one_identity_shares_its_key_and_another_key_is_refused(fabric_lab, tlsh
     """Two kernel.connect calls of one (hostnqn, subnqn) use the one `.nvme` key (the
     second finds it and reuses its serial, as libnvme does); a connect of that identity with
     another key is refused before anything is written, and leaves the installed key alone:
-    the first controller still reconnects (a controller reset hands tlshd its key again)."""
+    the first controller still reconnects (a controller reset hands tlshd its key again).
+    attach() with the other key does not share these controllers; with the same key it does."""
     img = sparse_image(tmp_path, 16 << 20)
     hid = KHOST_ID.replace("c02a", "c02c")
     host = f"nqn.2014-08.org.nvmexpress:uuid:{hid}"
     with serve([img], KNQN, *tls_args(host, KEY), log=tmp_path / "target.log") as (
             _h, port, _p):
-        uri = f"nvme+tcp://{LOOPBACK}:{port}/{KNQN}?hostnqn={host}&hostid={hid}&queues=1"
+        uri = f"nvme+tcp://{LOOPBACK}:{port}/{KNQN}?hostnqn={host}&hostid={hid}"
         with kernel.connect(f"{uri}&tls_key={KEY}") as first, \
                 kernel.connect(f"{uri}&tls_key={KEY}", duplicate_connect=True) as second:
             assert first.name != second.name
@@ -336,6 +337,12 @@ def test_one_identity_shares_its_key_and_another_key_is_refused(fabric_lab, tlsh
                 kernel.connect(f"{uri}&tls_key={OTHER}", duplicate_connect=True)
             assert OTHER[16:40] not in str(ei.value) and KEY[16:40] not in str(ei.value)
             assert (first.sysfs_path / "tls_key").read_text().strip() == serial
+            # attach() shares a live controller only when it was connected with this key
+            with pytest.raises(errors.DeviceBusyError, match="not attached with this tls_key"):
+                kernel.attach(f"{uri}&tls_key={OTHER}")
+            shared = kernel.attach(f"{uri}&tls_key={KEY}")
+            assert not shared.attached and shared.controller.name in (first.name, second.name)
+            shared.release()
             (first.sysfs_path / "reset_controller").write_text("1")
             time.sleep(0.5)
             _wait_live(first.name)

@@ -57,6 +57,7 @@ def test_discovery_over_tls_is_refused_even_with_tlshd(tlshd):
     with pytest.raises(errors.KernelSupportError) as ei:
         kernel.discover(f"nvme+tcp://127.0.0.1:4420?hostnqn={HOST}&tls_key={KEY}")
     assert ei.value.errno == errno.EPROTONOSUPPORT and "discovery" in str(ei.value)
+    assert "none runs" not in str(ei.value) and "userspace initiator" in str(ei.value)
     assert KEY[16:40] not in str(ei.value)
 
 
@@ -173,8 +174,9 @@ def test_attach_reuses_a_tls_controller_only_with_our_key(monkeypatch, tmp_path,
         return holding
 
     monkeypatch.setattr(keyring, "serial_holding", serial_holding)
-    monkeypatch.setattr(connections, "record_of",
-                        lambda c: {"options": [["--tls", ""], ["--nr-io-queues", "2"]]})
+    # (a controller connect() made and still owns has no record: sysfs shows its queues)
+    monkeypatch.setattr(connections, "record_of", lambda c: None)
+    monkeypatch.setattr(connections, "sysfs_options", lambda c: {"--nr-io-queues": "2"})
     t = uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}&hostid={HID}"
                            f"&tls_key={KEY}&queues=2")
     c = sysfs.Controller("nvme4", SUB, "tcp", "traddr=127.0.0.1,trsvcid=4420", "live", HOST)
@@ -183,3 +185,20 @@ def test_attach_reuses_a_tls_controller_only_with_our_key(monkeypatch, tmp_path,
     if not reused:
         assert "not attached with this tls_key" in why and KEY[16:40] not in why
     assert asked in ([], [(KEY, HOST, SUB)])
+
+
+@pytest.mark.parametrize("kmsg,kind", [
+    ("nvme nvme3: queue 0: TLS handshake complete, error -13", errors.DevicePermissionError),
+    ("nvme nvme3: queue 0: TLS handshake timeout", errors.FxTimeoutError),
+    # another controller's line, no handshake failure of ours: not a permission error
+    ("nvme nvme1: new ctrl: NQN \"nqn.x\", addr 10.0.0.9:4420, hostnqn: nqn.y (tls)",
+     errors.DeviceIOError),
+])
+def test_only_a_failed_tls_handshake_reads_as_a_wrong_key(kmsg, kind, tlshd):
+    from fx100io.kernel.diagnose import classify_connect_failure
+
+    t = uri_args.target_of(f"nvme+tcp://127.0.0.1:4420/{SUB}?hostnqn={HOST}&tls_key={KEY}")
+    said = "could not add new controller: Connection timed out" if "timeout" in kmsg else \
+        "could not add new controller: Input/output error"
+    e = classify_connect_failure(t, said, kmsg)
+    assert type(e) is kind, e
