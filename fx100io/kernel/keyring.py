@@ -35,11 +35,19 @@ PROC = Path("/proc")
 
 
 def tlshd_running() -> bool:
-    """Whether a process named tlshd runs on this host (the kernel's handshake daemon)."""
+    """Whether a process named tlshd runs in this network namespace (the kernel hands a
+    socket's handshake to the tlshd of the socket's namespace: one elsewhere does not help).
+    Whether its config names `.nvme` (keyrings=) cannot be told from here."""
+    try:
+        here = os.readlink(PROC / "self" / "ns" / "net")
+    except OSError:
+        here = None
     for d in PROC.iterdir():
         if d.name.isdigit():
             try:
-                if (d / "comm").read_text().strip() == "tlshd":
+                if (d / "comm").read_text().strip() != "tlshd":
+                    continue
+                if here is None or os.readlink(d / "ns" / "net") == here:
                     return True
             except OSError:
                 continue

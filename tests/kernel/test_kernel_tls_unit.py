@@ -17,6 +17,8 @@ from fx100io.kernel import keyring, uri_args
 SUB = "nqn.2026-12.io.fx100:kernel-tls"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:f0100000-0000-4000-8000-00000000c02a"
 HID = "f0100000-0000-4000-8000-00000000c02a"
+# the real function, before tests/kernel/conftest.py's autouse fixture replaces it
+_TLSHD_RUNNING = keyring.tlshd_running
 SECRET = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
 
 
@@ -202,3 +204,22 @@ def test_only_a_failed_tls_handshake_reads_as_a_wrong_key(kmsg, kind, tlshd):
         "could not add new controller: Input/output error"
     e = classify_connect_failure(t, said, kmsg)
     assert type(e) is kind, e
+
+
+def test_tlshd_counts_only_in_this_network_namespace(monkeypatch, tmp_path):
+    """keyring.tlshd_running itself (taken at import: tests/kernel's autouse fixture pins
+    the module's attribute), on a fake /proc: a tlshd in another network namespace does
+    not count."""
+    import os
+
+    proc = tmp_path / "proc"
+    for pid, comm, ns in (("self", "pytest", "net:[1]"), ("10", "sshd", "net:[1]"),
+                          ("20", "tlshd", "net:[2]")):
+        (proc / pid / "ns").mkdir(parents=True)
+        (proc / pid / "comm").write_text(comm + "\n")
+        os.symlink(ns, proc / pid / "ns" / "net")
+    monkeypatch.setattr(keyring, "PROC", proc)
+    assert not _TLSHD_RUNNING()  # another namespace's tlshd
+    os.unlink(proc / "20" / "ns" / "net")
+    os.symlink("net:[1]", proc / "20" / "ns" / "net")
+    assert _TLSHD_RUNNING()
