@@ -244,6 +244,32 @@ int fx_ktls_send_error(struct fx_ktls *k, int err)
 		    "before 6.13)");
 }
 
+int fx_ktls_send_record(int fd, uint8_t type, const void *buf, size_t len)
+{
+	char cbuf[CMSG_SPACE(sizeof(uint8_t))];
+	struct iovec v = {(void *)buf, len};
+	struct msghdr m = {.msg_iov = &v,
+			   .msg_iovlen = 1,
+			   .msg_control = cbuf,
+			   .msg_controllen = sizeof(cbuf)};
+	struct cmsghdr *c;
+	ssize_t n;
+
+	memset(cbuf, 0, sizeof(cbuf));
+	c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_TLS;
+	c->cmsg_type = TLS_SET_RECORD_TYPE;
+	c->cmsg_len = CMSG_LEN(sizeof(uint8_t));
+	*CMSG_DATA(c) = type;
+	do
+		n = sendmsg(fd, &m, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	/* (a rest sent without the cmsg would be data: the stream is broken) */
+	return (size_t)n == len ? 0 : -EIO;
+}
+
 int fx_ktls_recv_full(struct fx_ktls *k, int fd, void *buf, size_t len, int64_t deadline,
 		      int cancel_fd)
 {

@@ -74,6 +74,18 @@ int fx_ktls_recv_error(struct fx_ktls *k, int err);
  * error).  Anything else is returned as it is (why untouched). */
 int fx_ktls_send_error(struct fx_ktls *k, int err);
 
+/*
+ * Send one record of TLS content type `type` that is not application data
+ * (an alert, a handshake message), sealed by the kernel with the socket's
+ * keys: one sendmsg with a TLS_SET_RECORD_TYPE cmsg (the kernel first
+ * closes a data record that MSG_MORE left open).  Blocking within the
+ * socket's SO_SNDTIMEO.  0, -EAGAIN (the send timed out), -EIO (sent only
+ * in part: the stream is broken), or the send's -errno (for
+ * fx_ktls_send_error).  Our target's test fault (--fault-tls-record) uses
+ * it; nothing on the data path does.
+ */
+int fx_ktls_send_record(int fd, uint8_t type, const void *buf, size_t len);
+
 /* fx_tcp_recv_full (nvme_tcp/sock.h) on a kTLS socket: records that are
  * not application data are taken as fx_ktls_record() says, and errors
  * mapped by fx_ktls_recv_error(). */

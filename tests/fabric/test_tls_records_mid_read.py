@@ -3,7 +3,9 @@ warning alert) in the middle of a read's C2HData, on our initiator's own record
 layer, pinned with ktls=off (so a host whose kernel has the `tls` ULP still
 tests ours) and asserted from the queue's stats.
 The contract is shared with the lab guest's kTLS run (support/tls_midread.py,
-tests/guest/test_ktls.py).  Also: the target refuses the fault without TLS."""
+tests/guest/test_ktls.py).  The target is on our record layer too (this host's
+kernel has no `tls` ULP; --ktls off pins it where one has).  The fault fires on
+every read path of the target.  Also: the target refuses the fault without TLS."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sys
 
 import pytest
 from support import REPO
-from support.tls_midread import end_mid_read, ticket_mid_read
+from support.tls_midread import PATHS, end_mid_read, ticket_mid_read, ticket_on_path
 
 
 @pytest.mark.parametrize("n", [1 << 20, 4 << 20], ids=["1MiB", "4MiB"])
@@ -23,6 +25,11 @@ def test_a_ticket_mid_read_is_dropped_and_the_read_is_byte_exact(tmp_path, n):
 @pytest.mark.parametrize("kind", ["close_notify", "fatal", "warning"])
 def test_an_alert_mid_read_fails_the_read_cleanly_then_it_reconnects(tmp_path, kind, capfd):
     end_mid_read(tmp_path, kind, False, capfd)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_the_ticket_fault_fires_on_every_read_path(tmp_path, path):
+    ticket_on_path(tmp_path, path, ktls=False)
 
 
 @pytest.mark.parametrize("args", [["--fault-tls-record", "ticket:1"],
