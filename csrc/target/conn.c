@@ -692,8 +692,9 @@ static uint32_t fault_tls_split(const struct tgt_conn *c, uint32_t len)
 }
 
 /* The fault's record itself (once per target: a connection that lost the
- * race sends nothing). */
-static int fault_tls_record(struct tgt_conn *c)
+ * race sends nothing), after the connection's record `recs` of read data
+ * (for the log). */
+static int fault_tls_record(struct tgt_conn *c, uint64_t recs)
 {
 	/* a NewSessionTicket (RFC 8446 4.6.1): lifetime 3600 s, age_add,
 	 * a 1-byte nonce, a 2-byte ticket, no extensions */
@@ -727,7 +728,7 @@ static int fault_tls_record(struct tgt_conn *c)
 		"%s qid %u: fault injection: a TLS record of type %u (%02x %02x) after %llu "
 		"records of read data%s",
 		c->peer, c->qid, type, ((const uint8_t *)v.iov_base)[0],
-		((const uint8_t *)v.iov_base)[1], (unsigned long long)c->tls_data_recs,
+		((const uint8_t *)v.iov_base)[1], (unsigned long long)recs,
 		c->ktls ? " (kTLS)" : "");
 	if (c->ktls) {
 		n = fx_ktls_send_record(c->fd, type, v.iov_base, v.iov_len);
@@ -768,7 +769,7 @@ static int send_iov_fault(struct tgt_conn *c, struct iovec *iov, int cnt, int mo
 	}
 	ret = send_iov(c, a, na, 1);
 	if (!ret)
-		ret = fault_tls_record(c);
+		ret = fault_tls_record(c, c->tls_data_recs + at / FX_TLS_MAX_PLAINTEXT);
 	return ret ? ret : send_iov(c, b, nb, more);
 }
 
@@ -864,7 +865,6 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 	if (fault_at >= dl) /* (the data's last record: the boundary before it) */
 		fault_at = (hl + at) / FX_TLS_MAX_PLAINTEXT * FX_TLS_MAX_PLAINTEXT;
 	c2h_count(c, NULL);
-	c->tls_data_recs += DATA_RECS(len);
 	while (pos < total) {
 		struct iovec v[TLS_SLOTS];
 		uint8_t *rp[2]; /* where the response's bytes go (it may span two records) */
@@ -941,14 +941,17 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 		if (ret)
 			return ret;
 		if (fault_at && pos == fault_at) {
+			ret = fault_tls_record(c,
+					       c->tls_data_recs + fault_at / FX_TLS_MAX_PLAINTEXT);
 			fault_at = 0;
-			if ((ret = fault_tls_record(c)) != 0)
+			if (ret)
 				return ret;
 		}
 		if (first && (ret = pdu_sent(c)) != 0) /* (the C2HData, counted once it is out) */
 			return ret;
 		first = 0;
 	}
+	c->tls_data_recs += DATA_RECS(len);
 	return pdu_sent(c);
 }
 
@@ -1191,15 +1194,15 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 		if (ret)
 			return ret;
 		c->c2h_sent++;
-		if (c->tls || c->ktls)
-			c->tls_data_recs += DATA_RECS(len);
 		/* (our secure channel encrypts: no sendfile, the pread below) */
 		while (!c->tls && sent < len) {
 			ssize_t r;
 
 			if (at && sent == at) {
 				at = 0;
-				if ((ret = fault_tls_record(c)) != 0)
+				ret = fault_tls_record(c, c->tls_data_recs +
+								  sent / FX_TLS_MAX_PLAINTEXT);
+				if (ret)
 					return ret;
 			}
 			r = sendfile(c->fd, ns->fd, &o, (at > sent ? at : len) - sent);
@@ -1225,7 +1228,9 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 
 			if (at && sent == at) {
 				at = 0;
-				if ((ret = fault_tls_record(c)) != 0)
+				ret = fault_tls_record(c, c->tls_data_recs +
+								  sent / FX_TLS_MAX_PLAINTEXT);
+				if (ret)
 					return ret;
 			}
 			if (at > sent && at - sent < n)
@@ -1243,6 +1248,8 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 				return ret;
 			sent += n;
 		}
+		if (c->tls || c->ktls)
+			c->tls_data_recs += DATA_RECS(len);
 		ret = pdu_sent(c);
 		return ret ? ret : sf;
 	}
