@@ -170,25 +170,32 @@ def test_a_host_that_drops_mid_write_leaves_the_target_on_ktls_serving(fabric_la
         target_layer(ctl, True)
 
 
-def test_a_bad_tag_from_the_host_ends_the_targets_ktls_connection(fabric_lab, tmp_path):
-    """A record from the host flipped on its way while it writes 4 MiB: the target's kernel
-    refuses it (EBADMSG), the target logs why and closes, and the host reconnects and
-    writes byte-exact."""
+# what the target logs for a record from the host that its kernel refuses
+HOST_RECORD_WHY = {"tag": "kTLS: a TLS record failed its integrity check",
+                   "oversize": "kTLS: the TLS peer sent a record of a size TLS 1.3 forbids"}
+
+
+@pytest.mark.parametrize("how", sorted(HOST_RECORD_WHY))
+def test_a_broken_record_from_the_host_ends_the_targets_ktls_connection(fabric_lab, tmp_path,
+                                                                         how):
+    """A record from the host flipped (EBADMSG) or oversized (EMSGSIZE) on its way while it
+    writes 4 MiB: the target's kernel refuses it, the target logs why and closes (no crash),
+    and the host reconnects and writes byte-exact."""
     img = sparse_image(tmp_path, SIZE)
     log = tmp_path / "target.log"
     ctl, targs = _ctl(tmp_path)
     with serve([img], NQN, *tls_args(HOST, KEY), *targs, log=log) as (_host, port, proc):
-        proxy = RecordProxy(port, "tag", upstream=True)
+        proxy = RecordProxy(port, how, upstream=True)
         try:
             dev = fx100io.open_device(uri(proxy.listen_port, io_timeout_ms=20000,
                                           reconnect_ms=50), queue_depth=8)
             try:
-                data = chunk_bytes("ktls-host-tag", 4 << 20)
+                data = chunk_bytes("ktls-host-" + how, 4 << 20)
                 with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)):
                     dev.write_from_blocking(0, data)
                 assert proxy.fired.is_set()
                 deadline = time.monotonic() + 10
-                while "kTLS: a TLS record failed its integrity check" not in log.read_text():
+                while HOST_RECORD_WHY[how] not in log.read_text():
                     assert time.monotonic() < deadline, log.read_text()[-2000:]
                     time.sleep(0.1)
                 assert dev.write_from_blocking(0, data) == data.nbytes
