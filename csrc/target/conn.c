@@ -752,6 +752,7 @@ static int fault_tls_record(struct tgt_conn *c, uint64_t recs)
 static int send_iov_fault(struct tgt_conn *c, struct iovec *iov, int cnt, int more, size_t at)
 {
 	struct iovec a[4], b[4];
+	uint64_t recs = c->tls_data_recs + at / FX_TLS_MAX_PLAINTEXT;
 	int na = 0, nb = 0, ret;
 
 	for (int i = 0; i < cnt && i < 4; i++) {
@@ -769,7 +770,7 @@ static int send_iov_fault(struct tgt_conn *c, struct iovec *iov, int cnt, int mo
 	}
 	ret = send_iov(c, a, na, 1);
 	if (!ret)
-		ret = fault_tls_record(c, c->tls_data_recs + at / FX_TLS_MAX_PLAINTEXT);
+		ret = fault_tls_record(c, recs);
 	return ret ? ret : send_iov(c, b, nb, more);
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,10 @@ def ticket_on_path(tmp_path: Path, path: str, ktls: bool, target_ktls: bool = Fa
                 assert np.array_equal(out, data[off:off + n]), (path, off)
             text = log.read_text()
             assert text.count("fault injection: a TLS record of type 22") == 1, text[-2000:]
+            # (where: after record AFTER of the data, or the stream's next record boundary
+            # where the C2HData header shifts the records: our layer's packed reads)
+            after = int(re.search(r"type 22 \(04 00\) after (\d+) records", text)[1])
+            assert AFTER <= after <= AFTER + 1, text[-2000:]
             st = dev.queue_stats()
             assert st["reconnects"] == 0, st
             _layer(dev, ktls)
