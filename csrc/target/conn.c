@@ -204,6 +204,13 @@ static int wait_sock_or_event(struct tgt_conn *c)
 	return 0;
 }
 
+/* Whether this caller is the first to say why the connection ends (the
+ * engine's sends and our receive may see one break at once). */
+static int say_why_first(struct tgt_conn *c)
+{
+	return atomic_exchange(&c->why_said, 1) == 0;
+}
+
 /*
  * A receive on a kTLS socket failed with e (not EAGAIN or EINTR): EIO is a
  * record that is not application data, taken and judged as our record
@@ -224,13 +231,17 @@ static ssize_t ktls_recv_failed(struct tgt_conn *c, uint8_t *p, size_t n, int e)
 		return r;
 	}
 	if (r > 0) { /* (recv fails only on a record that is not data) */
-		tgt_log(c->t, "%s qid %u: kTLS: data where a record of another type was; closing",
-			c->peer, c->qid);
+		if (say_why_first(c))
+			tgt_log(c->t,
+				"%s qid %u: kTLS: data where a record of another type was; closing",
+				c->peer, c->qid);
 		return -EPROTO;
 	}
-	if (r == 0 || r == -ECONNRESET || !*fx_ktls_why(k))
+	/* decided by what came back, never by a reason a former call left */
+	if (r != -EPROTO && r != -EBADMSG)
 		return r; /* (close_notify, a reset, a socket error: as on clear text) */
-	tgt_log(c->t, "%s qid %u: kTLS: %s; closing", c->peer, c->qid, fx_ktls_why(k));
+	if (say_why_first(c))
+		tgt_log(c->t, "%s qid %u: kTLS: %s; closing", c->peer, c->qid, fx_ktls_why(k));
 	return -EPROTO;
 }
 
@@ -378,13 +389,6 @@ static int recv_all(struct tgt_conn *c, void *buf, size_t n)
 	return recv_bytes(c, buf, n, 0);
 }
 
-/* Whether this caller is the first to say why the connection ends (the
- * engine's sends and our receive may see one break at once). */
-static int say_why_first(struct tgt_conn *c)
-{
-	return atomic_exchange(&c->why_said, 1) == 0;
-}
-
 /* A send said why the connection ends: err, the error it returns.  (The
  * connection's state is its own thread's; the engine shuts the socket
  * instead, and that thread ends without another line.) */
@@ -490,7 +494,7 @@ static int ktls_send_failed(struct tgt_conn *c, int err)
 		return -ECONNRESET; /* (a quiet end: see send_errno) */
 	if (say_why_first(c))
 		tgt_log(c->t, "%s qid %u: kTLS: %s; closing", c->peer, c->qid,
-			fx_ktls_why(c->ktls));
+			fx_ktls_send_why(c->ktls));
 	return send_said_why(c, ret == -ECONNRESET ? ret : -EPROTO);
 }
 
