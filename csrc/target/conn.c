@@ -481,6 +481,18 @@ static int seal_failed(struct tgt_conn *c)
 	return send_said_why(c, -EPROTO);
 }
 
+/* The fault's record (not data) went out on kTLS only in part: a rest
+ * sent again would be sealed as data, so the stream is broken; the
+ * connection ends, saying so once. */
+static int fault_record_cut(struct tgt_conn *c)
+{
+	if (say_why_first(c))
+		tgt_log(c->t,
+			"%s qid %u: kTLS: a record that is not data went out in part; closing",
+			c->peer, c->qid);
+	return send_said_why(c, -EPROTO);
+}
+
 /* A send on a kTLS socket failed with EBADMSG or EMSGSIZE (err): the
  * kernel aborted the socket over a record it refused from the host, or
  * (kernels before 6.13) any TCP error; fx_ktls_send_error says which it
@@ -741,7 +753,7 @@ static int fault_tls_record(struct tgt_conn *c, uint64_t recs)
 		if (n == -EBADMSG || n == -EMSGSIZE)
 			return ktls_send_failed(c, n);
 		if (n == -EIO) /* (sent in part: the rest would be data) */
-			return seal_failed(c);
+			return fault_record_cut(c);
 		return n ? send_errno(c, -n) : 0;
 	}
 	n = fx_tls_seal_to(c->tls, rec, type, &v, 1, v.iov_len);

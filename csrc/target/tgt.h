@@ -401,8 +401,10 @@ struct tgt_conn {
 	 * data path is the clear-text one); both NULL: clear text. */
 	struct fx_tls *tls;
 	struct fx_ktls *ktls;
-	/* 16 KiB records of read data sent, C2HData headers included
-	 * (--fault-tls-record counts them; on kTLS the kernel's records) */
+	/* read data sent, in 16 KiB units of each C2HData's data (rounded
+	 * up; headers not counted), the same on both record layers: not the
+	 * records on the wire, which on kTLS the kernel cuts as it likes
+	 * (--fault-tls-record counts these) */
 	uint64_t tls_data_recs;
 	/* whom its PSK identity named: Connect must name the same */
 	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
