@@ -32,7 +32,8 @@ commands:
   open-port PORT              listen again on the port's address and TCP port
   ports                       each port: id, address, open/closed, groups' states
   tls                         TLS connections so far by record layer: ktls_conns N
-                              (the kernel's, kTLS) tls_user_conns M (fx100io's)"""
+                              (the kernel's, kTLS) tls_user_conns M (fx100io's),
+                              and tls_open K (either, not yet ended)"""
 
 
 class TargetControlError(Fx100ioValueError, RuntimeError):

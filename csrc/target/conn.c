@@ -2125,6 +2125,9 @@ void *tgt_conn_main(void *arg)
 	c->tls = NULL;
 	fx_ktls_free(c->ktls);
 	c->ktls = NULL;
+	if (c->tls_open_counted)
+		atomic_fetch_sub(&t->tls_open, 1);
+	c->tls_open_counted = 0;
 	if (!sigismember(&old, SIGPIPE)) {
 		const struct timespec none = {0, 0};
 

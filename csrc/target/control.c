@@ -20,8 +20,10 @@
  *   ports                        one line per port: id, address, open or
  *                                closed, each group's state
  *   tls                          TLS connections since the start by record
- *                                layer: "ktls_conns N tls_user_conns M"
- *                                (the kernel's, kTLS; ours)
+ *                                layer, and those open now:
+ *                                "ktls_conns N tls_user_conns M tls_open K"
+ *                                (the kernel's, kTLS; ours; either, not
+ *                                yet ended)
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -208,9 +210,10 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 		return;
 	}
 	if (!strcmp(arg[0], "tls") && n == 1) {
-		snprintf(out, cap, "ktls_conns %llu tls_user_conns %llu\nok\n",
+		snprintf(out, cap, "ktls_conns %llu tls_user_conns %llu tls_open %llu\nok\n",
 			 (unsigned long long)atomic_load(&t->ktls_conns),
-			 (unsigned long long)atomic_load(&t->tls_user_conns));
+			 (unsigned long long)atomic_load(&t->tls_user_conns),
+			 (unsigned long long)atomic_load(&t->tls_open));
 		return;
 	}
 	if (!strcmp(arg[0], "ana-state") && n >= 4 && n <= 6) {

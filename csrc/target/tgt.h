@@ -401,6 +401,7 @@ struct tgt_conn {
 	 * data path is the clear-text one); both NULL: clear text. */
 	struct fx_tls *tls;
 	struct fx_ktls *ktls;
+	int tls_open_counted; /* in t->tls_open until the connection ends */
 	/* read data sent, in 16 KiB units of each C2HData's data (rounded
 	 * up; headers not counted), the same on both record layers: not the
 	 * records on the wire, which on kTLS the kernel cuts as it likes
@@ -524,6 +525,9 @@ struct fx_target {
 	/* TLS connections whose records the kernel carried (kTLS) and ours
 	 * (the control socket's `tls` command says both) */
 	atomic_uint_fast64_t ktls_conns, tls_user_conns;
+	/* TLS connections not yet ended, on either layer (`tls` too: a test
+	 * sees a host's connections end even where their end is quiet) */
+	atomic_uint_fast64_t tls_open;
 	struct tgt_tls_host *tls_hosts; /* their configured PSKs (tls.c) */
 	unsigned n_tls_hosts;
 	uint32_t block_size;

@@ -239,20 +239,20 @@ static int to_kernel(struct tgt_conn *c, const char **why)
 	int r;
 
 	*why = NULL;
-	if (t->ktls == FX_TARGET_KTLS_OFF) {
-		atomic_fetch_add(&t->tls_user_conns, 1);
-		return 0;
+	if (t->ktls != FX_TARGET_KTLS_OFF) {
+		r = fx_ktls_start(c->fd, c->tls, &c->ktls, why);
+		if (r && r != -ENOPROTOOPT)
+			return r;
 	}
-	r = fx_ktls_start(c->fd, c->tls, &c->ktls, why);
-	if (r == -ENOPROTOOPT) {
+	if (c->ktls) {
+		fx_tls_free(c->tls);
+		c->tls = NULL;
+		atomic_fetch_add(&t->ktls_conns, 1);
+	} else {
 		atomic_fetch_add(&t->tls_user_conns, 1);
-		return 0;
 	}
-	if (r)
-		return r;
-	fx_tls_free(c->tls);
-	c->tls = NULL;
-	atomic_fetch_add(&t->ktls_conns, 1);
+	atomic_fetch_add(&t->tls_open, 1);
+	c->tls_open_counted = 1;
 	return 0;
 }
 

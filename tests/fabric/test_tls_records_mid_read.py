@@ -26,8 +26,10 @@ from support.tls_midread import (
     _uri,
     end_mid_read,
     target_layer,
+    target_tls,
     ticket_mid_read,
     ticket_on_path,
+    wait_tls_open,
 )
 
 import fx100io
@@ -60,7 +62,9 @@ def test_the_target_on_ktls_auto_falls_back_to_our_layer_here(tmp_path):
             out = np.empty(1 << 20, np.uint8)
             assert dev.read_into_blocking(0, out) == out.nbytes
             assert np.array_equal(out, data[:1 << 20])
+            assert target_tls(ctl)["tls_open"] == 2  # (the admin queue and one I/O queue)
         target_layer(ctl, False)
+        wait_tls_open(ctl, 0)  # (the host closed both: they ended on the target too)
 
 
 @pytest.mark.parametrize("args", [["--fault-tls-record", "ticket:1"],

@@ -17,6 +17,7 @@ import errno
 import mmap
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +74,26 @@ def _layer(dev: fx100io.Device, ktls: bool) -> None:
         assert st["tls_user_conns"] >= 1 and st["ktls_conns"] == 0, st
 
 
+def target_tls(ctl: Path) -> dict[str, int]:
+    """The target's control socket's `tls` counts: ktls_conns, tls_user_conns (since the
+    start), tls_open (not yet ended)."""
+    words = control(str(ctl), "tls").split()
+    return dict(zip(words[::2], map(int, words[1::2])))
+
+
+def wait_tls_open(ctl: Path, want: int, seconds: float = 20.0) -> None:
+    """Wait until the target has `want` TLS connections open (its control socket's
+    tls_open): connections a host left have ended there, quietly or not."""
+    deadline = time.monotonic() + seconds
+    while (st := target_tls(ctl))["tls_open"] != want:
+        assert time.monotonic() < deadline, (want, st)
+        time.sleep(0.05)
+
+
 def target_layer(ctl: Path, target_ktls: bool) -> None:
     """The target's control socket says every TLS connection so far used the layer
     expected (ktls_conns: the kernel's; tls_user_conns: ours)."""
-    words = control(str(ctl), "tls").split()
-    st = dict(zip(words[::2], map(int, words[1::2])))
+    st = target_tls(ctl)
     if target_ktls:
         assert st["ktls_conns"] >= 1 and st["tls_user_conns"] == 0, st
     else:
