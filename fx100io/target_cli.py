@@ -408,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         tls_keys = tls_hosts(args.tls_key)
         if tls_keys and not args.tls:
             raise ValueError("--tls-key needs --tls required or --tls optional")
+        if args.ktls == "off" and not args.tls:
+            # (it picks the record layer of TLS connections: without --tls there are none,
+            # and a caller who asked for it expects TLS)
+            raise ValueError("--ktls off needs --tls required or --tls optional")
         if args.tls == "required" and not tls_keys:
             raise ValueError("--tls required needs a --tls-key for each host that may connect")
     except ValueError as e:
