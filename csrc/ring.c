@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -15,6 +16,9 @@
 
 #include "internal.h"
 #include "reqs.h"
+
+/* FX100IO_RING_SETUP with a value it does not know is said once. */
+static int warned_ring_setup;
 
 /* Flag sets to try, best first.  Older kernels reject unknown setup flags
  * with -EINVAL, so each step drops what the previous kernel generation
@@ -45,6 +49,8 @@ int fx_ring_init(struct fx_ring *r, unsigned entries, uint32_t queue_flags)
 	const char *force = getenv("FX100IO_RING_SETUP");
 	if (force && strcmp(force, "plain") == 0)
 		first = sizeof(probe_order) / sizeof(probe_order[0]) - 1;
+	else if (force && *force && !__atomic_exchange_n(&warned_ring_setup, 1, __ATOMIC_RELAXED))
+		fprintf(stderr, "fx100io: FX100IO_RING_SETUP=%s ignored (only 'plain')\n", force);
 	/* A ring whose eventfd an event loop sleeps on: no DEFER_TASKRUN
 	 * (FX_QUEUE_FD_WAKE says why), COOP_TASKRUN at best. */
 	else if (queue_flags & FX_QUEUE_FD_WAKE)

@@ -88,7 +88,8 @@ OPTIONS: tuple[FabricOption, ...] = (
                  kernel_flag="--hostnqn"),
     FabricOption("hostid", TEXT, "host ID, 32 hex digits or a UUID (this machine's)",
                  kernel_flag="--hostid"),
-    FabricOption("dhchap_secret", SECRET, "the host's DH-HMAC-CHAP secret",
+    FabricOption("dhchap_secret", SECRET, "the host's DH-HMAC-CHAP secret, DHHC-1:HH:<base64>: "
+                 "as nvme gen-dhchap-key prints it, or @FILE holding it",
                  kernel_config_key="dhchap_key"),
     FabricOption("paths", CHOICE, "which paths to the subsystem a URI names: 'listed' (the "
                  "comma-separated HOST:PORT list of its authority) or 'discover' (those and "
@@ -107,7 +108,7 @@ OPTIONS: tuple[FabricOption, ...] = (
                  "a discovery log or referral names)",
                  choices=("listed", "any"), userspace_only=True, multipath=True),
     FabricOption("dhchap_ctrl_secret", SECRET, "the controller's DH-HMAC-CHAP secret "
-                 "(bidirectional authentication)", kernel_config_key="dhchap_ctrl_key"),
+                 "(bidirectional authentication; inline or @FILE)", kernel_config_key="dhchap_ctrl_key"),
     # NVMe/TCP secure channel (TLS 1.3 with a PSK, docs/nvme-tcp.md): the kernel path
     # refuses both for now (kernel/uri_args.py) rather than connect in clear text
     FabricOption("tls", BOOL, "TLS 1.3 secure channel with a pre-shared key (0; tls_key "

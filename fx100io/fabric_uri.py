@@ -114,49 +114,48 @@ def _text(what: str, value: str, limit: int, uri: str) -> str:
 
 
 def _secret(key: str, value: str, uri: str) -> str:
-    """A DH-HMAC-CHAP secret or a TLS key checked by the C parser that will
-    read it; the error names the option, never the value."""
-    if key == "tls_key":
-        return _tls_key(value, uri)
-    why = _core.dhchap_secret_error(value) if value and not _CONTROL.search(value) else \
-        "must be a DHHC-1:HH:<base64>: secret (as nvme gen-dhchap-key prints)"
-    if why:
-        raise _bad(f"URI option {key}: {why}", uri)
-    return value
-
-
-# a key file holds one key of at most 89 characters; more is not a key file
-_TLS_KEY_FILE_MAX = 4096
-
-
-def _tls_key(value: str, uri: str) -> str:
-    """tls_key's text, read from the file @PATH names when it does (its
-    surrounding whitespace dropped: `nvme gen-tls-key > FILE` ends in a
-    newline); the error names the option and the file, never the key."""
+    """A DH-HMAC-CHAP secret or a TLS key, inline or read from the file @PATH
+    names, checked by the C parser that will read it; the error names the
+    option (and the file), never the value."""
     where = ""
     if value.startswith("@"):
-        path = value[1:]
-        where = f" (in {path})"
-        try:
-            # O_NONBLOCK: a FIFO (or a device) named by mistake must not hang the open
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise _bad(f"URI option tls_key: {path} is not a regular file", uri)
-                data = os.read(fd, _TLS_KEY_FILE_MAX + 1)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise _bad(f"URI option tls_key: cannot read {path}: {e.strerror}", uri) from None
-        if len(data) > _TLS_KEY_FILE_MAX:
-            raise _bad(f"URI option tls_key: {path} is not a key file (over "
-                       f"{_TLS_KEY_FILE_MAX} bytes)", uri)
-        value = data.decode("ascii", "replace").strip()
-    why = _core.tls_key_error(value) if value and not _CONTROL.search(value) else \
-        "must be a NVMeTLSkey-1:HH:<base64>: key (as nvme gen-tls-key prints) or @FILE"
+        where = f" (in {value[1:]})"
+        value = _secret_file(key, value[1:], uri)
+    if key == "tls_key":
+        why = _core.tls_key_error(value) if value and not _CONTROL.search(value) else \
+            "must be a NVMeTLSkey-1:HH:<base64>: key (as nvme gen-tls-key prints) or @FILE"
+    else:
+        why = _core.dhchap_secret_error(value) if value and not _CONTROL.search(value) else \
+            "must be a DHHC-1:HH:<base64>: secret (as nvme gen-dhchap-key prints) or @FILE"
     if why:
-        raise _bad(f"URI option tls_key{where}: {why}", uri)
+        raise _bad(f"URI option {key}{where}: {why}", uri)
     return value
+
+
+# a key file holds one key of at most a few hundred characters; more is not a key file
+_KEY_FILE_MAX = 4096
+
+
+def _secret_file(key: str, path: str, uri: str) -> str:
+    """The key in the file at path, its surrounding whitespace dropped (`nvme
+    gen-tls-key > FILE` ends in a newline)."""
+    try:
+        # O_NONBLOCK: a FIFO (or a device) named by mistake must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _bad(f"URI option {key}: {path} is not a regular file", uri)
+            data = os.read(fd, _KEY_FILE_MAX + 1)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if isinstance(e, InvalidArgumentError):  # ours, from inside the try
+            raise
+        raise _bad(f"URI option {key}: cannot read {path}: {e.strerror}", uri) from None
+    if len(data) > _KEY_FILE_MAX:
+        raise _bad(f"URI option {key}: {path} is not a key file (over {_KEY_FILE_MAX} bytes)",
+                   uri)
+    return data.decode("ascii", "replace").strip()
 
 
 def _hostid(value: str, uri: str) -> str:

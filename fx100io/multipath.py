@@ -1116,14 +1116,21 @@ class MultipathDevice:
                     with self._lock:
                         p.dirty = True
                     raise
-                if path_error(done[0], done[1]) and not self._closed:
-                    self._flush_failed(p, _describe(done))
-                    continue
-                if done[1] or done[0] < 0:
-                    with self._lock:
-                        p.dirty = True
-                    self._check(0, done)
-                break
+                if self._flush_done(p, done):
+                    break
+
+    def _flush_done(self, p: _Path, done: Any) -> bool:
+        """A flush's completion on path p: False to try another path (p failed as a
+        path and is marked so), True when it is the answer; a device error marks p
+        dirty again and raises."""
+        if path_error(done[0], done[1]) and not self._closed:
+            self._flush_failed(p, _describe(done))
+            return False
+        if done[1] or done[0] < 0:
+            with self._lock:
+                p.dirty = True
+            self._check(0, done)
+        return True
 
     def _pick_any_live(self) -> _Path | None:
         p = self._pick()
@@ -1195,14 +1202,8 @@ class MultipathDevice:
                     with self._lock:
                         p.dirty = True
                     raise
-                if path_error(done[0], done[1]) and not self._closed:
-                    self._flush_failed(p, _describe(done))
-                    continue
-                if done[1] or done[0] < 0:
-                    with self._lock:
-                        p.dirty = True
-                    self._check(0, done)
-                break
+                if self._flush_done(p, done):
+                    break
 
     # -- lifetime ------------------------------------------------------------
     def _close_paths(self) -> None:

@@ -13,10 +13,11 @@ then "ok", or with "error: why".
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 
-from fx100io.errors import Fx100ioValueError
+from fx100io.errors import Fx100ioValueError, FxConnectionError, FxTimeoutError
 
 USAGE = """usage: fx100io target-ctl PATH COMMAND ...
 
@@ -45,19 +46,29 @@ class TargetControlError(Fx100ioValueError, RuntimeError):
 def control(path: str, command: str, timeout: float = 5.0) -> str:
     """Send one command line to the target's control socket at path; return its
     output (without the final "ok").  Raises TargetControlError when the target
-    refuses it, OSError when the socket cannot be reached."""
+    refuses it, FxConnectionError when the socket cannot be reached or the
+    connection breaks, FxTimeoutError when the target does not answer within
+    timeout seconds (all Fx100ioErrors, so OSErrors too)."""
     if "\n" in command:
         raise ValueError("one command line, no newline")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(command.encode() + b"\n")
-        chunks = []
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            chunks.append(b)
+    chunks = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(command.encode() + b"\n")
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                chunks.append(b)
+    except TimeoutError:
+        raise FxTimeoutError(errno.ETIMEDOUT, f"the target's control socket gave no answer "
+                             f"within {timeout:g} s", path) from None
+    except OSError as e:
+        raise FxConnectionError(e.errno or errno.ECONNRESET, "cannot reach the target's control "
+                                f"socket ({e.strerror or e}; is the target running with "
+                                "--control here?)", path) from None
     text = b"".join(chunks).decode(errors="replace")
     lines = text.splitlines()
     if not lines:
@@ -82,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     except TargetControlError as e:
         print(f"fx100io target-ctl: error: {e}", file=sys.stderr)
         return 1
-    except OSError as e:
-        print(f"fx100io target-ctl: {args[0]}: {e}", file=sys.stderr)
+    except OSError as e:  # FxConnectionError, FxTimeoutError: the message names the socket
+        print(f"fx100io target-ctl: error: {e}", file=sys.stderr)
         return 1
     if out:
         print(out)

@@ -58,7 +58,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from fio_peer import fio_read  # noqa: E402  (tools/, this script's folder)
+from fio_peer import fio_read, write_random_file  # noqa: E402  (tools/, this script's folder)
 
 FIO_DEPTHS = (1, 8, 32)
 
@@ -183,7 +183,7 @@ def measure(args: argparse.Namespace, device: str, d: str, py: str, bl, rep: int
                 # depth just read (which the virtio disk's host may serve from its
                 # cache, and which no load of ours gets)
                 path = f"{d}/fio.dat"
-                bl.write_random_file(path, payload * len(FIO_DEPTHS))
+                write_random_file(path, payload * len(FIO_DEPTHS))
                 best = fio_depths(path, payload, chunk, 0, results, "fio", fresh=True)
                 os.unlink(path)
                 print(f"  {device:5} {'fio':15} best depth {best:8.0f} MB/s", flush=True)

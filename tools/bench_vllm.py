@@ -12,9 +12,13 @@ files in the same directory, so on the same device. Each stores the same chunks;
 the page cache is dropped (cold), the primary rows are cleared, and the tier loads every
 chunk back the way vLLM promotes them: one load job per request of --chunks-per-job
 chunks, all submitted at once, timed until drain_jobs() returns. The bytes are checked.
-fio reads the same bytes of fx100io's file (O_DIRECT, io_uring, chunk-sized reads up to
-8 MiB at iodepth 1, 8, 32 and 64, the best counting) as the peer that says what the device
-can do. --repeat rounds interleave the three (order turning);
+fio (O_DIRECT, io_uring, chunk-sized reads up to 8 MiB at iodepth 1, 8, 32 and 64, the
+best counting) is the peer that says what the device can do: each round writes a file of
+its own next to the tiers' and each depth reads its own region of it, written just
+before, as the tiers read what they stored (re-reading one region at every depth let the
+later depths read bytes the first had just fetched, which a cache below the guest may
+serve and no load of ours gets). --fio-same reads the bytes of fx100io's own file instead,
+as a diagnostic. --repeat rounds interleave the three (order turning);
 prints the best GB/s of each and the ratios, the ratios only if every run was cold.
 """
 
@@ -34,7 +38,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import numpy as np
-from fio_peer import fio_read  # tools/ is on sys.path above
+from fio_peer import fio_read, write_random_file  # tools/ is on sys.path above
 from vllm.v1.kv_offload.base import OffloadingKVEventsConfig, ReqContext, make_offload_key
 from vllm.v1.kv_offload.config import (
     OffloadingCacheConfig,
@@ -47,7 +51,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
-FIO_DEPTHS = (1, 8, 32, 64)  # fio's reads of the same bytes, chunk-sized (up to 8 MiB)
+FIO_DEPTHS = (1, 8, 32, 64)  # fio's depths, chunk-sized reads (up to 8 MiB)
 
 
 def make_spec(chunk_bytes: int) -> Any:
@@ -164,6 +168,9 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="another setting of fx100io's tier entry (e.g. max_io=4M)")
     ap.add_argument("--keep", action="store_true", help="keep the files afterwards")
+    ap.add_argument("--fio-same", action="store_true",
+                    help="fio re-reads fx100io's own chunks at every depth (a diagnostic) "
+                         "instead of a freshly written region per depth")
     args = ap.parse_args()
 
     chunk_bytes = int(args.chunk_mib * (1 << 20)) // 4096 * 4096
@@ -215,14 +222,22 @@ def main() -> int:
                     if t is None:
                         # fio at its best of several depths: the device's limit, not
                         # one setting's
-                        for qd in FIO_DEPTHS:
+                        fio_file, at = img, [span[0]] * len(FIO_DEPTHS)
+                        if not args.fio_same:
+                            fio_file = os.path.join(work, "fio.dat")
+                            write_random_file(fio_file, total * len(FIO_DEPTHS))
+                            at = [i * total for i in range(len(FIO_DEPTHS))]
+                        for qd, off in zip(FIO_DEPTHS, at):
                             all_cold &= drop_caches()
-                            fio_bytes, fio_rate = fio_read(img, total, min(chunk_bytes, 8 << 20),
-                                                           qd, span[0])
+                            fio_bytes, fio_rate = fio_read(fio_file, total,
+                                                           min(chunk_bytes, 8 << 20), qd, off)
                             fio_best = max(fio_best, fio_rate)
                             print(f"  fio      read {rnd + 1}: {fio_rate / 1e9:6.2f} GB/s "
-                                  f"({fio_bytes} bytes, O_DIRECT io_uring, iodepth {qd})",
+                                  f"({fio_bytes} bytes, O_DIRECT io_uring, iodepth {qd}, "
+                                  f"{'fx100io' if args.fio_same else 'its own'} file)",
                                   flush=True)
+                        if fio_file != img:
+                            os.unlink(fio_file)
                     else:
                         all_cold &= t.load(arr, expected, rnd)
         finally:

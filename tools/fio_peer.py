@@ -9,8 +9,22 @@ device alone costs it 3x at iodepth 32 and would make a poor yardstick.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
+
+
+def write_random_file(path: str, size: int) -> None:
+    """Real bytes on the device, written and synced just before fio reads them, as the
+    engines under test read chunks they stored: holes or unwritten extents would read
+    without I/O, and bytes another run just read may come from a cache below us."""
+    block = os.urandom(16 << 20)
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            left -= f.write(block[: min(left, len(block))])
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def fio_read(path: str, size: int, bs: str | int, iodepth: int, offset: int = 0) -> tuple[int, int]:

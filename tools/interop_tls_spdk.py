@@ -5,7 +5,8 @@ SPDK is built outside the repo by ../shared/tools/spdk-peer.sh (`build`, once);
 CI does not build it, so this is a command of its own (docs/testing.md).  Root
 (hugepages).  Everything stays on 127.0.0.1.
 
-  1. SPDK's nvmf_tgt (started by `spdk-peer.sh start`, reactor on core 0) gets
+  1. SPDK's nvmf_tgt (started as `spdk-peer.sh start` does, reactor on core 0, but
+     with its ssl socket's buffers at 2 MiB: SSL_BUF_SIZE says why) gets
      three secure-channel listeners (and a fourth, below) (`nvmf_subsystem_add_listener -k`), one
      subsystem each, whose host has a PSK from SPDK's keyring:
        4422  NVMeTLSkey-1:01: (32 bytes, SHA-256)  TLS_AES_128_GCM_SHA256
@@ -33,6 +34,7 @@ CI does not build it, so this is a command of its own (docs/testing.md).  Root
      target (4420, spdk-peer.sh's RAM namespace) to the same rounds: what TLS costs each.
 
   python3 tools/interop_tls_spdk.py [--rounds 3] [--seconds 5] [--clear] [--skip-interop] [--skip-bench]
+                                    [--spdk-ssl-defaults]
 
 Exits 1 if an interop check fails (the speed goals are printed, not enforced).
 On every exit (a failure, an error, Ctrl-C, SIGTERM) nvmf_tgt is stopped, our
@@ -107,14 +109,89 @@ def key_file(d: str, name: str, hh: int, n: int) -> str:
     return path
 
 
-def rpc(*args: str) -> None:
+def _rpc(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH="/usr/sbin:/usr/bin:/sbin:/bin",
                PYTHONPATH=os.path.join(SPDK, "python"),
                LD_LIBRARY_PATH=os.path.join(SPDK, "build", "lib"))
-    r = subprocess.run([os.path.join(SPDK, "scripts", "rpc.py"), *args], env=env,
-                       capture_output=True, text=True, timeout=60, cwd=SPDK)
+    return subprocess.run([os.path.join(SPDK, "scripts", "rpc.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=SPDK)
+
+
+def rpc_out(*args: str) -> str:
+    """An RPC's answer on one line (whitespace squeezed); a failed one ends the run."""
+    r = _rpc(*args)
     if r.returncode != 0:
         raise SystemExit(f"rpc.py {' '.join(args)} failed:\n{r.stdout}{r.stderr}")
+    return " ".join(r.stdout.split())
+
+
+def rpc(*args: str) -> None:
+    rpc_out(*args)
+
+
+def rpc_ok(*args: str) -> bool:
+    """Whether the target answers (its RPC socket is up), without failing the run."""
+    return _rpc(*args).returncode == 0
+
+
+# SPDK's ssl socket sets SO_SNDBUF and SO_RCVBUF to 4 KiB (MIN_SO_SNDBUF_SIZE, g_ssl_impl_opts in
+# module/sock/posix/posix.c; applied in spdk_sock_posix_fd_create, lib/sock/sock.c, to the
+# listening socket, whose accepted sockets inherit it); its posix (clear-text) socket sets 2 MiB.
+# The kernel doubles that to 8 KiB and turns autotuning off, and the nvmf TCP transport raises
+# only the receive side (nvmf_tcp_icreq_handle), so the target's TLS sockets can have about two
+# 16 KiB records unacknowledged: each 128 KiB C2HData then waits for the host's ACKs, and a
+# host that delays its ACK (the kernel's 40 ms minimum once the connection is interactive)
+# stalls every read by 40 ms (docs/benchmarks.md, "Over TLS, against SPDK's TLS target").
+# The target's TLS sockets get the clear-text socket's 2 MiB instead, so that TLS and clear
+# text are compared on like buffers; sock_impl_set_options is allowed only before the
+# framework starts, hence --wait-for-rpc.  --spdk-ssl-defaults keeps SPDK's 4 KiB.
+SSL_BUF_SIZE = 2 * MiB
+# what nr_hugepages was before start_spdk raised it: stop_spdk puts it back
+_hugepages_before: int | None = None
+
+
+def start_spdk(ssl_defaults: bool) -> None:
+    """spdk-peer.sh start's target, its ns1 only (core 0; nqn.2016-06.io.spdk:cnode1 with a 512 MiB RAM
+    namespace on 127.0.0.1:4420, discovery there too), but with the ssl socket's buffers
+    set before the framework starts (unless ssl_defaults)."""
+    global _hugepages_before
+    with open("/proc/sys/vm/nr_hugepages") as f:
+        if _hugepages_before is None:
+            _hugepages_before = int(f.read().strip() or 0)
+    with open("/proc/sys/vm/nr_hugepages", "w") as f:
+        f.write("1024")  # 2 GiB of 2 MiB pages: the target's and perf's
+    with open("/proc/mounts") as f:
+        mounted = any(ln.split()[2] == "hugetlbfs" for ln in f if len(ln.split()) > 2)
+    if not mounted:
+        os.makedirs("/dev/hugepages", exist_ok=True)
+        subprocess.run(["mount", "-t", "hugetlbfs", "nodev", "/dev/hugepages"], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(SPDK, "build", "lib"))
+    with open("/var/tmp/spdk-tgt.log", "w") as log:  # the child keeps its own descriptor
+        tgt = subprocess.Popen([os.path.join(SPDK, "build", "bin", "nvmf_tgt"), "-m", "0x1",
+                                "--wait-for-rpc"], stdout=log, stderr=subprocess.STDOUT,
+                               env=env, cwd=SPDK, start_new_session=True)
+    with open(PIDFILE, "w") as f:
+        f.write(str(tgt.pid))  # stop_spdk's, as spdk-peer.sh's own start writes it
+    for _ in range(100):
+        if tgt.poll() is not None:
+            raise SystemExit(f"nvmf_tgt exited ({tgt.returncode}); its log: /var/tmp/spdk-tgt.log")
+        if rpc_ok("spdk_get_version"):
+            break
+        time.sleep(0.2)
+    else:
+        raise SystemExit("nvmf_tgt did not answer RPCs in 20 s; its log: /var/tmp/spdk-tgt.log")
+    if not ssl_defaults:
+        rpc("sock_impl_set_options", "-i", "ssl", "--send-buf-size", str(SSL_BUF_SIZE),
+            "--recv-buf-size", str(SSL_BUF_SIZE))
+    rpc("framework_start_init")
+    print(f"SPDK's ssl socket options: {rpc_out('sock_impl_get_options', '-i', 'ssl')}", flush=True)
+    nqn = spdk_bench.SPDK_NQN
+    rpc("nvmf_create_transport", "-t", "TCP")
+    rpc("bdev_malloc_create", "-b", "Malloc0", "512", "512")  # 512 MiB RAM, 512 B blocks
+    rpc("nvmf_create_subsystem", nqn, "-a", "-s", "SPDK00000000000001")
+    rpc("nvmf_subsystem_add_ns", nqn, "Malloc0")
+    rpc("nvmf_subsystem_add_listener", nqn, "-t", "tcp", "-a", "127.0.0.1", "-s", "4420")
+    rpc("nvmf_subsystem_add_listener", "discovery", "-t", "tcp", "-a", "127.0.0.1", "-s", "4420")
 
 
 def spdk_tls_subsystems(keys: dict[str, str]) -> None:
@@ -397,36 +474,46 @@ def bench(rounds: int, seconds: int, keys: dict[str, str], clear: bool) -> None:
     print("\n3. against SPDK's TLS target (4422, RAM ns, loopback, 1 queue): our initiator vs "
           "spdk_nvme_perf -S ssl, both on core 1", flush=True)
     nqn = "nqn.2016-06.io.spdk:tls-sha256"
-    uri = spdk_uri(4422, "sha256", "@" + keys["sha256"], connect_timeout_ms=10000)
+    # ktls=off: spdk_nvme_perf's ssl socket seals records in userspace (OpenSSL) unless
+    # given --enable-ktls, so ours does too, where the kernel has the tls module as well
+    uri = spdk_uri(4422, "sha256", "@" + keys["sha256"], connect_timeout_ms=10000, ktls="off")
     clear_uri = f"nvme+tcp://127.0.0.1:4420/{spdk_bench.SPDK_NQN}?ns=1&queues=1"
     rows: dict[str, list[float]] = {}
     for r in range(rounds):
         cur: dict[str, float] = {}
         for label, rw, bs, fxbs in (("4k", "randread", 4096, "4k"), ("1m", "read", MiB, "1m")):
-            rc, out = run_perf(perf_cmd(4422, nqn, keys["sha256"], "-q", "32", "-o", str(bs),
-                                        "-w", rw, "-t", str(seconds)), seconds + 60)
-            iops = total_iops(out)
-            if iops <= 0:
-                raise SystemExit(f"spdk_nvme_perf over TLS gave no Total line (rc {rc}):\n{out[-2000:]}")
-            cur[f"spdk {label}"] = iops * bs
-            res, _ = spdk_bench.fx_bench(uri, rw, fxbs, 32, seconds, size="60m")
-            cur[f"fx {label}"] = res["iops"] * bs
+            # the order turns each round, so neither tool always runs first (cold) or second
+            for tool in (("spdk", "fx") if r % 2 == 0 else ("fx", "spdk")):
+                if tool == "spdk":
+                    rc, out = run_perf(perf_cmd(4422, nqn, keys["sha256"], "-q", "32", "-o",
+                                                str(bs), "-w", rw, "-t", str(seconds)), seconds + 60)
+                    iops = total_iops(out)
+                    if iops <= 0:
+                        raise SystemExit(f"spdk_nvme_perf over TLS gave no Total line (rc {rc}):"
+                                         f"\n{out[-2000:]}")
+                    cur[f"spdk {label}"] = iops * bs
+                else:
+                    res, _ = spdk_bench.fx_bench(uri, rw, fxbs, 32, seconds, size="60m")
+                    cur[f"fx {label}"] = res["iops"] * bs
             if clear:  # the same target in clear text (4420): what TLS costs each tool
                 cur[f"spdk clear {label}"] = spdk_bench.spdk_perf(rw, bs, 32, seconds)["iops"] * bs
                 res, _ = spdk_bench.fx_bench(clear_uri, rw, fxbs, 32, seconds)
                 cur[f"fx clear {label}"] = res["iops"] * bs
         for k, v in cur.items():
             rows.setdefault(k, []).append(v)
-        print(f"round {r + 1}: " + "  ".join(f"{k} {v / 1e6:.1f} MB/s" for k, v in cur.items()),
-              flush=True)
+        print(f"round {r + 1}: " + "  ".join(f"{k} {v / 1e6:.1f} MB/s" for k, v in cur.items())
+              + "  ratios " + "  ".join(f"{lb} {cur[f'fx {lb}'] / cur[f'spdk {lb}']:.2f}x"
+                                        for lb in ("4k", "1m")), flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"\n| SPDK nvmf_tgt, TLS 1.3 PSK (AES-128-GCM), {rounds} rounds of {seconds} s, medians "
           "| spdk_nvme_perf -S ssl | fx100io | ratio | goal |")
     print("|---|---|---|---|---|")
     for label, unit, goal in (("1m", "1 MiB read QD32", ">= 1.0x"), ("4k", "4 KiB randread QD32", ">= 0.8x")):
         s, f = med[f"spdk {label}"], med[f"fx {label}"]
+        per_round = sorted(a / b for a, b in zip(rows[f"fx {label}"], rows[f"spdk {label}"]))
         print(f"| {unit}, MB/s (IOPS) | {s / 1e6:.1f} ({s / (MiB if label == '1m' else 4096):.0f}) "
-              f"| {f / 1e6:.1f} ({f / (MiB if label == '1m' else 4096):.0f}) | {f / s:.2f}x | {goal} |")
+              f"| {f / 1e6:.1f} ({f / (MiB if label == '1m' else 4096):.0f}) | {f / s:.2f}x "
+              f"(rounds {per_round[0]:.2f}-{per_round[-1]:.2f}x) | {goal} |")
     if clear:
         for label, unit in (("1m", "1 MiB read QD32"), ("4k", "4 KiB randread QD32")):
             sc, fc = med[f"spdk clear {label}"], med[f"fx clear {label}"]
@@ -453,12 +540,16 @@ def stop_spdk() -> None:
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         for _ in range(100):  # it exits within a second or two; then it is killed
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # start_spdk's child: reaped, or /proc keeps it
             if not os.path.exists(f"/proc/{pid}"):
                 break
             time.sleep(0.1)
         else:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # our child: no zombie left behind
     with contextlib.suppress(FileNotFoundError):
         os.unlink(PIDFILE)
     # perf runs killed on a timeout leave their hugetlbfs files (spdk_pid<PID>map_<N>)
@@ -467,7 +558,11 @@ def stop_spdk() -> None:
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    subprocess.run(["bash", PEER, "stop"], check=False, stdout=subprocess.DEVNULL, timeout=60)
+    subprocess.run(["bash", PEER, "stop"], check=False, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=60)
+    # the pages go back even where spdk-peer.sh is missing or failed
+    with contextlib.suppress(OSError), open("/proc/sys/vm/nr_hugepages", "w") as f:
+        f.write(str(_hugepages_before or 0))
 
 
 def main() -> int:
@@ -478,6 +573,9 @@ def main() -> int:
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--clear", action="store_true",
                     help="also run both tools in clear text against the same SPDK target")
+    ap.add_argument("--spdk-ssl-defaults", action="store_true",
+                    help="keep SPDK's 4 KiB ssl socket buffers on its target (its reads then "
+                    "stall on the host's delayed ACKs; see SSL_BUF_SIZE)")
     a = ap.parse_args()
     perf = os.path.join(SPDK, "build", "bin", "spdk_nvme_perf")
     if not (os.access(perf, os.X_OK) and os.access(os.path.join(SPDK, "build", "bin", "nvmf_tgt"), os.X_OK)):
@@ -499,11 +597,8 @@ def main() -> int:
         bad = key_file(d, "wrong", 1, 32)
         try:
             # start also sets up the hugepages spdk_nvme_perf needs in section 2; it can
-            # fail after nvmf_tgt is up (an RPC under set -e), so it is inside the try
-            r = subprocess.run(["bash", PEER, "start"], stdout=subprocess.DEVNULL, timeout=120)
-            if r.returncode != 0:
-                raise SystemExit(f"{PEER} start failed (exit {r.returncode}); its target's log: "
-                                 "/var/tmp/spdk-tgt.log")
+            # fail after nvmf_tgt is up (an RPC), so it is inside the try
+            start_spdk(a.spdk_ssl_defaults)
             spdk_tls_subsystems(keys)
             spdk_tls_auth_subsystem(d)
             if not a.skip_interop:

@@ -57,16 +57,25 @@ class KvPlan:
         last_tokens = kv.prompt_tokens - (self.chunks_per_prompt - 1) * kv.chunk_tokens
         self.last_chunk_bytes = m.chunk_bytes(last_tokens)
         self.prompt_bytes = m.bytes_per_token * kv.prompt_tokens
+        self.writers = kv.store_writers
         if kv.prompts is not None:
-            self.prompts = kv.prompts
+            self._plan(kv, kv.prompts)
         elif isinstance(job.size, int):
-            self.prompts = max(1, job.size // self.prompt_bytes)
+            # as many prompts as the store holds in --size, its own overhead counted
+            # (open_store refuses a size that holds fewer than the plan)
+            n = max(1, job.size // self.prompt_bytes)
+            self._plan(kv, n)
+            while n > 1 and store_bytes_needed(self.data_bytes) > job.size:
+                n -= 1
+                self._plan(kv, n)
         else:
-            self.prompts = 4
+            self._plan(kv, 4)
+
+    def _plan(self, kv: KvSpec, prompts: int) -> None:
+        self.prompts = prompts
         self.concurrency = min(kv.concurrency, self.prompts)
         per_prompt = kv.buffer_bytes // self.concurrency
         self.window = max(1, min(self.chunks_per_prompt, per_prompt // self.chunk_bytes))
-        self.writers = kv.store_writers
         # each writer of the storm keeps replacing one window of chunks: the old
         # and the new copy of it on the device at once
         self.data_bytes = self.prompts * self.prompt_bytes + \
@@ -98,6 +107,11 @@ class KvPlan:
         }
 
 
+def store_bytes_needed(data_bytes: int) -> int:
+    """The store size that holds data_bytes of chunks: its index, alignment and slack."""
+    return int(data_bytes * STORE_OVERHEAD) + STORE_SLACK
+
+
 def _key(job: Job, clone: int, prompt: int, chunk: int) -> bytes:
     return f"fxb/{job.name}/{clone}/{prompt}/{chunk}".encode()
 
@@ -114,7 +128,7 @@ def open_store(job: Job, plan: KvPlan) -> Any:
     opts: dict[str, Any] = {"direct": job.direct}
     if path is not None:
         opts["engine"] = job.ioengine
-    need = int(plan.data_bytes * STORE_OVERHEAD) + STORE_SLACK
+    need = store_bytes_needed(plan.data_bytes)
     size = None
     if path is not None:
         exists = os.path.exists(path)

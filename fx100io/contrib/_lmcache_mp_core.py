@@ -123,6 +123,33 @@ def view_at(ptr: int, nbytes: int) -> memoryview:
     return memoryview(_ubyte_array(int(nbytes)).from_address(int(ptr))).cast("B")
 
 
+def shared_memory_mapping(ptr: int, nbytes: int,
+                          maps: str = "/proc/self/maps") -> str | None:
+    """The /dev/shm file whose whole shared mapping is exactly [ptr, ptr + nbytes), or
+    None: memory that cannot move or grow under us (a POSIX shared-memory arena of a
+    fixed size), told apart from a lazily grown anonymous one."""
+    if ptr <= 0 or nbytes <= 0:
+        return None
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6:
+                    continue
+                lo, _, hi = fields[0].partition("-")
+                if int(lo, 16) != ptr:
+                    continue
+                path = fields[5].rstrip("\n").removesuffix(" (deleted)")
+                shared = len(fields[1]) == 4 and fields[1][3] == "s"
+                whole = int(hi, 16) - ptr == nbytes and int(fields[2], 16) == 0
+                if shared and whole and path.startswith("/dev/shm/"):
+                    return path
+                return None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def byte_view(buf: Any) -> memoryview:
     mv = memoryview(buf)
     return mv if mv.ndim == 1 and mv.format == "B" else mv.cast("B")

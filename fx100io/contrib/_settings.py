@@ -147,7 +147,7 @@ def _check_uri(uri: str, where: str) -> None:
         return
     raise BackendConfigError(
         f"{where}devices: {redact(uri)!r} is not a device URI; use file:///path, /path (a file or block "
-        "device), or nvme+tcp://host:port/<subsystem NQN>"
+        "device), nvme+tcp://host:port/<subsystem NQN> or nvme+rdma://host:port/<subsystem NQN>"
     )
 
 

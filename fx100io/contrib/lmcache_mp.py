@@ -55,6 +55,7 @@ from ._lmcache_mp_core import (
     native_key_name,
     object_key_name,
     parse_object_key_name,
+    shared_memory_mapping,
     view_at,
 )
 from ._settings import BackendConfigError, BackendSettings, parse_settings
@@ -198,9 +199,19 @@ class FX100ioL2Adapter(L2AdapterInterface):
             return
         # only the stable prefix LMCache exposes: None means the arena may still move
         # or grow (a lazy allocator), so nothing is registered (LMCache's own raw
-        # block adapter does the same)
+        # block adapter does the same) ...
         size = getattr(desc, "stable_registration_size", None)
         ptr = getattr(desc, "ptr", 0)
+        what = "L1 arena"
+        if ptr and not size:
+            # ... except a POSIX shared-memory arena (an MP server with shm_name), for
+            # which LMCache exposes no stable size because older kernels refused
+            # file-backed io_uring fixed buffers.  Its mapping never moves or grows;
+            # where the kernel refuses it, the I/O falls back to plain reads and writes.
+            shm = shared_memory_mapping(int(ptr), int(getattr(desc, "size", 0) or 0))
+            if shm is not None:
+                size = int(desc.size)
+                what = f"L1 arena in POSIX shared memory ({shm})"
         if not ptr or not size:
             return
         import fx100io
@@ -208,10 +219,10 @@ class FX100ioL2Adapter(L2AdapterInterface):
         try:
             self._registration = fx100io.register_memory(view_at(ptr, int(size)))
         except Exception as exc:  # noqa: BLE001 - unregistered memory still works
-            logger.warning("fx100io: registering LMCache's L1 arena failed (%r); continuing "
-                           "without", exc)
+            logger.warning("fx100io: registering LMCache's %s failed (%r); continuing "
+                           "without", what, exc)
             return
-        logger.info("fx100io: registered LMCache's L1 arena (%d MiB)", int(size) >> 20)
+        logger.info("fx100io: registered LMCache's %s (%d MiB)", what, int(size) >> 20)
 
     def _seed_usage(self) -> None:
         """Byte counts per cache_salt of what a previous server left on the device."""

@@ -333,6 +333,21 @@ def test_kv_workload_custom_model(tmp_path: Path) -> None:
     assert job["fx100io"]["verify"]["blocks"] == 24 and job["fx100io"]["verify"]["errors"] == 0
 
 
+def test_kv_default_prompts_fit_the_size_given(tmp_path: Path) -> None:
+    """Without --kv-prompts, as many prompts as --size holds once the store's own room is
+    counted: 4 prompts' bytes + 64 MiB holds 3 (it used to plan size // prompt, 12, and
+    refuse its own plan)."""
+    f = tmp_path / "kv.store"
+    prompt = 8192 * 1024  # 8192 tokens of 1 KiB (the custom model below)
+    doc = bench_json(
+        "--name=kv", f"--filename={f}", "--kv-model=custom", "--kv-layers=2", "--kv-heads=2", "--kv-head-dim=64",
+        "--kv-prompt-tokens=8192", f"--size={4 * prompt + (64 << 20)}", "--kv-buffer=2m",
+    )  # fmt: skip
+    kv = doc["jobs"][0]["fx100io"]["kv"]
+    assert kv["prompt_bytes"] == prompt
+    assert kv["prompts"] == 3 and kv["prompts_loaded"] == 3 and kv["misses"] == 0
+
+
 def test_kv_mixed_job_loads_under_a_store_storm(tmp_path: Path) -> None:
     """--kv-store-writers: writers keep storing chunks while the prompts load; the
     loads are all there and verified, the storm's chunks and GB/s are reported, and the

@@ -13,6 +13,7 @@ pytest.importorskip("lmcache")
 
 from support.lmcache_mp import (  # noqa: E402
     Arena,
+    ShmArena,
     content,
     fill,
     key,
@@ -554,6 +555,64 @@ def test_only_the_stable_part_of_the_arena_is_registered(device):
         assert content(dst) == want
     finally:
         ad.close()
+
+
+def test_a_posix_shared_memory_arena_is_registered_whole(device):
+    """An MP server's L1 in POSIX shared memory comes with no stable size (LMCache
+    assumes io_uring refuses file-backed fixed buffers); it cannot move or grow, so the
+    adapter registers it whole, and reads and writes through it are byte-exact and
+    take fixed buffers where the kernel allows (this one does)."""
+    arena = ShmArena(1 << 20)
+    ad = load_adapter(spec(device), arena)
+    try:
+        assert ad._registration is not None
+        assert ad._registration.size == 1 << 20
+        o = arena.obj(64 << 10)
+        want = fill(o, 3)
+        assert store(ad, [key(3)], [o])
+        dst = arena.obj(64 << 10)
+        assert load(ad, [key(3)], [dst]) == [True]
+        assert content(dst) == want
+        dev = ad._svc.store._members[0].dev
+
+        async def loop_queue_stats() -> dict:  # the adapter's I/O runs on its loop's queue
+            return dev.queue_stats()
+
+        stats = ad._svc.call(loop_queue_stats())
+        assert stats["fixed_ios"] >= 2, stats
+    finally:
+        ad.close()
+
+
+def test_only_a_whole_shared_mapping_counts_as_fixed_memory(tmp_path):
+    import mmap
+
+    from fx100io.contrib._lmcache_mp_core import shared_memory_mapping
+
+    anon = mmap.mmap(-1, 1 << 20)
+    arena = ShmArena(1 << 20)
+    private = tmp_path / "f"
+    private.write_bytes(bytes(1 << 20))
+    with open(private, "r+b") as f:
+        filemap = mmap.mmap(f.fileno(), 1 << 20)
+    try:
+        ptr = arena.buf.data_ptr()
+        assert shared_memory_mapping(ptr, 1 << 20) is not None
+        assert shared_memory_mapping(ptr, 1 << 19) is None  # not the whole mapping
+        assert shared_memory_mapping(ptr + 4096, (1 << 20) - 4096) is None
+        assert shared_memory_mapping(ptr, 2 << 20) is None
+        addr = ctypes_address(anon)
+        assert shared_memory_mapping(addr, 1 << 20) is None  # anonymous: may be lazy
+        assert shared_memory_mapping(ctypes_address(filemap), 1 << 20) is None  # not /dev/shm
+        assert shared_memory_mapping(0, 1 << 20) is None
+    finally:
+        filemap.close()
+
+
+def ctypes_address(m) -> int:  # noqa: ANN001
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(m))
 
 
 def test_a_status_poll_does_not_end_the_back_off(device):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import os
 import signal
 import threading
@@ -78,51 +77,58 @@ def _stop(proc) -> None:  # noqa: ANN001
     wait_for(lambda: _stopped(proc.pid), f"target {proc.pid} stopped", 10.0)
 
 
-def _served_each(dev, before: list[dict]) -> bool | None:  # noqa: ANN001
-    """Since before: True when every path is live and served a write with no error on any
-    path, so this thread's writes landed on each path's current Device; None when a path
-    erred (it may be re-opened as a Device without this thread's queue: start again)."""
-    now = dev.path_stats()
-    if any(n["errors"] != b["errors"] for n, b in zip(now, before)):
-        return None
-    return all(n["state"] == "live" and n["commands"] > b["commands"]
-               for n, b in zip(now, before))
+class _Warmup:
+    """Write from this thread (or event loop) until every path is live and has
+    served one of its writes with none failing meanwhile, so it has a queue on
+    each path's current Device.  A path may come up late (its connect or first
+    command timed out under load and its prober brings it back): stopping b
+    before then leaves no write to send it.  The sync and async loops share
+    this rule: write(), then done(), then sleep pause() seconds."""
+
+    def __init__(self, dev) -> None:  # noqa: ANN001
+        self.dev = dev
+        self.deadline = time.monotonic() + WAIT_S
+        self.before = dev.path_stats()
+        self.i = 0
+        self.data = np.full(BS, 0x11, np.uint8)
+
+    def offset(self) -> int:
+        return (self.i % 4) * BS
+
+    def done(self) -> bool:
+        """After a write: True when every path is live and served a write since
+        the last error; a path that erred may be re-opened as a Device without
+        our queue, so the count starts again."""
+        now = self.dev.path_stats()
+        if any(n["errors"] != b["errors"] for n, b in zip(now, self.before)):
+            self.before = now
+        elif all(n["state"] == "live" and n["commands"] > b["commands"]
+                 for n, b in zip(now, self.before)):
+            return True
+        assert time.monotonic() < self.deadline, f"a path never served a write: {now}"
+        self.i += 1
+        return False
+
+    def pause(self) -> float:
+        return 0.02 if self.i > 4 else 0.0
 
 
 def _warm(dev) -> None:  # noqa: ANN001
-    """Write from this thread until every path is live and has served one of
-    its writes with none failing meanwhile, so this thread has a queue on each
-    path's current Device.  A path may come up late (its connect or first
-    command timed out under load and its prober brings it back): stopping b
-    before then leaves no write to send it."""
-    deadline = time.monotonic() + WAIT_S
-    before = dev.path_stats()
-    for i in itertools.count():
-        dev.write_from_blocking((i % 4) * BS, np.full(BS, 0x11, np.uint8))
-        served = _served_each(dev, before)
-        if served:
+    w = _Warmup(dev)
+    while True:
+        dev.write_from_blocking(w.offset(), w.data)
+        if w.done():
             return
-        assert time.monotonic() < deadline, f"a path never served a write: {dev.path_stats()}"
-        if served is None:
-            before = dev.path_stats()
-        if i >= 4:
-            time.sleep(0.02)
+        time.sleep(w.pause())
 
 
 async def _awarm(dev) -> None:  # noqa: ANN001
-    """_warm for an event loop: this loop's queue on each path made."""
-    deadline = time.monotonic() + WAIT_S
-    before = dev.path_stats()
-    for i in itertools.count():
-        await dev.write_from((i % 4) * BS, np.full(BS, 0x11, np.uint8))
-        served = _served_each(dev, before)
-        if served:
+    w = _Warmup(dev)
+    while True:
+        await dev.write_from(w.offset(), w.data)
+        if w.done():
             return
-        assert time.monotonic() < deadline, f"a path never served a write: {dev.path_stats()}"
-        if served is None:
-            before = dev.path_stats()
-        if i >= 4:
-            await asyncio.sleep(0.02)
+        await asyncio.sleep(w.pause())
 
 
 def _resume(proc) -> None:  # noqa: ANN001

@@ -39,13 +39,38 @@ def test_an_inline_key_turns_tls_on_and_travels_apart_from_the_target_string(key
         assert _lines(secrets)["tls_key"] == key
 
 
-def test_a_key_file_is_read_and_its_newline_dropped(tmp_path):
+# every secret option takes @FILE the same way: (option, a good value, a bad one, why)
+SECRET_OPTIONS_FILES = [
+    ("tls_key", KEY, BAD_CRC, "CRC"),
+    ("dhchap_secret", None, "DHHC-1:00:AAAA:", "32, 48 or 64"),
+    ("dhchap_ctrl_secret", None, "DHHC-1:00:AAAA:", "32, 48 or 64"),
+]
+
+
+def _good(option: str, value: str | None) -> str:
+    if value is not None:
+        return value
+    from support.target_auth_host import SECRET_A
+    return SECRET_A
+
+
+def _with(option: str, value: str) -> str:
+    # dhchap_ctrl_secret needs dhchap_secret beside it
+    extra = f"&dhchap_secret={_good('dhchap_secret', None)}" if option == "dhchap_ctrl_secret" else ""
+    return _uri(f"{option}={value}{extra}")
+
+
+@pytest.mark.parametrize("option, good, bad, why", SECRET_OPTIONS_FILES)
+def test_a_key_file_is_read_and_its_newline_dropped(tmp_path, option, good, bad, why):
+    good = _good(option, good)
     f = tmp_path / "key"
-    f.write_text(KEY + "\n")
+    f.write_text(good + "\n")
     f.chmod(0o600)
-    target, secrets = fabric_uri.to_transport(_uri(f"tls_key=@{f}"))
-    assert _lines(secrets)["tls_key"] == KEY
-    assert _lines(target)["tls"] == "1"
+    target, secrets = fabric_uri.to_transport(_with(option, f"@{f}"))
+    assert _lines(secrets)[option] == good
+    assert good not in target and str(f) not in target
+    if option == "tls_key":
+        assert _lines(target)["tls"] == "1"
 
 
 @pytest.mark.parametrize("value, why", [
@@ -63,22 +88,23 @@ def test_a_bad_key_is_refused_with_why_and_never_quoted(value, why):
         assert value not in str(e.value) and value[16:40] not in str(e.value)
 
 
-def test_a_bad_key_file_is_named_and_its_content_never_quoted(tmp_path):
-    with pytest.raises(InvalidArgumentError, match="cannot read .*missing"):
-        fabric_uri.parse(_uri(f"tls_key=@{tmp_path}/missing"))
+@pytest.mark.parametrize("option, good, bad, why", SECRET_OPTIONS_FILES)
+def test_a_bad_key_file_is_named_and_its_content_never_quoted(tmp_path, option, good, bad, why):
+    with pytest.raises(InvalidArgumentError, match=f"{option}: cannot read .*missing"):
+        fabric_uri.parse(_with(option, f"@{tmp_path}/missing"))
     f = tmp_path / "bad"
-    f.write_text(BAD_CRC)
-    with pytest.raises(InvalidArgumentError, match=f"in {f}.*CRC") as e:
-        fabric_uri.parse(_uri(f"tls_key=@{f}"))
-    assert BAD_CRC not in str(e.value)
+    f.write_text(bad)
+    with pytest.raises(InvalidArgumentError, match=f"{option} \\(in {f}\\).*{why}") as e:
+        fabric_uri.parse(_with(option, f"@{f}"))
+    assert bad not in str(e.value)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(InvalidArgumentError, match="not a regular file"):
-        fabric_uri.parse(_uri(f"tls_key=@{fifo}"))
+        fabric_uri.parse(_with(option, f"@{fifo}"))
     big = tmp_path / "big"
     big.write_bytes(b"x" * 10000)
     with pytest.raises(InvalidArgumentError, match="not a key file"):
-        fabric_uri.parse(_uri(f"tls_key=@{big}"))
+        fabric_uri.parse(_with(option, f"@{big}"))
 
 
 def test_tls_without_a_key_and_tls_off_with_one_are_refused():

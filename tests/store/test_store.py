@@ -156,6 +156,26 @@ def test_a_chunk_over_the_capacity_is_refused_and_corrupts_nothing(tmp_file):
     st.close()
 
 
+def test_a_stripe_with_a_stranger_never_hints_create(tmp_path):
+    """A stripe of which one device is not the store's (a wrong or swapped path) is
+    refused without the create=True hint that would erase the member that is."""
+    a, b = str(tmp_path / "a.img"), str(tmp_path / "b.img")
+    with fx100io.ChunkStore([a, b], create=True, size=64 << 20) as st:
+        st.batch_put_blocking([b"k"], [bytes(4096)])
+    stranger = tmp_path / "c.img"
+    stranger.write_bytes(b"\x5a" * (64 << 20))
+    with pytest.raises(errors.NotAStoreError) as ei:
+        fx100io.ChunkStore([a, str(stranger)])
+    msg = str(ei.value)
+    assert "c.img" in msg and "a.img" in msg and "would erase" in msg
+    assert "pass create=True" not in msg
+    assert stranger.read_bytes()[:4096] == b"\x5a" * 4096
+    with fx100io.ChunkStore([a, b]) as st:
+        assert st.keys() == [b"k"]
+    with pytest.raises(errors.NotAStoreError, match="create=True to format"):
+        fx100io.ChunkStore([str(stranger)])  # alone: nothing else to lose, the hint stays
+
+
 def test_open_errors(tmp_path):
     with pytest.raises(errors.DeviceNotFoundError):
         fx100io.ChunkStore(str(tmp_path / "absent.img"))

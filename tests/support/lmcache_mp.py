@@ -71,6 +71,33 @@ class Arena:
         return self.buf[start:obj.meta.address + obj.get_physical_size()]
 
 
+class ShmArena(Arena):
+    """LMCache's L1 as an MP server with shm_name makes it: one POSIX shared-memory
+    file mapped whole, for which LMCache's desc gives no stable_registration_size."""
+
+    def __init__(self, nbytes: int, align: int = 4096) -> None:
+        import mmap
+        import uuid
+
+        name = f"/dev/shm/fx100io-test-l1-{uuid.uuid4().hex}"
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            self._map = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+            os.unlink(name)  # the mapping keeps it; nothing is left behind
+        self.buf = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._backing = self.buf
+        self.align = align
+        self.next = 0
+
+    @property
+    def desc(self) -> L1MemoryDesc:
+        return L1MemoryDesc(ptr=self.buf.data_ptr(), size=self.buf.numel(), align_bytes=self.align,
+                            stable_registration_size=None)
+
+
 def fill(obj: TensorMemoryObj, seed: int) -> bytes:
     gen = torch.Generator().manual_seed(seed)
     data = torch.randint(0, 256, (obj.get_size(),), dtype=torch.uint8, generator=gen)

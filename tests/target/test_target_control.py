@@ -115,3 +115,21 @@ def test_not_a_socket_is_an_error(ns: str, ctl: str) -> None:
     r = run_target(ns, ctl)
     assert r.returncode == 1 and "not a socket" in r.stderr, r
     assert Path(ctl).read_text() == "mine"
+
+
+def test_an_unreachable_or_silent_control_socket_is_a_clear_fx100io_error(tmp_path: Path) -> None:
+    from fx100io.errors import FxConnectionError, FxTimeoutError
+
+    missing = str(tmp_path / "no.sock")
+    with pytest.raises(FxConnectionError, match="cannot reach the target's control socket"):
+        control(missing, "ports")
+    p = subprocess.run([sys.executable, "-m", "fx100io", "target-ctl", missing, "ports"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "cannot reach the target's control socket" in p.stderr and missing in p.stderr
+    silent = str(tmp_path / "silent.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(silent)
+        srv.listen(1)  # accepts (in the kernel) and never answers
+        with pytest.raises(FxTimeoutError, match="no answer within 0.3 s"):
+            control(silent, "ports", timeout=0.3)

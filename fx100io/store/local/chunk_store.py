@@ -160,19 +160,39 @@ class ChunkStore(StoreBase):
         return members
 
     def _load(self, devices: list[Device], uris: list[str]) -> list[Member]:
-        sbs = []
+        sbs: list[layout.Superblock | None] = []
+        missing: NotAStoreError | None = None
         for d, u in zip(devices, uris):
             # a short read (a file under one block) reads as zeros after its end
-            sb = layout.Superblock.decode(read_block0(d).ljust(BLOCK, b"\0"), u)
+            raw = read_block0(d).ljust(BLOCK, b"\0")
+            try:
+                sb = layout.Superblock.decode(raw, u)
+            except NotAStoreError as absent:
+                if len(devices) == 1 or raw.startswith(layout.SB_MAGIC):
+                    raise  # one device, or a store's block 0 that is corrupt or too new
+                missing = missing or absent
+                sbs.append(None)
+                continue
             layout.check_geometry(sb, d.size, d.block_size, u)
             sbs.append(sb)
-        check_same_set(sbs, uris, "device belongs to a different store than")
-        check_whole_set(sbs, uris, "the store has {ndevs} devices; {given} given "
+        if missing is not None:
+            held = [u for u, sb in zip(uris, sbs) if sb is not None]
+            if not held:
+                raise missing
+            # create=True would erase the members that do hold the store: never hint it
+            bad = [u for u, sb in zip(uris, sbs) if sb is None]
+            raise NotAStoreError(22, f"no fx100io store on {', '.join(bad)}, while "
+                                 f"{', '.join(held)} hold(s) one: a wrong or swapped device in "
+                                 "the list? (create=True would erase the store on the others "
+                                 "too)", bad[0])
+        sbs_ok = [sb for sb in sbs if sb is not None]
+        check_same_set(sbs_ok, uris, "device belongs to a different store than")
+        check_whole_set(sbs_ok, uris, "the store has {ndevs} devices; {given} given "
                         "(pass every device of the store)")
         members = []
-        for i in sorted(range(len(devices)), key=lambda i: sbs[i].dev_index):
-            index, found = IndexLog.open(devices[i], sbs[i])
-            m = Member(devices[i], sbs[i], index, sbs[i].data_size)
+        for i in sorted(range(len(devices)), key=lambda i: sbs_ok[i].dev_index):
+            index, found = IndexLog.open(devices[i], sbs_ok[i])
+            m = Member(devices[i], sbs_ok[i], index, sbs_ok[i].data_size)
             for e in m.adopt(found):
                 self._entries[e.key] = e
             members.append(m)

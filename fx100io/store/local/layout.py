@@ -126,7 +126,9 @@ def plan(dev_size: int, block_size: int, dev_index: int, ndevs: int, set_id: byt
     if data_size < bs:
         raise InvalidArgumentError(
             28, f"device of {dev_size} bytes is too small for a store "
-            f"(needs more than {data_off} bytes)", target)
+            f"(needs more than {data_off} bytes)"
+            + ("; a new or empty file: pass size= to create it that large" if dev_size == 0
+               else ""), target)
     return Superblock(bs, dev_size, set_id, dev_index, ndevs, index_off, index_half,
                       data_off, data_size, time.time_ns())
 
