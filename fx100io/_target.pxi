@@ -40,6 +40,7 @@ cdef extern from "target/target.h" nogil:
         int tls
         const fx_target_tls_host *tls_hosts
         unsigned n_tls_hosts
+        int ktls
         uint32_t block_size
         uint32_t max_io_queues
         uint32_t max_connections
@@ -74,8 +75,10 @@ TARGET_DHCHAP_DHGROUPS = {"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096"
 TARGET_ANA_STATES = {"optimized": 0x01, "non-optimized": 0x02, "inaccessible": 0x03,
                      "persistent-loss": 0x04, "change": 0x0F}
 TARGET_MAX_PORTS = 16
-# --fault-tls-record's kinds, in the order of FX_TARGET_FAULT_TLS_* (from 1)
-FAULT_TLS_KINDS = ("ticket", "close_notify", "fatal", "warning")
+# --fault-tls-record's kinds and its KIND:N (declared once, in fx100io/target_faults.py)
+from fx100io.target_faults import FAULT_TLS_KINDS, parse_fault_tls_record as _fault_tls_parse
+# --ktls: fx_target_config.ktls by name (the URI key ktls's choices)
+TARGET_KTLS = {"auto": 0, "off": 1}
 TARGET_ANA_GROUPS = 32
 
 
@@ -102,7 +105,7 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
                  str fault_tls_record="",
                  bint verbose=False, bint quiet=False, ready=None,
                  listens=(), ana_states=(), ns_ana_groups=None, control_path=None,
-                 ready_ports=None, str tls="", tls_hosts=()):
+                 ready_ports=None, str tls="", tls_hosts=(), str ktls="auto"):
     """Serve namespaces (paths of files or block devices) as NVMe/TCP subsystem
     subnqn on host:port until target_stop() (from another thread or a signal
     handler).  ready(port) is called once the socket listens (port "0" picks
@@ -117,7 +120,10 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     used.
 
     Secure channel: tls "" (off), "optional" or "required"; tls_hosts a
-    sequence of (hostnqn, key), keys in the NVMeTLSkey-1 text form.
+    sequence of (hostnqn, key), keys in the NVMeTLSkey-1 text form; ktls
+    "auto" (after the handshake the kernel seals and opens the records,
+    kTLS, where it has the tls module; else fx100io does) or "off" (always
+    fx100io).
 
     Asymmetric Namespace Access: listens, a sequence of (host, port) strings
     (at most 16), replaces host:port with several ports, port id i+1 each;
@@ -143,8 +149,8 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
 
     Fault injection (tests; off by default): fault_tls_record "KIND:N" (KIND
     from FAULT_TLS_KINDS, TLS only) sends, once, a TLS record of that kind
-    between two records of a C2HData after a connection sent N records of
-    read data (docs/target.md)."""
+    between two records of the first C2HData of more than 16 KiB whose data
+    reaches a connection's Nth 16 KiB record of read data (docs/target.md)."""
     cdef fx_target_config cfg
     cdef fx_target *t = NULL
     cdef const char **paths = NULL
@@ -164,6 +170,8 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
     tls_modes = {"": 0, "optional": 1, "required": 2}
     if tls not in tls_modes:
         raise ValueError(f"target: tls {tls!r} (one of optional, required, or empty for off)")
+    if ktls not in TARGET_KTLS:
+        raise ValueError(f"target: ktls {ktls!r} (one of {', '.join(TARGET_KTLS)})")
     if not ns_b:
         raise error_from_errno(22, "target: no namespaces")
     listens_b = [(h.encode(), str(pt).encode()) for h, pt in listens]
@@ -247,15 +255,11 @@ def target_serve(str host, str port, str subnqn, namespaces, *, unsigned int blo
         cfg.fault_drop_after = fault_drop_after
         cfg.fault_delay_ms = fault_delay_ms
         cfg.fault_corrupt_ddgst = fault_corrupt_ddgst
+        cfg.ktls = TARGET_KTLS[ktls]
         if fault_tls_record:
-            # KIND:N (test knob; the CLI checked it): KIND's record once,
-            # mid-C2HData, after a connection sent N records of read data
-            kind, _, after = fault_tls_record.partition(":")
-            if kind not in FAULT_TLS_KINDS or not (after.isascii() and after.isdigit()) \
-                    or not 1 <= int(after) <= 0xFFFFFFFF:
-                raise ValueError(f"fault_tls_record: KIND:N, not {fault_tls_record!r}")
-            cfg.fault_tls_kind = FAULT_TLS_KINDS.index(kind) + 1
-            cfg.fault_tls_after = int(after)
+            # KIND:N (test knob): KIND's record once, mid-C2HData, once a
+            # connection sent N records of read data
+            cfg.fault_tls_kind, cfg.fault_tls_after = _fault_tls_parse(fault_tls_record)
         cfg.verbose = verbose
         cfg.quiet = quiet
         cfg.listens = lst

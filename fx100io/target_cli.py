@@ -18,12 +18,17 @@ import stat
 import sys
 import threading
 
+from fx100io.fabric_options import BY_NAME as _URI_OPTIONS
+from fx100io.target_faults import parse_fault_tls_record
+
+# --ktls takes what the initiator's URI key ktls takes (auto first: the default)
+KTLS_CHOICES = _URI_OPTIONS["ktls"].choices
+
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 DEFAULT_NQN = "nqn.2024-01.io.fx100io:target"
 DEFAULT_PORT = 4420
 HASHES = ("sha256", "sha384", "sha512")
 DHGROUPS = ("null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192")
-FAULT_TLS_KINDS = ("ticket", "close_notify", "fatal", "warning")  # as _core's
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
                    "a host may also connect in clear text")
     s.add_argument("--tls-key", action="append", default=[], metavar="HOSTNQN=KEY",
                    help="a host's configured TLS PSK; repeatable, one per host")
+    s.add_argument("--ktls", choices=KTLS_CHOICES, default=KTLS_CHOICES[0],
+                   help="where a TLS connection's records are sealed and opened after the "
+                   "handshake: auto (by the kernel, kTLS, where it has the tls module; else "
+                   "by fx100io; the default) or off (always by fx100io); as the initiator's "
+                   "URI key ktls")
     lim = p.add_argument_group("limits against hostile, broken or vanished hosts")
     lim.add_argument("--max-connections", type=int, default=1024, metavar="N",
                      help="connections open at once (default 1024); at the limit a new one "
@@ -138,9 +148,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="corrupt the data digest of every Nth C2HData PDU of a connection")
     f.add_argument("--fault-tls-record", default="", metavar="KIND:N",
                    help="with --tls: once, send a TLS record that is not data (KIND: ticket, "
-                   "close_notify, fatal or warning alert), sealed with the connection's keys, "
-                   "between two records of a C2HData after a connection sent N records "
-                   "of read data")
+                   "close_notify, fatal or warning alert), sealed with the connection's keys "
+                   "(by the kernel on kTLS), inside the first C2HData of more than 16 KiB "
+                   "whose data reaches a connection's Nth 16 KiB record of read data, "
+                   "between two of its records")
     return p
 
 
@@ -247,11 +258,7 @@ def _check_fault_tls_record(spec: str, tls: str | None) -> None:
     """--fault-tls-record KIND:N: a known KIND, N >= 1, and only with --tls."""
     if not spec:
         return
-    kind, sep, after = spec.partition(":")
-    if kind not in FAULT_TLS_KINDS or not sep or not (after.isascii() and after.isdigit()) \
-            or not 1 <= int(after) <= 0xFFFFFFFF:
-        raise ValueError(f"--fault-tls-record: KIND:N, KIND one of {', '.join(FAULT_TLS_KINDS)} "
-                         f"and N >= 1, not {spec!r}")
+    parse_fault_tls_record(spec)
     if not tls:
         raise ValueError("--fault-tls-record needs --tls (it sends a TLS record)")
 
@@ -401,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         tls_keys = tls_hosts(args.tls_key)
         if tls_keys and not args.tls:
             raise ValueError("--tls-key needs --tls required or --tls optional")
+        if args.ktls == "off" and not args.tls:
+            # (it picks the record layer of TLS connections: without --tls there are none,
+            # and a caller who asked for it expects TLS)
+            raise ValueError("--ktls off needs --tls required or --tls optional")
         if args.tls == "required" and not tls_keys:
             raise ValueError("--tls required needs a --tls-key for each host that may connect")
     except ValueError as e:
@@ -425,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                                dhchap_hosts=keys, dhchap_hashes=hashes,
                                dhchap_dhgroups=dhgroups,
                                tls=args.tls or "", tls_hosts=list(tls_keys.items()),
+                               ktls=args.ktls,
                                max_io_queues=args.max_io_queues,
                                max_connections=args.max_connections,
                                io_buffer_budget_mib=args.io_buffer_budget,

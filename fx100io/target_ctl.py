@@ -31,7 +31,10 @@ commands:
   close-port PORT             end the port's connections and refuse new ones
                               (remove-listen is the same)
   open-port PORT              listen again on the port's address and TCP port
-  ports                       each port: id, address, open/closed, groups' states"""
+  ports                       each port: id, address, open/closed, groups' states
+  tls                         TLS connections so far by record layer: ktls_conns N
+                              (the kernel's, kTLS) tls_user_conns M (fx100io's),
+                              and tls_open K (either, not yet ended)"""
 
 
 class TargetControlError(Fx100ioValueError, RuntimeError):

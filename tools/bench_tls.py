@@ -9,9 +9,16 @@ per GB moved, of the initiator (this process) and of the target (its
 throughput >= 0.7x clear.
 
 With --ktls a third run per round reads over TLS with the kernel's record layer (kTLS,
-ktls=auto: where the kernel has the tls module, e.g. the fabric lab's guest), the "tls" run
-then being our userspace record layer (ktls=off); the run checks from queue_stats() that
-each took the layer it names.
+ktls=auto: where the kernel has the tls module, e.g. the fabric lab's guest) on the
+initiator, the "tls" run then being our userspace record layer (ktls=off); the run checks
+from queue_stats() that each took the layer it names.  In these runs the target keeps
+our record layer (`--ktls off`).
+
+With --target-ktls two more runs per round put the target on kTLS too (`--ktls auto`):
+"t-ktls" (the initiator on our layer, as "tls") and "ktls2" (both ends on kTLS, as
+"ktls" with --ktls); the target's control socket (`tls`) says which layer its
+connections took, and the run checks it.  Compare the target's CPU per GB of tls with
+t-ktls, and of ktls with ktls2.
 
 With --floors it also builds and runs tools/bench_tls_floors.c (a C compiler
 and libssl-dev): what each step of a TLS read (a page-cache read, AES-GCM
@@ -19,7 +26,8 @@ sealing, a loopback send and receive) costs one thread here, the floor under
 the CPU per GB above.  The load average is printed with each round: other work
 on the machine takes CPU from both ends, and with it throughput, not CPU per GB.
 
-    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1] [--ktls] [--floors]
+    python3 tools/bench_tls.py [--seconds 3] [--rounds 3] [--bs 1M] [--depth 32] [--queues 1] [--ktls]
+        [--target-ktls] [--floors]
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import fx100io  # noqa: E402
+from fx100io.target_ctl import control  # noqa: E402
 from fx100io.units import parse_size  # noqa: E402
 
 NQN = "nqn.2026-12.io.fx100:bench-tls"
@@ -47,8 +56,15 @@ KEY = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def start_target(backing: str, tls: bool) -> tuple[subprocess.Popen, int]:
-    extra = ["--tls", "required", "--tls-key", f"{HOST}={KEY}"] if tls else []
+# mode: (the initiator's URI ktls, the target's --ktls); None: in clear
+MODES = {"clear": None, "tls": ("off", "off"), "ktls": ("auto", "off"),
+         "t-ktls": ("off", "auto"), "ktls2": ("auto", "auto")}
+
+
+def start_target(backing: str, target_ktls: str | None,
+                 ctl: str) -> tuple[subprocess.Popen, int]:
+    extra = ["--tls", "required", "--tls-key", f"{HOST}={KEY}", "--ktls", target_ktls,
+             "--control", ctl] if target_ktls else []
     p = subprocess.Popen([sys.executable, "-m", "fx100io", "target", "--listen", "127.0.0.1:0",
                           "--nqn", NQN, "--namespace", backing, "-q", *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
@@ -87,13 +103,14 @@ def load(dev, seconds: float, bs: int, depth: int, size: int) -> int:  # noqa: A
 
 
 def one_run(backing: str, size: int, mode: str, a: argparse.Namespace) -> dict[str, float]:
-    """mode: "clear", "tls" (our record layer: ktls=off) or "ktls" (the kernel's)."""
-    tls = mode != "clear"
-    proc, port = start_target(backing, tls)
+    """mode: one of MODES."""
+    layers = MODES[mode]
+    ctl = os.path.join(os.path.dirname(backing), "ctl.sock")
+    proc, port = start_target(backing, layers[1] if layers else None, ctl)
     try:
         q = f"hostnqn={HOST}&queues={a.queues}"
-        if tls:
-            q += f"&tls_key={KEY}&ktls={'auto' if mode == 'ktls' else 'off'}"
+        if layers:
+            q += f"&tls_key={KEY}&ktls={layers[0]}"
         with fx100io.open_device(f"nvme+tcp://127.0.0.1:{port}/{NQN}?{q}",
                                  queue_depth=a.depth) as dev:
             load(dev, 0.5, a.bs, a.depth, size)  # warm up
@@ -102,11 +119,18 @@ def one_run(backing: str, size: int, mode: str, a: argparse.Namespace) -> dict[s
             wall = time.monotonic() - w0
             h_cpu, t_cpu = time.process_time() - h_cpu0, cpu_of(proc.pid) - t_cpu0
             st = dev.queue_stats()
-            if mode == "ktls" and not st["ktls_conns"]:
+            if layers and layers[0] == "auto" and not st["ktls_conns"]:
                 raise SystemExit("--ktls: this kernel has no kTLS (the tls module): the "
                                  "connections stayed on our record layer")
-            if mode == "tls" and st["ktls_conns"]:
+            if layers and layers[0] == "off" and st["ktls_conns"]:
                 raise SystemExit("ktls=off took kTLS")
+            if layers:
+                words = control(ctl, "tls").split()
+                tst = dict(zip(words[::2], map(int, words[1::2])))
+                if (tst["ktls_conns"] > 0) != (layers[1] == "auto") or \
+                        (tst["tls_user_conns"] > 0) != (layers[1] == "off"):
+                    raise SystemExit(f"the target's connections took another layer: {tst} "
+                                     "(--target-ktls needs the kernel's tls module)")
     finally:
         proc.terminate()
         proc.wait(10)
@@ -141,6 +165,8 @@ def main() -> None:
     ap.add_argument("--size", default="256M", help="backing file (read at random offsets)")
     ap.add_argument("--ktls", action="store_true",
                     help="also a run per round on the kernel's record layer (kTLS)")
+    ap.add_argument("--target-ktls", action="store_true",
+                    help="also runs with the target on kTLS (t-ktls; ktls2 with --ktls)")
     ap.add_argument("--floors", action="store_true",
                     help="also measure each step's CPU per GB alone (tools/bench_tls_floors.c)")
     a = ap.parse_args()
@@ -150,13 +176,15 @@ def main() -> None:
         backing = os.path.join(d, "ns.img")
         with open(backing, "wb") as f:
             f.write(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
-        modes = ["clear", "tls"] + (["ktls"] if a.ktls else [])
+        modes = ["clear", "tls"] + (["ktls"] if a.ktls else []) + \
+            (["t-ktls"] if a.target_ktls else []) + \
+            (["ktls2"] if a.target_ktls and a.ktls else [])
         res: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
         for r in range(a.rounds):
             for mode in modes:
                 x = one_run(backing, size, mode, a)
                 res[mode].append(x)
-                print(f"round {r + 1} {mode:5}: {x['gbs']:.3f} GB/s, "
+                print(f"round {r + 1} {mode:6}: {x['gbs']:.3f} GB/s, "
                       f"CPU s/GB initiator {x['host']:.3f} target {x['target']:.3f} "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)
         if a.floors:
@@ -168,13 +196,18 @@ def main() -> None:
     print(f"\n{a.bs >> 10} KiB reads, QD{a.depth}, {a.queues} queue(s), {a.rounds} rounds "
           f"of {a.seconds:g} s, medians:")
     for mode in modes:
-        print(f"  {mode:5}: {med(mode, 'gbs'):.3f} GB/s, CPU s/GB "
+        print(f"  {mode:6}: {med(mode, 'gbs'):.3f} GB/s, CPU s/GB "
               f"initiator {med(mode, 'host'):.3f} target {med(mode, 'target'):.3f}")
     for mode in modes[1:]:
-        name = "TLS" if mode == "tls" else "kTLS"
+        name = mode
         print(f"  {name}/clear throughput {med(mode, 'gbs') / med('clear', 'gbs'):.3f}x; CPU "
               f"per GB initiator {med(mode, 'host') / med('clear', 'host'):.2f}x, target "
               f"{med(mode, 'target') / med('clear', 'target'):.2f}x")
+    for ours, kern in (("tls", "t-ktls"), ("ktls", "ktls2")):
+        if ours in modes and kern in modes:
+            print(f"  the target on kTLS ({kern}) / on ours ({ours}): CPU per GB target "
+                  f"{med(kern, 'target') / med(ours, 'target'):.2f}x, initiator "
+                  f"{med(kern, 'host') / med(ours, 'host'):.2f}x")
 
 
 if __name__ == "__main__":

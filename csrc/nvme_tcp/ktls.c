@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -131,14 +132,25 @@ void fx_ktls_free(struct fx_ktls *k)
 
 const char *fx_ktls_why(const struct fx_ktls *k)
 {
-	return k && k->why ? k->why : "";
+	return k && k->rx_why ? k->rx_why : "";
 }
 
+const char *fx_ktls_send_why(const struct fx_ktls *k)
+{
+	return k && k->tx_why ? k->tx_why : "";
+}
+
+/* (the receive side's only: the send side has its own reason) */
 static int fail(struct fx_ktls *k, int rc, const char *why)
 {
-	k->why = why;
+	k->rx_why = why;
 	return rc;
 }
+
+static const char *const why_bad_tag =
+	"a TLS record failed its integrity check (bad tag: tampered, or not from the peer "
+	"we keyed)";
+static const char *const why_too_large = "the TLS peer sent a record of a size TLS 1.3 forbids";
 
 /* The peer's KeyUpdate: the kernel paused decryption after it (6.14 and
  * later) and takes the next key by TLS_RX again, sequence numbers from 0;
@@ -210,12 +222,13 @@ int fx_ktls_recv_error(struct fx_ktls *k, int err)
 {
 	switch (err) {
 	case -EBADMSG:
-		return fail(k, err,
-			    "a TLS record failed its integrity check (bad tag: tampered, or "
-			    "not from the peer we keyed)");
+		atomic_store(&k->rx_err, EBADMSG);
+		return fail(k, err, why_bad_tag);
 	case -EMSGSIZE:
-		return fail(k, -EPROTO, "the TLS peer sent a record of a size TLS 1.3 forbids");
+		atomic_store(&k->rx_err, EMSGSIZE);
+		return fail(k, -EPROTO, why_too_large);
 	case -EINVAL:
+		atomic_store(&k->rx_err, EINVAL);
 		return fail(k, -EPROTO, "the TLS peer sent a record with a bad header");
 	case -EKEYEXPIRED:
 	case -EIO:
@@ -227,21 +240,59 @@ int fx_ktls_recv_error(struct fx_ktls *k, int err)
 
 int fx_ktls_send_error(struct fx_ktls *k, int err)
 {
+	int rx;
+
 	if (err != -EBADMSG && err != -EMSGSIZE)
 		return err;
-	/* A receive that failed (a bad tag, an oversized record) aborts the
-	 * whole socket, and a send may then return its error: where our
-	 * receive has said so already, it means what it meant there. */
-	if (k->why)
-		return fx_ktls_recv_error(k, err);
+	/* A receive the kernel refused (a bad tag, an oversized record)
+	 * aborts the whole socket with that error, and a send then returns
+	 * it: where our receive has seen that refusal, it means what it
+	 * meant there.  (Only the refusal's code crosses threads; the
+	 * receive's reason string is its own.) */
+	rx = atomic_load(&k->rx_err);
+	if (rx == EBADMSG) {
+		k->tx_why = why_bad_tag;
+		return -EBADMSG;
+	}
+	if (rx == EMSGSIZE) {
+		k->tx_why = why_too_large;
+		return -EPROTO;
+	}
 	/* Otherwise it need not be the peer's doing: kernels before the fix
 	 * of tls_sw_sendmsg's error handling (6.13, and the stable kernels
 	 * that took it) report any TCP send failure, a reset or a broken
-	 * pipe, as EBADMSG.  So no tampering is claimed here. */
-	return fail(k, -ECONNRESET,
-		    "a kTLS send failed: the connection is broken (the kernel said EBADMSG or "
+	 * pipe, as EBADMSG; a receive that ended otherwise (close_notify, an
+	 * alert) proves no tampering either.  So none is claimed here. */
+	k->tx_why = "a kTLS send failed: the connection is broken (the kernel said EBADMSG or "
 		    "EMSGSIZE: a record it refused from the peer, or a TCP error on kernels "
-		    "before 6.13)");
+		    "before 6.13)";
+	return -ECONNRESET;
+}
+
+int fx_ktls_send_record(int fd, uint8_t type, const void *buf, size_t len)
+{
+	char cbuf[CMSG_SPACE(sizeof(uint8_t))];
+	struct iovec v = {(void *)buf, len};
+	struct msghdr m = {.msg_iov = &v,
+			   .msg_iovlen = 1,
+			   .msg_control = cbuf,
+			   .msg_controllen = sizeof(cbuf)};
+	struct cmsghdr *c;
+	ssize_t n;
+
+	memset(cbuf, 0, sizeof(cbuf));
+	c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_TLS;
+	c->cmsg_type = TLS_SET_RECORD_TYPE;
+	c->cmsg_len = CMSG_LEN(sizeof(uint8_t));
+	*CMSG_DATA(c) = type;
+	do
+		n = sendmsg(fd, &m, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	/* (a rest sent without the cmsg would be data: the stream is broken) */
+	return (size_t)n == len ? 0 : -EIO;
 }
 
 int fx_ktls_recv_full(struct fx_ktls *k, int fd, void *buf, size_t len, int64_t deadline,

@@ -26,11 +26,18 @@
 #include "nvme_tcp/tls.h"
 
 /* A kTLS connection's own state: enough to follow a KeyUpdate, and room
- * for one record that is not application data. */
+ * for one record that is not application data.  A connection may receive
+ * on one thread and send on another (our target does): each side's reason
+ * is its own field, written and read by that side only; what the send
+ * side learns from the receive side is rx_err alone, atomically. */
 struct fx_ktls {
 	uint8_t hash;
 	uint8_t rx_secret[FX_TLS_PSK_MAX];
-	const char *why;
+	const char *rx_why; /* the receive side's (fx_ktls_why) */
+	const char *tx_why; /* the send side's (fx_ktls_send_why) */
+	/* the kernel's refusal of a record from the peer (EBADMSG, EMSGSIZE,
+	 * EINVAL: positive), set by fx_ktls_recv_error; 0 while none */
+	_Atomic int rx_err;
 	uint8_t rec[FX_TLS_MAX_PLAINTEXT];
 };
 
@@ -45,7 +52,11 @@ struct fx_ktls {
  */
 int fx_ktls_start(int fd, struct fx_tls *t, struct fx_ktls **out, const char **why);
 void fx_ktls_free(struct fx_ktls *k);
+/* The receive side's reason (fx_ktls_record, fx_ktls_recv_error,
+ * fx_ktls_recv_full); "" while none.  Read it on the receiving thread. */
 const char *fx_ktls_why(const struct fx_ktls *k);
+/* The send side's reason (fx_ktls_send_error); "" while none. */
+const char *fx_ktls_send_why(const struct fx_ktls *k);
 
 /*
  * A recv on a kTLS socket failed with -EIO: take the record that caused it
@@ -66,13 +77,28 @@ int fx_ktls_record(struct fx_ktls *k, int fd);
  * those it names.
  */
 int fx_ktls_recv_error(struct fx_ktls *k, int err);
-/* The same for a failed send.  The kernel may fail a send on a socket
- * whose receive side it aborted with that receive's error (-EBADMSG,
- * -EMSGSIZE): once a receive has set fx_ktls_why(), mapped and explained
- * as fx_ktls_recv_error() does; before, -ECONNRESET with a reason that
- * claims no tampering (kernels before 6.13 say -EBADMSG for any TCP send
- * error).  Anything else is returned as it is (why untouched). */
+/* The same for a failed send, with fx_ktls_send_why().  The kernel may
+ * fail a send on a socket whose receive side it aborted with that
+ * receive's error (-EBADMSG, -EMSGSIZE): once fx_ktls_recv_error() has
+ * seen the kernel refuse a record that way (rx_err), mapped and explained
+ * as it was there; otherwise (nothing refused, or the receive ended for
+ * another reason: a close_notify, an alert, a socket error) -ECONNRESET
+ * with a reason that claims no tampering (kernels before 6.13 say -EBADMSG
+ * for any TCP send error).  Anything else is returned as it is (the send
+ * reason untouched).  Safe to call while another thread receives. */
 int fx_ktls_send_error(struct fx_ktls *k, int err);
+
+/*
+ * Send one record of TLS content type `type` that is not application data
+ * (an alert, a handshake message), sealed by the kernel with the socket's
+ * keys: one sendmsg with a TLS_SET_RECORD_TYPE cmsg (the kernel first
+ * closes a data record that MSG_MORE left open).  Blocking within the
+ * socket's SO_SNDTIMEO.  0, -EAGAIN (the send timed out), -EIO (sent only
+ * in part: the stream is broken), or the send's -errno (for
+ * fx_ktls_send_error).  Our target's test fault (--fault-tls-record) uses
+ * it; nothing on the data path does.
+ */
+int fx_ktls_send_record(int fd, uint8_t type, const void *buf, size_t len);
 
 /* fx_tcp_recv_full (nvme_tcp/sock.h) on a kTLS socket: records that are
  * not application data are taken as fx_ktls_record() says, and errors

@@ -91,7 +91,7 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 	if (cmd->sqsize == 0 || cmd->sqsize > FX_TGT_MQES)
 		return invalid_param(r, 1, offsetof(struct nvmf_connect_cmd, sqsize));
 	/* The TLS PSK proved one host and subsystem: Connect may not name others. */
-	if (c->tls &&
+	if ((c->tls || c->ktls) &&
 	    (strcmp(d.hostnqn, c->tls_hostnqn) != 0 || strcmp(d.subsysnqn, c->tls_subnqn) != 0)) {
 		tgt_log(t,
 			"%s: host %s connects to %s over TLS keyed for another host or subsystem",
@@ -121,10 +121,11 @@ static uint16_t do_connect(struct tgt_conn *c, struct tgt_req *r)
 		if (!ctrl)
 			return TGT_SF(1, NVME_SC_CONNECT_CTRL_BUSY);
 		r->dw0 = ctrl->cntlid;
-		tgt_log(t, "%s: host %s connected to %s: controller %u, KATO %u ms, %s%s", c->peer,
-			hp, sp, ctrl->cntlid, cmd->kato,
+		tgt_log(t, "%s: host %s connected to %s: controller %u, KATO %u ms, %s%s%s%s",
+			c->peer, hp, sp, ctrl->cntlid, cmd->kato,
 			c->hdgst ? "header digest" : "no header digest",
-			c->ddgst ? ", data digest" : "");
+			c->ddgst ? ", data digest" : "", c->tls || c->ktls ? ", TLS records " : "",
+			c->tls || c->ktls ? tgt_tls_layer(c) : "");
 	} else {
 		uint32_t ipo = 0;
 

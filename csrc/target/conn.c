@@ -204,6 +204,47 @@ static int wait_sock_or_event(struct tgt_conn *c)
 	return 0;
 }
 
+/* Whether this caller is the first to say why the connection ends (the
+ * engine's sends and our receive may see one break at once). */
+static int say_why_first(struct tgt_conn *c)
+{
+	return atomic_exchange(&c->why_said, 1) == 0;
+}
+
+/*
+ * A receive on a kTLS socket failed with e (not EAGAIN or EINTR): EIO is a
+ * record that is not application data, taken and judged as our record
+ * layer judges it (nvme_tcp/ktls.h: a ticket dropped, close_notify and
+ * alerts the end); any other error is the kernel's refusal of a record (a
+ * bad tag: EBADMSG; one too large: EMSGSIZE) or the socket's.  Returns the
+ * bytes of data the record turned out to carry, copied to p (at most n),
+ * 0 to receive again, or -errno after a log line (-EPROTO, as a broken
+ * record on our layer) or, for close_notify and a socket error, quietly.
+ */
+static ssize_t ktls_recv_failed(struct tgt_conn *c, uint8_t *p, size_t n, int e)
+{
+	struct fx_ktls *k = c->ktls;
+	int r = e == EIO ? fx_ktls_record(k, c->fd) : fx_ktls_recv_error(k, -e);
+
+	if (r > 0 && (size_t)r <= n) {
+		memcpy(p, k->rec, (size_t)r);
+		return r;
+	}
+	if (r > 0) { /* (recv fails only on a record that is not data) */
+		if (say_why_first(c))
+			tgt_log(c->t,
+				"%s qid %u: kTLS: data where a record of another type was; closing",
+				c->peer, c->qid);
+		return -EPROTO;
+	}
+	/* decided by what came back, never by a reason a former call left */
+	if (r != -EPROTO && r != -EBADMSG)
+		return r; /* (close_notify, a reset, a socket error: as on clear text) */
+	if (say_why_first(c))
+		tgt_log(c->t, "%s qid %u: kTLS: %s; closing", c->peer, c->qid, fx_ktls_why(k));
+	return -EPROTO;
+}
+
 /*
  * Receive n bytes.  start: they begin a PDU, and silence before its first
  * byte is legal (the handshake deadline, KATO or the idle timeout bound it,
@@ -248,6 +289,13 @@ static int raw_recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 		if (r < 0 && probe && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			tgt_ioq_kick(c);
 			continue;
+		}
+		if (r < 0 && c->ktls && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+			r = ktls_recv_failed(c, p, n, errno);
+			if (r < 0)
+				return (int)r;
+			if (r == 0)
+				continue;
 		}
 		if (r > 0) {
 			p += r;
@@ -339,13 +387,6 @@ static int recv_bytes(struct tgt_conn *c, void *buf, size_t n, int start)
 static int recv_all(struct tgt_conn *c, void *buf, size_t n)
 {
 	return recv_bytes(c, buf, n, 0);
-}
-
-/* Whether this caller is the first to say why the connection ends (the
- * engine's sends and our receive may see one break at once). */
-static int say_why_first(struct tgt_conn *c)
-{
-	return atomic_exchange(&c->why_said, 1) == 0;
 }
 
 /* A send said why the connection ends: err, the error it returns.  (The
@@ -440,9 +481,38 @@ static int seal_failed(struct tgt_conn *c)
 	return send_said_why(c, -EPROTO);
 }
 
-/* iov[0..cnt) onto the socket as it is (no secure channel, or records
- * already sealed); flags: MSG_MORE or 0.  A send that got some bytes out
- * and then failed returned short (see send_errno). */
+/* The fault's record (not data) went out on kTLS only in part: a rest
+ * sent again would be sealed as data, so the stream is broken; the
+ * connection ends, saying so once. */
+static int fault_record_cut(struct tgt_conn *c)
+{
+	if (say_why_first(c))
+		tgt_log(c->t,
+			"%s qid %u: kTLS: a record that is not data went out in part; closing",
+			c->peer, c->qid);
+	return send_said_why(c, -EPROTO);
+}
+
+/* A send on a kTLS socket failed with EBADMSG or EMSGSIZE (err): the
+ * kernel aborted the socket over a record it refused from the host, or
+ * (kernels before 6.13) any TCP error; fx_ktls_send_error says which it
+ * can tell.  The connection ends, saying so once. */
+static int ktls_send_failed(struct tgt_conn *c, int err)
+{
+	int ret = fx_ktls_send_error(c->ktls, err);
+
+	c->send_short = 0;
+	if (atomic_load(&c->shut_by_us))
+		return -ECONNRESET; /* (a quiet end: see send_errno) */
+	if (say_why_first(c))
+		tgt_log(c->t, "%s qid %u: kTLS: %s; closing", c->peer, c->qid,
+			fx_ktls_send_why(c->ktls));
+	return send_said_why(c, ret == -ECONNRESET ? ret : -EPROTO);
+}
+
+/* iov[0..cnt) onto the socket as it is (clear text, records already
+ * sealed, or kTLS: the kernel seals them); flags: MSG_MORE or 0.  A send
+ * that got some bytes out and then failed returned short (see send_errno). */
 static int send_plain(struct tgt_conn *c, struct iovec *iov, int cnt, int flags)
 {
 	size_t sent = 0;
@@ -456,6 +526,8 @@ static int send_plain(struct tgt_conn *c, struct iovec *iov, int cnt, int flags)
 		c->send_short = 1;
 	if (ret == -EAGAIN)
 		return send_stalled(c);
+	if (c->ktls && (ret == -EBADMSG || ret == -EMSGSIZE))
+		return ktls_send_failed(c, ret);
 	return send_errno(c, -ret);
 }
 
@@ -596,6 +668,128 @@ static void c2h_count(struct tgt_conn *c, uint32_t *ddgst)
 	}
 }
 
+/* Records already sealed, buf[0..n), onto the socket (send_iov's errors). */
+static int send_sealed(struct tgt_conn *c, const uint8_t *buf, size_t n)
+{
+	struct iovec v = {(void *)buf, n};
+
+	return send_plain(c, &v, 1, 0);
+}
+
+/* 16 KiB records of n bytes of read data (--fault-tls-record counts them) */
+#define DATA_RECS(n) (((uint64_t)(n) + FX_TLS_MAX_PLAINTEXT - 1) / FX_TLS_MAX_PLAINTEXT)
+
+/*
+ * --fault-tls-record (a test knob, off by default, TLS only): once per
+ * target, one record that is not application data, sealed with the
+ * connection's keys (ours, or the kernel's on kTLS) like any other, inside
+ * a C2HData's data: the host meets it between two records of one C2HData,
+ * where its receive into the read's buffer is in progress.  A
+ * NewSessionTicket must be dropped and the read go on; close_notify and
+ * alerts end the stream.
+ *
+ * Where: every read path asks fault_tls_split() at the start of each
+ * C2HData's data, and sends the record at the offset it names.  That is
+ * the first 16 KiB boundary of the data at which the connection has sent
+ * fault_tls_after records (c->tls_data_recs, 16 KiB of a C2HData's data
+ * each), or, once past that, the first 16 KiB boundary of the next
+ * C2HData longer than 16 KiB (a shorter one has no two records to put it
+ * between).  Returns the offset in (0, len), or 0: not in this one.
+ */
+static uint32_t fault_tls_split(const struct tgt_conn *c, uint32_t len)
+{
+	const struct fx_target *t = c->t;
+	uint64_t k;
+
+	if (!t->fault_tls_after || (!c->tls && !c->ktls) || atomic_load(&t->fault_tls_fired))
+		return 0;
+	k = t->fault_tls_after > c->tls_data_recs ? t->fault_tls_after - c->tls_data_recs : 1;
+	return k < DATA_RECS(len) ? (uint32_t)(k * FX_TLS_MAX_PLAINTEXT) : 0;
+}
+
+/* The fault's record itself (once per target: a connection that lost the
+ * race sends nothing), after the connection's record `recs` of read data
+ * (for the log). */
+static int fault_tls_record(struct tgt_conn *c, uint64_t recs)
+{
+	/* a NewSessionTicket (RFC 8446 4.6.1): lifetime 3600 s, age_add,
+	 * a 1-byte nonce, a 2-byte ticket, no extensions */
+	static const uint8_t ticket[] = {4, 0, 0, 16, 0, 0, 0x0e, 0x10, 1, 2,
+					 3, 4, 1, 0,  0, 2, 0xaa, 0xbb, 0, 0};
+	static const uint8_t close_notify[] = {1, 0}, fatal[] = {2, 80}, warning[] = {1, 90};
+	struct fx_target *t = c->t;
+	uint8_t rec[FX_TLS_HEADER + sizeof(ticket) + 1 + FX_TLS_TAG];
+	struct iovec v;
+	uint8_t type = 21; /* alert */
+	int expect = 0, n;
+
+	if (!atomic_compare_exchange_strong(&t->fault_tls_fired, &expect, 1))
+		return 0;
+	switch (t->fault_tls_kind) {
+	case FX_TARGET_FAULT_TLS_TICKET:
+		type = 22; /* handshake */
+		v = (struct iovec){(void *)ticket, sizeof(ticket)};
+		break;
+	case FX_TARGET_FAULT_TLS_CLOSE_NOTIFY:
+		v = (struct iovec){(void *)close_notify, sizeof(close_notify)};
+		break;
+	case FX_TARGET_FAULT_TLS_FATAL:
+		v = (struct iovec){(void *)fatal, sizeof(fatal)};
+		break;
+	default:
+		v = (struct iovec){(void *)warning, sizeof(warning)};
+		break;
+	}
+	tgt_log(t,
+		"%s qid %u: fault injection: a TLS record of type %u (%02x %02x) after %llu "
+		"records of read data%s",
+		c->peer, c->qid, type, ((const uint8_t *)v.iov_base)[0],
+		((const uint8_t *)v.iov_base)[1], (unsigned long long)recs,
+		c->ktls ? " (kTLS)" : "");
+	if (c->ktls) {
+		n = fx_ktls_send_record(c->fd, type, v.iov_base, v.iov_len);
+		if (n == -EAGAIN)
+			return send_stalled(c);
+		if (n == -EBADMSG || n == -EMSGSIZE)
+			return ktls_send_failed(c, n);
+		if (n == -EIO) /* (sent in part: the rest would be data) */
+			return fault_record_cut(c);
+		return n ? send_errno(c, -n) : 0;
+	}
+	n = fx_tls_seal_to(c->tls, rec, type, &v, 1, v.iov_len);
+	if (n < 0)
+		return seal_failed(c);
+	return send_sealed(c, rec, (size_t)n);
+}
+
+/* send_iov with the fault's record after the first `at` bytes of
+ * iov[0..cnt) (cnt <= 4: a PDU's header, data, digest; or a packed read's
+ * header, data, response). */
+static int send_iov_fault(struct tgt_conn *c, struct iovec *iov, int cnt, int more, size_t at)
+{
+	struct iovec a[4], b[4];
+	uint64_t recs = c->tls_data_recs + at / FX_TLS_MAX_PLAINTEXT;
+	int na = 0, nb = 0, ret;
+
+	for (int i = 0; i < cnt && i < 4; i++) {
+		size_t l = iov[i].iov_len;
+
+		if (at >= l) {
+			a[na++] = iov[i];
+			at -= l;
+			continue;
+		}
+		if (at)
+			a[na++] = (struct iovec){iov[i].iov_base, at};
+		b[nb++] = (struct iovec){(uint8_t *)iov[i].iov_base + at, l - at};
+		at = 0;
+	}
+	ret = send_iov(c, a, na, 1);
+	if (!ret)
+		ret = fault_tls_record(c, recs);
+	return ret ? ret : send_iov(c, b, nb, more);
+}
+
 /* One C2HData PDU carrying a buffer. */
 static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void *data,
 		    uint32_t len, int last)
@@ -605,9 +799,14 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 	uint32_t crc = 0;
 	int n, ret;
 
-	n = fx_tcp_pdu_iov(iov, b, c2h_head(c, b, cid, datao, len, last), data, len, &crc);
+	unsigned hl = c2h_head(c, b, cid, datao, len, last);
+	uint32_t at = fault_tls_split(c, len);
+
+	n = fx_tcp_pdu_iov(iov, b, hl, data, len, &crc);
 	c2h_count(c, c->ddgst ? &crc : NULL);
-	ret = send_iov(c, iov, n, 0);
+	ret = at ? send_iov_fault(c, iov, n, 0, hl + at) : send_iov(c, iov, n, 0);
+	if (c->tls || c->ktls)
+		c->tls_data_recs += DATA_RECS(len);
 	return ret ? ret : pdu_sent(c);
 }
 
@@ -621,14 +820,6 @@ static int send_c2h(struct tgt_conn *c, uint16_t cid, uint32_t datao, const void
 static int packs_reads(const struct tgt_conn *c)
 {
 	return c->tls && !c->ddgst && !c->t->fault_drop_after;
-}
-
-/* Records already sealed, buf[0..n), onto the socket (send_iov's errors). */
-static int send_sealed(struct tgt_conn *c, const uint8_t *buf, size_t n)
-{
-	struct iovec v = {(void *)buf, n};
-
-	return send_plain(c, &v, 1, 0);
 }
 
 /* preadv until every byte of iov[0..cnt) is read or the file ends (the
@@ -661,58 +852,6 @@ static ssize_t preadv_full(int fd, struct iovec *iov, int cnt, uint64_t off)
 _Static_assert(FX_TGT_CHUNK / TLS_SLOT >= 2, "FX_TGT_CHUNK holds two TLS records at least");
 
 /*
- * --fault-tls-record (a test knob, off by default, TLS only): once per
- * target, after a connection sent fault_tls_after records of read data and
- * while a C2HData's data goes on (the caller checks that), one record that
- * is not application data, sealed with the connection's keys like any
- * other: the host meets it between two records of one C2HData, where its
- * receive into the read's buffer is in progress.  A NewSessionTicket must
- * be dropped and the read go on; close_notify and alerts end the stream.
- * buf: room for one small record (the chunk, whose records are out).
- */
-static int fault_tls_record(struct tgt_conn *c, uint8_t *buf)
-{
-	/* a NewSessionTicket (RFC 8446 4.6.1): lifetime 3600 s, age_add,
-	 * a 1-byte nonce, a 2-byte ticket, no extensions */
-	static const uint8_t ticket[] = {4, 0, 0, 16, 0, 0, 0x0e, 0x10, 1, 2,
-					 3, 4, 1, 0,  0, 2, 0xaa, 0xbb, 0, 0};
-	static const uint8_t close_notify[] = {1, 0}, fatal[] = {2, 80}, warning[] = {1, 90};
-	struct fx_target *t = c->t;
-	struct iovec v;
-	uint8_t type = 21; /* alert */
-	int expect = 0, n;
-
-	if (!t->fault_tls_after || c->tls_data_recs < t->fault_tls_after ||
-	    atomic_load(&t->fault_tls_fired) ||
-	    !atomic_compare_exchange_strong(&t->fault_tls_fired, &expect, 1))
-		return 0;
-	switch (t->fault_tls_kind) {
-	case FX_TARGET_FAULT_TLS_TICKET:
-		type = 22; /* handshake */
-		v = (struct iovec){(void *)ticket, sizeof(ticket)};
-		break;
-	case FX_TARGET_FAULT_TLS_CLOSE_NOTIFY:
-		v = (struct iovec){(void *)close_notify, sizeof(close_notify)};
-		break;
-	case FX_TARGET_FAULT_TLS_FATAL:
-		v = (struct iovec){(void *)fatal, sizeof(fatal)};
-		break;
-	default:
-		v = (struct iovec){(void *)warning, sizeof(warning)};
-		break;
-	}
-	tgt_log(t,
-		"%s qid %u: fault injection: a TLS record of type %u (%02x %02x) after %llu "
-		"records of read data",
-		c->peer, c->qid, type, ((const uint8_t *)v.iov_base)[0],
-		((const uint8_t *)v.iov_base)[1], (unsigned long long)c->tls_data_recs);
-	n = fx_tls_seal_to(c->tls, buf, type, &v, 1, v.iov_len);
-	if (n < 0)
-		return seal_failed(c);
-	return send_sealed(c, buf, (size_t)n);
-}
-
-/*
  * send_read_tls from the namespace: the plaintext stream (C2HData header,
  * the data, CapsuleResp) is laid out in records of 2^14 bytes in chunk,
  * the data read straight into them (one preadv per chunk), each record
@@ -732,7 +871,16 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 	uint64_t foff = off; /* the file offset the next data byte comes from */
 	uint16_t sf = 0;
 	int rb_built = 0, first = 1, ret;
+	/* --fault-tls-record: after the record that ends at fault_at (a 16
+	 * KiB boundary of the stream inside the data; 0: none), so each
+	 * chunk ends there at the latest */
+	uint32_t at = fault_tls_split(c, len);
+	size_t fault_at = at ? (hl + at + FX_TLS_MAX_PLAINTEXT - 1) / FX_TLS_MAX_PLAINTEXT *
+					  FX_TLS_MAX_PLAINTEXT
+			     : 0;
 
+	if (fault_at >= dl) /* (the data's last record: the boundary before it) */
+		fault_at = (hl + at) / FX_TLS_MAX_PLAINTEXT * FX_TLS_MAX_PLAINTEXT;
 	c2h_count(c, NULL);
 	while (pos < total) {
 		struct iovec v[TLS_SLOTS];
@@ -741,7 +889,7 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 		int nv = 0, nr = 0, nrec = 0;
 		size_t plen[TLS_SLOTS];
 
-		for (; nrec < TLS_SLOTS && pos < total; nrec++) {
+		for (; nrec < TLS_SLOTS && pos < total && !(fault_at && pos == fault_at); nrec++) {
 			uint8_t *p = chunk + (size_t)nrec * TLS_SLOT + FX_TLS_HEADER;
 			size_t e = total - pos < FX_TLS_MAX_PLAINTEXT ? total
 								      : pos + FX_TLS_MAX_PLAINTEXT;
@@ -809,13 +957,18 @@ static int send_read_tls_ns(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, st
 		ret = send_sealed(c, chunk, out);
 		if (ret)
 			return ret;
-		c->tls_data_recs += (uint64_t)nrec;
-		if (pos < dl && (ret = fault_tls_record(c, chunk)) != 0)
-			return ret;
+		if (fault_at && pos == fault_at) {
+			ret = fault_tls_record(c,
+					       c->tls_data_recs + fault_at / FX_TLS_MAX_PLAINTEXT);
+			fault_at = 0;
+			if (ret)
+				return ret;
+		}
 		if (first && (ret = pdu_sent(c)) != 0) /* (the C2HData, counted once it is out) */
 			return ret;
 		first = 0;
 	}
+	c->tls_data_recs += DATA_RECS(len);
 	return pdu_sent(c);
 }
 
@@ -834,6 +987,7 @@ static int send_read_tls(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, const
 {
 	uint8_t hb[HDR_BUF], rb[HDR_BUF];
 	struct iovec iov[3];
+	uint32_t at;
 	int ret;
 
 	if (!data)
@@ -846,7 +1000,9 @@ static int send_read_tls(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, const
 	iov[1].iov_len = len;
 	iov[2].iov_base = rb;
 	iov[2].iov_len = resp_head(c, rb, cid, sf, 0, 0);
-	ret = send_iov(c, iov, 3, 0);
+	at = fault_tls_split(c, len);
+	ret = at ? send_iov_fault(c, iov, 3, 0, iov[0].iov_len + at) : send_iov(c, iov, 3, 0);
+	c->tls_data_recs += DATA_RECS(len);
 	if (!ret)
 		ret = pdu_sent(c); /* (the C2HData) */
 	return ret ? ret : pdu_sent(c);
@@ -1040,10 +1196,14 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 	int ret;
 
 	if (!c->ddgst) {
-		/* One PDU; the payload goes page cache -> socket. */
+		/* One PDU; the payload goes page cache -> socket (on kTLS
+		 * through the kernel's records). */
 		uint8_t b[HDR_BUF];
 		struct iovec iov;
 		off_t o = (off_t)off;
+		/* --fault-tls-record's place in the data (0: none): each
+		 * piece below ends there at the latest */
+		uint32_t at = fault_tls_split(c, len);
 
 		iov.iov_base = b;
 		iov.iov_len = c2h_head(c, b, cid, 0, len, 1);
@@ -1051,9 +1211,18 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 		if (ret)
 			return ret;
 		c->c2h_sent++;
-		/* (a secure channel encrypts: no sendfile, the pread below) */
+		/* (our secure channel encrypts: no sendfile, the pread below) */
 		while (!c->tls && sent < len) {
-			ssize_t r = sendfile(c->fd, ns->fd, &o, len - sent);
+			ssize_t r;
+
+			if (at && sent == at) {
+				at = 0;
+				ret = fault_tls_record(c, c->tls_data_recs +
+								  sent / FX_TLS_MAX_PLAINTEXT);
+				if (ret)
+					return ret;
+			}
+			r = sendfile(c->fd, ns->fd, &o, (at > sent ? at : len) - sent);
 
 			if (r > 0) {
 				sent += (uint32_t)r;
@@ -1064,14 +1233,26 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 				continue;
 			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 				return send_stalled(c);
+			if (r < 0 && c->ktls && (errno == EBADMSG || errno == EMSGSIZE))
+				return ktls_send_failed(c, -errno);
 			if (r < 0 && sock_errno(errno))
 				return send_errno(c, errno);
 			break; /* EOF, a read error, or no sendfile here: pread below */
 		}
 		while (sent < len) {
 			uint32_t n = len - sent < FX_TGT_CHUNK ? len - sent : FX_TGT_CHUNK;
-			ssize_t got = pread_full(ns->fd, chunk, n, off + sent);
+			ssize_t got;
 
+			if (at && sent == at) {
+				at = 0;
+				ret = fault_tls_record(c, c->tls_data_recs +
+								  sent / FX_TLS_MAX_PLAINTEXT);
+				if (ret)
+					return ret;
+			}
+			if (at > sent && at - sent < n)
+				n = at - sent;
+			got = pread_full(ns->fd, chunk, n, off + sent);
 			if (got < (ssize_t)n) {
 				memset(chunk + (got > 0 ? got : 0), 0,
 				       n - (uint32_t)(got > 0 ? got : 0));
@@ -1084,6 +1265,8 @@ static int send_read(struct tgt_conn *c, uint8_t *chunk, uint16_t cid, struct tg
 				return ret;
 			sent += n;
 		}
+		if (c->tls || c->ktls)
+			c->tls_data_recs += DATA_RECS(len);
 		ret = pdu_sent(c);
 		return ret ? ret : sf;
 	}
@@ -1940,6 +2123,11 @@ void *tgt_conn_main(void *arg)
 	free(c->abuf);
 	fx_tls_free(c->tls);
 	c->tls = NULL;
+	fx_ktls_free(c->ktls);
+	c->ktls = NULL;
+	if (c->tls_open_counted)
+		atomic_fetch_sub(&t->tls_open, 1);
+	c->tls_open_counted = 0;
 	if (!sigismember(&old, SIGPIPE)) {
 		const struct timespec none = {0, 0};
 

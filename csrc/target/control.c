@@ -19,6 +19,11 @@
  *   open-port PORT               listen again on the same address and port
  *   ports                        one line per port: id, address, open or
  *                                closed, each group's state
+ *   tls                          TLS connections since the start by record
+ *                                layer, and those open now:
+ *                                "ktls_conns N tls_user_conns M tls_open K"
+ *                                (the kernel's, kTLS; ours; either, not
+ *                                yet ended)
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -204,6 +209,13 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 			snprintf(out + at, cap - at, "ok\n");
 		return;
 	}
+	if (!strcmp(arg[0], "tls") && n == 1) {
+		snprintf(out, cap, "ktls_conns %llu tls_user_conns %llu tls_open %llu\nok\n",
+			 (unsigned long long)atomic_load(&t->ktls_conns),
+			 (unsigned long long)atomic_load(&t->tls_user_conns),
+			 (unsigned long long)atomic_load(&t->tls_open));
+		return;
+	}
 	if (!strcmp(arg[0], "ana-state") && n >= 4 && n <= 6) {
 		char *end;
 		unsigned long g = strtoul(arg[2], &end, 10), ms = 0;
@@ -288,7 +300,7 @@ static void run_line(struct fx_target *t, char *line, char *out, size_t cap)
 	snprintf(out, cap,
 		 "error: unknown command or wrong arguments: %.64s (ana-state PORT GROUP STATE, "
 		 "ana-state PORT GROUP change [STATE [MS]], close-port PORT, open-port PORT, "
-		 "ports)\n",
+		 "ports, tls)\n",
 		 arg[0]);
 }
 

@@ -70,8 +70,14 @@ struct fx_target_ana {
 	uint8_t state;
 };
 
+/* fx_target_config.ktls: which record layer a TLS connection uses once its
+ * handshake (ours, in userspace) is done. */
+#define FX_TARGET_KTLS_AUTO 0 /* the kernel's (kTLS) where it has the tls ULP, else ours */
+#define FX_TARGET_KTLS_OFF 1  /* always ours */
+
 /* --fault-tls-record kinds: a NewSessionTicket, close_notify, a fatal
- * alert (internal_error), a warning alert (user_canceled) */
+ * alert (internal_error), a warning alert (user_canceled); their names, in
+ * this order, are fx100io/target_faults.py's FAULT_TLS_KINDS */
 enum {
 	FX_TARGET_FAULT_TLS_TICKET = 1,
 	FX_TARGET_FAULT_TLS_CLOSE_NOTIFY,
@@ -113,6 +119,7 @@ struct fx_target_config {
 	int tls;
 	const struct fx_target_tls_host *tls_hosts;
 	unsigned n_tls_hosts;
+	int ktls;               /* FX_TARGET_KTLS_* (0: auto) */
 	uint32_t block_size;    /* 512 or 4096 */
 	uint32_t max_io_queues; /* granted per controller; 0 = default (64) */
 	/* Limits against hosts that are hostile, broken or gone; 0 = default.
@@ -155,9 +162,12 @@ struct fx_target_config {
 	uint32_t
 		fault_corrupt_ddgst; /* corrupt the data digest of every Nth C2HData of a connection */
 	/* a TLS record of kind fault_tls_kind (FX_TARGET_FAULT_TLS_*) sealed with
-	 * the connection's keys, sent once per target between two records of a
-	 * C2HData after a connection sent fault_tls_after records of read data
-	 * (TLS only; 0 = off) */
+	 * the connection's keys (by the kernel on kTLS), sent once per target
+	 * inside the data of a C2HData (between two of its records), the first
+	 * place a connection reaches once it sent fault_tls_after 16 KiB
+	 * records of read data, on every read path (from the page cache or
+	 * the disk, with or without a data digest, with fault_drop_after); a
+	 * C2HData of one record has no such place.  TLS only; 0 = off. */
 	uint32_t fault_tls_after;
 	uint32_t fault_tls_kind;
 	int verbose; /* 0: errors and connects to stderr; 1: also every command */

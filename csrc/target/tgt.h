@@ -15,6 +15,7 @@
 
 #include "fx100io/nvme.h"
 #include "auth/auth_msg.h"
+#include "nvme_tcp/ktls.h"
 #include "nvme_tcp/tls.h"
 #include "nvme_tcp/tls_psk.h"
 #include "target.h"
@@ -395,8 +396,17 @@ struct tgt_conn {
 	uint64_t accepted_ms;
 	int deadline_hit; /* the listener shut it (handshake deadline, limit, idle; under lock) */
 	char peer[80];
-	struct fx_tls *tls;     /* the secure channel's records (NULL: clear text) */
-	uint64_t tls_data_recs; /* records of read data sent (--fault-tls-record counts them) */
+	/* The secure channel's records: sealed and opened by us (tls), or by
+	 * the kernel (ktls: kTLS, nvme_tcp/ktls.h; tls is then NULL and the
+	 * data path is the clear-text one); both NULL: clear text. */
+	struct fx_tls *tls;
+	struct fx_ktls *ktls;
+	int tls_open_counted; /* in t->tls_open until the connection ends */
+	/* read data sent, in 16 KiB units of each C2HData's data (rounded
+	 * up; headers not counted), the same on both record layers: not the
+	 * records on the wire, which on kTLS the kernel cuts as it likes
+	 * (--fault-tls-record counts these) */
+	uint64_t tls_data_recs;
 	/* whom its PSK identity named: Connect must name the same */
 	char tls_hostnqn[NVMF_NQN_SIZE], tls_subnqn[NVMF_NQN_SIZE];
 	/* In its TLS handshake, unproven, since (0: not, or its key proven),
@@ -511,7 +521,14 @@ struct fx_target {
 	unsigned n_dhchap;
 	uint32_t dhchap_hashes, dhchap_dhgroups; /* allowed ids, bit 1u << id */
 	int tls;                                 /* FX_TARGET_TLS_* */
-	struct tgt_tls_host *tls_hosts;          /* their configured PSKs (tls.c) */
+	int ktls;                                /* FX_TARGET_KTLS_* */
+	/* TLS connections whose records the kernel carried (kTLS) and ours
+	 * (the control socket's `tls` command says both) */
+	atomic_uint_fast64_t ktls_conns, tls_user_conns;
+	/* TLS connections not yet ended, on either layer (`tls` too: a test
+	 * sees a host's connections end even where their end is quiet) */
+	atomic_uint_fast64_t tls_open;
+	struct tgt_tls_host *tls_hosts; /* their configured PSKs (tls.c) */
 	unsigned n_tls_hosts;
 	uint32_t block_size;
 	unsigned lba_shift;
@@ -691,8 +708,9 @@ int tgt_auth_config(struct fx_target *t, const struct fx_target_config *cfg);
  * log line naming the host for a bad one) and wiped at the end; and a
  * connection's start: with TLS optional, the host's first byte says which
  * (0x16: a TLS handshake); with TLS required anything else is closed.  0
- * with c->tls set (or left NULL for a clear-text host), or -ECONNABORTED
- * after a log line. */
+ * with c->tls set, or c->ktls (the kernel took the records: --ktls auto
+ * where it has the tls ULP), or neither for a clear-text host; or
+ * -ECONNABORTED after a log line. */
 struct tgt_tls_host {
 	char hostnqn[NVMF_NQN_SIZE];
 	struct fx_tls_key key;
@@ -700,6 +718,9 @@ struct tgt_tls_host {
 int tgt_tls_config(struct fx_target *t, const struct fx_target_config *cfg);
 void tgt_tls_config_free(struct fx_target *t);
 int tgt_tls_accept(struct tgt_conn *c);
+/* Which record layer a connection's secure channel uses, for the log: "by
+ * the kernel (kTLS)", "by fx100io" or "in clear text". */
+const char *tgt_tls_layer(const struct tgt_conn *c);
 void tgt_auth_config_free(struct fx_target *t);
 /* The host's authentication entry, NULL when it needs none. */
 const struct tgt_dhchap_host *tgt_auth_host(const struct fx_target *t, const char *hostnqn);

@@ -24,7 +24,9 @@
 int tgt_tls_config(struct fx_target *t, const struct fx_target_config *cfg)
 {
 	t->tls = cfg->tls;
-	if (cfg->tls < FX_TARGET_TLS_OFF || cfg->tls > FX_TARGET_TLS_REQUIRED)
+	t->ktls = cfg->ktls;
+	if (cfg->tls < FX_TARGET_TLS_OFF || cfg->tls > FX_TARGET_TLS_REQUIRED ||
+	    (cfg->ktls != FX_TARGET_KTLS_AUTO && cfg->ktls != FX_TARGET_KTLS_OFF))
 		return -EINVAL;
 	if (!cfg->n_tls_hosts)
 		return 0;
@@ -222,6 +224,38 @@ static int lookup(void *arg, const struct fx_tls_identity *id, struct fx_tls_psk
 	return -EACCES;
 }
 
+/* ------------------------------------------------------------ kTLS */
+
+/* The handshake is done and nothing past it read (fx_tls_server reads
+ * records whole, the host's ICReq is still in the socket): with --ktls
+ * auto, the kernel takes the keys and the connection's data path is the
+ * clear-text one (recv, sendmsg, sendfile), c->tls freed.  0 with c->ktls
+ * set, or with c->tls kept where the kernel cannot (*why says why: no tls
+ * module, a cipher it lacks); -errno where the kernel took the send key and
+ * refused the receive key (the socket is unusable: the caller closes it). */
+static int to_kernel(struct tgt_conn *c, const char **why)
+{
+	struct fx_target *t = c->t;
+	int r;
+
+	*why = NULL;
+	if (t->ktls != FX_TARGET_KTLS_OFF) {
+		r = fx_ktls_start(c->fd, c->tls, &c->ktls, why);
+		if (r && r != -ENOPROTOOPT)
+			return r;
+	}
+	if (c->ktls) {
+		fx_tls_free(c->tls);
+		c->tls = NULL;
+		atomic_fetch_add(&t->ktls_conns, 1);
+	} else {
+		atomic_fetch_add(&t->tls_user_conns, 1);
+	}
+	atomic_fetch_add(&t->tls_open, 1);
+	c->tls_open_counted = 1;
+	return 0;
+}
+
 int tgt_tls_accept(struct tgt_conn *c)
 {
 	struct fx_target *t = c->t;
@@ -279,10 +313,25 @@ int tgt_tls_accept(struct tgt_conn *c)
 	}
 	snprintf(c->tls_hostnqn, sizeof(c->tls_hostnqn), "%s", peer.hostnqn);
 	snprintf(c->tls_subnqn, sizeof(c->tls_subnqn), "%s", peer.subnqn);
+	tgt_printable(hp, sizeof(hp), peer.hostnqn);
+	r = to_kernel(c, &why);
+	if (r) {
+		tgt_log(t,
+			"%s: TLS with host %s: moving the records to the kernel (kTLS) failed: "
+			"%s; closing (--ktls off keeps them in fx100io)",
+			c->peer, hp, why);
+		return -ECONNABORTED;
+	}
 	if (t->verbose)
-		tgt_log(t, "%s: TLS with host %s (identity version %d, %s)", c->peer,
-			tgt_printable(hp, sizeof(hp), peer.hostnqn), peer.version,
+		tgt_log(t, "%s: TLS with host %s (identity version %d, %s), records %s%s%s",
+			c->peer, hp, peer.version,
 			peer.hash == FX_TLS_HASH_SHA384 ? "TLS_AES_256_GCM_SHA384"
-							: "TLS_AES_128_GCM_SHA256");
+							: "TLS_AES_128_GCM_SHA256",
+			tgt_tls_layer(c), why ? ": " : "", why ? why : "");
 	return 0;
+}
+
+const char *tgt_tls_layer(const struct tgt_conn *c)
+{
+	return c->ktls ? "by the kernel (kTLS)" : c->tls ? "by fx100io" : "in clear text";
 }

@@ -564,7 +564,7 @@ static void on_send(struct conn *c, int res)
 			/* the receive side's fault, said as the receive says it */
 			res = fx_ktls_send_error(c->nc.ktls, res);
 			fprintf(stderr, "fx100io: nvme+tcp: qid %u: kTLS: %s\n", c->nc.qid,
-				fx_ktls_why(c->nc.ktls));
+				fx_ktls_send_why(c->nc.ktls));
 		}
 		conn_fail(c, res == -EPIPE ? -ECONNRESET : res);
 		return;

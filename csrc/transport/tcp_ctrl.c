@@ -99,7 +99,7 @@ static int send_iov(struct fx_tcp_conn *c, struct iovec *iov, int cnt, int64_t d
 		/* the receive side's fault (the kernel aborted the socket on a
 		 * bad record): mapped and logged as recv_full does */
 		r = fx_ktls_send_error(c->ktls, r);
-		fx_nvmf_log("qid %u: kTLS: %s", c->qid, fx_ktls_why(c->ktls));
+		fx_nvmf_log("qid %u: kTLS: %s", c->qid, fx_ktls_send_why(c->ktls));
 		return r == -EBADMSG ? -EPROTO : r;
 	}
 	return r == -EPIPE ? -ECONNRESET : r;
@@ -114,7 +114,7 @@ static int recv_full(struct fx_tcp_conn *c, void *buf, size_t len, int64_t deadl
 
 		if (r && fx_ktls_why(c->ktls)[0] &&
 		    (r == -EBADMSG || r == -EPROTO || r == -ECONNRESET))
-			fx_nvmf_log("qid %u: kTLS: %s", c->qid, fx_ktls_why(c->ktls));
+			fx_nvmf_log("qid %u: kTLS: %s", c->qid, fx_ktls_send_why(c->ktls));
 		return r == -EBADMSG ? -EPROTO : r;
 	}
 	if (c->tls)

@@ -202,6 +202,13 @@ static int session(const char *key, enum act act, int *kernel, const char **why_
 		CHECK_EQ(fx_tcp_sendv(sv[0], &v, 1, MSG_DONTWAIT, dl, -1, NULL), 0);
 		rc = fx_ktls_recv_full(kt, sv[0], in, 5, dl, -1);
 		*why_out = fx_ktls_why(kt);
+		/* the review's case: the peer's close_notify, then a send that
+		 * fails with EBADMSG (6.12's word for a broken pipe) is a
+		 * broken connection, no tampering */
+		if (act == CLOSE_NOTIFY) {
+			CHECK_EQ(fx_ktls_send_error(kt, -EBADMSG), -ECONNRESET);
+			CHECK(!strstr(fx_ktls_send_why(kt), "integrity"));
+		}
 	}
 	if (rc == 0)
 		CHECK(memcmp(in, "world", 5) == 0);
@@ -250,15 +257,48 @@ int main(void)
 		/* no receive failed first: a broken connection, no tampering
 		 * claimed (kernels before 6.13 say EBADMSG for any TCP error) */
 		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -ECONNRESET);
-		CHECK(strstr(fx_ktls_why(kk), "connection is broken"));
+		CHECK(strstr(fx_ktls_send_why(kk), "connection is broken"));
+		/* (the send's reason is its own: the receive side's stays empty) */
+		CHECK(!fx_ktls_why(kk)[0]);
 		free(kk);
 		kk = calloc(1, sizeof(*kk));
 		CHECK(kk);
 		CHECK_EQ(fx_ktls_recv_error(kk, -EMSGSIZE), -EPROTO);
+		/* the socket aborted with the receive's error: any send after
+		 * says that one, whichever code it came back with */
 		CHECK_EQ(fx_ktls_send_error(kk, -EMSGSIZE), -EPROTO);
-		CHECK(strstr(fx_ktls_why(kk), "size TLS 1.3 forbids"));
+		CHECK(strstr(fx_ktls_send_why(kk), "size TLS 1.3 forbids"));
+		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -EPROTO);
+		CHECK(strstr(fx_ktls_send_why(kk), "size TLS 1.3 forbids"));
+		CHECK(!strstr(fx_ktls_send_why(kk), "integrity"));
+		free(kk);
+		kk = calloc(1, sizeof(*kk));
+		CHECK(kk);
+		CHECK_EQ(fx_ktls_recv_error(kk, -EBADMSG), -EBADMSG);
 		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -EBADMSG);
-		CHECK(strstr(fx_ktls_why(kk), "integrity"));
+		CHECK(strstr(fx_ktls_send_why(kk), "integrity"));
+		free(kk);
+		/* a receive that ended for a reason other than a refused record
+		 * (here the kernel's -EKEYEXPIRED; the same for close_notify or
+		 * an alert, which set only the receive's reason): a later send's
+		 * EBADMSG (what 6.12 says for a plain broken pipe) claims no
+		 * tampering, and a later socket error on receive stays itself */
+		kk = calloc(1, sizeof(*kk));
+		CHECK(kk);
+		CHECK_EQ(fx_ktls_recv_error(kk, -EKEYEXPIRED), -EPROTO);
+		CHECK(fx_ktls_why(kk)[0]);
+		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -ECONNRESET);
+		CHECK(strstr(fx_ktls_send_why(kk), "connection is broken"));
+		CHECK(!strstr(fx_ktls_send_why(kk), "integrity"));
+		CHECK_EQ(fx_ktls_recv_error(kk, -ETIMEDOUT), -ETIMEDOUT);
+		free(kk);
+		/* a bad header (EINVAL) is a refusal too, but the kernel's send
+		 * on that socket does not say it: no tampering claimed either */
+		kk = calloc(1, sizeof(*kk));
+		CHECK(kk);
+		CHECK_EQ(fx_ktls_recv_error(kk, -EINVAL), -EPROTO);
+		CHECK_EQ(fx_ktls_send_error(kk, -EBADMSG), -ECONNRESET);
+		CHECK(!strstr(fx_ktls_send_why(kk), "integrity"));
 		free(kk);
 	}
 	/* a KeyUpdate: followed by our layer; by the kernel's where it takes

@@ -1,15 +1,20 @@
 """kTLS on our initiator's NVMe/TCP connections, in the lab guest (whose 6.12 kernel has the
 `tls` module; this machine's has not): after our userspace handshake the kernel seals and
 opens the records (csrc/nvme_tcp/ktls.c) and the data path is the clear-text one.  Our own
-target (userspace TLS) runs in the guest too, on its loopback.  Bytes are checked against
-what was written and against the target's file; queue_stats() shows which record layer
-each connection used.  The bodies run inside the guest (@pytest.mark.guest)."""
+target runs in the guest too, on its loopback, on kTLS as well (its default, --ktls auto)
+unless a test pins its own layer (--ktls off).  Bytes are checked against what was written
+and against the target's file; queue_stats() shows which record layer each of the
+initiator's connections used, the target's control socket (`tls`) which its own used.
+The bodies run inside the guest (@pytest.mark.guest)."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import select
+import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -20,7 +25,15 @@ from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
 from support.target_process import serve, sparse_image, tls_args, wait_port_free
 from support.tls_keys import KEY, KEY48
-from support.tls_midread import end_mid_read, ticket_mid_read
+from support.tls_midread import (
+    PATHS,
+    end_mid_read,
+    target_layer,
+    target_tls,
+    ticket_mid_read,
+    ticket_on_path,
+    wait_tls_open,
+)
 
 import fx100io
 from fx100io import errors
@@ -47,12 +60,22 @@ IOS = [(512, 4096), (9 * 512, 20 * 1024 + 512), (3 << 20 | 1536, (1 << 20) + 409
        (6 << 20 | 512, 4 << 20)]
 
 
-@pytest.mark.parametrize(("ddgst", "auth", "key"),
-                         [(0, False, KEY), (1, False, KEY), (1, True, KEY), (0, True, KEY48)],
-                         ids=["plain", "digests", "digests-dhchap", "sha384-dhchap"])
-def test_reads_and_writes_on_ktls_are_byte_exact(fabric_lab, tmp_path, ddgst, auth, key):
+def _ctl(tmp_path, target_ktls=True):
+    """The target's options for its control socket and record layer; the socket's path."""
+    ctl = tmp_path / "ctl.sock"
+    return ctl, ["--control", str(ctl), "--ktls", "auto" if target_ktls else "off"]
+
+
+@pytest.mark.parametrize(("ddgst", "auth", "key", "target_ktls"),
+                         [(0, False, KEY, True), (1, False, KEY, True), (1, True, KEY, True),
+                          (0, True, KEY48, True), (1, False, KEY, False)],
+                         ids=["plain", "digests", "digests-dhchap", "sha384-dhchap",
+                              "digests-target-on-ours"])
+def test_reads_and_writes_on_ktls_are_byte_exact(fabric_lab, tmp_path, ddgst, auth, key,
+                                                 target_ktls):
     img = sparse_image(tmp_path, SIZE)
-    args = tls_args(HOST, key) + (["--dhchap-key", f"{HOST}={SECRET_A}"] if auth else [])
+    ctl, targs = _ctl(tmp_path, target_ktls)
+    args = tls_args(HOST, key) + (["--dhchap-key", f"{HOST}={SECRET_A}"] if auth else []) + targs
     q = {"queues": 2, "hdgst": ddgst, "ddgst": ddgst}
     if auth:
         q["dhchap_secret"] = SECRET_A
@@ -78,23 +101,126 @@ def test_reads_and_writes_on_ktls_are_byte_exact(fabric_lab, tmp_path, ddgst, au
             assert all(np.array_equal(o, b) for o, (_, b) in zip(outs, written))
             st = dev.queue_stats()
             assert (st["ktls_conns"], st["tls_user_conns"]) == (2, 0), st
+            target_layer(ctl, target_ktls)
     with open(img, "rb") as f:
         for off, buf in written:
             f.seek(off)
             assert f.read(len(buf)) == buf.tobytes()
 
 
-def test_ktls_off_keeps_our_record_layer(fabric_lab, tmp_path):
+@pytest.mark.parametrize("ddgst", [0, 1], ids=["plain", "digests"])
+def test_ktls_off_keeps_our_record_layer(fabric_lab, tmp_path, ddgst):
+    """Our initiator's own record layer against the target on kTLS, 4 KiB to 4 MiB."""
     img = sparse_image(tmp_path, SIZE)
-    data = chunk_bytes("ktls-off", 1 << 20)
-    with serve([img], NQN, *tls_args(HOST, KEY)) as (_host, port, _):
-        with fx100io.open_device(uri(port, ktls="off"), queue_depth=8) as dev:
-            assert dev.write_from_blocking(4096, data) == data.nbytes
-            out = np.empty_like(data)
-            assert dev.read_into_blocking(4096, out) == data.nbytes
-            assert np.array_equal(out, data)
+    ctl, targs = _ctl(tmp_path)
+    with serve([img], NQN, *tls_args(HOST, KEY), *targs) as (_host, port, _):
+        with fx100io.open_device(uri(port, ktls="off", hdgst=ddgst, ddgst=ddgst),
+                                 queue_depth=8) as dev:
+            for off, n in IOS:
+                data = chunk_bytes(f"ktls-off-{ddgst}-{off}", n)
+                assert dev.write_from_blocking(off, data) == data.nbytes
+                out = np.empty_like(data)
+                assert dev.read_into_blocking(off, out) == data.nbytes
+                assert np.array_equal(out, data), (off, n)
             st = dev.queue_stats()
             assert (st["ktls_conns"], st["tls_user_conns"]) == (0, 1), st
+            target_layer(ctl, True)
+
+
+# (run with -S, from the repository, and without numpy: its start-up is what costs
+# under TCG)
+_WRITER = """
+import sys, fx100io
+dev = fx100io.open_device(sys.argv[1], queue_depth=32)
+buf = bytearray(b"\\x5a") * (4 << 20)
+print("writing", flush=True)
+while True:
+    dev.write_from_blocking(0, buf)
+"""
+
+
+def _line_within(stream, seconds):
+    """The next line of a child's stdout, or None when none came within seconds."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return stream.readline() if ready else None
+
+
+def test_a_wrong_key_and_a_host_killed_mid_write_leave_the_target_on_ktls_serving(
+        fabric_lab, tmp_path):
+    """(One target for both: its start-up costs seconds under TCG.)  A host with the wrong
+    key fails the handshake (before any kTLS) with a log line on the target.  A host process
+    killed while it writes 4 MiB at a time to the target on kTLS (its
+    connections cut mid-record): the target ends those connections (its control socket's
+    tls_open falls to 0: no crash, no hang, none left behind) and serves a new host
+    byte-exact, on kTLS."""
+    img = sparse_image(tmp_path, SIZE)
+    log = tmp_path / "target.log"
+    ctl, targs = _ctl(tmp_path)
+    with serve([img], NQN, *tls_args(HOST, KEY), *targs, log=log) as (_host, port, proc):
+        with pytest.raises(errors.Fx100ioError):
+            fx100io.open_device(uri(port, KEY48, connect_timeout_ms=5000), queue_depth=4)
+        assert "TLS handshake with host" in log.read_text()
+        assert target_tls(ctl)["tls_open"] == 0
+        w = subprocess.Popen([sys.executable, "-S", "-c", _WRITER, uri(port, queues=2)],
+                             stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+        try:
+            assert w.stdout is not None
+            line = _line_within(w.stdout, 60)
+            assert line is not None and line.strip() == "writing", (line, w.poll())
+            assert target_tls(ctl)["tls_open"] == 3  # (its admin queue and 2 I/O queues)
+            time.sleep(0.5)
+        finally:
+            w.send_signal(signal.SIGKILL)
+            w.wait()
+        wait_tls_open(ctl, 0)
+        data = chunk_bytes("ktls-after-drop", 4 << 20)
+        with fx100io.open_device(uri(port, queues=2), queue_depth=8) as dev:
+            assert dev.write_from_blocking(8 << 20, data) == data.nbytes
+            out = np.empty_like(data)
+            assert dev.read_into_blocking(8 << 20, out) == data.nbytes
+            assert np.array_equal(out, data)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        target_layer(ctl, True)
+
+
+# what the target logs for a record from the host that its kernel refuses
+HOST_RECORD_WHY = {"tag": "kTLS: a TLS record failed its integrity check",
+                   "oversize": "kTLS: the TLS peer sent a record of a size TLS 1.3 forbids"}
+
+
+@pytest.mark.parametrize("how", sorted(HOST_RECORD_WHY))
+def test_a_broken_record_from_the_host_ends_the_targets_ktls_connection(fabric_lab, tmp_path,
+                                                                         how):
+    """A record from the host flipped (EBADMSG) or oversized (EMSGSIZE) on its way while it
+    writes 4 MiB: the target's kernel refuses it, the target logs why and closes (no crash),
+    and the host reconnects and writes byte-exact."""
+    img = sparse_image(tmp_path, SIZE)
+    log = tmp_path / "target.log"
+    ctl, targs = _ctl(tmp_path)
+    with serve([img], NQN, *tls_args(HOST, KEY), *targs, log=log) as (_host, port, proc):
+        proxy = RecordProxy(port, how, upstream=True)
+        try:
+            dev = fx100io.open_device(uri(proxy.listen_port, io_timeout_ms=20000,
+                                          reconnect_ms=50), queue_depth=8)
+            try:
+                data = chunk_bytes("ktls-host-" + how, 4 << 20)
+                with pytest.raises((errors.FxProtocolError, errors.FxConnectionError)):
+                    dev.write_from_blocking(0, data)
+                assert proxy.fired.is_set()
+                deadline = time.monotonic() + 10
+                while HOST_RECORD_WHY[how] not in log.read_text():
+                    assert time.monotonic() < deadline, log.read_text()[-2000:]
+                    time.sleep(0.1)
+                assert dev.write_from_blocking(0, data) == data.nbytes
+                out = np.empty_like(data)
+                assert dev.read_into_blocking(0, out) == data.nbytes
+                assert np.array_equal(out, data)
+            finally:
+                dev.close()
+        finally:
+            proxy.close()
+        assert proc.poll() is None
+        target_layer(ctl, True)
 
 
 def test_a_target_that_dies_mid_transfer_fails_the_read_then_it_reconnects(fabric_lab,
@@ -211,14 +337,33 @@ def test_records_that_are_not_data_on_ktls(fabric_lab):
 # close_notify).  The same contract as on our own layer (tests/fabric/
 # test_tls_records_mid_read.py, support/tls_midread.py).
 
-@pytest.mark.parametrize("n", [1 << 20, 4 << 20], ids=["1MiB", "4MiB"])
+# The target on kTLS sends the record through its kernel (a TLS_SET_RECORD_TYPE cmsg);
+# "ours" pins the target's own layer, so the initiator's kTLS meets both.
+
+@pytest.mark.parametrize(("n", "target_ktls"),
+                         [(1 << 20, True), (4 << 20, True), (1 << 20, False)],
+                         ids=["1MiB", "4MiB", "1MiB-target-ours"])
 def test_a_ticket_mid_read_on_ktls_is_dropped_and_the_read_is_byte_exact(fabric_lab, tmp_path,
-                                                                          n):
-    ticket_mid_read(tmp_path, n, ktls=True)
+                                                                          n, target_ktls):
+    ticket_mid_read(tmp_path, n, ktls=True, target_ktls=target_ktls)
 
 
 @pytest.mark.parametrize("kind", ["close_notify", "fatal", "warning"])
 def test_an_alert_mid_read_on_ktls_fails_the_read_cleanly_then_it_reconnects(fabric_lab,
                                                                               tmp_path, kind,
                                                                               capfd):
-    end_mid_read(tmp_path, kind, True, capfd)
+    end_mid_read(tmp_path, kind, True, capfd, target_ktls=True)
+
+
+# (not "drop-after": on kTLS it sends as the page-cache read does, which "small" and
+# "ddgst" cover; our layer's own split for it is tests/fabric's)
+@pytest.mark.parametrize("path", sorted(set(PATHS) - {"drop-after"}))
+def test_the_ticket_fault_fires_on_every_read_path_of_the_target_on_ktls(fabric_lab, tmp_path,
+                                                                         path):
+    img_dir = None
+    if path == "disk":
+        # (the namespace in the guest share, whose pages fadvise may evict: the guest's
+        # /tmp is tmpfs, whose pages are the file)
+        img_dir = fabric_lab.guest_scratch / "ktls-path-disk"
+        img_dir.mkdir(exist_ok=True)
+    ticket_on_path(tmp_path, path, True, target_ktls=True, img_dir=img_dir)

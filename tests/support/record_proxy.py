@@ -1,5 +1,6 @@
-"""A loopback proxy that breaks one TLS record from a target on its way to our initiator
-(tests/fabric/test_tls_io.py on our record layer, tests/guest/test_ktls.py on the kernel's)."""
+"""A loopback proxy that breaks one TLS record from a target on its way to our initiator,
+or from our initiator on its way to the target (tests/fabric/test_tls_io.py on our record
+layer, tests/guest/test_ktls.py on the kernel's)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ class RecordProxy:
     number `after` as `how` says: "tag" flips a byte of its body, "oversize"
     sends a header claiming 2^14+257 bytes, "cut" closes mid-record.  With
     longer_than, the record broken is instead the first whose body is longer
-    than that once `armed` is set.  Later connections pass through untouched."""
+    than that once `armed` is set.  Later connections pass through untouched.
+    upstream: the records broken are the initiator's, on their way to the target."""
 
-    def __init__(self, port: int, how: str, after: int = 40, longer_than: int | None = None):
+    def __init__(self, port: int, how: str, after: int = 40, longer_than: int | None = None,
+                 upstream: bool = False):
         self.port, self.how, self.after, self.longer_than = port, how, after, longer_than
+        self.upstream = upstream
         self.armed = threading.Event()
         self.srv = socket.create_server(("127.0.0.1", 0))
         self.srv.settimeout(0.2)
@@ -41,8 +45,12 @@ class RecordProxy:
                 continue
             b = socket.create_connection(("127.0.0.1", self.port), timeout=10)
             self.socks += [a, b]
-            self._start(self._pipe, a, b)
-            self._start(self._records, b, a)
+            if self.upstream:
+                self._start(self._records, a, b)
+                self._start(self._pipe, b, a)
+            else:
+                self._start(self._pipe, a, b)
+                self._start(self._records, b, a)
 
     @staticmethod
     def _read(s: socket.socket, n: int) -> bytes:

@@ -25,6 +25,7 @@ def _run(tmp_path, capsys, *extra: str) -> tuple[int, str]:
      "two keys for"),
     (["--tls-key", f"{HOST}={KEY}"], "needs --tls required or --tls optional"),
     (["--tls", "required"], "needs a --tls-key"),
+    (["--ktls", "off"], "--ktls off needs --tls required or --tls optional"),
     (["--tls", "required", "--tls-key", f"not an nqn={KEY}"], "--tls-key"),
 ])
 def test_bad_tls_options_are_refused_with_why(tmp_path, capsys, args, why):
