@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import chunk_bytes
+from support import chunk_bytes, write_then_read_back
 from support.nvme_keyring import insert_psk, remove
 from support.nvmet_port import extra_port
 from support.target_process import serve, sparse_image, tls_args
@@ -166,18 +166,8 @@ def test_our_initiator_reads_and_writes_nvmet_over_tls(fabric_lab, nvmet_tls_por
     uri = (f"nvme+tcp://{LOOPBACK}:{PORT}/{nqn}?hostnqn={HOST}&tls_key={KEY}&ktls={ktls}"
            "&queues=2&connect_timeout_ms=20000")
     pool = fx100io.BufferPool(8 << 20)
-    written = []
     with fx100io.open_device(uri, queue_depth=8) as dev:
-        for off, n in IOS:
-            buf = pool.alloc(n)
-            buf[:] = chunk_bytes(f"nvmet-tls-{ktls}-{off}", n)
-            assert dev.write_from_blocking(off, buf) == n
-            written.append((off, buf))
-        dev.flush_blocking()
-        for off, buf in written:
-            out = pool.alloc(len(buf))
-            assert dev.read_into_blocking(off, out) == len(buf)
-            assert np.array_equal(out, buf), (off, len(buf))
+        written = write_then_read_back(dev, pool, IOS, f"nvmet-tls-{ktls}")
         st = dev.queue_stats()
         want = (2, 0) if ktls == "auto" else (0, 2)
         assert (st["ktls_conns"], st["tls_user_conns"]) == want, st

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from support import REPO, chunk_bytes, read_once_reconnected
+from support import REPO, chunk_bytes, read_once_reconnected, write_then_read_back
 from support.ktls import kernel_has_ktls
 from support.record_proxy import RecordProxy
 from support.target_auth_host import SECRET_A
@@ -82,17 +82,7 @@ def test_reads_and_writes_on_ktls_are_byte_exact(fabric_lab, tmp_path, ddgst, au
     with serve([img], NQN, *args) as (_host, port, _):
         with fx100io.open_device(uri(port, key, **q), queue_depth=32) as dev:
             pool = fx100io.BufferPool(16 << 20)
-            written = []
-            for off, n in IOS:
-                buf = pool.alloc(n)
-                buf[:] = chunk_bytes(f"ktls-{ddgst}-{auth}-{off}", n)
-                assert dev.write_from_blocking(off, buf) == n
-                written.append((off, buf))
-            dev.flush_blocking()
-            for off, buf in written:
-                out = pool.alloc(len(buf))
-                assert dev.read_into_blocking(off, out) == len(buf)
-                assert np.array_equal(out, buf), (off, len(buf))
+            written = write_then_read_back(dev, pool, IOS, f"ktls-{ddgst}-{auth}")
             # all at once, records of several answers back to back
             outs = [pool.alloc(len(b)) for _, b in written]
             done = dev.submit_blocking([(fx100io.OP_READ, off, o)

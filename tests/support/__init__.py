@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +31,24 @@ def chunk_bytes(key: str, n: int) -> np.ndarray:
     from wrong ones without being told what was written."""
     seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def write_then_read_back(dev: Any, pool: Any, ios: Any, tag: str) -> list:
+    """Write chunk_bytes(f"{tag}-{off}", n) at each (off, n) of ios, flush, read
+    each back into a fresh buffer and assert the bytes; the [(off, buffer)]
+    written, for the caller's further checks (another path, all at once)."""
+    written = []
+    for off, n in ios:
+        buf = pool.alloc(n)
+        buf[:] = chunk_bytes(f"{tag}-{off}", n)
+        assert dev.write_from_blocking(off, buf) == n
+        written.append((off, buf))
+    dev.flush_blocking()
+    for off, buf in written:
+        out = pool.alloc(len(buf))
+        assert dev.read_into_blocking(off, out) == len(buf)
+        assert np.array_equal(out, buf), (off, len(buf))
+    return written
 
 
 def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 120,
