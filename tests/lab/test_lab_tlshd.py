@@ -6,6 +6,7 @@ start and in tests/guest/test_kernel_tls.py."""
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import socket
 import subprocess
@@ -115,30 +116,14 @@ def test_an_unreachable_archive_says_so(tmp_path, monkeypatch):
 def test_an_index_that_fails_gpgv_is_refused(tmp_path, monkeypatch):
     """An archive (here a loopback server) whose InRelease is not signed by Debian's key."""
 
-    class Archive(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (the http.server API)
-            body = (b"-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n" + RELEASE.encode()
-                    + b"-----BEGIN PGP SIGNATURE-----\n\nAAAA\n-----END PGP SIGNATURE-----\n")
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Archive)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    body = (b"-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n" + RELEASE.encode()
+            + b"-----BEGIN PGP SIGNATURE-----\n\nAAAA\n-----END PGP SIGNATURE-----\n")
+    with _archive(body) as (url, _served):
         monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setenv("FX100IO_DEBIAN_MIRROR",
-                           f"http://127.0.0.1:{server.server_address[1]}/debian")
+        monkeypatch.setenv("FX100IO_DEBIAN_MIRROR", url)
         with pytest.raises(tlshd.TlshdUnavailable, match="failed gpgv"):
             tlshd.ensure(log=lambda m: None)
         assert tlshd.cached() is None
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +180,20 @@ def test_a_forged_index_in_front_of_the_signed_one_is_not_fetched(throwaway_sign
     """The whole fetch, from a loopback archive serving a good InRelease with a forged index
     in front: refused before anything is downloaded or cached."""
     clearsign, keyring = throwaway_signer
-    served = []
     body = b"SHA256:\n" + FORGED.encode() + b"\n" + clearsign(RELEASE)
+    with _archive(body) as (url, served):
+        monkeypatch.setattr(tlshd, "KEYRING", keyring)
+        monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("FX100IO_DEBIAN_MIRROR", url)
+        with pytest.raises(tlshd.TlshdUnavailable, match="outside its one signed message"):
+            tlshd.ensure(log=lambda m: None)
+        assert served == ["/debian/dists/trixie/InRelease"] and tlshd.cached() is None
+
+
+@contextlib.contextmanager
+def _archive(body: bytes):
+    """A loopback 'archive' answering every GET with body: (its /debian URL, the paths asked)."""
+    served: list[str] = []
 
     class Archive(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (the http.server API)
@@ -209,16 +206,9 @@ def test_a_forged_index_in_front_of_the_signed_one_is_not_fetched(throwaway_sign
         def log_message(self, *args):
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Archive)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _serve(Archive)
     try:
-        monkeypatch.setattr(tlshd, "KEYRING", keyring)
-        monkeypatch.setenv("FX100IO_TLSHD_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setenv("FX100IO_DEBIAN_MIRROR",
-                           f"http://127.0.0.1:{server.server_address[1]}/debian")
-        with pytest.raises(tlshd.TlshdUnavailable, match="outside its one signed message"):
-            tlshd.ensure(log=lambda m: None)
-        assert served == ["/debian/dists/trixie/InRelease"] and tlshd.cached() is None
+        yield f"http://127.0.0.1:{server.server_address[1]}/debian", served
     finally:
         server.shutdown()
         server.server_close()
